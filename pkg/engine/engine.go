@@ -1,0 +1,191 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// DType names the element type of KV data.
+type DType uint8
+
+const (
+	// BF16 is bfloat16, 2 bytes per element, little endian.
+	BF16 DType = 1
+)
+
+// String returns the lower-case dtype name.
+func (d DType) String() string {
+	switch d {
+	case BF16:
+		return "bf16"
+	default:
+		return fmt.Sprintf("dtype(%d)", uint8(d))
+	}
+}
+
+// Size returns the size of one element in bytes (0 for an unknown dtype).
+func (d DType) Size() int {
+	if d == BF16 {
+		return 2
+	}
+	return 0
+}
+
+// ModelSpec describes a decoder-only transformer's shape. All counts are > 0
+// for a valid spec.
+type ModelSpec struct {
+	Name         string  // preset or model name, e.g. "tiny", "opt-13b"
+	Layers       int     // transformer blocks
+	Heads        int     // query heads
+	KVHeads      int     // key/value heads (Heads must be a multiple)
+	HeadDim      int     // elements per head
+	Hidden       int     // model width
+	Intermediate int     // MLP inner width
+	Vocab        int     // vocabulary size
+	MaxSeqLen    int     // longest sequence (prompt + output) in tokens
+	RopeTheta    float64 // RoPE base
+	KVDType      DType   // element type of stored KV
+	BOS, EOS     int32   // special token ids (-1 when absent)
+}
+
+// Validate reports a descriptive error when the spec is not usable.
+func (s ModelSpec) Validate() error {
+	switch {
+	case s.Layers <= 0, s.Heads <= 0, s.KVHeads <= 0, s.HeadDim <= 0, s.Hidden <= 0, s.Vocab <= 0, s.MaxSeqLen <= 0:
+		return fmt.Errorf("engine: model spec %q: layers, heads, kv heads, head dim, hidden, vocab and max seq len must be positive", s.Name)
+	case s.Heads%s.KVHeads != 0:
+		return fmt.Errorf("engine: model spec %q: heads %d not a multiple of kv heads %d", s.Name, s.Heads, s.KVHeads)
+	case s.KVDType.Size() == 0:
+		return fmt.Errorf("engine: model spec %q: unknown kv dtype %v", s.Name, s.KVDType)
+	}
+	return nil
+}
+
+// KVTokenBytes is the KV size of one token in one layer, K and V together:
+// 2 × KVHeads × HeadDim × dtype size.
+func (s ModelSpec) KVTokenBytes() int { return 2 * s.KVHeads * s.HeadDim * s.KVDType.Size() }
+
+// KVBytesPerToken is the KV size of one token over all layers.
+func (s ModelSpec) KVBytesPerToken() int { return s.Layers * s.KVTokenBytes() }
+
+// KVChunkBytes is the byte length of the canonical KV of n tokens in one layer.
+func (s ModelSpec) KVChunkBytes(n int) int { return n * s.KVTokenBytes() }
+
+// SeqID identifies a sequence inside one engine. The caller chooses it; it
+// must be unique among the engine's live sequences.
+type SeqID uint64
+
+// Sampling selects how the next token is chosen. The zero value is greedy.
+type Sampling struct {
+	Temperature float32 // 0 means greedy (argmax); must be ≥ 0
+	TopP        float32 // nucleus mass in (0, 1]; 0 is treated as 1
+	Seed        uint64  // per-request seed; draws depend only on (Seed, position)
+}
+
+// PrefillItem is one sequence's share of a prefill batch: a chunk of prompt
+// tokens appended at the sequence's current length. The first chunk of a new
+// sequence creates it.
+type PrefillItem struct {
+	Seq      SeqID
+	Tokens   []int32 // the chunk; read only during the call
+	Sampling Sampling
+	Last     bool // the chunk ends the prompt: sample a token after it
+}
+
+// DecodeItem is one sequence's share of a decode step: Token is appended at
+// the sequence's current length and the next token is sampled.
+type DecodeItem struct {
+	Seq      SeqID
+	Token    int32
+	Sampling Sampling
+}
+
+// Output is the result of one batch item.
+type Output struct {
+	Seq     SeqID
+	Token   int32 // the sampled token; valid when Sampled
+	Sampled bool  // false for a prefill chunk that is not Last
+	// Logits of the last position, Vocab values, or nil when the engine
+	// does not compute them (performance-model engine). Owned by the
+	// engine: valid until the next call on the engine.
+	Logits []float32
+}
+
+// KVChunk is KV handed out during prefill: one layer of one sequence for
+// the token range [Start, End).
+type KVChunk struct {
+	Seq        SeqID
+	Layer      int
+	Start, End int
+	// Data is the canonical layout (see package doc). Owned by the engine
+	// and valid only during the callback: copy or encode it before returning.
+	Data []byte
+}
+
+// KVFunc receives KV as it is computed. It is called from the goroutine
+// running Prefill; an error aborts the prefill and is returned by it.
+type KVFunc func(KVChunk) error
+
+// Engine runs a model over many sequences. Implementations are not safe for
+// concurrent use: a worker calls one method at a time (its scheduler loop).
+type Engine interface {
+	// Spec returns the model's shape.
+	Spec() ModelSpec
+
+	// Tokenizer returns the engine's tokenizer.
+	Tokenizer() Tokenizer
+
+	// Prefill runs a batch of prompt chunks. onKV, when not nil, receives
+	// every layer's KV of every item as soon as that layer is computed.
+	// Returns one Output per item, in order. Errors: ErrSeqTooLong,
+	// ErrBadToken, ErrDuplicateSeq (a seq listed twice), ctx errors, or
+	// onKV's error. On error no sequence is advanced past its state before
+	// the call, except that a new sequence may need Free.
+	Prefill(ctx context.Context, batch []PrefillItem, onKV KVFunc) ([]Output, error)
+
+	// Decode runs one step for a batch of existing sequences, which may have
+	// different lengths. Errors: ErrUnknownSeq, ErrSeqTooLong, ErrBadToken,
+	// ErrIncompleteKV, ErrDuplicateSeq, ctx errors.
+	Decode(ctx context.Context, batch []DecodeItem) ([]Output, error)
+
+	// Len returns the number of tokens whose KV the sequence holds.
+	Len(seq SeqID) (int, error)
+
+	// ExportKV appends the canonical KV of layer for tokens [start, end) to
+	// dst and returns the extended slice. Errors: ErrUnknownSeq, ErrRange.
+	ExportKV(seq SeqID, layer, start, end int, dst []byte) ([]byte, error)
+
+	// ImportKV writes canonical KV for one layer starting at token start,
+	// creating the sequence if needed. A sequence may be decoded once every
+	// layer holds the same number of tokens. Errors: ErrRange (start is
+	// not the layer's current length, or data is not a whole number of
+	// tokens), ErrSeqTooLong.
+	ImportKV(seq SeqID, layer, start int, data []byte) error
+
+	// Free drops a sequence and its KV. Freeing an unknown sequence is a
+	// no-op.
+	Free(seq SeqID)
+}
+
+// Tokenizer turns text into token ids and back.
+type Tokenizer interface {
+	Encode(text string) []int32
+	// Decode returns the text of ids; invalid ids are skipped.
+	Decode(ids []int32) string
+	// DecodeToken returns the bytes of one token (byte-level tokenizers may
+	// return part of a UTF-8 sequence).
+	DecodeToken(id int32) []byte
+	EOS() int32
+	Vocab() int
+}
+
+// Errors returned by engines, wrapped with detail; match with errors.Is.
+var (
+	ErrUnknownSeq   = errors.New("engine: unknown sequence")
+	ErrDuplicateSeq = errors.New("engine: sequence appears twice in a batch")
+	ErrSeqTooLong   = errors.New("engine: sequence longer than the model's maximum")
+	ErrBadToken     = errors.New("engine: token id out of vocabulary")
+	ErrRange        = errors.New("engine: token range out of bounds")
+	ErrIncompleteKV = errors.New("engine: layers hold different token counts")
+)
