@@ -121,6 +121,19 @@ type KVChunk struct {
 	// Data is the canonical layout (see package doc). Owned by the engine
 	// and valid only during the callback: copy or encode it before returning.
 	Data []byte
+	// FullBytes is the size this chunk stands for on a real deployment; 0
+	// means len(Data). The performance-model engine may hand out a
+	// scaled-down payload while FullBytes keeps the model's true size, so a
+	// transfer paced by link bandwidth still takes the true time.
+	FullBytes int
+}
+
+// Bytes returns FullBytes, or len(Data) when FullBytes is 0.
+func (c KVChunk) Bytes() int {
+	if c.FullBytes > 0 {
+		return c.FullBytes
+	}
+	return len(c.Data)
 }
 
 // KVFunc receives KV as it is computed. It is called from the goroutine
