@@ -181,6 +181,35 @@ type Engine interface {
 	Free(seq SeqID)
 }
 
+// Stepper is implemented by engines that cost a step carrying prefill
+// chunks and decode tokens together as one step (colocated serving, where
+// the interference between the two must show). Workers call RunStep, which
+// uses Step when present and otherwise Prefill then Decode.
+type Stepper interface {
+	// Step runs prefill and decode items in one step. The sequences of the
+	// two lists must be distinct. Errors as for Prefill and Decode.
+	Step(ctx context.Context, prefill []PrefillItem, decode []DecodeItem, onKV KVFunc) (prefillOut, decodeOut []Output, err error)
+}
+
+// RunStep runs one step of prefill chunks and decode tokens on e, as one
+// step when e implements Stepper. Either list may be empty.
+func RunStep(ctx context.Context, e Engine, prefill []PrefillItem, decode []DecodeItem, onKV KVFunc) (prefillOut, decodeOut []Output, err error) {
+	if s, ok := e.(Stepper); ok {
+		return s.Step(ctx, prefill, decode, onKV)
+	}
+	if len(prefill) > 0 {
+		if prefillOut, err = e.Prefill(ctx, prefill, onKV); err != nil {
+			return nil, nil, err
+		}
+	}
+	if len(decode) > 0 {
+		if decodeOut, err = e.Decode(ctx, decode); err != nil {
+			return nil, nil, err
+		}
+	}
+	return prefillOut, decodeOut, nil
+}
+
 // Tokenizer turns text into token ids and back.
 type Tokenizer interface {
 	Encode(text string) []int32
