@@ -1,0 +1,146 @@
+package enginetest_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"regexp"
+	"testing"
+
+	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/engine/enginetest"
+	"github.com/pdserve/pdserve/pkg/engine/ref"
+)
+
+func newRef(t *testing.T) *ref.Engine {
+	e, err := ref.New(ref.Options{Preset: "tiny", Seed: 1, Threads: 2})
+	if err != nil {
+		t.Fatalf("ref.New: %v", err)
+	}
+	t.Cleanup(e.Close)
+	return e
+}
+
+// faulty wraps an engine and breaks one part of the contract.
+type faulty struct {
+	engine.Engine
+	fault string
+}
+
+func (f *faulty) Len(seq engine.SeqID) (int, error) {
+	n, err := f.Engine.Len(seq)
+	if f.fault == "len-off-by-one" && err == nil {
+		n++
+	}
+	return n, err
+}
+
+func (f *faulty) Prefill(ctx context.Context, batch []engine.PrefillItem, onKV engine.KVFunc) ([]engine.Output, error) {
+	if f.fault == "ignore-ctx" {
+		ctx = context.Background()
+	}
+	if f.fault == "seed-ignored" {
+		batch = append([]engine.PrefillItem(nil), batch...)
+		for i := range batch {
+			batch[i].Sampling.Seed = 0
+		}
+	}
+	if onKV != nil {
+		inner := onKV
+		onKV = func(c engine.KVChunk) error {
+			switch f.fault {
+			case "kv-skip-last-layer":
+				if c.Layer == f.Spec().Layers-1 {
+					return nil
+				}
+			case "kv-short-data":
+				c.Data = c.Data[:len(c.Data)-1]
+			case "kv-error-swallowed":
+				inner(c)
+				return nil
+			}
+			return inner(c)
+		}
+	}
+	return f.Engine.Prefill(ctx, batch, onKV)
+}
+
+func (f *faulty) Decode(ctx context.Context, batch []engine.DecodeItem) ([]engine.Output, error) {
+	if f.fault == "ignore-ctx" {
+		ctx = context.Background()
+	}
+	if f.fault == "seed-ignored" {
+		batch = append([]engine.DecodeItem(nil), batch...)
+		for i := range batch {
+			batch[i].Sampling.Seed = 0
+		}
+	}
+	outs, err := f.Engine.Decode(ctx, batch)
+	switch {
+	case f.fault == "errors-unwrapped" && err != nil:
+		return nil, errors.New(err.Error())
+	case f.fault == "decode-reversed" && len(outs) > 1:
+		for i, j := 0, len(outs)-1; i < j; i, j = i+1, j-1 {
+			outs[i], outs[j] = outs[j], outs[i]
+		}
+	}
+	return outs, err
+}
+
+func (f *faulty) ExportKV(seq engine.SeqID, layer, start, end int, dst []byte) ([]byte, error) {
+	n := len(dst)
+	out, err := f.Engine.ExportKV(seq, layer, start, end, dst)
+	if f.fault == "export-flips-a-bit" && err == nil && len(out) > n {
+		out[n] ^= 0x40
+	}
+	return out, err
+}
+
+// TestFaultyEngine runs the suite against a broken engine; it is run by
+// TestSuiteDetectsFaults in a child process, which expects it to fail.
+func TestFaultyEngine(t *testing.T) {
+	fault := os.Getenv("ENGINETEST_FAULT")
+	if fault == "" {
+		t.Skip("run by TestSuiteDetectsFaults")
+	}
+	enginetest.Run(t, func(t *testing.T) engine.Engine { return &faulty{Engine: newRef(t), fault: fault} })
+}
+
+// TestSuiteDetectsFaults checks that the suite can fail: each fault must
+// make the named subtest fail.
+func TestSuiteDetectsFaults(t *testing.T) {
+	if os.Getenv("ENGINETEST_FAULT") != "" {
+		t.Skip("child process")
+	}
+	tests := []struct{ fault, subtest string }{
+		{"len-off-by-one", "PrefillThenDecode"},
+		{"kv-skip-last-layer", "KVCallback"},
+		{"kv-short-data", "KVCallback"},
+		{"kv-error-swallowed", "KVCallbackError"},
+		{"seed-ignored", "SeededSampling"},
+		{"errors-unwrapped", "BatchErrors"},
+		{"decode-reversed", "BatchedDecode"},
+		{"export-flips-a-bit", "ExportImport"},
+		{"ignore-ctx", "Cancelled"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.fault, func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], "-test.run", "^TestFaultyEngine$/^"+tc.subtest+"$", "-test.v", "-test.count=1")
+			cmd.Env = append(os.Environ(), "ENGINETEST_FAULT="+tc.fault)
+			out, err := cmd.CombinedOutput()
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) {
+				t.Fatalf("suite with fault %q: %v, want a failing exit\n%s", tc.fault, err, out)
+			}
+			if !regexp.MustCompile(`--- FAIL: TestFaultyEngine/` + tc.subtest + `\b`).Match(out) {
+				t.Errorf("fault %q did not fail subtest %s:\n%s", tc.fault, tc.subtest, out)
+			}
+		})
+	}
+}
+
+// TestHealthyEngine is the control: the unbroken wrapper passes.
+func TestHealthyEngine(t *testing.T) {
+	enginetest.Run(t, func(t *testing.T) engine.Engine { return &faulty{Engine: newRef(t)} })
+}

@@ -1,0 +1,43 @@
+// Package ref is the reference CPU engine: a Llama-architecture decoder in
+// pure Go and pdserve's correctness oracle. Disaggregated output (prefill
+// here, KV over the wire, decode there) must equal single-process output
+// bit for bit, and this engine is what makes that checkable.
+//
+// # Model
+//
+// Token embedding; per layer RMSNorm → grouped-query causal attention with
+// RoPE (consecutive-pair rotation, θ from the spec) over the sequence's
+// cached KV → residual → RMSNorm → SwiGLU MLP → residual; final RMSNorm and
+// an untied LM head. Math is float32. Weights are synthetic, drawn from a
+// seed (see Presets): "tiny" (≈0.13 M parameters, for tests) and "small"
+// (≈28.5 M, hidden 512, 10 layers, GQA 8:2, for benchmarks and demos), both
+// with the byte-level vocabulary of package tokenizer. Loading real weights
+// (GGUF) is not implemented.
+//
+// # Determinism
+//
+// K and V are stored as bfloat16 (round to nearest even) in the canonical
+// layout of package engine, and attention reads only those rounded values,
+// so an engine that imported a sequence's KV computes exactly what the
+// exporting engine would. Every output element is computed by one worker
+// in a fixed order, so logits do not depend on the batch a sequence is in,
+// on how its prompt was chunked, or on the number of threads. They do
+// depend on the build: the portable kernels and the SIMD kernels (AVX2 and
+// AVX-512, which agree with each other bit for bit) round differently, so
+// workers that exchange KV must be built alike (both with or both without
+// GOEXPERIMENT=simd).
+//
+// # Performance
+//
+// Weights are packed in panels for a register-blocked matmul that reads
+// them once per step for the whole batch; matrix, attention and row work
+// is spread over a persistent pool of goroutines (Options.Threads); the
+// hot path allocates nothing once scratch buffers and KV capacities have
+// grown (a step allocates only its returned []Output). Built with
+// GOEXPERIMENT=simd on amd64, the kernels use AVX2 and FMA (and AVX-512 for
+// the matmul) through simd/archsimd when the CPU has them; the portable Go
+// kernels are the default and are several times slower.
+//
+// An Engine is not safe for concurrent use (see engine.Engine); Close stops
+// its goroutines.
+package ref

@@ -1,0 +1,176 @@
+package engine
+
+import (
+	"math"
+	"slices"
+)
+
+// SampleScratch holds the buffers Sample reuses between calls so that a
+// sampling step does not allocate once they have grown to the vocabulary
+// size. The zero value is ready to use. A SampleScratch must not be used by
+// two goroutines at once.
+type SampleScratch struct {
+	prob []float64 // unnormalised probabilities, one per logit
+	idx  []int32   // token ids ordered by probability (top-p only)
+}
+
+// Sample chooses the next token from logits (one value per vocabulary id)
+// according to s, and returns its id. pos is the position the sampled token
+// will take in its sequence (0-based: the number of tokens before it); the
+// random draw depends only on (s.Seed, pos), so a request sampled on any
+// worker, in any batch, yields the same tokens from the same logits.
+//
+// Greedy (s.Temperature == 0, also used for a negative or NaN temperature)
+// returns the argmax, the lowest id among equal maxima. Otherwise the logits
+// are divided by the temperature and turned into probabilities with a
+// softmax; with 0 < s.TopP < 1 only the smallest set of most probable tokens
+// whose mass reaches TopP is kept (ties in probability ordered by id), and a
+// token is drawn from what is kept with the uniform value Uniform(s.Seed,
+// pos). A TopP of 0, ≥ 1 or NaN keeps every token.
+//
+// NaN logits are never chosen unless every logit is NaN; then Sample returns
+// 0. An empty logits slice returns -1. scratch may be nil (Sample then
+// allocates). Sample does not retain logits.
+func Sample(logits []float32, s Sampling, pos int, scratch *SampleScratch) int32 {
+	if len(logits) == 0 {
+		return -1
+	}
+	best := argmax(logits)
+	if !(s.Temperature > 0) || math.IsNaN(float64(logits[best])) {
+		return best
+	}
+	if scratch == nil {
+		scratch = new(SampleScratch)
+	}
+	maxLogit := float64(logits[best])
+	invT := 1 / float64(s.Temperature)
+	prob := growFloat64(&scratch.prob, len(logits))
+	total := 0.0
+	for i, l := range logits {
+		p := 0.0
+		if !math.IsNaN(float64(l)) {
+			p = math.Exp((float64(l) - maxLogit) * invT)
+			if p != p { // -Inf logit with an infinite temperature
+				p = 0
+			}
+		}
+		prob[i] = p
+		total += p
+	}
+	u := Uniform(s.Seed, pos)
+
+	topP := float64(s.TopP)
+	if !(topP > 0 && topP < 1) {
+		return drawInOrder(prob, nil, u*total, best)
+	}
+	idx := growInt32(&scratch.idx, len(logits))
+	for i := range idx {
+		idx[i] = int32(i)
+	}
+	slices.SortFunc(idx, func(a, b int32) int {
+		switch pa, pb := prob[a], prob[b]; {
+		case pa > pb:
+			return -1
+		case pa < pb:
+			return 1
+		}
+		return int(a - b)
+	})
+	want := topP * total
+	kept, mass := 0, 0.0
+	for kept < len(idx) {
+		mass += prob[idx[kept]]
+		kept++
+		if mass >= want {
+			break
+		}
+	}
+	return drawInOrder(prob, idx[:kept], u*mass, best)
+}
+
+// drawInOrder walks ids (all of prob in id order when ids is nil) and
+// returns the first whose cumulative probability exceeds target. Rounding
+// can leave target at or above the final sum; the last id with a non-zero
+// probability is returned then, or fallback when there is none.
+func drawInOrder(prob []float64, ids []int32, target float64, fallback int32) int32 {
+	cum, last := 0.0, fallback
+	if ids == nil {
+		for i, p := range prob {
+			if p == 0 {
+				continue
+			}
+			cum += p
+			last = int32(i)
+			if cum > target {
+				return last
+			}
+		}
+		return last
+	}
+	for _, id := range ids {
+		p := prob[id]
+		if p == 0 {
+			continue
+		}
+		cum += p
+		last = id
+		if cum > target {
+			return last
+		}
+	}
+	return last
+}
+
+// argmax returns the id of the largest non-NaN logit, the lowest such id on
+// ties, or 0 when every logit is NaN.
+func argmax(logits []float32) int32 {
+	best := int32(-1)
+	var bestV float32
+	for i, l := range logits {
+		if l != l { // NaN
+			continue
+		}
+		if best < 0 || l > bestV {
+			best, bestV = int32(i), l
+		}
+	}
+	if best < 0 {
+		return 0
+	}
+	return best
+}
+
+// Uniform returns the random value in [0, 1) that sampling uses for the
+// token at position pos of a request seeded with seed. It is a pure
+// function of (seed, pos): splitmix64(splitmix64(seed) XOR pos), top 53
+// bits. Engines that choose tokens without logits use it too, so that every
+// engine draws the same values.
+func Uniform(seed uint64, pos int) float64 {
+	h := splitmix64(splitmix64(seed) ^ uint64(pos))
+	return float64(h>>11) * 0x1p-53
+}
+
+// splitmix64 is the finaliser of Steele, Lea and Flood's SplitMix64
+// generator applied to x + golden gamma: a bijective 64-bit mix.
+func splitmix64(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}
+
+func growFloat64(buf *[]float64, n int) []float64 {
+	if cap(*buf) < n {
+		*buf = make([]float64, n)
+	}
+	*buf = (*buf)[:n]
+	return *buf
+}
+
+func growInt32(buf *[]int32, n int) []int32 {
+	if cap(*buf) < n {
+		*buf = make([]int32, n)
+	}
+	*buf = (*buf)[:n]
+	return *buf
+}

@@ -1,0 +1,184 @@
+package engine
+
+import (
+	"math"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestSampleGreedy(t *testing.T) {
+	nan := float32(math.NaN())
+	inf := float32(math.Inf(1))
+	tests := []struct {
+		name   string
+		logits []float32
+		s      Sampling
+		want   int32
+	}{
+		{"argmax", []float32{0.1, 2, -1, 1.9}, Sampling{}, 1},
+		{"lowest id on ties", []float32{1, 3, 0, 3, 3}, Sampling{}, 1},
+		{"single", []float32{-5}, Sampling{}, 0},
+		{"NaN skipped", []float32{nan, -1, nan, -0.5}, Sampling{}, 3},
+		{"all NaN", []float32{nan, nan}, Sampling{}, 0},
+		{"+Inf wins", []float32{1, inf, 2}, Sampling{}, 1},
+		{"negative temperature is greedy", []float32{0, 1, 0}, Sampling{Temperature: -1, Seed: 3}, 1},
+		{"NaN temperature is greedy", []float32{0, 1, 0}, Sampling{Temperature: nan, Seed: 3}, 1},
+		{"empty", nil, Sampling{}, -1},
+		{"+Inf with temperature", []float32{1, inf, 2}, Sampling{Temperature: 1, Seed: 9}, 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var sc SampleScratch
+			for pos := range 5 {
+				if got := Sample(tc.logits, tc.s, pos, &sc); got != tc.want {
+					t.Fatalf("Sample(%v, %+v, pos %d) = %d, want %d", tc.logits, tc.s, pos, got, tc.want)
+				}
+			}
+		})
+	}
+}
+
+// logitsOf returns logits whose softmax at temperature 1 is p.
+func logitsOf(p ...float64) []float32 {
+	l := make([]float32, len(p))
+	for i, v := range p {
+		l[i] = float32(math.Log(v))
+	}
+	return l
+}
+
+// frequencies samples positions [0, n) and returns each token's share.
+func frequencies(t *testing.T, logits []float32, s Sampling, n int) []float64 {
+	t.Helper()
+	var sc SampleScratch
+	f := make([]float64, len(logits))
+	for pos := range n {
+		id := Sample(logits, s, pos, &sc)
+		if id < 0 || int(id) >= len(logits) {
+			t.Fatalf("Sample at pos %d = %d, outside [0, %d)", pos, id, len(logits))
+		}
+		f[id]++
+	}
+	for i := range f {
+		f[i] /= float64(n)
+	}
+	return f
+}
+
+func TestSampleDistribution(t *testing.T) {
+	const n = 40000
+	approx := cmpApprox(0.015)
+	tests := []struct {
+		name   string
+		logits []float32
+		s      Sampling
+		want   []float64
+	}{
+		{"temperature 1", logitsOf(0.5, 0.3, 0.2), Sampling{Temperature: 1, Seed: 1}, []float64{0.5, 0.3, 0.2}},
+		{"top-p 1 keeps all", logitsOf(0.5, 0.3, 0.2), Sampling{Temperature: 1, TopP: 1, Seed: 2}, []float64{0.5, 0.3, 0.2}},
+		{"top-p 0.6 keeps two", logitsOf(0.2, 0.5, 0.3), Sampling{Temperature: 1, TopP: 0.6, Seed: 3}, []float64{0, 0.625, 0.375}},
+		{"top-p 0.5 keeps one", logitsOf(0.2, 0.5, 0.3), Sampling{Temperature: 1, TopP: 0.5, Seed: 4}, []float64{0, 1, 0}},
+		{"top-p ties by id", logitsOf(0.25, 0.25, 0.25, 0.25), Sampling{Temperature: 1, TopP: 0.5, Seed: 5}, []float64{0.5, 0.5, 0, 0}},
+		// Temperature 2 flattens p ∝ sqrt(p): sqrt(0.64)=0.8, sqrt(0.36)=0.6.
+		{"temperature 2", logitsOf(0.64, 0.36), Sampling{Temperature: 2, Seed: 6}, []float64{0.8 / 1.4, 0.6 / 1.4}},
+		{"tiny temperature is near greedy", logitsOf(0.4, 0.6), Sampling{Temperature: 1e-3, Seed: 7}, []float64{0, 1}},
+		{"-Inf logit never drawn", []float32{float32(math.Inf(-1)), 0, 0}, Sampling{Temperature: 1, Seed: 8}, []float64{0, 0.5, 0.5}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := frequencies(t, tc.logits, tc.s, n)
+			if diff := cmp.Diff(tc.want, got, approx); diff != "" {
+				t.Errorf("token frequencies over %d positions (-want +got):\n%s", n, diff)
+			}
+		})
+	}
+}
+
+func cmpApprox(tol float64) cmp.Option {
+	return cmp.Comparer(func(a, b float64) bool { return math.Abs(a-b) <= tol })
+}
+
+func TestSampleDependsOnlyOnSeedAndPos(t *testing.T) {
+	logits := make([]float32, 300)
+	for i := range logits {
+		logits[i] = float32(math.Sin(float64(i))) * 2
+	}
+	s := Sampling{Temperature: 0.9, TopP: 0.95, Seed: 42}
+	var a, b SampleScratch
+	first := make([]int32, 64)
+	for pos := range first {
+		first[pos] = Sample(logits, s, pos, &a)
+	}
+	// Reversed order, a fresh scratch, a shared scratch used for another
+	// request in between: the same tokens.
+	for pos := len(first) - 1; pos >= 0; pos-- {
+		Sample(logits, Sampling{Temperature: 1, Seed: 7}, pos+1000, &b)
+		if got := Sample(logits, s, pos, &b); got != first[pos] {
+			t.Fatalf("pos %d: token %d, earlier %d", pos, got, first[pos])
+		}
+		if got := Sample(logits, s, pos, nil); got != first[pos] {
+			t.Fatalf("pos %d with nil scratch: token %d, earlier %d", pos, got, first[pos])
+		}
+	}
+	distinct := map[int32]bool{}
+	for _, id := range first {
+		distinct[id] = true
+	}
+	if len(distinct) < 8 {
+		t.Errorf("64 draws from a flat-ish distribution gave only %d distinct tokens", len(distinct))
+	}
+	other := 0
+	for pos := range first {
+		if Sample(logits, Sampling{Temperature: 0.9, TopP: 0.95, Seed: 43}, pos, &a) != first[pos] {
+			other++
+		}
+	}
+	if other < len(first)/2 {
+		t.Errorf("seed 43 agrees with seed 42 on %d of %d positions", len(first)-other, len(first))
+	}
+}
+
+func TestUniform(t *testing.T) {
+	const n = 100000
+	sum := 0.0
+	for pos := range n {
+		u := Uniform(12345, pos)
+		if u < 0 || u >= 1 {
+			t.Fatalf("Uniform(12345, %d) = %v, outside [0, 1)", pos, u)
+		}
+		sum += u
+	}
+	if mean := sum / n; math.Abs(mean-0.5) > 0.005 {
+		t.Errorf("mean of %d draws = %v, want 0.5 ± 0.005", n, mean)
+	}
+	if Uniform(1, 5) != Uniform(1, 5) || Uniform(1, 5) == Uniform(2, 5) || Uniform(1, 5) == Uniform(1, 6) {
+		t.Errorf("Uniform is not a pure function of distinct (seed, pos)")
+	}
+	// Fixed values: other engines and releases must draw the same numbers.
+	if got, want := Uniform(0, 0), float64(splitmix64(splitmix64(0))>>11)*0x1p-53; got != want {
+		t.Errorf("Uniform(0, 0) = %v, want %v", got, want)
+	}
+	if got := splitmix64(0); got != 0xe220a8397b1dcdaf {
+		t.Errorf("splitmix64(0) = %#x, want 0xe220a8397b1dcdaf (reference SplitMix64 first output for seed 0)", got)
+	}
+}
+
+func TestSampleDoesNotAllocate(t *testing.T) {
+	logits := make([]float32, 1000)
+	for i := range logits {
+		logits[i] = float32(i%17) * 0.3
+	}
+	var sc SampleScratch
+	Sample(logits, Sampling{Temperature: 1, TopP: 0.9}, 0, &sc) // grow scratch
+	for _, s := range []Sampling{{}, {Temperature: 0.7}, {Temperature: 0.7, TopP: 0.9, Seed: 1}} {
+		pos := 0
+		allocs := testing.AllocsPerRun(50, func() {
+			Sample(logits, s, pos, &sc)
+			pos++
+		})
+		if allocs != 0 {
+			t.Errorf("Sample with %+v: %v allocations per call, want 0", s, allocs)
+		}
+	}
+}
