@@ -1,0 +1,99 @@
+package control
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Command kinds.
+const (
+	CmdDrain  = "drain"  // stop taking new requests, finish the running ones
+	CmdCancel = "cancel" // cancel RequestID and free its KV
+	CmdResend = "resend" // re-send RequestID's retained KV to the decode worker at Arg
+)
+
+// Command is an order to one worker, sent on "pdserve.cmd.<id>".
+type Command struct {
+	Kind      string `json:"kind"`                 // CmdDrain, CmdCancel, CmdResend, ...; not empty
+	RequestID string `json:"request_id,omitempty"` // the request it concerns, if any
+	Arg       string `json:"arg,omitempty"`        // kind-specific argument
+}
+
+// CommandReply is a worker's answer to a Command.
+type CommandReply struct {
+	OK    bool   `json:"ok"`
+	Error string `json:"error,omitempty"` // the handler's error when not OK
+}
+
+// SendCommand sends c to workerID and waits for its reply, at most until ctx
+// ends (give ctx a deadline). Errors: ErrBadToken (worker id), ErrBadCommand
+// (empty kind, or a reply that is not a CommandReply), ErrNoWorker (nobody
+// subscribed), ErrCommandFailed (the handler failed; its text follows), ctx
+// errors, or nats errors, all wrapped.
+func SendCommand(ctx context.Context, nc *nats.Conn, workerID string, c Command) error {
+	if err := ValidToken(workerID); err != nil {
+		return fmt.Errorf("control: command to worker: %w", err)
+	}
+	if c.Kind == "" {
+		return fmt.Errorf("control: command to %s: %w: empty kind", workerID, ErrBadCommand)
+	}
+	data, err := json.Marshal(c)
+	if err != nil {
+		return fmt.Errorf("control: command %s to %s: %w", c.Kind, workerID, err)
+	}
+	msg, err := nc.RequestWithContext(ctx, CommandSubject(workerID), data)
+	if errors.Is(err, nats.ErrNoResponders) {
+		return fmt.Errorf("control: command %s to %s: %w (%w)", c.Kind, workerID, ErrNoWorker, err)
+	}
+	if err != nil {
+		return fmt.Errorf("control: command %s to %s: %w", c.Kind, workerID, err)
+	}
+	var r CommandReply
+	if err := json.Unmarshal(msg.Data, &r); err != nil {
+		return fmt.Errorf("control: command %s to %s: %w: reply: %w", c.Kind, workerID, ErrBadCommand, err)
+	}
+	if !r.OK {
+		return fmt.Errorf("control: command %s to %s: %w: %s", c.Kind, workerID, ErrCommandFailed, r.Error)
+	}
+	return nil
+}
+
+// HandleCommands subscribes to workerID's command subject and answers every
+// command with h's outcome (a CommandReply). h runs on the subscription's
+// goroutine, one command at a time; it should return quickly (start long
+// work, like a drain, in the background). A request that is not a Command
+// gets an error reply without calling h. The subscription is registered
+// with the server when HandleCommands returns; Unsubscribe (or Drain) it to
+// stop. Errors: ErrBadToken, nats errors, wrapped.
+func HandleCommands(nc *nats.Conn, workerID string, h func(Command) error) (*nats.Subscription, error) {
+	if err := ValidToken(workerID); err != nil {
+		return nil, fmt.Errorf("control: handle commands: %w", err)
+	}
+	sub, err := nc.Subscribe(CommandSubject(workerID), func(msg *nats.Msg) {
+		var c Command
+		var r CommandReply
+		if err := json.Unmarshal(msg.Data, &c); err != nil || c.Kind == "" {
+			r.Error = fmt.Sprintf("%v: not a command", ErrBadCommand)
+		} else if err := h(c); err != nil {
+			r.Error = err.Error()
+		} else {
+			r.OK = true
+		}
+		data, _ := json.Marshal(r) // a CommandReply always marshals
+		// A failed reply (connection gone) reaches the sender as its
+		// timeout; there is nobody else to tell.
+		_ = msg.Respond(data)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("control: handle commands for %s: %w", workerID, err)
+	}
+	if err := nc.FlushTimeout(flushTimeout); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, fmt.Errorf("control: handle commands for %s: %w", workerID, err)
+	}
+	return sub, nil
+}

@@ -1,0 +1,88 @@
+package control
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Role is what a worker does.
+type Role string
+
+// Worker roles.
+const (
+	RolePrefill   Role = "prefill"
+	RoleDecode    Role = "decode"
+	RoleColocated Role = "colocated" // a decode worker that prefills too
+)
+
+// Heartbeat is a worker's state, published every interval.
+type Heartbeat struct {
+	ID       string `json:"id"`        // worker id, a subject token
+	Role     string `json:"role"`      // a Role
+	GRPCAddr string `json:"grpc_addr"` // host:port serving the worker's gRPC services
+	Model    string `json:"model"`     // model name
+
+	KVBlocksFree        int       `json:"kv_blocks_free"`        // free KV blocks (decode, colocated)
+	KVBlocksTotal       int       `json:"kv_blocks_total"`       // KV blocks in the pool
+	QueuedPrefillTokens int       `json:"queued_prefill_tokens"` // prompt tokens waiting for prefill
+	RunningBatch        int       `json:"running_batch"`         // sequences in the running batch
+	StepTimesMs         []float64 `json:"step_times_ms"`         // recent step times, milliseconds, oldest first
+	PrefixDigest        []uint64  `json:"prefix_digest"`         // hashes of cached prefix blocks (kv.HashBlocks); may be empty
+	Draining            bool      `json:"draining"`              // takes no new requests
+	Time                time.Time `json:"time"`                  // when the worker took it, worker clock
+}
+
+// Validate reports ErrBadHeartbeat, wrapped, when hb cannot be published or
+// observed: an id or role that is not a subject token.
+func (hb Heartbeat) Validate() error {
+	if err := ValidToken(hb.ID); err != nil {
+		return fmt.Errorf("%w: id: %w", ErrBadHeartbeat, err)
+	}
+	if err := ValidToken(hb.Role); err != nil {
+		return fmt.Errorf("%w: role: %w", ErrBadHeartbeat, err)
+	}
+	return nil
+}
+
+// Subject prefixes and subjects.
+const (
+	heartbeatPrefix = "pdserve.hb."
+	commandPrefix   = "pdserve.cmd."
+	// HeartbeatWildcard matches every heartbeat subject.
+	HeartbeatWildcard = heartbeatPrefix + ">"
+	// PlanSubject carries planner decisions.
+	PlanSubject = "pdserve.plan"
+)
+
+// HeartbeatSubject returns "pdserve.hb.<role>.<id>".
+func HeartbeatSubject(role, id string) string { return heartbeatPrefix + role + "." + id }
+
+// CommandSubject returns "pdserve.cmd.<id>".
+func CommandSubject(id string) string { return commandPrefix + id }
+
+// ValidToken reports ErrBadToken, wrapped, when s cannot be one token of a
+// NATS subject: empty, or containing '.', '*', '>' or white space.
+func ValidToken(s string) error {
+	if s == "" || strings.ContainsAny(s, ".*> \t\r\n") {
+		return fmt.Errorf("%w: %q", ErrBadToken, s)
+	}
+	return nil
+}
+
+// Errors returned by this package, wrapped with detail; match with
+// errors.Is.
+var (
+	// ErrBadToken: an id or role that is not a NATS subject token.
+	ErrBadToken = errors.New("control: not a subject token")
+	// ErrBadHeartbeat: a heartbeat that cannot be published or observed.
+	ErrBadHeartbeat = errors.New("control: invalid heartbeat")
+	// ErrBadCommand: a command without a kind, or a reply that is not JSON.
+	ErrBadCommand = errors.New("control: invalid command")
+	// ErrCommandFailed: the worker received the command and its handler
+	// returned an error (its text is in the wrapping error).
+	ErrCommandFailed = errors.New("control: command failed")
+	// ErrNoWorker: nobody listens on the worker's command subject.
+	ErrNoWorker = errors.New("control: no such worker")
+)

@@ -1,0 +1,106 @@
+package control
+
+import (
+	"slices"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Membership is the coordinator's view of the workers, built from
+// heartbeats. It is a deterministic core: time is an input of every call
+// that depends on it. Safe for concurrent use.
+type Membership struct {
+	ttl time.Duration
+
+	mu      sync.Mutex
+	members map[string]member
+}
+
+type member struct {
+	hb   Heartbeat
+	seen time.Time // when the last heartbeat was observed, observer clock
+}
+
+// NewMembership returns an empty Membership whose members expire ttl after
+// their last observed heartbeat (ttl > 0; a few heartbeat intervals).
+func NewMembership(ttl time.Duration) *Membership {
+	return &Membership{ttl: ttl, members: make(map[string]member)}
+}
+
+// TTL returns the expiry age.
+func (m *Membership) TTL() time.Duration { return m.ttl }
+
+// Observe records hb, observed at now (the observer's clock, not hb.Time,
+// so that clock skew between machines does not matter). The latest
+// observation of an id replaces the earlier one, role included. Heartbeats
+// that fail Validate are ignored. hb's slices must not be modified after
+// the call.
+func (m *Membership) Observe(hb Heartbeat, now time.Time) {
+	if hb.Validate() != nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.members[hb.ID] = member{hb: hb, seen: now}
+}
+
+// Expire removes every member whose last heartbeat was observed more than
+// the TTL before now, and returns their ids in ascending order (nil when
+// none).
+func (m *Membership) Expire(now time.Time) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var gone []string
+	for id, mb := range m.members {
+		if now.Sub(mb.seen) > m.ttl {
+			gone = append(gone, id)
+			delete(m.members, id)
+		}
+	}
+	slices.Sort(gone)
+	return gone
+}
+
+// Remove drops id at once (a worker that said goodbye). Unknown ids are
+// not an error.
+func (m *Membership) Remove(id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.members, id)
+}
+
+// Members returns the live members of role that are not draining, sorted by
+// ID. The caller owns the returned slice; the heartbeats' own slices are
+// shared and must not be modified.
+func (m *Membership) Members(role Role) []Heartbeat {
+	return m.list(func(hb Heartbeat) bool { return hb.Role == string(role) && !hb.Draining })
+}
+
+// All returns every live member, draining ones included, sorted by ID.
+// Ownership as for Members.
+func (m *Membership) All() []Heartbeat {
+	return m.list(func(Heartbeat) bool { return true })
+}
+
+func (m *Membership) list(keep func(Heartbeat) bool) []Heartbeat {
+	m.mu.Lock()
+	out := make([]Heartbeat, 0, len(m.members))
+	for _, mb := range m.members {
+		if keep(mb.hb) {
+			out = append(out, mb.hb)
+		}
+	}
+	m.mu.Unlock()
+	slices.SortFunc(out, func(a, b Heartbeat) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+// Get returns the last heartbeat of id, draining or not, and whether id is
+// a live member.
+func (m *Membership) Get(id string) (Heartbeat, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	mb, ok := m.members[id]
+	return mb.hb, ok
+}

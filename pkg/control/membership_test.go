@@ -1,0 +1,122 @@
+package control
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestMembership(t *testing.T) {
+	t0 := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	ttl := 3 * time.Second
+	hb := func(id string, role Role, draining bool) Heartbeat {
+		return Heartbeat{ID: id, Role: string(role), GRPCAddr: id + ":1", Draining: draining}
+	}
+	type obs struct {
+		hb Heartbeat
+		at time.Duration // after t0
+	}
+	tests := []struct {
+		name     string
+		observe  []obs
+		expireAt time.Duration
+		role     Role
+		wantGone []string
+		want     []Heartbeat // Members(role) after Expire
+	}{
+		{
+			name:    "sorted by id, role filtered",
+			observe: []obs{{hb("d2", RoleDecode, false), 0}, {hb("p1", RolePrefill, false), 0}, {hb("d1", RoleDecode, false), 0}, {hb("c1", RoleColocated, false), 0}},
+			role:    RoleDecode,
+			want:    []Heartbeat{hb("d1", RoleDecode, false), hb("d2", RoleDecode, false)},
+		},
+		{
+			name:    "draining excluded",
+			observe: []obs{{hb("d1", RoleDecode, true), 0}, {hb("d2", RoleDecode, false), 0}},
+			role:    RoleDecode,
+			want:    []Heartbeat{hb("d2", RoleDecode, false)},
+		},
+		{
+			name:     "expired after ttl, not at ttl",
+			observe:  []obs{{hb("d1", RoleDecode, false), 0}, {hb("d2", RoleDecode, false), time.Nanosecond}, {hb("d3", RoleDecode, false), -time.Nanosecond}},
+			expireAt: ttl,
+			role:     RoleDecode,
+			wantGone: []string{"d3"},
+			want:     []Heartbeat{hb("d1", RoleDecode, false), hb("d2", RoleDecode, false)},
+		},
+		{
+			name:     "a later heartbeat renews",
+			observe:  []obs{{hb("d1", RoleDecode, false), 0}, {hb("d1", RoleDecode, false), 2 * time.Second}, {hb("d2", RoleDecode, false), 0}},
+			expireAt: 4 * time.Second,
+			role:     RoleDecode,
+			wantGone: []string{"d2"},
+			want:     []Heartbeat{hb("d1", RoleDecode, false)},
+		},
+		{
+			name:    "the latest heartbeat wins, role included",
+			observe: []obs{{hb("w", RoleDecode, false), 0}, {hb("w", RolePrefill, false), time.Second}},
+			role:    RolePrefill,
+			want:    []Heartbeat{hb("w", RolePrefill, false)},
+		},
+		{
+			name:    "invalid ids ignored",
+			observe: []obs{{hb("", RoleDecode, false), 0}, {hb("a.b", RoleDecode, false), 0}, {hb("x", "de code", false), 0}},
+			role:    RoleDecode,
+			want:    []Heartbeat{},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			m := NewMembership(ttl)
+			for _, o := range tc.observe {
+				m.Observe(o.hb, t0.Add(o.at))
+			}
+			gone := m.Expire(t0.Add(tc.expireAt))
+			if diff := cmp.Diff(tc.wantGone, gone); diff != "" {
+				t.Errorf("Expire (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tc.want, m.Members(tc.role)); diff != "" {
+				t.Errorf("Members(%s) (-want +got):\n%s", tc.role, diff)
+			}
+			for _, id := range gone {
+				if _, ok := m.Get(id); ok {
+					t.Errorf("Get(%s) after expiry: still a member", id)
+				}
+			}
+		})
+	}
+}
+
+func TestMembershipGetAllRemove(t *testing.T) {
+	t0 := time.Unix(100, 0)
+	m := NewMembership(time.Second)
+	d := Heartbeat{ID: "d1", Role: string(RoleDecode), Draining: true, KVBlocksFree: 7}
+	p := Heartbeat{ID: "p1", Role: string(RolePrefill)}
+	m.Observe(p, t0)
+	m.Observe(d, t0)
+	if got, ok := m.Get("d1"); !ok || !cmp.Equal(got, d) {
+		t.Errorf("Get(d1) = %+v, %v; want the draining member", got, ok)
+	}
+	if diff := cmp.Diff([]Heartbeat{d, p}, m.All()); diff != "" {
+		t.Errorf("All (-want +got):\n%s", diff)
+	}
+	m.Remove("d1")
+	m.Remove("unknown")
+	if _, ok := m.Get("d1"); ok {
+		t.Error("Get(d1) after Remove: still a member")
+	}
+}
+
+func TestValidToken(t *testing.T) {
+	for _, s := range []string{"", "a.b", "a*", "a>", "a b", "a\tb"} {
+		if err := ValidToken(s); err == nil {
+			t.Errorf("ValidToken(%q) = nil, want an error", s)
+		}
+	}
+	for _, s := range []string{"decode-0", "p_1", "W9"} {
+		if err := ValidToken(s); err != nil {
+			t.Errorf("ValidToken(%q) = %v", s, err)
+		}
+	}
+}

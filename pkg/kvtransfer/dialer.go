@@ -1,0 +1,207 @@
+package kvtransfer
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+
+	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
+	"github.com/pdserve/pdserve/pkg/kv/codec"
+)
+
+// Defaults of the transport, shared by Dialer and server.
+const (
+	// DefaultMaxFrameBytes caps the raw (decoded) length of one frame. A
+	// Sender splits a larger chunk into frames of whole tokens; a server
+	// rejects a frame above its cap.
+	DefaultMaxFrameBytes = 1 << 20
+	// DefaultConnsPerAddr is how many connections a Dialer keeps to each
+	// address. One HTTP/2 connection tops out near one core's worth of
+	// throughput, so bulk transfer spreads streams over several.
+	DefaultConnsPerAddr = 4
+	// DefaultWindowBytes is the HTTP/2 flow-control window of a stream;
+	// connections get DefaultConnWindowBytes. Large static windows keep a
+	// fast link busy without waiting for gRPC's BDP estimator to grow them.
+	DefaultWindowBytes     = 16 << 20
+	DefaultConnWindowBytes = 64 << 20
+	// ioBufferBytes sizes gRPC's socket read and write buffers.
+	ioBufferBytes = 256 << 10
+)
+
+// maxMessageBytes is the largest Push message a frame of maxFrame raw bytes
+// can make: the encoded payload may exceed the raw length a little for
+// incompressible data, plus the frame header and the message prefix.
+func maxMessageBytes(maxFrame int) int { return maxFrame + maxFrame/8 + 64<<10 }
+
+// Dialer opens KV transfers to decode workers over a pool of gRPC
+// connections per address. Connections are created on the first Open to an
+// address and kept until Close. Safe for concurrent use.
+type Dialer struct {
+	o    dialOptions
+	link *link // nil without pacing
+
+	mu     sync.Mutex
+	closed bool
+	pools  map[string]*connPool
+}
+
+// connPool is the set of connections to one address.
+type connPool struct {
+	conns   []*grpc.ClientConn
+	clients []pdservev1.KVTransferServiceClient
+	next    atomic.Uint64
+}
+
+func (p *connPool) pick() pdservev1.KVTransferServiceClient {
+	return p.clients[(p.next.Add(1)-1)%uint64(len(p.clients))]
+}
+
+// NewDialer returns a Dialer. It opens no connection yet.
+func NewDialer(opts ...DialOption) *Dialer {
+	o := dialOptions{
+		connsPerAddr: DefaultConnsPerAddr,
+		logger:       zap.NewNop(),
+		maxFrame:     DefaultMaxFrameBytes,
+		now:          time.Now,
+		sleep:        sleepCtx,
+	}
+	for _, opt := range opts {
+		opt.applyDial(&o)
+	}
+	d := &Dialer{o: o, pools: make(map[string]*connPool)}
+	if o.linkGbps > 0 {
+		d.link = newLink(o.linkGbps)
+	}
+	return d
+}
+
+func (d *Dialer) grpcOptions() []grpc.DialOption {
+	creds := insecure.NewCredentials()
+	if d.o.tls != nil {
+		creds = credentials.NewTLS(d.o.tls)
+	}
+	msg := maxMessageBytes(d.o.maxFrame)
+	return append([]grpc.DialOption{
+		grpc.WithTransportCredentials(creds),
+		grpc.WithInitialWindowSize(DefaultWindowBytes),
+		grpc.WithInitialConnWindowSize(DefaultConnWindowBytes),
+		grpc.WithReadBufferSize(ioBufferBytes),
+		grpc.WithWriteBufferSize(ioBufferBytes),
+		// A retried stream would keep every sent frame buffered until the
+		// call commits; the transfer is resent by the caller instead.
+		grpc.WithDisableRetry(),
+		grpc.WithDefaultCallOptions(
+			grpc.CallContentSubtype(CodecName),
+			grpc.MaxCallSendMsgSize(msg),
+			grpc.MaxCallRecvMsgSize(msg),
+		),
+	}, d.o.grpcOpts...)
+}
+
+// client returns the next client for addr, creating its connections on
+// first use.
+func (d *Dialer) client(addr string) (pdservev1.KVTransferServiceClient, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, ErrClosed
+	}
+	p, ok := d.pools[addr]
+	if !ok {
+		p = &connPool{}
+		opts := d.grpcOptions()
+		for range d.o.connsPerAddr {
+			cc, err := grpc.NewClient(addr, opts...)
+			if err != nil {
+				for _, c := range p.conns {
+					_ = c.Close()
+				}
+				return nil, fmt.Errorf("kvtransfer: connect %s: %w", addr, err)
+			}
+			p.conns = append(p.conns, cc)
+			p.clients = append(p.clients, pdservev1.NewKVTransferServiceClient(cc))
+		}
+		d.pools[addr] = p
+		d.o.logger.Debug("kvtransfer: connections created", zap.String("addr", addr), zap.Int("conns", len(p.conns)))
+	}
+	return p.pick(), nil
+}
+
+// Open starts a transfer to the decode worker at addr (host:port) and waits
+// until the worker accepted the header (its Receiver.Begin returned). The
+// transfer lives until it is committed or aborted, or ctx ends, whichever
+// comes first.
+//
+// Errors: ErrBadHeader, codec.ErrUnknownCodec, ErrClosed, or the worker's
+// gRPC status (FAILED_PRECONDITION without a reservation,
+// RESOURCE_EXHAUSTED beyond it, UNAVAILABLE when it cannot be reached, ...),
+// all wrapped.
+func (d *Dialer) Open(ctx context.Context, addr string, h StreamHeader) (*Sender, error) {
+	if err := h.Validate(); err != nil {
+		return nil, err
+	}
+	c, err := codec.ByName(h.Codec)
+	if err != nil {
+		return nil, fmt.Errorf("kvtransfer: open %s: %w", h.RequestID, err)
+	}
+	cl, err := d.client(addr)
+	if err != nil {
+		return nil, err
+	}
+	sctx, cancel := context.WithCancelCause(ctx)
+	stream, err := cl.Push(sctx)
+	if err != nil {
+		cancel(err)
+		return nil, fmt.Errorf("kvtransfer: open %s to %s: %w", h.RequestID, addr, err)
+	}
+	s := &Sender{
+		d:      d,
+		h:      h,
+		codec:  c,
+		stream: stream,
+		ctx:    sctx,
+		cancel: cancel,
+		next:   make([]int, h.Layers),
+	}
+	req := &pdservev1.PushRequest{Msg: &pdservev1.PushRequest_Header{Header: h.proto()}}
+	if err := stream.SendMsg(req); err != nil {
+		err = s.streamErr(err)
+		cancel(err)
+		return nil, fmt.Errorf("kvtransfer: open %s to %s: %w", h.RequestID, addr, err)
+	}
+	// The worker sends response headers once Begin accepted the transfer;
+	// without them the stream ended and RecvMsg returns why.
+	if md, _ := stream.Header(); md == nil {
+		err := s.streamErr(nil)
+		cancel(err)
+		return nil, fmt.Errorf("kvtransfer: open %s to %s: %w", h.RequestID, addr, err)
+	}
+	return s, nil
+}
+
+// Close closes every connection. Transfers still open fail with
+// CANCELED/UNAVAILABLE; Open fails with ErrClosed afterwards. Close is
+// idempotent.
+func (d *Dialer) Close() error {
+	d.mu.Lock()
+	pools := d.pools
+	d.pools = nil
+	d.closed = true
+	d.mu.Unlock()
+	var first error
+	for _, p := range pools {
+		for _, cc := range p.conns {
+			if err := cc.Close(); err != nil && first == nil {
+				first = fmt.Errorf("kvtransfer: close: %w", err)
+			}
+		}
+	}
+	return first
+}

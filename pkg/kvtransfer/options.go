@@ -1,0 +1,152 @@
+package kvtransfer
+
+import (
+	"context"
+	"crypto/tls"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+)
+
+// DialOption configures a Dialer.
+type DialOption interface{ applyDial(*dialOptions) }
+
+// ServerOption configures the server side (Register, GRPCServerOptions).
+type ServerOption interface{ applyServer(*serverOptions) }
+
+// Option configures both sides.
+type Option interface {
+	DialOption
+	ServerOption
+}
+
+type dialOptions struct {
+	connsPerAddr int
+	linkGbps     float64
+	tls          *tls.Config
+	logger       *zap.Logger
+	maxFrame     int
+	now          func() time.Time
+	sleep        func(context.Context, time.Duration) error
+	grpcOpts     []grpc.DialOption
+}
+
+type serverOptions struct {
+	logger   *zap.Logger
+	maxFrame int
+	now      func() time.Time
+	metrics  Metrics
+}
+
+type dialFunc func(*dialOptions)
+
+func (f dialFunc) applyDial(o *dialOptions) { f(o) }
+
+type serverFunc func(*serverOptions)
+
+func (f serverFunc) applyServer(o *serverOptions) { f(o) }
+
+type bothFunc struct {
+	dial   func(*dialOptions)
+	server func(*serverOptions)
+}
+
+func (f bothFunc) applyDial(o *dialOptions)     { f.dial(o) }
+func (f bothFunc) applyServer(o *serverOptions) { f.server(o) }
+
+// WithConnsPerAddr sets how many connections a Dialer opens to each address
+// (n ≥ 1; default DefaultConnsPerAddr). Streams are spread over them round
+// robin.
+func WithConnsPerAddr(n int) DialOption {
+	return dialFunc(func(o *dialOptions) {
+		if n >= 1 {
+			o.connsPerAddr = n
+		}
+	})
+}
+
+// WithLinkGbps paces every Sender of a Dialer as if its frames crossed one
+// link of g gigabits per second (10⁹ bit/s) shared by all of them, first
+// come first served: each Send returns no earlier than its bytes would have
+// crossed that link. A Send is charged fullBytes × (wire bytes / raw bytes)
+// of its frames, so a scaled-down payload still takes the time of the
+// model's true KV size and a compressing codec saves link time. g ≤ 0 (the
+// default) disables pacing.
+func WithLinkGbps(g float64) DialOption {
+	return dialFunc(func(o *dialOptions) { o.linkGbps = g })
+}
+
+// WithTLS makes a Dialer use TLS with cfg (nil: plaintext, the default).
+// cfg must not be modified after the call. The server side takes its TLS
+// credentials from the grpc.Server.
+func WithTLS(cfg *tls.Config) DialOption {
+	return dialFunc(func(o *dialOptions) { o.tls = cfg })
+}
+
+// WithGRPCDialOptions appends options to those a Dialer passes to
+// grpc.NewClient (after its own, so they win).
+func WithGRPCDialOptions(opts ...grpc.DialOption) DialOption {
+	return dialFunc(func(o *dialOptions) { o.grpcOpts = append(o.grpcOpts, opts...) })
+}
+
+// WithLogger sets the logger (default: none).
+func WithLogger(l *zap.Logger) Option {
+	return bothFunc{
+		dial: func(o *dialOptions) {
+			if l != nil {
+				o.logger = l
+			}
+		},
+		server: func(o *serverOptions) {
+			if l != nil {
+				o.logger = l
+			}
+		},
+	}
+}
+
+// WithMaxFrameBytes sets the largest raw (decoded) length of one frame
+// (n > 0; default DefaultMaxFrameBytes). A Sender splits larger chunks into
+// frames of whole tokens; a server rejects larger frames with
+// INVALID_ARGUMENT. Use the same value on both sides, and pass the server's
+// options to GRPCServerOptions so gRPC accepts messages of that size.
+func WithMaxFrameBytes(n int) Option {
+	set := func(p *int) {
+		if n > 0 {
+			*p = n
+		}
+	}
+	return bothFunc{
+		dial:   func(o *dialOptions) { set(&o.maxFrame) },
+		server: func(o *serverOptions) { set(&o.maxFrame) },
+	}
+}
+
+// WithClock replaces the clock (default time.Now) and, on a Dialer, the
+// sleeper used for pacing (default: a timer that returns early with ctx's
+// cause when ctx ends). sleep must return an error early when ctx ends. The
+// server reads the clock for the Ack's stamps. Tests and time-scaled
+// simulations use it; nil arguments keep the defaults.
+func WithClock(now func() time.Time, sleep func(ctx context.Context, d time.Duration) error) Option {
+	return bothFunc{
+		dial: func(o *dialOptions) {
+			if now != nil {
+				o.now = now
+			}
+			if sleep != nil {
+				o.sleep = sleep
+			}
+		},
+		server: func(o *serverOptions) {
+			if now != nil {
+				o.now = now
+			}
+		},
+	}
+}
+
+// WithMetrics makes the server report every transfer to m.
+func WithMetrics(m Metrics) ServerOption {
+	return serverFunc(func(o *serverOptions) { o.metrics = m })
+}

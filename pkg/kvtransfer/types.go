@@ -1,0 +1,143 @@
+package kvtransfer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
+	"github.com/pdserve/pdserve/pkg/kv/codec"
+)
+
+// StreamHeader opens a transfer and bounds every frame that follows it.
+type StreamHeader struct {
+	RequestID  string // at most 255 bytes, not empty
+	Codec      string // codec name of pkg/kv/codec ("none", "s2", "zstd", "bf16", "fp8", "int8")
+	Layers     int    // > 0; frames carry layer in [0, Layers)
+	Tokens     int    // > 0; prompt tokens whose KV is sent: frames cover [0, Tokens) in every layer
+	TokenBytes int    // > 0; canonical bytes of one token in one layer (engine.ModelSpec.KVTokenBytes)
+}
+
+// Validate reports ErrBadHeader, wrapped with detail, when h cannot open a
+// transfer. It does not check that the codec exists.
+func (h StreamHeader) Validate() error {
+	switch {
+	case h.RequestID == "" || len(h.RequestID) > codec.MaxRequestID:
+		return fmt.Errorf("%w: request id must have 1 to %d bytes, has %d", ErrBadHeader, codec.MaxRequestID, len(h.RequestID))
+	case h.Layers <= 0 || h.Tokens <= 0 || h.TokenBytes <= 0:
+		return fmt.Errorf("%w: layers %d, tokens %d, token bytes %d must be positive", ErrBadHeader, h.Layers, h.Tokens, h.TokenBytes)
+	case h.Layers > maxInt32 || h.Tokens > maxInt32 || h.TokenBytes > maxInt32:
+		return fmt.Errorf("%w: layers %d, tokens %d, token bytes %d must fit in 32 bits", ErrBadHeader, h.Layers, h.Tokens, h.TokenBytes)
+	}
+	return nil
+}
+
+const maxInt32 = 1<<31 - 1
+
+func (h StreamHeader) proto() *pdservev1.KVStreamHeader {
+	return &pdservev1.KVStreamHeader{
+		RequestId:  h.RequestID,
+		Codec:      h.Codec,
+		Layers:     int32(h.Layers),
+		Tokens:     int32(h.Tokens),
+		TokenBytes: int32(h.TokenBytes),
+	}
+}
+
+func headerFromProto(p *pdservev1.KVStreamHeader) StreamHeader {
+	return StreamHeader{
+		RequestID:  p.GetRequestId(),
+		Codec:      p.GetCodec(),
+		Layers:     int(p.GetLayers()),
+		Tokens:     int(p.GetTokens()),
+		TokenBytes: int(p.GetTokenBytes()),
+	}
+}
+
+// Commit closes a transfer successfully.
+type Commit struct {
+	FirstToken int32 // the token the prefill worker sampled after the prompt
+}
+
+// Ack is the receiver's answer once all KV was imported.
+type Ack struct {
+	BytesRaw  int64     // canonical (decoded) KV bytes received
+	BytesWire int64     // frame bytes received (frame headers and encoded payloads)
+	FirstByte time.Time // first frame arrived; receiver clock
+	Done      time.Time // commit processed; receiver clock
+}
+
+func ackFromProto(p *pdservev1.PushResponse) Ack {
+	return Ack{
+		BytesRaw:  p.GetBytesRaw(),
+		BytesWire: p.GetBytesWire(),
+		FirstByte: unixNano(p.GetFirstByteUnixNano()),
+		Done:      unixNano(p.GetDoneUnixNano()),
+	}
+}
+
+func unixNano(n int64) time.Time {
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
+}
+
+func unixNanoOf(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+// Receiver accepts transfers on the decode worker. Implementations must be
+// safe for concurrent use: every stream calls Begin from its own goroutine.
+type Receiver interface {
+	// Begin is called when a transfer opens, before any frame is decoded,
+	// with a header that passed StreamHeader.Validate and names a known
+	// codec. ctx ends when the stream ends (also when the sender cancels);
+	// a Sink that may block must watch it. It fails with a gRPC status:
+	// FAILED_PRECONDITION when no reservation exists for the request,
+	// RESOURCE_EXHAUSTED when the header exceeds the reservation; an error
+	// without a status reaches the sender as INTERNAL.
+	Begin(ctx context.Context, h StreamHeader) (Sink, error)
+}
+
+// Sink takes one transfer's KV. Its methods are called from the stream's
+// goroutine, one at a time. After Begin returned it, exactly one of these
+// ends it: Commit returns nil, or Abort is called once (also after a Write
+// or Commit that failed); no method is called after that.
+type Sink interface {
+	// Write stores the canonical KV of layer for tokens [start, end).
+	// Frames arrive in token order within each layer, starting at token 0,
+	// so every layer's start is its count so far; layers may interleave.
+	// raw is owned by the caller and valid only during the call;
+	// len(raw) == (end-start) × TokenBytes. An error with a gRPC status
+	// reaches the sender as is, any other as INTERNAL.
+	Write(layer, start, end int, raw []byte) error
+	// Commit is called once every layer holds all Tokens of KV.
+	Commit(c Commit) error
+	// Abort tells the sink the transfer failed or was cancelled: free
+	// everything it holds. err says why.
+	Abort(err error)
+}
+
+// Errors returned by this package, wrapped with detail; match with
+// errors.Is. Errors that came from the other side of a stream also carry
+// their gRPC status (status.Code works on the wrapped error).
+var (
+	// ErrBadHeader: a StreamHeader is not valid.
+	ErrBadHeader = errors.New("kvtransfer: invalid stream header")
+	// ErrBadChunk: Send was called with a layer, range or length outside the
+	// header's bounds, or out of order.
+	ErrBadChunk = errors.New("kvtransfer: chunk outside the stream's bounds")
+	// ErrAborted: the Sender was aborted (the cause is wrapped too).
+	ErrAborted = errors.New("kvtransfer: transfer aborted")
+	// ErrFinished: the Sender was already committed or failed.
+	ErrFinished = errors.New("kvtransfer: transfer already finished")
+	// ErrClosed: the Dialer was closed.
+	ErrClosed = errors.New("kvtransfer: dialer closed")
+	// ErrIncomplete: Commit before every layer held all Tokens of KV.
+	ErrIncomplete = errors.New("kvtransfer: commit before all KV was sent")
+)
