@@ -1,0 +1,534 @@
+package decode
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
+	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/kvtransfer"
+)
+
+// pushKV prefills p on an engine of its own and sends its KV and first
+// token to the worker at addr, as a prefill worker would, in chunks of
+// chunk tokens. It returns the first token.
+func pushKV(t *testing.T, addr, id string, p []int32, chunk int) int32 {
+	t.Helper()
+	e := newEngine(t)
+	ctx := testCtx(t)
+	out, err := e.Prefill(ctx, []engine.PrefillItem{{Seq: 1, Tokens: p, Last: true}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := kvtransfer.NewDialer(kvtransfer.WithConnsPerAddr(1))
+	defer d.Close()
+	spec := e.Spec()
+	snd, err := d.Open(ctx, addr, kvtransfer.StreamHeader{RequestID: id, Codec: "none", Layers: spec.Layers, Tokens: len(p), TokenBytes: spec.KVTokenBytes()})
+	if err != nil {
+		t.Fatalf("open transfer: %v", err)
+	}
+	for start := 0; start < len(p); start += chunk {
+		end := min(len(p), start+chunk)
+		for l := range spec.Layers {
+			raw, err := e.ExportKV(1, l, start, end, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := snd.Send(l, start, end, raw, 0); err != nil {
+				t.Fatalf("send: %v", err)
+			}
+		}
+	}
+	if _, err := snd.Commit(ctx, kvtransfer.Commit{FirstToken: out[0].Token}); err != nil {
+		t.Fatalf("commit: %v", err)
+	}
+	return out[0].Token
+}
+
+func TestChunkSizes(t *testing.T) {
+	tests := []struct {
+		name          string
+		decodes       int
+		pending       []int
+		budget, chunk int
+		want          []int
+	}{
+		{"decode only", 3, nil, 16, 8, []int{}},
+		{"chunk caps", 0, []int{20}, 64, 8, []int{8}},
+		{"budget shared in order", 2, []int{10, 10, 10}, 16, 8, []int{8, 6, 0}},
+		{"short tail", 1, []int{3, 20}, 16, 8, []int{3, 8}},
+		{"decodes eat the budget", 16, []int{5}, 16, 8, []int{0}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := chunkSizes(tc.decodes, tc.pending, tc.budget, tc.chunk)
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("chunkSizes (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestColocatedMatchesEngine(t *testing.T) {
+	w := newWorker(t, smallOptions(), true)
+	tests := []struct {
+		name     string
+		prompt   []int32
+		max      int
+		sampling *pdservev1.Sampling
+	}{
+		{"one chunk greedy", prompt(5, 1), 12, nil},
+		{"many chunks greedy", prompt(30, 2), 10, nil},
+		{"sampled", prompt(19, 3), 10, &pdservev1.Sampling{Temperature: 0.8, TopP: 0.9, Seed: 42}},
+		{"one token", prompt(9, 4), 1, nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := engine.Sampling{Temperature: tc.sampling.GetTemperature(), TopP: tc.sampling.GetTopP(), Seed: tc.sampling.GetSeed()}
+			want := reference(t, tc.prompt, tc.max, s)
+			stream, err := w.client.Generate(testCtx(t), &pdservev1.GenerateRequest{
+				RequestId: tc.name, PromptTokens: tc.prompt, MaxTokens: int32(tc.max), LocalPrefill: true, IgnoreEos: true, Sampling: tc.sampling,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := collect(stream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(want, got.tokens); diff != "" {
+				t.Errorf("tokens (-engine alone +worker):\n%s", diff)
+			}
+			if got.reason != FinishLength {
+				t.Errorf("finish reason %q, want %q", got.reason, FinishLength)
+			}
+			for _, name := range []string{StampPrefillStart, StampPrefillEnd, StampJoined, StampFirstToken, StampLastToken} {
+				if got.stamps[name] == 0 {
+					t.Errorf("stamp %q missing (have %v)", name, got.stamps)
+				}
+			}
+		})
+	}
+	waitFor(t, "blocks free", func() bool { st := w.s.Stats(); return st.KVBlocksFree == st.KVBlocksTotal && st.Requests == 0 })
+}
+
+func TestRemoteKVMatchesEngine(t *testing.T) {
+	w := newWorker(t, smallOptions(), true)
+	ctx := testCtx(t)
+	p := prompt(21, 5)
+	want := reference(t, p, 9, engine.Sampling{})
+	if _, err := w.client.Reserve(ctx, &pdservev1.ReserveRequest{RequestId: "r1", Tokens: int32(len(p) + 9)}); err != nil {
+		t.Fatal(err)
+	}
+	// The KV arrives before Generate, in chunks of 8 tokens.
+	first := pushKV(t, w.addr, "r1", p, 8)
+	if first != want[0] {
+		t.Fatalf("first token %d, engine alone %d", first, want[0])
+	}
+	stream, err := w.client.Generate(ctx, &pdservev1.GenerateRequest{RequestId: "r1", PromptTokens: p, MaxTokens: 9, IgnoreEos: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := collect(stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, got.tokens); diff != "" {
+		t.Errorf("tokens (-engine alone +worker):\n%s", diff)
+	}
+	for _, name := range []string{StampKVFirstByte, StampKVDone, StampJoined, StampFirstToken, StampLastToken} {
+		if got.stamps[name] == 0 {
+			t.Errorf("stamp %q missing (have %v)", name, got.stamps)
+		}
+	}
+	waitFor(t, "blocks free", func() bool { st := w.s.Stats(); return st.KVBlocksFree == st.KVBlocksTotal })
+}
+
+func TestGenerateBeforeKV(t *testing.T) {
+	w := newWorker(t, smallOptions(), true)
+	ctx := testCtx(t)
+	p := prompt(11, 6)
+	want := reference(t, p, 6, engine.Sampling{})
+	if _, err := w.client.Reserve(ctx, &pdservev1.ReserveRequest{RequestId: "r", Tokens: 17}); err != nil {
+		t.Fatal(err)
+	}
+	stream, err := w.client.Generate(ctx, &pdservev1.GenerateRequest{RequestId: "r", PromptTokens: p, MaxTokens: 6, IgnoreEos: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "generate attached", func() bool {
+		w.s.mu.Lock()
+		defer w.s.mu.Unlock()
+		q := w.s.seqs["r"]
+		return q != nil && q.attached
+	})
+	pushKV(t, w.addr, "r", p, 4)
+	got, err := collect(stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, got.tokens); diff != "" {
+		t.Errorf("tokens (-engine alone +worker):\n%s", diff)
+	}
+}
+
+func TestRecoveryStreamsOnlyNewTokens(t *testing.T) {
+	w := newWorker(t, smallOptions(), true)
+	ctx := testCtx(t)
+	p := prompt(13, 7)
+	want := reference(t, p, 10, engine.Sampling{})
+	for _, k := range []int{1, 2, 6} {
+		t.Run(fmt.Sprintf("remote after %d", k), func(t *testing.T) {
+			id := fmt.Sprintf("remote-%d", k)
+			if _, err := w.client.Reserve(ctx, &pdservev1.ReserveRequest{RequestId: id, Tokens: 23}); err != nil {
+				t.Fatal(err)
+			}
+			pushKV(t, w.addr, id, p, 5)
+			stream, err := w.client.Generate(ctx, &pdservev1.GenerateRequest{RequestId: id, PromptTokens: p, MaxTokens: 10, IgnoreEos: true, GeneratedTokens: want[:k]})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := collect(stream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(want[k:], got.tokens); diff != "" {
+				t.Errorf("tokens after %d generated (-engine alone +worker):\n%s", k, diff)
+			}
+		})
+		t.Run(fmt.Sprintf("local after %d", k), func(t *testing.T) {
+			stream, err := w.client.Generate(ctx, &pdservev1.GenerateRequest{RequestId: fmt.Sprintf("local-%d", k), PromptTokens: p, MaxTokens: 10, IgnoreEos: true, LocalPrefill: true, GeneratedTokens: want[:k]})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := collect(stream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(want[k:], got.tokens); diff != "" {
+				t.Errorf("tokens after %d generated (-engine alone +worker):\n%s", k, diff)
+			}
+		})
+	}
+}
+
+func TestStopTokens(t *testing.T) {
+	w := newWorker(t, smallOptions(), true)
+	p := prompt(8, 8)
+	want := reference(t, p, 12, engine.Sampling{})
+	stop := want[4]
+	n := 1 + slicesIndex(want, stop) // the first occurrence ends it
+	stream, err := w.client.Generate(testCtx(t), &pdservev1.GenerateRequest{
+		RequestId: "s", PromptTokens: p, MaxTokens: 12, LocalPrefill: true, IgnoreEos: true, StopTokens: []int32{stop},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := collect(stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want[:n], got.tokens); diff != "" {
+		t.Errorf("tokens (-want +got):\n%s", diff)
+	}
+	if got.reason != FinishStop {
+		t.Errorf("finish reason %q, want %q", got.reason, FinishStop)
+	}
+}
+
+func slicesIndex(s []int32, v int32) int {
+	for i, x := range s {
+		if x == v {
+			return i
+		}
+	}
+	return -1
+}
+
+func TestContinuousBatching(t *testing.T) {
+	// The scheduler starts only once every request waits, so the first
+	// step holds all of them whatever the timing.
+	o := smallOptions()
+	o.MaxBatchTokens = 64
+	w := newWorker(t, o, false)
+	const n = 4
+	var wg sync.WaitGroup
+	results := make([]result, n)
+	errs := make([]error, n)
+	wants := make([][]int32, n)
+	for i := range n {
+		p := prompt(6+i, int32(10+i))
+		wants[i] = reference(t, p, 8, engine.Sampling{})
+		stream, err := w.client.Generate(testCtx(t), &pdservev1.GenerateRequest{
+			RequestId: fmt.Sprint("b", i), PromptTokens: p, MaxTokens: 8, LocalPrefill: true, IgnoreEos: true,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			results[i], errs[i] = collect(stream)
+		}()
+	}
+	waitFor(t, "all requests waiting", func() bool { return w.s.Stats().Waiting == n })
+	w.run()
+	wg.Wait()
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("request %d: %v", i, errs[i])
+		}
+		if diff := cmp.Diff(wants[i], results[i].tokens); diff != "" {
+			t.Errorf("request %d tokens (-engine alone +batched):\n%s", i, diff)
+		}
+		if results[i].batches[0] != n {
+			t.Errorf("request %d: first token's batch size %d, want %d (batches %v)", i, results[i].batches[0], n, results[i].batches)
+		}
+	}
+}
+
+func TestCancelFreesEverything(t *testing.T) {
+	o := smallOptions()
+	w := newWorker(t, o, true)
+	ctx := testCtx(t)
+	total := w.s.Stats().KVBlocksTotal
+
+	t.Run("cancel rpc", func(t *testing.T) {
+		stream, err := w.client.Generate(ctx, &pdservev1.GenerateRequest{RequestId: "c1", PromptTokens: prompt(10, 1), MaxTokens: 500, LocalPrefill: true, IgnoreEos: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := stream.Recv(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.client.Cancel(ctx, &pdservev1.CancelRequest{RequestId: "c1"}); err != nil {
+			t.Fatal(err)
+		}
+		_, err = collect(stream)
+		if status.Code(err) != codes.Canceled {
+			t.Errorf("stream ended with %v, want CANCELED", err)
+		}
+	})
+	t.Run("cancel stream", func(t *testing.T) {
+		cctx, cancel := context.WithCancel(ctx)
+		stream, err := w.client.Generate(cctx, &pdservev1.GenerateRequest{RequestId: "c2", PromptTokens: prompt(10, 2), MaxTokens: 500, LocalPrefill: true, IgnoreEos: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := stream.Recv(); err != nil {
+			t.Fatal(err)
+		}
+		cancel()
+		waitFor(t, "request gone", func() bool { return w.s.Stats().Requests == 0 })
+	})
+	t.Run("cancel reservation", func(t *testing.T) {
+		if _, err := w.client.Reserve(ctx, &pdservev1.ReserveRequest{RequestId: "c3", Tokens: 100}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.client.Cancel(ctx, &pdservev1.CancelRequest{RequestId: "c3"}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("cancel unknown", func(t *testing.T) {
+		if _, err := w.client.Cancel(ctx, &pdservev1.CancelRequest{RequestId: "nobody"}); err != nil {
+			t.Errorf("cancel of an unknown id: %v", err)
+		}
+	})
+	waitFor(t, "all blocks free", func() bool { st := w.s.Stats(); return st.KVBlocksFree == total && st.Requests == 0 && st.Running == 0 })
+}
+
+func TestReserve(t *testing.T) {
+	o := smallOptions()
+	o.KVBlocks = 4
+	o.ReserveTTL = 50 * time.Millisecond
+	w := newWorker(t, o, true)
+	ctx := testCtx(t)
+	resp, err := w.client.Reserve(ctx, &pdservev1.ReserveRequest{RequestId: "a", Tokens: 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]int32{3, 1}, []int32{resp.GetBlocks(), resp.GetBlocksFree()}); diff != "" {
+		t.Errorf("blocks, free (-want +got):\n%s", diff)
+	}
+	_, err = w.client.Reserve(ctx, &pdservev1.ReserveRequest{RequestId: "b", Tokens: 20})
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("reserve over capacity: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	_, err = w.client.Reserve(ctx, &pdservev1.ReserveRequest{RequestId: "a", Tokens: 1})
+	if status.Code(err) != codes.AlreadyExists {
+		t.Errorf("second reservation of an id: %v, want ALREADY_EXISTS", err)
+	}
+	// Generate without reservation while the pool is full.
+	stream, err := w.client.Generate(ctx, &pdservev1.GenerateRequest{RequestId: "c", PromptTokens: prompt(30, 1), MaxTokens: 10, LocalPrefill: true})
+	if err == nil {
+		_, err = stream.Recv()
+	}
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("generate over capacity: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	// Nobody claims "a": its TTL gives the blocks back.
+	waitFor(t, "reservation expiry", func() bool { return w.s.Stats().KVBlocksFree == 4 })
+
+	// A Generate call waiting for KV that never comes ends after the TTL.
+	stream, err = w.client.Generate(ctx, &pdservev1.GenerateRequest{RequestId: "w", PromptTokens: prompt(5, 1), MaxTokens: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := collect(stream); status.Code(err) != codes.DeadlineExceeded {
+		t.Errorf("generate without kv: %v, want DEADLINE_EXCEEDED", err)
+	}
+	waitFor(t, "blocks free", func() bool { return w.s.Stats().KVBlocksFree == 4 })
+}
+
+func TestTransferChecksReservation(t *testing.T) {
+	w := newWorker(t, smallOptions(), true)
+	ctx := testCtx(t)
+	d := kvtransfer.NewDialer(kvtransfer.WithConnsPerAddr(1))
+	defer d.Close()
+	spec := w.s.spec
+	hdr := func(id string, tokens int) kvtransfer.StreamHeader {
+		return kvtransfer.StreamHeader{RequestID: id, Codec: "none", Layers: spec.Layers, Tokens: tokens, TokenBytes: spec.KVTokenBytes()}
+	}
+	if _, err := d.Open(ctx, w.addr, hdr("none", 4)); status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("open without reservation: %v, want FAILED_PRECONDITION", err)
+	}
+	if _, err := w.client.Reserve(ctx, &pdservev1.ReserveRequest{RequestId: "small", Tokens: 10}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Open(ctx, w.addr, hdr("small", 17)); status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("open beyond reservation: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	// An aborted transfer frees the engine sequence; a Generate waiting
+	// for it, or coming after it, ends with ABORTED and gives the blocks
+	// back.
+	for _, generateFirst := range []bool{true, false} {
+		t.Run(fmt.Sprintf("generate first %v", generateFirst), func(t *testing.T) {
+			id := fmt.Sprint("abort-", generateFirst)
+			if _, err := w.client.Reserve(ctx, &pdservev1.ReserveRequest{RequestId: id, Tokens: 10}); err != nil {
+				t.Fatal(err)
+			}
+			generate := func() grpc.ServerStreamingClient[pdservev1.GenerateResponse] {
+				stream, err := w.client.Generate(ctx, &pdservev1.GenerateRequest{RequestId: id, PromptTokens: prompt(6, 1), MaxTokens: 4})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return stream
+			}
+			var stream grpc.ServerStreamingClient[pdservev1.GenerateResponse]
+			if generateFirst {
+				stream = generate()
+				waitFor(t, "generate attached", func() bool {
+					w.s.mu.Lock()
+					defer w.s.mu.Unlock()
+					return w.s.seqs[id] != nil && w.s.seqs[id].attached
+				})
+			}
+			snd, err := d.Open(ctx, w.addr, hdr(id, 6))
+			if err != nil {
+				t.Fatal(err)
+			}
+			snd.Abort(fmt.Errorf("prefill gave up"))
+			if !generateFirst {
+				waitFor(t, "transfer aborted", func() bool {
+					w.s.mu.Lock()
+					defer w.s.mu.Unlock()
+					return w.s.seqs[id] != nil && w.s.seqs[id].xferErr != nil
+				})
+				stream = generate()
+			}
+			if _, err := collect(stream); status.Code(err) != codes.Aborted {
+				t.Errorf("generate with an aborted transfer: %v, want ABORTED", err)
+			}
+		})
+	}
+	if _, err := w.client.Cancel(ctx, &pdservev1.CancelRequest{RequestId: "small"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "blocks free", func() bool { st := w.s.Stats(); return st.KVBlocksFree == st.KVBlocksTotal })
+}
+
+func TestBadRequests(t *testing.T) {
+	w := newWorker(t, smallOptions(), true)
+	ctx := testCtx(t)
+	long := make([]int32, 1000)
+	tests := []struct {
+		name string
+		req  *pdservev1.GenerateRequest
+	}{
+		{"no id", &pdservev1.GenerateRequest{PromptTokens: []int32{1}, MaxTokens: 1}},
+		{"no prompt", &pdservev1.GenerateRequest{RequestId: "x", MaxTokens: 1}},
+		{"zero max tokens", &pdservev1.GenerateRequest{RequestId: "x", PromptTokens: []int32{1}}},
+		{"token out of vocabulary", &pdservev1.GenerateRequest{RequestId: "x", PromptTokens: []int32{1, 99999}, MaxTokens: 1}},
+		{"negative token", &pdservev1.GenerateRequest{RequestId: "x", PromptTokens: []int32{-1}, MaxTokens: 1}},
+		{"too long", &pdservev1.GenerateRequest{RequestId: "x", PromptTokens: long, MaxTokens: 100}},
+		{"negative temperature", &pdservev1.GenerateRequest{RequestId: "x", PromptTokens: []int32{1}, MaxTokens: 1, Sampling: &pdservev1.Sampling{Temperature: -1}}},
+		{"top p above 1", &pdservev1.GenerateRequest{RequestId: "x", PromptTokens: []int32{1}, MaxTokens: 1, Sampling: &pdservev1.Sampling{TopP: 1.5}}},
+		{"all generated", &pdservev1.GenerateRequest{RequestId: "x", PromptTokens: []int32{1}, MaxTokens: 2, GeneratedTokens: []int32{3, 4}}},
+		{"bad stop token", &pdservev1.GenerateRequest{RequestId: "x", PromptTokens: []int32{1}, MaxTokens: 2, StopTokens: []int32{-5}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			stream, err := w.client.Generate(ctx, tc.req)
+			if err == nil {
+				_, err = stream.Recv()
+			}
+			if status.Code(err) != codes.InvalidArgument {
+				t.Errorf("got %v, want INVALID_ARGUMENT", err)
+			}
+		})
+	}
+	for _, tc := range []struct {
+		name string
+		req  *pdservev1.ReserveRequest
+	}{
+		{"reserve no id", &pdservev1.ReserveRequest{Tokens: 4}},
+		{"reserve zero tokens", &pdservev1.ReserveRequest{RequestId: "x"}},
+		{"reserve beyond max seq len", &pdservev1.ReserveRequest{RequestId: "x", Tokens: 5000}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := w.client.Reserve(ctx, tc.req); status.Code(err) != codes.InvalidArgument {
+				t.Errorf("got %v, want INVALID_ARGUMENT", err)
+			}
+		})
+	}
+	if _, err := w.client.Cancel(ctx, &pdservev1.CancelRequest{}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("cancel without id: %v, want INVALID_ARGUMENT", err)
+	}
+	if st := w.s.Stats(); st.KVBlocksFree != st.KVBlocksTotal || st.Requests != 0 {
+		t.Errorf("after bad requests: %+v, want every block free and no request", st)
+	}
+}
+
+func TestDrainingRejectsNewWork(t *testing.T) {
+	w := newWorker(t, smallOptions(), true)
+	ctx := testCtx(t)
+	if _, err := w.client.Reserve(ctx, &pdservev1.ReserveRequest{RequestId: "kept", Tokens: 20}); err != nil {
+		t.Fatal(err)
+	}
+	w.s.SetDraining(true)
+	if _, err := w.client.Reserve(ctx, &pdservev1.ReserveRequest{RequestId: "new", Tokens: 20}); status.Code(err) != codes.Unavailable {
+		t.Errorf("reserve while draining: %v, want UNAVAILABLE", err)
+	}
+	// A reserved request still runs.
+	stream, err := w.client.Generate(ctx, &pdservev1.GenerateRequest{RequestId: "kept", PromptTokens: prompt(5, 1), MaxTokens: 3, LocalPrefill: true, IgnoreEos: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := collect(stream)
+	if err != nil || len(got.tokens) != 3 {
+		t.Errorf("reserved request while draining: %d tokens, %v; want 3 tokens", len(got.tokens), err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := w.s.WaitIdle(wctx); err != nil {
+		t.Errorf("WaitIdle: %v", err)
+	}
+}

@@ -1,0 +1,185 @@
+package decode
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"go.uber.org/zap/zaptest"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
+	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/engine/ref"
+	"github.com/pdserve/pdserve/pkg/kvtransfer"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// newEngine returns the tiny reference engine every test compares against.
+func newEngine(t *testing.T) *ref.Engine {
+	t.Helper()
+	e, err := ref.New(ref.Options{Preset: "tiny", Seed: 1, Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(e.Close)
+	return e
+}
+
+// reference generates with the engine alone: prefill the whole prompt, then
+// decode until maxTokens tokens (EOS ignored).
+func reference(t *testing.T, prompt []int32, maxTokens int, s engine.Sampling) []int32 {
+	t.Helper()
+	e := newEngine(t)
+	ctx := context.Background()
+	out, err := e.Prefill(ctx, []engine.PrefillItem{{Seq: 1, Tokens: prompt, Sampling: s, Last: true}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks := []int32{out[0].Token}
+	for len(toks) < maxTokens {
+		out, err := e.Decode(ctx, []engine.DecodeItem{{Seq: 1, Token: toks[len(toks)-1], Sampling: s}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		toks = append(toks, out[0].Token)
+	}
+	return toks
+}
+
+// testWorker is a decode Server on a loopback gRPC server.
+type testWorker struct {
+	s      *Server
+	addr   string
+	client pdservev1.DecodeServiceClient
+	run    func() // starts the scheduler; called by newWorker unless deferred
+}
+
+// newWorker starts a Server. With start false the caller starts the
+// scheduler with run(), so that requests can pile up first.
+func newWorker(t *testing.T, o Options, start bool) *testWorker {
+	t.Helper()
+	s, err := New(newEngine(t), o, zaptest.NewLogger(t), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer(kvtransfer.GRPCServerOptions()...)
+	s.Register(g)
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		_ = g.Serve(lis)
+	}()
+	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ran := make(chan struct{})
+	w := &testWorker{s: s, addr: lis.Addr().String(), client: pdservev1.NewDecodeServiceClient(cc)}
+	started := false
+	w.run = func() {
+		started = true
+		go func() {
+			defer close(ran)
+			if err := s.Run(context.Background()); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	t.Cleanup(func() {
+		_ = cc.Close()
+		s.Stop()
+		if !started {
+			w.run()
+		}
+		<-ran
+		g.Stop()
+		<-served
+	})
+	if start {
+		w.run()
+	}
+	return w
+}
+
+func smallOptions() Options {
+	o := DefaultOptions()
+	o.KVBlocks = 64
+	o.BlockTokens = 16
+	o.MaxBatch = 8
+	o.ChunkTokens = 8
+	o.MaxBatchTokens = 24
+	return o
+}
+
+// result is what one Generate call streamed.
+type result struct {
+	tokens  []int32
+	reason  string
+	batches []int32 // batch_size of each event carrying tokens
+	stamps  map[string]int64
+	events  int
+}
+
+// collect reads a Generate stream to its end.
+func collect(stream grpc.ServerStreamingClient[pdservev1.GenerateResponse]) (result, error) {
+	r := result{stamps: map[string]int64{}}
+	for {
+		ev, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return r, nil
+		}
+		if err != nil {
+			return r, err
+		}
+		r.events++
+		r.tokens = append(r.tokens, ev.GetTokens()...)
+		if len(ev.GetTokens()) > 0 {
+			r.batches = append(r.batches, ev.GetBatchSize())
+		}
+		for _, s := range ev.GetStamps() {
+			r.stamps[s.GetName()] = s.GetUnixNano()
+		}
+		if ev.GetFinishReason() != "" {
+			r.reason = ev.GetFinishReason()
+		}
+	}
+}
+
+// testCtx returns a context that ends when the test does, or after 30 s, so
+// that a stuck stream fails the test instead of hanging it.
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// waitFor polls cond every few milliseconds until it holds or 10 s passed.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func prompt(n int, seed int32) []int32 {
+	p := make([]int32, n)
+	for i := range p {
+		p[i] = (seed*31 + int32(i)*7) % 250
+	}
+	return p
+}

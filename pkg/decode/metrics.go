@@ -1,0 +1,65 @@
+package decode
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the decode worker's Prometheus collectors:
+//
+//	pdserve_decode_step_seconds      histogram  time of one step (decode tokens and local prefill chunks)
+//	pdserve_decode_step_batch_size   histogram  sequences in one step
+//	pdserve_decode_running           gauge      sequences in the batch
+//	pdserve_decode_queue_length      gauge      sequences ready to join, waiting for a slot
+//	pdserve_kv_blocks_free           gauge      free KV blocks of the pool
+//	pdserve_kv_blocks_total          gauge      KV blocks of the pool
+//
+// A nil *metrics records nothing.
+type metrics struct {
+	step  prometheus.Histogram
+	batch prometheus.Histogram
+}
+
+func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
+	if reg == nil {
+		return nil, nil
+	}
+	m := &metrics{
+		step: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "pdserve_decode_step_seconds",
+			Help:    "Time of one decode step (decode tokens and local prefill chunks), in seconds.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+		batch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "pdserve_decode_step_batch_size",
+			Help:    "Sequences in one decode step.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 10),
+		}),
+	}
+	gauge := func(name, help string, f func(Stats) int) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 { return float64(f(s.Stats())) })
+	}
+	cs := []prometheus.Collector{
+		m.step, m.batch,
+		gauge("pdserve_decode_running", "Sequences in the running batch.", func(st Stats) int { return st.Running }),
+		gauge("pdserve_decode_queue_length", "Sequences ready to join the batch, waiting for a slot.", func(st Stats) int { return st.Waiting }),
+		gauge("pdserve_kv_blocks_free", "Free KV blocks of the worker's pool.", func(st Stats) int { return st.KVBlocksFree }),
+		gauge("pdserve_kv_blocks_total", "KV blocks of the worker's pool.", func(st Stats) int { return st.KVBlocksTotal }),
+	}
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("decode: register metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) observeStep(d time.Duration, batch int) {
+	if m == nil {
+		return
+	}
+	m.step.Observe(d.Seconds())
+	m.batch.Observe(float64(batch))
+}

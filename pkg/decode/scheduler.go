@@ -1,0 +1,247 @@
+package decode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/pdserve/pdserve/pkg/engine"
+)
+
+// Run runs the continuous-batching scheduler until ctx ends or Stop is
+// called, then ends every request with UNAVAILABLE and frees its engine
+// sequence and blocks. It returns nil after a stop, or an error when Run
+// was called twice.
+func (s *Server) Run(ctx context.Context) error {
+	s.mu.Lock()
+	if s.ran {
+		s.mu.Unlock()
+		return errors.New("decode: Run called twice")
+	}
+	s.ran = true
+	s.mu.Unlock()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(s.baseCtx, cancel)
+	defer stop()
+	defer s.shutdown()
+	for {
+		s.engMu.Lock()
+		b := s.plan()
+		if b.size() == 0 {
+			s.engMu.Unlock()
+			select {
+			case <-s.wake:
+				continue
+			case <-ctx.Done():
+				return nil
+			}
+		}
+		if ctx.Err() != nil {
+			s.engMu.Unlock()
+			return nil
+		}
+		s.step(ctx, b)
+		s.engMu.Unlock()
+	}
+}
+
+// Stop ends Run; it does not wait.
+func (s *Server) Stop() { s.stop() }
+
+// shutdown ends every request.
+func (s *Server) shutdown() {
+	s.engMu.Lock()
+	defer s.engMu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stopped = true
+	for _, q := range s.seqs {
+		s.endLocked(q, "", errStopped)
+	}
+}
+
+// stepPlan is one planned step: prefill chunks and decode tokens, with the
+// sequence of each item.
+type stepPlan struct {
+	prefill []engine.PrefillItem
+	pq      []*sequence
+	decode  []engine.DecodeItem
+	dq      []*sequence
+}
+
+func (b stepPlan) size() int { return len(b.prefill) + len(b.decode) }
+
+// chunkSizes splits a step's token budget: every running decode takes one
+// token, then each sequence still prefilling, in order, gets at most chunk
+// of its pending tokens from what is left. It returns the chunk size per
+// pending entry (0 when the budget ran out).
+func chunkSizes(decodes int, pending []int, budget, chunk int) []int {
+	left := budget - decodes
+	out := make([]int, len(pending))
+	for i, p := range pending {
+		n := max(0, min(p, chunk, left))
+		out[i] = n
+		left -= n
+	}
+	return out
+}
+
+// plan admits waiting sequences while the batch has room and picks the
+// step's items. The caller holds engMu.
+func (s *Server) plan() stepPlan {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	for len(s.active) < s.o.MaxBatch && len(s.waiting) > 0 {
+		q := s.waiting[0]
+		s.waiting = slices.Delete(s.waiting, 0, 1)
+		q.queued = false
+		s.joinLocked(q, now)
+	}
+	var b stepPlan
+	var pre []*sequence
+	var pending []int
+	for _, q := range s.active {
+		if len(q.pending) == 0 {
+			b.decode = append(b.decode, engine.DecodeItem{Seq: q.seq, Token: q.next, Sampling: q.sampling})
+			b.dq = append(b.dq, q)
+			continue
+		}
+		pre = append(pre, q)
+		pending = append(pending, len(q.pending))
+	}
+	for i, n := range chunkSizes(len(b.decode), pending, s.o.MaxBatchTokens, s.o.ChunkTokens) {
+		if n == 0 {
+			continue
+		}
+		q := pre[i]
+		b.prefill = append(b.prefill, engine.PrefillItem{
+			Seq:      q.seq,
+			Tokens:   q.pending[:n],
+			Sampling: q.sampling,
+			Last:     q.sampleLast && n == len(q.pending),
+		})
+		b.pq = append(b.pq, q)
+	}
+	return b
+}
+
+// joinLocked puts q in the batch: a local prefill gets its engine sequence
+// and pending prompt; remote KV streams its first token now; a recovery
+// re-prefills the tokens generated before, but the last, which is the next
+// decode input.
+func (s *Server) joinLocked(q *sequence, now time.Time) {
+	q.joined = true
+	s.active = append(s.active, q)
+	m := len(q.generated)
+	q.emitted = m
+	var regen []int32
+	if m > 1 {
+		regen = q.generated[:m-1]
+	}
+	if q.local {
+		s.nextSeq++
+		q.seq, q.hasSeq = s.nextSeq, true
+		q.pending = append(slices.Clone(q.prompt), regen...)
+		q.sampleLast = m == 0
+	} else {
+		q.pending = slices.Clone(regen)
+		q.out.stamp(StampKVFirstByte, q.firstByte)
+		q.out.stamp(StampKVDone, q.kvDone)
+		if m > 0 && q.generated[0] != q.first {
+			s.log.Warn("recovered request's first token differs from the prefill worker's",
+				zap.String("request_id", q.id), zap.Int32("generated", q.generated[0]), zap.Int32("prefill", q.first))
+		}
+	}
+	q.out.stamp(StampJoined, now)
+	switch {
+	case m > 0:
+		q.next = q.generated[m-1]
+	case !q.local:
+		s.emitLocked(q, q.first, len(s.active), now)
+	}
+}
+
+// emitLocked streams token t of q, produced in a step of batch sequences,
+// and ends q when t finishes it. Otherwise t is q's next decode input.
+func (s *Server) emitLocked(q *sequence, t int32, batch int, now time.Time) {
+	q.emitted++
+	if !q.firstStamps {
+		q.firstStamps = true
+		q.out.stamp(StampFirstToken, now)
+	}
+	q.out.token(t, batch)
+	switch {
+	case t == s.spec.EOS && s.spec.EOS >= 0 && !q.ignoreEOS, q.stop[t]:
+		s.endLocked(q, FinishStop, nil)
+	case q.emitted >= q.maxTokens:
+		s.endLocked(q, FinishLength, nil)
+	default:
+		q.next = t
+	}
+}
+
+// step runs b on the engine and hands out its tokens. The caller holds
+// engMu, so no sequence of b ends during the step.
+func (s *Server) step(ctx context.Context, b stepPlan) {
+	start := s.now()
+	pOut, dOut, err := engine.RunStep(ctx, s.eng, b.prefill, b.decode, nil)
+	end := s.now()
+	n := b.size()
+	s.m.observeStep(end.Sub(start), n)
+	if err == nil && (len(pOut) != len(b.prefill) || len(dOut) != len(b.decode)) {
+		err = fmt.Errorf("decode: engine returned %d+%d outputs for %d+%d items", len(pOut), len(dOut), len(b.prefill), len(b.decode))
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lastBatch = n
+	s.steps = append(s.steps, float64(end.Sub(start))/float64(time.Millisecond))
+	if len(s.steps) > stepHistory {
+		s.steps = s.steps[len(s.steps)-stepHistory:]
+	}
+	if err != nil {
+		st := errStopped
+		if ctx.Err() == nil {
+			s.log.Error("decode step failed", zap.Int("prefill_items", len(b.prefill)), zap.Int("decode_items", len(b.decode)), zap.Error(err))
+			st = status.Errorf(codes.Internal, "decode: step failed: %v", err)
+		}
+		for _, q := range append(slices.Clone(b.pq), b.dq...) {
+			s.endLocked(q, "", st)
+		}
+		return
+	}
+	for i, q := range b.pq {
+		if q.done {
+			continue
+		}
+		if !q.prefilling {
+			q.prefilling = true
+			if q.local {
+				q.out.stamp(StampPrefillStart, start)
+			}
+		}
+		q.pending = q.pending[len(b.prefill[i].Tokens):]
+		if len(q.pending) > 0 {
+			continue
+		}
+		if q.local {
+			q.out.stamp(StampPrefillEnd, end)
+		}
+		if q.sampleLast {
+			s.emitLocked(q, pOut[i].Token, n, end)
+		}
+	}
+	for i, q := range b.dq {
+		if !q.done {
+			s.emitLocked(q, dOut[i].Token, n, end)
+		}
+	}
+}

@@ -1,0 +1,578 @@
+package decode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
+	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/kv"
+	"github.com/pdserve/pdserve/pkg/kvtransfer"
+)
+
+// Finish reasons of the last GenerateResponse.
+const (
+	FinishLength = "length" // max_tokens reached
+	FinishStop   = "stop"   // EOS (unless ignore_eos) or a stop token
+)
+
+// Stamp names of GenerateResponse events.
+const (
+	StampKVFirstByte  = "kv_first_byte"
+	StampKVDone       = "kv_done"
+	StampPrefillStart = "prefill_start"
+	StampPrefillEnd   = "prefill_end"
+	StampJoined       = "decode_joined"
+	StampFirstToken   = "first_token"
+	StampLastToken    = "last_token"
+)
+
+const (
+	maxRequestID = 255 // longest request id a KV frame can carry
+	stepHistory  = 16  // recent step times kept for Stats
+)
+
+// errStopped fails requests still live when the scheduler stops.
+var errStopped = status.Error(codes.Unavailable, "decode: worker stopping")
+
+// Server is a decode (or colocated) worker. Create it with New, register it
+// on a gRPC server with Register (DecodeService and the KV transfer
+// receiver), and run the scheduler with Run.
+type Server struct {
+	pdservev1.UnimplementedDecodeServiceServer
+
+	eng  engine.Engine
+	spec engine.ModelSpec
+	pool *kv.Pool
+	o    Options
+	log  *zap.Logger
+	m    *metrics
+	now  func() time.Time
+
+	wake    chan struct{} // capacity 1: the scheduler has something to look at
+	baseCtx context.Context
+	stop    context.CancelFunc
+
+	// engMu guards eng. The scheduler holds it for a whole step (planning,
+	// running, handing out results); imports and frees take it between
+	// steps. Taken before mu.
+	engMu sync.Mutex
+
+	mu        sync.Mutex
+	seqs      map[string]*sequence // every reserved or live request, by id
+	waiting   []*sequence          // ready to join the batch, in order of readiness
+	active    []*sequence          // in the batch, in order of joining
+	nextSeq   engine.SeqID
+	draining  bool
+	stopped   bool
+	ran       bool          // Run was called
+	changed   chan struct{} // closed and replaced whenever a request ends
+	steps     []float64     // recent step times in milliseconds, oldest first
+	lastBatch int
+}
+
+// sequence is one request on this worker, from Reserve (or Generate) to its
+// end. Guarded by Server.mu; the engine sequence by Server.engMu.
+type sequence struct {
+	id        string
+	blocks    []kv.BlockID
+	resTokens int         // tokens the blocks hold
+	ttl       *time.Timer // releases an unclaimed reservation; nil once claimed
+
+	seq    engine.SeqID
+	hasSeq bool // the engine may hold the sequence: Free it at the end
+
+	// KV transfer (remote prefill).
+	sink      *sink // the open transfer, or nil
+	xferErr   error // why the last transfer failed, until another begins
+	committed bool
+	kvTokens  int
+	first     int32 // first token from the commit
+	firstByte time.Time
+	kvDone    time.Time
+
+	// Generate call.
+	attached  bool
+	local     bool
+	prompt    []int32
+	sampling  engine.Sampling
+	maxTokens int
+	ignoreEOS bool
+	stop      map[int32]bool
+	generated []int32 // tokens streamed before a recovery
+	out       *outbox
+
+	// Scheduling.
+	queued      bool    // in waiting
+	joined      bool    // in active
+	pending     []int32 // tokens still to prefill locally
+	sampleLast  bool    // the last pending chunk samples the first output token
+	prefilling  bool    // a local prefill chunk ran already
+	next        int32   // next decode input, once pending is empty
+	emitted     int     // output tokens so far, generated ones included
+	firstStamps bool    // "first_token" was stamped
+	done        bool
+}
+
+// New returns a Server running on eng with a pool of o.KVBlocks blocks. reg
+// receives the worker's metrics (nil: none are exported). The scheduler does
+// not run until Run is called.
+func New(eng engine.Engine, o Options, logger *zap.Logger, reg prometheus.Registerer) (*Server, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	spec := eng.Spec()
+	if err := spec.Validate(); err != nil {
+		return nil, fmt.Errorf("decode: %w", err)
+	}
+	pool, err := kv.NewPool(o.KVBlocks, o.BlockTokens)
+	if err != nil {
+		return nil, fmt.Errorf("decode: %w", err)
+	}
+	if logger == nil {
+		logger = zap.NewNop()
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	s := &Server{
+		eng:     eng,
+		spec:    spec,
+		pool:    pool,
+		o:       o,
+		log:     logger,
+		now:     time.Now,
+		wake:    make(chan struct{}, 1),
+		baseCtx: ctx,
+		stop:    stop,
+		seqs:    make(map[string]*sequence),
+		changed: make(chan struct{}),
+	}
+	if s.m, err = newMetrics(reg, s); err != nil {
+		stop()
+		return nil, err
+	}
+	return s, nil
+}
+
+// Register registers DecodeService and the KV transfer receiver on g, with
+// the transfer server options opts.
+func (s *Server) Register(g *grpc.Server, opts ...kvtransfer.ServerOption) {
+	pdservev1.RegisterDecodeServiceServer(g, s)
+	kvtransfer.Register(g, receiver{s}, opts...)
+}
+
+// Stats is a snapshot of the worker's load, for heartbeats.
+type Stats struct {
+	KVBlocksFree, KVBlocksTotal int
+	Running                     int       // sequences in the batch
+	Waiting                     int       // sequences ready to join, waiting for a slot
+	Requests                    int       // reserved or live requests
+	QueuedPrefillTokens         int       // local prefill tokens not yet computed
+	LastBatch                   int       // sequences in the last step
+	StepTimesMs                 []float64 // recent step times, oldest first; a copy
+	Draining                    bool
+}
+
+// Stats returns a snapshot of the worker's load.
+func (s *Server) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := Stats{
+		KVBlocksFree:  s.pool.Free(),
+		KVBlocksTotal: s.pool.Total(),
+		Running:       len(s.active),
+		Waiting:       len(s.waiting),
+		Requests:      len(s.seqs),
+		LastBatch:     s.lastBatch,
+		StepTimesMs:   slices.Clone(s.steps),
+		Draining:      s.draining,
+	}
+	for _, q := range s.active {
+		st.QueuedPrefillTokens += len(q.pending)
+	}
+	for _, q := range s.waiting {
+		if q.local {
+			st.QueuedPrefillTokens += len(q.prompt) + max(len(q.generated)-1, 0)
+		}
+	}
+	return st
+}
+
+// SetDraining marks the worker draining: Reserve, and Generate without a
+// reservation, fail with UNAVAILABLE; reserved and live requests finish.
+func (s *Server) SetDraining(d bool) {
+	s.mu.Lock()
+	s.draining = d
+	s.mu.Unlock()
+}
+
+// WaitIdle blocks until no request is reserved or live, or ctx ends
+// (returning its error).
+func (s *Server) WaitIdle(ctx context.Context) error {
+	for {
+		s.mu.Lock()
+		n, ch := len(s.seqs), s.changed
+		s.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+func (s *Server) wakeup() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+func invalid(format string, args ...any) error {
+	return status.Errorf(codes.InvalidArgument, "decode: "+format, args...)
+}
+
+func checkID(id string) error {
+	if id == "" || len(id) > maxRequestID {
+		return invalid("request_id must have 1 to %d bytes, has %d", maxRequestID, len(id))
+	}
+	return nil
+}
+
+// Reserve implements DecodeService.Reserve. Errors: INVALID_ARGUMENT
+// (empty id, tokens outside [1, the model's maximum sequence length]),
+// ALREADY_EXISTS when the id holds a reservation, RESOURCE_EXHAUSTED when
+// the pool lacks the blocks, UNAVAILABLE while draining.
+func (s *Server) Reserve(_ context.Context, req *pdservev1.ReserveRequest) (*pdservev1.ReserveResponse, error) {
+	if err := checkID(req.GetRequestId()); err != nil {
+		return nil, err
+	}
+	tokens := int(req.GetTokens())
+	if tokens <= 0 || tokens > s.spec.MaxSeqLen {
+		return nil, invalid("request %s: tokens %d outside [1, %d]", req.GetRequestId(), tokens, s.spec.MaxSeqLen)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped || s.draining {
+		return nil, status.Error(codes.Unavailable, "decode: worker is draining")
+	}
+	if s.seqs[req.GetRequestId()] != nil {
+		return nil, status.Errorf(codes.AlreadyExists, "decode: request %s already holds a reservation", req.GetRequestId())
+	}
+	q, err := s.reserveLocked(req.GetRequestId(), tokens)
+	if err != nil {
+		return nil, err
+	}
+	q.ttl = time.AfterFunc(s.o.ReserveTTL, func() { s.expire(q) })
+	return &pdservev1.ReserveResponse{Blocks: int32(len(q.blocks)), BlocksFree: int32(s.pool.Free())}, nil
+}
+
+// reserveLocked allocates blocks for tokens and registers a sequence.
+func (s *Server) reserveLocked(id string, tokens int) (*sequence, error) {
+	n := s.pool.BlocksFor(tokens)
+	blocks, err := s.pool.Allocate(n)
+	if err != nil {
+		if errors.Is(err, kv.ErrPoolExhausted) {
+			return nil, status.Errorf(codes.ResourceExhausted, "decode: reserve %d tokens for %s: %v", tokens, id, err)
+		}
+		return nil, status.Errorf(codes.Internal, "decode: reserve %d tokens for %s: %v", tokens, id, err)
+	}
+	q := &sequence{id: id, blocks: blocks, resTokens: n * s.pool.BlockTokens()}
+	s.seqs[id] = q
+	return q, nil
+}
+
+// expire releases q's reservation when no Generate claimed it in time, and
+// ends a Generate call that waits for remote KV when no transfer began in
+// time (a transfer in progress gets more time).
+func (s *Server) expire(q *sequence) {
+	s.engMu.Lock()
+	defer s.engMu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case q.done:
+	case !q.attached:
+		s.log.Info("reservation expired", zap.String("request_id", q.id), zap.Int("blocks", len(q.blocks)), zap.Duration("ttl", s.o.ReserveTTL))
+		s.endLocked(q, "", status.Errorf(codes.DeadlineExceeded, "decode: reservation of %s expired", q.id))
+	case q.local || q.committed:
+	case q.sink != nil:
+		// KV is arriving: give it another TTL.
+		q.ttl = time.AfterFunc(s.o.ReserveTTL, func() { s.expire(q) })
+	default:
+		s.log.Info("no kv arrived for a waiting request", zap.String("request_id", q.id), zap.Duration("ttl", s.o.ReserveTTL))
+		s.endLocked(q, "", status.Errorf(codes.DeadlineExceeded, "decode: no kv for %s arrived within %v", q.id, s.o.ReserveTTL))
+	}
+}
+
+// endLocked frees everything q holds and ends its stream with reason or
+// err. The caller holds mu, and engMu unless q holds no engine sequence
+// (hasSeq false). Idempotent.
+func (s *Server) endLocked(q *sequence, reason string, err error) {
+	if q.done {
+		return
+	}
+	q.done = true
+	if q.ttl != nil {
+		q.ttl.Stop()
+		q.ttl = nil
+	}
+	if q.hasSeq {
+		s.eng.Free(q.seq)
+		q.hasSeq = false
+	}
+	if err := s.pool.Release(q.blocks); err != nil {
+		s.log.Error("release kv blocks", zap.String("request_id", q.id), zap.Error(err))
+	}
+	q.blocks = nil
+	if s.seqs[q.id] == q {
+		delete(s.seqs, q.id)
+	}
+	if q.queued {
+		s.waiting = slices.DeleteFunc(s.waiting, func(x *sequence) bool { return x == q })
+		q.queued = false
+	}
+	if q.joined {
+		s.active = slices.DeleteFunc(s.active, func(x *sequence) bool { return x == q })
+		q.joined = false
+	}
+	if q.out != nil {
+		if err == nil {
+			q.out.stamp(StampLastToken, s.now())
+		}
+		q.out.finish(reason, err)
+	}
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// end is endLocked for callers holding no lock.
+func (s *Server) end(q *sequence, err error) {
+	s.engMu.Lock()
+	defer s.engMu.Unlock()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.endLocked(q, "", err)
+}
+
+// Cancel implements DecodeService.Cancel: it ends the request, frees its
+// engine sequence, blocks and reservation, and ends its Generate call with
+// CANCELED. Unknown ids are not an error.
+func (s *Server) Cancel(_ context.Context, req *pdservev1.CancelRequest) (*pdservev1.CancelResponse, error) {
+	if err := checkID(req.GetRequestId()); err != nil {
+		return nil, err
+	}
+	s.CancelRequest(req.GetRequestId())
+	return &pdservev1.CancelResponse{}, nil
+}
+
+// CancelRequest ends request id as Cancel does and reports whether it
+// existed.
+func (s *Server) CancelRequest(id string) bool {
+	s.mu.Lock()
+	q := s.seqs[id]
+	s.mu.Unlock()
+	if q == nil {
+		return false
+	}
+	s.end(q, status.Errorf(codes.Canceled, "decode: request %s cancelled", id))
+	return true
+}
+
+// genParams are a validated GenerateRequest.
+type genParams struct {
+	id        string
+	prompt    []int32
+	sampling  engine.Sampling
+	maxTokens int
+	local     bool
+	ignoreEOS bool
+	generated []int32
+	stop      map[int32]bool
+}
+
+func (s *Server) validate(req *pdservev1.GenerateRequest) (genParams, error) {
+	id := req.GetRequestId()
+	if err := checkID(id); err != nil {
+		return genParams{}, err
+	}
+	p := genParams{
+		id:        id,
+		prompt:    slices.Clone(req.GetPromptTokens()),
+		maxTokens: int(req.GetMaxTokens()),
+		local:     req.GetLocalPrefill(),
+		ignoreEOS: req.GetIgnoreEos(),
+		generated: slices.Clone(req.GetGeneratedTokens()),
+	}
+	if len(p.prompt) == 0 {
+		return p, invalid("request %s: prompt_tokens is empty", id)
+	}
+	if p.maxTokens <= 0 {
+		return p, invalid("request %s: max_tokens %d must be positive", id, p.maxTokens)
+	}
+	if len(p.prompt)+p.maxTokens > s.spec.MaxSeqLen {
+		return p, invalid("request %s: prompt %d + max_tokens %d exceed the model's maximum of %d tokens", id, len(p.prompt), p.maxTokens, s.spec.MaxSeqLen)
+	}
+	if len(p.generated) >= p.maxTokens {
+		return p, invalid("request %s: %d generated_tokens leave nothing to generate under max_tokens %d", id, len(p.generated), p.maxTokens)
+	}
+	check := func(what string, toks []int32) error {
+		for i, t := range toks {
+			if t < 0 || int(t) >= s.spec.Vocab {
+				return invalid("request %s: %s[%d] = %d outside the vocabulary [0, %d)", id, what, i, t, s.spec.Vocab)
+			}
+		}
+		return nil
+	}
+	if err := check("prompt_tokens", p.prompt); err != nil {
+		return p, err
+	}
+	if err := check("generated_tokens", p.generated); err != nil {
+		return p, err
+	}
+	if err := check("stop_tokens", req.GetStopTokens()); err != nil {
+		return p, err
+	}
+	if len(req.GetStopTokens()) > 0 {
+		p.stop = make(map[int32]bool, len(req.GetStopTokens()))
+		for _, t := range req.GetStopTokens() {
+			p.stop[t] = true
+		}
+	}
+	sp := req.GetSampling()
+	t, top := sp.GetTemperature(), sp.GetTopP()
+	if t < 0 || math.IsNaN(float64(t)) || math.IsInf(float64(t), 0) {
+		return p, invalid("request %s: temperature %v must be a finite number >= 0", id, t)
+	}
+	if top < 0 || top > 1 || math.IsNaN(float64(top)) {
+		return p, invalid("request %s: top_p %v must lie in [0, 1]", id, top)
+	}
+	p.sampling = engine.Sampling{Temperature: t, TopP: top, Seed: sp.GetSeed()}
+	return p, nil
+}
+
+// Generate implements DecodeService.Generate; see the package doc for the
+// events. Errors: INVALID_ARGUMENT for a bad request or one that does not
+// match the KV received, ALREADY_EXISTS when another call claimed the id,
+// RESOURCE_EXHAUSTED when no reservation exists and the pool lacks the
+// blocks, FAILED_PRECONDITION for local_prefill after KV was sent,
+// ABORTED when the KV transfer failed, CANCELED after Cancel, UNAVAILABLE
+// when the worker drains (without a reservation) or stops.
+func (s *Server) Generate(req *pdservev1.GenerateRequest, stream grpc.ServerStreamingServer[pdservev1.GenerateResponse]) error {
+	ctx := stream.Context()
+	p, err := s.validate(req)
+	if err != nil {
+		return err
+	}
+	q, err := s.attach(p)
+	if err != nil {
+		return err
+	}
+	for {
+		select {
+		case <-q.out.notify:
+			resp, final, ferr := q.out.take()
+			if resp != nil {
+				if err := stream.Send(resp); err != nil {
+					s.end(q, status.Errorf(codes.Canceled, "decode: send to coordinator: %v", err))
+					return err
+				}
+			}
+			if final {
+				return ferr
+			}
+		case <-ctx.Done():
+			err := status.FromContextError(context.Cause(ctx)).Err()
+			s.end(q, err)
+			return err
+		}
+	}
+}
+
+// attach binds a Generate call to its reservation (or a new one) and queues
+// it when it is ready to join the batch.
+func (s *Server) attach(p genParams) (*sequence, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped {
+		return nil, errStopped
+	}
+	need := len(p.prompt) + p.maxTokens
+	q := s.seqs[p.id]
+	switch {
+	case q == nil && s.draining:
+		return nil, status.Error(codes.Unavailable, "decode: worker is draining")
+	case q == nil:
+		var err error
+		if q, err = s.reserveLocked(p.id, need); err != nil {
+			return nil, err
+		}
+	case q.attached:
+		return nil, status.Errorf(codes.AlreadyExists, "decode: request %s already has a Generate call", p.id)
+	}
+	if q.resTokens < need {
+		// Grow a reservation made for fewer tokens.
+		more, err := s.pool.Allocate(s.pool.BlocksFor(need) - len(q.blocks))
+		if err != nil {
+			return nil, status.Errorf(codes.ResourceExhausted, "decode: request %s reserved %d tokens, needs %d: %v", p.id, q.resTokens, need, err)
+		}
+		q.blocks = append(q.blocks, more...)
+		q.resTokens = len(q.blocks) * s.pool.BlockTokens()
+	}
+	if p.local && (q.sink != nil || q.committed) {
+		return nil, status.Errorf(codes.FailedPrecondition, "decode: request %s asks for local prefill but its kv was sent", p.id)
+	}
+	if !p.local && q.committed && q.kvTokens != len(p.prompt) {
+		return nil, invalid("request %s: prompt has %d tokens, the kv received covers %d", p.id, len(p.prompt), q.kvTokens)
+	}
+	if !p.local && q.xferErr != nil {
+		err := status.Errorf(codes.Aborted, "decode: kv transfer of %s failed: %v", p.id, q.xferErr)
+		// The failed transfer freed the engine sequence (hasSeq is
+		// false), so ending q needs no engMu.
+		s.endLocked(q, "", err)
+		return nil, err
+	}
+	if q.ttl != nil {
+		q.ttl.Stop()
+		q.ttl = nil
+	}
+	if !p.local && !q.committed {
+		// Bound the wait for the KV as the reservation's wait was.
+		q.ttl = time.AfterFunc(s.o.ReserveTTL, func() { s.expire(q) })
+	}
+	q.attached = true
+	q.local = p.local
+	q.prompt = p.prompt
+	q.sampling = p.sampling
+	q.maxTokens = p.maxTokens
+	q.ignoreEOS = p.ignoreEOS
+	q.stop = p.stop
+	q.generated = p.generated
+	q.out = newOutbox()
+	s.readyLocked(q)
+	return q, nil
+}
+
+// readyLocked queues q to join the batch once it has its Generate call and
+// its KV (or prefills locally).
+func (s *Server) readyLocked(q *sequence) {
+	if q.done || q.queued || q.joined || !q.attached || (!q.local && !q.committed) {
+		return
+	}
+	q.queued = true
+	s.waiting = append(s.waiting, q)
+	s.wakeup()
+}

@@ -1,0 +1,118 @@
+package enginecfg
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"slices"
+	"strings"
+
+	"go.uber.org/zap"
+
+	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/engine/ref"
+	"github.com/pdserve/pdserve/pkg/perfmodel"
+)
+
+// Engine kinds.
+const (
+	Ref = "ref" // reference CPU transformer with synthetic weights
+	Sim = "sim" // performance-model engine
+)
+
+// Options select and configure an engine. Start from DefaultOptions.
+type Options struct {
+	// Engine is Ref or Sim.
+	Engine string
+	// Preset is the ref engine's synthetic model ("tiny", "small").
+	Preset string
+	// Seed selects the ref engine's synthetic weights and the sim engine's
+	// synthetic KV values; every worker of a deployment must use the same.
+	Seed uint64
+	// Threads is the ref engine's matrix-work goroutines (0: GOMAXPROCS).
+	Threads int
+	// Profile names the sim engine's GPU/model profile, "GPU/MODEL/tpN".
+	Profile string
+	// TimeScale multiplies the sim engine's step times (1: real time; 0.1:
+	// ten times faster). > 0.
+	TimeScale float64
+	// PayloadScale is the fraction of the true KV bytes the sim engine
+	// hands out, in (0, 1]; transfers are still paced for the true size.
+	// Every worker of a deployment must use the same.
+	PayloadScale float64
+}
+
+// DefaultOptions returns the flag defaults: the tiny ref preset, seed 1.
+func DefaultOptions() Options {
+	return Options{Engine: Ref, Preset: "tiny", Seed: 1, TimeScale: 1, PayloadScale: 1}
+}
+
+// AddFlags registers --engine, --preset, --seed, --engine-threads,
+// --profile, --time-scale and --payload-scale on fs, with o's values as
+// defaults.
+func (o *Options) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.Engine, "engine", o.Engine, "engine: ref (reference CPU transformer) or sim (performance model)")
+	fs.StringVar(&o.Preset, "preset", o.Preset, fmt.Sprintf("ref engine model preset: one of %v", ref.Presets()))
+	fs.Uint64Var(&o.Seed, "seed", o.Seed, "ref engine weight seed; all workers of a deployment must share it")
+	fs.IntVar(&o.Threads, "engine-threads", o.Threads, "ref engine goroutines for matrix work (0: GOMAXPROCS)")
+	fs.StringVar(&o.Profile, "profile", o.Profile, fmt.Sprintf("sim engine profile, GPU/MODEL/tpN (one of %s) or a profile JSON file", strings.Join(perfmodel.Names(), ", ")))
+	fs.Float64Var(&o.TimeScale, "time-scale", o.TimeScale, "sim engine step-time multiplier (1 = real time, 0.1 = ten times faster)")
+	fs.Float64Var(&o.PayloadScale, "payload-scale", o.PayloadScale, "sim engine: fraction of the true KV bytes handed out, in (0, 1]; transfers are paced for the true size")
+}
+
+// Validate reports every invalid field in one error.
+func (o Options) Validate() error {
+	var errs []error
+	switch o.Engine {
+	case Ref:
+		if !slices.Contains(ref.Presets(), o.Preset) {
+			errs = append(errs, fmt.Errorf("preset %q is not one of %v", o.Preset, ref.Presets()))
+		}
+		if o.Threads < 0 {
+			errs = append(errs, fmt.Errorf("engine-threads %d must not be negative", o.Threads))
+		}
+	case Sim:
+		errs = append(errs, o.validateSim()...)
+	default:
+		errs = append(errs, fmt.Errorf("engine %q must be %q or %q", o.Engine, Ref, Sim))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("enginecfg: invalid options: %w", err)
+	}
+	return nil
+}
+
+// Build returns a new engine. The caller owns it: when it has a Close
+// method (see Close), call it once the engine is no longer used.
+func (o Options) Build() (engine.Engine, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	switch o.Engine {
+	case Ref:
+		e, err := ref.New(ref.Options{Preset: o.Preset, Seed: o.Seed, Threads: o.Threads})
+		if err != nil {
+			return nil, fmt.Errorf("enginecfg: %w", err)
+		}
+		return e, nil
+	default:
+		return o.buildSim()
+	}
+}
+
+// Close releases an engine built by Build, if it holds resources (the ref
+// engine's worker goroutines).
+func Close(e engine.Engine) {
+	if c, ok := e.(interface{ Close() }); ok {
+		c.Close()
+	}
+}
+
+// LogFields returns the settings as zap fields.
+func (o Options) LogFields() []zap.Field {
+	if o.Engine == Sim {
+		return []zap.Field{zap.String("engine", o.Engine), zap.String("profile", o.Profile), zap.Float64("time_scale", o.TimeScale),
+			zap.Float64("payload_scale", o.PayloadScale), zap.Uint64("seed", o.Seed)}
+	}
+	return []zap.Field{zap.String("engine", o.Engine), zap.String("preset", o.Preset), zap.Uint64("seed", o.Seed), zap.Int("engine_threads", o.Threads)}
+}

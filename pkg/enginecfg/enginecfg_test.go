@@ -1,0 +1,84 @@
+package enginecfg
+
+import (
+	"context"
+	"flag"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/perfmodel"
+)
+
+func TestValidate(t *testing.T) {
+	sim := func(o Options) Options {
+		o.Engine = Sim
+		o.Profile = perfmodel.Names()[0]
+		return o
+	}
+	tests := []struct {
+		name    string
+		mod     func(o Options) Options
+		wantErr string // substring; "" means valid
+	}{
+		{"defaults", func(o Options) Options { return o }, ""},
+		{"small preset", func(o Options) Options { o.Preset = "small"; return o }, ""},
+		{"unknown engine", func(o Options) Options { o.Engine = "vllm"; return o }, `engine "vllm"`},
+		{"unknown preset", func(o Options) Options { o.Preset = "huge"; return o }, `preset "huge"`},
+		{"negative threads", func(o Options) Options { o.Threads = -1; return o }, "engine-threads"},
+		{"sim", sim, ""},
+		{"sim without profile", func(o Options) Options { o = sim(o); o.Profile = ""; return o }, "profile is required"},
+		{"sim unknown profile", func(o Options) Options { o = sim(o); o.Profile = "tpu/x/tp1"; return o }, "unknown profile"},
+		{"sim zero time scale", func(o Options) Options { o = sim(o); o.TimeScale = 0; return o }, "time-scale"},
+		{"sim payload scale above 1", func(o Options) Options { o = sim(o); o.PayloadScale = 2; return o }, "payload-scale"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.mod(DefaultOptions()).Validate()
+			switch {
+			case tc.wantErr == "" && err != nil:
+				t.Errorf("Validate: %v, want nil", err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Errorf("Validate: %v, want an error containing %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+func TestFlags(t *testing.T) {
+	o := DefaultOptions()
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	o.AddFlags(fs)
+	if err := fs.Parse([]string{"--engine=sim", "--profile=h100/llama-3-8b/tp1", "--time-scale=0.5", "--payload-scale=0.25", "--seed=7"}); err != nil {
+		t.Fatal(err)
+	}
+	want := Options{Engine: Sim, Preset: "tiny", Seed: 7, Profile: "h100/llama-3-8b/tp1", TimeScale: 0.5, PayloadScale: 0.25}
+	if diff := cmp.Diff(want, o); diff != "" {
+		t.Errorf("options (-want +got):\n%s", diff)
+	}
+}
+
+// TestBuild builds each engine kind and runs one prefill on it.
+func TestBuild(t *testing.T) {
+	for _, o := range []Options{
+		DefaultOptions(),
+		{Engine: Sim, Profile: "h100/llama-3-8b/tp1", TimeScale: 0.001, PayloadScale: 0.01, Seed: 1},
+	} {
+		t.Run(o.Engine, func(t *testing.T) {
+			e, err := o.Build()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer Close(e)
+			out, err := e.Prefill(context.Background(), []engine.PrefillItem{{Seq: 1, Tokens: []int32{1, 2, 3}, Last: true}}, nil)
+			if err != nil || len(out) != 1 || !out[0].Sampled {
+				t.Errorf("prefill: %v, %v", out, err)
+			}
+		})
+	}
+	if _, err := (Options{Engine: "none"}).Build(); err == nil {
+		t.Error("Build of an unknown engine succeeded")
+	}
+}

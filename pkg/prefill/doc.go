@@ -1,0 +1,45 @@
+// Package prefill is the prefill worker: it serves pdserve.v1.PrefillService,
+// runs a first-come-first-served scheduler that packs queued prompts into
+// chunked prefill steps under a token budget, and streams each request's KV
+// to the decode worker that reserved blocks for it while the prompt is still
+// being computed.
+//
+// # Request life
+//
+// Prefill validates the request, puts it at the tail of a bounded queue
+// (RESOURCE_EXHAUSTED when Options.QueueLimit requests are live) and sends a
+// PrefillQueued event. Every scheduler step takes requests in arrival order
+// and gives each at most Options.ChunkTokens of its remaining prompt until
+// Options.MaxBatchTokens tokens are used; the engine runs the step as one
+// batch. The engine hands out every layer's KV of every chunk through its
+// KVFunc; the scheduler copies it once into the request's KV buffer and
+// queues a reference to it for the request's sender goroutine, which encodes
+// and sends it over a kvtransfer stream. The engine therefore never waits on
+// the network: the queue holds only (layer, token range) references into the
+// buffer, whose bytes are bounded by the prompt's KV and must be kept anyway
+// for Resend. After the last chunk the handler sends FirstToken, the sender
+// commits the transfer with that token, and the handler sends KVDone once the
+// decode worker acknowledged it; then the stream ends.
+//
+// # Retention
+//
+// A request's KV stays in memory after its stream ended until Release, so
+// that Resend can send it to another decode worker when the first one failed.
+// Options.RetainBytes bounds the KV held for requests being prefilled, being
+// sent and retained; finished requests are evicted least recently used first
+// to make room, and a new request waits in the queue while the in-flight ones
+// fill the bound (one request alone is always admitted, even if its KV exceeds
+// the bound). KV of a request whose transfer failed after its prefill
+// completed is retained too, so it can be re-sent.
+//
+// # Cancellation
+//
+// Cancelling a Prefill call removes a queued request, or frees its engine
+// sequence at the next step boundary, aborts its transfer and drops its KV.
+//
+// # Concurrency
+//
+// One goroutine (Run) owns the engine. Server methods are safe for concurrent
+// use; the gRPC handlers and the sender goroutines talk to the scheduler
+// through a mutex-guarded state and a wake-up channel.
+package prefill

@@ -1,0 +1,89 @@
+package prefill
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the prefill worker's Prometheus collectors:
+//
+//	pdserve_prefill_step_seconds            histogram  time of one prefill step
+//	pdserve_prefill_step_batch_size         histogram  requests in one step
+//	pdserve_prefill_queue_length            gauge      requests queued or prefilling
+//	pdserve_prefill_queued_tokens           gauge      prompt tokens not yet prefilled
+//	pdserve_prefill_retained_bytes          gauge      KV bytes held (in flight and retained)
+//	pdserve_prefill_kv_bytes_raw_total      counter    canonical KV bytes sent, by codec
+//	pdserve_prefill_kv_bytes_wire_total     counter    KV bytes on the wire, by codec
+//
+// A nil *metrics records nothing.
+type metrics struct {
+	step      prometheus.Histogram
+	batch     prometheus.Histogram
+	bytesRaw  *prometheus.CounterVec
+	bytesWire *prometheus.CounterVec
+}
+
+func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
+	if reg == nil {
+		return nil, nil
+	}
+	m := &metrics{
+		step: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "pdserve_prefill_step_seconds",
+			Help:    "Time of one prefill step (one engine batch), in seconds.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}),
+		batch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "pdserve_prefill_step_batch_size",
+			Help:    "Requests in one prefill step.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 9),
+		}),
+		bytesRaw: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pdserve_prefill_kv_bytes_raw_total",
+			Help: "Canonical (uncompressed) KV bytes sent to decode workers.",
+		}, []string{"codec"}),
+		bytesWire: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pdserve_prefill_kv_bytes_wire_total",
+			Help: "KV bytes sent to decode workers on the wire (frames after the codec).",
+		}, []string{"codec"}),
+	}
+	cs := []prometheus.Collector{
+		m.step, m.batch, m.bytesRaw, m.bytesWire,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "pdserve_prefill_queue_length",
+			Help: "Requests queued or being prefilled.",
+		}, func() float64 { return float64(s.Stats().QueuedRequests) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "pdserve_prefill_queued_tokens",
+			Help: "Prompt tokens queued and not yet prefilled.",
+		}, func() float64 { return float64(s.Stats().QueuedPrefillTokens) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "pdserve_prefill_retained_bytes",
+			Help: "KV bytes held for requests in flight and retained for Resend.",
+		}, func() float64 { return float64(s.Stats().RetainedBytes) }),
+	}
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("prefill: register metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) observeStep(d time.Duration, batch int) {
+	if m == nil {
+		return
+	}
+	m.step.Observe(d.Seconds())
+	m.batch.Observe(float64(batch))
+}
+
+func (m *metrics) addBytes(codecName string, raw, wire int64) {
+	if m == nil || (raw == 0 && wire == 0) {
+		return
+	}
+	m.bytesRaw.WithLabelValues(codecName).Add(float64(raw))
+	m.bytesWire.WithLabelValues(codecName).Add(float64(wire))
+}

@@ -1,0 +1,73 @@
+package prefill
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+
+	"github.com/pdserve/pdserve/pkg/kv/codec"
+)
+
+// Options configure a Server. Start from DefaultOptions.
+type Options struct {
+	// ChunkTokens caps the prompt tokens one request contributes to one
+	// step (chunked prefill). > 0.
+	ChunkTokens int
+	// MaxBatchTokens is the token budget of one step, summed over the
+	// batch. ≥ ChunkTokens.
+	MaxBatchTokens int
+	// Codec is the KV codec name used when a request names none; one of
+	// pkg/kv/codec's names.
+	Codec string
+	// QueueLimit bounds the live requests (queued, prefilling or sending
+	// KV); beyond it Prefill fails with RESOURCE_EXHAUSTED. > 0.
+	QueueLimit int
+	// RetainBytes bounds the KV bytes held in memory for requests being
+	// prefilled or sent and for finished requests kept for Resend. > 0.
+	RetainBytes int64
+}
+
+// DefaultOptions returns the defaults of the prefill-worker flags.
+func DefaultOptions() Options {
+	return Options{
+		ChunkTokens:    512,
+		MaxBatchTokens: 2048,
+		Codec:          "none",
+		QueueLimit:     256,
+		RetainBytes:    1 << 30,
+	}
+}
+
+// AddFlags registers --chunk-tokens, --max-batch-tokens, --codec,
+// --queue-limit and --retain-bytes on fs, with o's values as defaults.
+func (o *Options) AddFlags(fs *flag.FlagSet) {
+	fs.IntVar(&o.ChunkTokens, "chunk-tokens", o.ChunkTokens, "most prompt tokens of one request prefilled in one step (chunked prefill)")
+	fs.IntVar(&o.MaxBatchTokens, "max-batch-tokens", o.MaxBatchTokens, "token budget of one prefill step, summed over the batch (>= --chunk-tokens)")
+	fs.StringVar(&o.Codec, "codec", o.Codec, "KV codec when a request names none: none, s2, zstd, bf16, fp8 or int8")
+	fs.IntVar(&o.QueueLimit, "queue-limit", o.QueueLimit, "most live requests (queued, prefilling or sending KV); more get RESOURCE_EXHAUSTED")
+	fs.Int64Var(&o.RetainBytes, "retain-bytes", o.RetainBytes, "bytes of KV held for in-flight requests and for finished ones kept for Resend (LRU eviction)")
+}
+
+// Validate reports every invalid field in one error.
+func (o Options) Validate() error {
+	var errs []error
+	if o.ChunkTokens <= 0 {
+		errs = append(errs, fmt.Errorf("chunk-tokens %d must be positive", o.ChunkTokens))
+	}
+	if o.MaxBatchTokens < o.ChunkTokens || o.MaxBatchTokens <= 0 {
+		errs = append(errs, fmt.Errorf("max-batch-tokens %d must be positive and at least chunk-tokens %d", o.MaxBatchTokens, o.ChunkTokens))
+	}
+	if _, err := codec.ByName(o.Codec); err != nil {
+		errs = append(errs, fmt.Errorf("codec %q: %w", o.Codec, err))
+	}
+	if o.QueueLimit <= 0 {
+		errs = append(errs, fmt.Errorf("queue-limit %d must be positive", o.QueueLimit))
+	}
+	if o.RetainBytes <= 0 {
+		errs = append(errs, fmt.Errorf("retain-bytes %d must be positive", o.RetainBytes))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("prefill: invalid options: %w", err)
+	}
+	return nil
+}

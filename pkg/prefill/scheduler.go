@@ -1,0 +1,266 @@
+package prefill
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
+	"github.com/pdserve/pdserve/pkg/engine"
+)
+
+// Run runs the scheduler until ctx ends or Stop is called, then fails the
+// requests still live with UNAVAILABLE, frees their engine sequences, and
+// waits for the sender goroutines. It returns nil after a stop, or an
+// error when Run was called twice. Run owns the engine while it runs.
+func (s *Server) Run(ctx context.Context) error {
+	s.mu.Lock()
+	if s.ran {
+		s.mu.Unlock()
+		return errors.New("prefill: Run called twice")
+	}
+	s.ran = true
+	s.mu.Unlock()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-s.baseCtx.Done():
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	defer s.shutdown()
+	for {
+		b := s.plan()
+		if len(b.items) == 0 {
+			select {
+			case <-s.wake:
+				continue
+			case <-ctx.Done():
+				return nil
+			}
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		s.step(ctx, b)
+	}
+}
+
+// Stop ends Run (if it runs) and cancels every transfer; it does not wait.
+func (s *Server) Stop() { s.stop() }
+
+// shutdown fails everything still live and waits for the senders.
+func (s *Server) shutdown() {
+	s.mu.Lock()
+	s.stopped = true
+	for _, r := range s.queue {
+		if r.started && !r.prefilled {
+			s.eng.Free(r.seq)
+		}
+	}
+	s.queue = nil
+	for _, r := range s.live {
+		if r.tx != nil {
+			r.tx.abort(errStopped)
+		}
+		s.endLocked(r, event{err: errStopped})
+	}
+	s.mu.Unlock()
+	s.stop()
+	s.xfers.Wait()
+}
+
+// batch is one planned step.
+type batch struct {
+	items []engine.PrefillItem
+	reqs  []*request // reqs[i] owns items[i]
+}
+
+// plan drops cancelled requests and picks the next step: requests in arrival
+// order, each at most ChunkTokens of its remaining prompt, until
+// MaxBatchTokens are used. A request gets its engine sequence, KV buffer and
+// sender goroutine when it is first scheduled, if the retention bound has
+// room for its KV; otherwise it and every later request wait (FCFS).
+func (s *Server) plan() batch {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	q := s.queue[:0]
+	for _, r := range s.queue {
+		if r.cancelled {
+			if r.started {
+				s.eng.Free(r.seq)
+			}
+			continue
+		}
+		q = append(q, r)
+	}
+	clear(s.queue[len(q):])
+	s.queue = q
+
+	var b batch
+	budget := s.o.MaxBatchTokens
+	for _, r := range s.queue {
+		if budget == 0 {
+			break
+		}
+		if !r.started && !s.startLocked(r) {
+			break
+		}
+		n := min(len(r.prompt)-r.done, s.o.ChunkTokens, budget)
+		b.items = append(b.items, engine.PrefillItem{
+			Seq:      r.seq,
+			Tokens:   r.prompt[r.done : r.done+n],
+			Sampling: r.sampling,
+			Last:     r.done+n == len(r.prompt),
+		})
+		b.reqs = append(b.reqs, r)
+		budget -= n
+	}
+	return b
+}
+
+// startLocked gives r an engine sequence, a KV buffer charged to the
+// retention bound and a sender goroutine. It reports false when the bound
+// has no room for r yet.
+func (s *Server) startLocked(r *request) bool {
+	tb := s.tokenBytes
+	if tb == 0 {
+		tb = s.spec.KVTokenBytes()
+	}
+	need := int64(len(r.prompt)) * int64(s.spec.Layers) * int64(tb)
+	if !s.retained.makeRoom(need) {
+		return false
+	}
+	s.nextSeq++
+	r.seq = s.nextSeq
+	r.started = true
+	r.kv = newKVBuf(s.spec.Layers, len(r.prompt))
+	r.ret = s.retained.add(r.id, r.kv, need)
+	r.tx = newTransfer(s.baseCtx, r.id, r.addr, r.codec, r.kv)
+	s.xfers.Add(1)
+	go func() {
+		defer s.xfers.Done()
+		s.transferDone(r, r.tx.run(s.dialer))
+	}()
+	return true
+}
+
+// step runs one planned batch on the engine and hands out its results.
+func (s *Server) step(ctx context.Context, b batch) {
+	bySeq := make(map[engine.SeqID]*request, len(b.reqs))
+	for _, r := range b.reqs {
+		bySeq[r.seq] = r
+	}
+	start := s.now()
+	var kvErr error
+	outs, err := s.eng.Prefill(ctx, b.items, func(c engine.KVChunk) error {
+		r := bySeq[c.Seq]
+		if r == nil {
+			return fmt.Errorf("prefill: kv chunk of unknown sequence %d", c.Seq)
+		}
+		f, err := r.kv.put(c)
+		if err != nil {
+			kvErr = err
+			return err
+		}
+		r.tx.push(f)
+		return nil
+	})
+	end := s.now()
+	dur := end.Sub(start)
+	s.m.observeStep(dur, len(b.items))
+	if err == nil && len(outs) != len(b.items) {
+		err = fmt.Errorf("prefill: engine returned %d outputs for %d items", len(outs), len(b.items))
+	}
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lastBatch = len(b.items)
+	s.steps = append(s.steps, float64(dur)/float64(time.Millisecond))
+	if len(s.steps) > stepHistory {
+		s.steps = s.steps[len(s.steps)-stepHistory:]
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			s.log.Error("prefill step failed", zap.Int("batch", len(b.items)), zap.Error(err), zap.NamedError("kv_error", kvErr))
+		}
+		st := status.Errorf(codes.Internal, "prefill: step failed: %v", err)
+		if ctx.Err() != nil {
+			st = errStopped
+		}
+		for _, r := range b.reqs {
+			s.eng.Free(r.seq)
+			r.prefilled = true
+			s.removeLocked(r)
+			r.tx.abort(st)
+			if s.retained.get(r.id) == r.ret {
+				s.retained.drop(r.id)
+			}
+			s.endLocked(r, event{err: st})
+		}
+		return
+	}
+	for i, r := range b.reqs {
+		it := b.items[i]
+		if r.done == 0 {
+			r.startedAt = start
+		}
+		r.done += len(it.Tokens)
+		if r.kv.tokenBytes > 0 {
+			s.tokenBytes = r.kv.tokenBytes
+		}
+		if !it.Last {
+			continue
+		}
+		s.eng.Free(r.seq)
+		r.prefilled = true
+		s.removeLocked(r)
+		if r.cancelled {
+			continue
+		}
+		if !r.kv.complete() {
+			err := status.Errorf(codes.Internal, "prefill: engine handed out incomplete kv for %s", r.id)
+			r.tx.abort(err)
+			s.endLocked(r, event{err: err})
+			continue
+		}
+		r.firstToken = outs[i].Token
+		r.ret.first = outs[i].Token
+		r.ret.complete = true
+		s.retained.resize(r.ret, r.kv.size())
+		r.events <- event{first: &pdservev1.FirstToken{
+			Token:                outs[i].Token,
+			PrefillStartUnixNano: r.startedAt.UnixNano(),
+			PrefillEndUnixNano:   end.UnixNano(),
+			BatchSize:            int32(len(b.items)),
+		}}
+		r.tx.seal(outs[i].Token)
+	}
+}
+
+// transferDone ends r once its sender goroutine returned.
+func (s *Server) transferDone(r *request, res transferResult) {
+	s.m.addBytes(r.codec, res.bytesRaw, res.bytes)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	defer s.wakeup()
+	s.retained.unpin(r.ret)
+	if res.err != nil {
+		if !r.ended {
+			s.log.Debug("kv transfer failed", zap.String("request_id", r.id), zap.String("decode_addr", r.addr), zap.Error(res.err))
+		}
+		// The scheduler may not have seen the abort yet: it frees the
+		// sequence at the next plan, and a cancel already ended r.
+		r.cancelled = true
+		s.endLocked(r, event{err: transferStatus(r.id, r.addr, res.err)})
+		return
+	}
+	s.endLocked(r, event{done: kvDone(res, r.codec)})
+}

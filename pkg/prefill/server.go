@@ -1,0 +1,482 @@
+package prefill
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
+	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/kv/codec"
+	"github.com/pdserve/pdserve/pkg/kvtransfer"
+)
+
+// maxRequestID is the longest request id a KV frame can carry.
+const maxRequestID = 255
+
+// stepHistory is how many recent step times Stats reports.
+const stepHistory = 16
+
+// errStopped fails requests still live when the scheduler stops.
+var errStopped = status.Error(codes.Unavailable, "prefill: worker stopping")
+
+// Server is a prefill worker: the PrefillService handlers and the scheduler
+// that runs them on one engine. Create it with New, register it on a gRPC
+// server with Register, and run the scheduler with Run.
+type Server struct {
+	pdservev1.UnimplementedPrefillServiceServer
+
+	eng    engine.Engine
+	spec   engine.ModelSpec
+	dialer *kvtransfer.Dialer
+	o      Options
+	log    *zap.Logger
+	m      *metrics
+	now    func() time.Time
+
+	wake    chan struct{} // capacity 1: the scheduler has something to look at
+	baseCtx context.Context
+	stop    context.CancelFunc
+	xfers   sync.WaitGroup // sender goroutines
+
+	mu         sync.Mutex
+	queue      []*request          // queued and prefilling, in arrival order
+	live       map[string]*request // every request whose Prefill call has not ended
+	retained   *retainStore
+	tokenBytes int // bytes of one token in one layer, from the first KV chunk seen; 0 before
+	nextSeq    engine.SeqID
+	draining   bool
+	stopped    bool
+	ran        bool          // Run was called
+	changed    chan struct{} // closed and replaced whenever a live request ends
+	steps      []float64     // recent step times in milliseconds, oldest first
+	lastBatch  int
+}
+
+// request is one Prefill call. Fields below the line are guarded by
+// Server.mu.
+type request struct {
+	id       string
+	prompt   []int32
+	sampling engine.Sampling
+	addr     string
+	codec    string
+	queuedAt time.Time
+	events   chan event // capacity 2: at most one first token and one end
+
+	started    bool // has an engine sequence, a kvBuf and a transfer
+	seq        engine.SeqID
+	done       int // prompt tokens prefilled
+	startedAt  time.Time
+	prefilled  bool // every chunk ran; the engine sequence is freed
+	cancelled  bool
+	ended      bool // the end event was sent; no longer live
+	kv         *kvBuf
+	tx         *transfer
+	ret        *retained
+	firstToken int32
+}
+
+// event goes from the scheduler or a sender goroutine to the request's
+// handler. Exactly one of the fields is set.
+type event struct {
+	first *pdservev1.FirstToken
+	done  *pdservev1.KVDone
+	err   error
+}
+
+// New returns a Server running on eng and sending KV through dialer (the
+// Server does not close it). reg receives the worker's metrics (nil: none
+// are exported). The scheduler does not run until Run is called.
+func New(eng engine.Engine, dialer *kvtransfer.Dialer, o Options, logger *zap.Logger, reg prometheus.Registerer) (*Server, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	spec := eng.Spec()
+	if err := spec.Validate(); err != nil {
+		return nil, fmt.Errorf("prefill: %w", err)
+	}
+	if logger == nil {
+		logger = zap.NewNop()
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	s := &Server{
+		eng:      eng,
+		spec:     spec,
+		dialer:   dialer,
+		o:        o,
+		log:      logger,
+		now:      time.Now,
+		wake:     make(chan struct{}, 1),
+		baseCtx:  ctx,
+		stop:     stop,
+		live:     make(map[string]*request),
+		retained: newRetainStore(o.RetainBytes),
+		changed:  make(chan struct{}),
+	}
+	m, err := newMetrics(reg, s)
+	if err != nil {
+		stop()
+		return nil, err
+	}
+	s.m = m
+	return s, nil
+}
+
+// Register registers the PrefillService on g.
+func (s *Server) Register(g *grpc.Server) { pdservev1.RegisterPrefillServiceServer(g, s) }
+
+// Stats is a snapshot of the worker's load, for heartbeats.
+type Stats struct {
+	QueuedRequests      int       // requests waiting or prefilling
+	QueuedPrefillTokens int       // prompt tokens not yet prefilled
+	Live                int       // requests whose Prefill call has not ended
+	LastBatch           int       // requests in the last step
+	RetainedBytes       int64     // KV bytes held (in flight and retained)
+	StepTimesMs         []float64 // recent step times, oldest first; a copy
+	Draining            bool
+}
+
+// Stats returns a snapshot of the worker's load.
+func (s *Server) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := Stats{
+		QueuedRequests: len(s.queue),
+		Live:           len(s.live),
+		LastBatch:      s.lastBatch,
+		RetainedBytes:  s.retained.total,
+		StepTimesMs:    slices.Clone(s.steps),
+		Draining:       s.draining,
+	}
+	for _, r := range s.queue {
+		st.QueuedPrefillTokens += len(r.prompt) - r.done
+	}
+	return st
+}
+
+// SetDraining marks the worker draining: new Prefill calls fail with
+// UNAVAILABLE, live ones finish. Resend and Release still work.
+func (s *Server) SetDraining(d bool) {
+	s.mu.Lock()
+	s.draining = d
+	s.mu.Unlock()
+}
+
+// WaitIdle blocks until no Prefill call is live, or ctx ends (returning its
+// error).
+func (s *Server) WaitIdle(ctx context.Context) error {
+	for {
+		s.mu.Lock()
+		n, ch := len(s.live), s.changed
+		s.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// Cancel stops the live request id as if its caller had cancelled it. It
+// reports whether such a request existed.
+func (s *Server) Cancel(id string) bool {
+	s.mu.Lock()
+	r := s.live[id]
+	s.mu.Unlock()
+	if r == nil {
+		return false
+	}
+	s.cancel(r, status.Error(codes.Canceled, "prefill: request cancelled by command"))
+	return true
+}
+
+func (s *Server) wakeup() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Prefill implements PrefillService.Prefill. Its events are one
+// PrefillQueued, one FirstToken once the prompt is prefilled and one KVDone
+// once the decode worker acknowledged the KV; then the stream ends.
+// Errors: INVALID_ARGUMENT for a bad request, ALREADY_EXISTS when the id is
+// live, RESOURCE_EXHAUSTED when the queue is full, UNAVAILABLE when the
+// worker drains or stops, the decode worker's status when the transfer
+// fails (e.g. FAILED_PRECONDITION without a reservation), CANCELED.
+func (s *Server) Prefill(req *pdservev1.PrefillRequest, stream grpc.ServerStreamingServer[pdservev1.PrefillResponse]) error {
+	ctx := stream.Context()
+	r, pos, err := s.enqueue(req)
+	if err != nil {
+		return err
+	}
+	if err := stream.Send(&pdservev1.PrefillResponse{Event: &pdservev1.PrefillResponse_Queued{Queued: &pdservev1.PrefillQueued{
+		UnixNano: r.queuedAt.UnixNano(), QueuePosition: int32(pos),
+	}}}); err != nil {
+		s.cancel(r, err)
+		return err
+	}
+	for {
+		select {
+		case ev := <-r.events:
+			switch {
+			case ev.err != nil:
+				return ev.err
+			case ev.first != nil:
+				if err := stream.Send(&pdservev1.PrefillResponse{Event: &pdservev1.PrefillResponse_FirstToken{FirstToken: ev.first}}); err != nil {
+					s.cancel(r, err)
+					return err
+				}
+			case ev.done != nil:
+				return stream.Send(&pdservev1.PrefillResponse{Event: &pdservev1.PrefillResponse_KvDone{KvDone: ev.done}})
+			}
+		case <-ctx.Done():
+			err := status.FromContextError(context.Cause(ctx)).Err()
+			s.cancel(r, err)
+			return err
+		}
+	}
+}
+
+// validSampling reports a bad sampling setting.
+func validSampling(p *pdservev1.Sampling) (engine.Sampling, error) {
+	t, top := p.GetTemperature(), p.GetTopP()
+	if t < 0 || math.IsNaN(float64(t)) || math.IsInf(float64(t), 0) {
+		return engine.Sampling{}, fmt.Errorf("temperature %v must be a finite number >= 0", t)
+	}
+	if top < 0 || top > 1 || math.IsNaN(float64(top)) {
+		return engine.Sampling{}, fmt.Errorf("top_p %v must lie in [0, 1]", top)
+	}
+	return engine.Sampling{Temperature: t, TopP: top, Seed: p.GetSeed()}, nil
+}
+
+// checkPrompt reports an empty prompt, one that leaves no room for a
+// generated token, or a token outside the vocabulary.
+func checkPrompt(spec engine.ModelSpec, prompt []int32) error {
+	if len(prompt) == 0 {
+		return errors.New("prompt_tokens is empty")
+	}
+	if len(prompt) >= spec.MaxSeqLen {
+		return fmt.Errorf("prompt of %d tokens leaves no room under the model's maximum of %d", len(prompt), spec.MaxSeqLen)
+	}
+	for i, t := range prompt {
+		if t < 0 || int(t) >= spec.Vocab {
+			return fmt.Errorf("prompt token %d is %d, outside the vocabulary [0, %d)", i, t, spec.Vocab)
+		}
+	}
+	return nil
+}
+
+func checkID(id string) error {
+	if id == "" || len(id) > maxRequestID {
+		return fmt.Errorf("request_id must have 1 to %d bytes, has %d", maxRequestID, len(id))
+	}
+	return nil
+}
+
+func invalid(format string, args ...any) error {
+	return status.Errorf(codes.InvalidArgument, "prefill: "+format, args...)
+}
+
+// enqueue validates req and queues it. It returns the request and its
+// 0-based position in the queue.
+func (s *Server) enqueue(req *pdservev1.PrefillRequest) (*request, int, error) {
+	if err := checkID(req.GetRequestId()); err != nil {
+		return nil, 0, invalid("%v", err)
+	}
+	if err := checkPrompt(s.spec, req.GetPromptTokens()); err != nil {
+		return nil, 0, invalid("request %s: %v", req.GetRequestId(), err)
+	}
+	if req.GetDecodeAddr() == "" {
+		return nil, 0, invalid("request %s: decode_addr is empty", req.GetRequestId())
+	}
+	codecName := req.GetCodec()
+	if codecName == "" {
+		codecName = s.o.Codec
+	}
+	if _, err := codec.ByName(codecName); err != nil {
+		return nil, 0, invalid("request %s: %v", req.GetRequestId(), err)
+	}
+	sampling, err := validSampling(req.GetSampling())
+	if err != nil {
+		return nil, 0, invalid("request %s: %v", req.GetRequestId(), err)
+	}
+	r := &request{
+		id:       req.GetRequestId(),
+		prompt:   slices.Clone(req.GetPromptTokens()),
+		sampling: sampling,
+		addr:     req.GetDecodeAddr(),
+		codec:    codecName,
+		queuedAt: s.now(),
+		events:   make(chan event, 2),
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.stopped || s.draining:
+		return nil, 0, status.Error(codes.Unavailable, "prefill: worker is draining")
+	case s.live[r.id] != nil:
+		return nil, 0, status.Errorf(codes.AlreadyExists, "prefill: request %s is already live", r.id)
+	case len(s.live) >= s.o.QueueLimit:
+		return nil, 0, status.Errorf(codes.ResourceExhausted, "prefill: queue full (%d live requests)", len(s.live))
+	}
+	// A new prefill of an id replaces KV retained from an earlier one.
+	s.retained.drop(r.id)
+	s.live[r.id] = r
+	s.queue = append(s.queue, r)
+	s.wakeup()
+	return r, len(s.queue) - 1, nil
+}
+
+// endLocked sends r's last event and forgets it. Idempotent.
+func (s *Server) endLocked(r *request, ev event) {
+	if r.ended {
+		return
+	}
+	r.ended = true
+	r.events <- ev
+	delete(s.live, r.id)
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// cancel stops r: out of the queue (its engine sequence is freed by the
+// scheduler at the next step boundary), transfer aborted, KV dropped.
+func (s *Server) cancel(r *request, cause error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if r.ended {
+		return
+	}
+	r.cancelled = true
+	if !r.started {
+		s.removeLocked(r)
+	}
+	if r.tx != nil {
+		r.tx.abort(cause)
+	}
+	if r.ret != nil && s.retained.get(r.id) == r.ret {
+		s.retained.drop(r.id)
+	}
+	s.endLocked(r, event{err: cause})
+	s.wakeup()
+}
+
+// removeLocked takes r out of the queue.
+func (s *Server) removeLocked(r *request) {
+	if i := slices.Index(s.queue, r); i >= 0 {
+		s.queue = slices.Delete(s.queue, i, i+1)
+	}
+}
+
+// Resend implements PrefillService.Resend: it sends the KV retained for
+// request_id to decode_addr (which must hold a reservation) and returns once
+// that worker acknowledged it. Errors: INVALID_ARGUMENT, NOT_FOUND when no
+// KV is retained for the id (never prefilled here, released or evicted),
+// FAILED_PRECONDITION while its prefill still runs, the decode worker's
+// status when the transfer fails.
+func (s *Server) Resend(ctx context.Context, req *pdservev1.ResendRequest) (*pdservev1.ResendResponse, error) {
+	id := req.GetRequestId()
+	if err := checkID(id); err != nil {
+		return nil, invalid("%v", err)
+	}
+	if req.GetDecodeAddr() == "" {
+		return nil, invalid("request %s: decode_addr is empty", id)
+	}
+	codecName := req.GetCodec()
+	if codecName == "" {
+		codecName = s.o.Codec
+	}
+	if _, err := codec.ByName(codecName); err != nil {
+		return nil, invalid("request %s: %v", id, err)
+	}
+	s.mu.Lock()
+	e := s.retained.get(id)
+	switch {
+	case e == nil:
+		s.mu.Unlock()
+		return nil, status.Errorf(codes.NotFound, "prefill: no kv retained for request %s (released, evicted or never prefilled here)", id)
+	case !e.complete:
+		s.mu.Unlock()
+		return nil, status.Errorf(codes.FailedPrecondition, "prefill: request %s is still being prefilled", id)
+	}
+	s.retained.pin(e)
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		s.retained.unpin(e)
+		s.mu.Unlock()
+		s.wakeup()
+	}()
+
+	t := newTransfer(ctx, id, req.GetDecodeAddr(), codecName, e.kv)
+	for _, f := range e.kv.frames {
+		t.push(f)
+	}
+	t.seal(e.first)
+	res := t.run(s.dialer)
+	s.m.addBytes(codecName, res.bytesRaw, res.bytes)
+	if res.err != nil {
+		return nil, transferStatus(id, req.GetDecodeAddr(), res.err)
+	}
+	s.log.Debug("kv re-sent", zap.String("request_id", id), zap.String("decode_addr", req.GetDecodeAddr()),
+		zap.Int64("bytes_raw", res.bytesRaw), zap.Int64("bytes_wire", res.bytes))
+	return &pdservev1.ResendResponse{KvDone: kvDone(res, codecName)}, nil
+}
+
+// Release implements PrefillService.Release: it drops the KV retained for
+// request_id. Unknown ids are not an error; a Resend in progress keeps its
+// copy until it ends.
+func (s *Server) Release(_ context.Context, req *pdservev1.ReleaseRequest) (*pdservev1.ReleaseResponse, error) {
+	if err := checkID(req.GetRequestId()); err != nil {
+		return nil, invalid("%v", err)
+	}
+	s.mu.Lock()
+	s.retained.drop(req.GetRequestId())
+	s.mu.Unlock()
+	s.wakeup()
+	return &pdservev1.ReleaseResponse{}, nil
+}
+
+func kvDone(res transferResult, codecName string) *pdservev1.KVDone {
+	return &pdservev1.KVDone{
+		FirstByteUnixNano: unixNano(res.ack.FirstByte),
+		DoneUnixNano:      unixNano(res.ack.Done),
+		BytesRaw:          res.bytesRaw,
+		BytesWire:         res.bytes,
+		Codec:             codecName,
+	}
+}
+
+func unixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+// transferStatus turns a transfer error into the status the coordinator
+// gets: the decode worker's code when it sent one, UNAVAILABLE otherwise.
+func transferStatus(id, addr string, err error) error {
+	if st, ok := status.FromError(err); ok && st.Code() != codes.Unknown && st.Code() != codes.OK {
+		return status.Errorf(st.Code(), "prefill: kv transfer of %s to %s: %v", id, addr, err)
+	}
+	if errors.Is(err, context.Canceled) {
+		return status.Errorf(codes.Canceled, "prefill: kv transfer of %s to %s: %v", id, addr, err)
+	}
+	return status.Errorf(codes.Unavailable, "prefill: kv transfer of %s to %s: %v", id, addr, err)
+}

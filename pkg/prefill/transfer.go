@@ -1,0 +1,135 @@
+package prefill
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/pdserve/pdserve/pkg/kvtransfer"
+)
+
+// transfer streams one request's KV to one decode worker. The scheduler
+// pushes frames as the engine computes them and seals it with the first
+// token; run, on its own goroutine, opens the stream at the first frame,
+// sends frames in order and commits after the last. push, seal and abort
+// are safe for concurrent use with run and never block.
+type transfer struct {
+	addr   string
+	hdr    kvtransfer.StreamHeader // TokenBytes is filled in from kv at the first frame
+	kv     *kvBuf
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+
+	mu      sync.Mutex
+	pending []frame
+	sealed  bool
+	first   int32
+	notify  chan struct{} // capacity 1: something was pushed, sealed or aborted
+}
+
+// transferResult is what run reports.
+type transferResult struct {
+	ack             kvtransfer.Ack
+	bytesRaw, bytes int64 // bytes is on the wire
+	err             error
+}
+
+func newTransfer(parent context.Context, id, addr, codecName string, kv *kvBuf) *transfer {
+	ctx, cancel := context.WithCancelCause(parent)
+	return &transfer{
+		addr:   addr,
+		hdr:    kvtransfer.StreamHeader{RequestID: id, Codec: codecName, Layers: kv.layers, Tokens: kv.tokens},
+		kv:     kv,
+		ctx:    ctx,
+		cancel: cancel,
+		notify: make(chan struct{}, 1),
+	}
+}
+
+func (t *transfer) signal() {
+	select {
+	case t.notify <- struct{}{}:
+	default:
+	}
+}
+
+// push queues f, whose bytes in kv are final.
+func (t *transfer) push(f frame) {
+	t.mu.Lock()
+	t.pending = append(t.pending, f)
+	t.mu.Unlock()
+	t.signal()
+}
+
+// seal says every frame was pushed and the first token to commit with.
+func (t *transfer) seal(first int32) {
+	t.mu.Lock()
+	t.sealed, t.first = true, first
+	t.mu.Unlock()
+	t.signal()
+}
+
+// abort stops the transfer; run returns cause.
+func (t *transfer) abort(cause error) { t.cancel(cause) }
+
+// run sends everything and commits. It returns when the decode worker
+// acknowledged the KV, the transfer failed, or it was aborted.
+func (t *transfer) run(d *kvtransfer.Dialer) (res transferResult) {
+	defer t.cancel(context.Canceled)
+	var snd *kvtransfer.Sender
+	defer func() {
+		if snd != nil {
+			res.bytesRaw, res.bytes = snd.BytesRaw(), snd.BytesWire()
+			if res.err != nil {
+				snd.Abort(res.err)
+			}
+		}
+	}()
+	for {
+		t.mu.Lock()
+		frames, sealed, first := t.pending, t.sealed, t.first
+		t.pending = nil
+		t.mu.Unlock()
+		for _, f := range frames {
+			if snd == nil {
+				h := t.hdr
+				h.TokenBytes = t.kv.tokenBytes
+				s, err := d.Open(t.ctx, t.addr, h)
+				if err != nil {
+					return transferResult{err: t.cause(err)}
+				}
+				snd = s
+			}
+			if err := snd.Send(f.layer, f.start, f.end, t.kv.bytes(f), f.fullBytes); err != nil {
+				return transferResult{err: t.cause(fmt.Errorf("prefill: send kv of layer %d tokens [%d, %d) to %s: %w", f.layer, f.start, f.end, t.addr, err))}
+			}
+		}
+		if len(frames) > 0 {
+			continue
+		}
+		if sealed {
+			if snd == nil {
+				return transferResult{err: fmt.Errorf("prefill: transfer of %s sealed without kv", t.hdr.RequestID)}
+			}
+			ack, err := snd.Commit(t.ctx, kvtransfer.Commit{FirstToken: first})
+			if err != nil {
+				return transferResult{err: t.cause(fmt.Errorf("prefill: commit kv to %s: %w", t.addr, err))}
+			}
+			return transferResult{ack: ack}
+		}
+		select {
+		case <-t.notify:
+		case <-t.ctx.Done():
+			return transferResult{err: context.Cause(t.ctx)}
+		}
+	}
+}
+
+// cause prefers the reason the transfer was aborted over the error an
+// aborted stream reports.
+func (t *transfer) cause(err error) error {
+	if c := context.Cause(t.ctx); c != nil {
+		return c
+	}
+	return err
+}

@@ -1,0 +1,123 @@
+package workerrun
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.yaml.in/yaml/v3"
+)
+
+// Main is the whole of a worker binary after signal handling: parse args
+// into o's flags (and --config), validate, log the effective settings, run
+// until ctx ends, stop gracefully. name is the binary's name (for --help);
+// usage and errors before the logger exists go to stderr. It returns the
+// process exit code: 0 after a clean stop or --help, 2 for bad flags or
+// settings, 1 when the worker failed.
+func Main(ctx context.Context, name string, o Options, args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o.AddFlags(fs)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: %s [flags]\n\nRuns a pdserve %s worker.\n\nFlags:\n", name, o.Role)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "%s: unexpected arguments %q\n", name, fs.Args())
+		return 2
+	}
+	if o.ConfigFile != "" {
+		if err := ApplyConfigFile(fs, o.ConfigFile); err != nil {
+			fmt.Fprintf(stderr, "%s: %v\n", name, err)
+			return 2
+		}
+	}
+	if err := o.Validate(); err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		return 2
+	}
+	logger, err := NewLogger(o.LogLevel)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		return 2
+	}
+	defer func() { _ = logger.Sync() }()
+	logger.Info("effective configuration", o.LogFields()...)
+	if err := Run(ctx, o, logger, nil); err != nil {
+		logger.Error("worker failed", zap.Error(err))
+		return 1
+	}
+	return 0
+}
+
+// NewLogger returns a JSON production logger at level (debug, info, warn,
+// error) writing to stderr.
+func NewLogger(level string) (*zap.Logger, error) {
+	lvl, err := zapcore.ParseLevel(level)
+	if err != nil {
+		return nil, fmt.Errorf("workerrun: log level: %w", err)
+	}
+	cfg := zap.NewProductionConfig()
+	cfg.Level = zap.NewAtomicLevelAt(lvl)
+	cfg.EncoderConfig.TimeKey = "time"
+	cfg.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
+	cfg.EncoderConfig.EncodeDuration = zapcore.StringDurationEncoder
+	l, err := cfg.Build()
+	if err != nil {
+		return nil, fmt.Errorf("workerrun: logger: %w", err)
+	}
+	return l, nil
+}
+
+// ApplyConfigFile sets the flags of fs from the YAML mapping in path: each
+// key is a flag name (without dashes) and each value a scalar in the flag's
+// syntax ("1s", 512, "zstd"). Flags already set on the command line keep
+// their values. Errors: unreadable file, not a mapping of scalars, unknown
+// flag, bad value.
+func ApplyConfigFile(fs *flag.FlagSet, path string) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	var m map[string]any
+	if err := yaml.Unmarshal(data, &m); err != nil {
+		return fmt.Errorf("config %s: %w", path, err)
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var errs []error
+	for k, v := range m {
+		k = strings.TrimLeft(k, "-")
+		if fs.Lookup(k) == nil {
+			errs = append(errs, fmt.Errorf("unknown flag %q", k))
+			continue
+		}
+		switch v.(type) {
+		case map[string]any, []any:
+			errs = append(errs, fmt.Errorf("flag %q: value must be a scalar", k))
+			continue
+		}
+		if k == "config" || set[k] {
+			continue
+		}
+		if err := fs.Set(k, fmt.Sprint(v)); err != nil {
+			errs = append(errs, fmt.Errorf("flag %q: %w", k, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("config %s: %w", path, err)
+	}
+	return nil
+}

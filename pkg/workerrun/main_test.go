@@ -1,0 +1,142 @@
+package workerrun
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/pdserve/pdserve/pkg/control"
+)
+
+// The flags the Helm chart relies on (fixed names).
+var (
+	commonFlags  = []string{"nats-url", "log-level", "metrics-addr", "engine", "preset", "profile", "time-scale", "config", "grpc-addr", "advertise-addr", "id", "heartbeat-interval"}
+	prefillFlags = []string{"chunk-tokens", "max-batch-tokens", "codec", "link-gbps", "kv-conns", "retain-bytes"}
+	decodeFlags  = []string{"role", "kv-blocks", "block-tokens", "max-batch", "chunk-tokens", "max-batch-tokens"}
+)
+
+func TestHelpListsEveryFlag(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		o     Options
+		flags []string
+	}{
+		{"prefill-worker", NewPrefillOptions(), append(commonFlags, prefillFlags...)},
+		{"decode-worker", NewDecodeOptions(), append(commonFlags, decodeFlags...)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			if code := Main(context.Background(), tc.name, tc.o, []string{"--help"}, &out); code != 0 {
+				t.Errorf("--help exit code %d, want 0", code)
+			}
+			for _, f := range tc.flags {
+				if !strings.Contains(out.String(), "-"+f+" ") && !strings.Contains(out.String(), "-"+f+"\n") {
+					t.Errorf("--help does not document -%s", f)
+				}
+			}
+		})
+	}
+}
+
+func TestMainRejectsBadSettings(t *testing.T) {
+	tests := []struct {
+		name    string
+		o       Options
+		args    []string
+		wantErr string
+	}{
+		{"unknown flag", NewPrefillOptions(), []string{"--bogus"}, "flag provided but not defined"},
+		{"zero chunk", NewPrefillOptions(), []string{"--chunk-tokens=0"}, "chunk-tokens 0 must be positive"},
+		{"budget below chunk", NewPrefillOptions(), []string{"--chunk-tokens=64", "--max-batch-tokens=32"}, "max-batch-tokens 32"},
+		{"unknown codec", NewPrefillOptions(), []string{"--codec=gzip"}, `codec "gzip"`},
+		{"bad role", NewDecodeOptions(), []string{"--role=prefill"}, "role \"prefill\" must be decode or colocated"},
+		{"no blocks", NewDecodeOptions(), []string{"--kv-blocks=0"}, "kv-blocks 0"},
+		{"budget not above batch", NewDecodeOptions(), []string{"--max-batch=64", "--max-batch-tokens=64"}, "must exceed max-batch"},
+		{"bad id", NewDecodeOptions(), []string{"--id=a.b"}, "id:"},
+		{"bad address", NewDecodeOptions(), []string{"--grpc-addr=9000"}, "grpc-addr"},
+		{"bad log level", NewDecodeOptions(), []string{"--log-level=loud"}, "log-level"},
+		{"bad engine", NewDecodeOptions(), []string{"--engine=gpu"}, `engine "gpu"`},
+		{"sim without profile", NewDecodeOptions(), []string{"--engine=sim"}, "profile is required"},
+		{"missing config file", NewDecodeOptions(), []string{"--config=does-not-exist.yaml"}, "config"},
+		{"stray argument", NewDecodeOptions(), []string{"serve"}, "unexpected arguments"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var out bytes.Buffer
+			if code := Main(context.Background(), "worker", tc.o, tc.args, &out); code != 2 {
+				t.Errorf("exit code %d, want 2", code)
+			}
+			if !strings.Contains(out.String(), tc.wantErr) {
+				t.Errorf("output %q does not contain %q", out.String(), tc.wantErr)
+			}
+		})
+	}
+}
+
+func TestApplyConfigFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "worker.yaml")
+	yaml := "kv-blocks: 128\nmax-batch: 16\nheartbeat-interval: 250ms\nrole: colocated\nengine: ref\n"
+	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o := NewDecodeOptions()
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	o.AddFlags(fs)
+	if err := fs.Parse([]string{"--max-batch=32", "--config=" + path}); err != nil {
+		t.Fatal(err)
+	}
+	if err := ApplyConfigFile(fs, o.ConfigFile); err != nil {
+		t.Fatal(err)
+	}
+	got := []any{o.Decode.KVBlocks, o.Decode.MaxBatch, o.HeartbeatInterval, o.Role}
+	want := []any{128, 32, 250 * time.Millisecond, control.RoleColocated} // the command line wins for max-batch
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("kv-blocks, max-batch, heartbeat-interval, role (-want +got):\n%s", diff)
+	}
+
+	bad := filepath.Join(t.TempDir(), "bad.yaml")
+	if err := os.WriteFile(bad, []byte("kv-blockz: 1\nmax-batch: [1, 2]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err := ApplyConfigFile(fs, bad)
+	if err == nil || !strings.Contains(err.Error(), `unknown flag "kv-blockz"`) || !strings.Contains(err.Error(), "must be a scalar") {
+		t.Errorf("bad config: %v, want unknown flag and scalar errors", err)
+	}
+}
+
+// TestRunStopsWhenContextEnds runs a worker until its context ends.
+func TestRunStopsWhenContextEnds(t *testing.T) {
+	o := testOptions(control.RolePrefill, "")
+	ctx, cancel := context.WithCancel(testCtx(t))
+	var addr string
+	err := Run(ctx, o, zaptest.NewLogger(t), func(a string) {
+		addr = a
+		cancel()
+	})
+	if err != nil {
+		t.Errorf("Run: %v", err)
+	}
+	if !strings.HasPrefix(addr, "127.0.0.1:") {
+		t.Errorf("ready address %q", addr)
+	}
+}
+
+func TestStartFailsCleanly(t *testing.T) {
+	o := testOptions(control.RoleDecode, "nats://127.0.0.1:1") // nobody listens
+	if _, err := Start(testCtx(t), o, nil); err == nil || !strings.Contains(err.Error(), "nats connect") {
+		t.Errorf("Start with an unreachable NATS: %v, want a nats connect error", err)
+	}
+	o = testOptions(control.RoleDecode, "")
+	o.Decode.KVBlocks = 0
+	if _, err := Start(testCtx(t), o, nil); err == nil {
+		t.Error("Start with invalid options succeeded")
+	}
+}

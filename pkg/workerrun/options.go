@@ -1,0 +1,233 @@
+package workerrun
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/pdserve/pdserve/pkg/control"
+	"github.com/pdserve/pdserve/pkg/decode"
+	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/enginecfg"
+	"github.com/pdserve/pdserve/pkg/prefill"
+)
+
+// Options configure one worker. Build them with NewPrefillOptions or
+// NewDecodeOptions (which set the flag defaults), change fields or call
+// AddFlags and parse, then Validate.
+type Options struct {
+	// Role is control.RolePrefill, RoleDecode or RoleColocated. Prefill
+	// options apply to the first, decode options to the others.
+	Role control.Role
+	// ID names the worker in heartbeats and on its command subject; a NATS
+	// subject token. Empty: "<role>-<random hex>".
+	ID string
+	// GRPCAddr is the gRPC listen address, host:port (port 0: any free one).
+	GRPCAddr string
+	// AdvertiseAddr is the gRPC address others dial, host:port. Empty: the
+	// listen address, with the host name in place of an unspecified host.
+	AdvertiseAddr string
+	// MetricsAddr is the HTTP listen address of /metrics, /healthz and
+	// /readyz. Empty: no HTTP server.
+	MetricsAddr string
+	// NATSURL is the control plane. Empty: no heartbeats, no commands.
+	NATSURL string
+	// HeartbeatInterval is the time between heartbeats. > 0.
+	HeartbeatInterval time.Duration
+	// DrainTimeout bounds how long Stop waits for requests in flight. > 0.
+	DrainTimeout time.Duration
+	// LogLevel is debug, info, warn or error; used by Main's logger.
+	LogLevel string
+	// ConfigFile is a YAML file of flag values (keys are flag names); flags
+	// given on the command line win. Used by Main.
+	ConfigFile string
+
+	// LinkGbps paces KV transfers as over a link of that many Gbit/s (0: no
+	// pacing). Prefill only.
+	LinkGbps float64
+	// KVConns is the number of connections per decode worker for KV
+	// transfer. Prefill only. > 0.
+	KVConns int
+
+	Engine  enginecfg.Options
+	Prefill prefill.Options
+	Decode  decode.Options
+
+	// Registerer, when set, receives the worker's metrics, labelled
+	// worker=<ID> (in-process workers sharing one registry). Nil: a
+	// registry of the worker's own, with Go and process collectors,
+	// served on MetricsAddr. Not a flag.
+	Registerer prometheus.Registerer
+	// EngineOverride, when set, is used instead of building an engine from
+	// Engine; the worker does not close it. Not a flag.
+	EngineOverride engine.Engine
+}
+
+func commonOptions(role control.Role) Options {
+	return Options{
+		Role:              role,
+		GRPCAddr:          ":9000",
+		MetricsAddr:       ":9090",
+		HeartbeatInterval: time.Second,
+		DrainTimeout:      30 * time.Second,
+		LogLevel:          "info",
+		KVConns:           kvConnsDefault,
+		Engine:            enginecfg.DefaultOptions(),
+		Prefill:           prefill.DefaultOptions(),
+		Decode:            decode.DefaultOptions(),
+	}
+}
+
+// kvConnsDefault is the default --kv-conns.
+const kvConnsDefault = 4
+
+// NewPrefillOptions returns the prefill worker's defaults.
+func NewPrefillOptions() Options { return commonOptions(control.RolePrefill) }
+
+// NewDecodeOptions returns the decode worker's defaults (role decode).
+func NewDecodeOptions() Options { return commonOptions(control.RoleDecode) }
+
+// roleValue is the --role flag of the decode worker binary.
+type roleValue struct{ r *control.Role }
+
+func (v roleValue) String() string {
+	if v.r == nil {
+		return ""
+	}
+	return string(*v.r)
+}
+
+func (v roleValue) Set(s string) error {
+	switch r := control.Role(s); r {
+	case control.RoleDecode, control.RoleColocated:
+		*v.r = r
+		return nil
+	}
+	return fmt.Errorf("role %q must be %s or %s", s, control.RoleDecode, control.RoleColocated)
+}
+
+// AddFlags registers the flags of o's role on fs, with o's values as
+// defaults. Every worker: --id, --grpc-addr, --advertise-addr,
+// --metrics-addr, --nats-url, --heartbeat-interval, --drain-timeout,
+// --log-level, --config and the engine flags (see enginecfg). Prefill:
+// --chunk-tokens, --max-batch-tokens, --codec, --queue-limit,
+// --retain-bytes, --link-gbps, --kv-conns. Decode and colocated: --role,
+// --kv-blocks, --block-tokens, --max-batch, --chunk-tokens,
+// --max-batch-tokens, --reserve-ttl.
+func (o *Options) AddFlags(fs *flag.FlagSet) {
+	fs.StringVar(&o.ID, "id", o.ID, "worker id in heartbeats and on the command subject (default <role>-<random hex>)")
+	fs.StringVar(&o.GRPCAddr, "grpc-addr", o.GRPCAddr, "gRPC listen address, host:port")
+	fs.StringVar(&o.AdvertiseAddr, "advertise-addr", o.AdvertiseAddr, "gRPC address other components dial, host:port (default: the listen address, with the host name for an unspecified host)")
+	fs.StringVar(&o.MetricsAddr, "metrics-addr", o.MetricsAddr, "HTTP listen address of /metrics, /healthz and /readyz (empty: none)")
+	fs.StringVar(&o.NATSURL, "nats-url", o.NATSURL, "NATS URL of the control plane (empty: no heartbeats or commands)")
+	fs.DurationVar(&o.HeartbeatInterval, "heartbeat-interval", o.HeartbeatInterval, "time between heartbeats")
+	fs.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "how long a graceful stop waits for requests in flight")
+	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "log level: debug, info, warn or error")
+	fs.StringVar(&o.ConfigFile, "config", o.ConfigFile, "YAML file of flag values, keys are flag names without dashes; command-line flags win")
+	o.Engine.AddFlags(fs)
+	if o.Role == control.RolePrefill {
+		o.Prefill.AddFlags(fs)
+		fs.Float64Var(&o.LinkGbps, "link-gbps", o.LinkGbps, "pace KV transfers as over a link of this many Gbit/s (0: no pacing)")
+		fs.IntVar(&o.KVConns, "kv-conns", o.KVConns, "connections per decode worker for KV transfer")
+		return
+	}
+	fs.Var(roleValue{&o.Role}, "role", "worker role: decode, or colocated (prefills locally too)")
+	o.Decode.AddFlags(fs)
+}
+
+// Validate reports every invalid setting in one error.
+func (o Options) Validate() error {
+	var errs []error
+	switch o.Role {
+	case control.RolePrefill:
+		if err := o.Prefill.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+		if o.KVConns <= 0 {
+			errs = append(errs, fmt.Errorf("kv-conns %d must be positive", o.KVConns))
+		}
+		if o.LinkGbps < 0 {
+			errs = append(errs, fmt.Errorf("link-gbps %v must not be negative", o.LinkGbps))
+		}
+	case control.RoleDecode, control.RoleColocated:
+		if err := o.Decode.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	default:
+		errs = append(errs, fmt.Errorf("role %q must be prefill, decode or colocated", o.Role))
+	}
+	if o.ID != "" {
+		if err := control.ValidToken(o.ID); err != nil {
+			errs = append(errs, fmt.Errorf("id: %w", err))
+		}
+	}
+	if _, _, err := net.SplitHostPort(o.GRPCAddr); err != nil {
+		errs = append(errs, fmt.Errorf("grpc-addr %q: %w", o.GRPCAddr, err))
+	}
+	if o.AdvertiseAddr != "" {
+		if _, _, err := net.SplitHostPort(o.AdvertiseAddr); err != nil {
+			errs = append(errs, fmt.Errorf("advertise-addr %q: %w", o.AdvertiseAddr, err))
+		}
+	}
+	if o.MetricsAddr != "" {
+		if _, _, err := net.SplitHostPort(o.MetricsAddr); err != nil {
+			errs = append(errs, fmt.Errorf("metrics-addr %q: %w", o.MetricsAddr, err))
+		}
+	}
+	if o.HeartbeatInterval <= 0 {
+		errs = append(errs, fmt.Errorf("heartbeat-interval %v must be positive", o.HeartbeatInterval))
+	}
+	if o.DrainTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("drain-timeout %v must be positive", o.DrainTimeout))
+	}
+	if _, err := zapcore.ParseLevel(o.LogLevel); err != nil || o.LogLevel == "" {
+		errs = append(errs, fmt.Errorf("log-level %q must be debug, info, warn or error", o.LogLevel))
+	}
+	if o.EngineOverride == nil {
+		if err := o.Engine.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("workerrun: invalid options: %w", err)
+	}
+	return nil
+}
+
+// LogFields returns the effective settings as zap fields.
+func (o Options) LogFields() []zap.Field {
+	f := []zap.Field{
+		zap.String("role", string(o.Role)),
+		zap.String("id", o.ID),
+		zap.String("grpc_addr", o.GRPCAddr),
+		zap.String("advertise_addr", o.AdvertiseAddr),
+		zap.String("metrics_addr", o.MetricsAddr),
+		zap.String("nats_url", o.NATSURL),
+		zap.Duration("heartbeat_interval", o.HeartbeatInterval),
+		zap.Duration("drain_timeout", o.DrainTimeout),
+		zap.String("log_level", o.LogLevel),
+		zap.String("config", o.ConfigFile),
+	}
+	if o.EngineOverride != nil {
+		f = append(f, zap.String("engine", "override:"+o.EngineOverride.Spec().Name))
+	} else {
+		f = append(f, o.Engine.LogFields()...)
+	}
+	if o.Role == control.RolePrefill {
+		p := o.Prefill
+		return append(f,
+			zap.Int("chunk_tokens", p.ChunkTokens), zap.Int("max_batch_tokens", p.MaxBatchTokens),
+			zap.String("codec", p.Codec), zap.Int("queue_limit", p.QueueLimit), zap.Int64("retain_bytes", p.RetainBytes),
+			zap.Float64("link_gbps", o.LinkGbps), zap.Int("kv_conns", o.KVConns))
+	}
+	d := o.Decode
+	return append(f,
+		zap.Int("kv_blocks", d.KVBlocks), zap.Int("block_tokens", d.BlockTokens), zap.Int("max_batch", d.MaxBatch),
+		zap.Int("chunk_tokens", d.ChunkTokens), zap.Int("max_batch_tokens", d.MaxBatchTokens), zap.Duration("reserve_ttl", d.ReserveTTL))
+}

@@ -1,0 +1,580 @@
+package workerrun
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
+	"github.com/pdserve/pdserve/pkg/control"
+	"github.com/pdserve/pdserve/pkg/decode"
+	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/enginecfg"
+	"github.com/pdserve/pdserve/pkg/kvtransfer"
+	"github.com/pdserve/pdserve/pkg/prefill"
+)
+
+// Bounds of the steps of a stop that Options do not set.
+const (
+	grpcStopTimeout = 5 * time.Second // GracefulStop before forcing
+	httpStopTimeout = 5 * time.Second
+	natsStopTimeout = 5 * time.Second
+	resendTimeout   = 5 * time.Minute // a "resend" command's transfer
+)
+
+// service is what the worker runs: a prefill or decode server.
+type service interface {
+	register(g *grpc.Server)
+	Run(ctx context.Context) error
+	Stop()
+	SetDraining(bool)
+	WaitIdle(ctx context.Context) error
+	fill(hb *control.Heartbeat)
+	cancel(id string) bool
+	live() int
+}
+
+type prefillService struct{ *prefill.Server }
+
+func (p prefillService) register(g *grpc.Server) { p.Register(g) }
+func (p prefillService) cancel(id string) bool   { return p.Cancel(id) }
+func (p prefillService) live() int               { return p.Stats().Live }
+func (p prefillService) fill(hb *control.Heartbeat) {
+	st := p.Stats()
+	hb.QueuedPrefillTokens = st.QueuedPrefillTokens
+	hb.RunningBatch = st.LastBatch
+	hb.StepTimesMs = st.StepTimesMs
+}
+
+type decodeService struct {
+	*decode.Server
+	opts []kvtransfer.ServerOption
+}
+
+func (d decodeService) register(g *grpc.Server) { d.Register(g, d.opts...) }
+func (d decodeService) cancel(id string) bool   { return d.CancelRequest(id) }
+func (d decodeService) live() int               { return d.Stats().Requests }
+func (d decodeService) fill(hb *control.Heartbeat) {
+	st := d.Stats()
+	hb.KVBlocksFree, hb.KVBlocksTotal = st.KVBlocksFree, st.KVBlocksTotal
+	hb.QueuedPrefillTokens = st.QueuedPrefillTokens
+	hb.RunningBatch = st.Running
+	hb.StepTimesMs = st.StepTimesMs
+}
+
+// Worker is a started worker. Its methods are safe for concurrent use.
+type Worker struct {
+	o      Options
+	log    *zap.Logger
+	id     string
+	addr   string // advertised gRPC address
+	lis    net.Listener
+	model  string
+	eng    engine.Engine
+	ownEng bool
+	svc    service
+	pre    *prefill.Server // nil on decode workers
+	dialer *kvtransfer.Dialer
+
+	grpc   *grpc.Server
+	health *health.Server
+	http   *http.Server
+	mlis   net.Listener
+	nc     *nats.Conn
+	ncDone chan struct{} // closed when nc closed
+	pub    *control.Publisher
+	sub    *nats.Subscription
+
+	bgCtx    context.Context // ends at stop; background work (heartbeats, resend commands)
+	bgCancel context.CancelFunc
+	wg       sync.WaitGroup // goroutines of the worker
+	bg       sync.WaitGroup // background command work
+	draining atomic.Bool
+
+	failOnce sync.Once
+	done     chan struct{} // closed when a part failed or the worker stopped
+	errMu    sync.Mutex
+	err      error // first failure of a part
+
+	stopOnce sync.Once
+	stopErr  error
+	schedOut chan struct{} // closed when the scheduler returned
+}
+
+// Start builds and starts a worker; it returns once every listener is open
+// (Addr is valid). ctx bounds only the start (the NATS connection); stop the
+// worker with Stop. Errors: invalid options, engine construction, listen,
+// NATS connection or subscription errors, wrapped.
+func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = zap.NewNop()
+	}
+	if o.ID == "" {
+		o.ID = string(o.Role) + "-" + randomHex(4)
+	}
+	w := &Worker{o: o, id: o.ID, done: make(chan struct{}), schedOut: make(chan struct{})}
+	w.log = logger.With(zap.String("worker", o.ID), zap.String("role", string(o.Role)))
+	w.bgCtx, w.bgCancel = context.WithCancel(context.Background())
+	defer func() {
+		if err != nil {
+			w.closeAll()
+		}
+	}()
+
+	if o.EngineOverride != nil {
+		w.eng = o.EngineOverride
+	} else {
+		if w.eng, err = o.Engine.Build(); err != nil {
+			return nil, fmt.Errorf("workerrun: %w", err)
+		}
+		w.ownEng = true
+	}
+	w.model = w.eng.Spec().Name
+
+	reg, gatherer := w.registry()
+	var gopts []grpc.ServerOption
+	switch o.Role {
+	case control.RolePrefill:
+		w.dialer = kvtransfer.NewDialer(kvtransfer.WithConnsPerAddr(o.KVConns), kvtransfer.WithLinkGbps(o.LinkGbps), kvtransfer.WithLogger(w.log.Named("kvtransfer")))
+		if w.pre, err = prefill.New(w.eng, w.dialer, o.Prefill, w.log.Named("prefill"), reg); err != nil {
+			return nil, fmt.Errorf("workerrun: %w", err)
+		}
+		w.svc = prefillService{w.pre}
+	default:
+		d, err := decode.New(w.eng, o.Decode, w.log.Named("decode"), reg)
+		if err != nil {
+			return nil, fmt.Errorf("workerrun: %w", err)
+		}
+		kopts := []kvtransfer.ServerOption{kvtransfer.WithLogger(w.log.Named("kvtransfer"))}
+		gopts = kvtransfer.GRPCServerOptions(kopts...)
+		w.svc = decodeService{Server: d, opts: kopts}
+	}
+
+	if w.lis, err = net.Listen("tcp", o.GRPCAddr); err != nil {
+		return nil, fmt.Errorf("workerrun: grpc listen: %w", err)
+	}
+	if w.addr, err = advertise(o.AdvertiseAddr, w.lis.Addr()); err != nil {
+		return nil, err
+	}
+	w.grpc = grpc.NewServer(gopts...)
+	w.svc.register(w.grpc)
+	w.health = health.NewServer()
+	healthpb.RegisterHealthServer(w.grpc, w.health)
+	w.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	w.health.SetServingStatus(serviceName(o.Role), healthpb.HealthCheckResponse_SERVING)
+
+	if o.MetricsAddr != "" {
+		if w.mlis, err = net.Listen("tcp", o.MetricsAddr); err != nil {
+			return nil, fmt.Errorf("workerrun: metrics listen: %w", err)
+		}
+		w.http = &http.Server{Handler: w.httpHandler(gatherer), ReadHeaderTimeout: 10 * time.Second}
+	}
+
+	if o.NATSURL != "" {
+		w.ncDone = make(chan struct{})
+		w.nc, err = nats.Connect(o.NATSURL,
+			nats.Name("pdserve-"+o.ID),
+			nats.MaxReconnects(-1),
+			nats.DrainTimeout(natsStopTimeout),
+			nats.ClosedHandler(func(*nats.Conn) { close(w.ncDone) }),
+		)
+		if err != nil {
+			w.ncDone = nil
+			return nil, fmt.Errorf("workerrun: nats connect %s: %w", o.NATSURL, err)
+		}
+		if w.sub, err = control.HandleCommands(w.nc, w.id, w.command); err != nil {
+			return nil, fmt.Errorf("workerrun: %w", err)
+		}
+		w.pub = control.NewPublisher(w.nc, o.HeartbeatInterval, w.heartbeat)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("workerrun: start: %w", err)
+	}
+	if w.nc == nil {
+		w.log.Warn("no NATS URL: the worker publishes no heartbeats and takes no commands")
+	}
+
+	// Everything is set up: start the goroutines.
+	w.goPart("scheduler", func() error {
+		defer close(w.schedOut)
+		return w.svc.Run(w.bgCtx)
+	})
+	w.goPart("grpc", func() error {
+		// A stop that comes before Serve started is a stop, not a failure.
+		if err := w.grpc.Serve(w.lis); !errors.Is(err, grpc.ErrServerStopped) {
+			return err
+		}
+		return nil
+	})
+	if w.http != nil {
+		w.goPart("http", func() error {
+			if err := w.http.Serve(w.mlis); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+	}
+	if w.pub != nil {
+		w.goPart("heartbeat", func() error { return w.pub.Run(w.bgCtx) })
+	}
+	w.log.Info("worker started", zap.String("grpc_addr", w.lis.Addr().String()), zap.String("advertise_addr", w.addr),
+		zap.String("metrics_addr", w.MetricsAddr()), zap.String("model", w.model))
+	return w, nil
+}
+
+func serviceName(r control.Role) string {
+	if r == control.RolePrefill {
+		return pdservev1.PrefillService_ServiceDesc.ServiceName
+	}
+	return pdservev1.DecodeService_ServiceDesc.ServiceName
+}
+
+// registry returns where the worker's metrics go and what /metrics serves.
+func (w *Worker) registry() (prometheus.Registerer, prometheus.Gatherer) {
+	if w.o.Registerer != nil {
+		reg := prometheus.WrapRegistererWith(prometheus.Labels{"worker": w.id}, w.o.Registerer)
+		g, _ := w.o.Registerer.(prometheus.Gatherer)
+		return reg, g
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg, reg
+}
+
+func (w *Worker) httpHandler(g prometheus.Gatherer) http.Handler {
+	mux := http.NewServeMux()
+	if g != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+	}
+	mux.HandleFunc("GET /healthz", func(rw http.ResponseWriter, _ *http.Request) {
+		rw.WriteHeader(http.StatusOK)
+		_, _ = rw.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", func(rw http.ResponseWriter, _ *http.Request) {
+		if w.draining.Load() {
+			http.Error(rw, "draining", http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = rw.Write([]byte("ok\n"))
+	})
+	return mux
+}
+
+// advertise returns addr, or the listen address with the host name for an
+// unspecified host.
+func advertise(addr string, l net.Addr) (string, error) {
+	if addr != "" {
+		return addr, nil
+	}
+	host, port, err := net.SplitHostPort(l.String())
+	if err != nil {
+		return "", fmt.Errorf("workerrun: listen address %s: %w", l, err)
+	}
+	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		if host, err = os.Hostname(); err != nil {
+			return "", fmt.Errorf("workerrun: advertise address: %w", err)
+		}
+	}
+	return net.JoinHostPort(host, port), nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails
+	return hex.EncodeToString(b)
+}
+
+// goPart runs one part of the worker; an error fails the worker.
+func (w *Worker) goPart(name string, f func() error) {
+	w.wg.Add(1)
+	go func() {
+		defer w.wg.Done()
+		if err := f(); err != nil {
+			w.fail(fmt.Errorf("workerrun: %s: %w", name, err))
+		}
+	}()
+}
+
+func (w *Worker) fail(err error) {
+	w.errMu.Lock()
+	if w.err == nil {
+		w.err = err
+	}
+	w.errMu.Unlock()
+	w.failOnce.Do(func() { close(w.done) })
+}
+
+// ID returns the worker's id.
+func (w *Worker) ID() string { return w.id }
+
+// Role returns the worker's role.
+func (w *Worker) Role() control.Role { return w.o.Role }
+
+// Addr returns the gRPC address others dial (the advertised address).
+func (w *Worker) Addr() string { return w.addr }
+
+// ListenAddr returns the address the gRPC server listens on.
+func (w *Worker) ListenAddr() string { return w.lis.Addr().String() }
+
+// MetricsAddr returns the HTTP server's address, or "" without one.
+func (w *Worker) MetricsAddr() string {
+	if w.mlis == nil {
+		return ""
+	}
+	return w.mlis.Addr().String()
+}
+
+// Engine returns the worker's engine. The worker's scheduler owns it: do
+// not call its methods while the worker runs.
+func (w *Worker) Engine() engine.Engine { return w.eng }
+
+// Done is closed when a part of the worker failed (see Err) or it stopped.
+func (w *Worker) Done() <-chan struct{} { return w.done }
+
+// Err returns the first failure of a part of the worker, or nil.
+func (w *Worker) Err() error {
+	w.errMu.Lock()
+	defer w.errMu.Unlock()
+	return w.err
+}
+
+// Draining reports whether the worker was told to drain.
+func (w *Worker) Draining() bool { return w.draining.Load() }
+
+// Drain marks the worker draining and tells the coordinator at once: new
+// Prefill and Reserve calls fail with UNAVAILABLE; requests in flight go on.
+func (w *Worker) Drain() {
+	if w.draining.Swap(true) {
+		return
+	}
+	w.svc.SetDraining(true)
+	w.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	if w.pub != nil {
+		if err := w.pub.Publish(); err != nil {
+			w.log.Warn("publish draining heartbeat", zap.Error(err))
+		}
+	}
+	w.log.Info("worker draining")
+}
+
+// heartbeat is the Publisher's snapshot.
+func (w *Worker) heartbeat() control.Heartbeat {
+	hb := control.Heartbeat{
+		ID:       w.id,
+		Role:     string(w.o.Role),
+		GRPCAddr: w.addr,
+		Model:    w.model,
+		Draining: w.draining.Load(),
+	}
+	w.svc.fill(&hb)
+	return hb
+}
+
+// command handles one control-plane command.
+func (w *Worker) command(c control.Command) error {
+	switch c.Kind {
+	case control.CmdDrain:
+		w.Drain()
+		return nil
+	case control.CmdCancel:
+		if c.RequestID == "" {
+			return errors.New("cancel: request id is empty")
+		}
+		if !w.svc.cancel(c.RequestID) {
+			w.log.Debug("cancel command for an unknown request", zap.String("request_id", c.RequestID))
+		}
+		return nil
+	case control.CmdResend:
+		if w.pre == nil {
+			return fmt.Errorf("resend: worker %s is not a prefill worker", w.id)
+		}
+		if c.RequestID == "" || c.Arg == "" {
+			return errors.New("resend: request id and decode address (arg) are required")
+		}
+		w.bg.Add(1)
+		go func() {
+			defer w.bg.Done()
+			ctx, cancel := context.WithTimeout(w.bgCtx, resendTimeout)
+			defer cancel()
+			if _, err := w.pre.Resend(ctx, &pdservev1.ResendRequest{RequestId: c.RequestID, DecodeAddr: c.Arg}); err != nil {
+				w.log.Warn("resend command failed", zap.String("request_id", c.RequestID), zap.String("decode_addr", c.Arg), zap.Error(err))
+				return
+			}
+			w.log.Info("kv re-sent by command", zap.String("request_id", c.RequestID), zap.String("decode_addr", c.Arg))
+		}()
+		return nil
+	}
+	return fmt.Errorf("unknown command kind %q", c.Kind)
+}
+
+// Stop stops the worker gracefully: drain (bounded by Options.DrainTimeout
+// and ctx), stop the scheduler, stop gRPC (forcibly once ctx ends or after
+// a few seconds), drain NATS, shut HTTP down, close the engine. It returns
+// the first failure of a part of the worker or of the stop itself; later
+// calls return the same.
+func (w *Worker) Stop(ctx context.Context) error {
+	w.stopOnce.Do(func() { w.stopErr = w.stop(ctx, true) })
+	return w.stopErr
+}
+
+// Kill stops the worker at once, as a crash would: open streams and
+// transfers break with UNAVAILABLE, nothing drains. For failure tests and
+// for a second signal. It returns what Stop returns.
+func (w *Worker) Kill() error {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	w.stopOnce.Do(func() { w.stopErr = w.stop(ctx, false) })
+	return w.stopErr
+}
+
+func (w *Worker) stop(ctx context.Context, graceful bool) error {
+	var errs []error
+	if graceful {
+		w.Drain()
+		dctx, cancel := context.WithTimeout(ctx, w.o.DrainTimeout)
+		if err := w.svc.WaitIdle(dctx); err != nil {
+			w.log.Warn("drain timed out; failing the requests left", zap.Int("requests", w.svc.live()), zap.Duration("drain_timeout", w.o.DrainTimeout))
+		}
+		cancel()
+	} else {
+		w.draining.Store(true)
+		w.svc.SetDraining(true)
+		w.grpc.Stop()
+	}
+	// Stop the scheduler (it fails what is left) and background work.
+	w.bgCancel()
+	w.svc.Stop()
+	<-w.schedOut
+	w.bg.Wait()
+	if graceful {
+		stopped := make(chan struct{})
+		go func() {
+			w.grpc.GracefulStop()
+			close(stopped)
+		}()
+		t := time.NewTimer(grpcStopTimeout)
+		select {
+		case <-stopped:
+		case <-ctx.Done():
+			w.grpc.Stop()
+		case <-t.C:
+			w.log.Warn("grpc graceful stop timed out; forcing")
+			w.grpc.Stop()
+		}
+		t.Stop()
+		<-stopped
+	}
+	if err := w.closeNATS(graceful); err != nil {
+		errs = append(errs, err)
+	}
+	if w.http != nil {
+		hctx, cancel := context.WithTimeout(context.Background(), httpStopTimeout)
+		if !graceful {
+			_ = w.http.Close()
+		} else if err := w.http.Shutdown(hctx); err != nil {
+			errs = append(errs, fmt.Errorf("workerrun: http shutdown: %w", err))
+			_ = w.http.Close()
+		}
+		cancel()
+	}
+	w.wg.Wait()
+	w.closeAll()
+	w.failOnce.Do(func() { close(w.done) })
+	if err := w.Err(); err != nil {
+		errs = append([]error{err}, errs...)
+	}
+	w.log.Info("worker stopped", zap.Bool("graceful", graceful))
+	return errors.Join(errs...)
+}
+
+// closeNATS drains (graceful) or closes the NATS connection and waits for
+// it to close.
+func (w *Worker) closeNATS(graceful bool) error {
+	if w.nc == nil {
+		return nil
+	}
+	if !graceful {
+		w.nc.Close()
+		<-w.ncDone
+		return nil
+	}
+	if err := w.nc.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+		w.nc.Close()
+		<-w.ncDone
+		return fmt.Errorf("workerrun: nats drain: %w", err)
+	}
+	t := time.NewTimer(natsStopTimeout + time.Second)
+	defer t.Stop()
+	select {
+	case <-w.ncDone:
+	case <-t.C:
+		w.nc.Close()
+		<-w.ncDone
+	}
+	return nil
+}
+
+// closeAll releases what Start acquired; safe after a partial Start.
+func (w *Worker) closeAll() {
+	if w.bgCancel != nil {
+		w.bgCancel()
+	}
+	if w.nc != nil && !w.nc.IsClosed() {
+		w.nc.Close()
+	}
+	if w.lis != nil {
+		_ = w.lis.Close()
+	}
+	if w.mlis != nil {
+		_ = w.mlis.Close()
+	}
+	if w.dialer != nil {
+		_ = w.dialer.Close()
+	}
+	if w.svc != nil {
+		w.svc.Stop()
+	}
+	if w.ownEng && w.eng != nil {
+		enginecfg.Close(w.eng)
+	}
+}
+
+// Run starts a worker, calls ready (if not nil) with its gRPC address,
+// blocks until ctx ends or a part of the worker fails, and stops it
+// gracefully. It returns the failure, or nil after a clean stop.
+func Run(ctx context.Context, o Options, logger *zap.Logger, ready func(addr string)) error {
+	w, err := Start(ctx, o, logger)
+	if err != nil {
+		return err
+	}
+	if ready != nil {
+		ready(w.Addr())
+	}
+	select {
+	case <-ctx.Done():
+	case <-w.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), w.o.DrainTimeout+grpcStopTimeout+httpStopTimeout+natsStopTimeout)
+	defer cancel()
+	return w.Stop(sctx)
+}
