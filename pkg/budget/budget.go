@@ -1,0 +1,204 @@
+package budget
+
+import (
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Trace collects the boundaries and facts of one request.
+type Trace struct {
+	RequestID string
+	Model     string
+	// Mode is how the request was served: "disaggregated" (remote prefill),
+	// "local" (prefill on the decode worker in disaggregated mode) or
+	// "colocated".
+	Mode             string
+	FirstTokenPolicy string // "prefill" or "decode"
+
+	Arrival, Routed                         time.Time
+	PrefillQueued, PrefillStart, PrefillEnd time.Time
+	KVFirstByte, KVDone                     time.Time
+	DecodeJoined                            time.Time
+	FirstToken, LastToken                   time.Time
+
+	PromptTokens, OutputTokens int
+	BatchSize                  int // decode batch size seen by the request (largest reported)
+	PrefillBatch               int // prefill batch size on the prefill worker
+	PrefixHitTokens            int
+	KVBytesRaw, KVBytesWire    int64
+	Codec                      string
+	PrefillWorker              string
+	DecodeWorker               string
+	Recoveries                 int    // decode-worker failovers
+	FinishReason               string // "stop", "length", or "" when it did not finish
+	Status                     string // outcome label, see pkg/metrics
+
+	// ITLs are the gaps between successive token deliveries to the client
+	// (a delivery may carry several tokens). Appended by Tokens.
+	ITLs []time.Duration
+}
+
+// Tokens records that n tokens were handed to the client at now: the first
+// call sets FirstToken, every call sets LastToken and adds an ITL gap
+// after the first.
+func (t *Trace) Tokens(now time.Time, n int) {
+	if n <= 0 {
+		return
+	}
+	if t.FirstToken.IsZero() {
+		t.FirstToken = now
+	} else {
+		t.ITLs = append(t.ITLs, now.Sub(t.LastToken))
+	}
+	t.LastToken = now
+	t.OutputTokens += n
+}
+
+// Terms are the derived latencies of a request; see the package doc.
+type Terms struct {
+	TTFT, TPOT, E2E              time.Duration
+	Queue, Prefill               time.Duration
+	KVTransfer, KVStream, Decode time.Duration
+}
+
+// Terms derives the latency terms from the boundaries.
+func (t *Trace) Terms() Terms {
+	var s Terms
+	s.TTFT = span(t.Arrival, t.FirstToken)
+	s.E2E = span(t.Arrival, t.LastToken)
+	if t.OutputTokens > 1 {
+		s.TPOT = (s.E2E - s.TTFT) / time.Duration(t.OutputTokens-1)
+	}
+	s.Queue = span(t.Arrival, t.PrefillStart)
+	s.Prefill = span(t.PrefillStart, t.PrefillEnd)
+	s.KVTransfer = span(t.PrefillEnd, t.KVDone)
+	s.KVStream = span(t.KVFirstByte, t.KVDone)
+	s.Decode = span(t.FirstToken, t.LastToken)
+	return s
+}
+
+// span is b − a, or 0 when either is unset or b is before a.
+func span(a, b time.Time) time.Duration {
+	if a.IsZero() || b.IsZero() || b.Before(a) {
+		return 0
+	}
+	return b.Sub(a)
+}
+
+// Summary is the `pdserve` object a client sees on the final stream chunk
+// and on a non-streaming response. Durations are milliseconds.
+type Summary struct {
+	TTFTMs           float64 `json:"ttft_ms"`
+	TPOTMs           float64 `json:"tpot_ms"`
+	QueueMs          float64 `json:"queue_ms"`
+	PrefillMs        float64 `json:"prefill_ms"`
+	KVTransferMs     float64 `json:"kv_transfer_ms"`
+	KVStreamMs       float64 `json:"kv_stream_ms"`
+	DecodeMs         float64 `json:"decode_ms"`
+	E2EMs            float64 `json:"e2e_ms"`
+	PromptTokens     int     `json:"prompt_tokens"`
+	OutputTokens     int     `json:"output_tokens"`
+	PrefixHitTokens  int     `json:"prefix_hit_tokens"`
+	BatchSize        int     `json:"batch_size"`
+	KVBytesRaw       int64   `json:"kv_bytes_raw"`
+	KVBytesWire      int64   `json:"kv_bytes_wire"`
+	Codec            string  `json:"codec"`
+	PrefillWorker    string  `json:"prefill_worker"`
+	DecodeWorker     string  `json:"decode_worker"`
+	Mode             string  `json:"mode"`
+	FirstTokenPolicy string  `json:"first_token_policy"`
+	Recoveries       int     `json:"recoveries,omitempty"`
+}
+
+// Summary returns the client-facing budget of the request so far.
+func (t *Trace) Summary() Summary {
+	s := t.Terms()
+	return Summary{
+		TTFTMs:           ms(s.TTFT),
+		TPOTMs:           ms(s.TPOT),
+		QueueMs:          ms(s.Queue),
+		PrefillMs:        ms(s.Prefill),
+		KVTransferMs:     ms(s.KVTransfer),
+		KVStreamMs:       ms(s.KVStream),
+		DecodeMs:         ms(s.Decode),
+		E2EMs:            ms(s.E2E),
+		PromptTokens:     t.PromptTokens,
+		OutputTokens:     t.OutputTokens,
+		PrefixHitTokens:  t.PrefixHitTokens,
+		BatchSize:        t.BatchSize,
+		KVBytesRaw:       t.KVBytesRaw,
+		KVBytesWire:      t.KVBytesWire,
+		Codec:            t.Codec,
+		PrefillWorker:    t.PrefillWorker,
+		DecodeWorker:     t.DecodeWorker,
+		Mode:             t.Mode,
+		FirstTokenPolicy: t.FirstTokenPolicy,
+		Recoveries:       t.Recoveries,
+	}
+}
+
+// ms converts to milliseconds with microsecond resolution.
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// Fields returns the zap fields of the one request log line: identity,
+// sizes, workers, every derived term and every boundary timestamp.
+func (t *Trace) Fields() []zap.Field {
+	s := t.Terms()
+	f := []zap.Field{
+		zap.String("request_id", t.RequestID),
+		zap.String("status", t.Status),
+		zap.String("finish_reason", t.FinishReason),
+		zap.String("model", t.Model),
+		zap.String("mode", t.Mode),
+		zap.String("first_token_policy", t.FirstTokenPolicy),
+		zap.Int("prompt_tokens", t.PromptTokens),
+		zap.Int("output_tokens", t.OutputTokens),
+		zap.Int("batch_size", t.BatchSize),
+		zap.Int("prefill_batch", t.PrefillBatch),
+		zap.Int("prefix_hit_tokens", t.PrefixHitTokens),
+		zap.Int64("kv_bytes_raw", t.KVBytesRaw),
+		zap.Int64("kv_bytes_wire", t.KVBytesWire),
+		zap.String("codec", t.Codec),
+		zap.String("prefill_worker", t.PrefillWorker),
+		zap.String("decode_worker", t.DecodeWorker),
+		zap.Int("recoveries", t.Recoveries),
+		zap.Duration("ttft", s.TTFT),
+		zap.Duration("tpot", s.TPOT),
+		zap.Duration("queue", s.Queue),
+		zap.Duration("prefill", s.Prefill),
+		zap.Duration("kv_transfer", s.KVTransfer),
+		zap.Duration("kv_stream", s.KVStream),
+		zap.Duration("decode", s.Decode),
+		zap.Duration("e2e", s.E2E),
+	}
+	for _, b := range []struct {
+		name string
+		at   time.Time
+	}{
+		{"t_arrival", t.Arrival}, {"t_routed", t.Routed},
+		{"t_prefill_queued", t.PrefillQueued}, {"t_prefill_start", t.PrefillStart}, {"t_prefill_end", t.PrefillEnd},
+		{"t_kv_first_byte", t.KVFirstByte}, {"t_kv_done", t.KVDone}, {"t_decode_joined", t.DecodeJoined},
+		{"t_first_token", t.FirstToken}, {"t_last_token", t.LastToken},
+	} {
+		if !b.at.IsZero() {
+			f = append(f, zap.Time(b.name, b.at))
+		}
+	}
+	return f
+}
+
+// Log writes the request log line at info level.
+func (t *Trace) Log(l *zap.Logger) {
+	l.Info("request", t.Fields()...)
+}
+
+// Outcome labels for Trace.Status and the requests counter of pkg/metrics.
+const (
+	StatusOK          = "ok"          // finished: stop or length
+	StatusCancelled   = "cancelled"   // the client went away
+	StatusError       = "error"       // failed after admission (worker error)
+	StatusInvalid     = "invalid"     // refused: bad request (4xx)
+	StatusRejected    = "rejected"    // refused: overload (429)
+	StatusUnavailable = "unavailable" // refused: no workers (503)
+)

@@ -1,0 +1,110 @@
+package budget
+
+import (
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+var t0 = time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+
+func at(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+
+func TestTerms(t *testing.T) {
+	tests := []struct {
+		name  string
+		trace Trace
+		want  Terms
+	}{
+		{
+			name: "disaggregated, first token from prefill",
+			trace: Trace{
+				Arrival: at(0), Routed: at(1), PrefillQueued: at(2), PrefillStart: at(5), PrefillEnd: at(25),
+				KVFirstByte: at(8), KVDone: at(30), DecodeJoined: at(31), FirstToken: at(26), LastToken: at(66),
+				OutputTokens: 5,
+			},
+			want: Terms{
+				TTFT: 26 * time.Millisecond, E2E: 66 * time.Millisecond, TPOT: 10 * time.Millisecond,
+				Queue: 5 * time.Millisecond, Prefill: 20 * time.Millisecond,
+				KVTransfer: 5 * time.Millisecond, KVStream: 22 * time.Millisecond, Decode: 40 * time.Millisecond,
+			},
+		},
+		{
+			name:  "one output token has no tpot",
+			trace: Trace{Arrival: at(0), FirstToken: at(10), LastToken: at(10), OutputTokens: 1},
+			want:  Terms{TTFT: 10 * time.Millisecond, E2E: 10 * time.Millisecond},
+		},
+		{
+			name:  "missing boundaries give zero terms",
+			trace: Trace{Arrival: at(0)},
+			want:  Terms{},
+		},
+		{
+			name:  "clock skew clamps to zero",
+			trace: Trace{Arrival: at(10), PrefillStart: at(5), PrefillEnd: at(20), KVDone: at(19), FirstToken: at(30), LastToken: at(30), OutputTokens: 1},
+			want:  Terms{TTFT: 20 * time.Millisecond, E2E: 20 * time.Millisecond, Prefill: 15 * time.Millisecond},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if diff := cmp.Diff(tc.want, tc.trace.Terms()); diff != "" {
+				t.Errorf("Terms (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestTokens(t *testing.T) {
+	var tr Trace
+	tr.Tokens(at(10), 0) // no tokens: no boundary
+	tr.Tokens(at(20), 1)
+	tr.Tokens(at(25), 2)
+	tr.Tokens(at(40), 1)
+	want := Trace{FirstToken: at(20), LastToken: at(40), OutputTokens: 4, ITLs: []time.Duration{5 * time.Millisecond, 15 * time.Millisecond}}
+	if diff := cmp.Diff(want, tr); diff != "" {
+		t.Errorf("trace after Tokens (-want +got):\n%s", diff)
+	}
+}
+
+func TestSummary(t *testing.T) {
+	tr := Trace{
+		RequestID: "r1", Model: "tiny", Mode: "disaggregated", FirstTokenPolicy: "prefill",
+		Arrival: at(0), PrefillStart: at(1), PrefillEnd: at(3), KVDone: at(4),
+		FirstToken: at(3), LastToken: at(9), OutputTokens: 3, PromptTokens: 7, BatchSize: 2, PrefixHitTokens: 4,
+		KVBytesRaw: 1000, KVBytesWire: 600, Codec: "zstd", PrefillWorker: "p0", DecodeWorker: "d0", Recoveries: 1,
+	}
+	want := Summary{
+		TTFTMs: 3, TPOTMs: 3, QueueMs: 1, PrefillMs: 2, KVTransferMs: 1, DecodeMs: 6, E2EMs: 9,
+		PromptTokens: 7, OutputTokens: 3, PrefixHitTokens: 4, BatchSize: 2,
+		KVBytesRaw: 1000, KVBytesWire: 600, Codec: "zstd", PrefillWorker: "p0", DecodeWorker: "d0",
+		Mode: "disaggregated", FirstTokenPolicy: "prefill", Recoveries: 1,
+	}
+	if diff := cmp.Diff(want, tr.Summary()); diff != "" {
+		t.Errorf("Summary (-want +got):\n%s", diff)
+	}
+}
+
+func TestLogIsOneLineWithBudget(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	tr := Trace{RequestID: "r1", Status: StatusOK, Arrival: at(0), FirstToken: at(5), LastToken: at(5), OutputTokens: 1, Codec: "none"}
+	tr.Log(zap.New(core))
+	entries := logs.All()
+	if len(entries) != 1 {
+		t.Fatalf("got %d log entries, want 1", len(entries))
+	}
+	m := entries[0].ContextMap()
+	for key, want := range map[string]any{
+		"request_id": "r1", "status": "ok", "codec": "none", "ttft": 5 * time.Millisecond,
+		"t_arrival": at(0), "output_tokens": int64(1),
+	} {
+		if diff := cmp.Diff(want, m[key]); diff != "" {
+			t.Errorf("field %s (-want +got):\n%s", key, diff)
+		}
+	}
+	if _, ok := m["t_kv_done"]; ok {
+		t.Errorf("unset boundary t_kv_done logged")
+	}
+}

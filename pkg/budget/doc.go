@@ -1,0 +1,39 @@
+// Package budget records where the time of one request goes: a timestamp at
+// every boundary of its path through pdserve, and the latency terms derived
+// from them. A Trace is filled while the request runs; Terms, Summary and
+// Fields turn it into the `pdserve` object returned to the client, the one
+// zap request log line, and (through pkg/metrics) Prometheus observations.
+//
+// # Boundaries
+//
+// Arrival (request parsed by the coordinator), Routed (workers chosen and
+// KV reserved), PrefillQueued, PrefillStart, PrefillEnd (on the worker that
+// prefilled), KVFirstByte and KVDone (on the decode worker receiving KV),
+// DecodeJoined (the sequence joined the decode batch), FirstToken and
+// LastToken (handed to the client connection by the coordinator).
+//
+// Worker timestamps come from the workers' clocks, not the coordinator's.
+// On one host (tests, standalone mode) they agree; across hosts the terms
+// mixing both clocks (queue, prefill, kv_transfer) are only as good as the
+// clock synchronisation (NTP: usually well under a millisecond). A term
+// whose boundaries are missing is 0; a term that comes out negative through
+// clock skew is clamped to 0.
+//
+// # Terms
+//
+//	ttft        = FirstToken − Arrival
+//	e2e         = LastToken − Arrival
+//	tpot        = (e2e − ttft) / (output_tokens − 1), 0 for one output token (vLLM's definition)
+//	queue       = PrefillStart − Arrival   (admission, routing and the prefill queue)
+//	prefill     = PrefillEnd − PrefillStart
+//	kv_transfer = KVDone − PrefillEnd      (the part of the transfer not hidden behind prefill compute)
+//	kv_stream   = KVDone − KVFirstByte     (the whole transfer, overlapped or not)
+//	decode      = LastToken − FirstToken
+//
+// With first-token policy "prefill" the first token leaves before the KV
+// transfer ends, so kv_transfer lands in the first inter-token gap; with
+// "decode" it is part of ttft. Every report names the policy.
+//
+// A Trace is not safe for concurrent use: one goroutine (the request's)
+// owns it.
+package budget

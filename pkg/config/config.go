@@ -1,0 +1,182 @@
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Built-in defaults, used where neither the file nor a flag sets a value.
+const (
+	DefaultMaxTokensCap     = 4096
+	DefaultDefaultMaxTokens = 16
+	DefaultQueueLimit       = 1024
+)
+
+// ErrInvalid is wrapped by every validation error of a policy.
+var ErrInvalid = errors.New("config: invalid policy")
+
+// Policy is the coordinator's serving policy.
+type Policy struct {
+	SLO     SLO     `yaml:"slo"`
+	Limits  Limits  `yaml:"limits"`
+	Budgets Budgets `yaml:"prompt_budgets"`
+	Routing Routing `yaml:"routing"`
+}
+
+// SLO holds latency targets in milliseconds; 0 means no target. Requests
+// meeting both targets count towards goodput.
+type SLO struct {
+	TTFTMs float64 `yaml:"ttft_ms"`
+	TPOTMs float64 `yaml:"tpot_ms"`
+}
+
+// Limits bounds what one request may ask and how many run at once.
+type Limits struct {
+	// MaxTokensCap is the largest max_tokens a request may ask (tokens, > 0).
+	MaxTokensCap int `yaml:"max_tokens_cap"`
+	// DefaultMaxTokens applies when a request gives no max_tokens
+	// (tokens, 1..MaxTokensCap).
+	DefaultMaxTokens int `yaml:"default_max_tokens"`
+	// QueueLimit is the number of requests admitted at once (waiting for a
+	// worker or running); one more is refused with 429.
+	QueueLimit int `yaml:"queue_limit"`
+}
+
+// Budgets holds prompt-token budgets by surface. A request's budget is that
+// of its API key when the key is listed, else that of its route when the
+// route is listed, else Default. 0 means unlimited.
+type Budgets struct {
+	Default int            `yaml:"default"`
+	Routes  map[string]int `yaml:"routes"`
+	APIKeys map[string]int `yaml:"api_keys"`
+}
+
+// Routing tunes the router.
+type Routing struct {
+	// LocalPrefillBelowTokens: prompts with fewer tokens prefill on the
+	// decode worker itself (conditional disaggregation); 0 = always remote.
+	LocalPrefillBelowTokens int `yaml:"local_prefill_below_tokens"`
+	// MaxQueuedPrefillTokens: a prefill worker with this many queued prompt
+	// tokens takes no more requests; 0 = unbounded.
+	MaxQueuedPrefillTokens int `yaml:"max_queued_prefill_tokens"`
+	// PrefixWeight: how many queued tokens one token of prefix-cache hit is
+	// worth when choosing a prefill worker; 0 disables prefix scoring.
+	PrefixWeight float64 `yaml:"prefix_weight"`
+}
+
+// Default returns the built-in policy: no SLO, no prompt budget, the
+// default caps and queue limit, always remote prefill.
+func Default() Policy {
+	return Policy{
+		Limits: Limits{
+			MaxTokensCap:     DefaultMaxTokensCap,
+			DefaultMaxTokens: DefaultDefaultMaxTokens,
+			QueueLimit:       DefaultQueueLimit,
+		},
+	}
+}
+
+// Load reads and validates the policy file at path. Fields absent from the
+// file keep their defaults. Errors: file errors, YAML errors (unknown
+// fields included), and errors wrapping ErrInvalid.
+func Load(path string) (Policy, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Policy{}, fmt.Errorf("config: %w", err)
+	}
+	p, err := Parse(data)
+	if err != nil {
+		return Policy{}, fmt.Errorf("config: %s: %w", path, err)
+	}
+	return p, nil
+}
+
+// Parse decodes a YAML policy over the defaults and validates it. Unknown
+// fields are errors, so that a typo does not silently drop a budget.
+func Parse(data []byte) (Policy, error) {
+	p := Default()
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&p); err != nil && !errors.Is(err, io.EOF) {
+		return Policy{}, fmt.Errorf("config: parse: %w", err)
+	}
+	if err := p.Validate(); err != nil {
+		return Policy{}, err
+	}
+	return p, nil
+}
+
+// Validate reports the first problem found, wrapping ErrInvalid.
+func (p Policy) Validate() error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, a...)...)
+	}
+	switch {
+	case p.SLO.TTFTMs < 0 || p.SLO.TPOTMs < 0:
+		return bad("slo targets must be ≥ 0 (ttft_ms %v, tpot_ms %v)", p.SLO.TTFTMs, p.SLO.TPOTMs)
+	case p.Limits.MaxTokensCap <= 0:
+		return bad("limits.max_tokens_cap must be > 0, got %d", p.Limits.MaxTokensCap)
+	case p.Limits.DefaultMaxTokens <= 0 || p.Limits.DefaultMaxTokens > p.Limits.MaxTokensCap:
+		return bad("limits.default_max_tokens must be in 1..max_tokens_cap (%d), got %d", p.Limits.MaxTokensCap, p.Limits.DefaultMaxTokens)
+	case p.Limits.QueueLimit <= 0:
+		return bad("limits.queue_limit must be > 0, got %d", p.Limits.QueueLimit)
+	case p.Budgets.Default < 0:
+		return bad("prompt_budgets.default must be ≥ 0, got %d", p.Budgets.Default)
+	case p.Routing.LocalPrefillBelowTokens < 0 || p.Routing.MaxQueuedPrefillTokens < 0 || p.Routing.PrefixWeight < 0:
+		return bad("routing values must be ≥ 0")
+	}
+	for _, m := range []struct {
+		name string
+		m    map[string]int
+	}{{"routes", p.Budgets.Routes}, {"api_keys", p.Budgets.APIKeys}} {
+		for _, k := range sortedKeys(m.m) {
+			if k == "" || m.m[k] < 0 {
+				return bad("prompt_budgets.%s: entry %q must have a non-empty name and a budget ≥ 0", m.name, redact(m.name, k))
+			}
+		}
+	}
+	return nil
+}
+
+// Budget returns the prompt-token budget of a request on route with apiKey
+// ("" when the request carries none), and a name of the surface it came
+// from for error messages and logs ("api key …abcd", "route /v1/…",
+// "default"). The API key itself never appears in the name. A budget of 0
+// means unlimited.
+func (b Budgets) Budget(route, apiKey string) (limit int, surface string) {
+	if apiKey != "" {
+		if n, ok := b.APIKeys[apiKey]; ok {
+			return n, "api key " + redact("api_keys", apiKey)
+		}
+	}
+	if n, ok := b.Routes[route]; ok {
+		return n, "route " + route
+	}
+	return b.Default, "default"
+}
+
+// redact keeps the last 4 characters of an API key.
+func redact(kind, key string) string {
+	if kind != "api_keys" {
+		return key
+	}
+	if len(key) <= 4 {
+		return "…"
+	}
+	return "…" + key[len(key)-4:]
+}
+
+func sortedKeys(m map[string]int) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}

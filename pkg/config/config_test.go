@@ -1,0 +1,118 @@
+package config
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestParse(t *testing.T) {
+	tests := []struct {
+		name    string
+		yaml    string
+		want    Policy
+		wantErr error // nil: success; errInvalid or errAny otherwise
+	}{
+		{name: "empty file keeps defaults", yaml: "", want: Default()},
+		{
+			name: "full file",
+			yaml: `
+slo: {ttft_ms: 500, tpot_ms: 50}
+limits: {max_tokens_cap: 128, default_max_tokens: 8, queue_limit: 4}
+prompt_budgets:
+  default: 100
+  routes: {/v1/chat/completions: 50}
+  api_keys: {key-1234: 10}
+routing: {local_prefill_below_tokens: 32, max_queued_prefill_tokens: 4096, prefix_weight: 0.5}
+`,
+			want: Policy{
+				SLO:    SLO{TTFTMs: 500, TPOTMs: 50},
+				Limits: Limits{MaxTokensCap: 128, DefaultMaxTokens: 8, QueueLimit: 4},
+				Budgets: Budgets{
+					Default: 100,
+					Routes:  map[string]int{"/v1/chat/completions": 50},
+					APIKeys: map[string]int{"key-1234": 10},
+				},
+				Routing: Routing{LocalPrefillBelowTokens: 32, MaxQueuedPrefillTokens: 4096, PrefixWeight: 0.5},
+			},
+		},
+		{
+			name: "partial limits keep other defaults",
+			yaml: "limits: {queue_limit: 7}",
+			want: func() Policy { p := Default(); p.Limits.QueueLimit = 7; return p }(),
+		},
+		{name: "unknown field", yaml: "limits: {max_tokens: 3}", wantErr: errAny},
+		{name: "bad yaml", yaml: "slo: [", wantErr: errAny},
+		{name: "negative slo", yaml: "slo: {ttft_ms: -1}", wantErr: ErrInvalid},
+		{name: "zero cap", yaml: "limits: {max_tokens_cap: 0}", wantErr: ErrInvalid},
+		{name: "default over cap", yaml: "limits: {max_tokens_cap: 8, default_max_tokens: 9}", wantErr: ErrInvalid},
+		{name: "zero queue limit", yaml: "limits: {queue_limit: 0}", wantErr: ErrInvalid},
+		{name: "negative budget", yaml: "prompt_budgets: {routes: {/x: -1}}", wantErr: ErrInvalid},
+		{name: "negative routing", yaml: "routing: {prefix_weight: -1}", wantErr: ErrInvalid},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Parse([]byte(tc.yaml))
+			switch {
+			case tc.wantErr == nil && err != nil:
+				t.Fatalf("Parse: %v", err)
+			case tc.wantErr == errAny && err == nil, tc.wantErr != nil && tc.wantErr != errAny && !errors.Is(err, tc.wantErr):
+				t.Fatalf("Parse error = %v, want %v", err, tc.wantErr)
+			case tc.wantErr != nil:
+				return
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("Parse (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+var errAny = errors.New("any error")
+
+func TestLoad(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(path, []byte("limits: {max_tokens_cap: 64}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p, err := Load(path)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	if p.Limits.MaxTokensCap != 64 {
+		t.Errorf("MaxTokensCap = %d, want 64", p.Limits.MaxTokensCap)
+	}
+	if _, err := Load(filepath.Join(t.TempDir(), "missing.yaml")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Load(missing) error = %v, want os.ErrNotExist", err)
+	}
+}
+
+func TestBudget(t *testing.T) {
+	b := Budgets{
+		Default: 100,
+		Routes:  map[string]int{"/v1/chat/completions": 50},
+		APIKeys: map[string]int{"secret-key-9876": 10, "abc": 0},
+	}
+	tests := []struct {
+		route, key  string
+		wantLimit   int
+		wantSurface string
+	}{
+		{"/v1/completions", "", 100, "default"},
+		{"/v1/chat/completions", "", 50, "route /v1/chat/completions"},
+		{"/v1/chat/completions", "secret-key-9876", 10, "api key …9876"},
+		{"/v1/completions", "unknown", 100, "default"},
+		{"/v1/completions", "abc", 0, "api key …"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.route+"/"+tc.key, func(t *testing.T) {
+			limit, surface := b.Budget(tc.route, tc.key)
+			if limit != tc.wantLimit || surface != tc.wantSurface {
+				t.Errorf("Budget(%q, %q) = %d, %q; want %d, %q", tc.route, tc.key, limit, surface, tc.wantLimit, tc.wantSurface)
+			}
+		})
+	}
+}

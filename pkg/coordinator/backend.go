@@ -1,0 +1,636 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
+	"github.com/pdserve/pdserve/pkg/budget"
+	"github.com/pdserve/pdserve/pkg/control"
+	"github.com/pdserve/pdserve/pkg/frontend"
+	"github.com/pdserve/pdserve/pkg/kv"
+	"github.com/pdserve/pdserve/pkg/metrics"
+	"github.com/pdserve/pdserve/pkg/router"
+)
+
+// rpcTimeout bounds the unary calls of the request flow (Reserve, Cancel,
+// Release).
+const rpcTimeout = 10 * time.Second
+
+// maxRecoveries bounds the decode-worker failovers of one request.
+const maxRecoveries = 3
+
+// backend runs requests over the workers: it implements frontend.Backend.
+// Safe for concurrent use.
+type backend struct {
+	mode      string
+	policy    string // first-token policy
+	codec     string
+	eos       int32
+	log       *zap.Logger
+	members   *control.Membership
+	router    *router.Router
+	conns     *conns
+	metrics   *metrics.Metrics
+	now       func() time.Time
+	admission chan struct{} // one slot per admitted request
+	// prefixBlockTokens > 0 hashes each prompt's full blocks of that many
+	// tokens (kv.HashBlocks from the plain root, as workers publish their
+	// prefix digests) for prefix-aware routing; 0 skips it.
+	prefixBlockTokens int
+
+	mu      sync.Mutex
+	running int           // Complete calls in progress
+	changed chan struct{} // closed and replaced when running drops
+}
+
+var _ frontend.Backend = (*backend)(nil)
+
+func (b *backend) decodeRole() control.Role {
+	if b.mode == ModeColocated {
+		return control.RoleColocated
+	}
+	return control.RoleDecode
+}
+
+// workers returns the live, non-draining members of role as router input.
+func (b *backend) workers(role control.Role) []router.Worker {
+	hbs := b.members.Members(role)
+	out := make([]router.Worker, len(hbs))
+	for i, hb := range hbs {
+		out[i] = router.Worker{
+			ID: hb.ID, Addr: hb.GRPCAddr,
+			KVBlocksFree: hb.KVBlocksFree, KVBlocksTotal: hb.KVBlocksTotal,
+			QueuedPrefillTokens: hb.QueuedPrefillTokens, RunningBatch: hb.RunningBatch,
+			PrefixDigest: hb.PrefixDigest, Draining: hb.Draining, Time: hb.Time,
+		}
+	}
+	return out
+}
+
+// Complete implements frontend.Backend: admission, routing, the request
+// flow over the workers, recovery from a failed decode worker, and
+// cleanup (both RPCs cancelled, the decode worker's KV and the prefill
+// worker's retained KV released) on every path.
+func (b *backend) Complete(ctx context.Context, req *frontend.Request, emit frontend.EmitFunc) (string, error) {
+	select {
+	case b.admission <- struct{}{}:
+	default:
+		return "", fmt.Errorf("%w: %d requests in flight, the queue limit", frontend.ErrOverloaded, cap(b.admission))
+	}
+	defer func() { <-b.admission }()
+	b.track(1)
+	defer b.track(-1)
+	b.metrics.AddInFlight(1)
+	defer b.metrics.AddInFlight(-1)
+	defer b.router.Done(req.ID)
+
+	r := &run{
+		b: b, ctx: ctx, req: req, tr: req.Trace, emit: emit,
+		events:  make(chan event),
+		exclude: make(map[string]bool),
+	}
+	return r.serve()
+}
+
+func (b *backend) track(delta int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.running += delta
+	if delta < 0 && b.changed != nil {
+		close(b.changed)
+		b.changed = nil
+	}
+}
+
+// waitIdle blocks until no Complete call is in progress (each has freed
+// its workers' KV) or ctx ends, returning ctx's error.
+func (b *backend) waitIdle(ctx context.Context) error {
+	for {
+		b.mu.Lock()
+		if b.running == 0 {
+			b.mu.Unlock()
+			return nil
+		}
+		if b.changed == nil {
+			b.changed = make(chan struct{})
+		}
+		ch := b.changed
+		b.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// eventKind tells what a worker goroutine reports.
+type eventKind int
+
+const (
+	evPrefill     eventKind = iota // a PrefillResponse
+	evPrefillEnd                   // the Prefill stream ended (err nil: cleanly)
+	evGenerate                     // a GenerateResponse
+	evGenerateEnd                  // the Generate stream ended
+	evResend                       // Resend returned
+)
+
+type event struct {
+	kind    eventKind
+	attempt int // decode attempt the event belongs to
+	pre     *pdservev1.PrefillResponse
+	gen     *pdservev1.GenerateResponse
+	resend  *pdservev1.ResendResponse
+	err     error
+}
+
+// run is one request in flight. Only the goroutine running serve touches
+// its fields; worker goroutines report through events.
+type run struct {
+	b    *backend
+	ctx  context.Context
+	req  *frontend.Request
+	tr   *budget.Trace
+	emit frontend.EmitFunc
+
+	events  chan event
+	live    int // goroutines that still owe an end event
+	cancels []context.CancelFunc
+
+	out []int32 // tokens handed to the client so far
+
+	remote       bool // KV from a prefill worker
+	prefill      router.Worker
+	prefillEnded bool
+	gotFirst     bool // the prefill worker reported the first token: its KV is complete
+
+	attempt       int
+	decode        router.Worker
+	reserved      bool // the current decode worker holds a reservation or sequence
+	decodePos     int  // output position of the next token of the current Generate stream
+	decodeEnded   bool
+	resendPending bool
+	finish        string
+
+	exclude         map[string]bool
+	waitingRecovery bool
+	failure         error // why the last decode worker failed
+}
+
+func (r *run) serve() (finish string, err error) {
+	defer func() { r.cleanup(err) }()
+	dec, err := r.place(false)
+	if err != nil {
+		return "", err
+	}
+	r.tr.Routed = r.b.now()
+	r.remote = !dec.Local
+	r.tr.PrefixHitTokens = dec.PrefixHitTokens
+	switch {
+	case r.b.mode == ModeColocated:
+		r.tr.Mode, r.tr.FirstTokenPolicy = ModeColocated, PolicyDecode
+	case dec.Local:
+		r.tr.Mode, r.tr.FirstTokenPolicy = "local", PolicyDecode
+	default:
+		r.tr.Mode, r.tr.FirstTokenPolicy = ModeDisaggregated, r.b.policy
+		r.prefill = dec.Prefill
+		r.tr.PrefillWorker = dec.Prefill.ID
+		if err := r.startPrefill(); err != nil {
+			return "", err
+		}
+	}
+	if err := r.startDecode(); err != nil {
+		return "", err
+	}
+	for !r.done() {
+		if err := r.handle(<-r.events); err != nil {
+			return "", err
+		}
+	}
+	return r.finish, nil
+}
+
+// done reports whether the request finished and every stream ended.
+func (r *run) done() bool {
+	return r.finish != "" && r.decodeEnded && !r.resendPending && (!r.remote || r.prefillEnded)
+}
+
+// place routes the request and reserves KV on the chosen decode worker,
+// trying the next one when a worker is full or gone. decodeOnly keeps the
+// prefill side as it is (recovery).
+func (r *run) place(decodeOnly bool) (router.Decision, error) {
+	rreq := router.Request{ID: r.req.ID, PromptTokens: len(r.req.Prompt), MaxTokens: r.req.MaxTokens, DecodeOnly: decodeOnly}
+	if n := r.b.prefixBlockTokens; n > 0 && !decodeOnly {
+		for _, h := range kv.HashBlocks(0, r.req.Prompt, n) {
+			rreq.PrefixHashes = append(rreq.PrefixHashes, uint64(h))
+		}
+	}
+	full := 0
+	for {
+		var prefills []router.Worker
+		if r.b.mode == ModeDisaggregated && !decodeOnly {
+			prefills = r.b.workers(control.RolePrefill)
+		}
+		dec, err := r.b.router.Route(r.b.now(), rreq, r.b.workers(r.b.decodeRole()), prefills, r.exclude)
+		switch {
+		case errors.Is(err, router.ErrNoDecodeWorkers) && full > 0:
+			return dec, fmt.Errorf("%w: every decode worker lacks KV blocks for %d tokens", frontend.ErrOverloaded, rreq.PromptTokens+rreq.MaxTokens)
+		case errors.Is(err, router.ErrNoCapacity):
+			return dec, fmt.Errorf("%w: %w", frontend.ErrOverloaded, err)
+		case err != nil:
+			return dec, fmt.Errorf("%w: %w", frontend.ErrUnavailable, err)
+		}
+		if decodeOnly {
+			r.b.router.PrefillDone(r.req.ID)
+		}
+		err = r.reserve(dec.Decode)
+		switch code := status.Code(err); {
+		case err == nil:
+			r.decode, r.reserved = dec.Decode, true
+			r.tr.DecodeWorker = dec.Decode.ID
+			return dec, nil
+		case r.ctx.Err() != nil:
+			// The reservation may have been made: cleanup cancels it.
+			r.decode, r.reserved = dec.Decode, true
+			return dec, r.ctx.Err()
+		case code == codes.ResourceExhausted:
+			full++
+			r.exclude[dec.Decode.ID] = true
+		case code == codes.Unavailable, code == codes.Canceled, code == codes.DeadlineExceeded:
+			r.b.log.Warn("reserve failed; trying another decode worker", zap.String("request_id", r.req.ID),
+				zap.String("worker", dec.Decode.ID), zap.Error(err))
+			r.exclude[dec.Decode.ID] = true
+		default:
+			return dec, grpcError(fmt.Sprintf("reserve on decode worker %s", dec.Decode.ID), err)
+		}
+	}
+}
+
+func (r *run) reserve(w router.Worker) error {
+	cc, err := r.b.conns.get(w.Addr)
+	if err != nil {
+		return status.Error(codes.Unavailable, err.Error())
+	}
+	ctx, cancel := context.WithTimeout(r.ctx, rpcTimeout)
+	defer cancel()
+	_, err = pdservev1.NewDecodeServiceClient(cc).Reserve(ctx, &pdservev1.ReserveRequest{
+		RequestId: r.req.ID, Tokens: int32(len(r.req.Prompt) + r.req.MaxTokens),
+	})
+	return err
+}
+
+func (r *run) sampling() *pdservev1.Sampling {
+	s := r.req.Sampling
+	return &pdservev1.Sampling{Temperature: s.Temperature, TopP: s.TopP, Seed: s.Seed}
+}
+
+// spawn runs f in a goroutine with a child context; f's result is sent as
+// an event. Every spawned goroutine sends exactly one event of an end kind.
+func (r *run) spawn(f func(ctx context.Context) event) {
+	ctx, cancel := context.WithCancel(r.ctx)
+	r.cancels = append(r.cancels, cancel)
+	r.live++
+	go func() {
+		r.events <- f(ctx)
+	}()
+}
+
+func (r *run) startPrefill() error {
+	cc, err := r.b.conns.get(r.prefill.Addr)
+	if err != nil {
+		return err
+	}
+	preq := &pdservev1.PrefillRequest{
+		RequestId: r.req.ID, PromptTokens: r.req.Prompt, Sampling: r.sampling(),
+		DecodeAddr: r.decode.Addr, Codec: r.b.codec,
+	}
+	r.spawn(func(ctx context.Context) event {
+		stream, err := pdservev1.NewPrefillServiceClient(cc).Prefill(ctx, preq)
+		for err == nil {
+			var resp *pdservev1.PrefillResponse
+			if resp, err = stream.Recv(); err == nil {
+				r.events <- event{kind: evPrefill, pre: resp}
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			err = nil
+		}
+		return event{kind: evPrefillEnd, err: err}
+	})
+	return nil
+}
+
+func (r *run) startDecode() error {
+	cc, err := r.b.conns.get(r.decode.Addr)
+	if err != nil {
+		return err
+	}
+	greq := &pdservev1.GenerateRequest{
+		RequestId: r.req.ID, PromptTokens: r.req.Prompt, Sampling: r.sampling(),
+		MaxTokens: int32(r.req.MaxTokens), LocalPrefill: !r.remote, IgnoreEos: r.req.IgnoreEOS,
+		GeneratedTokens: slices.Clone(r.out),
+	}
+	attempt := r.attempt
+	r.decodePos, r.decodeEnded = len(r.out), false
+	r.spawn(func(ctx context.Context) event {
+		stream, err := pdservev1.NewDecodeServiceClient(cc).Generate(ctx, greq)
+		for err == nil {
+			var resp *pdservev1.GenerateResponse
+			if resp, err = stream.Recv(); err == nil {
+				r.events <- event{kind: evGenerate, attempt: attempt, gen: resp}
+			}
+		}
+		if errors.Is(err, io.EOF) {
+			err = nil
+		}
+		return event{kind: evGenerateEnd, attempt: attempt, err: err}
+	})
+	return nil
+}
+
+func (r *run) startResend() error {
+	cc, err := r.b.conns.get(r.prefill.Addr)
+	if err != nil {
+		return err
+	}
+	rreq := &pdservev1.ResendRequest{RequestId: r.req.ID, DecodeAddr: r.decode.Addr, Codec: r.b.codec}
+	attempt := r.attempt
+	r.resendPending = true
+	r.spawn(func(ctx context.Context) event {
+		resp, err := pdservev1.NewPrefillServiceClient(cc).Resend(ctx, rreq)
+		return event{kind: evResend, attempt: attempt, resend: resp, err: err}
+	})
+	return nil
+}
+
+// handle applies one event; an error ends the request.
+func (r *run) handle(ev event) error {
+	switch ev.kind {
+	case evPrefill:
+		return r.onPrefill(ev.pre)
+
+	case evPrefillEnd:
+		r.live--
+		r.prefillEnded = true
+		if ev.err != nil && r.ctx.Err() == nil {
+			r.b.log.Debug("prefill stream failed", zap.String("request_id", r.req.ID), zap.String("worker", r.prefill.ID), zap.Error(ev.err))
+			if !r.gotFirst {
+				return grpcError(fmt.Sprintf("prefill on worker %s", r.prefill.ID), ev.err)
+			}
+			// The prompt was prefilled and the KV is retained; the transfer
+			// failed. The decode stream fails too and recovers by Resend.
+		}
+		if r.waitingRecovery {
+			return r.recover()
+		}
+
+	case evGenerate:
+		if ev.attempt != r.attempt {
+			return nil
+		}
+		return r.onGenerate(ev.gen)
+
+	case evGenerateEnd:
+		r.live--
+		if ev.attempt != r.attempt {
+			return nil
+		}
+		r.decodeEnded = true
+		switch {
+		case r.finish != "":
+			r.reserved = false // the worker freed the sequence
+			return nil
+		case r.ctx.Err() != nil:
+			return r.ctx.Err()
+		case ev.err == nil:
+			return fmt.Errorf("coordinator: decode worker %s ended request %s without a finish reason", r.decode.ID, r.req.ID)
+		case !recoverable(ev.err):
+			return grpcError(fmt.Sprintf("generate on decode worker %s", r.decode.ID), ev.err)
+		}
+		return r.startRecovery(ev.err)
+
+	case evResend:
+		r.live--
+		r.resendPending = false
+		if ev.attempt != r.attempt {
+			return nil
+		}
+		if ev.err != nil {
+			if r.ctx.Err() != nil {
+				return r.ctx.Err()
+			}
+			return fmt.Errorf("coordinator: decode worker failed (%v) and prefill worker %s could not re-send the KV of %s: %w",
+				r.failure, r.prefill.ID, r.req.ID, ev.err)
+		}
+		r.addKV(ev.resend.GetKvDone())
+	}
+	return nil
+}
+
+func (r *run) onPrefill(resp *pdservev1.PrefillResponse) error {
+	switch e := resp.GetEvent().(type) {
+	case *pdservev1.PrefillResponse_Queued:
+		setOnce(&r.tr.PrefillQueued, e.Queued.GetUnixNano())
+	case *pdservev1.PrefillResponse_FirstToken:
+		ft := e.FirstToken
+		r.gotFirst = true
+		r.b.router.PrefillDone(r.req.ID)
+		setOnce(&r.tr.PrefillStart, ft.GetPrefillStartUnixNano())
+		setOnce(&r.tr.PrefillEnd, ft.GetPrefillEndUnixNano())
+		r.tr.PrefillBatch = int(ft.GetBatchSize())
+		r.tr.PrefixHitTokens = int(ft.GetPrefixHitTokens())
+		tok := ft.GetToken()
+		if r.b.policy == PolicyPrefill && r.attempt == 0 && len(r.out) == 0 && (r.req.IgnoreEOS || tok != r.b.eos) {
+			// An EOS first token is left to the decode stream, which ends
+			// the request with it.
+			return r.deliver(0, []int32{tok})
+		}
+	case *pdservev1.PrefillResponse_KvDone:
+		r.addKV(e.KvDone)
+	}
+	return nil
+}
+
+func (r *run) addKV(kd *pdservev1.KVDone) {
+	if kd == nil {
+		return
+	}
+	setOnce(&r.tr.KVFirstByte, kd.GetFirstByteUnixNano())
+	setOnce(&r.tr.KVDone, kd.GetDoneUnixNano())
+	r.tr.KVBytesRaw += kd.GetBytesRaw()
+	r.tr.KVBytesWire += kd.GetBytesWire()
+	if kd.GetCodec() != "" {
+		r.tr.Codec = kd.GetCodec()
+	}
+}
+
+func (r *run) onGenerate(resp *pdservev1.GenerateResponse) error {
+	for _, s := range resp.GetStamps() {
+		switch s.GetName() {
+		case "kv_first_byte":
+			setOnce(&r.tr.KVFirstByte, s.GetUnixNano())
+		case "kv_done":
+			setOnce(&r.tr.KVDone, s.GetUnixNano())
+		case "prefill_start":
+			setOnce(&r.tr.PrefillStart, s.GetUnixNano())
+		case "prefill_end":
+			setOnce(&r.tr.PrefillEnd, s.GetUnixNano())
+		case "decode_joined":
+			setOnce(&r.tr.DecodeJoined, s.GetUnixNano())
+		}
+	}
+	r.tr.BatchSize = max(r.tr.BatchSize, int(resp.GetBatchSize()))
+	toks := resp.GetTokens()
+	pos := r.decodePos
+	r.decodePos += len(toks)
+	if f := resp.GetFinishReason(); f != "" {
+		r.finish = f
+	}
+	if !r.req.IgnoreEOS && len(toks) > 0 && toks[len(toks)-1] == r.b.eos {
+		// Without ignore_eos an EOS token ends the sequence, so it is the
+		// last token (its finish may come in a later event); the client
+		// never sees it.
+		toks = toks[:len(toks)-1]
+	}
+	return r.deliver(pos, toks)
+}
+
+// deliver hands the tokens at output positions pos… to the client,
+// skipping those it already has (the first token under policy "prefill").
+func (r *run) deliver(pos int, toks []int32) error {
+	if pos > len(r.out) {
+		return fmt.Errorf("coordinator: request %s: tokens from position %d arrived with %d delivered", r.req.ID, pos, len(r.out))
+	}
+	skip := min(len(r.out)-pos, len(toks))
+	for i := range skip {
+		if r.out[pos+i] != toks[i] {
+			r.b.log.Warn("decode worker's token differs from the one already sent",
+				zap.String("request_id", r.req.ID), zap.Int("position", pos+i),
+				zap.Int32("sent", r.out[pos+i]), zap.Int32("decode", toks[i]))
+		}
+	}
+	toks = toks[skip:]
+	if len(toks) == 0 {
+		return nil
+	}
+	r.out = append(r.out, toks...)
+	return r.emit(toks)
+}
+
+// startRecovery begins moving the request off a failed decode worker.
+func (r *run) startRecovery(cause error) error {
+	r.failure = fmt.Errorf("decode worker %s: %w", r.decode.ID, cause)
+	r.reserved = false
+	r.exclude[r.decode.ID] = true
+	r.tr.Recoveries++
+	if r.tr.Recoveries > maxRecoveries {
+		return fmt.Errorf("coordinator: request %s: giving up after %d decode failures: %w", r.req.ID, maxRecoveries, r.failure)
+	}
+	r.b.log.Warn("decode worker failed; recovering the request", zap.String("request_id", r.req.ID),
+		zap.String("worker", r.decode.ID), zap.Int("tokens_sent", len(r.out)), zap.Error(cause))
+	if r.remote && !r.prefillEnded {
+		// Wait until the prefill worker finished with the prompt: Resend
+		// needs its complete KV.
+		r.waitingRecovery = true
+		return nil
+	}
+	return r.recover()
+}
+
+// recover re-reserves on another decode worker and resumes generation
+// there: from KV re-sent by the prefill worker (remote prefill) or by
+// prefilling locally (local prefill), with the tokens already sent as
+// generated_tokens.
+func (r *run) recover() error {
+	r.waitingRecovery = false
+	if r.remote && !r.gotFirst {
+		return fmt.Errorf("coordinator: request %s: %w, and its prompt's KV never completed on prefill worker %s", r.req.ID, r.failure, r.prefill.ID)
+	}
+	if _, err := r.place(true); err != nil {
+		return fmt.Errorf("coordinator: request %s: %v; no other decode worker could take it: %w", r.req.ID, r.failure, err)
+	}
+	r.attempt++
+	if err := r.startDecode(); err != nil {
+		return err
+	}
+	if r.remote {
+		return r.startResend()
+	}
+	return nil
+}
+
+// cleanup cancels what still runs, waits for every goroutine, and frees
+// the request's KV on the workers.
+func (r *run) cleanup(err error) {
+	for _, cancel := range r.cancels {
+		cancel()
+	}
+	for r.live > 0 {
+		switch ev := <-r.events; ev.kind {
+		case evPrefillEnd, evGenerateEnd, evResend:
+			r.live--
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), rpcTimeout)
+	defer cancel()
+	if err != nil && r.reserved {
+		// Frees a reservation whose Generate never started, or a sequence
+		// the cancelled call has not freed yet. Best effort: the worker
+		// also frees it when the call ends or the reservation expires.
+		if cc, cerr := r.b.conns.get(r.decode.Addr); cerr == nil {
+			if _, cerr := pdservev1.NewDecodeServiceClient(cc).Cancel(ctx, &pdservev1.CancelRequest{RequestId: r.req.ID}); cerr != nil {
+				r.b.log.Debug("cancel on decode worker failed", zap.String("request_id", r.req.ID), zap.Error(cerr))
+			}
+		}
+	}
+	if r.remote {
+		if cc, cerr := r.b.conns.get(r.prefill.Addr); cerr == nil {
+			if _, cerr := pdservev1.NewPrefillServiceClient(cc).Release(ctx, &pdservev1.ReleaseRequest{RequestId: r.req.ID}); cerr != nil {
+				r.b.log.Warn("release on prefill worker failed", zap.String("request_id", r.req.ID),
+					zap.String("worker", r.prefill.ID), zap.Error(cerr))
+			}
+		}
+	}
+}
+
+// recoverable reports whether a Generate failure means the decode worker
+// (or the KV transfer to it) failed, so that another worker may finish the
+// request.
+func recoverable(err error) bool {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.Canceled, codes.Aborted, codes.Internal, codes.Unknown, codes.DeadlineExceeded:
+		return true
+	}
+	return false
+}
+
+// grpcError wraps a worker's error with the frontend sentinel its code
+// maps to.
+func grpcError(op string, err error) error {
+	switch status.Code(err) {
+	case codes.InvalidArgument, codes.OutOfRange:
+		return fmt.Errorf("%w: %s: %w", frontend.ErrInvalid, op, err)
+	case codes.ResourceExhausted:
+		return fmt.Errorf("%w: %s: %w", frontend.ErrOverloaded, op, err)
+	case codes.Unavailable:
+		return fmt.Errorf("%w: %s: %w", frontend.ErrUnavailable, op, err)
+	}
+	return fmt.Errorf("coordinator: %s: %w", op, err)
+}
+
+// setOnce sets *t from Unix nanoseconds unless it is set or ns is 0.
+func setOnce(t *time.Time, ns int64) {
+	if t.IsZero() && ns != 0 {
+		*t = time.Unix(0, ns)
+	}
+}

@@ -1,0 +1,356 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.uber.org/zap"
+
+	"github.com/pdserve/pdserve/pkg/control"
+	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/frontend"
+	"github.com/pdserve/pdserve/pkg/metrics"
+	"github.com/pdserve/pdserve/pkg/router"
+	"github.com/pdserve/pdserve/pkg/tokenizer"
+	"github.com/pdserve/pdserve/pkg/workerrun"
+)
+
+// natsStopTimeout bounds draining the NATS connection at shutdown.
+const natsStopTimeout = 5 * time.Second
+
+// prefixBlockTokens is the block size of prompt prefix hashes; it must
+// match the workers' KV block size (the decode workers' default).
+const prefixBlockTokens = 16
+
+// Coordinator is a started coordinator. Its methods are safe for
+// concurrent use.
+type Coordinator struct {
+	o   Options
+	log *zap.Logger
+	reg *prometheus.Registry
+
+	ns      *server.Server // embedded NATS, or nil
+	natsURL string
+	nc      *nats.Conn
+	ncDone  chan struct{} // closed when nc closed
+	members *control.Membership
+	stopW   func() // stops the membership watch
+
+	conns   *conns
+	backend *backend
+	http    *http.Server
+	lis     net.Listener
+	workers []*workerrun.Worker
+
+	shutting atomic.Bool
+	bgCancel context.CancelFunc
+	wg       sync.WaitGroup
+	serveErr chan error // the HTTP server's failure
+
+	shutdownOnce sync.Once
+	shutdownErr  error
+}
+
+// Start builds and starts a coordinator from validated, completed options.
+// It returns once the HTTP listener is open (HTTPAddr is valid) and, in
+// standalone mode, the workers are started (they join the membership with
+// their first heartbeat). ctx bounds only the start. Errors: listen, NATS
+// and worker start errors, wrapped; what was started is stopped again.
+func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	c = &Coordinator{o: o, log: log, reg: prometheus.NewRegistry(), conns: newConns(), serveErr: make(chan error, 1)}
+	c.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	defer func() {
+		if err != nil {
+			c.closeAll(context.Background())
+			c = nil
+		}
+	}()
+
+	c.natsURL = o.NATSURL
+	if c.natsURL == "" {
+		if c.ns, c.natsURL, err = control.StartEmbedded(o.NATSListen); err != nil {
+			return c, fmt.Errorf("coordinator: %w", err)
+		}
+		log.Info("embedded NATS server started", zap.String("url", c.natsURL))
+	}
+	ncDone := make(chan struct{})
+	if c.nc, err = nats.Connect(c.natsURL, nats.Name("pdserve-coordinator"), nats.MaxReconnects(-1),
+		nats.DrainTimeout(natsStopTimeout), nats.ClosedHandler(func(*nats.Conn) { close(ncDone) })); err != nil {
+		return c, fmt.Errorf("coordinator: nats connect %s: %w", c.natsURL, err)
+	}
+	c.ncDone = ncDone
+	c.members = control.NewMembership(o.HeartbeatTTL)
+	if c.stopW, err = control.Watch(ctx, c.nc, c.members, time.Now, max(o.HeartbeatTTL/4, 10*time.Millisecond)); err != nil {
+		return c, fmt.Errorf("coordinator: %w", err)
+	}
+
+	var tok engine.Tokenizer = tokenizer.Bytes{}
+	if o.Standalone {
+		if err := c.startWorkers(ctx); err != nil {
+			return c, err
+		}
+		tok = c.workers[0].Engine().Tokenizer()
+	}
+
+	m := metrics.New(c.reg, metrics.SLO{
+		TTFT: time.Duration(o.Policy.SLO.TTFTMs * float64(time.Millisecond)),
+		TPOT: time.Duration(o.Policy.SLO.TPOTMs * float64(time.Millisecond)),
+	})
+	c.backend = &backend{
+		mode: o.Mode, policy: o.FirstTokenPolicy, codec: o.Codec, eos: tok.EOS(),
+		log: log, members: c.members, conns: c.conns, metrics: m, now: time.Now,
+		router: router.New(router.Config{
+			BlockTokens:             prefixBlockTokens,
+			Colocated:               o.Mode == ModeColocated,
+			LocalPrefillBelowTokens: o.Policy.Routing.LocalPrefillBelowTokens,
+			MaxQueuedPrefillTokens:  o.Policy.Routing.MaxQueuedPrefillTokens,
+			PrefixWeight:            o.Policy.Routing.PrefixWeight,
+		}),
+		admission: make(chan struct{}, o.Policy.Limits.QueueLimit),
+	}
+	if r := o.Policy.Routing; r.PrefixWeight > 0 || r.LocalPrefillBelowTokens > 0 {
+		c.backend.prefixBlockTokens = prefixBlockTokens
+	}
+	fe, err := frontend.New(frontend.Options{
+		Backend: c.backend, Tokenizer: tok, Policy: o.Policy,
+		Models: c.Models, Ready: c.Ready, Metrics: m, Gatherer: c.reg,
+		Logger: log.Named("request"), RetryAfter: o.RetryAfter,
+	})
+	if err != nil {
+		return c, fmt.Errorf("coordinator: %w", err)
+	}
+	if c.lis, err = net.Listen("tcp", o.HTTPAddr); err != nil {
+		return c, fmt.Errorf("coordinator: http listen: %w", err)
+	}
+	c.http = &http.Server{Handler: fe, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+
+	bg, cancel := context.WithCancel(context.Background())
+	c.bgCancel = cancel
+	c.wg.Go(func() {
+		if err := c.http.Serve(c.lis); !errors.Is(err, http.ErrServerClosed) {
+			c.serveErr <- fmt.Errorf("coordinator: http serve: %w", err)
+		}
+	})
+	c.wg.Go(func() { c.housekeep(bg, m) })
+	log.Info("coordinator started", zap.String("http_addr", c.HTTPAddr()), zap.String("nats_url", c.natsURL))
+	return c, nil
+}
+
+// startWorkers starts the standalone workers.
+func (c *Coordinator) startWorkers(ctx context.Context) error {
+	type spec struct {
+		role  control.Role
+		count int
+	}
+	specs := []spec{{control.RolePrefill, c.o.PrefillWorkers}, {control.RoleDecode, c.o.DecodeWorkers}}
+	if c.o.Mode == ModeColocated {
+		specs = []spec{{control.RoleColocated, c.o.DecodeWorkers}}
+	}
+	for _, s := range specs {
+		for i := range s.count {
+			wo := workerrun.NewDecodeOptions()
+			if s.role == control.RolePrefill {
+				wo = workerrun.NewPrefillOptions()
+			}
+			wo.Role = s.role
+			wo.ID = fmt.Sprintf("%s-%d", s.role, i)
+			wo.GRPCAddr, wo.MetricsAddr, wo.NATSURL = "127.0.0.1:0", "", c.natsURL
+			wo.Engine = c.o.Engine
+			wo.LogLevel = c.o.LogLevel
+			wo.Registerer = c.reg
+			if c.o.WorkerOptions != nil {
+				c.o.WorkerOptions(&wo)
+			}
+			w, err := workerrun.Start(ctx, wo, c.log.Named("worker"))
+			if err != nil {
+				return fmt.Errorf("coordinator: standalone %s worker %d: %w", s.role, i, err)
+			}
+			c.workers = append(c.workers, w)
+		}
+	}
+	return nil
+}
+
+// housekeep updates the worker gauges and closes the gRPC connections of
+// workers that left, until ctx ends.
+func (c *Coordinator) housekeep(ctx context.Context, m *metrics.Metrics) {
+	t := time.NewTicker(max(c.o.HeartbeatTTL/4, 10*time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		keep := make(map[string]bool)
+		counts := map[control.Role]int{control.RolePrefill: 0, control.RoleDecode: 0, control.RoleColocated: 0}
+		for _, hb := range c.members.All() {
+			keep[hb.GRPCAddr] = true
+			if !hb.Draining {
+				counts[control.Role(hb.Role)]++
+			}
+		}
+		for role, n := range counts {
+			m.SetWorkers(string(role), n)
+		}
+		c.conns.retain(keep)
+	}
+}
+
+// HTTPAddr returns the address the HTTP server listens on.
+func (c *Coordinator) HTTPAddr() string { return c.lis.Addr().String() }
+
+// NATSURL returns the control plane's URL (the embedded server's when one
+// was started).
+func (c *Coordinator) NATSURL() string { return c.natsURL }
+
+// Membership returns the coordinator's view of the workers.
+func (c *Coordinator) Membership() *control.Membership { return c.members }
+
+// Workers returns the standalone workers (nil otherwise). The caller must
+// not Stop them while the coordinator runs, except to test failures.
+func (c *Coordinator) Workers() []*workerrun.Worker { return slices.Clone(c.workers) }
+
+// Registry returns the registry served on /metrics.
+func (c *Coordinator) Registry() *prometheus.Registry { return c.reg }
+
+// Err returns a channel that yields the HTTP server's failure.
+func (c *Coordinator) Err() <-chan error { return c.serveErr }
+
+// Models returns the served model names: --model-name, or the distinct
+// models the live workers report, sorted.
+func (c *Coordinator) Models() []string {
+	if c.o.ModelName != "" {
+		return []string{c.o.ModelName}
+	}
+	var names []string
+	for _, hb := range c.members.All() {
+		if hb.Model != "" && !slices.Contains(names, hb.Model) {
+			names = append(names, hb.Model)
+		}
+	}
+	slices.Sort(names)
+	return names
+}
+
+// Ready returns nil once at least one non-draining worker of each needed
+// role has joined (prefill and decode in disaggregated mode, colocated in
+// colocated mode) and the coordinator is not shutting down.
+func (c *Coordinator) Ready() error {
+	if c.shutting.Load() {
+		return errors.New("shutting down")
+	}
+	roles := []control.Role{control.RolePrefill, control.RoleDecode}
+	if c.o.Mode == ModeColocated {
+		roles = []control.Role{control.RoleColocated}
+	}
+	for _, r := range roles {
+		if len(c.members.Members(r)) == 0 {
+			return fmt.Errorf("no %s worker has joined", r)
+		}
+	}
+	return nil
+}
+
+// Shutdown stops the coordinator gracefully: not ready, HTTP Shutdown
+// (requests in flight finish unless ctx ends first, then connections are
+// closed), standalone workers stopped, NATS drained, an embedded NATS
+// server stopped, gRPC connections closed. Later calls return the first
+// call's result.
+func (c *Coordinator) Shutdown(ctx context.Context) error {
+	c.shutdownOnce.Do(func() { c.shutdownErr = c.closeAll(ctx) })
+	return c.shutdownErr
+}
+
+// closeAll stops what was started; safe after a partial Start.
+func (c *Coordinator) closeAll(ctx context.Context) error {
+	c.shutting.Store(true)
+	var errs []error
+	if c.http != nil {
+		if err := c.http.Shutdown(ctx); err != nil {
+			c.log.Warn("http shutdown did not drain in time; closing connections", zap.Error(err))
+			_ = c.http.Close() // Close's error repeats the listener's
+		}
+	}
+	if c.backend != nil {
+		// Requests cut off by a forced close still free their KV on the
+		// workers; let them before the workers stop.
+		wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rpcTimeout)
+		if err := c.backend.waitIdle(wctx); err != nil {
+			c.log.Warn("requests still cleaning up at shutdown", zap.Error(err))
+		}
+		cancel()
+	}
+	if c.bgCancel != nil {
+		c.bgCancel()
+	}
+	c.wg.Wait()
+	for _, w := range c.workers {
+		if err := w.Stop(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("coordinator: stop worker %s: %w", w.ID(), err))
+		}
+	}
+	if c.stopW != nil {
+		c.stopW()
+	}
+	if c.nc != nil {
+		if err := c.nc.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+			errs = append(errs, fmt.Errorf("coordinator: nats drain: %w", err))
+		}
+		c.waitNATSClosed()
+	}
+	if c.ns != nil {
+		c.ns.Shutdown()
+		c.ns.WaitForShutdown()
+	}
+	c.conns.closeAll()
+	c.log.Info("coordinator stopped")
+	return errors.Join(errs...)
+}
+
+// waitNATSClosed waits until a draining connection closed, bounded.
+func (c *Coordinator) waitNATSClosed() {
+	t := time.NewTimer(natsStopTimeout + time.Second)
+	defer t.Stop()
+	select {
+	case <-c.ncDone:
+	case <-t.C:
+		c.nc.Close()
+		<-c.ncDone
+	}
+}
+
+// Run starts a coordinator, blocks until ctx ends or the HTTP server
+// fails, and shuts down gracefully within Options.ShutdownTimeout. It
+// returns the failure, or nil after a clean stop.
+func Run(ctx context.Context, o Options, log *zap.Logger) error {
+	c, err := Start(ctx, o, log)
+	if err != nil {
+		return err
+	}
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-c.Err():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), o.ShutdownTimeout)
+	defer cancel()
+	return errors.Join(runErr, c.Shutdown(sctx))
+}

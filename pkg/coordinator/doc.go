@@ -1,0 +1,60 @@
+// Package coordinator is pdserve's coordinator: it serves the
+// OpenAI-compatible API (pkg/frontend), keeps the worker membership from
+// NATS heartbeats (pkg/control; an embedded NATS server when no URL is
+// given), routes each request (pkg/router) and runs it over the workers'
+// gRPC services, recording its latency budget (pkg/budget, pkg/metrics).
+// In standalone mode it also starts prefill and decode (or colocated)
+// workers in its own process (pkg/workerrun).
+//
+// # Request flow (disaggregated)
+//
+//  1. Admission: at most Policy.Limits.QueueLimit requests at once; one
+//     more gets 429.
+//  2. Routing: the router picks a decode worker, the coordinator calls
+//     DecodeService.Reserve(prompt + max_tokens) on it (a full or gone
+//     worker is skipped and the next one tried; when every one is full:
+//     429; when none exists: 503), then the router decides remote or local
+//     prefill and picks the prefill worker.
+//  3. DecodeService.Generate and PrefillService.Prefill run concurrently.
+//     With first-token policy "prefill" the first token goes to the client
+//     as soon as the prefill worker reports it; the decode stream repeats
+//     it as its first token, and the coordinator drops the duplicate (the
+//     tokens of a Generate stream are positional: output tokens from its
+//     first on, or from after generated_tokens in a recovery). With policy
+//     "decode" the client gets tokens only from the decode stream, so the
+//     KV transfer is part of TTFT. An EOS token ending a sequence is not
+//     sent to the client.
+//  4. At the end, on every path (finish, error, client disconnect), both
+//     calls are cancelled if still open, DecodeService.Cancel frees a
+//     reservation left behind after a failure, and PrefillService.Release
+//     drops the prompt's KV retained on the prefill worker.
+//
+// Colocated mode (and prompts below the local-prefill threshold) send
+// Generate with local_prefill and no Prefill call.
+//
+// # Decode-worker failure
+//
+// When a Generate stream breaks (UNAVAILABLE, ABORTED, CANCELED not asked
+// for, INTERNAL, UNKNOWN, DEADLINE_EXCEEDED) the coordinator waits for the
+// Prefill stream to end (the prompt's KV must be complete), reserves on
+// another decode worker, opens Generate there with generated_tokens set to
+// the tokens the client already has, and asks the prefill worker to
+// Resend the retained KV to it; with local prefill the new worker
+// prefills itself. Greedy output is unchanged. When no worker can take the
+// request or the KV is gone, the client gets a clear error (an error
+// event once the stream started). At most 3 failovers per request.
+//
+// # Clocks
+//
+// Worker timestamps in the budget (prefill start/end, KV first byte/done,
+// decode joined) come from the workers' clocks; on one host they match the
+// coordinator's, across hosts they are as good as clock synchronisation.
+//
+// # Lifecycle
+//
+// Start wires everything and returns once the HTTP listener is open;
+// Shutdown marks the coordinator not ready, drains HTTP requests (bounded
+// by its context), stops standalone workers, unsubscribes from NATS,
+// drains the connection, stops an embedded NATS server and closes gRPC
+// connections. Run does Start, waits for ctx, and Shutdown.
+package coordinator

@@ -1,0 +1,112 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+
+	"go.uber.org/zap"
+
+	"github.com/pdserve/pdserve/pkg/perfmodel"
+	"github.com/pdserve/pdserve/pkg/workerrun"
+)
+
+// Subcommand is a mode of the coordinator binary other than serving,
+// chosen by the first argument.
+type Subcommand struct {
+	Name    string
+	Summary string
+	// Run gets the arguments after the name; it returns the exit code.
+	Run func(ctx context.Context, args []string, stdout, stderr io.Writer) int
+}
+
+// Subcommands returns the coordinator binary's subcommands.
+func Subcommands() []Subcommand {
+	return []Subcommand{
+		{Name: "profiles", Summary: "print the performance-model profiles (GPU × model) the sim engine and the planner use",
+			Run: tableCommand("profiles", perfmodel.WriteProfiles)},
+		{Name: "calibrate", Summary: "print the performance model's calibration report: model vs. source data points",
+			Run: tableCommand("calibrate", perfmodel.WriteCalibrationReport)},
+	}
+}
+
+func tableCommand(name string, write func(io.Writer) error) func(context.Context, []string, io.Writer, io.Writer) int {
+	return func(_ context.Context, args []string, stdout, stderr io.Writer) int {
+		if len(args) > 0 {
+			fmt.Fprintf(stderr, "coordinator %s: takes no arguments, got %q\n", name, args)
+			return 2
+		}
+		if err := write(stdout); err != nil {
+			fmt.Fprintf(stderr, "coordinator %s: %v\n", name, err)
+			return 1
+		}
+		return 0
+	}
+}
+
+// Main is the whole coordinator binary after signal handling. args are
+// the arguments without the program name: a subcommand name and its
+// arguments, or the serve flags. It returns the exit code: 0 after a clean
+// stop or --help, 2 for bad flags, settings or policy file, 1 when serving
+// failed.
+func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	subs := Subcommands()
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		for _, s := range subs {
+			if s.Name == args[0] {
+				return s.Run(ctx, args[1:], stdout, stderr)
+			}
+		}
+		fmt.Fprintf(stderr, "coordinator: unknown subcommand %q (run with --help)\n", args[0])
+		return 2
+	}
+
+	o := DefaultOptions()
+	fs := flag.NewFlagSet("coordinator", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o.AddFlags(fs)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: coordinator [flags]\n       coordinator SUBCOMMAND\n\n"+
+			"Serves the OpenAI-compatible API of pdserve and routes requests to prefill and\n"+
+			"decode workers found through NATS heartbeats. --standalone also runs the workers\n"+
+			"in this process.\n\nSubcommands:\n")
+		for _, s := range subs {
+			fmt.Fprintf(stderr, "  %-10s %s\n", s.Name, s.Summary)
+		}
+		fmt.Fprintf(stderr, "\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "coordinator: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	if err := o.Complete(); err != nil {
+		fmt.Fprintf(stderr, "coordinator: %v\n", err)
+		return 2
+	}
+	if err := o.Validate(); err != nil {
+		fmt.Fprintf(stderr, "coordinator: %v\n", err)
+		return 2
+	}
+	log, err := workerrun.NewLogger(o.LogLevel)
+	if err != nil {
+		fmt.Fprintf(stderr, "coordinator: %v\n", err)
+		return 2
+	}
+	defer func() { _ = log.Sync() }()
+	log.Info("effective configuration", o.LogFields()...)
+	if err := Run(ctx, o, log); err != nil {
+		log.Error("coordinator failed", zap.Error(err))
+		return 1
+	}
+	return 0
+}

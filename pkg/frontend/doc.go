@@ -1,0 +1,59 @@
+// Package frontend is pdserve's OpenAI-compatible HTTP surface:
+// POST /v1/completions and /v1/chat/completions (Server-Sent Events when
+// "stream": true, a JSON body otherwise), GET /v1/models, /healthz
+// (liveness), /readyz (readiness) and /metrics (Prometheus).
+//
+// The frontend parses and validates a request, tokenizes it, enforces the
+// prompt-token budget of its surface and the max_tokens cap (400 with an
+// OpenAI-shaped error otherwise), then hands it to a Backend, which streams
+// output tokens back through an EmitFunc. The frontend turns tokens into
+// text (holding back bytes of an incomplete UTF-8 sequence and any text that
+// may be the start of a stop string), writes each SSE event and flushes it
+// at once, and ends the stream with `data: [DONE]`. The last chunk of a
+// stream (the usage chunk when stream_options.include_usage is set) and a
+// non-streaming response carry a `pdserve` object with the request's
+// latency budget (see pkg/budget). Each request ends in one zap log line
+// and one observation in pkg/metrics.
+//
+// # Errors
+//
+// Errors are JSON {"error":{"message","type","param","code"}}. Malformed
+// JSON, an unknown model, an empty prompt, a prompt over its budget,
+// max_tokens over the cap, n ≠ 1 and other unsupported options get 400.
+// A Backend error wrapping ErrOverloaded gets 429 with Retry-After, one
+// wrapping ErrUnavailable gets 503, ErrInvalid 400, anything else 500. An
+// error after the stream started is sent as a final `data: {"error":...}`
+// event followed by `data: [DONE]`.
+//
+// # Prompts
+//
+// "prompt" is a string, an array of token ids, or a one-element array of
+// either; larger arrays (batched prompts) get a 400. Text is tokenized
+// with the engine's tokenizer; no BOS token is added.
+//
+// # Extensions
+//
+// "ignore_eos" (vLLM) generates past EOS up to max_tokens, as load
+// generators ask. "return_token_ids" (vLLM) adds "token_ids" to each
+// choice: all output ids on a whole response, the ids delivered since the
+// previous chunk on a stream chunk.
+//
+// # Chat template
+//
+// Chat messages are rendered for the byte-level tokenizer as
+//
+//	<|role|>\n{content}\n
+//
+// per message (role is system, developer, user, assistant or tool;
+// content is a string or an array of {"type":"text"} parts, joined), then
+// "<|assistant|>\n" to open the reply. For example
+// [{"role":"user","content":"Hi"}] becomes "<|user|>\nHi\n<|assistant|>\n".
+//
+// # Surfaces and budgets
+//
+// A request's surface is its API key (Authorization: Bearer KEY) when the
+// policy lists that key, else its route. Keys only select budgets: the
+// frontend does not authenticate.
+//
+// A Server is safe for concurrent use.
+package frontend

@@ -1,0 +1,152 @@
+package metrics
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pdserve/pdserve/pkg/budget"
+)
+
+// Bucket bounds in seconds.
+var (
+	// LatencyBuckets suit whole-request terms (ttft, e2e, queue, prefill,
+	// kv_transfer): 1 ms to 60 s.
+	LatencyBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60}
+	// TokenBuckets suit per-token terms (tpot, itl): 0.5 ms to 2.5 s.
+	TokenBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 1, 2.5}
+)
+
+// SLO is the pair of targets a request must meet to count as goodput; a
+// zero target is always met.
+type SLO struct {
+	TTFT, TPOT time.Duration
+}
+
+// Metrics are the coordinator's collectors.
+type Metrics struct {
+	slo SLO
+
+	ttft, tpot, itl, e2e        prometheus.Histogram
+	queue, prefill, kvTransfer  prometheus.Histogram
+	kvBytesRaw, kvBytesWire     *prometheus.CounterVec
+	requests                    *prometheus.CounterVec
+	goodput                     prometheus.Counter
+	promptTokens, outputTokens  prometheus.Counter
+	prefixHitTokens, recoveries prometheus.Counter
+	inFlight                    prometheus.Gauge
+	workers                     *prometheus.GaugeVec
+}
+
+// New creates the collectors and registers them on reg. It panics when a
+// collector is already registered there (a programming error, as with
+// prometheus.MustRegister).
+func New(reg prometheus.Registerer, slo SLO) *Metrics {
+	hist := func(name, help string, buckets []float64) prometheus.Histogram {
+		return prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "pdserve", Name: name, Help: help, Buckets: buckets})
+	}
+	counter := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Namespace: "pdserve", Name: name, Help: help})
+	}
+	m := &Metrics{
+		slo:        slo,
+		ttft:       hist("ttft_seconds", "Time from request arrival to the first token handed to the client.", LatencyBuckets),
+		tpot:       hist("tpot_seconds", "Time per output token after the first: (e2e - ttft) / (output tokens - 1), requests with more than one output token.", TokenBuckets),
+		itl:        hist("itl_seconds", "Gap between successive token deliveries to a client.", TokenBuckets),
+		e2e:        hist("e2e_seconds", "Time from request arrival to the last token handed to the client.", LatencyBuckets),
+		queue:      hist("queue_seconds", "Time from request arrival to the start of its prefill (admission, routing, prefill queue).", LatencyBuckets),
+		prefill:    hist("prefill_seconds", "Prefill compute time of a request's prompt.", LatencyBuckets),
+		kvTransfer: hist("kv_transfer_seconds", "KV transfer time not hidden behind prefill compute (KV done - prefill end), remote prefill only.", LatencyBuckets),
+		kvBytesRaw: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "pdserve", Name: "kv_bytes_raw_total",
+			Help: "Canonical (uncompressed) KV bytes moved from prefill to decode workers."}, []string{"codec"}),
+		kvBytesWire: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "pdserve", Name: "kv_bytes_wire_total",
+			Help: "KV bytes on the wire after the codec."}, []string{"codec"}),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "pdserve", Name: "requests_total",
+			Help: "Requests by outcome: ok, cancelled, error, invalid, rejected (429), unavailable (503)."}, []string{"status"}),
+		goodput:         counter("goodput_requests_total", "Requests finished within every SLO target (ttft and tpot)."),
+		promptTokens:    counter("prompt_tokens_total", "Prompt tokens of finished requests."),
+		outputTokens:    counter("output_tokens_total", "Output tokens handed to clients."),
+		prefixHitTokens: counter("prefix_hit_tokens_total", "Prompt tokens served from a worker's prefix cache."),
+		recoveries:      counter("decode_recoveries_total", "Requests moved to another decode worker after a failure."),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "pdserve", Name: "requests_in_flight",
+			Help: "Requests admitted and not yet finished."}),
+		workers: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "pdserve", Name: "workers",
+			Help: "Live workers by role (current pool replicas)."}, []string{"role"}),
+	}
+	reg.MustRegister(m.ttft, m.tpot, m.itl, m.e2e, m.queue, m.prefill, m.kvTransfer,
+		m.kvBytesRaw, m.kvBytesWire, m.requests, m.goodput, m.promptTokens, m.outputTokens,
+		m.prefixHitTokens, m.recoveries, m.inFlight, m.workers)
+	return m
+}
+
+// ObserveRequest records a request that ended with t.Status. Refused
+// requests (invalid, rejected, unavailable) only count by status; admitted
+// ones also feed the histograms of the terms they reached. A nil *Metrics
+// records nothing.
+func (m *Metrics) ObserveRequest(t *budget.Trace) {
+	if m == nil {
+		return
+	}
+	m.requests.WithLabelValues(t.Status).Inc()
+	switch t.Status {
+	case budget.StatusInvalid, budget.StatusRejected, budget.StatusUnavailable:
+		return
+	}
+	s := t.Terms()
+	if !t.FirstToken.IsZero() {
+		m.ttft.Observe(s.TTFT.Seconds())
+		m.e2e.Observe(s.E2E.Seconds())
+	}
+	if t.OutputTokens > 1 {
+		m.tpot.Observe(s.TPOT.Seconds())
+	}
+	for _, d := range t.ITLs {
+		m.itl.Observe(d.Seconds())
+	}
+	if !t.PrefillStart.IsZero() {
+		m.queue.Observe(s.Queue.Seconds())
+	}
+	if !t.PrefillEnd.IsZero() {
+		m.prefill.Observe(s.Prefill.Seconds())
+	}
+	if !t.KVDone.IsZero() && !t.PrefillEnd.IsZero() {
+		m.kvTransfer.Observe(s.KVTransfer.Seconds())
+	}
+	if t.KVBytesRaw > 0 || t.KVBytesWire > 0 {
+		m.kvBytesRaw.WithLabelValues(t.Codec).Add(float64(t.KVBytesRaw))
+		m.kvBytesWire.WithLabelValues(t.Codec).Add(float64(t.KVBytesWire))
+	}
+	m.promptTokens.Add(float64(t.PromptTokens))
+	m.outputTokens.Add(float64(t.OutputTokens))
+	m.prefixHitTokens.Add(float64(t.PrefixHitTokens))
+	m.recoveries.Add(float64(t.Recoveries))
+	if t.Status == budget.StatusOK && m.meetsSLO(s, t.OutputTokens) {
+		m.goodput.Inc()
+	}
+}
+
+func (m *Metrics) meetsSLO(s budget.Terms, out int) bool {
+	if m.slo.TTFT > 0 && s.TTFT > m.slo.TTFT {
+		return false
+	}
+	if m.slo.TPOT > 0 && out > 1 && s.TPOT > m.slo.TPOT {
+		return false
+	}
+	return true
+}
+
+// AddInFlight moves the in-flight gauge by delta (+1 on admission, -1 at
+// the end). A nil *Metrics records nothing.
+func (m *Metrics) AddInFlight(delta int) {
+	if m != nil {
+		m.inFlight.Add(float64(delta))
+	}
+}
+
+// SetWorkers sets the number of live workers of role. A nil *Metrics
+// records nothing.
+func (m *Metrics) SetWorkers(role string, n int) {
+	if m != nil {
+		m.workers.WithLabelValues(role).Set(float64(n))
+	}
+}

@@ -1,0 +1,178 @@
+package metrics
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/pdserve/pdserve/pkg/budget"
+)
+
+var t0 = time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+
+func at(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+
+func TestObserveRequestGolden(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	m := New(reg, SLO{TTFT: 100 * time.Millisecond, TPOT: 20 * time.Millisecond})
+
+	// Meets both SLOs: ttft 30 ms, tpot (70-30)/4 = 10 ms.
+	m.ObserveRequest(&budget.Trace{
+		Status: budget.StatusOK, Codec: "zstd", PromptTokens: 10, OutputTokens: 5, PrefixHitTokens: 4,
+		Arrival: at(0), PrefillStart: at(2), PrefillEnd: at(22), KVDone: at(24),
+		FirstToken: at(30), LastToken: at(70), ITLs: []time.Duration{10 * time.Millisecond, 30 * time.Millisecond},
+		KVBytesRaw: 4096, KVBytesWire: 2048,
+	})
+	// Misses the ttft SLO (200 ms); one output token, colocated (no KV).
+	m.ObserveRequest(&budget.Trace{
+		Status: budget.StatusOK, Codec: "none", PromptTokens: 3, OutputTokens: 1, Recoveries: 1,
+		Arrival: at(0), FirstToken: at(200), LastToken: at(200),
+	})
+	// Refused requests count only by status.
+	m.ObserveRequest(&budget.Trace{Status: budget.StatusRejected, Arrival: at(0), PromptTokens: 99})
+	m.ObserveRequest(&budget.Trace{Status: budget.StatusInvalid})
+	m.AddInFlight(3)
+	m.AddInFlight(-1)
+	m.SetWorkers("prefill", 2)
+	m.SetWorkers("decode", 1)
+
+	const want = `
+# HELP pdserve_decode_recoveries_total Requests moved to another decode worker after a failure.
+# TYPE pdserve_decode_recoveries_total counter
+pdserve_decode_recoveries_total 1
+# HELP pdserve_goodput_requests_total Requests finished within every SLO target (ttft and tpot).
+# TYPE pdserve_goodput_requests_total counter
+pdserve_goodput_requests_total 1
+# HELP pdserve_kv_bytes_raw_total Canonical (uncompressed) KV bytes moved from prefill to decode workers.
+# TYPE pdserve_kv_bytes_raw_total counter
+pdserve_kv_bytes_raw_total{codec="zstd"} 4096
+# HELP pdserve_kv_bytes_wire_total KV bytes on the wire after the codec.
+# TYPE pdserve_kv_bytes_wire_total counter
+pdserve_kv_bytes_wire_total{codec="zstd"} 2048
+# HELP pdserve_kv_transfer_seconds KV transfer time not hidden behind prefill compute (KV done - prefill end), remote prefill only.
+# TYPE pdserve_kv_transfer_seconds histogram
+pdserve_kv_transfer_seconds_bucket{le="0.001"} 0
+pdserve_kv_transfer_seconds_bucket{le="0.0025"} 1
+pdserve_kv_transfer_seconds_bucket{le="0.005"} 1
+pdserve_kv_transfer_seconds_bucket{le="0.01"} 1
+pdserve_kv_transfer_seconds_bucket{le="0.025"} 1
+pdserve_kv_transfer_seconds_bucket{le="0.05"} 1
+pdserve_kv_transfer_seconds_bucket{le="0.1"} 1
+pdserve_kv_transfer_seconds_bucket{le="0.25"} 1
+pdserve_kv_transfer_seconds_bucket{le="0.5"} 1
+pdserve_kv_transfer_seconds_bucket{le="1"} 1
+pdserve_kv_transfer_seconds_bucket{le="2.5"} 1
+pdserve_kv_transfer_seconds_bucket{le="5"} 1
+pdserve_kv_transfer_seconds_bucket{le="10"} 1
+pdserve_kv_transfer_seconds_bucket{le="30"} 1
+pdserve_kv_transfer_seconds_bucket{le="60"} 1
+pdserve_kv_transfer_seconds_bucket{le="+Inf"} 1
+pdserve_kv_transfer_seconds_sum 0.002
+pdserve_kv_transfer_seconds_count 1
+# HELP pdserve_output_tokens_total Output tokens handed to clients.
+# TYPE pdserve_output_tokens_total counter
+pdserve_output_tokens_total 6
+# HELP pdserve_prefix_hit_tokens_total Prompt tokens served from a worker's prefix cache.
+# TYPE pdserve_prefix_hit_tokens_total counter
+pdserve_prefix_hit_tokens_total 4
+# HELP pdserve_prompt_tokens_total Prompt tokens of finished requests.
+# TYPE pdserve_prompt_tokens_total counter
+pdserve_prompt_tokens_total 13
+# HELP pdserve_requests_in_flight Requests admitted and not yet finished.
+# TYPE pdserve_requests_in_flight gauge
+pdserve_requests_in_flight 2
+# HELP pdserve_requests_total Requests by outcome: ok, cancelled, error, invalid, rejected (429), unavailable (503).
+# TYPE pdserve_requests_total counter
+pdserve_requests_total{status="invalid"} 1
+pdserve_requests_total{status="ok"} 2
+pdserve_requests_total{status="rejected"} 1
+# HELP pdserve_tpot_seconds Time per output token after the first: (e2e - ttft) / (output tokens - 1), requests with more than one output token.
+# TYPE pdserve_tpot_seconds histogram
+pdserve_tpot_seconds_bucket{le="0.0005"} 0
+pdserve_tpot_seconds_bucket{le="0.001"} 0
+pdserve_tpot_seconds_bucket{le="0.0025"} 0
+pdserve_tpot_seconds_bucket{le="0.005"} 0
+pdserve_tpot_seconds_bucket{le="0.01"} 1
+pdserve_tpot_seconds_bucket{le="0.02"} 1
+pdserve_tpot_seconds_bucket{le="0.04"} 1
+pdserve_tpot_seconds_bucket{le="0.06"} 1
+pdserve_tpot_seconds_bucket{le="0.08"} 1
+pdserve_tpot_seconds_bucket{le="0.1"} 1
+pdserve_tpot_seconds_bucket{le="0.15"} 1
+pdserve_tpot_seconds_bucket{le="0.2"} 1
+pdserve_tpot_seconds_bucket{le="0.3"} 1
+pdserve_tpot_seconds_bucket{le="0.5"} 1
+pdserve_tpot_seconds_bucket{le="1"} 1
+pdserve_tpot_seconds_bucket{le="2.5"} 1
+pdserve_tpot_seconds_bucket{le="+Inf"} 1
+pdserve_tpot_seconds_sum 0.01
+pdserve_tpot_seconds_count 1
+# HELP pdserve_ttft_seconds Time from request arrival to the first token handed to the client.
+# TYPE pdserve_ttft_seconds histogram
+pdserve_ttft_seconds_bucket{le="0.001"} 0
+pdserve_ttft_seconds_bucket{le="0.0025"} 0
+pdserve_ttft_seconds_bucket{le="0.005"} 0
+pdserve_ttft_seconds_bucket{le="0.01"} 0
+pdserve_ttft_seconds_bucket{le="0.025"} 0
+pdserve_ttft_seconds_bucket{le="0.05"} 1
+pdserve_ttft_seconds_bucket{le="0.1"} 1
+pdserve_ttft_seconds_bucket{le="0.25"} 2
+pdserve_ttft_seconds_bucket{le="0.5"} 2
+pdserve_ttft_seconds_bucket{le="1"} 2
+pdserve_ttft_seconds_bucket{le="2.5"} 2
+pdserve_ttft_seconds_bucket{le="5"} 2
+pdserve_ttft_seconds_bucket{le="10"} 2
+pdserve_ttft_seconds_bucket{le="30"} 2
+pdserve_ttft_seconds_bucket{le="60"} 2
+pdserve_ttft_seconds_bucket{le="+Inf"} 2
+pdserve_ttft_seconds_sum 0.23
+pdserve_ttft_seconds_count 2
+# HELP pdserve_workers Live workers by role (current pool replicas).
+# TYPE pdserve_workers gauge
+pdserve_workers{role="decode"} 1
+pdserve_workers{role="prefill"} 2
+`
+	names := []string{
+		"pdserve_decode_recoveries_total", "pdserve_goodput_requests_total",
+		"pdserve_kv_bytes_raw_total", "pdserve_kv_bytes_wire_total", "pdserve_kv_transfer_seconds",
+		"pdserve_output_tokens_total", "pdserve_prefix_hit_tokens_total", "pdserve_prompt_tokens_total",
+		"pdserve_requests_in_flight", "pdserve_requests_total", "pdserve_tpot_seconds", "pdserve_ttft_seconds",
+		"pdserve_workers",
+	}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {
+		t.Error(err)
+	}
+	// Histograms not in the golden text still got their observations.
+	for name, wantCount := range map[string]int{
+		"pdserve_itl_seconds": 2, "pdserve_e2e_seconds": 2, "pdserve_queue_seconds": 1, "pdserve_prefill_seconds": 1,
+	} {
+		if got := histCount(t, reg, name); got != wantCount {
+			t.Errorf("%s count = %d, want %d", name, got, wantCount)
+		}
+	}
+}
+
+func histCount(t *testing.T, g prometheus.Gatherer, name string) int {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return int(mf.GetMetric()[0].GetHistogram().GetSampleCount())
+		}
+	}
+	t.Fatalf("metric %s not gathered", name)
+	return 0
+}
+
+func TestNilMetricsIsNoop(t *testing.T) {
+	var m *Metrics
+	m.ObserveRequest(&budget.Trace{Status: budget.StatusOK})
+	m.AddInFlight(1)
+	m.SetWorkers("decode", 1)
+}

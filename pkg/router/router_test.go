@@ -1,0 +1,283 @@
+package router
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+var t0 = time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+
+func at(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+
+// ids summarises a decision for diffs.
+type choice struct {
+	Decode, Prefill string
+	Local           bool
+	Hit             int
+}
+
+func summarise(d Decision) choice {
+	return choice{Decode: d.Decode.ID, Prefill: d.Prefill.ID, Local: d.Local, Hit: d.PrefixHitTokens}
+}
+
+func TestRoute(t *testing.T) {
+	req := Request{ID: "r", PromptTokens: 100, MaxTokens: 28}
+	tests := []struct {
+		name    string
+		cfg     Config
+		req     Request
+		decode  []Worker
+		prefill []Worker
+		exclude map[string]bool
+		want    choice
+		wantErr error
+	}{
+		{
+			name:    "most free blocks wins",
+			decode:  []Worker{{ID: "d0", KVBlocksFree: 10}, {ID: "d1", KVBlocksFree: 30}, {ID: "d2", KVBlocksFree: 20}},
+			prefill: []Worker{{ID: "p0"}},
+			want:    choice{Decode: "d1", Prefill: "p0"},
+		},
+		{
+			name:    "tie on free blocks: least running batch",
+			decode:  []Worker{{ID: "d0", KVBlocksFree: 30, RunningBatch: 4}, {ID: "d1", KVBlocksFree: 30, RunningBatch: 2}},
+			prefill: []Worker{{ID: "p0"}},
+			want:    choice{Decode: "d1", Prefill: "p0"},
+		},
+		{
+			name:    "full tie: lowest id",
+			decode:  []Worker{{ID: "d1", KVBlocksFree: 30}, {ID: "d0", KVBlocksFree: 30}},
+			prefill: []Worker{{ID: "p1"}, {ID: "p0"}},
+			want:    choice{Decode: "d0", Prefill: "p0"},
+		},
+		{
+			name:    "draining and excluded decode workers are skipped",
+			decode:  []Worker{{ID: "d0", KVBlocksFree: 90, Draining: true}, {ID: "d1", KVBlocksFree: 80}, {ID: "d2", KVBlocksFree: 10}},
+			prefill: []Worker{{ID: "p0"}},
+			exclude: map[string]bool{"d1": true},
+			want:    choice{Decode: "d2", Prefill: "p0"},
+		},
+		{
+			name:    "no decode worker",
+			decode:  []Worker{{ID: "d0", Draining: true}},
+			prefill: []Worker{{ID: "p0"}},
+			wantErr: ErrNoDecodeWorkers,
+		},
+		{
+			name:    "decode only ignores missing prefill workers",
+			req:     Request{ID: "r", PromptTokens: 100, DecodeOnly: true},
+			decode:  []Worker{{ID: "d0", KVBlocksFree: 10}},
+			prefill: nil,
+			want:    choice{Decode: "d0"},
+		},
+		{
+			name:    "fewest queued prefill tokens",
+			decode:  []Worker{{ID: "d0", KVBlocksFree: 10}},
+			prefill: []Worker{{ID: "p0", QueuedPrefillTokens: 500}, {ID: "p1", QueuedPrefillTokens: 100}, {ID: "p2", QueuedPrefillTokens: 300}},
+			want:    choice{Decode: "d0", Prefill: "p1"},
+		},
+		{
+			name:    "no prefill worker in disaggregated mode",
+			decode:  []Worker{{ID: "d0", KVBlocksFree: 10}},
+			prefill: []Worker{{ID: "p0", Draining: true}},
+			wantErr: ErrNoPrefillWorkers,
+		},
+		{
+			name:    "all prefill queues full",
+			cfg:     Config{MaxQueuedPrefillTokens: 1000},
+			decode:  []Worker{{ID: "d0", KVBlocksFree: 10}},
+			prefill: []Worker{{ID: "p0", QueuedPrefillTokens: 1000}, {ID: "p1", QueuedPrefillTokens: 2000}},
+			wantErr: ErrNoCapacity,
+		},
+		{
+			name:    "full prefill queue skipped",
+			cfg:     Config{MaxQueuedPrefillTokens: 1000},
+			decode:  []Worker{{ID: "d0", KVBlocksFree: 10}},
+			prefill: []Worker{{ID: "p0", QueuedPrefillTokens: 1000}, {ID: "p1", QueuedPrefillTokens: 999}},
+			want:    choice{Decode: "d0", Prefill: "p1"},
+		},
+		{
+			name:   "colocated: always local, prefill list ignored",
+			cfg:    Config{Colocated: true},
+			decode: []Worker{{ID: "c0", KVBlocksFree: 10}, {ID: "c1", KVBlocksFree: 20}},
+			want:   choice{Decode: "c1", Local: true},
+		},
+		{
+			name:    "short prompt prefills locally",
+			cfg:     Config{LocalPrefillBelowTokens: 101},
+			decode:  []Worker{{ID: "d0", KVBlocksFree: 10}},
+			prefill: []Worker{{ID: "p0"}},
+			want:    choice{Decode: "d0", Local: true},
+		},
+		{
+			name:    "prompt at the threshold goes remote",
+			cfg:     Config{LocalPrefillBelowTokens: 100},
+			decode:  []Worker{{ID: "d0", KVBlocksFree: 10}},
+			prefill: []Worker{{ID: "p0"}},
+			want:    choice{Decode: "d0", Prefill: "p0"},
+		},
+		{
+			name: "cached prefix on the decode worker makes the prompt short",
+			cfg:  Config{LocalPrefillBelowTokens: 50, BlockTokens: 16},
+			req:  Request{ID: "r", PromptTokens: 100, PrefixHashes: []uint64{1, 2, 3, 4, 5, 6}},
+			// 4 blocks cached = 64 tokens; 36 uncached < 50.
+			decode:  []Worker{{ID: "d0", KVBlocksFree: 10, PrefixDigest: []uint64{4, 3, 2, 1, 9}}},
+			prefill: []Worker{{ID: "p0"}},
+			want:    choice{Decode: "d0", Local: true, Hit: 64},
+		},
+		{
+			name: "prefix overlap outweighs a longer queue",
+			cfg:  Config{PrefixWeight: 1, BlockTokens: 16},
+			req:  Request{ID: "r", PromptTokens: 100, PrefixHashes: []uint64{1, 2, 3, 4, 5, 6}},
+			// p0: 50 queued, no hit → 50; p1: 80 queued, 3 blocks (48) → 32;
+			// p2: chain broken after block 1 (16) → 70-16 = 54.
+			decode: []Worker{{ID: "d0", KVBlocksFree: 10}},
+			prefill: []Worker{
+				{ID: "p0", QueuedPrefillTokens: 50},
+				{ID: "p1", QueuedPrefillTokens: 80, PrefixDigest: []uint64{1, 2, 3}},
+				{ID: "p2", QueuedPrefillTokens: 70, PrefixDigest: []uint64{1, 3, 4}},
+			},
+			want: choice{Decode: "d0", Prefill: "p1", Hit: 48},
+		},
+		{
+			name:    "prefix ignored without weight",
+			cfg:     Config{BlockTokens: 16},
+			req:     Request{ID: "r", PromptTokens: 100, PrefixHashes: []uint64{1, 2, 3}},
+			decode:  []Worker{{ID: "d0", KVBlocksFree: 10}},
+			prefill: []Worker{{ID: "p0", QueuedPrefillTokens: 50}, {ID: "p1", QueuedPrefillTokens: 80, PrefixDigest: []uint64{1, 2, 3}}},
+			want:    choice{Decode: "d0", Prefill: "p0"},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := New(tc.cfg)
+			rq := req
+			if tc.req.ID != "" {
+				rq = tc.req
+			}
+			d, err := r.Route(at(0), rq, tc.decode, tc.prefill, tc.exclude)
+			if tc.wantErr != nil {
+				if !errors.Is(err, tc.wantErr) {
+					t.Fatalf("Route error = %v, want %v", err, tc.wantErr)
+				}
+				if r.InFlight() != 0 {
+					t.Errorf("failed Route left %d assignments", r.InFlight())
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Route: %v", err)
+			}
+			if diff := cmp.Diff(tc.want, summarise(d)); diff != "" {
+				t.Errorf("Route (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// A burst between two heartbeats spreads over equal workers, and an
+// assignment stops counting once a newer snapshot reflects it.
+func TestRouteBurstSpreads(t *testing.T) {
+	r := New(Config{BlockTokens: 16})
+	decode := []Worker{
+		{ID: "d0", KVBlocksFree: 100, Time: at(0)},
+		{ID: "d1", KVBlocksFree: 100, Time: at(0)},
+	}
+	prefill := []Worker{
+		{ID: "p0", Time: at(0)},
+		{ID: "p1", Time: at(0)},
+	}
+	var got []choice
+	for i, id := range []string{"a", "b", "c", "d"} {
+		// 32 prompt + 0 output tokens = 2 blocks each.
+		d, err := r.Route(at(10+i), Request{ID: id, PromptTokens: 32}, decode, prefill, nil)
+		if err != nil {
+			t.Fatalf("Route %s: %v", id, err)
+		}
+		got = append(got, summarise(d))
+	}
+	want := []choice{
+		{Decode: "d0", Prefill: "p0"},
+		{Decode: "d1", Prefill: "p1"},
+		{Decode: "d0", Prefill: "p0"},
+		{Decode: "d1", Prefill: "p1"},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("burst (-want +got):\n%s", diff)
+	}
+
+	// New snapshots taken after the burst: d0 reports the 4 blocks of
+	// a and c, d1 still reports 100 free (its requests finished). Only the
+	// snapshot counts now, so d1 wins despite its two recorded assignments.
+	decode = []Worker{
+		{ID: "d0", KVBlocksFree: 96, Time: at(20)},
+		{ID: "d1", KVBlocksFree: 100, Time: at(20)},
+	}
+	d, err := r.Route(at(21), Request{ID: "e", PromptTokens: 32}, decode, prefill, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Decode.ID != "d1" {
+		t.Errorf("after fresh snapshots: decode %s, want d1", d.Decode.ID)
+	}
+}
+
+func TestDoneAndPrefillDone(t *testing.T) {
+	r := New(Config{})
+	decode := []Worker{{ID: "d0", KVBlocksFree: 10}, {ID: "d1", KVBlocksFree: 10}}
+	prefill := []Worker{{ID: "p0"}, {ID: "p1"}}
+	if _, err := r.Route(at(1), Request{ID: "a", PromptTokens: 64}, decode, prefill, nil); err != nil {
+		t.Fatal(err)
+	}
+	// a holds d0 and p0; after PrefillDone p0 is free again but d0 is not.
+	r.PrefillDone("a")
+	d, err := r.Route(at(2), Request{ID: "b", PromptTokens: 64}, decode, prefill, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(choice{Decode: "d1", Prefill: "p0"}, summarise(d)); diff != "" {
+		t.Errorf("after PrefillDone (-want +got):\n%s", diff)
+	}
+	r.Done("a")
+	r.Done("b")
+	r.Done("unknown")
+	if n := r.InFlight(); n != 0 {
+		t.Errorf("InFlight after Done = %d, want 0", n)
+	}
+	// Routing the same id again replaces the assignment.
+	for range 3 {
+		if _, err := r.Route(at(3), Request{ID: "c", PromptTokens: 1}, decode, prefill, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := r.InFlight(); n != 1 {
+		t.Errorf("InFlight after re-routing one id = %d, want 1", n)
+	}
+}
+
+// BenchmarkRoute routes over 16 decode and 16 prefill workers with 256
+// assignments in flight.
+func BenchmarkRoute(b *testing.B) {
+	r := New(Config{PrefixWeight: 1})
+	var decode, prefill []Worker
+	for i := range 16 {
+		decode = append(decode, Worker{ID: fmt.Sprintf("d%02d", i), KVBlocksFree: 1000 + i, Time: at(0)})
+		prefill = append(prefill, Worker{ID: fmt.Sprintf("p%02d", i), QueuedPrefillTokens: 100 * i, PrefixDigest: []uint64{1, 2, 3}, Time: at(0)})
+	}
+	for i := range 256 {
+		if _, err := r.Route(at(1), Request{ID: fmt.Sprint("warm", i), PromptTokens: 512, MaxTokens: 128}, decode, prefill, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	req := Request{ID: "x", PromptTokens: 512, MaxTokens: 128, PrefixHashes: []uint64{1, 2, 3, 4}}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := r.Route(at(2), req, decode, prefill, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
