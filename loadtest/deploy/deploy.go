@@ -1,0 +1,290 @@
+package deploy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/pdserve/pdserve/loadtest/report"
+	"github.com/pdserve/pdserve/pkg/coordinator"
+	"github.com/pdserve/pdserve/pkg/enginecfg"
+	"github.com/pdserve/pdserve/pkg/perfmodel"
+	"github.com/pdserve/pdserve/pkg/workerrun"
+)
+
+// Modes.
+const (
+	Disaggregated = coordinator.ModeDisaggregated
+	Colocated     = coordinator.ModeColocated
+)
+
+// Spec describes a local deployment.
+type Spec struct {
+	// Mode is Disaggregated or Colocated.
+	Mode string
+	// Engine is "sim" (performance model, default) or "ref".
+	Engine string
+	// Profile is the sim engine's GPU/MODEL/tpN profile.
+	Profile string
+	// Preset is the ref engine's model preset.
+	Preset string
+	// TimeScale multiplies the sim engine's step times (1: real time).
+	TimeScale float64
+	// PayloadScale is the fraction of the true KV bytes the sim engine
+	// hands out, in (0, 1] (0 means 1); transfers stay paced for the true
+	// size, so a small scale keeps the CPU cost of moving KV low.
+	PayloadScale float64
+	// PrefillWorkers and DecodeWorkers: disaggregated P and D; colocated
+	// uses DecodeWorkers colocated workers.
+	PrefillWorkers, DecodeWorkers int
+	// Codec is the KV codec (disaggregated; "" = the worker default).
+	Codec string
+	// LinkGbps paces KV transfers as over a link of this many Gbit/s (0:
+	// unpaced).
+	LinkGbps float64
+	// FirstTokenPolicy is "prefill" or "decode" (disaggregated).
+	FirstTokenPolicy string
+	// ChunkTokens and MaxBatchTokens are the chunked-prefill step budget
+	// (per-sequence chunk and tokens per step) of prefill workers and of
+	// decode/colocated workers' local prefill; 0 keeps the worker default.
+	ChunkTokens, MaxBatchTokens int
+	// MaxBatch caps sequences per decode step; 0 keeps the default.
+	MaxBatch int
+	// KVBlocks sizes each decode/colocated worker's KV pool; 0 keeps the
+	// worker default.
+	KVBlocks int
+	// QueueLimit is the coordinator's admission limit; 0 keeps the default.
+	QueueLimit int
+	// ModelName is the served model name ("" = the engine's).
+	ModelName string
+}
+
+// ErrSpec reports an unusable Spec.
+var ErrSpec = errors.New("deploy: bad spec")
+
+// TP returns the GPUs per worker: the profile's tensor-parallel degree
+// (1 for the ref engine).
+func (s Spec) TP() (int, error) {
+	if s.engine() != enginecfg.Sim {
+		return 1, nil
+	}
+	p, err := perfmodel.Resolve(s.Profile)
+	if err == nil {
+		return p.TP, nil
+	}
+	// Fall back to the name's tpN suffix.
+	if i := strings.LastIndex(s.Profile, "/tp"); i >= 0 {
+		if n, err2 := strconv.Atoi(s.Profile[i+3:]); err2 == nil && n > 0 {
+			return n, nil
+		}
+	}
+	return 0, fmt.Errorf("%w: profile %q: %v", ErrSpec, s.Profile, err)
+}
+
+// GPUs returns the deployment's GPU count: workers × TP.
+func (s Spec) GPUs() (int, error) {
+	tp, err := s.TP()
+	if err != nil {
+		return 0, err
+	}
+	return s.workers() * tp, nil
+}
+
+func (s Spec) workers() int {
+	if s.Mode == Colocated {
+		return s.DecodeWorkers
+	}
+	return s.PrefillWorkers + s.DecodeWorkers
+}
+
+func (s Spec) engine() string {
+	if s.Engine == "" {
+		return enginecfg.Sim
+	}
+	return s.Engine
+}
+
+// Options returns the coordinator options that run s.
+func (s Spec) Options() (coordinator.Options, error) {
+	o := coordinator.DefaultOptions()
+	o.HTTPAddr = "127.0.0.1:0"
+	o.NATSListen = "127.0.0.1:-1"
+	o.Standalone = true
+	o.Mode = s.Mode
+	o.PrefillWorkers, o.DecodeWorkers = s.PrefillWorkers, s.DecodeWorkers
+	o.Codec = s.Codec
+	if s.FirstTokenPolicy != "" {
+		o.FirstTokenPolicy = s.FirstTokenPolicy
+	}
+	o.QueueLimit = s.QueueLimit
+	o.ModelName = s.ModelName
+	o.HeartbeatTTL = 2 * time.Second
+	o.ShutdownTimeout = 10 * time.Second
+	o.LogLevel = "warn"
+	o.Engine.Engine = s.engine()
+	if o.Engine.Engine == enginecfg.Sim {
+		o.Engine.Profile = s.Profile
+		o.Engine.TimeScale = s.TimeScale
+		if o.Engine.TimeScale == 0 {
+			o.Engine.TimeScale = 1
+		}
+		if s.PayloadScale > 0 {
+			o.Engine.PayloadScale = s.PayloadScale
+		}
+	} else if s.Preset != "" {
+		o.Engine.Preset = s.Preset
+	}
+	o.WorkerOptions = func(w *workerrun.Options) {
+		w.HeartbeatInterval = 200 * time.Millisecond
+		w.LinkGbps = s.LinkGbps
+		if s.ChunkTokens > 0 {
+			w.Prefill.ChunkTokens, w.Decode.ChunkTokens = s.ChunkTokens, s.ChunkTokens
+		}
+		if s.MaxBatchTokens > 0 {
+			w.Prefill.MaxBatchTokens, w.Decode.MaxBatchTokens = s.MaxBatchTokens, s.MaxBatchTokens
+		}
+		if s.MaxBatch > 0 {
+			w.Decode.MaxBatch = s.MaxBatch
+		}
+		if s.KVBlocks > 0 {
+			w.Decode.KVBlocks = s.KVBlocks
+		}
+		if s.Codec != "" {
+			w.Prefill.Codec = s.Codec
+		}
+	}
+	if err := o.Complete(); err != nil {
+		return o, fmt.Errorf("%w: %v", ErrSpec, err)
+	}
+	if err := o.Validate(); err != nil {
+		return o, fmt.Errorf("%w: %v", ErrSpec, err)
+	}
+	return o, nil
+}
+
+// Facts lists what s runs, for reports: engine and profile, workers and
+// split, the KV path (codec, link, first-token policy) and the step
+// budget, with worker defaults filled in.
+func (s Spec) Facts() report.Object {
+	var f report.Object
+	if s.engine() == enginecfg.Sim {
+		f.Add("engine", fmt.Sprintf("sim %s (time scale %g, KV payload scale %.3g)", s.Profile, nonZero(s.TimeScale, 1), nonZero(s.PayloadScale, 1)))
+	} else {
+		f.Add("engine", fmt.Sprintf("ref %s", s.Preset))
+	}
+	wo := workerrun.NewDecodeOptions()
+	po := workerrun.NewPrefillOptions()
+	chunk, budget := nonZeroInt(s.ChunkTokens, wo.Decode.ChunkTokens), nonZeroInt(s.MaxBatchTokens, wo.Decode.MaxBatchTokens)
+	maxBatch := nonZeroInt(s.MaxBatch, wo.Decode.MaxBatch)
+	kvBlocks := nonZeroInt(s.KVBlocks, wo.Decode.KVBlocks)
+	if s.Mode == Colocated {
+		f.Add("workers", fmt.Sprintf("%d colocated", s.DecodeWorkers))
+		f.Add("P:D split", "— (colocated)")
+		f.Add("KV codec / link", "— (no transfer)")
+		f.Add("first-token policy", "—")
+		f.Add("step budget", fmt.Sprintf("chunked prefill: %d-token chunks, %d tokens/step, ≤ %d seqs/step", chunk, budget, maxBatch))
+	} else {
+		f.Add("workers", fmt.Sprintf("%d prefill + %d decode", s.PrefillWorkers, s.DecodeWorkers))
+		f.Add("P:D split", fmt.Sprintf("%d:%d", s.PrefillWorkers, s.DecodeWorkers))
+		codec := s.Codec
+		if codec == "" {
+			codec = po.Prefill.Codec
+		}
+		link := "unpaced"
+		if s.LinkGbps > 0 {
+			link = fmt.Sprintf("%g Gb/s", s.LinkGbps)
+		}
+		f.Add("KV codec / link", fmt.Sprintf("%s, %s", codec, link))
+		f.Add("first-token policy", nonEmpty(s.FirstTokenPolicy, coordinator.PolicyPrefill))
+		f.Add("step budget", fmt.Sprintf("prefill: %d-token chunks, %d tokens/step; decode ≤ %d seqs/step",
+			nonZeroInt(s.ChunkTokens, po.Prefill.ChunkTokens), nonZeroInt(s.MaxBatchTokens, po.Prefill.MaxBatchTokens), maxBatch))
+	}
+	f.Add("KV pool per decode worker", fmt.Sprintf("%d blocks × %d tokens", kvBlocks, wo.Decode.BlockTokens))
+	return f
+}
+
+func nonZero(x, def float64) float64 {
+	if x == 0 {
+		return def
+	}
+	return x
+}
+
+func nonZeroInt(x, def int) int {
+	if x == 0 {
+		return def
+	}
+	return x
+}
+
+func nonEmpty(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// Local is a running local deployment.
+type Local struct {
+	c    *coordinator.Coordinator
+	spec Spec
+}
+
+// readyWait bounds how long Start waits for the workers to join.
+const readyWait = 60 * time.Second
+
+// Start starts s and returns once it is ready to serve (every role has a
+// worker in the membership). log receives the deployment's logs (nil:
+// none). Errors: ErrSpec, start errors, or not ready in time (what was
+// started is stopped again).
+func Start(ctx context.Context, s Spec, log *zap.Logger) (*Local, error) {
+	o, err := s.Options()
+	if err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	c, err := coordinator.Start(ctx, o, log)
+	if err != nil {
+		return nil, fmt.Errorf("deploy: start %s: %w", s.Mode, err)
+	}
+	l := &Local{c: c, spec: s}
+	deadline := time.NewTimer(readyWait)
+	defer deadline.Stop()
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		rerr := c.Ready()
+		if rerr == nil {
+			return l, nil
+		}
+		select {
+		case <-ctx.Done():
+			l.Close(context.Background())
+			return nil, ctx.Err()
+		case <-deadline.C:
+			l.Close(context.Background())
+			return nil, fmt.Errorf("deploy: %s deployment not ready within %v: %v", s.Mode, readyWait, rerr)
+		case <-tick.C:
+		}
+	}
+}
+
+// URL returns the deployment's base URL (http://127.0.0.1:PORT).
+func (l *Local) URL() string { return "http://" + l.c.HTTPAddr() }
+
+// Spec returns what runs.
+func (l *Local) Spec() Spec { return l.spec }
+
+// Close stops the deployment gracefully, bounded by ctx.
+func (l *Local) Close(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return l.c.Shutdown(ctx)
+}

@@ -1,0 +1,103 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/pdserve/pdserve/loadtest/workload"
+)
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+const usage = `usage: go run ./loadtest COMMAND [flags]
+
+Commands:
+  run       one benchmark run against an OpenAI-compatible endpoint
+  sweep     runs over a series of request rates: SLO attainment curve and the
+            highest rate meeting the attainment target
+  compare   disaggregated vs colocated at equal GPUs (started locally on the
+            performance-model engine, or given by URL), side by side
+  regress   a run (or a saved result) against a baseline result; exits 1 when
+            TTFT or TPOT at the chosen statistic drifts beyond the limit
+
+Run "go run ./loadtest COMMAND -h" for a command's flags. See loadtest/README.md.
+`
+
+// Exit codes.
+const (
+	exitOK        = 0
+	exitFail      = 1 // the run failed, or regress found a regression
+	exitUsage     = 2 // bad flags
+	exitInterrupt = 130
+)
+
+// run executes a command and returns the process exit code.
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return exitUsage
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var err error
+	switch cmd, rest := args[0], joinNargs(args[1:]); cmd {
+	case "run":
+		err = cmdRun(ctx, rest, stdout, stderr)
+	case "sweep":
+		err = cmdSweep(ctx, rest, stdout, stderr)
+	case "compare":
+		err = cmdCompare(ctx, rest, stdout, stderr)
+	case "regress":
+		err = cmdRegress(ctx, rest, stdout, stderr)
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	default:
+		fmt.Fprintf(stderr, "loadtest: unknown command %q\n\n%s", cmd, usage)
+		return exitUsage
+	}
+	switch {
+	case err == nil:
+		return exitOK
+	case errors.Is(err, flag.ErrHelp):
+		return exitOK
+	case errors.Is(err, errUsage), errors.Is(err, workload.ErrBadOption):
+		fmt.Fprintf(stderr, "loadtest: %v\n", err)
+		return exitUsage
+	case errors.Is(err, errRegression):
+		return exitFail
+	case ctx.Err() != nil:
+		fmt.Fprintf(stderr, "loadtest: interrupted: %v\n", err)
+		return exitInterrupt
+	default:
+		fmt.Fprintf(stderr, "loadtest: %v\n", err)
+		return exitFail
+	}
+}
+
+// parseFlags parses args into fs and completes the shared options. Flag
+// errors are usage errors.
+func parseFlags(fs *flag.FlagSet, args []string, o *benchOptions) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	if o == nil {
+		return nil
+	}
+	if err := o.complete(); err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	return nil
+}
