@@ -1,0 +1,11 @@
+// Package charttest checks the Helm chart in helm/pdserve. It has no
+// non-test code: its tests render the chart with the Helm SDK for every
+// values file in helm/pdserve/ci, decode each object strictly into the
+// Kubernetes API types, and check what a cluster would otherwise find out
+// at run time: that the two worker pools land on their own node selectors
+// and tolerations, that GPUs are requested only where configured, that every
+// flag given to a pdserve container is one its binary accepts (parsed with
+// the binary's own flag set), that the coordinator's policy file parses,
+// that the dashboard queries name real metrics, and that the values schema
+// rejects the bad values files in helm/testdata/bad.
+package charttest

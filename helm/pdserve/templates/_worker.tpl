@@ -1,0 +1,203 @@
+{{/*
+A worker pool: Deployment, headless Service and PodDisruptionBudget.
+Call with (dict "root" $ "component" "prefill" "binary" "prefill-worker"
+"name" <deployment name> "pool" <pool values> "args" <role flags>).
+*/}}
+{{- define "pdserve.workerPool" -}}
+{{- $root := .root }}
+{{- $pool := .pool }}
+{{- $component := .component }}
+{{- $engine := include "pdserve.poolEngine" (dict "root" $root "pool" $pool) | fromYaml }}
+{{- $args := list
+  (printf "--grpc-addr=:%s" (include "pdserve.fmt" $pool.grpcPort))
+  (printf "--advertise-addr=$(POD_IP):%s" (include "pdserve.fmt" $pool.grpcPort))
+  "--id=$(POD_NAME)"
+  (printf "--metrics-addr=:%s" (include "pdserve.fmt" $pool.metricsPort))
+  "--nats-url=$(NATS_URL)"
+  (printf "--log-level=%s" $root.Values.logLevel) }}
+{{- /* Drain in-flight work within the grace period: what is left after the
+preStop sleep, less 5 s to exit. */}}
+{{- $drain := sub (sub (int64 $pool.terminationGracePeriodSeconds) (int64 $pool.preStopSleepSeconds)) 5 }}
+{{- if lt $drain 1 }}
+{{- fail (printf "%s: terminationGracePeriodSeconds must exceed preStopSleepSeconds + 5" $component) }}
+{{- end }}
+{{- $args = append $args (printf "--drain-timeout=%ds" $drain) }}
+{{- $args = concat $args (include "pdserve.engineFlags" $engine | fromYamlArray) .args }}
+{{- if $root.Values.tls.enabled }}
+{{- $args = concat $args (list "--tls-cert=/etc/pdserve/tls/tls.crt" "--tls-key=/etc/pdserve/tls/tls.key" "--tls-ca=/etc/pdserve/tls/ca.crt" (printf "--tls-server-name=%s" $root.Values.tls.serverName)) }}
+{{- end }}
+{{- $args = concat $args $pool.extraArgs }}
+{{- $gpus := int64 $pool.gpus }}
+{{- $resources := deepCopy (default dict $pool.resources) }}
+{{- if gt $gpus 0 }}
+{{- $_ := set $resources "limits" (merge (dict "nvidia.com/gpu" $gpus) (default dict $resources.limits)) }}
+{{- $_ := set $resources "requests" (merge (dict "nvidia.com/gpu" $gpus) (default dict $resources.requests)) }}
+{{- end }}
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {{ .name }}
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- include "pdserve.labels" (dict "root" $root "component" $component) | nindent 4 }}
+spec:
+  replicas: {{ include "pdserve.fmt" $pool.replicas }}
+  selector:
+    matchLabels:
+      {{- include "pdserve.selectorLabels" (dict "root" $root "component" $component) | nindent 6 }}
+  strategy:
+    type: RollingUpdate
+    rollingUpdate:
+      # A GPU pool rarely has a spare GPU for a surge pod: replace one at a time.
+      maxUnavailable: 1
+      maxSurge: 0
+  template:
+    metadata:
+      labels:
+        {{- include "pdserve.labels" (dict "root" $root "component" $component) | nindent 8 }}
+        {{- with $pool.podLabels }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      {{- with $pool.podAnnotations }}
+      annotations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+    spec:
+      automountServiceAccountToken: false
+      {{- with $root.Values.imagePullSecrets }}
+      imagePullSecrets:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $pool.priorityClassName }}
+      priorityClassName: {{ . }}
+      {{- end }}
+      {{- with $pool.runtimeClassName }}
+      runtimeClassName: {{ . }}
+      {{- end }}
+      securityContext:
+        {{- toYaml $root.Values.podSecurityContext | nindent 8 }}
+      terminationGracePeriodSeconds: {{ include "pdserve.fmt" $pool.terminationGracePeriodSeconds }}
+      {{- with $pool.nodeSelector }}
+      nodeSelector:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $pool.affinity }}
+      affinity:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $pool.tolerations }}
+      tolerations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with include "pdserve.topologySpread" (dict "root" $root "component" $component "pool" $pool) | trim }}
+      {{- . | nindent 6 }}
+      {{- end }}
+      containers:
+        - name: {{ .binary }}
+          image: {{ include "pdserve.image" (dict "root" $root "image" $pool.image) }}
+          imagePullPolicy: {{ $pool.image.pullPolicy }}
+          args:
+            {{- toYaml $args | nindent 12 }}
+          env:
+            {{- include "pdserve.podEnv" $root | trim | nindent 12 }}
+            {{- include "pdserve.natsEnv" $root | trim | nindent 12 }}
+            {{- with $pool.extraEnv }}
+            {{- toYaml . | nindent 12 }}
+            {{- end }}
+          ports:
+            - name: grpc
+              containerPort: {{ include "pdserve.fmt" $pool.grpcPort }}
+              protocol: TCP
+            - name: metrics
+              containerPort: {{ include "pdserve.fmt" $pool.metricsPort }}
+              protocol: TCP
+          startupProbe:
+            httpGet:
+              path: /healthz
+              port: metrics
+            periodSeconds: 2
+            # Building an engine (synthetic weights or a profile) may take a while.
+            failureThreshold: 150
+          livenessProbe:
+            httpGet:
+              path: /healthz
+              port: metrics
+            periodSeconds: 10
+            timeoutSeconds: 3
+            failureThreshold: 3
+          readinessProbe:
+            httpGet:
+              path: /readyz
+              port: metrics
+            periodSeconds: 5
+            timeoutSeconds: 3
+            failureThreshold: 2
+          {{- if gt (int64 $pool.preStopSleepSeconds) 0 }}
+          lifecycle:
+            preStop:
+              sleep:
+                seconds: {{ include "pdserve.fmt" $pool.preStopSleepSeconds }}
+          {{- end }}
+          resources:
+            {{- toYaml $resources | nindent 12 }}
+          securityContext:
+            {{- toYaml $root.Values.securityContext | nindent 12 }}
+          volumeMounts:
+            - name: tmp
+              mountPath: /tmp
+            {{- if $root.Values.tls.enabled }}
+            - name: tls
+              mountPath: /etc/pdserve/tls
+              readOnly: true
+            {{- end }}
+      volumes:
+        - name: tmp
+          emptyDir:
+            sizeLimit: 256Mi
+        {{- if $root.Values.tls.enabled }}
+        - name: tls
+          secret:
+            secretName: {{ required "tls.existingSecret is required when tls.enabled" $root.Values.tls.existingSecret }}
+        {{- end }}
+---
+# Headless: workers are found through NATS heartbeats, this Service names
+# their ports for monitoring and DNS.
+apiVersion: v1
+kind: Service
+metadata:
+  name: {{ .name }}
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- include "pdserve.labels" (dict "root" $root "component" $component) | nindent 4 }}
+spec:
+  clusterIP: None
+  publishNotReadyAddresses: false
+  selector:
+    {{- include "pdserve.selectorLabels" (dict "root" $root "component" $component) | nindent 4 }}
+  ports:
+    - name: grpc
+      port: {{ include "pdserve.fmt" $pool.grpcPort }}
+      targetPort: grpc
+      protocol: TCP
+      appProtocol: grpc
+    - name: metrics
+      port: {{ include "pdserve.fmt" $pool.metricsPort }}
+      targetPort: metrics
+      protocol: TCP
+      appProtocol: http
+{{- if $pool.pdb.enabled }}
+---
+apiVersion: policy/v1
+kind: PodDisruptionBudget
+metadata:
+  name: {{ .name }}
+  namespace: {{ $root.Release.Namespace }}
+  labels:
+    {{- include "pdserve.labels" (dict "root" $root "component" $component) | nindent 4 }}
+spec:
+  maxUnavailable: {{ include "pdserve.fmt" $pool.pdb.maxUnavailable }}
+  selector:
+    matchLabels:
+      {{- include "pdserve.selectorLabels" (dict "root" $root "component" $component) | nindent 6 }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Lint and render the pdserve chart over the values matrix in
+# helm/pdserve/ci/*-values.yaml, and check that the schema rejects the bad
+# values files in helm/testdata/bad/. helm is the version pinned as a tool in
+# go.mod (`go tool helm`), built from the module cache: nothing is downloaded
+# at run time besides Go modules.
+#
+# Usage: helm/test.sh   (from anywhere; KUBE_VERSION overrides the
+# Kubernetes version rendered for, default 1.33.0)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+chart=helm/pdserve
+kube="${KUBE_VERSION:-1.33.0}"
+out="$(mktemp -d)"
+trap 'rm -rf "$out"' EXIT
+
+helm() { go tool helm "$@"; }
+
+echo "helm $(helm version --template '{{.Version}}'), Kubernetes $kube"
+passed=0
+failed=0
+check() { # name, command...
+	local name="$1"
+	shift
+	if "$@" >"$out/log" 2>&1; then
+		passed=$((passed + 1))
+		echo "ok   $name"
+	else
+		failed=$((failed + 1))
+		echo "FAIL $name"
+		sed 's/^/     /' "$out/log"
+	fi
+}
+rejects() { # a command that must fail with a schema error
+	if "$@" >"$out/reject" 2>&1; then
+		echo "accepted, want a schema error"
+		return 1
+	fi
+	grep -q "values don't meet the specifications of the schema" "$out/reject" || {
+		cat "$out/reject"
+		return 1
+	}
+}
+
+check "lint defaults" helm lint --strict --kube-version "$kube" "$chart"
+check "template defaults" helm template pd "$chart" -n pdserve --kube-version "$kube" --output-dir "$out/defaults"
+for f in "$chart"/ci/*-values.yaml; do
+	name="$(basename "$f" -values.yaml)"
+	check "lint $name" helm lint --strict --kube-version "$kube" -f "$f" "$chart"
+	check "template $name" helm template pd "$chart" -n pdserve --kube-version "$kube" -f "$f" --output-dir "$out/$name"
+done
+for f in helm/testdata/bad/*.yaml; do
+	check "schema rejects $(basename "$f" .yaml)" rejects helm template pd "$chart" --kube-version "$kube" -f "$f"
+done
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
