@@ -1,0 +1,159 @@
+package actuator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"go.uber.org/zap"
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/pdserve/pdserve/pkg/planner"
+)
+
+// Compile-time checks.
+var (
+	_ planner.Actuator = (*Log)(nil)
+	_ planner.Actuator = (*Kubernetes)(nil)
+)
+
+// ErrBadReplicas is returned for a replica count < 0; match with errors.Is.
+var ErrBadReplicas = errors.New("actuator: replica count must be ≥ 0")
+
+// Log only logs the desired replicas: the default actuator, for a human
+// or an external autoscaler to act on. Safe for concurrent use.
+type Log struct {
+	log *zap.Logger
+}
+
+// NewLog returns a Log writing to log (nil: a no-op logger).
+func NewLog(log *zap.Logger) *Log {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Log{log: log}
+}
+
+// Scale logs the replica counts. Errors: ErrBadReplicas.
+func (l *Log) Scale(_ context.Context, prefill, decode int) error {
+	if prefill < 0 || decode < 0 {
+		return fmt.Errorf("%w: prefill %d, decode %d", ErrBadReplicas, prefill, decode)
+	}
+	l.log.Info("planner: desired pool replicas (log actuator: not applied)", zap.Int("prefill", prefill), zap.Int("decode", decode))
+	return nil
+}
+
+// Kubernetes scales the prefill and decode Deployments of one namespace
+// through their scale subresource. RBAC it needs (see RBACRules): get and
+// update on deployments/scale in the apps API group. Safe for concurrent
+// use (the clientset is).
+type Kubernetes struct {
+	client                  kubernetes.Interface
+	namespace               string
+	prefillName, decodeName string
+}
+
+// KubernetesOptions name the Deployments to scale.
+type KubernetesOptions struct {
+	Namespace         string // required
+	PrefillDeployment string // required
+	DecodeDeployment  string // required
+}
+
+// NewKubernetes returns an actuator using client (a real or fake
+// clientset). Errors: a missing namespace or Deployment name.
+func NewKubernetes(client kubernetes.Interface, o KubernetesOptions) (*Kubernetes, error) {
+	if client == nil || o.Namespace == "" || o.PrefillDeployment == "" || o.DecodeDeployment == "" {
+		return nil, errors.New("actuator: kubernetes needs a client, a namespace and the prefill and decode Deployment names")
+	}
+	return &Kubernetes{client: client, namespace: o.Namespace, prefillName: o.PrefillDeployment, decodeName: o.DecodeDeployment}, nil
+}
+
+// NewInCluster returns an actuator that talks to the API server of the
+// cluster it runs in, with the pod's service account. Errors: not running
+// in a cluster, or those of NewKubernetes.
+func NewInCluster(o KubernetesOptions) (*Kubernetes, error) {
+	cfg, err := rest.InClusterConfig()
+	if err != nil {
+		return nil, fmt.Errorf("actuator: in-cluster config: %w", err)
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("actuator: kubernetes client: %w", err)
+	}
+	return NewKubernetes(cs, o)
+}
+
+// Scale sets spec.replicas of the prefill and then the decode Deployment,
+// leaving a Deployment already at its count untouched and retrying on
+// update conflicts. Errors: ErrBadReplicas, or the API error wrapped with
+// the Deployment's name (the first failure stops; the prefill Deployment
+// may then already be scaled).
+func (k *Kubernetes) Scale(ctx context.Context, prefill, decode int) error {
+	if prefill < 0 || decode < 0 {
+		return fmt.Errorf("%w: prefill %d, decode %d", ErrBadReplicas, prefill, decode)
+	}
+	if err := k.scaleOne(ctx, k.prefillName, int32(prefill)); err != nil {
+		return err
+	}
+	return k.scaleOne(ctx, k.decodeName, int32(decode))
+}
+
+func (k *Kubernetes) scaleOne(ctx context.Context, name string, replicas int32) error {
+	deps := k.client.AppsV1().Deployments(k.namespace)
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		s, err := deps.GetScale(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if s.Spec.Replicas == replicas {
+			return nil
+		}
+		s.Spec.Replicas = replicas
+		_, err = deps.UpdateScale(ctx, name, s, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("actuator: scale deployment %s/%s to %d: %w", k.namespace, name, replicas, err)
+	}
+	return nil
+}
+
+// Current returns the replicas the prefill and decode Deployments have
+// (status.replicas of their scale). Errors: the API error, wrapped.
+func (k *Kubernetes) Current(ctx context.Context) (prefill, decode int, err error) {
+	get := func(name string) (*autoscalingv1.Scale, error) {
+		s, err := k.client.AppsV1().Deployments(k.namespace).GetScale(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("actuator: get scale of %s/%s: %w", k.namespace, name, err)
+		}
+		return s, nil
+	}
+	p, err := get(k.prefillName)
+	if err != nil {
+		return 0, 0, err
+	}
+	d, err := get(k.decodeName)
+	if err != nil {
+		return 0, 0, err
+	}
+	return int(p.Status.Replicas), int(d.Status.Replicas), nil
+}
+
+// Rule is one RBAC policy rule, as in a Role's rules list.
+type Rule struct {
+	APIGroups []string
+	Resources []string
+	Verbs     []string
+}
+
+// RBACRules are the permissions the Kubernetes actuator needs in its
+// namespace: a Role with these rules bound to the coordinator's service
+// account.
+func RBACRules() []Rule {
+	return []Rule{{APIGroups: []string{"apps"}, Resources: []string{"deployments/scale"}, Verbs: []string{"get", "update"}}}
+}

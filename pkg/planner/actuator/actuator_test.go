@@ -1,0 +1,198 @@
+package actuator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+)
+
+const ns = "serving"
+
+func deployment(name string, replicas int32) *appsv1.Deployment {
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec:       appsv1.DeploymentSpec{Replicas: &replicas},
+		Status:     appsv1.DeploymentStatus{Replicas: replicas},
+	}
+}
+
+var deploymentsGVR = schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "deployments"}
+
+// newFake returns a fake clientset holding the two Deployments, with
+// reactors that serve their scale subresource from spec.replicas (the fake
+// object tracker does not implement subresources), and a log of the scale
+// calls it served. failUpdates makes that many UpdateScale calls fail with
+// a conflict first.
+func newFake(t *testing.T, prefill, decode int32, failUpdates int) (*fake.Clientset, *[]string) {
+	t.Helper()
+	cs := fake.NewClientset(deployment("pd-prefill", prefill), deployment("pd-decode", decode))
+	var mu sync.Mutex
+	var calls []string
+	cs.PrependReactor("get", "deployments", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() != "scale" {
+			return false, nil, nil
+		}
+		name := a.(k8stesting.GetAction).GetName()
+		mu.Lock()
+		calls = append(calls, "get "+name)
+		mu.Unlock()
+		obj, err := cs.Tracker().Get(deploymentsGVR, a.GetNamespace(), name)
+		if err != nil {
+			return true, nil, err
+		}
+		d := obj.(*appsv1.Deployment)
+		return true, &autoscalingv1.Scale{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: d.Namespace},
+			Spec:       autoscalingv1.ScaleSpec{Replicas: *d.Spec.Replicas},
+			Status:     autoscalingv1.ScaleStatus{Replicas: d.Status.Replicas},
+		}, nil
+	})
+	cs.PrependReactor("update", "deployments", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() != "scale" {
+			return false, nil, nil
+		}
+		s := a.(k8stesting.UpdateAction).GetObject().(*autoscalingv1.Scale)
+		mu.Lock()
+		calls = append(calls, fmt.Sprintf("update %s %d", s.Name, s.Spec.Replicas))
+		fail := failUpdates > 0
+		failUpdates--
+		mu.Unlock()
+		if fail {
+			return true, nil, apierrors.NewConflict(schema.GroupResource{Group: "apps", Resource: "deployments"}, s.Name, errors.New("changed"))
+		}
+		obj, err := cs.Tracker().Get(deploymentsGVR, a.GetNamespace(), s.Name)
+		if err != nil {
+			return true, nil, err
+		}
+		d := obj.(*appsv1.Deployment).DeepCopy()
+		d.Spec.Replicas = &s.Spec.Replicas
+		if err := cs.Tracker().Update(deploymentsGVR, d, a.GetNamespace()); err != nil {
+			return true, nil, err
+		}
+		return true, s, nil
+	})
+	return cs, &calls
+}
+
+func replicas(t *testing.T, cs *fake.Clientset, name string) int32 {
+	t.Helper()
+	d, err := cs.AppsV1().Deployments(ns).Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("get %s: %v", name, err)
+	}
+	return *d.Spec.Replicas
+}
+
+func TestKubernetesScale(t *testing.T) {
+	tests := []struct {
+		name            string
+		prefill, decode int
+		failUpdates     int
+		wantCalls       []string
+		wantP, wantD    int32
+	}{
+		{
+			name: "both change", prefill: 4, decode: 2,
+			wantCalls: []string{"get pd-prefill", "update pd-prefill 4", "get pd-decode", "update pd-decode 2"},
+			wantP:     4, wantD: 2,
+		},
+		{
+			name: "decode unchanged is not updated", prefill: 3, decode: 1,
+			wantCalls: []string{"get pd-prefill", "update pd-prefill 3", "get pd-decode"},
+			wantP:     3, wantD: 1,
+		},
+		{
+			name: "conflict retried", prefill: 2, decode: 1, failUpdates: 1,
+			wantCalls: []string{"get pd-prefill", "update pd-prefill 2", "get pd-prefill", "update pd-prefill 2", "get pd-decode"},
+			wantP:     2, wantD: 1,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cs, calls := newFake(t, 1, 1, tt.failUpdates)
+			k, err := NewKubernetes(cs, KubernetesOptions{Namespace: ns, PrefillDeployment: "pd-prefill", DecodeDeployment: "pd-decode"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := k.Scale(t.Context(), tt.prefill, tt.decode); err != nil {
+				t.Fatalf("Scale: %v", err)
+			}
+			if diff := cmp.Diff(tt.wantCalls, *calls); diff != "" {
+				t.Errorf("scale calls (-want +got):\n%s", diff)
+			}
+			if p, d := replicas(t, cs, "pd-prefill"), replicas(t, cs, "pd-decode"); p != tt.wantP || d != tt.wantD {
+				t.Errorf("replicas = %d, %d; want %d, %d", p, d, tt.wantP, tt.wantD)
+			}
+		})
+	}
+}
+
+func TestKubernetesErrors(t *testing.T) {
+	cs, _ := newFake(t, 1, 1, 0)
+	k, err := NewKubernetes(cs, KubernetesOptions{Namespace: ns, PrefillDeployment: "pd-prefill", DecodeDeployment: "missing"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = k.Scale(t.Context(), 2, 2)
+	if !apierrors.IsNotFound(err) {
+		t.Errorf("Scale with a missing Deployment: %v, want NotFound", err)
+	}
+	if err := k.Scale(t.Context(), -1, 2); !errors.Is(err, ErrBadReplicas) {
+		t.Errorf("Scale(-1, 2) = %v, want ErrBadReplicas", err)
+	}
+	if _, err := NewKubernetes(cs, KubernetesOptions{Namespace: ns}); err == nil {
+		t.Error("NewKubernetes without Deployment names succeeded")
+	}
+}
+
+func TestKubernetesCurrent(t *testing.T) {
+	cs, _ := newFake(t, 3, 2, 0)
+	k, err := NewKubernetes(cs, KubernetesOptions{Namespace: ns, PrefillDeployment: "pd-prefill", DecodeDeployment: "pd-decode"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, d, err := k.Current(t.Context())
+	if err != nil || p != 3 || d != 2 {
+		t.Errorf("Current = %d, %d, %v; want 3, 2, nil", p, d, err)
+	}
+}
+
+func TestLog(t *testing.T) {
+	core, logs := observer.New(zap.InfoLevel)
+	l := NewLog(zap.New(core))
+	if err := l.Scale(t.Context(), 3, 2); err != nil {
+		t.Fatal(err)
+	}
+	entries := logs.All()
+	if len(entries) != 1 {
+		t.Fatalf("%d log entries, want 1", len(entries))
+	}
+	got := entries[0].ContextMap()
+	if diff := cmp.Diff(map[string]any{"prefill": int64(3), "decode": int64(2)}, got); diff != "" {
+		t.Errorf("log fields (-want +got):\n%s", diff)
+	}
+	if err := l.Scale(t.Context(), 1, -2); !errors.Is(err, ErrBadReplicas) {
+		t.Errorf("Scale(1, -2) = %v, want ErrBadReplicas", err)
+	}
+}
+
+func TestRBACRules(t *testing.T) {
+	want := []Rule{{APIGroups: []string{"apps"}, Resources: []string{"deployments/scale"}, Verbs: []string{"get", "update"}}}
+	if diff := cmp.Diff(want, RBACRules()); diff != "" {
+		t.Errorf("RBACRules (-want +got):\n%s", diff)
+	}
+}

@@ -1,0 +1,72 @@
+// Package planner sizes the prefill and decode pools of a disaggregated
+// deployment, and compares it with colocated serving at equal GPUs, so that
+// goodput per GPU — the highest request rate at which a target fraction of
+// requests meets both the TTFT and the TPOT SLO, divided by the GPUs used —
+// is as high as the hardware allows.
+//
+// # Model
+//
+// A discrete-event simulation of the serving system, driven by the step-time
+// model of package perfmodel (the same one the performance-model engine
+// uses):
+//
+//   - disaggregated: as the router does, a request first reserves its
+//     prompt+output tokens of KV on the decode worker with the fewest
+//     requests among those with room (waiting at the coordinator while
+//     none has), then joins the prefill worker with the fewest queued
+//     prompt tokens; a prefill worker runs batches of whole prompts up to
+//     a token limit; each prompt's KV streams layer by layer while the
+//     prefill runs, through the sender's egress and then the receiver's
+//     ingress (each a FIFO link of the given bandwidth per worker),
+//     compressed by a codec of given ratio and per-core speed; a decode
+//     worker runs continuous batches of at most a batch limit;
+//   - colocated: each worker runs chunked prefill mixed into its decode
+//     batches (Sarathi-Serve / vLLM style) with a token budget per step, or,
+//     with chunking off, prefill-priority steps of whole prompts (vLLM
+//     without chunked prefill, DistServe's baseline).
+//
+// Arrivals follow a gamma process of the asked rate and burstiness (shape 1
+// is Poisson) or a trace's own inter-arrival gaps rescaled to the rate;
+// lengths are drawn from the workload's empirical distribution. A fixed seed
+// gives every candidate the same requests (common random numbers), so
+// candidates are compared on equal terms and results are repeatable. A run
+// simulates enough requests for its arrivals to span four request
+// lifetimes (TTFT SLO + mean output × TPOT SLO; at least Config.Requests,
+// at most ten times that) and measures only those arriving after a
+// warm-up and before a drain of one lifetime each (a tenth of the span
+// each when that is shorter).
+//
+// # Budget and policies
+//
+// Every simulated request records the DESIGN's boundaries, and the TTFT
+// budget is reported term by term: ingress, queue (the prefill queue and
+// any wait for decode memory, where the router puts it), prefill,
+// kv_transfer (KV done − prefill end: the part of the transfer not hidden
+// behind prefill compute, waits for a busy link included) and first_token
+// (joining the decode batch and its first step). With first-token policy "decode" the
+// first token comes from the decode worker and kv_transfer is part of TTFT;
+// with "prefill" it leaves the prefill worker at once and the transfer lands
+// in the first inter-token gap (TPOT).
+//
+// # Search
+//
+// For every (prefill, decode) pair and every colocated count within the GPU
+// budget, a binary search on the rate finds the highest rate whose simulated
+// SLO attainment reaches the target; candidates whose analytic capacity bound
+// cannot beat the best found are skipped. The plan also fixes the batching
+// limits that protect the SLO: the largest decode batch whose step fits the
+// TPOT SLO, the prefill tokens per step whose step fits half the TTFT SLO,
+// and the colocated chunk budget that gives the most goodput.
+//
+// # Online
+//
+// Online keeps a sliding window of observed requests, corrects the model by
+// the observed/predicted ratios of prefill time, decode step time and
+// transfer time, re-plans every interval and publishes the desired replicas,
+// with a cooldown, a stabilization count and scale-down hysteresis so that
+// it does not flap.
+//
+// Everything but Online.Run is deterministic and takes time as an input.
+// Config, Workload and Plan values are not modified by the functions that
+// read them; Online is safe for concurrent use.
+package planner

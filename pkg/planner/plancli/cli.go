@@ -1,0 +1,307 @@
+package plancli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pdserve/pdserve/pkg/perfmodel"
+	"github.com/pdserve/pdserve/pkg/planner"
+)
+
+// Options are the flags of `coordinator plan`.
+type Options struct {
+	Profiles      []string // prefill (and colocated) profiles; several = what-if
+	DecodeProfile string   // "" = the same as the profile
+	Workload      string
+	Samples       int
+	Rate          float64
+	Burstiness    float64
+	SLOTTFT       time.Duration
+	SLOTPOT       time.Duration
+	Attainment    float64
+	LinkGbps      float64
+	Codec         string
+	CodecRatio    float64 // 0 = the codec's
+	CodecMBps     float64 // per core, both directions; 0 = the codec's
+	CodecCores    int
+	Policy        string
+	Ingress       time.Duration
+	GPUBudget     int
+	GPUCost       string // "2.5" or "a100-80g=1.9,h100=3.5"
+	Limits        planner.Limits
+	Requests      int
+	Seed          uint64
+	Output        string // table or json
+	Plot          string // PNG file, "" = none
+}
+
+// DefaultOptions returns the flag defaults.
+func DefaultOptions() Options {
+	return Options{
+		Attainment: 0.9,
+		LinkGbps:   100,
+		Codec:      "none",
+		CodecCores: planner.DefaultCodecCores,
+		Policy:     string(planner.PolicyDecode),
+		GPUBudget:  16,
+		GPUCost:    "2",
+		Requests:   planner.DefaultRequests,
+		Seed:       1,
+		Output:     "table",
+	}
+}
+
+// AddFlags registers the options on fs.
+func (o *Options) AddFlags(fs *flag.FlagSet) {
+	fs.Func("profile", "performance-model profile GPU/MODEL/tpN or a profile .json file, for prefill, decode and colocated workers; repeat it or give a comma-separated list for a what-if side by side (see `coordinator profiles`)", func(s string) error {
+		for _, p := range strings.Split(s, ",") {
+			if p = strings.TrimSpace(p); p != "" {
+				o.Profiles = append(o.Profiles, p)
+			}
+		}
+		return nil
+	})
+	fs.StringVar(&o.DecodeProfile, "decode-profile", o.DecodeProfile, "profile of the decode workers when it differs (e.g. another tensor-parallel degree); only with one --profile")
+	fs.StringVar(&o.Workload, "workload", o.Workload, "fixed:IN/OUT, an Azure trace .csv, a Mooncake .jsonl, a ShareGPT .json or a loadtest result .json")
+	fs.IntVar(&o.Samples, "samples", o.Samples, "ShareGPT conversations to sample (0 = 10000)")
+	fs.Float64Var(&o.Rate, "rate", o.Rate, "request rate to plan for, req/s; 0 finds the highest goodput per GPU")
+	fs.Float64Var(&o.Burstiness, "burstiness", o.Burstiness, "gamma shape of inter-arrival times (1 = Poisson, < 1 burstier); 0 = the workload's (trace gaps replayed, else Poisson)")
+	fs.DurationVar(&o.SLOTTFT, "slo-ttft", o.SLOTTFT, "time-to-first-token SLO, e.g. 250ms (required)")
+	fs.DurationVar(&o.SLOTPOT, "slo-tpot", o.SLOTPOT, "time-per-output-token SLO, e.g. 100ms (required)")
+	fs.Float64Var(&o.Attainment, "attainment", o.Attainment, "fraction of requests that must meet both SLOs, (0, 1]")
+	fs.Float64Var(&o.LinkGbps, "link-gbps", o.LinkGbps, "bandwidth between the pools per worker, each direction, Gb/s")
+	fs.StringVar(&o.Codec, "codec", o.Codec, "KV wire codec: "+strings.Join(planner.CodecNames(), ", "))
+	fs.Float64Var(&o.CodecRatio, "codec-ratio", o.CodecRatio, "override the codec's compression ratio (raw/wire)")
+	fs.Float64Var(&o.CodecMBps, "codec-mbps", o.CodecMBps, "override the codec's encode and decode speed, raw MB/s per core")
+	fs.IntVar(&o.CodecCores, "codec-cores", o.CodecCores, "cores each worker codes KV with")
+	fs.StringVar(&o.Policy, "first-token-policy", o.Policy, "first token from the decode worker (decode: kv_transfer in TTFT) or the prefill worker (prefill: in the first inter-token gap)")
+	fs.DurationVar(&o.Ingress, "ingress", o.Ingress, "coordinator time before a request reaches the prefill queue")
+	fs.IntVar(&o.GPUBudget, "gpu-budget", o.GPUBudget, "most GPUs a design may use")
+	fs.StringVar(&o.GPUCost, "gpu-cost", o.GPUCost, "USD per GPU-hour: one price, or GPU=PRICE pairs such as a100-80g=1.9,h100=3.5")
+	fs.IntVar(&o.Limits.MaxDecodeBatch, "max-decode-batch", 0, "fix the decode batch limit (0 = derive from the TPOT SLO)")
+	fs.IntVar(&o.Limits.MaxPrefillTokens, "max-prefill-tokens", 0, "fix the prefill tokens per step (0 = derive from the TTFT SLO)")
+	fs.IntVar(&o.Limits.ChunkTokens, "chunk-tokens", 0, "fix the colocated token budget per step (0 = search, -1 = no chunked prefill)")
+	fs.IntVar(&o.Requests, "requests", o.Requests, "requests per simulation (more for large designs, to reach a steady state)")
+	fs.Uint64Var(&o.Seed, "seed", o.Seed, "seed of the simulated requests")
+	fs.StringVar(&o.Output, "output", o.Output, "table or json")
+	fs.StringVar(&o.Plot, "plot", o.Plot, "write a PNG of goodput per GPU against the P:D ratio to this file")
+}
+
+// errUsage marks option errors (exit code 2).
+var errUsage = errors.New("usage")
+
+// Configs validates the options and builds one planner.Config per
+// profile. Errors wrap errUsage for bad options.
+func (o *Options) Configs() ([]*planner.Config, error) {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", errUsage, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case len(o.Profiles) == 0:
+		return nil, bad("--profile is required (see `coordinator profiles`)")
+	case o.Workload == "":
+		return nil, bad("--workload is required (fixed:IN/OUT or a file)")
+	case o.SLOTTFT <= 0 || o.SLOTPOT <= 0:
+		return nil, bad("--slo-ttft and --slo-tpot are required and must be > 0")
+	case o.Output != "table" && o.Output != "json":
+		return nil, bad("--output %q: want table or json", o.Output)
+	case o.DecodeProfile != "" && len(o.Profiles) > 1:
+		return nil, bad("--decode-profile works with one --profile only")
+	case o.CodecRatio < 0 || o.CodecMBps < 0:
+		return nil, bad("--codec-ratio and --codec-mbps must be ≥ 0")
+	}
+	codec, err := planner.CodecByName(o.Codec)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errUsage, err)
+	}
+	if o.CodecRatio > 0 {
+		codec.Ratio = o.CodecRatio
+		codec.Source = "--codec-ratio"
+	}
+	if o.CodecMBps > 0 {
+		codec.EncodeBytesPerSec, codec.DecodeBytesPerSec = o.CodecMBps*1e6, o.CodecMBps*1e6
+		codec.Source += " --codec-mbps"
+	}
+	cost, err := parseCost(o.GPUCost)
+	if err != nil {
+		return nil, fmt.Errorf("%w: --gpu-cost: %w", errUsage, err)
+	}
+	w, err := planner.LoadWorkload(o.Workload, planner.LoadOptions{Samples: o.Samples, Seed: o.Seed})
+	if err != nil {
+		return nil, fmt.Errorf("%w: --workload: %w", errUsage, err)
+	}
+	var dec *perfmodel.Profile
+	if o.DecodeProfile != "" {
+		if dec, err = perfmodel.Resolve(o.DecodeProfile); err != nil {
+			return nil, fmt.Errorf("%w: --decode-profile: %w", errUsage, err)
+		}
+	}
+	var cfgs []*planner.Config
+	for _, name := range o.Profiles {
+		p, err := perfmodel.Resolve(name)
+		if err != nil {
+			return nil, fmt.Errorf("%w: --profile: %w", errUsage, err)
+		}
+		if dec != nil && dec.Model != p.Model {
+			return nil, bad("--decode-profile model %s differs from --profile model %s", dec.Model, p.Model)
+		}
+		c := &planner.Config{
+			Prefill: p, Decode: dec, Workload: w,
+			SLO:             planner.SLO{TTFT: o.SLOTTFT, TPOT: o.SLOTPOT, Attainment: o.Attainment},
+			Rate:            o.Rate,
+			Burstiness:      o.Burstiness,
+			LinkBytesPerSec: o.LinkGbps * 1e9 / 8,
+			Codec:           codec,
+			CodecCores:      o.CodecCores,
+			Policy:          planner.Policy(o.Policy),
+			Ingress:         o.Ingress,
+			GPUBudget:       o.GPUBudget,
+			Limits:          o.Limits,
+			Requests:        o.Requests,
+			Seed:            o.Seed,
+		}
+		if c.GPUCostPerHour, err = cost.of(p.GPU); err != nil {
+			return nil, fmt.Errorf("%w: --gpu-cost: %w", errUsage, err)
+		}
+		if dec != nil {
+			if c.DecodeGPUCostPerHour, err = cost.of(dec.GPU); err != nil {
+				return nil, fmt.Errorf("%w: --gpu-cost: %w", errUsage, err)
+			}
+		}
+		if err := c.Validate(); err != nil {
+			return nil, fmt.Errorf("%w: %w", errUsage, err)
+		}
+		cfgs = append(cfgs, c)
+	}
+	return cfgs, nil
+}
+
+// gpuCost is a price for every GPU, or per GPU name.
+type gpuCost struct {
+	all   float64
+	byGPU map[string]float64
+}
+
+func parseCost(s string) (gpuCost, error) {
+	if v, err := strconv.ParseFloat(s, 64); err == nil {
+		if !(v >= 0) {
+			return gpuCost{}, fmt.Errorf("price %v must be ≥ 0", v)
+		}
+		return gpuCost{all: v}, nil
+	}
+	c := gpuCost{byGPU: map[string]float64{}}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if !ok || err != nil || !(f >= 0) {
+			return gpuCost{}, fmt.Errorf("%q: want a price or GPU=PRICE pairs", kv)
+		}
+		c.byGPU[strings.TrimSpace(k)] = f
+	}
+	return c, nil
+}
+
+func (c gpuCost) of(gpu string) (float64, error) {
+	if c.byGPU == nil {
+		return c.all, nil
+	}
+	v, ok := c.byGPU[gpu]
+	if !ok {
+		return 0, fmt.Errorf("no price for GPU %s", gpu)
+	}
+	return v, nil
+}
+
+// Run is `coordinator plan ARGS`: it parses the flags, plans every
+// profile, writes the table or JSON to stdout (and the PNG when asked) and
+// the timing to stderr. Exit codes: 0 planned; 1 no design meets the SLO
+// (the plan is still written), a write failed or ctx was cancelled; 2 bad
+// flags or inputs.
+func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	o := DefaultOptions()
+	fs := flag.NewFlagSet("coordinator plan", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o.AddFlags(fs)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: coordinator plan --profile GPU/MODEL/tpN --workload SPEC --slo-ttft D --slo-tpot D [flags]\n\n"+
+			"Sizes the prefill and decode pools for the highest goodput per GPU (or the fewest GPUs at\n"+
+			"--rate) by simulating the disaggregated and the colocated system on the performance model,\n"+
+			"with the KV transfer between pools as its own term of the TTFT budget.\n\nFlags:\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "coordinator plan: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	cfgs, err := o.Configs()
+	if err != nil {
+		fmt.Fprintf(stderr, "coordinator plan: %v\n", strings.TrimPrefix(err.Error(), errUsage.Error()+": "))
+		return 2
+	}
+	start := time.Now()
+	var plans []*planner.Plan
+	code := 0
+	sims := 0
+	for _, c := range cfgs {
+		p, err := planner.Run(ctx, c)
+		switch {
+		case errors.Is(err, planner.ErrInfeasible):
+			fmt.Fprintf(stderr, "coordinator plan: %s: %v\n", c.Prefill.Name, err)
+			code = 1
+		case err != nil:
+			fmt.Fprintf(stderr, "coordinator plan: %v\n", err)
+			return 1
+		}
+		sims += p.Simulations
+		plans = append(plans, p)
+	}
+	elapsed := time.Since(start)
+	if o.Output == "json" {
+		err = planner.WriteJSON(stdout, plans...)
+	} else {
+		err = planner.WriteTable(stdout, plans...)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "coordinator plan: %v\n", err)
+		return 1
+	}
+	if o.Plot != "" {
+		if err := writePNG(o.Plot, plans); err != nil {
+			fmt.Fprintf(stderr, "coordinator plan: %v\n", err)
+			return 1
+		}
+	}
+	fmt.Fprintf(stderr, "coordinator plan: %d profile(s), %d simulations in %.2f s\n", len(plans), sims, elapsed.Seconds())
+	return code
+}
+
+// Main is Run without cancellation, for callers without a context.
+func Main(args []string, stdout, stderr io.Writer) int {
+	return Run(context.Background(), args, stdout, stderr)
+}
+
+func writePNG(name string, plans []*planner.Plan) (err error) {
+	f, err := os.Create(name)
+	if err != nil {
+		return fmt.Errorf("plot: %w", err)
+	}
+	defer func() {
+		if cerr := f.Close(); err == nil && cerr != nil {
+			err = fmt.Errorf("plot: %w", cerr)
+		}
+	}()
+	return planner.WritePNG(f, plans...)
+}

@@ -1,0 +1,180 @@
+package plancli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"image/png"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// base are quick flags: a small budget and few simulated requests.
+var base = []string{
+	"--profile", "a100-80g/opt-13b/tp1", "--workload", "fixed:512/64",
+	"--slo-ttft", "400ms", "--slo-tpot", "40ms", "--gpu-budget", "4", "--requests", "100", "--chunk-tokens", "512",
+}
+
+func run(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code = Run(t.Context(), args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func TestPlanTable(t *testing.T) {
+	code, out, errs := run(t, base...)
+	if code != 0 {
+		t.Fatalf("exit %d, stderr %s", code, errs)
+	}
+	for _, s := range []string{"pdserve plan: a100-80g/opt-13b/tp1", "kv_transfer", "Recommended:"} {
+		if !strings.Contains(out, s) {
+			t.Errorf("output lacks %q:\n%s", s, out)
+		}
+	}
+	if !strings.Contains(errs, "simulations in") {
+		t.Errorf("stderr lacks the timing: %q", errs)
+	}
+}
+
+func TestPlanJSONAndPlot(t *testing.T) {
+	pngFile := filepath.Join(t.TempDir(), "ratio.png")
+	code, out, errs := run(t, append(base, "--output", "json", "--link-gbps", "25", "--codec", "fp8", "--rate", "2", "--plot", pngFile)...)
+	if code != 0 {
+		t.Fatalf("exit %d, stderr %s", code, errs)
+	}
+	var m struct {
+		Prefill       int                `json:"prefill_replicas"`
+		Decode        int                `json:"decode_replicas"`
+		GoodputPerGPU map[string]float64 `json:"goodput_per_gpu"`
+		Cost          map[string]float64 `json:"cost_per_1k_tokens"`
+		Budget        map[string]float64 `json:"ttft_budget_ms"`
+		LinkGbps      float64            `json:"link_gbps"`
+		Codec         struct{ Name string }
+		RequestedRate float64 `json:"requested_rate"`
+	}
+	if err := json.Unmarshal([]byte(out), &m); err != nil {
+		t.Fatalf("stdout is not JSON: %v\n%s", err, out)
+	}
+	if m.Prefill < 1 || m.Decode < 1 || m.GoodputPerGPU["disaggregated"] <= 0 || m.GoodputPerGPU["colocated"] <= 0 ||
+		m.Cost["disaggregated"] <= 0 || m.Budget["kv_transfer"] <= 0 || m.LinkGbps != 25 || m.Codec.Name != "fp8" || m.RequestedRate != 2 {
+		t.Errorf("plan JSON %+v", m)
+	}
+	f, err := os.Open(pngFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := png.Decode(f); err != nil {
+		t.Errorf("plot is not a PNG: %v", err)
+	}
+}
+
+func TestPlanWhatIf(t *testing.T) {
+	args := []string{
+		"--profile", "a100-80g/llama-3-8b/tp1,h100/llama-3-8b/tp1", "--gpu-cost", "a100-80g=1.5,h100=3",
+		"--workload", "fixed:1024/128", "--slo-ttft", "500ms", "--slo-tpot", "50ms",
+		"--gpu-budget", "3", "--requests", "100", "--chunk-tokens", "512", "--output", "json",
+	}
+	code, out, errs := run(t, args...)
+	if code != 0 {
+		t.Fatalf("exit %d, stderr %s", code, errs)
+	}
+	var m struct {
+		WhatIf []struct {
+			Profile string             `json:"profile"`
+			Cost    map[string]float64 `json:"cost_per_1k_tokens"`
+		} `json:"what_if"`
+	}
+	if err := json.Unmarshal([]byte(out), &m); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, w := range m.WhatIf {
+		names = append(names, w.Profile)
+		if w.Cost["disaggregated"] <= 0 {
+			t.Errorf("%s: no cost", w.Profile)
+		}
+	}
+	if diff := cmp.Diff([]string{"a100-80g/llama-3-8b/tp1", "h100/llama-3-8b/tp1"}, names); diff != "" {
+		t.Errorf("what_if profiles (-want +got):\n%s", diff)
+	}
+}
+
+func TestPlanBadFlags(t *testing.T) {
+	without := func(flag string) []string {
+		var out []string
+		for i := 0; i < len(base); i += 2 {
+			if base[i] != flag {
+				out = append(out, base[i], base[i+1])
+			}
+		}
+		return out
+	}
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no profile", without("--profile"), "--profile is required"},
+		{"no workload", without("--workload"), "--workload is required"},
+		{"no SLO", without("--slo-tpot"), "--slo-tpot are required"},
+		{"bad output", append(base, "--output", "yaml"), "--output"},
+		{"unknown codec", append(base, "--codec", "lz4"), "unknown codec"},
+		{"unknown profile", append(without("--profile"), "--profile", "tpu/opt-13b/tp1"), "unknown profile"},
+		{"bad workload", append(without("--workload"), "--workload", "fixed:1"), "fixed:IN/OUT"},
+		{"bad cost", append(base, "--gpu-cost", "h100=x"), "--gpu-cost"},
+		{"cost missing a GPU", append(base, "--gpu-cost", "h100=3"), "no price for GPU a100-80g"},
+		{"small budget", append(base, "--gpu-budget", "1"), "GPU budget 1"},
+		{"decode profile of another model", append(base, "--decode-profile", "a100-80g/opt-66b/tp2"), "differs"},
+		{"undefined flag", append(base, "--nope"), "flag provided but not defined"},
+		{"argument", append(base, "extra"), "unexpected arguments"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, out, errs := run(t, tt.args...)
+			if code != 2 || out != "" || !strings.Contains(errs, tt.want) {
+				t.Errorf("exit %d, stdout %q, stderr %q; want 2, nothing, %q", code, out, errs, tt.want)
+			}
+		})
+	}
+}
+
+func TestPlanHelp(t *testing.T) {
+	code, _, errs := run(t, "--help")
+	if code != 0 || !strings.Contains(errs, "--slo-ttft") {
+		t.Errorf("--help: exit %d, usage %q", code, errs)
+	}
+}
+
+// A plan that nothing meets is still written, with exit code 1.
+func TestPlanInfeasible(t *testing.T) {
+	code, out, errs := run(t, append(base, "--slo-ttft", "10ms", "--output", "json")...)
+	if code != 1 || !strings.Contains(errs, "no design") {
+		t.Errorf("exit %d, stderr %q; want 1 and the reason", code, errs)
+	}
+	var m map[string]any
+	if err := json.Unmarshal([]byte(out), &m); err != nil || m["feasible"] != false {
+		t.Errorf("infeasible plan JSON %v (%v)", m, err)
+	}
+}
+
+func TestPlanCancelled(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	var out, errb bytes.Buffer
+	if code := Run(ctx, base, &out, &errb); code != 1 || !strings.Contains(errb.String(), "canceled") {
+		t.Errorf("cancelled: exit %d, stderr %q", code, errb.String())
+	}
+}
+
+func TestMainHelp(t *testing.T) {
+	var out, errb bytes.Buffer
+	if code := Main([]string{"--help"}, &out, &errb); code != 0 {
+		t.Errorf("Main --help = %d", code)
+	}
+}

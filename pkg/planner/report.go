@@ -1,0 +1,377 @@
+package planner
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/pdserve/pdserve/loadtest/plot"
+)
+
+// WriteJSON writes plans as indented JSON: the first plan's fields at the
+// top level and, when there are several (a what-if across profiles), a
+// "what_if" list with every plan's summary, the first included.
+func WriteJSON(w io.Writer, plans ...*Plan) error {
+	if len(plans) == 0 {
+		return fmt.Errorf("planner: no plan to write")
+	}
+	type out struct {
+		*Plan
+		WhatIf []WhatIf `json:"what_if,omitempty"`
+	}
+	o := out{Plan: plans[0]}
+	if len(plans) > 1 {
+		for _, p := range plans {
+			o.WhatIf = append(o.WhatIf, p.WhatIf())
+		}
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(o); err != nil {
+		return fmt.Errorf("planner: write json: %w", err)
+	}
+	return nil
+}
+
+// WhatIf is one plan's summary for a side-by-side comparison.
+type WhatIf struct {
+	Profile         string    `json:"profile"`
+	DecodeProfile   string    `json:"decode_profile"`
+	Feasible        bool      `json:"feasible"`
+	Recommended     string    `json:"recommended"`
+	PrefillReplicas int       `json:"prefill_replicas"`
+	DecodeReplicas  int       `json:"decode_replicas"`
+	Colocated       int       `json:"colocated_replicas"`
+	GPUs            PerDesign `json:"gpus"`
+	GoodputPerGPU   PerDesign `json:"goodput_per_gpu"`
+	CostPer1kTokens PerDesign `json:"cost_per_1k_tokens"`
+	KVTransferMs    float64   `json:"kv_transfer_ms"`
+}
+
+// WhatIf returns the plan's summary.
+func (p *Plan) WhatIf() WhatIf {
+	return WhatIf{
+		Profile: p.Profile, DecodeProfile: p.DecodeProfile, Feasible: p.Feasible, Recommended: p.Recommended,
+		PrefillReplicas: p.PrefillReplicas, DecodeReplicas: p.DecodeReplicas, Colocated: p.ColocatedReplicas,
+		GPUs: p.GPUs, GoodputPerGPU: p.GoodputPerGPU, CostPer1kTokens: p.CostPer1kTokens, KVTransferMs: p.KVTransferMs,
+	}
+}
+
+// WriteTable writes plans as text tables: each plan in full, then, for
+// several, the what-if comparison.
+func WriteTable(w io.Writer, plans ...*Plan) error {
+	ew := &errWriter{w: w}
+	for i, p := range plans {
+		if i > 0 {
+			ew.printf("\n")
+		}
+		p.writeTable(ew)
+	}
+	if len(plans) > 1 {
+		ew.printf("\nWhat-if, side by side\n")
+		tw := tabwriter.NewWriter(ew, 2, 4, 2, ' ', 0)
+		fmt.Fprintf(tw, "PROFILE\tDISAGGREGATED\tGOODPUT/GPU\t$/1K TOK\tCOLOCATED\tGOODPUT/GPU\t$/1K TOK\tKV TRANSFER\tRECOMMENDED\n")
+		for _, p := range plans {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s ms\t%s\n", p.profiles(),
+				p.disaggReplicas(), num(p.GoodputPerGPU.Disaggregated), money(p.CostPer1kTokens.Disaggregated),
+				p.colocReplicas(), num(p.GoodputPerGPU.Colocated), money(p.CostPer1kTokens.Colocated),
+				num(p.KVTransferMs), or(p.Recommended, "none"))
+		}
+		if err := tw.Flush(); err != nil {
+			ew.err = err
+		}
+	}
+	return ew.err
+}
+
+func (p *Plan) profiles() string {
+	if p.DecodeProfile == p.Profile {
+		return p.Profile
+	}
+	return p.Profile + " + " + p.DecodeProfile
+}
+
+func (p *Plan) disaggReplicas() string {
+	if p.Disaggregated == nil {
+		return "none"
+	}
+	return fmt.Sprintf("%dP+%dD", p.PrefillReplicas, p.DecodeReplicas)
+}
+
+func (p *Plan) colocReplicas() string {
+	if p.Colocated == nil {
+		return "none"
+	}
+	return fmt.Sprintf("%dC", p.ColocatedReplicas)
+}
+
+func (p *Plan) writeTable(ew *errWriter) {
+	st := p.Workload.Lengths
+	ew.printf("pdserve plan: %s", p.Profile)
+	if p.DecodeProfile != p.Profile {
+		ew.printf(" (prefill), %s (decode)", p.DecodeProfile)
+	}
+	if p.ColocatedProfile != p.Profile {
+		ew.printf(", %s (colocated)", p.ColocatedProfile)
+	}
+	ew.printf("\n")
+	ew.printf("  workload   %s\n", p.Workload.Description)
+	ew.printf("             prompt mean %.0f p50 %d p99 %d, output mean %.0f p50 %d p99 %d tokens; %s arrivals\n",
+		st.MeanIn, st.P50In, st.P99In, st.MeanOut, st.P50Out, st.P99Out, p.Workload.Arrivals)
+	ew.printf("  SLO        TTFT %s ms, TPOT %s ms, %.4g%% of requests meeting both\n", num(p.SLOTTFTMs), num(p.SLOTPOTMs), p.Attainment*100)
+	ew.printf("  KV link    %s Gb/s per worker, codec %s (%.2fx, %s, %d cores): %s GB/s of raw KV per transfer, %s MB per token\n",
+		num(p.LinkGbps), p.Codec.Name, p.Codec.Ratio, lossy(p.Codec.Lossless), p.CodecCores, num(p.KVTransferGBps), num(float64(p.KVBytesPerToken)/1e6))
+	if p.Policy == PolicyDecode {
+		ew.printf("  policy     first token from the decode worker: kv_transfer is part of TTFT\n")
+	} else {
+		ew.printf("  policy     first token from the prefill worker: kv_transfer is in the first inter-token gap\n")
+	}
+	ew.printf("  budget     %d GPUs", p.GPUBudget)
+	if p.RequestedRate > 0 {
+		ew.printf(", planned for %s req/s", num(p.RequestedRate))
+	} else {
+		ew.printf(", searching for the highest goodput per GPU")
+	}
+	ew.printf("\n\n")
+
+	tw := tabwriter.NewWriter(ew, 2, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "DESIGN\tREPLICAS\tGPUS\tMAX RATE\tGOODPUT/GPU\t$/1K TOK\tAT RATE\tATTAIN\tTTFT p50/p90/p99 ms\tTPOT p50/p90/p99 ms\n")
+	row := func(name, reps string, pr *Prediction, maxRate, perGPU, cost float64) {
+		if pr == nil {
+			fmt.Fprintf(tw, "%s\tnone meets the SLO\t\t\t\t\t\t\t\t\n", name)
+			return
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%.1f%%\t%s / %s / %s\t%s / %s / %s\n", name, reps, pr.GPUs,
+			num(maxRate), num(perGPU), money(cost), num(pr.Rate), pr.Attainment*100,
+			num(pr.TTFTMs.P50), num(pr.TTFTMs.P90), num(pr.TTFTMs.P99), num(pr.TPOTMs.P50), num(pr.TPOTMs.P90), num(pr.TPOTMs.P99))
+	}
+	row("disaggregated", p.disaggReplicas(), p.Disaggregated, p.MaxRate.Disaggregated, p.GoodputPerGPU.Disaggregated, p.CostPer1kTokens.Disaggregated)
+	chunk := ""
+	if p.Colocated != nil {
+		chunk = p.colocReplicas()
+	}
+	row("colocated", chunk, p.Colocated, p.MaxRate.Colocated, p.GoodputPerGPU.Colocated, p.CostPer1kTokens.Colocated)
+	if err := tw.Flush(); err != nil {
+		ew.err = err
+	}
+	if d, c := p.GoodputPerGPU.Disaggregated, p.GoodputPerGPU.Colocated; d > 0 && c > 0 && max(d, c)/min(d, c) < 1.05 {
+		ew.printf("\nThe two designs are within 5%% of each other: that is within the simulation's noise; weigh both.")
+	}
+	switch {
+	case !p.Feasible:
+		ew.printf("\nNo design within %d GPUs meets the SLO.\n", p.GPUBudget)
+	case p.Recommended == "disaggregated":
+		ew.printf("\nRecommended: disaggregated, %d prefill + %d decode replicas", p.PrefillReplicas, p.DecodeReplicas)
+		if p.Colocated != nil && p.GoodputPerGPU.Colocated > 0 {
+			ew.printf(" (%.2fx the goodput per GPU of colocated)", p.GoodputPerGPU.Disaggregated/p.GoodputPerGPU.Colocated)
+		}
+		ew.printf(".\n")
+	default:
+		ew.printf("\nRecommended: colocated, %d replicas", p.ColocatedReplicas)
+		if p.Disaggregated != nil && p.GoodputPerGPU.Disaggregated > 0 {
+			ew.printf(" (%.2fx the goodput per GPU of disaggregated)", p.GoodputPerGPU.Colocated/p.GoodputPerGPU.Disaggregated)
+		}
+		ew.printf(".\n")
+	}
+	l := p.Limits
+	ew.printf("Batching limits: decode batch ≤ %d sequences, prefill ≤ %d tokens per step, colocated %s.\n",
+		l.MaxDecodeBatch, l.MaxPrefillTokens, chunkText(l.ChunkTokens))
+	ew.printf("GOODPUT/GPU is MAX RATE per GPU; cost, attainment and latencies are at AT RATE (the asked rate, else MAX RATE).\n")
+
+	for _, d := range []struct {
+		name string
+		pr   *Prediction
+	}{{"disaggregated", p.Disaggregated}, {"colocated", p.Colocated}} {
+		if d.pr == nil {
+			continue
+		}
+		ew.printf("\nTTFT budget, %s %s at %s req/s (ms)\n", d.name, d.pr.Design, num(d.pr.Rate))
+		tw = tabwriter.NewWriter(ew, 2, 4, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintf(tw, "TERM\tMEAN\tP50\tP90\tP99\t\n")
+		b := d.pr.Budget
+		for _, t := range []struct {
+			name string
+			q    Quantiles
+		}{{"ingress", b.Ingress}, {"queue", b.Queue}, {"prefill", b.Prefill}, {"kv_transfer", b.KVTransfer}, {"first_token", b.FirstToken}} {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t\n", t.name, num(ms(t.q.Mean)), num(ms(t.q.P50)), num(ms(t.q.P90)), num(ms(t.q.P99)))
+		}
+		fmt.Fprintf(tw, "= TTFT\t%s\t%s\t%s\t%s\t\n", num(d.pr.TTFTMs.Mean), num(d.pr.TTFTMs.P50), num(d.pr.TTFTMs.P90), num(d.pr.TTFTMs.P99))
+		if err := tw.Flush(); err != nil {
+			ew.err = err
+		}
+		if d.pr.Design.Disaggregated() && p.Policy == PolicyPrefill {
+			ew.printf("(kv_transfer is in the first inter-token gap under the prefill policy: mean %s ms, p99 %s ms)\n",
+				num(ms(b.KVTransferAny.Mean)), num(ms(b.KVTransferAny.P99)))
+		}
+	}
+	p.writeMatrix(ew)
+	for _, n := range p.Notes {
+		ew.printf("note: %s\n", n)
+	}
+	ew.printf("%d simulations of %d+ requests each (seed %d).\n", p.Simulations, p.SimulatedRequests, p.Seed)
+}
+
+// writeMatrix prints goodput per GPU of every disaggregated candidate, P
+// down, D across.
+func (p *Plan) writeMatrix(ew *errWriter) {
+	maxP, maxD := 0, 0
+	for _, c := range p.Candidates {
+		maxP, maxD = max(maxP, c.Design.Prefill), max(maxD, c.Design.Decode)
+	}
+	if maxP == 0 {
+		return
+	}
+	ew.printf("\nGoodput per GPU (req/s) by prefill (rows) and decode (columns) replicas; '.' skipped by bound, '-' never meets the SLO\n")
+	tw := tabwriter.NewWriter(ew, 2, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "P\\D\t")
+	for d := 1; d <= maxD; d++ {
+		fmt.Fprintf(tw, "%d\t", d)
+	}
+	fmt.Fprintf(tw, "\n")
+	for pr := 1; pr <= maxP; pr++ {
+		fmt.Fprintf(tw, "%d\t", pr)
+		for d := 1; d <= maxD; d++ {
+			cell := ""
+			if i := slices.IndexFunc(p.Candidates, func(c Candidate) bool { return c.Design.Prefill == pr && c.Design.Decode == d }); i >= 0 {
+				switch c := p.Candidates[i]; {
+				case c.Skipped:
+					cell = "."
+				case c.MaxRate <= 0:
+					cell = "-"
+				default:
+					cell = fmt.Sprintf("%.3g", c.GoodputPerGPU)
+				}
+			}
+			fmt.Fprintf(tw, "%s\t", cell)
+		}
+		fmt.Fprintf(tw, "\n")
+	}
+	if err := tw.Flush(); err != nil {
+		ew.err = err
+	}
+}
+
+// Chart returns the chart of goodput per GPU against the P:D ratio: for
+// every plan the best disaggregated candidate at each ratio, and the best
+// colocated goodput per GPU as a reference line.
+func Chart(plans ...*Plan) *plot.Chart {
+	c := &plot.Chart{
+		Title:  "Goodput per GPU against the prefill:decode ratio",
+		XLabel: "prefill replicas / decode replicas",
+		YLabel: "goodput (req/s per GPU)",
+	}
+	var foot []string
+	for _, p := range plans {
+		best := map[float64]float64{}
+		for _, cd := range p.Candidates {
+			if cd.Skipped || cd.MaxRate <= 0 {
+				continue
+			}
+			r := float64(cd.Design.Prefill) / float64(cd.Design.Decode)
+			best[r] = max(best[r], cd.GoodputPerGPU)
+		}
+		xs := make([]float64, 0, len(best))
+		for r := range best {
+			xs = append(xs, r)
+		}
+		slices.Sort(xs)
+		ys := make([]float64, len(xs))
+		for i, x := range xs {
+			ys[i] = best[x]
+		}
+		name := "disaggregated"
+		if len(plans) > 1 {
+			name = p.profiles()
+		}
+		c.Series = append(c.Series, plot.Series{Name: name, X: xs, Y: ys, Markers: true})
+		if p.GoodputPerGPU.Colocated > 0 {
+			label := "colocated"
+			if len(plans) > 1 {
+				label = "colocated " + p.ColocatedProfile
+			}
+			c.Refs = append(c.Refs, plot.Ref{Y: p.GoodputPerGPU.Colocated, Label: label})
+		}
+		foot = append(foot, fmt.Sprintf("%s: %s; SLO TTFT %s ms, TPOT %s ms at %.4g%%; link %s Gb/s, codec %s",
+			p.profiles(), p.Workload.Description, num(p.SLOTTFTMs), num(p.SLOTPOTMs), p.Attainment*100, num(p.LinkGbps), p.Codec.Name))
+		for _, n := range p.Notes {
+			if strings.Contains(n, "CC-BY") {
+				foot = append(foot, n)
+			}
+		}
+	}
+	c.Footer = strings.Join(slices.Compact(foot), "\n")
+	return c
+}
+
+// WritePNG draws Chart(plans...) as PNG to w.
+func WritePNG(w io.Writer, plans ...*Plan) error { return Chart(plans...).WritePNG(w) }
+
+func chunkText(c int) string {
+	switch {
+	case c < 0:
+		return "without chunked prefill (prefill-priority whole prompts)"
+	case c == 0:
+		return "chunk budget not chosen"
+	}
+	return fmt.Sprintf("chunked prefill, %d tokens per step", c)
+}
+
+func lossy(lossless bool) string {
+	if lossless {
+		return "lossless"
+	}
+	return "lossy"
+}
+
+func or(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// num formats x with 3–4 significant digits, without exponent for usual
+// magnitudes.
+func num(x float64) string {
+	switch a := math.Abs(x); {
+	case x == 0:
+		return "0"
+	case a >= 1000:
+		return fmt.Sprintf("%.0f", x)
+	case a >= 100:
+		return fmt.Sprintf("%.1f", x)
+	case a >= 10:
+		return fmt.Sprintf("%.2f", x)
+	case a >= 0.01:
+		return fmt.Sprintf("%.3f", x)
+	}
+	return fmt.Sprintf("%.3g", x)
+}
+
+func money(x float64) string {
+	if x == 0 {
+		return "-"
+	}
+	return "$" + fmt.Sprintf("%.3g", x)
+}
+
+// errWriter keeps the first write error.
+type errWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (e *errWriter) Write(b []byte) (int, error) {
+	if e.err != nil {
+		return 0, e.err
+	}
+	n, err := e.w.Write(b)
+	e.err = err
+	return n, err
+}
+
+func (e *errWriter) printf(format string, args ...any) { fmt.Fprintf(e, format, args...) }

@@ -1,0 +1,345 @@
+package planner
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/pdserve/pdserve/loadtest/workload"
+)
+
+// Lengths is one request's prompt and output length, in tokens (both ≥ 1
+// in a valid workload).
+type Lengths struct {
+	In  int `json:"in"`
+	Out int `json:"out"`
+}
+
+// Workload is what the planner plans for: length samples whose empirical
+// distribution requests are drawn from, and how requests arrive.
+type Workload struct {
+	// Description says where the workload came from, for reports.
+	Description string
+	// Lengths are the samples; requests draw from them with replacement.
+	Lengths []Lengths
+	// Rate is the source's mean arrival rate, requests/s; 0 when it has
+	// none (fixed lengths, ShareGPT).
+	Rate float64
+	// Burstiness is the shape k of gamma-distributed inter-arrival times
+	// (coefficient of variation 1/√k): 1 is Poisson, below 1 burstier,
+	// above 1 smoother. 0 means 1. Ignored when Gaps is set.
+	Burstiness float64
+	// Gaps, when set, are a trace's inter-arrival times in order,
+	// normalised to mean 1; the simulator replays a window of them scaled
+	// to the planned rate instead of drawing gamma gaps.
+	Gaps []float64
+	// Notes are adjustments made while loading, for reports.
+	Notes []string
+}
+
+// AzureAttribution is the citation the Azure LLM inference trace's licence
+// (CC-BY 4.0) asks for wherever results built on it are shown.
+const AzureAttribution = "Azure LLM inference trace 2023 (CC-BY 4.0): Patel et al., Splitwise: Efficient generative LLM inference using phase splitting, ISCA 2024"
+
+// ErrWorkload reports a workload that cannot be read or used; match with
+// errors.Is.
+var ErrWorkload = errors.New("planner: bad workload")
+
+// Validate reports an empty workload, lengths < 1, or a negative or
+// non-finite rate, burstiness or gap.
+func (w *Workload) Validate() error {
+	if len(w.Lengths) == 0 {
+		return fmt.Errorf("%w: no length samples", ErrWorkload)
+	}
+	for i, l := range w.Lengths {
+		if l.In < 1 || l.Out < 1 {
+			return fmt.Errorf("%w: sample %d has lengths %d/%d, want ≥ 1", ErrWorkload, i, l.In, l.Out)
+		}
+	}
+	if !finiteNonNeg(w.Rate) || !finiteNonNeg(w.Burstiness) {
+		return fmt.Errorf("%w: rate %v and burstiness %v must be finite and ≥ 0", ErrWorkload, w.Rate, w.Burstiness)
+	}
+	for i, g := range w.Gaps {
+		if !finiteNonNeg(g) {
+			return fmt.Errorf("%w: gap %d is %v", ErrWorkload, i, g)
+		}
+	}
+	return nil
+}
+
+func finiteNonNeg(x float64) bool { return x >= 0 && !math.IsInf(x, 0) }
+
+// LengthStats summarises a workload's lengths, tokens.
+type LengthStats struct {
+	Samples  int     `json:"samples"`
+	MeanIn   float64 `json:"mean_in"`
+	MeanOut  float64 `json:"mean_out"`
+	P50In    int     `json:"p50_in"`
+	P99In    int     `json:"p99_in"`
+	P50Out   int     `json:"p50_out"`
+	P99Out   int     `json:"p99_out"`
+	MaxTotal int     `json:"max_total"` // largest In+Out
+}
+
+// Stats returns the workload's length statistics.
+func (w *Workload) Stats() LengthStats {
+	n := len(w.Lengths)
+	s := LengthStats{Samples: n}
+	if n == 0 {
+		return s
+	}
+	ins, outs := make([]int, n), make([]int, n)
+	for i, l := range w.Lengths {
+		ins[i], outs[i] = l.In, l.Out
+		s.MeanIn += float64(l.In)
+		s.MeanOut += float64(l.Out)
+		s.MaxTotal = max(s.MaxTotal, l.In+l.Out)
+	}
+	s.MeanIn /= float64(n)
+	s.MeanOut /= float64(n)
+	slices.Sort(ins)
+	slices.Sort(outs)
+	s.P50In, s.P99In = ins[pctIndex(n, 0.5)], ins[pctIndex(n, 0.99)]
+	s.P50Out, s.P99Out = outs[pctIndex(n, 0.5)], outs[pctIndex(n, 0.99)]
+	return s
+}
+
+// pctIndex is the nearest-rank index of quantile q in a sorted slice of n.
+func pctIndex(n int, q float64) int {
+	i := int(math.Ceil(q*float64(n))) - 1
+	return min(max(i, 0), n-1)
+}
+
+// Fixed returns a workload whose every request has in prompt and out output
+// tokens.
+func Fixed(in, out int) *Workload {
+	return &Workload{Description: fmt.Sprintf("fixed %d in / %d out", in, out), Lengths: []Lengths{{in, out}}}
+}
+
+// LoadOptions tune LoadWorkload.
+type LoadOptions struct {
+	// Samples is how many ShareGPT conversations to sample (vLLM's
+	// filters and tokenizer approximation, see loadtest/workload); ≤ 0
+	// means 10000.
+	Samples int
+	// Seed makes sampling repeatable.
+	Seed uint64
+}
+
+// LoadWorkload reads the workload spec names:
+//
+//	fixed:IN/OUT      every request IN prompt and OUT output tokens
+//	FILE.csv          an Azure LLM inference trace (lengths, rate, gaps)
+//	FILE.jsonl        a Mooncake trace (lengths, rate, gaps)
+//	FILE.json         a ShareGPT file (a JSON list; lengths only) or a
+//	                  loadtest result (a JSON object; per-request lengths
+//	                  when saved detailed, else the mean lengths, and the
+//	                  run's rate and burstiness)
+//
+// The trace parsers are the load generator's (loadtest/workload). Errors
+// wrap ErrWorkload, or the file's read error.
+func LoadWorkload(spec string, o LoadOptions) (*Workload, error) {
+	if rest, ok := strings.CutPrefix(spec, "fixed:"); ok {
+		a, b, ok := strings.Cut(rest, "/")
+		in, err1 := strconv.Atoi(a)
+		out, err2 := strconv.Atoi(b)
+		if !ok || err1 != nil || err2 != nil || in < 1 || out < 1 {
+			return nil, fmt.Errorf("%w: %q: want fixed:IN/OUT with integers ≥ 1", ErrWorkload, spec)
+		}
+		return Fixed(in, out), nil
+	}
+	if !strings.HasSuffix(spec, ".csv") && !strings.HasSuffix(spec, ".jsonl") && !strings.HasSuffix(spec, ".json") {
+		return nil, fmt.Errorf("%w: %q: want fixed:IN/OUT or a .csv, .jsonl or .json file", ErrWorkload, spec)
+	}
+	data, err := os.ReadFile(spec)
+	if err != nil {
+		return nil, fmt.Errorf("planner: read workload: %w", err)
+	}
+	var w *Workload
+	switch {
+	case strings.HasSuffix(spec, ".csv"):
+		w, err = traceWorkload("azure", data)
+	case strings.HasSuffix(spec, ".jsonl"):
+		w, err = traceWorkload("mooncake", data)
+	default:
+		switch t := bytes.TrimSpace(data); {
+		case len(t) > 0 && t[0] == '[':
+			w, err = shareGPTWorkload(data, o)
+		case len(t) > 0 && t[0] == '{':
+			w, err = resultWorkload(data)
+		default:
+			err = fmt.Errorf("%w: %s: neither a ShareGPT list nor a loadtest result object", ErrWorkload, spec)
+		}
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := w.Validate(); err != nil {
+		return nil, fmt.Errorf("%s: %w", spec, err)
+	}
+	return w, nil
+}
+
+func traceWorkload(kind string, data []byte) (*Workload, error) {
+	var rows []workload.TraceRow
+	var err error
+	if kind == "azure" {
+		rows, err = workload.ParseAzure(bytes.NewReader(data))
+	} else {
+		rows, err = workload.ParseMooncake(bytes.NewReader(data))
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrWorkload, err)
+	}
+	w := &Workload{Lengths: make([]Lengths, len(rows))}
+	zero := 0
+	for i, r := range rows {
+		out := r.OutputLen
+		if out < 1 {
+			out, zero = 1, zero+1
+		}
+		w.Lengths[i] = Lengths{In: r.InputLen, Out: out}
+	}
+	if zero > 0 {
+		w.Notes = append(w.Notes, fmt.Sprintf("%s: %d rows with 0 output tokens count as 1", kind, zero))
+	}
+	span := rows[len(rows)-1].Arrival.Seconds()
+	if len(rows) > 1 && span > 0 {
+		w.Rate = float64(len(rows)-1) / span
+		gaps := make([]float64, len(rows)-1)
+		for i := 1; i < len(rows); i++ {
+			gaps[i-1] = (rows[i].Arrival - rows[i-1].Arrival).Seconds()
+		}
+		w.Gaps = normalizeGaps(gaps)
+		w.Burstiness = burstinessOf(w.Gaps)
+	}
+	w.Description = fmt.Sprintf("%s trace: %d requests, %.2f req/s, inter-arrival CV %.2f", kind, len(rows), w.Rate, cvOf(w.Gaps))
+	if kind == "azure" {
+		w.Notes = append(w.Notes, AzureAttribution)
+	}
+	return w, nil
+}
+
+// normalizeGaps returns gaps divided by their mean (nil when the mean is 0).
+func normalizeGaps(gaps []float64) []float64 {
+	var sum float64
+	for _, g := range gaps {
+		sum += g
+	}
+	if !(sum > 0) {
+		return nil
+	}
+	mean := sum / float64(len(gaps))
+	out := make([]float64, len(gaps))
+	for i, g := range gaps {
+		out[i] = g / mean
+	}
+	return out
+}
+
+// cvOf is the coefficient of variation of xs (0 for fewer than 2 values).
+func cvOf(xs []float64) float64 {
+	if len(xs) < 2 {
+		return 0
+	}
+	var sum, sq float64
+	for _, x := range xs {
+		sum += x
+	}
+	mean := sum / float64(len(xs))
+	for _, x := range xs {
+		sq += (x - mean) * (x - mean)
+	}
+	if mean == 0 {
+		return 0
+	}
+	return math.Sqrt(sq/float64(len(xs)-1)) / mean
+}
+
+// burstinessOf is the gamma shape 1/CV² matching gaps, clamped to
+// [0.01, 100]; 1 when it cannot be estimated.
+func burstinessOf(gaps []float64) float64 {
+	cv := cvOf(gaps)
+	if cv == 0 {
+		return 1
+	}
+	return min(max(1/(cv*cv), 0.01), 100)
+}
+
+func shareGPTWorkload(data []byte, o LoadOptions) (*Workload, error) {
+	convs, err := workload.ParseShareGPT(data)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrWorkload, err)
+	}
+	n := o.Samples
+	if n <= 0 {
+		n = 10000
+	}
+	wl, err := workload.ShareGPT(convs, workload.ShareGPTOptions{}, n, o.Seed, workload.Synth{Tokenizer: workload.Approx})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrWorkload, err)
+	}
+	w := &Workload{
+		Description: fmt.Sprintf("%s, %d samples, ~4 bytes per token", wl.Description, len(wl.Requests)),
+		Lengths:     make([]Lengths, len(wl.Requests)),
+		Notes:       wl.Notes,
+	}
+	for i, r := range wl.Requests {
+		w.Lengths[i] = Lengths{In: r.PromptLen, Out: r.OutputLen}
+	}
+	return w, nil
+}
+
+// loadtestResult holds the fields of a loadtest (vLLM-compatible) result
+// JSON the planner reads.
+type loadtestResult struct {
+	Completed         int             `json:"completed"`
+	Duration          float64         `json:"duration"`
+	TotalInputTokens  int             `json:"total_input_tokens"`
+	TotalOutputTokens int             `json:"total_output_tokens"`
+	RequestRate       json.RawMessage `json:"request_rate"`
+	Burstiness        float64         `json:"burstiness"`
+	InputLens         []int           `json:"input_lens"`
+	OutputLens        []int           `json:"output_lens"`
+	Workload          string          `json:"workload"`
+}
+
+func resultWorkload(data []byte) (*Workload, error) {
+	var r loadtestResult
+	if err := json.Unmarshal(data, &r); err != nil {
+		return nil, fmt.Errorf("%w: loadtest result: %v", ErrWorkload, err)
+	}
+	if r.Completed < 1 {
+		return nil, fmt.Errorf("%w: loadtest result has no completed request", ErrWorkload)
+	}
+	w := &Workload{Burstiness: r.Burstiness}
+	if len(r.InputLens) > 0 && len(r.InputLens) == len(r.OutputLens) {
+		for i, in := range r.InputLens {
+			if in >= 1 && r.OutputLens[i] >= 1 { // failed requests have 0 output
+				w.Lengths = append(w.Lengths, Lengths{In: in, Out: r.OutputLens[i]})
+			}
+		}
+	}
+	if len(w.Lengths) == 0 {
+		in := max(int(math.Round(float64(r.TotalInputTokens)/float64(r.Completed))), 1)
+		out := max(int(math.Round(float64(r.TotalOutputTokens)/float64(r.Completed))), 1)
+		w.Lengths = []Lengths{{in, out}}
+		w.Notes = append(w.Notes, "loadtest result without per-request lengths (run with --save-detailed): planning with the mean lengths")
+	}
+	var rate float64
+	if err := json.Unmarshal(r.RequestRate, &rate); err != nil || !(rate > 0) || math.IsInf(rate, 0) {
+		rate = 0
+		if r.Duration > 0 {
+			rate = float64(r.Completed) / r.Duration
+		}
+	}
+	w.Rate = rate
+	w.Description = fmt.Sprintf("loadtest result: %d requests at %.2f req/s (%s)", r.Completed, rate, r.Workload)
+	return w, nil
+}
