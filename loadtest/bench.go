@@ -17,7 +17,7 @@ import (
 	"github.com/pdserve/pdserve/loadtest/metrics"
 	"github.com/pdserve/pdserve/loadtest/report"
 	"github.com/pdserve/pdserve/loadtest/runner"
-	"github.com/pdserve/pdserve/loadtest/workload"
+	"github.com/pdserve/pdserve/pkg/workload"
 )
 
 // bench runs one workload against one endpoint, possibly many times (at

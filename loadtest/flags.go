@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/pdserve/pdserve/loadtest/metrics"
-	"github.com/pdserve/pdserve/loadtest/workload"
+	"github.com/pdserve/pdserve/pkg/workload"
 )
 
 // benchOptions are the flags shared by run, sweep, compare and regress.

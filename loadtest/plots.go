@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/pdserve/pdserve/loadtest/metrics"
-	"github.com/pdserve/pdserve/loadtest/plot"
+	"github.com/pdserve/pdserve/pkg/plot"
 	"github.com/pdserve/pdserve/loadtest/report"
 	"github.com/pdserve/pdserve/loadtest/sweep"
 )

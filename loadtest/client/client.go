@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/pdserve/pdserve/loadtest/workload"
+	"github.com/pdserve/pdserve/pkg/workload"
 )
 
 // Clock tells the time. The real clock is time.Now.

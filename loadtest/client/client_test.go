@@ -11,7 +11,7 @@ import (
 
 	"github.com/pdserve/pdserve/loadtest/client"
 	"github.com/pdserve/pdserve/loadtest/internal/ssetest"
-	"github.com/pdserve/pdserve/loadtest/workload"
+	"github.com/pdserve/pdserve/pkg/workload"
 )
 
 var ms = ssetest.Ms

@@ -7,7 +7,7 @@ import (
 
 	"github.com/pdserve/pdserve/loadtest/client"
 	"github.com/pdserve/pdserve/loadtest/deploy"
-	"github.com/pdserve/pdserve/loadtest/workload"
+	"github.com/pdserve/pdserve/pkg/workload"
 )
 
 func TestGPUs(t *testing.T) {

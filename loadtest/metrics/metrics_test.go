@@ -14,7 +14,7 @@ import (
 	"github.com/pdserve/pdserve/loadtest/internal/ssetest"
 	"github.com/pdserve/pdserve/loadtest/metrics"
 	"github.com/pdserve/pdserve/loadtest/runner"
-	"github.com/pdserve/pdserve/loadtest/workload"
+	"github.com/pdserve/pdserve/pkg/workload"
 )
 
 var ms = ssetest.Ms

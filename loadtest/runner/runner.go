@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/pdserve/pdserve/loadtest/client"
-	"github.com/pdserve/pdserve/loadtest/workload"
+	"github.com/pdserve/pdserve/pkg/workload"
 )
 
 // Clock tells the time and waits for it.

@@ -13,7 +13,7 @@ import (
 	"github.com/pdserve/pdserve/loadtest/client"
 	"github.com/pdserve/pdserve/loadtest/internal/ssetest"
 	"github.com/pdserve/pdserve/loadtest/runner"
-	"github.com/pdserve/pdserve/loadtest/workload"
+	"github.com/pdserve/pdserve/pkg/workload"
 )
 
 func requests(t *testing.T, n int) []workload.Request {

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/pdserve/pdserve/loadtest/plot"
+	"github.com/pdserve/pdserve/pkg/plot"
 )
 
 // WriteJSON writes plans as indented JSON: the first plan's fields at the

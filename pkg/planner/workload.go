@@ -11,7 +11,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/pdserve/pdserve/loadtest/workload"
+	"github.com/pdserve/pdserve/pkg/workload"
 )
 
 // Lengths is one request's prompt and output length, in tokens (both ≥ 1
@@ -125,7 +125,7 @@ func Fixed(in, out int) *Workload {
 // LoadOptions tune LoadWorkload.
 type LoadOptions struct {
 	// Samples is how many ShareGPT conversations to sample (vLLM's
-	// filters and tokenizer approximation, see loadtest/workload); ≤ 0
+	// filters and tokenizer approximation, see pkg/workload); ≤ 0
 	// means 10000.
 	Samples int
 	// Seed makes sampling repeatable.
@@ -142,7 +142,7 @@ type LoadOptions struct {
 //	                  when saved detailed, else the mean lengths, and the
 //	                  run's rate and burstiness)
 //
-// The trace parsers are the load generator's (loadtest/workload). Errors
+// The trace parsers are the load generator's (pkg/workload). Errors
 // wrap ErrWorkload, or the file's read error.
 func LoadWorkload(spec string, o LoadOptions) (*Workload, error) {
 	if rest, ok := strings.CutPrefix(spec, "fixed:"); ok {

@@ -1,4 +1,4 @@
-// Package plot draws the load generator's charts as PNG with the standard
+// Package plot draws the charts of the load generator and the planner as PNG with the standard
 // image packages, an anti-aliased rasterizer and a fixed 7×13 bitmap font
 // (ASCII; other characters are spelled in ASCII or shown as '?'): line
 // charts with one or more series, linear axes with round tick values, a
