@@ -5,7 +5,8 @@
 // at run time: that the two worker pools land on their own node selectors
 // and tolerations, that GPUs are requested only where configured, that every
 // flag given to a pdserve container is one its binary accepts (parsed with
-// the binary's own flag set), that the coordinator's policy file parses,
+// the binary's own flag set) and yields valid options (TLS files: a
+// sample of the user's Secret), that the coordinator's policy file parses,
 // that the dashboard queries name real metrics, and that the values schema
 // rejects the bad values files in helm/testdata/bad.
 package charttest

@@ -8,20 +8,22 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/workerrun"
+	"github.com/pdserve/pdserve/pkg/workerrun/tlstest"
 )
 
 // binaryFlags builds a pdserve binary's flag set exactly as its main does
 // (the same Options constructor and AddFlags), and returns it with a
 // function that completes and validates the options the flag set parsed
 // into. The validate function reads files the options name (the
-// coordinator's --config) through files, which maps the paths the
-// container mounts to their rendered content, and may write scratch files
-// in tmp.
+// coordinator's --config, every binary's --tls-cert, --tls-key and
+// --tls-ca) through files, which maps the paths the container mounts to
+// their content, writing them as scratch files in tmp.
 type binaryFlags func() (fs *flag.FlagSet, validate func(files mountedFiles, tmp string) error)
 
 // mountedFiles maps a path inside a container to the content the release
@@ -36,16 +38,11 @@ var binaries = map[string]binaryFlags{
 		fs := flag.NewFlagSet("coordinator", flag.ContinueOnError)
 		o.AddFlags(fs)
 		return fs, func(files mountedFiles, tmp string) error {
-			if o.ConfigFile != "" {
-				content, ok := files[o.ConfigFile]
-				if !ok {
-					return fmt.Errorf("--config=%s: nothing of the release is mounted there", o.ConfigFile)
-				}
-				path := filepath.Join(tmp, "policy.yaml")
-				if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
-					return err
-				}
-				o.ConfigFile = path
+			if err := localize(files, tmp, map[string]*string{"config": &o.ConfigFile}); err != nil {
+				return err
+			}
+			if err := localizeTLS(files, tmp, &o.TLS); err != nil {
+				return err
 			}
 			if err := o.Complete(); err != nil {
 				return err
@@ -57,14 +54,50 @@ var binaries = map[string]binaryFlags{
 		o := workerrun.NewPrefillOptions()
 		fs := flag.NewFlagSet("prefill-worker", flag.ContinueOnError)
 		o.AddFlags(fs)
-		return fs, func(mountedFiles, string) error { return o.Validate() }
+		return fs, func(files mountedFiles, tmp string) error {
+			if err := localizeTLS(files, tmp, &o.TLS); err != nil {
+				return err
+			}
+			return o.Validate()
+		}
 	},
 	"decode-worker": func() (*flag.FlagSet, func(mountedFiles, string) error) {
 		o := workerrun.NewDecodeOptions()
 		fs := flag.NewFlagSet("decode-worker", flag.ContinueOnError)
 		o.AddFlags(fs)
-		return fs, func(mountedFiles, string) error { return o.Validate() }
+		return fs, func(files mountedFiles, tmp string) error {
+			if err := localizeTLS(files, tmp, &o.TLS); err != nil {
+				return err
+			}
+			return o.Validate()
+		}
 	},
+}
+
+// localize replaces each non-empty path (a flag's value, by flag name) by
+// a scratch file in tmp with the content files mounts at that path.
+// Errors: a path where nothing is mounted.
+func localize(files mountedFiles, tmp string, paths map[string]*string) error {
+	for name, p := range paths {
+		if *p == "" {
+			continue
+		}
+		content, ok := files[*p]
+		if !ok {
+			return fmt.Errorf("--%s=%s: nothing of the release is mounted there", name, *p)
+		}
+		local := filepath.Join(tmp, name)
+		if err := os.WriteFile(local, []byte(content), 0o600); err != nil {
+			return err
+		}
+		*p = local
+	}
+	return nil
+}
+
+// localizeTLS localizes the files of TLS options.
+func localizeTLS(files mountedFiles, tmp string, o *workerrun.TLSOptions) error {
+	return localize(files, tmp, map[string]*string{"tls-cert": &o.CertFile, "tls-key": &o.KeyFile, "tls-ca": &o.CAFile})
 }
 
 // sampleEnv holds plausible values of the downward-API variables the chart
@@ -139,16 +172,13 @@ func checkArgs(newFlags binaryFlags, args []string, files mountedFiles, tmp stri
 	return values, validate(files, tmp), nil
 }
 
-// hasFlag reports whether a binary defines the flag name.
-func hasFlag(newFlags binaryFlags, name string) bool {
-	fs, _ := newFlags()
-	return fs.Lookup(name) != nil
-}
-
 // mounts returns the files the release mounts into container c of spec:
 // every key of a ConfigMap or Secret volume the release renders, at
-// mountPath/key.
-func (r release) mounts(spec *corev1.PodSpec, c corev1.Container) mountedFiles {
+// mountPath/key. The user's TLS Secret (tls.existingSecret) is not part of
+// the release: a sample of what the chart documents stands in for it, a
+// kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt whose
+// certificate names tls.serverName.
+func (r release) mounts(t *testing.T, spec *corev1.PodSpec, c corev1.Container) mountedFiles {
 	files := mountedFiles{}
 	vols := map[string]corev1.Volume{}
 	for _, v := range spec.Volumes {
@@ -162,6 +192,8 @@ func (r release) mounts(spec *corev1.PodSpec, c corev1.Container) mountedFiles {
 			if cm, ok := r.find("ConfigMap", v.ConfigMap.Name).(*corev1.ConfigMap); ok {
 				data = cm.Data
 			}
+		case v.Secret != nil && v.Secret.SecretName == r.value("tls.existingSecret") && r.value("tls.enabled") == true:
+			data = sampleTLSSecret(t, fmt.Sprint(r.value("tls.serverName")))
 		case v.Secret != nil:
 			if s, ok := r.find("Secret", v.Secret.SecretName).(*corev1.Secret); ok {
 				data = map[string]string{}
@@ -178,4 +210,22 @@ func (r release) mounts(spec *corev1.PodSpec, c corev1.Container) mountedFiles {
 		}
 	}
 	return files
+}
+
+// sampleTLSSecret returns the data of a kubernetes.io/tls Secret, as
+// cert-manager issues it (tls.crt, tls.key, ca.crt), for a certificate
+// naming serverName and allowing server and client authentication.
+func sampleTLSSecret(t *testing.T, serverName string) map[string]string {
+	t.Helper()
+	ca := tlstest.NewCA(t, "sample CA")
+	leaf := ca.Issue(t, tlstest.Leaf{DNSNames: []string{serverName}})
+	data := map[string]string{}
+	for key, path := range map[string]string{"tls.crt": leaf.CertFile, "tls.key": leaf.KeyFile, "ca.crt": ca.CertFile} {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data[key] = string(b)
+	}
+	return data
 }

@@ -5,17 +5,22 @@ import (
 	"sync"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/credentials"
 )
 
 // conns caches one gRPC client connection per worker address. Safe for
 // concurrent use.
 type conns struct {
+	creds credentials.TransportCredentials
 	mu    sync.Mutex
 	byAdr map[string]*grpc.ClientConn
 }
 
-func newConns() *conns { return &conns{byAdr: make(map[string]*grpc.ClientConn)} }
+// newConns returns an empty cache whose connections use creds (TLS, or
+// plaintext).
+func newConns(creds credentials.TransportCredentials) *conns {
+	return &conns{creds: creds, byAdr: make(map[string]*grpc.ClientConn)}
+}
 
 // get returns the connection to addr, creating it (lazily connecting) on
 // first use.
@@ -25,7 +30,7 @@ func (c *conns) get(addr string) (*grpc.ClientConn, error) {
 	if cc, ok := c.byAdr[addr]; ok {
 		return cc, nil
 	}
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(c.creds))
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: dial %s: %w", addr, err)
 	}

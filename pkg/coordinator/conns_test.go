@@ -4,10 +4,11 @@ import (
 	"testing"
 
 	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials/insecure"
 )
 
 func TestConnsCacheAndRetain(t *testing.T) {
-	c := newConns()
+	c := newConns(insecure.NewCredentials())
 	defer c.closeAll()
 	a1, err := c.get("127.0.0.1:1")
 	if err != nil {

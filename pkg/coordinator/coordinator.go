@@ -74,7 +74,11 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 	if log == nil {
 		log = zap.NewNop()
 	}
-	c = &Coordinator{o: o, log: log, reg: prometheus.NewRegistry(), conns: newConns(), serveErr: make(chan error, 1)}
+	tlsCfg, err := o.TLS.Load(o.tlsUse(), log.Named("tls"))
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: %w", err)
+	}
+	c = &Coordinator{o: o, log: log, reg: prometheus.NewRegistry(), conns: newConns(tlsCfg.ClientCredentials()), serveErr: make(chan error, 1)}
 	c.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	defer func() {
 		if err != nil {
@@ -149,7 +153,7 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 		}
 	})
 	c.wg.Go(func() { c.housekeep(bg, m) })
-	log.Info("coordinator started", zap.String("http_addr", c.HTTPAddr()), zap.String("nats_url", c.natsURL))
+	log.Info("coordinator started", zap.String("http_addr", c.HTTPAddr()), zap.String("nats_url", c.natsURL), zap.Bool("grpc_tls", o.TLS.Enabled()))
 	return c, nil
 }
 
@@ -175,6 +179,7 @@ func (c *Coordinator) startWorkers(ctx context.Context) error {
 			wo.Engine = c.o.Engine
 			wo.LogLevel = c.o.LogLevel
 			wo.Registerer = c.reg
+			wo.TLS = c.o.TLS
 			if c.o.WorkerOptions != nil {
 				c.o.WorkerOptions(&wo)
 			}

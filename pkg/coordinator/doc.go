@@ -44,6 +44,15 @@
 // request or the KV is gone, the client gets a clear error (an error
 // event once the stream started). At most 3 failovers per request.
 //
+// # TLS
+//
+// Options.TLS (--tls-cert, --tls-key, --tls-ca, --tls-server-name) makes
+// the gRPC connections to the workers TLS: the CA verifies the workers'
+// certificates (for --tls-server-name rather than the heartbeat's IP) and
+// the certificate is presented to workers that require client
+// certificates (mutual TLS). Standalone workers get the same settings. No
+// TLS flag: plaintext.
+//
 // # Clocks
 //
 // Worker timestamps in the budget (prefill start/end, KV first byte/done,

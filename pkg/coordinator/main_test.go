@@ -37,7 +37,7 @@ func TestMainHelpDocumentsEveryFlag(t *testing.T) {
 	// The names the Helm chart relies on.
 	for _, name := range []string{"http-addr", "nats-url", "nats-listen", "standalone", "mode", "codec", "first-token-policy",
 		"max-tokens-cap", "queue-limit", "heartbeat-ttl", "model-name", "prefill-workers", "decode-workers",
-		"log-level", "config", "engine", "preset", "profile", "time-scale"} {
+		"log-level", "config", "engine", "preset", "profile", "time-scale", "tls-cert", "tls-key", "tls-ca", "tls-server-name"} {
 		if fs.Lookup(name) == nil {
 			t.Errorf("flag --%s is missing", name)
 		}

@@ -75,6 +75,12 @@ type Options struct {
 	// Engine selects the standalone workers' engine (--engine, --preset,
 	// --seed, --engine-threads, --profile, --time-scale).
 	Engine enginecfg.Options
+	// TLS secures the gRPC connections to the workers (--tls-cert,
+	// --tls-key, --tls-ca, --tls-server-name): the CA verifies them, the
+	// certificate is presented to workers that require client
+	// certificates. Standalone workers serve with the same settings, so
+	// standalone TLS needs the certificate. Empty: plaintext.
+	TLS workerrun.TLSOptions
 
 	// Policy is the effective serving policy, set by Complete. Not a flag.
 	Policy config.Policy
@@ -122,7 +128,17 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.RetryAfter, "retry-after", o.RetryAfter, "Retry-After sent with 429 and 503 responses")
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "log level: debug, info, warn or error")
 	fs.StringVar(&o.ConfigFile, "config", o.ConfigFile, "YAML policy file: SLOs, prompt-token budgets per API key and route, limits, routing")
+	o.TLS.AddFlags(fs)
 	o.Engine.AddFlags(fs)
+}
+
+// tlsUse is what the coordinator does over gRPC: it dials workers; in
+// standalone mode its workers serve with the same TLS settings.
+func (o Options) tlsUse() workerrun.TLSUse {
+	if o.Standalone {
+		return workerrun.TLSDial | workerrun.TLSServe
+	}
+	return workerrun.TLSDial
 }
 
 // Complete loads the policy file (when given) into Policy and applies the
@@ -201,6 +217,9 @@ func (o Options) Validate() error {
 	if err := o.Policy.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	if err := o.TLS.Validate(o.tlsUse()); err != nil {
+		errs = append(errs, err)
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("coordinator: invalid options: %w", err)
 	}
@@ -236,6 +255,7 @@ func (o Options) LogFields() []zap.Field {
 		zap.Int("max_queued_prefill_tokens", p.Routing.MaxQueuedPrefillTokens),
 		zap.Float64("prefix_weight", p.Routing.PrefixWeight),
 	}
+	f = append(f, o.TLS.LogFields()...)
 	if o.Standalone {
 		f = append(f, zap.Int("prefill_workers", o.PrefillWorkers), zap.Int("decode_workers", o.DecodeWorkers))
 		f = append(f, o.Engine.LogFields()...)

@@ -24,6 +24,16 @@
 // NATS and shuts the HTTP server down. A NATS "drain" command only marks the
 // worker draining; the process keeps serving what it has.
 //
+// # TLS
+//
+// With --tls-cert and --tls-key (TLSOptions) the gRPC server serves TLS;
+// with --tls-ca as well it requires client certificates signed by that CA
+// (mutual TLS), and a prefill worker verifies the decode workers it sends
+// KV to against it, checking --tls-server-name rather than their IP. No
+// TLS flag: plaintext. The certificate is re-read when a connection
+// handshakes, so a renewed Secret takes effect without a restart. Package
+// tlstest makes throwaway CAs and certificates for tests.
+//
 // # Commands
 //
 // On "pdserve.cmd.<id>" the worker takes "drain", "cancel" (RequestID) and,

@@ -18,7 +18,7 @@ import (
 
 // The flags the Helm chart relies on (fixed names).
 var (
-	commonFlags  = []string{"nats-url", "log-level", "metrics-addr", "engine", "preset", "profile", "time-scale", "config", "grpc-addr", "advertise-addr", "id", "heartbeat-interval"}
+	commonFlags  = []string{"nats-url", "log-level", "metrics-addr", "engine", "preset", "profile", "time-scale", "config", "grpc-addr", "advertise-addr", "id", "heartbeat-interval", "tls-cert", "tls-key", "tls-ca", "tls-server-name"}
 	prefillFlags = []string{"chunk-tokens", "max-batch-tokens", "codec", "link-gbps", "kv-conns", "retain-bytes"}
 	decodeFlags  = []string{"role", "kv-blocks", "block-tokens", "max-batch", "chunk-tokens", "max-batch-tokens"}
 )
@@ -67,6 +67,8 @@ func TestMainRejectsBadSettings(t *testing.T) {
 		{"sim without profile", NewDecodeOptions(), []string{"--engine=sim"}, "profile is required"},
 		{"missing config file", NewDecodeOptions(), []string{"--config=does-not-exist.yaml"}, "config"},
 		{"stray argument", NewDecodeOptions(), []string{"serve"}, "unexpected arguments"},
+		{"tls cert without key", NewDecodeOptions(), []string{"--tls-cert=tls.crt"}, "tls-cert and tls-key must be given together"},
+		{"tls files missing", NewPrefillOptions(), []string{"--tls-cert=no.crt", "--tls-key=no.key", "--tls-ca=no-ca.crt"}, "tls-cert: open no.crt"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -55,6 +55,10 @@ type Options struct {
 	// transfer. Prefill only. > 0.
 	KVConns int
 
+	// TLS secures the worker's gRPC server and, on prefill workers, the KV
+	// transfers it dials. Empty: plaintext. See TLSOptions.
+	TLS TLSOptions
+
 	Engine  enginecfg.Options
 	Prefill prefill.Options
 	Decode  decode.Options
@@ -115,7 +119,8 @@ func (v roleValue) Set(s string) error {
 // AddFlags registers the flags of o's role on fs, with o's values as
 // defaults. Every worker: --id, --grpc-addr, --advertise-addr,
 // --metrics-addr, --nats-url, --heartbeat-interval, --drain-timeout,
-// --log-level, --config and the engine flags (see enginecfg). Prefill:
+// --log-level, --config, --tls-cert, --tls-key, --tls-ca,
+// --tls-server-name and the engine flags (see enginecfg). Prefill:
 // --chunk-tokens, --max-batch-tokens, --codec, --queue-limit,
 // --retain-bytes, --link-gbps, --kv-conns. Decode and colocated: --role,
 // --kv-blocks, --block-tokens, --max-batch, --chunk-tokens,
@@ -130,6 +135,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "how long a graceful stop waits for requests in flight")
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "log level: debug, info, warn or error")
 	fs.StringVar(&o.ConfigFile, "config", o.ConfigFile, "YAML file of flag values, keys are flag names without dashes; command-line flags win")
+	o.TLS.AddFlags(fs)
 	o.Engine.AddFlags(fs)
 	if o.Role == control.RolePrefill {
 		o.Prefill.AddFlags(fs)
@@ -189,6 +195,9 @@ func (o Options) Validate() error {
 	if _, err := zapcore.ParseLevel(o.LogLevel); err != nil || o.LogLevel == "" {
 		errs = append(errs, fmt.Errorf("log-level %q must be debug, info, warn or error", o.LogLevel))
 	}
+	if err := o.TLS.Validate(o.tlsUse()); err != nil {
+		errs = append(errs, err)
+	}
 	if o.EngineOverride == nil {
 		if err := o.Engine.Validate(); err != nil {
 			errs = append(errs, err)
@@ -198,6 +207,15 @@ func (o Options) Validate() error {
 		return fmt.Errorf("workerrun: invalid options: %w", err)
 	}
 	return nil
+}
+
+// tlsUse is what the worker does over gRPC: every worker serves; a
+// prefill worker also dials decode workers for KV transfers.
+func (o Options) tlsUse() TLSUse {
+	if o.Role == control.RolePrefill {
+		return TLSServe | TLSDial
+	}
+	return TLSServe
 }
 
 // LogFields returns the effective settings as zap fields.
@@ -214,6 +232,7 @@ func (o Options) LogFields() []zap.Field {
 		zap.String("log_level", o.LogLevel),
 		zap.String("config", o.ConfigFile),
 	}
+	f = append(f, o.TLS.LogFields()...)
 	if o.EngineOverride != nil {
 		f = append(f, zap.String("engine", "override:"+o.EngineOverride.Spec().Name))
 	} else {

@@ -152,10 +152,18 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 	w.model = w.eng.Spec().Name
 
 	reg, gatherer := w.registry()
+	tlsCfg, err := o.TLS.Load(o.tlsUse(), w.log.Named("tls"))
+	if err != nil {
+		return nil, fmt.Errorf("workerrun: %w", err)
+	}
 	var gopts []grpc.ServerOption
 	switch o.Role {
 	case control.RolePrefill:
-		w.dialer = kvtransfer.NewDialer(kvtransfer.WithConnsPerAddr(o.KVConns), kvtransfer.WithLinkGbps(o.LinkGbps), kvtransfer.WithLogger(w.log.Named("kvtransfer")))
+		dopts := []kvtransfer.DialOption{kvtransfer.WithConnsPerAddr(o.KVConns), kvtransfer.WithLinkGbps(o.LinkGbps), kvtransfer.WithLogger(w.log.Named("kvtransfer"))}
+		if tlsCfg != nil {
+			dopts = append(dopts, kvtransfer.WithTLS(tlsCfg.ClientConfig()))
+		}
+		w.dialer = kvtransfer.NewDialer(dopts...)
 		if w.pre, err = prefill.New(w.eng, w.dialer, o.Prefill, w.log.Named("prefill"), reg); err != nil {
 			return nil, fmt.Errorf("workerrun: %w", err)
 		}
@@ -176,7 +184,7 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 	if w.addr, err = advertise(o.AdvertiseAddr, w.lis.Addr()); err != nil {
 		return nil, err
 	}
-	w.grpc = grpc.NewServer(gopts...)
+	w.grpc = grpc.NewServer(append(gopts, grpc.Creds(tlsCfg.ServerCredentials()))...)
 	w.svc.register(w.grpc)
 	w.health = health.NewServer()
 	healthpb.RegisterHealthServer(w.grpc, w.health)
@@ -238,7 +246,7 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 		w.goPart("heartbeat", func() error { return w.pub.Run(w.bgCtx) })
 	}
 	w.log.Info("worker started", zap.String("grpc_addr", w.lis.Addr().String()), zap.String("advertise_addr", w.addr),
-		zap.String("metrics_addr", w.MetricsAddr()), zap.String("model", w.model))
+		zap.String("metrics_addr", w.MetricsAddr()), zap.String("model", w.model), zap.Bool("tls", o.TLS.Enabled()))
 	return w, nil
 }
 
