@@ -3,7 +3,6 @@ package charttest
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -361,25 +360,6 @@ func convert(t *testing.T, in, out any) {
 	}
 	if err := json.Unmarshal(b, out); err != nil {
 		t.Fatalf("convert %s: %v", b, err)
-	}
-}
-
-// repoRoot finds the directory holding go.mod above the working directory.
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("no go.mod above the test's directory")
-		}
-		dir = parent
 	}
 }
 

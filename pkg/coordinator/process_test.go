@@ -18,29 +18,10 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/pdserve/pdserve/internal/repotest"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/tokenizer"
 )
-
-// repoRoot walks up from the working directory to the directory holding
-// go.mod.
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("go.mod not found above the test's directory")
-		}
-		dir = parent
-	}
-}
 
 // freePort returns a loopback port that was free a moment ago.
 func freePort(t *testing.T) int {
@@ -126,7 +107,7 @@ func TestSeparateProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and starts the coordinator and worker binaries as processes; skipped with -short")
 	}
-	root := repoRoot(t)
+	root := repotest.Root(t)
 	bin := t.TempDir()
 	goTool, err := exec.LookPath("go")
 	if err != nil {

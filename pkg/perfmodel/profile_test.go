@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/pdserve/pdserve/internal/repotest"
 )
 
 // The profiles the issue requires; more may ship.
@@ -146,7 +148,7 @@ func TestDistServePointsAreTheFormula(t *testing.T) {
 // coefficients with DistServe's published file in the shared data
 // directory (../shared/data beside the repository), when it is there.
 func TestDistServeCoefficientsMatchSourceFile(t *testing.T) {
-	dir := sharedData(t)
+	dir := repotest.SharedData(t)
 	data, err := os.ReadFile(filepath.Join(dir, "perf-profiles", "distserve-a100-80g.distserve.json"))
 	if err != nil {
 		t.Skipf("DistServe source file not available: %v", err)
@@ -181,31 +183,6 @@ func TestDistServeCoefficientsMatchSourceFile(t *testing.T) {
 	if checked < 6 {
 		t.Errorf("checked %d DistServe profiles, want ≥ 6", checked)
 	}
-}
-
-// sharedData returns ../shared/data relative to the module root (the
-// directory holding go.mod), or skips the test.
-func sharedData(t *testing.T) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			break
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Skip("module root not found")
-		}
-		dir = parent
-	}
-	shared := filepath.Join(dir, "..", "shared", "data")
-	if _, err := os.Stat(shared); err != nil {
-		t.Skipf("shared data directory absent (%v): source comparison skipped", err)
-	}
-	return shared
 }
 
 func TestKVBytesPerTokenIsTheModelsTrueSize(t *testing.T) {

@@ -11,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
+	"github.com/pdserve/pdserve/internal/repotest"
 	"github.com/pdserve/pdserve/pkg/kv/codec"
 )
 
@@ -133,34 +134,9 @@ func TestLoadWorkloadErrors(t *testing.T) {
 	}
 }
 
-// sharedData returns the project's shared data directory (../shared/data
-// from the module root), or skips.
-func sharedData(t *testing.T) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			break
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Skip("module root not found")
-		}
-		dir = parent
-	}
-	data := filepath.Join(dir, "..", "shared", "data")
-	if _, err := os.Stat(data); err != nil {
-		t.Skipf("shared data directory %s absent: %v", data, err)
-	}
-	return data
-}
-
 // The Azure traces load with the rates and burstiness their README states.
 func TestAzureSharedTraces(t *testing.T) {
-	data := sharedData(t)
+	data := repotest.SharedData(t)
 	for _, tt := range []struct {
 		file        string
 		rate, cv    float64

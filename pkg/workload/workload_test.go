@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/pdserve/pdserve/internal/repotest"
 )
 
 func TestRandomLengthsAndPrefix(t *testing.T) {
@@ -471,32 +473,8 @@ func bodies(w *Workload) []string {
 	return out
 }
 
-// sharedData returns the repository's ../shared/data directory, or skips.
-func sharedData(t *testing.T) string {
-	t.Helper()
-	dir, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			break
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Skip("go.mod not found above the test directory")
-		}
-		dir = parent
-	}
-	d := filepath.Join(dir, "..", "shared", "data")
-	if _, err := os.Stat(d); err != nil {
-		t.Skipf("shared data not present next to the repository (%v)", err)
-	}
-	return d
-}
-
 func TestAzureSharedTraces(t *testing.T) {
-	dir := filepath.Join(sharedData(t), "azure-llm-2023")
+	dir := filepath.Join(repotest.SharedData(t), "azure-llm-2023")
 	for _, tc := range []struct {
 		file  string
 		rows  int

@@ -1,0 +1,42 @@
+// Package repotest finds the repository's own files from tests: the module
+// root (the directory holding go.mod) and the project's shared data beside
+// it (../shared/data), which a checkout may lack.
+package repotest
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+// Root returns the module root above the test's working directory, or fails
+// the test.
+func Root(t testing.TB) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			t.Fatal("repotest: no go.mod above the test's directory")
+		}
+		dir = parent
+	}
+}
+
+// SharedData returns the project's shared data directory (../shared/data
+// from the module root), or skips the test with the reason when it is
+// absent.
+func SharedData(t testing.TB) string {
+	t.Helper()
+	d := filepath.Join(Root(t), "..", "shared", "data")
+	if _, err := os.Stat(d); err != nil {
+		t.Skipf("shared data absent next to the repository (%v): comparison with it skipped", err)
+	}
+	return d
+}
