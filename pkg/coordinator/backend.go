@@ -19,6 +19,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/frontend"
 	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/metrics"
+	"github.com/pdserve/pdserve/pkg/prefill"
 	"github.com/pdserve/pdserve/pkg/router"
 )
 
@@ -147,7 +148,7 @@ const (
 
 type event struct {
 	kind    eventKind
-	attempt int // decode attempt the event belongs to
+	attempt int // decode attempt (Generate, Resend) or prefill attempt (Prefill) the event belongs to
 	pre     *pdservev1.PrefillResponse
 	gen     *pdservev1.GenerateResponse
 	resend  *pdservev1.ResendResponse
@@ -171,13 +172,17 @@ type run struct {
 
 	remote       bool // KV from a prefill worker
 	prefill      router.Worker
+	prefillGen   int // prefill attempt: > 0 once the prompt was prefilled again after a failure
 	prefillEnded bool
-	gotFirst     bool // the prefill worker reported the first token: its KV is complete
+	gotFirst     bool            // the prefill worker reported the first token: its KV is complete
+	kvDone       bool            // the prefill worker reported the decode worker's ack of the KV
+	prefilledOn  []router.Worker // every prefill worker a Prefill call went to, for Release
 
 	attempt       int
 	decode        router.Worker
-	reserved      bool // the current decode worker holds a reservation or sequence
-	decodePos     int  // output position of the next token of the current Generate stream
+	cancelDecode  context.CancelFunc // ends the current Generate call
+	reserved      bool               // the current decode worker holds a reservation or sequence
+	decodePos     int                // output position of the next token of the current Generate stream
 	decodeEnded   bool
 	resendPending bool
 	finish        string
@@ -296,13 +301,15 @@ func (r *run) sampling() *pdservev1.Sampling {
 
 // spawn runs f in a goroutine with a child context; f's result is sent as
 // an event. Every spawned goroutine sends exactly one event of an end kind.
-func (r *run) spawn(f func(ctx context.Context) event) {
+// It returns the function that cancels f's context.
+func (r *run) spawn(f func(ctx context.Context) event) context.CancelFunc {
 	ctx, cancel := context.WithCancel(r.ctx)
 	r.cancels = append(r.cancels, cancel)
 	r.live++
 	go func() {
 		r.events <- f(ctx)
 	}()
+	return cancel
 }
 
 func (r *run) startPrefill() error {
@@ -314,18 +321,23 @@ func (r *run) startPrefill() error {
 		RequestId: r.req.ID, PromptTokens: r.req.Prompt, Sampling: r.sampling(),
 		DecodeAddr: r.decode.Addr, Codec: r.b.codec,
 	}
+	if !slices.ContainsFunc(r.prefilledOn, func(w router.Worker) bool { return w.Addr == r.prefill.Addr }) {
+		r.prefilledOn = append(r.prefilledOn, r.prefill)
+	}
+	gen := r.prefillGen
+	r.prefillEnded, r.gotFirst, r.kvDone = false, false, false
 	r.spawn(func(ctx context.Context) event {
 		stream, err := pdservev1.NewPrefillServiceClient(cc).Prefill(ctx, preq)
 		for err == nil {
 			var resp *pdservev1.PrefillResponse
 			if resp, err = stream.Recv(); err == nil {
-				r.events <- event{kind: evPrefill, pre: resp}
+				r.events <- event{kind: evPrefill, attempt: gen, pre: resp}
 			}
 		}
 		if errors.Is(err, io.EOF) {
 			err = nil
 		}
-		return event{kind: evPrefillEnd, err: err}
+		return event{kind: evPrefillEnd, attempt: gen, err: err}
 	})
 	return nil
 }
@@ -342,7 +354,7 @@ func (r *run) startDecode() error {
 	}
 	attempt := r.attempt
 	r.decodePos, r.decodeEnded = len(r.out), false
-	r.spawn(func(ctx context.Context) event {
+	r.cancelDecode = r.spawn(func(ctx context.Context) event {
 		stream, err := pdservev1.NewDecodeServiceClient(cc).Generate(ctx, greq)
 		for err == nil {
 			var resp *pdservev1.GenerateResponse
@@ -377,21 +389,28 @@ func (r *run) startResend() error {
 func (r *run) handle(ev event) error {
 	switch ev.kind {
 	case evPrefill:
+		if ev.attempt != r.prefillGen {
+			return nil
+		}
 		return r.onPrefill(ev.pre)
 
 	case evPrefillEnd:
 		r.live--
-		r.prefillEnded = true
-		if ev.err != nil && r.ctx.Err() == nil {
-			r.b.log.Debug("prefill stream failed", zap.String("request_id", r.req.ID), zap.String("worker", r.prefill.ID), zap.Error(ev.err))
-			if !r.gotFirst {
-				return grpcError(fmt.Sprintf("prefill on worker %s", r.prefill.ID), ev.err)
-			}
-			// The prompt was prefilled and the KV is retained; the transfer
-			// failed. The decode stream fails too and recovers by Resend.
+		if ev.attempt != r.prefillGen {
+			return nil
 		}
-		if r.waitingRecovery {
+		r.prefillEnded = true
+		switch {
+		case r.ctx.Err() != nil:
+			return r.ctx.Err()
+		case r.waitingRecovery:
+			// The decode worker failed first; the prefill worker is done
+			// with the prompt, with its KV complete (re-send it) or not
+			// (prefill it again).
 			return r.recover()
+		case ev.err == nil || r.finish != "":
+		default:
+			return r.onPrefillFailed(ev.err)
 		}
 
 	case evGenerate:
@@ -429,12 +448,52 @@ func (r *run) handle(ev event) error {
 			if r.ctx.Err() != nil {
 				return r.ctx.Err()
 			}
+			if r.finish == "" && prefill.IsKVTransferError(ev.err) && recoverableTransfer(ev.err) {
+				// The new decode worker could not take the KV either:
+				// move on to another one.
+				r.abandonDecode()
+				return r.startRecovery(ev.err)
+			}
 			return fmt.Errorf("coordinator: decode worker failed (%v) and prefill worker %s could not re-send the KV of %s: %w",
 				r.failure, r.prefill.ID, r.req.ID, ev.err)
 		}
 		r.addKV(ev.resend.GetKvDone())
 	}
 	return nil
+}
+
+// onPrefillFailed handles a Prefill call that failed while the decode
+// worker's Generate call is open. A failed KV transfer means the decode
+// worker cannot get the KV (it is gone, unreachable, or lost the request):
+// it would wait for it as long as its call lasts, so the request moves to
+// another decode worker. So does a prefill stream that broke after the
+// first token but before the decode worker acknowledged the KV. Any other
+// failure before the first token is the prefill worker's, and ends the
+// request.
+func (r *run) onPrefillFailed(err error) error {
+	r.b.log.Debug("prefill stream failed", zap.String("request_id", r.req.ID), zap.String("worker", r.prefill.ID), zap.Error(err))
+	switch transfer := prefill.IsKVTransferError(err); {
+	case transfer && !recoverableTransfer(err):
+		return grpcError(fmt.Sprintf("kv transfer from prefill worker %s to decode worker %s", r.prefill.ID, r.decode.ID), err)
+	case !transfer && !r.gotFirst:
+		return grpcError(fmt.Sprintf("prefill on worker %s", r.prefill.ID), err)
+	case !transfer && r.kvDone:
+		// The decode worker has the KV; its stream tells the rest.
+		return nil
+	}
+	r.abandonDecode()
+	return r.startRecovery(err)
+}
+
+// abandonDecode ends the current Generate call, whose worker cannot get
+// the request's KV; its end event is ignored as that of an old attempt,
+// and the worker frees the request when the call ends.
+func (r *run) abandonDecode() {
+	if r.cancelDecode != nil {
+		r.cancelDecode()
+	}
+	r.attempt++
+	r.decodeEnded = true
 }
 
 func (r *run) onPrefill(resp *pdservev1.PrefillResponse) error {
@@ -450,12 +509,13 @@ func (r *run) onPrefill(resp *pdservev1.PrefillResponse) error {
 		r.tr.PrefillBatch = int(ft.GetBatchSize())
 		r.tr.PrefixHitTokens = int(ft.GetPrefixHitTokens())
 		tok := ft.GetToken()
-		if r.b.policy == PolicyPrefill && r.attempt == 0 && len(r.out) == 0 && (r.req.IgnoreEOS || tok != r.b.eos) {
+		if r.b.policy == PolicyPrefill && len(r.out) == 0 && (r.req.IgnoreEOS || tok != r.b.eos) {
 			// An EOS first token is left to the decode stream, which ends
 			// the request with it.
 			return r.deliver(0, []int32{tok})
 		}
 	case *pdservev1.PrefillResponse_KvDone:
+		r.kvDone = true
 		r.addKV(e.KvDone)
 	}
 	return nil
@@ -539,8 +599,9 @@ func (r *run) startRecovery(cause error) error {
 	r.b.log.Warn("decode worker failed; recovering the request", zap.String("request_id", r.req.ID),
 		zap.String("worker", r.decode.ID), zap.Int("tokens_sent", len(r.out)), zap.Error(cause))
 	if r.remote && !r.prefillEnded {
-		// Wait until the prefill worker finished with the prompt: Resend
-		// needs its complete KV.
+		// Wait until the prefill worker is done with the prompt: Resend
+		// needs its complete KV, and a prompt whose KV never completes
+		// (its transfer to the failed worker fails) is prefilled again.
 		r.waitingRecovery = true
 		return nil
 	}
@@ -548,22 +609,41 @@ func (r *run) startRecovery(cause error) error {
 }
 
 // recover re-reserves on another decode worker and resumes generation
-// there: from KV re-sent by the prefill worker (remote prefill) or by
-// prefilling locally (local prefill), with the tokens already sent as
-// generated_tokens.
+// there, with the tokens already sent as generated_tokens. The new
+// reservation is made before anything can send KV to the worker. The KV
+// comes from the prefill worker's retained copy (Resend) when the prompt
+// was prefilled; when it was not (the decode worker failed before the KV
+// completed, so the transfer to it failed and nothing was retained), the
+// prompt is prefilled again, routed afresh, for the new decode worker;
+// with local prefill the new worker prefills itself.
 func (r *run) recover() error {
 	r.waitingRecovery = false
-	if r.remote && !r.gotFirst {
-		return fmt.Errorf("coordinator: request %s: %w, and its prompt's KV never completed on prefill worker %s", r.req.ID, r.failure, r.prefill.ID)
-	}
-	if _, err := r.place(true); err != nil {
+	restart := r.remote && !r.gotFirst
+	dec, err := r.place(!restart)
+	if err != nil {
 		return fmt.Errorf("coordinator: request %s: %v; no other decode worker could take it: %w", r.req.ID, r.failure, err)
 	}
 	r.attempt++
+	if restart {
+		// No token reached the client (the first comes with the KV), so
+		// the request starts over.
+		r.tr.PrefillStart, r.tr.PrefillEnd, r.tr.KVFirstByte, r.tr.KVDone = time.Time{}, time.Time{}, time.Time{}, time.Time{}
+		r.tr.PrefixHitTokens = dec.PrefixHitTokens
+		if dec.Local {
+			r.remote = false
+			r.tr.Mode, r.tr.FirstTokenPolicy = "local", PolicyDecode
+		} else {
+			r.prefill, r.tr.PrefillWorker = dec.Prefill, dec.Prefill.ID
+			r.prefillGen++
+			if err := r.startPrefill(); err != nil {
+				return err
+			}
+		}
+	}
 	if err := r.startDecode(); err != nil {
 		return err
 	}
-	if r.remote {
+	if r.remote && !restart {
 		return r.startResend()
 	}
 	return nil
@@ -593,11 +673,11 @@ func (r *run) cleanup(err error) {
 			}
 		}
 	}
-	if r.remote {
-		if cc, cerr := r.b.conns.get(r.prefill.Addr); cerr == nil {
+	for _, w := range r.prefilledOn {
+		if cc, cerr := r.b.conns.get(w.Addr); cerr == nil {
 			if _, cerr := pdservev1.NewPrefillServiceClient(cc).Release(ctx, &pdservev1.ReleaseRequest{RequestId: r.req.ID}); cerr != nil {
 				r.b.log.Warn("release on prefill worker failed", zap.String("request_id", r.req.ID),
-					zap.String("worker", r.prefill.ID), zap.Error(cerr))
+					zap.String("worker", w.ID), zap.Error(cerr))
 			}
 		}
 	}
@@ -612,6 +692,15 @@ func recoverable(err error) bool {
 		return true
 	}
 	return false
+}
+
+// recoverableTransfer reports whether a failed KV transfer (a status
+// prefill.IsKVTransferError reports) may succeed to another decode worker:
+// the worker was gone or unreachable, lost the request (no reservation),
+// or broke off. A transfer the worker refused as malformed or too big
+// would fail anywhere.
+func recoverableTransfer(err error) bool {
+	return recoverable(err) || status.Code(err) == codes.FailedPrecondition
 }
 
 // grpcError wraps a worker's error with the frontend sentinel its code

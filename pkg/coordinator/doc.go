@@ -36,13 +36,28 @@
 //
 // When a Generate stream breaks (UNAVAILABLE, ABORTED, CANCELED not asked
 // for, INTERNAL, UNKNOWN, DEADLINE_EXCEEDED) the coordinator waits for the
-// Prefill stream to end (the prompt's KV must be complete), reserves on
-// another decode worker, opens Generate there with generated_tokens set to
-// the tokens the client already has, and asks the prefill worker to
-// Resend the retained KV to it; with local prefill the new worker
-// prefills itself. Greedy output is unchanged. When no worker can take the
-// request or the KV is gone, the client gets a clear error (an error
-// event once the stream started). At most 3 failovers per request.
+// Prefill stream to end, reserves on another decode worker (before
+// anything may send KV to it), opens Generate there with generated_tokens
+// set to the tokens the client already has, and gets the KV to it: when
+// the prompt was prefilled, the prefill worker Resends its retained copy;
+// when the KV never completed (the decode worker failed while the prompt
+// was queued or being prefilled, so the transfer to it failed and nothing
+// was retained), the prompt is routed and prefilled again for the new
+// worker. With local prefill the new worker prefills itself. Greedy output
+// is unchanged.
+//
+// A Prefill (or Resend) whose KV transfer to the decode worker failed
+// (prefill.IsKVTransferError: the worker is unreachable, lost the request,
+// or broke the transfer off) is a failure of that decode worker too, even
+// while its Generate stream is still open: a decode worker waits for KV as
+// long as its call lasts, so the coordinator ends that call and recovers
+// as above. A transfer the decode worker refused as malformed ends the
+// request with the worker's error. A prefill worker's refusal
+// (RESOURCE_EXHAUSTED: its queue is full) is a 429 with Retry-After.
+//
+// When no worker can take the request or the KV is gone, the client gets
+// a clear error (an error event once the stream started). At most 3
+// failovers per request.
 //
 // # TLS
 //

@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,6 +22,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/enginecfg"
 	"github.com/pdserve/pdserve/pkg/tokenizer"
 	"github.com/pdserve/pdserve/pkg/workerrun"
 )
@@ -528,6 +530,51 @@ func TestOverload(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+	// A prefill worker whose queue is full (here: the KV of one prompt in
+	// flight is all MaxLiveKVBytes allows) refuses at once, and the client
+	// gets 429 with Retry-After instead of waiting in an unbounded queue.
+	t.Run("prefill queue full", func(t *testing.T) {
+		e, err := enginecfg.DefaultOptions().Build()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { enginecfg.Close(e) })
+		held := &heldPrefill{Engine: e, gate: make(chan struct{})}
+		cl := startCluster(t, clusterOpts{worker: func(wo *workerrun.Options) {
+			if wo.Role == control.RolePrefill {
+				wo.EngineOverride = held
+				wo.Prefill.RetainBytes, wo.Prefill.MaxLiveKVBytes = 1, 1
+			}
+		}})
+		first := make(chan int, 1) // its status, or 0 when the call failed
+		go func() {
+			resp, err := http.Post(cl.url+"/v1/completions", "application/json", strings.NewReader(`{"prompt": "held in the prefill worker", "max_tokens": 4}`))
+			if err != nil {
+				first <- 0
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			first <- resp.StatusCode
+		}()
+		waitFor(t, 5*time.Second, func() error {
+			if held.started.Load() == 0 {
+				return errors.New("the first prompt is not being prefilled yet")
+			}
+			return nil
+		})
+		second := post(context.Background(), t, cl.url+"/v1/completions", request{Prompt: "no room", MaxTokens: 4})
+		b, _ := io.ReadAll(second.Body)
+		second.Body.Close()
+		if second.StatusCode != http.StatusTooManyRequests || second.Header.Get("Retry-After") == "" || !strings.Contains(string(b), "queue full") {
+			t.Errorf("second request: status %d Retry-After %q (%s), want 429 with Retry-After saying the queue is full", second.StatusCode, second.Header.Get("Retry-After"), b)
+		}
+		close(held.gate)
+		if code := <-first; code != http.StatusOK {
+			t.Errorf("first request: status %d, want 200", code)
+		}
+		waitFor(t, 5*time.Second, func() error { return cl.idle(t) })
+	})
 	t.Run("no KV capacity", func(t *testing.T) {
 		cl := startCluster(t, clusterOpts{worker: func(wo *workerrun.Options) { wo.Decode.KVBlocks = 4 }})
 		// 4 blocks × 16 tokens = 64 tokens; 10 + 100 do not fit.
@@ -607,4 +654,22 @@ func TestShutdownDrains(t *testing.T) {
 	if err := <-stopped; err != nil {
 		t.Errorf("Shutdown: %v", err)
 	}
+}
+
+// heldPrefill is a prefill worker's engine whose Prefill calls wait until
+// gate is closed; started counts the calls that began.
+type heldPrefill struct {
+	engine.Engine
+	gate    chan struct{}
+	started atomic.Int64
+}
+
+func (h *heldPrefill) Prefill(ctx context.Context, batch []engine.PrefillItem, onKV engine.KVFunc) ([]engine.Output, error) {
+	h.started.Add(1)
+	select {
+	case <-h.gate:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return h.Engine.Prefill(ctx, batch, onKV)
 }

@@ -377,15 +377,148 @@ func TestReserve(t *testing.T) {
 	// Nobody claims "a": its TTL gives the blocks back.
 	waitFor(t, "reservation expiry", func() bool { return w.s.Stats().KVBlocksFree == 4 })
 
-	// A Generate call waiting for KV that never comes ends after the TTL.
-	stream, err = w.client.Generate(ctx, &pdservev1.GenerateRequest{RequestId: "w", PromptTokens: prompt(5, 1), MaxTokens: 4})
+	// A Generate call waiting for KV that never comes waits until its
+	// caller gives up (TestKVWaitOutlivesReserveTTL: the TTL does not
+	// end it), and then frees everything.
+	gctx, cancel := context.WithCancel(ctx)
+	stream, err = w.client.Generate(gctx, &pdservev1.GenerateRequest{RequestId: "w", PromptTokens: prompt(5, 1), MaxTokens: 4})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := collect(stream); status.Code(err) != codes.DeadlineExceeded {
-		t.Errorf("generate without kv: %v, want DEADLINE_EXCEEDED", err)
+	waitFor(t, "generate attached", func() bool {
+		w.s.mu.Lock()
+		defer w.s.mu.Unlock()
+		return w.s.seqs["w"] != nil && w.s.seqs["w"].attached
+	})
+	cancel()
+	if _, err := collect(stream); status.Code(err) != codes.Canceled {
+		t.Errorf("generate without kv, cancelled: %v, want CANCELED", err)
 	}
-	waitFor(t, "blocks free", func() bool { return w.s.Stats().KVBlocksFree == 4 })
+	waitFor(t, "blocks free", func() bool { st := w.s.Stats(); return st.KVBlocksFree == 4 && st.Requests == 0 })
+}
+
+// A Generate call waiting for remote KV has no timeout of its own. Under
+// overload a prompt queues at the prefill worker for longer than
+// ReserveTTL while both workers are healthy; a KV wait bounded by the TTL
+// ended such calls with "no kv arrived within 30s", dropped their
+// reservations, and the prefill worker's transfer then failed with "no
+// reservation". The TTL passing any number of times must not end the call;
+// the KV arriving later is served.
+func TestKVWaitOutlivesReserveTTL(t *testing.T) {
+	var ft fakeTimers
+	w := newWorker(t, smallOptions(), true, ft.install)
+	ctx := testCtx(t)
+	p := prompt(11, 3)
+	want := reference(t, p, 5, engine.Sampling{})
+	if _, err := w.client.Reserve(ctx, &pdservev1.ReserveRequest{RequestId: "queued", Tokens: int32(len(p) + 5)}); err != nil {
+		t.Fatal(err)
+	}
+	if n := ft.armed(); n != 1 {
+		t.Fatalf("%d reservation timers armed, want 1", n)
+	}
+	stream, err := w.client.Generate(ctx, &pdservev1.GenerateRequest{RequestId: "queued", PromptTokens: p, MaxTokens: 5, IgnoreEos: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "generate attached", func() bool {
+		w.s.mu.Lock()
+		defer w.s.mu.Unlock()
+		q := w.s.seqs["queued"]
+		return q != nil && q.attached
+	})
+	for range 3 {
+		ft.fire() // the TTL passes while the prompt waits in a prefill queue
+	}
+	if n := ft.armed(); n != 0 {
+		t.Errorf("%d timers armed for a claimed reservation, want none", n)
+	}
+	pushKV(t, w.addr, "queued", p, 4)
+	got, err := collect(stream)
+	if err != nil {
+		t.Fatalf("generate whose kv came after the reservation ttl: %v", err)
+	}
+	if diff := cmp.Diff(want, got.tokens); diff != "" {
+		t.Errorf("tokens (-engine alone +worker):\n%s", diff)
+	}
+	waitFor(t, "blocks free", func() bool { st := w.s.Stats(); return st.KVBlocksFree == st.KVBlocksTotal && st.Requests == 0 })
+}
+
+// KV that arrives slowly (a big payload, or a transfer paced to a link's
+// bandwidth) for a reservation no Generate call has claimed yet keeps the
+// reservation past its TTL: the TTL detects a coordinator that went away,
+// not a slow transfer. Without a transfer, the TTL still releases an
+// unclaimed reservation.
+func TestSlowTransferKeepsReservation(t *testing.T) {
+	var ft fakeTimers
+	w := newWorker(t, smallOptions(), true, ft.install)
+	ctx := testCtx(t)
+	p := prompt(12, 4)
+	want := reference(t, p, 5, engine.Sampling{})
+	if _, err := w.client.Reserve(ctx, &pdservev1.ReserveRequest{RequestId: "slow", Tokens: int32(len(p) + 5)}); err != nil {
+		t.Fatal(err)
+	}
+	e := newEngine(t)
+	out, err := e.Prefill(ctx, []engine.PrefillItem{{Seq: 1, Tokens: p, Last: true}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := e.Spec()
+	d := kvtransfer.NewDialer(kvtransfer.WithConnsPerAddr(1))
+	defer d.Close()
+	snd, err := d.Open(ctx, w.addr, kvtransfer.StreamHeader{RequestID: "slow", Codec: "none", Layers: spec.Layers, Tokens: len(p), TokenBytes: spec.KVTokenBytes()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	send := func(start, end int) {
+		t.Helper()
+		for l := range spec.Layers {
+			raw, err := e.ExportKV(1, l, start, end, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := snd.Send(l, start, end, raw, 0); err != nil {
+				t.Fatalf("send layer %d [%d, %d): %v", l, start, end, err)
+			}
+		}
+	}
+	send(0, 6)
+	waitFor(t, "first kv imported", func() bool {
+		w.s.mu.Lock()
+		defer w.s.mu.Unlock()
+		q := w.s.seqs["slow"]
+		return q != nil && !q.firstByte.IsZero()
+	})
+	for i := range 3 {
+		if n := ft.fire(); n != 1 {
+			t.Fatalf("ttl %d: %d timers fired, want the reservation's", i, n)
+		}
+	}
+	send(6, len(p))
+	if _, err := snd.Commit(ctx, kvtransfer.Commit{FirstToken: out[0].Token}); err != nil {
+		t.Fatalf("commit after the reservation's ttl passed during the transfer: %v", err)
+	}
+	stream, err := w.client.Generate(ctx, &pdservev1.GenerateRequest{RequestId: "slow", PromptTokens: p, MaxTokens: 5, IgnoreEos: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := collect(stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, got.tokens); diff != "" {
+		t.Errorf("tokens (-engine alone +worker):\n%s", diff)
+	}
+
+	if _, err := w.client.Reserve(ctx, &pdservev1.ReserveRequest{RequestId: "idle", Tokens: 8}); err != nil {
+		t.Fatal(err)
+	}
+	if n := ft.fire(); n != 1 {
+		t.Fatalf("%d timers fired, want the idle reservation's", n)
+	}
+	waitFor(t, "blocks free", func() bool { st := w.s.Stats(); return st.KVBlocksFree == st.KVBlocksTotal && st.Requests == 0 })
+	if ft.armed() != 0 {
+		t.Errorf("%d timers still armed", ft.armed())
+	}
 }
 
 func TestTransferChecksReservation(t *testing.T) {

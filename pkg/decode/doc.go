@@ -10,7 +10,9 @@
 //
 //  1. Reserve(request_id, tokens) takes BlocksFor(tokens) blocks from the
 //     pool (RESOURCE_EXHAUSTED when they are not free). A reservation that
-//     no Generate claims within Options.ReserveTTL is released.
+//     no Generate claims within Options.ReserveTTL is released, unless KV
+//     is arriving for it at that moment (then it gets another TTL: a slow,
+//     paced or big transfer is not a dead peer).
 //  2. The prefill worker opens a KV transfer for the id; Begin checks the
 //     reservation (FAILED_PRECONDITION without one, RESOURCE_EXHAUSTED when
 //     the header needs more tokens than reserved). Every frame is imported
@@ -19,7 +21,11 @@
 //  3. Generate claims the reservation (or reserves prompt + max_tokens
 //     itself when none exists). With remote KV the sequence joins the batch
 //     once the transfer committed; with local_prefill it joins at once and
-//     its prompt is prefilled in chunks inside decode steps.
+//     its prompt is prefilled in chunks inside decode steps. A claimed
+//     request waits for its KV as long as the call lasts, with no timeout
+//     of its own: the prompt may sit in a prefill worker's queue for as
+//     long as the coordinator lets it, and the coordinator ends the call
+//     (cancelling it) when the request ends or its prefill fails.
 //  4. The sequence leaves the batch at max_tokens ("length"), at EOS unless
 //     ignore_eos, or at a stop token ("stop"); its engine sequence and blocks
 //     are freed. Cancel, cancelling the Generate call, a failed transfer or

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -62,12 +63,16 @@ type testWorker struct {
 }
 
 // newWorker starts a Server. With start false the caller starts the
-// scheduler with run(), so that requests can pile up first.
-func newWorker(t *testing.T, o Options, start bool) *testWorker {
+// scheduler with run(), so that requests can pile up first. edit, when
+// given, changes the Server before it serves (e.g. a fake clock).
+func newWorker(t *testing.T, o Options, start bool, edit ...func(*Server)) *testWorker {
 	t.Helper()
 	s, err := New(newEngine(t), o, zaptest.NewLogger(t), nil)
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, f := range edit {
+		f(s)
 	}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -182,4 +187,71 @@ func prompt(n int, seed int32) []int32 {
 		p[i] = (seed*31 + int32(i)*7) % 250
 	}
 	return p
+}
+
+// fakeTimers replaces the Server's reservation timers: a timer fires only
+// when the test calls fire, so TTL behaviour is tested without waiting.
+// Safe for concurrent use.
+type fakeTimers struct {
+	mu     sync.Mutex
+	timers []*fakeTimer
+}
+
+type fakeTimer struct {
+	ft      *fakeTimers
+	f       func()
+	stopped bool
+	fired   bool
+}
+
+// install makes s use ft for its timers.
+func (ft *fakeTimers) install(s *Server) {
+	s.afterFunc = func(_ time.Duration, f func()) timer {
+		ft.mu.Lock()
+		defer ft.mu.Unlock()
+		t := &fakeTimer{ft: ft, f: f}
+		ft.timers = append(ft.timers, t)
+		return t
+	}
+}
+
+// Stop implements timer.
+func (t *fakeTimer) Stop() bool {
+	t.ft.mu.Lock()
+	defer t.ft.mu.Unlock()
+	active := !t.stopped && !t.fired
+	t.stopped = true
+	return active
+}
+
+// armed returns the number of timers neither stopped nor fired.
+func (ft *fakeTimers) armed() int {
+	ft.mu.Lock()
+	defer ft.mu.Unlock()
+	n := 0
+	for _, t := range ft.timers {
+		if !t.stopped && !t.fired {
+			n++
+		}
+	}
+	return n
+}
+
+// fire runs every armed timer's function, as if the TTL had passed, and
+// returns how many fired. Timers armed by those functions wait for the
+// next call.
+func (ft *fakeTimers) fire() int {
+	ft.mu.Lock()
+	var due []*fakeTimer
+	for _, t := range ft.timers {
+		if !t.stopped && !t.fired {
+			t.fired = true
+			due = append(due, t)
+		}
+	}
+	ft.mu.Unlock()
+	for _, t := range due {
+		t.f()
+	}
+	return len(due)
 }

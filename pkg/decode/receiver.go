@@ -106,11 +106,8 @@ func (k *sink) Commit(c kvtransfer.Commit) error {
 		return status.Errorf(codes.InvalidArgument, "decode: first token %d of %s outside the vocabulary", c.FirstToken, q.id)
 	}
 	q.sink = nil
-	if q.attached && q.ttl != nil {
-		// The wait for KV is over; an unclaimed reservation keeps its TTL.
-		q.ttl.Stop()
-		q.ttl = nil
-	}
+	// An unclaimed reservation keeps its TTL: received KV does not keep it
+	// alive when no Generate call comes for it.
 	q.committed = true
 	q.kvTokens = k.h.Tokens
 	q.first = c.FirstToken

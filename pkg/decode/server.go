@@ -59,6 +59,9 @@ type Server struct {
 	log  *zap.Logger
 	m    *metrics
 	now  func() time.Time
+	// afterFunc arms the reservation timers (time.AfterFunc; tests inject
+	// a fake). It must not call f synchronously.
+	afterFunc func(d time.Duration, f func()) timer
 
 	wake    chan struct{} // capacity 1: the scheduler has something to look at
 	baseCtx context.Context
@@ -82,13 +85,18 @@ type Server struct {
 	lastBatch int
 }
 
+// timer is the part of *time.Timer the reservation timers use.
+type timer interface{ Stop() bool }
+
+func realAfterFunc(d time.Duration, f func()) timer { return time.AfterFunc(d, f) }
+
 // sequence is one request on this worker, from Reserve (or Generate) to its
 // end. Guarded by Server.mu; the engine sequence by Server.engMu.
 type sequence struct {
 	id        string
 	blocks    []kv.BlockID
-	resTokens int         // tokens the blocks hold
-	ttl       *time.Timer // releases an unclaimed reservation; nil once claimed
+	resTokens int   // tokens the blocks hold
+	ttl       timer // releases an unclaimed reservation; nil once claimed
 
 	seq    engine.SeqID
 	hasSeq bool // the engine may hold the sequence: Free it at the end
@@ -145,17 +153,18 @@ func New(eng engine.Engine, o Options, logger *zap.Logger, reg prometheus.Regist
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	s := &Server{
-		eng:     eng,
-		spec:    spec,
-		pool:    pool,
-		o:       o,
-		log:     logger,
-		now:     time.Now,
-		wake:    make(chan struct{}, 1),
-		baseCtx: ctx,
-		stop:    stop,
-		seqs:    make(map[string]*sequence),
-		changed: make(chan struct{}),
+		eng:       eng,
+		spec:      spec,
+		pool:      pool,
+		o:         o,
+		log:       logger,
+		now:       time.Now,
+		afterFunc: realAfterFunc,
+		wake:      make(chan struct{}, 1),
+		baseCtx:   ctx,
+		stop:      stop,
+		seqs:      make(map[string]*sequence),
+		changed:   make(chan struct{}),
 	}
 	if s.m, err = newMetrics(reg, s); err != nil {
 		stop()
@@ -276,7 +285,7 @@ func (s *Server) Reserve(_ context.Context, req *pdservev1.ReserveRequest) (*pds
 	if err != nil {
 		return nil, err
 	}
-	q.ttl = time.AfterFunc(s.o.ReserveTTL, func() { s.expire(q) })
+	s.armLocked(q)
 	return &pdservev1.ReserveResponse{Blocks: int32(len(q.blocks)), BlocksFree: int32(s.pool.Free())}, nil
 }
 
@@ -295,26 +304,32 @@ func (s *Server) reserveLocked(id string, tokens int) (*sequence, error) {
 	return q, nil
 }
 
-// expire releases q's reservation when no Generate claimed it in time, and
-// ends a Generate call that waits for remote KV when no transfer began in
-// time (a transfer in progress gets more time).
+// armLocked starts q's reservation timer: Options.ReserveTTL for a
+// Generate call to claim the reservation. The caller holds mu.
+func (s *Server) armLocked(q *sequence) {
+	q.ttl = s.afterFunc(s.o.ReserveTTL, func() { s.expire(q) })
+}
+
+// expire releases q's reservation when no Generate call claimed it within
+// Options.ReserveTTL: the coordinator that made it is gone or gave up. A
+// reservation whose KV is arriving gets another TTL, however long the
+// transfer takes (a big or paced transfer is not a dead peer; the prefill
+// worker's call ends the transfer when its request ends). A claimed
+// reservation has no timer: its Generate call bounds it, waiting for KV as
+// long as the call lasts, since a prompt may queue at the prefill worker
+// for any time the coordinator accepts.
 func (s *Server) expire(q *sequence) {
 	s.engMu.Lock()
 	defer s.engMu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
-	case q.done:
-	case !q.attached:
-		s.log.Info("reservation expired", zap.String("request_id", q.id), zap.Int("blocks", len(q.blocks)), zap.Duration("ttl", s.o.ReserveTTL))
-		s.endLocked(q, "", status.Errorf(codes.DeadlineExceeded, "decode: reservation of %s expired", q.id))
-	case q.local || q.committed:
+	case q.done || q.attached:
 	case q.sink != nil:
-		// KV is arriving: give it another TTL.
-		q.ttl = time.AfterFunc(s.o.ReserveTTL, func() { s.expire(q) })
+		s.armLocked(q)
 	default:
-		s.log.Info("no kv arrived for a waiting request", zap.String("request_id", q.id), zap.Duration("ttl", s.o.ReserveTTL))
-		s.endLocked(q, "", status.Errorf(codes.DeadlineExceeded, "decode: no kv for %s arrived within %v", q.id, s.o.ReserveTTL))
+		s.log.Info("reservation expired", zap.String("request_id", q.id), zap.Int("blocks", len(q.blocks)), zap.Duration("ttl", s.o.ReserveTTL))
+		s.endLocked(q, "", status.Errorf(codes.DeadlineExceeded, "decode: reservation of %s expired: no Generate call within %v", q.id, s.o.ReserveTTL))
 	}
 }
 
@@ -546,12 +561,10 @@ func (s *Server) attach(p genParams) (*sequence, error) {
 		return nil, err
 	}
 	if q.ttl != nil {
+		// Claimed: from now on the call bounds the request, also while it
+		// waits for remote KV (see expire).
 		q.ttl.Stop()
 		q.ttl = nil
-	}
-	if !p.local && !q.committed {
-		// Bound the wait for the KV as the reservation's wait was.
-		q.ttl = time.AfterFunc(s.o.ReserveTTL, func() { s.expire(q) })
 	}
 	q.attached = true
 	q.local = p.local

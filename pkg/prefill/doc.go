@@ -7,8 +7,12 @@
 // # Request life
 //
 // Prefill validates the request, puts it at the tail of a bounded queue
-// (RESOURCE_EXHAUSTED when Options.QueueLimit requests are live) and sends a
-// PrefillQueued event. Every scheduler step takes requests in arrival order
+// and sends a PrefillQueued event. The queue is full, and Prefill fails at
+// once with RESOURCE_EXHAUSTED (the coordinator's 429), when
+// Options.QueueLimit requests are live or when the prompt's KV would take
+// the live requests' KV beyond Options.MaxLiveKVBytes (see Retention): a
+// request is refused up front rather than left to wait in a queue that
+// cannot drain in time. Every scheduler step takes requests in arrival order
 // and gives each at most Options.ChunkTokens of its remaining prompt until
 // Options.MaxBatchTokens tokens are used; the engine runs the step as one
 // batch. The engine hands out every layer's KV of every chunk through its
@@ -30,7 +34,18 @@
 // to make room, and a new request waits in the queue while the in-flight ones
 // fill the bound (one request alone is always admitted, even if its KV exceeds
 // the bound). KV of a request whose transfer failed after its prefill
-// completed is retained too, so it can be re-sent.
+// completed is retained too, so it can be re-sent. KV sizes are those the
+// engine hands out: learnt from its chunks, and before the first one the
+// engine's KVTokenBytes() when it has that method (an engine shipping a
+// scaled-down payload), else the model's.
+//
+// # Transfer failures
+//
+// When the KV transfer to the decode worker fails, the Prefill (or Resend)
+// call ends with a status marked with an errdetails.ErrorInfo
+// (IsKVTransferError), so that the coordinator can tell a decode-side
+// failure, which it recovers from on another decode worker, from a failure
+// of this worker.
 //
 // # Cancellation
 //

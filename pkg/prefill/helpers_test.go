@@ -203,8 +203,14 @@ type testWorker struct {
 
 func newWorker(t *testing.T, o Options, start bool) *testWorker {
 	t.Helper()
+	return newWorkerOn(t, newEngine(t), o, start)
+}
+
+// newWorkerOn is newWorker on engine eng.
+func newWorkerOn(t *testing.T, eng engine.Engine, o Options, start bool) *testWorker {
+	t.Helper()
 	d := kvtransfer.NewDialer(kvtransfer.WithConnsPerAddr(1))
-	s, err := New(newEngine(t), d, o, zaptest.NewLogger(t), nil)
+	s, err := New(eng, d, o, zaptest.NewLogger(t), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

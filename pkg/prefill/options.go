@@ -25,6 +25,24 @@ type Options struct {
 	// RetainBytes bounds the KV bytes held in memory for requests being
 	// prefilled or sent and for finished requests kept for Resend. > 0.
 	RetainBytes int64
+	// MaxLiveKVBytes bounds the KV bytes of the live requests (queued,
+	// prefilling or sending: KV the worker has yet to compute or deliver);
+	// a Prefill whose prompt's KV would take them beyond it fails at once
+	// with RESOURCE_EXHAUSTED, unless no request is live. RetainBytes
+	// decides how many requests prefill and send at once; the rest wait in
+	// the queue, and this bound keeps that wait to about one turnover of
+	// the retention bound instead of letting the queue grow until its
+	// requests time out elsewhere. 0 means 2 × RetainBytes (as much KV
+	// waiting as may be in flight). ≥ 0.
+	MaxLiveKVBytes int64
+}
+
+// liveKVLimit returns the effective MaxLiveKVBytes.
+func (o Options) liveKVLimit() int64 {
+	if o.MaxLiveKVBytes > 0 {
+		return o.MaxLiveKVBytes
+	}
+	return 2 * o.RetainBytes
 }
 
 // DefaultOptions returns the defaults of the prefill-worker flags.
@@ -39,13 +57,15 @@ func DefaultOptions() Options {
 }
 
 // AddFlags registers --chunk-tokens, --max-batch-tokens, --codec,
-// --queue-limit and --retain-bytes on fs, with o's values as defaults.
+// --queue-limit, --retain-bytes and --max-live-kv-bytes on fs, with o's
+// values as defaults.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.ChunkTokens, "chunk-tokens", o.ChunkTokens, "most prompt tokens of one request prefilled in one step (chunked prefill)")
 	fs.IntVar(&o.MaxBatchTokens, "max-batch-tokens", o.MaxBatchTokens, "token budget of one prefill step, summed over the batch (>= --chunk-tokens)")
 	fs.StringVar(&o.Codec, "codec", o.Codec, "KV codec when a request names none: none, s2, zstd, bf16, fp8 or int8")
 	fs.IntVar(&o.QueueLimit, "queue-limit", o.QueueLimit, "most live requests (queued, prefilling or sending KV); more get RESOURCE_EXHAUSTED")
 	fs.Int64Var(&o.RetainBytes, "retain-bytes", o.RetainBytes, "bytes of KV held for in-flight requests and for finished ones kept for Resend (LRU eviction)")
+	fs.Int64Var(&o.MaxLiveKVBytes, "max-live-kv-bytes", o.MaxLiveKVBytes, "KV bytes of queued, prefilling and sending requests beyond which new requests get RESOURCE_EXHAUSTED (0: 2 × --retain-bytes)")
 }
 
 // Validate reports every invalid field in one error.
@@ -65,6 +85,9 @@ func (o Options) Validate() error {
 	}
 	if o.RetainBytes <= 0 {
 		errs = append(errs, fmt.Errorf("retain-bytes %d must be positive", o.RetainBytes))
+	}
+	if o.MaxLiveKVBytes < 0 {
+		errs = append(errs, fmt.Errorf("max-live-kv-bytes %d must not be negative", o.MaxLiveKVBytes))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("prefill: invalid options: %w", err)

@@ -130,11 +130,7 @@ func (s *Server) plan() batch {
 // retention bound and a sender goroutine. It reports false when the bound
 // has no room for r yet.
 func (s *Server) startLocked(r *request) bool {
-	tb := s.tokenBytes
-	if tb == 0 {
-		tb = s.spec.KVTokenBytes()
-	}
-	need := int64(len(r.prompt)) * int64(s.spec.Layers) * int64(tb)
+	need := int64(len(r.prompt)) * int64(s.spec.Layers) * int64(s.tokenBytes)
 	if !s.retained.makeRoom(need) {
 		return false
 	}
@@ -259,7 +255,13 @@ func (s *Server) transferDone(r *request, res transferResult) {
 		// The scheduler may not have seen the abort yet: it frees the
 		// sequence at the next plan, and a cancel already ended r.
 		r.cancelled = true
-		s.endLocked(r, event{err: transferStatus(r.id, r.addr, res.err)})
+		err := transferStatus(r.id, r.addr, res.err)
+		if s.baseCtx.Err() != nil {
+			// The worker is stopping: that, not the decode worker, ended
+			// the transfer.
+			err = errStopped
+		}
+		s.endLocked(r, event{err: err})
 		return
 	}
 	s.endLocked(r, event{done: kvDone(res, r.codec)})

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -53,7 +54,8 @@ type Server struct {
 	queue      []*request          // queued and prefilling, in arrival order
 	live       map[string]*request // every request whose Prefill call has not ended
 	retained   *retainStore
-	tokenBytes int // bytes of one token in one layer, from the first KV chunk seen; 0 before
+	tokenBytes int   // bytes of one token in one layer the engine hands out; > 0 (see New)
+	liveKV     int64 // Σ kvBytes of the live requests
 	nextSeq    engine.SeqID
 	draining   bool
 	stopped    bool
@@ -72,6 +74,7 @@ type request struct {
 	addr     string
 	codec    string
 	queuedAt time.Time
+	kvBytes  int64      // KV estimate charged to Server.liveKV while live
 	events   chan event // capacity 2: at most one first token and one end
 
 	started    bool // has an engine sequence, a kvBuf and a transfer
@@ -123,6 +126,13 @@ func New(eng engine.Engine, dialer *kvtransfer.Dialer, o Options, logger *zap.Lo
 		live:     make(map[string]*request),
 		retained: newRetainStore(o.RetainBytes),
 		changed:  make(chan struct{}),
+	}
+	// The KV of a token as the engine hands it out: the model's size, or
+	// less for an engine that ships a scaled-down payload and says so
+	// (the performance-model engine). The first chunk seen corrects it.
+	s.tokenBytes = spec.KVTokenBytes()
+	if e, ok := eng.(interface{ KVTokenBytes() int }); ok && e.KVTokenBytes() > 0 {
+		s.tokenBytes = e.KVTokenBytes()
 	}
 	m, err := newMetrics(reg, s)
 	if err != nil {
@@ -215,9 +225,11 @@ func (s *Server) wakeup() {
 // PrefillQueued, one FirstToken once the prompt is prefilled and one KVDone
 // once the decode worker acknowledged the KV; then the stream ends.
 // Errors: INVALID_ARGUMENT for a bad request, ALREADY_EXISTS when the id is
-// live, RESOURCE_EXHAUSTED when the queue is full, UNAVAILABLE when the
-// worker drains or stops, the decode worker's status when the transfer
-// fails (e.g. FAILED_PRECONDITION without a reservation), CANCELED.
+// live, RESOURCE_EXHAUSTED at once when the queue is full
+// (Options.QueueLimit requests, or Options.MaxLiveKVBytes of KV), UNAVAILABLE
+// when the worker drains or stops, CANCELED, and when the KV transfer
+// fails, the decode worker's status (e.g. FAILED_PRECONDITION without a
+// reservation) or UNAVAILABLE, marked so that IsKVTransferError reports it.
 func (s *Server) Prefill(req *pdservev1.PrefillRequest, stream grpc.ServerStreamingServer[pdservev1.PrefillResponse]) error {
 	ctx := stream.Context()
 	r, pos, err := s.enqueue(req)
@@ -334,9 +346,15 @@ func (s *Server) enqueue(req *pdservev1.PrefillRequest) (*request, int, error) {
 	case len(s.live) >= s.o.QueueLimit:
 		return nil, 0, status.Errorf(codes.ResourceExhausted, "prefill: queue full (%d live requests)", len(s.live))
 	}
+	r.kvBytes = int64(len(r.prompt)) * int64(s.spec.Layers) * int64(s.tokenBytes)
+	if limit := s.o.liveKVLimit(); len(s.live) > 0 && s.liveKV+r.kvBytes > limit {
+		return nil, 0, status.Errorf(codes.ResourceExhausted,
+			"prefill: queue full (%d live requests hold %d bytes of KV; %d more exceed the bound of %d)", len(s.live), s.liveKV, r.kvBytes, limit)
+	}
 	// A new prefill of an id replaces KV retained from an earlier one.
 	s.retained.drop(r.id)
 	s.live[r.id] = r
+	s.liveKV += r.kvBytes
 	s.queue = append(s.queue, r)
 	s.wakeup()
 	return r, len(s.queue) - 1, nil
@@ -350,6 +368,7 @@ func (s *Server) endLocked(r *request, ev event) {
 	r.ended = true
 	r.events <- ev
 	delete(s.live, r.id)
+	s.liveKV -= r.kvBytes
 	close(s.changed)
 	s.changed = make(chan struct{})
 }
@@ -469,14 +488,49 @@ func unixNano(t time.Time) int64 {
 	return t.UnixNano()
 }
 
+// Details of a KV transfer failure: the status of a Prefill or Resend call
+// whose transfer to the decode worker failed carries an
+// errdetails.ErrorInfo with this reason and domain, and the decode
+// worker's address as metadata "decode_addr".
+const (
+	ErrorDomain           = "prefill.pdserve"
+	ErrorReasonKVTransfer = "KV_TRANSFER_FAILED"
+)
+
+// IsKVTransferError reports whether err (a gRPC status error of Prefill or
+// Resend, possibly wrapped) says that the KV transfer to the decode worker
+// failed, as opposed to the prefill worker itself: the decode worker was
+// unreachable, refused the transfer (no reservation, ...) or ended it.
+func IsKVTransferError(err error) bool {
+	st, ok := status.FromError(err)
+	if !ok {
+		return false
+	}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == ErrorDomain && info.GetReason() == ErrorReasonKVTransfer {
+			return true
+		}
+	}
+	return false
+}
+
 // transferStatus turns a transfer error into the status the coordinator
-// gets: the decode worker's code when it sent one, UNAVAILABLE otherwise.
+// gets: the decode worker's code when it sent one, CANCELED for a
+// cancellation, UNAVAILABLE otherwise; marked as a transfer failure (see
+// IsKVTransferError).
 func transferStatus(id, addr string, err error) error {
-	if st, ok := status.FromError(err); ok && st.Code() != codes.Unknown && st.Code() != codes.OK {
-		return status.Errorf(st.Code(), "prefill: kv transfer of %s to %s: %v", id, addr, err)
+	code := codes.Unavailable
+	switch st, ok := status.FromError(err); {
+	case ok && st.Code() != codes.Unknown && st.Code() != codes.OK:
+		code = st.Code()
+	case errors.Is(err, context.Canceled):
+		code = codes.Canceled
 	}
-	if errors.Is(err, context.Canceled) {
-		return status.Errorf(codes.Canceled, "prefill: kv transfer of %s to %s: %v", id, addr, err)
+	st := status.Newf(code, "prefill: kv transfer of %s to %s: %v", id, addr, err)
+	if dst, derr := st.WithDetails(&errdetails.ErrorInfo{
+		Reason: ErrorReasonKVTransfer, Domain: ErrorDomain, Metadata: map[string]string{"decode_addr": addr},
+	}); derr == nil {
+		st = dst
 	}
-	return status.Errorf(codes.Unavailable, "prefill: kv transfer of %s to %s: %v", id, addr, err)
+	return st.Err()
 }
