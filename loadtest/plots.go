@@ -8,9 +8,9 @@ import (
 	"time"
 
 	"github.com/pdserve/pdserve/loadtest/metrics"
-	"github.com/pdserve/pdserve/pkg/plot"
 	"github.com/pdserve/pdserve/loadtest/report"
 	"github.com/pdserve/pdserve/loadtest/sweep"
+	"github.com/pdserve/pdserve/pkg/plot"
 )
 
 // plotFooter is the attribution printed under charts built on a dataset

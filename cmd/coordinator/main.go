@@ -1,7 +1,7 @@
 // Command coordinator runs the pdserve coordinator: the OpenAI-compatible
 // API, membership of the workers, routing and the request flow. With
 // --standalone it also runs prefill and decode workers in process, so one
-// command serves a model. Subcommands: profiles, calibrate. Run it with
+// command serves a model. Subcommands: profiles, calibrate, plan. Run it with
 // --help for its flags.
 package main
 

@@ -27,6 +27,7 @@ import (
 
 	"github.com/pdserve/pdserve/pkg/config"
 	"github.com/pdserve/pdserve/pkg/perfmodel"
+	"github.com/pdserve/pdserve/pkg/planner/actuator"
 )
 
 const gpuResource corev1.ResourceName = "nvidia.com/gpu"
@@ -583,49 +584,59 @@ func checkPolicy(t *testing.T, r release) {
 	}
 }
 
-// checkPlanner: planner.yaml names the two worker Deployments, and the RBAC
-// for the Kubernetes actuator exists exactly when it is on and allows
-// get/patch of those two Deployments' scale and nothing else.
+// checkPlanner: the coordinator gets the planner's settings as flags: the
+// mode the actuator asks for, the prefill pool's sim profile, and with the
+// Kubernetes actuator the namespace and the two worker Deployments to
+// scale. The RBAC for that actuator exists exactly when it is on, and
+// grants what the actuator uses (actuator.RBACRules: get and update of
+// deployments/scale) on those two Deployments only.
 func checkPlanner(t *testing.T, r release) {
-	cm := r.find("ConfigMap", coordinatorName).(*corev1.ConfigMap)
-	var planner struct {
-		Actuator   string `json:"actuator"`
-		Kubernetes struct {
-			Namespace         string `json:"namespace"`
-			PrefillDeployment string `json:"prefill_deployment"`
-			DecodeDeployment  string `json:"decode_deployment"`
-		} `json:"kubernetes"`
+	coord := r.deployment(t, coordinatorName).Spec.Template.Spec
+	args, err := expandArgs(container(t, &coord, "coordinator"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	if err := yaml.Unmarshal([]byte(cm.Data["planner.yaml"]), &planner); err != nil {
-		t.Fatalf("planner.yaml: %v", err)
+	flags := map[string]string{}
+	for _, a := range args {
+		name, value, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+		flags[name] = value
 	}
-	if planner.Kubernetes.Namespace != namespace || planner.Kubernetes.PrefillDeployment != prefillName || planner.Kubernetes.DecodeDeployment != decodeName {
-		t.Errorf("planner.yaml kubernetes = %+v, want %s, %s, %s", planner.Kubernetes, namespace, prefillName, decodeName)
+	act := fmt.Sprint(r.value("coordinator.planner.actuator"))
+	wantMode := map[string]string{"off": "off", "log": "auto", "kubernetes": "kubernetes"}[act]
+	if got := flags["planner"]; got != wantMode {
+		t.Errorf("actuator %s: --planner=%s, want %s", act, got, wantMode)
 	}
-	actuate := planner.Actuator == "kubernetes"
-	if got := r.value("coordinator.planner.actuator"); got != planner.Actuator {
-		t.Errorf("planner.yaml actuator %q, values %q", planner.Actuator, got)
+	prefillEngine := mergedEngine(r, "prefillWorker")
+	if act != "off" && r.value("coordinator.planner.profile") == nil && prefillEngine["type"] == "sim" {
+		if got := flags["planner-profile"]; got != prefillEngine["profile"] {
+			t.Errorf("--planner-profile=%s, want the prefill pool's profile %v", got, prefillEngine["profile"])
+		}
+	}
+	actuate := act == "kubernetes"
+	for name, want := range map[string]string{"planner-namespace": namespace, "planner-prefill-deployment": prefillName, "planner-decode-deployment": decodeName} {
+		got, ok := flags[name]
+		if ok != actuate || (actuate && got != want) {
+			t.Errorf("actuator %s: --%s=%q (given: %v), want %q only with the kubernetes actuator", act, name, got, ok, want)
+		}
 	}
 	roles := r.all("Role")
-	coord := r.deployment(t, coordinatorName).Spec.Template.Spec
 	if mount := coord.AutomountServiceAccountToken; mount == nil || *mount != actuate {
 		t.Errorf("coordinator automountServiceAccountToken = %v, want %v", mount, actuate)
 	}
 	if !actuate {
 		if len(roles) != 0 || len(r.all("RoleBinding")) != 0 {
-			t.Errorf("RBAC rendered with the log actuator")
+			t.Errorf("RBAC rendered with the %s actuator", act)
 		}
 		return
 	}
 	if len(roles) != 1 {
 		t.Fatalf("%d Roles, want 1", len(roles))
 	}
-	want := []rbacv1.PolicyRule{{
-		APIGroups:     []string{"apps"},
-		Resources:     []string{"deployments/scale"},
-		ResourceNames: []string{prefillName, decodeName},
-		Verbs:         []string{"get", "patch"},
-	}}
+	var want []rbacv1.PolicyRule
+	for _, rule := range actuator.RBACRules() {
+		want = append(want, rbacv1.PolicyRule{APIGroups: rule.APIGroups, Resources: rule.Resources, Verbs: rule.Verbs,
+			ResourceNames: []string{prefillName, decodeName}})
+	}
 	if diff := cmp.Diff(want, roles[0].obj.(*rbacv1.Role).Rules); diff != "" {
 		t.Errorf("planner Role rules (-want +got):\n%s", diff)
 	}
@@ -641,6 +652,19 @@ func checkPlanner(t *testing.T, r release) {
 	if r.find("ServiceAccount", coord.ServiceAccountName) == nil {
 		t.Errorf("coordinator ServiceAccount %s not in the release", coord.ServiceAccountName)
 	}
+}
+
+// mergedEngine returns a pool's engine values: the top-level engine with
+// the pool's own engine fields over it.
+func mergedEngine(r release, pool string) map[string]any {
+	e := map[string]any{}
+	for k, v := range r.table("engine") {
+		e[k] = v
+	}
+	for k, v := range r.table(pool + ".engine") {
+		e[k] = v
+	}
+	return e
 }
 
 // checkNATS: every pdserve container gets NATS_URL, from the bundled

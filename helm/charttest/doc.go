@@ -7,6 +7,8 @@
 // flag given to a pdserve container is one its binary accepts (parsed with
 // the binary's own flag set) and yields valid options (TLS files: a
 // sample of the user's Secret), that the coordinator's policy file parses,
-// that the dashboard queries name real metrics, and that the values schema
-// rejects the bad values files in helm/testdata/bad.
+// that the planner's flags name the release's Deployments and its Role
+// grants exactly what the Kubernetes actuator uses, that the dashboard
+// queries name real metrics (pkg/metrics and the planner's), and that the
+// values schema rejects the bad values files in helm/testdata/bad.
 package charttest

@@ -34,6 +34,21 @@ type Policy struct {
 type SLO struct {
 	TTFTMs float64 `yaml:"ttft_ms"`
 	TPOTMs float64 `yaml:"tpot_ms"`
+	// Attainment is the fraction of requests that must meet both targets,
+	// in [0, 1]; the online planner sizes the pools for it. 0 means
+	// DefaultAttainment.
+	Attainment float64 `yaml:"attainment"`
+}
+
+// DefaultAttainment is the SLO attainment target when the policy sets none.
+const DefaultAttainment = 0.9
+
+// AttainmentOrDefault returns Attainment, or DefaultAttainment when it is 0.
+func (s SLO) AttainmentOrDefault() float64 {
+	if s.Attainment == 0 {
+		return DefaultAttainment
+	}
+	return s.Attainment
 }
 
 // Limits bounds what one request may ask and how many run at once.
@@ -118,8 +133,10 @@ func (p Policy) Validate() error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, a...)...)
 	}
 	switch {
-	case p.SLO.TTFTMs < 0 || p.SLO.TPOTMs < 0:
+	case !(p.SLO.TTFTMs >= 0) || !(p.SLO.TPOTMs >= 0):
 		return bad("slo targets must be ≥ 0 (ttft_ms %v, tpot_ms %v)", p.SLO.TTFTMs, p.SLO.TPOTMs)
+	case !(p.SLO.Attainment >= 0 && p.SLO.Attainment <= 1):
+		return bad("slo.attainment must lie in [0, 1] (0: %v), got %v", DefaultAttainment, p.SLO.Attainment)
 	case p.Limits.MaxTokensCap <= 0:
 		return bad("limits.max_tokens_cap must be > 0, got %d", p.Limits.MaxTokensCap)
 	case p.Limits.DefaultMaxTokens <= 0 || p.Limits.DefaultMaxTokens > p.Limits.MaxTokensCap:

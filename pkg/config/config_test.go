@@ -20,7 +20,7 @@ func TestParse(t *testing.T) {
 		{
 			name: "full file",
 			yaml: `
-slo: {ttft_ms: 500, tpot_ms: 50}
+slo: {ttft_ms: 500, tpot_ms: 50, attainment: 0.95}
 limits: {max_tokens_cap: 128, default_max_tokens: 8, queue_limit: 4}
 prompt_budgets:
   default: 100
@@ -29,7 +29,7 @@ prompt_budgets:
 routing: {local_prefill_below_tokens: 32, max_queued_prefill_tokens: 4096, prefix_weight: 0.5}
 `,
 			want: Policy{
-				SLO:    SLO{TTFTMs: 500, TPOTMs: 50},
+				SLO:    SLO{TTFTMs: 500, TPOTMs: 50, Attainment: 0.95},
 				Limits: Limits{MaxTokensCap: 128, DefaultMaxTokens: 8, QueueLimit: 4},
 				Budgets: Budgets{
 					Default: 100,
@@ -47,6 +47,9 @@ routing: {local_prefill_below_tokens: 32, max_queued_prefill_tokens: 4096, prefi
 		{name: "unknown field", yaml: "limits: {max_tokens: 3}", wantErr: errAny},
 		{name: "bad yaml", yaml: "slo: [", wantErr: errAny},
 		{name: "negative slo", yaml: "slo: {ttft_ms: -1}", wantErr: ErrInvalid},
+		{name: "attainment over 1", yaml: "slo: {attainment: 1.5}", wantErr: ErrInvalid},
+		{name: "negative attainment", yaml: "slo: {attainment: -0.1}", wantErr: ErrInvalid},
+		{name: "nan attainment", yaml: "slo: {attainment: .nan}", wantErr: ErrInvalid},
 		{name: "zero cap", yaml: "limits: {max_tokens_cap: 0}", wantErr: ErrInvalid},
 		{name: "default over cap", yaml: "limits: {max_tokens_cap: 8, default_max_tokens: 9}", wantErr: ErrInvalid},
 		{name: "zero queue limit", yaml: "limits: {queue_limit: 0}", wantErr: ErrInvalid},
@@ -114,5 +117,13 @@ func TestBudget(t *testing.T) {
 				t.Errorf("Budget(%q, %q) = %d, %q; want %d, %q", tc.route, tc.key, limit, surface, tc.wantLimit, tc.wantSurface)
 			}
 		})
+	}
+}
+
+func TestAttainmentOrDefault(t *testing.T) {
+	for _, tc := range []struct{ in, want float64 }{{0, DefaultAttainment}, {0.5, 0.5}, {1, 1}} {
+		if got := (SLO{Attainment: tc.in}).AttainmentOrDefault(); got != tc.want {
+			t.Errorf("AttainmentOrDefault(%v) = %v, want %v", tc.in, got, tc.want)
+		}
 	}
 }

@@ -12,6 +12,7 @@
 //	slo:
 //	  ttft_ms: 500        # time to first token target, milliseconds
 //	  tpot_ms: 50         # time per output token target, milliseconds
+//	  attainment: 0.9     # share of requests meeting both, for the planner (0: 0.9)
 //	limits:
 //	  max_tokens_cap: 2048
 //	  default_max_tokens: 16

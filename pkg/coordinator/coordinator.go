@@ -49,6 +49,7 @@ type Coordinator struct {
 
 	conns   *conns
 	backend *backend
+	planner *onlinePlanner // nil when off
 	http    *http.Server
 	lis     net.Listener
 	workers []*workerrun.Worker
@@ -132,8 +133,11 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 	if r := o.Policy.Routing; r.PrefixWeight > 0 || r.LocalPrefillBelowTokens > 0 {
 		c.backend.prefixBlockTokens = prefixBlockTokens
 	}
+	if c.planner, err = c.newPlanner(); err != nil {
+		return c, err
+	}
 	fe, err := frontend.New(frontend.Options{
-		Backend: c.backend, Tokenizer: tok, Policy: o.Policy,
+		Backend: c.planner.observe(c.backend), Tokenizer: tok, Policy: o.Policy,
 		Models: c.Models, Ready: c.Ready, Metrics: m, Gatherer: c.reg,
 		Logger: log.Named("request"), RetryAfter: o.RetryAfter,
 	})
@@ -153,6 +157,7 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 		}
 	})
 	c.wg.Go(func() { c.housekeep(bg, m) })
+	c.wg.Go(func() { c.planner.run(bg) })
 	log.Info("coordinator started", zap.String("http_addr", c.HTTPAddr()), zap.String("nats_url", c.natsURL), zap.Bool("grpc_tls", o.TLS.Enabled()))
 	return c, nil
 }

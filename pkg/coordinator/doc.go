@@ -68,6 +68,19 @@
 // certificates (mutual TLS). Standalone workers get the same settings. No
 // TLS flag: plaintext.
 //
+// # Online planner
+//
+// Options.Planner (--planner and --planner-*; planner.go) runs package
+// planner's Online in the coordinator: every request the backend
+// completes is observed (its budget trace), a re-plan every interval
+// publishes a planner.Decision on control.PlanSubject and sets
+// pdserve_pool_replicas{role,kind="desired|current"} (current: live
+// workers), and the actuator logs the change (log) or scales the
+// Deployments (kubernetes, package planner/actuator). The default, auto,
+// runs it with the log actuator when it has a profile (--planner-profile,
+// or --profile in standalone sim mode), disaggregated mode and the
+// policy's TTFT and TPOT targets, and else not.
+//
 // # Clocks
 //
 // Worker timestamps in the budget (prefill start/end, KV first byte/done,

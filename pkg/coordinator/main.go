@@ -11,6 +11,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pdserve/pdserve/pkg/perfmodel"
+	"github.com/pdserve/pdserve/pkg/planner/plancli"
 	"github.com/pdserve/pdserve/pkg/workerrun"
 )
 
@@ -30,6 +31,8 @@ func Subcommands() []Subcommand {
 			Run: tableCommand("profiles", perfmodel.WriteProfiles)},
 		{Name: "calibrate", Summary: "print the performance model's calibration report: model vs. source data points",
 			Run: tableCommand("calibrate", perfmodel.WriteCalibrationReport)},
+		{Name: "plan", Summary: "size the prefill and decode pools offline for a workload and SLOs (plan --help)",
+			Run: plancli.Run},
 	}
 }
 

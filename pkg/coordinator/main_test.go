@@ -37,7 +37,9 @@ func TestMainHelpDocumentsEveryFlag(t *testing.T) {
 	// The names the Helm chart relies on.
 	for _, name := range []string{"http-addr", "nats-url", "nats-listen", "standalone", "mode", "codec", "first-token-policy",
 		"max-tokens-cap", "queue-limit", "heartbeat-ttl", "model-name", "prefill-workers", "decode-workers",
-		"log-level", "config", "engine", "preset", "profile", "time-scale", "tls-cert", "tls-key", "tls-ca", "tls-server-name"} {
+		"log-level", "config", "engine", "preset", "profile", "time-scale", "tls-cert", "tls-key", "tls-ca", "tls-server-name",
+		"planner", "planner-profile", "planner-codec", "planner-interval", "planner-window", "planner-cooldown", "planner-hysteresis",
+		"planner-namespace", "planner-prefill-deployment", "planner-decode-deployment", "link-gbps", "gpu-cost-per-hour", "gpu-budget"} {
 		if fs.Lookup(name) == nil {
 			t.Errorf("flag --%s is missing", name)
 		}
@@ -72,6 +74,11 @@ func TestMainExitCodes(t *testing.T) {
 		{"profiles", []string{"profiles"}, 0, "PROFILE"},
 		{"calibrate", []string{"calibrate"}, 0, "PROFILE"},
 		{"profiles with arguments", []string{"profiles", "x"}, 2, "no arguments"},
+		{"plan help", []string{"plan", "--help"}, 0, "Usage: coordinator plan"},
+		{"plan without a profile", []string{"plan", "--workload", "fixed:64/8"}, 2, "--profile is required"},
+		{"plan", []string{"plan", "--profile", "h100/llama-3-8b/tp1", "--workload", "fixed:512/64", "--slo-ttft", "500ms",
+			"--slo-tpot", "50ms", "--gpu-budget", "2", "--requests", "50", "--rate", "2"}, 0, "disaggregated  1P+1D"},
+		{"planner without a profile", []string{"--planner", "log"}, 2, "planner-profile"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

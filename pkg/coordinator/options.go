@@ -81,6 +81,9 @@ type Options struct {
 	// certificates. Standalone workers serve with the same settings, so
 	// standalone TLS needs the certificate. Empty: plaintext.
 	TLS workerrun.TLSOptions
+	// Planner configures the online planner (--planner, --planner-*,
+	// --link-gbps, --gpu-cost-per-hour, --gpu-budget; see planner.go).
+	Planner PlannerOptions
 
 	// Policy is the effective serving policy, set by Complete. Not a flag.
 	Policy config.Policy
@@ -103,6 +106,7 @@ func DefaultOptions() Options {
 		RetryAfter:       time.Second,
 		LogLevel:         "info",
 		Engine:           enginecfg.DefaultOptions(),
+		Planner:          DefaultPlannerOptions(),
 		Policy:           config.Default(),
 	}
 }
@@ -130,6 +134,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.ConfigFile, "config", o.ConfigFile, "YAML policy file: SLOs, prompt-token budgets per API key and route, limits, routing")
 	o.TLS.AddFlags(fs)
 	o.Engine.AddFlags(fs)
+	o.Planner.AddFlags(fs)
 }
 
 // tlsUse is what the coordinator does over gRPC: it dials workers; in
@@ -220,6 +225,7 @@ func (o Options) Validate() error {
 	if err := o.TLS.Validate(o.tlsUse()); err != nil {
 		errs = append(errs, err)
 	}
+	errs = append(errs, o.validatePlanner()...)
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("coordinator: invalid options: %w", err)
 	}
@@ -256,6 +262,7 @@ func (o Options) LogFields() []zap.Field {
 		zap.Float64("prefix_weight", p.Routing.PrefixWeight),
 	}
 	f = append(f, o.TLS.LogFields()...)
+	f = append(f, o.plannerLogFields()...)
 	if o.Standalone {
 		f = append(f, zap.Int("prefill_workers", o.PrefillWorkers), zap.Int("decode_workers", o.DecodeWorkers))
 		f = append(f, o.Engine.LogFields()...)

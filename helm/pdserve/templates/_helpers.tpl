@@ -9,7 +9,8 @@ Chart name, truncated to a DNS label.
 Object-name prefix: "<release>-pdserve" (or fullnameOverride). Truncated so
 that "<prefix>-coordinator" still fits a 63-character DNS label. The planner's
 Kubernetes actuator finds the worker Deployments as "<prefix>-prefill" and
-"<prefix>-decode" (also written into planner.yaml).
+"<prefix>-decode" (passed as --planner-prefill-deployment and
+--planner-decode-deployment).
 */}}
 {{- define "pdserve.fullname" -}}
 {{- if .Values.fullnameOverride }}

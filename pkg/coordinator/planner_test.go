@@ -1,0 +1,409 @@
+package coordinator_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.uber.org/zap/zapcore"
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/pdserve/pdserve/pkg/control"
+	"github.com/pdserve/pdserve/pkg/coordinator"
+	"github.com/pdserve/pdserve/pkg/enginecfg"
+	"github.com/pdserve/pdserve/pkg/planner"
+)
+
+const testProfile = "h100/llama-3-8b/tp1"
+
+// simEngine is the performance-model engine, a thousand times faster
+// than the profile's GPU, with a hundredth of its KV bytes.
+func simEngine() enginecfg.Options {
+	return enginecfg.Options{Engine: enginecfg.Sim, Profile: testProfile, TimeScale: 0.001, PayloadScale: 0.01, Seed: 3}
+}
+
+// sloPolicy writes a policy file with TTFT and TPOT targets.
+func sloPolicy(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(path, []byte("slo: {ttft_ms: 500, tpot_ms: 50, attainment: 0.9}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// logField returns the string value of the log field key, or "".
+func logField(fields []zapcore.Field, key string) string {
+	for _, f := range fields {
+		if f.Key == key {
+			return f.String
+		}
+	}
+	return ""
+}
+
+func TestPlannerOptions(t *testing.T) {
+	policy := sloPolicy(t)
+	standaloneSim := func(o *coordinator.Options) {
+		o.Standalone, o.Engine, o.ConfigFile = true, simEngine(), policy
+	}
+	tests := []struct {
+		name        string
+		edit        func(*coordinator.Options)
+		wantMode    string // effective planner mode in LogFields
+		wantProfile string
+		wantErr     string
+	}{
+		{name: "auto without a profile is off", wantMode: coordinator.PlannerOff},
+		{name: "auto uses the standalone sim profile", edit: standaloneSim, wantMode: coordinator.PlannerLog, wantProfile: testProfile},
+		{name: "auto with a profile", edit: func(o *coordinator.Options) {
+			o.ConfigFile, o.Planner.Profile = policy, "h100/llama-3-70b/tp4"
+		}, wantMode: coordinator.PlannerLog, wantProfile: "h100/llama-3-70b/tp4"},
+		{name: "decode profile of the same model", edit: func(o *coordinator.Options) {
+			o.ConfigFile, o.Planner.Profile, o.Planner.DecodeProfile = policy, "h100/llama-2-70b/tp2", "a100-80g/llama-2-70b/tp2"
+		}, wantMode: coordinator.PlannerLog, wantProfile: "h100/llama-2-70b/tp2"},
+		{name: "auto without SLOs is off", edit: func(o *coordinator.Options) {
+			standaloneSim(o)
+			o.ConfigFile = ""
+		}, wantMode: coordinator.PlannerOff},
+		{name: "auto in colocated mode is off", edit: func(o *coordinator.Options) {
+			standaloneSim(o)
+			o.Mode = coordinator.ModeColocated
+		}, wantMode: coordinator.PlannerOff},
+		{name: "explicit off", edit: func(o *coordinator.Options) {
+			standaloneSim(o)
+			o.Planner.Mode = coordinator.PlannerOff
+		}, wantMode: coordinator.PlannerOff},
+		{name: "kubernetes with its Deployments", edit: func(o *coordinator.Options) {
+			standaloneSim(o)
+			o.Planner.Mode, o.Planner.Namespace, o.Planner.PrefillDeployment, o.Planner.DecodeDeployment = coordinator.PlannerKubernetes, "ns", "p", "d"
+		}, wantMode: coordinator.PlannerKubernetes, wantProfile: testProfile},
+		{name: "log needs a profile", edit: func(o *coordinator.Options) {
+			o.ConfigFile, o.Planner.Mode = policy, coordinator.PlannerLog
+		}, wantErr: "planner-profile"},
+		{name: "log needs SLOs", edit: func(o *coordinator.Options) {
+			o.Planner.Mode, o.Planner.Profile = coordinator.PlannerLog, testProfile
+		}, wantErr: "slo.ttft_ms"},
+		{name: "log in colocated mode", edit: func(o *coordinator.Options) {
+			standaloneSim(o)
+			o.Mode, o.Planner.Mode = coordinator.ModeColocated, coordinator.PlannerLog
+		}, wantErr: "colocated"},
+		{name: "kubernetes needs its Deployments", edit: func(o *coordinator.Options) {
+			standaloneSim(o)
+			o.Planner.Mode = coordinator.PlannerKubernetes
+		}, wantErr: "planner-prefill-deployment"},
+		{name: "unknown mode", edit: func(o *coordinator.Options) { o.Planner.Mode = "maybe" }, wantErr: `planner "maybe"`},
+		{name: "unknown profile", edit: func(o *coordinator.Options) {
+			standaloneSim(o)
+			o.Planner.Profile = "tpu/none/tp1"
+		}, wantErr: "planner-profile"},
+		{name: "decode profile of another model", edit: func(o *coordinator.Options) {
+			standaloneSim(o)
+			o.Planner.DecodeProfile = "h100/llama-3-70b/tp4"
+		}, wantErr: "planner-decode-profile model"},
+		{name: "unknown decode profile", edit: func(o *coordinator.Options) {
+			standaloneSim(o)
+			o.Planner.DecodeProfile = "x"
+		}, wantErr: "planner-decode-profile"},
+		{name: "unknown codec", edit: func(o *coordinator.Options) {
+			standaloneSim(o)
+			o.Planner.Codec = "gzip"
+		}, wantErr: "planner-codec"},
+		{name: "zero interval", edit: func(o *coordinator.Options) {
+			standaloneSim(o)
+			o.Planner.Interval = 0
+		}, wantErr: "planner-interval"},
+		{name: "zero headroom", edit: func(o *coordinator.Options) {
+			standaloneSim(o)
+			o.Planner.Headroom = 0
+		}, wantErr: "planner-headroom"},
+		{name: "one observation", edit: func(o *coordinator.Options) {
+			standaloneSim(o)
+			o.Planner.MinObservations = 1
+		}, wantErr: "planner-min-observations"},
+		{name: "GPU budget below one worker per pool", edit: func(o *coordinator.Options) {
+			standaloneSim(o)
+			o.Planner.GPUBudget = 1
+		}, wantErr: "GPU budget"},
+		{name: "zero link", edit: func(o *coordinator.Options) {
+			standaloneSim(o)
+			o.Planner.LinkGbps = 0
+		}, wantErr: "link bandwidth"},
+		{name: "negative GPU cost", edit: func(o *coordinator.Options) {
+			standaloneSim(o)
+			o.Planner.GPUCostPerHour = -1
+		}, wantErr: "GPU cost"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			o := coordinator.DefaultOptions()
+			if tc.edit != nil {
+				tc.edit(&o)
+			}
+			if err := o.Complete(); err != nil {
+				t.Fatal(err)
+			}
+			err := o.Validate()
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("Validate error %v, want one about %s", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Validate: %v", err)
+			}
+			fields := o.LogFields()
+			if got := logField(fields, "planner"); got != tc.wantMode {
+				t.Errorf("planner mode %q, want %q", got, tc.wantMode)
+			}
+			if got := logField(fields, "planner_profile"); got != tc.wantProfile {
+				t.Errorf("planner profile %q, want %q", got, tc.wantProfile)
+			}
+			if tc.wantMode == coordinator.PlannerOff && logField(fields, "planner_off_reason") == "" && o.Planner.Mode == coordinator.PlannerAuto {
+				t.Errorf("auto planner off without a reason in the log fields")
+			}
+		})
+	}
+}
+
+// subscribePlans subscribes to the planner's decisions on the cluster's
+// NATS server.
+func subscribePlans(t *testing.T, cl *cluster) *nats.Subscription {
+	t.Helper()
+	nc, err := nats.Connect(cl.c.NATSURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	sub, err := nc.SubscribeSync(control.PlanSubject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return sub
+}
+
+// nextDecision waits for the next decision published on sub.
+func nextDecision(t *testing.T, sub *nats.Subscription) planner.Decision {
+	t.Helper()
+	msg, err := sub.NextMsg(30 * time.Second)
+	if err != nil {
+		t.Fatalf("no planner decision on %s: %v", control.PlanSubject, err)
+	}
+	var d planner.Decision
+	if err := json.Unmarshal(msg.Data, &d); err != nil {
+		t.Fatalf("decision %s: %v", msg.Data, err)
+	}
+	return d
+}
+
+// tick hands the planner one re-plan time.
+func tick(t *testing.T, ticks chan<- time.Time, now time.Time) {
+	t.Helper()
+	select {
+	case ticks <- now:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the planner does not take ticks")
+	}
+}
+
+// sendRequests completes n requests of 4 output tokens each.
+func sendRequests(t *testing.T, cl *cluster, n int) {
+	t.Helper()
+	for i := range n {
+		r := complete(t.Context(), t, cl.url, request{Prompt: fmt.Sprintf("planner request %d", i), MaxTokens: 4, IgnoreEOS: true})
+		if len(r.Tokens) != 4 {
+			t.Fatalf("request %d: %d tokens, want 4", i, len(r.Tokens))
+		}
+	}
+}
+
+// scrape returns the coordinator's /metrics text.
+func scrape(t *testing.T, cl *cluster) string {
+	t.Helper()
+	resp, err := http.Get(cl.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// Finished requests reach the planner; a tick re-plans on them, publishes
+// the decision on NATS and sets the replica gauges served on /metrics.
+func TestPlannerObservesPublishesAndExports(t *testing.T) {
+	ticks := make(chan time.Time)
+	cl := startCluster(t, clusterOpts{edit: func(o *coordinator.Options) {
+		o.Engine, o.ConfigFile = simEngine(), sloPolicy(t)
+		o.Planner.MinObservations, o.Planner.GPUBudget, o.Planner.GPUCostPerHour = 5, 4, 2.5
+		o.Planner.Ticks = ticks
+	}})
+	if cl.c.Planner() == nil {
+		t.Fatal("planner off in standalone sim mode with SLOs")
+	}
+	sub := subscribePlans(t, cl)
+	if m := scrape(t, cl); strings.Contains(m, "pdserve_pool_replicas{") {
+		t.Errorf("replica gauges set before any decision:\n%s", m)
+	}
+
+	const n = 6
+	sendRequests(t, cl, n)
+	now := time.Now()
+	tick(t, ticks, now)
+	d := nextDecision(t, sub)
+	t.Logf("decision: %+v", d)
+	if !d.Time.Equal(now) || d.Observations != n || !(d.ObservedRate > 0) || d.CurrentPrefill != 1 || d.CurrentDecode != 1 ||
+		d.PrefillReplicas < 1 || d.DecodeReplicas < 1 || d.GPUs != d.PrefillReplicas+d.DecodeReplicas {
+		t.Errorf("decision %+v: want time %v, %d observations, a rate, current 1P+1D and a desired design", d, now, n)
+	}
+	if p, dec := cl.c.Planner().Desired(); p != d.PrefillReplicas || dec != d.DecodeReplicas {
+		t.Errorf("Desired() = %d, %d; decision %d, %d", p, dec, d.PrefillReplicas, d.DecodeReplicas)
+	}
+	m := scrape(t, cl)
+	for _, want := range []string{
+		fmt.Sprintf(`pdserve_pool_replicas{kind="desired",role="prefill"} %d`, d.PrefillReplicas),
+		fmt.Sprintf(`pdserve_pool_replicas{kind="desired",role="decode"} %d`, d.DecodeReplicas),
+		`pdserve_pool_replicas{kind="current",role="prefill"} 1`,
+		`pdserve_pool_replicas{kind="current",role="decode"} 1`,
+		fmt.Sprintf(`pdserve_planner_desired_cost_usd_per_hour %g`, float64(d.GPUs)*2.5),
+	} {
+		if !strings.Contains(m, want+"\n") {
+			t.Errorf("/metrics lacks the line %q", want)
+		}
+	}
+	if !strings.Contains(m, "\npdserve_planner_observed_rate ") {
+		t.Errorf("/metrics lacks pdserve_planner_observed_rate")
+	}
+
+	// A tick within the interval does not re-plan: the next decision
+	// published is the one of the tick after the interval.
+	tick(t, ticks, now.Add(time.Millisecond))
+	later := now.Add(30 * time.Second)
+	tick(t, ticks, later)
+	if d := nextDecision(t, sub); !d.Time.Equal(later) {
+		t.Errorf("decision of %v published, want only the one of %v", d.Time, later)
+	}
+}
+
+// With the planner off (no profile), nothing is observed and no planner
+// gauge is exported.
+func TestPlannerOff(t *testing.T) {
+	cl := startCluster(t, clusterOpts{})
+	if cl.c.Planner() != nil {
+		t.Fatal("planner on without a profile")
+	}
+	sendRequests(t, cl, 1)
+	m := scrape(t, cl)
+	for _, name := range []string{"pdserve_pool_replicas", "pdserve_planner_"} {
+		if strings.Contains(m, name) {
+			t.Errorf("/metrics has %s with the planner off", name)
+		}
+	}
+}
+
+var deploymentsGVR = schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "deployments"}
+
+// fakeDeployments returns a fake clientset holding the named Deployments
+// at replicas, serving their scale subresource (which the fake object
+// tracker lacks) from spec.replicas.
+func fakeDeployments(ns string, replicas int32, names ...string) *fake.Clientset {
+	var objs []runtime.Object
+	for _, name := range names {
+		r := replicas
+		objs = append(objs, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+			Spec: appsv1.DeploymentSpec{Replicas: &r}, Status: appsv1.DeploymentStatus{Replicas: r}})
+	}
+	cs := fake.NewClientset(objs...)
+	var mu sync.Mutex // the tracker's get-modify-update of one scale
+	cs.PrependReactor("get", "deployments", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() != "scale" {
+			return false, nil, nil
+		}
+		obj, err := cs.Tracker().Get(deploymentsGVR, a.GetNamespace(), a.(k8stesting.GetAction).GetName())
+		if err != nil {
+			return true, nil, err
+		}
+		d := obj.(*appsv1.Deployment)
+		return true, &autoscalingv1.Scale{ObjectMeta: metav1.ObjectMeta{Name: d.Name, Namespace: d.Namespace},
+			Spec: autoscalingv1.ScaleSpec{Replicas: *d.Spec.Replicas}, Status: autoscalingv1.ScaleStatus{Replicas: d.Status.Replicas}}, nil
+	})
+	cs.PrependReactor("update", "deployments", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() != "scale" {
+			return false, nil, nil
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		s := a.(k8stesting.UpdateAction).GetObject().(*autoscalingv1.Scale)
+		obj, err := cs.Tracker().Get(deploymentsGVR, a.GetNamespace(), s.Name)
+		if err != nil {
+			return true, nil, err
+		}
+		d := obj.(*appsv1.Deployment).DeepCopy()
+		d.Spec.Replicas = &s.Spec.Replicas
+		return true, s, cs.Tracker().Update(deploymentsGVR, d, a.GetNamespace())
+	})
+	return cs
+}
+
+// The kubernetes actuator scales the named Deployments once the planner's
+// scale-down is stable: two workers per pool, light load, two re-plans.
+func TestPlannerScalesDeployments(t *testing.T) {
+	const ns = "serving"
+	cs := fakeDeployments(ns, 2, "pd-prefill", "pd-decode", "unrelated")
+	ticks := make(chan time.Time)
+	cl := startCluster(t, clusterOpts{prefill: 2, decode: 2, edit: func(o *coordinator.Options) {
+		o.Engine, o.ConfigFile = simEngine(), sloPolicy(t)
+		o.Planner = coordinator.PlannerOptions{
+			Mode: coordinator.PlannerKubernetes, Namespace: ns, PrefillDeployment: "pd-prefill", DecodeDeployment: "pd-decode",
+			Interval: time.Second, Window: time.Hour, Cooldown: time.Hour, Headroom: 0.2, Hysteresis: 0.15,
+			MinObservations: 5, LinkGbps: 100, GPUBudget: 4, KubeClient: cs, Ticks: ticks,
+		}
+	}})
+	sub := subscribePlans(t, cl)
+	sendRequests(t, cl, 6)
+	// Re-plan well after the requests, so that the observed rate is low.
+	now := time.Now().Add(10 * time.Second)
+	tick(t, ticks, now)
+	if d := nextDecision(t, sub); d.Changed || d.Reason != planner.ReasonStabilize || d.TargetPrefill != 1 || d.TargetDecode != 1 {
+		t.Fatalf("first decision %+v: want target 1P+1D, unchanged while stabilizing", d)
+	}
+	tick(t, ticks, now.Add(time.Second))
+	if d := nextDecision(t, sub); !d.Changed || d.Reason != planner.ReasonScaleDown || d.PrefillReplicas != 1 || d.DecodeReplicas != 1 {
+		t.Fatalf("second decision %+v: want a scale down to 1P+1D", d)
+	}
+	replicas := func(name string) int32 {
+		dep, err := cs.AppsV1().Deployments(ns).Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return *dep.Spec.Replicas
+	}
+	waitFor(t, 10*time.Second, func() error {
+		if p, d, u := replicas("pd-prefill"), replicas("pd-decode"), replicas("unrelated"); p != 1 || d != 1 || u != 2 {
+			return fmt.Errorf("replicas prefill %d, decode %d, unrelated %d; want 1, 1, 2", p, d, u)
+		}
+		return nil
+	})
+}
