@@ -2,8 +2,9 @@
 
 package ref
 
-// nr is the panel width of packed weights (output features per panel).
-const nr = 4
+// nr is the panel width of packed weights (output features per panel):
+// one row of the portable kernel's six accumulators (see dot6).
+const nr = 6
 
 // Kernel names the active kernel set ("go" for the portable one, "avx2"
 // for the SIMD one built with GOEXPERIMENT=simd on a CPU with AVX2 and FMA).

@@ -90,97 +90,171 @@ func (pl *pool) matmul(j *matmulJob) {
 }
 
 // panelKernelGo is the portable kernel: it computes columns [0, ncols) of
-// y for rows [0, rows) against one packed panel p (k × nr), two rows × four
-// columns at a time. y[r*ldy+c] receives the sum for row r, column c.
+// y for rows [0, rows) against one packed panel p (k × nr, row i holding
+// input feature i of the panel's nr output features); y[r*ldy+c] is set to
+// (with add, increased by) the sum for row r, column c. Each row meets six
+// columns at a time (dot6; a panel width that is not a multiple of six
+// leaves a few columns to dot1). Both compute every sum as the same chain of float32
+// multiply-adds from i = 0 upwards, so an element does not depend on the
+// rows, columns or worker it is computed with.
 func panelKernelGo(y []float32, ldy int, x []float32, ldx, rows int, p []float32, k, ncols int, add bool) {
-	for c := 0; c < ncols; c += 4 {
-		cols := min(4, ncols-c)
-		r := 0
-		for ; r+2 <= rows; r += 2 {
-			x0 := x[r*ldx : r*ldx+k]
-			x1 := x[(r+1)*ldx : (r+1)*ldx+k]
-			x1 = x1[:len(x0)]
-			var a0, a1, a2, a3, b0, b1, b2, b3 float32
-			for i, v0 := range x0 {
-				o := i*nr + c
-				w := p[o : o+4 : o+4]
-				w0, w1, w2, w3 := w[0], w[1], w[2], w[3]
-				v1 := x1[i]
-				a0 += v0 * w0
-				b0 += v1 * w0
-				a1 += v0 * w1
-				b1 += v1 * w1
-				a2 += v0 * w2
-				b2 += v1 * w2
-				a3 += v0 * w3
-				b3 += v1 * w3
+	if k == 0 {
+		if !add {
+			for r := range rows {
+				clear(y[r*ldy : r*ldy+ncols])
 			}
-			store4(y[r*ldy+c:], cols, add, a0, a1, a2, a3)
-			store4(y[(r+1)*ldy+c:], cols, add, b0, b1, b2, b3)
 		}
-		if r < rows {
-			x0 := x[r*ldx : r*ldx+k]
-			var a0, a1, a2, a3 float32
-			for i, v0 := range x0 {
-				o := i*nr + c
-				w := p[o : o+4 : o+4]
-				a0 += v0 * w[0]
-				a1 += v0 * w[1]
-				a2 += v0 * w[2]
-				a3 += v0 * w[3]
+		return
+	}
+	p = p[:k*nr]
+	for r := range rows {
+		xr := x[r*ldx : r*ldx+k]
+		yr := y[r*ldy : r*ldy+ncols]
+		c := 0
+		for ; c < ncols && c+6 <= nr; c += 6 {
+			s0, s1, s2, s3, s4, s5 := dot6(xr, p[c:])
+			store6(yr[c:], add, s0, s1, s2, s3, s4, s5)
+		}
+		for ; c < ncols; c++ {
+			if s := dot1(xr, p[c:]); add {
+				yr[c] += s
+			} else {
+				yr[c] = s
 			}
-			store4(y[r*ldy+c:], cols, add, a0, a1, a2, a3)
 		}
 	}
 }
 
-// store4 writes (or adds) the first cols of four sums to y.
-func store4(y []float32, cols int, add bool, a0, a1, a2, a3 float32) {
-	if cols == 4 {
-		y = y[:4]
-		if add {
-			y[0] += a0
-			y[1] += a1
-			y[2] += a2
-			y[3] += a3
-		} else {
-			y[0], y[1], y[2], y[3] = a0, a1, a2, a3
-		}
-		return
+// dot6 returns the six sums Σ_i x[i]·w[i*nr+j], j < 6, each accumulated
+// from i = 0 upwards with the product rounded to float32 before it is added
+// (the conversions forbid fused multiply-adds on any architecture).
+// len(w) must be at least (len(x)-1)*nr + 6.
+//
+// The shape suits the Go compiler, which neither vectorises nor schedules
+// for register pressure:
+//   - Four steps per iteration, taken while more than four remain, so w
+//     holds at least 4*nr+6 values: one bounds check (the conversion of w)
+//     per four steps, and re-slices the compiler knows are non-empty.
+//   - Six accumulators. The compiler places an iteration's multiplies
+//     before the additions whose results leave the loop body, so six
+//     products and six sums are live at once: 12 of the 15 float registers
+//     amd64 code may use. Eight would spill.
+//   - Each accumulator holds the negated sum and takes "a -= product".
+//     Subtraction does not commute, so the register allocator updates it in
+//     place; with "a += product" it may put the result in the product's
+//     register and shuffle all six back at the end of every iteration. The
+//     sum is returned as 0 - a, the same bits as summing upwards from +0:
+//     rounding to nearest is symmetric, and neither form ever yields -0.
+//
+// A step is then a load of x and, per column, a load of w, a multiply and a
+// subtract: three instructions per multiply-add, close to two
+// multiply-adds a cycle on a core with two multipliers and two adders.
+func dot6(x, w []float32) (s0, s1, s2, s3, s4, s5 float32) {
+	var a0, a1, a2, a3, a4, a5 float32
+	for len(x) > 4 {
+		xa := (*[4]float32)(x)
+		wa := (*[4*nr + 6]float32)(w)
+		v := xa[0]
+		a0 -= float32(v * wa[0])
+		a1 -= float32(v * wa[1])
+		a2 -= float32(v * wa[2])
+		a3 -= float32(v * wa[3])
+		a4 -= float32(v * wa[4])
+		a5 -= float32(v * wa[5])
+		v = xa[1]
+		a0 -= float32(v * wa[nr])
+		a1 -= float32(v * wa[nr+1])
+		a2 -= float32(v * wa[nr+2])
+		a3 -= float32(v * wa[nr+3])
+		a4 -= float32(v * wa[nr+4])
+		a5 -= float32(v * wa[nr+5])
+		v = xa[2]
+		a0 -= float32(v * wa[2*nr])
+		a1 -= float32(v * wa[2*nr+1])
+		a2 -= float32(v * wa[2*nr+2])
+		a3 -= float32(v * wa[2*nr+3])
+		a4 -= float32(v * wa[2*nr+4])
+		a5 -= float32(v * wa[2*nr+5])
+		v = xa[3]
+		a0 -= float32(v * wa[3*nr])
+		a1 -= float32(v * wa[3*nr+1])
+		a2 -= float32(v * wa[3*nr+2])
+		a3 -= float32(v * wa[3*nr+3])
+		a4 -= float32(v * wa[3*nr+4])
+		a5 -= float32(v * wa[3*nr+5])
+		x = x[4:]
+		w = w[4*nr:]
 	}
-	a := [4]float32{a0, a1, a2, a3}
-	for j := range cols {
+	for i, v := range x {
+		wi := w[i*nr : i*nr+6 : i*nr+6]
+		a0 -= float32(v * wi[0])
+		a1 -= float32(v * wi[1])
+		a2 -= float32(v * wi[2])
+		a3 -= float32(v * wi[3])
+		a4 -= float32(v * wi[4])
+		a5 -= float32(v * wi[5])
+	}
+	return 0 - a0, 0 - a1, 0 - a2, 0 - a3, 0 - a4, 0 - a5
+}
+
+// dot1 returns Σ_i x[i]·w[i*nr] with the operations of one column of dot6
+// (so the same bits). len(w) must be at least (len(x)-1)*nr + 1.
+func dot1(x, w []float32) float32 {
+	var a float32
+	for i, v := range x {
+		a -= float32(v * w[i*nr])
+	}
+	return 0 - a
+}
+
+// store6 writes (or adds) the first min(len(y), 6) of six sums to y.
+func store6(y []float32, add bool, s0, s1, s2, s3, s4, s5 float32) {
+	s := [6]float32{s0, s1, s2, s3, s4, s5}
+	y = y[:min(len(y), 6)]
+	for j := range y {
 		if add {
-			y[j] += a[j]
+			y[j] += s[j]
 		} else {
-			y[j] = a[j]
+			y[j] = s[j]
 		}
 	}
 }
 
 // dotBF16Go returns Σ q[i]·k[i] with k in bfloat16, len(k) ≥ len(q), as
-// four interleaved partial sums combined in a fixed order.
+// four interleaved partial sums (element i goes to sum i mod 4, the tail
+// past a multiple of four to sum 0) combined as (s0 + s1) + (s2 + s3).
+// Like dot6 it keeps the partial sums negated and rounds every product.
 func dotBF16Go(q []float32, k []uint16) float32 {
 	k = k[:len(q)]
-	var s0, s1, s2, s3 float32
+	var n0, n1, n2, n3 float32
 	i := 0
 	for ; i+4 <= len(q); i += 4 {
-		s0 += q[i] * fromBF16(k[i])
-		s1 += q[i+1] * fromBF16(k[i+1])
-		s2 += q[i+2] * fromBF16(k[i+2])
-		s3 += q[i+3] * fromBF16(k[i+3])
+		qa, ka := (*[4]float32)(q[i:i+4]), (*[4]uint16)(k[i:i+4])
+		n0 -= float32(qa[0] * fromBF16(ka[0]))
+		n1 -= float32(qa[1] * fromBF16(ka[1]))
+		n2 -= float32(qa[2] * fromBF16(ka[2]))
+		n3 -= float32(qa[3] * fromBF16(ka[3]))
 	}
 	for ; i < len(q); i++ {
-		s0 += q[i] * fromBF16(k[i])
+		n0 -= float32(q[i] * fromBF16(k[i]))
 	}
-	return (s0 + s1) + (s2 + s3)
+	return ((0 - n0) + (0 - n1)) + ((0 - n2) + (0 - n3))
 }
 
-// axpyBF16Go adds a·v[i] to y[i], v in bfloat16, len(v) ≥ len(y).
+// axpyBF16Go adds a·v[i] (rounded to float32) to y[i], v in bfloat16,
+// len(v) ≥ len(y).
 func axpyBF16Go(y []float32, a float32, v []uint16) {
 	v = v[:len(y)]
-	for i, b := range v {
-		y[i] += a * fromBF16(b)
+	i := 0
+	for ; i+4 <= len(y); i += 4 {
+		ya, va := (*[4]float32)(y[i:i+4]), (*[4]uint16)(v[i:i+4])
+		ya[0] += float32(a * fromBF16(va[0]))
+		ya[1] += float32(a * fromBF16(va[1]))
+		ya[2] += float32(a * fromBF16(va[2]))
+		ya[3] += float32(a * fromBF16(va[3]))
+	}
+	for ; i < len(y); i++ {
+		y[i] += float32(a * fromBF16(v[i]))
 	}
 }
 

@@ -3,6 +3,7 @@ package ref
 import (
 	"fmt"
 	"math"
+	"runtime"
 	"testing"
 )
 
@@ -94,16 +95,111 @@ func TestMatmulRowIndependent(t *testing.T) {
 	}
 }
 
-// BenchmarkMatmul measures the kernel on shapes of the small preset.
+// TestPanelKernelGoSumsInOrder pins the portable kernel's arithmetic:
+// every element must be the plain float32 sum from i = 0 upwards, with each
+// product rounded, bit for bit, whatever the row count, the k remainder of
+// its unrolled loop or the column within the panel. Logits, and the
+// equivalences between engines, depend on exactly this order.
+func TestPanelKernelGoSumsInOrder(t *testing.T) {
+	for _, shape := range []struct{ rows, n, k int }{
+		{1, nr, 0}, {1, 1, 1}, {2, nr + 1, 3}, {3, 2 * nr, 4}, {1, nr - 1, 5}, {2, nr, 8}, {3, 3*nr - 2, 9}, {5, 2 * nr, 64}, {4, nr + 2, 131},
+	} {
+		for _, add := range []bool{false, true} {
+			t.Run(fmt.Sprintf("rows %d n %d k %d add %v", shape.rows, shape.n, shape.k, add), func(t *testing.T) {
+				w := testMatrix(shape.n, shape.k, 9)
+				x := testActivations(shape.rows, shape.k, 10)
+				// A row of zeros (products of both signs of zero) checks
+				// that no sum comes out as -0, where the plain sum is +0.
+				if shape.rows > 1 {
+					clear(x[shape.k : 2*shape.k])
+				}
+				ldy := panels(shape.n)*nr + 1
+				y := make([]float32, shape.rows*ldy)
+				for i := range y {
+					y[i] = 0.75
+				}
+				for p := range panels(shape.n) {
+					c0 := p * nr
+					panelKernelGo(y[c0:], ldy, x, shape.k, shape.rows, w.panel(p), shape.k, min(nr, shape.n-c0), add)
+				}
+				for r := range shape.rows {
+					for c := range ldy {
+						want := float32(0.75)
+						if c < shape.n {
+							var s float32
+							for i := range shape.k {
+								s += float32(x[r*shape.k+i] * w.at(c, i))
+							}
+							if want = s; add {
+								want = 0.75 + s
+							}
+						}
+						if got := y[r*ldy+c]; math.Float32bits(got) != math.Float32bits(want) {
+							t.Fatalf("y[%d][%d] = %g (%#08x), want %g (%#08x)", r, c, got, math.Float32bits(got), want, math.Float32bits(want))
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestAttentionKernelsGoSumInOrder pins the portable attention kernels'
+// order: dotBF16Go sums element i into partial i mod 4 (the tail into
+// partial 0) and combines (s0 + s1) + (s2 + s3); valuesBF16Go adds the
+// keys in order.
+func TestAttentionKernelsGoSumInOrder(t *testing.T) {
+	for _, d := range []int{1, 3, 4, 7, 16, 64, 67} {
+		t.Run(fmt.Sprintf("d %d", d), func(t *testing.T) {
+			const keys, stride = 5, 80
+			q := testActivations(1, d, 11)
+			kv := make([]uint16, keys*stride+d)
+			for i := range kv {
+				kv[i] = toBF16(uniform(12, 1, 1)(i))
+			}
+			for j := range keys {
+				k := kv[j*stride:]
+				var s [4]float32
+				for i := range d {
+					p := i % 4
+					if i >= d&^3 {
+						p = 0
+					}
+					s[p] += float32(q[i] * fromBF16(k[i]))
+				}
+				want := (s[0] + s[1]) + (s[2] + s[3])
+				if got := dotBF16Go(q, k); math.Float32bits(got) != math.Float32bits(want) {
+					t.Fatalf("key %d: dotBF16Go = %g, want %g", j, got, want)
+				}
+			}
+			w := testActivations(1, keys, 13)
+			out := make([]float32, d)
+			valuesBF16Go(out, w, 0.5, kv, stride)
+			for i := range d {
+				var want float32
+				for j := range keys {
+					want += float32(w[j] * 0.5 * fromBF16(kv[j*stride+i]))
+				}
+				if math.Float32bits(out[i]) != math.Float32bits(want) {
+					t.Fatalf("value %d = %g, want %g", i, out[i], want)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkMatmul measures the kernel on shapes of the small preset: the
+// MLP up-projection (gate and up, n = 2816) for a decode batch of 1 and 16
+// and a prefill block of 128 rows, and the down-projection (k = 1408).
 func BenchmarkMatmul(b *testing.B) {
 	for _, shape := range []struct{ rows, n, k int }{{1, 2816, 512}, {16, 2816, 512}, {128, 2816, 512}, {128, 512, 1408}} {
 		b.Run(fmt.Sprintf("%s/rows=%d/n=%d/k=%d", Kernel(), shape.rows, shape.n, shape.k), func(b *testing.B) {
 			w := testMatrix(shape.n, shape.k, 1)
 			x := testActivations(shape.rows, shape.k, 2)
 			y := make([]float32, shape.rows*shape.n)
-			p := newPool(0)
-			defer p.close()
-			p = newPool(2)
+			// As many workers as the engine's default: -cpu 1 measures one
+			// core, -cpu 2 two.
+			p := newPool(runtime.GOMAXPROCS(0))
 			defer p.close()
 			j := matmulJob{y: y, ldy: shape.n, x: x, ldx: shape.k, rows: shape.rows, w: w}
 			for b.Loop() {
