@@ -375,3 +375,106 @@ func (e *errWriter) Write(b []byte) (int, error) {
 }
 
 func (e *errWriter) printf(format string, args ...any) { fmt.Fprintf(e, format, args...) }
+
+// Evaluation is the prediction for one given design at one given rate,
+// without a search: the model's figures to set next to a measured
+// deployment of that design (`coordinator plan --design`).
+type Evaluation struct {
+	Profile          string          `json:"profile"`
+	DecodeProfile    string          `json:"decode_profile"`
+	ColocatedProfile string          `json:"colocated_profile"`
+	Workload         WorkloadSummary `json:"workload"`
+	SLOTTFTMs        float64         `json:"slo_ttft_ms"`
+	SLOTPOTMs        float64         `json:"slo_tpot_ms"`
+	// Target is the SLO's attainment target, in (0, 1].
+	Target         float64 `json:"attainment_target"`
+	LinkGbps       float64 `json:"link_gbps"`
+	Codec          Codec   `json:"codec"`
+	CodecCores     int     `json:"codec_cores"`
+	KVTransferGBps float64 `json:"kv_transfer_raw_gb_per_s"`
+	Policy         Policy  `json:"first_token_policy"`
+	Limits         Limits  `json:"limits"`
+	// MeetsSLO: Prediction.Attainment ≥ Target.
+	MeetsSLO bool `json:"meets_slo"`
+	// Measured is how many simulated requests count in the prediction
+	// (those arriving after the warm-up and before the drain).
+	Measured int `json:"measured_requests"`
+	// Failed of them could not be served at all (longer than a worker's
+	// KV memory).
+	Failed     int         `json:"failed_requests"`
+	Prediction *Prediction `json:"prediction"`
+	Seed       uint64      `json:"seed"`
+	Notes      []string    `json:"notes,omitempty"`
+}
+
+// Evaluate simulates design d under cfg at cfg.Rate, which must be > 0,
+// and returns the prediction; it searches nothing, so the GPU budget does
+// not bound d. A colocated d needs its Chunk (-1 or > 0). Errors wrap
+// ErrConfig. Deterministic in cfg and d.
+func Evaluate(cfg *Config, d Design) (*Evaluation, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	switch {
+	case !(cfg.Rate > 0):
+		return nil, fmt.Errorf("%w: evaluating a design needs a rate > 0", ErrConfig)
+	case d.Colocated == 0 && (d.Prefill < 1 || d.Decode < 1):
+		return nil, fmt.Errorf("%w: design %s: a disaggregated design needs ≥ 1 prefill and ≥ 1 decode worker", ErrConfig, d)
+	case d.Colocated != 0 && (d.Colocated < 1 || d.Prefill != 0 || d.Decode != 0 || d.Chunk == 0 || d.Chunk < -1):
+		return nil, fmt.Errorf("%w: design %s: a colocated design needs ≥ 1 worker and a chunk budget of -1 or > 0", ErrConfig, d)
+	}
+	s := newSearcher(cfg)
+	pl := s.newPlan()
+	r := s.sim.run(d, cfg.Rate, false)
+	e := &Evaluation{
+		Profile: pl.Profile, DecodeProfile: pl.DecodeProfile, ColocatedProfile: pl.ColocatedProfile,
+		Workload: pl.Workload, SLOTTFTMs: pl.SLOTTFTMs, SLOTPOTMs: pl.SLOTPOTMs, Target: pl.Attainment,
+		LinkGbps: pl.LinkGbps, Codec: pl.Codec, CodecCores: pl.CodecCores, KVTransferGBps: pl.KVTransferGBps,
+		Policy: pl.Policy, Limits: pl.Limits, MeetsSLO: r.Attainment >= cfg.SLO.Attainment,
+		Measured: r.Requests, Failed: r.Failed, Seed: pl.Seed, Notes: pl.Notes,
+		Prediction: &Prediction{
+			Design: d, GPUs: s.gpus(d), Rate: cfg.Rate, Attainment: r.Attainment,
+			TTFTMs: latMs(r.TTFT), TPOTMs: latMs(r.TPOT), Budget: r.Budget,
+		},
+	}
+	if d.Colocated == 0 {
+		e.Limits.ChunkTokens = 0 // not used by a disaggregated design
+	} else {
+		e.Limits.ChunkTokens = d.Chunk
+	}
+	return e, nil
+}
+
+// WriteEvaluationJSON writes e as indented JSON.
+func WriteEvaluationJSON(w io.Writer, e *Evaluation) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(e); err != nil {
+		return fmt.Errorf("planner: write json: %w", err)
+	}
+	return nil
+}
+
+// WriteEvaluationTable writes e as text: the design, rate and predicted
+// attainment with TTFT and TPOT percentiles and the TTFT budget.
+func WriteEvaluationTable(w io.Writer, e *Evaluation) error {
+	ew := &errWriter{w: w}
+	p := e.Prediction
+	ew.printf("pdserve plan --design: %s on %s, %s, %s arrivals\n", p.Design, e.Profile, e.Workload.Description, e.Workload.Arrivals)
+	ew.printf("  SLO TTFT %s ms, TPOT %s ms; policy %s; link %s Gb/s, codec %s\n",
+		num(e.SLOTTFTMs), num(e.SLOTPOTMs), e.Policy, num(e.LinkGbps), e.Codec.Name)
+	ew.printf("  at %s req/s: attainment %.1f%% (target %.4g%%, %d requests measured, %d failed)\n",
+		num(p.Rate), p.Attainment*100, e.Target*100, e.Measured, e.Failed)
+	ew.printf("  TTFT p50/p90/p99 %s / %s / %s ms, TPOT p50/p90/p99 %s / %s / %s ms\n",
+		num(p.TTFTMs.P50), num(p.TTFTMs.P90), num(p.TTFTMs.P99), num(p.TPOTMs.P50), num(p.TPOTMs.P90), num(p.TPOTMs.P99))
+	b := budgetMs(p.Budget)
+	ew.printf("  mean TTFT budget (ms): ingress %s, queue %s, prefill %s, kv_transfer %s, first_token %s (exposed transfer, any policy: %s)\n",
+		num(b.Ingress), num(b.Queue), num(b.Prefill), num(b.KVTransfer), num(b.FirstToken), num(ms(p.Budget.KVTransferAny.Mean)))
+	l := e.Limits
+	ew.printf("  limits: decode batch ≤ %d, prefill ≤ %d tokens per step", l.MaxDecodeBatch, l.MaxPrefillTokens)
+	if p.Design.Colocated > 0 {
+		ew.printf(", colocated %s", chunkText(l.ChunkTokens))
+	}
+	ew.printf("\n")
+	return ew.err
+}

@@ -40,6 +40,10 @@ type Options struct {
 	Seed          uint64
 	Output        string // table or json
 	Plot          string // PNG file, "" = none
+	// Design, when set, evaluates that one design at Rate instead of
+	// searching: "P:D" or "PP+DD" (e.g. "2P+1D") disaggregated, "NC"
+	// colocated (chunk budget from --chunk-tokens).
+	Design string
 }
 
 // DefaultOptions returns the flag defaults.
@@ -92,6 +96,43 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "seed of the simulated requests")
 	fs.StringVar(&o.Output, "output", o.Output, "table or json")
 	fs.StringVar(&o.Plot, "plot", o.Plot, "write a PNG of goodput per GPU against the P:D ratio to this file")
+	fs.StringVar(&o.Design, "design", o.Design, "predict one design at --rate instead of searching: P:D or 2P+1D (disaggregated), or 3C (colocated, needs --chunk-tokens)")
+}
+
+// ParseDesign reads a design: "P:D" or "PP+DD" (e.g. "2P+1D") for a
+// disaggregated one, "NC" for N colocated workers with a step budget of
+// chunk tokens (-1: no chunking). Errors wrap errUsage.
+func ParseDesign(s string, chunk int) (planner.Design, error) {
+	bad := fmt.Errorf("%w: --design %q: want P:D, 2P+1D or 3C", errUsage, s)
+	num := func(x, suffix string) (int, bool) {
+		x, ok := strings.CutSuffix(strings.ToUpper(strings.TrimSpace(x)), suffix)
+		n, err := strconv.Atoi(x)
+		return n, ok && err == nil && n >= 1
+	}
+	if p, d, ok := strings.Cut(s, ":"); ok {
+		pn, ok1 := num(p, "")
+		dn, ok2 := num(d, "")
+		if !ok1 || !ok2 {
+			return planner.Design{}, bad
+		}
+		return planner.Design{Prefill: pn, Decode: dn}, nil
+	}
+	if p, d, ok := strings.Cut(s, "+"); ok {
+		pn, ok1 := num(p, "P")
+		dn, ok2 := num(d, "D")
+		if !ok1 || !ok2 {
+			return planner.Design{}, bad
+		}
+		return planner.Design{Prefill: pn, Decode: dn}, nil
+	}
+	c, ok := num(s, "C")
+	if !ok {
+		return planner.Design{}, bad
+	}
+	if chunk == 0 {
+		return planner.Design{}, fmt.Errorf("%w: --design %q: a colocated design needs --chunk-tokens (-1 or > 0)", errUsage, s)
+	}
+	return planner.Design{Colocated: c, Chunk: chunk}, nil
 }
 
 // errUsage marks option errors (exit code 2).
@@ -251,6 +292,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "coordinator plan: %v\n", strings.TrimPrefix(err.Error(), errUsage.Error()+": "))
 		return 2
 	}
+	if o.Design != "" {
+		return evaluate(o, cfgs, stdout, stderr)
+	}
 	start := time.Now()
 	var plans []*planner.Plan
 	code := 0
@@ -286,6 +330,40 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stderr, "coordinator plan: %d profile(s), %d simulations in %.2f s\n", len(plans), sims, elapsed.Seconds())
 	return code
+}
+
+// evaluate is Run with --design: one design at --rate, no search.
+func evaluate(o Options, cfgs []*planner.Config, stdout, stderr io.Writer) int {
+	usage := func(format string, args ...any) int {
+		fmt.Fprintf(stderr, "coordinator plan: "+format+"\n", args...)
+		return 2
+	}
+	switch {
+	case len(cfgs) != 1:
+		return usage("--design works with one --profile only")
+	case !(o.Rate > 0):
+		return usage("--design needs --rate > 0")
+	case o.Plot != "":
+		return usage("--design draws no plot; drop --plot")
+	}
+	d, err := ParseDesign(o.Design, o.Limits.ChunkTokens)
+	if err != nil {
+		return usage("%v", strings.TrimPrefix(err.Error(), errUsage.Error()+": "))
+	}
+	e, err := planner.Evaluate(cfgs[0], d)
+	if err != nil {
+		return usage("%v", err)
+	}
+	if o.Output == "json" {
+		err = planner.WriteEvaluationJSON(stdout, e)
+	} else {
+		err = planner.WriteEvaluationTable(stdout, e)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "coordinator plan: %v\n", err)
+		return 1
+	}
+	return 0
 }
 
 // Main is Run without cancellation, for callers without a context.

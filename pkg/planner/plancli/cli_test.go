@@ -7,6 +7,7 @@ import (
 	"image/png"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -176,5 +177,80 @@ func TestMainHelp(t *testing.T) {
 	var out, errb bytes.Buffer
 	if code := Main([]string{"--help"}, &out, &errb); code != 0 {
 		t.Errorf("Main --help = %d", code)
+	}
+}
+
+// --design predicts one design at --rate: attainment falls from meeting
+// the target at a light rate to missing it far past the design's
+// capacity, and the JSON names the design and the rate asked.
+func TestPlanDesign(t *testing.T) {
+	type eval struct {
+		Target     float64 `json:"attainment_target"`
+		Meets      bool    `json:"meets_slo"`
+		Measured   int     `json:"measured_requests"`
+		Prediction struct {
+			Design     map[string]int `json:"design"`
+			GPUs       int            `json:"gpus"`
+			Rate       float64        `json:"rate"`
+			Attainment float64        `json:"attainment"`
+		} `json:"prediction"`
+	}
+	tests := []struct {
+		name, design, rate string
+		wantDesign         map[string]int
+		wantGPUs           int
+		wantMeets          bool
+	}{
+		{"light, P:D", "2:1", "1", map[string]int{"prefill": 2, "decode": 1}, 3, true},
+		{"overload, PP+DD", "1P+1D", "200", map[string]int{"prefill": 1, "decode": 1}, 2, false},
+		{"colocated", "2C", "1", map[string]int{"colocated": 2, "chunk_tokens": 512}, 2, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			// A design may exceed --gpu-budget: nothing is searched.
+			code, out, errs := run(t, append(base, "--gpu-budget", "2", "--design", tt.design, "--rate", tt.rate, "--output", "json")...)
+			if code != 0 {
+				t.Fatalf("exit %d, stderr %s", code, errs)
+			}
+			var e eval
+			if err := json.Unmarshal([]byte(out), &e); err != nil {
+				t.Fatalf("stdout is not JSON: %v\n%s", err, out)
+			}
+			if diff := cmp.Diff(tt.wantDesign, e.Prediction.Design); diff != "" {
+				t.Errorf("design (-want +got):\n%s", diff)
+			}
+			p := e.Prediction
+			if p.GPUs != tt.wantGPUs || p.Rate == 0 || e.Target != 0.9 || e.Measured < 1 || e.Meets != tt.wantMeets ||
+				!(p.Attainment >= 0 && p.Attainment <= 1) || (p.Attainment >= e.Target) != e.Meets {
+				t.Errorf("evaluation %+v; want %d GPUs, meets %v", e, tt.wantGPUs, tt.wantMeets)
+			}
+		})
+	}
+	code, out, errs := run(t, append(base, "--design", "1P+1D", "--rate", "2")...)
+	if code != 0 || !strings.Contains(out, "1P+1D") || !strings.Contains(out, "attainment") {
+		t.Errorf("table: exit %d, stdout %q, stderr %q", code, out, errs)
+	}
+}
+
+func TestPlanDesignBadFlags(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"no rate", []string{"--design", "1:1"}, "--design needs --rate"},
+		{"garbage", []string{"--design", "two", "--rate", "1"}, "want P:D"},
+		{"zero workers", []string{"--design", "0:1", "--rate", "1"}, "want P:D"},
+		{"colocated without chunk", []string{"--design", "2C", "--rate", "1", "--chunk-tokens", "0"}, "needs --chunk-tokens"},
+		{"plot", []string{"--design", "1:1", "--rate", "1", "--plot", "x.png"}, "no plot"},
+		{"what-if", []string{"--design", "1:1", "--rate", "1", "--profile", "a100-80g/opt-13b/tp2"}, "one --profile"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, out, errs := run(t, append(slices.Clone(base), tt.args...)...)
+			if code != 2 || out != "" || !strings.Contains(errs, tt.want) {
+				t.Errorf("exit %d, stdout %q, stderr %q; want 2, nothing, %q", code, out, errs, tt.want)
+			}
+		})
 	}
 }
