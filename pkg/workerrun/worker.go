@@ -152,6 +152,9 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 	w.model = w.eng.Spec().Name
 
 	reg, gatherer := w.registry()
+	if err := registerEngineMetrics(reg, w.eng); err != nil {
+		return nil, err
+	}
 	tlsCfg, err := o.TLS.Load(o.tlsUse(), w.log.Named("tls"))
 	if err != nil {
 		return nil, fmt.Errorf("workerrun: %w", err)
