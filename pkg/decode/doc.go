@@ -15,9 +15,21 @@
 //     paced or big transfer is not a dead peer).
 //  2. The prefill worker opens a KV transfer for the id; Begin checks the
 //     reservation (FAILED_PRECONDITION without one, RESOURCE_EXHAUSTED when
-//     the header needs more tokens than reserved). Every frame is imported
-//     into the engine (engine.ImportKV) as it arrives, between scheduler
-//     steps. The commit carries the first token the prefill worker sampled.
+//     the header needs more tokens than reserved, INVALID_ARGUMENT when its
+//     layers or bytes per token are not the engine's). Every frame is
+//     copied into a staging buffer of the request as it arrives, without
+//     waiting for the scheduler (the receiver never takes the engine lock,
+//     as a GPU's KV arrives by DMA while it computes); the buffer is bounded
+//     by the header, itself bounded by the reservation. The commit carries
+//     the first token the prefill worker sampled; once every frame is
+//     staged the worker acknowledges the transfer: the ack means "received
+//     and held here", after which the prefill worker may drop its copy (it
+//     keeps it anyway, for Resend, until the coordinator's Release). The
+//     scheduler imports the staged KV into the engine (engine.ImportKV,
+//     frame by frame) at the step boundary right before the sequence joins
+//     the batch, and frees the staging. An import that fails after the ack
+//     ends the Generate call with INTERNAL, like a failed step; the
+//     coordinator recovers the request as after any decode failure.
 //  3. Generate claims the reservation (or reserves prompt + max_tokens
 //     itself when none exists). With remote KV the sequence joins the batch
 //     once the transfer committed; with local_prefill it joins at once and
@@ -46,15 +58,21 @@
 // after generated_tokens.
 //
 // Events carry stamps (Unix nanoseconds, worker clock): "kv_first_byte" and
-// "kv_done" (remote KV), "prefill_start" and "prefill_end" (local prefill),
+// "kv_done" (remote KV: the first frame arrived, the last frame was
+// staged), "prefill_start" and "prefill_end" (local prefill),
 // "decode_joined", "first_token" (the first token this call streams) and
 // "last_token" (on the final event), and batch_size, the number of sequences
 // in the step that produced the event's last token.
 //
 // # Concurrency
 //
-// The scheduler goroutine (Run) owns the engine; engMu guards it so that KV
-// imports of transfer streams run between steps. mu guards the request
-// state. Lock order: engMu before mu. Server methods are safe for concurrent
-// use.
+// The scheduler goroutine (Run) owns the engine; engMu guards it. The
+// scheduler holds engMu for a whole step (import of the joining sequences'
+// KV, planning, the engine call, handing out tokens); ending a request that
+// holds an engine sequence (one in the batch) takes it to free that
+// sequence, so it waits for a step in progress. Nothing else takes it: the
+// KV receiver, reservation timers and the ending of requests that hold no
+// engine sequence (reserved, receiving KV, waiting to join) need only mu,
+// which guards the request state, and the per-transfer staging lock. Lock
+// order: engMu, mu, staging. Server methods are safe for concurrent use.
 package decode

@@ -67,7 +67,13 @@ type testWorker struct {
 // given, changes the Server before it serves (e.g. a fake clock).
 func newWorker(t *testing.T, o Options, start bool, edit ...func(*Server)) *testWorker {
 	t.Helper()
-	s, err := New(newEngine(t), o, zaptest.NewLogger(t), nil)
+	return newWorkerOn(t, newEngine(t), o, start, edit...)
+}
+
+// newWorkerOn is newWorker on engine eng.
+func newWorkerOn(t *testing.T, eng engine.Engine, o Options, start bool, edit ...func(*Server)) *testWorker {
+	t.Helper()
+	s, err := New(eng, o, zaptest.NewLogger(t), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
+	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -13,7 +15,10 @@ import (
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
 )
 
-// receiver is the Server's kvtransfer.Receiver.
+// receiver is the Server's kvtransfer.Receiver. It never takes engMu: KV
+// is staged in memory as it arrives, whatever step the scheduler runs, and
+// the scheduler imports it into the engine when the sequence joins the
+// batch (importJoining).
 type receiver struct{ s *Server }
 
 var _ kvtransfer.Receiver = receiver{}
@@ -22,7 +27,7 @@ var _ kvtransfer.Receiver = receiver{}
 // without a reservation, for a request that prefills locally, or when KV
 // was already received or is being received; RESOURCE_EXHAUSTED when the
 // header's tokens exceed the reservation; INVALID_ARGUMENT when its layer
-// count is not the model's.
+// count is not the model's or its token bytes are not the engine's.
 func (r receiver) Begin(_ context.Context, h kvtransfer.StreamHeader) (kvtransfer.Sink, error) {
 	s := r.s
 	s.mu.Lock()
@@ -35,6 +40,8 @@ func (r receiver) Begin(_ context.Context, h kvtransfer.StreamHeader) (kvtransfe
 		return nil, status.Errorf(codes.ResourceExhausted, "decode: transfer of %s has %d tokens, %d reserved", h.RequestID, h.Tokens, q.resTokens)
 	case h.Layers != s.spec.Layers:
 		return nil, status.Errorf(codes.InvalidArgument, "decode: transfer of %s has %d layers, the model %d", h.RequestID, h.Layers, s.spec.Layers)
+	case h.TokenBytes != s.tokenBytes:
+		return nil, status.Errorf(codes.InvalidArgument, "decode: transfer of %s has %d bytes per token and layer, the engine %d", h.RequestID, h.TokenBytes, s.tokenBytes)
 	case q.attached && q.local:
 		return nil, status.Errorf(codes.FailedPrecondition, "decode: request %s prefills locally", h.RequestID)
 	case q.committed:
@@ -44,20 +51,94 @@ func (r receiver) Begin(_ context.Context, h kvtransfer.StreamHeader) (kvtransfe
 	case q.attached && len(q.prompt) != h.Tokens:
 		return nil, status.Errorf(codes.InvalidArgument, "decode: transfer of %s has %d tokens, the prompt %d", h.RequestID, h.Tokens, len(q.prompt))
 	}
-	s.nextSeq++
-	q.seq, q.hasSeq = s.nextSeq, true
 	q.firstByte = time.Time{}
 	q.xferErr = nil
-	k := &sink{s: s, q: q, h: h}
+	k := &sink{s: s, q: q, h: h, st: &staging{s: s, layers: make([][]byte, h.Layers), ends: make([][]int, h.Layers)}}
 	q.sink = k
 	return k, nil
 }
 
-// sink imports one transfer's KV into the engine.
+// staging holds one transfer's KV in memory, one buffer per layer (tokens
+// [0, len/TokenBytes) of it, the frames' bytes back to back), from its
+// first frame until the scheduler imported it into the engine or the
+// request ended. Frame boundaries are kept: a frame's canonical bytes are
+// laid out for its own token range (K of every token, then V), so the
+// frames are imported one by one, as sent. Its size is bounded by the
+// transfer's header, itself bounded by the reservation: Layers × Tokens ×
+// TokenBytes bytes. Server.stagedBytes counts the bytes of every live
+// staging.
+type staging struct {
+	s      *Server
+	mu     sync.Mutex // guards layers, ends, bytes and freed; taken after Server.mu, never before
+	layers [][]byte
+	ends   [][]int // per layer, the end token of each frame, ascending
+	bytes  int64   // capacity allocated, counted in Server.stagedBytes
+	freed  bool
+}
+
+// Reasons add fails.
+var (
+	errFreed = errors.New("staging freed")
+	errFrame = errors.New("frame does not continue its layer")
+)
+
+// add appends raw, the KV of layer for tokens [start, end) of h, to the
+// layer's buffer, allocating it for h.Tokens tokens at the layer's first
+// frame. raw is copied. Errors: errFreed once the staging was freed (the
+// request ended), errFrame when the frame does not continue the layer.
+func (g *staging) add(h kvtransfer.StreamHeader, layer, start, end int, raw []byte) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.freed {
+		return errFreed
+	}
+	tb := h.TokenBytes
+	if layer < 0 || layer >= len(g.layers) || start != len(g.layers[layer])/tb || end > h.Tokens || len(raw) != (end-start)*tb {
+		return errFrame
+	}
+	if g.layers[layer] == nil {
+		n := h.Tokens * tb
+		g.layers[layer] = make([]byte, 0, n)
+		g.bytes += int64(n)
+		g.s.stagedBytes.Add(int64(n))
+	}
+	g.layers[layer] = append(g.layers[layer], raw...)
+	g.ends[layer] = append(g.ends[layer], end)
+	return nil
+}
+
+// held returns the bytes held for layer (0 once freed).
+func (g *staging) held(layer int) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.freed {
+		return 0
+	}
+	return len(g.layers[layer])
+}
+
+// free drops the buffers. Idempotent; safe for concurrent use.
+func (g *staging) free() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.freed {
+		return
+	}
+	g.freed = true
+	g.layers, g.ends = nil, nil
+	g.s.stagedBytes.Add(-g.bytes)
+	g.bytes = 0
+}
+
+// sink stages one transfer's KV. Write, Commit and Abort of one transfer
+// come from its stream's goroutine, one at a time; the staging may be freed
+// concurrently by whoever ends the request.
 type sink struct {
-	s *Server
-	q *sequence
-	h kvtransfer.StreamHeader
+	s    *Server
+	q    *sequence
+	h    kvtransfer.StreamHeader
+	st   *staging
+	last time.Time // when the last frame was staged; written by Write only
 }
 
 // errGone fails writes to a request that ended while its KV arrived.
@@ -65,11 +146,12 @@ func (k *sink) errGone() error {
 	return status.Errorf(codes.Aborted, "decode: request %s ended during its kv transfer", k.q.id)
 }
 
-// Write imports the frame between scheduler steps. raw is not kept.
+// Write copies the frame into the transfer's staging buffer; it never
+// waits for a scheduler step. raw is not kept. Errors: ABORTED when the
+// request ended, INVALID_ARGUMENT for a frame that does not continue its
+// layer (the kvtransfer server checks frames against the header already).
 func (k *sink) Write(layer, start, end int, raw []byte) error {
 	s, q := k.s, k.q
-	s.engMu.Lock()
-	defer s.engMu.Unlock()
 	s.mu.Lock()
 	gone := q.done || q.sink != k
 	if !gone && q.firstByte.IsZero() {
@@ -79,63 +161,129 @@ func (k *sink) Write(layer, start, end int, raw []byte) error {
 	if gone {
 		return k.errGone()
 	}
-	if err := s.eng.ImportKV(q.seq, layer, start, raw); err != nil {
-		code := codes.Internal
-		if errors.Is(err, engine.ErrRange) || errors.Is(err, engine.ErrSeqTooLong) {
-			code = codes.InvalidArgument
-		}
-		return status.Errorf(code, "decode: import kv of %s layer %d [%d, %d): %v", q.id, layer, start, end, err)
+	switch err := k.st.add(k.h, layer, start, end, raw); {
+	case errors.Is(err, errFreed):
+		return k.errGone()
+	case err != nil:
+		return status.Errorf(codes.InvalidArgument, "decode: kv of %s: frame of layer %d [%d, %d) with %d bytes: %v", q.id, layer, start, end, len(raw), err)
 	}
+	k.last = s.now()
 	return nil
 }
 
-// Commit makes the sequence ready to join the batch.
+// Commit hands the staged KV to the sequence and makes it ready to join the
+// batch; the scheduler imports it into the engine when it joins. Returning
+// nil acknowledges the transfer: the KV is received and held here, so the
+// prefill worker may drop its copy (it keeps it for Resend until Release
+// anyway). Errors: ABORTED when the request ended, INTERNAL when a layer
+// lacks KV, INVALID_ARGUMENT for a first token outside the vocabulary.
 func (k *sink) Commit(c kvtransfer.Commit) error {
 	s, q := k.s, k.q
-	s.engMu.Lock()
-	defer s.engMu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if q.done || q.sink != k {
 		return k.errGone()
 	}
-	if n, err := s.eng.Len(q.seq); err != nil || n != k.h.Tokens {
-		return status.Errorf(codes.Internal, "decode: kv of %s holds %d tokens after the transfer, want %d (%v)", q.id, n, k.h.Tokens, err)
+	for l := range k.h.Layers {
+		if n := k.st.held(l); n != k.h.Tokens*k.h.TokenBytes {
+			return status.Errorf(codes.Internal, "decode: kv of %s layer %d holds %d bytes after the transfer, want %d", q.id, l, n, k.h.Tokens*k.h.TokenBytes)
+		}
 	}
 	if c.FirstToken < 0 || int(c.FirstToken) >= s.spec.Vocab {
 		return status.Errorf(codes.InvalidArgument, "decode: first token %d of %s outside the vocabulary", c.FirstToken, q.id)
 	}
 	q.sink = nil
+	q.staged = k.st
 	// An unclaimed reservation keeps its TTL: received KV does not keep it
 	// alive when no Generate call comes for it.
 	q.committed = true
 	q.kvTokens = k.h.Tokens
 	q.first = c.FirstToken
-	q.kvDone = s.now()
+	q.kvDone = k.last
 	s.readyLocked(q)
 	return nil
 }
 
-// Abort frees the KV received so far. A Generate call waiting for it ends
+// Abort frees the KV staged so far. A Generate call waiting for it ends
 // with ABORTED, and so does one that comes later, unless a new transfer
 // began in between; the reservation stays until Cancel or its TTL.
 func (k *sink) Abort(err error) {
 	s, q := k.s, k.q
-	s.engMu.Lock()
-	defer s.engMu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if q.done || q.sink != k {
+		// Ended (endLocked freed the staging) or committed (the staging
+		// is the sequence's now).
 		return
 	}
+	k.st.free()
 	q.sink = nil
 	q.xferErr = err
 	if err == nil {
 		q.xferErr = errors.New("aborted")
 	}
-	s.eng.Free(q.seq)
-	q.hasSeq = false
 	if q.attached {
+		// Nothing of q is in the engine (hasSeq false): no engMu needed.
 		s.endLocked(q, "", status.Errorf(codes.Aborted, "decode: kv transfer of %s failed: %v", q.id, fmt.Sprint(err)))
 	}
+}
+
+// importJoining imports the staged KV of the waiting sequences that join
+// the batch in the coming plan into the engine, one ImportKV per layer. The
+// caller (the scheduler) holds engMu, not mu. A sequence whose import fails
+// ends with INTERNAL.
+func (s *Server) importJoining() {
+	s.mu.Lock()
+	var qs []*sequence
+	var sts []*staging
+	var tokens []int
+	for _, q := range s.waiting[:min(len(s.waiting), max(0, s.o.MaxBatch-len(s.active)))] {
+		if q.staged == nil {
+			continue
+		}
+		s.nextSeq++
+		q.seq, q.hasSeq = s.nextSeq, true
+		qs, sts, tokens = append(qs, q), append(sts, q.staged), append(tokens, q.kvTokens)
+		q.staged = nil
+	}
+	s.mu.Unlock()
+	if len(qs) == 0 {
+		return
+	}
+	// The sequences cannot end before mu is taken again: ending one that
+	// holds an engine sequence (hasSeq) takes engMu, which the caller
+	// holds. sts are no longer reachable from their sequences, so only this
+	// goroutine reads them; q.seq and q.id do not change.
+	errs := make([]error, len(qs))
+	for i, q := range qs {
+		errs[i] = s.importKV(q.id, q.seq, tokens[i], sts[i])
+		sts[i].free()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, q := range qs {
+		if errs[i] != nil {
+			s.log.Error("import staged kv", zap.String("request_id", q.id), zap.Error(errs[i]))
+			s.endLocked(q, "", status.Error(codes.Internal, errs[i].Error()))
+		}
+	}
+}
+
+// importKV imports st, tokens tokens of KV of request id, into engine
+// sequence seq, frame by frame. The caller holds engMu.
+func (s *Server) importKV(id string, seq engine.SeqID, tokens int, st *staging) error {
+	tb := s.tokenBytes
+	for l, data := range st.layers {
+		start := 0
+		for _, end := range st.ends[l] {
+			if err := s.eng.ImportKV(seq, l, start, data[start*tb:end*tb]); err != nil {
+				return fmt.Errorf("decode: import kv of %s layer %d [%d, %d): %w", id, l, start, end, err)
+			}
+			start = end
+		}
+	}
+	if n, err := s.eng.Len(seq); err != nil || n != tokens {
+		return fmt.Errorf("decode: kv of %s holds %d tokens after the import, want %d (%v)", id, n, tokens, err)
+	}
+	return nil
 }

@@ -33,6 +33,7 @@ func (s *Server) Run(ctx context.Context) error {
 	defer s.shutdown()
 	for {
 		s.engMu.Lock()
+		s.importJoining()
 		b := s.plan()
 		if b.size() == 0 {
 			s.engMu.Unlock()
@@ -93,14 +94,21 @@ func chunkSizes(decodes int, pending []int, budget, chunk int) []int {
 	return out
 }
 
-// plan admits waiting sequences while the batch has room and picks the
-// step's items. The caller holds engMu.
+// plan admits waiting sequences while the batch has room (remote ones once
+// importJoining imported their KV) and picks the step's items. The caller
+// holds engMu.
 func (s *Server) plan() stepPlan {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
 	for len(s.active) < s.o.MaxBatch && len(s.waiting) > 0 {
 		q := s.waiting[0]
+		if q.staged != nil {
+			// Its KV is not in the engine yet: importJoining brings it
+			// in at the next step boundary.
+			s.wakeup()
+			break
+		}
 		s.waiting = slices.Delete(s.waiting, 0, 1)
 		q.queued = false
 		s.joinLocked(q, now)

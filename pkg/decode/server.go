@@ -7,6 +7,7 @@ import (
 	"math"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -67,9 +68,20 @@ type Server struct {
 	baseCtx context.Context
 	stop    context.CancelFunc
 
-	// engMu guards eng. The scheduler holds it for a whole step (planning,
-	// running, handing out results); imports and frees take it between
-	// steps. Taken before mu.
+	// tokenBytes is the bytes of one token in one layer of the KV the
+	// engine imports: its KVTokenBytes() when it has that method (a
+	// performance-model engine moving a scaled-down payload), else the
+	// spec's.
+	tokenBytes int
+	// stagedBytes counts the bytes of KV received and not yet imported
+	// into the engine (see staging).
+	stagedBytes atomic.Int64
+
+	// engMu guards eng. The scheduler holds it for a whole step (importing
+	// the KV of joining sequences, planning, running, handing out
+	// results); ending a request that holds an engine sequence takes it
+	// to free that sequence. The KV receiver and the reservation timers
+	// never take it. Taken before mu.
 	engMu sync.Mutex
 
 	mu        sync.Mutex
@@ -99,11 +111,12 @@ type sequence struct {
 	ttl       timer // releases an unclaimed reservation; nil once claimed
 
 	seq    engine.SeqID
-	hasSeq bool // the engine may hold the sequence: Free it at the end
+	hasSeq bool // the engine may hold the sequence: Free it at the end; set only by the scheduler, holding engMu
 
 	// KV transfer (remote prefill).
-	sink      *sink // the open transfer, or nil
-	xferErr   error // why the last transfer failed, until another begins
+	sink      *sink    // the open transfer, or nil
+	staged    *staging // KV received (committed) and not yet imported, or nil
+	xferErr   error    // why the last transfer failed, until another begins
 	committed bool
 	kvTokens  int
 	first     int32 // first token from the commit
@@ -152,19 +165,24 @@ func New(eng engine.Engine, o Options, logger *zap.Logger, reg prometheus.Regist
 		logger = zap.NewNop()
 	}
 	ctx, stop := context.WithCancel(context.Background())
+	tokenBytes := spec.KVTokenBytes()
+	if e, ok := eng.(interface{ KVTokenBytes() int }); ok && e.KVTokenBytes() > 0 {
+		tokenBytes = e.KVTokenBytes()
+	}
 	s := &Server{
-		eng:       eng,
-		spec:      spec,
-		pool:      pool,
-		o:         o,
-		log:       logger,
-		now:       time.Now,
-		afterFunc: realAfterFunc,
-		wake:      make(chan struct{}, 1),
-		baseCtx:   ctx,
-		stop:      stop,
-		seqs:      make(map[string]*sequence),
-		changed:   make(chan struct{}),
+		eng:        eng,
+		spec:       spec,
+		tokenBytes: tokenBytes,
+		pool:       pool,
+		o:          o,
+		log:        logger,
+		now:        time.Now,
+		afterFunc:  realAfterFunc,
+		wake:       make(chan struct{}, 1),
+		baseCtx:    ctx,
+		stop:       stop,
+		seqs:       make(map[string]*sequence),
+		changed:    make(chan struct{}),
 	}
 	if s.m, err = newMetrics(reg, s); err != nil {
 		stop()
@@ -187,6 +205,7 @@ type Stats struct {
 	Waiting                     int       // sequences ready to join, waiting for a slot
 	Requests                    int       // reserved or live requests
 	QueuedPrefillTokens         int       // local prefill tokens not yet computed
+	StagedKVBytes               int64     // KV received and not yet imported into the engine
 	LastBatch                   int       // sequences in the last step
 	StepTimesMs                 []float64 // recent step times, oldest first; a copy
 	Draining                    bool
@@ -204,6 +223,7 @@ func (s *Server) Stats() Stats {
 		Requests:      len(s.seqs),
 		LastBatch:     s.lastBatch,
 		StepTimesMs:   slices.Clone(s.steps),
+		StagedKVBytes: s.stagedBytes.Load(),
 		Draining:      s.draining,
 	}
 	for _, q := range s.active {
@@ -318,9 +338,10 @@ func (s *Server) armLocked(q *sequence) {
 // reservation has no timer: its Generate call bounds it, waiting for KV as
 // long as the call lasts, since a prompt may queue at the prefill worker
 // for any time the coordinator accepts.
+//
+// An unclaimed reservation holds no engine sequence (the scheduler creates
+// it when the sequence joins the batch), so expire takes no engMu.
 func (s *Server) expire(q *sequence) {
-	s.engMu.Lock()
-	defer s.engMu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
@@ -349,6 +370,14 @@ func (s *Server) endLocked(q *sequence, reason string, err error) {
 		s.eng.Free(q.seq)
 		q.hasSeq = false
 	}
+	if q.sink != nil {
+		q.sink.st.free()
+		q.sink = nil
+	}
+	if q.staged != nil {
+		q.staged.free()
+		q.staged = nil
+	}
 	if err := s.pool.Release(q.blocks); err != nil {
 		s.log.Error("release kv blocks", zap.String("request_id", q.id), zap.Error(err))
 	}
@@ -374,8 +403,20 @@ func (s *Server) endLocked(q *sequence, reason string, err error) {
 	s.changed = make(chan struct{})
 }
 
-// end is endLocked for callers holding no lock.
+// end is endLocked for callers holding no lock. It takes engMu only when q
+// holds an engine sequence (then it waits for a step in progress to end): a
+// request that is reserved, waits for or receives its KV, or waits to join
+// ends at once.
 func (s *Server) end(q *sequence, err error) {
+	s.mu.Lock()
+	if !q.hasSeq {
+		// hasSeq turns true only in the scheduler under engMu and mu, so
+		// it stays false while mu is held.
+		s.endLocked(q, "", err)
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
 	s.engMu.Lock()
 	defer s.engMu.Unlock()
 	s.mu.Lock()

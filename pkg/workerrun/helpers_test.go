@@ -205,28 +205,33 @@ func readPrefill(stream grpc.ServerStreamingClient[pdservev1.PrefillResponse]) (
 }
 
 // gatedEngine wraps an engine for failure tests: once gate is armed, the
-// decode steps after the first decodeFree ones and the KV imports after the
-// first importFree ones wait until the gate opens or their step is
-// cancelled (imports ignore cancellation: they wait for the gate). It
+// prefill calls after the first prefillFree ones, the decode steps after the
+// first decodeFree ones and the KV imports after the first importFree ones
+// wait until the gate opens or their step is cancelled (imports ignore
+// cancellation: they wait for the gate). It
 // counts the sequences alive in the engine. Embedding the interface hides
 // the engine's Stepper, so steps go through Prefill and Decode.
 type gatedEngine struct {
 	engine.Engine
 
-	mu         sync.Mutex
-	decodeFree int // decode calls let through before the gate applies; -1: no gate
-	importFree int // ImportKV calls let through; -1: no gate
-	decodes    int
-	imports    int
-	gate       chan struct{}
-	live       map[engine.SeqID]bool
+	mu          sync.Mutex
+	prefillFree int // prefill calls let through before the gate applies; -1: no gate
+	decodeFree  int // decode calls let through before the gate applies; -1: no gate
+	importFree  int // ImportKV calls let through; -1: no gate
+	prefills    int
+	decodes     int
+	imports     int
+	gate        chan struct{}
+	openOnce    sync.Once
+	live        map[engine.SeqID]bool
 }
 
 func newGated(e engine.Engine, decodeFree, importFree int) *gatedEngine {
-	return &gatedEngine{Engine: e, decodeFree: decodeFree, importFree: importFree, gate: make(chan struct{}), live: map[engine.SeqID]bool{}}
+	return &gatedEngine{Engine: e, prefillFree: -1, decodeFree: decodeFree, importFree: importFree, gate: make(chan struct{}), live: map[engine.SeqID]bool{}}
 }
 
-func (g *gatedEngine) open() { close(g.gate) }
+// open opens the gate; it may be called more than once.
+func (g *gatedEngine) open() { g.openOnce.Do(func() { close(g.gate) }) }
 
 func (g *gatedEngine) counts() (decodes, imports, live int) {
 	g.mu.Lock()
@@ -235,6 +240,17 @@ func (g *gatedEngine) counts() (decodes, imports, live int) {
 }
 
 func (g *gatedEngine) Prefill(ctx context.Context, batch []engine.PrefillItem, onKV engine.KVFunc) ([]engine.Output, error) {
+	g.mu.Lock()
+	g.prefills++
+	wait := g.prefillFree >= 0 && g.prefills > g.prefillFree
+	g.mu.Unlock()
+	if wait {
+		select {
+		case <-g.gate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	out, err := g.Engine.Prefill(ctx, batch, onKV)
 	g.mu.Lock()
 	for _, it := range batch {

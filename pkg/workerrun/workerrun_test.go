@@ -209,17 +209,22 @@ func TestConcurrentRequestsBatch(t *testing.T) {
 
 func TestCancelFreesBothWorkers(t *testing.T) {
 	url := startNATS(t)
-	pw := startWorker(t, testOptions(control.RolePrefill, url))
-	do := testOptions(control.RoleDecode, url)
-	gated := newGated(newEngine(t), -1, 1) // the second KV import waits
-	do.EngineOverride = gated
-	dw := startWorker(t, do)
+	po := testOptions(control.RolePrefill, url)
+	pgated := newGated(newEngine(t), -1, -1)
+	pgated.prefillFree = 1 // the first 8-token chunk is prefilled and sent, the second waits
+	t.Cleanup(pgated.open)
+	po.EngineOverride = pgated
+	pw := startWorker(t, po)
+	dw := startWorker(t, testOptions(control.RoleDecode, url))
 	pc := pdservev1.NewPrefillServiceClient(dial(t, pw))
 	dc := pdservev1.NewDecodeServiceClient(dial(t, dw))
-	total := dw.svc.(decodeService).Stats().KVBlocksTotal
+	ds := dw.svc.(decodeService)
+	total := ds.Stats().KVBlocksTotal
 
-	// Cancel while the KV is being transferred: the client goes away
-	// from both calls, as the coordinator does on a client disconnect.
+	// Cancel while the KV is being transferred (the decode worker holds the
+	// first chunk's KV staged, the rest is not computed yet): the client
+	// goes away from both calls, as the coordinator does on a client
+	// disconnect.
 	ctx, cancel := context.WithCancel(testCtx(t))
 	p := prompt(20, 9)
 	if _, err := dc.Reserve(ctx, &pdservev1.ReserveRequest{RequestId: "x", Tokens: 40}); err != nil {
@@ -233,7 +238,7 @@ func TestCancelFreesBothWorkers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "transfer in progress", func() bool { _, imports, _ := gated.counts(); return imports == 2 })
+	waitFor(t, "transfer in progress", func() bool { return ds.Stats().StagedKVBytes > 0 })
 	cancel()
 	if _, _, err := readPrefill(pre); status.Code(err) != codes.Canceled {
 		t.Errorf("prefill after cancel: %v, want CANCELED", err)
@@ -241,14 +246,16 @@ func TestCancelFreesBothWorkers(t *testing.T) {
 	if _, err := readGenerate(gen, 0); status.Code(err) != codes.Canceled {
 		t.Errorf("generate after cancel: %v, want CANCELED", err)
 	}
-	ps := pw.svc.(prefillService)
-	waitFor(t, "prefill worker idle", func() bool { st := ps.Stats(); return st.Live == 0 && st.RetainedBytes == 0 })
-	gated.open()
-	ds := dw.svc.(decodeService)
 	waitFor(t, "decode worker idle", func() bool {
 		st := ds.Stats()
-		_, _, live := gated.counts()
-		return st.KVBlocksFree == total && st.Requests == 0 && live == 0
+		return st.KVBlocksFree == total && st.Requests == 0 && st.StagedKVBytes == 0
+	})
+	pgated.open()
+	ps := pw.svc.(prefillService)
+	waitFor(t, "prefill worker idle", func() bool {
+		st := ps.Stats()
+		_, _, live := pgated.counts()
+		return st.Live == 0 && st.RetainedBytes == 0 && live == 0
 	})
 
 	// Cancel mid-stream, after tokens flowed; Release drops the prefill
@@ -278,9 +285,8 @@ func TestCancelFreesBothWorkers(t *testing.T) {
 	}
 	waitFor(t, "both workers idle", func() bool {
 		st := ds.Stats()
-		_, _, live := gated.counts()
 		pst := ps.Stats()
-		return st.KVBlocksFree == total && st.Requests == 0 && live == 0 && pst.Live == 0 && pst.RetainedBytes == 0
+		return st.KVBlocksFree == total && st.Requests == 0 && st.StagedKVBytes == 0 && pst.Live == 0 && pst.RetainedBytes == 0
 	})
 }
 
