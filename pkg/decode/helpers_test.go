@@ -175,18 +175,6 @@ func testCtx(t *testing.T) context.Context {
 	return ctx
 }
 
-// waitFor polls cond every few milliseconds until it holds or 10 s passed.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 func prompt(n int, seed int32) []int32 {
 	p := make([]int32, n)
 	for i := range p {

@@ -28,18 +28,6 @@ func testCtx(t *testing.T) context.Context {
 	return ctx
 }
 
-// waitFor polls cond until it holds or 10 s passed.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 // startNATS runs an embedded NATS server for the test.
 func startNATS(t *testing.T) string {
 	t.Helper()
