@@ -177,6 +177,7 @@ type run struct {
 	gotFirst     bool            // the prefill worker reported the first token: its KV is complete
 	kvDone       bool            // the prefill worker reported the decode worker's ack of the KV
 	prefilledOn  []router.Worker // every prefill worker a Prefill call went to, for Release
+	abandoned    []router.Worker // decode workers left alive after a failed KV transfer, for Cancel
 
 	attempt       int
 	decode        router.Worker
@@ -488,10 +489,15 @@ func (r *run) onPrefillFailed(err error) error {
 // abandonDecode ends the current Generate call, whose worker cannot get
 // the request's KV; its end event is ignored as that of an old attempt,
 // and the worker frees the request when the call ends.
+//
+// The worker is alive: when the Generate call is cancelled before it
+// reached the worker, only a Cancel frees its reservation, so cleanup
+// sends one (rather than leaving it to the reservation's TTL).
 func (r *run) abandonDecode() {
 	if r.cancelDecode != nil {
 		r.cancelDecode()
 	}
+	r.abandoned = append(r.abandoned, r.decode)
 	r.attempt++
 	r.decodeEnded = true
 }
@@ -663,13 +669,19 @@ func (r *run) cleanup(err error) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), rpcTimeout)
 	defer cancel()
+	cancelOn := r.abandoned
 	if err != nil && r.reserved {
 		// Frees a reservation whose Generate never started, or a sequence
-		// the cancelled call has not freed yet. Best effort: the worker
-		// also frees it when the call ends or the reservation expires.
-		if cc, cerr := r.b.conns.get(r.decode.Addr); cerr == nil {
+		// the cancelled call has not freed yet.
+		cancelOn = append(cancelOn, r.decode)
+	}
+	// Best effort: the worker also frees the request when its call ends or
+	// the reservation expires.
+	for _, w := range cancelOn {
+		if cc, cerr := r.b.conns.get(w.Addr); cerr == nil {
 			if _, cerr := pdservev1.NewDecodeServiceClient(cc).Cancel(ctx, &pdservev1.CancelRequest{RequestId: r.req.ID}); cerr != nil {
-				r.b.log.Debug("cancel on decode worker failed", zap.String("request_id", r.req.ID), zap.Error(cerr))
+				r.b.log.Debug("cancel on decode worker failed", zap.String("request_id", r.req.ID),
+					zap.String("worker", w.ID), zap.Error(cerr))
 			}
 		}
 	}

@@ -324,8 +324,8 @@ func TestRecoveryFromFailedTransfer(t *testing.T) {
 			}
 			// The worker sees its call end shortly after the coordinator.
 			eventually(t, "decode-0's waiting call cancelled", func() error {
-				if _, cancelled, reserved := tb.decodes[0].counts(); cancelled != 1 || reserved != 0 {
-					return fmt.Errorf("decode-0: %d Generate calls cancelled, %d reservations left", cancelled, reserved)
+				if generates, cancelled, reserved := tb.decodes[0].counts(); cancelled != generates || reserved != 0 {
+					return fmt.Errorf("decode-0: %d of %d Generate calls cancelled, %d reservations left", cancelled, generates, reserved)
 				}
 				return nil
 			})
@@ -416,8 +416,8 @@ func TestRecoveryWhenResendFails(t *testing.T) {
 		t.Errorf("kv sent to (-want +got):\n%s", diff)
 	}
 	eventually(t, "decode-1's waiting call cancelled", func() error {
-		if _, cancelled, reserved := tb.decodes[1].counts(); cancelled != 1 || reserved != 0 {
-			return fmt.Errorf("decode-1: %d Generate calls cancelled, %d reservations left", cancelled, reserved)
+		if generates, cancelled, reserved := tb.decodes[1].counts(); cancelled != generates || reserved != 0 {
+			return fmt.Errorf("decode-1: %d of %d Generate calls cancelled, %d reservations left", cancelled, generates, reserved)
 		}
 		return nil
 	})
