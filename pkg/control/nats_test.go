@@ -11,27 +11,9 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats.go"
+	"github.com/pdserve/pdserve/internal/poll"
 	"go.uber.org/goleak"
 )
-
-// checkFor calls f every interval until it returns nil, and fails the test
-// with f's last error once total has passed.
-func checkFor(t *testing.T, total, every time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	tick := time.NewTicker(every)
-	defer tick.Stop()
-	var err error
-	for {
-		if err = f(); err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met after %v: %v", total, err)
-		}
-		<-tick.C
-	}
-}
 
 // startNATS runs an embedded server and connects to it; both are closed,
 // and goroutine leaks checked, when the test ends.
@@ -93,7 +75,7 @@ func TestHeartbeatMembershipOverNATS(t *testing.T) {
 	var runErr error
 	wg.Go(func() { runErr = pub.Run(ctx) }) // publishes at once
 
-	checkFor(t, 5*time.Second, time.Millisecond, func() error {
+	poll.CheckFor(t, 5*time.Second, time.Millisecond, func() error {
 		got := m.Members(RoleDecode)
 		if diff := cmp.Diff([]Heartbeat{want}, got); diff != "" {
 			return fmt.Errorf("Members (-want +got):\n%s", diff)
@@ -106,7 +88,7 @@ func TestHeartbeatMembershipOverNATS(t *testing.T) {
 	if err := pub.Publish(); err != nil {
 		t.Fatal(err)
 	}
-	checkFor(t, 5*time.Second, time.Millisecond, func() error {
+	poll.CheckFor(t, 5*time.Second, time.Millisecond, func() error {
 		if got := m.Members(RoleDecode); len(got) != 0 {
 			return fmt.Errorf("draining worker still listed: %+v", got)
 		}
@@ -124,7 +106,7 @@ func TestHeartbeatMembershipOverNATS(t *testing.T) {
 		t.Fatalf("Run = %v, want nil after cancel", runErr)
 	}
 	clock.Advance(5*time.Second + time.Nanosecond)
-	checkFor(t, 5*time.Second, time.Millisecond, func() error {
+	poll.CheckFor(t, 5*time.Second, time.Millisecond, func() error {
 		if _, ok := m.Get(want.ID); ok {
 			return errors.New("member not expired")
 		}
@@ -160,7 +142,7 @@ func TestWatchIgnoresMalformedAndStops(t *testing.T) {
 	if err := nc.Publish(HeartbeatSubject("prefill", "p1"), []byte(`{"id":"p1","role":"prefill"}`)); err != nil {
 		t.Fatal(err)
 	}
-	checkFor(t, 5*time.Second, time.Millisecond, func() error {
+	poll.CheckFor(t, 5*time.Second, time.Millisecond, func() error {
 		if _, ok := m.Get("p1"); !ok {
 			return errors.New("p1 not observed")
 		}
@@ -175,7 +157,7 @@ func TestWatchIgnoresMalformedAndStops(t *testing.T) {
 		t.Fatalf("%d subscriptions while watching, want 1", n)
 	}
 	cancel()
-	checkFor(t, 5*time.Second, time.Millisecond, func() error {
+	poll.CheckFor(t, 5*time.Second, time.Millisecond, func() error {
 		if n := nc.NumSubscriptions(); n != 0 {
 			return fmt.Errorf("%d subscriptions after ctx ended", n)
 		}

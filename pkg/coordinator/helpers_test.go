@@ -18,6 +18,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/pdserve/pdserve/internal/poll"
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/engine"
@@ -29,17 +30,7 @@ import (
 // test with f's last error after timeout.
 func waitFor(t testing.TB, timeout time.Duration, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %v", timeout, err)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	poll.CheckFor(t, timeout, 5*time.Millisecond, f)
 }
 
 // gatedEngine wraps a decode worker's engine so the test controls its

@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
-	"github.com/pdserve/pdserve/internal/testutil"
+	"github.com/pdserve/pdserve/internal/poll"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
 )
@@ -118,7 +118,7 @@ func TestColocatedMatchesEngine(t *testing.T) {
 			}
 		})
 	}
-	testutil.WaitFor(t, "blocks free", func() bool { st := w.s.Stats(); return st.KVBlocksFree == st.KVBlocksTotal && st.Requests == 0 })
+	poll.WaitFor(t, "blocks free", func() bool { st := w.s.Stats(); return st.KVBlocksFree == st.KVBlocksTotal && st.Requests == 0 })
 }
 
 func TestRemoteKVMatchesEngine(t *testing.T) {
@@ -150,7 +150,7 @@ func TestRemoteKVMatchesEngine(t *testing.T) {
 			t.Errorf("stamp %q missing (have %v)", name, got.stamps)
 		}
 	}
-	testutil.WaitFor(t, "blocks free", func() bool { st := w.s.Stats(); return st.KVBlocksFree == st.KVBlocksTotal })
+	poll.WaitFor(t, "blocks free", func() bool { st := w.s.Stats(); return st.KVBlocksFree == st.KVBlocksTotal })
 }
 
 func TestGenerateBeforeKV(t *testing.T) {
@@ -165,7 +165,7 @@ func TestGenerateBeforeKV(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, "generate attached", func() bool {
+	poll.WaitFor(t, "generate attached", func() bool {
 		w.s.mu.Lock()
 		defer w.s.mu.Unlock()
 		q := w.s.seqs["r"]
@@ -280,7 +280,7 @@ func TestContinuousBatching(t *testing.T) {
 			results[i], errs[i] = collect(stream)
 		}()
 	}
-	testutil.WaitFor(t, "all requests waiting", func() bool { return w.s.Stats().Waiting == n })
+	poll.WaitFor(t, "all requests waiting", func() bool { return w.s.Stats().Waiting == n })
 	w.run()
 	wg.Wait()
 	for i := range n {
@@ -328,7 +328,7 @@ func TestCancelFreesEverything(t *testing.T) {
 			t.Fatal(err)
 		}
 		cancel()
-		testutil.WaitFor(t, "request gone", func() bool { return w.s.Stats().Requests == 0 })
+		poll.WaitFor(t, "request gone", func() bool { return w.s.Stats().Requests == 0 })
 	})
 	t.Run("cancel reservation", func(t *testing.T) {
 		if _, err := w.client.Reserve(ctx, &pdservev1.ReserveRequest{RequestId: "c3", Tokens: 100}); err != nil {
@@ -343,7 +343,7 @@ func TestCancelFreesEverything(t *testing.T) {
 			t.Errorf("cancel of an unknown id: %v", err)
 		}
 	})
-	testutil.WaitFor(t, "all blocks free", func() bool { st := w.s.Stats(); return st.KVBlocksFree == total && st.Requests == 0 && st.Running == 0 })
+	poll.WaitFor(t, "all blocks free", func() bool { st := w.s.Stats(); return st.KVBlocksFree == total && st.Requests == 0 && st.Running == 0 })
 }
 
 func TestReserve(t *testing.T) {
@@ -376,7 +376,7 @@ func TestReserve(t *testing.T) {
 		t.Errorf("generate over capacity: %v, want RESOURCE_EXHAUSTED", err)
 	}
 	// Nobody claims "a": its TTL gives the blocks back.
-	testutil.WaitFor(t, "reservation expiry", func() bool { return w.s.Stats().KVBlocksFree == 4 })
+	poll.WaitFor(t, "reservation expiry", func() bool { return w.s.Stats().KVBlocksFree == 4 })
 
 	// A Generate call waiting for KV that never comes waits until its
 	// caller gives up (TestKVWaitOutlivesReserveTTL: the TTL does not
@@ -386,7 +386,7 @@ func TestReserve(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, "generate attached", func() bool {
+	poll.WaitFor(t, "generate attached", func() bool {
 		w.s.mu.Lock()
 		defer w.s.mu.Unlock()
 		return w.s.seqs["w"] != nil && w.s.seqs["w"].attached
@@ -395,7 +395,7 @@ func TestReserve(t *testing.T) {
 	if _, err := collect(stream); status.Code(err) != codes.Canceled {
 		t.Errorf("generate without kv, cancelled: %v, want CANCELED", err)
 	}
-	testutil.WaitFor(t, "blocks free", func() bool { st := w.s.Stats(); return st.KVBlocksFree == 4 && st.Requests == 0 })
+	poll.WaitFor(t, "blocks free", func() bool { st := w.s.Stats(); return st.KVBlocksFree == 4 && st.Requests == 0 })
 }
 
 // A Generate call waiting for remote KV has no timeout of its own. Under
@@ -421,7 +421,7 @@ func TestKVWaitOutlivesReserveTTL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, "generate attached", func() bool {
+	poll.WaitFor(t, "generate attached", func() bool {
 		w.s.mu.Lock()
 		defer w.s.mu.Unlock()
 		q := w.s.seqs["queued"]
@@ -441,7 +441,7 @@ func TestKVWaitOutlivesReserveTTL(t *testing.T) {
 	if diff := cmp.Diff(want, got.tokens); diff != "" {
 		t.Errorf("tokens (-engine alone +worker):\n%s", diff)
 	}
-	testutil.WaitFor(t, "blocks free", func() bool { st := w.s.Stats(); return st.KVBlocksFree == st.KVBlocksTotal && st.Requests == 0 })
+	poll.WaitFor(t, "blocks free", func() bool { st := w.s.Stats(); return st.KVBlocksFree == st.KVBlocksTotal && st.Requests == 0 })
 }
 
 // KV that arrives slowly (a big payload, or a transfer paced to a link's
@@ -483,7 +483,7 @@ func TestSlowTransferKeepsReservation(t *testing.T) {
 		}
 	}
 	send(0, 6)
-	testutil.WaitFor(t, "first kv imported", func() bool {
+	poll.WaitFor(t, "first kv imported", func() bool {
 		w.s.mu.Lock()
 		defer w.s.mu.Unlock()
 		q := w.s.seqs["slow"]
@@ -516,7 +516,7 @@ func TestSlowTransferKeepsReservation(t *testing.T) {
 	if n := ft.fire(); n != 1 {
 		t.Fatalf("%d timers fired, want the idle reservation's", n)
 	}
-	testutil.WaitFor(t, "blocks free", func() bool { st := w.s.Stats(); return st.KVBlocksFree == st.KVBlocksTotal && st.Requests == 0 })
+	poll.WaitFor(t, "blocks free", func() bool { st := w.s.Stats(); return st.KVBlocksFree == st.KVBlocksTotal && st.Requests == 0 })
 	if ft.armed() != 0 {
 		t.Errorf("%d timers still armed", ft.armed())
 	}
@@ -559,7 +559,7 @@ func TestTransferChecksReservation(t *testing.T) {
 			var stream grpc.ServerStreamingClient[pdservev1.GenerateResponse]
 			if generateFirst {
 				stream = generate()
-				testutil.WaitFor(t, "generate attached", func() bool {
+				poll.WaitFor(t, "generate attached", func() bool {
 					w.s.mu.Lock()
 					defer w.s.mu.Unlock()
 					return w.s.seqs[id] != nil && w.s.seqs[id].attached
@@ -571,7 +571,7 @@ func TestTransferChecksReservation(t *testing.T) {
 			}
 			snd.Abort(fmt.Errorf("prefill gave up"))
 			if !generateFirst {
-				testutil.WaitFor(t, "transfer aborted", func() bool {
+				poll.WaitFor(t, "transfer aborted", func() bool {
 					w.s.mu.Lock()
 					defer w.s.mu.Unlock()
 					return w.s.seqs[id] != nil && w.s.seqs[id].xferErr != nil
@@ -586,7 +586,7 @@ func TestTransferChecksReservation(t *testing.T) {
 	if _, err := w.client.Cancel(ctx, &pdservev1.CancelRequest{RequestId: "small"}); err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, "blocks free", func() bool { st := w.s.Stats(); return st.KVBlocksFree == st.KVBlocksTotal })
+	poll.WaitFor(t, "blocks free", func() bool { st := w.s.Stats(); return st.KVBlocksFree == st.KVBlocksTotal })
 }
 
 func TestBadRequests(t *testing.T) {

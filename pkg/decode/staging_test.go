@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
-	"github.com/pdserve/pdserve/internal/testutil"
+	"github.com/pdserve/pdserve/internal/poll"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
 )
@@ -149,7 +149,7 @@ func TestKVArrivesDuringStep(t *testing.T) {
 			t.Errorf("%s: stamps kv_first_byte %d, kv_done %d, decode_joined %d: want 0 < first byte <= done <= joined", c.name, fb, done, joined)
 		}
 	}
-	testutil.WaitFor(t, "everything freed", func() bool {
+	poll.WaitFor(t, "everything freed", func() bool {
 		st := w.s.Stats()
 		return st.KVBlocksFree == st.KVBlocksTotal && st.Requests == 0 && st.StagedKVBytes == 0
 	})
@@ -231,7 +231,7 @@ func TestCancelDuringStagingFreesEverything(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			testutil.WaitFor(t, "kv staged", func() bool { return w.s.Stats().StagedKVBytes > 0 })
+			poll.WaitFor(t, "kv staged", func() bool { return w.s.Stats().StagedKVBytes > 0 })
 			c.end(id)
 			st := w.s.Stats()
 			if st.StagedKVBytes != 0 || st.KVBlocksFree != total || st.Requests != 0 {

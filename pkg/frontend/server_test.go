@@ -16,6 +16,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pdserve/pdserve/internal/poll"
 	"github.com/pdserve/pdserve/pkg/budget"
 	"github.com/pdserve/pdserve/pkg/config"
 	"github.com/pdserve/pdserve/pkg/engine"
@@ -552,17 +553,7 @@ func TestClientDisconnectCancels(t *testing.T) {
 // waitFor polls f until it returns nil or 10 s pass.
 func waitFor(t *testing.T, f func() error) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(err)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	poll.CheckFor(t, 10*time.Second, 5*time.Millisecond, f)
 }
 
 func TestInfoEndpoints(t *testing.T) {

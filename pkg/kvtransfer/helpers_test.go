@@ -16,25 +16,6 @@ import (
 	"google.golang.org/grpc/peer"
 )
 
-// checkFor calls f every interval until it returns nil, and fails the test
-// with f's last error once total has passed.
-func checkFor(t testing.TB, total, every time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	tick := time.NewTicker(every)
-	defer tick.Stop()
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met after %v: %v", total, err)
-		}
-		<-tick.C
-	}
-}
-
 // verifyNoLeaks checks, when the test ends (after every later cleanup),
 // that no goroutine was left behind.
 func verifyNoLeaks(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/pdserve/pdserve/internal/poll"
 	"github.com/pdserve/pdserve/pkg/kv/codec"
 )
 
@@ -245,7 +246,7 @@ func (s *stats) TransferDone(ts TransferStats) {
 func (s *stats) waitCode(t *testing.T, n int) codes.Code {
 	t.Helper()
 	var code codes.Code
-	checkFor(t, 10*time.Second, time.Millisecond, func() error {
+	poll.CheckFor(t, 10*time.Second, time.Millisecond, func() error {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		if len(s.all) < n {

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/pdserve/pdserve/internal/poll"
 	"github.com/pdserve/pdserve/pkg/budget"
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/perfmodel"
@@ -322,22 +323,6 @@ func (f *fakeActuator) got() [][2]int {
 	return append([][2]int(nil), f.calls...)
 }
 
-// checkFor polls f every `every` until it returns nil or total passes.
-func checkFor(t *testing.T, total, every time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(total)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %v", total, err)
-		}
-		time.Sleep(every)
-	}
-}
-
 // Run publishes every decision on pdserve.plan through a real (embedded)
 // NATS server and scales through the actuator when the desired replicas
 // change; it stops when its context ends.
@@ -394,7 +379,7 @@ func TestOnlineRunPublishes(t *testing.T) {
 		t.Errorf("published changed = %v, %v; want true, false", got[0].Changed, got[1].Changed)
 	}
 	want := [][2]int{{got[0].PrefillReplicas, got[0].DecodeReplicas}}
-	checkFor(t, 5*time.Second, 10*time.Millisecond, func() error {
+	poll.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {
 		if diff := cmp.Diff(want, act.got()); diff != "" {
 			return fmt.Errorf("actuator calls (-want +got):\n%s", diff)
 		}

@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
-	"github.com/pdserve/pdserve/internal/testutil"
+	"github.com/pdserve/pdserve/internal/poll"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
 )
 
@@ -229,7 +229,7 @@ func TestCancelQueued(t *testing.T) {
 		t.Fatal(err)
 	}
 	cancel()
-	testutil.WaitFor(t, "queue empty", func() bool { st := w.s.Stats(); return st.Live == 0 && st.QueuedRequests == 0 })
+	poll.WaitFor(t, "queue empty", func() bool { st := w.s.Stats(); return st.Live == 0 && st.QueuedRequests == 0 })
 	w.run()
 }
 
@@ -254,10 +254,10 @@ func TestCancelDuringTransfer(t *testing.T) {
 		}
 	}
 	// The transfer opened and its first frame is held by the receiver.
-	testutil.WaitFor(t, "transfer begun", func() bool { _, ok := f.get("c"); return ok })
+	poll.WaitFor(t, "transfer begun", func() bool { _, ok := f.get("c"); return ok })
 	cancel()
-	testutil.WaitFor(t, "transfer aborted", func() bool { r, _ := f.get("c"); return r.aborted })
-	testutil.WaitFor(t, "request gone", func() bool { st := w.s.Stats(); return st.Live == 0 && st.RetainedBytes == 0 })
+	poll.WaitFor(t, "transfer aborted", func() bool { r, _ := f.get("c"); return r.aborted })
+	poll.WaitFor(t, "request gone", func() bool { st := w.s.Stats(); return st.Live == 0 && st.RetainedBytes == 0 })
 	if _, err := w.client.Resend(testCtx(t), &pdservev1.ResendRequest{RequestId: "c", DecodeAddr: addr}); status.Code(err) != codes.NotFound {
 		t.Errorf("resend of a cancelled request: %v, want NOT_FOUND", err)
 	}
@@ -276,7 +276,7 @@ func TestTransferErrorReachesCaller(t *testing.T) {
 	if _, err := collect(stream); status.Code(err) != codes.FailedPrecondition {
 		t.Errorf("prefill to a worker without reservation: %v, want FAILED_PRECONDITION", err)
 	}
-	testutil.WaitFor(t, "request gone", func() bool { st := w.s.Stats(); return st.Live == 0 && st.QueuedRequests == 0 })
+	poll.WaitFor(t, "request gone", func() bool { st := w.s.Stats(); return st.Live == 0 && st.QueuedRequests == 0 })
 }
 
 func TestResendAndRelease(t *testing.T) {

@@ -18,7 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
-	"github.com/pdserve/pdserve/internal/testutil"
+	"github.com/pdserve/pdserve/internal/poll"
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/decode"
 	"github.com/pdserve/pdserve/pkg/enginecfg"
@@ -180,7 +180,7 @@ func TestConcurrentRequestsBatch(t *testing.T) {
 			t.Fatal(err)
 		}
 		if i == 0 {
-			testutil.WaitFor(t, "first decode step", func() bool { decodes, _, _ := gated.counts(); return decodes == 1 })
+			poll.WaitFor(t, "first decode step", func() bool { decodes, _, _ := gated.counts(); return decodes == 1 })
 		}
 		wg.Add(1)
 		go func() {
@@ -188,7 +188,7 @@ func TestConcurrentRequestsBatch(t *testing.T) {
 			results[i], errs[i] = readGenerate(gen, 0)
 		}()
 	}
-	testutil.WaitFor(t, "the others waiting to join", func() bool { return ds.Stats().Waiting == n-1 })
+	poll.WaitFor(t, "the others waiting to join", func() bool { return ds.Stats().Waiting == n-1 })
 	gated.open()
 	wg.Wait()
 	maxBatch := int32(0)
@@ -239,7 +239,7 @@ func TestCancelFreesBothWorkers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, "transfer in progress", func() bool { return ds.Stats().StagedKVBytes > 0 })
+	poll.WaitFor(t, "transfer in progress", func() bool { return ds.Stats().StagedKVBytes > 0 })
 	cancel()
 	if _, _, err := readPrefill(pre); status.Code(err) != codes.Canceled {
 		t.Errorf("prefill after cancel: %v, want CANCELED", err)
@@ -247,13 +247,13 @@ func TestCancelFreesBothWorkers(t *testing.T) {
 	if _, err := readGenerate(gen, 0); status.Code(err) != codes.Canceled {
 		t.Errorf("generate after cancel: %v, want CANCELED", err)
 	}
-	testutil.WaitFor(t, "decode worker idle", func() bool {
+	poll.WaitFor(t, "decode worker idle", func() bool {
 		st := ds.Stats()
 		return st.KVBlocksFree == total && st.Requests == 0 && st.StagedKVBytes == 0
 	})
 	pgated.open()
 	ps := pw.svc.(prefillService)
-	testutil.WaitFor(t, "prefill worker idle", func() bool {
+	poll.WaitFor(t, "prefill worker idle", func() bool {
 		st := ps.Stats()
 		_, _, live := pgated.counts()
 		return st.Live == 0 && st.RetainedBytes == 0 && live == 0
@@ -284,7 +284,7 @@ func TestCancelFreesBothWorkers(t *testing.T) {
 	if _, err := pc.Release(testCtx(t), &pdservev1.ReleaseRequest{RequestId: "y"}); err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, "both workers idle", func() bool {
+	poll.WaitFor(t, "both workers idle", func() bool {
 		st := ds.Stats()
 		pst := ps.Stats()
 		return st.KVBlocksFree == total && st.Requests == 0 && st.StagedKVBytes == 0 && pst.Live == 0 && pst.RetainedBytes == 0
@@ -512,7 +512,7 @@ func TestGracefulStopFinishesInFlight(t *testing.T) {
 	}
 	stopped := make(chan error, 1)
 	go func() { stopped <- w.Stop(ctx) }()
-	testutil.WaitFor(t, "draining", w.Draining)
+	poll.WaitFor(t, "draining", w.Draining)
 	if _, err := dc.Reserve(ctx, &pdservev1.ReserveRequest{RequestId: "new", Tokens: 10}); status.Code(err) != codes.Unavailable {
 		t.Errorf("reserve during stop: %v, want UNAVAILABLE", err)
 	}
