@@ -40,3 +40,24 @@ func SharedData(t testing.TB) string {
 	}
 	return d
 }
+
+// Llama returns the directories of the llama.cpp libraries and vocab GGUFs
+// that `make llama` installs (third_party/llama/lib and .../vocab). When
+// they are missing the test fails under CI=true, where a missing dependency
+// must never pass silently, and is skipped with the command to run
+// otherwise.
+func Llama(t testing.TB) (libDir, vocabDir string) {
+	t.Helper()
+	root := Root(t)
+	libDir = filepath.Join(root, "third_party", "llama", "lib")
+	vocabDir = filepath.Join(root, "third_party", "llama", "vocab")
+	for _, d := range []string{libDir, vocabDir} {
+		if _, err := os.Stat(d); err != nil {
+			if os.Getenv("CI") == "true" {
+				t.Fatalf("llama.cpp is not installed (%v): CI must run `make llama` before the tests", err)
+			}
+			t.Skipf("llama.cpp is not installed (%v): run `make llama`", err)
+		}
+	}
+	return libDir, vocabDir
+}

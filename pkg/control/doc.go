@@ -20,8 +20,9 @@
 // Membership is a deterministic core: it never reads the clock; callers
 // pass the time of every observation and expiry. A member whose last
 // heartbeat was observed more than the TTL ago is removed by Expire. Members
-// lists live members of a role, draining ones excluded. Watch wires a
-// Membership to NATS and expires on a ticker.
+// lists live members of a role, draining ones excluded; Models lists the
+// models they serve, each with the smallest context length (MaxSeqLen) its
+// workers report. Watch wires a Membership to NATS and expires on a ticker.
 //
 // # Embedded server
 //

@@ -23,6 +23,10 @@ type Heartbeat struct {
 	Role     string `json:"role"`      // a Role
 	GRPCAddr string `json:"grpc_addr"` // host:port serving the worker's gRPC services
 	Model    string `json:"model"`     // model name
+	// MaxSeqLen is the model's longest sequence (prompt + output) in
+	// tokens, engine.ModelSpec.MaxSeqLen; 0 when the worker does not say
+	// (an older worker).
+	MaxSeqLen int `json:"max_seq_len"`
 
 	KVBlocksFree        int       `json:"kv_blocks_free"`        // free KV blocks (decode, colocated)
 	KVBlocksTotal       int       `json:"kv_blocks_total"`       // KV blocks in the pool

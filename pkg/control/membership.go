@@ -104,3 +104,44 @@ func (m *Membership) Get(id string) (Heartbeat, bool) {
 	mb, ok := m.members[id]
 	return mb.hb, ok
 }
+
+// Model is a model the live members serve.
+type Model struct {
+	Name string
+	// MaxSeqLen is the smallest positive MaxSeqLen the model's members
+	// report (a request must fit whichever worker it is routed to), or 0
+	// when none reports one.
+	MaxSeqLen int
+}
+
+// Models returns the distinct non-empty model names of the live members,
+// draining ones included, sorted by name, each with its smallest reported
+// MaxSeqLen. The caller owns the returned slice.
+func (m *Membership) Models() []Model {
+	var out []Model
+	for _, hb := range m.All() {
+		if hb.Model == "" {
+			continue
+		}
+		i := slices.IndexFunc(out, func(x Model) bool { return x.Name == hb.Model })
+		if i < 0 {
+			out = append(out, Model{Name: hb.Model})
+			i = len(out) - 1
+		}
+		out[i].MaxSeqLen = MinSeqLen(out[i].MaxSeqLen, hb.MaxSeqLen)
+	}
+	slices.SortFunc(out, func(a, b Model) int { return strings.Compare(a.Name, b.Name) })
+	return out
+}
+
+// MinSeqLen returns the smaller of two sequence lengths where 0 means
+// unknown: the smaller positive one, or 0 when neither is positive.
+func MinSeqLen(a, b int) int {
+	switch {
+	case a <= 0:
+		return max(b, 0)
+	case b <= 0:
+		return a
+	}
+	return min(a, b)
+}

@@ -120,3 +120,36 @@ func TestValidToken(t *testing.T) {
 		}
 	}
 }
+
+func TestModels(t *testing.T) {
+	m := NewMembership(time.Minute)
+	now := time.Unix(100, 0)
+	for _, hb := range []Heartbeat{
+		{ID: "d1", Role: string(RoleDecode), Model: "llama", MaxSeqLen: 8192},
+		{ID: "p1", Role: string(RolePrefill), Model: "llama", MaxSeqLen: 4096}, // the smallest wins
+		{ID: "d2", Role: string(RoleDecode), Model: "llama"},                   // unknown: ignored
+		{ID: "d3", Role: string(RoleDecode), Model: "tiny", MaxSeqLen: 1024, Draining: true},
+		{ID: "d4", Role: string(RoleDecode), Model: "old"},
+		{ID: "d5", Role: string(RoleDecode), MaxSeqLen: 10}, // no model name
+	} {
+		m.Observe(hb, now)
+	}
+	want := []Model{{Name: "llama", MaxSeqLen: 4096}, {Name: "old"}, {Name: "tiny", MaxSeqLen: 1024}}
+	if diff := cmp.Diff(want, m.Models()); diff != "" {
+		t.Errorf("Models (-want +got):\n%s", diff)
+	}
+	m.Expire(now.Add(2 * time.Minute))
+	if got := m.Models(); len(got) != 0 {
+		t.Errorf("Models after expiry = %v, want none", got)
+	}
+}
+
+func TestMinSeqLen(t *testing.T) {
+	for _, tc := range []struct{ a, b, want int }{
+		{0, 0, 0}, {0, 5, 5}, {5, 0, 5}, {3, 5, 3}, {5, 3, 3}, {-1, 4, 4}, {-1, -1, 0},
+	} {
+		if got := MinSeqLen(tc.a, tc.b); got != tc.want {
+			t.Errorf("MinSeqLen(%d, %d) = %d, want %d", tc.a, tc.b, got, tc.want)
+		}
+	}
+}

@@ -59,7 +59,7 @@ func TestHeartbeatMembershipOverNATS(t *testing.T) {
 	defer stop()
 
 	want := Heartbeat{
-		ID: "decode-1", Role: string(RoleDecode), GRPCAddr: "10.0.0.1:7000", Model: "tiny",
+		ID: "decode-1", Role: string(RoleDecode), GRPCAddr: "10.0.0.1:7000", Model: "tiny", MaxSeqLen: 1024,
 		KVBlocksFree: 10, KVBlocksTotal: 64, QueuedPrefillTokens: 3, RunningBatch: 2,
 		StepTimesMs: []float64{1.5, 2.25}, PrefixDigest: []uint64{1, 1<<63 + 5},
 		Time: time.Date(2025, 5, 6, 7, 8, 9, 123456789, time.UTC),

@@ -36,7 +36,6 @@ type backend struct {
 	mode      string
 	policy    string // first-token policy
 	codec     string
-	eos       int32
 	log       *zap.Logger
 	members   *control.Membership
 	router    *router.Router
@@ -44,6 +43,11 @@ type backend struct {
 	metrics   *metrics.Metrics
 	now       func() time.Time
 	admission chan struct{} // one slot per admitted request
+	// eog holds the model's end-of-generation ids (engine.EOGTokens of the
+	// coordinator's tokenizer; see eogSet): without ignore_eos the decode
+	// worker ends a sequence on one, and the client never sees it. Read
+	// only.
+	eog map[int32]bool
 	// prefixBlockTokens > 0 hashes each prompt's full blocks of that many
 	// tokens (kv.HashBlocks from the plain root, as workers publish their
 	// prefix digests) for prefix-aware routing; 0 skips it.
@@ -169,6 +173,12 @@ type run struct {
 	cancels []context.CancelFunc
 
 	out []int32 // tokens handed to the client so far
+	// held is the last token of the current Generate stream when it is an
+	// end-of-generation id whose finish has not come yet: it is the
+	// sequence's end (finish "stop": dropped) or, for a worker that does
+	// not end on it, output like any other (delivered with the next
+	// event). At most one token.
+	held []int32
 
 	remote       bool // KV from a prefill worker
 	prefill      router.Worker
@@ -354,7 +364,7 @@ func (r *run) startDecode() error {
 		GeneratedTokens: slices.Clone(r.out),
 	}
 	attempt := r.attempt
-	r.decodePos, r.decodeEnded = len(r.out), false
+	r.decodePos, r.decodeEnded, r.held = len(r.out), false, nil
 	r.cancelDecode = r.spawn(func(ctx context.Context) event {
 		stream, err := pdservev1.NewDecodeServiceClient(cc).Generate(ctx, greq)
 		for err == nil {
@@ -515,9 +525,9 @@ func (r *run) onPrefill(resp *pdservev1.PrefillResponse) error {
 		r.tr.PrefillBatch = int(ft.GetBatchSize())
 		r.tr.PrefixHitTokens = int(ft.GetPrefixHitTokens())
 		tok := ft.GetToken()
-		if r.b.policy == PolicyPrefill && len(r.out) == 0 && (r.req.IgnoreEOS || tok != r.b.eos) {
-			// An EOS first token is left to the decode stream, which ends
-			// the request with it.
+		if r.b.policy == PolicyPrefill && len(r.out) == 0 && (r.req.IgnoreEOS || !r.b.eog[tok]) {
+			// An end-of-generation first token is left to the decode
+			// stream, which ends the request with it.
 			return r.deliver(0, []int32{tok})
 		}
 	case *pdservev1.PrefillResponse_KvDone:
@@ -557,18 +567,38 @@ func (r *run) onGenerate(resp *pdservev1.GenerateResponse) error {
 	}
 	r.tr.BatchSize = max(r.tr.BatchSize, int(resp.GetBatchSize()))
 	toks := resp.GetTokens()
-	pos := r.decodePos
+	pos := r.decodePos - len(r.held)
 	r.decodePos += len(toks)
+	if len(r.held) > 0 {
+		toks, r.held = slices.Concat(r.held, toks), nil
+	}
 	if f := resp.GetFinishReason(); f != "" {
 		r.finish = f
 	}
-	if !r.req.IgnoreEOS && len(toks) > 0 && toks[len(toks)-1] == r.b.eos {
-		// Without ignore_eos an EOS token ends the sequence, so it is the
-		// last token (its finish may come in a later event); the client
-		// never sees it.
-		toks = toks[:len(toks)-1]
+	if n := len(toks); n > 0 && !r.req.IgnoreEOS && r.b.eog[toks[n-1]] {
+		// Without ignore_eos an end-of-generation token ends the
+		// sequence with "stop", as its last token; the client never sees
+		// it. Its finish may come in a later event: until then it is
+		// held back.
+		switch r.finish {
+		case "":
+			r.held, toks = toks[n-1:], toks[:n-1]
+		case "stop":
+			toks = toks[:n-1]
+		}
 	}
 	return r.deliver(pos, toks)
+}
+
+// eogSet returns the set of ids, ignoring negative ones (an absent EOS).
+func eogSet(ids []int32) map[int32]bool {
+	set := make(map[int32]bool, len(ids))
+	for _, id := range ids {
+		if id >= 0 {
+			set[id] = true
+		}
+	}
+	return set
 }
 
 // deliver hands the tokens at output positions pos… to the client,

@@ -47,6 +47,8 @@ type Coordinator struct {
 	members *control.Membership
 	stopW   func() // stops the membership watch
 
+	closeTok func() // frees the model vocabulary the tokenizer uses, or nil
+
 	conns   *conns
 	backend *backend
 	planner *onlinePlanner // nil when off
@@ -112,6 +114,12 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 			return c, err
 		}
 		tok = c.workers[0].Engine().Tokenizer()
+	} else if t, closeTok, err := o.Engine.Tokenizer(); err != nil {
+		return c, fmt.Errorf("coordinator: %w", err)
+	} else if t != nil {
+		// The model's own tokenizer (llamacpp): counts, budgets, prefix
+		// hashes and chat templates must be the workers'.
+		tok, c.closeTok = t, closeTok
 	}
 
 	m := metrics.New(c.reg, metrics.SLO{
@@ -119,7 +127,7 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 		TPOT: time.Duration(o.Policy.SLO.TPOTMs * float64(time.Millisecond)),
 	})
 	c.backend = &backend{
-		mode: o.Mode, policy: o.FirstTokenPolicy, codec: o.Codec, eos: tok.EOS(),
+		mode: o.Mode, policy: o.FirstTokenPolicy, codec: o.Codec, eog: eogSet(engine.EOGTokens(tok)),
 		log: log, members: c.members, conns: c.conns, metrics: m, now: time.Now,
 		router: router.New(router.Config{
 			BlockTokens:             prefixBlockTokens,
@@ -244,20 +252,24 @@ func (c *Coordinator) Registry() *prometheus.Registry { return c.reg }
 // Err returns a channel that yields the HTTP server's failure.
 func (c *Coordinator) Err() <-chan error { return c.serveErr }
 
-// Models returns the served model names: --model-name, or the distinct
-// models the live workers report, sorted.
-func (c *Coordinator) Models() []string {
+// Models returns the served models: --model-name, or the distinct models
+// the live workers report, sorted by name. Each model's MaxModelLen is the
+// smallest context length its workers report (every live worker's under
+// --model-name), 0 while none reports one.
+func (c *Coordinator) Models() []frontend.Model {
+	ms := c.members.Models()
 	if c.o.ModelName != "" {
-		return []string{c.o.ModelName}
-	}
-	var names []string
-	for _, hb := range c.members.All() {
-		if hb.Model != "" && !slices.Contains(names, hb.Model) {
-			names = append(names, hb.Model)
+		one := frontend.Model{Name: c.o.ModelName}
+		for _, m := range ms {
+			one.MaxModelLen = control.MinSeqLen(one.MaxModelLen, m.MaxSeqLen)
 		}
+		return []frontend.Model{one}
 	}
-	slices.Sort(names)
-	return names
+	out := make([]frontend.Model, len(ms))
+	for i, m := range ms {
+		out[i] = frontend.Model{Name: m.Name, MaxModelLen: m.MaxSeqLen}
+	}
+	return out
 }
 
 // Ready returns nil once at least one non-draining worker of each needed
@@ -331,6 +343,9 @@ func (c *Coordinator) closeAll(ctx context.Context) error {
 		c.ns.WaitForShutdown()
 	}
 	c.conns.closeAll()
+	if c.closeTok != nil {
+		c.closeTok()
+	}
 	c.log.Info("coordinator stopped")
 	return errors.Join(errs...)
 }

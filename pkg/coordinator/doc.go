@@ -22,8 +22,10 @@
 //     tokens of a Generate stream are positional: output tokens from its
 //     first on, or from after generated_tokens in a recovery). With policy
 //     "decode" the client gets tokens only from the decode stream, so the
-//     KV transfer is part of TTFT. An EOS token ending a sequence is not
-//     sent to the client.
+//     KV transfer is part of TTFT. An end-of-generation token ending a
+//     sequence (EOS or another id of engine.EOGTokens of the
+//     coordinator's tokenizer) is not sent to the client; under policy
+//     "prefill" a first token that is one waits for the decode stream.
 //  4. At the end, on every path (finish, error, client disconnect), both
 //     calls are cancelled if still open, DecodeService.Cancel frees a
 //     reservation left behind after a failure, and PrefillService.Release

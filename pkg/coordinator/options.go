@@ -73,7 +73,10 @@ type Options struct {
 	// ConfigFile is the YAML policy file (pkg/config); empty: defaults.
 	ConfigFile string
 	// Engine selects the standalone workers' engine (--engine, --preset,
-	// --seed, --engine-threads, --profile, --time-scale).
+	// --seed, --engine-threads, --profile, --time-scale, --model, …).
+	// Without --standalone, --engine llamacpp --model PATH makes the
+	// coordinator tokenize with that model's vocabulary (loaded without
+	// its weights), as the workers do.
 	Engine enginecfg.Options
 	// TLS secures the gRPC connections to the workers (--tls-cert,
 	// --tls-key, --tls-ca, --tls-server-name): the CA verifies them, the
@@ -215,6 +218,10 @@ func (o Options) Validate() error {
 		if o.Mode == ModeDisaggregated && o.PrefillWorkers <= 0 {
 			bad("prefill-workers %d must be positive in standalone disaggregated mode", o.PrefillWorkers)
 		}
+		if err := o.Engine.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	} else if o.Engine.Engine == enginecfg.Llama {
 		if err := o.Engine.Validate(); err != nil {
 			errs = append(errs, err)
 		}

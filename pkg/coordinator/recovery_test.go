@@ -226,7 +226,7 @@ func newTestBackend(t *testing.T, pre *fakePrefill, decodes ...*fakeDecode) *tes
 	t.Cleanup(cs.closeAll)
 	return &testBackend{
 		b: &backend{
-			mode: ModeDisaggregated, policy: PolicyPrefill, codec: "none", eos: -1,
+			mode: ModeDisaggregated, policy: PolicyPrefill, codec: "none",
 			log: zaptest.NewLogger(t), members: members, conns: cs, now: time.Now,
 			router:    router.New(router.Config{}),
 			metrics:   metrics.New(prometheus.NewRegistry(), metrics.SLO{}),

@@ -32,7 +32,7 @@ func pushKV(t *testing.T, addr, id string, p []int32, chunk int) int32 {
 	d := kvtransfer.NewDialer(kvtransfer.WithConnsPerAddr(1))
 	defer d.Close()
 	spec := e.Spec()
-	snd, err := d.Open(ctx, addr, kvtransfer.StreamHeader{RequestID: id, Codec: "none", Layers: spec.Layers, Tokens: len(p), TokenBytes: spec.KVTokenBytes()})
+	snd, err := d.Open(ctx, addr, kvtransfer.StreamHeader{RequestID: id, Codec: "none", Layers: spec.Layers, Tokens: len(p), TokenBytes: spec.KVTokenBytes(), DType: spec.KVDType})
 	if err != nil {
 		t.Fatalf("open transfer: %v", err)
 	}
@@ -466,7 +466,7 @@ func TestSlowTransferKeepsReservation(t *testing.T) {
 	spec := e.Spec()
 	d := kvtransfer.NewDialer(kvtransfer.WithConnsPerAddr(1))
 	defer d.Close()
-	snd, err := d.Open(ctx, w.addr, kvtransfer.StreamHeader{RequestID: "slow", Codec: "none", Layers: spec.Layers, Tokens: len(p), TokenBytes: spec.KVTokenBytes()})
+	snd, err := d.Open(ctx, w.addr, kvtransfer.StreamHeader{RequestID: "slow", Codec: "none", Layers: spec.Layers, Tokens: len(p), TokenBytes: spec.KVTokenBytes(), DType: spec.KVDType})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -529,7 +529,7 @@ func TestTransferChecksReservation(t *testing.T) {
 	defer d.Close()
 	spec := w.s.spec
 	hdr := func(id string, tokens int) kvtransfer.StreamHeader {
-		return kvtransfer.StreamHeader{RequestID: id, Codec: "none", Layers: spec.Layers, Tokens: tokens, TokenBytes: spec.KVTokenBytes()}
+		return kvtransfer.StreamHeader{RequestID: id, Codec: "none", Layers: spec.Layers, Tokens: tokens, TokenBytes: spec.KVTokenBytes(), DType: spec.KVDType}
 	}
 	if _, err := d.Open(ctx, w.addr, hdr("none", 4)); status.Code(err) != codes.FailedPrecondition {
 		t.Errorf("open without reservation: %v, want FAILED_PRECONDITION", err)

@@ -38,8 +38,10 @@
 //     of its own: the prompt may sit in a prefill worker's queue for as
 //     long as the coordinator lets it, and the coordinator ends the call
 //     (cancelling it) when the request ends or its prefill fails.
-//  4. The sequence leaves the batch at max_tokens ("length"), at EOS unless
-//     ignore_eos, or at a stop token ("stop"); its engine sequence and blocks
+//  4. The sequence leaves the batch at max_tokens ("length"), at an
+//     end-of-generation token unless ignore_eos (the engine tokenizer's
+//     engine.EOGTokens: EOS, and EOT, <|im_end|>… where the model has
+//     them), or at a stop token ("stop"); its engine sequence and blocks
 //     are freed. Cancel, cancelling the Generate call, a failed transfer or
 //     the worker stopping free them too.
 //
@@ -52,10 +54,10 @@
 // already reported it in its FirstToken event. Under the coordinator's
 // first-token policy "prefill" the coordinator has sent that token to the
 // client already and drops the first token of this stream; under policy
-// "decode" it forwards it. The token that ends a sequence with "stop" (EOS
-// or a stop token) is included as the last token; a client-facing renderer
-// strips it. A recovery call (generated_tokens set) streams only tokens
-// after generated_tokens.
+// "decode" it forwards it. The token that ends a sequence with "stop" (an
+// end-of-generation or stop token) is included as the last token; a
+// client-facing renderer strips it. A recovery call (generated_tokens set)
+// streams only tokens after generated_tokens.
 //
 // Events carry stamps (Unix nanoseconds, worker clock): "kv_first_byte" and
 // "kv_done" (remote KV: the first frame arrived, the last frame was

@@ -187,7 +187,7 @@ func (s *Server) emitLocked(q *sequence, t int32, batch int, now time.Time) {
 	}
 	q.out.token(t, batch)
 	switch {
-	case t == s.spec.EOS && s.spec.EOS >= 0 && !q.ignoreEOS, q.stop[t]:
+	case s.eog[t] && !q.ignoreEOS, q.stop[t]:
 		s.endLocked(q, FinishStop, nil)
 	case q.emitted >= q.maxTokens:
 		s.endLocked(q, FinishLength, nil)

@@ -25,7 +25,7 @@ import (
 // Finish reasons of the last GenerateResponse.
 const (
 	FinishLength = "length" // max_tokens reached
-	FinishStop   = "stop"   // EOS (unless ignore_eos) or a stop token
+	FinishStop   = "stop"   // an end-of-generation token (unless ignore_eos) or a stop token
 )
 
 // Stamp names of GenerateResponse events.
@@ -55,6 +55,9 @@ type Server struct {
 
 	eng  engine.Engine
 	spec engine.ModelSpec
+	// eog holds the end-of-generation ids: engine.EOGTokens of the
+	// engine's tokenizer and the spec's EOS. Built once; read only.
+	eog  map[int32]bool
 	pool *kv.Pool
 	o    Options
 	log  *zap.Logger
@@ -169,9 +172,16 @@ func New(eng engine.Engine, o Options, logger *zap.Logger, reg prometheus.Regist
 	if e, ok := eng.(interface{ KVTokenBytes() int }); ok && e.KVTokenBytes() > 0 {
 		tokenBytes = e.KVTokenBytes()
 	}
+	eog := make(map[int32]bool)
+	for _, t := range append(engine.EOGTokens(eng.Tokenizer()), spec.EOS) {
+		if t >= 0 {
+			eog[t] = true
+		}
+	}
 	s := &Server{
 		eng:        eng,
 		spec:       spec,
+		eog:        eog,
 		tokenBytes: tokenBytes,
 		pool:       pool,
 		o:          o,
@@ -192,10 +202,11 @@ func New(eng engine.Engine, o Options, logger *zap.Logger, reg prometheus.Regist
 }
 
 // Register registers DecodeService and the KV transfer receiver on g, with
-// the transfer server options opts.
+// the transfer server options opts. The receiver takes KV of the engine's
+// KV dtype only.
 func (s *Server) Register(g *grpc.Server, opts ...kvtransfer.ServerOption) {
 	pdservev1.RegisterDecodeServiceServer(g, s)
-	kvtransfer.Register(g, receiver{s}, opts...)
+	kvtransfer.Register(g, receiver{s}, s.spec.KVDType, opts...)
 }
 
 // Stats is a snapshot of the worker's load, for heartbeats.

@@ -204,7 +204,7 @@ func TestCancelDuringStagingFreesEverything(t *testing.T) {
 			if _, err := w.client.Reserve(ctx, &pdservev1.ReserveRequest{RequestId: id, Tokens: int32(len(p) + 4)}); err != nil {
 				t.Fatal(err)
 			}
-			snd, err := d.Open(ctx, w.addr, kvtransfer.StreamHeader{RequestID: id, Codec: "none", Layers: spec.Layers, Tokens: len(p), TokenBytes: spec.KVTokenBytes()})
+			snd, err := d.Open(ctx, w.addr, kvtransfer.StreamHeader{RequestID: id, Codec: "none", Layers: spec.Layers, Tokens: len(p), TokenBytes: spec.KVTokenBytes(), DType: spec.KVDType})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -10,14 +10,16 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/engine/llamacpp"
 	"github.com/pdserve/pdserve/pkg/engine/ref"
 	"github.com/pdserve/pdserve/pkg/perfmodel"
 )
 
 // Engine kinds.
 const (
-	Ref = "ref" // reference CPU transformer with synthetic weights
-	Sim = "sim" // performance-model engine
+	Ref   = "ref"      // reference CPU transformer with synthetic weights
+	Sim   = "sim"      // performance-model engine
+	Llama = "llamacpp" // GGUF models on llama.cpp
 )
 
 // Options select and configure an engine. Start from DefaultOptions.
@@ -40,24 +42,46 @@ type Options struct {
 	// hands out, in (0, 1]; transfers are still paced for the true size.
 	// Every worker of a deployment must use the same.
 	PayloadScale float64
+
+	// Model is the llamacpp engine's GGUF file.
+	Model string
+	// LlamaLib is the directory of llama.cpp's shared libraries ("":
+	// $PDSERVE_LLAMA_LIB, else third_party/llama/lib).
+	LlamaLib string
+	// GPULayers is the number of layers llamacpp offloads to GPUs (-1: all).
+	GPULayers int
+	// CtxSize is llamacpp's KV cache in tokens, shared by all sequences
+	// (0: the model's training context).
+	CtxSize int
+	// KVType is llamacpp's KV cache type, "f16" or "q8_0".
+	KVType string
+	// MaxSeqs is the number of sequences a llamacpp engine holds at once.
+	MaxSeqs int
 }
 
 // DefaultOptions returns the flag defaults: the tiny ref preset, seed 1.
 func DefaultOptions() Options {
-	return Options{Engine: Ref, Preset: "tiny", Seed: 1, TimeScale: 1, PayloadScale: 1}
+	return Options{Engine: Ref, Preset: "tiny", Seed: 1, TimeScale: 1, PayloadScale: 1, GPULayers: -1, KVType: "f16", MaxSeqs: 64}
 }
 
 // AddFlags registers --engine, --preset, --seed, --engine-threads,
-// --profile, --time-scale and --payload-scale on fs, with o's values as
-// defaults.
+// --profile, --time-scale, --payload-scale, --model, --llama-lib,
+// --gpu-layers, --ctx-size, --kv-type and --max-seqs on fs, with o's
+// values as defaults.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
-	fs.StringVar(&o.Engine, "engine", o.Engine, "engine: ref (reference CPU transformer) or sim (performance model)")
+	fs.StringVar(&o.Engine, "engine", o.Engine, "engine: ref (reference CPU transformer, synthetic weights), sim (performance model) or llamacpp (GGUF models on llama.cpp)")
 	fs.StringVar(&o.Preset, "preset", o.Preset, fmt.Sprintf("ref engine model preset: one of %v", ref.Presets()))
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "ref engine weight seed; all workers of a deployment must share it")
-	fs.IntVar(&o.Threads, "engine-threads", o.Threads, "ref engine goroutines for matrix work (0: GOMAXPROCS)")
+	fs.IntVar(&o.Threads, "engine-threads", o.Threads, "ref engine goroutines for matrix work, llamacpp threads (0: every CPU)")
 	fs.StringVar(&o.Profile, "profile", o.Profile, fmt.Sprintf("sim engine profile, GPU/MODEL/tpN (one of %s) or a profile JSON file", strings.Join(perfmodel.Names(), ", ")))
 	fs.Float64Var(&o.TimeScale, "time-scale", o.TimeScale, "sim engine step-time multiplier (1 = real time, 0.1 = ten times faster)")
 	fs.Float64Var(&o.PayloadScale, "payload-scale", o.PayloadScale, "sim engine: fraction of the true KV bytes handed out, in (0, 1]; transfers are paced for the true size")
+	fs.StringVar(&o.Model, "model", o.Model, "llamacpp engine: the GGUF model file")
+	fs.StringVar(&o.LlamaLib, "llama-lib", o.LlamaLib, "llamacpp engine: directory of llama.cpp's shared libraries (default $"+llamacpp.EnvLib+", else "+llamacpp.DefaultLibDir+")")
+	fs.IntVar(&o.GPULayers, "gpu-layers", o.GPULayers, "llamacpp engine: layers offloaded to the GPU (-1: all; 0: none; a CPU build of llama.cpp ignores it)")
+	fs.IntVar(&o.CtxSize, "ctx-size", o.CtxSize, "llamacpp engine: KV cache in tokens, shared by all sequences (0: the model's training context)")
+	fs.StringVar(&o.KVType, "kv-type", o.KVType, "llamacpp engine: KV cache type, f16 or q8_0")
+	fs.IntVar(&o.MaxSeqs, "max-seqs", o.MaxSeqs, "llamacpp engine: sequences held at once, in [1, 256]")
 }
 
 // Validate reports every invalid field in one error.
@@ -73,8 +97,10 @@ func (o Options) Validate() error {
 		}
 	case Sim:
 		errs = append(errs, o.validateSim()...)
+	case Llama:
+		errs = append(errs, o.validateLlama()...)
 	default:
-		errs = append(errs, fmt.Errorf("engine %q must be %q or %q", o.Engine, Ref, Sim))
+		errs = append(errs, fmt.Errorf("engine %q must be %q, %q or %q", o.Engine, Ref, Sim, Llama))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("enginecfg: invalid options: %w", err)
@@ -95,6 +121,8 @@ func (o Options) Build() (engine.Engine, error) {
 			return nil, fmt.Errorf("enginecfg: %w", err)
 		}
 		return e, nil
+	case Llama:
+		return o.buildLlama()
 	default:
 		return o.buildSim()
 	}
@@ -110,6 +138,9 @@ func Close(e engine.Engine) {
 
 // LogFields returns the settings as zap fields.
 func (o Options) LogFields() []zap.Field {
+	if o.Engine == Llama {
+		return o.llamaLogFields()
+	}
 	if o.Engine == Sim {
 		return []zap.Field{zap.String("engine", o.Engine), zap.String("profile", o.Profile), zap.Float64("time_scale", o.TimeScale),
 			zap.Float64("payload_scale", o.PayloadScale), zap.Uint64("seed", o.Seed)}

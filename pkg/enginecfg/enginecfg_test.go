@@ -3,6 +3,8 @@ package enginecfg
 import (
 	"context"
 	"flag"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -13,6 +15,14 @@ import (
 )
 
 func TestValidate(t *testing.T) {
+	model := filepath.Join(t.TempDir(), "m.gguf")
+	if err := os.WriteFile(model, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	llama := func(o Options) Options {
+		o.Engine, o.Model = Llama, model
+		return o
+	}
 	sim := func(o Options) Options {
 		o.Engine = Sim
 		o.Profile = perfmodel.Names()[0]
@@ -33,6 +43,12 @@ func TestValidate(t *testing.T) {
 		{"sim unknown profile", func(o Options) Options { o = sim(o); o.Profile = "tpu/x/tp1"; return o }, "unknown profile"},
 		{"sim zero time scale", func(o Options) Options { o = sim(o); o.TimeScale = 0; return o }, "time-scale"},
 		{"sim payload scale above 1", func(o Options) Options { o = sim(o); o.PayloadScale = 2; return o }, "payload-scale"},
+		{"llamacpp", llama, ""},
+		{"llamacpp without model", func(o Options) Options { o = llama(o); o.Model = ""; return o }, "model is required"},
+		{"llamacpp missing model", func(o Options) Options { o = llama(o); o.Model = "/nonexistent.gguf"; return o }, "no such file"},
+		{"llamacpp kv type", func(o Options) Options { o = llama(o); o.KVType = "q4_0"; return o }, `kv-type "q4_0"`},
+		{"llamacpp max seqs", func(o Options) Options { o = llama(o); o.MaxSeqs = 300; return o }, "max-seqs 300"},
+		{"llamacpp ctx size", func(o Options) Options { o = llama(o); o.CtxSize = -1; return o }, "ctx-size -1"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -54,7 +70,8 @@ func TestFlags(t *testing.T) {
 	if err := fs.Parse([]string{"--engine=sim", "--profile=h100/llama-3-8b/tp1", "--time-scale=0.5", "--payload-scale=0.25", "--seed=7"}); err != nil {
 		t.Fatal(err)
 	}
-	want := Options{Engine: Sim, Preset: "tiny", Seed: 7, Profile: "h100/llama-3-8b/tp1", TimeScale: 0.5, PayloadScale: 0.25}
+	want := DefaultOptions()
+	want.Engine, want.Seed, want.Profile, want.TimeScale, want.PayloadScale = Sim, 7, "h100/llama-3-8b/tp1", 0.5, 0.25
 	if diff := cmp.Diff(want, o); diff != "" {
 		t.Errorf("options (-want +got):\n%s", diff)
 	}

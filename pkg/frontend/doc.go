@@ -33,21 +33,39 @@
 //
 // # Extensions
 //
-// "ignore_eos" (vLLM) generates past EOS up to max_tokens, as load
+// "ignore_eos" (vLLM) generates past EOS and every other end-of-generation
+// token of the model (engine.EOGTokens) up to max_tokens, as load
 // generators ask. "return_token_ids" (vLLM) adds "token_ids" to each
 // choice: all output ids on a whole response, the ids delivered since the
 // previous chunk on a stream chunk.
 //
 // # Chat template
 //
-// Chat messages are rendered for the byte-level tokenizer as
+// Each chat message has a role (system, developer, user, assistant or
+// tool; others get a 400) and a content that is a string, null, or an
+// array of {"type":"text"} parts, joined into one text. When the
+// tokenizer carries the model's own chat template (it implements
+// engine.ChatTemplater, as llama.cpp's does with the template in the GGUF
+// metadata), the messages are rendered by it, roles passed as given, and
+// the result is tokenized with Encode as it is: a template that wants a
+// BOS or other special tokens renders them, and Encode must read them as
+// special tokens. A template that cannot render the messages, or renders
+// nothing, gets a 400 (code "chat_template_error" or "empty_prompt", param
+// "messages"); the template's own error text is logged with the request,
+// never sent. Without a template of the tokenizer's own, messages are
+// rendered for the byte-level tokenizer as
 //
 //	<|role|>\n{content}\n
 //
-// per message (role is system, developer, user, assistant or tool;
-// content is a string or an array of {"type":"text"} parts, joined), then
-// "<|assistant|>\n" to open the reply. For example
+// per message, then "<|assistant|>\n" to open the reply. For example
 // [{"role":"user","content":"Hi"}] becomes "<|user|>\nHi\n<|assistant|>\n".
+//
+// # Models
+//
+// GET /v1/models lists Options.Models in vLLM's shape:
+// {"id","object":"model","created","owned_by","max_model_len"}, where
+// max_model_len is the model's longest sequence (prompt + output) in
+// tokens, omitted while unknown.
 //
 // # Surfaces and budgets
 //

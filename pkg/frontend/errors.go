@@ -30,6 +30,9 @@ type apiError struct {
 	Type    string  `json:"type"`
 	Param   *string `json:"param"`
 	Code    *string `json:"code"`
+	// cause is the internal error behind e, for the request log only:
+	// never sent to the client.
+	cause error
 }
 
 func (e *apiError) Error() string { return e.Message }

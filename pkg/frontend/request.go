@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+
+	"github.com/pdserve/pdserve/pkg/engine"
 )
 
 // completionBody is the JSON body of /v1/completions and
@@ -163,29 +165,51 @@ type chatMessage struct {
 
 var chatRoles = map[string]bool{"system": true, "developer": true, "user": true, "assistant": true, "tool": true}
 
-// renderChat applies the chat template of the package doc.
-func (b *completionBody) renderChat() (string, *apiError) {
+// chatMessages returns the validated messages of a chat request, their
+// content flattened to text.
+func (b *completionBody) chatMessages() ([]engine.ChatMessage, *apiError) {
 	if isAbsent(b.Messages) {
-		return "", badRequest("messages", "missing_messages", "messages is required")
+		return nil, badRequest("messages", "missing_messages", "messages is required")
 	}
 	var msgs []chatMessage
 	if err := json.Unmarshal(b.Messages, &msgs); err != nil {
-		return "", badRequest("messages", "invalid_type", "messages must be an array of {role, content} objects: %v", err)
+		return nil, badRequest("messages", "invalid_type", "messages must be an array of {role, content} objects: %v", err)
 	}
 	if len(msgs) == 0 {
-		return "", badRequest("messages", "empty_prompt", "messages must not be empty")
+		return nil, badRequest("messages", "empty_prompt", "messages must not be empty")
 	}
-	var sb strings.Builder
+	out := make([]engine.ChatMessage, len(msgs))
 	for i, m := range msgs {
 		if !chatRoles[m.Role] {
-			return "", badRequest(fmt.Sprintf("messages[%d].role", i), "invalid_value", "unknown role %q (want system, developer, user, assistant or tool)", m.Role)
+			return nil, badRequest(fmt.Sprintf("messages[%d].role", i), "invalid_value", "unknown role %q (want system, developer, user, assistant or tool)", m.Role)
 		}
 		content, err := messageText(m.Content)
 		if err != nil {
-			return "", badRequest(fmt.Sprintf("messages[%d].content", i), "invalid_type", "%v", err)
+			return nil, badRequest(fmt.Sprintf("messages[%d].content", i), "invalid_type", "%v", err)
 		}
+		out[i] = engine.ChatMessage{Role: m.Role, Content: content}
+	}
+	return out, nil
+}
+
+// renderChat renders msgs with the tokenizer's own chat template when it
+// has one (engine.ChatTemplater), else with the byte-level template of the
+// package doc. A template that cannot render msgs is a 400 whose message
+// holds none of the template's error text (the request log has it).
+func renderChat(tok engine.Tokenizer, msgs []engine.ChatMessage) (string, *apiError) {
+	if ct, ok := tok.(engine.ChatTemplater); ok {
+		text, err := ct.ApplyChatTemplate(msgs)
+		if err != nil {
+			e := badRequest("messages", "chat_template_error", "the model's chat template cannot render these messages")
+			e.cause = err
+			return "", e
+		}
+		return text, nil
+	}
+	var sb strings.Builder
+	for _, m := range msgs {
 		sb.WriteString("<|" + m.Role + "|>\n")
-		sb.WriteString(content)
+		sb.WriteString(m.Content)
 		sb.WriteString("\n")
 	}
 	sb.WriteString("<|assistant|>\n")

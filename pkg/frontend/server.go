@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -69,9 +70,9 @@ type Options struct {
 	Tokenizer engine.Tokenizer
 	// Policy supplies the prompt budgets and the max_tokens cap and default.
 	Policy config.Policy
-	// Models returns the served model names (the first is the default for
-	// a request without "model"); nil or empty means none yet.
-	Models func() []string
+	// Models returns the served models (the first is the default for a
+	// request without "model"); nil or empty means none yet.
+	Models func() []Model
 	// Ready returns nil when the server may take traffic, else the reason.
 	// nil means always ready.
 	Ready func() error
@@ -87,6 +88,15 @@ type Options struct {
 	RetryAfter time.Duration
 	// MaxBodyBytes bounds a request body; ≤ 0 means 16 MiB.
 	MaxBodyBytes int64
+}
+
+// Model is one served model, as /v1/models lists it.
+type Model struct {
+	Name string // the "model" of requests and the "id" in /v1/models
+	// MaxModelLen is the longest sequence (prompt + output) in tokens that
+	// the model's workers take, reported as "max_model_len"; 0 when
+	// unknown (then omitted).
+	MaxModelLen int
 }
 
 // Server serves the OpenAI-compatible API. Safe for concurrent use.
@@ -105,7 +115,7 @@ func New(o Options) (*Server, error) {
 		return nil, fmt.Errorf("frontend: %w", err)
 	}
 	if o.Models == nil {
-		o.Models = func() []string { return nil }
+		o.Models = func() []Model { return nil }
 	}
 	if o.Ready == nil {
 		o.Ready = func() error { return nil }
@@ -167,17 +177,18 @@ func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
 
 func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
 	type model struct {
-		ID      string `json:"id"`
-		Object  string `json:"object"`
-		Created int64  `json:"created"`
-		OwnedBy string `json:"owned_by"`
+		ID          string `json:"id"`
+		Object      string `json:"object"`
+		Created     int64  `json:"created"`
+		OwnedBy     string `json:"owned_by"`
+		MaxModelLen int    `json:"max_model_len,omitempty"`
 	}
 	list := struct {
 		Object string  `json:"object"`
 		Data   []model `json:"data"`
 	}{Object: "list", Data: []model{}}
-	for _, name := range s.o.Models() {
-		list.Data = append(list.Data, model{ID: name, Object: "model", OwnedBy: "pdserve"})
+	for _, m := range s.o.Models() {
+		list.Data = append(list.Data, model{ID: m.Name, Object: "model", OwnedBy: "pdserve", MaxModelLen: m.MaxModelLen})
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(list)
@@ -260,11 +271,15 @@ func (s *Server) parse(r *http.Request, chat bool, tr *budget.Trace) (*call, *ap
 	if len(models) == 0 {
 		return nil, &apiError{status: http.StatusServiceUnavailable, Message: "no model is served yet: no workers have joined", Type: "service_unavailable", Code: ptr("no_workers")}
 	}
+	names := make([]string, len(models))
+	for i, m := range models {
+		names[i] = m.Name
+	}
 	model := b.Model
 	if model == "" {
-		model = models[0]
-	} else if !contains(models, model) {
-		return nil, &apiError{status: http.StatusBadRequest, Message: fmt.Sprintf("model %q is not served here (served: %s)", model, strings.Join(models, ", ")),
+		model = names[0]
+	} else if !slices.Contains(names, model) {
+		return nil, &apiError{status: http.StatusBadRequest, Message: fmt.Sprintf("model %q is not served here (served: %s)", model, strings.Join(names, ", ")),
 			Type: "invalid_request_error", Param: ptr("model"), Code: ptr("model_not_found")}
 	}
 	tr.Model = model
@@ -273,11 +288,18 @@ func (s *Server) parse(r *http.Request, chat bool, tr *budget.Trace) (*call, *ap
 	promptParam := "prompt"
 	if chat {
 		promptParam = "messages"
-		text, aerr := b.renderChat()
+		msgs, aerr := b.chatMessages()
 		if aerr != nil {
 			return nil, aerr
 		}
-		prompt = s.o.Tokenizer.Encode(text)
+		text, aerr := renderChat(s.o.Tokenizer, msgs)
+		if aerr != nil {
+			return nil, aerr
+		}
+		if prompt, aerr = nonEmpty(s.o.Tokenizer.Encode(text)); aerr != nil {
+			aerr.Param = ptr("messages")
+			return nil, aerr
+		}
 	} else if prompt, aerr = b.promptTokens(s.o.Tokenizer.Encode, s.o.Tokenizer.Vocab()); aerr != nil {
 		return nil, aerr
 	}
@@ -438,6 +460,9 @@ func (s *Server) finish(tr *budget.Trace, aerr *apiError) {
 	fields := tr.Fields()
 	if aerr != nil {
 		fields = append(fields, zap.Int("http_status", aerr.status), zap.String("error", aerr.Message))
+		if aerr.cause != nil {
+			fields = append(fields, zap.NamedError("cause", aerr.cause))
+		}
 	}
 	s.o.Logger.Info("request", fields...)
 	s.o.Metrics.ObserveRequest(tr)
@@ -449,15 +474,6 @@ func apiKey(r *http.Request) string {
 		return strings.TrimSpace(k)
 	}
 	return ""
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // newID returns 24 random hex characters.

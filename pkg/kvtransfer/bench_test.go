@@ -7,6 +7,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/kv/codec"
 )
 
@@ -14,7 +15,7 @@ import (
 // 128 dims × K and V × bf16 = 4 KiB per token and layer), cut to 8 layers
 // of 512 tokens (16 MiB) to keep the benchmark short. Chunks of 128 tokens
 // (512 KiB per layer) are sent layer by layer, as a chunked prefill does.
-var benchShape = StreamHeader{RequestID: "bench-0123456789abcdef", Layers: 8, Tokens: 512, TokenBytes: 4096}
+var benchShape = StreamHeader{RequestID: "bench-0123456789abcdef", Layers: 8, Tokens: 512, TokenBytes: 4096, DType: engine.BF16}
 
 const benchChunk = 128
 

@@ -58,16 +58,22 @@ func frameMsg(frame []byte) *pdservev1.PushRequest {
 	return &pdservev1.PushRequest{Msg: &pdservev1.PushRequest_Frame{Frame: frame}}
 }
 
-// mkFrame builds a frame of rawTokens tokens of KV for layer [start, end),
-// encoded with codecName, then lets edit change its bytes.
+// mkFrame builds a frame of rawTokens tokens of bf16 KV for layer [start,
+// end), encoded with codecName, then lets edit change its bytes.
 func mkFrame(t *testing.T, id, codecName string, layer, start, end, rawTokens, tokenBytes int, edit func([]byte)) []byte {
+	t.Helper()
+	return mkFrameDType(t, id, codecName, engine.BF16, layer, start, end, rawTokens, tokenBytes, edit)
+}
+
+// mkFrameDType is mkFrame for a frame labelled dtype dt.
+func mkFrameDType(t *testing.T, id, codecName string, dt engine.DType, layer, start, end, rawTokens, tokenBytes int, edit func([]byte)) []byte {
 	t.Helper()
 	c, err := codec.ByName(codecName)
 	if err != nil {
 		t.Fatal(err)
 	}
 	raw := gaussianBF16(rawTokens*tokenBytes/2, uint64(layer*1000+start))
-	f, err := codec.AppendFrame(nil, codec.Header{RequestID: id, Layer: uint32(layer), Start: uint32(start), End: uint32(end), DType: engine.BF16}, c, raw)
+	f, err := codec.AppendFrame(nil, codec.Header{RequestID: id, Layer: uint32(layer), Start: uint32(start), End: uint32(end), DType: dt}, c, raw)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +86,7 @@ func mkFrame(t *testing.T, id, codecName string, layer, start, end, rawTokens, t
 func TestServerBounds(t *testing.T) {
 	verifyNoLeaks(t)
 	const maxFrame = 128 // 8 tokens of 16 bytes
-	h := StreamHeader{RequestID: "r", Codec: "s2", Layers: 2, Tokens: 16, TokenBytes: 16}
+	h := StreamHeader{RequestID: "r", Codec: "s2", Layers: 2, Tokens: 16, TokenBytes: 16, DType: engine.BF16}
 	fr := func(layer, start, end int) []byte {
 		return mkFrame(t, h.RequestID, h.Codec, layer, start, end, end-start, h.TokenBytes, nil)
 	}
@@ -102,6 +108,7 @@ func TestServerBounds(t *testing.T) {
 
 	tests := []struct {
 		name       string
+		dtype      engine.DType // the receiver's; 0 means bf16
 		msgs       []*pdservev1.PushRequest
 		writeErr   error
 		wantCode   codes.Code
@@ -120,6 +127,10 @@ func TestServerBounds(t *testing.T) {
 		{name: "not from token 0", msgs: one(hdr, frameMsg(fr(0, 8, 16))), wantCode: codes.InvalidArgument, wantSinks: 1, wantMsg: "next token is 0"},
 		{name: "sent twice", msgs: one(hdr, frameMsg(fr(0, 0, 8)), frameMsg(fr(0, 0, 8))), wantCode: codes.InvalidArgument, wantSinks: 1, wantWrites: 1, wantMsg: "next token is 8"},
 		{name: "other request", msgs: one(hdr, frameMsg(mkFrame(t, "q", "s2", 0, 0, 8, 8, 16, nil))), wantCode: codes.InvalidArgument, wantSinks: 1, wantMsg: "request id"},
+		{name: "other dtype", msgs: one(hdr, frameMsg(mkFrameDType(t, "r", "s2", engine.F16, 0, 0, 8, 8, 16, nil))), wantCode: codes.InvalidArgument, wantSinks: 1, wantMsg: "dtype f16, receiver kv is bf16"},
+		{name: "f16 receiver", dtype: engine.F16, msgs: one(hdr, frameMsg(fr(0, 0, 8))), wantCode: codes.InvalidArgument, wantSinks: 1, wantMsg: "dtype bf16, receiver kv is f16"},
+		{name: "codec cannot code the receiver's dtype", dtype: engine.Q8_0, msgs: one(bad(StreamHeader{RequestID: "r", Codec: "fp8", Layers: 2, Tokens: 16, TokenBytes: 16})), wantCode: codes.InvalidArgument, wantMsg: "receiver kv is q8_0"},
+		{name: "receiver dtype unknown", dtype: 7, msgs: one(hdr), wantCode: codes.Internal, wantMsg: "not a known dtype"},
 		{name: "other codec", msgs: one(hdr, frameMsg(mkFrame(t, "r", "zstd", 0, 0, 8, 8, 16, nil))), wantCode: codes.InvalidArgument, wantSinks: 1, wantMsg: "codec"},
 		{name: "above max frame", msgs: one(hdr, frameMsg(mkFrame(t, "r", "s2", 0, 0, 9, 9, 16, nil))), wantCode: codes.InvalidArgument, wantSinks: 1, wantMsg: "too large"},
 		{name: "corrupt payload", msgs: one(hdr, frameMsg(mkFrame(t, "r", "s2", 0, 0, 8, 8, 16, corrupt))), wantCode: codes.InvalidArgument, wantSinks: 1},
@@ -140,7 +151,11 @@ func TestServerBounds(t *testing.T) {
 				if tc.writeErr != nil {
 					r.write = func(int, int, int) error { return tc.writeErr }
 				}
-				addr := startServer(t, r, []ServerOption{WithMaxFrameBytes(maxFrame)})
+				dt := tc.dtype
+				if dt == 0 {
+					dt = engine.BF16
+				}
+				addr := startServerDType(t, r, dt, []ServerOption{WithMaxFrameBytes(maxFrame)})
 				resp, err := rawPush(t, addr, subtype, tc.msgs)
 				if got := status.Code(err); got != tc.wantCode {
 					t.Fatalf("Push = %v (code %v), want %v", err, got, tc.wantCode)

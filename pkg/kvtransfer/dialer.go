@@ -139,10 +139,16 @@ func (d *Dialer) client(addr string) (pdservev1.KVTransferServiceClient, error) 
 // transfer lives until it is committed or aborted, or ctx ends, whichever
 // comes first.
 //
-// Errors: ErrBadHeader, codec.ErrUnknownCodec, ErrClosed, or the worker's
+// The stream header names the codec by its own name (codec.Codec.Name),
+// also when h.Codec is an alias, so that every peer knows it; Header
+// returns it so. Every frame carries h.DType; the worker refuses the
+// transfer when its own KV dtype differs.
+//
+// Errors: ErrBadHeader, codec.ErrUnknownCodec, codec.ErrDType (the codec
+// cannot code h.DType, such as bf16 on q8_0), ErrClosed, or the worker's
 // gRPC status (FAILED_PRECONDITION without a reservation,
-// RESOURCE_EXHAUSTED beyond it, UNAVAILABLE when it cannot be reached, ...),
-// all wrapped.
+// RESOURCE_EXHAUSTED beyond it, INVALID_ARGUMENT when the codec cannot code
+// its KV dtype, UNAVAILABLE when it cannot be reached, ...), all wrapped.
 func (d *Dialer) Open(ctx context.Context, addr string, h StreamHeader) (*Sender, error) {
 	if err := h.Validate(); err != nil {
 		return nil, err
@@ -151,6 +157,10 @@ func (d *Dialer) Open(ctx context.Context, addr string, h StreamHeader) (*Sender
 	if err != nil {
 		return nil, fmt.Errorf("kvtransfer: open %s: %w", h.RequestID, err)
 	}
+	if err := c.Supports(h.DType); err != nil {
+		return nil, fmt.Errorf("kvtransfer: open %s: %w", h.RequestID, err)
+	}
+	h.Codec = c.Name()
 	cl, err := d.client(addr)
 	if err != nil {
 		return nil, err

@@ -41,10 +41,15 @@
 //
 // # Bounds
 //
-// The Receiver (the decode worker) checks the header against its
-// reservation in Begin before anything else is read. The server then checks
+// The server refuses a stream whose codec cannot code the receiver's KV
+// dtype (codec.ErrDType: bf16, fp8 or int8 on q8_0 KV) before Begin; a
+// Dialer refuses it in Open already, from StreamHeader.DType. The Receiver
+// (the decode worker) checks the header against its reservation in Begin
+// before anything else is read. The server then checks
 // every frame's header (codec.PeekHeader) against the stream header before
-// its payload is decoded: same request id, codec and dtype, layer <
+// its payload is decoded: same request id and codec, the receiver's own KV
+// dtype (given to Register: the stream header on the wire carries none,
+// every frame carries its own), layer <
 // Layers, the next token range of that layer (in order from 0, so nothing
 // is sent twice), End ≤ Tokens, RawLen == (End−Start) × TokenBytes ≤ the
 // max frame bytes. It decodes into a buffer of at most RawLen bytes. A

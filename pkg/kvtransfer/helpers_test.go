@@ -14,6 +14,8 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/peer"
+
+	"github.com/pdserve/pdserve/pkg/engine"
 )
 
 // verifyNoLeaks checks, when the test ends (after every later cleanup),
@@ -22,17 +24,23 @@ func verifyNoLeaks(t *testing.T) {
 	t.Cleanup(func() { goleak.VerifyNone(t) })
 }
 
-// startServer serves r on a loopback port with the transport's server
-// options and stops the server when the test ends. extra adds
-// grpc.ServerOptions (credentials).
+// startServer serves r, a receiver of bf16 KV, on a loopback port with the
+// transport's server options and stops the server when the test ends.
+// extra adds grpc.ServerOptions (credentials).
 func startServer(t testing.TB, r Receiver, opts []ServerOption, extra ...grpc.ServerOption) string {
+	t.Helper()
+	return startServerDType(t, r, engine.BF16, opts, extra...)
+}
+
+// startServerDType is startServer for a receiver of KV of dtype dt.
+func startServerDType(t testing.TB, r Receiver, dt engine.DType, opts []ServerOption, extra ...grpc.ServerOption) string {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := grpc.NewServer(append(GRPCServerOptions(opts...), extra...)...)
-	Register(s, r, opts...)
+	Register(s, r, dt, opts...)
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = s.Serve(lis) })
 	t.Cleanup(func() {
@@ -190,4 +198,39 @@ func bf16Bytes(f float32) (byte, byte) {
 	b += 0x7fff + (b>>16)&1
 	h := uint16(b >> 16)
 	return byte(h), byte(h >> 8)
+}
+
+// kvLikeF16 returns n f16 values drawn like gaussianBF16's, with one value
+// in 500 an outlier (× 30), little endian, from seed.
+func kvLikeF16(n int, seed uint64) []byte {
+	r := rand.New(rand.NewPCG(seed, seed^0xf16))
+	out := make([]byte, 2*n)
+	for i := range n {
+		f := r.NormFloat64() * (0.5 + float64(i%128)/64)
+		if r.IntN(500) == 0 {
+			f *= 30
+		}
+		h := f16Bits(float32(f))
+		out[2*i], out[2*i+1] = byte(h), byte(h>>8)
+	}
+	return out
+}
+
+// f16Bits rounds finite f, |f| < 65504, to IEEE half (nearest, ties to
+// even).
+func f16Bits(f float32) uint16 {
+	x := float64(f)
+	var sign uint16
+	if math.Signbit(x) {
+		sign, x = 0x8000, -x
+	}
+	if x < 0x1p-14 {
+		return sign | uint16(math.RoundToEven(x*0x1p24))
+	}
+	frac, exp := math.Frexp(x)
+	m := math.RoundToEven(frac * 2048)
+	if m == 2048 {
+		m, exp = 1024, exp+1
+	}
+	return sign | uint16(exp+14)<<10 | uint16(m-1024)
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/kv/codec"
 )
 
@@ -100,7 +101,7 @@ func TestSenderPacing(t *testing.T) {
 	// 8 Gb/s: one byte per nanosecond.
 	d := NewDialer(WithLinkGbps(8), WithClock(ft.Now, ft.Sleep))
 	defer d.Close()
-	h := StreamHeader{RequestID: "r", Codec: "none", Layers: 1, Tokens: 30, TokenBytes: 128}
+	h := StreamHeader{RequestID: "r", Codec: "none", Layers: 1, Tokens: 30, TokenBytes: 128, DType: engine.BF16}
 	kv := gaussianBF16(h.Tokens*h.TokenBytes/2, 3)
 	s, err := d.Open(context.Background(), addr, h)
 	if err != nil {
@@ -147,7 +148,7 @@ func TestSenderPacingInterrupted(t *testing.T) {
 	ft := &fakeTime{now: time.Unix(5000, 0), sleepE: stop}
 	d := NewDialer(WithLinkGbps(1), WithClock(ft.Now, ft.Sleep))
 	defer d.Close()
-	h := StreamHeader{RequestID: "r", Codec: "none", Layers: 1, Tokens: 1, TokenBytes: 128}
+	h := StreamHeader{RequestID: "r", Codec: "none", Layers: 1, Tokens: 1, TokenBytes: 128, DType: engine.BF16}
 	s, err := d.Open(context.Background(), addr, h)
 	if err != nil {
 		t.Fatal(err)

@@ -15,7 +15,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
-	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/kv/codec"
 )
 
@@ -53,8 +52,8 @@ func (s *Sender) BytesWire() int64 { return s.bytesWire.Load() }
 // when no Send passed a fullBytes.
 func (s *Sender) ChargedBytes() int64 { return s.charged.Load() }
 
-// Send encodes the canonical KV of layer for tokens [start, end) with the
-// transfer's codec and sends it as one or more frames (chunks larger than
+// Send encodes the canonical KV of layer for tokens [start, end), of the
+// header's DType, with the transfer's codec and sends it as one or more frames (chunks larger than
 // the Dialer's max frame bytes are split by tokens). Within a layer, chunks
 // must come in token order from token 0; layers may interleave. raw may be
 // reused once Send returns.
@@ -141,7 +140,7 @@ func (s *Sender) sendFrame(layer, start, end int, raw []byte) (int, error) {
 		Layer:     uint32(layer),
 		Start:     uint32(start),
 		End:       uint32(end),
-		DType:     engine.BF16,
+		DType:     s.h.DType,
 	}
 	// The frame goes after room for the message prefix, which is written
 	// right-aligned in front of it once the frame's length is known.

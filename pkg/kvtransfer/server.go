@@ -79,17 +79,21 @@ func newServerOptions(opts []ServerOption) serverOptions {
 	return o
 }
 
-// Register serves KVTransferService on s, handing transfers to r. Build s
-// with GRPCServerOptions (same ServerOptions) so gRPC accepts frames of the
-// max frame bytes.
-func Register(s grpc.ServiceRegistrar, r Receiver, opts ...ServerOption) {
-	pdservev1.RegisterKVTransferServiceServer(s, &server{r: r, o: newServerOptions(opts)})
+// Register serves KVTransferService on s, handing transfers to r, whose
+// engine stores KV of dtype (its engine.ModelSpec.KVDType): the server
+// refuses a transfer whose codec cannot code dtype, and any frame of
+// another dtype, with INVALID_ARGUMENT; with a dtype that is not a known
+// one it fails every transfer with INTERNAL. Build s with GRPCServerOptions
+// (same ServerOptions) so gRPC accepts frames of the max frame bytes.
+func Register(s grpc.ServiceRegistrar, r Receiver, dtype engine.DType, opts ...ServerOption) {
+	pdservev1.RegisterKVTransferServiceServer(s, &server{r: r, dtype: dtype, o: newServerOptions(opts)})
 }
 
 type server struct {
 	pdservev1.UnimplementedKVTransferServiceServer
-	r Receiver
-	o serverOptions
+	r     Receiver
+	dtype engine.DType // the receiver's KV
+	o     serverOptions
 }
 
 // Push serves one transfer. It reads messages with its own inMsg type, so
@@ -195,13 +199,20 @@ func (t *transfer) run() (err error) {
 	if t.msg.header == nil {
 		return errInvalid("first message is not a header")
 	}
+	if !t.sv.dtype.Valid() {
+		return status.Errorf(codes.Internal, "kvtransfer: receiver kv dtype %v is not a known dtype", t.sv.dtype)
+	}
 	t.h = headerFromProto(t.msg.header)
+	t.h.DType = t.sv.dtype // every frame must carry the receiver's
 	if err := t.h.Validate(); err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
 	c, err := codec.ByName(t.h.Codec)
 	if err != nil {
 		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	if err := c.Supports(t.h.DType); err != nil {
+		return status.Errorf(codes.InvalidArgument, "kvtransfer: receiver kv is %v: %v", t.h.DType, err)
 	}
 	t.codec = c
 	t.next = make([]int, t.h.Layers)
@@ -298,7 +309,7 @@ func (t *transfer) frame(frame []byte) error {
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // check bounds a frame header by the stream header: the right request,
-// codec and dtype, a layer that exists, the next token range of that layer
+// codec and dtype (the receiver's), a layer that exists, the next token range of that layer
 // within [0, Tokens), and exactly (End−Start) × TokenBytes raw bytes, at
 // most the max frame bytes.
 func (t *transfer) check(fh codec.Header) error {
@@ -307,8 +318,8 @@ func (t *transfer) check(fh codec.Header) error {
 		return fmt.Errorf("request id %q, stream is %q", fh.RequestID, t.h.RequestID)
 	case fh.Codec != t.codec.ID():
 		return fmt.Errorf("codec %d, stream uses %s (%d)", fh.Codec, t.codec.Name(), t.codec.ID())
-	case fh.DType != engine.BF16:
-		return fmt.Errorf("dtype %v, want %v", fh.DType, engine.BF16)
+	case fh.DType != t.h.DType:
+		return fmt.Errorf("dtype %v, receiver kv is %v", fh.DType, t.h.DType)
 	case int64(fh.Layer) >= int64(t.h.Layers):
 		return fmt.Errorf("layer %d, stream has %d", fh.Layer, t.h.Layers)
 	case int64(fh.Start) != int64(t.next[fh.Layer]):

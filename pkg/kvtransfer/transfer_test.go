@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,18 +15,31 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/pdserve/pdserve/internal/poll"
+	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/kv/codec"
 )
 
 // testShape is a small model: 3 layers, 37 prompt tokens, 128 bytes of KV
 // per token and layer (2 KV heads × 16 dims × K and V × bf16).
-var testShape = StreamHeader{RequestID: "req-1", Layers: 3, Tokens: 37, TokenBytes: 128}
+var testShape = StreamHeader{RequestID: "req-1", Layers: 3, Tokens: 37, TokenBytes: 128, DType: engine.BF16}
 
-// testKV returns one layer's canonical KV per layer for h.
+// testKV returns one layer's canonical KV per layer for h, of h.DType
+// (for q8_0: random bytes, which the codecs that take it treat as opaque).
 func testKV(h StreamHeader) [][]byte {
 	kv := make([][]byte, h.Layers)
 	for l := range kv {
-		kv[l] = gaussianBF16(h.Tokens*h.TokenBytes/2, uint64(l)+1)
+		switch h.DType {
+		case engine.F16:
+			kv[l] = kvLikeF16(h.Tokens*h.TokenBytes/2, uint64(l)+1)
+		case engine.Q8_0:
+			r := rand.New(rand.NewPCG(uint64(l), 80))
+			kv[l] = make([]byte, h.Tokens*h.TokenBytes)
+			for i := range kv[l] {
+				kv[l][i] = byte(r.Uint32())
+			}
+		default:
+			kv[l] = gaussianBF16(h.Tokens*h.TokenBytes/2, uint64(l)+1)
+		}
 	}
 	return kv
 }
@@ -60,11 +75,11 @@ func expectedKV(t *testing.T, c codec.Codec, h StreamHeader, kv [][]byte, chunk,
 			for s := c0; s < e0; s += step {
 				e := min(e0, s+step)
 				part := kv[l][s*h.TokenBytes : e*h.TokenBytes]
-				enc, err := c.Encode(nil, part)
+				enc, err := c.Encode(nil, part, h.DType)
 				if err != nil {
 					t.Fatal(err)
 				}
-				if out[l], err = c.Decode(out[l], enc, len(part)); err != nil {
+				if out[l], err = c.Decode(out[l], enc, len(part), h.DType); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -74,18 +89,37 @@ func expectedKV(t *testing.T, c codec.Codec, h StreamHeader, kv [][]byte, chunk,
 }
 
 func TestRoundTripEveryCodec(t *testing.T) {
+	for _, dt := range []engine.DType{engine.BF16, engine.F16, engine.Q8_0} {
+		t.Run(dt.String(), func(t *testing.T) { testRoundTripEveryCodec(t, dt) })
+	}
+}
+
+// testRoundTripEveryCodec sends KV of dtype dt with every codec that takes
+// it to a receiver of dt.
+func testRoundTripEveryCodec(t *testing.T, dt engine.DType) {
 	verifyNoLeaks(t)
 	const maxFrame = 1000 // 7 tokens: chunks of 16 tokens split into frames
 	const chunk = 16
 	r := &fakeReceiver{}
-	addr := startServer(t, r, []ServerOption{WithMaxFrameBytes(maxFrame)})
+	addr := startServerDType(t, r, dt, []ServerOption{WithMaxFrameBytes(maxFrame)})
 	d := NewDialer(WithConnsPerAddr(2), WithMaxFrameBytes(maxFrame))
 	defer d.Close()
-	kv := testKV(testShape)
+	shape := testShape
+	shape.DType = dt
+	if dt == engine.Q8_0 {
+		shape.TokenBytes = 2 * 2 * 34 // K and V rows of 64 values: 2 blocks each
+	}
+	kv := testKV(shape)
 
-	for i, c := range codec.All() {
+	n := 0 // transfers so far: the index of the next one's sink
+	for _, c := range codec.All() {
+		if c.Supports(dt) != nil {
+			continue
+		}
+		idx := n
+		n++
 		t.Run(c.Name(), func(t *testing.T) {
-			h := testShape
+			h := shape
 			h.RequestID = fmt.Sprintf("req-%s", c.Name())
 			h.Codec = c.Name()
 			s, err := d.Open(context.Background(), addr, h)
@@ -99,7 +133,7 @@ func TestRoundTripEveryCodec(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			sink := r.allSinks()[i]
+			sink := r.allSinks()[idx]
 			<-sink.done
 			layers, commits, aborts, violation := sink.state()
 			if violation != nil {
@@ -135,6 +169,95 @@ func TestRoundTripEveryCodec(t *testing.T) {
 	}
 }
 
+// TestDTypeMismatch sends KV labelled with one dtype to a receiver of
+// another: the server refuses the first frame, or the header when the
+// codec cannot code the receiver's dtype, with INVALID_ARGUMENT.
+func TestDTypeMismatch(t *testing.T) {
+	verifyNoLeaks(t)
+	for _, tc := range []struct {
+		name          string
+		sender, recv  engine.DType
+		codec         string
+		wantOpenError bool
+		wantMsg       string
+	}{
+		{"bf16 to f16", engine.BF16, engine.F16, "bf16", false, "dtype bf16, receiver kv is f16"},
+		{"f16 to bf16", engine.F16, engine.BF16, "none", false, "dtype f16, receiver kv is bf16"},
+		{"f16 to q8_0", engine.F16, engine.Q8_0, "zstd", false, "dtype f16, receiver kv is q8_0"},
+		{"int8 to q8_0", engine.F16, engine.Q8_0, "int8", true, "receiver kv is q8_0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &fakeReceiver{}
+			addr := startServerDType(t, r, tc.recv, nil)
+			d := NewDialer()
+			defer d.Close()
+			h := testShape
+			h.Codec, h.DType = tc.codec, tc.sender
+			s, err := d.Open(context.Background(), addr, h)
+			if tc.wantOpenError {
+				if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.wantMsg) {
+					t.Fatalf("Open = %v, want INVALID_ARGUMENT with %q", err, tc.wantMsg)
+				}
+				if n := len(r.allSinks()); n != 0 {
+					t.Errorf("%d sinks created for a refused transfer", n)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = sendAll(s, testKV(h), 16)
+			if err == nil {
+				_, err = s.Commit(context.Background(), Commit{})
+			}
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.wantMsg) {
+				t.Fatalf("send = %v, want INVALID_ARGUMENT with %q", err, tc.wantMsg)
+			}
+			layers, commits, aborts, _ := r.onlySink(t).state()
+			if len(commits) != 0 || aborts != 1 || len(layers[0]) != 0 {
+				t.Errorf("commits %v, aborts %d, %d bytes of layer 0 written; want one abort and nothing written", commits, aborts, len(layers[0]))
+			}
+		})
+	}
+}
+
+// TestOpenCanonicalCodecName opens a transfer with the plane codec's f16
+// alias: the worker is told the codec's own name.
+func TestOpenCanonicalCodecName(t *testing.T) {
+	verifyNoLeaks(t)
+	var st stats
+	r := &fakeReceiver{}
+	addr := startServerDType(t, r, engine.F16, []ServerOption{WithMetrics(&st)})
+	d := NewDialer()
+	defer d.Close()
+	h := testShape
+	h.Codec, h.DType = "f16", engine.F16
+	s, err := d.Open(context.Background(), addr, h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Header().Codec; got != "bf16" {
+		t.Errorf("Header().Codec = %q, want bf16", got)
+	}
+	kv := testKV(h)
+	if err := sendAll(s, kv, 16); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Commit(context.Background(), Commit{}); err != nil {
+		t.Fatal(err)
+	}
+	sink := r.onlySink(t)
+	if sink.h.Codec != "bf16" || sink.h.DType != engine.F16 {
+		t.Errorf("Begin saw codec %q, dtype %v; want bf16, f16", sink.h.Codec, sink.h.DType)
+	}
+	if layers, _, _, _ := sink.state(); !cmp.Equal(kv, layers) {
+		t.Error("received KV differs")
+	}
+	if code := st.waitCode(t, 1); code != codes.OK || st.all[0].Codec != "bf16" {
+		t.Errorf("server reported code %v, codec %q; want OK, bf16", code, st.all[0].Codec)
+	}
+}
+
 func TestOpenErrors(t *testing.T) {
 	verifyNoLeaks(t)
 	reject := func(code codes.Code) func(context.Context, StreamHeader) error {
@@ -153,6 +276,10 @@ func TestOpenErrors(t *testing.T) {
 		{name: "unknown codec", header: func(h *StreamHeader) { h.Codec = "lz77" }, wantErr: codec.ErrUnknownCodec, wantCode: codes.Unknown},
 		{name: "no layers", header: func(h *StreamHeader) { h.Layers = 0 }, wantErr: ErrBadHeader, wantCode: codes.Unknown},
 		{name: "no request id", header: func(h *StreamHeader) { h.RequestID = "" }, wantErr: ErrBadHeader, wantCode: codes.Unknown},
+		{name: "no dtype", header: func(h *StreamHeader) { h.DType = 0 }, wantErr: ErrBadHeader, wantCode: codes.Unknown},
+		{name: "unknown dtype", header: func(h *StreamHeader) { h.DType = 9 }, wantErr: ErrBadHeader, wantCode: codes.Unknown},
+		{name: "bf16 codec on q8_0", header: func(h *StreamHeader) { h.Codec, h.DType = "bf16", engine.Q8_0 }, wantErr: codec.ErrDType, wantCode: codes.Unknown},
+		{name: "int8 on q8_0", header: func(h *StreamHeader) { h.Codec, h.DType = "int8", engine.Q8_0 }, wantErr: codec.ErrDType, wantCode: codes.Unknown},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -7,20 +7,27 @@ import (
 	"time"
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
+	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/kv/codec"
 )
 
 // StreamHeader opens a transfer and bounds every frame that follows it.
 type StreamHeader struct {
 	RequestID  string // at most 255 bytes, not empty
-	Codec      string // codec name of pkg/kv/codec ("none", "s2", "zstd", "bf16", "fp8", "int8")
+	Codec      string // codec name of pkg/kv/codec ("none", "s2", "zstd", "bf16", "fp8", "int8", or an alias such as "f16")
 	Layers     int    // > 0; frames carry layer in [0, Layers)
 	Tokens     int    // > 0; prompt tokens whose KV is sent: frames cover [0, Tokens) in every layer
 	TokenBytes int    // > 0; canonical bytes of one token in one layer (engine.ModelSpec.KVTokenBytes)
+	// DType is the element type of the KV (engine.ModelSpec.KVDType), a
+	// known dtype that the codec takes. The sender labels every frame
+	// with it; it is not part of the stream header on the wire. On the
+	// server it is the receiver's own KV dtype (see Register), which every
+	// frame must carry.
+	DType engine.DType
 }
 
 // Validate reports ErrBadHeader, wrapped with detail, when h cannot open a
-// transfer. It does not check that the codec exists.
+// transfer. It does not check that the codec exists or takes the dtype.
 func (h StreamHeader) Validate() error {
 	switch {
 	case h.RequestID == "" || len(h.RequestID) > codec.MaxRequestID:
@@ -29,6 +36,8 @@ func (h StreamHeader) Validate() error {
 		return fmt.Errorf("%w: layers %d, tokens %d, token bytes %d must be positive", ErrBadHeader, h.Layers, h.Tokens, h.TokenBytes)
 	case h.Layers > maxInt32 || h.Tokens > maxInt32 || h.TokenBytes > maxInt32:
 		return fmt.Errorf("%w: layers %d, tokens %d, token bytes %d must fit in 32 bits", ErrBadHeader, h.Layers, h.Tokens, h.TokenBytes)
+	case !h.DType.Valid():
+		return fmt.Errorf("%w: kv dtype %v (want bf16, f16 or q8_0)", ErrBadHeader, h.DType)
 	}
 	return nil
 }
@@ -96,7 +105,7 @@ func unixNanoOf(t time.Time) int64 {
 type Receiver interface {
 	// Begin is called when a transfer opens, before any frame is decoded,
 	// with a header that passed StreamHeader.Validate and names a known
-	// codec. ctx ends when the stream ends (also when the sender cancels);
+	// codec that takes the receiver's KV dtype (h.DType). ctx ends when the stream ends (also when the sender cancels);
 	// a Sink that may block must watch it. It fails with a gRPC status:
 	// FAILED_PRECONDITION when no reservation exists for the request,
 	// RESOURCE_EXHAUSTED when the header exceeds the reservation; an error

@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/pdserve/pdserve/internal/repotest"
+	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/kv/codec"
 )
 
@@ -192,7 +193,7 @@ func TestCodecModelsMatchCodecs(t *testing.T) {
 		if real.Lossless() {
 			continue
 		}
-		enc, err := real.Encode(nil, raw)
+		enc, err := real.Encode(nil, raw, engine.BF16)
 		if err != nil {
 			t.Fatal(err)
 		}

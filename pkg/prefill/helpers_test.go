@@ -169,7 +169,7 @@ func serveReceiver(t *testing.T, f *fakeReceiver) string {
 		t.Fatal(err)
 	}
 	g := grpc.NewServer(kvtransfer.GRPCServerOptions()...)
-	kvtransfer.Register(g, f)
+	kvtransfer.Register(g, f, engine.BF16) // the tiny preset's kv
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

@@ -62,7 +62,7 @@ func DefaultOptions() Options {
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.ChunkTokens, "chunk-tokens", o.ChunkTokens, "most prompt tokens of one request prefilled in one step (chunked prefill)")
 	fs.IntVar(&o.MaxBatchTokens, "max-batch-tokens", o.MaxBatchTokens, "token budget of one prefill step, summed over the batch (>= --chunk-tokens)")
-	fs.StringVar(&o.Codec, "codec", o.Codec, "KV codec when a request names none: none, s2, zstd, bf16, fp8 or int8")
+	fs.StringVar(&o.Codec, "codec", o.Codec, "KV codec when a request names none: none, s2, zstd, bf16 (also f16: lossless byte planes of bf16 or f16 KV), fp8 or int8; bf16, fp8 and int8 need bf16 or f16 KV")
 	fs.IntVar(&o.QueueLimit, "queue-limit", o.QueueLimit, "most live requests (queued, prefilling or sending KV); more get RESOURCE_EXHAUSTED")
 	fs.Int64Var(&o.RetainBytes, "retain-bytes", o.RetainBytes, "bytes of KV held for in-flight requests and for finished ones kept for Resend (LRU eviction)")
 	fs.Int64Var(&o.MaxLiveKVBytes, "max-live-kv-bytes", o.MaxLiveKVBytes, "KV bytes of queued, prefilling and sending requests beyond which new requests get RESOURCE_EXHAUSTED (0: 2 × --retain-bytes)")

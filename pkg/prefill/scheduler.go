@@ -139,7 +139,7 @@ func (s *Server) startLocked(r *request) bool {
 	r.started = true
 	r.kv = newKVBuf(s.spec.Layers, len(r.prompt))
 	r.ret = s.retained.add(r.id, r.kv, need)
-	r.tx = newTransfer(s.baseCtx, r.id, r.addr, r.codec, r.kv)
+	r.tx = newTransfer(s.baseCtx, r.id, r.addr, r.codec, s.spec.KVDType, r.kv)
 	s.xfers.Add(1)
 	go func() {
 		defer s.xfers.Done()

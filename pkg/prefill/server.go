@@ -109,6 +109,9 @@ func New(eng engine.Engine, dialer *kvtransfer.Dialer, o Options, logger *zap.Lo
 	if err := spec.Validate(); err != nil {
 		return nil, fmt.Errorf("prefill: %w", err)
 	}
+	if err := codecSupports(o.Codec, spec.KVDType); err != nil {
+		return nil, fmt.Errorf("prefill: %w", err)
+	}
 	if logger == nil {
 		logger = zap.NewNop()
 	}
@@ -300,6 +303,19 @@ func checkID(id string) error {
 	return nil
 }
 
+// codecSupports reports whether the codec called name exists and can carry
+// KV of dtype dt. Errors: codec.ErrUnknownCodec, codec.ErrDType.
+func codecSupports(name string, dt engine.DType) error {
+	c, err := codec.ByName(name)
+	if err != nil {
+		return err
+	}
+	if err := c.Supports(dt); err != nil {
+		return fmt.Errorf("codec %q for the engine's %v kv: %w", name, dt, err)
+	}
+	return nil
+}
+
 func invalid(format string, args ...any) error {
 	return status.Errorf(codes.InvalidArgument, "prefill: "+format, args...)
 }
@@ -320,7 +336,7 @@ func (s *Server) enqueue(req *pdservev1.PrefillRequest) (*request, int, error) {
 	if codecName == "" {
 		codecName = s.o.Codec
 	}
-	if _, err := codec.ByName(codecName); err != nil {
+	if err := codecSupports(codecName, s.spec.KVDType); err != nil {
 		return nil, 0, invalid("request %s: %v", req.GetRequestId(), err)
 	}
 	sampling, err := validSampling(req.GetSampling())
@@ -420,7 +436,7 @@ func (s *Server) Resend(ctx context.Context, req *pdservev1.ResendRequest) (*pds
 	if codecName == "" {
 		codecName = s.o.Codec
 	}
-	if _, err := codec.ByName(codecName); err != nil {
+	if err := codecSupports(codecName, s.spec.KVDType); err != nil {
 		return nil, invalid("request %s: %v", id, err)
 	}
 	s.mu.Lock()
@@ -442,7 +458,7 @@ func (s *Server) Resend(ctx context.Context, req *pdservev1.ResendRequest) (*pds
 		s.wakeup()
 	}()
 
-	t := newTransfer(ctx, id, req.GetDecodeAddr(), codecName, e.kv)
+	t := newTransfer(ctx, id, req.GetDecodeAddr(), codecName, s.spec.KVDType, e.kv)
 	for _, f := range e.kv.frames {
 		t.push(f)
 	}

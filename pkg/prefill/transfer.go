@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
 )
 
@@ -34,11 +35,13 @@ type transferResult struct {
 	err             error
 }
 
-func newTransfer(parent context.Context, id, addr, codecName string, kv *kvBuf) *transfer {
+// newTransfer returns the transfer of kv, the engine's KV of dtype dt, with
+// codec codecName to addr.
+func newTransfer(parent context.Context, id, addr, codecName string, dt engine.DType, kv *kvBuf) *transfer {
 	ctx, cancel := context.WithCancelCause(parent)
 	return &transfer{
 		addr:   addr,
-		hdr:    kvtransfer.StreamHeader{RequestID: id, Codec: codecName, Layers: kv.layers, Tokens: kv.tokens},
+		hdr:    kvtransfer.StreamHeader{RequestID: id, Codec: codecName, Layers: kv.layers, Tokens: kv.tokens, DType: dt},
 		kv:     kv,
 		ctx:    ctx,
 		cancel: cancel,

@@ -4,7 +4,6 @@ import (
 	"maps"
 	"slices"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
@@ -13,20 +12,17 @@ import (
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/engine"
-	"github.com/pdserve/pdserve/pkg/engine/sim"
 	"github.com/pdserve/pdserve/pkg/enginecfg"
 )
 
-// fakeStatser returns fixed counters.
-type fakeStatser struct{ st sim.Stats }
-
-func (f fakeStatser) Stats() sim.Stats { return f.st }
-
-// fakeEngine is an engine.Engine with Stats; only Stats may be called.
+// fakeEngine is an engine.Engine with a collector of one counter; only
+// Collector may be called.
 type fakeEngine struct {
 	engine.Engine
-	fakeStatser
+	c prometheus.Counter
 }
+
+func (f fakeEngine) Collector() prometheus.Collector { return f.c }
 
 // engineSamples gathers reg and returns the pdserve_engine_* samples by
 // "name{worker}" (worker empty when unlabelled).
@@ -60,36 +56,24 @@ func engineSamples(t *testing.T, g prometheus.Gatherer) map[string]float64 {
 	return got
 }
 
-func TestEngineCollector(t *testing.T) {
-	tests := []struct {
-		name string
-		st   sim.Stats
-		want map[string]float64
-	}{
-		{"zero", sim.Stats{}, map[string]float64{
-			"pdserve_engine_steps_total{w}":           0,
-			"pdserve_engine_modeled_seconds_total{w}": 0,
-			"pdserve_engine_scaled_seconds_total{w}":  0,
-			"pdserve_engine_overrun_seconds_total{w}": 0,
-		}},
-		{"counts", sim.Stats{Steps: 7, Modeled: 3 * time.Second, Scaled: 1500 * time.Millisecond, Overrun: 250 * time.Millisecond}, map[string]float64{
-			"pdserve_engine_steps_total{w}":           7,
-			"pdserve_engine_modeled_seconds_total{w}": 3,
-			"pdserve_engine_scaled_seconds_total{w}":  1.5,
-			"pdserve_engine_overrun_seconds_total{w}": 0.25,
-		}},
+// TestRegisterEngineMetrics: an engine's own collector is registered
+// under the registerer's labels; a nil registerer registers nothing.
+func TestRegisterEngineMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	wrapped := prometheus.WrapRegistererWith(prometheus.Labels{"worker": "w"}, reg)
+	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "pdserve_engine_steps_total", Help: "h"})
+	c.Add(3)
+	if err := registerEngineMetrics(wrapped, fakeEngine{c: c}); err != nil {
+		t.Fatal(err)
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			reg := prometheus.NewRegistry()
-			wrapped := prometheus.WrapRegistererWith(prometheus.Labels{"worker": "w"}, reg)
-			if err := registerEngineMetrics(wrapped, fakeEngine{fakeStatser: fakeStatser{tt.st}}); err != nil {
-				t.Fatal(err)
-			}
-			if diff := cmp.Diff(tt.want, engineSamples(t, reg)); diff != "" {
-				t.Errorf("samples (-want +got):\n%s", diff)
-			}
-		})
+	if diff := cmp.Diff(map[string]float64{"pdserve_engine_steps_total{w}": 3}, engineSamples(t, reg)); diff != "" {
+		t.Errorf("samples (-want +got):\n%s", diff)
+	}
+	if err := registerEngineMetrics(wrapped, fakeEngine{c: c}); err == nil {
+		t.Error("registering the same collector twice succeeded")
+	}
+	if err := registerEngineMetrics(nil, fakeEngine{c: c}); err != nil {
+		t.Errorf("nil registerer: %v", err)
 	}
 }
 

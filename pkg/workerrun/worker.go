@@ -93,6 +93,8 @@ type Worker struct {
 	pre    *prefill.Server // nil on decode workers
 	dialer *kvtransfer.Dialer
 
+	maxSeqLen int // the engine's MaxSeqLen, for heartbeats
+
 	grpc   *grpc.Server
 	health *health.Server
 	http   *http.Server
@@ -149,7 +151,8 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 		}
 		w.ownEng = true
 	}
-	w.model = w.eng.Spec().Name
+	w.model, w.maxSeqLen = w.eng.Spec().Name, w.eng.Spec().MaxSeqLen
+	o.Decode = fitPool(o.Decode, w.eng, w.log)
 
 	reg, gatherer := w.registry()
 	if err := registerEngineMetrics(reg, w.eng); err != nil {
@@ -397,6 +400,7 @@ func (w *Worker) heartbeat() control.Heartbeat {
 		Model:    w.model,
 		Draining: w.draining.Load(),
 	}
+	hb.MaxSeqLen = w.maxSeqLen
 	w.svc.fill(&hb)
 	return hb
 }
@@ -588,4 +592,30 @@ func Run(ctx context.Context, o Options, logger *zap.Logger, ready func(addr str
 	sctx, cancel := context.WithTimeout(context.Background(), w.o.DrainTimeout+grpcStopTimeout+httpStopTimeout+natsStopTimeout)
 	defer cancel()
 	return w.Stop(sctx)
+}
+
+// capacityEngine is an engine whose KV memory is fixed when it is built
+// (llamacpp: the cells of its context and its sequence slots), so that a
+// pool larger than it would fail steps.
+type capacityEngine interface {
+	KVCapacity() (tokens, seqs int)
+}
+
+// fitPool shrinks the decode pool and batch to what e can hold, logging
+// any change; engines without a fixed capacity leave o as it is.
+func fitPool(o decode.Options, e engine.Engine, log *zap.Logger) decode.Options {
+	c, ok := e.(capacityEngine)
+	if !ok {
+		return o
+	}
+	tokens, seqs := c.KVCapacity()
+	if blocks := tokens / o.BlockTokens; o.KVBlocks > blocks {
+		log.Info("KV pool fitted to the engine's KV cache", zap.Int("kv_blocks_asked", o.KVBlocks), zap.Int("kv_blocks", blocks), zap.Int("engine_kv_tokens", tokens))
+		o.KVBlocks = blocks
+	}
+	if o.MaxBatch > seqs {
+		log.Info("batch fitted to the engine's sequence slots", zap.Int("max_batch_asked", o.MaxBatch), zap.Int("max_batch", seqs))
+		o.MaxBatch = seqs
+	}
+	return o
 }

@@ -72,24 +72,55 @@ var gaussianKV = sync.OnceValue(func() [][]byte {
 	return chunks
 })
 
+// gaussianKVF16 is gaussianKV's values rounded to f16 instead of bf16.
+var gaussianKVF16 = sync.OnceValue(func() [][]byte {
+	chunks := make([][]byte, 10)
+	for i := range chunks {
+		chunks[i] = gaussianF16(128<<10, 128, uint64(i))
+	}
+	return chunks
+})
+
+// kvLikeQ80 is the q8_0 corpus: ten chunks of rows of 128 kv-like values
+// quantized as llama.cpp does (≈136 KiB each, from 128 Ki values).
+var kvLikeQ80 = sync.OnceValue(func() [][]byte {
+	chunks := make([][]byte, 10)
+	for i := range chunks {
+		chunks[i] = q80Rows(kvLikeF32(128<<10, 128, uint64(i)))
+	}
+	return chunks
+})
+
 // BenchmarkCodecRefKV measures every codec on KV exported from the
-// reference engine: MB/s of raw bytes and the compression ratio. One
-// goroutine: the figures are per core.
-func BenchmarkCodecRefKV(b *testing.B) { benchCodecs(b, mustRefKV(b)) }
+// reference engine (bf16): MB/s of raw bytes and the compression ratio.
+// One goroutine: the figures are per core.
+func BenchmarkCodecRefKV(b *testing.B) { benchCodecs(b, mustRefKV(b), engine.BF16) }
 
 // BenchmarkCodecGaussian measures every codec on synthetic Gaussian bf16.
-func BenchmarkCodecGaussian(b *testing.B) { benchCodecs(b, gaussianKV()) }
+func BenchmarkCodecGaussian(b *testing.B) { benchCodecs(b, gaussianKV(), engine.BF16) }
 
-func benchCodecs(b *testing.B, chunks [][]byte) {
+// BenchmarkCodecGaussianF16 measures every codec on the same Gaussian
+// values as BenchmarkCodecGaussian, stored as f16 (llama.cpp's default KV
+// type): the two dtypes side by side.
+func BenchmarkCodecGaussianF16(b *testing.B) { benchCodecs(b, gaussianKVF16(), engine.F16) }
+
+// BenchmarkCodecQ80 measures the codecs that take q8_0 KV (none, s2, zstd).
+func BenchmarkCodecQ80(b *testing.B) { benchCodecs(b, kvLikeQ80(), engine.Q8_0) }
+
+// benchCodecs runs every codec that takes dt on chunks.
+func benchCodecs(b *testing.B, chunks [][]byte, dt engine.DType) {
 	total := 0
 	for _, c := range chunks {
 		total += len(c)
 	}
 	for _, c := range codec.All() {
+		if c.Supports(dt) != nil {
+			continue
+		}
 		encoded := make([][]byte, len(chunks))
 		encTotal := 0
 		for i, raw := range chunks {
-			enc, err := c.Encode(nil, raw)
+			enc, err := c.Encode(nil, raw, dt)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -104,7 +135,7 @@ func benchCodecs(b *testing.B, chunks [][]byte) {
 			defer codec.CPUThroughput(b, total)()
 			for b.Loop() {
 				for _, raw := range chunks {
-					if dst, err = c.Encode(dst[:0], raw); err != nil {
+					if dst, err = c.Encode(dst[:0], raw, dt); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -118,7 +149,7 @@ func benchCodecs(b *testing.B, chunks [][]byte) {
 			defer codec.CPUThroughput(b, total)()
 			for b.Loop() {
 				for i, enc := range encoded {
-					if dst, err = c.Decode(dst[:0], enc, len(chunks[i])); err != nil {
+					if dst, err = c.Decode(dst[:0], enc, len(chunks[i]), dt); err != nil {
 						b.Fatal(err)
 					}
 				}

@@ -8,23 +8,38 @@ import (
 	"sync"
 
 	"github.com/klauspost/compress/huff0"
+
+	"github.com/pdserve/pdserve/pkg/engine"
 )
 
-// The bf16 codec.
+// The bf16 codec (also named "f16" and "planes"): byte planes of 2-byte
+// float values, lossless. One wire id for both float dtypes: the frame's
+// dtype says how a value splits.
 //
-// A bfloat16 value is sign(1) exponent(8) mantissa(7). Dense KV holds a few
-// bits of information in the exponent and close to eight random bits in the
-// sign and mantissa, so the codec splits each value into an exponent byte
-// and a sign+mantissa byte, gathers each kind into a plane, and
-// Huffman-codes (huff0, 4 streams) the planes that shrink; the others are
-// stored. Planes are coded in blocks of bf16Block values, each with its own
-// table, so the coder adapts within a long chunk and any block decodes on
-// its own.
+// Dense KV holds a few bits of information in a value's exponent and close
+// to random bits in its low mantissa, so the codec splits each value into
+// two bytes, gathers each kind into a plane, and Huffman-codes (huff0, 4
+// streams) the planes that shrink; the others are stored:
+//
+//   - bf16, sign(1) exponent(8) mantissa(7): an exponent byte and a
+//     sign+mantissa byte (sign in bit 7). The exponent plane compresses.
+//   - f16, sign(1) exponent(5) mantissa(10): the value's high byte (sign,
+//     exponent, top 2 mantissa bits) and its low byte (8 mantissa bits).
+//     The high plane compresses; the low one is near random. f16 has three
+//     more mantissa bits than bf16, so it compresses less: ≈1.15× on dense
+//     Gaussian KV, where bf16 gets ≈1.46×. (Splitting f16 like bf16, its
+//     bits 7–14 apart from the sign and low 7 bits, measured within ±0.15%
+//     of this on synthetic KV; this split keeps sign and exponent together
+//     and is a plain byte deinterleave.)
+//
+// Planes are coded in blocks of bf16Block values, each with its own table,
+// so the coder adapts within a long chunk and any block decodes on its own.
 //
 // Payload, for n raw bytes (m = n/2 values):
 //
 //	for each block of k = min(bf16Block, values left) values:
-//	    exponent plane, then sign+mantissa plane, each one of
+//	    first plane (bf16: exponents; f16: high bytes), then second plane
+//	    (bf16: signs and mantissas; f16: low bytes), each one of
 //	        0x00, k bytes              stored
 //	        0x01, 1 byte               every byte equal (run)
 //	        0x02, uint16 LE L, L bytes huff0 4X table+streams, L < k
@@ -47,11 +62,13 @@ func (bf16Codec) ID() ID         { return BF16 }
 func (bf16Codec) Name() string   { return "bf16" }
 func (bf16Codec) Lossless() bool { return true }
 
+func (bf16Codec) Supports(dt engine.DType) error { return checkFloat("bf16", dt) }
+
 // bf16State is the per-call scratch of an encode or decode; pooled.
 type bf16State struct {
 	huff *huff0.Scratch
-	exp  []byte // bf16Block bytes
-	sm   []byte // bf16Block bytes
+	exp  []byte // bf16Block bytes: the first plane
+	sm   []byte // bf16Block bytes: the second plane
 }
 
 var bf16States = sync.Pool{New: func() any {
@@ -62,9 +79,16 @@ var bf16States = sync.Pool{New: func() any {
 	}
 }}
 
-func (bf16Codec) Encode(dst, raw []byte) ([]byte, error) {
+func (bf16Codec) Encode(dst, raw []byte, dt engine.DType) ([]byte, error) {
+	if err := checkFloat("bf16", dt); err != nil {
+		return dst, err
+	}
 	if err := checkRaw("bf16", raw); err != nil {
 		return dst, err
+	}
+	split := splitBF16
+	if dt == engine.F16 {
+		split = splitF16
 	}
 	st := bf16States.Get().(*bf16State)
 	defer bf16States.Put(st)
@@ -75,7 +99,7 @@ func (bf16Codec) Encode(dst, raw []byte) ([]byte, error) {
 	for off := 0; off < vals; off += bf16Block {
 		k := min(bf16Block, vals-off)
 		e, s := st.exp[:k], st.sm[:k]
-		splitBF16(e, s, raw[2*off:2*(off+k)])
+		split(e, s, raw[2*off:2*(off+k)])
 		var err error
 		if dst, err = st.appendPlane(dst, e); err != nil {
 			return dst[:base], err
@@ -111,9 +135,9 @@ func (st *bf16State) appendPlane(dst, p []byte) ([]byte, error) {
 
 // worthCoding estimates the byte entropy of p from every 8th byte and
 // reports whether Huffman coding may save at least ≈6% (below 7.5 bits per
-// byte). The sign+mantissa plane of dense KV sits near 8 bits; coding it
-// would cost a fifth of the encode time for ≈0.1% of size. Short planes are
-// always tried.
+// byte). The second plane of dense KV (bf16 signs and mantissas, f16 low
+// bytes) sits near 8 bits; coding it would cost a fifth of the encode time
+// for ≈0.1% of size. Short planes are always tried.
 func worthCoding(p []byte) bool {
 	const stride, minSample = 8, 512
 	n := len(p) / stride
@@ -134,9 +158,16 @@ func worthCoding(p []byte) bool {
 	return math.Log2(float64(n))-sum/float64(n) < 7.5
 }
 
-func (bf16Codec) Decode(dst, enc []byte, rawLen int) ([]byte, error) {
+func (bf16Codec) Decode(dst, enc []byte, rawLen int, dt engine.DType) ([]byte, error) {
+	if err := checkFloat("bf16", dt); err != nil {
+		return dst, err
+	}
 	if err := checkRawLen("bf16", rawLen); err != nil {
 		return dst, err
+	}
+	merge, first, second := mergeBF16, "exponents", "signs and mantissas"
+	if dt == engine.F16 {
+		merge, first, second = mergeF16, "high bytes", "low bytes"
 	}
 	vals := rawLen / 2
 	// Every block takes at least 4 bytes: reject short input before growing dst.
@@ -153,12 +184,12 @@ func (bf16Codec) Decode(dst, enc []byte, rawLen int) ([]byte, error) {
 		var e, s []byte
 		var err error
 		if e, enc, err = st.readPlane(enc, st.exp[:k]); err != nil {
-			return dst[:base], fmt.Errorf("codec: bf16: block at value %d: exponents: %w", off, err)
+			return dst[:base], fmt.Errorf("codec: bf16: %v block at value %d: %s: %w", dt, off, first, err)
 		}
 		if s, enc, err = st.readPlane(enc, st.sm[:k]); err != nil {
-			return dst[:base], fmt.Errorf("codec: bf16: block at value %d: signs and mantissas: %w", off, err)
+			return dst[:base], fmt.Errorf("codec: bf16: %v block at value %d: %s: %w", dt, off, second, err)
 		}
-		mergeBF16(out[2*off:2*(off+k)], e, s)
+		merge(out[2*off:2*(off+k)], e, s)
 	}
 	if rawLen%2 == 1 {
 		if len(enc) < 1 {
@@ -262,6 +293,40 @@ func mergeBF16(raw, e, s []byte) {
 	for ; i < n; i++ {
 		v := uint16(s[i]&0x80)<<8 | uint16(e[i])<<7 | uint16(s[i]&0x7f)
 		binary.LittleEndian.PutUint16(raw[2*i:], v)
+	}
+}
+
+// splitF16 splits the len(hi) little-endian f16 values of raw into their
+// high bytes hi (sign, exponent, top two mantissa bits) and low bytes lo.
+func splitF16(hi, lo, raw []byte) {
+	n := len(hi)
+	raw, lo = raw[:2*n], lo[:n]
+	i := 0
+	for ; i+8 <= n; i += 8 {
+		x0 := binary.LittleEndian.Uint64(raw[2*i:])
+		x1 := binary.LittleEndian.Uint64(raw[2*i+8:])
+		const m = 0x00ff00ff00ff00ff
+		binary.LittleEndian.PutUint64(hi[i:], uint64(pack4(x0>>8&m))|uint64(pack4(x1>>8&m))<<32)
+		binary.LittleEndian.PutUint64(lo[i:], uint64(pack4(x0&m))|uint64(pack4(x1&m))<<32)
+	}
+	for ; i < n; i++ {
+		lo[i], hi[i] = raw[2*i], raw[2*i+1]
+	}
+}
+
+// mergeF16 is the inverse of splitF16.
+func mergeF16(raw, hi, lo []byte) {
+	n := len(hi)
+	raw, lo = raw[:2*n], lo[:n]
+	i := 0
+	for ; i+8 <= n; i += 8 {
+		hw := binary.LittleEndian.Uint64(hi[i:])
+		lw := binary.LittleEndian.Uint64(lo[i:])
+		binary.LittleEndian.PutUint64(raw[2*i:], spread4(uint32(hw))<<8|spread4(uint32(lw)))
+		binary.LittleEndian.PutUint64(raw[2*i+8:], spread4(uint32(hw>>32))<<8|spread4(uint32(lw>>32)))
+	}
+	for ; i < n; i++ {
+		raw[2*i], raw[2*i+1] = lo[i], hi[i]
 	}
 }
 

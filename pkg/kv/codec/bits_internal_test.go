@@ -175,3 +175,175 @@ func TestF32ToInt8(t *testing.T) {
 		}
 	}
 }
+
+// refF16 widens an f16 bit pattern by arithmetic on float64, independent
+// of f16ToF32's bit manipulation.
+func refF16(v uint16) float64 {
+	e, m := int(v>>10&0x1f), float64(v&0x3ff)
+	var f float64
+	switch e {
+	case 0:
+		f = m * 0x1p-24
+	case 31:
+		f = math.Inf(1)
+		if m != 0 {
+			f = math.NaN()
+		}
+	default:
+		f = math.Ldexp(1+m/1024, e-15)
+	}
+	if v&0x8000 != 0 {
+		f = -f
+	}
+	return f
+}
+
+func TestF16ToF32(t *testing.T) {
+	for v := range 1 << 16 {
+		got, want := f16ToF32(uint16(v)), refF16(uint16(v))
+		if want != want {
+			if got == got || math.Float32bits(got)&0x7fffff != uint32(v&0x3ff)<<13 || math.Signbit(float64(got)) != (v&0x8000 != 0) {
+				t.Fatalf("f16ToF32(%#04x) = %g [%#08x], want NaN with its payload and sign", v, got, math.Float32bits(got))
+			}
+			continue
+		}
+		if float64(got) != want || math.Signbit(float64(got)) != math.Signbit(want) {
+			t.Fatalf("f16ToF32(%#04x) = %g, want %g", v, got, want)
+		}
+	}
+}
+
+// refF32ToF16 rounds q to f16 by search over the neighbours of its
+// truncation: nearest, ties to the even pattern, Inf from 65520 on.
+func refF32ToF16(q float32) uint16 {
+	f := float64(q)
+	if f != f {
+		return 0x7e00
+	}
+	var sign uint16
+	if math.Signbit(f) {
+		sign, f = 0x8000, -f
+	}
+	if f >= 65520 {
+		return sign | 0x7c00
+	}
+	best, bestDiff := uint16(0), math.Inf(1)
+	for v := uint16(0); v <= 0x7bff; v++ {
+		d := math.Abs(refF16(v) - f)
+		if d < bestDiff || (d == bestDiff && v&1 == 0) {
+			best, bestDiff = v, d
+		}
+		if refF16(v) > f {
+			break
+		}
+	}
+	return sign | best
+}
+
+// TestF32ToF16 checks the rounding on every f16 value, the midpoints
+// between neighbours and their float32 neighbours (the ties), the overflow
+// and underflow edges, NaN and random float32s.
+func TestF32ToF16(t *testing.T) {
+	check := func(q float32, want uint16) {
+		t.Helper()
+		if got := f32ToF16(q); got != want {
+			t.Fatalf("f32ToF16(%g [%#08x]) = %#04x (%g), want %#04x (%g)", q, math.Float32bits(q), got, refF16(got), want, refF16(want))
+		}
+	}
+	for v := uint16(0); v < 0x7c00; v++ {
+		x := float32(refF16(v))
+		check(x, v)
+		check(-x, v|0x8000)
+		// The midpoint to the next value is exact in float32: ties go to
+		// the even pattern, anything off the tie to the nearer side.
+		next := float32(refF16(v + 1)) // v+1 = 0x7c00 is Inf: midpoint 65520
+		if v == 0x7bff {
+			next = 65536
+		}
+		mid := x + (next-x)/2
+		even := v
+		if v&1 == 1 {
+			even = v + 1
+		}
+		check(mid, even)
+		check(-mid, even|0x8000)
+		check(math.Nextafter32(mid, 0), v)
+		check(math.Nextafter32(mid, float32(math.Inf(1))), v+1)
+	}
+	for _, tc := range []struct {
+		in   float32
+		want uint16
+	}{
+		{65504, 0x7bff}, {65519.99, 0x7bff}, {65520, 0x7c00}, {1e10, 0x7c00}, {float32(math.Inf(1)), 0x7c00}, {float32(math.Inf(-1)), 0xfc00},
+		{math.MaxFloat32, 0x7c00}, {0x1p-25, 0}, {math.Nextafter32(0x1p-25, 1), 1}, {0x1p-26, 0}, {math.SmallestNonzeroFloat32, 0},
+		{-math.SmallestNonzeroFloat32, 0x8000}, {float32(math.Copysign(0, -1)), 0x8000}, {0x1p-14, 0x0400}, {math.Nextafter32(0x1p-14, 0), 0x0400},
+	} {
+		check(tc.in, tc.want)
+	}
+	if got := f32ToF16(float32(math.NaN())); got&0x7c00 != 0x7c00 || got&0x3ff == 0 {
+		t.Errorf("f32ToF16(NaN) = %#04x, not a NaN", got)
+	}
+	r := rand.New(rand.NewPCG(5, 6))
+	for range 3000 {
+		var q float32
+		switch r.IntN(3) {
+		case 0:
+			q = float32(r.NormFloat64() * 4)
+		case 1:
+			q = float32(r.NormFloat64() * 1e-5) // subnormal f16s
+		default:
+			q = float32(math.Ldexp(r.Float64()*2-1, r.IntN(40)-24))
+		}
+		check(q, refF32ToF16(q))
+	}
+}
+
+// TestSplitMergeF16 splits every f16 pattern, at every tail length of the
+// fast path, and checks the planes and the inverse.
+func TestSplitMergeF16(t *testing.T) {
+	raw := make([]byte, 2<<16)
+	for v := range 1 << 16 {
+		binary.LittleEndian.PutUint16(raw[2*v:], uint16(v*40503))
+	}
+	for _, n := range []int{0, 1, 2, 3, 4, 5, 7, 8, 9, 1 << 16} {
+		hi, lo := make([]byte, n), make([]byte, n)
+		splitF16(hi, lo, raw[:2*n])
+		for i := range n {
+			v := binary.LittleEndian.Uint16(raw[2*i:])
+			if hi[i] != byte(v>>8) || lo[i] != byte(v) {
+				t.Fatalf("n=%d value %d (%#04x): planes %#02x %#02x", n, i, v, hi[i], lo[i])
+			}
+		}
+		back := make([]byte, 2*n)
+		mergeF16(back, hi, lo)
+		if string(back) != string(raw[:2*n]) {
+			t.Fatalf("n=%d: merge(split(x)) != x", n)
+		}
+	}
+}
+
+func BenchmarkSplitF16(b *testing.B) {
+	raw := make([]byte, 2*bf16Block)
+	for i := range raw {
+		raw[i] = byte(i * 131)
+	}
+	hi, lo := make([]byte, bf16Block), make([]byte, bf16Block)
+	b.SetBytes(int64(len(raw)))
+	defer CPUThroughput(b, len(raw))()
+	for b.Loop() {
+		splitF16(hi, lo, raw)
+	}
+}
+
+func BenchmarkMergeF16(b *testing.B) {
+	raw := make([]byte, 2*bf16Block)
+	hi, lo := make([]byte, bf16Block), make([]byte, bf16Block)
+	for i := range hi {
+		hi[i], lo[i] = byte(i*131), byte(i*7)
+	}
+	b.SetBytes(int64(len(raw)))
+	defer CPUThroughput(b, len(raw))()
+	for b.Loop() {
+		mergeF16(raw, hi, lo)
+	}
+}

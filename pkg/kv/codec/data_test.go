@@ -55,3 +55,127 @@ func randomBytes(n int, seed uint64) []byte {
 	}
 	return out
 }
+
+// kvLikeF32 returns n float32 values shaped like one layer of KV as an
+// f16 engine (llama.cpp) stores it: rows of width channels, each channel
+// normal with σ in [1, 4]; one channel in 16 is an outlier channel (σ × 8)
+// and one value in 500 an outlier (× 30). Deterministic in seed; every
+// value lies well inside the f16 range.
+func kvLikeF32(n, width int, seed uint64) []float32 {
+	r := rand.New(rand.NewPCG(seed, 0xf16))
+	sigma := make([]float64, width)
+	for i := range sigma {
+		sigma[i] = math.Exp2(2 * r.Float64())
+		if r.IntN(16) == 0 {
+			sigma[i] *= 8
+		}
+	}
+	out := make([]float32, n)
+	for i := range out {
+		x := r.NormFloat64() * sigma[i%width]
+		if r.IntN(500) == 0 {
+			x *= 30
+		}
+		out[i] = float32(x)
+	}
+	return out
+}
+
+// kvLikeF16 is kvLikeF32 rounded to little-endian f16.
+func kvLikeF16(n, width int, seed uint64) []byte { return f16Values(kvLikeF32(n, width, seed)...) }
+
+// gaussianF16 is gaussianBF16's distribution (the same values for the same
+// seed) rounded to f16 instead: the two dtypes on one corpus.
+func gaussianF16(n, width int, seed uint64) []byte {
+	r := rand.New(rand.NewPCG(seed, 0x6b76))
+	sigma := make([]float64, width)
+	for i := range sigma {
+		sigma[i] = math.Exp(0.75 * r.NormFloat64())
+	}
+	out := make([]byte, 2*n)
+	for i := range n {
+		x := float32(r.NormFloat64() * sigma[i%width])
+		binary.LittleEndian.PutUint16(out[2*i:], toF16(x))
+	}
+	return out
+}
+
+// toF16 rounds x to IEEE half, ties to even, by arithmetic on float64 (a
+// reference independent of the package's bit manipulation): ±Inf beyond
+// 65520, subnormals in steps of 2⁻²⁴, NaN to 0x7e00.
+func toF16(x float32) uint16 {
+	f := float64(x)
+	var sign uint16
+	if math.Signbit(f) {
+		sign, f = 0x8000, -f
+	}
+	switch {
+	case f != f:
+		return 0x7e00
+	case f >= 65520:
+		return sign | 0x7c00
+	case f < 0x1p-14: // subnormal: a whole number of 2⁻²⁴ steps
+		return sign | uint16(math.RoundToEven(f*0x1p24))
+	}
+	frac, exp := math.Frexp(f)         // f = frac·2^exp, frac in [0.5, 1)
+	m := math.RoundToEven(frac * 2048) // 11 significant bits
+	if m == 2048 {
+		m, exp = 1024, exp+1
+	}
+	return sign | uint16(exp+14)<<10 | uint16(m-1024)
+}
+
+// fromF16 widens an f16 bit pattern by arithmetic on float64.
+func fromF16(v uint16) float32 {
+	e, m := int(v>>10&0x1f), float64(v&0x3ff)
+	var f float64
+	switch e {
+	case 0:
+		f = m * 0x1p-24
+	case 31:
+		f = math.Inf(1)
+		if m != 0 {
+			f = math.NaN()
+		}
+	default:
+		f = math.Ldexp(1+m/1024, e-15)
+	}
+	if v&0x8000 != 0 {
+		f = -f
+	}
+	return float32(f)
+}
+
+// f16Values encodes xs as little-endian f16.
+func f16Values(xs ...float32) []byte {
+	out := make([]byte, 2*len(xs))
+	for i, x := range xs {
+		binary.LittleEndian.PutUint16(out[2*i:], toF16(x))
+	}
+	return out
+}
+
+// q80Rows quantizes rows of width values (width a multiple of 32) of xs
+// to llama.cpp's q8_0: per block of 32 an f16 scale d = max|x|/127, then
+// round(x/d) as int8. len(xs) must be whole rows.
+func q80Rows(xs []float32) []byte {
+	const block = 32
+	out := make([]byte, 0, len(xs)/block*(2+block))
+	for b := 0; b+block <= len(xs); b += block {
+		g := xs[b : b+block]
+		m := 0.0
+		for _, x := range g {
+			m = math.Max(m, math.Abs(float64(x)))
+		}
+		d := m / 127
+		out = binary.LittleEndian.AppendUint16(out, toF16(float32(d)))
+		for _, x := range g {
+			q := 0.0
+			if d > 0 {
+				q = math.RoundToEven(float64(x) / d)
+			}
+			out = append(out, byte(int8(q)))
+		}
+	}
+	return out
+}

@@ -13,8 +13,8 @@ import (
 type Header struct {
 	RequestID  string // at most MaxRequestID bytes
 	Layer      uint32
-	Start, End uint32 // token range [Start, End), Start ≤ End
-	DType      engine.DType
+	Start, End uint32       // token range [Start, End), Start ≤ End
+	DType      engine.DType // element type of the raw bytes, a known dtype: the codec codes it, the receiver decodes to it
 	Codec      ID
 	RawLen     uint32 // length of the raw (decoded) bytes
 	// Checksum is the CRC-32C (Castagnoli) of the raw bytes as the receiver
@@ -56,26 +56,31 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // a frame is HeaderLen + payload bytes.
 func HeaderLen(requestID string) int { return fixedHeader + len(requestID) }
 
-// AppendFrame encodes raw with c and appends one complete frame (header and
-// payload) to dst, returning the extended slice. It sets h.Codec, h.RawLen
-// and h.Checksum itself. Errors: ErrBadHeader (request id longer than
-// MaxRequestID, Start > End, unknown dtype), ErrTooLarge (raw or payload
-// beyond MaxRawLen), the codec's. On error dst is returned unextended.
+// AppendFrame encodes raw, KV of dtype h.DType, with c and appends one
+// complete frame (header and payload) to dst, returning the extended slice.
+// It sets h.Codec, h.RawLen and h.Checksum itself. Errors: ErrBadHeader
+// (request id longer than MaxRequestID, Start > End, unknown dtype),
+// ErrDType (c cannot code h.DType, see Codec.Supports), ErrTooLarge (raw or
+// payload beyond MaxRawLen), the codec's. On error dst is returned
+// unextended.
 func AppendFrame(dst []byte, h Header, c Codec, raw []byte) ([]byte, error) {
 	switch {
 	case len(h.RequestID) > MaxRequestID:
 		return dst, fmt.Errorf("codec: frame: request id of %d bytes, max %d: %w", len(h.RequestID), MaxRequestID, ErrBadHeader)
 	case h.Start > h.End:
 		return dst, fmt.Errorf("codec: frame: token range [%d, %d): %w", h.Start, h.End, ErrBadHeader)
-	case h.DType.Size() == 0:
+	case !h.DType.Valid():
 		return dst, fmt.Errorf("codec: frame: dtype %v: %w", h.DType, ErrBadHeader)
 	case uint64(len(raw)) > MaxRawLen:
 		return dst, fmt.Errorf("codec: frame: %d raw bytes: %w", len(raw), ErrTooLarge)
 	}
+	if err := c.Supports(h.DType); err != nil {
+		return dst, fmt.Errorf("codec: frame: %w", err)
+	}
 	base := len(dst)
 	hdr := HeaderLen(h.RequestID)
 	dst = append(grow(dst, hdr)[:base+fixedHeader], h.RequestID...) // codecs grow for the payload
-	out, err := c.Encode(dst, raw)
+	out, err := c.Encode(dst, raw, h.DType)
 	if err != nil {
 		return dst[:base], fmt.Errorf("codec: frame: %w", err)
 	}
@@ -85,22 +90,22 @@ func AppendFrame(dst []byte, h Header, c Codec, raw []byte) ([]byte, error) {
 		return dst[:base], fmt.Errorf("codec: frame: payload of %d bytes: %w", payload, ErrTooLarge)
 	}
 	h.Codec, h.RawLen = c.ID(), uint32(len(raw))
-	if h.Checksum, err = decodedChecksum(c, dst[base+hdr:], raw); err != nil {
+	if h.Checksum, err = decodedChecksum(c, dst[base+hdr:], raw, h.DType); err != nil {
 		return dst[:base], fmt.Errorf("codec: frame: %w", err)
 	}
 	putHeader(dst[base:base+hdr], h, uint32(payload))
 	return dst, nil
 }
 
-// decodedChecksum returns the CRC-32C of what a receiver decodes from enc:
-// raw itself for a lossless codec.
-func decodedChecksum(c Codec, enc, raw []byte) (uint32, error) {
+// decodedChecksum returns the CRC-32C of what a receiver decodes from enc
+// (KV of dtype dt): raw itself for a lossless codec.
+func decodedChecksum(c Codec, enc, raw []byte, dt engine.DType) (uint32, error) {
 	if c.Lossless() {
 		return crc32.Checksum(raw, castagnoli), nil
 	}
 	bp := scratch.Get().(*[]byte)
 	defer scratch.Put(bp)
-	dec, err := c.Decode((*bp)[:0], enc, len(raw))
+	dec, err := c.Decode((*bp)[:0], enc, len(raw), dt)
 	if err != nil {
 		return 0, fmt.Errorf("%s: decoding its own output: %w", c.Name(), err)
 	}
@@ -138,12 +143,15 @@ func headerCRC(b []byte) uint32 {
 // and the number of bytes of frame consumed (the frame may be followed by
 // more data).
 //
+// The payload decodes to KV of the header's dtype.
+//
 // Errors, in the order checked: ErrCorrupt (truncated header, bad magic),
 // ErrVersion, ErrCorrupt (truncated frame, Start > End, unknown dtype),
 // ErrUnknownCodec, ErrTooLarge (raw length > maxRaw), ErrCorrupt (header
-// checksum; payload that does not decode to exactly the raw length),
-// ErrChecksum (decoded bytes fail the CRC-32C). On error dst is returned at
-// its original length and consumed is 0.
+// checksum), ErrDType (a codec that cannot read the frame's dtype, such as
+// bf16 on q8_0), ErrCorrupt (payload that does not decode to exactly the
+// raw length), ErrChecksum (decoded bytes fail the CRC-32C). On error dst
+// is returned at its original length and consumed is 0.
 func DecodeFrame(dst, frame []byte, maxRaw int) (Header, []byte, int, error) {
 	h, hdr, payload, err := parseHeader(frame, maxRaw)
 	if err != nil {
@@ -151,7 +159,7 @@ func DecodeFrame(dst, frame []byte, maxRaw int) (Header, []byte, int, error) {
 	}
 	c, _ := ByID(h.Codec) // checked by parseHeader
 	base := len(dst)
-	dst, err = c.Decode(dst, frame[hdr:hdr+payload], int(h.RawLen))
+	dst, err = c.Decode(dst, frame[hdr:hdr+payload], int(h.RawLen), h.DType)
 	if err != nil {
 		return Header{}, dst[:base], 0, fmt.Errorf("codec: frame %q layer %d [%d, %d): %w", h.RequestID, h.Layer, h.Start, h.End, err)
 	}
@@ -204,15 +212,17 @@ func parseHeader(frame []byte, maxRaw int) (h Header, hdr, payload int, err erro
 	switch {
 	case h.Start > h.End:
 		err = fmt.Errorf("token range [%d, %d): %w", h.Start, h.End, ErrCorrupt)
-	case h.DType.Size() == 0:
+	case !h.DType.Valid():
 		err = fmt.Errorf("dtype %v: %w", h.DType, ErrCorrupt)
 	default:
-		if _, cerr := ByID(h.Codec); cerr != nil {
+		if c, cerr := ByID(h.Codec); cerr != nil {
 			err = cerr
 		} else if maxRaw < 0 || uint64(h.RawLen) > uint64(maxRaw) {
 			err = fmt.Errorf("raw length %d above the limit %d: %w", h.RawLen, maxRaw, ErrTooLarge)
 		} else if sum := le.Uint32(frame[hdrCRCOffset:]); sum != headerCRC(frame[:hdr]) {
 			err = fmt.Errorf("header CRC-32C mismatch: %w", ErrCorrupt)
+		} else {
+			err = c.Supports(h.DType)
 		}
 	}
 	if err != nil {

@@ -6,17 +6,20 @@ import (
 
 	"github.com/klauspost/compress/s2"
 	"github.com/klauspost/compress/zstd"
+
+	"github.com/pdserve/pdserve/pkg/engine"
 )
 
 // s2Codec is one S2 block (s2.Encode): the fastest general-purpose codec,
-// useful on KV with runs (padding, zeroed heads); near 1.0× on dense bf16.
-type s2Codec struct{}
+// useful on KV with runs (padding, zeroed heads); near 1.0× on dense bf16
+// or f16. Any dtype.
+type s2Codec struct{ anyDType }
 
 func (s2Codec) ID() ID         { return S2 }
 func (s2Codec) Name() string   { return "s2" }
 func (s2Codec) Lossless() bool { return true }
 
-func (s2Codec) Encode(dst, raw []byte) ([]byte, error) {
+func (s2Codec) Encode(dst, raw []byte, _ engine.DType) ([]byte, error) {
 	n := s2.MaxEncodedLen(len(raw))
 	if n < 0 || len(raw) > s2.MaxBlockSize {
 		return dst, fmt.Errorf("codec: s2: encode %d bytes: %w", len(raw), ErrTooLarge)
@@ -26,7 +29,7 @@ func (s2Codec) Encode(dst, raw []byte) ([]byte, error) {
 	return dst[:len(dst)+len(out)], nil
 }
 
-func (s2Codec) Decode(dst, enc []byte, rawLen int) ([]byte, error) {
+func (s2Codec) Decode(dst, enc []byte, rawLen int, _ engine.DType) ([]byte, error) {
 	if err := checkRawLen("s2", rawLen); err != nil {
 		return dst, err
 	}
@@ -82,14 +85,15 @@ type zstdPair struct {
 	dec *zstd.Decoder
 }
 
-// zstdCodec is one zstd frame at the fastest level (≈1.2–1.3× on bf16).
-type zstdCodec struct{}
+// zstdCodec is one zstd frame at the fastest level (≈1.2–1.3× on real bf16
+// tensors). Any dtype.
+type zstdCodec struct{ anyDType }
 
 func (zstdCodec) ID() ID         { return Zstd }
 func (zstdCodec) Name() string   { return "zstd" }
 func (zstdCodec) Lossless() bool { return true }
 
-func (zstdCodec) Encode(dst, raw []byte) ([]byte, error) {
+func (zstdCodec) Encode(dst, raw []byte, _ engine.DType) ([]byte, error) {
 	if err := checkRaw("zstd", raw); err != nil {
 		return dst, err
 	}
@@ -100,7 +104,7 @@ func (zstdCodec) Encode(dst, raw []byte) ([]byte, error) {
 	return z.enc.EncodeAll(raw, dst), nil
 }
 
-func (zstdCodec) Decode(dst, enc []byte, rawLen int) ([]byte, error) {
+func (zstdCodec) Decode(dst, enc []byte, rawLen int, _ engine.DType) ([]byte, error) {
 	if err := checkRawLen("zstd", rawLen); err != nil {
 		return dst, err
 	}

@@ -1,0 +1,80 @@
+package enginecfg
+
+import (
+	"fmt"
+	"os"
+
+	"go.uber.org/zap"
+
+	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/engine/llamacpp"
+)
+
+func (o Options) validateLlama() []error {
+	var errs []error
+	if o.Model == "" {
+		errs = append(errs, fmt.Errorf("model is required with engine %s (--model PATH.gguf)", Llama))
+	} else if _, err := os.Stat(o.Model); err != nil {
+		errs = append(errs, fmt.Errorf("model: %w", err))
+	}
+	if _, err := o.llamaKVType(); err != nil {
+		errs = append(errs, err)
+	}
+	if o.CtxSize < 0 {
+		errs = append(errs, fmt.Errorf("ctx-size %d must not be negative", o.CtxSize))
+	}
+	if o.MaxSeqs < 1 || o.MaxSeqs > 256 {
+		errs = append(errs, fmt.Errorf("max-seqs %d must lie in [1, 256]", o.MaxSeqs))
+	}
+	if o.Threads < 0 {
+		errs = append(errs, fmt.Errorf("engine-threads %d must not be negative", o.Threads))
+	}
+	return errs
+}
+
+func (o Options) llamaKVType() (engine.DType, error) {
+	switch o.KVType {
+	case "", "f16":
+		return engine.F16, nil
+	case "q8_0":
+		return engine.Q8_0, nil
+	}
+	return 0, fmt.Errorf("kv-type %q must be f16 or q8_0", o.KVType)
+}
+
+func (o Options) buildLlama() (engine.Engine, error) {
+	kv, _ := o.llamaKVType()
+	e, err := llamacpp.New(llamacpp.Options{
+		LibDir: o.LlamaLib, Model: o.Model, GPULayers: o.GPULayers, CtxSize: o.CtxSize,
+		Threads: o.Threads, KVType: kv, MaxSeqs: o.MaxSeqs,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("enginecfg: %w", err)
+	}
+	return e, nil
+}
+
+func (o Options) llamaLogFields() []zap.Field {
+	return []zap.Field{zap.String("engine", o.Engine), zap.String("model", o.Model), zap.String("llama_lib", llamacpp.LibDir(o.LlamaLib)),
+		zap.Int("gpu_layers", o.GPULayers), zap.Int("ctx_size", o.CtxSize), zap.String("kv_type", o.KVType),
+		zap.Int("max_seqs", o.MaxSeqs), zap.Int("engine_threads", o.Threads)}
+}
+
+// Tokenizer returns the tokenizer a coordinator uses for these settings
+// without running the engine: the model's own vocabulary (loaded alone,
+// without weights) for llamacpp, nil for the engines whose tokenizer is
+// the byte-level one. Close the returned closer when done (nil: nothing
+// to close).
+func (o Options) Tokenizer() (engine.Tokenizer, func(), error) {
+	if o.Engine != Llama {
+		return nil, nil, nil
+	}
+	if err := o.Validate(); err != nil {
+		return nil, nil, err
+	}
+	m, err := llamacpp.LoadModel(o.Model, llamacpp.LoadOptions{LibDir: o.LlamaLib, VocabOnly: true})
+	if err != nil {
+		return nil, nil, fmt.Errorf("enginecfg: tokenizer: %w", err)
+	}
+	return m.Tokenizer(), m.Close, nil
+}
