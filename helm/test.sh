@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Lint and render the pdserve chart over the values matrix in
-# helm/pdserve/ci/*-values.yaml, and check that the schema rejects the bad
-# values files in helm/testdata/bad/. helm is the version pinned as a tool in
+# helm/pdserve/ci/*-values.yaml (engines ref, sim and llamacpp; GPU and
+# CPU-only; disaggregated and colocated), and check that the schema rejects
+# the bad values files in helm/testdata/bad/. helm is the version pinned as a tool in
 # go.mod (`go tool helm`), built from the module cache: nothing is downloaded
 # at run time besides Go modules.
 #
@@ -50,6 +51,11 @@ for f in "$chart"/ci/*-values.yaml; do
 	check "lint $name" helm lint --strict --kube-version "$kube" -f "$f" "$chart"
 	check "template $name" helm template pd "$chart" -n pdserve --kube-version "$kube" -f "$f" --output-dir "$out/$name"
 done
+# Settings no values file of the matrix covers, as --set over one of them.
+check "template llamacpp-cpu, model downloaded into an emptyDir" helm template pd "$chart" -n pdserve --kube-version "$kube" \
+	-f "$chart/ci/llamacpp-cpu-values.yaml" --set model.source=download \
+	--set model.download.url=https://models.example.com/qwen2.5-0.5b-q8_0.gguf --set model.download.sizeLimit=2Gi \
+	--output-dir "$out/llamacpp-download"
 for f in helm/testdata/bad/*.yaml; do
 	check "schema rejects $(basename "$f" .yaml)" rejects helm template pd "$chart" --kube-version "$kube" -f "$f"
 done

@@ -82,6 +82,7 @@ func TestChart(t *testing.T) {
 			t.Run("policy", func(t *testing.T) { checkPolicy(t, r) })
 			t.Run("planner", func(t *testing.T) { checkPlanner(t, r) })
 			t.Run("nats", func(t *testing.T) { checkNATS(t, r) })
+			t.Run("llamacpp", func(t *testing.T) { checkLlamacpp(t, r) })
 			t.Run("notes", func(t *testing.T) { checkNotes(t, r) })
 		})
 	}
@@ -218,7 +219,7 @@ func hasPort(spec corev1.PodSpec, name string) bool {
 // values name as existing.
 func checkPods(t *testing.T, r release) {
 	existing := map[string]bool{} // Secrets the user provides
-	for _, path := range []string{"tls.existingSecret", "apiKeys.existingSecret", "nats.external.existingSecret"} {
+	for _, path := range []string{"tls.existingSecret", "apiKeys.existingSecret", "nats.external.existingSecret", "model.download.tokenSecret.name"} {
 		if s, _ := r.value(path).(string); s != "" {
 			existing[s] = true
 		}
@@ -238,7 +239,7 @@ func checkPods(t *testing.T, r release) {
 				t.Errorf("%s: volume %s: Secret %s neither in the release nor named in values", name, v.Name, v.Secret.SecretName)
 			}
 		}
-		for _, c := range spec.Containers {
+		for _, c := range append(slices.Clone(spec.InitContainers), spec.Containers...) {
 			where := name + "/" + c.Name
 			cs := c.SecurityContext
 			if cs == nil || cs.ReadOnlyRootFilesystem == nil || !*cs.ReadOnlyRootFilesystem ||
@@ -258,8 +259,8 @@ func checkPods(t *testing.T, r release) {
 					}
 				}
 			}
-			if strings.HasPrefix(name, "Pod/") {
-				continue // the helm test pod runs once, without probes
+			if strings.HasPrefix(name, "Pod/") || slices.ContainsFunc(spec.InitContainers, func(ic corev1.Container) bool { return ic.Name == c.Name }) {
+				continue // the helm test pod and init containers run once, without probes
 			}
 			for probeName, p := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe, "startup": c.StartupProbe} {
 				if p == nil || p.HTTPGet == nil {

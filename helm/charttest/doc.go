@@ -8,7 +8,11 @@
 // the binary's own flag set) and yields valid options (TLS files: a
 // sample of the user's Secret), that the coordinator's policy file parses,
 // that the planner's flags name the release's Deployments and its Role
-// grants exactly what the Kubernetes actuator uses, that the dashboard
-// queries name real metrics (pkg/metrics and the planner's), and that the
-// values schema rejects the bad values files in helm/testdata/bad.
+// grants exactly what the Kubernetes actuator uses, that with the llamacpp
+// engine every pdserve pod runs a llama.cpp image, finds its libraries and
+// opens the GGUF model in its read-only model volume (and that the model
+// download sends the token from its Secret, checks the file and leaves no
+// partial one: its script runs against a local HTTP server), that the
+// dashboard queries name real metrics (pkg/metrics and the planner's), and
+// that the values schema rejects the bad values files in helm/testdata/bad.
 package charttest

@@ -21,9 +21,9 @@ import (
 // (the same Options constructor and AddFlags), and returns it with a
 // function that completes and validates the options the flag set parsed
 // into. The validate function reads files the options name (the
-// coordinator's --config, every binary's --tls-cert, --tls-key and
-// --tls-ca) through files, which maps the paths the container mounts to
-// their content, writing them as scratch files in tmp.
+// coordinator's --config, every binary's --tls-cert, --tls-key, --tls-ca
+// and --model) through files, which maps the paths the container mounts
+// to their content, writing them as scratch files in tmp.
 type binaryFlags func() (fs *flag.FlagSet, validate func(files mountedFiles, tmp string) error)
 
 // mountedFiles maps a path inside a container to the content the release
@@ -38,7 +38,7 @@ var binaries = map[string]binaryFlags{
 		fs := flag.NewFlagSet("coordinator", flag.ContinueOnError)
 		o.AddFlags(fs)
 		return fs, func(files mountedFiles, tmp string) error {
-			if err := localize(files, tmp, map[string]*string{"config": &o.ConfigFile}); err != nil {
+			if err := localize(files, tmp, map[string]*string{"config": &o.ConfigFile, "model": &o.Engine.Model}); err != nil {
 				return err
 			}
 			if err := localizeTLS(files, tmp, &o.TLS); err != nil {
@@ -55,6 +55,9 @@ var binaries = map[string]binaryFlags{
 		fs := flag.NewFlagSet("prefill-worker", flag.ContinueOnError)
 		o.AddFlags(fs)
 		return fs, func(files mountedFiles, tmp string) error {
+			if err := localize(files, tmp, map[string]*string{"model": &o.Engine.Model}); err != nil {
+				return err
+			}
 			if err := localizeTLS(files, tmp, &o.TLS); err != nil {
 				return err
 			}
@@ -66,6 +69,9 @@ var binaries = map[string]binaryFlags{
 		fs := flag.NewFlagSet("decode-worker", flag.ContinueOnError)
 		o.AddFlags(fs)
 		return fs, func(files mountedFiles, tmp string) error {
+			if err := localize(files, tmp, map[string]*string{"model": &o.Engine.Model}); err != nil {
+				return err
+			}
 			if err := localizeTLS(files, tmp, &o.TLS); err != nil {
 				return err
 			}
@@ -177,7 +183,10 @@ func checkArgs(newFlags binaryFlags, args []string, files mountedFiles, tmp stri
 // mountPath/key. The user's TLS Secret (tls.existingSecret) is not part of
 // the release: a sample of what the chart documents stands in for it, a
 // kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt whose
-// certificate names tls.serverName.
+// certificate names tls.serverName. Likewise the model volume (a claim or
+// node directory of the user's, or an emptyDir the model-download init
+// container fills) holds model.file, the documented place of the GGUF
+// model: an empty GGUF file stands in for it.
 func (r release) mounts(t *testing.T, spec *corev1.PodSpec, c corev1.Container) mountedFiles {
 	files := mountedFiles{}
 	vols := map[string]corev1.Volume{}
@@ -205,12 +214,21 @@ func (r release) mounts(t *testing.T, spec *corev1.PodSpec, c corev1.Container) 
 				}
 			}
 		}
+		if m.Name == modelVolume && r.value("engine.type") == "llamacpp" {
+			data = map[string]string{fmt.Sprint(r.value("model.file")): emptyGGUF}
+		}
 		for k, content := range data {
 			files[filepath.Join(m.MountPath, k)] = content
 		}
 	}
 	return files
 }
+
+// modelVolume is the name of the chart's model volume.
+const modelVolume = "model"
+
+// emptyGGUF is a GGUF file (version 3) with no tensors and no metadata.
+const emptyGGUF = "GGUF" + "\x03\x00\x00\x00" + "\x00\x00\x00\x00\x00\x00\x00\x00" + "\x00\x00\x00\x00\x00\x00\x00\x00"
 
 // sampleTLSSecret returns the data of a kubernetes.io/tls Secret, as
 // cert-manager issues it (tls.crt, tls.key, ca.crt), for a certificate

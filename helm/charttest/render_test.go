@@ -55,7 +55,8 @@ func valuesSets(t *testing.T) []valuesSet {
 		have[name] = true
 		sets = append(sets, valuesSet{name: name, file: f})
 	}
-	for _, want := range []string{"external-nats", "planner-actuator", "tls", "cpu-trial", "gpu-two-pools", "colocated"} {
+	for _, want := range []string{"external-nats", "planner-actuator", "tls", "cpu-trial", "gpu-two-pools", "colocated",
+		"llamacpp-cpu", "llamacpp-gpu", "llamacpp-colocated"} {
 		if !have[want] {
 			t.Errorf("values matrix lacks ci/%s-values.yaml", want)
 		}
@@ -74,9 +75,10 @@ type object struct {
 
 // release is the chart rendered for one values set.
 type release struct {
-	values  chartutil.Values // the coalesced .Values the templates saw
-	objects []object
-	notes   string
+	values     chartutil.Values // the coalesced .Values the templates saw
+	appVersion string           // the chart's appVersion, the default image tag
+	objects    []object
+	notes      string
 }
 
 // loadChart loads the chart directory.
@@ -133,7 +135,7 @@ func render(t *testing.T, vs valuesSet) release {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rel := release{values: vals}
+	rel := release{values: vals, appVersion: ch.Metadata.AppVersion}
 	names := make([]string, 0, len(files))
 	for name := range files {
 		names = append(names, name)

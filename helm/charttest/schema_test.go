@@ -13,11 +13,12 @@ import (
 
 	"github.com/pdserve/pdserve/pkg/config"
 	"github.com/pdserve/pdserve/pkg/engine/ref"
+	"github.com/pdserve/pdserve/pkg/enginecfg"
 	"github.com/pdserve/pdserve/pkg/kv/codec"
 )
 
-// TestSchemaEnums: the values schema offers exactly the codecs and ref
-// presets the binaries know, so that it neither rejects a valid choice nor
+// TestSchemaEnums: the values schema offers exactly the codecs, ref
+// presets and engines the binaries know, so that it neither rejects a valid choice nor
 // lets an unknown one through to a crash-looping pod.
 func TestSchemaEnums(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(chartDir, "values.schema.json"))
@@ -31,6 +32,9 @@ func TestSchemaEnums(t *testing.T) {
 			} `json:"codec"`
 			EngineFields struct {
 				Properties struct {
+					Type struct {
+						Enum []string `json:"enum"`
+					} `json:"type"`
 					Preset struct {
 						Enum []string `json:"enum"`
 					} `json:"preset"`
@@ -48,6 +52,7 @@ func TestSchemaEnums(t *testing.T) {
 	}{
 		{"codec", schema.Definitions.Codec.Enum, codec.Names()},
 		{"preset", schema.Definitions.EngineFields.Properties.Preset.Enum, ref.Presets()},
+		{"engine", schema.Definitions.EngineFields.Properties.Type.Enum, []string{enginecfg.Ref, enginecfg.Sim, enginecfg.Llama}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

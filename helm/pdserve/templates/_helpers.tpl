@@ -150,21 +150,189 @@ null, as a YAML list. Call with a list of pairs; read back with fromYamlArray.
 {{- end }}
 
 {{/*
-Engine flags of one component as a YAML list. Call with the merged engine
-settings (top-level engine overridden by the component's own).
+Engine flags of one worker pool as a YAML list. Call with (dict "root" $
+"engine" <merged engine settings>): the top-level engine overridden by the
+pool's own.
 */}}
 {{- define "pdserve.engineFlags" -}}
-{{- $pairs := list (list "--engine" .type) }}
-{{- if eq .type "ref" }}
-{{- $pairs = append $pairs (list "--preset" .preset) }}
-{{- $pairs = append $pairs (list "--seed" .seed) }}
-{{- $pairs = append $pairs (list "--engine-threads" .threads) }}
-{{- else if eq .type "sim" }}
-{{- $pairs = append $pairs (list "--profile" .profile) }}
-{{- $pairs = append $pairs (list "--time-scale" .timeScale) }}
-{{- $pairs = append $pairs (list "--payload-scale" .payloadScale) }}
+{{- $e := .engine }}
+{{- $pairs := list (list "--engine" $e.type) }}
+{{- if eq $e.type "ref" }}
+{{- $pairs = append $pairs (list "--preset" $e.preset) }}
+{{- $pairs = append $pairs (list "--seed" $e.seed) }}
+{{- $pairs = append $pairs (list "--engine-threads" $e.threads) }}
+{{- else if eq $e.type "sim" }}
+{{- $pairs = append $pairs (list "--profile" $e.profile) }}
+{{- $pairs = append $pairs (list "--time-scale" $e.timeScale) }}
+{{- $pairs = append $pairs (list "--payload-scale" $e.payloadScale) }}
+{{- else if eq $e.type "llamacpp" }}
+{{- $l := default dict $e.llamacpp }}
+{{- $pairs = append $pairs (list "--model" (include "pdserve.modelPath" .root)) }}
+{{- $pairs = append $pairs (list "--gpu-layers" $l.gpuLayers) }}
+{{- $pairs = append $pairs (list "--ctx-size" $l.ctxSize) }}
+{{- $pairs = append $pairs (list "--kv-type" $l.kvType) }}
+{{- $pairs = append $pairs (list "--max-seqs" $l.maxSeqs) }}
+{{- $pairs = append $pairs (list "--engine-threads" $l.threads) }}
 {{- end }}
 {{- include "pdserve.flags" $pairs }}
+{{- end }}
+
+{{/*
+"true" when the release runs the llamacpp engine (a release-wide choice:
+the schema keeps the pools from switching it), else "".
+*/}}
+{{- define "pdserve.llamacpp" -}}
+{{- if eq .Values.engine.type "llamacpp" }}true{{ end }}
+{{- end }}
+
+{{/*
+Path of the GGUF model file inside the containers.
+*/}}
+{{- define "pdserve.modelPath" -}}
+{{- $m := .Values.model }}
+{{- printf "%s/%s" (trimSuffix "/" $m.mountPath) (required "model.file is required with engine.type=llamacpp" $m.file) }}
+{{- end }}
+
+{{/*
+Image fields of a pdserve container: the component's own image, or with
+the llamacpp engine the llama.cpp image, which holds all three binaries,
+and then the command that names the binary. Call with (dict "root" $
+"image" <the component's own image> "llamacpp" <image.llamacpp or
+image.llamacppCPU> "binary" <binary name>).
+*/}}
+{{- define "pdserve.componentImage" -}}
+{{- if include "pdserve.llamacpp" .root -}}
+image: {{ include "pdserve.image" (dict "root" .root "image" .llamacpp) }}
+imagePullPolicy: {{ .llamacpp.pullPolicy }}
+command: [{{ printf "/usr/local/bin/%s" .binary | quote }}]
+{{- else -}}
+image: {{ include "pdserve.image" (dict "root" .root "image" .image) }}
+imagePullPolicy: {{ .image.pullPolicy }}
+{{- end }}
+{{- end }}
+
+{{/*
+Environment of a pdserve container for the llamacpp engine: where the
+image keeps libllama and libggml*. Call with (dict "root" $ "llamacpp"
+<image.llamacpp or image.llamacppCPU>); empty without llamacpp.
+*/}}
+{{- define "pdserve.llamacppEnv" -}}
+{{- if include "pdserve.llamacpp" .root }}
+- name: PDSERVE_LLAMA_LIB
+  value: {{ .llamacpp.libDir | quote }}
+{{- end }}
+{{- end }}
+
+{{/*
+Volume mount of the model, read-only; empty without llamacpp.
+*/}}
+{{- define "pdserve.modelMount" -}}
+{{- if include "pdserve.llamacpp" . }}
+{{- $m := .Values.model }}
+- name: model
+  mountPath: {{ $m.mountPath }}
+  readOnly: true
+  {{- if and (ne $m.source "hostPath") $m.pvc.subPath (or (eq $m.source "pvc") (eq $m.download.into "pvc")) }}
+  subPath: {{ $m.pvc.subPath }}
+  {{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The model volume; empty without llamacpp.
+*/}}
+{{- define "pdserve.modelVolume" -}}
+{{- if include "pdserve.llamacpp" . }}
+{{- $m := .Values.model }}
+- name: model
+  {{- if or (eq $m.source "pvc") (and (eq $m.source "download") (eq $m.download.into "pvc")) }}
+  persistentVolumeClaim:
+    claimName: {{ required "model.pvc.claimName is required" $m.pvc.claimName }}
+    {{- if eq $m.source "pvc" }}
+    readOnly: true
+    {{- end }}
+  {{- else if eq $m.source "hostPath" }}
+  hostPath:
+    path: {{ required "model.hostPath.path is required" $m.hostPath.path }}
+    type: Directory
+  {{- else if eq $m.source "download" }}
+  emptyDir:
+    sizeLimit: {{ $m.download.sizeLimit }}
+  {{- else }}
+  {{- fail "model.source must be pvc, hostPath or download with engine.type=llamacpp" }}
+  {{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Init containers of a pod that reads the model: with model.source
+download, one that fetches model.download.url into the model volume
+(skipped when the file is already there, as on a shared PVC). The token,
+if any, comes from the Secret into the environment and reaches curl as a
+config line on its standard input, so it is in no command line. The file
+is written under a temporary name and renamed when complete (and its
+SHA-256 checked, if given), so that a reader never sees a partial file.
+*/}}
+{{- define "pdserve.modelInit" -}}
+{{- $m := .Values.model }}
+{{- if and (include "pdserve.llamacpp" .) (eq $m.source "download") }}
+{{- $d := $m.download }}
+- name: model-download
+  image: {{ printf "%s:%s" $d.image.repository $d.image.tag }}
+  imagePullPolicy: {{ $d.image.pullPolicy }}
+  command: ["/bin/sh", "-c"]
+  args:
+    - |
+      {{- include "pdserve.downloadScript" . | nindent 6 }}
+  env:
+    - name: MODEL_URL
+      value: {{ required "model.download.url is required with model.source=download" $d.url | quote }}
+    - name: MODEL_DEST
+      value: {{ include "pdserve.modelPath" . | quote }}
+    - name: MODEL_SHA256
+      value: {{ $d.sha256 | quote }}
+    {{- if $d.tokenSecret.name }}
+    - name: MODEL_TOKEN
+      valueFrom:
+        secretKeyRef:
+          name: {{ $d.tokenSecret.name }}
+          key: {{ $d.tokenSecret.key }}
+    {{- end }}
+  resources:
+    {{- toYaml $d.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml .Values.securityContext | nindent 4 }}
+  volumeMounts:
+    - name: model
+      mountPath: {{ $m.mountPath }}
+      {{- if and (eq $d.into "pvc") $m.pvc.subPath }}
+      subPath: {{ $m.pvc.subPath }}
+      {{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+The model download, a POSIX sh script over the environment of
+pdserve.modelInit (MODEL_URL, MODEL_DEST, MODEL_SHA256, MODEL_TOKEN).
+*/}}
+{{- define "pdserve.downloadScript" -}}
+set -eu
+if [ -s "$MODEL_DEST" ]; then
+  echo "model: $MODEL_DEST is present"
+  exit 0
+fi
+mkdir -p "$(dirname "$MODEL_DEST")"
+part="$MODEL_DEST.part-${HOSTNAME:-$$}"
+trap 'rm -f "$part"' EXIT
+echo "model: downloading $MODEL_URL"
+{ if [ -n "${MODEL_TOKEN:-}" ]; then printf 'header = "Authorization: Bearer %s"\n' "$MODEL_TOKEN"; fi; } |
+  curl -q --config - --fail --location --retry 5 --retry-connrefused --silent --show-error --output "$part" "$MODEL_URL"
+if [ -n "${MODEL_SHA256:-}" ]; then
+  echo "$MODEL_SHA256  $part" | sha256sum -c -
+fi
+mv -f "$part" "$MODEL_DEST"
+trap - EXIT
+echo "model: $MODEL_DEST ready"
 {{- end }}
 
 {{/*

@@ -8,6 +8,9 @@ Call with (dict "root" $ "component" "prefill" "binary" "prefill-worker"
 {{- $pool := .pool }}
 {{- $component := .component }}
 {{- $engine := include "pdserve.poolEngine" (dict "root" $root "pool" $pool) | fromYaml }}
+{{- if ne (eq $engine.type "llamacpp") (eq $root.Values.engine.type "llamacpp") }}
+{{- fail (printf "%s: engine.type llamacpp is release-wide: set it in engine.type, not in a pool's engine" $component) }}
+{{- end }}
 {{- $args := list
   (printf "--grpc-addr=:%s" (include "pdserve.fmt" $pool.grpcPort))
   (printf "--advertise-addr=$(POD_IP):%s" (include "pdserve.fmt" $pool.grpcPort))
@@ -22,7 +25,7 @@ preStop sleep, less 5 s to exit. */}}
 {{- fail (printf "%s: terminationGracePeriodSeconds must exceed preStopSleepSeconds + 5" $component) }}
 {{- end }}
 {{- $args = append $args (printf "--drain-timeout=%ds" $drain) }}
-{{- $args = concat $args (include "pdserve.engineFlags" $engine | fromYamlArray) .args }}
+{{- $args = concat $args (include "pdserve.engineFlags" (dict "root" $root "engine" $engine) | fromYamlArray) .args }}
 {{- if $root.Values.tls.enabled }}
 {{- $args = concat $args (list "--tls-cert=/etc/pdserve/tls/tls.crt" "--tls-key=/etc/pdserve/tls/tls.key" "--tls-ca=/etc/pdserve/tls/ca.crt" (printf "--tls-server-name=%s" $root.Values.tls.serverName)) }}
 {{- end }}
@@ -92,15 +95,21 @@ spec:
       {{- with include "pdserve.topologySpread" (dict "root" $root "component" $component "pool" $pool) | trim }}
       {{- . | nindent 6 }}
       {{- end }}
+      {{- with include "pdserve.modelInit" $root | trim }}
+      initContainers:
+        {{- . | nindent 8 }}
+      {{- end }}
       containers:
         - name: {{ .binary }}
-          image: {{ include "pdserve.image" (dict "root" $root "image" $pool.image) }}
-          imagePullPolicy: {{ $pool.image.pullPolicy }}
+          {{- include "pdserve.componentImage" (dict "root" $root "image" $pool.image "llamacpp" $root.Values.image.llamacpp "binary" .binary) | nindent 10 }}
           args:
             {{- toYaml $args | nindent 12 }}
           env:
             {{- include "pdserve.podEnv" $root | trim | nindent 12 }}
             {{- include "pdserve.natsEnv" $root | trim | nindent 12 }}
+            {{- with include "pdserve.llamacppEnv" (dict "root" $root "llamacpp" $root.Values.image.llamacpp) | trim }}
+            {{- . | nindent 12 }}
+            {{- end }}
             {{- with $pool.extraEnv }}
             {{- toYaml . | nindent 12 }}
             {{- end }}
@@ -116,8 +125,9 @@ spec:
               path: /healthz
               port: metrics
             periodSeconds: 2
-            # Building an engine (synthetic weights or a profile) may take a while.
-            failureThreshold: 150
+            # Building an engine (synthetic weights or a profile) may take a
+            # while; loading a GGUF model from a volume onto the GPU longer.
+            failureThreshold: {{ ternary 900 150 (eq $engine.type "llamacpp") }}
           livenessProbe:
             httpGet:
               path: /healthz
@@ -150,10 +160,16 @@ spec:
               mountPath: /etc/pdserve/tls
               readOnly: true
             {{- end }}
+            {{- with include "pdserve.modelMount" $root | trim }}
+            {{- . | nindent 12 }}
+            {{- end }}
       volumes:
         - name: tmp
           emptyDir:
             sizeLimit: 256Mi
+        {{- with include "pdserve.modelVolume" $root | trim }}
+        {{- . | nindent 8 }}
+        {{- end }}
         {{- if $root.Values.tls.enabled }}
         - name: tls
           secret:
