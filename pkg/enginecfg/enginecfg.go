@@ -57,6 +57,9 @@ type Options struct {
 	KVType string
 	// MaxSeqs is the number of sequences a llamacpp engine holds at once.
 	MaxSeqs int
+	// NoRepack keeps llamacpp's weights in their file layout (no CPU
+	// repacking), as llama-server's --no-repack does.
+	NoRepack bool
 }
 
 // DefaultOptions returns the flag defaults: the tiny ref preset, seed 1.
@@ -66,7 +69,7 @@ func DefaultOptions() Options {
 
 // AddFlags registers --engine, --preset, --seed, --engine-threads,
 // --profile, --time-scale, --payload-scale, --model, --llama-lib,
-// --gpu-layers, --ctx-size, --kv-type and --max-seqs on fs, with o's
+// --gpu-layers, --ctx-size, --kv-type, --max-seqs and --no-repack on fs, with o's
 // values as defaults.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Engine, "engine", o.Engine, "engine: ref (reference CPU transformer, synthetic weights), sim (performance model) or llamacpp (GGUF models on llama.cpp)")
@@ -82,6 +85,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.CtxSize, "ctx-size", o.CtxSize, "llamacpp engine: KV cache in tokens, shared by all sequences (0: the model's training context)")
 	fs.StringVar(&o.KVType, "kv-type", o.KVType, "llamacpp engine: KV cache type, f16 or q8_0")
 	fs.IntVar(&o.MaxSeqs, "max-seqs", o.MaxSeqs, "llamacpp engine: sequences held at once, in [1, 256]")
+	fs.BoolVar(&o.NoRepack, "no-repack", o.NoRepack, "llamacpp engine: keep weights in their file layout instead of repacking them for llama.cpp's faster CPU kernels (as llama-server --no-repack)")
 }
 
 // Validate reports every invalid field in one error.

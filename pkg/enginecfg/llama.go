@@ -46,7 +46,7 @@ func (o Options) buildLlama() (engine.Engine, error) {
 	kv, _ := o.llamaKVType()
 	e, err := llamacpp.New(llamacpp.Options{
 		LibDir: o.LlamaLib, Model: o.Model, GPULayers: o.GPULayers, CtxSize: o.CtxSize,
-		Threads: o.Threads, KVType: kv, MaxSeqs: o.MaxSeqs,
+		Threads: o.Threads, KVType: kv, MaxSeqs: o.MaxSeqs, NoRepack: o.NoRepack,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("enginecfg: %w", err)
@@ -57,7 +57,7 @@ func (o Options) buildLlama() (engine.Engine, error) {
 func (o Options) llamaLogFields() []zap.Field {
 	return []zap.Field{zap.String("engine", o.Engine), zap.String("model", o.Model), zap.String("llama_lib", llamacpp.LibDir(o.LlamaLib)),
 		zap.Int("gpu_layers", o.GPULayers), zap.Int("ctx_size", o.CtxSize), zap.String("kv_type", o.KVType),
-		zap.Int("max_seqs", o.MaxSeqs), zap.Int("engine_threads", o.Threads)}
+		zap.Int("max_seqs", o.MaxSeqs), zap.Int("engine_threads", o.Threads), zap.Bool("no_repack", o.NoRepack)}
 }
 
 // Tokenizer returns the tokenizer a coordinator uses for these settings

@@ -153,6 +153,11 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 	}
 	w.model, w.maxSeqLen = w.eng.Spec().Name, w.eng.Spec().MaxSeqLen
 	o.Decode = fitPool(o.Decode, w.eng, w.log)
+	if t, ok := w.eng.(transferEngine); ok && o.Role != control.RoleColocated {
+		if err := t.Transferable(); err != nil {
+			return nil, fmt.Errorf("workerrun: a %s worker moves KV between pools, which this model cannot (run it colocated): %w", o.Role, err)
+		}
+	}
 
 	reg, gatherer := w.registry()
 	if err := registerEngineMetrics(reg, w.eng); err != nil {
@@ -592,6 +597,12 @@ func Run(ctx context.Context, o Options, logger *zap.Logger, ready func(addr str
 	sctx, cancel := context.WithTimeout(context.Background(), w.o.DrainTimeout+grpcStopTimeout+httpStopTimeout+natsStopTimeout)
 	defer cancel()
 	return w.Stop(sctx)
+}
+
+// transferEngine is an engine that can tell whether its KV can leave and
+// enter it (llamacpp: not for every architecture).
+type transferEngine interface {
+	Transferable() error
 }
 
 // capacityEngine is an engine whose KV memory is fixed when it is built

@@ -36,6 +36,8 @@ type Options struct {
 	// BatchTokens is the largest number of tokens one llama_decode call
 	// takes; larger steps are split. 0 means min(CtxSize, 2048).
 	BatchTokens int
+	// NoRepack: see LoadOptions.
+	NoRepack bool
 }
 
 // Errors of this engine beyond engine's own; match with errors.Is.
@@ -44,8 +46,10 @@ var (
 	ErrNoSlot = errors.New("llamacpp: no free sequence slot")
 	// ErrNoKVSpace: llama.cpp found no room in its KV cache for a step.
 	ErrNoKVSpace = errors.New("llamacpp: KV cache full")
-	// ErrNoTransfer: the model keeps per-cell state (M-RoPE positions, …)
-	// that the canonical KV layout cannot carry; it serves colocated only.
+	// ErrNoTransfer: the model's KV cache has a form the canonical layout
+	// cannot carry (a sliding-window or recurrent cache, per-cell M-RoPE
+	// positions, K and V rows of different sizes); it serves colocated
+	// only.
 	ErrNoTransfer = errors.New("llamacpp: this model's KV cannot be exported or imported")
 )
 
@@ -61,9 +65,10 @@ var (
 type Engine struct {
 	a        *api
 	model    *Model
-	ownModel bool    // Close closes the model too
-	ctx      uintptr // *llama_context
-	mem      uintptr // llama_memory_t
+	ownModel bool     // Close closes the model too
+	ct       *cthread // the OS thread every llama_decode runs on
+	ctx      uintptr  // *llama_context
+	mem      uintptr  // llama_memory_t
 	spec     engine.ModelSpec
 	lo       layout
 	nSlot    int
@@ -87,6 +92,8 @@ type Engine struct {
 	scratch engine.SampleScratch
 	kept    [][]float32 // logits copied out of earlier llama_decode calls
 
+	noTransfer error // why KV cannot leave or enter, or nil
+
 	cellsTotal int          // the context's KV cells
 	cellsUsed  atomic.Int64 // UsedCells after the last change, for Collector
 	seqsLive   atomic.Int64 // len(seqs) after the last change
@@ -109,7 +116,7 @@ type seqState struct {
 
 // New loads the model and creates the engine. The caller must Close it.
 func New(o Options) (*Engine, error) {
-	m, err := LoadModel(o.Model, LoadOptions{LibDir: o.LibDir, GPULayers: o.GPULayers})
+	m, err := LoadModel(o.Model, LoadOptions{LibDir: o.LibDir, GPULayers: o.GPULayers, NoRepack: o.NoRepack})
 	if err != nil {
 		return nil, err
 	}
@@ -124,7 +131,7 @@ func New(o Options) (*Engine, error) {
 
 // NewOnModel creates an engine on a loaded model, which engines may share
 // (each has its own context and KV cache; the weights are loaded once).
-// o.Model, o.LibDir and o.GPULayers are not used. Close the engine before
+// o.Model, o.LibDir, o.GPULayers and o.NoRepack are not used. Close the engine before
 // the model.
 func NewOnModel(m *Model, o Options) (*Engine, error) {
 	a := m.api
@@ -167,11 +174,14 @@ func NewOnModel(m *Model, o Options) (*Engine, error) {
 	p.typeK, p.typeV = kvType, kvType
 	p.kvUnified = true
 	p.noPerf = true
-	ctx := a.initFromModel(m.ptr, p)
+	ct := startCThread()
+	var ctx uintptr
+	ct.do(func() { ctx = a.initFromModel(m.ptr, p) })
 	if ctx == 0 {
+		ct.stop()
 		return nil, fmt.Errorf("llamacpp: llama.cpp could not create a context (ctx size %d, %d sequences, kv %v) for %s; run with --log-level debug for its reason", o.CtxSize, o.MaxSeqs, o.KVType, m.path)
 	}
-	e := &Engine{a: a, model: m, ctx: ctx, mem: a.getMemory(ctx), nSlot: o.MaxSeqs, nBat: int(a.nBatch(ctx)), seqs: map[engine.SeqID]*seqState{}}
+	e := &Engine{a: a, model: m, ct: ct, ctx: ctx, mem: a.getMemory(ctx), nSlot: o.MaxSeqs, nBat: int(a.nBatch(ctx)), seqs: map[engine.SeqID]*seqState{}}
 	for s := o.MaxSeqs - 1; s >= 0; s-- {
 		e.slots = append(e.slots, int32(s))
 	}
@@ -185,7 +195,9 @@ func NewOnModel(m *Model, o Options) (*Engine, error) {
 		e.bNSeq[i] = 1
 		e.bSeqPtr[i] = uintptr(unsafe.Pointer(&e.bSeq[i]))
 	}
-	if err := e.probe(o, min(o.CtxSize, train)); err != nil {
+	var perr error
+	ct.do(func() { perr = e.probe(o, min(o.CtxSize, train)) })
+	if err := perr; err != nil {
 		e.closeContext()
 		return nil, err
 	}
@@ -207,20 +219,32 @@ func (e *Engine) probe(o Options, maxSeq int) error {
 	if err != nil {
 		return err
 	}
-	lo, err := probeLayout(b)
+	lo, lerr := probeLayout(b)
 	e.a.memorySeqRm(e.mem, slot, -1, -1)
-	if err != nil {
-		return fmt.Errorf("llamacpp: %s: %w", e.model.path, err)
+	kvHeads := int(e.a.modelNHeadKV(e.model.ptr))
+	headDim := headDim(e.model)
+	layers := int(e.a.modelNLayer(e.model.ptr))
+	if lerr == nil {
+		vals := lo.kRow / 2
+		if o.KVType == engine.Q8_0 {
+			vals = lo.kRow / (2 + engine.Q80Block) * engine.Q80Block
+		}
+		switch {
+		case lo.kRow != lo.vRow || kvHeads <= 0 || vals%kvHeads != 0:
+			lerr = fmt.Errorf("K rows of %d bytes, V rows of %d, %d KV heads: the canonical layout needs K and V rows of one size", lo.kRow, lo.vRow, kvHeads)
+		case lo.extBytes != 0:
+			lerr = fmt.Errorf("the KV cache keeps %d more bytes per cell (M-RoPE positions, …) than the canonical layout carries", lo.extBytes)
+		default:
+			headDim, layers = vals/kvHeads, lo.nLayer
+		}
+	}
+	if lerr != nil {
+		// The model runs, but its KV cannot cross between engines (a
+		// sliding-window or recurrent cache, extra per-cell state): it
+		// serves colocated.
+		e.noTransfer = fmt.Errorf("llamacpp: %s: %w: %v", e.model.path, ErrNoTransfer, lerr)
 	}
 	e.lo = lo
-	kvHeads := int(e.a.modelNHeadKV(e.model.ptr))
-	vals := lo.kRow / 2
-	if o.KVType == engine.Q8_0 {
-		vals = lo.kRow / (2 + engine.Q80Block) * engine.Q80Block
-	}
-	if lo.kRow != lo.vRow || kvHeads <= 0 || vals%kvHeads != 0 {
-		return fmt.Errorf("llamacpp: %s: K rows of %d bytes, V rows of %d, %d KV heads: pdserve needs K and V rows of one size", e.model.path, lo.kRow, lo.vRow, kvHeads)
-	}
 	arch := e.model.Arch()
 	theta := 10000.0
 	if s, ok := e.model.Meta(arch + ".rope.freq_base"); ok {
@@ -230,22 +254,27 @@ func (e *Engine) probe(o Options, maxSeq int) error {
 	}
 	ffn, _ := e.model.metaInt(arch + ".feed_forward_length")
 	e.spec = engine.ModelSpec{
-		Name: e.model.Name(), Layers: lo.nLayer,
-		Heads: int(e.a.modelNHead(e.model.ptr)), KVHeads: kvHeads, HeadDim: vals / kvHeads,
+		Name: e.model.Name(), Layers: layers,
+		Heads: int(e.a.modelNHead(e.model.ptr)), KVHeads: kvHeads, HeadDim: headDim,
 		Hidden: int(e.a.modelNEmbd(e.model.ptr)), Intermediate: ffn, Vocab: tok.Vocab(),
 		MaxSeqLen: maxSeq, RopeTheta: theta, KVDType: o.KVType, BOS: tok.BOS(), EOS: tok.EOS(),
 	}
-	if e.spec.Heads%kvHeads != 0 {
+	if kvHeads > 0 && e.spec.Heads%kvHeads != 0 {
 		e.spec.Heads = kvHeads // a spec the contract accepts; Heads is informational here
 	}
 	if err := e.spec.Validate(); err != nil {
 		return fmt.Errorf("llamacpp: %s: %w", e.model.path, err)
 	}
-	if e.spec.KVTokenBytes() != lo.kRow+lo.vRow {
+	if e.noTransfer == nil && e.spec.KVTokenBytes() != lo.kRow+lo.vRow {
 		return fmt.Errorf("llamacpp: %s: KV token of %d bytes, spec says %d", e.model.path, lo.kRow+lo.vRow, e.spec.KVTokenBytes())
 	}
 	return nil
 }
+
+// Transferable returns nil when the engine's KV can be exported and
+// imported, else an error wrapping ErrNoTransfer that says why: such a
+// model serves colocated only.
+func (e *Engine) Transferable() error { return e.noTransfer }
 
 // Close frees the context and the model.
 func (e *Engine) Close() {
@@ -258,8 +287,9 @@ func (e *Engine) Close() {
 
 func (e *Engine) closeContext() {
 	if e.ctx != 0 {
-		e.a.free(e.ctx)
+		e.ct.do(func() { e.a.free(e.ctx) })
 		e.ctx = 0
+		e.ct.stop()
 	}
 }
 

@@ -91,40 +91,14 @@ func testEquivalence(t *testing.T, model string, kvType engine.DType, tc equivCa
 	if diff := cmp.Diff(firsts, prefillMix(t, a2, prompts, tc.chunk)); diff != "" {
 		t.Fatalf("first tokens of two identical prefills differ:\n%s", diff)
 	}
-	raw := make([][][]byte, len(prompts)) // [prompt][layer]
-	for i, p := range prompts {
-		for l := range spec.Layers {
-			b, err := a2.ExportKV(engine.SeqID(i+1), l, 0, len(p), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			raw[i] = append(raw[i], b)
-		}
-	}
+	raw := exportAll(t, a2, prompts)
 	for _, c := range codec.LosslessCodecs() {
 		if c.Supports(spec.KVDType) != nil {
 			continue
 		}
 		t.Run(c.Name(), func(t *testing.T) {
 			b := newTestEngine(t, model, opts)
-			for i := range prompts {
-				for l, r := range raw[i] {
-					enc, err := c.Encode(nil, r, spec.KVDType)
-					if err != nil {
-						t.Fatal(err)
-					}
-					dec, err := c.Decode(nil, enc, len(r), spec.KVDType)
-					if err != nil {
-						t.Fatal(err)
-					}
-					if !bytes.Equal(dec, r) {
-						t.Fatalf("codec %s: round trip of layer %d changed the KV", c.Name(), l)
-					}
-					if err := b.ImportKV(engine.SeqID(i+1), l, 0, dec); err != nil {
-						t.Fatal(err)
-					}
-				}
-			}
+			transfer(t, b, raw, c, true)
 			bTokens, bLogits := decodeAll(t, b, len(prompts), firsts, genTokens-1)
 			for i := range prompts {
 				if diff := cmp.Diff(aTokens[i], bTokens[i]); diff != "" {
@@ -217,4 +191,47 @@ func maxDiff(a, b []float32) float64 {
 		d = max(d, math.Abs(float64(a[i]-b[i])))
 	}
 	return d
+}
+
+// exportAll exports every layer of seqs 1…n (prompts[i] tokens each):
+// [prompt][layer].
+func exportAll(t *testing.T, e *Engine, prompts [][]int32) [][][]byte {
+	t.Helper()
+	raw := make([][][]byte, len(prompts))
+	for i, p := range prompts {
+		for l := range e.Spec().Layers {
+			b, err := e.ExportKV(engine.SeqID(i+1), l, 0, len(p), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			raw[i] = append(raw[i], b)
+		}
+	}
+	return raw
+}
+
+// transfer codes raw (from exportAll) with c as a transfer does and
+// imports the decoded KV into e as seqs 1…n; exact demands that the codec
+// gave the bytes back unchanged.
+func transfer(t *testing.T, e *Engine, raw [][][]byte, c codec.Codec, exact bool) {
+	t.Helper()
+	dt := e.Spec().KVDType
+	for i := range raw {
+		for l, r := range raw[i] {
+			enc, err := c.Encode(nil, r, dt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			dec, err := c.Decode(nil, enc, len(r), dt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if exact && !bytes.Equal(dec, r) {
+				t.Fatalf("codec %s: round trip of layer %d changed the KV", c.Name(), l)
+			}
+			if err := e.ImportKV(engine.SeqID(i+1), l, 0, dec); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 }

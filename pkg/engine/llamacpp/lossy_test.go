@@ -3,7 +3,6 @@ package llamacpp
 import (
 	"testing"
 
-	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/kv/codec"
 )
 
@@ -25,37 +24,13 @@ func TestLossyCodecs(t *testing.T) {
 	for _, model := range []string{"llama-f32", "qwen2-f16"} {
 		t.Run(model, func(t *testing.T) {
 			a := newTestEngine(t, model, nil)
-			spec := a.Spec()
 			tok := a.Tokenizer()
 			prompts := [][]int32{tok.Encode("The quick brown fox jumps over the lazy dog"), tok.Encode("Grüße aus Köln — 世界")}
 			firsts := prefillMix(t, a, prompts, 0)
-			raw := make([][][]byte, len(prompts))
-			for i, p := range prompts {
-				for l := range spec.Layers {
-					b, err := a.ExportKV(engine.SeqID(i+1), l, 0, len(p), nil)
-					if err != nil {
-						t.Fatal(err)
-					}
-					raw[i] = append(raw[i], b)
-				}
-			}
+			raw := exportAll(t, a, prompts)
 			run := func(c codec.Codec) ([][]int32, [][]float32) {
 				b := newTestEngine(t, model, nil)
-				for i := range prompts {
-					for l, r := range raw[i] {
-						enc, err := c.Encode(nil, r, spec.KVDType)
-						if err != nil {
-							t.Fatal(err)
-						}
-						dec, err := c.Decode(nil, enc, len(r), spec.KVDType)
-						if err != nil {
-							t.Fatal(err)
-						}
-						if err := b.ImportKV(engine.SeqID(i+1), l, 0, dec); err != nil {
-							t.Fatal(err)
-						}
-					}
-				}
+				transfer(t, b, raw, c, false)
 				return decodeAll(t, b, len(prompts), firsts, genTokens-1)
 			}
 			none, _ := codec.ByName("none")

@@ -33,6 +33,9 @@ type LoadOptions struct {
 	GPULayers int
 	// VocabOnly loads the tokenizer and chat template without weights.
 	VocabOnly bool
+	// NoRepack keeps weights in their file layout instead of repacking
+	// them for llama.cpp's faster CPU kernels (llama-server's --no-repack).
+	NoRepack bool
 }
 
 // LoadModel loads the GGUF file at path. Errors: ErrNoLibrary, a missing or
@@ -51,6 +54,9 @@ func LoadModel(path string, o LoadOptions) (*Model, error) {
 		p.nGPULayers = -1
 	}
 	p.vocabOnly = o.VocabOnly
+	if o.NoRepack {
+		p.useExtraBufts = false
+	}
 	ptr := a.modelLoadFromFile(path, p)
 	if ptr == 0 {
 		return nil, fmt.Errorf("llamacpp: llama.cpp could not load model %s (not a GGUF file, an architecture this llama.cpp does not know, or not enough memory; run with --log-level debug for llama.cpp's reason)", path)

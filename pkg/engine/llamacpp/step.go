@@ -40,6 +40,14 @@ func (e *Engine) Step(ctx context.Context, prefill []engine.PrefillItem, decode 
 	if len(prefill)+len(decode) == 0 {
 		return nil, nil, nil
 	}
+	e.ct.do(func() { pOut, dOut, err = e.step(ctx, prefill, decode, onKV) })
+	return pOut, dOut, err
+}
+
+func (e *Engine) step(ctx context.Context, prefill []engine.PrefillItem, decode []engine.DecodeItem, onKV engine.KVFunc) (pOut, dOut []engine.Output, err error) {
+	if len(prefill)+len(decode) == 0 {
+		return nil, nil, nil
+	}
 	if err := e.check(prefill, decode); err != nil {
 		return nil, nil, err
 	}
@@ -202,8 +210,8 @@ func (e *Engine) handOut(prefill []engine.PrefillItem, seqOf []*seqState, win []
 		if !ok {
 			continue
 		}
-		if e.lo.extBytes != 0 {
-			return fmt.Errorf("llamacpp: hand out KV of seq %d: %w", it.Seq, ErrNoTransfer)
+		if e.noTransfer != nil {
+			return e.noTransfer
 		}
 		if err := e.viewOf(st); err != nil {
 			return err
@@ -354,8 +362,8 @@ func (e *Engine) ExportKV(seq engine.SeqID, layer, start, end int, dst []byte) (
 	if layer < 0 || layer >= e.spec.Layers || start < 0 || start > end || end > st.lens[layer] {
 		return dst, fmt.Errorf("llamacpp: export seq %d layer %d [%d, %d) of %d tokens: %w", seq, layer, start, end, layerLen(st, layer), engine.ErrRange)
 	}
-	if e.lo.extBytes != 0 {
-		return dst, fmt.Errorf("llamacpp: export seq %d: %w", seq, ErrNoTransfer)
+	if e.noTransfer != nil {
+		return dst, e.noTransfer
 	}
 	if err := e.materializeIfComplete(st); err != nil {
 		return dst, err
@@ -411,8 +419,8 @@ func (e *Engine) ImportKV(seq engine.SeqID, layer, start int, data []byte) error
 	if layer < 0 || layer >= e.spec.Layers || len(data)%tb != 0 {
 		return fmt.Errorf("llamacpp: import seq %d layer %d: %d bytes (tokens of %d bytes, %d layers): %w", seq, layer, len(data), tb, e.spec.Layers, engine.ErrRange)
 	}
-	if e.lo.extBytes != 0 {
-		return fmt.Errorf("llamacpp: import seq %d: %w", seq, ErrNoTransfer)
+	if e.noTransfer != nil {
+		return e.noTransfer
 	}
 	n := len(data) / tb
 	st, ok := e.seqs[seq]
