@@ -229,9 +229,6 @@ func load(dir string) (*api, error) {
 	if a, ok := loaded[abs]; ok {
 		return a, nil
 	}
-	if loadedAt != "" {
-		return nil, fmt.Errorf("llamacpp: this process already uses llama.cpp from %s; cannot also load %s", loadedAt, abs)
-	}
 	if runtime.GOOS != "linux" && runtime.GOOS != "darwin" {
 		return nil, fmt.Errorf("%w: loading llama.cpp is supported on linux and darwin, not %s", ErrNoLibrary, runtime.GOOS)
 	}
@@ -247,6 +244,9 @@ func load(dir string) (*api, error) {
 		}
 		return nil, fmt.Errorf("%w: %s missing in %s; run `make llama` (installs the pinned prebuilt CPU build into %s), or point --llama-lib (or $%s) at the directory of your own llama.cpp build (build/bin)",
 			ErrNoLibrary, strings.Join(missing, " and "), abs, DefaultLibDir, EnvLib)
+	}
+	if loadedAt != "" {
+		return nil, fmt.Errorf("llamacpp: this process already uses llama.cpp from %s; cannot also load %s", loadedAt, abs)
 	}
 	// libggml first, global, so that libllama and the backends it loads
 	// resolve against it.

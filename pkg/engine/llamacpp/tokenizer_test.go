@@ -1,6 +1,7 @@
 package llamacpp
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -133,5 +134,24 @@ func TestChatTemplate(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestMissingLibrary: without the libraries the error names what is
+// missing, where, and how to get it.
+func TestMissingLibrary(t *testing.T) {
+	dir := t.TempDir()
+	model := filepath.Join(dir, "m.gguf")
+	if err := os.WriteFile(model, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := LoadModel(model, LoadOptions{LibDir: dir})
+	if !errors.Is(err, ErrNoLibrary) {
+		t.Fatalf("LoadModel with no libraries: %v, want ErrNoLibrary", err)
+	}
+	for _, want := range []string{"libllama*.so", "libggml*.so", dir, "make llama", "--llama-lib", EnvLib} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q does not mention %q", err, want)
+		}
 	}
 }
