@@ -466,6 +466,9 @@ func TestBadInput(t *testing.T) {
 		{"prompt over api key budget", `{"prompt": "abcde"}`, "tiny-key", "prompt_too_long"},
 		{"max_tokens over cap", `{"prompt": "a", "max_tokens": 201}`, "", "max_tokens_over_cap"},
 		{"n over 1", `{"prompt": "a", "n": 3}`, "", "unsupported_value"},
+		// tiny's context is 1024 tokens: refused by the coordinator, with
+		// no worker asked.
+		{"over the context", `{"prompt": "` + strings.Repeat("a", 900) + `", "max_tokens": 200}`, "", "context_length_exceeded"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

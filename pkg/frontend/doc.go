@@ -20,7 +20,9 @@
 // Errors are JSON {"error":{"message","type","param","code"}}. Malformed
 // JSON, an unknown model, an empty prompt, a prompt over its budget,
 // max_tokens over the cap, n ≠ 1 and other unsupported options get 400.
-// A Backend error wrapping ErrOverloaded gets 429 with Retry-After, one
+// So does a prompt whose tokens plus max_tokens exceed the model's context
+// length (its max_model_len), with code context_length_exceeded and
+// OpenAI's wording, before any worker is asked. A Backend error wrapping ErrOverloaded gets 429 with Retry-After, one
 // wrapping ErrUnavailable gets 503, ErrInvalid 400, anything else 500. An
 // error after the stream started is sent as a final `data: {"error":...}`
 // event followed by `data: [DONE]`.

@@ -278,7 +278,11 @@ func (s *Server) parse(r *http.Request, chat bool, tr *budget.Trace) (*call, *ap
 	model := b.Model
 	if model == "" {
 		model = names[0]
-	} else if !slices.Contains(names, model) {
+	}
+	maxLen := 0 // the model's context length, 0 when unknown
+	if i := slices.Index(names, model); i >= 0 {
+		maxLen = models[i].MaxModelLen
+	} else {
 		return nil, &apiError{status: http.StatusBadRequest, Message: fmt.Sprintf("model %q is not served here (served: %s)", model, strings.Join(names, ", ")),
 			Type: "invalid_request_error", Param: ptr("model"), Code: ptr("model_not_found")}
 	}
@@ -327,6 +331,12 @@ func (s *Server) parse(r *http.Request, chat bool, tr *budget.Trace) (*call, *ap
 	}
 	if limit := s.o.Policy.Limits.MaxTokensCap; maxTokens > limit {
 		return nil, badRequest(param, "max_tokens_over_cap", "%s %d is over the cap of %d", param, maxTokens, limit)
+	}
+	if maxLen > 0 && len(prompt)+maxTokens > maxLen {
+		// vLLM's and OpenAI's wording, checked before any worker is asked.
+		return nil, badRequest(promptParam, "context_length_exceeded",
+			"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the %s, %d in the completion). Please reduce the length of the %s or completion.",
+			maxLen, len(prompt)+maxTokens, len(prompt), promptParam, maxTokens, promptParam)
 	}
 	stops, aerr := b.stops()
 	if aerr != nil {

@@ -632,3 +632,54 @@ func TestReturnTokenIDs(t *testing.T) {
 		t.Errorf("token_ids present without return_token_ids")
 	}
 }
+
+// TestContextLength: prompt + max_tokens over the model's context length
+// is refused before the backend is asked, with OpenAI's and vLLM's wording;
+// exactly the context length is served.
+func TestContextLength(t *testing.T) {
+	calls := 0
+	ts := newTestServer(t, &fakeBackend{complete: func(context.Context, *Request, EmitFunc) (string, error) {
+		calls++
+		return "stop", nil
+	}}, func(o *Options) { o.Models = func() []Model { return []Model{{Name: "small", MaxModelLen: 20}} } })
+	prompt := strings.Repeat("x", 10) // 10 byte-level tokens
+	tests := []struct {
+		name, path, body string
+		status           int
+		param, message   string
+	}{
+		{"fits exactly", RouteCompletions, `{"prompt":"` + prompt + `","max_tokens":10}`, 200, "", ""},
+		{"completion over", RouteCompletions, `{"prompt":"` + prompt + `","max_tokens":11}`, 400, "prompt",
+			"This model's maximum context length is 20 tokens. However, you requested 21 tokens (10 in the prompt, 11 in the completion). Please reduce the length of the prompt or completion."},
+		{"chat over", RouteChat, `{"messages":[{"role":"user","content":"` + prompt + `"}],"max_tokens":11}`, 400, "messages", ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			before := calls
+			resp := ts.post(t, tc.path, tc.body)
+			defer resp.Body.Close()
+			if resp.StatusCode != tc.status {
+				t.Fatalf("status %d, want %d", resp.StatusCode, tc.status)
+			}
+			if tc.status == 200 {
+				if calls != before+1 {
+					t.Errorf("backend not called for a request that fits")
+				}
+				return
+			}
+			e := errorBody(t, resp)
+			if deref(e.Code) != "context_length_exceeded" || deref(e.Param) != tc.param {
+				t.Errorf("error %+v (code %q, param %q), want context_length_exceeded on %q", e, deref(e.Code), deref(e.Param), tc.param)
+			}
+			if tc.message != "" && e.Message != tc.message {
+				t.Errorf("message %q, want %q", e.Message, tc.message)
+			}
+			if !strings.Contains(e.Message, "maximum context length is 20 tokens") {
+				t.Errorf("message %q does not state the context length", e.Message)
+			}
+			if calls != before {
+				t.Errorf("backend called for a request over the context")
+			}
+		})
+	}
+}
