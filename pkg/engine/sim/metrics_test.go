@@ -1,70 +1,51 @@
 package sim
 
 import (
+	"strings"
 	"testing"
 	"time"
 
-	"github.com/google/go-cmp/cmp"
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
-// engineSamples gathers g and returns the pdserve_engine_* counters by
-// "name{worker}".
-func engineSamples(t *testing.T, g prometheus.Gatherer) map[string]float64 {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[string]float64{}
-	for _, mf := range mfs {
-		if mf.GetType() != dto.MetricType_COUNTER {
-			t.Errorf("%s: type %v, want counter", mf.GetName(), mf.GetType())
-		}
-		for _, m := range mf.GetMetric() {
-			worker := ""
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "worker" {
-					worker = l.GetValue()
-				}
-			}
-			got[mf.GetName()+"{"+worker+"}"] = m.GetCounter().GetValue()
-		}
-	}
-	return got
-}
-
+// TestEngineCollector compares the collector's output with golden text.
 func TestEngineCollector(t *testing.T) {
+	const help = `# HELP pdserve_engine_modeled_seconds_total Sum of the modeled step times of the performance-model engine, before the time scale, in seconds.
+# TYPE pdserve_engine_modeled_seconds_total counter
+pdserve_engine_modeled_seconds_total %s
+# HELP pdserve_engine_overrun_seconds_total Sum of the time steps took beyond their scaled modeled time (the process falling behind the model), in seconds.
+# TYPE pdserve_engine_overrun_seconds_total counter
+pdserve_engine_overrun_seconds_total %s
+# HELP pdserve_engine_scaled_seconds_total Sum of the modeled step times times the time scale (the time the steps aimed to take), in seconds.
+# TYPE pdserve_engine_scaled_seconds_total counter
+pdserve_engine_scaled_seconds_total %s
+# HELP pdserve_engine_steps_total Steps run by the performance-model engine (failed steps excluded).
+# TYPE pdserve_engine_steps_total counter
+pdserve_engine_steps_total %s
+`
 	tests := []struct {
-		name string
-		st   Stats
-		want map[string]float64
+		name                           string
+		st                             Stats
+		modeled, overrun, scaled, step string
 	}{
-		{"zero", Stats{}, map[string]float64{
-			"pdserve_engine_steps_total{w}":           0,
-			"pdserve_engine_modeled_seconds_total{w}": 0,
-			"pdserve_engine_scaled_seconds_total{w}":  0,
-			"pdserve_engine_overrun_seconds_total{w}": 0,
-		}},
-		{"counts", Stats{Steps: 7, Modeled: 3 * time.Second, Scaled: 1500 * time.Millisecond, Overrun: 250 * time.Millisecond}, map[string]float64{
-			"pdserve_engine_steps_total{w}":           7,
-			"pdserve_engine_modeled_seconds_total{w}": 3,
-			"pdserve_engine_scaled_seconds_total{w}":  1.5,
-			"pdserve_engine_overrun_seconds_total{w}": 0.25,
-		}},
+		{"zero", Stats{}, "0", "0", "0", "0"},
+		{"counts", Stats{Steps: 7, Modeled: 3 * time.Second, Scaled: 1500 * time.Millisecond, Overrun: 250 * time.Millisecond}, "3", "0.25", "1.5", "7"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			st := tt.st
-			reg := prometheus.NewRegistry()
-			wrapped := prometheus.WrapRegistererWith(prometheus.Labels{"worker": "w"}, reg)
-			if err := wrapped.Register(newEngineCollector(func() Stats { return st })); err != nil {
-				t.Fatal(err)
-			}
-			if diff := cmp.Diff(tt.want, engineSamples(t, reg)); diff != "" {
-				t.Errorf("samples (-want +got):\n%s", diff)
+			want := fmtGolden(help, tt.modeled, tt.overrun, tt.scaled, tt.step)
+			if err := testutil.CollectAndCompare(newEngineCollector(func() Stats { return st }), strings.NewReader(want)); err != nil {
+				t.Error(err)
 			}
 		})
 	}
+}
+
+// fmtGolden fills the %s slots of tmpl in order.
+func fmtGolden(tmpl string, vals ...string) string {
+	for _, v := range vals {
+		tmpl = strings.Replace(tmpl, "%s", v, 1)
+	}
+	return tmpl
 }
