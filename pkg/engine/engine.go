@@ -120,6 +120,25 @@ func (s ModelSpec) KVBytesPerToken() int { return s.Layers * s.KVTokenBytes() }
 // KVChunkBytes is the byte length of the canonical KV of n tokens in one layer.
 func (s ModelSpec) KVChunkBytes(n int) int { return n * s.KVTokenBytes() }
 
+// CheckImport validates an ImportKV of data into layer at token start, the
+// layer holding held tokens, and returns the number of tokens data
+// carries. Errors as Engine.ImportKV documents: ErrRange (a layer out of
+// range, data not whole tokens, start not held), ErrSeqTooLong.
+func (s ModelSpec) CheckImport(layer, start, held int, data []byte) (int, error) {
+	tb := s.KVTokenBytes()
+	if layer < 0 || layer >= s.Layers || tb == 0 || len(data)%tb != 0 {
+		return 0, fmt.Errorf("layer %d: %d bytes (tokens of %d bytes, %d layers): %w", layer, len(data), tb, s.Layers, ErrRange)
+	}
+	n := len(data) / tb
+	if start != held {
+		return 0, fmt.Errorf("layer %d at token %d: layer holds %d tokens: %w", layer, start, held, ErrRange)
+	}
+	if start+n > s.MaxSeqLen {
+		return 0, fmt.Errorf("layer %d: %d tokens > max %d: %w", layer, start+n, s.MaxSeqLen, ErrSeqTooLong)
+	}
+	return n, nil
+}
+
 // SeqID identifies a sequence inside one engine. The caller chooses it; it
 // must be unique among the engine's live sequences.
 type SeqID uint64

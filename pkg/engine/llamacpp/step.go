@@ -415,27 +415,19 @@ func (e *Engine) materializeIfComplete(st *seqState) error {
 // enters llama.cpp when it next runs, once every layer holds the same
 // tokens.
 func (e *Engine) ImportKV(seq engine.SeqID, layer, start int, data []byte) error {
-	tb := e.spec.KVTokenBytes()
-	if layer < 0 || layer >= e.spec.Layers || len(data)%tb != 0 {
-		return fmt.Errorf("llamacpp: import seq %d layer %d: %d bytes (tokens of %d bytes, %d layers): %w", seq, layer, len(data), tb, e.spec.Layers, engine.ErrRange)
+	st, ok := e.seqs[seq]
+	held := 0
+	if ok && layer >= 0 && layer < len(st.lens) {
+		held = st.lens[layer]
+	}
+	n, err := e.spec.CheckImport(layer, start, held, data)
+	if err != nil {
+		return fmt.Errorf("llamacpp: import seq %d: %w", seq, err)
 	}
 	if e.noTransfer != nil {
 		return e.noTransfer
 	}
-	n := len(data) / tb
-	st, ok := e.seqs[seq]
-	cur := 0
-	if ok {
-		cur = st.lens[layer]
-	}
-	if start != cur {
-		return fmt.Errorf("llamacpp: import seq %d layer %d at token %d: layer holds %d tokens: %w", seq, layer, start, cur, engine.ErrRange)
-	}
-	if start+n > e.spec.MaxSeqLen {
-		return fmt.Errorf("llamacpp: import seq %d layer %d: %d tokens > max %d: %w", seq, layer, start+n, e.spec.MaxSeqLen, engine.ErrSeqTooLong)
-	}
 	if !ok {
-		var err error
 		if st, err = e.newSeq(seq); err != nil {
 			return err
 		}

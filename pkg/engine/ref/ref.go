@@ -195,21 +195,14 @@ func (e *Engine) ExportKV(seq engine.SeqID, layer, start, end int, dst []byte) (
 // sequence if needed. Errors: ErrRange (bad layer, start not the layer's
 // length, data not whole tokens), ErrSeqTooLong. On error nothing changes.
 func (e *Engine) ImportKV(seq engine.SeqID, layer, start int, data []byte) error {
-	tb := e.spec.KVTokenBytes()
-	if layer < 0 || layer >= e.spec.Layers || len(data)%tb != 0 {
-		return fmt.Errorf("ref: import seq %d layer %d: %d bytes (tokens of %d bytes, %d layers): %w", seq, layer, len(data), tb, e.spec.Layers, engine.ErrRange)
-	}
-	n := len(data) / tb
 	st, ok := e.seqs[seq]
-	cur := 0
-	if ok {
-		cur = st.lens[layer]
+	held := 0
+	if ok && layer >= 0 && layer < len(st.lens) {
+		held = st.lens[layer]
 	}
-	if start != cur {
-		return fmt.Errorf("ref: import seq %d layer %d at token %d: layer holds %d tokens: %w", seq, layer, start, cur, engine.ErrRange)
-	}
-	if start+n > e.spec.MaxSeqLen {
-		return fmt.Errorf("ref: import seq %d layer %d: %d tokens > max %d: %w", seq, layer, start+n, e.spec.MaxSeqLen, engine.ErrSeqTooLong)
+	n, err := e.spec.CheckImport(layer, start, held, data)
+	if err != nil {
+		return fmt.Errorf("ref: import seq %d: %w", seq, err)
 	}
 	if !ok {
 		st = e.newSeq(seq)
