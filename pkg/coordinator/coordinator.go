@@ -19,6 +19,7 @@ import (
 
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/enginecfg"
 	"github.com/pdserve/pdserve/pkg/frontend"
 	"github.com/pdserve/pdserve/pkg/metrics"
 	"github.com/pdserve/pdserve/pkg/router"
@@ -114,12 +115,17 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 			return c, err
 		}
 		tok = c.workers[0].Engine().Tokenizer()
-	} else if t, closeTok, err := o.Engine.Tokenizer(); err != nil {
-		return c, fmt.Errorf("coordinator: %w", err)
-	} else if t != nil {
+	} else {
 		// The model's own tokenizer (llamacpp): counts, budgets, prefix
 		// hashes and chat templates must be the workers'.
-		tok, c.closeTok = t, closeTok
+		enginecfg.SetLogger(log)
+		t, closeTok, err := o.Engine.Tokenizer()
+		if err != nil {
+			return c, fmt.Errorf("coordinator: %w", err)
+		}
+		if t != nil {
+			tok, c.closeTok = t, closeTok
+		}
 	}
 
 	m := metrics.New(c.reg, metrics.SLO{

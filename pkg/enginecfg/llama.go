@@ -78,3 +78,8 @@ func (o Options) Tokenizer() (engine.Tokenizer, func(), error) {
 	}
 	return m.Tokenizer(), m.Close, nil
 }
+
+// SetLogger routes the log of the engines' native libraries (llama.cpp,
+// at debug level but for its warnings and errors) to l. The library's log
+// is process-wide: the last logger set receives it.
+func SetLogger(l *zap.Logger) { llamacpp.SetLogger(l) }

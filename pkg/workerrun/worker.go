@@ -146,6 +146,7 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 	if o.EngineOverride != nil {
 		w.eng = o.EngineOverride
 	} else {
+		enginecfg.SetLogger(w.log)
 		if w.eng, err = o.Engine.Build(); err != nil {
 			return nil, fmt.Errorf("workerrun: %w", err)
 		}

@@ -347,7 +347,6 @@ func (e *Engine) stateOf(slot int32) ([]byte, error) {
 	if got := int(e.a.stateSeqGetData(e.ctx, e.blob, uintptr(n), slot)); got != n {
 		return nil, fmt.Errorf("llamacpp: state of slot %d: %d of %d bytes", slot, got, n)
 	}
-	keepAlive(e.bTok, e.bPos, e.bNSeq, e.bSeq, e.bSeqPtr, e.bOut)
 	return e.blob, nil
 }
 

@@ -153,7 +153,6 @@ type api struct {
 	modelNParams         func(m uintptr) uint64
 	modelMetaValStr      func(m uintptr, key string, buf []byte, n uintptr) int32
 	modelChatTemplate    func(m uintptr, name *byte) *byte
-	modelDesc            func(m uintptr, buf []byte, n uintptr) int32
 	nCtx                 func(ctx uintptr) uint32
 	nBatch               func(ctx uintptr) uint32
 	getMemory            func(ctx uintptr) uintptr
@@ -315,7 +314,6 @@ func (a *api) register(ggml, llama uintptr) (err error) {
 		{&a.modelNParams, "llama_model_n_params"},
 		{&a.modelMetaValStr, "llama_model_meta_val_str"},
 		{&a.modelChatTemplate, "llama_model_chat_template"},
-		{&a.modelDesc, "llama_model_desc"},
 		{&a.nCtx, "llama_n_ctx"},
 		{&a.nBatch, "llama_n_batch"},
 		{&a.getMemory, "llama_get_memory"},

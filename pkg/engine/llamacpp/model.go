@@ -3,6 +3,7 @@ package llamacpp
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -109,16 +110,6 @@ func (m *Model) Arch() string {
 	return s
 }
 
-// Desc returns llama.cpp's one-line description ("qwen2 ?B Q8_0").
-func (m *Model) Desc() string {
-	buf := make([]byte, 256)
-	n := m.api.modelDesc(m.ptr, buf, uintptr(len(buf)))
-	if n < 0 {
-		return ""
-	}
-	return string(buf[:min(int(n), len(buf))])
-}
-
 // TrainContext is the context length the model was trained for.
 func (m *Model) TrainContext() int { return int(m.api.modelNCtxTrain(m.ptr)) }
 
@@ -162,36 +153,26 @@ func newTokenizer(m *Model) *Tokenizer {
 
 // Encode tokenizes text as llama-server does: the model's BOS is added when
 // its vocabulary asks for it, and special tokens written in the text
-// (<|im_start|>, …) are parsed as such.
+// (<|im_start|>, …) are parsed as such. A text of more than 2³¹ tokens,
+// which llama.cpp cannot count, gives nil.
 func (t *Tokenizer) Encode(text string) []int32 {
-	ids, _ := t.encode(text, true)
-	return ids
-}
-
-// EncodePlain tokenizes text without adding BOS.
-func (t *Tokenizer) EncodePlain(text string) []int32 {
-	ids, _ := t.encode(text, false)
-	return ids
-}
-
-func (t *Tokenizer) encode(text string, addSpecial bool) ([]int32, error) {
-	if text == "" && !(addSpecial && t.addBOS) {
-		return []int32{}, nil
+	if text == "" && !t.addBOS {
+		return []int32{}
 	}
 	b := []byte(text)
 	if len(b) == 0 {
-		b = []byte{0}
+		b = []byte{0} // a valid pointer; the length passed is 0
 	}
 	ids := make([]int32, len(text)+8)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for {
-		n := t.m.api.tokenize(t.m.vocab, b, int32(len(text)), ids, int32(len(ids)), addSpecial, true)
+		n := t.m.api.tokenize(t.m.vocab, b, int32(len(text)), ids, int32(len(ids)), true, true)
 		switch {
 		case n >= 0:
-			return ids[:n], nil
-		case n == -2147483648:
-			return nil, errors.New("llamacpp: tokenize overflow")
+			return ids[:n]
+		case n == math.MinInt32:
+			return nil
 		default:
 			ids = make([]int32, -n)
 		}
