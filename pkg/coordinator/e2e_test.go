@@ -593,21 +593,7 @@ func TestOverload(t *testing.T) {
 
 // Without workers the coordinator is live but not ready, and requests get 503.
 func TestNoWorkers(t *testing.T) {
-	o := coordinator.DefaultOptions()
-	o.HTTPAddr, o.NATSListen, o.ModelName = "127.0.0.1:0", "127.0.0.1:-1", "tiny"
-	if err := o.Complete(); err != nil {
-		t.Fatal(err)
-	}
-	c, err := coordinator.Start(context.Background(), o, testLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := c.Shutdown(context.Background()); err != nil {
-			t.Error(err)
-		}
-	}()
-	url := "http://" + c.HTTPAddr()
+	url := startWithoutWorkers(t, "tiny")
 	for path, want := range map[string]int{"/healthz": 200, "/readyz": 503} {
 		resp, err := http.Get(url + path)
 		if err != nil {
@@ -623,6 +609,27 @@ func TestNoWorkers(t *testing.T) {
 	if resp.StatusCode != http.StatusServiceUnavailable {
 		t.Errorf("completion without workers: %d, want 503", resp.StatusCode)
 	}
+}
+
+// startWithoutWorkers starts a coordinator serving modelName (--model-name)
+// that no worker joins, shut down when the test ends, and returns its URL.
+func startWithoutWorkers(t *testing.T, modelName string) string {
+	t.Helper()
+	o := coordinator.DefaultOptions()
+	o.HTTPAddr, o.NATSListen, o.ModelName = "127.0.0.1:0", "127.0.0.1:-1", modelName
+	if err := o.Complete(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := coordinator.Start(context.Background(), o, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Shutdown(context.Background()); err != nil {
+			t.Error(err)
+		}
+	})
+	return "http://" + c.HTTPAddr()
 }
 
 // Shutdown marks the coordinator not ready and lets a stream in flight

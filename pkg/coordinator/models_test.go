@@ -107,22 +107,9 @@ func TestModelsReportMaxModelLen(t *testing.T) {
 
 // Under --model-name with no worker yet the length is unknown: omitted.
 func TestModelsWithoutWorkers(t *testing.T) {
-	o := coordinator.DefaultOptions()
-	o.HTTPAddr, o.NATSListen, o.ModelName = "127.0.0.1:0", "127.0.0.1:-1", "served-name"
-	if err := o.Complete(); err != nil {
-		t.Fatal(err)
-	}
-	c, err := coordinator.Start(context.Background(), o, testLogger(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := c.Shutdown(context.Background()); err != nil {
-			t.Error(err)
-		}
-	}()
+	url := startWithoutWorkers(t, "served-name")
 	want := modelList(map[string]any{"id": "served-name", "object": "model", "created": 0.0, "owned_by": "pdserve"})
-	if diff := cmp.Diff(want, getModels(t, "http://"+c.HTTPAddr())); diff != "" {
+	if diff := cmp.Diff(want, getModels(t, url)); diff != "" {
 		t.Errorf("/v1/models (-want +got):\n%s", diff)
 	}
 }

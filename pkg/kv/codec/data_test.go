@@ -4,13 +4,18 @@ import (
 	"encoding/binary"
 	"math"
 	"math/rand/v2"
+
+	"github.com/pdserve/pdserve/pkg/kv/codec"
 )
 
 // gaussianBF16 returns n little-endian bf16 values laid out like one layer of
 // KV: rows of width channels, each channel Gaussian with its own spread
 // (log-normal, as attention K/V channels differ by orders of magnitude).
 // Deterministic in seed.
-func gaussianBF16(n, width int, seed uint64) []byte {
+func gaussianBF16(n, width int, seed uint64) []byte { return gaussian(n, width, seed, toBF16) }
+
+// gaussian draws gaussianBF16's values and rounds each with round.
+func gaussian(n, width int, seed uint64, round func(float32) uint16) []byte {
 	r := rand.New(rand.NewPCG(seed, 0x6b76))
 	sigma := make([]float64, width)
 	for i := range sigma {
@@ -19,7 +24,7 @@ func gaussianBF16(n, width int, seed uint64) []byte {
 	out := make([]byte, 2*n)
 	for i := range n {
 		x := float32(r.NormFloat64() * sigma[i%width])
-		binary.LittleEndian.PutUint16(out[2*i:], toBF16(x))
+		binary.LittleEndian.PutUint16(out[2*i:], round(x))
 	}
 	return out
 }
@@ -86,19 +91,7 @@ func kvLikeF16(n, width int, seed uint64) []byte { return f16Values(kvLikeF32(n,
 
 // gaussianF16 is gaussianBF16's distribution (the same values for the same
 // seed) rounded to f16 instead: the two dtypes on one corpus.
-func gaussianF16(n, width int, seed uint64) []byte {
-	r := rand.New(rand.NewPCG(seed, 0x6b76))
-	sigma := make([]float64, width)
-	for i := range sigma {
-		sigma[i] = math.Exp(0.75 * r.NormFloat64())
-	}
-	out := make([]byte, 2*n)
-	for i := range n {
-		x := float32(r.NormFloat64() * sigma[i%width])
-		binary.LittleEndian.PutUint16(out[2*i:], toF16(x))
-	}
-	return out
-}
+func gaussianF16(n, width int, seed uint64) []byte { return gaussian(n, width, seed, toF16) }
 
 // toF16 rounds x to IEEE half, ties to even, by arithmetic on float64 (a
 // reference independent of the package's bit manipulation): ±Inf beyond
@@ -125,26 +118,9 @@ func toF16(x float32) uint16 {
 	return sign | uint16(exp+14)<<10 | uint16(m-1024)
 }
 
-// fromF16 widens an f16 bit pattern by arithmetic on float64.
-func fromF16(v uint16) float32 {
-	e, m := int(v>>10&0x1f), float64(v&0x3ff)
-	var f float64
-	switch e {
-	case 0:
-		f = m * 0x1p-24
-	case 31:
-		f = math.Inf(1)
-		if m != 0 {
-			f = math.NaN()
-		}
-	default:
-		f = math.Ldexp(1+m/1024, e-15)
-	}
-	if v&0x8000 != 0 {
-		f = -f
-	}
-	return float32(f)
-}
+// fromF16 widens an f16 bit pattern by arithmetic on float64 (the
+// package's internal reference, independent of its bit manipulation).
+func fromF16(v uint16) float32 { return float32(codec.RefF16(v)) }
 
 // f16Values encodes xs as little-endian f16.
 func f16Values(xs ...float32) []byte {
