@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // DType names the element type of KV data.
@@ -148,7 +149,63 @@ type Sampling struct {
 	Temperature float32 // 0 means greedy (argmax); must be ≥ 0
 	TopP        float32 // nucleus mass in (0, 1]; 0 is treated as 1
 	Seed        uint64  // per-request seed; draws depend only on (Seed, position)
+	// Penalties, when not nil, lower the logits of tokens already generated
+	// (OpenAI's presence_penalty and frequency_penalty) before the token is
+	// chosen. The caller owns it and updates its counts between steps; the
+	// engine only reads it during a call.
+	Penalties *Penalties
 }
+
+// Penalties are OpenAI's repetition penalties over a sequence's output
+// tokens (not its prompt): the logit of token t is lowered by
+// Frequency × count(t) + Presence × [count(t) > 0] before sampling. Both
+// lie in [-2, 2]. Not safe for concurrent use.
+type Penalties struct {
+	Presence, Frequency float32
+	// Counts maps an output token id to the number of times it was
+	// generated so far.
+	Counts map[int32]int32
+}
+
+// Active reports whether p changes any logit.
+func (p *Penalties) Active() bool {
+	return p != nil && (p.Presence != 0 || p.Frequency != 0) && len(p.Counts) > 0
+}
+
+// Add counts tokens as generated.
+func (p *Penalties) Add(tokens ...int32) {
+	if p == nil {
+		return
+	}
+	if p.Counts == nil {
+		p.Counts = make(map[int32]int32)
+	}
+	for _, t := range tokens {
+		p.Counts[t]++
+	}
+}
+
+// TokenLogprob is the log-probability of one token under the model's
+// distribution at its position (natural log of the softmax of the raw
+// logits: before temperature, top-p or penalties, as vLLM's default
+// "raw_logprobs"), with the Top most probable alternatives.
+type TokenLogprob struct {
+	Token   int32
+	Logprob float32
+	// Top holds the most probable tokens at that position, most probable
+	// first (ties by id), as many as asked; it may include Token.
+	Top []TokenProb
+}
+
+// TokenProb is one alternative of a TokenLogprob.
+type TokenProb struct {
+	Token   int32
+	Logprob float32
+}
+
+// MaxTopLogprobs is the most alternatives a TokenLogprob carries (OpenAI's
+// top_logprobs limit).
+const MaxTopLogprobs = 20
 
 // PrefillItem is one sequence's share of a prefill batch: a chunk of prompt
 // tokens appended at the sequence's current length. The first chunk of a new
@@ -158,6 +215,9 @@ type PrefillItem struct {
 	Tokens   []int32 // the chunk; read only during the call
 	Sampling Sampling
 	Last     bool // the chunk ends the prompt: sample a token after it
+	// AllLogits asks for the logits of every position of the chunk in
+	// Output.AllLogits (prompt logprobs, echo), not only the last.
+	AllLogits bool
 }
 
 // DecodeItem is one sequence's share of a decode step: Token is appended at
@@ -177,6 +237,11 @@ type Output struct {
 	// does not compute them (performance-model engine). Owned by the
 	// engine: valid until the next call on the engine.
 	Logits []float32
+	// AllLogits, for a PrefillItem with AllLogits set, holds one row of
+	// Vocab logits per token of the chunk, in order (row i: the
+	// distribution of the token after chunk token i); nil when the engine
+	// does not compute logits. Owned by the engine like Logits.
+	AllLogits []float32
 }
 
 // KVChunk is KV handed out during prefill: one layer of one sequence for
@@ -259,7 +324,8 @@ type Stepper interface {
 }
 
 // RunStep runs one step of prefill chunks and decode tokens on e, as one
-// step when e implements Stepper. Either list may be empty.
+// step when e implements Stepper. Either list may be empty. The outputs'
+// logits are valid until the next call on e, as for Prefill and Decode.
 func RunStep(ctx context.Context, e Engine, prefill []PrefillItem, decode []DecodeItem, onKV KVFunc) (prefillOut, decodeOut []Output, err error) {
 	if s, ok := e.(Stepper); ok {
 		return s.Step(ctx, prefill, decode, onKV)
@@ -268,6 +334,14 @@ func RunStep(ctx context.Context, e Engine, prefill []PrefillItem, decode []Deco
 		if prefillOut, err = e.Prefill(ctx, prefill, onKV); err != nil {
 			return nil, nil, err
 		}
+		if len(decode) > 0 {
+			// Decode may reuse the buffers behind the prefill outputs'
+			// logits: keep copies, owned by the caller.
+			for i := range prefillOut {
+				prefillOut[i].Logits = slices.Clone(prefillOut[i].Logits)
+				prefillOut[i].AllLogits = slices.Clone(prefillOut[i].AllLogits)
+			}
+		}
 	}
 	if len(decode) > 0 {
 		if decodeOut, err = e.Decode(ctx, decode); err != nil {
@@ -275,6 +349,17 @@ func RunStep(ctx context.Context, e Engine, prefill []PrefillItem, decode []Deco
 		}
 	}
 	return prefillOut, decodeOut, nil
+}
+
+// Forker is implemented by engines that can start a sequence from
+// another's prefix without computing it again (parallel sampling, n > 1).
+type Forker interface {
+	// Fork creates sequence dst holding the KV of src's first n tokens;
+	// src is unchanged and both may then be decoded independently. An
+	// engine with a shared cache may share the prefix's storage.
+	// Errors: ErrUnknownSeq (src), ErrDuplicateSeq (dst is live), ErrRange
+	// (n < 0 or n > Len(src)), ErrIncompleteKV.
+	Fork(src, dst SeqID, n int) error
 }
 
 // Tokenizer turns text into token ids and back.

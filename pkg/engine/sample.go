@@ -12,6 +12,7 @@ import (
 type SampleScratch struct {
 	prob []float64 // unnormalised probabilities, one per logit
 	idx  []int32   // token ids ordered by probability (top-p only)
+	pen  []float32 // penalised copy of the logits (active penalties only)
 }
 
 // Sample chooses the next token from logits (one value per vocabulary id)
@@ -28,12 +29,25 @@ type SampleScratch struct {
 // token is drawn from what is kept with the uniform value Uniform(s.Seed,
 // pos). A TopP of 0, ≥ 1 or NaN keeps every token.
 //
+// When s.Penalties is Active, every rule above applies to penalised logits:
+// a copy in scratch where logit[t] -= Frequency·count(t) + Presence for
+// each counted token t with count(t) > 0 (ids outside logits are ignored).
+// logits itself is never modified, so the caller can still compute raw
+// logprobs from it; inactive penalties give the same token, bit for bit,
+// as none.
+//
 // NaN logits are never chosen unless every logit is NaN; then Sample returns
 // 0. An empty logits slice returns -1. scratch may be nil (Sample then
 // allocates). Sample does not retain logits.
 func Sample(logits []float32, s Sampling, pos int, scratch *SampleScratch) int32 {
 	if len(logits) == 0 {
 		return -1
+	}
+	if s.Penalties.Active() {
+		if scratch == nil {
+			scratch = new(SampleScratch)
+		}
+		logits = penalise(growFloat32(&scratch.pen, len(logits)), logits, s.Penalties)
 	}
 	best := argmax(logits)
 	if !(s.Temperature > 0) || math.IsNaN(float64(logits[best])) {
@@ -86,6 +100,18 @@ func Sample(logits []float32, s Sampling, pos int, scratch *SampleScratch) int32
 		}
 	}
 	return drawInOrder(prob, idx[:kept], u*mass, best)
+}
+
+// penalise copies logits into dst (of the same length), applies p's
+// penalties to the copy and returns it.
+func penalise(dst, logits []float32, p *Penalties) []float32 {
+	copy(dst, logits)
+	for t, c := range p.Counts {
+		if c > 0 && t >= 0 && int(t) < len(dst) {
+			dst[t] -= p.Frequency*float32(c) + p.Presence
+		}
+	}
+	return dst
 }
 
 // drawInOrder walks ids (all of prob in id order when ids is nil) and
@@ -162,6 +188,14 @@ func splitmix64(x uint64) uint64 {
 func growFloat64(buf *[]float64, n int) []float64 {
 	if cap(*buf) < n {
 		*buf = make([]float64, n)
+	}
+	*buf = (*buf)[:n]
+	return *buf
+}
+
+func growFloat32(buf *[]float32, n int) []float32 {
+	if cap(*buf) < n {
+		*buf = make([]float32, n)
 	}
 	*buf = (*buf)[:n]
 	return *buf

@@ -182,3 +182,116 @@ func TestSampleDoesNotAllocate(t *testing.T) {
 		}
 	}
 }
+
+func TestSamplePenalties(t *testing.T) {
+	logits := []float32{1, 3, 2.5, -1, 2.9}
+	tests := []struct {
+		name string
+		p    *Penalties
+		want int32
+	}{
+		{"nil", nil, 1},
+		{"presence flips argmax", &Penalties{Presence: 0.6, Counts: map[int32]int32{1: 1}}, 4},
+		{"presence too small", &Penalties{Presence: 0.05, Counts: map[int32]int32{1: 1}}, 1},
+		{"frequency grows with count", &Penalties{Frequency: 0.3, Counts: map[int32]int32{1: 2, 4: 1}}, 4},
+		{"frequency beats a lower logit", &Penalties{Frequency: 0.3, Counts: map[int32]int32{1: 2, 4: 2}}, 2},
+		{"both", &Penalties{Presence: 0.3, Frequency: 0.3, Counts: map[int32]int32{1: 1, 4: 1}}, 2},
+		{"negative penalty favours a seen token", &Penalties{Presence: -2, Counts: map[int32]int32{2: 1}}, 2},
+		{"zero and negative counts ignored", &Penalties{Presence: 2, Frequency: 2, Counts: map[int32]int32{1: 0, 4: -3}}, 1},
+		{"ids outside the vocabulary ignored", &Penalties{Presence: 2, Counts: map[int32]int32{-1: 1, 5: 1, 1 << 20: 1}}, 1},
+		{"inactive: zero penalties", &Penalties{Counts: map[int32]int32{1: 4}}, 1},
+		{"inactive: no counts", &Penalties{Presence: 2, Frequency: 2}, 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			before := append([]float32(nil), logits...)
+			var sc SampleScratch
+			if got := Sample(logits, Sampling{Penalties: tc.p}, 0, &sc); got != tc.want {
+				t.Errorf("greedy Sample with %+v = %d, want %d", tc.p, got, tc.want)
+			}
+			if got := Sample(logits, Sampling{Penalties: tc.p}, 0, nil); got != tc.want {
+				t.Errorf("greedy Sample with %+v and nil scratch = %d, want %d", tc.p, got, tc.want)
+			}
+			if diff := cmp.Diff(before, logits); diff != "" {
+				t.Errorf("Sample modified the logits (-before +after):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestSamplePenaltiesAreLogitShifts: sampling with penalties draws what
+// sampling without them draws from logits shifted by hand.
+func TestSamplePenaltiesAreLogitShifts(t *testing.T) {
+	logits := make([]float32, 200)
+	for i := range logits {
+		logits[i] = float32(math.Sin(float64(i)*0.7)) * 3
+	}
+	p := &Penalties{Presence: 0.5, Frequency: 0.25, Counts: map[int32]int32{}}
+	for i := int32(0); i < 200; i += 3 {
+		p.Counts[i] = i%5 + 1
+	}
+	shifted := append([]float32(nil), logits...)
+	for id, c := range p.Counts {
+		shifted[id] -= p.Frequency*float32(c) + p.Presence
+	}
+	var a, b SampleScratch
+	differ := 0
+	for _, base := range []Sampling{{}, {Temperature: 0.8, Seed: 1}, {Temperature: 1.2, TopP: 0.7, Seed: 2}} {
+		withPen := base
+		withPen.Penalties = p
+		for pos := range 200 {
+			got, want := Sample(logits, withPen, pos, &a), Sample(shifted, base, pos, &b)
+			if got != want {
+				t.Fatalf("%+v at pos %d: token %d, shifted logits give %d", base, pos, got, want)
+			}
+			if got != Sample(logits, base, pos, &b) {
+				differ++
+			}
+		}
+	}
+	if differ == 0 {
+		t.Error("penalties never changed a token")
+	}
+}
+
+// TestSampleInactivePenaltiesBitIdentical: a Penalties that changes no
+// logit gives the tokens of none, under every sampling mode.
+func TestSampleInactivePenaltiesBitIdentical(t *testing.T) {
+	logits := make([]float32, 300)
+	for i := range logits {
+		logits[i] = float32(math.Cos(float64(i)*1.3)) * 2
+	}
+	inactive := []*Penalties{nil, {}, {Counts: map[int32]int32{5: 3}}, {Presence: 1, Frequency: 1}}
+	var a, b SampleScratch
+	for _, base := range []Sampling{{}, {Temperature: 0.7, Seed: 3}, {Temperature: 1, TopP: 0.9, Seed: 4}} {
+		for _, p := range inactive {
+			s := base
+			s.Penalties = p
+			for pos := range 100 {
+				if got, want := Sample(logits, s, pos, &a), Sample(logits, base, pos, &b); got != want {
+					t.Fatalf("%+v with inactive penalties %+v at pos %d: token %d, want %d", base, p, pos, got, want)
+				}
+			}
+		}
+	}
+}
+
+func TestSamplePenaltiesDoNotAllocate(t *testing.T) {
+	logits := make([]float32, 1000)
+	for i := range logits {
+		logits[i] = float32(i%17) * 0.3
+	}
+	p := &Penalties{Presence: 0.5, Frequency: 0.1, Counts: map[int32]int32{16: 2, 33: 1, 999: 7}}
+	var sc SampleScratch
+	Sample(logits, Sampling{Temperature: 1, TopP: 0.9, Penalties: p}, 0, &sc) // grow scratch
+	for _, s := range []Sampling{{Penalties: p}, {Temperature: 0.7, Penalties: p}, {Temperature: 0.7, TopP: 0.9, Seed: 1, Penalties: p}} {
+		pos := 0
+		allocs := testing.AllocsPerRun(50, func() {
+			Sample(logits, s, pos, &sc)
+			pos++
+		})
+		if allocs != 0 {
+			t.Errorf("Sample with %+v: %v allocations per call, want 0", s, allocs)
+		}
+	}
+}

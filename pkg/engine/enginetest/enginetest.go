@@ -18,13 +18,47 @@ import (
 // cleanup with t.
 type NewFunc func(t *testing.T) engine.Engine
 
+// Option adjusts the suite to an engine.
+type Option func(*config)
+
+type config struct {
+	logitTol float64         // see LogitTolerance
+	only     map[string]bool // see Only; nil: every case
+}
+
+// LogitTolerance sets the largest absolute difference allowed between two
+// logits the suite expects to be equal: the same sequence computed in
+// different batch shapes, chunkings, or after a Fork. The default, 0,
+// demands bit-identical logits (an engine whose results do not depend on
+// the batch). Engines that compute no logits ignore it.
+func LogitTolerance(tol float64) Option { return func(c *config) { c.logitTol = tol } }
+
+// Only restricts the suite to the named cases (the subtest names of Run,
+// such as "Fork" or "AllLogits"), to run some of them in another
+// configuration of the engine.
+func Only(names ...string) Option {
+	return func(c *config) {
+		c.only = map[string]bool{}
+		for _, n := range names {
+			c.only[n] = true
+		}
+	}
+}
+
 // Run runs the whole conformance suite as subtests of t. Any valid spec
 // with MaxSeqLen ≥ 64 and Vocab ≥ 2 works; the engines are driven with
 // short prompts (under 32 tokens) except where MaxSeqLen itself is tested,
 // which imports MaxSeqLen-1 tokens of KV when that is at most 64 MiB and
-// prefills them otherwise.
-func Run(t *testing.T, newEngine NewFunc) {
+// prefills them otherwise. An engine holds at most 8 sequences at once.
+// Cases of optional features skip engines without them: Fork needs
+// engine.Forker; AllLogits and Penalties compare logits and only check
+// that an engine computing none (Output.Logits nil) returns none.
+func Run(t *testing.T, newEngine NewFunc, opts ...Option) {
 	t.Helper()
+	cfg := &config{}
+	for _, o := range opts {
+		o(cfg)
+	}
 	tests := []struct {
 		name string
 		fn   func(*testing.T, NewFunc)
@@ -46,8 +80,15 @@ func Run(t *testing.T, newEngine NewFunc) {
 		{"Cancelled", testCancelled},
 		{"RunStep", testRunStep},
 		{"SeededSampling", testSeededSampling},
+		{"Fork", cfg.testFork},
+		{"ForkErrors", testForkErrors},
+		{"AllLogits", cfg.testAllLogits},
+		{"Penalties", cfg.testPenalties},
 	}
 	for _, tc := range tests {
+		if cfg.only != nil && !cfg.only[tc.name] {
+			continue
+		}
 		t.Run(tc.name, func(t *testing.T) { tc.fn(t, newEngine) })
 	}
 }

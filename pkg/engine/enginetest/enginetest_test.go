@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"slices"
 	"testing"
 
 	"github.com/pdserve/pdserve/pkg/engine"
@@ -40,10 +41,10 @@ func (f *faulty) Prefill(ctx context.Context, batch []engine.PrefillItem, onKV e
 	if f.fault == "ignore-ctx" {
 		ctx = context.Background()
 	}
-	if f.fault == "seed-ignored" {
+	if f.fault == "seed-ignored" || f.fault == "penalties-ignored" {
 		batch = append([]engine.PrefillItem(nil), batch...)
 		for i := range batch {
-			batch[i].Sampling.Seed = 0
+			batch[i].Sampling.Seed, batch[i].Sampling.Penalties = f.strip(batch[i].Sampling)
 		}
 	}
 	if onKV != nil {
@@ -63,17 +64,52 @@ func (f *faulty) Prefill(ctx context.Context, batch []engine.PrefillItem, onKV e
 			return inner(c)
 		}
 	}
-	return f.Engine.Prefill(ctx, batch, onKV)
+	outs, err := f.Engine.Prefill(ctx, batch, onKV)
+	if f.fault == "all-logits-rows-swapped" {
+		for i := range outs {
+			if v := f.Spec().Vocab; len(outs[i].AllLogits) >= 2*v {
+				rows := slices.Clone(outs[i].AllLogits)
+				copy(rows, outs[i].AllLogits[v:2*v])
+				copy(rows[v:], outs[i].AllLogits[:v])
+				outs[i].AllLogits = rows
+			}
+		}
+	}
+	return outs, err
+}
+
+// strip returns s's seed and penalties less what the fault drops.
+func (f *faulty) strip(s engine.Sampling) (uint64, *engine.Penalties) {
+	switch f.fault {
+	case "seed-ignored":
+		return 0, s.Penalties
+	case "penalties-ignored":
+		return s.Seed, nil
+	}
+	return s.Seed, s.Penalties
+}
+
+func (f *faulty) Fork(src, dst engine.SeqID, n int) error {
+	if f.fault == "fork-one-short" && n > 0 {
+		n--
+	}
+	if err := f.Engine.(engine.Forker).Fork(src, dst, n); err != nil {
+		return err
+	}
+	if f.fault == "fork-frees-source" {
+		f.Engine.Free(src)
+	}
+	return nil
 }
 
 func (f *faulty) Decode(ctx context.Context, batch []engine.DecodeItem) ([]engine.Output, error) {
 	if f.fault == "ignore-ctx" {
 		ctx = context.Background()
 	}
-	if f.fault == "seed-ignored" {
+	if f.fault == "seed-ignored" || f.fault == "penalties-ignored" {
 		batch = append([]engine.DecodeItem(nil), batch...)
 		for i := range batch {
-			batch[i].Sampling.Seed = 0
+			batch[i].Sampling.Seed, batch[i].Sampling.Penalties = f.strip(batch[i].Sampling)
 		}
 	}
 	outs, err := f.Engine.Decode(ctx, batch)
@@ -123,6 +159,10 @@ func TestSuiteDetectsFaults(t *testing.T) {
 		{"decode-reversed", "BatchedDecode"},
 		{"export-flips-a-bit", "ExportImport"},
 		{"ignore-ctx", "Cancelled"},
+		{"penalties-ignored", "Penalties"},
+		{"all-logits-rows-swapped", "AllLogits"},
+		{"fork-one-short", "Fork"},
+		{"fork-frees-source", "Fork"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.fault, func(t *testing.T) {

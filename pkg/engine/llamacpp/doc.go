@@ -14,8 +14,10 @@
 //     end-of-generation ids, the GGUF's chat template).
 //   - engine.go, step.go: Engine, one llama_context with a unified KV cache
 //     holding every sequence; Step puts prefill chunks and decode tokens of
-//     many sequences in one llama_decode call; every llama_decode runs on
-//     one locked OS thread (cthread.go).
+//     many sequences in one llama_decode call (AllLogits chunks ask for
+//     every token's logits); Fork shares a prefix's cells with a new
+//     sequence (llama_memory_seq_cp); every llama_decode runs on one locked
+//     OS thread (cthread.go).
 //   - state.go: a sequence's KV leaves and enters through
 //     llama_state_seq_get_data / set_data; this file reads and writes that
 //     blob, converting to and from the canonical layout of package engine

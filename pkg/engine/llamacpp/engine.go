@@ -55,8 +55,9 @@ var (
 
 // Engine runs a GGUF model on llama.cpp: one llama_context whose unified KV
 // cache holds every sequence, many sequences per llama_decode call. It
-// implements engine.Engine and engine.Stepper; like every engine it is not
-// safe for concurrent use (its Tokenizer is).
+// implements engine.Engine, engine.Stepper and engine.Forker; like every
+// engine it is not safe for concurrent use (its Tokenizer is). Each live
+// sequence, a fork included, takes one of Options.MaxSeqs slots.
 //
 // Flash attention is always on: it is what lets a q8_0 V cache exist, it
 // is llama-server's CPU default, and it changes logits slightly, so one
@@ -91,6 +92,7 @@ type Engine struct {
 	chunk   []byte    // scratch for canonical chunks
 	scratch engine.SampleScratch
 	kept    [][]float32 // logits copied out of earlier llama_decode calls
+	all     []float32   // AllLogits rows of the last step, Vocab per row
 
 	noTransfer error // why KV cannot leave or enter, or nil
 
@@ -102,6 +104,7 @@ type Engine struct {
 var (
 	_ engine.Engine  = (*Engine)(nil)
 	_ engine.Stepper = (*Engine)(nil)
+	_ engine.Forker  = (*Engine)(nil)
 )
 
 // seqState is one sequence. Tokens [0, inLlama) are in llama.cpp's cache;
@@ -169,6 +172,9 @@ func NewOnModel(m *Model, o Options) (*Engine, error) {
 	p.nBatch = uint32(o.BatchTokens)
 	p.nUBatch = uint32(min(o.BatchTokens, 512))
 	p.nSeqMax = uint32(o.MaxSeqs)
+	// llama.cpp reserves room for at least one output per sequence and
+	// aborts when that exceeds its outputs per batch (n_batch by default).
+	p.nOutputsMax = uint32(max(o.BatchTokens, o.MaxSeqs))
 	p.nThreads, p.nThreadsBatch = int32(o.Threads), int32(o.Threads)
 	p.flashAttnType = flashAttnEnabled
 	p.typeK, p.typeV = kvType, kvType
@@ -305,7 +311,9 @@ func (e *Engine) Model() *Model { return e.model }
 
 // UsedCells returns the KV cells llama.cpp holds over all its sequence
 // slots, as llama.cpp reports them (positions held per slot), whether or
-// not the engine knows the slot as live: a leak shows here.
+// not the engine knows the slot as live: a leak shows here. A prefix
+// shared by Fork counts once per sequence holding it, though its cells
+// are stored once.
 func (e *Engine) UsedCells() int {
 	n := 0
 	for s := range e.nSlot {

@@ -157,6 +157,7 @@ type api struct {
 	nBatch               func(ctx uintptr) uint32
 	getMemory            func(ctx uintptr) uintptr
 	memorySeqRm          func(mem uintptr, seq, p0, p1 int32) bool
+	memorySeqCp          func(mem uintptr, src, dst, p0, p1 int32)
 	memorySeqPosMax      func(mem uintptr, seq int32) int32
 	memorySeqPosMin      func(mem uintptr, seq int32) int32
 	decode               func(ctx uintptr, b batch) int32
@@ -318,6 +319,7 @@ func (a *api) register(ggml, llama uintptr) (err error) {
 		{&a.nBatch, "llama_n_batch"},
 		{&a.getMemory, "llama_get_memory"},
 		{&a.memorySeqRm, "llama_memory_seq_rm"},
+		{&a.memorySeqCp, "llama_memory_seq_cp"},
 		{&a.memorySeqPosMax, "llama_memory_seq_pos_max"},
 		{&a.memorySeqPosMin, "llama_memory_seq_pos_min"},
 		{&a.decode, "llama_decode"},

@@ -30,12 +30,19 @@ type entry struct {
 	tok int32
 	pos int
 	out int // index into the outputs (prefill first, then decode), or -1
+	row int // row of e.all its logits go to (AllLogits items), or -1
 }
 
 // Step runs prefill chunks and decode tokens together: one llama_decode
 // call (or several, when the tokens exceed the batch size) carries both,
 // as colocated serving needs. On error nothing advances; new sequences
 // are dropped.
+//
+// A prefill item with AllLogits asks llama.cpp for the logits of every
+// token of its chunk; they are copied, in chunk order, into one
+// engine-owned buffer (so a chunk split over several llama_decode calls
+// still returns all its rows), which Output.AllLogits (and that item's
+// Output.Logits) point into until the next call.
 func (e *Engine) Step(ctx context.Context, prefill []engine.PrefillItem, decode []engine.DecodeItem, onKV engine.KVFunc) (pOut, dOut []engine.Output, err error) {
 	if len(prefill)+len(decode) == 0 {
 		return nil, nil, nil
@@ -90,24 +97,39 @@ func (e *Engine) step(ctx context.Context, prefill []engine.PrefillItem, decode 
 	outs := make([]engine.Output, nOut)
 	var ents []entry
 	start := make([]int, len(seqOf)) // each item's length before the step
+	allRows := 0
+	allAt := make([]int, len(prefill)) // each AllLogits item's first row of e.all
 	for i, it := range prefill {
 		st := seqOf[i]
 		start[i] = st.inLlama
+		allAt[i] = -1
+		if it.AllLogits && len(it.Tokens) > 0 {
+			allAt[i] = allRows
+			allRows += len(it.Tokens)
+		}
 		for j, t := range it.Tokens {
-			out := -1
+			out, row := -1, -1
 			if it.Last && j == len(it.Tokens)-1 {
 				out = i
 			}
-			ents = append(ents, entry{st: st, tok: t, pos: st.inLlama + j, out: out})
+			if allAt[i] >= 0 {
+				row = allAt[i] + j
+			}
+			ents = append(ents, entry{st: st, tok: t, pos: st.inLlama + j, out: out, row: row})
 		}
 		outs[i] = engine.Output{Seq: it.Seq}
 	}
 	for i, it := range decode {
 		st := seqOf[len(prefill)+i]
 		start[len(prefill)+i] = st.inLlama
-		ents = append(ents, entry{st: st, tok: it.Token, pos: st.inLlama, out: len(prefill) + i})
+		ents = append(ents, entry{st: st, tok: it.Token, pos: st.inLlama, out: len(prefill) + i, row: -1})
 		outs[len(prefill)+i] = engine.Output{Seq: it.Seq}
 	}
+	vocab := e.spec.Vocab
+	if cap(e.all) < allRows*vocab {
+		e.all = make([]float32, allRows*vocab)
+	}
+	e.all = e.all[:allRows*vocab]
 
 	rollback := func(err error) ([]engine.Output, []engine.Output, error) {
 		for i, st := range seqOf {
@@ -131,7 +153,7 @@ func (e *Engine) step(ctx context.Context, prefill []engine.PrefillItem, decode 
 		for i, en := range win {
 			e.bTok[i], e.bPos[i], e.bSeq[i] = en.tok, int32(en.pos), en.st.slot
 			e.bOut[i] = 0
-			if en.out >= 0 {
+			if en.out >= 0 || en.row >= 0 {
 				e.bOut[i] = 1
 			}
 		}
@@ -147,12 +169,18 @@ func (e *Engine) step(ctx context.Context, prefill []engine.PrefillItem, decode 
 		last := lo+len(win) >= len(ents)
 		for i, en := range win {
 			en.st.inLlama = en.pos + 1
-			if en.out < 0 {
+			if en.out < 0 && en.row < 0 {
 				continue
 			}
 			p := e.a.getLogitsIth(e.ctx, int32(i))
 			if p == nil {
 				return rollback(fmt.Errorf("llamacpp: no logits for batch entry %d", i))
+			}
+			if en.row >= 0 {
+				// An AllLogits row; the item's sampled logits are its
+				// last row (set below).
+				copy(e.all[en.row*vocab:(en.row+1)*vocab], unsafe.Slice(p, vocab))
+				continue
 			}
 			if last {
 				logitsOf[en.out] = p
@@ -172,11 +200,18 @@ func (e *Engine) step(ctx context.Context, prefill []engine.PrefillItem, decode 
 			st.lens[l] = st.inLlama
 		}
 		o := &outs[i]
-		if k, ok := keptAt[i]; ok {
+		if i < len(prefill) && allAt[i] >= 0 {
+			lo, hi := allAt[i]*vocab, (allAt[i]+len(prefill[i].Tokens))*vocab
+			o.AllLogits = e.all[lo:hi:hi]
+		}
+		switch k, ok := keptAt[i]; {
+		case o.AllLogits != nil && prefill[i].Last:
+			o.Logits = o.AllLogits[len(o.AllLogits)-vocab:]
+		case ok:
 			o.Logits = e.kept[k]
-		} else if logitsOf[i] != nil {
-			o.Logits = unsafe.Slice(logitsOf[i], e.spec.Vocab)
-		} else {
+		case logitsOf[i] != nil:
+			o.Logits = unsafe.Slice(logitsOf[i], vocab)
+		default:
 			continue
 		}
 		var s engine.Sampling
@@ -447,6 +482,52 @@ func (e *Engine) ImportKV(seq engine.SeqID, layer, start int, data []byte) error
 	st.staged[layer] = merged
 	st.lens[layer] = start + n
 	e.seqsLive.Store(int64(len(e.seqs)))
+	return nil
+}
+
+// Fork creates dst holding src's first n tokens, in a slot of its own
+// (see engine.Forker). llama.cpp's unified cache shares the prefix's cells
+// between the two sequences (llama_memory_seq_cp: no copy, no new cells);
+// each sequence's later tokens get cells of their own, and freeing either
+// leaves the other whole. Staged imported KV of src among its first n
+// tokens enters llama.cpp first. Errors: engine.ErrUnknownSeq (src),
+// engine.ErrDuplicateSeq (dst is live, or dst == src),
+// engine.ErrIncompleteKV (src's layers hold different token counts),
+// engine.ErrRange (n < 0 or n > Len(src)), ErrNoSlot (Options.MaxSeqs
+// sequences are live: dst needs a slot like any sequence), ErrNoKVSpace
+// (staged KV found no room). On error dst does not exist.
+func (e *Engine) Fork(src, dst engine.SeqID, n int) error {
+	st, ok := e.seqs[src]
+	if !ok {
+		return fmt.Errorf("llamacpp: fork seq %d: %w", src, engine.ErrUnknownSeq)
+	}
+	if _, live := e.seqs[dst]; live {
+		return fmt.Errorf("llamacpp: fork seq %d into live seq %d: %w", src, dst, engine.ErrDuplicateSeq)
+	}
+	if !complete(st) {
+		return fmt.Errorf("llamacpp: fork seq %d: %w", src, engine.ErrIncompleteKV)
+	}
+	if n < 0 || n > st.lens[0] {
+		return fmt.Errorf("llamacpp: fork %d tokens of seq %d, which holds %d: %w", n, src, st.lens[0], engine.ErrRange)
+	}
+	if len(e.slots) == 0 {
+		return fmt.Errorf("llamacpp: fork seq %d into seq %d: %w (%d in use)", src, dst, ErrNoSlot, e.nSlot)
+	}
+	if n > st.inLlama {
+		if err := e.materialize(st); err != nil {
+			return fmt.Errorf("llamacpp: fork seq %d: %w", src, err)
+		}
+	}
+	d, err := e.newSeq(dst)
+	if err != nil {
+		return err
+	}
+	e.a.memorySeqCp(e.mem, st.slot, d.slot, 0, int32(n))
+	d.inLlama = n
+	for l := range d.lens {
+		d.lens[l] = n
+	}
+	e.refreshGauges()
 	return nil
 }
 

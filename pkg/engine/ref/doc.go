@@ -21,7 +21,9 @@
 // so an engine that imported a sequence's KV computes exactly what the
 // exporting engine would. Every output element is computed by one worker
 // in a fixed order, so logits do not depend on the batch a sequence is in,
-// on how its prompt was chunked, or on the number of threads. They do
+// on how its prompt was chunked, or on the number of threads; an
+// AllLogits row equals the Last logits of the prefix it ends, and a Fork
+// (a copy of the prefix's KV) decodes exactly as a fresh prefill would. They do
 // depend on the build: the portable kernels and the SIMD kernels (AVX2 and
 // AVX-512, which agree with each other bit for bit) round differently, so
 // workers that exchange KV must be built alike (both with or both without

@@ -52,7 +52,7 @@ type Engine struct {
 	att     []float32 // rows × Heads·HeadDim
 	gu      []float32 // rows × 2·Intermediate
 	hid     []float32 // rows × Intermediate
-	logits  []float32 // sampled rows × Vocab
+	logits  []float32 // output rows (sampled, AllLogits) × Vocab
 	scores  [][]float32
 	kvBuf   []byte
 	sample  engine.SampleScratch
@@ -64,6 +64,7 @@ type Engine struct {
 var (
 	_ engine.Engine  = (*Engine)(nil)
 	_ engine.Stepper = (*Engine)(nil)
+	_ engine.Forker  = (*Engine)(nil)
 )
 
 // maxSpare bounds the freed sequence states kept for reuse.
@@ -145,7 +146,10 @@ func (e *Engine) Threads() int { return e.pool.size }
 // a sequence needs every layer to hold the same number of tokens
 // (ErrIncompleteKV). On error no sequence changes and sequences the call
 // would have created do not exist. The returned slice belongs to the
-// caller; Output.Logits belong to the engine until its next call.
+// caller; Output.Logits and Output.AllLogits belong to the engine until
+// its next call. An AllLogits item's rows are computed exactly as a Last
+// row is, so row i equals, bit for bit, the Logits of a prefill of the
+// prompt up to chunk token i.
 func (e *Engine) Prefill(ctx context.Context, batch []engine.PrefillItem, onKV engine.KVFunc) ([]engine.Output, error) {
 	out, _, err := e.Step(ctx, batch, nil, onKV)
 	return out, err
@@ -211,6 +215,38 @@ func (e *Engine) ImportKV(seq engine.SeqID, layer, start int, data []byte) error
 	st.reserve(layer, start+n, elems, e.spec.MaxSeqLen)
 	st.setCanonical(data, layer, start, n, elems)
 	st.lens[layer] = start + n
+	return nil
+}
+
+// Fork creates dst holding a copy of the KV of src's first n tokens; see
+// engine.Forker. The two share nothing afterwards, and dst decodes exactly
+// as a sequence prefilled with those n tokens would. Errors:
+// ErrUnknownSeq (src), ErrDuplicateSeq (dst is live, or dst == src),
+// ErrIncompleteKV (src's layers hold different token counts), ErrRange
+// (n < 0 or n > Len(src)). On error nothing changes.
+func (e *Engine) Fork(src, dst engine.SeqID, n int) error {
+	st, ok := e.seqs[src]
+	if !ok {
+		return fmt.Errorf("ref: fork seq %d: %w", src, engine.ErrUnknownSeq)
+	}
+	if _, live := e.seqs[dst]; live {
+		return fmt.Errorf("ref: fork seq %d into live seq %d: %w", src, dst, engine.ErrDuplicateSeq)
+	}
+	held, err := st.length()
+	if err != nil {
+		return fmt.Errorf("ref: fork seq %d: %w", src, err)
+	}
+	if n < 0 || n > held {
+		return fmt.Errorf("ref: fork %d tokens of seq %d, which holds %d: %w", n, src, held, engine.ErrRange)
+	}
+	d := e.newSeq(dst)
+	elems := e.kvElems()
+	for l := range e.spec.Layers {
+		d.reserve(l, n, elems, e.spec.MaxSeqLen)
+		copy(d.k[l], st.k[l][:n*elems])
+		copy(d.v[l], st.v[l][:n*elems])
+		d.lens[l] = n
+	}
 	return nil
 }
 

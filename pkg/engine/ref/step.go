@@ -18,10 +18,11 @@ type segment struct {
 	pos0     int       // tokens the sequence held before the call
 	row0, n  int       // its rows [row0, row0+n): one per new token
 	sample   bool      // sample a token after the last row
+	all      bool      // return the logits of every row (PrefillItem.AllLogits)
 	kv       bool      // hand the new KV to onKV (prefill items)
 	sampling engine.Sampling
 	// Rows attention and the MLP still work on: all n rows, except in the
-	// last layer, where only a sampled row is kept.
+	// last layer, where only the rows whose logits are wanted are kept.
 	arow0, arows, apos0 int
 }
 
@@ -62,21 +63,21 @@ func (e *Engine) plan(prefill []engine.PrefillItem, decode []engine.DecodeItem) 
 		if err := e.checkItem(it.Seq, it.Tokens, false); err != nil {
 			return 0, fmt.Errorf("ref: prefill: %w", err)
 		}
-		e.addSegment(it.Seq, it.Tokens, it.Last, true, it.Sampling)
+		e.addSegment(it.Seq, it.Tokens, it.Last, it.AllLogits, true, it.Sampling)
 	}
 	for _, it := range decode {
 		tok := [1]int32{it.Token}
 		if err := e.checkItem(it.Seq, tok[:], true); err != nil {
 			return 0, fmt.Errorf("ref: decode: %w", err)
 		}
-		e.addSegment(it.Seq, tok[:], true, false, it.Sampling)
+		e.addSegment(it.Seq, tok[:], true, false, false, it.Sampling)
 	}
 	return len(e.tokens), nil
 }
 
 // addSegment appends a checked item's segment and tokens.
-func (e *Engine) addSegment(id engine.SeqID, tokens []int32, sample, kv bool, sampling engine.Sampling) {
-	s := segment{id: id, row0: len(e.tokens), n: len(tokens), sample: sample, kv: kv, sampling: sampling}
+func (e *Engine) addSegment(id engine.SeqID, tokens []int32, sample, all, kv bool, sampling engine.Sampling) {
+	s := segment{id: id, row0: len(e.tokens), n: len(tokens), sample: sample, all: all, kv: kv, sampling: sampling}
 	if st, ok := e.seqs[id]; ok {
 		s.seq, s.pos0 = st, st.lens[0]
 	}
@@ -156,8 +157,8 @@ func (e *Engine) rollback() {
 }
 
 // forward runs the batch through the model: it stores every layer's KV,
-// hands prefill KV to onKV, and leaves the logits of sampled rows in
-// e.logits, in segment order.
+// hands prefill KV to onKV, and leaves the logits of the kept rows (see
+// keepOutputRows) in e.logits, in segment order.
 func (e *Engine) forward(ctx context.Context, rows int, onKV engine.KVFunc) error {
 	sp := e.spec
 	h := sp.Hidden
@@ -178,8 +179,9 @@ func (e *Engine) forward(ctx context.Context, rows int, onKV engine.KVFunc) erro
 			}
 		}
 		if l == sp.Layers-1 {
-			// Only sampled rows matter past the last layer's KV.
-			rows = e.keepSampledRows()
+			// Only rows with wanted logits matter past the last
+			// layer's KV.
+			rows = e.keepOutputRows()
 			if rows == 0 {
 				return nil
 			}
@@ -248,24 +250,29 @@ func (e *Engine) sendKV(l int, onKV engine.KVFunc) error {
 	return nil
 }
 
-// keepSampledRows moves the last row of every sampled segment to the front
-// of x and qkv, in segment order, and returns how many there are.
-func (e *Engine) keepSampledRows() int {
+// keepOutputRows moves the rows whose logits are wanted to the front of x
+// and qkv, in segment order, and returns how many there are: every row of
+// an AllLogits segment, the last row of another sampled segment. A row
+// only moves down (kept ≤ its index), so copying in order is safe.
+func (e *Engine) keepOutputRows() int {
 	h, ld := e.spec.Hidden, e.qkvDim()
 	kept := 0
 	for i := range e.segs {
 		s := &e.segs[i]
-		if !s.sample {
+		first, n := s.row0+s.n-1, 1
+		switch {
+		case s.all:
+			first, n = s.row0, s.n
+		case !s.sample:
 			s.arows = 0
 			continue
 		}
-		src := s.row0 + s.n - 1
-		if src != kept {
-			copy(e.x[kept*h:(kept+1)*h], e.x[src*h:(src+1)*h])
-			copy(e.qkv[kept*ld:(kept+1)*ld], e.qkv[src*ld:(src+1)*ld])
+		if first != kept {
+			copy(e.x[kept*h:(kept+n)*h], e.x[first*h:(first+n)*h])
+			copy(e.qkv[kept*ld:(kept+n)*ld], e.qkv[first*ld:(first+n)*ld])
 		}
-		s.arow0, s.arows, s.apos0 = kept, 1, s.pos0+s.n-1
-		kept++
+		s.arow0, s.arows, s.apos0 = kept, n, s.pos0+(first-s.row0)
+		kept += n
 	}
 	return kept
 }
@@ -276,8 +283,12 @@ func (e *Engine) outputs(nPrefill, nDecode int) (prefillOut, decodeOut []engine.
 	v := e.spec.Vocab
 	for i, s := range e.segs {
 		o := engine.Output{Seq: s.id}
+		if s.all {
+			lo, hi := s.arow0*v, (s.arow0+s.arows)*v
+			o.AllLogits = e.logits[lo:hi:hi]
+		}
 		if s.sample {
-			r := s.arow0
+			r := s.arow0 + s.arows - 1
 			o.Logits = e.logits[r*v : (r+1)*v : (r+1)*v]
 			o.Token = engine.Sample(o.Logits, s.sampling, s.pos0+s.n, &e.sample)
 			o.Sampled = true

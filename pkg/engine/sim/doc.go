@@ -11,7 +11,10 @@
 //   - Tokens: deterministic functions of the request's tokens, position and
 //     sampling seed (never of SeqID or batch), printable bytes of the
 //     byte-level tokenizer; identical whether a sequence was prefilled
-//     locally or imported from another engine.
+//     locally or imported from another engine, or forked from another
+//     sequence (engine.Forker). The engine computes no logits:
+//     Output.Logits and Output.AllLogits are always nil, and
+//     Sampling.TopP and Sampling.Penalties are not modelled.
 //   - KV: the model's true layer count, KV heads and head dim, so blocks
 //     have the true byte size, filled with synthetic bf16 values of
 //     realistic statistics (codecs see realistic data). Options.PayloadScale

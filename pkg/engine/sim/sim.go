@@ -80,11 +80,13 @@ type Engine struct {
 
 	statsMu sync.Mutex
 	stats   Stats
+	over    overruns // steps that fell behind the model (overrun.go)
 }
 
 var (
 	_ engine.Engine  = (*Engine)(nil)
 	_ engine.Stepper = (*Engine)(nil)
+	_ engine.Forker  = (*Engine)(nil)
 )
 
 // seqState is what the engine holds for one sequence.
@@ -317,6 +319,7 @@ func (e *Engine) step(ctx context.Context, prefill []engine.PrefillItem, decode 
 		return nil, nil, fmt.Errorf("sim: step: %w", err)
 	}
 	took := e.clock().Sub(t0)
+	e.noteStep(t0.Add(took), modeled, scaled, took)
 
 	// Commit.
 	var pOut, dOut []engine.Output
@@ -569,6 +572,54 @@ func (e *Engine) ImportKV(seq engine.SeqID, layer, start int, data []byte) error
 		}
 		st.foreign[layer] = append(st.foreign[layer], span{start: start, end: start + n, data: bytes.Clone(data)})
 	}
+	return nil
+}
+
+// Fork creates dst holding src's first n tokens (their content keys, and
+// the imported KV kept verbatim among them); see engine.Forker. It takes
+// no modeled time: a real engine shares or copies the prefix's cache
+// blocks. Errors: engine.ErrUnknownSeq (src), engine.ErrDuplicateSeq (dst
+// is live, or dst == src), engine.ErrIncompleteKV, engine.ErrRange (n < 0
+// or n > Len(src)). On error nothing changes.
+func (e *Engine) Fork(src, dst engine.SeqID, n int) error {
+	st := e.seqs[src]
+	if st == nil {
+		return fmt.Errorf("sim: fork seq %d: %w", src, engine.ErrUnknownSeq)
+	}
+	if e.seqs[dst] != nil {
+		return fmt.Errorf("sim: fork seq %d into live seq %d: %w", src, dst, engine.ErrDuplicateSeq)
+	}
+	if !st.complete() {
+		return fmt.Errorf("sim: fork seq %d: %w", src, engine.ErrIncompleteKV)
+	}
+	if n < 0 || n > len(st.keys) {
+		return fmt.Errorf("sim: fork %d tokens of seq %d, which holds %d: %w", n, src, len(st.keys), engine.ErrRange)
+	}
+	d := &seqState{keys: slices.Clone(st.keys[:n:n]), layers: make([]int, e.spec.Layers)}
+	for l := range d.layers {
+		d.layers[l] = n
+	}
+	if st.foreign != nil {
+		row := e.gen.tokenBytes() / 2
+		for l, spans := range st.foreign {
+			for _, sp := range spans {
+				if sp.start >= n {
+					continue
+				}
+				if d.foreign == nil {
+					d.foreign = make([][]span, e.spec.Layers)
+				}
+				// Keep tokens [sp.start, min(sp.end, n)): their K rows,
+				// then their V rows.
+				m, k := min(sp.end, n)-sp.start, sp.end-sp.start
+				data := make([]byte, 0, 2*m*row)
+				data = append(data, sp.data[:m*row]...)
+				data = append(data, sp.data[k*row:(k+m)*row]...)
+				d.foreign[l] = append(d.foreign[l], span{start: sp.start, end: sp.start + m, data: data})
+			}
+		}
+	}
+	e.seqs[dst] = d
 	return nil
 }
 

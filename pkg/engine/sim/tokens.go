@@ -72,7 +72,7 @@ var text = func() [128]byte {
 // (key, pos) only. With Temperature T > 0 the greedy token is kept with
 // probability 1/(1+T) and otherwise replaced by a draw, both decided by
 // engine.Uniform(s.Seed, pos), the value every engine draws at that
-// position. TopP is not modelled. The result is a printable byte id, never
+// position. TopP and Penalties are not modelled. The result is a printable byte id, never
 // EOS: output lengths are set by the request's token budget.
 func sampleToken(key uint64, pos int, s engine.Sampling) int32 {
 	h := mix(key ^ uint64(pos)*gamma)
