@@ -23,6 +23,13 @@ import (
 // chunk tokens. It returns the first token.
 func pushKV(t *testing.T, addr, id string, p []int32, chunk int) int32 {
 	t.Helper()
+	return pushKVLogprob(t, addr, id, p, chunk, nil)
+}
+
+// pushKVLogprob is pushKV committing with the first token's
+// log-probability lp.
+func pushKVLogprob(t *testing.T, addr, id string, p []int32, chunk int, lp *pdservev1.TokenLogprob) int32 {
+	t.Helper()
 	e := newEngine(t)
 	ctx := testCtx(t)
 	out, err := e.Prefill(ctx, []engine.PrefillItem{{Seq: 1, Tokens: p, Last: true}}, nil)
@@ -48,7 +55,7 @@ func pushKV(t *testing.T, addr, id string, p []int32, chunk int) int32 {
 			}
 		}
 	}
-	if _, err := snd.Commit(ctx, kvtransfer.Commit{FirstToken: out[0].Token}); err != nil {
+	if _, err := snd.Commit(ctx, kvtransfer.Commit{FirstToken: out[0].Token, FirstLogprob: lp}); err != nil {
 		t.Fatalf("commit: %v", err)
 	}
 	return out[0].Token

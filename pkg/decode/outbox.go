@@ -9,19 +9,31 @@ import (
 
 // outbox collects what the scheduler produces for one Generate call until
 // its handler sends it. The scheduler never blocks on a slow client: tokens
-// that pile up go out together in one event. Safe for concurrent use.
+// that pile up go out together in one event per choice. Safe for
+// concurrent use.
 type outbox struct {
 	mu       sync.Mutex
-	tokens   []int32
+	choices  []choiceOut // one per choice, by index
+	prompt   []*pdservev1.TokenLogprob
 	stamps   []*pdservev1.Stamp
 	batch    int32
 	finished bool
-	reason   string // finish reason, when finished without err
-	err      error  // a gRPC status error, when finished with one
+	err      error // a gRPC status error, when finished with one
 	notify   chan struct{}
 }
 
-func newOutbox() *outbox { return &outbox{notify: make(chan struct{}, 1)} }
+// choiceOut is what one choice has pending.
+type choiceOut struct {
+	tokens []int32
+	lps    []*pdservev1.TokenLogprob
+	reason string // set once the choice finished
+	sent   bool   // its finish reason went out
+}
+
+// newOutbox returns the outbox of a call with n ≥ 1 choices.
+func newOutbox(n int) *outbox {
+	return &outbox{choices: make([]choiceOut, n), notify: make(chan struct{}, 1)}
+}
 
 func (o *outbox) signal() {
 	select {
@@ -38,38 +50,87 @@ func (o *outbox) stamp(name string, t time.Time) {
 	o.signal()
 }
 
-// token records one output token produced in a step of batch sequences.
-func (o *outbox) token(t int32, batch int) {
+// token records output token t of choice i, produced in a step of batch
+// sequences, with its log-probability (nil when none was asked).
+func (o *outbox) token(i int, t int32, lp *pdservev1.TokenLogprob, batch int) {
 	o.mu.Lock()
-	o.tokens = append(o.tokens, t)
+	c := &o.choices[i]
+	c.tokens = append(c.tokens, t)
+	if lp != nil {
+		c.lps = append(c.lps, lp)
+	}
 	o.batch = int32(batch)
 	o.mu.Unlock()
 	o.signal()
 }
 
-// finish ends the stream with reason, or with err when err is not nil.
-// Only the first call counts.
-func (o *outbox) finish(reason string, err error) {
+// promptLogprobs records the prompt's log-probabilities, sent before any
+// token.
+func (o *outbox) promptLogprobs(lps []*pdservev1.TokenLogprob) {
 	o.mu.Lock()
-	if !o.finished {
-		o.finished, o.reason, o.err = true, reason, err
+	o.prompt = lps
+	o.mu.Unlock()
+	o.signal()
+}
+
+// choiceDone ends choice i with reason; only the first call counts.
+func (o *outbox) choiceDone(i int, reason string) {
+	o.mu.Lock()
+	if o.choices[i].reason == "" {
+		o.choices[i].reason = reason
 	}
 	o.mu.Unlock()
 	o.signal()
 }
 
-// take returns the next event to send (nil when there is nothing to send),
-// whether the stream is over, and the error to end it with.
-func (o *outbox) take() (*pdservev1.GenerateResponse, bool, error) {
+// finish ends the stream: with err when it is not nil, else with reason
+// for every choice that has none yet. Only the first call counts.
+func (o *outbox) finish(reason string, err error) {
+	o.mu.Lock()
+	if !o.finished {
+		o.finished, o.err = true, err
+		if err == nil {
+			for i := range o.choices {
+				if o.choices[i].reason == "" {
+					o.choices[i].reason = reason
+				}
+			}
+		}
+	}
+	o.mu.Unlock()
+	o.signal()
+}
+
+// take returns the events to send, in order (the prompt's logprobs, then
+// one per choice with tokens or a finish not yet sent; stamps ride on the
+// first), whether the stream is over, and the error to end it with.
+func (o *outbox) take() ([]*pdservev1.GenerateResponse, bool, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	var resp *pdservev1.GenerateResponse
-	if len(o.tokens) > 0 || len(o.stamps) > 0 || (o.finished && o.err == nil) {
-		resp = &pdservev1.GenerateResponse{Tokens: o.tokens, Stamps: o.stamps, BatchSize: o.batch}
-		if o.finished && o.err == nil {
-			resp.FinishReason = o.reason
-		}
-		o.tokens, o.stamps = nil, nil
+	var out []*pdservev1.GenerateResponse
+	if o.prompt != nil {
+		out = append(out, &pdservev1.GenerateResponse{PromptLogprobs: o.prompt})
+		o.prompt = nil
 	}
-	return resp, o.finished, o.err
+	for i := range o.choices {
+		c := &o.choices[i]
+		final := c.reason != "" && !c.sent && (o.finished || len(o.choices) > 1) && o.err == nil
+		if len(c.tokens) == 0 && !final {
+			continue
+		}
+		resp := &pdservev1.GenerateResponse{Index: int32(i), Tokens: c.tokens, Logprobs: c.lps, BatchSize: o.batch}
+		if final {
+			resp.FinishReason, c.sent = c.reason, true
+		}
+		c.tokens, c.lps = nil, nil
+		out = append(out, resp)
+	}
+	if len(o.stamps) > 0 {
+		if len(out) == 0 {
+			out = append(out, &pdservev1.GenerateResponse{BatchSize: o.batch})
+		}
+		out[0].Stamps = o.stamps
+		o.stamps = nil
+	}
+	return out, o.finished, o.err
 }

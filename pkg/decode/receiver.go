@@ -198,7 +198,7 @@ func (k *sink) Commit(c kvtransfer.Commit) error {
 	// alive when no Generate call comes for it.
 	q.committed = true
 	q.kvTokens = k.h.Tokens
-	q.first = c.FirstToken
+	q.first, q.firstLP = c.FirstToken, c.FirstLogprob
 	q.kvDone = k.last
 	s.readyLocked(q)
 	return nil

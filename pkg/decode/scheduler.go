@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"slices"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/wire"
 )
 
 // Run runs the continuous-batching scheduler until ctx ends or Stop is
@@ -101,7 +103,7 @@ func (s *Server) plan() stepPlan {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
-	for len(s.active) < s.o.MaxBatch && len(s.waiting) > 0 {
+	for len(s.waiting) > 0 && s.slotsLocked()+s.waiting[0].n <= s.o.MaxBatch {
 		q := s.waiting[0]
 		if q.staged != nil {
 			// Its KV is not in the engine yet: importJoining brings it
@@ -131,14 +133,100 @@ func (s *Server) plan() stepPlan {
 		}
 		q := pre[i]
 		b.prefill = append(b.prefill, engine.PrefillItem{
-			Seq:      q.seq,
-			Tokens:   q.pending[:n],
-			Sampling: q.sampling,
-			Last:     q.sampleLast && n == len(q.pending),
+			Seq:       q.seq,
+			Tokens:    q.pending[:n],
+			Sampling:  q.sampling,
+			Last:      q.sampleLast && n == len(q.pending),
+			AllLogits: q.promptTop >= 0,
 		})
 		b.pq = append(b.pq, q)
 	}
 	return b
+}
+
+// slotsLocked is the batch's occupancy: the sequences in it and the
+// choices its requests will fork. The caller holds mu.
+func (s *Server) slotsLocked() int {
+	n := len(s.active)
+	for _, q := range s.active {
+		if q.parent == nil && !q.forked {
+			n += q.n - 1
+		}
+	}
+	return n
+}
+
+// forkLocked starts choices 1..n-1 of root q from its prompt's KV: each
+// forks the KV of the prompt but its last token, which it then computes
+// itself to sample its own first token (or, after a recovery, to replay
+// its generated tokens). The caller holds engMu and mu.
+func (s *Server) forkLocked(q *sequence) error {
+	q.forked = true
+	if q.n <= 1 {
+		return nil
+	}
+	f, ok := s.eng.(engine.Forker)
+	if !ok {
+		return errors.New("decode: the engine cannot fork sequences")
+	}
+	p := len(q.prompt)
+	for i := 1; i < q.n; i++ {
+		var gen []int32
+		if len(q.genChoices) > 0 {
+			gen = q.genChoices[i-1]
+		}
+		c := &sequence{
+			id: q.id, index: i, parent: q, local: true, attached: true,
+			prompt: q.prompt, maxTokens: q.maxTokens, ignoreEOS: q.ignoreEOS, stop: q.stop,
+			out: q.out, top: q.top, promptTop: -1, generated: gen,
+			sampling: q.sampling, emitted: len(gen), firstStamps: true,
+		}
+		c.sampling.Seed = q.sampling.Seed + uint64(i)
+		c.penalties = newPenalties(q.sampling.Penalties, gen)
+		c.sampling.Penalties = c.penalties
+		s.nextSeq++
+		if err := f.Fork(q.seq, s.nextSeq, p-1); err != nil {
+			return fmt.Errorf("decode: fork choice %d of %s: %w", i, q.id, err)
+		}
+		c.seq, c.hasSeq = s.nextSeq, true
+		c.pending = []int32{q.prompt[p-1]}
+		if m := len(gen); m > 0 {
+			c.pending = append(c.pending, gen[:m-1]...)
+			c.next = gen[m-1]
+		}
+		c.sampleLast = len(gen) == 0
+		c.joined = true
+		q.children = append(q.children, c)
+		s.active = append(s.active, c)
+	}
+	return nil
+}
+
+// logprob returns the log-probability message of token t that o sampled
+// for q, or nil when q asks for none.
+func (s *Server) logprob(q *sequence, o engine.Output) *pdservev1.TokenLogprob {
+	if q.top < 0 {
+		return nil
+	}
+	return wire.TokenLogprob(wire.OutputLogprob(o.Logits, o.Token, len(q.prompt)+q.emitted, q.top, s.spec.Vocab))
+}
+
+// addPromptLogprobs appends the log-probabilities of the prompt tokens
+// that follow the n chunk tokens q just prefilled, from the chunk's rows
+// of logits (nil: the engine computes none; stand-ins then).
+func (s *Server) addPromptLogprobs(q *sequence, rows []float32, n int) {
+	v := s.spec.Vocab
+	for j := range n {
+		pos := q.filled + j + 1 // the prompt token row j predicts
+		if pos >= len(q.prompt) {
+			break
+		}
+		var row []float32
+		if len(rows) >= (j+1)*v {
+			row = rows[j*v : (j+1)*v]
+		}
+		q.promptLPs = append(q.promptLPs, wire.TokenLogprob(wire.OutputLogprob(row, q.prompt[pos], pos, q.promptTop, v)))
+	}
 }
 
 // joinLocked puts q in the batch: a local prefill gets its engine sequence
@@ -169,28 +257,46 @@ func (s *Server) joinLocked(q *sequence, now time.Time) {
 		}
 	}
 	q.out.stamp(StampJoined, now)
+	if !q.local {
+		// The prompt's KV is in the engine: the other choices start.
+		if err := s.forkLocked(q); err != nil {
+			s.log.Error("fork choices", zap.String("request_id", q.id), zap.Error(err))
+			s.endLocked(q, "", status.Error(codes.Internal, err.Error()))
+			return
+		}
+	}
 	switch {
 	case m > 0:
 		q.next = q.generated[m-1]
 	case !q.local:
-		s.emitLocked(q, q.first, len(s.active), now)
+		var lp *pdservev1.TokenLogprob
+		if q.top >= 0 {
+			// The prefill worker sampled it and sent its log-probability
+			// with the commit.
+			lp = q.firstLP
+			if lp == nil {
+				lp = &pdservev1.TokenLogprob{Token: q.first}
+			}
+		}
+		s.emitLocked(q, q.first, lp, len(s.active), now)
 	}
 }
 
 // emitLocked streams token t of q, produced in a step of batch sequences,
 // and ends q when t finishes it. Otherwise t is q's next decode input.
-func (s *Server) emitLocked(q *sequence, t int32, batch int, now time.Time) {
+func (s *Server) emitLocked(q *sequence, t int32, lp *pdservev1.TokenLogprob, batch int, now time.Time) {
 	q.emitted++
+	q.penalties.Add(t)
 	if !q.firstStamps {
 		q.firstStamps = true
 		q.out.stamp(StampFirstToken, now)
 	}
-	q.out.token(t, batch)
+	q.out.token(q.index, t, lp, batch)
 	switch {
 	case s.eog[t] && !q.ignoreEOS, q.stop[t]:
-		s.endLocked(q, FinishStop, nil)
+		s.finishChoiceLocked(q, FinishStop)
 	case q.emitted >= q.maxTokens:
-		s.endLocked(q, FinishLength, nil)
+		s.finishChoiceLocked(q, FinishLength)
 	default:
 		q.next = t
 	}
@@ -227,29 +333,44 @@ func (s *Server) step(ctx context.Context, b stepPlan) {
 		return
 	}
 	for i, q := range b.pq {
-		if q.done {
+		if q.done || q.choiceDone {
 			continue
 		}
+		root := q.parent == nil
 		if !q.prefilling {
 			q.prefilling = true
-			if q.local {
+			if q.local && root {
 				q.out.stamp(StampPrefillStart, start)
 			}
 		}
-		q.pending = q.pending[len(b.prefill[i].Tokens):]
+		k := len(b.prefill[i].Tokens)
+		if b.prefill[i].AllLogits {
+			s.addPromptLogprobs(q, pOut[i].AllLogits, k)
+		}
+		q.filled += k
+		q.pending = q.pending[k:]
 		if len(q.pending) > 0 {
 			continue
 		}
-		if q.local {
+		if q.local && root {
 			q.out.stamp(StampPrefillEnd, end)
+			if err := s.forkLocked(q); err != nil {
+				s.log.Error("fork choices", zap.String("request_id", q.id), zap.Error(err))
+				s.endLocked(q, "", status.Error(codes.Internal, err.Error()))
+				continue
+			}
+		}
+		if q.promptLPs != nil {
+			q.out.promptLogprobs(q.promptLPs)
+			q.promptLPs = nil
 		}
 		if q.sampleLast {
-			s.emitLocked(q, pOut[i].Token, n, end)
+			s.emitLocked(q, pOut[i].Token, s.logprob(q, pOut[i]), n, end)
 		}
 	}
 	for i, q := range b.dq {
-		if !q.done {
-			s.emitLocked(q, dOut[i].Token, n, end)
+		if !q.done && !q.choiceDone {
+			s.emitLocked(q, dOut[i].Token, s.logprob(q, dOut[i]), n, end)
 		}
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -20,6 +19,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
+	"github.com/pdserve/pdserve/pkg/wire"
 )
 
 // Finish reasons of the last GenerateResponse.
@@ -122,7 +122,8 @@ type sequence struct {
 	xferErr   error    // why the last transfer failed, until another begins
 	committed bool
 	kvTokens  int
-	first     int32 // first token from the commit
+	first     int32                   // first token from the commit
+	firstLP   *pdservev1.TokenLogprob // its log-probability from the commit, or nil
 	firstByte time.Time
 	kvDone    time.Time
 
@@ -135,7 +136,27 @@ type sequence struct {
 	ignoreEOS bool
 	stop      map[int32]bool
 	generated []int32 // tokens streamed before a recovery
-	out       *outbox
+	out       *outbox // shared by every choice of the request
+
+	// Choices (n > 1). The request's first choice (index 0, the root)
+	// holds the reservation, the transfer and the outbox; the others
+	// (children) are forked from its prompt KV once that is in the engine
+	// and hold only their engine sequence. Only roots are in seqs and
+	// waiting; children are in active.
+	index      int
+	n          int         // choices (root)
+	parent     *sequence   // the root (children), nil for a root
+	children   []*sequence // created at the fork (root)
+	forked     bool        // the children were created (root)
+	genChoices [][]int32   // tokens generated before a recovery, choices 1..n-1 (root)
+	choiceDone bool        // this choice finished; its engine sequence is freed
+
+	// Log-probabilities and penalties.
+	top       int // alternatives per output token; -1: no logprobs
+	promptTop int // alternatives per prompt token (root, local prefill); -1: none
+	promptLPs []*pdservev1.TokenLogprob
+	filled    int               // tokens of pending already prefilled (for prompt logprobs)
+	penalties *engine.Penalties // the choice's penalty counts, or nil
 
 	// Scheduling.
 	queued      bool    // in waiting
@@ -304,6 +325,13 @@ func (s *Server) Reserve(_ context.Context, req *pdservev1.ReserveRequest) (*pds
 	if tokens <= 0 || tokens > s.spec.MaxSeqLen {
 		return nil, invalid("request %s: tokens %d outside [1, %d]", req.GetRequestId(), tokens, s.spec.MaxSeqLen)
 	}
+	if n := int(req.GetSequences()); n > 1 {
+		prompt := int(req.GetPromptTokens())
+		if n > s.o.MaxBatch || prompt <= 0 || prompt >= tokens {
+			return nil, invalid("request %s: %d sequences (at most %d) of %d tokens need prompt_tokens in [1, %d), got %d", req.GetRequestId(), n, s.o.MaxBatch, tokens, tokens, prompt)
+		}
+		tokens = needTokens(prompt, tokens-prompt, n)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.stopped || s.draining {
@@ -319,6 +347,10 @@ func (s *Server) Reserve(_ context.Context, req *pdservev1.ReserveRequest) (*pds
 	s.armLocked(q)
 	return &pdservev1.ReserveResponse{Blocks: int32(len(q.blocks)), BlocksFree: int32(s.pool.Free())}, nil
 }
+
+// needTokens is the KV a request of n choices holds: the prompt once (the
+// choices share it) and max output tokens per choice.
+func needTokens(prompt, maxTokens, n int) int { return prompt + max(n, 1)*maxTokens }
 
 // reserveLocked allocates blocks for tokens and registers a sequence.
 func (s *Server) reserveLocked(id string, tokens int) (*sequence, error) {
@@ -372,14 +404,19 @@ func (s *Server) endLocked(q *sequence, reason string, err error) {
 	if q.done {
 		return
 	}
+	if q.parent != nil {
+		// A child's failure ends the whole request.
+		s.endLocked(q.parent, reason, err)
+		return
+	}
 	q.done = true
 	if q.ttl != nil {
 		q.ttl.Stop()
 		q.ttl = nil
 	}
-	if q.hasSeq {
-		s.eng.Free(q.seq)
-		q.hasSeq = false
+	for _, c := range append([]*sequence{q}, q.children...) {
+		c.done = true
+		s.dropChoiceLocked(c)
 	}
 	if q.sink != nil {
 		q.sink.st.free()
@@ -400,10 +437,6 @@ func (s *Server) endLocked(q *sequence, reason string, err error) {
 		s.waiting = slices.DeleteFunc(s.waiting, func(x *sequence) bool { return x == q })
 		q.queued = false
 	}
-	if q.joined {
-		s.active = slices.DeleteFunc(s.active, func(x *sequence) bool { return x == q })
-		q.joined = false
-	}
 	if q.out != nil {
 		if err == nil {
 			q.out.stamp(StampLastToken, s.now())
@@ -414,13 +447,68 @@ func (s *Server) endLocked(q *sequence, reason string, err error) {
 	s.changed = make(chan struct{})
 }
 
+// dropChoiceLocked frees choice c's engine sequence and takes it out of
+// the batch. The caller holds mu, and engMu when c.hasSeq.
+func (s *Server) dropChoiceLocked(c *sequence) {
+	if c.hasSeq {
+		s.eng.Free(c.seq)
+		c.hasSeq = false
+	}
+	if c.joined {
+		s.active = slices.DeleteFunc(s.active, func(x *sequence) bool { return x == c })
+		c.joined = false
+	}
+}
+
+// finishChoiceLocked ends choice c with reason and, once every choice of
+// its request finished, the request. The caller holds engMu and mu.
+func (s *Server) finishChoiceLocked(c *sequence, reason string) {
+	root := c
+	if c.parent != nil {
+		root = c.parent
+	}
+	if root.n <= 1 {
+		s.endLocked(root, reason, nil)
+		return
+	}
+	c.choiceDone = true
+	s.dropChoiceLocked(c)
+	if c != root {
+		c.done = true
+	}
+	root.out.choiceDone(c.index, reason)
+	if !root.forked || !root.choiceDone {
+		return
+	}
+	for _, x := range root.children {
+		if !x.choiceDone {
+			return
+		}
+	}
+	s.endLocked(root, reason, nil)
+}
+
+// holdsEngine reports whether q or one of its choices holds an engine
+// sequence. The caller holds mu.
+func (q *sequence) holdsEngine() bool {
+	if q.hasSeq {
+		return true
+	}
+	for _, c := range q.children {
+		if c.hasSeq {
+			return true
+		}
+	}
+	return false
+}
+
 // end is endLocked for callers holding no lock. It takes engMu only when q
 // holds an engine sequence (then it waits for a step in progress to end): a
 // request that is reserved, waits for or receives its KV, or waits to join
 // ends at once.
 func (s *Server) end(q *sequence, err error) {
 	s.mu.Lock()
-	if !q.hasSeq {
+	if !q.holdsEngine() {
 		// hasSeq turns true only in the scheduler under engMu and mu, so
 		// it stays false while mu is held.
 		s.endLocked(q, "", err)
@@ -461,14 +549,18 @@ func (s *Server) CancelRequest(id string) bool {
 
 // genParams are a validated GenerateRequest.
 type genParams struct {
-	id        string
-	prompt    []int32
-	sampling  engine.Sampling
-	maxTokens int
-	local     bool
-	ignoreEOS bool
-	generated []int32
-	stop      map[int32]bool
+	id         string
+	prompt     []int32
+	sampling   engine.Sampling
+	maxTokens  int
+	local      bool
+	ignoreEOS  bool
+	generated  []int32
+	stop       map[int32]bool
+	n          int
+	genChoices [][]int32
+	top        int
+	promptTop  int
 }
 
 func (s *Server) validate(req *pdservev1.GenerateRequest) (genParams, error) {
@@ -493,24 +585,42 @@ func (s *Server) validate(req *pdservev1.GenerateRequest) (genParams, error) {
 	if len(p.prompt)+p.maxTokens > s.spec.MaxSeqLen {
 		return p, invalid("request %s: prompt %d + max_tokens %d exceed the model's maximum of %d tokens", id, len(p.prompt), p.maxTokens, s.spec.MaxSeqLen)
 	}
-	if len(p.generated) >= p.maxTokens {
-		return p, invalid("request %s: %d generated_tokens leave nothing to generate under max_tokens %d", id, len(p.generated), p.maxTokens)
+	p.n = max(1, int(req.GetN()))
+	if p.n > s.o.MaxBatch {
+		return p, invalid("request %s: n %d is over the batch of %d sequences", id, p.n, s.o.MaxBatch)
 	}
-	check := func(what string, toks []int32) error {
-		for i, t := range toks {
-			if t < 0 || int(t) >= s.spec.Vocab {
-				return invalid("request %s: %s[%d] = %d outside the vocabulary [0, %d)", id, what, i, t, s.spec.Vocab)
-			}
+	if _, ok := s.eng.(engine.Forker); p.n > 1 && !ok {
+		return p, status.Errorf(codes.Unimplemented, "decode: request %s: n %d needs an engine that forks sequences", id, p.n)
+	}
+	gc := req.GetGeneratedChoices()
+	if len(gc) > 0 && len(gc) != p.n-1 {
+		return p, invalid("request %s: %d generated_choices for n %d (want n-1)", id, len(gc), p.n)
+	}
+	for _, g := range gc {
+		p.genChoices = append(p.genChoices, slices.Clone(g.GetTokens()))
+	}
+	for i, g := range append([][]int32{p.generated}, p.genChoices...) {
+		if len(g) >= p.maxTokens {
+			return p, invalid("request %s: %d generated tokens of choice %d leave nothing to generate under max_tokens %d", id, len(g), i, p.maxTokens)
 		}
-		return nil
+		if err := checkTokens(s.spec, id, "generated tokens", g); err != nil {
+			return p, err
+		}
 	}
-	if err := check("prompt_tokens", p.prompt); err != nil {
+	var err error
+	if p.top, err = wire.FromLogprobs(req.GetLogprobs()); err != nil {
+		return p, invalid("request %s: logprobs: %v", id, err)
+	}
+	if p.promptTop, err = wire.FromLogprobs(req.GetPromptLogprobs()); err != nil {
+		return p, invalid("request %s: prompt_logprobs: %v", id, err)
+	}
+	if p.promptTop >= 0 && (!p.local || len(p.generated) > 0) {
+		return p, invalid("request %s: prompt_logprobs need local_prefill and no generated tokens", id)
+	}
+	if err := checkTokens(s.spec, id, "prompt_tokens", p.prompt); err != nil {
 		return p, err
 	}
-	if err := check("generated_tokens", p.generated); err != nil {
-		return p, err
-	}
-	if err := check("stop_tokens", req.GetStopTokens()); err != nil {
+	if err := checkTokens(s.spec, id, "stop_tokens", req.GetStopTokens()); err != nil {
 		return p, err
 	}
 	if len(req.GetStopTokens()) > 0 {
@@ -519,16 +629,20 @@ func (s *Server) validate(req *pdservev1.GenerateRequest) (genParams, error) {
 			p.stop[t] = true
 		}
 	}
-	sp := req.GetSampling()
-	t, top := sp.GetTemperature(), sp.GetTopP()
-	if t < 0 || math.IsNaN(float64(t)) || math.IsInf(float64(t), 0) {
-		return p, invalid("request %s: temperature %v must be a finite number >= 0", id, t)
+	if p.sampling, err = wire.FromSampling(req.GetSampling()); err != nil {
+		return p, invalid("request %s: %v", id, err)
 	}
-	if top < 0 || top > 1 || math.IsNaN(float64(top)) {
-		return p, invalid("request %s: top_p %v must lie in [0, 1]", id, top)
-	}
-	p.sampling = engine.Sampling{Temperature: t, TopP: top, Seed: sp.GetSeed()}
 	return p, nil
+}
+
+// checkTokens reports a token of toks outside the vocabulary.
+func checkTokens(spec engine.ModelSpec, id, what string, toks []int32) error {
+	for i, t := range toks {
+		if t < 0 || int(t) >= spec.Vocab {
+			return invalid("request %s: %s[%d] = %d outside the vocabulary [0, %d)", id, what, i, t, spec.Vocab)
+		}
+	}
+	return nil
 }
 
 // Generate implements DecodeService.Generate; see the package doc for the
@@ -551,8 +665,8 @@ func (s *Server) Generate(req *pdservev1.GenerateRequest, stream grpc.ServerStre
 	for {
 		select {
 		case <-q.out.notify:
-			resp, final, ferr := q.out.take()
-			if resp != nil {
+			resps, final, ferr := q.out.take()
+			for _, resp := range resps {
 				if err := stream.Send(resp); err != nil {
 					s.end(q, status.Errorf(codes.Canceled, "decode: send to coordinator: %v", err))
 					return err
@@ -577,7 +691,7 @@ func (s *Server) attach(p genParams) (*sequence, error) {
 	if s.stopped {
 		return nil, errStopped
 	}
-	need := len(p.prompt) + p.maxTokens
+	need := needTokens(len(p.prompt), p.maxTokens, p.n)
 	q := s.seqs[p.id]
 	switch {
 	case q == nil && s.draining:
@@ -626,9 +740,23 @@ func (s *Server) attach(p genParams) (*sequence, error) {
 	q.ignoreEOS = p.ignoreEOS
 	q.stop = p.stop
 	q.generated = p.generated
-	q.out = newOutbox()
+	q.n, q.genChoices, q.top, q.promptTop = p.n, p.genChoices, p.top, p.promptTop
+	q.penalties = newPenalties(q.sampling.Penalties, q.generated)
+	q.sampling.Penalties = q.penalties
+	q.out = newOutbox(p.n)
 	s.readyLocked(q)
 	return q, nil
+}
+
+// newPenalties returns penalty counts with the weights of w (nil: none)
+// holding generated.
+func newPenalties(w *engine.Penalties, generated []int32) *engine.Penalties {
+	if w == nil {
+		return nil
+	}
+	p := &engine.Penalties{Presence: w.Presence, Frequency: w.Frequency}
+	p.Add(generated...)
+	return p
 }
 
 // readyLocked queues q to join the batch once it has its Generate call and

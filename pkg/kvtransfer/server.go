@@ -246,7 +246,7 @@ func (t *transfer) run() (err error) {
 				return err
 			}
 		case t.msg.commit != nil:
-			ack, err := t.commit(Commit{FirstToken: t.msg.commit.GetFirstToken()})
+			ack, err := t.commit(Commit{FirstToken: t.msg.commit.GetFirstToken(), FirstLogprob: t.msg.commit.GetFirstLogprob()})
 			if err != nil {
 				return err
 			}

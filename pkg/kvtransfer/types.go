@@ -67,6 +67,9 @@ func headerFromProto(p *pdservev1.KVStreamHeader) StreamHeader {
 // Commit closes a transfer successfully.
 type Commit struct {
 	FirstToken int32 // the token the prefill worker sampled after the prompt
+	// FirstLogprob is FirstToken's log-probability, or nil when the
+	// request asked for none.
+	FirstLogprob *pdservev1.TokenLogprob
 }
 
 // Ack is the receiver's answer once all KV was imported.

@@ -81,6 +81,7 @@ type received struct {
 	layers    [][]byte // per layer, the canonical KV of all tokens received
 	frames    int
 	first     int32
+	firstLP   *pdservev1.TokenLogprob
 	committed bool
 	aborted   bool
 }
@@ -135,7 +136,7 @@ func (s *fakeSink) Write(layer, start, end int, raw []byte) error {
 func (s *fakeSink) Commit(c kvtransfer.Commit) error {
 	s.f.mu.Lock()
 	defer s.f.mu.Unlock()
-	s.r.first, s.r.committed = c.FirstToken, true
+	s.r.first, s.r.firstLP, s.r.committed = c.FirstToken, c.FirstLogprob, true
 	return nil
 }
 

@@ -1,16 +1,21 @@
 package prefill
 
-import "container/list"
+import (
+	"container/list"
+
+	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
+)
 
 // retained is one request's KV held by a retainStore.
 type retained struct {
 	id       string
 	kv       *kvBuf
-	first    int32 // first token; valid when complete
-	complete bool  // prefill finished: kv holds the whole prompt
-	bytes    int64 // bytes charged against the store's limit
-	pins     int   // users that need kv kept (the prefill itself, a Resend)
-	dropped  bool  // released while pinned: delete at the last unpin
+	first    int32                   // first token; valid when complete
+	firstLP  *pdservev1.TokenLogprob // its log-probability, or nil
+	complete bool                    // prefill finished: kv holds the whole prompt
+	bytes    int64                   // bytes charged against the store's limit
+	pins     int                     // users that need kv kept (the prefill itself, a Resend)
+	dropped  bool                    // released while pinned: delete at the last unpin
 	elem     *list.Element
 }
 

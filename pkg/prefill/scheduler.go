@@ -12,6 +12,7 @@ import (
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/wire"
 )
 
 // Run runs the scheduler until ctx ends or Stop is called, then fails the
@@ -215,6 +216,12 @@ func (s *Server) step(ctx context.Context, b batch) {
 		if !it.Last {
 			continue
 		}
+		var lp *pdservev1.TokenLogprob
+		if r.top >= 0 {
+			// From the engine's logits, before Free.
+			l := wire.OutputLogprob(outs[i].Logits, outs[i].Token, len(r.prompt), r.top, s.spec.Vocab)
+			lp = wire.TokenLogprob(l)
+		}
 		s.eng.Free(r.seq)
 		r.prefilled = true
 		s.removeLocked(r)
@@ -228,7 +235,7 @@ func (s *Server) step(ctx context.Context, b batch) {
 			continue
 		}
 		r.firstToken = outs[i].Token
-		r.ret.first = outs[i].Token
+		r.ret.first, r.ret.firstLP = outs[i].Token, lp
 		r.ret.complete = true
 		s.retained.resize(r.ret, r.kv.size())
 		r.events <- event{first: &pdservev1.FirstToken{
@@ -236,8 +243,9 @@ func (s *Server) step(ctx context.Context, b batch) {
 			PrefillStartUnixNano: r.startedAt.UnixNano(),
 			PrefillEndUnixNano:   end.UnixNano(),
 			BatchSize:            int32(len(b.items)),
+			Logprob:              lp,
 		}}
-		r.tx.seal(outs[i].Token)
+		r.tx.seal(outs[i].Token, lp)
 	}
 }
 

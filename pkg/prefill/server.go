@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"sync"
 	"time"
@@ -20,6 +19,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/kv/codec"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
+	"github.com/pdserve/pdserve/pkg/wire"
 )
 
 // maxRequestID is the longest request id a KV frame can carry.
@@ -71,6 +71,7 @@ type request struct {
 	id       string
 	prompt   []int32
 	sampling engine.Sampling
+	top      int // logprob alternatives of the first token; -1: no logprob
 	addr     string
 	codec    string
 	queuedAt time.Time
@@ -267,18 +268,6 @@ func (s *Server) Prefill(req *pdservev1.PrefillRequest, stream grpc.ServerStream
 	}
 }
 
-// validSampling reports a bad sampling setting.
-func validSampling(p *pdservev1.Sampling) (engine.Sampling, error) {
-	t, top := p.GetTemperature(), p.GetTopP()
-	if t < 0 || math.IsNaN(float64(t)) || math.IsInf(float64(t), 0) {
-		return engine.Sampling{}, fmt.Errorf("temperature %v must be a finite number >= 0", t)
-	}
-	if top < 0 || top > 1 || math.IsNaN(float64(top)) {
-		return engine.Sampling{}, fmt.Errorf("top_p %v must lie in [0, 1]", top)
-	}
-	return engine.Sampling{Temperature: t, TopP: top, Seed: p.GetSeed()}, nil
-}
-
 // checkPrompt reports an empty prompt, one that leaves no room for a
 // generated token, or a token outside the vocabulary.
 func checkPrompt(spec engine.ModelSpec, prompt []int32) error {
@@ -339,7 +328,11 @@ func (s *Server) enqueue(req *pdservev1.PrefillRequest) (*request, int, error) {
 	if err := codecSupports(codecName, s.spec.KVDType); err != nil {
 		return nil, 0, invalid("request %s: %v", req.GetRequestId(), err)
 	}
-	sampling, err := validSampling(req.GetSampling())
+	sampling, err := wire.FromSampling(req.GetSampling())
+	if err != nil {
+		return nil, 0, invalid("request %s: %v", req.GetRequestId(), err)
+	}
+	top, err := wire.FromLogprobs(req.GetLogprobs())
 	if err != nil {
 		return nil, 0, invalid("request %s: %v", req.GetRequestId(), err)
 	}
@@ -347,6 +340,7 @@ func (s *Server) enqueue(req *pdservev1.PrefillRequest) (*request, int, error) {
 		id:       req.GetRequestId(),
 		prompt:   slices.Clone(req.GetPromptTokens()),
 		sampling: sampling,
+		top:      top,
 		addr:     req.GetDecodeAddr(),
 		codec:    codecName,
 		queuedAt: s.now(),
@@ -462,7 +456,7 @@ func (s *Server) Resend(ctx context.Context, req *pdservev1.ResendRequest) (*pds
 	for _, f := range e.kv.frames {
 		t.push(f)
 	}
-	t.seal(e.first)
+	t.seal(e.first, e.firstLP)
 	res := t.run(s.dialer)
 	s.m.addBytes(codecName, res.bytesRaw, res.bytes)
 	if res.err != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 
+	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
 )
@@ -25,7 +26,8 @@ type transfer struct {
 	pending []frame
 	sealed  bool
 	first   int32
-	notify  chan struct{} // capacity 1: something was pushed, sealed or aborted
+	firstLP *pdservev1.TokenLogprob // first's log-probability, or nil
+	notify  chan struct{}           // capacity 1: something was pushed, sealed or aborted
 }
 
 // transferResult is what run reports.
@@ -65,9 +67,9 @@ func (t *transfer) push(f frame) {
 }
 
 // seal says every frame was pushed and the first token to commit with.
-func (t *transfer) seal(first int32) {
+func (t *transfer) seal(first int32, lp *pdservev1.TokenLogprob) {
 	t.mu.Lock()
-	t.sealed, t.first = true, first
+	t.sealed, t.first, t.firstLP = true, first, lp
 	t.mu.Unlock()
 	t.signal()
 }
@@ -90,7 +92,7 @@ func (t *transfer) run(d *kvtransfer.Dialer) (res transferResult) {
 	}()
 	for {
 		t.mu.Lock()
-		frames, sealed, first := t.pending, t.sealed, t.first
+		frames, sealed, first, firstLP := t.pending, t.sealed, t.first, t.firstLP
 		t.pending = nil
 		t.mu.Unlock()
 		for _, f := range frames {
@@ -114,7 +116,7 @@ func (t *transfer) run(d *kvtransfer.Dialer) (res transferResult) {
 			if snd == nil {
 				return transferResult{err: fmt.Errorf("prefill: transfer of %s sealed without kv", t.hdr.RequestID)}
 			}
-			ack, err := snd.Commit(t.ctx, kvtransfer.Commit{FirstToken: first})
+			ack, err := snd.Commit(t.ctx, kvtransfer.Commit{FirstToken: first, FirstLogprob: firstLP})
 			if err != nil {
 				return transferResult{err: t.cause(fmt.Errorf("prefill: commit kv to %s: %w", t.addr, err))}
 			}

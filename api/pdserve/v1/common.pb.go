@@ -23,12 +23,17 @@ const (
 
 // Sampling selects how tokens are drawn. The zero value is greedy.
 type Sampling struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Temperature   float32                `protobuf:"fixed32,1,opt,name=temperature,proto3" json:"temperature,omitempty"`
-	TopP          float32                `protobuf:"fixed32,2,opt,name=top_p,json=topP,proto3" json:"top_p,omitempty"`
-	Seed          uint64                 `protobuf:"varint,3,opt,name=seed,proto3" json:"seed,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Temperature float32                `protobuf:"fixed32,1,opt,name=temperature,proto3" json:"temperature,omitempty"`
+	TopP        float32                `protobuf:"fixed32,2,opt,name=top_p,json=topP,proto3" json:"top_p,omitempty"`
+	Seed        uint64                 `protobuf:"varint,3,opt,name=seed,proto3" json:"seed,omitempty"`
+	// OpenAI's repetition penalties over the output tokens, in [-2, 2]: the
+	// logit of a token generated c times drops by
+	// frequency_penalty * c + presence_penalty * (c > 0).
+	PresencePenalty  float32 `protobuf:"fixed32,4,opt,name=presence_penalty,json=presencePenalty,proto3" json:"presence_penalty,omitempty"`
+	FrequencyPenalty float32 `protobuf:"fixed32,5,opt,name=frequency_penalty,json=frequencyPenalty,proto3" json:"frequency_penalty,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Sampling) Reset() {
@@ -82,6 +87,189 @@ func (x *Sampling) GetSeed() uint64 {
 	return 0
 }
 
+func (x *Sampling) GetPresencePenalty() float32 {
+	if x != nil {
+		return x.PresencePenalty
+	}
+	return 0
+}
+
+func (x *Sampling) GetFrequencyPenalty() float32 {
+	if x != nil {
+		return x.FrequencyPenalty
+	}
+	return 0
+}
+
+// TokenLogprob is a token's log-probability (natural log, raw model
+// distribution: before temperature, top-p and penalties) with the most
+// probable alternatives at its position, most probable first.
+type TokenLogprob struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Token         int32                  `protobuf:"varint,1,opt,name=token,proto3" json:"token,omitempty"`
+	Logprob       float32                `protobuf:"fixed32,2,opt,name=logprob,proto3" json:"logprob,omitempty"`
+	Top           []*TokenProb           `protobuf:"bytes,3,rep,name=top,proto3" json:"top,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenLogprob) Reset() {
+	*x = TokenLogprob{}
+	mi := &file_pdserve_v1_common_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenLogprob) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenLogprob) ProtoMessage() {}
+
+func (x *TokenLogprob) ProtoReflect() protoreflect.Message {
+	mi := &file_pdserve_v1_common_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenLogprob.ProtoReflect.Descriptor instead.
+func (*TokenLogprob) Descriptor() ([]byte, []int) {
+	return file_pdserve_v1_common_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *TokenLogprob) GetToken() int32 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *TokenLogprob) GetLogprob() float32 {
+	if x != nil {
+		return x.Logprob
+	}
+	return 0
+}
+
+func (x *TokenLogprob) GetTop() []*TokenProb {
+	if x != nil {
+		return x.Top
+	}
+	return nil
+}
+
+type TokenProb struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Token         int32                  `protobuf:"varint,1,opt,name=token,proto3" json:"token,omitempty"`
+	Logprob       float32                `protobuf:"fixed32,2,opt,name=logprob,proto3" json:"logprob,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TokenProb) Reset() {
+	*x = TokenProb{}
+	mi := &file_pdserve_v1_common_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TokenProb) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TokenProb) ProtoMessage() {}
+
+func (x *TokenProb) ProtoReflect() protoreflect.Message {
+	mi := &file_pdserve_v1_common_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TokenProb.ProtoReflect.Descriptor instead.
+func (*TokenProb) Descriptor() ([]byte, []int) {
+	return file_pdserve_v1_common_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *TokenProb) GetToken() int32 {
+	if x != nil {
+		return x.Token
+	}
+	return 0
+}
+
+func (x *TokenProb) GetLogprob() float32 {
+	if x != nil {
+		return x.Logprob
+	}
+	return 0
+}
+
+// Logprobs asks for log-probabilities: with each output token when enabled,
+// with top alternatives (0..20).
+type Logprobs struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Enabled       bool                   `protobuf:"varint,1,opt,name=enabled,proto3" json:"enabled,omitempty"`
+	Top           int32                  `protobuf:"varint,2,opt,name=top,proto3" json:"top,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Logprobs) Reset() {
+	*x = Logprobs{}
+	mi := &file_pdserve_v1_common_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Logprobs) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Logprobs) ProtoMessage() {}
+
+func (x *Logprobs) ProtoReflect() protoreflect.Message {
+	mi := &file_pdserve_v1_common_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Logprobs.ProtoReflect.Descriptor instead.
+func (*Logprobs) Descriptor() ([]byte, []int) {
+	return file_pdserve_v1_common_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Logprobs) GetEnabled() bool {
+	if x != nil {
+		return x.Enabled
+	}
+	return false
+}
+
+func (x *Logprobs) GetTop() int32 {
+	if x != nil {
+		return x.Top
+	}
+	return 0
+}
+
 // Timestamps are Unix nanoseconds taken on the worker's clock.
 type Stamp struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -93,7 +281,7 @@ type Stamp struct {
 
 func (x *Stamp) Reset() {
 	*x = Stamp{}
-	mi := &file_pdserve_v1_common_proto_msgTypes[1]
+	mi := &file_pdserve_v1_common_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -105,7 +293,7 @@ func (x *Stamp) String() string {
 func (*Stamp) ProtoMessage() {}
 
 func (x *Stamp) ProtoReflect() protoreflect.Message {
-	mi := &file_pdserve_v1_common_proto_msgTypes[1]
+	mi := &file_pdserve_v1_common_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -118,7 +306,7 @@ func (x *Stamp) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stamp.ProtoReflect.Descriptor instead.
 func (*Stamp) Descriptor() ([]byte, []int) {
-	return file_pdserve_v1_common_proto_rawDescGZIP(), []int{1}
+	return file_pdserve_v1_common_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Stamp) GetName() string {
@@ -140,11 +328,23 @@ var File_pdserve_v1_common_proto protoreflect.FileDescriptor
 const file_pdserve_v1_common_proto_rawDesc = "" +
 	"\n" +
 	"\x17pdserve/v1/common.proto\x12\n" +
-	"pdserve.v1\"U\n" +
+	"pdserve.v1\"\xad\x01\n" +
 	"\bSampling\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x02R\vtemperature\x12\x13\n" +
 	"\x05top_p\x18\x02 \x01(\x02R\x04topP\x12\x12\n" +
-	"\x04seed\x18\x03 \x01(\x04R\x04seed\"8\n" +
+	"\x04seed\x18\x03 \x01(\x04R\x04seed\x12)\n" +
+	"\x10presence_penalty\x18\x04 \x01(\x02R\x0fpresencePenalty\x12+\n" +
+	"\x11frequency_penalty\x18\x05 \x01(\x02R\x10frequencyPenalty\"g\n" +
+	"\fTokenLogprob\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\x05R\x05token\x12\x18\n" +
+	"\alogprob\x18\x02 \x01(\x02R\alogprob\x12'\n" +
+	"\x03top\x18\x03 \x03(\v2\x15.pdserve.v1.TokenProbR\x03top\";\n" +
+	"\tTokenProb\x12\x14\n" +
+	"\x05token\x18\x01 \x01(\x05R\x05token\x12\x18\n" +
+	"\alogprob\x18\x02 \x01(\x02R\alogprob\"6\n" +
+	"\bLogprobs\x12\x18\n" +
+	"\aenabled\x18\x01 \x01(\bR\aenabled\x12\x10\n" +
+	"\x03top\x18\x02 \x01(\x05R\x03top\"8\n" +
 	"\x05Stamp\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
 	"\tunix_nano\x18\x02 \x01(\x03R\bunixNanoB5Z3github.com/pdserve/pdserve/api/pdserve/v1;pdservev1b\x06proto3"
@@ -161,17 +361,21 @@ func file_pdserve_v1_common_proto_rawDescGZIP() []byte {
 	return file_pdserve_v1_common_proto_rawDescData
 }
 
-var file_pdserve_v1_common_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_pdserve_v1_common_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_pdserve_v1_common_proto_goTypes = []any{
-	(*Sampling)(nil), // 0: pdserve.v1.Sampling
-	(*Stamp)(nil),    // 1: pdserve.v1.Stamp
+	(*Sampling)(nil),     // 0: pdserve.v1.Sampling
+	(*TokenLogprob)(nil), // 1: pdserve.v1.TokenLogprob
+	(*TokenProb)(nil),    // 2: pdserve.v1.TokenProb
+	(*Logprobs)(nil),     // 3: pdserve.v1.Logprobs
+	(*Stamp)(nil),        // 4: pdserve.v1.Stamp
 }
 var file_pdserve_v1_common_proto_depIdxs = []int32{
-	0, // [0:0] is the sub-list for method output_type
-	0, // [0:0] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	2, // 0: pdserve.v1.TokenLogprob.top:type_name -> pdserve.v1.TokenProb
+	1, // [1:1] is the sub-list for method output_type
+	1, // [1:1] is the sub-list for method input_type
+	1, // [1:1] is the sub-list for extension type_name
+	1, // [1:1] is the sub-list for extension extendee
+	0, // [0:1] is the sub-list for field type_name
 }
 
 func init() { file_pdserve_v1_common_proto_init() }
@@ -185,7 +389,7 @@ func file_pdserve_v1_common_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pdserve_v1_common_proto_rawDesc), len(file_pdserve_v1_common_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   2,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

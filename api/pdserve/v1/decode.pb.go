@@ -24,8 +24,14 @@ const (
 type ReserveRequest struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	// Tokens of KV to hold: prompt plus maximum output.
-	Tokens        int32 `protobuf:"varint,2,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	// Tokens of one sequence: prompt plus maximum output.
+	Tokens int32 `protobuf:"varint,2,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	// Choices decoded from the one prompt (n); 0 means 1. With more than
+	// one, prompt_tokens is required: the choices share the prompt's KV and
+	// each holds its own output, so the worker holds
+	// prompt_tokens + sequences * (tokens - prompt_tokens).
+	Sequences     int32 `protobuf:"varint,3,opt,name=sequences,proto3" json:"sequences,omitempty"`
+	PromptTokens  int32 `protobuf:"varint,4,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -70,6 +76,20 @@ func (x *ReserveRequest) GetRequestId() string {
 func (x *ReserveRequest) GetTokens() int32 {
 	if x != nil {
 		return x.Tokens
+	}
+	return 0
+}
+
+func (x *ReserveRequest) GetSequences() int32 {
+	if x != nil {
+		return x.Sequences
+	}
+	return 0
+}
+
+func (x *ReserveRequest) GetPromptTokens() int32 {
+	if x != nil {
+		return x.PromptTokens
 	}
 	return 0
 }
@@ -140,8 +160,20 @@ type GenerateRequest struct {
 	// re-sent; these are re-computed and not streamed again).
 	GeneratedTokens []int32 `protobuf:"varint,7,rep,packed,name=generated_tokens,json=generatedTokens,proto3" json:"generated_tokens,omitempty"`
 	StopTokens      []int32 `protobuf:"varint,8,rep,packed,name=stop_tokens,json=stopTokens,proto3" json:"stop_tokens,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Choices sampled from the prompt (n); 0 means 1. Choice i samples with
+	// seed sampling.seed + i; choices after the first start from the first's
+	// prompt KV (engine fork), not from a prefill of their own.
+	N int32 `protobuf:"varint,9,opt,name=n,proto3" json:"n,omitempty"`
+	// Log-probabilities of the output tokens.
+	Logprobs *Logprobs `protobuf:"bytes,10,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
+	// Log-probabilities of the prompt tokens after the first (echo); needs
+	// local_prefill.
+	PromptLogprobs *Logprobs `protobuf:"bytes,11,opt,name=prompt_logprobs,json=promptLogprobs,proto3" json:"prompt_logprobs,omitempty"`
+	// Tokens already generated for choices 1..n-1 before a recovery, in
+	// order (choice 0's are generated_tokens).
+	GeneratedChoices []*Generated `protobuf:"bytes,12,rep,name=generated_choices,json=generatedChoices,proto3" json:"generated_choices,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *GenerateRequest) Reset() {
@@ -230,11 +262,92 @@ func (x *GenerateRequest) GetStopTokens() []int32 {
 	return nil
 }
 
+func (x *GenerateRequest) GetN() int32 {
+	if x != nil {
+		return x.N
+	}
+	return 0
+}
+
+func (x *GenerateRequest) GetLogprobs() *Logprobs {
+	if x != nil {
+		return x.Logprobs
+	}
+	return nil
+}
+
+func (x *GenerateRequest) GetPromptLogprobs() *Logprobs {
+	if x != nil {
+		return x.PromptLogprobs
+	}
+	return nil
+}
+
+func (x *GenerateRequest) GetGeneratedChoices() []*Generated {
+	if x != nil {
+		return x.GeneratedChoices
+	}
+	return nil
+}
+
+type Generated struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Tokens        []int32                `protobuf:"varint,1,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Generated) Reset() {
+	*x = Generated{}
+	mi := &file_pdserve_v1_decode_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Generated) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Generated) ProtoMessage() {}
+
+func (x *Generated) ProtoReflect() protoreflect.Message {
+	mi := &file_pdserve_v1_decode_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Generated.ProtoReflect.Descriptor instead.
+func (*Generated) Descriptor() ([]byte, []int) {
+	return file_pdserve_v1_decode_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *Generated) GetTokens() []int32 {
+	if x != nil {
+		return x.Tokens
+	}
+	return nil
+}
+
 type GenerateResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Tokens produced by this step (usually one).
+	// Tokens of choice index produced by this step (usually one).
 	Tokens []int32 `protobuf:"varint,1,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
-	// Set on the last event.
+	// The choice (0..n-1) that tokens, logprobs and finish_reason belong to.
+	Index int32 `protobuf:"varint,5,opt,name=index,proto3" json:"index,omitempty"`
+	// One per token when logprobs were asked. With remote prefill the first
+	// token's entry of choice 0 carries only its token: its log-probability
+	// is the prefill worker's (FirstToken.logprob).
+	Logprobs []*TokenLogprob `protobuf:"bytes,6,rep,name=logprobs,proto3" json:"logprobs,omitempty"`
+	// The prompt's log-probabilities (tokens 1..len-1), once, in an event of
+	// its own before any token, when prompt_logprobs were asked.
+	PromptLogprobs []*TokenLogprob `protobuf:"bytes,7,rep,name=prompt_logprobs,json=promptLogprobs,proto3" json:"prompt_logprobs,omitempty"`
+	// Set on the last event of choice index.
 	FinishReason string `protobuf:"bytes,2,opt,name=finish_reason,json=finishReason,proto3" json:"finish_reason,omitempty"`
 	// Boundary timestamps taken by the worker (decode_joined, kv_done, ...).
 	Stamps        []*Stamp `protobuf:"bytes,3,rep,name=stamps,proto3" json:"stamps,omitempty"`
@@ -245,7 +358,7 @@ type GenerateResponse struct {
 
 func (x *GenerateResponse) Reset() {
 	*x = GenerateResponse{}
-	mi := &file_pdserve_v1_decode_proto_msgTypes[3]
+	mi := &file_pdserve_v1_decode_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -257,7 +370,7 @@ func (x *GenerateResponse) String() string {
 func (*GenerateResponse) ProtoMessage() {}
 
 func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pdserve_v1_decode_proto_msgTypes[3]
+	mi := &file_pdserve_v1_decode_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -270,12 +383,33 @@ func (x *GenerateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GenerateResponse.ProtoReflect.Descriptor instead.
 func (*GenerateResponse) Descriptor() ([]byte, []int) {
-	return file_pdserve_v1_decode_proto_rawDescGZIP(), []int{3}
+	return file_pdserve_v1_decode_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *GenerateResponse) GetTokens() []int32 {
 	if x != nil {
 		return x.Tokens
+	}
+	return nil
+}
+
+func (x *GenerateResponse) GetIndex() int32 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *GenerateResponse) GetLogprobs() []*TokenLogprob {
+	if x != nil {
+		return x.Logprobs
+	}
+	return nil
+}
+
+func (x *GenerateResponse) GetPromptLogprobs() []*TokenLogprob {
+	if x != nil {
+		return x.PromptLogprobs
 	}
 	return nil
 }
@@ -310,7 +444,7 @@ type CancelRequest struct {
 
 func (x *CancelRequest) Reset() {
 	*x = CancelRequest{}
-	mi := &file_pdserve_v1_decode_proto_msgTypes[4]
+	mi := &file_pdserve_v1_decode_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -322,7 +456,7 @@ func (x *CancelRequest) String() string {
 func (*CancelRequest) ProtoMessage() {}
 
 func (x *CancelRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pdserve_v1_decode_proto_msgTypes[4]
+	mi := &file_pdserve_v1_decode_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -335,7 +469,7 @@ func (x *CancelRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelRequest.ProtoReflect.Descriptor instead.
 func (*CancelRequest) Descriptor() ([]byte, []int) {
-	return file_pdserve_v1_decode_proto_rawDescGZIP(), []int{4}
+	return file_pdserve_v1_decode_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CancelRequest) GetRequestId() string {
@@ -353,7 +487,7 @@ type CancelResponse struct {
 
 func (x *CancelResponse) Reset() {
 	*x = CancelResponse{}
-	mi := &file_pdserve_v1_decode_proto_msgTypes[5]
+	mi := &file_pdserve_v1_decode_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -365,7 +499,7 @@ func (x *CancelResponse) String() string {
 func (*CancelResponse) ProtoMessage() {}
 
 func (x *CancelResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pdserve_v1_decode_proto_msgTypes[5]
+	mi := &file_pdserve_v1_decode_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -378,7 +512,7 @@ func (x *CancelResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CancelResponse.ProtoReflect.Descriptor instead.
 func (*CancelResponse) Descriptor() ([]byte, []int) {
-	return file_pdserve_v1_decode_proto_rawDescGZIP(), []int{5}
+	return file_pdserve_v1_decode_proto_rawDescGZIP(), []int{6}
 }
 
 var File_pdserve_v1_decode_proto protoreflect.FileDescriptor
@@ -386,15 +520,17 @@ var File_pdserve_v1_decode_proto protoreflect.FileDescriptor
 const file_pdserve_v1_decode_proto_rawDesc = "" +
 	"\n" +
 	"\x17pdserve/v1/decode.proto\x12\n" +
-	"pdserve.v1\x1a\x17pdserve/v1/common.proto\"G\n" +
+	"pdserve.v1\x1a\x17pdserve/v1/common.proto\"\x8a\x01\n" +
 	"\x0eReserveRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x16\n" +
-	"\x06tokens\x18\x02 \x01(\x05R\x06tokens\"J\n" +
+	"\x06tokens\x18\x02 \x01(\x05R\x06tokens\x12\x1c\n" +
+	"\tsequences\x18\x03 \x01(\x05R\tsequences\x12#\n" +
+	"\rprompt_tokens\x18\x04 \x01(\x05R\fpromptTokens\"J\n" +
 	"\x0fReserveResponse\x12\x16\n" +
 	"\x06blocks\x18\x01 \x01(\x05R\x06blocks\x12\x1f\n" +
 	"\vblocks_free\x18\x02 \x01(\x05R\n" +
-	"blocksFree\"\xb6\x02\n" +
+	"blocksFree\"\xf9\x03\n" +
 	"\x0fGenerateRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -407,9 +543,19 @@ const file_pdserve_v1_decode_proto_rawDesc = "" +
 	"ignore_eos\x18\x06 \x01(\bR\tignoreEos\x12)\n" +
 	"\x10generated_tokens\x18\a \x03(\x05R\x0fgeneratedTokens\x12\x1f\n" +
 	"\vstop_tokens\x18\b \x03(\x05R\n" +
-	"stopTokens\"\x99\x01\n" +
+	"stopTokens\x12\f\n" +
+	"\x01n\x18\t \x01(\x05R\x01n\x120\n" +
+	"\blogprobs\x18\n" +
+	" \x01(\v2\x14.pdserve.v1.LogprobsR\blogprobs\x12=\n" +
+	"\x0fprompt_logprobs\x18\v \x01(\v2\x14.pdserve.v1.LogprobsR\x0epromptLogprobs\x12B\n" +
+	"\x11generated_choices\x18\f \x03(\v2\x15.pdserve.v1.GeneratedR\x10generatedChoices\"#\n" +
+	"\tGenerated\x12\x16\n" +
+	"\x06tokens\x18\x01 \x03(\x05R\x06tokens\"\xa8\x02\n" +
 	"\x10GenerateResponse\x12\x16\n" +
-	"\x06tokens\x18\x01 \x03(\x05R\x06tokens\x12#\n" +
+	"\x06tokens\x18\x01 \x03(\x05R\x06tokens\x12\x14\n" +
+	"\x05index\x18\x05 \x01(\x05R\x05index\x124\n" +
+	"\blogprobs\x18\x06 \x03(\v2\x18.pdserve.v1.TokenLogprobR\blogprobs\x12A\n" +
+	"\x0fprompt_logprobs\x18\a \x03(\v2\x18.pdserve.v1.TokenLogprobR\x0epromptLogprobs\x12#\n" +
 	"\rfinish_reason\x18\x02 \x01(\tR\ffinishReason\x12)\n" +
 	"\x06stamps\x18\x03 \x03(\v2\x11.pdserve.v1.StampR\x06stamps\x12\x1d\n" +
 	"\n" +
@@ -435,31 +581,39 @@ func file_pdserve_v1_decode_proto_rawDescGZIP() []byte {
 	return file_pdserve_v1_decode_proto_rawDescData
 }
 
-var file_pdserve_v1_decode_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_pdserve_v1_decode_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_pdserve_v1_decode_proto_goTypes = []any{
 	(*ReserveRequest)(nil),   // 0: pdserve.v1.ReserveRequest
 	(*ReserveResponse)(nil),  // 1: pdserve.v1.ReserveResponse
 	(*GenerateRequest)(nil),  // 2: pdserve.v1.GenerateRequest
-	(*GenerateResponse)(nil), // 3: pdserve.v1.GenerateResponse
-	(*CancelRequest)(nil),    // 4: pdserve.v1.CancelRequest
-	(*CancelResponse)(nil),   // 5: pdserve.v1.CancelResponse
-	(*Sampling)(nil),         // 6: pdserve.v1.Sampling
-	(*Stamp)(nil),            // 7: pdserve.v1.Stamp
+	(*Generated)(nil),        // 3: pdserve.v1.Generated
+	(*GenerateResponse)(nil), // 4: pdserve.v1.GenerateResponse
+	(*CancelRequest)(nil),    // 5: pdserve.v1.CancelRequest
+	(*CancelResponse)(nil),   // 6: pdserve.v1.CancelResponse
+	(*Sampling)(nil),         // 7: pdserve.v1.Sampling
+	(*Logprobs)(nil),         // 8: pdserve.v1.Logprobs
+	(*TokenLogprob)(nil),     // 9: pdserve.v1.TokenLogprob
+	(*Stamp)(nil),            // 10: pdserve.v1.Stamp
 }
 var file_pdserve_v1_decode_proto_depIdxs = []int32{
-	6, // 0: pdserve.v1.GenerateRequest.sampling:type_name -> pdserve.v1.Sampling
-	7, // 1: pdserve.v1.GenerateResponse.stamps:type_name -> pdserve.v1.Stamp
-	0, // 2: pdserve.v1.DecodeService.Reserve:input_type -> pdserve.v1.ReserveRequest
-	2, // 3: pdserve.v1.DecodeService.Generate:input_type -> pdserve.v1.GenerateRequest
-	4, // 4: pdserve.v1.DecodeService.Cancel:input_type -> pdserve.v1.CancelRequest
-	1, // 5: pdserve.v1.DecodeService.Reserve:output_type -> pdserve.v1.ReserveResponse
-	3, // 6: pdserve.v1.DecodeService.Generate:output_type -> pdserve.v1.GenerateResponse
-	5, // 7: pdserve.v1.DecodeService.Cancel:output_type -> pdserve.v1.CancelResponse
-	5, // [5:8] is the sub-list for method output_type
-	2, // [2:5] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	7,  // 0: pdserve.v1.GenerateRequest.sampling:type_name -> pdserve.v1.Sampling
+	8,  // 1: pdserve.v1.GenerateRequest.logprobs:type_name -> pdserve.v1.Logprobs
+	8,  // 2: pdserve.v1.GenerateRequest.prompt_logprobs:type_name -> pdserve.v1.Logprobs
+	3,  // 3: pdserve.v1.GenerateRequest.generated_choices:type_name -> pdserve.v1.Generated
+	9,  // 4: pdserve.v1.GenerateResponse.logprobs:type_name -> pdserve.v1.TokenLogprob
+	9,  // 5: pdserve.v1.GenerateResponse.prompt_logprobs:type_name -> pdserve.v1.TokenLogprob
+	10, // 6: pdserve.v1.GenerateResponse.stamps:type_name -> pdserve.v1.Stamp
+	0,  // 7: pdserve.v1.DecodeService.Reserve:input_type -> pdserve.v1.ReserveRequest
+	2,  // 8: pdserve.v1.DecodeService.Generate:input_type -> pdserve.v1.GenerateRequest
+	5,  // 9: pdserve.v1.DecodeService.Cancel:input_type -> pdserve.v1.CancelRequest
+	1,  // 10: pdserve.v1.DecodeService.Reserve:output_type -> pdserve.v1.ReserveResponse
+	4,  // 11: pdserve.v1.DecodeService.Generate:output_type -> pdserve.v1.GenerateResponse
+	6,  // 12: pdserve.v1.DecodeService.Cancel:output_type -> pdserve.v1.CancelResponse
+	10, // [10:13] is the sub-list for method output_type
+	7,  // [7:10] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_pdserve_v1_decode_proto_init() }
@@ -474,7 +628,7 @@ func file_pdserve_v1_decode_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pdserve_v1_decode_proto_rawDesc), len(file_pdserve_v1_decode_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -211,7 +211,9 @@ func (x *KVStreamHeader) GetTokenBytes() int32 {
 type KVCommit struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The token the prefill worker sampled after the prompt.
-	FirstToken    int32 `protobuf:"varint,1,opt,name=first_token,json=firstToken,proto3" json:"first_token,omitempty"`
+	FirstToken int32 `protobuf:"varint,1,opt,name=first_token,json=firstToken,proto3" json:"first_token,omitempty"`
+	// Its log-probability, when the request asked for logprobs.
+	FirstLogprob  *TokenLogprob `protobuf:"bytes,2,opt,name=first_logprob,json=firstLogprob,proto3" json:"first_logprob,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -251,6 +253,13 @@ func (x *KVCommit) GetFirstToken() int32 {
 		return x.FirstToken
 	}
 	return 0
+}
+
+func (x *KVCommit) GetFirstLogprob() *TokenLogprob {
+	if x != nil {
+		return x.FirstLogprob
+	}
+	return nil
 }
 
 // PushResponse acknowledges a committed transfer: all KV was imported.
@@ -331,7 +340,7 @@ var File_pdserve_v1_kvtransfer_proto protoreflect.FileDescriptor
 const file_pdserve_v1_kvtransfer_proto_rawDesc = "" +
 	"\n" +
 	"\x1bpdserve/v1/kvtransfer.proto\x12\n" +
-	"pdserve.v1\"\x92\x01\n" +
+	"pdserve.v1\x1a\x17pdserve/v1/common.proto\"\x92\x01\n" +
 	"\vPushRequest\x124\n" +
 	"\x06header\x18\x01 \x01(\v2\x1a.pdserve.v1.KVStreamHeaderH\x00R\x06header\x12\x16\n" +
 	"\x05frame\x18\x02 \x01(\fH\x00R\x05frame\x12.\n" +
@@ -344,10 +353,11 @@ const file_pdserve_v1_kvtransfer_proto_rawDesc = "" +
 	"\x06layers\x18\x03 \x01(\x05R\x06layers\x12\x16\n" +
 	"\x06tokens\x18\x04 \x01(\x05R\x06tokens\x12\x1f\n" +
 	"\vtoken_bytes\x18\x05 \x01(\x05R\n" +
-	"tokenBytes\"+\n" +
+	"tokenBytes\"j\n" +
 	"\bKVCommit\x12\x1f\n" +
 	"\vfirst_token\x18\x01 \x01(\x05R\n" +
-	"firstToken\"\xa1\x01\n" +
+	"firstToken\x12=\n" +
+	"\rfirst_logprob\x18\x02 \x01(\v2\x18.pdserve.v1.TokenLogprobR\ffirstLogprob\"\xa1\x01\n" +
 	"\fPushResponse\x12\x1b\n" +
 	"\tbytes_raw\x18\x01 \x01(\x03R\bbytesRaw\x12\x1d\n" +
 	"\n" +
@@ -375,17 +385,19 @@ var file_pdserve_v1_kvtransfer_proto_goTypes = []any{
 	(*KVStreamHeader)(nil), // 1: pdserve.v1.KVStreamHeader
 	(*KVCommit)(nil),       // 2: pdserve.v1.KVCommit
 	(*PushResponse)(nil),   // 3: pdserve.v1.PushResponse
+	(*TokenLogprob)(nil),   // 4: pdserve.v1.TokenLogprob
 }
 var file_pdserve_v1_kvtransfer_proto_depIdxs = []int32{
 	1, // 0: pdserve.v1.PushRequest.header:type_name -> pdserve.v1.KVStreamHeader
 	2, // 1: pdserve.v1.PushRequest.commit:type_name -> pdserve.v1.KVCommit
-	0, // 2: pdserve.v1.KVTransferService.Push:input_type -> pdserve.v1.PushRequest
-	3, // 3: pdserve.v1.KVTransferService.Push:output_type -> pdserve.v1.PushResponse
-	3, // [3:4] is the sub-list for method output_type
-	2, // [2:3] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	4, // 2: pdserve.v1.KVCommit.first_logprob:type_name -> pdserve.v1.TokenLogprob
+	0, // 3: pdserve.v1.KVTransferService.Push:input_type -> pdserve.v1.PushRequest
+	3, // 4: pdserve.v1.KVTransferService.Push:output_type -> pdserve.v1.PushResponse
+	4, // [4:5] is the sub-list for method output_type
+	3, // [3:4] is the sub-list for method input_type
+	3, // [3:3] is the sub-list for extension type_name
+	3, // [3:3] is the sub-list for extension extendee
+	0, // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_pdserve_v1_kvtransfer_proto_init() }
@@ -393,6 +405,7 @@ func file_pdserve_v1_kvtransfer_proto_init() {
 	if File_pdserve_v1_kvtransfer_proto != nil {
 		return
 	}
+	file_pdserve_v1_common_proto_init()
 	file_pdserve_v1_kvtransfer_proto_msgTypes[0].OneofWrappers = []any{
 		(*PushRequest_Header)(nil),
 		(*PushRequest_Frame)(nil),

@@ -29,7 +29,9 @@ type PrefillRequest struct {
 	// gRPC address of the decode worker that reserved blocks for the request.
 	DecodeAddr string `protobuf:"bytes,4,opt,name=decode_addr,json=decodeAddr,proto3" json:"decode_addr,omitempty"`
 	// KV codec name for the transfer ("none", "s2", "zstd", "bf16", "fp8", "int8").
-	Codec         string `protobuf:"bytes,5,opt,name=codec,proto3" json:"codec,omitempty"`
+	Codec string `protobuf:"bytes,5,opt,name=codec,proto3" json:"codec,omitempty"`
+	// Log-probability of the first token, in FirstToken.logprob.
+	Logprobs      *Logprobs `protobuf:"bytes,6,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -97,6 +99,13 @@ func (x *PrefillRequest) GetCodec() string {
 		return x.Codec
 	}
 	return ""
+}
+
+func (x *PrefillRequest) GetLogprobs() *Logprobs {
+	if x != nil {
+		return x.Logprobs
+	}
+	return nil
 }
 
 type PrefillResponse struct {
@@ -259,8 +268,10 @@ type FirstToken struct {
 	PrefillEndUnixNano   int64                  `protobuf:"varint,3,opt,name=prefill_end_unix_nano,json=prefillEndUnixNano,proto3" json:"prefill_end_unix_nano,omitempty"`
 	BatchSize            int32                  `protobuf:"varint,4,opt,name=batch_size,json=batchSize,proto3" json:"batch_size,omitempty"`
 	PrefixHitTokens      int32                  `protobuf:"varint,5,opt,name=prefix_hit_tokens,json=prefixHitTokens,proto3" json:"prefix_hit_tokens,omitempty"`
-	unknownFields        protoimpl.UnknownFields
-	sizeCache            protoimpl.SizeCache
+	// Set when PrefillRequest.logprobs asked for it.
+	Logprob       *TokenLogprob `protobuf:"bytes,6,opt,name=logprob,proto3" json:"logprob,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *FirstToken) Reset() {
@@ -326,6 +337,13 @@ func (x *FirstToken) GetPrefixHitTokens() int32 {
 		return x.PrefixHitTokens
 	}
 	return 0
+}
+
+func (x *FirstToken) GetLogprob() *TokenLogprob {
+	if x != nil {
+		return x.Logprob
+	}
+	return nil
 }
 
 type KVDone struct {
@@ -593,7 +611,7 @@ var File_pdserve_v1_prefill_proto protoreflect.FileDescriptor
 const file_pdserve_v1_prefill_proto_rawDesc = "" +
 	"\n" +
 	"\x18pdserve/v1/prefill.proto\x12\n" +
-	"pdserve.v1\x1a\x17pdserve/v1/common.proto\"\xbd\x01\n" +
+	"pdserve.v1\x1a\x17pdserve/v1/common.proto\"\xef\x01\n" +
 	"\x0ePrefillRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -601,7 +619,8 @@ const file_pdserve_v1_prefill_proto_rawDesc = "" +
 	"\bsampling\x18\x03 \x01(\v2\x14.pdserve.v1.SamplingR\bsampling\x12\x1f\n" +
 	"\vdecode_addr\x18\x04 \x01(\tR\n" +
 	"decodeAddr\x12\x14\n" +
-	"\x05codec\x18\x05 \x01(\tR\x05codec\"\xb9\x01\n" +
+	"\x05codec\x18\x05 \x01(\tR\x05codec\x120\n" +
+	"\blogprobs\x18\x06 \x01(\v2\x14.pdserve.v1.LogprobsR\blogprobs\"\xb9\x01\n" +
 	"\x0fPrefillResponse\x123\n" +
 	"\x06queued\x18\x01 \x01(\v2\x19.pdserve.v1.PrefillQueuedH\x00R\x06queued\x129\n" +
 	"\vfirst_token\x18\x02 \x01(\v2\x16.pdserve.v1.FirstTokenH\x00R\n" +
@@ -610,7 +629,7 @@ const file_pdserve_v1_prefill_proto_rawDesc = "" +
 	"\x05event\"S\n" +
 	"\rPrefillQueued\x12\x1b\n" +
 	"\tunix_nano\x18\x01 \x01(\x03R\bunixNano\x12%\n" +
-	"\x0equeue_position\x18\x02 \x01(\x05R\rqueuePosition\"\xd7\x01\n" +
+	"\x0equeue_position\x18\x02 \x01(\x05R\rqueuePosition\"\x8b\x02\n" +
 	"\n" +
 	"FirstToken\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\x05R\x05token\x125\n" +
@@ -618,7 +637,8 @@ const file_pdserve_v1_prefill_proto_rawDesc = "" +
 	"\x15prefill_end_unix_nano\x18\x03 \x01(\x03R\x12prefillEndUnixNano\x12\x1d\n" +
 	"\n" +
 	"batch_size\x18\x04 \x01(\x05R\tbatchSize\x12*\n" +
-	"\x11prefix_hit_tokens\x18\x05 \x01(\x05R\x0fprefixHitTokens\"\xb1\x01\n" +
+	"\x11prefix_hit_tokens\x18\x05 \x01(\x05R\x0fprefixHitTokens\x122\n" +
+	"\alogprob\x18\x06 \x01(\v2\x18.pdserve.v1.TokenLogprobR\alogprob\"\xb1\x01\n" +
 	"\x06KVDone\x12/\n" +
 	"\x14first_byte_unix_nano\x18\x01 \x01(\x03R\x11firstByteUnixNano\x12$\n" +
 	"\x0edone_unix_nano\x18\x02 \x01(\x03R\fdoneUnixNano\x12\x1b\n" +
@@ -667,24 +687,28 @@ var file_pdserve_v1_prefill_proto_goTypes = []any{
 	(*ReleaseRequest)(nil),  // 7: pdserve.v1.ReleaseRequest
 	(*ReleaseResponse)(nil), // 8: pdserve.v1.ReleaseResponse
 	(*Sampling)(nil),        // 9: pdserve.v1.Sampling
+	(*Logprobs)(nil),        // 10: pdserve.v1.Logprobs
+	(*TokenLogprob)(nil),    // 11: pdserve.v1.TokenLogprob
 }
 var file_pdserve_v1_prefill_proto_depIdxs = []int32{
-	9, // 0: pdserve.v1.PrefillRequest.sampling:type_name -> pdserve.v1.Sampling
-	2, // 1: pdserve.v1.PrefillResponse.queued:type_name -> pdserve.v1.PrefillQueued
-	3, // 2: pdserve.v1.PrefillResponse.first_token:type_name -> pdserve.v1.FirstToken
-	4, // 3: pdserve.v1.PrefillResponse.kv_done:type_name -> pdserve.v1.KVDone
-	4, // 4: pdserve.v1.ResendResponse.kv_done:type_name -> pdserve.v1.KVDone
-	0, // 5: pdserve.v1.PrefillService.Prefill:input_type -> pdserve.v1.PrefillRequest
-	5, // 6: pdserve.v1.PrefillService.Resend:input_type -> pdserve.v1.ResendRequest
-	7, // 7: pdserve.v1.PrefillService.Release:input_type -> pdserve.v1.ReleaseRequest
-	1, // 8: pdserve.v1.PrefillService.Prefill:output_type -> pdserve.v1.PrefillResponse
-	6, // 9: pdserve.v1.PrefillService.Resend:output_type -> pdserve.v1.ResendResponse
-	8, // 10: pdserve.v1.PrefillService.Release:output_type -> pdserve.v1.ReleaseResponse
-	8, // [8:11] is the sub-list for method output_type
-	5, // [5:8] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	9,  // 0: pdserve.v1.PrefillRequest.sampling:type_name -> pdserve.v1.Sampling
+	10, // 1: pdserve.v1.PrefillRequest.logprobs:type_name -> pdserve.v1.Logprobs
+	2,  // 2: pdserve.v1.PrefillResponse.queued:type_name -> pdserve.v1.PrefillQueued
+	3,  // 3: pdserve.v1.PrefillResponse.first_token:type_name -> pdserve.v1.FirstToken
+	4,  // 4: pdserve.v1.PrefillResponse.kv_done:type_name -> pdserve.v1.KVDone
+	11, // 5: pdserve.v1.FirstToken.logprob:type_name -> pdserve.v1.TokenLogprob
+	4,  // 6: pdserve.v1.ResendResponse.kv_done:type_name -> pdserve.v1.KVDone
+	0,  // 7: pdserve.v1.PrefillService.Prefill:input_type -> pdserve.v1.PrefillRequest
+	5,  // 8: pdserve.v1.PrefillService.Resend:input_type -> pdserve.v1.ResendRequest
+	7,  // 9: pdserve.v1.PrefillService.Release:input_type -> pdserve.v1.ReleaseRequest
+	1,  // 10: pdserve.v1.PrefillService.Prefill:output_type -> pdserve.v1.PrefillResponse
+	6,  // 11: pdserve.v1.PrefillService.Resend:output_type -> pdserve.v1.ResendResponse
+	8,  // 12: pdserve.v1.PrefillService.Release:output_type -> pdserve.v1.ReleaseResponse
+	10, // [10:13] is the sub-list for method output_type
+	7,  // [7:10] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_pdserve_v1_prefill_proto_init() }
