@@ -3,6 +3,7 @@ package router
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -30,6 +31,8 @@ type Worker struct {
 	// has cached (chained block hashes, see pkg/kv.HashBlocks). Read only.
 	PrefixDigest []uint64
 	Draining     bool
+	// Model is the model the worker serves; empty serves any.
+	Model string
 	// Time is when the snapshot was taken (the worker's clock).
 	Time time.Time
 }
@@ -68,6 +71,12 @@ type Request struct {
 	// comes from the prefill worker that already holds it): Local and
 	// Prefill of the Decision stay zero.
 	DecodeOnly bool
+	// Local prefills on the decode worker whatever the prompt's size (the
+	// request needs the prompt's logits there: prompt logprobs).
+	Local bool
+	// Model, when not empty, limits the choice to workers serving it (or
+	// any model).
+	Model string
 }
 
 // Decision is where a request goes.
@@ -119,6 +128,7 @@ func (r *Router) Route(now time.Time, req Request, decode, prefill []Worker, exc
 	defer r.mu.Unlock()
 	delete(r.inflight, req.ID)
 
+	decode, prefill = serving(decode, req.Model), serving(prefill, req.Model)
 	loads := r.loads(decode, prefill)
 	d, ok := r.pickDecode(decode, exclude, loads)
 	if !ok {
@@ -130,7 +140,7 @@ func (r *Router) Route(now time.Time, req Request, decode, prefill []Worker, exc
 	hitDecode := r.prefixHit(req.PrefixHashes, d.PrefixDigest)
 	switch {
 	case req.DecodeOnly:
-	case r.cfg.Colocated:
+	case r.cfg.Colocated, req.Local:
 		dec.Local, dec.PrefixHitTokens = true, hitDecode
 	case r.cfg.LocalPrefillBelowTokens > 0 && req.PromptTokens-hitDecode < r.cfg.LocalPrefillBelowTokens:
 		dec.Local, dec.PrefixHitTokens = true, hitDecode
@@ -144,6 +154,21 @@ func (r *Router) Route(now time.Time, req Request, decode, prefill []Worker, exc
 	}
 	r.inflight[req.ID] = a
 	return dec, nil
+}
+
+// serving returns the workers of ws that serve model (all when model is
+// empty), in order; ws itself when all do.
+func serving(ws []Worker, model string) []Worker {
+	if model == "" || !slices.ContainsFunc(ws, func(w Worker) bool { return w.Model != "" && w.Model != model }) {
+		return ws
+	}
+	out := make([]Worker, 0, len(ws))
+	for _, w := range ws {
+		if w.Model == "" || w.Model == model {
+			out = append(out, w)
+		}
+	}
+	return out
 }
 
 // PrefillDone records that req's prefill finished, so its prompt no longer

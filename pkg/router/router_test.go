@@ -3,6 +3,7 @@ package router
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -279,5 +280,42 @@ func BenchmarkRoute(b *testing.B) {
 		if _, err := r.Route(at(2), req, decode, prefill, nil); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+func TestRouteServesTheRequestedModel(t *testing.T) {
+	decode := []Worker{
+		{ID: "d-a", Addr: "a", KVBlocksFree: 100, KVBlocksTotal: 100, Model: "alpha"},
+		{ID: "d-b", Addr: "b", KVBlocksFree: 1000, KVBlocksTotal: 1000, Model: "beta"},
+	}
+	prefill := []Worker{
+		{ID: "p-a", Addr: "pa", Model: "alpha"},
+		{ID: "p-b", Addr: "pb", Model: "beta"},
+	}
+	for _, model := range []string{"alpha", "beta"} {
+		t.Run(model, func(t *testing.T) {
+			r := New(Config{})
+			for i := range 5 {
+				dec, err := r.Route(time.Unix(0, 0), Request{ID: fmt.Sprint(model, i), PromptTokens: 10, MaxTokens: 4, Model: model}, decode, prefill, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := map[string]string{"alpha": "-a", "beta": "-b"}[model]
+				if !strings.HasSuffix(dec.Decode.ID, want) || !strings.HasSuffix(dec.Prefill.ID, want) {
+					t.Fatalf("model %s routed to %s and %s", model, dec.Prefill.ID, dec.Decode.ID)
+				}
+			}
+		})
+	}
+	if _, err := New(Config{}).Route(time.Unix(0, 0), Request{ID: "x", PromptTokens: 1, Model: "gamma"}, decode, prefill, nil); !errors.Is(err, ErrNoDecodeWorkers) {
+		t.Fatalf("unserved model: err %v, want ErrNoDecodeWorkers", err)
+	}
+}
+
+func TestRouteLocalForcesLocalPrefill(t *testing.T) {
+	decode := []Worker{{ID: "d", Addr: "d", KVBlocksFree: 10, KVBlocksTotal: 10}}
+	dec, err := New(Config{}).Route(time.Unix(0, 0), Request{ID: "x", PromptTokens: 5000, Local: true}, decode, nil, nil)
+	if err != nil || !dec.Local || dec.Prefill.ID != "" {
+		t.Fatalf("Local request: decision %+v, err %v; want local prefill on d", dec, err)
 	}
 }
