@@ -272,12 +272,22 @@ func waitReady(ctx context.Context, url string, timeout time.Duration) error {
 	}
 }
 
-// saveJSON writes v to dir/name, creating dir; it returns the path.
+// outPath is where an output file named name goes: name itself when it
+// is absolute (as vLLM's --result-filename), else name under dir.
+func outPath(dir, name string) string {
+	if filepath.IsAbs(name) {
+		return name
+	}
+	return filepath.Join(dir, name)
+}
+
+// saveJSON writes v to outPath(dir, name), creating its directory; it
+// returns the path.
 func saveJSON(dir, name string, v any) (string, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	p := outPath(dir, name)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return "", err
 	}
-	p := filepath.Join(dir, name)
 	f, err := os.Create(p)
 	if err != nil {
 		return "", err

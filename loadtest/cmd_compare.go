@@ -39,6 +39,18 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	co := &compareOptions{}
 	fs := flag.NewFlagSet("compare", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	setUsage(fs, stderr, "compare [--disagg-url URL --coloc-url URL] --gpus N --request-rates R1,R2,... [flags]",
+		"Disaggregated vs colocated serving at equal GPUs: the same workload and SLOs swept over request\n"+
+			"rates on both, each side's highest rate meeting the attainment target, and the two side by\n"+
+			"side at --compare-rate. Without --disagg-url and --coloc-url both deployments are started here\n"+
+			"on the performance-model engine (--profile; --pd-split P:D of the --gpus on the disaggregated\n"+
+			"side, --codec and --link-gbps for its KV transfer).",
+		"  # 2 prefill + 1 decode vs 3 colocated workers, OPT-13B on A100-80GB, both started here:\n"+
+			"  go run ./loadtest compare --profile a100-80g/opt-13b/tp1 --gpus 3 --pd-split 2:1 --codec zstd \\\n"+
+			"    --link-gbps 100 --request-rates 1,2,3,4 --goodput ttft:250 tpot:100 --save-result\n"+
+			"  # Two deployments already running:\n"+
+			"  go run ./loadtest compare --disagg-url http://10.0.0.1:8080 --coloc-url http://10.0.0.2:8080 \\\n"+
+			"    --gpus 8 --request-rates 2,4,8 --goodput ttft:500 tpot:50\n")
 	o.addFlags(fs)
 	so.addFlags(fs)
 	d.addFlags(fs)
@@ -137,12 +149,12 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		fmt.Fprintf(stderr, "result: %s\n", p)
 	}
 	if dir := plotDir(o); dir != "" {
-		paths, err := writeSweepPlots(dir, base, cmp.Meta, sw, so.Target, o.slo)
+		paths, err := writeSweepPlots(dir, plotBase(o, base), cmp.Meta, sw, so.Target, o.slo)
 		if err != nil {
 			return err
 		}
 		if len(cdfRuns) > 0 {
-			more, err := writeCDFPlots(dir, base, cdfRuns[0].out.meta, o.slo, cdfRuns)
+			more, err := writeCDFPlots(dir, plotBase(o, base), cdfRuns[0].out.meta, o.slo, cdfRuns)
 			if err != nil {
 				return err
 			}

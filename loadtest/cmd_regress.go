@@ -29,6 +29,12 @@ func cmdRegress(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	)
 	fs := flag.NewFlagSet("regress", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	setUsage(fs, stderr, "regress --baseline FILE [--current FILE | --base-url URL | --local MODE] [flags]",
+		"A run (or a saved result, --current) against a baseline result: exits 1 when a --regress-metrics\n"+
+			"metric at --regress-stat got worse by more than --max-drift (and --drift-floor-ms);\n"+
+			"--update-baseline writes the run as the new baseline instead.",
+		"  go run ./loadtest regress --baseline loadtest/baselines/ci-sim-disagg.json --local disaggregated \\\n"+
+			"    --profile a100-80g/opt-13b/tp1 --num-prompts 40 --request-rate 4\n")
 	o.addFlags(fs)
 	d.addFlags(fs)
 	fs.StringVar(&baseline, "baseline", "", "baseline result JSON (required)")

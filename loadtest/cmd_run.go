@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strings"
 
 	"github.com/pdserve/pdserve/loadtest/report"
@@ -17,6 +18,14 @@ func cmdRun(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	var local string
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	setUsage(fs, stderr, "run [--base-url URL | --local MODE] [flags]",
+		"One benchmark run against an OpenAI-compatible endpoint (pdserve, vLLM, SGLang), or against a\n"+
+			"deployment started here on the performance-model engine (--local): a Markdown summary on\n"+
+			"stdout with vLLM's metric definitions and pdserve's server-side budget, and with --save-result\n"+
+			"the result JSON (vLLM's field names) and TTFT/TPOT CDF plots.",
+		"  go run ./loadtest run --base-url http://127.0.0.1:8080 --dataset-name random \\\n"+
+			"    --random-input-len 512 --random-output-len 64 --num-prompts 200 --request-rate 4 \\\n"+
+			"    --goodput ttft:250 tpot:100 --save-result --result-filename /tmp/run.json\n")
 	o.addFlags(fs)
 	d.addFlags(fs)
 	fs.StringVar(&local, "local", "", "start a local deployment for the run: colocated or disaggregated (default: use --base-url)")
@@ -65,7 +74,7 @@ func (b *bench) saveRun(out runOut, stderr io.Writer) error {
 		return nil
 	}
 	base := strings.TrimSuffix(name, ".json")
-	paths, err := writeCDFPlots(dir, base, out.meta, b.o.slo, []namedRun{{name: "", out: out}})
+	paths, err := writeCDFPlots(dir, plotBase(b.o, base), out.meta, b.o.slo, []namedRun{{name: "", out: out}})
 	if err != nil {
 		return err
 	}
@@ -78,6 +87,16 @@ func (b *bench) saveRun(out runOut, stderr io.Writer) error {
 // plotDir returns where plots go, or "" for none.
 func (b *bench) plotDir() string {
 	return plotDir(b.o)
+}
+
+// plotBase is the file name stem of the plots of outputs named base: in
+// --plot-dir when given, else beside the result (base under --result-dir,
+// or an absolute --result-filename's directory).
+func plotBase(o *benchOptions, base string) string {
+	if o.PlotDir != "" {
+		return filepath.Base(base)
+	}
+	return base
 }
 
 // plotDir returns where plots go, or "" for none.

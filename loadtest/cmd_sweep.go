@@ -107,6 +107,12 @@ func cmdSweep(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var local string
 	fs := flag.NewFlagSet("sweep", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	setUsage(fs, stderr, "sweep [--base-url URL | --local MODE] --request-rates R1,R2,... [flags]",
+		"Runs over a series of request rates: the SLO attainment at each, and the highest rate at which\n"+
+			"--attainment of the requests meet every --goodput SLO (found by --search-steps bisections),\n"+
+			"per GPU (--gpus).",
+		"  go run ./loadtest sweep --base-url http://127.0.0.1:8080 --gpus 3 --request-rates 1,2,4,8 \\\n"+
+			"    --search-steps 3 --attainment 0.9 --goodput ttft:250 tpot:100\n")
 	o.addFlags(fs)
 	so.addFlags(fs)
 	d.addFlags(fs)
@@ -148,7 +154,7 @@ func cmdSweep(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintf(stderr, "result: %s\n", p)
 	}
 	if dir := b.plotDir(); dir != "" {
-		paths, werr := writeSweepPlots(dir, base, sr.meta, []namedSweep{{name: o.Label, gpus: gpus, res: sr.res}}, so.Target, o.slo)
+		paths, werr := writeSweepPlots(dir, plotBase(o, base), sr.meta, []namedSweep{{name: o.Label, gpus: gpus, res: sr.res}}, so.Target, o.slo)
 		if werr != nil {
 			return werr
 		}

@@ -152,7 +152,7 @@ func (o *benchOptions) addFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.SaveResult, "save-result", o.SaveResult, "write the result JSON (and plots) to --result-dir")
 	fs.BoolVar(&o.SaveDetailed, "save-detailed", o.SaveDetailed, "include per-request arrays in the result JSON")
 	fs.StringVar(&o.ResultDir, "result-dir", o.ResultDir, "directory for results and plots")
-	fs.StringVar(&o.ResultFilename, "result-filename", o.ResultFilename, "result file name (default: vLLM's BACKEND-RATEqps-MODEL-DATE.json)")
+	fs.StringVar(&o.ResultFilename, "result-filename", o.ResultFilename, "result file name under --result-dir, or an absolute path kept as it is (default: vLLM's BACKEND-RATEqps-MODEL-DATE.json)")
 	fs.StringVar(&o.PlotDir, "plot-dir", o.PlotDir, "directory for PNG plots (default: --result-dir with --save-result, else none)")
 	fs.BoolVar(&o.NoPlots, "no-plots", o.NoPlots, "write no PNG plots")
 	fs.StringVar(&o.Label, "label", o.Label, "label of the run in results and file names")

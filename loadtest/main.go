@@ -81,6 +81,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 }
 
+// setUsage makes fs's -help print the command's synopsis, what it does,
+// examples and then its flags.
+func setUsage(fs *flag.FlagSet, w io.Writer, synopsis, about, examples string) {
+	fs.Usage = func() {
+		fmt.Fprintf(w, "Usage: go run ./loadtest %s\n\n%s\n\nExamples:\n%s\nFlags:\n", synopsis, about, examples)
+		fs.PrintDefaults()
+	}
+}
+
 // parseFlags parses args into fs and completes the shared options. Flag
 // errors are usage errors.
 func parseFlags(fs *flag.FlagSet, args []string, o *benchOptions) error {

@@ -133,10 +133,10 @@ func writeSweepPlots(dir, base string, m report.Meta, sweeps []namedSweep, targe
 }
 
 func writePNG(dir, name string, c *plot.Chart) (string, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	p := outPath(dir, name)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 		return "", fmt.Errorf("plot: %w", err)
 	}
-	p := filepath.Join(dir, name)
 	f, err := os.Create(p)
 	if err != nil {
 		return "", fmt.Errorf("plot: %w", err)

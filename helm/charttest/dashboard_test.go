@@ -94,7 +94,8 @@ func TestDashboard(t *testing.T) {
 		t.Fatalf("dashboard JSON: %v", err)
 	}
 	var reg recordingRegisterer
-	metrics.New(&reg, metrics.SLO{})
+	// With an SLO, as the dashboard's goodput and attainment panels need.
+	metrics.New(&reg, metrics.SLO{TTFT: time.Second, TPOT: 100 * time.Millisecond})
 	registerPlanner(t, &reg)
 	known := metricNames(t, reg.cs)
 
@@ -112,12 +113,12 @@ func TestDashboard(t *testing.T) {
 		}
 	}
 	all := strings.ToLower(strings.Join(titles, "\n"))
-	for _, want := range []string{"ttft", "tpot", "itl", "goodput", "attainment", "budget", "kv bytes raw vs on the wire", "replicas: desired vs current"} {
+	for _, want := range []string{"ttft", "tpot", "itl", "goodput", "attainment", "budget", "kv bytes raw vs on the wire", "replicas: desired vs current", "cost per 1k tokens"} {
 		if !strings.Contains(all, want) {
 			t.Errorf("no panel about %q; panels:\n%s", want, all)
 		}
 	}
-	for _, want := range []string{"pdserve_kv_transfer_seconds_bucket", "pdserve_kv_bytes_raw_total", "pdserve_kv_bytes_wire_total", "pdserve_goodput_requests_total", "pdserve_pool_replicas"} {
+	for _, want := range []string{"pdserve_kv_transfer_seconds_bucket", "pdserve_kv_raw_bytes_total", "pdserve_kv_wire_bytes_total", "pdserve_goodput_requests_total", "pdserve_slo_attainment", "pdserve_cost_usd_total", "pdserve_pool_replicas"} {
 		if !used[want] {
 			t.Errorf("dashboard does not query %s", want)
 		}

@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"fmt"
 	"math"
 	"slices"
 	"sort"
@@ -13,9 +14,12 @@ import (
 // completed requests. Fields are read by their spelling, so new ones are
 // picked up without a change here:
 //   - numbers named *_ms are budget terms: Stats per term;
-//   - numbers whose name contains "bytes" are summed;
+//   - numbers whose name contains "bytes", and cost_usd and gpu_seconds,
+//     are summed;
 //   - other numbers are averaged;
-//   - strings and booleans are collected as the set of values seen.
+//   - strings and booleans are collected as the set of values seen;
+//   - "warnings" (a list of strings) counts the requests that carried
+//     any, keeping the first warning seen.
 type Budget struct {
 	// Requests counts completed requests that carried a budget object.
 	Requests int
@@ -30,6 +34,15 @@ type Budget struct {
 	// Labels holds the distinct values of string fields, sorted, e.g.
 	// codec → [zstd].
 	Labels map[string][]string
+	// Warned counts the requests whose budget carried warnings (e.g. a sim
+	// engine that fell behind its model); Warning is the first of them.
+	Warned  int
+	Warning string
+}
+
+// summed reports whether a budget number is a total worth summing.
+func summed(k string) bool {
+	return strings.Contains(k, "bytes") || k == "cost_usd" || k == "gpu_seconds"
 }
 
 // termOrder puts the budget's main terms first.
@@ -45,6 +58,17 @@ func (b *Budget) CompressionRatio() float64 {
 	return raw / wire
 }
 
+// CostPer1kTokens returns the summed cost_usd per 1000 prompt and output
+// tokens of the requests, and false when the server priced none.
+func (b *Budget) CostPer1kTokens() (float64, bool) {
+	usd, ok := b.Sums["cost_usd"]
+	tokens := (b.Means["prompt_tokens"] + b.Means["output_tokens"]) * float64(b.Requests)
+	if !ok || tokens <= 0 {
+		return 0, false
+	}
+	return usd / tokens * 1000, true
+}
+
 // Label returns the values of a string field joined by "+", or "".
 func (b *Budget) Label(name string) string {
 	return strings.Join(b.Labels[name], "+")
@@ -55,7 +79,7 @@ func aggregateBudget(outs []client.Outcome, ps []float64) *Budget {
 	sums := map[string]float64{}
 	means := map[string][]float64{}
 	labels := map[string]map[string]bool{}
-	n := 0
+	n, warned, warning := 0, 0, ""
 	for i := range outs {
 		o := &outs[i]
 		if !o.Success || o.Budget == nil {
@@ -71,7 +95,7 @@ func aggregateBudget(outs []client.Outcome, ps []float64) *Budget {
 				switch {
 				case strings.HasSuffix(k, "_ms"):
 					terms[k] = append(terms[k], x)
-				case strings.Contains(k, "bytes"):
+				case summed(k):
 					sums[k] += x
 				default:
 					means[k] = append(means[k], x)
@@ -84,13 +108,20 @@ func aggregateBudget(outs []client.Outcome, ps []float64) *Budget {
 				} else {
 					addLabel(labels, k, "false")
 				}
+			case []any:
+				if k == "warnings" && len(x) > 0 {
+					if warned == 0 {
+						warning = fmt.Sprint(x[0])
+					}
+					warned++
+				}
 			}
 		}
 	}
 	if n == 0 {
 		return nil
 	}
-	b := &Budget{Requests: n, Terms: map[string]Stats{}, Sums: sums, Means: map[string]float64{}, Labels: map[string][]string{}}
+	b := &Budget{Requests: n, Terms: map[string]Stats{}, Sums: sums, Means: map[string]float64{}, Labels: map[string][]string{}, Warned: warned, Warning: warning}
 	var rest []string
 	for k := range terms {
 		if !slices.Contains(termOrder, k) {

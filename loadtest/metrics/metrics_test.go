@@ -111,9 +111,11 @@ func tokens(at ...float64) []ssetest.Token {
 // single token, two failed.
 func TestScriptedRun(t *testing.T) {
 	b0 := map[string]any{"queue_ms": 10.0, "prefill_ms": 80.0, "kv_transfer_ms": 5.0, "decode_ms": 60.0,
-		"kv_bytes_raw": 1000.0, "kv_bytes_wire": 500.0, "codec": "zstd", "first_token_policy": "prefill", "batch_size": 2.0}
+		"kv_bytes_raw": 1000.0, "kv_bytes_wire": 500.0, "codec": "zstd", "first_token_policy": "prefill", "batch_size": 2.0,
+		"cost_usd": 0.002, "prompt_tokens": 10.0, "output_tokens": 4.0, "warnings": []any{"engine behind its model"}}
 	b3 := map[string]any{"queue_ms": 30.0, "prefill_ms": 40.0, "kv_transfer_ms": 15.0, "decode_ms": 80.0,
-		"kv_bytes_raw": 3000.0, "kv_bytes_wire": 1500.0, "codec": "zstd", "first_token_policy": "prefill", "batch_size": 4.0}
+		"kv_bytes_raw": 3000.0, "kv_bytes_wire": 1500.0, "codec": "zstd", "first_token_policy": "prefill", "batch_size": 4.0,
+		"cost_usd": 0.001, "prompt_tokens": 20.0, "output_tokens": 3.0, "warnings": []any{}}
 	scripts := []ssetest.Script{
 		// 0: TTFT 100, ITL 20 20 20, E2EL 160, TPOT 20; stream ends at 170.
 		{Events: ssetest.Stream(false, tokens(100, 120, 140, 160), ms(170), 4, b0)},
@@ -187,9 +189,11 @@ func TestScriptedRun(t *testing.T) {
 						"decode_ms": {N: 2, Mean: 70, Median: 70, Std: 10,
 							Percentiles: []metrics.Percentile{{P: 50, Value: 70}, {P: 90, Value: 78}, {P: 99, Value: 79.8}}},
 					},
-					Sums:   map[string]float64{"kv_bytes_raw": 4000, "kv_bytes_wire": 2000},
-					Means:  map[string]float64{"batch_size": 3},
-					Labels: map[string][]string{"codec": {"zstd"}, "first_token_policy": {"prefill"}},
+					Sums:    map[string]float64{"kv_bytes_raw": 4000, "kv_bytes_wire": 2000, "cost_usd": 0.003},
+					Means:   map[string]float64{"batch_size": 3, "prompt_tokens": 15, "output_tokens": 3.5},
+					Labels:  map[string][]string{"codec": {"zstd"}, "first_token_policy": {"prefill"}},
+					Warned:  1,
+					Warning: "engine behind its model",
 				},
 			}
 			if diff := cmp.Diff(want, s, approx); diff != "" {
@@ -197,6 +201,10 @@ func TestScriptedRun(t *testing.T) {
 			}
 			if r := s.Budget.CompressionRatio(); r != 2 {
 				t.Errorf("compression ratio %v, want 2", r)
+			}
+			// $0.003 for 2 × (15 + 3.5) tokens.
+			if c, ok := s.Budget.CostPer1kTokens(); !ok || math.Abs(c-0.003/37*1000) > 1e-12 {
+				t.Errorf("cost per 1k tokens %v, %v; want %v", c, ok, 0.003/37*1000)
 			}
 		})
 	}

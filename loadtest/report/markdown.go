@@ -88,6 +88,12 @@ func BudgetMarkdown(b *strings.Builder, bud *metrics.Budget, ps []float64) {
 		}
 		b.WriteString(".\n")
 	}
+	if per1k, ok := bud.CostPer1kTokens(); ok {
+		fmt.Fprintf(b, "\nCost (server pricing): $%.4g over %d requests, $%.4g per 1k tokens.\n", bud.Sums["cost_usd"], bud.Requests, per1k)
+	}
+	if bud.Warned > 0 {
+		fmt.Fprintf(b, "\n**Server warnings on %d of %d requests**, e.g.: %s\n", bud.Warned, bud.Requests, bud.Warning)
+	}
 }
 
 func statsTable(b *strings.Builder, head string, order []string, title func(string) string, st map[string]metrics.Stats, ps []float64) {

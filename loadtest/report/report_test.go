@@ -146,7 +146,8 @@ func TestRegress(t *testing.T) {
 
 func TestMarkdowns(t *testing.T) {
 	outs := outcomes()
-	outs[0].Budget = map[string]any{"queue_ms": 5.0, "kv_transfer_ms": 2.0, "kv_bytes_raw": 2048.0, "kv_bytes_wire": 1024.0, "codec": "zstd"}
+	outs[0].Budget = map[string]any{"queue_ms": 5.0, "kv_transfer_ms": 2.0, "kv_bytes_raw": 2048.0, "kv_bytes_wire": 1024.0, "codec": "zstd",
+		"cost_usd": 0.003, "prompt_tokens": 1000.0, "output_tokens": 500.0, "warnings": []any{"the sim engine fell behind"}}
 	slo := metrics.SLO{TTFT: 150 * time.Millisecond}
 	s := metrics.Compute(outs, time.Second, metrics.Options{SLO: slo})
 	m := Meta{Model: "m", BaseURL: "http://x", Endpoint: "/v1/completions", Workload: "w", Arrival: "Poisson 1 req/s", DatasetName: "azure", TimeScale: 1}
@@ -154,7 +155,8 @@ func TestMarkdowns(t *testing.T) {
 	if err := Markdown(&b, m, s); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"| SLO attainment | 33.3% |", "| kv_transfer | 2.00 |", "2.00 KiB raw, 1.00 KiB on the wire (2.00×)", "codec zstd", "Splitwise"} {
+	for _, want := range []string{"| SLO attainment | 33.3% |", "| kv_transfer | 2.00 |", "2.00 KiB raw, 1.00 KiB on the wire (2.00×)", "codec zstd", "Splitwise",
+		"Cost (server pricing): $0.003 over 1 requests, $0.002 per 1k tokens.", "**Server warnings on 1 of 1 requests**, e.g.: the sim engine fell behind"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("run summary lacks %q:\n%s", want, b.String())
 		}

@@ -207,6 +207,13 @@ func budgetObject(b *metrics.Budget, ps []float64) Object {
 	if r := b.CompressionRatio(); r > 0 {
 		o.Add("kv_compression_ratio", r)
 	}
+	if per1k, ok := b.CostPer1kTokens(); ok {
+		o.Add("cost_usd_per_1k_tokens", per1k)
+	}
+	if b.Warned > 0 {
+		o.Add("requests_with_warnings", b.Warned)
+		o.Add("warning", b.Warning)
+	}
 	for _, k := range sortedKeys(b.Means) {
 		o.Add("mean_"+k, b.Means[k])
 	}

@@ -1,6 +1,7 @@
 package budget
 
 import (
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -37,6 +38,22 @@ type Trace struct {
 	// ITLs are the gaps between successive token deliveries to the client
 	// (a delivery may carry several tokens). Appended by Tokens.
 	ITLs []time.Duration
+
+	// Pricing, when not nil, prices the request (see Cost): the cost
+	// fields of Summary and Fields and pdserve_cost_usd_total. Shared and
+	// read-only; nil (no price configured) reports no cost.
+	Pricing *Pricing
+	// Warnings are things the client and the operator must know about
+	// the figures of this request (e.g. an engine that fell behind its
+	// performance model), added by Warn; nil when there are none.
+	Warnings []string
+}
+
+// Warn adds msg to Warnings unless it is there already.
+func (t *Trace) Warn(msg string) {
+	if !slices.Contains(t.Warnings, msg) {
+		t.Warnings = append(t.Warnings, msg)
+	}
 }
 
 // Tokens records that n tokens were handed to the client at now: the first
@@ -87,7 +104,11 @@ func span(a, b time.Time) time.Duration {
 }
 
 // Summary is the `pdserve` object a client sees on the final stream chunk
-// and on a non-streaming response. Durations are milliseconds.
+// and on a non-streaming response. Durations are milliseconds. The cost
+// fields are present only when the request was priced (Trace.Pricing
+// set): cost_usd and cost_usd_per_1k_tokens (prompt plus output tokens;
+// absent for a request without tokens), and gpu_seconds under GPU-time
+// pricing; see Trace.Cost.
 type Summary struct {
 	TTFTMs           float64 `json:"ttft_ms"`
 	TPOTMs           float64 `json:"tpot_ms"`
@@ -109,12 +130,18 @@ type Summary struct {
 	Mode             string  `json:"mode"`
 	FirstTokenPolicy string  `json:"first_token_policy"`
 	Recoveries       int     `json:"recoveries,omitempty"`
+
+	CostUSD            *float64 `json:"cost_usd,omitempty"`
+	CostUSDPer1kTokens *float64 `json:"cost_usd_per_1k_tokens,omitempty"`
+	GPUSeconds         *float64 `json:"gpu_seconds,omitempty"`
+	// Warnings repeats Trace.Warnings.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // Summary returns the client-facing budget of the request so far.
 func (t *Trace) Summary() Summary {
 	s := t.Terms()
-	return Summary{
+	sum := Summary{
 		TTFTMs:           ms(s.TTFT),
 		TPOTMs:           ms(s.TPOT),
 		QueueMs:          ms(s.Queue),
@@ -135,14 +162,28 @@ func (t *Trace) Summary() Summary {
 		Mode:             t.Mode,
 		FirstTokenPolicy: t.FirstTokenPolicy,
 		Recoveries:       t.Recoveries,
+		Warnings:         slices.Clone(t.Warnings),
 	}
+	if c, ok := t.Cost(); ok {
+		sum.CostUSD = ptr(roundSig(c.USD))
+		if t.PromptTokens+t.OutputTokens > 0 {
+			sum.CostUSDPer1kTokens = ptr(roundSig(c.USDPer1kTokens))
+		}
+		if t.Pricing.GPUHourUSD > 0 {
+			sum.GPUSeconds = ptr(roundSig(c.GPUSeconds))
+		}
+	}
+	return sum
 }
+
+func ptr(x float64) *float64 { return &x }
 
 // ms converts to milliseconds with microsecond resolution.
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // Fields returns the zap fields of the one request log line: identity,
-// sizes, workers, every derived term and every boundary timestamp.
+// sizes, workers, the cost when priced (as in Summary), warnings when
+// there are any, every derived term and every boundary timestamp.
 func (t *Trace) Fields() []zap.Field {
 	s := t.Terms()
 	f := []zap.Field{
@@ -171,6 +212,18 @@ func (t *Trace) Fields() []zap.Field {
 		zap.Duration("kv_stream", s.KVStream),
 		zap.Duration("decode", s.Decode),
 		zap.Duration("e2e", s.E2E),
+	}
+	if c, ok := t.Cost(); ok {
+		f = append(f, zap.Float64("cost_usd", roundSig(c.USD)))
+		if t.PromptTokens+t.OutputTokens > 0 {
+			f = append(f, zap.Float64("cost_usd_per_1k_tokens", roundSig(c.USDPer1kTokens)))
+		}
+		if t.Pricing.GPUHourUSD > 0 {
+			f = append(f, zap.Float64("gpu_seconds", roundSig(c.GPUSeconds)))
+		}
+	}
+	if len(t.Warnings) > 0 {
+		f = append(f, zap.Strings("warnings", t.Warnings))
 	}
 	for _, b := range []struct {
 		name string

@@ -34,6 +34,21 @@
 // transfer ends, so kv_transfer lands in the first inter-token gap; with
 // "decode" it is part of ttft. Every report names the policy.
 //
+// # Cost
+//
+// With a Pricing set on the Trace (the coordinator sets the policy's),
+// Summary and Fields carry cost_usd, cost_usd_per_1k_tokens and, under
+// GPU-time pricing, gpu_seconds: the request's share of the prefill step
+// (prefill span / prefill batch) and of the decode steps (decode span /
+// decode batch size), each × the GPUs of the worker; see Trace.Cost.
+// Without a Pricing no cost is reported: there is no default price.
+//
+// # Warnings
+//
+// Warnings (Trace.Warn) are carried verbatim to the `pdserve` object and
+// the log line, e.g. that the sim engine fell behind its performance
+// model, so the times of the request are not those of the modeled GPU.
+//
 // A Trace is not safe for concurrent use: one goroutine (the request's)
 // owns it.
 package budget

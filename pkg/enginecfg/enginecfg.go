@@ -39,8 +39,9 @@ type Options struct {
 	// ten times faster). > 0.
 	TimeScale float64
 	// PayloadScale is the fraction of the true KV bytes the sim engine
-	// hands out, in (0, 1]; transfers are still paced for the true size.
-	// Every worker of a deployment must use the same.
+	// hands out, in (0, 1] (default DefaultPayloadScale); transfers are
+	// still paced for the true size. Every worker of a deployment must use
+	// the same.
 	PayloadScale float64
 
 	// Model is the llamacpp engine's GGUF file.
@@ -62,9 +63,10 @@ type Options struct {
 	NoRepack bool
 }
 
-// DefaultOptions returns the flag defaults: the tiny ref preset, seed 1.
+// DefaultOptions returns the flag defaults: the tiny ref preset, seed 1;
+// for the sim engine real time and DefaultPayloadScale.
 func DefaultOptions() Options {
-	return Options{Engine: Ref, Preset: "tiny", Seed: 1, TimeScale: 1, PayloadScale: 1, GPULayers: -1, KVType: "f16", MaxSeqs: 64}
+	return Options{Engine: Ref, Preset: "tiny", Seed: 1, TimeScale: 1, PayloadScale: DefaultPayloadScale, GPULayers: -1, KVType: "f16", MaxSeqs: 64}
 }
 
 // AddFlags registers --engine, --preset, --seed, --engine-threads,
@@ -78,7 +80,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.Threads, "engine-threads", o.Threads, "ref engine goroutines for matrix work, llamacpp threads (0: every CPU)")
 	fs.StringVar(&o.Profile, "profile", o.Profile, fmt.Sprintf("sim engine profile, GPU/MODEL/tpN (one of %s) or a profile JSON file", strings.Join(perfmodel.Names(), ", ")))
 	fs.Float64Var(&o.TimeScale, "time-scale", o.TimeScale, "sim engine step-time multiplier (1 = real time, 0.1 = ten times faster)")
-	fs.Float64Var(&o.PayloadScale, "payload-scale", o.PayloadScale, "sim engine: fraction of the true KV bytes handed out, in (0, 1]; transfers are paced for the true size")
+	fs.Float64Var(&o.PayloadScale, "payload-scale", o.PayloadScale, "sim engine: fraction of the true KV bytes generated and moved, in (0, 1] (the default, 1/1024, keeps a CPU from falling behind the modeled GPU; block sizes and transfers paced by --link-gbps count the true size); every worker of a deployment must use the same")
 	fs.StringVar(&o.Model, "model", o.Model, "llamacpp engine: the GGUF model file")
 	fs.StringVar(&o.LlamaLib, "llama-lib", o.LlamaLib, "llamacpp engine: directory of llama.cpp's shared libraries (default $"+llamacpp.EnvLib+", else "+llamacpp.DefaultLibDir+")")
 	fs.IntVar(&o.GPULayers, "gpu-layers", o.GPULayers, "llamacpp engine: layers offloaded to the GPU (-1: all; 0: none; a CPU build of llama.cpp ignores it)")

@@ -80,6 +80,11 @@ func (o Options) Tokenizer() (engine.Tokenizer, func(), error) {
 }
 
 // SetLogger routes the log of the engines' native libraries (llama.cpp,
-// at debug level but for its warnings and errors) to l. The library's log
-// is process-wide: the last logger set receives it.
-func SetLogger(l *zap.Logger) { llamacpp.SetLogger(l) }
+// at debug level but for its warnings and errors) to l, and the warnings
+// of sim engines built after the call (a step that fell behind the
+// model). The library's log is process-wide: the last logger set receives
+// it.
+func SetLogger(l *zap.Logger) {
+	llamacpp.SetLogger(l)
+	simLogger.Store(l)
+}

@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -18,30 +19,68 @@ var (
 )
 
 // SLO is the pair of targets a request must meet to count as goodput; a
-// zero target is always met.
+// zero target is always met. With both zero there is no SLO: no goodput
+// counter and no attainment gauge.
 type SLO struct {
 	TTFT, TPOT time.Duration
+}
+
+// set reports whether a target is set.
+func (s SLO) set() bool { return s.TTFT > 0 || s.TPOT > 0 }
+
+// DefaultAttainmentWindow is how far back the SLO attainment gauge looks
+// unless WithAttainmentWindow says otherwise.
+const DefaultAttainmentWindow = 5 * time.Minute
+
+// Option configures New.
+type Option func(*settings)
+
+type settings struct {
+	now    func() time.Time
+	window time.Duration
+}
+
+// WithClock makes the attainment window read time from now instead of
+// time.Now (tests).
+func WithClock(now func() time.Time) Option { return func(s *settings) { s.now = now } }
+
+// WithAttainmentWindow sets the span of the SLO attainment gauge (> 0;
+// other values keep DefaultAttainmentWindow).
+func WithAttainmentWindow(d time.Duration) Option {
+	return func(s *settings) {
+		if d > 0 {
+			s.window = d
+		}
+	}
 }
 
 // Metrics are the coordinator's collectors.
 type Metrics struct {
 	slo SLO
+	now func() time.Time
 
 	ttft, tpot, itl, e2e        prometheus.Histogram
 	queue, prefill, kvTransfer  prometheus.Histogram
-	kvBytesRaw, kvBytesWire     *prometheus.CounterVec
+	kvRawBytes, kvWireBytes     *prometheus.CounterVec
 	requests                    *prometheus.CounterVec
-	goodput                     prometheus.Counter
+	goodput                     prometheus.Counter // nil without an SLO
+	attainment                  *window            // nil without an SLO
 	promptTokens, outputTokens  prometheus.Counter
 	prefixHitTokens, recoveries prometheus.Counter
+	cost                        prometheus.Counter
 	inFlight                    prometheus.Gauge
 	workers                     *prometheus.GaugeVec
 }
 
-// New creates the collectors and registers them on reg. It panics when a
-// collector is already registered there (a programming error, as with
-// prometheus.MustRegister).
-func New(reg prometheus.Registerer, slo SLO) *Metrics {
+// New creates the collectors and registers them on reg. The goodput
+// counter and the attainment gauge exist only when slo sets a target. It
+// panics when a collector is already registered there (a programming
+// error, as with prometheus.MustRegister).
+func New(reg prometheus.Registerer, slo SLO, opts ...Option) *Metrics {
+	set := settings{now: time.Now, window: DefaultAttainmentWindow}
+	for _, o := range opts {
+		o(&set)
+	}
 	hist := func(name, help string, buckets []float64) prometheus.Histogram {
 		return prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "pdserve", Name: name, Help: help, Buckets: buckets})
 	}
@@ -50,6 +89,7 @@ func New(reg prometheus.Registerer, slo SLO) *Metrics {
 	}
 	m := &Metrics{
 		slo:        slo,
+		now:        set.now,
 		ttft:       hist("ttft_seconds", "Time from request arrival to the first token handed to the client.", LatencyBuckets),
 		tpot:       hist("tpot_seconds", "Time per output token after the first: (e2e - ttft) / (output tokens - 1), requests with more than one output token.", TokenBuckets),
 		itl:        hist("itl_seconds", "Gap between successive token deliveries to a client.", TokenBuckets),
@@ -57,32 +97,40 @@ func New(reg prometheus.Registerer, slo SLO) *Metrics {
 		queue:      hist("queue_seconds", "Time from request arrival to the start of its prefill (admission, routing, prefill queue).", LatencyBuckets),
 		prefill:    hist("prefill_seconds", "Prefill compute time of a request's prompt.", LatencyBuckets),
 		kvTransfer: hist("kv_transfer_seconds", "KV transfer time not hidden behind prefill compute (KV done - prefill end), remote prefill only.", LatencyBuckets),
-		kvBytesRaw: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "pdserve", Name: "kv_bytes_raw_total",
+		kvRawBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "pdserve", Name: "kv_raw_bytes_total",
 			Help: "Canonical (uncompressed) KV bytes moved from prefill to decode workers."}, []string{"codec"}),
-		kvBytesWire: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "pdserve", Name: "kv_bytes_wire_total",
+		kvWireBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "pdserve", Name: "kv_wire_bytes_total",
 			Help: "KV bytes on the wire after the codec."}, []string{"codec"}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "pdserve", Name: "requests_total",
 			Help: "Requests by outcome: ok, cancelled, error, invalid, rejected (429), unavailable (503)."}, []string{"status"}),
-		goodput:         counter("goodput_requests_total", "Requests finished within every SLO target (ttft and tpot)."),
 		promptTokens:    counter("prompt_tokens_total", "Prompt tokens of finished requests."),
 		outputTokens:    counter("output_tokens_total", "Output tokens handed to clients."),
 		prefixHitTokens: counter("prefix_hit_tokens_total", "Prompt tokens served from a worker's prefix cache."),
 		recoveries:      counter("decode_recoveries_total", "Requests moved to another decode worker after a failure."),
+		cost:            counter("cost_usd_total", "Cost of the requests in US dollars, by the policy's pricing (no increments without one)."),
 		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "pdserve", Name: "requests_in_flight",
 			Help: "Requests admitted and not yet finished."}),
 		workers: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "pdserve", Name: "workers",
 			Help: "Live workers by role (current pool replicas)."}, []string{"role"}),
 	}
 	reg.MustRegister(m.ttft, m.tpot, m.itl, m.e2e, m.queue, m.prefill, m.kvTransfer,
-		m.kvBytesRaw, m.kvBytesWire, m.requests, m.goodput, m.promptTokens, m.outputTokens,
-		m.prefixHitTokens, m.recoveries, m.inFlight, m.workers)
+		m.kvRawBytes, m.kvWireBytes, m.requests, m.promptTokens, m.outputTokens,
+		m.prefixHitTokens, m.recoveries, m.cost, m.inFlight, m.workers)
+	if slo.set() {
+		m.goodput = counter("goodput_requests_total", "Requests finished within every SLO target (ttft and tpot).")
+		m.attainment = newWindow(set.window)
+		reg.MustRegister(m.goodput, prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "pdserve", Name: "slo_attainment",
+			Help: fmt.Sprintf("Share of the requests admitted in the last %v (ok, error, cancelled) that finished within every SLO target; NaN when there were none.", set.window)},
+			func() float64 { return m.attainment.value(m.now()) }))
+	}
 	return m
 }
 
 // ObserveRequest records a request that ended with t.Status. Refused
 // requests (invalid, rejected, unavailable) only count by status; admitted
-// ones also feed the histograms of the terms they reached. A nil *Metrics
-// records nothing.
+// ones also feed the histograms of the terms they reached, the cost when
+// t is priced, and, with an SLO, goodput and the attainment window (at
+// the clock's now). A nil *Metrics records nothing.
 func (m *Metrics) ObserveRequest(t *budget.Trace) {
 	if m == nil {
 		return
@@ -113,15 +161,22 @@ func (m *Metrics) ObserveRequest(t *budget.Trace) {
 		m.kvTransfer.Observe(s.KVTransfer.Seconds())
 	}
 	if t.KVBytesRaw > 0 || t.KVBytesWire > 0 {
-		m.kvBytesRaw.WithLabelValues(t.Codec).Add(float64(t.KVBytesRaw))
-		m.kvBytesWire.WithLabelValues(t.Codec).Add(float64(t.KVBytesWire))
+		m.kvRawBytes.WithLabelValues(t.Codec).Add(float64(t.KVBytesRaw))
+		m.kvWireBytes.WithLabelValues(t.Codec).Add(float64(t.KVBytesWire))
+	}
+	if c, ok := t.Cost(); ok {
+		m.cost.Add(c.USD)
 	}
 	m.promptTokens.Add(float64(t.PromptTokens))
 	m.outputTokens.Add(float64(t.OutputTokens))
 	m.prefixHitTokens.Add(float64(t.PrefixHitTokens))
 	m.recoveries.Add(float64(t.Recoveries))
-	if t.Status == budget.StatusOK && m.meetsSLO(s, t.OutputTokens) {
-		m.goodput.Inc()
+	if m.slo.set() {
+		met := t.Status == budget.StatusOK && m.meetsSLO(s, t.OutputTokens)
+		if met {
+			m.goodput.Inc()
+		}
+		m.attainment.add(m.now(), met)
 	}
 }
 

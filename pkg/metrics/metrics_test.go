@@ -17,20 +17,29 @@ func at(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) 
 
 func TestObserveRequestGolden(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
-	m := New(reg, SLO{TTFT: 100 * time.Millisecond, TPOT: 20 * time.Millisecond})
+	now := at(1000)
+	m := New(reg, SLO{TTFT: 100 * time.Millisecond, TPOT: 20 * time.Millisecond}, WithClock(func() time.Time { return now }))
+	// $3.6 per GPU-hour: $0.001 per GPU-second.
+	gpu := &budget.Pricing{GPUHourUSD: 3.6, PrefillGPUs: 1, DecodeGPUs: 1}
 
-	// Meets both SLOs: ttft 30 ms, tpot (70-30)/4 = 10 ms.
+	// Meets both SLOs: ttft 30 ms, tpot (70-30)/4 = 10 ms. Priced: prefill
+	// 20 ms + decode 40 ms = 0.06 GPU-s = $0.00006.
 	m.ObserveRequest(&budget.Trace{
+		Pricing: gpu, Mode: "disaggregated",
 		Status: budget.StatusOK, Codec: "zstd", PromptTokens: 10, OutputTokens: 5, PrefixHitTokens: 4,
 		Arrival: at(0), PrefillStart: at(2), PrefillEnd: at(22), KVDone: at(24),
 		FirstToken: at(30), LastToken: at(70), ITLs: []time.Duration{10 * time.Millisecond, 30 * time.Millisecond},
 		KVBytesRaw: 4096, KVBytesWire: 2048,
 	})
 	// Misses the ttft SLO (200 ms); one output token, colocated (no KV).
+	// Token prices: 3 × $2/1k + 1 × $4/1k = $0.01.
 	m.ObserveRequest(&budget.Trace{
-		Status: budget.StatusOK, Codec: "none", PromptTokens: 3, OutputTokens: 1, Recoveries: 1,
+		Pricing: &budget.Pricing{PromptUSDPer1k: 2, OutputUSDPer1k: 4},
+		Status:  budget.StatusOK, Codec: "none", PromptTokens: 3, OutputTokens: 1, Recoveries: 1,
 		Arrival: at(0), FirstToken: at(200), LastToken: at(200),
 	})
+	// Failed after admission: counts against attainment, not priced.
+	m.ObserveRequest(&budget.Trace{Status: budget.StatusError, Arrival: at(0)})
 	// Refused requests count only by status.
 	m.ObserveRequest(&budget.Trace{Status: budget.StatusRejected, Arrival: at(0), PromptTokens: 99})
 	m.ObserveRequest(&budget.Trace{Status: budget.StatusInvalid})
@@ -43,15 +52,18 @@ func TestObserveRequestGolden(t *testing.T) {
 # HELP pdserve_decode_recoveries_total Requests moved to another decode worker after a failure.
 # TYPE pdserve_decode_recoveries_total counter
 pdserve_decode_recoveries_total 1
+# HELP pdserve_cost_usd_total Cost of the requests in US dollars, by the policy's pricing (no increments without one).
+# TYPE pdserve_cost_usd_total counter
+pdserve_cost_usd_total 0.01006
 # HELP pdserve_goodput_requests_total Requests finished within every SLO target (ttft and tpot).
 # TYPE pdserve_goodput_requests_total counter
 pdserve_goodput_requests_total 1
-# HELP pdserve_kv_bytes_raw_total Canonical (uncompressed) KV bytes moved from prefill to decode workers.
-# TYPE pdserve_kv_bytes_raw_total counter
-pdserve_kv_bytes_raw_total{codec="zstd"} 4096
-# HELP pdserve_kv_bytes_wire_total KV bytes on the wire after the codec.
-# TYPE pdserve_kv_bytes_wire_total counter
-pdserve_kv_bytes_wire_total{codec="zstd"} 2048
+# HELP pdserve_kv_raw_bytes_total Canonical (uncompressed) KV bytes moved from prefill to decode workers.
+# TYPE pdserve_kv_raw_bytes_total counter
+pdserve_kv_raw_bytes_total{codec="zstd"} 4096
+# HELP pdserve_kv_wire_bytes_total KV bytes on the wire after the codec.
+# TYPE pdserve_kv_wire_bytes_total counter
+pdserve_kv_wire_bytes_total{codec="zstd"} 2048
 # HELP pdserve_kv_transfer_seconds KV transfer time not hidden behind prefill compute (KV done - prefill end), remote prefill only.
 # TYPE pdserve_kv_transfer_seconds histogram
 pdserve_kv_transfer_seconds_bucket{le="0.001"} 0
@@ -86,9 +98,13 @@ pdserve_prompt_tokens_total 13
 pdserve_requests_in_flight 2
 # HELP pdserve_requests_total Requests by outcome: ok, cancelled, error, invalid, rejected (429), unavailable (503).
 # TYPE pdserve_requests_total counter
+pdserve_requests_total{status="error"} 1
 pdserve_requests_total{status="invalid"} 1
 pdserve_requests_total{status="ok"} 2
 pdserve_requests_total{status="rejected"} 1
+# HELP pdserve_slo_attainment Share of the requests admitted in the last 5m0s (ok, error, cancelled) that finished within every SLO target; NaN when there were none.
+# TYPE pdserve_slo_attainment gauge
+pdserve_slo_attainment 0.3333333333333333
 # HELP pdserve_tpot_seconds Time per output token after the first: (e2e - ttft) / (output tokens - 1), requests with more than one output token.
 # TYPE pdserve_tpot_seconds histogram
 pdserve_tpot_seconds_bucket{le="0.0005"} 0
@@ -136,11 +152,11 @@ pdserve_workers{role="decode"} 1
 pdserve_workers{role="prefill"} 2
 `
 	names := []string{
-		"pdserve_decode_recoveries_total", "pdserve_goodput_requests_total",
-		"pdserve_kv_bytes_raw_total", "pdserve_kv_bytes_wire_total", "pdserve_kv_transfer_seconds",
+		"pdserve_cost_usd_total", "pdserve_decode_recoveries_total", "pdserve_goodput_requests_total",
+		"pdserve_kv_raw_bytes_total", "pdserve_kv_wire_bytes_total", "pdserve_kv_transfer_seconds",
 		"pdserve_output_tokens_total", "pdserve_prefix_hit_tokens_total", "pdserve_prompt_tokens_total",
-		"pdserve_requests_in_flight", "pdserve_requests_total", "pdserve_tpot_seconds", "pdserve_ttft_seconds",
-		"pdserve_workers",
+		"pdserve_requests_in_flight", "pdserve_requests_total", "pdserve_slo_attainment",
+		"pdserve_tpot_seconds", "pdserve_ttft_seconds", "pdserve_workers",
 	}
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), names...); err != nil {
 		t.Error(err)
@@ -175,4 +191,62 @@ func TestNilMetricsIsNoop(t *testing.T) {
 	m.ObserveRequest(&budget.Trace{Status: budget.StatusOK})
 	m.AddInFlight(1)
 	m.SetWorkers("decode", 1)
+}
+
+func TestNoSLONoGoodput(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	m := New(reg, SLO{})
+	m.ObserveRequest(&budget.Trace{Status: budget.StatusOK, Arrival: at(0), FirstToken: at(5), LastToken: at(5), OutputTokens: 1})
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		switch mf.GetName() {
+		case "pdserve_goodput_requests_total", "pdserve_slo_attainment":
+			t.Errorf("%s exported without an SLO", mf.GetName())
+		case "pdserve_cost_usd_total":
+			if v := mf.GetMetric()[0].GetCounter().GetValue(); v != 0 {
+				t.Errorf("cost of an unpriced request = %v, want 0", v)
+			}
+		}
+	}
+}
+
+func TestAttainmentWindow(t *testing.T) {
+	now := t0
+	reg := prometheus.NewPedanticRegistry()
+	m := New(reg, SLO{TTFT: 100 * time.Millisecond}, WithClock(func() time.Time { return now }), WithAttainmentWindow(time.Minute))
+	ok := func(ttft int) *budget.Trace {
+		return &budget.Trace{Status: budget.StatusOK, Arrival: at(0), FirstToken: at(ttft), LastToken: at(ttft), OutputTokens: 1}
+	}
+	steps := []struct {
+		name    string
+		advance time.Duration
+		observe []*budget.Trace
+		want    string // the gauge's value in the text format
+	}{
+		{name: "empty window", want: "NaN"},
+		{name: "one met", observe: []*budget.Trace{ok(50)}, want: "1"},
+		{name: "one missed, one error", advance: 30 * time.Second, observe: []*budget.Trace{ok(150), {Status: budget.StatusError}}, want: "0.3333333333333333"},
+		{name: "refused and invalid do not count", observe: []*budget.Trace{{Status: budget.StatusRejected}, {Status: budget.StatusInvalid}}, want: "0.3333333333333333"},
+		{name: "cancelled counts as missed", observe: []*budget.Trace{{Status: budget.StatusCancelled}}, want: "0.25"},
+		// 31 s after the first: it left the one-minute window.
+		{name: "first slides out", advance: 31 * time.Second, want: "0"},
+		{name: "new one met", observe: []*budget.Trace{ok(10)}, want: "0.25"},
+		{name: "all slide out", advance: 2 * time.Minute, want: "NaN"},
+	}
+	for _, s := range steps {
+		t.Run(s.name, func(t *testing.T) {
+			now = now.Add(s.advance)
+			for _, tr := range s.observe {
+				m.ObserveRequest(tr)
+			}
+			want := "# HELP pdserve_slo_attainment Share of the requests admitted in the last 1m0s (ok, error, cancelled) that finished within every SLO target; NaN when there were none.\n" +
+				"# TYPE pdserve_slo_attainment gauge\npdserve_slo_attainment " + s.want + "\n"
+			if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "pdserve_slo_attainment"); err != nil {
+				t.Error(err)
+			}
+		})
+	}
 }

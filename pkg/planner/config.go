@@ -93,7 +93,8 @@ type Config struct {
 	Codec           Codec
 	// CodecCores is the cores a worker codes KV with (≥ 1; 0 means 16).
 	CodecCores int
-	// Policy is the first-token policy; "" means PolicyDecode.
+	// Policy is the first-token policy; "" means PolicyPrefill, the
+	// coordinator's default, so that a plan and the server agree.
 	Policy Policy
 	// Ingress is the coordinator's own time before a request reaches
 	// the prefill queue (parsing, tokenizing, routing), ≥ 0.
@@ -142,7 +143,7 @@ func (c *Config) colocatedProfile() *perfmodel.Profile {
 
 func (c *Config) policy() Policy {
 	if c.Policy == "" {
-		return PolicyDecode
+		return PolicyPrefill
 	}
 	return c.Policy
 }

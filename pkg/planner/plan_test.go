@@ -24,7 +24,8 @@ func mustRun(t *testing.T, cfg *Config) *Plan {
 }
 
 // opt66 is DistServe's chatbot setting for OPT-66B (ShareGPT means 755 in
-// / 200 out, TTFT 2.5 s, TPOT 0.15 s at 90%) on 4-GPU workers.
+// / 200 out, TTFT 2.5 s, TPOT 0.15 s at 90%) on 4-GPU workers, the first
+// token from the decode worker (the KV transfer in TTFT).
 func opt66(t *testing.T, gbps float64, codec string) *Config {
 	return &Config{
 		Prefill:         mustProfile(t, "a100-80g/opt-66b/tp4"),
@@ -33,6 +34,7 @@ func opt66(t *testing.T, gbps float64, codec string) *Config {
 		Rate:            1.5,
 		LinkBytesPerSec: gbps * 1e9 / 8,
 		Codec:           mustCodec(t, codec),
+		Policy:          PolicyDecode,
 		GPUBudget:       20,
 		GPUCostPerHour:  2,
 		Limits:          Limits{ChunkTokens: 1024},

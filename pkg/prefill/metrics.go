@@ -14,8 +14,8 @@ import (
 //	pdserve_prefill_queue_length            gauge      requests queued or prefilling
 //	pdserve_prefill_queued_tokens           gauge      prompt tokens not yet prefilled
 //	pdserve_prefill_retained_bytes          gauge      KV bytes held (in flight and retained)
-//	pdserve_prefill_kv_bytes_raw_total      counter    canonical KV bytes sent, by codec
-//	pdserve_prefill_kv_bytes_wire_total     counter    KV bytes on the wire, by codec
+//	pdserve_prefill_kv_raw_bytes_total      counter    canonical KV bytes sent, by codec
+//	pdserve_prefill_kv_wire_bytes_total     counter    KV bytes on the wire, by codec
 //
 // A nil *metrics records nothing.
 type metrics struct {
@@ -41,11 +41,11 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 			Buckets: prometheus.ExponentialBuckets(1, 2, 9),
 		}),
 		bytesRaw: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "pdserve_prefill_kv_bytes_raw_total",
+			Name: "pdserve_prefill_kv_raw_bytes_total",
 			Help: "Canonical (uncompressed) KV bytes sent to decode workers.",
 		}, []string{"codec"}),
 		bytesWire: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "pdserve_prefill_kv_bytes_wire_total",
+			Name: "pdserve_prefill_kv_wire_bytes_total",
 			Help: "KV bytes sent to decode workers on the wire (frames after the codec).",
 		}, []string{"codec"}),
 	}

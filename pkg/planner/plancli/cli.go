@@ -53,7 +53,7 @@ func DefaultOptions() Options {
 		LinkGbps:   100,
 		Codec:      "none",
 		CodecCores: planner.DefaultCodecCores,
-		Policy:     string(planner.PolicyDecode),
+		Policy:     string(planner.PolicyPrefill),
 		GPUBudget:  16,
 		GPUCost:    "2",
 		Requests:   planner.DefaultRequests,
@@ -64,7 +64,7 @@ func DefaultOptions() Options {
 
 // AddFlags registers the options on fs.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
-	fs.Func("profile", "performance-model profile GPU/MODEL/tpN or a profile .json file, for prefill, decode and colocated workers; repeat it or give a comma-separated list for a what-if side by side (see `coordinator profiles`)", func(s string) error {
+	fs.Func("profile", "performance-model profile `GPU/MODEL/tpN` or a profile .json file, for prefill, decode and colocated workers; repeat it or give a comma-separated list for a what-if side by side (the list: coordinator profiles)", func(s string) error {
 		for _, p := range strings.Split(s, ",") {
 			if p = strings.TrimSpace(p); p != "" {
 				o.Profiles = append(o.Profiles, p)
@@ -85,7 +85,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&o.CodecRatio, "codec-ratio", o.CodecRatio, "override the codec's compression ratio (raw/wire)")
 	fs.Float64Var(&o.CodecMBps, "codec-mbps", o.CodecMBps, "override the codec's encode and decode speed, raw MB/s per core")
 	fs.IntVar(&o.CodecCores, "codec-cores", o.CodecCores, "cores each worker codes KV with")
-	fs.StringVar(&o.Policy, "first-token-policy", o.Policy, "first token from the decode worker (decode: kv_transfer in TTFT) or the prefill worker (prefill: in the first inter-token gap)")
+	fs.StringVar(&o.Policy, "first-token-policy", o.Policy, "first token from the prefill worker (prefill, the coordinator's default: kv_transfer in the first inter-token gap) or the decode worker (decode: kv_transfer in TTFT)")
 	fs.DurationVar(&o.Ingress, "ingress", o.Ingress, "coordinator time before a request reaches the prefill queue")
 	fs.IntVar(&o.GPUBudget, "gpu-budget", o.GPUBudget, "most GPUs a design may use")
 	fs.StringVar(&o.GPUCost, "gpu-cost", o.GPUCost, "USD per GPU-hour: one price, or GPU=PRICE pairs such as a100-80g=1.9,h100=3.5")
@@ -274,7 +274,15 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "Usage: coordinator plan --profile GPU/MODEL/tpN --workload SPEC --slo-ttft D --slo-tpot D [flags]\n\n"+
 			"Sizes the prefill and decode pools for the highest goodput per GPU (or the fewest GPUs at\n"+
 			"--rate) by simulating the disaggregated and the colocated system on the performance model,\n"+
-			"with the KV transfer between pools as its own term of the TTFT budget.\n\nFlags:\n")
+			"with the KV transfer between pools as its own term of the TTFT budget. It prints the\n"+
+			"replicas, goodput per GPU, $/1k tokens and predicted SLO attainment of both designs.\n"+
+			"`coordinator profiles` lists the profiles.\n\n"+
+			"Examples:\n"+
+			"  coordinator plan --profile h100/llama-3-8b/tp1 --workload fixed:512/64 --slo-ttft 500ms --slo-tpot 50ms --rate 20\n"+
+			"  coordinator plan --profile a100-80g/opt-13b/tp1,h100/llama-3-8b/tp1 --gpu-cost a100-80g=1.9,h100=3.5 \\\n"+
+			"    --workload trace.csv --slo-ttft 250ms --slo-tpot 100ms --codec zstd --link-gbps 25 --plot plan.png\n"+
+			"  coordinator plan --profile h100/llama-3-8b/tp1 --workload fixed:512/64 --slo-ttft 500ms --slo-tpot 50ms \\\n"+
+			"    --design 2P+1D --rate 10\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {

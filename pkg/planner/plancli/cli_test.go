@@ -10,8 +10,11 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/pdserve/pdserve/pkg/planner"
 )
 
 // base are quick flags: a small budget and few simulated requests.
@@ -44,7 +47,8 @@ func TestPlanTable(t *testing.T) {
 
 func TestPlanJSONAndPlot(t *testing.T) {
 	pngFile := filepath.Join(t.TempDir(), "ratio.png")
-	code, out, errs := run(t, append(base, "--output", "json", "--link-gbps", "25", "--codec", "fp8", "--rate", "2", "--plot", pngFile)...)
+	// Policy decode: the KV transfer is part of the TTFT budget.
+	code, out, errs := run(t, append(base, "--output", "json", "--link-gbps", "25", "--codec", "fp8", "--rate", "2", "--plot", pngFile, "--first-token-policy", "decode")...)
 	if code != 0 {
 		t.Fatalf("exit %d, stderr %s", code, errs)
 	}
@@ -147,8 +151,31 @@ func TestPlanBadFlags(t *testing.T) {
 
 func TestPlanHelp(t *testing.T) {
 	code, _, errs := run(t, "--help")
-	if code != 0 || !strings.Contains(errs, "--slo-ttft") {
-		t.Errorf("--help: exit %d, usage %q", code, errs)
+	if code != 0 {
+		t.Fatalf("--help: exit %d", code)
+	}
+	for _, want := range []string{
+		"--slo-ttft", "Examples:\n  coordinator plan --profile ",
+		"-profile GPU/MODEL/tpN\n", // the flag's argument, not a word of its usage
+		`(default "prefill")`,
+	} {
+		if !strings.Contains(errs, want) {
+			t.Errorf("usage lacks %q:\n%s", want, errs)
+		}
+	}
+}
+
+// TestPlanPolicyDefault: the plan models the coordinator's default
+// first-token policy unless told otherwise.
+func TestPlanPolicyDefault(t *testing.T) {
+	o := DefaultOptions()
+	o.Profiles, o.Workload, o.SLOTTFT, o.SLOTPOT = []string{"h100/llama-3-8b/tp1"}, "fixed:64/8", time.Second, time.Second
+	cfgs, err := o.Configs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfgs[0].Policy; got != planner.PolicyPrefill {
+		t.Errorf("policy %q, want %q", got, planner.PolicyPrefill)
 	}
 }
 
