@@ -13,9 +13,7 @@ import (
 
 // Built-in defaults, used where neither the file nor a flag sets a value.
 const (
-	DefaultMaxTokensCap     = 4096
-	DefaultDefaultMaxTokens = 16
-	DefaultQueueLimit       = 1024
+	DefaultQueueLimit = 1024
 )
 
 // ErrInvalid is wrapped by every validation error of a policy.
@@ -27,6 +25,7 @@ type Policy struct {
 	Limits  Limits  `yaml:"limits"`
 	Budgets Budgets `yaml:"prompt_budgets"`
 	Routing Routing `yaml:"routing"`
+	Pricing Pricing `yaml:"pricing"`
 }
 
 // SLO holds latency targets in milliseconds; 0 means no target. Requests
@@ -53,13 +52,19 @@ func (s SLO) AttainmentOrDefault() float64 {
 
 // Limits bounds what one request may ask and how many run at once.
 type Limits struct {
-	// MaxTokensCap is the largest max_tokens a request may ask (tokens, > 0).
+	// MaxTokensCap is the largest max_tokens (or max_completion_tokens) a
+	// request may ask, in tokens per choice; a request asking more gets a
+	// 400. 0 (the default): no cap beyond the model's context, that is
+	// max_model_len − prompt tokens.
 	MaxTokensCap int `yaml:"max_tokens_cap"`
-	// DefaultMaxTokens applies when a request gives no max_tokens
-	// (tokens, 1..MaxTokensCap).
+	// DefaultMaxTokens, when > 0, is the max_tokens of a request that gives
+	// none, lowered to what is left of the model's context after the
+	// prompt. 0 (the default): the rest of the context, capped by
+	// MaxTokensCap, as vLLM does. At most MaxTokensCap when that is set.
 	DefaultMaxTokens int `yaml:"default_max_tokens"`
-	// QueueLimit is the number of requests admitted at once (waiting for a
-	// worker or running); one more is refused with 429.
+	// QueueLimit is the number of requests admitted at once (reading their
+	// body, waiting for a worker or running; a batched /v1/completions
+	// request takes one per prompt); one more is refused with 429.
 	QueueLimit int `yaml:"queue_limit"`
 }
 
@@ -85,16 +90,12 @@ type Routing struct {
 	PrefixWeight float64 `yaml:"prefix_weight"`
 }
 
-// Default returns the built-in policy: no SLO, no prompt budget, the
-// default caps and queue limit, always remote prefill.
+// Default returns the built-in policy: no SLO, no prompt budget, no
+// max_tokens cap beyond the model's context (and the rest of the context
+// as the default max_tokens), the default queue limit, always remote
+// prefill.
 func Default() Policy {
-	return Policy{
-		Limits: Limits{
-			MaxTokensCap:     DefaultMaxTokensCap,
-			DefaultMaxTokens: DefaultDefaultMaxTokens,
-			QueueLimit:       DefaultQueueLimit,
-		},
-	}
+	return Policy{Limits: Limits{QueueLimit: DefaultQueueLimit}}
 }
 
 // Load reads and validates the policy file at path. Fields absent from the
@@ -137,10 +138,12 @@ func (p Policy) Validate() error {
 		return bad("slo targets must be ≥ 0 (ttft_ms %v, tpot_ms %v)", p.SLO.TTFTMs, p.SLO.TPOTMs)
 	case !(p.SLO.Attainment >= 0 && p.SLO.Attainment <= 1):
 		return bad("slo.attainment must lie in [0, 1] (0: %v), got %v", DefaultAttainment, p.SLO.Attainment)
-	case p.Limits.MaxTokensCap <= 0:
-		return bad("limits.max_tokens_cap must be > 0, got %d", p.Limits.MaxTokensCap)
-	case p.Limits.DefaultMaxTokens <= 0 || p.Limits.DefaultMaxTokens > p.Limits.MaxTokensCap:
-		return bad("limits.default_max_tokens must be in 1..max_tokens_cap (%d), got %d", p.Limits.MaxTokensCap, p.Limits.DefaultMaxTokens)
+	case p.Limits.MaxTokensCap < 0:
+		return bad("limits.max_tokens_cap must be ≥ 0 (0: no cap beyond the context), got %d", p.Limits.MaxTokensCap)
+	case p.Limits.DefaultMaxTokens < 0:
+		return bad("limits.default_max_tokens must be ≥ 0 (0: the rest of the context), got %d", p.Limits.DefaultMaxTokens)
+	case p.Limits.MaxTokensCap > 0 && p.Limits.DefaultMaxTokens > p.Limits.MaxTokensCap:
+		return bad("limits.default_max_tokens %d is over limits.max_tokens_cap %d", p.Limits.DefaultMaxTokens, p.Limits.MaxTokensCap)
 	case p.Limits.QueueLimit <= 0:
 		return bad("limits.queue_limit must be > 0, got %d", p.Limits.QueueLimit)
 	case p.Budgets.Default < 0:
@@ -158,7 +161,7 @@ func (p Policy) Validate() error {
 			}
 		}
 	}
-	return nil
+	return p.Pricing.validate()
 }
 
 // Budget returns the prompt-token budget of a request on route with apiKey

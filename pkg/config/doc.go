@@ -1,6 +1,7 @@
 // Package config loads the coordinator's serving policy from YAML: SLO
 // targets, prompt-token budgets per API key and per route, the max_tokens
-// cap and default, the admission limit and the routing thresholds.
+// cap and default (both relative to the model's context by default), the
+// admission limit, the routing thresholds and the pricing of requests.
 //
 // A policy file is optional; every field has a built-in default (see
 // Default), and the coordinator's flags override the file where they are
@@ -14,8 +15,8 @@
 //	  tpot_ms: 50         # time per output token target, milliseconds
 //	  attainment: 0.9     # share of requests meeting both, for the planner (0: 0.9)
 //	limits:
-//	  max_tokens_cap: 2048
-//	  default_max_tokens: 16
+//	  max_tokens_cap: 2048    # per choice; 0 (default): the rest of the context
+//	  default_max_tokens: 256 # without max_tokens; 0 (default): the rest of the context, capped
 //	  queue_limit: 256    # requests admitted at once; more get 429
 //	prompt_budgets:       # prompt tokens allowed per request, by surface
 //	  default: 8192
@@ -27,4 +28,11 @@
 //	  local_prefill_below_tokens: 0   # shorter prompts prefill on the decode worker
 //	  max_queued_prefill_tokens: 0    # per prefill worker; 0 = unbounded
 //	  prefix_weight: 0                # tokens of prefix-cache hit worth one queued token
+//	pricing:              # optional: the cost of each request ($, $/1k tokens); none by default
+//	  gpu_usd_per_hour: 2.5           # USD per GPU-hour, × the GPU-seconds a request used
+//	  prefill_gpus_per_worker: 1      # GPUs of one prefill worker (0: 1)
+//	  decode_gpus_per_worker: 1       # GPUs of one decode or colocated worker (0: 1)
+//	  # or, instead of a GPU price, prices per 1000 tokens:
+//	  # prompt_usd_per_1k_tokens: 0.0005
+//	  # output_usd_per_1k_tokens: 0.0015
 package config

@@ -16,11 +16,13 @@ import (
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/budget"
 	"github.com/pdserve/pdserve/pkg/control"
+	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/frontend"
 	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/metrics"
 	"github.com/pdserve/pdserve/pkg/prefill"
 	"github.com/pdserve/pdserve/pkg/router"
+	"github.com/pdserve/pdserve/pkg/wire"
 )
 
 // rpcTimeout bounds the unary calls of the request flow (Reserve, Cancel,
@@ -33,16 +35,17 @@ const maxRecoveries = 3
 // backend runs requests over the workers: it implements frontend.Backend.
 // Safe for concurrent use.
 type backend struct {
-	mode      string
-	policy    string // first-token policy
-	codec     string
-	log       *zap.Logger
-	members   *control.Membership
-	router    *router.Router
-	conns     *conns
-	metrics   *metrics.Metrics
-	now       func() time.Time
-	admission chan struct{} // one slot per admitted request
+	mode    string
+	policy  string // first-token policy
+	codec   string
+	log     *zap.Logger
+	members *control.Membership
+	router  *router.Router
+	conns   *conns
+	metrics *metrics.Metrics
+	pricing *budget.Pricing // the policy's, set on every trace; nil: no cost
+	engines []watchedEngine // standalone engines that count overruns (enginewarn.go)
+	now     func() time.Time
 	// eog holds the model's end-of-generation ids (engine.EOGTokens of the
 	// coordinator's tokenizer; see eogSet): without ignore_eos the decode
 	// worker ends a sequence on one, and the client never sees it. Read
@@ -52,6 +55,10 @@ type backend struct {
 	// tokens (kv.HashBlocks from the plain root, as workers publish their
 	// prefix digests) for prefix-aware routing; 0 skips it.
 	prefixBlockTokens int
+	// modelName is --model-name: every worker serves it. Empty: each
+	// serves the model its heartbeat names, and requests are routed by
+	// model.
+	modelName string
 
 	mu      sync.Mutex
 	running int           // Complete calls in progress
@@ -78,21 +85,23 @@ func (b *backend) workers(role control.Role) []router.Worker {
 			QueuedPrefillTokens: hb.QueuedPrefillTokens, RunningBatch: hb.RunningBatch,
 			PrefixDigest: hb.PrefixDigest, Draining: hb.Draining, Time: hb.Time,
 		}
+		if b.modelName == "" {
+			// Workers serve the model they report; under --model-name
+			// every worker serves that one name.
+			out[i].Model = hb.Model
+		}
 	}
 	return out
 }
 
-// Complete implements frontend.Backend: admission, routing, the request
-// flow over the workers, recovery from a failed decode worker, and
-// cleanup (both RPCs cancelled, the decode worker's KV and the prefill
-// worker's retained KV released) on every path.
-func (b *backend) Complete(ctx context.Context, req *frontend.Request, emit frontend.EmitFunc) (string, error) {
-	select {
-	case b.admission <- struct{}{}:
-	default:
-		return "", fmt.Errorf("%w: %d requests in flight, the queue limit", frontend.ErrOverloaded, cap(b.admission))
-	}
-	defer func() { <-b.admission }()
+// Complete implements frontend.Backend: routing, the request flow over
+// the workers, recovery from a failed decode worker, and cleanup (both
+// RPCs cancelled, the decode worker's KV and the prefill worker's
+// retained KV released) on every path. Admission is the frontend's
+// (Options.MaxInFlight, from Policy.Limits.QueueLimit).
+func (b *backend) Complete(ctx context.Context, req *frontend.Request, emit frontend.EmitFunc) ([]string, error) {
+	req.Trace.Pricing = b.pricing
+	defer b.warnOverruns(req.Trace)()
 	b.track(1)
 	defer b.track(-1)
 	b.metrics.AddInFlight(1)
@@ -103,8 +112,16 @@ func (b *backend) Complete(ctx context.Context, req *frontend.Request, emit fron
 		b: b, ctx: ctx, req: req, tr: req.Trace, emit: emit,
 		events:  make(chan event),
 		exclude: make(map[string]bool),
+		choices: make([]choice, max(req.N, 1)),
 	}
-	return r.serve()
+	if err := r.serve(); err != nil {
+		return nil, err
+	}
+	finish := make([]string, len(r.choices))
+	for i, c := range r.choices {
+		finish[i] = c.finish
+	}
+	return finish, nil
 }
 
 func (b *backend) track(delta int) {
@@ -172,13 +189,11 @@ type run struct {
 	live    int // goroutines that still owe an end event
 	cancels []context.CancelFunc
 
-	out []int32 // tokens handed to the client so far
-	// held is the last token of the current Generate stream when it is an
-	// end-of-generation id whose finish has not come yet: it is the
-	// sequence's end (finish "stop": dropped) or, for a worker that does
-	// not end on it, output like any other (delivered with the next
-	// event). At most one token.
-	held []int32
+	// choices holds the state of each of the request's N choices.
+	choices []choice
+	// stoppedEarly: a stop string ended a choice before its worker did,
+	// so the workers still hold the request when it ends.
+	stoppedEarly bool
 
 	remote       bool // KV from a prefill worker
 	prefill      router.Worker
@@ -193,21 +208,57 @@ type run struct {
 	decode        router.Worker
 	cancelDecode  context.CancelFunc // ends the current Generate call
 	reserved      bool               // the current decode worker holds a reservation or sequence
-	decodePos     int                // output position of the next token of the current Generate stream
 	decodeEnded   bool
 	resendPending bool
-	finish        string
 
 	exclude         map[string]bool
 	waitingRecovery bool
 	failure         error // why the last decode worker failed
 }
 
-func (r *run) serve() (finish string, err error) {
+// choice is the coordinator's state of one choice of a request.
+type choice struct {
+	out []int32 // tokens handed to the client so far
+	// held is the last token of the current Generate stream when it is an
+	// end-of-generation id whose finish has not come yet: it is the
+	// sequence's end (finish "stop": dropped) or, for a worker that does
+	// not end on it, output like any other (delivered with the next
+	// event). At most one token; heldLP is its log-probability.
+	held   []int32
+	heldLP []engine.TokenLogprob
+	// pos is the output position of the next token of the current
+	// Generate stream.
+	pos    int
+	finish string // set once the choice finished
+	// stopped: a stop string matched in the client's text; the worker's
+	// later tokens are dropped.
+	stopped bool
+}
+
+// finished reports whether every choice finished.
+func (r *run) finished() bool {
+	for _, c := range r.choices {
+		if c.finish == "" {
+			return false
+		}
+	}
+	return true
+}
+
+// delivered returns the number of tokens the client got, all choices.
+func (r *run) delivered() int {
+	n := 0
+	for _, c := range r.choices {
+		n += len(c.out)
+	}
+	return n
+}
+
+func (r *run) serve() (err error) {
 	defer func() { r.cleanup(err) }()
 	dec, err := r.place(false)
 	if err != nil {
-		return "", err
+		return err
 	}
 	r.tr.Routed = r.b.now()
 	r.remote = !dec.Local
@@ -222,30 +273,31 @@ func (r *run) serve() (finish string, err error) {
 		r.prefill = dec.Prefill
 		r.tr.PrefillWorker = dec.Prefill.ID
 		if err := r.startPrefill(); err != nil {
-			return "", err
+			return err
 		}
 	}
 	if err := r.startDecode(); err != nil {
-		return "", err
+		return err
 	}
-	for !r.done() {
+	for !r.done() && !(r.stoppedEarly && r.finished()) {
 		if err := r.handle(<-r.events); err != nil {
-			return "", err
+			return err
 		}
 	}
-	return r.finish, nil
+	return nil
 }
 
 // done reports whether the request finished and every stream ended.
 func (r *run) done() bool {
-	return r.finish != "" && r.decodeEnded && !r.resendPending && (!r.remote || r.prefillEnded)
+	return r.finished() && r.decodeEnded && !r.resendPending && (!r.remote || r.prefillEnded)
 }
 
 // place routes the request and reserves KV on the chosen decode worker,
 // trying the next one when a worker is full or gone. decodeOnly keeps the
 // prefill side as it is (recovery).
 func (r *run) place(decodeOnly bool) (router.Decision, error) {
-	rreq := router.Request{ID: r.req.ID, PromptTokens: len(r.req.Prompt), MaxTokens: r.req.MaxTokens, DecodeOnly: decodeOnly}
+	rreq := router.Request{ID: r.req.ID, PromptTokens: len(r.req.Prompt), MaxTokens: r.req.MaxTokens * len(r.choices),
+		DecodeOnly: decodeOnly, Local: r.req.PromptLogprobs >= 0, Model: r.req.Model}
 	if n := r.b.prefixBlockTokens; n > 0 && !decodeOnly {
 		for _, h := range kv.HashBlocks(0, r.req.Prompt, n) {
 			rreq.PrefixHashes = append(rreq.PrefixHashes, uint64(h))
@@ -260,11 +312,14 @@ func (r *run) place(decodeOnly bool) (router.Decision, error) {
 		dec, err := r.b.router.Route(r.b.now(), rreq, r.b.workers(r.b.decodeRole()), prefills, r.exclude)
 		switch {
 		case errors.Is(err, router.ErrNoDecodeWorkers) && full > 0:
-			return dec, fmt.Errorf("%w: every decode worker lacks KV blocks for %d tokens", frontend.ErrOverloaded, rreq.PromptTokens+rreq.MaxTokens)
+			return dec, frontend.NewError(frontend.ErrOverloaded, "overloaded", "",
+				"No decode worker has free KV cache for %d tokens now; retry later.", rreq.PromptTokens+rreq.MaxTokens)
 		case errors.Is(err, router.ErrNoCapacity):
-			return dec, fmt.Errorf("%w: %w", frontend.ErrOverloaded, err)
+			return dec, fmt.Errorf("%w: %w", frontend.NewError(frontend.ErrOverloaded, "overloaded", "",
+				"Every prefill worker's queue is full; retry later."), err)
 		case err != nil:
-			return dec, fmt.Errorf("%w: %w", frontend.ErrUnavailable, err)
+			return dec, fmt.Errorf("%w: %w", frontend.NewError(frontend.ErrUnavailable, "no_workers", "",
+				"No worker serving model %q can take the request now; retry later.", r.req.Model), err)
 		}
 		if decodeOnly {
 			r.b.router.PrefillDone(r.req.ID)
@@ -287,7 +342,7 @@ func (r *run) place(decodeOnly bool) (router.Decision, error) {
 				zap.String("worker", dec.Decode.ID), zap.Error(err))
 			r.exclude[dec.Decode.ID] = true
 		default:
-			return dec, grpcError(fmt.Sprintf("reserve on decode worker %s", dec.Decode.ID), err)
+			return dec, grpcError(fmt.Sprintf("reserve on decode worker %s", dec.Decode.ID), "decode", err)
 		}
 	}
 }
@@ -301,14 +356,12 @@ func (r *run) reserve(w router.Worker) error {
 	defer cancel()
 	_, err = pdservev1.NewDecodeServiceClient(cc).Reserve(ctx, &pdservev1.ReserveRequest{
 		RequestId: r.req.ID, Tokens: int32(len(r.req.Prompt) + r.req.MaxTokens),
+		Sequences: int32(len(r.choices)), PromptTokens: int32(len(r.req.Prompt)),
 	})
 	return err
 }
 
-func (r *run) sampling() *pdservev1.Sampling {
-	s := r.req.Sampling
-	return &pdservev1.Sampling{Temperature: s.Temperature, TopP: s.TopP, Seed: s.Seed}
-}
+func (r *run) sampling() *pdservev1.Sampling { return wire.Sampling(r.req.Sampling) }
 
 // spawn runs f in a goroutine with a child context; f's result is sent as
 // an event. Every spawned goroutine sends exactly one event of an end kind.
@@ -330,7 +383,7 @@ func (r *run) startPrefill() error {
 	}
 	preq := &pdservev1.PrefillRequest{
 		RequestId: r.req.ID, PromptTokens: r.req.Prompt, Sampling: r.sampling(),
-		DecodeAddr: r.decode.Addr, Codec: r.b.codec,
+		DecodeAddr: r.decode.Addr, Codec: r.b.codec, Logprobs: wire.Logprobs(r.req.Logprobs),
 	}
 	if !slices.ContainsFunc(r.prefilledOn, func(w router.Worker) bool { return w.Addr == r.prefill.Addr }) {
 		r.prefilledOn = append(r.prefilledOn, r.prefill)
@@ -361,10 +414,23 @@ func (r *run) startDecode() error {
 	greq := &pdservev1.GenerateRequest{
 		RequestId: r.req.ID, PromptTokens: r.req.Prompt, Sampling: r.sampling(),
 		MaxTokens: int32(r.req.MaxTokens), LocalPrefill: !r.remote, IgnoreEos: r.req.IgnoreEOS,
-		GeneratedTokens: slices.Clone(r.out),
+		GeneratedTokens: slices.Clone(r.choices[0].out),
+		N:               int32(len(r.choices)), Logprobs: wire.Logprobs(r.req.Logprobs),
+	}
+	if r.req.PromptLogprobs >= 0 && r.delivered() == 0 && r.attempt == 0 {
+		greq.PromptLogprobs = wire.Logprobs(r.req.PromptLogprobs)
+	}
+	if len(r.choices) > 1 && r.delivered() > 0 {
+		for _, c := range r.choices[1:] {
+			greq.GeneratedChoices = append(greq.GeneratedChoices, &pdservev1.Generated{Tokens: slices.Clone(c.out)})
+		}
 	}
 	attempt := r.attempt
-	r.decodePos, r.decodeEnded, r.held = len(r.out), false, nil
+	r.decodeEnded = false
+	for i := range r.choices {
+		c := &r.choices[i]
+		c.pos, c.held, c.heldLP = len(c.out), nil, nil
+	}
 	r.cancelDecode = r.spawn(func(ctx context.Context) event {
 		stream, err := pdservev1.NewDecodeServiceClient(cc).Generate(ctx, greq)
 		for err == nil {
@@ -419,7 +485,7 @@ func (r *run) handle(ev event) error {
 			// with the prompt, with its KV complete (re-send it) or not
 			// (prefill it again).
 			return r.recover()
-		case ev.err == nil || r.finish != "":
+		case ev.err == nil || r.finished():
 		default:
 			return r.onPrefillFailed(ev.err)
 		}
@@ -437,15 +503,17 @@ func (r *run) handle(ev event) error {
 		}
 		r.decodeEnded = true
 		switch {
-		case r.finish != "":
-			r.reserved = false // the worker freed the sequence
+		case r.finished():
+			// The worker freed the sequence, unless a stop string ended a
+			// choice it still runs (cleanup cancels it then).
+			r.reserved = r.reserved && r.stoppedEarly
 			return nil
 		case r.ctx.Err() != nil:
 			return r.ctx.Err()
 		case ev.err == nil:
 			return fmt.Errorf("coordinator: decode worker %s ended request %s without a finish reason", r.decode.ID, r.req.ID)
 		case !recoverable(ev.err):
-			return grpcError(fmt.Sprintf("generate on decode worker %s", r.decode.ID), ev.err)
+			return grpcError(fmt.Sprintf("generate on decode worker %s", r.decode.ID), "decode", ev.err)
 		}
 		return r.startRecovery(ev.err)
 
@@ -459,7 +527,7 @@ func (r *run) handle(ev event) error {
 			if r.ctx.Err() != nil {
 				return r.ctx.Err()
 			}
-			if r.finish == "" && prefill.IsKVTransferError(ev.err) && recoverableTransfer(ev.err) {
+			if !r.finished() && prefill.IsKVTransferError(ev.err) && recoverableTransfer(ev.err) {
 				// The new decode worker could not take the KV either:
 				// move on to another one.
 				r.abandonDecode()
@@ -485,9 +553,9 @@ func (r *run) onPrefillFailed(err error) error {
 	r.b.log.Debug("prefill stream failed", zap.String("request_id", r.req.ID), zap.String("worker", r.prefill.ID), zap.Error(err))
 	switch transfer := prefill.IsKVTransferError(err); {
 	case transfer && !recoverableTransfer(err):
-		return grpcError(fmt.Sprintf("kv transfer from prefill worker %s to decode worker %s", r.prefill.ID, r.decode.ID), err)
+		return grpcError(fmt.Sprintf("kv transfer from prefill worker %s to decode worker %s", r.prefill.ID, r.decode.ID), "KV transfer", err)
 	case !transfer && !r.gotFirst:
-		return grpcError(fmt.Sprintf("prefill on worker %s", r.prefill.ID), err)
+		return grpcError(fmt.Sprintf("prefill on worker %s", r.prefill.ID), "prefill", err)
 	case !transfer && r.kvDone:
 		// The decode worker has the KV; its stream tells the rest.
 		return nil
@@ -525,10 +593,14 @@ func (r *run) onPrefill(resp *pdservev1.PrefillResponse) error {
 		r.tr.PrefillBatch = int(ft.GetBatchSize())
 		r.tr.PrefixHitTokens = int(ft.GetPrefixHitTokens())
 		tok := ft.GetToken()
-		if r.b.policy == PolicyPrefill && len(r.out) == 0 && (r.req.IgnoreEOS || !r.b.eog[tok]) {
+		var lps []engine.TokenLogprob
+		if r.req.Logprobs >= 0 {
+			lps = []engine.TokenLogprob{wire.FromTokenLogprob(ft.GetLogprob())}
+		}
+		if r.b.policy == PolicyPrefill && len(r.choices[0].out) == 0 && (r.req.IgnoreEOS || !r.b.eog[tok]) {
 			// An end-of-generation first token is left to the decode
 			// stream, which ends the request with it.
-			return r.deliver(0, []int32{tok})
+			return r.deliver(0, 0, []int32{tok}, lps)
 		}
 	case *pdservev1.PrefillResponse_KvDone:
 		r.kvDone = true
@@ -566,28 +638,58 @@ func (r *run) onGenerate(resp *pdservev1.GenerateResponse) error {
 		}
 	}
 	r.tr.BatchSize = max(r.tr.BatchSize, int(resp.GetBatchSize()))
+	if pl := resp.GetPromptLogprobs(); len(pl) > 0 && r.req.PromptLogprobs >= 0 {
+		if err := r.emit(frontend.Output{Prompt: true, Logprobs: wire.FromTokenLogprobs(pl)}); err != nil {
+			return err
+		}
+	}
+	i := int(resp.GetIndex())
+	if i < 0 || i >= len(r.choices) {
+		return fmt.Errorf("coordinator: decode worker %s sent choice %d of request %s, which has %d", r.decode.ID, i, r.req.ID, len(r.choices))
+	}
+	c := &r.choices[i]
 	toks := resp.GetTokens()
-	pos := r.decodePos - len(r.held)
-	r.decodePos += len(toks)
-	if len(r.held) > 0 {
-		toks, r.held = slices.Concat(r.held, toks), nil
+	var lps []engine.TokenLogprob
+	if r.req.Logprobs >= 0 {
+		if lps = wire.FromTokenLogprobs(resp.GetLogprobs()); len(lps) != len(toks) {
+			return fmt.Errorf("coordinator: decode worker %s sent %d logprobs for %d tokens of request %s", r.decode.ID, len(lps), len(toks), r.req.ID)
+		}
 	}
-	if f := resp.GetFinishReason(); f != "" {
-		r.finish = f
+	pos := c.pos - len(c.held)
+	c.pos += len(toks)
+	if len(c.held) > 0 {
+		toks, c.held = slices.Concat(c.held, toks), nil
+		if lps != nil {
+			lps = slices.Concat(c.heldLP, lps)
+		}
+		c.heldLP = nil
 	}
+	finish := resp.GetFinishReason()
 	if n := len(toks); n > 0 && !r.req.IgnoreEOS && r.b.eog[toks[n-1]] {
 		// Without ignore_eos an end-of-generation token ends the
 		// sequence with "stop", as its last token; the client never sees
 		// it. Its finish may come in a later event: until then it is
 		// held back.
-		switch r.finish {
+		switch finish {
 		case "":
-			r.held, toks = toks[n-1:], toks[:n-1]
+			c.held, toks = toks[n-1:], toks[:n-1]
+			if lps != nil {
+				c.heldLP, lps = lps[n-1:], lps[:n-1]
+			}
 		case "stop":
 			toks = toks[:n-1]
+			if lps != nil {
+				lps = lps[:n-1]
+			}
 		}
 	}
-	return r.deliver(pos, toks)
+	if err := r.deliver(i, pos, toks, lps); err != nil {
+		return err
+	}
+	if finish != "" && c.finish == "" {
+		c.finish = finish
+	}
+	return nil
 }
 
 // eogSet returns the set of ids, ignoring negative ones (an absent EOS).
@@ -601,26 +703,43 @@ func eogSet(ids []int32) map[int32]bool {
 	return set
 }
 
-// deliver hands the tokens at output positions pos… to the client,
-// skipping those it already has (the first token under policy "prefill").
-func (r *run) deliver(pos int, toks []int32) error {
-	if pos > len(r.out) {
-		return fmt.Errorf("coordinator: request %s: tokens from position %d arrived with %d delivered", r.req.ID, pos, len(r.out))
+// deliver hands the tokens of choice i at output positions pos… (with
+// their log-probabilities, when asked) to the client, skipping those it
+// already has (the first token under policy "prefill") and those of a
+// choice a stop string ended.
+func (r *run) deliver(i, pos int, toks []int32, lps []engine.TokenLogprob) error {
+	c := &r.choices[i]
+	if c.stopped {
+		return nil
 	}
-	skip := min(len(r.out)-pos, len(toks))
-	for i := range skip {
-		if r.out[pos+i] != toks[i] {
+	if pos > len(c.out) {
+		return fmt.Errorf("coordinator: request %s: tokens from position %d arrived with %d delivered", r.req.ID, pos, len(c.out))
+	}
+	skip := min(len(c.out)-pos, len(toks))
+	for k := range skip {
+		if c.out[pos+k] != toks[k] {
 			r.b.log.Warn("decode worker's token differs from the one already sent",
-				zap.String("request_id", r.req.ID), zap.Int("position", pos+i),
-				zap.Int32("sent", r.out[pos+i]), zap.Int32("decode", toks[i]))
+				zap.String("request_id", r.req.ID), zap.Int("choice", i), zap.Int("position", pos+k),
+				zap.Int32("sent", c.out[pos+k]), zap.Int32("decode", toks[k]))
 		}
 	}
 	toks = toks[skip:]
+	if lps != nil {
+		lps = lps[skip:]
+	}
 	if len(toks) == 0 {
 		return nil
 	}
-	r.out = append(r.out, toks...)
-	return r.emit(toks)
+	c.out = append(c.out, toks...)
+	err := r.emit(frontend.Output{Index: i, Tokens: toks, Logprobs: lps})
+	if errors.Is(err, frontend.ErrStopped) {
+		// Only this choice ends (the worker's later tokens of it are
+		// dropped); once every choice has, serve returns and cleanup
+		// ends the calls and frees the request on the workers.
+		c.stopped, c.finish, r.stoppedEarly = true, "stop", true
+		return nil
+	}
+	return err
 }
 
 // startRecovery begins moving the request off a failed decode worker.
@@ -630,10 +749,11 @@ func (r *run) startRecovery(cause error) error {
 	r.exclude[r.decode.ID] = true
 	r.tr.Recoveries++
 	if r.tr.Recoveries > maxRecoveries {
-		return fmt.Errorf("coordinator: request %s: giving up after %d decode failures: %w", r.req.ID, maxRecoveries, r.failure)
+		return fmt.Errorf("coordinator: request %s: giving up after %d decode failures: %v: %w", r.req.ID, maxRecoveries, r.failure,
+			frontend.NewError(frontend.ErrUnavailable, "decode_failed", "", "The request failed on %d decode workers in turn; retry later.", maxRecoveries+1))
 	}
 	r.b.log.Warn("decode worker failed; recovering the request", zap.String("request_id", r.req.ID),
-		zap.String("worker", r.decode.ID), zap.Int("tokens_sent", len(r.out)), zap.Error(cause))
+		zap.String("worker", r.decode.ID), zap.Int("tokens_sent", r.delivered()), zap.Error(cause))
 	if r.remote && !r.prefillEnded {
 		// Wait until the prefill worker is done with the prompt: Resend
 		// needs its complete KV, and a prompt whose KV never completes
@@ -657,7 +777,8 @@ func (r *run) recover() error {
 	restart := r.remote && !r.gotFirst
 	dec, err := r.place(!restart)
 	if err != nil {
-		return fmt.Errorf("coordinator: request %s: %v; no other decode worker could take it: %w", r.req.ID, r.failure, err)
+		return fmt.Errorf("coordinator: request %s: %v; no other decode worker could take it: %v: %w", r.req.ID, r.failure, err,
+			frontend.NewError(frontend.ErrUnavailable, "decode_failed", "", "The decode worker serving the request failed and no other decode worker could take it; retry later."))
 	}
 	r.attempt++
 	if restart {
@@ -700,7 +821,7 @@ func (r *run) cleanup(err error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.ctx), rpcTimeout)
 	defer cancel()
 	cancelOn := r.abandoned
-	if err != nil && r.reserved {
+	if (err != nil || r.stoppedEarly) && r.reserved {
 		// Frees a reservation whose Generate never started, or a sequence
 		// the cancelled call has not freed yet.
 		cancelOn = append(cancelOn, r.decode)
@@ -745,18 +866,23 @@ func recoverableTransfer(err error) bool {
 	return recoverable(err) || status.Code(err) == codes.FailedPrecondition
 }
 
-// grpcError wraps a worker's error with the frontend sentinel its code
-// maps to.
-func grpcError(op string, err error) error {
+// grpcError wraps a worker's error (of the operation op, for the log)
+// with a client-facing frontend.Error of the kind its code maps to; part
+// names the worker's part for the client ("prefill", "decode", "KV
+// transfer"). No worker text or address reaches the client.
+func grpcError(op, part string, err error) error {
+	var fe error
 	switch status.Code(err) {
 	case codes.InvalidArgument, codes.OutOfRange:
-		return fmt.Errorf("%w: %s: %w", frontend.ErrInvalid, op, err)
+		fe = frontend.NewError(frontend.ErrInvalid, "invalid_request", "", "The %s worker cannot serve the request as asked.", part)
 	case codes.ResourceExhausted:
-		return fmt.Errorf("%w: %s: %w", frontend.ErrOverloaded, op, err)
+		fe = frontend.NewError(frontend.ErrOverloaded, "overloaded", "", "The %s workers have no room for the request now (queue full); retry later.", part)
 	case codes.Unavailable:
-		return fmt.Errorf("%w: %s: %w", frontend.ErrUnavailable, op, err)
+		fe = frontend.NewError(frontend.ErrUnavailable, "unavailable", "", "The %s worker is unavailable; retry later.", part)
+	default:
+		return fmt.Errorf("coordinator: %s: %w", op, err)
 	}
-	return fmt.Errorf("coordinator: %s: %w", op, err)
+	return fmt.Errorf("coordinator: %s: %v: %w", op, err, fe)
 }
 
 // setOnce sets *t from Unix nanoseconds unless it is set or ns is 0.

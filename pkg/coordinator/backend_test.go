@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -83,9 +84,10 @@ func TestEOGEndsRequests(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			tr := &budget.Trace{RequestID: "req-1", Arrival: time.Now(), PromptTokens: 3}
-			req := &frontend.Request{ID: "req-1", Prompt: []int32{1, 2, 3}, MaxTokens: len(scripted), IgnoreEOS: tc.ignoreEOS, Trace: tr}
+			req := &frontend.Request{ID: "req-1", Prompt: []int32{1, 2, 3}, MaxTokens: len(scripted), IgnoreEOS: tc.ignoreEOS, Trace: tr, N: 1, Logprobs: -1, PromptLogprobs: -1}
 			got := []int32{}
-			finish, err := tb.b.Complete(ctx, req, func(toks []int32) error {
+			finishes, err := tb.b.Complete(ctx, req, func(o frontend.Output) error {
+				toks := o.Tokens
 				if len(toks) == 0 {
 					t.Error("emit called without tokens")
 				}
@@ -95,6 +97,7 @@ func TestEOGEndsRequests(t *testing.T) {
 			if err != nil {
 				t.Fatalf("request failed: %v", err)
 			}
+			finish := strings.Join(finishes, ",")
 			if diff := cmp.Diff(tc.want, got); diff != "" || finish != tc.wantFinish {
 				t.Errorf("finish %q, want %q; tokens (-want +got):\n%s", finish, tc.wantFinish, diff)
 			}

@@ -93,7 +93,7 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 
 	c.natsURL = o.NATSURL
 	if c.natsURL == "" {
-		if c.ns, c.natsURL, err = control.StartEmbedded(o.NATSListen); err != nil {
+		if c.ns, c.natsURL, err = control.StartEmbedded(o.natsListen()); err != nil {
 			return c, fmt.Errorf("coordinator: %w", err)
 		}
 		log.Info("embedded NATS server started", zap.String("url", c.natsURL))
@@ -133,8 +133,9 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 		TPOT: time.Duration(o.Policy.SLO.TPOTMs * float64(time.Millisecond)),
 	})
 	c.backend = &backend{
-		mode: o.Mode, policy: o.FirstTokenPolicy, codec: o.Codec, eog: eogSet(engine.EOGTokens(tok)),
+		mode: o.Mode, policy: o.FirstTokenPolicy, codec: o.Codec, eog: eogSet(engine.EOGTokens(tok)), modelName: o.ModelName,
 		log: log, members: c.members, conns: c.conns, metrics: m, now: time.Now,
+		pricing: o.Policy.Pricing.Resolve(), engines: watchedEngines(c.workers),
 		router: router.New(router.Config{
 			BlockTokens:             prefixBlockTokens,
 			Colocated:               o.Mode == ModeColocated,
@@ -142,7 +143,6 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 			MaxQueuedPrefillTokens:  o.Policy.Routing.MaxQueuedPrefillTokens,
 			PrefixWeight:            o.Policy.Routing.PrefixWeight,
 		}),
-		admission: make(chan struct{}, o.Policy.Limits.QueueLimit),
 	}
 	if r := o.Policy.Routing; r.PrefixWeight > 0 || r.LocalPrefillBelowTokens > 0 {
 		c.backend.prefixBlockTokens = prefixBlockTokens
@@ -150,10 +150,13 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 	if c.planner, err = c.newPlanner(); err != nil {
 		return c, err
 	}
+	// Admission (Policy.Limits.QueueLimit requests at once) is the
+	// frontend's, before a body is read.
 	fe, err := frontend.New(frontend.Options{
 		Backend: c.planner.observe(c.backend), Tokenizer: tok, Policy: o.Policy,
 		Models: c.Models, Ready: c.Ready, Metrics: m, Gatherer: c.reg,
 		Logger: log.Named("request"), RetryAfter: o.RetryAfter,
+		MaxInFlight: o.Policy.Limits.QueueLimit, MaxBodyBytes: o.MaxBodyBytes, BodyIdleTimeout: o.HTTPBodyIdleTimeout,
 	})
 	if err != nil {
 		return c, fmt.Errorf("coordinator: %w", err)
@@ -161,7 +164,10 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 	if c.lis, err = net.Listen("tcp", o.HTTPAddr); err != nil {
 		return c, fmt.Errorf("coordinator: http listen: %w", err)
 	}
-	c.http = &http.Server{Handler: fe, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	c.http = &http.Server{
+		Handler: fe, ReadHeaderTimeout: o.HTTPReadHeaderTimeout, IdleTimeout: 2 * time.Minute,
+		ErrorLog: zap.NewStdLog(log.Named("http")),
+	}
 
 	bg, cancel := context.WithCancel(context.Background())
 	c.bgCancel = cancel

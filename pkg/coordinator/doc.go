@@ -8,10 +8,11 @@
 //
 // # Request flow (disaggregated)
 //
-//  1. Admission: at most Policy.Limits.QueueLimit requests at once; one
-//     more gets 429.
-//  2. Routing: the router picks a decode worker, the coordinator calls
-//     DecodeService.Reserve(prompt + max_tokens) on it (a full or gone
+//  1. Admission (the frontend, before the body is read): at most
+//     Policy.Limits.QueueLimit requests at once; one more gets 429.
+//  2. Routing: the router picks a decode worker among those serving the
+//     request's model (every worker under --model-name), the coordinator
+//     calls DecodeService.Reserve(prompt + n × max_tokens) on it (a full or gone
 //     worker is skipped and the next one tried; when every one is full:
 //     429; when none exists: 503), then the router decides remote or local
 //     prefill and picks the prefill worker.
@@ -31,8 +32,32 @@
 //     reservation left behind after a failure, and PrefillService.Release
 //     drops the prompt's KV retained on the prefill worker.
 //
-// Colocated mode (and prompts below the local-prefill threshold) send
-// Generate with local_prefill and no Prefill call.
+// Colocated mode (and prompts below the local-prefill threshold, and
+// requests that want the prompt's log-probabilities: echo with logprobs)
+// send Generate with local_prefill and no Prefill call.
+//
+// # Choices and log-probabilities
+//
+// A request of n choices is one Generate call with n set: the decode
+// worker forks the prompt's KV into n sequences (engine.Forker), so the
+// prompt is prefilled and transferred once. Its events carry the choice
+// index; the coordinator keeps each choice's delivered tokens, held-back
+// end-of-generation token and finish, and hands the frontend each
+// choice's tokens with their log-probabilities (frontend.Output). The
+// first token's log-probability comes from the prefill worker
+// (FirstToken under policy "prefill", the KV commit for the decode
+// worker's stream). A stop string ends one choice: its later tokens are
+// dropped, and once every choice ended the calls are cancelled and the
+// workers' KV freed as after an error. A recovery sends each choice's
+// delivered tokens (generated_tokens, generated_choices).
+//
+// # Errors
+//
+// No worker's error text reaches a client: worker gRPC codes map to a
+// frontend.Error of the kind (INVALID_ARGUMENT 400, RESOURCE_EXHAUSTED
+// 429, UNAVAILABLE 503) with a message of the coordinator's own; the
+// worker's status is kept for the request log. Other failures are a 500
+// whose message names only the request id.
 //
 // # Decode-worker failure
 //

@@ -460,12 +460,11 @@ func TestBadInput(t *testing.T) {
 		code            string
 	}{
 		{"malformed json", `{"prompt": "a"`, "", "invalid_json"},
-		{"unknown model", `{"model": "gpt-5", "prompt": "a"}`, "", "model_not_found"},
 		{"empty prompt", `{"prompt": ""}`, "", "empty_prompt"},
 		{"prompt over default budget", `{"prompt": "` + strings.Repeat("a", 1001) + `"}`, "", "prompt_too_long"},
 		{"prompt over api key budget", `{"prompt": "abcde"}`, "tiny-key", "prompt_too_long"},
 		{"max_tokens over cap", `{"prompt": "a", "max_tokens": 201}`, "", "max_tokens_over_cap"},
-		{"n over 1", `{"prompt": "a", "n": 3}`, "", "unsupported_value"},
+		{"n over 128", `{"prompt": "a", "n": 129}`, "", "invalid_value"},
 		// tiny's context is 1024 tokens: refused by the coordinator, with
 		// no worker asked.
 		{"over the context", `{"prompt": "` + strings.Repeat("a", 900) + `", "max_tokens": 200}`, "", "context_length_exceeded"},

@@ -349,7 +349,12 @@ type reference struct {
 }
 
 func newReference(t *testing.T) *reference {
-	e, err := enginecfg.DefaultOptions().Build()
+	return newReferenceOf(t, enginecfg.DefaultOptions())
+}
+
+// newReferenceOf is newReference for the engine of o.
+func newReferenceOf(t *testing.T, o enginecfg.Options) *reference {
+	e, err := o.Build()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,8 +3,10 @@ package coordinator_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -143,5 +145,55 @@ func TestEOGTokensEndRequests(t *testing.T) {
 			}
 			waitFor(t, 5*time.Second, func() error { return cl.idle(t) })
 		})
+	}
+}
+
+// One coordinator serves two models (the ref presets "tiny" and "small",
+// one prefill and one decode worker each): each request is routed only to
+// the workers of its model, and an unknown model gets a 404.
+func TestTwoModelsRouteByModel(t *testing.T) {
+	cl := startCluster(t, clusterOpts{prefill: 2, decode: 2, worker: func(wo *workerrun.Options) {
+		if strings.HasSuffix(wo.ID, "-1") {
+			wo.Engine.Preset = "small"
+		}
+	}})
+	waitFor(t, 10*time.Second, func() error {
+		if n := len(cl.c.Models()); n != 2 {
+			return fmt.Errorf("%d models served, want 2", n)
+		}
+		return nil
+	})
+	refs := map[string]*reference{"tiny": newReference(t)}
+	small := enginecfg.DefaultOptions()
+	small.Preset = "small"
+	refs["small"] = newReferenceOf(t, small)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	prompt := []int32{5, 17, 99, 3, 42, 8, 61}
+	for _, model := range []string{"tiny", "small", "tiny", "small"} {
+		res := complete(ctx, t, cl.url, request{Model: model, Prompt: prompt, MaxTokens: 6, IgnoreEOS: true})
+		if diff := cmp.Diff(refs[model].generate(t, prompt, 6, engine.Sampling{}, true), res.Tokens); diff != "" {
+			t.Errorf("model %s: tokens (-%s alone +served):\n%s", model, model, diff)
+		}
+		suffix := map[string]string{"tiny": "-0", "small": "-1"}[model]
+		for _, w := range []string{"prefill_worker", "decode_worker"} {
+			if id, _ := res.Budget[w].(string); !strings.HasSuffix(id, suffix) {
+				t.Errorf("model %s: %s %q, want the %s worker", model, w, id, model)
+			}
+		}
+	}
+	resp := post(ctx, t, cl.url+"/v1/completions", request{Model: "nope", Prompt: prompt, MaxTokens: 2})
+	defer resp.Body.Close()
+	var body struct {
+		Error struct {
+			Code  string `json:"code"`
+			Param string `json:"param"`
+		} `json:"error"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusNotFound || body.Error.Code != "model_not_found" || body.Error.Param != "model" {
+		t.Errorf("unknown model: status %d, error %+v; want 404 model_not_found on param model", resp.StatusCode, body.Error)
 	}
 }

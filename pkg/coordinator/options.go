@@ -41,7 +41,10 @@ type Options struct {
 	// on NATSListen.
 	NATSURL string
 	// NATSListen is the embedded NATS server's address (host:port; port -1
-	// picks a free one).
+	// picks a free one). Empty: a free port on 127.0.0.1 in standalone mode
+	// (nothing outside the process connects to it, and a second standalone
+	// server must not collide with the first), else 127.0.0.1:4222 (the
+	// NATS default, for workers started apart).
 	NATSListen string
 	// Standalone starts PrefillWorkers prefill and DecodeWorkers decode
 	// (or colocated) workers in this process.
@@ -68,6 +71,17 @@ type Options struct {
 	ShutdownTimeout time.Duration
 	// RetryAfter is the Retry-After of 429 and 503 responses.
 	RetryAfter time.Duration
+	// MaxBodyBytes bounds a request body (bytes, > 0); a larger one gets
+	// 413. With Policy.Limits.QueueLimit it bounds the memory held by
+	// bodies: at most QueueLimit × MaxBodyBytes.
+	MaxBodyBytes int64
+	// HTTPReadHeaderTimeout bounds the reading of a request's headers
+	// (> 0); a client slower than that has its connection closed.
+	HTTPReadHeaderTimeout time.Duration
+	// HTTPBodyIdleTimeout is the longest a request body may make no
+	// progress (> 0); then the request gets 408 and its connection is
+	// closed. It does not bound a response stream.
+	HTTPBodyIdleTimeout time.Duration
 	// LogLevel is debug, info, warn or error (used by Main's logger).
 	LogLevel string
 	// ConfigFile is the YAML policy file (pkg/config); empty: defaults.
@@ -95,11 +109,13 @@ type Options struct {
 	WorkerOptions func(*workerrun.Options)
 }
 
+// DefaultMaxBodyBytes is the default of --max-body-bytes: 16 MiB.
+const DefaultMaxBodyBytes = 16 << 20
+
 // DefaultOptions returns the flag defaults.
 func DefaultOptions() Options {
 	return Options{
 		HTTPAddr:         ":8080",
-		NATSListen:       "127.0.0.1:4222",
 		PrefillWorkers:   1,
 		DecodeWorkers:    1,
 		Mode:             ModeDisaggregated,
@@ -111,6 +127,10 @@ func DefaultOptions() Options {
 		Engine:           enginecfg.DefaultOptions(),
 		Planner:          DefaultPlannerOptions(),
 		Policy:           config.Default(),
+
+		MaxBodyBytes:          DefaultMaxBodyBytes,
+		HTTPReadHeaderTimeout: 10 * time.Second,
+		HTTPBodyIdleTimeout:   30 * time.Second,
 	}
 }
 
@@ -119,25 +139,46 @@ func DefaultOptions() Options {
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "listen address of the OpenAI API, /healthz, /readyz and /metrics")
 	fs.StringVar(&o.NATSURL, "nats-url", o.NATSURL, "NATS URL of the control plane (empty: start an embedded NATS server on --nats-listen)")
-	fs.StringVar(&o.NATSListen, "nats-listen", o.NATSListen, "listen address of the embedded NATS server, host:port (port -1: any free port)")
+	fs.StringVar(&o.NATSListen, "nats-listen", o.NATSListen, "listen address of the embedded NATS server, host:port (port -1: any free port; empty: a free port on 127.0.0.1 with --standalone, else "+defaultNATSListen+")")
 	fs.BoolVar(&o.Standalone, "standalone", o.Standalone, "start prefill and decode (or colocated) workers in this process")
 	fs.IntVar(&o.PrefillWorkers, "prefill-workers", o.PrefillWorkers, "standalone: prefill workers to start (disaggregated mode)")
 	fs.IntVar(&o.DecodeWorkers, "decode-workers", o.DecodeWorkers, "standalone: decode workers to start (colocated workers in colocated mode)")
 	fs.StringVar(&o.Mode, "mode", o.Mode, "serving mode: disaggregated (prefill and decode workers) or colocated")
 	fs.StringVar(&o.Codec, "codec", o.Codec, "KV codec for transfers: none, s2, zstd, bf16, fp8 or int8 (empty: the prefill worker's default)")
 	fs.StringVar(&o.FirstTokenPolicy, "first-token-policy", o.FirstTokenPolicy, "first token to the client from the prefill worker at once (prefill: KV transfer in the first inter-token gap) or from the decode worker (decode: KV transfer in TTFT)")
-	fs.IntVar(&o.MaxTokensCap, "max-tokens-cap", o.MaxTokensCap, fmt.Sprintf("largest max_tokens a request may ask (0: limits.max_tokens_cap of --config, else %d)", config.DefaultMaxTokensCap))
+	fs.IntVar(&o.MaxTokensCap, "max-tokens-cap", o.MaxTokensCap, "largest max_tokens a request may ask, per choice (0: limits.max_tokens_cap of --config, else no cap beyond the model's context)")
 	fs.IntVar(&o.QueueLimit, "queue-limit", o.QueueLimit, fmt.Sprintf("requests admitted at once; more get 429 (0: limits.queue_limit of --config, else %d)", config.DefaultQueueLimit))
 	fs.IntVar(&o.LocalPrefillTokens, "local-prefill-tokens", o.LocalPrefillTokens, "disaggregated mode: prompts with fewer uncached tokens prefill on the decode worker (0: routing.local_prefill_below_tokens of --config, else never)")
 	fs.DurationVar(&o.HeartbeatTTL, "heartbeat-ttl", o.HeartbeatTTL, "a worker not heard from for this long leaves the membership")
 	fs.StringVar(&o.ModelName, "model-name", o.ModelName, "model name served in the API (empty: the names the workers report)")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "how long a graceful stop waits for requests in flight")
 	fs.DurationVar(&o.RetryAfter, "retry-after", o.RetryAfter, "Retry-After sent with 429 and 503 responses")
+	fs.Int64Var(&o.MaxBodyBytes, "max-body-bytes", o.MaxBodyBytes, "largest request body in bytes; a larger one gets 413")
+	fs.DurationVar(&o.HTTPReadHeaderTimeout, "http-read-header-timeout", o.HTTPReadHeaderTimeout, "how long a client may take to send a request's headers before its connection is closed")
+	fs.DurationVar(&o.HTTPBodyIdleTimeout, "http-body-idle-timeout", o.HTTPBodyIdleTimeout, "how long a request body may make no progress before the request gets 408 (response streams are not bounded)")
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "log level: debug, info, warn or error")
 	fs.StringVar(&o.ConfigFile, "config", o.ConfigFile, "YAML policy file: SLOs, prompt-token budgets per API key and route, limits, routing")
 	o.TLS.AddFlags(fs)
 	o.Engine.AddFlags(fs)
 	o.Planner.AddFlags(fs)
+}
+
+// Embedded NATS addresses when NATSListen is empty.
+const (
+	standaloneNATSListen = "127.0.0.1:-1"
+	defaultNATSListen    = "127.0.0.1:4222"
+)
+
+// natsListen returns the embedded NATS server's address: NATSListen, or
+// its default for the mode when empty.
+func (o Options) natsListen() string {
+	switch {
+	case o.NATSListen != "":
+		return o.NATSListen
+	case o.Standalone:
+		return standaloneNATSListen
+	}
+	return defaultNATSListen
 }
 
 // tlsUse is what the coordinator does over gRPC: it dials workers; in
@@ -181,7 +222,7 @@ func (o Options) Validate() error {
 	if _, _, err := net.SplitHostPort(o.HTTPAddr); err != nil {
 		bad("http-addr %q: %v", o.HTTPAddr, err)
 	}
-	if o.NATSURL == "" {
+	if o.NATSURL == "" && o.NATSListen != "" {
 		if _, _, err := net.SplitHostPort(o.NATSListen); err != nil {
 			bad("nats-listen %q: %v", o.NATSListen, err)
 		}
@@ -207,6 +248,12 @@ func (o Options) Validate() error {
 	}
 	if o.RetryAfter <= 0 {
 		bad("retry-after %v must be positive", o.RetryAfter)
+	}
+	if o.MaxBodyBytes <= 0 {
+		bad("max-body-bytes %d must be positive", o.MaxBodyBytes)
+	}
+	if o.HTTPReadHeaderTimeout <= 0 || o.HTTPBodyIdleTimeout <= 0 {
+		bad("http-read-header-timeout %v and http-body-idle-timeout %v must be positive", o.HTTPReadHeaderTimeout, o.HTTPBodyIdleTimeout)
 	}
 	if _, err := zapcore.ParseLevel(o.LogLevel); err != nil || o.LogLevel == "" {
 		bad("log-level %q must be debug, info, warn or error", o.LogLevel)
@@ -245,7 +292,7 @@ func (o Options) LogFields() []zap.Field {
 	f := []zap.Field{
 		zap.String("http_addr", o.HTTPAddr),
 		zap.String("nats_url", o.NATSURL),
-		zap.String("nats_listen", o.NATSListen),
+		zap.String("nats_listen", o.natsListen()),
 		zap.Bool("standalone", o.Standalone),
 		zap.String("mode", o.Mode),
 		zap.String("codec", o.Codec),
@@ -254,6 +301,9 @@ func (o Options) LogFields() []zap.Field {
 		zap.String("model_name", o.ModelName),
 		zap.Duration("shutdown_timeout", o.ShutdownTimeout),
 		zap.Duration("retry_after", o.RetryAfter),
+		zap.Int64("max_body_bytes", o.MaxBodyBytes),
+		zap.Duration("http_read_header_timeout", o.HTTPReadHeaderTimeout),
+		zap.Duration("http_body_idle_timeout", o.HTTPBodyIdleTimeout),
 		zap.String("log_level", o.LogLevel),
 		zap.String("config", o.ConfigFile),
 		zap.Int("max_tokens_cap", p.Limits.MaxTokensCap),
@@ -267,6 +317,11 @@ func (o Options) LogFields() []zap.Field {
 		zap.Int("local_prefill_below_tokens", p.Routing.LocalPrefillBelowTokens),
 		zap.Int("max_queued_prefill_tokens", p.Routing.MaxQueuedPrefillTokens),
 		zap.Float64("prefix_weight", p.Routing.PrefixWeight),
+		zap.Float64("pricing_gpu_usd_per_hour", p.Pricing.GPUUSDPerHour),
+		zap.Int("pricing_prefill_gpus_per_worker", p.Pricing.PrefillGPUsPerWorker),
+		zap.Int("pricing_decode_gpus_per_worker", p.Pricing.DecodeGPUsPerWorker),
+		zap.Float64("pricing_prompt_usd_per_1k_tokens", p.Pricing.PromptUSDPer1k),
+		zap.Float64("pricing_output_usd_per_1k_tokens", p.Pricing.OutputUSDPer1k),
 	}
 	f = append(f, o.TLS.LogFields()...)
 	f = append(f, o.plannerLogFields()...)

@@ -413,7 +413,7 @@ type observingBackend struct {
 
 var _ frontend.Backend = observingBackend{}
 
-func (b observingBackend) Complete(ctx context.Context, req *frontend.Request, emit frontend.EmitFunc) (string, error) {
+func (b observingBackend) Complete(ctx context.Context, req *frontend.Request, emit frontend.EmitFunc) ([]string, error) {
 	finish, err := b.Backend.Complete(ctx, req, emit)
 	if err == nil || errors.Is(err, frontend.ErrStopped) {
 		b.observe(req.Trace)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -228,9 +229,8 @@ func newTestBackend(t *testing.T, pre *fakePrefill, decodes ...*fakeDecode) *tes
 		b: &backend{
 			mode: ModeDisaggregated, policy: PolicyPrefill, codec: "none",
 			log: zaptest.NewLogger(t), members: members, conns: cs, now: time.Now,
-			router:    router.New(router.Config{}),
-			metrics:   metrics.New(prometheus.NewRegistry(), metrics.SLO{}),
-			admission: make(chan struct{}, 4),
+			router:  router.New(router.Config{}),
+			metrics: metrics.New(prometheus.NewRegistry(), metrics.SLO{}),
 		},
 		decodes: decodes, pre: pre,
 	}
@@ -243,13 +243,13 @@ func (tb *testBackend) complete(t *testing.T) ([]int32, string, *budget.Trace, e
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	tr := &budget.Trace{RequestID: "req-1", Arrival: time.Now(), PromptTokens: 3}
-	req := &frontend.Request{ID: "req-1", Prompt: []int32{1, 2, 3}, MaxTokens: len(scripted), IgnoreEOS: true, Trace: tr}
+	req := &frontend.Request{ID: "req-1", Prompt: []int32{1, 2, 3}, MaxTokens: len(scripted), IgnoreEOS: true, Trace: tr, N: 1, Logprobs: -1, PromptLogprobs: -1}
 	var got []int32
-	finish, err := tb.b.Complete(ctx, req, func(toks []int32) error {
-		got = append(got, toks...)
+	finishes, err := tb.b.Complete(ctx, req, func(o frontend.Output) error {
+		got = append(got, o.Tokens...)
 		return nil
 	})
-	return got, finish, tr, err
+	return got, strings.Join(finishes, ","), tr, err
 }
 
 // checkReserved fails the test unless the decode worker at addr reserved

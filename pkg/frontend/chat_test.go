@@ -86,7 +86,7 @@ func TestChatTemplate(t *testing.T) {
 			var prompt []int32
 			called := false
 			core, logs := observer.New(zap.InfoLevel)
-			ts := newTestServer(t, &fakeBackend{complete: func(ctx context.Context, req *Request, emit EmitFunc) (string, error) {
+			ts := newTestServer(t, &fakeBackend{complete: func(ctx context.Context, req *Request, emit EmitFunc) ([]string, error) {
 				called, prompt = true, req.Prompt
 				return echoText("ok")(ctx, req, emit)
 			}}, func(o *Options) {

@@ -3,35 +3,164 @@
 // "stream": true, a JSON body otherwise), GET /v1/models, /healthz
 // (liveness), /readyz (readiness) and /metrics (Prometheus).
 //
-// The frontend parses and validates a request, tokenizes it, enforces the
-// prompt-token budget of its surface and the max_tokens cap (400 with an
-// OpenAI-shaped error otherwise), then hands it to a Backend, which streams
-// output tokens back through an EmitFunc. The frontend turns tokens into
-// text (holding back bytes of an incomplete UTF-8 sequence and any text that
-// may be the start of a stop string), writes each SSE event and flushes it
-// at once, and ends the stream with `data: [DONE]`. The last chunk of a
-// stream (the usage chunk when stream_options.include_usage is set) and a
-// non-streaming response carry a `pdserve` object with the request's
-// latency budget (see pkg/budget). Each request ends in one zap log line
-// and one observation in pkg/metrics.
+// The frontend admits a request, reads and validates its body, tokenizes
+// its prompts, enforces the prompt-token budget of its surface, the
+// max_tokens cap and the model's context length (a 400 with an
+// OpenAI-shaped error otherwise), then hands each prompt to a Backend,
+// which streams output tokens back through an EmitFunc. The frontend
+// turns tokens into text (holding back bytes of an incomplete UTF-8
+// sequence and any text that may be the start of a stop string), writes
+// each SSE event and flushes it at once, and ends the stream with
+// `data: [DONE]`. The last chunk of a stream (the usage chunk when
+// stream_options.include_usage is set) and a non-streaming response carry
+// a `pdserve` object with the request's latency budget (see pkg/budget).
+// Each request ends in one zap log line and one observation in
+// pkg/metrics (one per prompt for a batched request).
+//
+// # Parameters
+//
+// Every parameter OpenAI documents for the route is either implemented
+// or refused with a 400 whose code is "unsupported_value" and whose param
+// names it; none is ignored without saying so here. Implemented: model,
+// prompt (completions) or messages (chat), max_tokens and chat's
+// max_completion_tokens (equal when both are given), temperature [0, 2]
+// (1 when absent, as OpenAI defines it; 0 is greedy), top_p (0, 1], n
+// 1..128, best_of (absent or equal to n), seed, stop (up
+// to 4 strings, each choice stopped on its own), stream, stream_options
+// {include_usage}, presence_penalty and frequency_penalty [-2, 2]
+// (Request.Sampling.Penalties, nil when both are 0), logprobs, chat's
+// top_logprobs, and echo on /v1/completions.
+//
+// Accepted without effect on the output: user, safety_identifier and
+// metadata (not stored), prompt_cache_key (the router routes by prompt
+// prefix already), store false (true is refused: nothing is stored),
+// service_tier "auto" or "default" (there is one tier; others are
+// refused), and on chat the trivial forms of what pdserve lacks: tools
+// and functions empty, tool_choice and function_call "none" or "auto"
+// (nothing to call), parallel_tool_calls either way, response_format
+// {"type":"text"}, modalities ["text"], logit_bias {}. Refused when given
+// otherwise: tools, functions, tool_choice, function_call, logit_bias,
+// response_format (structured output), modalities, audio, prediction,
+// web_search_options, reasoning_effort, verbosity, suffix, and echo on
+// chat.
+//
+// A field the route does not know gets a 400 as OpenAI sends it:
+// "Unrecognized request argument supplied: X", code "unknown_parameter",
+// param X (names match case-sensitively; unknown fields inside
+// stream_options likewise, as "stream_options.X"). Fields of a chat
+// message other than role and content are ignored, so that a client may
+// send a previous reply back as it got it. A parameter of the wrong JSON
+// type gets code "invalid_type" and a message in the API's terms
+// ("max_tokens must be an integer", "metadata must be an object of
+// strings") with param naming it; a body that is not JSON gets
+// "invalid_json" with the byte offset of the error.
+//
+// # Max tokens and the context
+//
+// A prompt's tokens plus max_tokens must fit in the model's context
+// (Model.MaxModelLen), else a 400 with code context_length_exceeded,
+// OpenAI's wording and param "prompt" or "messages", before any worker is
+// asked; so must every prompt of a batch. Without max_tokens a request
+// gets the rest of the context (max_model_len − prompt tokens), lowered
+// to the policy's limits.default_max_tokens and limits.max_tokens_cap
+// when they are set (both default to 0: no bound beyond the context); a
+// prompt that fills the context is a 400. When the model's context length
+// is unknown, a request without max_tokens gets the policy's
+// default_max_tokens, else UnknownContextMaxTokens (16, OpenAI's default
+// on /v1/completions, short enough for any worker), lowered to the cap;
+// the workers refuse what does not fit them. max_tokens must be at least
+// 1.
+//
+// # Sampling and seeds
+//
+// A request without "seed" gets a random seed of its own (crypto/rand),
+// so that unseeded sampling differs between requests, as OpenAI's does;
+// with a seed it is reproducible. Choice i of n samples with seed + i
+// (the Backend applies it), so choices differ too.
+//
+// # Logprobs
+//
+// Log-probabilities are the model's, of its raw logits (before
+// temperature, top-p and penalties); -Inf is sent as -9999.0. On
+// /v1/completions "logprobs": N (0..20; OpenAI allows 5, vLLM 20) gives
+// each choice OpenAI's {tokens, token_logprobs, top_logprobs,
+// text_offset}: per token its text, its logprob, an object of the N most
+// probable tokens and itself (up to N+1 entries, most probable first),
+// and its offset in characters in the choice's text. A token whose bytes
+// are not valid UTF-8 (a byte-level piece of a character) is written
+// "bytes:\xNN…", as vLLM. On chat, "logprobs": true with "top_logprobs"
+// 0..20 gives {content: [{token, logprob, bytes, top_logprobs: [{token,
+// logprob, bytes}]}], refusal: null}, bytes being the token's raw bytes
+// and a non-UTF-8 token written \xNN…. Stream chunks carry the logprobs of
+// their own tokens.
+//
+// "echo": true on /v1/completions prepends the prompt to each choice's
+// text (its text as given, or the decoded token ids). With logprobs the
+// prompt's tokens come first in the lists, the first with a null
+// token_logprob and null top_logprobs, as OpenAI and lm-evaluation-harness
+// (which reads token_logprobs[ctxlen:-1]) expect; the Backend is asked
+// for them with Request.PromptLogprobs.
+//
+// # Prompts, n and batches
+//
+// "prompt" is a string, an array of token ids, or an array of either: a
+// batch, one prompt each (at most the in-flight limit). Text is tokenized
+// with the engine's tokenizer; no BOS token is added. Each prompt is one
+// Backend.Complete with N = n (the choices share the prompt's KV), run
+// concurrently, their output written into the one response (serialized)
+// and every call returned before the response ends. Choice j of prompt i
+// has index i×n + j, as vLLM; stream chunks of different choices
+// interleave, each with its index; usage sums every prompt and every
+// choice. When one prompt fails the others are cancelled and the request
+// fails.
+//
+// A batched request's prompts have ids of their own (the response id,
+// "-", the prompt index) on the workers and in the logs: each prompt has
+// its own budget trace, log line (with batch_request_id, batch_index and
+// batch_prompts) and metrics observation. The `pdserve` object holds the
+// first prompt's budget at its top level, as for a single prompt, and
+// the budget of every prompt, with its request_id, in "prompts". A
+// request with n > 1 logs n and each choice's finish reason
+// (finish_reasons); its finish_reason field is choice 0's.
+//
+// # HTTP
+//
+// A completion request must have Content-Type application/json (any
+// parameters, such as charset) or none at all (then read as JSON, for
+// hand-written clients); anything else, notably the form type curl -d
+// sends without -H, gets 415 with code "unsupported_media_type".
+//
+// Admission comes first, before the body is read: at most
+// Options.MaxInFlight requests (the policy's queue_limit in the
+// coordinator) from admission to the end of their response, a batched
+// request holding one per prompt; one more gets 429 (code "overloaded")
+// with Retry-After at once, its body unread. So the memory request bodies
+// hold stays under MaxInFlight × MaxBodyBytes (a test measures it with
+// 1,000 concurrent 16 MiB uploads). A body over Options.MaxBodyBytes
+// (default 16 MiB) gets 413; one that makes no progress for
+// Options.BodyIdleTimeout gets 408 and its connection is closed. The
+// deadline is cleared once the body is read, so a response stream may
+// idle for as long as generation takes. The header timeout is the
+// http.Server's (the coordinator's --http-read-header-timeout).
+//
+// A client that goes away is logged with http_status 499 and error
+// "cancelled" (the cause is logged apart), status "cancelled" in the
+// metrics, and its Backend calls are cancelled.
 //
 // # Errors
 //
-// Errors are JSON {"error":{"message","type","param","code"}}. Malformed
-// JSON, an unknown model, an empty prompt, a prompt over its budget,
-// max_tokens over the cap, n ≠ 1 and other unsupported options get 400.
-// So does a prompt whose tokens plus max_tokens exceed the model's context
-// length (its max_model_len), with code context_length_exceeded and
-// OpenAI's wording, before any worker is asked. A Backend error wrapping ErrOverloaded gets 429 with Retry-After, one
-// wrapping ErrUnavailable gets 503, ErrInvalid 400, anything else 500. An
-// error after the stream started is sent as a final `data: {"error":...}`
-// event followed by `data: [DONE]`.
-//
-// # Prompts
-//
-// "prompt" is a string, an array of token ids, or a one-element array of
-// either; larger arrays (batched prompts) get a 400. Text is tokenized
-// with the engine's tokenizer; no BOS token is added.
+// Errors are JSON {"error":{"message","type","param","code"}}. The
+// frontend's own refusals say what is wrong with the request. No internal
+// text reaches a client: a Backend error gets a generic message of its
+// kind, and the error itself goes to the request log as "cause":
+// ErrOverloaded 429 "overloaded" with Retry-After, ErrUnavailable 503
+// "unavailable" with Retry-After, ErrInvalid 400 "invalid_request", and
+// anything else 500 "internal_error" ("internal error; see the server
+// log for request <id>"). No model served yet is a 503 "no_workers". A
+// Backend that has something to tell the client returns NewError's
+// *Error (kind, code, param, message), which is sent as it is and still
+// matches its kind with errors.Is. An error after the stream started is
+// sent as a final `data: {"error":...}` event followed by `data: [DONE]`.
 //
 // # Extensions
 //
@@ -67,7 +196,10 @@
 // GET /v1/models lists Options.Models in vLLM's shape:
 // {"id","object":"model","created","owned_by","max_model_len"}, where
 // max_model_len is the model's longest sequence (prompt + output) in
-// tokens, omitted while unknown.
+// tokens, omitted while unknown. A request naming a model not listed gets
+// 404 with code "model_not_found", param "model" and OpenAI's wording
+// ("The model `X` does not exist or you do not have access to it."); one
+// without "model" gets the first.
 //
 // # Surfaces and budgets
 //

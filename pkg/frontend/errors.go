@@ -11,19 +11,52 @@ import (
 )
 
 // Errors a Backend wraps to choose the HTTP status; match with errors.Is.
+// The text of an error wrapping one of them never reaches the client: it
+// gets a generic message of the kind (see the package doc) and the error
+// goes to the request log. Use NewError for a message meant for the
+// client.
 var (
-	// ErrOverloaded: no capacity now (queue limit, all workers full): 429.
+	// ErrOverloaded: no capacity now (all workers full): 429.
 	ErrOverloaded = errors.New("overloaded")
 	// ErrUnavailable: no worker can serve the request: 503.
 	ErrUnavailable = errors.New("unavailable")
 	// ErrInvalid: the request cannot be served as asked: 400.
 	ErrInvalid = errors.New("invalid request")
-	// ErrStopped is returned by an EmitFunc when a stop string matched; the
-	// Backend must stop generating and return it (wrapped).
+	// ErrStopped is returned by an EmitFunc when a stop string matched in
+	// a choice; the Backend must end that choice (with finish "stop") and
+	// go on with the others.
 	ErrStopped = errors.New("stop string matched")
 )
 
-// apiError is an OpenAI-shaped error.
+// Error is an error whose message, code and param are meant for the
+// client, as a Backend returns it (see NewError). It wraps its Kind, so
+// errors.Is(err, ErrOverloaded) and the like still hold.
+type Error struct {
+	// Kind is ErrOverloaded (429), ErrUnavailable (503), ErrInvalid (400),
+	// or anything else (500).
+	Kind error
+	// Code and Param are the error's "code" and "param"; "" sends null.
+	Code, Param string
+	// Message is sent to the client as it is.
+	Message string
+}
+
+// NewError returns an *Error of kind with a client-facing message
+// (fmt.Sprintf(format, args...)), code and param (either "" for null).
+// The message must hold nothing internal (no worker addresses, no error
+// text from below): it is sent as it is. To keep an internal cause for
+// the request log, wrap the result: fmt.Errorf("op: %v: %w", cause, e)
+// logs the whole chain and sends only e's message.
+func NewError(kind error, code, param, format string, args ...any) error {
+	return &Error{Kind: kind, Code: code, Param: param, Message: fmt.Sprintf(format, args...)}
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// Unwrap returns Kind.
+func (e *Error) Unwrap() error { return e.Kind }
+
+// apiError is an OpenAI-shaped error as the client sees it.
 type apiError struct {
 	status  int
 	Message string  `json:"message"`
@@ -50,20 +83,67 @@ func badRequest(param, code, format string, a ...any) *apiError {
 		Type: "invalid_request_error", Param: ptr(param), Code: ptr(code)}
 }
 
-// backendError maps a Backend error to an apiError.
-func backendError(err error) *apiError {
+// unsupported returns the 400 of a parameter pdserve does not implement
+// with that value.
+func unsupported(param, format string, a ...any) *apiError {
+	return badRequest(param, "unsupported_value", format, a...)
+}
+
+// overloaded is the 429 of a full server.
+func overloaded(format string, a ...any) *apiError {
+	return &apiError{status: http.StatusTooManyRequests, Message: fmt.Sprintf(format, a...), Type: "rate_limit_error", Code: ptr("overloaded")}
+}
+
+// statusClientClosed is the status logged when the client went away
+// (nginx's 499); the client never sees it.
+const statusClientClosed = 499
+
+// cancelled is the log entry of a request whose client went away.
+func cancelled(cause error) *apiError {
+	return &apiError{status: statusClientClosed, Message: "cancelled", Type: "cancelled", cause: cause}
+}
+
+// backendError maps a Backend error of the request with id to what the
+// client sees: an *Error as it is, else a generic message per kind, the
+// error itself kept as the cause for the log.
+func backendError(err error, id string) *apiError {
+	var fe *Error
 	var ae *apiError
+	var out *apiError
 	switch {
 	case errors.As(err, &ae):
-		return ae
-	case errors.Is(err, ErrOverloaded):
-		return &apiError{status: http.StatusTooManyRequests, Message: err.Error(), Type: "rate_limit_error", Code: ptr("overloaded")}
-	case errors.Is(err, ErrUnavailable):
-		return &apiError{status: http.StatusServiceUnavailable, Message: err.Error(), Type: "service_unavailable", Code: ptr("no_workers")}
-	case errors.Is(err, ErrInvalid):
-		return &apiError{status: http.StatusBadRequest, Message: err.Error(), Type: "invalid_request_error"}
+		return ae // the frontend's own (emit)
+	case errors.As(err, &fe):
+		out = kindError(fe.Kind, fe.Message, id)
+		out.Code, out.Param = ptr(fe.Code), ptr(fe.Param)
 	default:
-		return &apiError{status: http.StatusInternalServerError, Message: err.Error(), Type: "server_error"}
+		out = kindError(err, "", id)
+	}
+	out.cause = err
+	return out
+}
+
+// kindError returns the error of err's kind with msg, or the kind's
+// generic message when msg is "".
+func kindError(err error, msg, id string) *apiError {
+	or := func(generic string) string {
+		if msg != "" {
+			return msg
+		}
+		return generic
+	}
+	switch {
+	case errors.Is(err, ErrOverloaded):
+		return overloaded("%s", or("The server is overloaded; retry later."))
+	case errors.Is(err, ErrUnavailable):
+		return &apiError{status: http.StatusServiceUnavailable, Message: or("No worker can serve the request now; retry later."),
+			Type: "service_unavailable", Code: ptr("unavailable")}
+	case errors.Is(err, ErrInvalid):
+		return &apiError{status: http.StatusBadRequest, Message: or("The request cannot be served as asked; see the server log for request " + id + "."),
+			Type: "invalid_request_error", Code: ptr("invalid_request")}
+	default:
+		return &apiError{status: http.StatusInternalServerError, Message: or("internal error; see the server log for request " + id),
+			Type: "server_error", Code: ptr("internal_error")}
 	}
 }
 

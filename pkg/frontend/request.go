@@ -3,77 +3,486 @@ package frontend
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"reflect"
+	"slices"
 	"strings"
 
 	"github.com/pdserve/pdserve/pkg/engine"
 )
 
-// completionBody is the JSON body of /v1/completions and
-// /v1/chat/completions (the fields pdserve reads; others are ignored).
+// Parameter bounds.
+const (
+	// maxN is the most choices (n) per prompt.
+	maxN = 128
+	// defaultTemperature applies to a request without "temperature", as
+	// OpenAI's API defines it.
+	defaultTemperature = 1
+	// maxStops is the most stop strings a request may give (as OpenAI).
+	maxStops = 4
+	// maxLogprobs is the most top alternatives per token: OpenAI allows 5
+	// on /v1/completions and 20 on chat; pdserve allows 20 on both, as
+	// vLLM.
+	maxLogprobs = engine.MaxTopLogprobs
+)
+
+// completionParams and chatParams are the parameters each route knows:
+// OpenAI's, plus the vLLM extensions pdserve implements (ignore_eos,
+// return_token_ids) and, on chat, vLLM's echo (refused). Any other field
+// is a 400 unknown_parameter, as OpenAI answers.
+var (
+	completionParams = paramSet("model", "prompt", "best_of", "echo", "frequency_penalty", "logit_bias", "logprobs",
+		"max_tokens", "n", "presence_penalty", "seed", "stop", "stream", "stream_options", "suffix", "temperature",
+		"top_p", "user", "ignore_eos", "return_token_ids")
+	chatParams = paramSet("model", "messages", "audio", "frequency_penalty", "function_call", "functions",
+		"logit_bias", "logprobs", "top_logprobs", "max_completion_tokens", "max_tokens", "metadata", "modalities",
+		"n", "parallel_tool_calls", "prediction", "presence_penalty", "prompt_cache_key", "reasoning_effort",
+		"response_format", "safety_identifier", "seed", "service_tier", "stop", "store", "stream",
+		"stream_options", "temperature", "tool_choice", "tools", "top_p", "user", "verbosity",
+		"web_search_options", "echo", "ignore_eos", "return_token_ids")
+	streamOptionParams = paramSet("include_usage")
+)
+
+func paramSet(names ...string) map[string]bool {
+	m := make(map[string]bool, len(names))
+	for _, n := range names {
+		m[n] = true
+	}
+	return m
+}
+
+// completionBody is the JSON body of either route, every known parameter
+// typed (json.RawMessage where the type depends on the value or the
+// route). A nil pointer is an absent or null parameter.
 type completionBody struct {
-	Model               string          `json:"model"`
-	Prompt              json.RawMessage `json:"prompt"`   // completions
-	Messages            json.RawMessage `json:"messages"` // chat
-	MaxTokens           *int            `json:"max_tokens"`
-	MaxCompletionTokens *int            `json:"max_completion_tokens"` // chat alias
-	Temperature         *float64        `json:"temperature"`
-	TopP                *float64        `json:"top_p"`
-	Seed                *int64          `json:"seed"`
-	Stop                json.RawMessage `json:"stop"`
-	N                   *int            `json:"n"`
-	BestOf              *int            `json:"best_of"`
-	Echo                bool            `json:"echo"`
-	Suffix              *string         `json:"suffix"`
-	Logprobs            json.RawMessage `json:"logprobs"`
-	Stream              bool            `json:"stream"`
-	StreamOptions       *struct {
-		IncludeUsage bool `json:"include_usage"`
-	} `json:"stream_options"`
-	IgnoreEOS bool `json:"ignore_eos"`
+	Model               *string            `json:"model"`
+	Prompt              json.RawMessage    `json:"prompt"`   // completions
+	Messages            json.RawMessage    `json:"messages"` // chat
+	MaxTokens           *int               `json:"max_tokens"`
+	MaxCompletionTokens *int               `json:"max_completion_tokens"` // chat
+	Temperature         *float64           `json:"temperature"`
+	TopP                *float64           `json:"top_p"`
+	N                   *int               `json:"n"`
+	BestOf              *int               `json:"best_of"` // completions
+	Seed                *int64             `json:"seed"`
+	Stop                json.RawMessage    `json:"stop"`
+	Stream              *bool              `json:"stream"`
+	StreamOptions       json.RawMessage    `json:"stream_options"`
+	Echo                *bool              `json:"echo"`
+	Suffix              *string            `json:"suffix"`   // completions
+	Logprobs            json.RawMessage    `json:"logprobs"` // integer (completions) or boolean (chat)
+	TopLogprobs         *int               `json:"top_logprobs"`
+	PresencePenalty     *float64           `json:"presence_penalty"`
+	FrequencyPenalty    *float64           `json:"frequency_penalty"`
+	LogitBias           map[string]float64 `json:"logit_bias"`
+	User                *string            `json:"user"`
+	SafetyIdentifier    *string            `json:"safety_identifier"`
+	PromptCacheKey      *string            `json:"prompt_cache_key"`
+	Metadata            map[string]string  `json:"metadata"`
+	Store               *bool              `json:"store"`
+	ServiceTier         *string            `json:"service_tier"`
+	ResponseFormat      json.RawMessage    `json:"response_format"`
+	Tools               []json.RawMessage  `json:"tools"`
+	ToolChoice          json.RawMessage    `json:"tool_choice"`
+	Functions           []json.RawMessage  `json:"functions"`
+	FunctionCall        json.RawMessage    `json:"function_call"`
+	ParallelToolCalls   *bool              `json:"parallel_tool_calls"`
+	Modalities          []string           `json:"modalities"`
+	Audio               json.RawMessage    `json:"audio"`
+	Prediction          json.RawMessage    `json:"prediction"`
+	WebSearchOptions    json.RawMessage    `json:"web_search_options"`
+	ReasoningEffort     *string            `json:"reasoning_effort"`
+	Verbosity           *string            `json:"verbosity"`
+	IgnoreEOS           *bool              `json:"ignore_eos"`
 	// ReturnTokenIDs adds the output token ids to each choice (vLLM's
 	// return_token_ids extension).
-	ReturnTokenIDs bool `json:"return_token_ids"`
+	ReturnTokenIDs *bool `json:"return_token_ids"`
 }
 
-// parseBody decodes body strictly enough to report type errors.
-func parseBody(data []byte) (*completionBody, *apiError) {
+// params is a validated request body, before tokenization and the
+// model's limits.
+type params struct {
+	chat  bool
+	model string // "" for the default model
+	// prompts are the completions prompts (one or more); chat has msgs.
+	prompts []promptIn
+	msgs    []engine.ChatMessage
+	// maxTokens is the asked max_tokens, 0 when absent; maxParam names
+	// the parameter it came from.
+	maxTokens int
+	maxParam  string
+	n         int
+	sampling  engine.Sampling // Seed valid only when seeded
+	seeded    bool
+	stops     []string
+	stream    bool
+	usage     bool // stream_options.include_usage
+	// logprobs is the top alternatives asked per token, -1 for none.
+	logprobs  int
+	echo      bool
+	ignoreEOS bool
+	returnIDs bool
+}
+
+// promptIn is one completions prompt as given: text or token ids.
+type promptIn struct {
+	text  string
+	ids   []int32
+	isIDs bool
+}
+
+// parseBody decodes and validates a request body of the chat route or
+// the completions route. Errors name the parameter at fault; none holds
+// internal text.
+func parseBody(data []byte, chat bool) (*params, *apiError) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(data, &fields); err != nil {
+		var se *json.SyntaxError
+		if errors.As(err, &se) {
+			return nil, badRequest("", "invalid_json", "We could not parse the JSON body of your request: invalid JSON at byte offset %d.", se.Offset)
+		}
+		return nil, badRequest("", "invalid_json", "The request body must be a JSON object.")
+	}
+	if fields == nil {
+		return nil, badRequest("", "invalid_json", "The request body must be a JSON object.")
+	}
+	known := completionParams
+	if chat {
+		known = chatParams
+	}
+	if aerr := checkKnown(fields, known, ""); aerr != nil {
+		return nil, aerr
+	}
 	var b completionBody
-	dec := json.NewDecoder(bytes.NewReader(data))
-	if err := dec.Decode(&b); err != nil {
-		return nil, badRequest("", "invalid_json", "malformed JSON body: %v", err)
+	if err := json.Unmarshal(data, &b); err != nil {
+		return nil, typeError(err)
 	}
-	if dec.More() {
-		return nil, badRequest("", "invalid_json", "malformed JSON body: data after the JSON object")
-	}
-	return &b, nil
+	return b.validate(chat)
 }
 
-// checkOptions rejects options pdserve does not support.
-func (b *completionBody) checkOptions() *apiError {
+// checkKnown returns the 400 of the first field (in name order) that is
+// not in known; prefix is prepended to its name ("stream_options.").
+func checkKnown(fields map[string]json.RawMessage, known map[string]bool, prefix string) *apiError {
+	var unknown []string
+	for k := range fields {
+		if !known[k] {
+			unknown = append(unknown, k)
+		}
+	}
+	if len(unknown) == 0 {
+		return nil
+	}
+	slices.Sort(unknown)
+	name := prefix + unknown[0]
+	return badRequest(name, "unknown_parameter", "Unrecognized request argument supplied: %s", name)
+}
+
+// typeError maps a decoding error of a known parameter to a 400 in the
+// API's terms ("max_tokens must be an integer", "metadata must be an
+// object of strings"), naming the top-level parameter.
+func typeError(err error) *apiError {
+	var te *json.UnmarshalTypeError
+	if !errors.As(err, &te) || te.Field == "" {
+		return badRequest("", "invalid_json", "The request body must be a JSON object.")
+	}
+	name, _, _ := strings.Cut(te.Field, ".")
+	want := typeName(te.Type, false)
+	if ft, ok := bodyFieldType(name); ok && indirect(ft) != indirect(te.Type) {
+		switch ft.Kind() { // te is about an element
+		case reflect.Map:
+			want = "an object of " + typeName(ft.Elem(), true)
+		case reflect.Slice:
+			want = "an array of " + typeName(ft.Elem(), true)
+		}
+	}
+	return badRequest(name, "invalid_type", "%s must be %s", name, want)
+}
+
+// bodyFieldType returns the Go type of completionBody's field for a JSON
+// name.
+func bodyFieldType(name string) (reflect.Type, bool) {
+	t := reflect.TypeFor[completionBody]()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if tag, _, _ := strings.Cut(f.Tag.Get("json"), ","); tag == name {
+			return indirect(f.Type), true
+		}
+	}
+	return nil, false
+}
+
+func indirect(t reflect.Type) reflect.Type {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	return t
+}
+
+// typeName names t as the API does: "an integer", or "integers" when
+// plural.
+func typeName(t reflect.Type, plural bool) string {
+	one, many := "an object", "objects"
+	switch indirect(t).Kind() {
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		one, many = "an integer", "integers"
+	case reflect.Float32, reflect.Float64:
+		one, many = "a number", "numbers"
+	case reflect.Bool:
+		one, many = "a boolean", "booleans"
+	case reflect.String:
+		one, many = "a string", "strings"
+	case reflect.Slice, reflect.Array:
+		one, many = "an array", "arrays"
+	}
+	if plural {
+		return many
+	}
+	return one
+}
+
+// validate checks every parameter and returns the request's params.
+func (b *completionBody) validate(chat bool) (*params, *apiError) {
+	p := &params{chat: chat, n: 1, logprobs: -1}
+	if b.Model != nil {
+		p.model = *b.Model
+	}
+	if aerr := b.checkUnsupported(chat); aerr != nil {
+		return nil, aerr
+	}
+	if b.N != nil {
+		if *b.N < 1 || *b.N > maxN {
+			return nil, badRequest("n", "invalid_value", "n must be in 1..%d, got %d", maxN, *b.N)
+		}
+		p.n = *b.N
+	}
+	if b.BestOf != nil && *b.BestOf != p.n {
+		return nil, unsupported("best_of", "best_of must equal n (%d) when given, got %d: pdserve returns every choice it samples", p.n, *b.BestOf)
+	}
+	if b.Stream != nil {
+		p.stream = *b.Stream
+	}
+	if !isAbsent(b.StreamOptions) {
+		if !p.stream {
+			return nil, badRequest("stream_options", "invalid_value", "stream_options is only allowed with stream: true")
+		}
+		usage, aerr := streamOptions(b.StreamOptions)
+		if aerr != nil {
+			return nil, aerr
+		}
+		p.usage = usage
+	}
 	switch {
-	case b.N != nil && *b.N != 1:
-		return badRequest("n", "unsupported_value", "n must be 1 (got %d): pdserve returns one choice per request", *b.N)
-	case b.BestOf != nil && *b.BestOf != 1:
-		return badRequest("best_of", "unsupported_value", "best_of must be 1 (got %d)", *b.BestOf)
-	case b.Echo:
-		return badRequest("echo", "unsupported_value", "echo is not supported")
-	case b.Suffix != nil && *b.Suffix != "":
-		return badRequest("suffix", "unsupported_value", "suffix is not supported")
-	case !isAbsent(b.Logprobs) && !bytes.Equal(bytes.TrimSpace(b.Logprobs), []byte("false")) && !bytes.Equal(bytes.TrimSpace(b.Logprobs), []byte("0")):
-		return badRequest("logprobs", "unsupported_value", "logprobs are not supported")
-	case b.StreamOptions != nil && !b.Stream:
-		return badRequest("stream_options", "invalid_value", "stream_options is only allowed with stream: true")
 	case b.Temperature != nil && (*b.Temperature < 0 || *b.Temperature > 2):
-		return badRequest("temperature", "invalid_value", "temperature must be in [0, 2], got %v", *b.Temperature)
+		return nil, badRequest("temperature", "invalid_value", "temperature must be in [0, 2], got %v", *b.Temperature)
 	case b.TopP != nil && (*b.TopP <= 0 || *b.TopP > 1):
-		return badRequest("top_p", "invalid_value", "top_p must be in (0, 1], got %v", *b.TopP)
+		return nil, badRequest("top_p", "invalid_value", "top_p must be in (0, 1], got %v", *b.TopP)
+	case b.PresencePenalty != nil && (*b.PresencePenalty < -2 || *b.PresencePenalty > 2):
+		return nil, badRequest("presence_penalty", "invalid_value", "presence_penalty must be in [-2, 2], got %v", *b.PresencePenalty)
+	case b.FrequencyPenalty != nil && (*b.FrequencyPenalty < -2 || *b.FrequencyPenalty > 2):
+		return nil, badRequest("frequency_penalty", "invalid_value", "frequency_penalty must be in [-2, 2], got %v", *b.FrequencyPenalty)
+	}
+	// OpenAI's (and vLLM's) default temperature is 1: a request that
+	// gives none samples.
+	p.sampling.Temperature = defaultTemperature
+	if b.Temperature != nil {
+		p.sampling.Temperature = float32(*b.Temperature)
+	}
+	if b.TopP != nil {
+		p.sampling.TopP = float32(*b.TopP)
+	}
+	var presence, frequency float32
+	if b.PresencePenalty != nil {
+		presence = float32(*b.PresencePenalty)
+	}
+	if b.FrequencyPenalty != nil {
+		frequency = float32(*b.FrequencyPenalty)
+	}
+	if presence != 0 || frequency != 0 {
+		p.sampling.Penalties = &engine.Penalties{Presence: presence, Frequency: frequency}
+	}
+	if b.Seed != nil {
+		p.sampling.Seed, p.seeded = uint64(*b.Seed), true
+	}
+	if aerr := b.logprobs(p); aerr != nil {
+		return nil, aerr
+	}
+	if aerr := b.maxTokens(p); aerr != nil {
+		return nil, aerr
+	}
+	stops, aerr := b.stops()
+	if aerr != nil {
+		return nil, aerr
+	}
+	p.stops = stops
+	if b.Echo != nil {
+		p.echo = *b.Echo
+	}
+	if b.IgnoreEOS != nil {
+		p.ignoreEOS = *b.IgnoreEOS
+	}
+	if b.ReturnTokenIDs != nil {
+		p.returnIDs = *b.ReturnTokenIDs
+	}
+	if chat {
+		p.msgs, aerr = chatMessages(b.Messages)
+	} else {
+		p.prompts, aerr = prompts(b.Prompt)
+	}
+	if aerr != nil {
+		return nil, aerr
+	}
+	return p, nil
+}
+
+// checkUnsupported refuses the parameters pdserve does not implement
+// with the value given. user, safety_identifier, prompt_cache_key and
+// metadata are accepted and have no effect on the output (the router's
+// prefix-cache routing needs no key); store is accepted when false (no
+// completion is stored) and service_tier when "auto" or "default" (there
+// is one tier); parallel_tool_calls is accepted either way since no tool
+// can be given.
+func (b *completionBody) checkUnsupported(chat bool) *apiError {
+	switch {
+	case chat && b.Echo != nil && *b.Echo:
+		return unsupported("echo", "echo is not supported on %s", RouteChat)
+	case b.Suffix != nil && *b.Suffix != "":
+		return unsupported("suffix", "suffix is not supported")
+	case len(b.LogitBias) > 0:
+		return unsupported("logit_bias", "logit_bias is not supported")
+	case len(b.Tools) > 0:
+		return unsupported("tools", "tools are not supported")
+	case len(b.Functions) > 0:
+		return unsupported("functions", "functions are not supported")
+	case !noneChoice(b.ToolChoice):
+		return unsupported("tool_choice", `tool_choice must be "none" or "auto": no tools are supported`)
+	case !noneChoice(b.FunctionCall):
+		return unsupported("function_call", `function_call must be "none" or "auto": no functions are supported`)
+	case b.Store != nil && *b.Store:
+		return unsupported("store", "store is not supported: pdserve stores no completions")
+	case b.ServiceTier != nil && *b.ServiceTier != "auto" && *b.ServiceTier != "default":
+		return unsupported("service_tier", `service_tier must be "auto" or "default", got %q`, *b.ServiceTier)
+	case b.Modalities != nil && !slices.Equal(b.Modalities, []string{"text"}):
+		return unsupported("modalities", `modalities must be ["text"]`)
+	case !isAbsent(b.Audio):
+		return unsupported("audio", "audio output is not supported")
+	case !isAbsent(b.Prediction):
+		return unsupported("prediction", "predicted outputs are not supported")
+	case !isAbsent(b.WebSearchOptions):
+		return unsupported("web_search_options", "web search is not supported")
+	case b.ReasoningEffort != nil:
+		return unsupported("reasoning_effort", "reasoning_effort is not supported")
+	case b.Verbosity != nil:
+		return unsupported("verbosity", "verbosity is not supported")
+	}
+	return responseFormat(b.ResponseFormat)
+}
+
+// noneChoice reports whether a tool_choice or function_call asks for no
+// call: absent, "none", or "auto" (there is nothing to call).
+func noneChoice(raw json.RawMessage) bool {
+	if isAbsent(raw) {
+		return true
+	}
+	var s string
+	return json.Unmarshal(raw, &s) == nil && (s == "none" || s == "auto")
+}
+
+// responseFormat accepts an absent response_format or {"type": "text"}.
+func responseFormat(raw json.RawMessage) *apiError {
+	if isAbsent(raw) {
+		return nil
+	}
+	var rf map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &rf); err != nil || rf == nil {
+		return badRequest("response_format", "invalid_type", "response_format must be an object")
+	}
+	var typ string
+	if err := json.Unmarshal(rf["type"], &typ); err != nil {
+		return badRequest("response_format.type", "invalid_type", "response_format.type must be a string")
+	}
+	if typ != "text" {
+		return unsupported("response_format", `response_format must be {"type": "text"}: structured output is not supported`)
 	}
 	return nil
 }
 
-// maxStops is the most stop strings a request may give (as OpenAI).
-const maxStops = 4
+// streamOptions returns stream_options.include_usage.
+func streamOptions(raw json.RawMessage) (bool, *apiError) {
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil || fields == nil {
+		return false, badRequest("stream_options", "invalid_type", "stream_options must be an object")
+	}
+	if aerr := checkKnown(fields, streamOptionParams, "stream_options."); aerr != nil {
+		return false, aerr
+	}
+	var usage *bool
+	if raw := fields["include_usage"]; !isAbsent(raw) {
+		if err := json.Unmarshal(raw, &usage); err != nil {
+			return false, badRequest("stream_options.include_usage", "invalid_type", "stream_options.include_usage must be a boolean")
+		}
+	}
+	return usage != nil && *usage, nil
+}
+
+// logprobs sets p.logprobs: completions' integer logprobs, or chat's
+// logprobs boolean with top_logprobs.
+func (b *completionBody) logprobs(p *params) *apiError {
+	if !p.chat {
+		if isAbsent(b.Logprobs) {
+			return nil
+		}
+		var n int
+		if err := json.Unmarshal(b.Logprobs, &n); err != nil {
+			return badRequest("logprobs", "invalid_type", "logprobs must be an integer")
+		}
+		if n < 0 || n > maxLogprobs {
+			return badRequest("logprobs", "invalid_value", "logprobs must be in 0..%d, got %d", maxLogprobs, n)
+		}
+		p.logprobs = n
+		return nil
+	}
+	on := false
+	if !isAbsent(b.Logprobs) {
+		if err := json.Unmarshal(b.Logprobs, &on); err != nil {
+			return badRequest("logprobs", "invalid_type", "logprobs must be a boolean")
+		}
+	}
+	top := 0
+	if b.TopLogprobs != nil {
+		top = *b.TopLogprobs
+		if top < 0 || top > maxLogprobs {
+			return badRequest("top_logprobs", "invalid_value", "top_logprobs must be in 0..%d, got %d", maxLogprobs, top)
+		}
+		if top > 0 && !on {
+			return badRequest("top_logprobs", "invalid_value", "top_logprobs requires logprobs: true")
+		}
+	}
+	if on {
+		p.logprobs = top
+	}
+	return nil
+}
+
+// maxTokens sets p.maxTokens from max_tokens or chat's
+// max_completion_tokens.
+func (b *completionBody) maxTokens(p *params) *apiError {
+	switch {
+	case b.MaxTokens != nil && b.MaxCompletionTokens != nil && *b.MaxTokens != *b.MaxCompletionTokens:
+		return badRequest("max_tokens", "invalid_value", "max_tokens (%d) and max_completion_tokens (%d) differ: give one", *b.MaxTokens, *b.MaxCompletionTokens)
+	case b.MaxCompletionTokens != nil:
+		p.maxTokens, p.maxParam = *b.MaxCompletionTokens, "max_completion_tokens"
+	case b.MaxTokens != nil:
+		p.maxTokens, p.maxParam = *b.MaxTokens, "max_tokens"
+	default:
+		return nil
+	}
+	if p.maxTokens < 1 {
+		return badRequest(p.maxParam, "invalid_value", "%s must be at least 1, got %d", p.maxParam, p.maxTokens)
+	}
+	return nil
+}
 
 // stops returns the stop strings, dropping empty ones.
 func (b *completionBody) stops() ([]string, *apiError) {
@@ -103,44 +512,79 @@ func (b *completionBody) stops() ([]string, *apiError) {
 	return out, nil
 }
 
-// promptTokens returns the tokens of a completions prompt: text is
-// tokenized with encode, ids are checked against vocab.
-func (b *completionBody) promptTokens(encode func(string) []int32, vocab int) ([]int32, *apiError) {
-	if isAbsent(b.Prompt) {
+// promptTypeError is the 400 of a prompt of none of the accepted shapes.
+func promptTypeError() *apiError {
+	return badRequest("prompt", "invalid_type", "prompt must be a string, an array of token ids, or an array of either (batched prompts)")
+}
+
+// prompts returns the prompts of a completions request: a string, an
+// array of token ids, or an array of strings or of token-id arrays (one
+// prompt each). Token ids are checked against the vocabulary later.
+func prompts(raw json.RawMessage) ([]promptIn, *apiError) {
+	if isAbsent(raw) {
 		return nil, badRequest("prompt", "missing_prompt", "prompt is required")
 	}
 	var text string
-	if err := json.Unmarshal(b.Prompt, &text); err == nil {
-		return nonEmpty(encode(text))
+	if err := json.Unmarshal(raw, &text); err == nil {
+		return []promptIn{{text: text}}, nil
 	}
-	var ids []int32
-	if err := json.Unmarshal(b.Prompt, &ids); err == nil {
-		return checkIDs(ids, vocab)
+	var elems []json.RawMessage
+	if err := json.Unmarshal(raw, &elems); err != nil {
+		return nil, promptTypeError()
 	}
-	var texts []string
-	if err := json.Unmarshal(b.Prompt, &texts); err == nil {
-		if len(texts) != 1 {
-			return nil, batchError(len(texts))
-		}
-		return nonEmpty(encode(texts[0]))
-	}
-	var idLists [][]int32
-	if err := json.Unmarshal(b.Prompt, &idLists); err == nil {
-		if len(idLists) != 1 {
-			return nil, batchError(len(idLists))
-		}
-		return checkIDs(idLists[0], vocab)
-	}
-	return nil, badRequest("prompt", "invalid_type", "prompt must be a string or an array of token ids (int32)")
-}
-
-func batchError(n int) *apiError {
-	return badRequest("prompt", "unsupported_value", "batched prompts are not supported (got %d prompts): send one prompt per request", n)
-}
-
-func nonEmpty(ids []int32) ([]int32, *apiError) {
-	if len(ids) == 0 {
+	if len(elems) == 0 {
 		return nil, badRequest("prompt", "empty_prompt", "prompt must not be empty")
+	}
+	switch bytes.TrimSpace(elems[0])[0] {
+	case '"': // batch of texts
+		out := make([]promptIn, len(elems))
+		for i, e := range elems {
+			if err := json.Unmarshal(e, &out[i].text); err != nil {
+				return nil, promptTypeError()
+			}
+		}
+		return out, nil
+	case '[': // batch of token-id arrays
+		out := make([]promptIn, len(elems))
+		for i, e := range elems {
+			ids, aerr := tokenIDs(e)
+			if aerr != nil {
+				return nil, aerr
+			}
+			out[i] = promptIn{ids: ids, isIDs: true}
+		}
+		return out, nil
+	}
+	ids, aerr := tokenIDs(raw)
+	if aerr != nil {
+		return nil, aerr
+	}
+	return []promptIn{{ids: ids, isIDs: true}}, nil
+}
+
+// tokenIDs decodes an array of token ids (integers; null is none). The
+// ids are checked against the vocabulary later.
+func tokenIDs(raw json.RawMessage) ([]int32, *apiError) {
+	var ids []*int64
+	if err := json.Unmarshal(raw, &ids); err != nil {
+		return nil, promptTypeError()
+	}
+	out := make([]int32, len(ids))
+	for i, id := range ids {
+		switch {
+		case id == nil:
+			return nil, promptTypeError()
+		case *id < 0 || *id > 1<<31-1:
+			return nil, badRequest("prompt", "invalid_token", "prompt token %d at index %d is outside the vocabulary", *id, i)
+		}
+		out[i] = int32(*id)
+	}
+	return out, nil
+}
+
+func nonEmpty(ids []int32, param string) ([]int32, *apiError) {
+	if len(ids) == 0 {
+		return nil, badRequest(param, "empty_prompt", "%s must not be empty", param)
 	}
 	return ids, nil
 }
@@ -157,37 +601,38 @@ func checkIDs(ids []int32, vocab int) ([]int32, *apiError) {
 	return ids, nil
 }
 
-// chatMessage is one message of a chat request.
-type chatMessage struct {
-	Role    string          `json:"role"`
-	Content json.RawMessage `json:"content"`
-}
-
 var chatRoles = map[string]bool{"system": true, "developer": true, "user": true, "assistant": true, "tool": true}
 
 // chatMessages returns the validated messages of a chat request, their
-// content flattened to text.
-func (b *completionBody) chatMessages() ([]engine.ChatMessage, *apiError) {
-	if isAbsent(b.Messages) {
+// content flattened to text. Fields of a message other than role and
+// content (name, refusal, annotations, … as a client sends back a
+// previous reply) are ignored.
+func chatMessages(raw json.RawMessage) ([]engine.ChatMessage, *apiError) {
+	if isAbsent(raw) {
 		return nil, badRequest("messages", "missing_messages", "messages is required")
 	}
-	var msgs []chatMessage
-	if err := json.Unmarshal(b.Messages, &msgs); err != nil {
-		return nil, badRequest("messages", "invalid_type", "messages must be an array of {role, content} objects: %v", err)
+	var msgs []json.RawMessage
+	if err := json.Unmarshal(raw, &msgs); err != nil {
+		return nil, badRequest("messages", "invalid_type", "messages must be an array of {role, content} objects")
 	}
 	if len(msgs) == 0 {
 		return nil, badRequest("messages", "empty_prompt", "messages must not be empty")
 	}
 	out := make([]engine.ChatMessage, len(msgs))
-	for i, m := range msgs {
-		if !chatRoles[m.Role] {
-			return nil, badRequest(fmt.Sprintf("messages[%d].role", i), "invalid_value", "unknown role %q (want system, developer, user, assistant or tool)", m.Role)
+	for i, rm := range msgs {
+		var m map[string]json.RawMessage
+		if err := json.Unmarshal(rm, &m); err != nil || m == nil {
+			return nil, badRequest(fmt.Sprintf("messages[%d]", i), "invalid_type", "messages[%d] must be an object", i)
 		}
-		content, err := messageText(m.Content)
+		var role string
+		if err := json.Unmarshal(m["role"], &role); err != nil || !chatRoles[role] {
+			return nil, badRequest(fmt.Sprintf("messages[%d].role", i), "invalid_value", "messages[%d].role must be system, developer, user, assistant or tool", i)
+		}
+		content, err := messageText(m["content"])
 		if err != nil {
-			return nil, badRequest(fmt.Sprintf("messages[%d].content", i), "invalid_type", "%v", err)
+			return nil, badRequest(fmt.Sprintf("messages[%d].content", i), "invalid_type", "messages[%d].%v", i, err)
 		}
-		out[i] = engine.ChatMessage{Role: m.Role, Content: content}
+		out[i] = engine.ChatMessage{Role: role, Content: content}
 	}
 	return out, nil
 }
@@ -217,7 +662,8 @@ func renderChat(tok engine.Tokenizer, msgs []engine.ChatMessage) (string, *apiEr
 }
 
 // messageText returns a message's text content: a string, or the text
-// parts of an array joined.
+// parts of an array joined. Its errors are client-facing, after
+// "messages[i].".
 func messageText(raw json.RawMessage) (string, error) {
 	if isAbsent(raw) {
 		return "", nil
@@ -231,7 +677,7 @@ func messageText(raw json.RawMessage) (string, error) {
 		Text string `json:"text"`
 	}
 	if err := json.Unmarshal(raw, &parts); err != nil {
-		return "", fmt.Errorf("content must be a string or an array of text parts")
+		return "", errors.New("content must be a string or an array of text parts")
 	}
 	var sb strings.Builder
 	for _, p := range parts {

@@ -3,7 +3,6 @@ package frontend
 import (
 	"encoding/json"
 	"fmt"
-
 	"net/http"
 
 	"github.com/pdserve/pdserve/pkg/budget"
@@ -17,7 +16,7 @@ type completion struct {
 	Model   string          `json:"model"`
 	Choices []choice        `json:"choices"`
 	Usage   *usage          `json:"usage,omitempty"`
-	PDServe *budget.Summary `json:"pdserve,omitempty"`
+	PDServe *pdserveSummary `json:"pdserve,omitempty"`
 }
 
 type choice struct {
@@ -25,7 +24,7 @@ type choice struct {
 	Text         *string  `json:"text,omitempty"`    // completions
 	Delta        *delta   `json:"delta,omitempty"`   // chat, streaming
 	Message      *message `json:"message,omitempty"` // chat, whole response
-	Logprobs     any      `json:"logprobs"`          // always null
+	Logprobs     any      `json:"logprobs"`          // *completionLogprobs, *chatLogprobs or nil
 	FinishReason *string  `json:"finish_reason"`
 	TokenIDs     []int32  `json:"token_ids,omitempty"` // return_token_ids
 }
@@ -46,63 +45,22 @@ type usage struct {
 	TotalTokens      int `json:"total_tokens"`
 }
 
-func (c *call) usageNow() *usage {
-	tr := c.req.Trace
-	return &usage{PromptTokens: tr.PromptTokens, CompletionTokens: tr.OutputTokens, TotalTokens: tr.PromptTokens + tr.OutputTokens}
+// pdserveSummary is the `pdserve` object: the budget of the request's
+// first (usually only) prompt, and for a batched request the budget of
+// every prompt in Prompts.
+type pdserveSummary struct {
+	budget.Summary
+	// Prompts holds each prompt's budget, in prompt order, when a
+	// /v1/completions request has more than one prompt; else omitted.
+	Prompts []promptSummary `json:"prompts,omitempty"`
 }
 
-func (c *call) base(object string) completion {
-	return completion{ID: c.req.ID, Object: object, Created: c.created, Model: c.req.Model}
-}
-
-// chunk returns a stream chunk carrying text (and finish when not nil).
-// The first chat chunk also carries the assistant role.
-// With return_token_ids it carries the ids delivered since the last chunk.
-func (c *call) chunk(text string, finish *string) completion {
-	ids := c.pendingIDs
-	c.pendingIDs = nil
-	if !c.chat {
-		out := c.base("text_completion")
-		out.Choices = []choice{{Text: &text, FinishReason: finish, TokenIDs: ids}}
-		return out
-	}
-	out := c.base("chat.completion.chunk")
-	d := &delta{}
-	if !c.sse.started {
-		d.Role = "assistant"
-	}
-	if text != "" || d.Role != "" {
-		d.Content = &text
-	}
-	out.Choices = []choice{{Delta: d, FinishReason: finish, TokenIDs: ids}}
-	return out
-}
-
-// usageChunk is the extra last chunk of stream_options.include_usage.
-func (c *call) usageChunk() completion {
-	object := "text_completion"
-	if c.chat {
-		object = "chat.completion.chunk"
-	}
-	out := c.base(object)
-	out.Choices = []choice{}
-	out.Usage = c.usageNow()
-	return out
-}
-
-// response is the body of a non-streaming response.
-func (c *call) response(text, finish string, s *budget.Summary) completion {
-	var out completion
-	if c.chat {
-		out = c.base("chat.completion")
-		out.Choices = []choice{{Message: &message{Role: "assistant", Content: text}, FinishReason: &finish, TokenIDs: c.pendingIDs}}
-	} else {
-		out = c.base("text_completion")
-		out.Choices = []choice{{Text: &text, FinishReason: &finish, TokenIDs: c.pendingIDs}}
-	}
-	out.Usage = c.usageNow()
-	out.PDServe = s
-	return out
+// promptSummary is the budget of one prompt of a batched request.
+type promptSummary struct {
+	// RequestID is the prompt's own id (the response id, "-", the prompt
+	// index), as in its request log line.
+	RequestID string `json:"request_id"`
+	budget.Summary
 }
 
 // sseWriter writes Server-Sent Events, flushing each at once. The headers

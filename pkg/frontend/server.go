@@ -3,14 +3,19 @@ package frontend
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"mime"
+	"net"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,15 +35,33 @@ const (
 	RouteModels      = "/v1/models"
 )
 
-// Request is a validated completion request handed to a Backend.
+// Request is a validated completion request handed to a Backend: one
+// prompt (a batched /v1/completions request is one Request per prompt),
+// N choices.
 type Request struct {
 	ID        string // unique, e.g. "cmpl-…"; also the id on the workers
 	Route     string // RouteCompletions or RouteChat
 	Model     string
 	Prompt    []int32 // non-empty, ids within the vocabulary; read only
-	MaxTokens int     // 1..cap
+	MaxTokens int     // per choice, 1..cap
+	// N is the number of choices (1..128) sampled from the one prompt;
+	// they share the prompt's KV. Choice i samples with seed
+	// Sampling.Seed + i.
+	N int
+	// Sampling of every choice. Sampling.Seed is the request's "seed", or
+	// a random one (crypto/rand) when it gives none, so that unseeded
+	// requests differ. Sampling.Penalties, when not nil, holds only the
+	// presence and frequency penalties (no counts), owned by this Request:
+	// the Backend keeps each choice's counts.
 	Sampling  engine.Sampling
 	IgnoreEOS bool
+	// Logprobs ≥ 0 asks for each output token's log-probability with that
+	// many top alternatives (0..engine.MaxTopLogprobs); -1: none.
+	Logprobs int
+	// PromptLogprobs ≥ 0 asks for the log-probability of every prompt
+	// token after the first, with that many alternatives (echo with
+	// logprobs); -1: none.
+	PromptLogprobs int
 	// Trace is the request's budget, with Arrival, RequestID, Model and
 	// PromptTokens set. The Backend fills worker boundaries and facts; the
 	// frontend records tokens, the status and the finish. Owned by the
@@ -46,22 +69,47 @@ type Request struct {
 	Trace *budget.Trace
 }
 
-// EmitFunc hands output tokens to the client, in order. It must not be
-// called concurrently nor after Complete returned. It returns an error
-// when generation must stop: ErrStopped when a stop string matched, or the
-// error writing to a client that went away. The Backend must then stop,
-// free the request's resources and return that error (wrapped).
-type EmitFunc func(tokens []int32) error
+// Output is what a Backend hands the client in one EmitFunc call: new
+// tokens of one choice, or the prompt's log-probabilities.
+type Output struct {
+	// Index is the choice, 0..N-1.
+	Index int
+	// Tokens are the choice's next output tokens (none when Prompt).
+	Tokens []int32
+	// Logprobs holds one entry per token of Tokens when
+	// Request.Logprobs ≥ 0, else nil. With Prompt set it holds the
+	// log-probabilities of prompt tokens 1..len(Prompt)-1 instead (the
+	// first prompt token has none).
+	Logprobs []engine.TokenLogprob
+	// Prompt marks the one Output carrying the prompt's logprobs, sent
+	// before any token when Request.PromptLogprobs ≥ 0.
+	Prompt bool
+}
+
+// EmitFunc hands output to the client, in order per choice. It must not
+// be called concurrently nor after Complete returned. It returns an error
+// when generation must stop: ErrStopped when a stop string matched in
+// choice Output.Index (that choice must end with finish "stop"; the others
+// go on), or the error writing to a client that went away (every choice
+// must stop). The Backend must then free the request's resources and
+// return that error (wrapped), except ErrStopped, which only ends the one
+// choice.
+type EmitFunc func(Output) error
 
 // Backend generates completions.
 type Backend interface {
 	// Complete generates req's output, calling emit with each batch of new
-	// tokens, and returns the finish reason ("stop" or "length") once the
-	// last token was emitted. Errors: ctx errors when the client went away,
-	// errors returned by emit, errors wrapping ErrOverloaded,
+	// tokens, and returns the finish reason of each of the N choices
+	// ("stop" or "length") once every last token was emitted. Errors: ctx
+	// errors when the client went away (or another prompt of the request
+	// failed), errors returned by emit, errors wrapping ErrOverloaded,
 	// ErrUnavailable or ErrInvalid to choose the HTTP status, and others
-	// (500, or an error event once streaming started).
-	Complete(ctx context.Context, req *Request, emit EmitFunc) (finishReason string, err error)
+	// (500, or an error event once streaming started). The client sees a
+	// generic message of the kind, never the error's text, unless the
+	// error wraps an *Error (NewError), whose message, code and param it
+	// sees as they are. Complete may be called concurrently (the prompts
+	// of a batch, other requests).
+	Complete(ctx context.Context, req *Request, emit EmitFunc) (finishReasons []string, err error)
 }
 
 // Options configure a Server. Backend and Tokenizer are required.
@@ -76,19 +124,45 @@ type Options struct {
 	// Ready returns nil when the server may take traffic, else the reason.
 	// nil means always ready.
 	Ready func() error
-	// Metrics receives one observation per request; nil records nothing.
+	// Metrics receives one observation per request (per prompt of a
+	// batched request); nil records nothing.
 	Metrics *metrics.Metrics
 	// Gatherer is served on /metrics; nil serves prometheus.DefaultGatherer.
 	Gatherer prometheus.Gatherer
-	// Logger gets one line per request; nil logs nothing.
+	// Logger gets one line per request (per prompt of a batched request);
+	// nil logs nothing.
 	Logger *zap.Logger
-	// Now is the clock; nil means time.Now.
+	// Now is the clock of the budget traces; nil means time.Now. Body
+	// deadlines use the wall clock.
 	Now func() time.Time
 	// RetryAfter is sent with 429 and 503; ≤ 0 means 1 s.
 	RetryAfter time.Duration
-	// MaxBodyBytes bounds a request body; ≤ 0 means 16 MiB.
+	// MaxBodyBytes bounds a request body; a larger one gets 413. ≤ 0
+	// means DefaultMaxBodyBytes.
 	MaxBodyBytes int64
+	// MaxInFlight is the number of completion requests admitted at once,
+	// each from before its body is read until its response ends (a
+	// batched request holds one per prompt); one more gets 429 with
+	// Retry-After at once. With MaxBodyBytes it bounds the memory that
+	// request bodies hold. ≤ 0: no limit.
+	MaxInFlight int
+	// BodyIdleTimeout is the longest a request body may make no progress
+	// (no byte read); then the request gets 408 and its connection is
+	// closed. It does not apply once the body is read (a response stream
+	// may idle). ≤ 0: none.
+	BodyIdleTimeout time.Duration
 }
+
+// DefaultMaxBodyBytes is the body limit when Options.MaxBodyBytes is not
+// set: 16 MiB.
+const DefaultMaxBodyBytes = 16 << 20
+
+// UnknownContextMaxTokens is the max_tokens of a request that gives none
+// to a model whose context length is unknown (Model.MaxModelLen 0) and
+// whose policy sets no default_max_tokens: OpenAI's default on
+// /v1/completions, short enough for any worker to take. It is lowered to
+// the policy's max_tokens_cap.
+const UnknownContextMaxTokens = 16
 
 // Model is one served model, as /v1/models lists it.
 type Model struct {
@@ -103,6 +177,9 @@ type Model struct {
 type Server struct {
 	o   Options
 	mux *http.ServeMux
+
+	mu       sync.Mutex
+	inFlight int // admitted completion requests (prompts), ≤ o.MaxInFlight
 }
 
 // New returns a Server. Errors: a missing Backend or Tokenizer, an invalid
@@ -133,7 +210,7 @@ func New(o Options) (*Server, error) {
 		o.RetryAfter = time.Second
 	}
 	if o.MaxBodyBytes <= 0 {
-		o.MaxBodyBytes = 16 << 20
+		o.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	s := &Server{o: o, mux: http.NewServeMux()}
 	s.mux.HandleFunc(RouteCompletions, s.method(http.MethodPost, s.completions))
@@ -194,22 +271,27 @@ func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
 	_ = json.NewEncoder(w).Encode(list)
 }
 
-// call is one completion request in flight.
-type call struct {
-	s       *Server
-	req     *Request
-	chat    bool
-	stream  bool
-	usage   bool // stream_options.include_usage
-	created int64
-	text    *textStream
-	// returnIDs: return_token_ids; pendingIDs are the ids not yet sent.
-	returnIDs  bool
-	pendingIDs []int32
-	out        strings.Builder // non-streaming text
-	sse        *sseWriter
-	// writeErr is set when writing to the client failed: it went away.
-	writeErr error
+// admit takes k in-flight slots, all or none, and reports whether it did.
+func (s *Server) admit(k int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.o.MaxInFlight > 0 && s.inFlight+k > s.o.MaxInFlight {
+		return false
+	}
+	s.inFlight += k
+	return true
+}
+
+// release gives back k slots taken by admit.
+func (s *Server) release(k int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.inFlight -= k
+}
+
+// queueFull is the 429 of a full server.
+func (s *Server) queueFull() *apiError {
+	return overloaded("%d requests in flight, the queue limit; retry later", s.o.MaxInFlight)
 }
 
 func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
@@ -219,254 +301,312 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	if chat {
 		prefix = "chatcmpl-"
 	}
-	tr := &budget.Trace{RequestID: prefix + newID(), Arrival: arrival}
-	w.Header().Set("X-Request-Id", tr.RequestID)
-
-	c, aerr := s.parse(r, chat, tr)
-	if aerr != nil {
-		tr.Status = budget.StatusInvalid
-		if aerr.status == http.StatusServiceUnavailable {
+	id := prefix + newID()
+	tr := &budget.Trace{RequestID: id, Arrival: arrival}
+	w.Header().Set("X-Request-Id", id)
+	refuse := func(aerr *apiError) {
+		switch aerr.status {
+		case http.StatusTooManyRequests:
+			tr.Status = budget.StatusRejected
+		case http.StatusServiceUnavailable:
 			tr.Status = budget.StatusUnavailable
+		case statusClientClosed:
+			tr.Status = budget.StatusCancelled
+		default:
+			tr.Status = budget.StatusInvalid
 		}
 		s.finish(tr, aerr)
-		writeError(w, aerr, s.o.RetryAfter)
-		return
+		if aerr.status != statusClientClosed {
+			writeError(w, aerr, s.o.RetryAfter)
+		}
 	}
-	c.sse = &sseWriter{w: w, rc: http.NewResponseController(w)}
 
-	finish, err := s.o.Backend.Complete(r.Context(), c.req, c.emit)
-	if errors.Is(err, ErrStopped) {
-		finish, err = "stop", nil
-	}
-	if err != nil {
-		c.fail(w, r.Context(), err)
+	if aerr := checkContentType(r); aerr != nil {
+		refuse(aerr)
 		return
 	}
-	tr.FinishReason, tr.Status = finish, budget.StatusOK
-	if werr := c.complete(w, finish); werr != nil {
-		tr.Status = budget.StatusCancelled
+	// Admission comes before the body is read: a full server holds no
+	// more bodies than MaxInFlight.
+	if !s.admit(1) {
+		w.Header().Set("Connection", "close") // the body stays unread
+		refuse(s.queueFull())
+		return
 	}
-	s.finish(tr, nil)
+	held := 1
+	defer func() { s.release(held) }()
+
+	data, aerr := s.readBody(w, r)
+	if aerr != nil {
+		refuse(aerr)
+		return
+	}
+	pl, aerr := s.prepare(data, chat, apiKey(r), tr)
+	data = nil // the prompts are parsed; let a large body go
+	if aerr != nil {
+		refuse(aerr)
+		return
+	}
+	if extra := len(pl.reqs) - 1; extra > 0 {
+		if !s.admit(extra) {
+			refuse(s.queueFull())
+			return
+		}
+		held += extra
+	}
+	newCall(s, pl, id, arrival.Unix(), w).run(r.Context(), w)
 }
 
-// parse validates the request and builds the call. It sets the trace's
-// model and prompt tokens as soon as they are known.
-func (s *Server) parse(r *http.Request, chat bool, tr *budget.Trace) (*call, *apiError) {
-	data, err := io.ReadAll(http.MaxBytesReader(nil, r.Body, s.o.MaxBodyBytes))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return nil, &apiError{status: http.StatusRequestEntityTooLarge, Message: fmt.Sprintf("request body over %d bytes", mbe.Limit), Type: "invalid_request_error"}
+// checkContentType accepts application/json, with any parameters, and a
+// request without Content-Type (read as JSON); anything else, such as the
+// form type of curl -d, gets 415.
+func checkContentType(r *http.Request) *apiError {
+	ct := r.Header.Get("Content-Type")
+	if ct == "" {
+		return nil
+	}
+	if mt, _, err := mime.ParseMediaType(ct); (err == nil || errors.Is(err, mime.ErrInvalidMediaParameter)) && mt == "application/json" {
+		return nil
+	}
+	return &apiError{status: http.StatusUnsupportedMediaType, Message: "Content-Type must be application/json",
+		Type: "invalid_request_error", Code: ptr("unsupported_media_type")}
+}
+
+// readBody reads the request body, at most MaxBodyBytes (413 beyond),
+// each read within BodyIdleTimeout (408 otherwise); a client that went
+// away mid-body is a cancellation. The buffer grows with the bytes
+// received, so a slow client holds memory for what it sent.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
+	limit := s.o.MaxBodyBytes
+	tooLarge := func() *apiError {
+		w.Header().Set("Connection", "close")
+		return &apiError{status: http.StatusRequestEntityTooLarge, Message: fmt.Sprintf("The request body is over the limit of %d bytes.", limit),
+			Type: "invalid_request_error", Code: ptr("request_too_large")}
+	}
+	if r.ContentLength > limit {
+		return nil, tooLarge()
+	}
+	var body io.Reader = http.MaxBytesReader(w, r.Body, limit)
+	if s.o.BodyIdleTimeout > 0 {
+		rc := http.NewResponseController(w)
+		body = &idleReader{r: body, rc: rc, idle: s.o.BodyIdleTimeout}
+		// Clear the deadline at once: the connection's background read
+		// (which notices a client going away) and a response stream must
+		// not be cut by it.
+		defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
+	}
+	data, err := readAll(body, limit)
+	var mbe *http.MaxBytesError
+	var ne net.Error
+	switch {
+	case err == nil:
+		return data, nil
+	case errors.As(err, &mbe):
+		return nil, tooLarge()
+	case errors.Is(err, os.ErrDeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
+		w.Header().Set("Connection", "close")
+		e := &apiError{status: http.StatusRequestTimeout, Message: fmt.Sprintf("The request body made no progress for %v.", s.o.BodyIdleTimeout),
+			Type: "invalid_request_error", Code: ptr("timeout")}
+		e.cause = err
+		return nil, e
+	default:
+		return nil, cancelled(err) // the client went away mid-body
+	}
+}
+
+// idleReader sets a read deadline idle from now before each Read.
+type idleReader struct {
+	r    io.Reader
+	rc   *http.ResponseController
+	idle time.Duration
+}
+
+func (b *idleReader) Read(p []byte) (int, error) {
+	_ = b.rc.SetReadDeadline(time.Now().Add(b.idle)) // unsupported: no deadline
+	return b.r.Read(p)
+}
+
+// readAll reads r to its end, growing the buffer by doubling up to just
+// over limit (r is expected to stop there).
+func readAll(r io.Reader, limit int64) ([]byte, error) {
+	buf := make([]byte, 0, 512)
+	for {
+		if len(buf) == cap(buf) {
+			n := min(2*int64(cap(buf)), limit+1)
+			if n <= int64(len(buf)) {
+				n = int64(len(buf)) + 512
+			}
+			nb := make([]byte, len(buf), n)
+			copy(nb, buf)
+			buf = nb
 		}
-		return nil, badRequest("", "invalid_body", "reading request body: %v", err)
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if errors.Is(err, io.EOF) {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
 	}
-	b, aerr := parseBody(data)
+}
+
+// plan is a validated request ready to run: one Request per prompt.
+type plan struct {
+	p     *params
+	model string
+	reqs  []*Request
+	echo  []string // per prompt: the text echoed before each choice, or ""
+}
+
+// prepare validates a request body of the chat or completions route,
+// tokenizes its prompts, checks them against their surface's budget and
+// the model's context, and builds one Request per prompt. It sets tr's
+// Model and PromptTokens (all prompts together) as soon as they are
+// known; a batched request's prompts get traces of their own.
+func (s *Server) prepare(data []byte, chat bool, key string, tr *budget.Trace) (*plan, *apiError) {
+	p, aerr := parseBody(data, chat)
 	if aerr != nil {
-		return nil, aerr
-	}
-	if aerr := b.checkOptions(); aerr != nil {
 		return nil, aerr
 	}
 	models := s.o.Models()
 	if len(models) == 0 {
-		return nil, &apiError{status: http.StatusServiceUnavailable, Message: "no model is served yet: no workers have joined", Type: "service_unavailable", Code: ptr("no_workers")}
+		return nil, &apiError{status: http.StatusServiceUnavailable, Message: "No model is served yet: no workers have joined.", Type: "service_unavailable", Code: ptr("no_workers")}
 	}
-	names := make([]string, len(models))
-	for i, m := range models {
-		names[i] = m.Name
-	}
-	model := b.Model
+	model := p.model
 	if model == "" {
-		model = names[0]
+		model = models[0].Name
 	}
-	maxLen := 0 // the model's context length, 0 when unknown
-	if i := slices.Index(names, model); i >= 0 {
-		maxLen = models[i].MaxModelLen
-	} else {
-		return nil, &apiError{status: http.StatusBadRequest, Message: fmt.Sprintf("model %q is not served here (served: %s)", model, strings.Join(names, ", ")),
+	i := slices.IndexFunc(models, func(m Model) bool { return m.Name == model })
+	if i < 0 {
+		return nil, &apiError{status: http.StatusNotFound, Message: fmt.Sprintf("The model `%s` does not exist or you do not have access to it.", model),
 			Type: "invalid_request_error", Param: ptr("model"), Code: ptr("model_not_found")}
 	}
+	maxLen := models[i].MaxModelLen // 0 when unknown
 	tr.Model = model
 
-	var prompt []int32
-	promptParam := "prompt"
+	route, promptParam := RouteCompletions, "prompt"
 	if chat {
-		promptParam = "messages"
-		msgs, aerr := b.chatMessages()
+		route, promptParam = RouteChat, "messages"
+	}
+	type tokenized struct {
+		ids  []int32
+		echo string
+	}
+	var prompts []tokenized
+	if chat {
+		text, aerr := renderChat(s.o.Tokenizer, p.msgs)
 		if aerr != nil {
 			return nil, aerr
 		}
-		text, aerr := renderChat(s.o.Tokenizer, msgs)
+		ids, aerr := nonEmpty(s.o.Tokenizer.Encode(text), "messages")
 		if aerr != nil {
 			return nil, aerr
 		}
-		if prompt, aerr = nonEmpty(s.o.Tokenizer.Encode(text)); aerr != nil {
-			aerr.Param = ptr("messages")
-			return nil, aerr
-		}
-	} else if prompt, aerr = b.promptTokens(s.o.Tokenizer.Encode, s.o.Tokenizer.Vocab()); aerr != nil {
-		return nil, aerr
-	}
-	tr.PromptTokens = len(prompt)
-
-	route := RouteCompletions
-	if chat {
-		route = RouteChat
-	}
-	limit, surface := s.o.Policy.Budgets.Budget(route, apiKey(r))
-	if limit > 0 && len(prompt) > limit {
-		return nil, badRequest(promptParam, "prompt_too_long", "prompt has %d tokens, over the budget of %d tokens for %s", len(prompt), limit, surface)
-	}
-
-	maxTokens := s.o.Policy.Limits.DefaultMaxTokens
-	param := "max_tokens"
-	switch {
-	case b.MaxTokens != nil:
-		maxTokens = *b.MaxTokens
-	case chat && b.MaxCompletionTokens != nil:
-		maxTokens, param = *b.MaxCompletionTokens, "max_completion_tokens"
-	}
-	if maxTokens < 1 {
-		return nil, badRequest(param, "invalid_value", "%s must be at least 1, got %d", param, maxTokens)
-	}
-	if limit := s.o.Policy.Limits.MaxTokensCap; maxTokens > limit {
-		return nil, badRequest(param, "max_tokens_over_cap", "%s %d is over the cap of %d", param, maxTokens, limit)
-	}
-	if maxLen > 0 && len(prompt)+maxTokens > maxLen {
-		// vLLM's and OpenAI's wording, checked before any worker is asked.
-		return nil, badRequest(promptParam, "context_length_exceeded",
-			"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the %s, %d in the completion). Please reduce the length of the %s or completion.",
-			maxLen, len(prompt)+maxTokens, len(prompt), promptParam, maxTokens, promptParam)
-	}
-	stops, aerr := b.stops()
-	if aerr != nil {
-		return nil, aerr
-	}
-
-	var sampling engine.Sampling
-	if b.Temperature != nil {
-		sampling.Temperature = float32(*b.Temperature)
-	}
-	if b.TopP != nil {
-		sampling.TopP = float32(*b.TopP)
-	}
-	if b.Seed != nil {
-		sampling.Seed = uint64(*b.Seed)
-	}
-	return &call{
-		s:    s,
-		chat: chat, stream: b.Stream, usage: b.Stream && b.StreamOptions != nil && b.StreamOptions.IncludeUsage,
-		created:   tr.Arrival.Unix(),
-		text:      &textStream{decode: s.o.Tokenizer.DecodeToken, stops: stops},
-		returnIDs: b.ReturnTokenIDs,
-		req: &Request{
-			ID: tr.RequestID, Route: route, Model: model, Prompt: prompt, MaxTokens: maxTokens,
-			Sampling: sampling, IgnoreEOS: b.IgnoreEOS, Trace: tr,
-		},
-	}, nil
-}
-
-// emit is the call's EmitFunc.
-func (c *call) emit(tokens []int32) error {
-	if len(tokens) == 0 {
-		return nil
-	}
-	text, stopped := c.text.push(tokens)
-	if c.returnIDs {
-		c.pendingIDs = append(c.pendingIDs, tokens...)
-	}
-	var err error
-	if c.stream {
-		if text != "" || !c.sse.started {
-			err = c.sse.event(c.chunk(text, nil))
-		}
+		prompts = append(prompts, tokenized{ids: ids})
 	} else {
-		c.out.WriteString(text)
-	}
-	if err == nil {
-		// Record the delivery once the client has it (or, for a
-		// non-streaming response, once it is final).
-		c.req.Trace.Tokens(c.s.o.Now(), len(tokens))
-	}
-	switch {
-	case err != nil:
-		c.writeErr = err
-		return err
-	case stopped:
-		return ErrStopped
-	}
-	return nil
-}
-
-// complete writes the end of a successful response.
-func (c *call) complete(w http.ResponseWriter, finish string) error {
-	tr := c.req.Trace
-	rest := c.text.flush()
-	if !c.stream {
-		c.out.WriteString(rest)
-		s := tr.Summary()
-		w.Header().Set("Content-Type", "application/json")
-		return json.NewEncoder(w).Encode(c.response(c.out.String(), finish, &s))
-	}
-	if rest != "" {
-		if err := c.sse.event(c.chunk(rest, nil)); err != nil {
-			return err
+		if s.o.MaxInFlight > 0 && len(p.prompts) > s.o.MaxInFlight {
+			return nil, badRequest("prompt", "invalid_value", "%d prompts are more than the %d requests the server admits at once", len(p.prompts), s.o.MaxInFlight)
+		}
+		for _, in := range p.prompts {
+			var t tokenized
+			if in.isIDs {
+				if t.ids, aerr = checkIDs(in.ids, s.o.Tokenizer.Vocab()); aerr != nil {
+					return nil, aerr
+				}
+				t.echo = s.o.Tokenizer.Decode(in.ids)
+			} else if t.ids, aerr = nonEmpty(s.o.Tokenizer.Encode(in.text), "prompt"); aerr != nil {
+				return nil, aerr
+			} else {
+				t.echo = in.text
+			}
+			if !p.echo {
+				t.echo = ""
+			}
+			prompts = append(prompts, t)
 		}
 	}
-	final := c.chunk("", &finish)
-	if !c.usage {
-		s := tr.Summary()
-		final.PDServe = &s
+	for _, t := range prompts {
+		tr.PromptTokens += len(t.ids)
 	}
-	if err := c.sse.event(final); err != nil {
-		return err
-	}
-	if c.usage {
-		s := tr.Summary()
-		u := c.usageChunk()
-		u.PDServe = &s
-		if err := c.sse.event(u); err != nil {
-			return err
+
+	limit, surface := s.o.Policy.Budgets.Budget(route, key)
+	pl := &plan{p: p, model: model}
+	for i, t := range prompts {
+		which := promptParam
+		if len(prompts) > 1 {
+			which = fmt.Sprintf("prompt %d", i)
 		}
+		if limit > 0 && len(t.ids) > limit {
+			return nil, badRequest(promptParam, "prompt_too_long", "%s has %d tokens, over the budget of %d tokens for %s", which, len(t.ids), limit, surface)
+		}
+		maxTokens, aerr := s.maxTokens(p, len(t.ids), maxLen, promptParam)
+		if aerr != nil {
+			return nil, aerr
+		}
+		req := &Request{
+			ID: tr.RequestID, Route: route, Model: model, Prompt: t.ids, MaxTokens: maxTokens, N: p.n,
+			Sampling: p.sampling, IgnoreEOS: p.ignoreEOS, Logprobs: p.logprobs, PromptLogprobs: -1, Trace: tr,
+		}
+		if !p.seeded {
+			req.Sampling.Seed = newSeed()
+		}
+		if pen := p.sampling.Penalties; pen != nil {
+			req.Sampling.Penalties = &engine.Penalties{Presence: pen.Presence, Frequency: pen.Frequency}
+		}
+		if p.echo && p.logprobs >= 0 {
+			req.PromptLogprobs = p.logprobs
+		}
+		if len(prompts) > 1 {
+			req.ID = fmt.Sprintf("%s-%d", tr.RequestID, i)
+			req.Trace = &budget.Trace{RequestID: req.ID, Arrival: tr.Arrival, Model: model, PromptTokens: len(t.ids)}
+		}
+		pl.reqs = append(pl.reqs, req)
+		pl.echo = append(pl.echo, t.echo)
 	}
-	return c.sse.done()
+	return pl, nil
 }
 
-// fail reports a Backend error: as the response when nothing was sent yet,
-// else as an error event ending the stream.
-func (c *call) fail(w http.ResponseWriter, ctx context.Context, err error) {
-	tr := c.req.Trace
-	aerr := backendError(err)
-	switch {
-	case ctx.Err() != nil, c.writeErr != nil:
-		tr.Status = budget.StatusCancelled
-	case !tr.FirstToken.IsZero():
-		tr.Status = budget.StatusError // failed after output began
-	case aerr.status == http.StatusTooManyRequests:
-		tr.Status = budget.StatusRejected
-	case aerr.status == http.StatusServiceUnavailable:
-		tr.Status = budget.StatusUnavailable
-	case aerr.status < 500:
-		tr.Status = budget.StatusInvalid
-	default:
-		tr.Status = budget.StatusError
+// maxTokens returns the max_tokens of a prompt of promptLen tokens for a
+// model of maxLen tokens (0: unknown): the one asked, checked against the
+// cap and the context, else the rest of the context, lowered to the
+// policy's default and cap (see config.Limits).
+func (s *Server) maxTokens(p *params, promptLen, maxLen int, promptParam string) (int, *apiError) {
+	lim := s.o.Policy.Limits
+	if p.maxTokens > 0 {
+		if lim.MaxTokensCap > 0 && p.maxTokens > lim.MaxTokensCap {
+			return 0, badRequest(p.maxParam, "max_tokens_over_cap", "%s %d is over the cap of %d", p.maxParam, p.maxTokens, lim.MaxTokensCap)
+		}
+		if maxLen > 0 && promptLen+p.maxTokens > maxLen {
+			// vLLM's and OpenAI's wording, checked before any worker is asked.
+			return 0, badRequest(promptParam, "context_length_exceeded",
+				"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the %s, %d in the completion). Please reduce the length of the %s or completion.",
+				maxLen, promptLen+p.maxTokens, promptLen, promptParam, p.maxTokens, promptParam)
+		}
+		return p.maxTokens, nil
 	}
-	defer c.s.finish(tr, aerr)
-	if tr.Status == budget.StatusCancelled {
-		return // nobody to tell
+	n := UnknownContextMaxTokens
+	if maxLen > 0 {
+		n = maxLen - promptLen
+		if n < 1 {
+			return 0, badRequest(promptParam, "context_length_exceeded",
+				"This model's maximum context length is %d tokens. However, your %s has %d tokens, which leaves no room for the completion. Please reduce the length of the %s.",
+				maxLen, promptParam, promptLen, promptParam)
+		}
 	}
-	if !c.sse.started {
-		writeError(w, aerr, c.s.o.RetryAfter)
-		return
+	if lim.DefaultMaxTokens > 0 {
+		n = min(n, lim.DefaultMaxTokens)
+		if maxLen == 0 {
+			n = lim.DefaultMaxTokens
+		}
 	}
-	_ = c.sse.event(struct {
-		Error *apiError `json:"error"`
-	}{aerr})
-	_ = c.sse.done()
+	if lim.MaxTokensCap > 0 {
+		n = min(n, lim.MaxTokensCap)
+	}
+	return n, nil
 }
 
 // finish logs the request line and observes its metrics.
-func (s *Server) finish(tr *budget.Trace, aerr *apiError) {
+func (s *Server) finish(tr *budget.Trace, aerr *apiError, extra ...zap.Field) {
 	fields := tr.Fields()
 	if aerr != nil {
 		fields = append(fields, zap.Int("http_status", aerr.status), zap.String("error", aerr.Message))
@@ -474,6 +614,7 @@ func (s *Server) finish(tr *budget.Trace, aerr *apiError) {
 			fields = append(fields, zap.NamedError("cause", aerr.cause))
 		}
 	}
+	fields = append(fields, extra...)
 	s.o.Logger.Info("request", fields...)
 	s.o.Metrics.ObserveRequest(tr)
 }
@@ -491,4 +632,11 @@ func newID() string {
 	var b [12]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
 	return hex.EncodeToString(b[:])
+}
+
+// newSeed returns a random sampling seed, for a request without "seed".
+func newSeed() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return binary.LittleEndian.Uint64(b[:])
 }

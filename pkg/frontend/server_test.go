@@ -15,6 +15,8 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/pdserve/pdserve/internal/poll"
 	"github.com/pdserve/pdserve/pkg/budget"
@@ -26,29 +28,56 @@ import (
 
 // fakeBackend runs complete for every request.
 type fakeBackend struct {
-	complete func(ctx context.Context, req *Request, emit EmitFunc) (string, error)
+	complete func(ctx context.Context, req *Request, emit EmitFunc) ([]string, error)
 }
 
-func (f *fakeBackend) Complete(ctx context.Context, req *Request, emit EmitFunc) (string, error) {
+func (f *fakeBackend) Complete(ctx context.Context, req *Request, emit EmitFunc) ([]string, error) {
 	return f.complete(ctx, req, emit)
 }
 
-// echoText emits text one token at a time, stopping at an emit error, and
-// finishes with "length".
-func echoText(text string) func(context.Context, *Request, EmitFunc) (string, error) {
-	return func(_ context.Context, req *Request, emit EmitFunc) (string, error) {
+// finishes returns req.N copies of reason.
+func finishes(req *Request, reason string) []string {
+	out := make([]string, req.N)
+	for i := range out {
+		out[i] = reason
+	}
+	return out
+}
+
+// echoText emits text one token at a time in each of the request's
+// choices (interleaved), ending a choice at ErrStopped and the request at
+// any other emit error, and finishes with "length".
+func echoText(text string) func(context.Context, *Request, EmitFunc) ([]string, error) {
+	return func(_ context.Context, req *Request, emit EmitFunc) ([]string, error) {
 		req.Trace.DecodeWorker = "d0"
+		stopped := make([]bool, req.N)
 		for _, id := range (tokenizer.Bytes{}).Encode(text) {
-			if err := emit([]int32{id}); err != nil {
-				return "", fmt.Errorf("fake: %w", err)
+			for i := range req.N {
+				if stopped[i] {
+					continue
+				}
+				err := emit(Output{Index: i, Tokens: []int32{id}})
+				switch {
+				case errors.Is(err, ErrStopped):
+					stopped[i] = true
+				case err != nil:
+					return nil, fmt.Errorf("fake: %w", err)
+				}
 			}
 		}
-		return "length", nil
+		out := finishes(req, "length")
+		for i, s := range stopped {
+			if s {
+				out[i] = "stop"
+			}
+		}
+		return out, nil
 	}
 }
 
 type testServer struct {
 	*httptest.Server
+	srv *Server
 	reg *prometheus.Registry
 }
 
@@ -75,7 +104,7 @@ func newTestServer(t *testing.T, b Backend, edit func(*Options)) *testServer {
 	}
 	ts := httptest.NewServer(s)
 	t.Cleanup(ts.Close)
-	return &testServer{Server: ts, reg: reg}
+	return &testServer{Server: ts, srv: s, reg: reg}
 }
 
 func (ts *testServer) post(t *testing.T, path, body string, hdr ...string) *http.Response {
@@ -86,6 +115,10 @@ func (ts *testServer) post(t *testing.T, path, body string, hdr ...string) *http
 	}
 	req.Header.Set("Content-Type", "application/json")
 	for i := 0; i+1 < len(hdr); i += 2 {
+		if hdr[i+1] == "" {
+			req.Header.Del(hdr[i])
+			continue
+		}
 		req.Header.Set(hdr[i], hdr[i+1])
 	}
 	resp, err := ts.Client().Do(req)
@@ -156,7 +189,7 @@ func choice0(t *testing.T, m map[string]any) map[string]any {
 
 func TestCompletionNonStreaming(t *testing.T) {
 	var got *Request
-	ts := newTestServer(t, &fakeBackend{complete: func(ctx context.Context, req *Request, emit EmitFunc) (string, error) {
+	ts := newTestServer(t, &fakeBackend{complete: func(ctx context.Context, req *Request, emit EmitFunc) ([]string, error) {
 		got = req
 		return echoText("hello wörld")(ctx, req, emit)
 	}}, nil)
@@ -185,8 +218,8 @@ func TestCompletionNonStreaming(t *testing.T) {
 		t.Errorf("pdserve.decode_worker = %v, want d0", pd["decode_worker"])
 	}
 	want := &Request{
-		ID: m["id"].(string), Route: RouteCompletions, Model: "tiny", Prompt: []int32{'a', 'b', 'c'}, MaxTokens: 20,
-		Sampling: engine.Sampling{Temperature: 0.5, TopP: 0.9, Seed: 7}, IgnoreEOS: true,
+		ID: m["id"].(string), Route: RouteCompletions, Model: "tiny", Prompt: []int32{'a', 'b', 'c'}, MaxTokens: 20, N: 1,
+		Sampling: engine.Sampling{Temperature: 0.5, TopP: 0.9, Seed: 7}, IgnoreEOS: true, Logprobs: -1, PromptLogprobs: -1,
 	}
 	if diff := cmp.Diff(want, got, cmpIgnoreTrace); diff != "" {
 		t.Errorf("backend request (-want +got):\n%s", diff)
@@ -238,7 +271,7 @@ func TestCompletionStreaming(t *testing.T) {
 
 func TestChatStreamingWithUsage(t *testing.T) {
 	var prompt []int32
-	ts := newTestServer(t, &fakeBackend{complete: func(ctx context.Context, req *Request, emit EmitFunc) (string, error) {
+	ts := newTestServer(t, &fakeBackend{complete: func(ctx context.Context, req *Request, emit EmitFunc) ([]string, error) {
 		prompt = req.Prompt
 		return echoText("ok")(ctx, req, emit)
 	}}, nil)
@@ -304,10 +337,13 @@ func TestChatNonStreaming(t *testing.T) {
 
 func TestStopString(t *testing.T) {
 	var emitErr error
-	ts := newTestServer(t, &fakeBackend{complete: func(ctx context.Context, req *Request, emit EmitFunc) (string, error) {
-		_, err := echoText("abcSTOPdef")(ctx, req, emit)
-		emitErr = err
-		return "", err
+	ts := newTestServer(t, &fakeBackend{complete: func(ctx context.Context, req *Request, emit EmitFunc) ([]string, error) {
+		for _, id := range (tokenizer.Bytes{}).Encode("abcSTOPdef") {
+			if emitErr = emit(Output{Tokens: []int32{id}}); emitErr != nil {
+				break
+			}
+		}
+		return []string{"stop"}, nil
 	}}, nil)
 	for _, stream := range []bool{false, true} {
 		t.Run(fmt.Sprint("stream=", stream), func(t *testing.T) {
@@ -336,9 +372,9 @@ func TestStopString(t *testing.T) {
 
 func TestBadRequests(t *testing.T) {
 	called := false
-	ts := newTestServer(t, &fakeBackend{complete: func(context.Context, *Request, EmitFunc) (string, error) {
+	ts := newTestServer(t, &fakeBackend{complete: func(_ context.Context, req *Request, _ EmitFunc) ([]string, error) {
 		called = true
-		return "stop", nil
+		return finishes(req, "stop"), nil
 	}}, nil)
 	long := strings.Repeat("x", 101)
 	tests := []struct {
@@ -349,13 +385,14 @@ func TestBadRequests(t *testing.T) {
 	}{
 		{"malformed json", RouteCompletions, `{"prompt":`, nil, 400, "", "invalid_json"},
 		{"trailing data", RouteCompletions, `{"prompt":"a"} {}`, nil, 400, "", "invalid_json"},
-		{"wrong type", RouteCompletions, `{"prompt":"a","max_tokens":"many"}`, nil, 400, "", "invalid_json"},
-		{"unknown model", RouteCompletions, `{"model":"gpt-9","prompt":"a"}`, nil, 400, "model", "model_not_found"},
+		{"wrong type", RouteCompletions, `{"prompt":"a","max_tokens":"many"}`, nil, 400, "max_tokens", "invalid_type"},
+		{"unknown model", RouteCompletions, `{"model":"gpt-9","prompt":"a"}`, nil, 404, "model", "model_not_found"},
 		{"missing prompt", RouteCompletions, `{}`, nil, 400, "prompt", "missing_prompt"},
 		{"empty prompt", RouteCompletions, `{"prompt":""}`, nil, 400, "prompt", "empty_prompt"},
 		{"empty token array", RouteCompletions, `{"prompt":[]}`, nil, 400, "prompt", "empty_prompt"},
 		{"token out of vocabulary", RouteCompletions, `{"prompt":[1,258]}`, nil, 400, "prompt", "invalid_token"},
-		{"batched prompts", RouteCompletions, `{"prompt":["a","b"]}`, nil, 400, "prompt", "unsupported_value"},
+		{"batched prompt empty", RouteCompletions, `{"prompt":["a",""]}`, nil, 400, "prompt", "empty_prompt"},
+		{"batched prompts mixed", RouteCompletions, `{"prompt":["a",[1]]}`, nil, 400, "prompt", "invalid_type"},
 		{"prompt of wrong type", RouteCompletions, `{"prompt":{"a":1}}`, nil, 400, "prompt", "invalid_type"},
 		{"prompt over default budget", RouteCompletions, `{"prompt":"` + long + `"}`, nil, 400, "prompt", "prompt_too_long"},
 		{"prompt over route budget", RouteChat, `{"messages":[{"role":"user","content":"` + long[:40] + `"}]}`, nil, 400, "messages", "prompt_too_long"},
@@ -363,9 +400,9 @@ func TestBadRequests(t *testing.T) {
 		{"max_tokens over cap", RouteCompletions, `{"prompt":"a","max_tokens":65}`, nil, 400, "max_tokens", "max_tokens_over_cap"},
 		{"max_completion_tokens over cap", RouteChat, `{"messages":[{"role":"user","content":"a"}],"max_completion_tokens":65}`, nil, 400, "max_completion_tokens", "max_tokens_over_cap"},
 		{"max_tokens zero", RouteCompletions, `{"prompt":"a","max_tokens":0}`, nil, 400, "max_tokens", "invalid_value"},
-		{"n two", RouteCompletions, `{"prompt":"a","n":2}`, nil, 400, "n", "unsupported_value"},
+		{"n over the bound", RouteCompletions, `{"prompt":"a","n":129}`, nil, 400, "n", "invalid_value"},
 		{"best_of", RouteCompletions, `{"prompt":"a","best_of":3}`, nil, 400, "best_of", "unsupported_value"},
-		{"logprobs", RouteCompletions, `{"prompt":"a","logprobs":2}`, nil, 400, "logprobs", "unsupported_value"},
+		{"logprobs over 20", RouteCompletions, `{"prompt":"a","logprobs":21}`, nil, 400, "logprobs", "invalid_value"},
 		{"stream_options without stream", RouteCompletions, `{"prompt":"a","stream_options":{"include_usage":true}}`, nil, 400, "stream_options", "invalid_value"},
 		{"temperature out of range", RouteCompletions, `{"prompt":"a","temperature":2.5}`, nil, 400, "temperature", "invalid_value"},
 		{"top_p zero", RouteCompletions, `{"prompt":"a","top_p":0}`, nil, 400, "top_p", "invalid_value"},
@@ -449,24 +486,35 @@ func deref(s *string) string {
 	return *s
 }
 
+// Backend errors reach the client as a generic message of their kind,
+// never their own text; NewError's message, code and param go as they are.
 func TestBackendErrors(t *testing.T) {
 	tests := []struct {
 		name       string
 		err        error
 		status     int
 		retryAfter string
-		typ        string
+		typ, code  string
+		param      string
+		message    string // "" : generic, without the error's text
 	}{
-		{"overloaded", fmt.Errorf("queue full: %w", ErrOverloaded), 429, "2", "rate_limit_error"},
-		{"unavailable", fmt.Errorf("no decode workers: %w", ErrUnavailable), 503, "2", "service_unavailable"},
-		{"invalid", fmt.Errorf("worker said: %w", ErrInvalid), 400, "", "invalid_request_error"},
-		{"internal", errors.New("boom"), 500, "", "server_error"},
+		{"overloaded", fmt.Errorf("queue full at 10.0.0.7: %w", ErrOverloaded), 429, "2", "rate_limit_error", "overloaded", "", ""},
+		{"unavailable", fmt.Errorf("no decode workers at 10.0.0.7: %w", ErrUnavailable), 503, "2", "service_unavailable", "unavailable", "", ""},
+		{"invalid", fmt.Errorf("worker 10.0.0.7 said: %w", ErrInvalid), 400, "", "invalid_request_error", "invalid_request", "", ""},
+		{"internal", errors.New("boom at 10.0.0.7"), 500, "", "server_error", "internal_error", "", ""},
+		{"client-safe", fmt.Errorf("router at 10.0.0.7: %w", NewError(ErrInvalid, "kv_too_large", "max_tokens", "max_tokens %d does not fit in any worker", 99)),
+			400, "", "invalid_request_error", "kv_too_large", "max_tokens", "max_tokens 99 does not fit in any worker"},
+		{"client-safe overload", NewError(ErrOverloaded, "", "", "every decode worker is full"), 429, "2", "rate_limit_error", "", "", "every decode worker is full"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			ts := newTestServer(t, &fakeBackend{complete: func(context.Context, *Request, EmitFunc) (string, error) {
-				return "", tc.err
-			}}, func(o *Options) { o.RetryAfter = 1500 * time.Millisecond })
+			core, logs := observer.New(zap.InfoLevel)
+			ts := newTestServer(t, &fakeBackend{complete: func(context.Context, *Request, EmitFunc) ([]string, error) {
+				return nil, tc.err
+			}}, func(o *Options) {
+				o.RetryAfter = 1500 * time.Millisecond
+				o.Logger = zap.New(core)
+			})
 			resp := ts.post(t, RouteCompletions, `{"prompt":"a","stream":true}`)
 			if resp.StatusCode != tc.status {
 				t.Errorf("status %d, want %d", resp.StatusCode, tc.status)
@@ -474,19 +522,30 @@ func TestBackendErrors(t *testing.T) {
 			if got := resp.Header.Get("Retry-After"); got != tc.retryAfter {
 				t.Errorf("Retry-After %q, want %q", got, tc.retryAfter)
 			}
-			if e := errorBody(t, resp); e.Type != tc.typ || !strings.Contains(e.Message, tc.err.Error()) {
-				t.Errorf("error %+v", e)
+			e := errorBody(t, resp)
+			if e.Type != tc.typ || deref(e.Code) != tc.code || deref(e.Param) != tc.param {
+				t.Errorf("error %+v (code %q param %q), want type %s code %q param %q", e, deref(e.Code), deref(e.Param), tc.typ, tc.code, tc.param)
+			}
+			if strings.Contains(e.Message, "10.0.0.7") || tc.message != "" && e.Message != tc.message {
+				t.Errorf("message %q, want %q without internal text", e.Message, tc.message)
+			}
+			if tc.status == 500 && !strings.Contains(e.Message, resp.Header.Get("X-Request-Id")) {
+				t.Errorf("500 message %q does not name the request %s", e.Message, resp.Header.Get("X-Request-Id"))
+			}
+			lines := logs.FilterMessage("request").All()
+			if len(lines) != 1 || fmt.Sprint(lines[0].ContextMap()["cause"]) != tc.err.Error() {
+				t.Errorf("request log %+v lacks the cause", lines)
 			}
 		})
 	}
 }
 
 func TestErrorMidStream(t *testing.T) {
-	ts := newTestServer(t, &fakeBackend{complete: func(ctx context.Context, req *Request, emit EmitFunc) (string, error) {
-		if err := emit([]int32{'a'}); err != nil {
-			return "", err
+	ts := newTestServer(t, &fakeBackend{complete: func(ctx context.Context, req *Request, emit EmitFunc) ([]string, error) {
+		if err := emit(Output{Tokens: []int32{'a'}}); err != nil {
+			return nil, err
 		}
-		return "", errors.New("decode worker d0 failed and no KV is retained")
+		return nil, errors.New("decode worker d0 failed and no KV is retained")
 	}}, nil)
 	resp := ts.post(t, RouteCompletions, `{"prompt":"a","stream":true}`)
 	data := sseData(t, resp.Body)
@@ -496,8 +555,8 @@ func TestErrorMidStream(t *testing.T) {
 	var ev struct {
 		Error *errorJSON `json:"error"`
 	}
-	if err := json.Unmarshal([]byte(data[1]), &ev); err != nil || ev.Error == nil || !strings.Contains(ev.Error.Message, "no KV is retained") {
-		t.Errorf("error event %q (%v)", data[1], err)
+	if err := json.Unmarshal([]byte(data[1]), &ev); err != nil || ev.Error == nil || deref(ev.Error.Code) != "internal_error" || strings.Contains(ev.Error.Message, "KV") {
+		t.Errorf("error event %q (%v), want a generic internal_error", data[1], err)
 	}
 	if got := requestsTotal(t, ts.reg, budget.StatusError); got != 1 {
 		t.Errorf("requests_total{status=error} = %v, want 1", got)
@@ -519,16 +578,17 @@ func TestNoModelsIs503(t *testing.T) {
 func TestClientDisconnectCancels(t *testing.T) {
 	started := make(chan struct{})
 	ended := make(chan error, 1)
-	ts := newTestServer(t, &fakeBackend{complete: func(ctx context.Context, req *Request, emit EmitFunc) (string, error) {
-		if err := emit([]int32{'a'}); err != nil {
+	core, logs := observer.New(zap.InfoLevel)
+	ts := newTestServer(t, &fakeBackend{complete: func(ctx context.Context, req *Request, emit EmitFunc) ([]string, error) {
+		if err := emit(Output{Tokens: []int32{'a'}}); err != nil {
 			ended <- err
-			return "", err
+			return nil, err
 		}
 		close(started)
 		<-ctx.Done()
 		ended <- ctx.Err()
-		return "", ctx.Err()
-	}}, nil)
+		return nil, ctx.Err()
+	}}, func(o *Options) { o.Logger = zap.New(core) })
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, ts.URL+RouteCompletions, strings.NewReader(`{"prompt":"a","stream":true}`))
@@ -548,6 +608,14 @@ func TestClientDisconnectCancels(t *testing.T) {
 		}
 		return nil
 	})
+	// Logged as nginx's 499, not as a 500 with the TCP error's text.
+	lines := logs.FilterMessage("request").All()
+	if len(lines) != 1 {
+		t.Fatalf("%d request lines, want 1", len(lines))
+	}
+	if f := lines[0].ContextMap(); f["http_status"] != int64(499) || f["error"] != "cancelled" || f["status"] != budget.StatusCancelled {
+		t.Errorf("log line %v, want http_status 499, error cancelled", f)
+	}
 }
 
 // waitFor polls f until it returns nil or 10 s pass.
@@ -638,9 +706,9 @@ func TestReturnTokenIDs(t *testing.T) {
 // exactly the context length is served.
 func TestContextLength(t *testing.T) {
 	calls := 0
-	ts := newTestServer(t, &fakeBackend{complete: func(context.Context, *Request, EmitFunc) (string, error) {
+	ts := newTestServer(t, &fakeBackend{complete: func(_ context.Context, req *Request, _ EmitFunc) ([]string, error) {
 		calls++
-		return "stop", nil
+		return finishes(req, "stop"), nil
 	}}, func(o *Options) { o.Models = func() []Model { return []Model{{Name: "small", MaxModelLen: 20}} } })
 	prompt := strings.Repeat("x", 10) // 10 byte-level tokens
 	tests := []struct {

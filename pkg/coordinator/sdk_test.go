@@ -1,0 +1,149 @@
+package coordinator_test
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// sdkDir returns the installed OpenAI Node SDK (make sdk) and node, or
+// skips the test where they are missing; under CI=true their absence fails
+// it.
+func sdkDir(t *testing.T) (node, sdk string) {
+	t.Helper()
+	sdk, err := filepath.Abs("../../third_party/openai-sdk/node_modules/openai")
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, nerr := exec.LookPath("node")
+	_, serr := os.Stat(filepath.Join(sdk, "package.json"))
+	if nerr == nil && serr == nil {
+		return node, sdk
+	}
+	msg := "the OpenAI Node SDK test needs node and `make sdk` (third_party/openai-sdk)"
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("%s: node: %v; sdk: %v", msg, nerr, serr)
+	}
+	t.Skip(msg)
+	return "", ""
+}
+
+// TestOpenAISDK drives a disaggregated standalone server with the
+// official OpenAI Node SDK: streamed chat and completions, logprobs, n = 2,
+// echo, and the typed errors of a context overflow (BadRequestError) and
+// an unknown model (NotFoundError).
+func TestOpenAISDK(t *testing.T) {
+	node, sdk := sdkDir(t)
+	cl := startCluster(t, clusterOpts{})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, "testdata/openai_sdk.mjs")
+	cmd.Env = append(os.Environ(), "OPENAI_SDK="+sdk, "OPENAI_BASE_URL="+cl.url+"/v1", "PDSERVE_MODEL=tiny")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	outb, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("node: %v\n%s", err, stderr.String())
+	}
+	var out struct {
+		ChatStream struct {
+			Text   string
+			Finish string
+			Usage  struct{ Prompt_tokens, Completion_tokens, Total_tokens int }
+			Chunks int
+		}
+		CompletionStream struct {
+			Choices map[string]struct {
+				Text           string
+				Tokens         []string
+				Token_logprobs []float64
+				Top            []map[string]float64
+				Finish         string
+			}
+			Usage struct{ Prompt_tokens, Completion_tokens int }
+		}
+		ChatLogprobs struct {
+			Content []struct {
+				Token        string
+				Logprob      float64
+				Bytes        []int
+				Top_logprobs []struct {
+					Token   string
+					Logprob float64
+				}
+			}
+			Text  string
+			Usage struct{ Completion_tokens int }
+		}
+		Echo struct {
+			Text     string
+			Logprobs struct {
+				Tokens         []string
+				Token_logprobs []*float64
+			}
+		}
+		Overflow, UnknownModel struct {
+			Raised               string
+			Status               int
+			Code, Param          *string
+			BadRequest, NotFound bool
+		}
+	}
+	if err := json.Unmarshal(outb, &out); err != nil {
+		t.Fatalf("node output %q: %v", outb, err)
+	}
+
+	cs := out.ChatStream
+	if cs.Finish == "" || cs.Usage.Completion_tokens < 1 || cs.Usage.Total_tokens != cs.Usage.Prompt_tokens+cs.Usage.Completion_tokens || cs.Chunks < 2 {
+		t.Errorf("streamed chat: %+v", cs)
+	}
+	// The random-weight model emits arbitrary bytes, so token strings are
+	// checked by count, not joined against the text (vLLM's "bytes:\xNN"
+	// names a token that is not whole UTF-8).
+	cs2 := out.CompletionStream
+	if len(cs2.Choices) != 2 || cs2.Usage.Completion_tokens != 12 {
+		t.Errorf("n=2 stream: choices %v, usage %+v; want indexes 0 and 1 and 2 × 6 completion tokens", cs2.Choices, cs2.Usage)
+	}
+	for i, c := range cs2.Choices {
+		if c.Finish != "length" || len(c.Tokens) != 6 || len(c.Token_logprobs) != 6 || len(c.Top) != 6 {
+			t.Errorf("choice %s: %+v; want finish length and one logprob and top entry per token", i, c)
+		}
+		for k, lp := range c.Token_logprobs {
+			// logprobs: 2 gives the 2 most likely tokens and the chosen
+			// one (OpenAI: up to logprobs+1 entries).
+			if !(lp <= 0) || len(c.Top[k]) < 2 || len(c.Top[k]) > 3 {
+				t.Errorf("choice %s token %d: logprob %v, top %v", i, k, lp, c.Top[k])
+			}
+		}
+	}
+	if a, b := cs2.Choices["0"].Tokens, cs2.Choices["1"].Tokens; slices.Equal(a, b) {
+		t.Errorf("both sampled choices are %q: seeds 7 and 8 should differ", a)
+	}
+	cl2 := out.ChatLogprobs
+	if len(cl2.Content) != 4 || cl2.Usage.Completion_tokens != 4 {
+		t.Errorf("chat logprobs: %d entries for %d tokens, want 4", len(cl2.Content), cl2.Usage.Completion_tokens)
+	}
+	for _, c := range cl2.Content {
+		if len(c.Top_logprobs) != 3 || c.Logprob > 0 || math.Abs(c.Top_logprobs[0].Logprob-c.Logprob) > 1e-6 {
+			// Greedy: the chosen token is the most probable one.
+			t.Errorf("chat logprob %+v: want 3 alternatives, the first the chosen token's", c)
+		}
+	}
+	e := out.Echo
+	if !strings.HasPrefix(e.Text, "abc def") || len(e.Logprobs.Tokens) < 8 || e.Logprobs.Token_logprobs[0] != nil || e.Logprobs.Token_logprobs[1] == nil {
+		t.Errorf("echo: %+v; want the prompt's text and tokens first, its first logprob null", e)
+	}
+	if o := out.Overflow; !o.BadRequest || o.Status != 400 || o.Code == nil || *o.Code != "context_length_exceeded" {
+		t.Errorf("context overflow: %+v; want BadRequestError with code context_length_exceeded", o)
+	}
+	if u := out.UnknownModel; !u.NotFound || u.Status != 404 || u.Code == nil || *u.Code != "model_not_found" {
+		t.Errorf("unknown model: %+v; want NotFoundError with code model_not_found", u)
+	}
+}

@@ -1,0 +1,81 @@
+// Drives a pdserve server with the official OpenAI Node SDK and prints one
+// JSON object with what each case saw; TestOpenAISDK checks it. Run with
+// node, NODE_PATH unused: the SDK is imported from OPENAI_SDK (the path of
+// its package directory), the server from OPENAI_BASE_URL.
+const { default: OpenAI, BadRequestError, NotFoundError } = await import(process.env.OPENAI_SDK + '/index.mjs');
+
+const client = new OpenAI({ baseURL: process.env.OPENAI_BASE_URL, apiKey: 'unused', maxRetries: 0, timeout: 60_000 });
+const model = process.env.PDSERVE_MODEL;
+const out = {};
+
+// Streamed chat: the text of the deltas, the finish reason, the usage chunk.
+{
+  const stream = await client.chat.completions.create({
+    model, messages: [{ role: 'user', content: 'Hello' }], max_tokens: 8, stream: true,
+    stream_options: { include_usage: true }, seed: 1,
+  });
+  let text = '', finish = null, usage = null, chunks = 0;
+  for await (const chunk of stream) {
+    chunks++;
+    for (const c of chunk.choices) {
+      text += c.delta?.content ?? '';
+      if (c.finish_reason) finish = c.finish_reason;
+    }
+    if (chunk.usage) usage = chunk.usage;
+  }
+  out.chatStream = { text, finish, usage, chunks };
+}
+
+// Streamed completion with logprobs and n = 2, interleaved by index.
+{
+  const stream = await client.completions.create({
+    model, prompt: 'The quick brown fox', max_tokens: 6, n: 2, logprobs: 2, temperature: 0.8, seed: 7, stream: true,
+    stream_options: { include_usage: true }, ignore_eos: true,
+  });
+  const choices = {};
+  let usage = null;
+  for await (const chunk of stream) {
+    if (chunk.usage) usage = chunk.usage;
+    for (const c of chunk.choices) {
+      const ch = (choices[c.index] ??= { text: '', tokens: [], token_logprobs: [], top: [], finish: null });
+      ch.text += c.text;
+      if (c.logprobs) {
+        ch.tokens.push(...c.logprobs.tokens);
+        ch.token_logprobs.push(...c.logprobs.token_logprobs);
+        ch.top.push(...c.logprobs.top_logprobs);
+      }
+      if (c.finish_reason) ch.finish = c.finish_reason;
+    }
+  }
+  out.completionStream = { choices, usage };
+}
+
+// Chat with logprobs, not streamed.
+{
+  const r = await client.chat.completions.create({
+    model, messages: [{ role: 'user', content: 'Hi' }], max_tokens: 4, logprobs: true, top_logprobs: 3, temperature: 0,
+    ignore_eos: true, // vLLM's extension, sent as given: the random-weight model may end at once otherwise
+  });
+  out.chatLogprobs = { content: r.choices[0].logprobs?.content ?? null, text: r.choices[0].message.content, usage: r.usage };
+}
+
+// Echo with logprobs (lm-evaluation-harness's loglikelihood request).
+{
+  const r = await client.completions.create({ model, prompt: 'abc def', max_tokens: 1, echo: true, logprobs: 1, temperature: 0, ignore_eos: true });
+  out.echo = { text: r.choices[0].text, logprobs: r.choices[0].logprobs };
+}
+
+// Errors the SDK raises as typed exceptions.
+async function failure(f) {
+  try {
+    await f();
+    return { raised: null };
+  } catch (e) {
+    return { raised: e.constructor.name, status: e.status, code: e.code ?? null, param: e.param ?? null,
+      badRequest: e instanceof BadRequestError, notFound: e instanceof NotFoundError };
+  }
+}
+out.overflow = await failure(() => client.completions.create({ model, prompt: 'x', max_tokens: 1_000_000 }));
+out.unknownModel = await failure(() => client.chat.completions.create({ model: 'no-such-model', messages: [{ role: 'user', content: 'x' }] }));
+
+console.log(JSON.stringify(out));

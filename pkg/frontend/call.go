@@ -1,0 +1,427 @@
+package frontend
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+
+	"go.uber.org/zap"
+
+	"github.com/pdserve/pdserve/pkg/budget"
+	"github.com/pdserve/pdserve/pkg/engine"
+)
+
+// call is one completion request in flight: one Backend.Complete per
+// prompt (a batched /v1/completions request has several), run
+// concurrently, each with n choices, all written into the one response.
+type call struct {
+	s       *Server
+	plan    *plan
+	id      string // the response id
+	created int64
+	// client is the request's context: done when the client went away.
+	client context.Context
+	// ctx, a child of client, ends every prompt's Complete; cancel ends
+	// it when a prompt fails.
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	// mu serializes the prompts' emits: it guards everything below and
+	// the response writer.
+	mu      sync.Mutex
+	sse     *sseWriter
+	prompts []*promptRun
+	// writeErr is set when writing to the client failed: it went away.
+	writeErr error
+}
+
+// promptRun is one prompt's Complete.
+type promptRun struct {
+	req *Request
+	// echo is the text of the prompt to prepend to each choice (echo), ""
+	// when none.
+	echo string
+	// promptLP holds the logprobs of prompt tokens 1.. (echo with
+	// logprobs), from the Backend's Prompt output.
+	promptLP []*engine.TokenLogprob
+	choices  []*choiceState
+	finishes []string
+	err      error
+}
+
+// choiceState is one choice's output so far. Guarded by call.mu.
+type choiceState struct {
+	index int // in the response: prompt index × n + choice index
+	text  *textStream
+	out   strings.Builder // whole response: the text so far
+	// ids are the output ids not yet sent (stream) or all of them (whole
+	// response), with return_token_ids.
+	ids     []int32
+	lp      *logprobBuf // nil without logprobs
+	offsets runeCounter
+	// begun: the echo (text, prompt logprobs) was added; started: a
+	// stream chunk of this choice was sent (the chat role goes first).
+	begun, started bool
+	stopped        bool // a stop string matched: finish "stop"
+}
+
+func newCall(s *Server, pl *plan, id string, created int64, w http.ResponseWriter) *call {
+	c := &call{s: s, plan: pl, id: id, created: created, sse: &sseWriter{w: w, rc: http.NewResponseController(w)}}
+	p := pl.p
+	for i, req := range pl.reqs {
+		pr := &promptRun{req: req, echo: pl.echo[i]}
+		for j := range p.n {
+			ch := &choiceState{index: i*p.n + j, text: &textStream{decode: s.o.Tokenizer.DecodeToken, stops: p.stops}}
+			if p.logprobs >= 0 {
+				ch.lp = &logprobBuf{chat: p.chat, decode: s.o.Tokenizer.DecodeToken}
+			}
+			pr.choices = append(pr.choices, ch)
+		}
+		c.prompts = append(c.prompts, pr)
+	}
+	return c
+}
+
+// run completes every prompt and writes the response. Every goroutine it
+// starts has ended when it returns.
+func (c *call) run(ctx context.Context, w http.ResponseWriter) {
+	c.client = ctx
+	c.ctx, c.cancel = context.WithCancel(ctx)
+	defer c.cancel()
+	complete := func(pr *promptRun) {
+		pr.finishes, pr.err = c.s.o.Backend.Complete(c.ctx, pr.req, c.emitter(pr))
+		if errors.Is(pr.err, ErrStopped) {
+			pr.err = nil // a Backend that ended the request on a stop string
+		}
+		if pr.err != nil {
+			c.cancel() // the request fails: stop the other prompts
+		}
+	}
+	// The last (usually the only) prompt runs on the handler's goroutine,
+	// the others on goroutines of their own.
+	var wg sync.WaitGroup
+	last := len(c.prompts) - 1
+	for _, pr := range c.prompts[:last] {
+		wg.Go(func() { complete(pr) })
+	}
+	complete(c.prompts[last])
+	wg.Wait()
+
+	var failed *promptRun
+	for _, pr := range c.prompts {
+		if pr.err != nil && (failed == nil || !isCancel(pr.err) && isCancel(failed.err)) {
+			failed = pr // the first error that is not a cancellation, if any
+		}
+	}
+	if failed != nil {
+		c.fail(w, failed)
+		return
+	}
+	status := budget.StatusOK
+	var aerr *apiError
+	if err := c.complete(w); err != nil {
+		status, aerr = budget.StatusCancelled, cancelled(err)
+	}
+	for i, pr := range c.prompts {
+		tr := pr.req.Trace
+		tr.Status, tr.FinishReason = status, c.finish(pr, 0)
+		c.s.finish(tr, aerr, c.logFields(i)...)
+	}
+}
+
+func isCancel(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// logFields are the extra fields of prompt i's log line.
+func (c *call) logFields(i int) []zap.Field {
+	var f []zap.Field
+	if len(c.prompts) > 1 {
+		f = append(f, zap.String("batch_request_id", c.id), zap.Int("batch_index", i), zap.Int("batch_prompts", len(c.prompts)))
+	}
+	if n := c.plan.p.n; n > 1 {
+		pr := c.prompts[i]
+		reasons := make([]string, n)
+		for j := range reasons {
+			reasons[j] = c.finish(pr, j)
+		}
+		f = append(f, zap.Int("n", n), zap.Strings("finish_reasons", reasons))
+	}
+	return f
+}
+
+// finish returns the finish reason of choice j of pr.
+func (c *call) finish(pr *promptRun, j int) string {
+	switch {
+	case pr.choices[j].stopped:
+		return "stop"
+	case j < len(pr.finishes) && pr.finishes[j] != "":
+		return pr.finishes[j]
+	}
+	return "stop"
+}
+
+// emitter returns the EmitFunc of pr.
+func (c *call) emitter(pr *promptRun) EmitFunc {
+	return func(o Output) error {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if c.writeErr != nil {
+			return c.writeErr
+		}
+		if err := c.ctx.Err(); err != nil {
+			return err // the request failed or the client went away
+		}
+		if o.Prompt {
+			if pr.req.PromptLogprobs >= 0 {
+				pr.promptLP = make([]*engine.TokenLogprob, len(o.Logprobs))
+				for i := range o.Logprobs {
+					pr.promptLP[i] = &o.Logprobs[i]
+				}
+			}
+			return nil
+		}
+		if o.Index < 0 || o.Index >= len(pr.choices) {
+			return fmt.Errorf("frontend: output for choice %d of a request with %d", o.Index, len(pr.choices))
+		}
+		ch := pr.choices[o.Index]
+		if ch.stopped {
+			return ErrStopped
+		}
+		if len(o.Tokens) == 0 {
+			return nil
+		}
+		text := c.begin(pr, ch)
+		n := 0
+		for i, tok := range o.Tokens {
+			t, stopped := ch.text.push(o.Tokens[i : i+1])
+			text += t
+			n++
+			if c.plan.p.returnIDs {
+				ch.ids = append(ch.ids, tok)
+			}
+			if ch.lp != nil {
+				var lp *engine.TokenLogprob
+				if i < len(o.Logprobs) {
+					lp = &o.Logprobs[i]
+				}
+				ch.lp.add(tok, lp, ch.offsets.next(c.s.o.Tokenizer.DecodeToken(tok)))
+			}
+			if stopped {
+				ch.stopped = true
+				break
+			}
+		}
+		var err error
+		if c.plan.p.stream {
+			if text != "" || !ch.started || ch.lp != nil {
+				err = c.sse.event(c.chunk(ch, text, nil, nil))
+			}
+		} else {
+			ch.out.WriteString(text)
+		}
+		if err != nil {
+			c.writeErr = err
+			c.cancel()
+			return err
+		}
+		// Record the delivery once the client has it (or, for a whole
+		// response, once it is final).
+		pr.req.Trace.Tokens(c.s.o.Now(), n)
+		if ch.stopped {
+			return ErrStopped
+		}
+		return nil
+	}
+}
+
+// begin returns the echo of pr to prepend to ch's text, once, and adds
+// the prompt's logprob entries; "" when done before or without echo.
+func (c *call) begin(pr *promptRun, ch *choiceState) string {
+	if ch.begun {
+		return ""
+	}
+	ch.begun = true
+	if pr.echo == "" {
+		return ""
+	}
+	if ch.lp != nil && pr.req.PromptLogprobs >= 0 {
+		for i, tok := range pr.req.Prompt {
+			var lp *engine.TokenLogprob // null: the first token, or none sent
+			if i > 0 && i-1 < len(pr.promptLP) {
+				lp = pr.promptLP[i-1]
+			}
+			ch.lp.add(tok, lp, ch.offsets.next(c.s.o.Tokenizer.DecodeToken(tok)))
+		}
+	} else if ch.lp != nil {
+		for _, tok := range pr.req.Prompt {
+			ch.offsets.next(c.s.o.Tokenizer.DecodeToken(tok))
+		}
+	}
+	return pr.echo
+}
+
+// chunk returns a stream chunk of ch carrying text, its pending ids and
+// logprobs, and finish when not nil. The first chat chunk of a choice
+// carries the assistant role.
+func (c *call) chunk(ch *choiceState, text string, finish *string, pd *pdserveSummary) completion {
+	out := completion{ID: c.id, Created: c.created, Model: c.plan.model, PDServe: pd}
+	cc := choice{Index: ch.index, FinishReason: finish, TokenIDs: ch.ids}
+	ch.ids = nil
+	if ch.lp != nil {
+		cc.Logprobs = ch.lp.take()
+	}
+	if c.plan.p.chat {
+		out.Object = "chat.completion.chunk"
+		d := &delta{}
+		if !ch.started {
+			d.Role = "assistant"
+		}
+		if text != "" || d.Role != "" {
+			d.Content = &text
+		}
+		cc.Delta = d
+	} else {
+		out.Object = "text_completion"
+		cc.Text = &text
+	}
+	ch.started = true
+	out.Choices = []choice{cc}
+	return out
+}
+
+// usage sums the prompts' tokens; completion tokens count every choice.
+func (c *call) usage() *usage {
+	u := &usage{}
+	for _, pr := range c.prompts {
+		u.PromptTokens += pr.req.Trace.PromptTokens
+		u.CompletionTokens += pr.req.Trace.OutputTokens
+	}
+	u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	return u
+}
+
+// summary returns the `pdserve` object.
+func (c *call) summary() *pdserveSummary {
+	s := &pdserveSummary{Summary: c.prompts[0].req.Trace.Summary()}
+	if len(c.prompts) > 1 {
+		for _, pr := range c.prompts {
+			s.Prompts = append(s.Prompts, promptSummary{RequestID: pr.req.ID, Summary: pr.req.Trace.Summary()})
+		}
+	}
+	return s
+}
+
+// complete writes the end of a successful response: the whole response,
+// or each choice's last chunk (held-back text, finish reason), the usage
+// chunk and [DONE]. It returns the error writing to the client.
+func (c *call) complete(w http.ResponseWriter) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p := c.plan.p
+	if !p.stream {
+		out := completion{ID: c.id, Object: "text_completion", Created: c.created, Model: c.plan.model, Usage: c.usage(), PDServe: c.summary()}
+		if p.chat {
+			out.Object = "chat.completion"
+		}
+		for _, pr := range c.prompts {
+			for j, ch := range pr.choices {
+				text := c.begin(pr, ch)
+				ch.out.WriteString(text + ch.text.flush())
+				finish := c.finish(pr, j)
+				cc := choice{Index: ch.index, FinishReason: &finish, TokenIDs: ch.ids}
+				if ch.lp != nil {
+					cc.Logprobs = ch.lp.take()
+				}
+				if p.chat {
+					cc.Message = &message{Role: "assistant", Content: ch.out.String()}
+				} else {
+					s := ch.out.String()
+					cc.Text = &s
+				}
+				out.Choices = append(out.Choices, cc)
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		return json.NewEncoder(w).Encode(out)
+	}
+	if c.writeErr != nil {
+		return c.writeErr
+	}
+	for i, pr := range c.prompts {
+		for j, ch := range pr.choices {
+			text := c.begin(pr, ch) + ch.text.flush()
+			finish := c.finish(pr, j)
+			var pd *pdserveSummary
+			if !p.usage && i == len(c.prompts)-1 && j == len(pr.choices)-1 {
+				pd = c.summary()
+			}
+			if err := c.sse.event(c.chunk(ch, text, &finish, pd)); err != nil {
+				return err
+			}
+		}
+	}
+	if p.usage {
+		object := "text_completion"
+		if p.chat {
+			object = "chat.completion.chunk"
+		}
+		u := completion{ID: c.id, Object: object, Created: c.created, Model: c.plan.model, Choices: []choice{}, Usage: c.usage(), PDServe: c.summary()}
+		if err := c.sse.event(u); err != nil {
+			return err
+		}
+	}
+	return c.sse.done()
+}
+
+// fail reports the failure of prompt failed: nothing when the client went
+// away, else as the response when nothing was sent yet, else as an error
+// event ending the stream. A context error of a Backend whose client is
+// still there is an internal error. Every
+// prompt's log line gets the request's status and error; the cause goes
+// on the line of the prompt that failed.
+func (c *call) fail(w http.ResponseWriter, failed *promptRun) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	aerr := backendError(failed.err, failed.req.ID)
+	var status string
+	switch {
+	case c.writeErr != nil || c.client.Err() != nil:
+		status, aerr = budget.StatusCancelled, cancelled(failed.err)
+	case c.sse.started:
+		status = budget.StatusError // failed after output began
+	case aerr.status == http.StatusTooManyRequests:
+		status = budget.StatusRejected
+	case aerr.status == http.StatusServiceUnavailable:
+		status = budget.StatusUnavailable
+	case aerr.status < 500:
+		status = budget.StatusInvalid
+	default:
+		status = budget.StatusError
+	}
+	for i, pr := range c.prompts {
+		pr.req.Trace.Status = status
+		line := aerr
+		if pr != failed {
+			cp := *aerr
+			cp.cause = nil
+			line = &cp
+		}
+		c.s.finish(pr.req.Trace, line, c.logFields(i)...)
+	}
+	switch {
+	case status == budget.StatusCancelled:
+		return // nobody to tell
+	case !c.sse.started:
+		writeError(w, aerr, c.s.o.RetryAfter)
+	default:
+		_ = c.sse.event(struct {
+			Error *apiError `json:"error"`
+		}{aerr})
+		_ = c.sse.done()
+	}
+}
