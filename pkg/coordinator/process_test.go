@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -23,15 +24,23 @@ import (
 	"github.com/pdserve/pdserve/pkg/tokenizer"
 )
 
-// freePort returns a loopback port that was free a moment ago.
+// freePort returns a loopback port that was free a moment ago, from
+// below Linux's ephemeral range (32768 and up by default): a port ":0"
+// hands out may be taken again by any outgoing connection (the processes'
+// own NATS and gRPC clients) before the process that is to listen on it
+// starts, one below that range is not.
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 100 {
+		port := 20000 + mrand.IntN(12000)
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+		if err == nil {
+			l.Close()
+			return port
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatal("no free loopback port in 20000..31999")
+	return 0
 }
 
 // syncBuffer is a bytes.Buffer safe for the process's output copier and
