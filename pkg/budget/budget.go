@@ -32,6 +32,7 @@ type Trace struct {
 	PrefillWorker              string
 	DecodeWorker               string
 	Recoveries                 int    // decode-worker failovers
+	PrefillRetries             int    // prefill workers tried again after one failed before the first token
 	FinishReason               string // "stop", "length", or "" when it did not finish
 	Status                     string // outcome label, see pkg/metrics
 
@@ -130,6 +131,7 @@ type Summary struct {
 	Mode             string  `json:"mode"`
 	FirstTokenPolicy string  `json:"first_token_policy"`
 	Recoveries       int     `json:"recoveries,omitempty"`
+	PrefillRetries   int     `json:"prefill_retries,omitempty"`
 
 	CostUSD            *float64 `json:"cost_usd,omitempty"`
 	CostUSDPer1kTokens *float64 `json:"cost_usd_per_1k_tokens,omitempty"`
@@ -162,6 +164,7 @@ func (t *Trace) Summary() Summary {
 		Mode:             t.Mode,
 		FirstTokenPolicy: t.FirstTokenPolicy,
 		Recoveries:       t.Recoveries,
+		PrefillRetries:   t.PrefillRetries,
 		Warnings:         slices.Clone(t.Warnings),
 	}
 	if c, ok := t.Cost(); ok {
@@ -204,6 +207,7 @@ func (t *Trace) Fields() []zap.Field {
 		zap.String("prefill_worker", t.PrefillWorker),
 		zap.String("decode_worker", t.DecodeWorker),
 		zap.Int("recoveries", t.Recoveries),
+		zap.Int("prefill_retries", t.PrefillRetries),
 		zap.Duration("ttft", s.TTFT),
 		zap.Duration("tpot", s.TPOT),
 		zap.Duration("queue", s.Queue),

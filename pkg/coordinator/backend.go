@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -73,6 +74,19 @@ func (b *backend) decodeRole() control.Role {
 	}
 	return control.RoleDecode
 }
+
+// isMember reports whether w (by id and address) is a live member of
+// role now, draining or not.
+func (b *backend) isMember(role control.Role, w router.Worker) bool {
+	for _, hb := range b.members.All() {
+		if hb.Role == string(role) && hb.ID == w.ID && hb.GRPCAddr == w.Addr {
+			return true
+		}
+	}
+	return false
+}
+
+func (r *run) decodeRole() control.Role { return r.b.decodeRole() }
 
 // workers returns the live, non-draining members of role as router input.
 func (b *backend) workers(role control.Role) []router.Worker {
@@ -195,14 +209,15 @@ type run struct {
 	// so the workers still hold the request when it ends.
 	stoppedEarly bool
 
-	remote       bool // KV from a prefill worker
-	prefill      router.Worker
-	prefillGen   int // prefill attempt: > 0 once the prompt was prefilled again after a failure
-	prefillEnded bool
-	gotFirst     bool            // the prefill worker reported the first token: its KV is complete
-	kvDone       bool            // the prefill worker reported the decode worker's ack of the KV
-	prefilledOn  []router.Worker // every prefill worker a Prefill call went to, for Release
-	abandoned    []router.Worker // decode workers left alive after a failed KV transfer, for Cancel
+	remote         bool // KV from a prefill worker
+	prefillRetries int  // prefill workers tried again after a failure before the first token
+	prefill        router.Worker
+	prefillGen     int // prefill attempt: > 0 once the prompt was prefilled again after a failure
+	prefillEnded   bool
+	gotFirst       bool            // the prefill worker reported the first token: its KV is complete
+	kvDone         bool            // the prefill worker reported the decode worker's ack of the KV
+	prefilledOn    []router.Worker // every prefill worker a Prefill call went to, for Release
+	abandoned      []router.Worker // decode workers left alive after a failed KV transfer, for Cancel
 
 	attempt       int
 	decode        router.Worker
@@ -448,6 +463,11 @@ func (r *run) startDecode() error {
 }
 
 func (r *run) startResend() error {
+	if !r.b.isMember(r.decodeRole(), r.decode) {
+		// Never point a prefill worker's KV at an address that is not a
+		// live decode worker's.
+		return fmt.Errorf("coordinator: request %s: decode worker %s at %s is no longer a member; not re-sending its KV there", r.req.ID, r.decode.ID, r.decode.Addr)
+	}
 	cc, err := r.b.conns.get(r.prefill.Addr)
 	if err != nil {
 		return err
@@ -555,6 +575,16 @@ func (r *run) onPrefillFailed(err error) error {
 	case transfer && !recoverableTransfer(err):
 		return grpcError(fmt.Sprintf("kv transfer from prefill worker %s to decode worker %s", r.prefill.ID, r.decode.ID), "KV transfer", err)
 	case !transfer && !r.gotFirst:
+		// The prefill worker failed before the first token: the decode
+		// worker still waits for the KV, so another prefill worker may
+		// send it.
+		if retryablePrefill(err) {
+			rerr := r.retryPrefill(err)
+			if rerr == nil {
+				return nil
+			}
+			r.b.log.Warn("no other prefill worker can take the request", zap.String("request_id", r.req.ID), zap.Error(rerr))
+		}
 		return grpcError(fmt.Sprintf("prefill on worker %s", r.prefill.ID), "prefill", err)
 	case !transfer && r.kvDone:
 		// The decode worker has the KV; its stream tells the rest.
@@ -562,6 +592,42 @@ func (r *run) onPrefillFailed(err error) error {
 	}
 	r.abandonDecode()
 	return r.startRecovery(err)
+}
+
+// retryablePrefill reports whether a Prefill call that failed before its
+// first token may succeed on another prefill worker: the worker was gone,
+// broke off, failed inside, or was full.
+func retryablePrefill(err error) bool {
+	return recoverable(err) || status.Code(err) == codes.ResourceExhausted
+}
+
+// retryPrefill sends the prompt to another prefill worker (the failed one
+// and earlier ones excluded) for the same decode worker, whose Generate
+// call keeps waiting for the KV. It returns an error, and changes nothing,
+// when no other prefill worker can take it or the retries are used up.
+func (r *run) retryPrefill(cause error) error {
+	if r.prefillRetries >= maxRecoveries {
+		return fmt.Errorf("%d prefill retries used up", r.prefillRetries)
+	}
+	exclude := maps.Clone(r.exclude)
+	exclude[r.prefill.ID] = true
+	rreq := router.Request{ID: r.req.ID, PromptTokens: len(r.req.Prompt), MaxTokens: r.req.MaxTokens * len(r.choices), Model: r.req.Model}
+	dec, err := r.b.router.Route(r.b.now(), rreq, []router.Worker{r.decode}, r.b.workers(control.RolePrefill), exclude)
+	switch {
+	case err != nil:
+		return err
+	case dec.Local || dec.Decode.ID != r.decode.ID:
+		return errors.New("the router would prefill on the decode worker, whose call waits for remote KV")
+	}
+	r.exclude[r.prefill.ID] = true
+	r.prefillRetries++
+	r.tr.PrefillRetries++
+	r.b.log.Warn("prefill worker failed before the first token; retrying on another", zap.String("request_id", r.req.ID),
+		zap.String("worker", r.prefill.ID), zap.String("retry_on", dec.Prefill.ID), zap.Error(cause))
+	r.prefill, r.tr.PrefillWorker = dec.Prefill, dec.Prefill.ID
+	r.tr.PrefillQueued, r.tr.PrefillStart, r.tr.PrefillEnd = time.Time{}, time.Time{}, time.Time{}
+	r.prefillGen++
+	return r.startPrefill()
 }
 
 // abandonDecode ends the current Generate call, whose worker cannot get

@@ -682,3 +682,66 @@ func (h *heldPrefill) Prefill(ctx context.Context, batch []engine.PrefillItem, o
 	}
 	return h.Engine.Prefill(ctx, batch, onKV)
 }
+
+// A prefill worker that dies before the first token: the request is sent
+// to the other prefill worker, for the same decode worker, and completes
+// with the engine's tokens.
+func TestPrefillWorkerFailureBeforeFirstToken(t *testing.T) {
+	checkNoLeaks(t)
+	var mu sync.Mutex
+	held := map[string]*heldPrefill{}
+	cl := startCluster(t, clusterOpts{prefill: 2, worker: func(wo *workerrun.Options) {
+		if wo.Role != control.RolePrefill {
+			return
+		}
+		e, err := enginecfg.DefaultOptions().Build()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { enginecfg.Close(e) })
+		h := &heldPrefill{Engine: e, gate: make(chan struct{})}
+		mu.Lock()
+		held[wo.ID] = h
+		mu.Unlock()
+		wo.EngineOverride = h
+	}})
+	prompt := "the prefill worker dies"
+	want := newReference(t).generate(t, promptIDs(prompt), 8, engine.Sampling{}, true)
+	got := make(chan result, 1)
+	go func() {
+		got <- complete(context.Background(), t, cl.url, request{Prompt: prompt, MaxTokens: 8, IgnoreEOS: true})
+	}()
+	var victim string
+	waitFor(t, 10*time.Second, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		for id, h := range held {
+			if h.started.Load() > 0 {
+				victim = id
+				return nil
+			}
+		}
+		return errors.New("no prefill worker has the prompt yet")
+	})
+	mu.Lock()
+	for id, h := range held {
+		if id != victim {
+			close(h.gate) // the survivor prefills at once
+		}
+	}
+	mu.Unlock()
+	if err := worker(cl, victim).Kill(); err != nil {
+		t.Logf("kill %s: %v", victim, err)
+	}
+	res := <-got
+	if diff := cmp.Diff(want, res.Tokens); diff != "" {
+		t.Errorf("tokens (-engine alone +served):\n%s", diff)
+	}
+	if pw, _ := res.Budget["prefill_worker"].(string); pw == victim || pw == "" {
+		t.Errorf("prefilled on %q, want the surviving prefill worker (victim %s)", pw, victim)
+	}
+	if n, _ := res.Budget["prefill_retries"].(float64); n != 1 {
+		t.Errorf("prefill_retries %v, want 1", res.Budget["prefill_retries"])
+	}
+	waitFor(t, 10*time.Second, func() error { return idleExcept(t, cl, victim) })
+}

@@ -476,3 +476,30 @@ func eventually(t *testing.T, what string, f func() error) {
 		time.Sleep(2 * time.Millisecond)
 	}
 }
+
+// The coordinator never points a prefill worker's retained KV at an
+// address that is not a live decode worker's: a recovery whose new decode
+// worker left (or a forged target) gets no Resend.
+func TestResendOnlyToMembers(t *testing.T) {
+	pre := &fakePrefill{}
+	tb := newTestBackend(t, pre, &fakeDecode{})
+	hbs := tb.b.members.Members(control.RolePrefill)
+	r := &run{b: tb.b, ctx: context.Background(), req: &frontend.Request{ID: "req-1"}, tr: &budget.Trace{},
+		events: make(chan event, 4), exclude: map[string]bool{}, choices: make([]choice, 1),
+		prefill: router.Worker{ID: hbs[0].ID, Addr: hbs[0].GRPCAddr}}
+	for _, target := range []router.Worker{
+		{ID: "decode-9", Addr: "198.18.0.9:7000"},  // not a member
+		{ID: "decode-0", Addr: "198.18.0.9:7000"},  // a member's id at another address
+		{ID: "decode-x", Addr: tb.decodes[0].addr}, // a member's address under another id
+	} {
+		r.decode = target
+		if err := r.startResend(); err == nil {
+			t.Errorf("Resend to %+v: no error, want a refusal", target)
+		}
+	}
+	pre.mu.Lock()
+	defer pre.mu.Unlock()
+	if pre.resends != 0 || r.live != 0 {
+		t.Errorf("%d Resend calls made (%d goroutines), want none", pre.resends, r.live)
+	}
+}
