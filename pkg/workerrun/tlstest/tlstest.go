@@ -13,6 +13,7 @@ import (
 	"encoding/pem"
 	"math/big"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"sync/atomic"
@@ -43,10 +44,12 @@ type Pair struct {
 // for the name "localhost", valid for server and client authentication
 // from an hour ago for a day.
 type Leaf struct {
-	// DNSNames and IPs are the subject alternative names. Both empty:
-	// "localhost".
+	// DNSNames, IPs and URIs are the subject alternative names (URIs:
+	// identities such as spiffe://cluster.local/ns/pdserve/sa/prefill).
+	// All empty: "localhost".
 	DNSNames []string
 	IPs      []net.IP
+	URIs     []*url.URL
 	// Usages are the extended key usages. Nil: server and client auth.
 	Usages []x509.ExtKeyUsage
 	// NotBefore and NotAfter bound the validity. Zero: an hour ago, a day
@@ -97,7 +100,7 @@ func (ca *CA) Issue(tb testing.TB, l Leaf) Pair {
 	if l.NotAfter.IsZero() {
 		l.NotAfter = now.Add(24 * time.Hour)
 	}
-	if len(l.DNSNames) == 0 && len(l.IPs) == 0 {
+	if len(l.DNSNames) == 0 && len(l.IPs) == 0 && len(l.URIs) == 0 {
 		l.DNSNames = []string{"localhost"}
 	}
 	if l.Usages == nil {
@@ -113,6 +116,7 @@ func (ca *CA) Issue(tb testing.TB, l Leaf) Pair {
 		ExtKeyUsage:  l.Usages,
 		DNSNames:     l.DNSNames,
 		IPAddresses:  l.IPs,
+		URIs:         l.URIs,
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.key)
 	if err != nil {
@@ -131,6 +135,16 @@ func (ca *CA) Issue(tb testing.TB, l Leaf) Pair {
 	WriteFile(tb, p.CertFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
 	WriteFile(tb, p.KeyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}))
 	return p
+}
+
+// MustURL parses s as a URI SAN for Leaf.URIs, failing tb on error.
+func MustURL(tb testing.TB, s string) *url.URL {
+	tb.Helper()
+	u, err := url.Parse(s)
+	if err != nil {
+		tb.Fatalf("tlstest: %v", err)
+	}
+	return u
 }
 
 // WriteFile writes data to path with mode 0600, failing tb on error.

@@ -1,0 +1,436 @@
+package apikey
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/pdserve/pdserve/internal/poll"
+)
+
+const (
+	keyA = "sk-team-a-0123456789abcdef"
+	keyB = "sk-team-b-fedcba9876543210"
+)
+
+// line returns the key file line of key, failing the test on error.
+func line(t *testing.T, key, name string, rpm, tpm int) string {
+	t.Helper()
+	l, err := FormatLine(key, name, rpm, tpm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// writeFile writes content to path, failing the test on error.
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestParse(t *testing.T) {
+	hashA := Hash(keyA)
+	hexA := strings.Fields(line(t, keyA, "", 0, 0))[0]
+	tests := []struct {
+		name     string
+		file     string
+		want     []Entry
+		wantErr  error  // nil: success
+		wantText string // substring of the error
+	}{
+		{
+			name: "comments, blank lines, CRLF, fields in any order",
+			file: "# keys\n\n" + hexA + " tpm=200000 name=team-a rpm=600 # trailing comment\r\n   \n",
+			want: []Entry{{Digest: hashA, Name: "team-a", RPM: 600, TPM: 200000, Line: 3}},
+		},
+		{name: "upper-case prefix", file: strings.ToUpper(hexA[:7]) + strings.ToUpper(hexA[7:]), wantErr: ErrPlaintext, wantText: "line 1"},
+		{name: "upper-case hex", file: HashPrefix + strings.ToUpper(hexA[7:]), want: []Entry{{Digest: hashA, Line: 1}}},
+		{name: "plaintext key", file: "# ok\n" + hexA + "\n" + keyB + " name=b\n", wantErr: ErrPlaintext, wantText: "line 3"},
+		{name: "short hash", file: hexA[:40], wantErr: ErrInvalid, wantText: "line 1: invalid: sha256: must be followed by 64 hex digits, not 33"},
+		{name: "not hex", file: hexA[:70] + "zz", wantErr: ErrInvalid, wantText: "line 1"},
+		{name: "unknown field", file: hexA + " " + keyB, wantErr: ErrInvalid, wantText: "line 1: invalid: field 2 must be name=, rpm= or tpm="},
+		{name: "field twice", file: hexA + " rpm=1 rpm=2", wantErr: ErrInvalid, wantText: "rpm= given twice"},
+		{name: "zero limit", file: hexA + " rpm=0", wantErr: ErrInvalid, wantText: "rpm must be an integer in [1, 100000000]"},
+		{name: "limit too large", file: hexA + " tpm=100000001", wantErr: ErrInvalid, wantText: "tpm must be"},
+		{name: "bad name", file: hexA + " name=a/b", wantErr: ErrInvalid, wantText: "name must be"},
+		{name: "empty name", file: hexA + " name=", wantErr: ErrInvalid, wantText: "name must be"},
+		{name: "same key twice", file: hexA + "\n" + hexA + " name=x\n", wantErr: ErrInvalid, wantText: "line 2: invalid: the same key as line 1"},
+		{name: "no keys", file: "# nothing yet\n\n", wantErr: ErrInvalid, wantText: "no keys"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := Parse([]byte(tc.file))
+			if tc.wantErr == nil {
+				if err != nil {
+					t.Fatalf("Parse: %v", err)
+				}
+				if diff := cmp.Diff(tc.want, got); diff != "" {
+					t.Errorf("Parse (-want +got):\n%s", diff)
+				}
+				return
+			}
+			if !errors.Is(err, tc.wantErr) || !strings.Contains(err.Error(), tc.wantText) {
+				t.Fatalf("Parse error = %v, want %v with %q", err, tc.wantErr, tc.wantText)
+			}
+			for _, secret := range []string{keyA, keyB, hexA[7:]} {
+				if strings.Contains(err.Error(), secret) {
+					t.Errorf("error %q holds %q", err, secret)
+				}
+			}
+		})
+	}
+}
+
+func TestFormatLine(t *testing.T) {
+	tests := []struct {
+		name           string
+		key, keyName   string
+		rpm, tpm       int
+		wantSuffix     string
+		wantErrContain string
+	}{
+		{name: "hash only", key: keyA},
+		{name: "name and limits", key: keyA, keyName: "team-a", rpm: 600, tpm: 200000, wantSuffix: " name=team-a rpm=600 tpm=200000"},
+		{name: "short key", key: "short", wantErrContain: "fewer than 16"},
+		{name: "space in key", key: "sk-abcdefgh ijklmnop", wantErrContain: "byte 11"},
+		{name: "bad name", key: keyA, keyName: "a b", wantErrContain: "name must be"},
+		{name: "negative limit", key: keyA, rpm: -1, wantErrContain: "rpm -1"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			l, err := FormatLine(tc.key, tc.keyName, tc.rpm, tc.tpm)
+			if tc.wantErrContain != "" {
+				if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.wantErrContain) || strings.Contains(err.Error(), tc.key) {
+					t.Fatalf("FormatLine error = %v, want ErrInvalid with %q and without the key", err, tc.wantErrContain)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.HasPrefix(l, HashPrefix) || len(strings.Fields(l)[0]) != len(HashPrefix)+64 || !strings.HasSuffix(l, tc.wantSuffix) {
+				t.Errorf("FormatLine = %q", l)
+			}
+			// The line round-trips: it parses to the entry that
+			// authenticates the key.
+			es, err := Parse([]byte(l + "\n"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := []Entry{{Digest: Hash(tc.key), Name: tc.keyName, RPM: tc.rpm, TPM: tc.tpm, Line: 1}}
+			if diff := cmp.Diff(want, es); diff != "" {
+				t.Errorf("Parse(FormatLine) (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestAuthenticate(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys")
+	writeFile(t, path, line(t, keyA, "team-a", 0, 0)+"\n"+line(t, keyB, "", 0, 0)+"\n")
+	keys, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefixB := DigestPrefix(Hash(keyB))
+	tests := []struct {
+		presented string
+		want      string // the key's Name; "" for none
+	}{
+		{keyA, "team-a"},
+		{keyB, "sha256:" + prefixB},
+		{"", ""},
+		{keyA + "x", ""},
+		{strings.ToUpper(keyA), ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.presented, func(t *testing.T) {
+			k := keys.Authenticate(tc.presented)
+			switch {
+			case tc.want == "" && k != nil:
+				t.Errorf("Authenticate = %q, want none", k.Name)
+			case tc.want != "" && (k == nil || k.Name != tc.want):
+				t.Errorf("Authenticate = %+v, want %q", k, tc.want)
+			}
+		})
+	}
+	if diff := cmp.Diff([]string{"sha256:" + prefixB, "team-a"}, keys.Names()); diff != "" {
+		t.Errorf("Names (-want +got):\n%s", diff)
+	}
+	if k := keys.Authenticate(keyB); k.Prefix != prefixB {
+		t.Errorf("Prefix = %q, want %q", k.Prefix, prefixB)
+	}
+}
+
+// The buckets refill continuously at limit a minute; remaining and reset
+// are exact for a given clock.
+func TestLimits(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys")
+	writeFile(t, path, line(t, keyA, "a", 2, 100)+"\n")
+	keys, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := keys.Authenticate(keyA)
+	t0 := time.Unix(1_700_000_000, 0)
+	type step struct {
+		at   time.Duration // since t0
+		op   string        // "req", "tok", "give"
+		n    int
+		want Quota
+	}
+	w := func(limit, remaining int, reset time.Duration) Window {
+		return Window{Limit: limit, Remaining: remaining, Reset: reset}
+	}
+	steps := []step{
+		{0, "req", 1, Quota{Requests: w(2, 1, 30*time.Second), Tokens: w(100, 100, 0)}},
+		{0, "tok", 15, Quota{Requests: w(2, 1, 30*time.Second), Tokens: w(100, 85, 9*time.Second)}},
+		{time.Second, "req", 1, Quota{Requests: w(2, 0, 59*time.Second), Tokens: w(100, 86, 8*time.Second)}},
+		// 1 s later: 2/60 of a request back, not a whole one; a request
+		// comes back 30 s after the first was taken.
+		{2 * time.Second, "req", 1, Quota{Requests: w(2, 0, 58*time.Second), Tokens: w(100, 88, 7*time.Second),
+			Exceeded: Requests, Requested: 1, RetryAfter: 28 * time.Second}},
+		{30 * time.Second, "req", 1, Quota{Requests: w(2, 0, 60*time.Second), Tokens: w(100, 100, 0)}},
+		{30 * time.Second, "tok", 101, Quota{Requests: w(2, 0, 60*time.Second), Tokens: w(100, 100, 0),
+			Exceeded: Tokens, Requested: 101}},
+		{30 * time.Second, "tok", 100, Quota{Requests: w(2, 0, 60*time.Second), Tokens: w(100, 0, 60*time.Second)}},
+		{30 * time.Second, "tok", 1, Quota{Requests: w(2, 0, 60*time.Second), Tokens: w(100, 0, 60*time.Second),
+			Exceeded: Tokens, Requested: 1, RetryAfter: 600 * time.Millisecond}},
+		{30 * time.Second, "give", 30, Quota{}},
+		// A clock that goes back stands still.
+		{29 * time.Second, "tok", 0, Quota{Requests: w(2, 0, 60*time.Second), Tokens: w(100, 30, 42*time.Second)}},
+		// 1 ms: 100/60000 of a token; the reset rounds up to the ms.
+		{30*time.Second + time.Millisecond, "tok", 0, Quota{Requests: w(2, 0, 59999*time.Millisecond), Tokens: w(100, 30, 41999*time.Millisecond)}},
+		{time.Hour, "tok", 0, Quota{Requests: w(2, 2, 0), Tokens: w(100, 100, 0)}},
+	}
+	for i, s := range steps {
+		now := t0.Add(s.at)
+		var got Quota
+		switch s.op {
+		case "req":
+			got = k.TakeRequest(now)
+		case "tok":
+			got = k.TakeTokens(now, s.n)
+		case "give":
+			k.ReturnTokens(now, s.n)
+			continue
+		}
+		if diff := cmp.Diff(s.want, got); diff != "" {
+			t.Fatalf("step %d (%v %s %d) (-want +got):\n%s", i, s.at, s.op, s.n, diff)
+		}
+		if got.OK() != (s.want.Exceeded == "") || !got.Limited() {
+			t.Fatalf("step %d: OK %v, Limited %v", i, got.OK(), got.Limited())
+		}
+	}
+}
+
+func TestUnlimitedKey(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys")
+	writeFile(t, path, line(t, keyA, "a", 0, 0)+"\n")
+	keys, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := keys.Authenticate(keyA)
+	now := time.Unix(0, 0)
+	for range 1000 {
+		if q := k.TakeRequest(now); !q.OK() || q.Limited() {
+			t.Fatalf("unlimited key: %+v", q)
+		}
+	}
+	if q := k.TakeTokens(now, MaxLimit*10); !q.OK() || q.Limited() {
+		t.Fatalf("unlimited key: %+v", q)
+	}
+}
+
+// A reload replaces the keys at once: a removed key fails, a kept key
+// keeps its buckets (capped at a lowered limit), and a reload that fails
+// keeps the old keys.
+func TestReload(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys")
+	writeFile(t, path, line(t, keyA, "a", 10, 0)+"\n"+line(t, keyB, "b", 0, 0)+"\n")
+	keys, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Unix(1_700_000_000, 0)
+	kA := keys.Authenticate(keyA)
+	for range 4 {
+		kA.TakeRequest(now)
+	}
+	if changed, err := keys.ReloadIfChanged(); changed || err != nil {
+		t.Fatalf("ReloadIfChanged of an unchanged file = %v, %v", changed, err)
+	}
+
+	// Revoke B; lower A's limit to 8: A keeps its 6 remaining requests.
+	writeFile(t, path, line(t, keyA, "a2", 8, 0)+"\n")
+	if changed, err := keys.Reload(); !changed || err != nil {
+		t.Fatalf("Reload = %v, %v", changed, err)
+	}
+	if k := keys.Authenticate(keyB); k != nil {
+		t.Fatalf("revoked key still authenticates as %q", k.Name)
+	}
+	k := keys.Authenticate(keyA)
+	if k == nil || k.Name != "a2" {
+		t.Fatalf("kept key = %+v", k)
+	}
+	if q := k.TakeRequest(now); q.Requests.Limit != 8 || q.Requests.Remaining != 5 {
+		t.Errorf("kept key after reload: %+v, want limit 8 remaining 5", q.Requests)
+	}
+	if rpm, tpm := kA.Limits(); rpm != 8 || tpm != 0 {
+		t.Errorf("old Key's limits = %d, %d; want the shared 8, 0", rpm, tpm)
+	}
+
+	// A plaintext key: the reload fails, naming the line, and the keys
+	// stay; the same bad content is not tried again until it changes.
+	writeFile(t, path, line(t, keyA, "a2", 8, 0)+"\n"+keyB+"\n")
+	_, err = keys.ReloadIfChanged()
+	if !errors.Is(err, ErrPlaintext) || !strings.Contains(err.Error(), "line 2") || strings.Contains(err.Error(), keyB) {
+		t.Fatalf("ReloadIfChanged error = %v, want ErrPlaintext on line 2 without the key", err)
+	}
+	if keys.Authenticate(keyA) == nil || keys.Len() != 1 {
+		t.Fatal("a failed reload dropped the keys")
+	}
+	if changed, err := keys.ReloadIfChanged(); changed || err != nil {
+		t.Errorf("ReloadIfChanged of the same bad file = %v, %v; want no retry", changed, err)
+	}
+	if _, err := keys.Reload(); !errors.Is(err, ErrPlaintext) {
+		t.Errorf("forced Reload of the bad file = %v, want ErrPlaintext", err)
+	}
+
+	// A missing file: the error is reported once, the keys stay.
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := keys.ReloadIfChanged(); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("ReloadIfChanged of a missing file = %v", err)
+	}
+	if changed, err := keys.ReloadIfChanged(); changed || err != nil {
+		t.Errorf("second ReloadIfChanged of a missing file = %v, %v; want quiet", changed, err)
+	}
+	if keys.Authenticate(keyA) == nil {
+		t.Fatal("a missing file dropped the keys")
+	}
+}
+
+func TestLoadErrors(t *testing.T) {
+	dir := t.TempDir()
+	plain := filepath.Join(dir, "plain")
+	writeFile(t, plain, "# team a\n"+keyA+" name=a\n")
+	_, err := Load(plain)
+	if !errors.Is(err, ErrPlaintext) || !strings.Contains(err.Error(), plain+": line 2") || strings.Contains(err.Error(), keyA) {
+		t.Errorf("Load(plaintext) = %v", err)
+	}
+	if _, err := Load(filepath.Join(dir, "missing")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Load(missing) = %v", err)
+	}
+}
+
+func TestToken(t *testing.T) {
+	const tok = "metrics-token-0123456789"
+	path := filepath.Join(t.TempDir(), "token")
+	writeFile(t, path, tok+"\n")
+	mt, err := LoadToken(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		presented string
+		want      bool
+	}{{tok, true}, {tok + "\n", false}, {"", false}, {tok[:len(tok)-1], false}} {
+		if got := mt.Check(tc.presented); got != tc.want {
+			t.Errorf("Check(%q) = %v, want %v", tc.presented, got, tc.want)
+		}
+	}
+	writeFile(t, path, "short\n")
+	if _, err := mt.Reload(); !errors.Is(err, ErrInvalid) || strings.Contains(err.Error(), "short") {
+		t.Errorf("Reload(short token) = %v", err)
+	}
+	if !mt.Check(tok) {
+		t.Error("a failed reload dropped the token")
+	}
+	writeFile(t, path, "  new-metrics-token-abcdef  \n")
+	if _, err := mt.Reload(); err != nil || mt.Check(tok) || !mt.Check("new-metrics-token-abcdef") {
+		t.Errorf("Reload(new token) = %v; old valid %v", err, mt.Check(tok))
+	}
+	if _, err := LoadToken(filepath.Join(t.TempDir(), "none")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("LoadToken(missing) = %v", err)
+	}
+}
+
+// Watch reloads a changed file on a tick and every file on a signal, and
+// logs both and a failure without a secret.
+func TestWatch(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "keys")
+	writeFile(t, path, line(t, keyA, "a", 0, 0)+"\n"+line(t, keyB, "b", 0, 0)+"\n")
+	keys, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zapcore.InfoLevel)
+	tick := make(chan time.Time)
+	force := make(chan os.Signal)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		Watch(ctx, tick, force, zap.New(core), keys)
+	}()
+
+	// Revoke B: the next tick reloads.
+	writeFile(t, path, line(t, keyA, "a", 0, 0)+"\n")
+	tick <- time.Now()
+	poll.WaitFor(t, "the tick's reload", func() bool { return keys.Authenticate(keyB) == nil })
+
+	// A plaintext key: the reload fails and A stays.
+	writeFile(t, path, line(t, keyA, "a", 0, 0)+"\n"+keyB+"\n")
+	tick <- time.Now()
+	poll.WaitFor(t, "the failed reload's log", func() bool { return logs.FilterMessageSnippet("reload failed").Len() == 1 })
+	if keys.Authenticate(keyA) == nil {
+		t.Fatal("a failed reload dropped the keys")
+	}
+
+	// A signal reloads even a file that looks unchanged.
+	writeFile(t, path, line(t, keyB, "b", 0, 0)+"\n")
+	force <- syscall.SIGHUP
+	poll.WaitFor(t, "the signal's reload", func() bool { return keys.Authenticate(keyA) == nil && keys.Authenticate(keyB) != nil })
+	cancel()
+	<-done
+
+	var triggers []string
+	for _, e := range logs.All() {
+		triggers = append(triggers, e.Message+" "+e.ContextMap()["trigger"].(string))
+		for _, secret := range []string{keyA, keyB} {
+			if strings.Contains(e.Message, secret) || strings.Contains(strings.Join(fieldStrings(e), " "), secret) {
+				t.Errorf("log %q holds a key", e.Message)
+			}
+		}
+	}
+	want := []string{"reloaded change", "reload failed; the old contents stay in use change", "reloaded hangup"}
+	if diff := cmp.Diff(want, triggers); diff != "" {
+		t.Errorf("logs (-want +got):\n%s", diff)
+	}
+}
+
+func fieldStrings(e observer.LoggedEntry) []string {
+	var out []string
+	for k, v := range e.ContextMap() {
+		out = append(out, k, fmt.Sprint(v))
+	}
+	return out
+}

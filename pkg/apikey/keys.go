@@ -1,0 +1,188 @@
+package apikey
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"crypto/subtle"
+	"fmt"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Key is an authenticated key: what the frontend knows of the client
+// presenting it. Safe for concurrent use; the requests presenting one key
+// share its buckets.
+type Key struct {
+	// Name is the entry's Label: its name, or "sha256:" and the first 8
+	// hex digits of its digest.
+	Name string
+	// Prefix is the first 8 hex digits of the key's SHA-256, for logs.
+	Prefix string
+	lim    *limiter
+}
+
+// Limits returns the key's requests and tokens a minute; 0: no limit.
+func (k *Key) Limits() (rpm, tpm int) { return k.lim.limits() }
+
+// TakeRequest takes one request from the key's requests-a-minute bucket
+// at now. The Quota says whether it did and how both limits stand.
+func (k *Key) TakeRequest(now time.Time) Quota { return k.lim.take(now, Requests, 1) }
+
+// TakeTokens takes n tokens from the key's tokens-a-minute bucket at now,
+// all or none.
+func (k *Key) TakeTokens(now time.Time, n int) Quota { return k.lim.take(now, Tokens, n) }
+
+// ReturnTokens gives back n tokens taken by TakeTokens but not used (the
+// bucket holds no more than its limit).
+func (k *Key) ReturnTokens(now time.Time, n int) { k.lim.give(now, n) }
+
+// Keys is the reloadable set of keys of a key file. Safe for concurrent
+// use.
+type Keys struct {
+	file watched
+	cur  atomic.Pointer[keySet]
+}
+
+// keySet is one loaded version of the file; immutable.
+type keySet struct {
+	digests [][sha256.Size]byte
+	keys    []*Key
+}
+
+// Load reads the key file at path. Errors: the file's, and Parse's
+// (wrapping ErrPlaintext or ErrInvalid, naming the line).
+func Load(path string) (*Keys, error) {
+	k := &Keys{file: watched{path: path}}
+	if _, err := k.Reload(); err != nil {
+		return nil, err
+	}
+	return k, nil
+}
+
+// Path returns the key file's path.
+func (k *Keys) Path() string { return k.file.path }
+
+// Len returns the number of keys loaded.
+func (k *Keys) Len() int { return len(k.cur.Load().keys) }
+
+// Names returns the distinct names of the keys loaded (their Labels),
+// sorted; the caller owns the slice.
+func (k *Keys) Names() []string {
+	var out []string
+	for _, key := range k.cur.Load().keys {
+		out = append(out, key.Name)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// Authenticate returns the key whose hash is the SHA-256 of presented, or
+// nil when none is. It hashes presented once and compares the digest with
+// every key's in constant time, whatever the position of a match.
+func (k *Keys) Authenticate(presented string) *Key {
+	d := Hash(presented)
+	set := k.cur.Load()
+	idx, found := 0, 0
+	for i := range set.digests {
+		eq := subtle.ConstantTimeCompare(d[:], set.digests[i][:])
+		idx = subtle.ConstantTimeSelect(eq, i, idx)
+		found |= eq
+	}
+	if found == 0 {
+		return nil
+	}
+	return set.keys[idx]
+}
+
+// Reload rereads the key file whether or not it changed. On success the
+// new keys replace the old at once (a key kept keeps its buckets) and it
+// returns true; on failure the old keys stay and it returns the error
+// (see Load).
+func (k *Keys) Reload() (bool, error) { return k.reload(true) }
+
+// ReloadIfChanged rereads the key file only when it changed since the
+// last read (see the package doc); it reports whether the keys were
+// replaced. Errors as Reload's; a failed content is not tried again
+// until it changes.
+func (k *Keys) ReloadIfChanged() (bool, error) { return k.reload(false) }
+
+func (k *Keys) reload(force bool) (bool, error) {
+	return k.file.reload(force, func(data []byte) error {
+		es, err := Parse(data)
+		if err != nil {
+			return fmt.Errorf("apikey: %s: %w", k.file.path, err)
+		}
+		old := k.cur.Load()
+		lims := make(map[[sha256.Size]byte]*limiter)
+		if old != nil {
+			for i, d := range old.digests {
+				lims[d] = old.keys[i].lim
+			}
+		}
+		set := &keySet{}
+		for _, e := range es {
+			lim := lims[e.Digest]
+			if lim == nil {
+				lim = &limiter{}
+			}
+			lim.configure(e.RPM, e.TPM)
+			set.digests = append(set.digests, e.Digest)
+			set.keys = append(set.keys, &Key{Name: e.Label(), Prefix: DigestPrefix(e.Digest), lim: lim})
+		}
+		k.cur.Store(set)
+		return nil
+	})
+}
+
+// watched is a file reloaded when it changes. reload calls are
+// serialized.
+type watched struct {
+	path string
+	mu   sync.Mutex
+	// The modification time, size and SHA-256 of the content last read
+	// (loaded or refused), and whether one was read.
+	mod  time.Time
+	size int64
+	sum  [sha256.Size]byte
+	read bool
+	// gone: the last stat failed (reported once until a forced reload).
+	gone bool
+}
+
+// reload reads the file, unless !force and it did not change, and hands
+// its content to load, which must keep the old state on error. It
+// reports whether load ran and succeeded. Unless forced, a file that
+// cannot be read is reported once, not on every call.
+func (w *watched) reload(force bool, load func([]byte) error) (bool, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	fi, err := os.Stat(w.path)
+	if err != nil {
+		if w.gone && !force {
+			return false, nil
+		}
+		w.gone = true
+		return false, fmt.Errorf("apikey: %w", err)
+	}
+	w.gone = false
+	if !force && w.read && fi.ModTime().Equal(w.mod) && fi.Size() == w.size {
+		return false, nil
+	}
+	data, err := os.ReadFile(w.path)
+	if err != nil {
+		return false, fmt.Errorf("apikey: %w", err)
+	}
+	sum := sha256.Sum256(data)
+	unchanged := w.read && bytes.Equal(sum[:], w.sum[:])
+	w.mod, w.size, w.sum, w.read = fi.ModTime(), fi.Size(), sum, true
+	if unchanged && !force {
+		return false, nil
+	}
+	if err := load(data); err != nil {
+		return false, err
+	}
+	return true, nil
+}
