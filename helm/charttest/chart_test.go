@@ -82,6 +82,9 @@ func TestChart(t *testing.T) {
 			t.Run("policy", func(t *testing.T) { checkPolicy(t, r) })
 			t.Run("planner", func(t *testing.T) { checkPlanner(t, r) })
 			t.Run("nats", func(t *testing.T) { checkNATS(t, r) })
+			t.Run("grpc-tokens", func(t *testing.T) { checkGRPCTokens(t, r) })
+			t.Run("certificates", func(t *testing.T) { checkCertificates(t, r) })
+			t.Run("networkpolicies", func(t *testing.T) { checkNetworkPolicies(t, r) })
 			t.Run("llamacpp", func(t *testing.T) { checkLlamacpp(t, r) })
 			t.Run("notes", func(t *testing.T) { checkNotes(t, r) })
 		})
@@ -219,10 +222,13 @@ func hasPort(spec corev1.PodSpec, name string) bool {
 // values name as existing.
 func checkPods(t *testing.T, r release) {
 	existing := map[string]bool{} // Secrets the user provides
-	for _, path := range []string{"tls.existingSecret", "apiKeys.existingSecret", "nats.external.existingSecret", "model.download.tokenSecret.name"} {
+	for _, path := range []string{"tls.existingSecret", "apiKeys.existingSecret", "nats.external.existingSecret", "nats.auth.existingSecret", "model.download.tokenSecret.name"} {
 		if s, _ := r.value(path).(string); s != "" {
 			existing[s] = true
 		}
+	}
+	for _, s := range r.providedSecrets() {
+		existing[s] = true
 	}
 	for name, spec := range r.podSpecs() {
 		sc := spec.SecurityContext

@@ -15,4 +15,13 @@
 // partial one: its script runs against a local HTTP server), that the
 // dashboard queries name real metrics (pkg/metrics and the planner's), and
 // that the values schema rejects the bad values files in helm/testdata/bad.
+// For a secured release it checks that the NetworkPolicies allow exactly
+// the listed flows between the release's pods and their neighbours (a
+// small evaluator of NetworkPolicy semantics), that every workload mounts
+// only its role's gRPC tokens and gets the flags for them, that the
+// workers, authorizing calls with grpcauth exactly as their interceptors
+// do, serve each gRPC method only to its role, that the cert-manager
+// Certificates carry the names and usages each role needs and the
+// identities the workers allow, and that generated tokens survive an
+// upgrade (lookup, against a fake cluster).
 package charttest

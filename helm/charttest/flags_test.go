@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/pdserve/pdserve/pkg/coordinator"
+	"github.com/pdserve/pdserve/pkg/grpcauth"
 	"github.com/pdserve/pdserve/pkg/workerrun"
 	"github.com/pdserve/pdserve/pkg/workerrun/tlstest"
 )
@@ -38,10 +39,14 @@ var binaries = map[string]binaryFlags{
 		fs := flag.NewFlagSet("coordinator", flag.ContinueOnError)
 		o.AddFlags(fs)
 		return fs, func(files mountedFiles, tmp string) error {
-			if err := localize(files, tmp, map[string]*string{"config": &o.ConfigFile, "model": &o.Engine.Model}); err != nil {
+			if err := localize(files, tmp, map[string]*string{"config": &o.ConfigFile, "model": &o.Engine.Model,
+				"api-keys": &o.Auth.APIKeysFile, "metrics-token-file": &o.Auth.MetricsTokenFile}); err != nil {
 				return err
 			}
 			if err := localizeTLS(files, tmp, &o.TLS); err != nil {
+				return err
+			}
+			if err := localizeGRPCAuth(files, tmp, &o.GRPCAuth); err != nil {
 				return err
 			}
 			if err := o.Complete(); err != nil {
@@ -61,6 +66,9 @@ var binaries = map[string]binaryFlags{
 			if err := localizeTLS(files, tmp, &o.TLS); err != nil {
 				return err
 			}
+			if err := localizeGRPCAuth(files, tmp, &o.GRPCAuth); err != nil {
+				return err
+			}
 			return o.Validate()
 		}
 	},
@@ -73,6 +81,9 @@ var binaries = map[string]binaryFlags{
 				return err
 			}
 			if err := localizeTLS(files, tmp, &o.TLS); err != nil {
+				return err
+			}
+			if err := localizeGRPCAuth(files, tmp, &o.GRPCAuth); err != nil {
 				return err
 			}
 			return o.Validate()
@@ -104,6 +115,11 @@ func localize(files mountedFiles, tmp string, paths map[string]*string) error {
 // localizeTLS localizes the files of TLS options.
 func localizeTLS(files mountedFiles, tmp string, o *workerrun.TLSOptions) error {
 	return localize(files, tmp, map[string]*string{"tls-cert": &o.CertFile, "tls-key": &o.KeyFile, "tls-ca": &o.CAFile})
+}
+
+// localizeGRPCAuth localizes the token files of gRPC authorization options.
+func localizeGRPCAuth(files mountedFiles, tmp string, o *grpcauth.Options) error {
+	return localize(files, tmp, map[string]*string{"grpc-token-file": &o.TokenFile, "grpc-prefill-token-file": &o.PrefillTokenFile})
 }
 
 // sampleEnv holds plausible values of the downward-API variables the chart
@@ -180,10 +196,12 @@ func checkArgs(newFlags binaryFlags, args []string, files mountedFiles, tmp stri
 
 // mounts returns the files the release mounts into container c of spec:
 // every key of a ConfigMap or Secret volume the release renders, at
-// mountPath/key. The user's TLS Secret (tls.existingSecret) is not part of
-// the release: a sample of what the chart documents stands in for it, a
-// kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt whose
-// certificate names tls.serverName. Likewise the model volume (a claim or
+// mountPath/key (only the items' paths when the volume lists items).
+// Secrets the user or cert-manager provides (tls.existingSecret,
+// tls.roleSecrets, the Certificates' Secrets, grpc.tokenSecret) are not
+// part of the release: samples of what the chart documents stand in for
+// them (providedSecret), e.g. a kubernetes.io/tls Secret with tls.crt,
+// tls.key and ca.crt whose certificate names tls.serverName. Likewise the model volume (a claim or
 // node directory of the user's, or an emptyDir the model-download init
 // container fills) holds model.file, the documented place of the GGUF
 // model: an empty GGUF file stands in for it.
@@ -201,9 +219,10 @@ func (r release) mounts(t *testing.T, spec *corev1.PodSpec, c corev1.Container) 
 			if cm, ok := r.find("ConfigMap", v.ConfigMap.Name).(*corev1.ConfigMap); ok {
 				data = cm.Data
 			}
-		case v.Secret != nil && v.Secret.SecretName == r.value("tls.existingSecret") && r.value("tls.enabled") == true:
-			data = sampleTLSSecret(t, fmt.Sprint(r.value("tls.serverName")))
 		case v.Secret != nil:
+			if data = r.providedSecret(t, v.Secret.SecretName, c.Name); data != nil {
+				break
+			}
 			if s, ok := r.find("Secret", v.Secret.SecretName).(*corev1.Secret); ok {
 				data = map[string]string{}
 				for k, b := range s.Data {
@@ -213,6 +232,15 @@ func (r release) mounts(t *testing.T, spec *corev1.PodSpec, c corev1.Container) 
 					data[k] = v
 				}
 			}
+		}
+		if v.Secret != nil && len(v.Secret.Items) > 0 {
+			picked := map[string]string{}
+			for _, it := range v.Secret.Items {
+				if content, ok := data[it.Key]; ok {
+					picked[it.Path] = content
+				}
+			}
+			data = picked
 		}
 		if m.Name == modelVolume && r.value("engine.type") == "llamacpp" {
 			data = map[string]string{fmt.Sprint(r.value("model.file")): emptyGGUF}
@@ -235,15 +263,5 @@ const emptyGGUF = "GGUF" + "\x03\x00\x00\x00" + "\x00\x00\x00\x00\x00\x00\x00\x0
 // naming serverName and allowing server and client authentication.
 func sampleTLSSecret(t *testing.T, serverName string) map[string]string {
 	t.Helper()
-	ca := tlstest.NewCA(t, "sample CA")
-	leaf := ca.Issue(t, tlstest.Leaf{DNSNames: []string{serverName}})
-	data := map[string]string{}
-	for key, path := range map[string]string{"tls.crt": leaf.CertFile, "tls.key": leaf.KeyFile, "ca.crt": ca.CertFile} {
-		b, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		data[key] = string(b)
-	}
-	return data
+	return sampleTLSData(t, tlstest.Leaf{DNSNames: []string{serverName}})
 }

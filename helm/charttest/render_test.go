@@ -56,7 +56,7 @@ func valuesSets(t *testing.T) []valuesSet {
 		sets = append(sets, valuesSet{name: name, file: f})
 	}
 	for _, want := range []string{"external-nats", "planner-actuator", "tls", "cpu-trial", "gpu-two-pools", "colocated",
-		"llamacpp-cpu", "llamacpp-gpu", "llamacpp-colocated"} {
+		"llamacpp-cpu", "llamacpp-gpu", "llamacpp-colocated", "production"} {
 		if !have[want] {
 			t.Errorf("values matrix lacks ci/%s-values.yaml", want)
 		}
@@ -213,6 +213,10 @@ func decodeStrict(doc string) (object, error) {
 		obj = &rbacv1.RoleBinding{}
 	case "networking.k8s.io/v1/Ingress":
 		obj = &networkingv1.Ingress{}
+	case "networking.k8s.io/v1/NetworkPolicy":
+		obj = &networkingv1.NetworkPolicy{}
+	case "cert-manager.io/v1/Certificate":
+		obj = &certificate{}
 	case "monitoring.coreos.com/v1/ServiceMonitor":
 		obj = &serviceMonitor{}
 	case "monitoring.coreos.com/v1/PodMonitor":
@@ -260,9 +264,13 @@ type (
 		MatchNames []string `json:"matchNames,omitempty"`
 	}
 	monitorEndpoint struct {
-		Port     string `json:"port"`
-		Path     string `json:"path,omitempty"`
-		Interval string `json:"interval,omitempty"`
+		Port          string `json:"port"`
+		Path          string `json:"path,omitempty"`
+		Interval      string `json:"interval,omitempty"`
+		Authorization *struct {
+			Type        string                   `json:"type"`
+			Credentials corev1.SecretKeySelector `json:"credentials"`
+		} `json:"authorization,omitempty"`
 	}
 )
 

@@ -67,7 +67,9 @@ func TestSchemaEnums(t *testing.T) {
 // TestSchemaPolicyMatchesConfig: coordinator.policy in the schema has the
 // fields of pkg/config's Policy (by YAML name, two levels deep), except
 // prompt_budgets.api_keys, which the chart keeps out of the ConfigMap
-// (apiKeys). A field added to the policy file shows up here.
+// (apiKeys), and auth.*, whose files the chart mounts from the Secrets of
+// auth.apiKeysSecret and auth.metricsTokenSecret and passes as flags. A
+// field added to the policy file shows up here.
 func TestSchemaPolicyMatchesConfig(t *testing.T) {
 	b, err := os.ReadFile(filepath.Join(chartDir, "values.schema.json"))
 	if err != nil {
@@ -101,7 +103,7 @@ func TestSchemaPolicyMatchesConfig(t *testing.T) {
 		st := f.Type
 		for j := range st.NumField() {
 			name := yamlName(f) + "." + yamlName(st.Field(j))
-			if name != "prompt_budgets.api_keys" {
+			if name != "prompt_budgets.api_keys" && !strings.HasPrefix(name, "auth.") {
 				want = append(want, name)
 			}
 		}

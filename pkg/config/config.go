@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"sort"
 
 	"go.yaml.in/yaml/v3"
@@ -26,6 +27,22 @@ type Policy struct {
 	Budgets Budgets `yaml:"prompt_budgets"`
 	Routing Routing `yaml:"routing"`
 	Pricing Pricing `yaml:"pricing"`
+	Auth    Auth    `yaml:"auth"`
+}
+
+// Auth names the files that authenticate clients (package apikey). Both
+// are optional; a path relative in a policy file is relative to that
+// file's directory (see Load). The coordinator's --api-keys and
+// --metrics-token-file override them.
+type Auth struct {
+	// APIKeysFile is the key file: one "sha256:<hex> [name=…] [rpm=…]
+	// [tpm=…]" line per key (package apikey). With it every /v1/ request
+	// must carry one of its keys as Authorization: Bearer, and
+	// Budgets.APIKeys are keyed by key name. "": no authentication.
+	APIKeysFile string `yaml:"api_keys_file"`
+	// MetricsTokenFile holds the bearer token /metrics requires. "":
+	// /metrics is open.
+	MetricsTokenFile string `yaml:"metrics_token_file"`
 }
 
 // SLO holds latency targets in milliseconds; 0 means no target. Requests
@@ -74,6 +91,10 @@ type Limits struct {
 type Budgets struct {
 	Default int            `yaml:"default"`
 	Routes  map[string]int `yaml:"routes"`
+	// APIKeys are keyed by the name of a key of Auth.APIKeysFile when
+	// one is configured (see NamedBudget), else by the key as the client
+	// sends it (see Budget): without a key file nobody is authenticated
+	// and a key only selects a budget.
 	APIKeys map[string]int `yaml:"api_keys"`
 }
 
@@ -99,7 +120,8 @@ func Default() Policy {
 }
 
 // Load reads and validates the policy file at path. Fields absent from the
-// file keep their defaults. Errors: file errors, YAML errors (unknown
+// file keep their defaults; relative auth file paths are made relative to
+// the policy file's directory. Errors: file errors, YAML errors (unknown
 // fields included), and errors wrapping ErrInvalid.
 func Load(path string) (Policy, error) {
 	data, err := os.ReadFile(path)
@@ -109,6 +131,11 @@ func Load(path string) (Policy, error) {
 	p, err := Parse(data)
 	if err != nil {
 		return Policy{}, fmt.Errorf("config: %s: %w", path, err)
+	}
+	for _, f := range []*string{&p.Auth.APIKeysFile, &p.Auth.MetricsTokenFile} {
+		if *f != "" && !filepath.IsAbs(*f) {
+			*f = filepath.Join(filepath.Dir(path), *f)
+		}
 	}
 	return p, nil
 }
@@ -150,6 +177,8 @@ func (p Policy) Validate() error {
 		return bad("prompt_budgets.default must be ≥ 0, got %d", p.Budgets.Default)
 	case p.Routing.LocalPrefillBelowTokens < 0 || p.Routing.MaxQueuedPrefillTokens < 0 || p.Routing.PrefixWeight < 0:
 		return bad("routing values must be ≥ 0")
+	case p.Auth.APIKeysFile != "" && p.Auth.APIKeysFile == p.Auth.MetricsTokenFile:
+		return bad("auth.api_keys_file and auth.metrics_token_file are the same file %q: a key file holds hashes, a token file the token", p.Auth.APIKeysFile)
 	}
 	for _, m := range []struct {
 		name string
@@ -180,6 +209,23 @@ func (b Budgets) Budget(route, apiKey string) (limit int, surface string) {
 	}
 	return b.Default, "default"
 }
+
+// NamedBudget is Budget for a request authenticated as the key named
+// keyName (package apikey): the name, not the key, selects an APIKeys
+// entry, and the surface is "api key NAME". keyName "" falls back to the
+// route and the default.
+func (b Budgets) NamedBudget(route, keyName string) (limit int, surface string) {
+	if keyName != "" {
+		if n, ok := b.APIKeys[keyName]; ok {
+			return n, "api key " + keyName
+		}
+	}
+	return b.Budget(route, "")
+}
+
+// Redact returns what may be shown of an entry of APIKeys that may be a
+// key itself: "…" and its last 4 characters.
+func Redact(key string) string { return redact("api_keys", key) }
 
 // redact keeps the last 4 characters of an API key.
 func redact(kind, key string) string {

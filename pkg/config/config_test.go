@@ -66,6 +66,17 @@ routing: {local_prefill_below_tokens: 32, max_queued_prefill_tokens: 4096, prefi
 		{name: "zero queue limit", yaml: "limits: {queue_limit: 0}", wantErr: ErrInvalid},
 		{name: "negative budget", yaml: "prompt_budgets: {routes: {/x: -1}}", wantErr: ErrInvalid},
 		{name: "negative routing", yaml: "routing: {prefix_weight: -1}", wantErr: ErrInvalid},
+		{
+			name: "auth files",
+			yaml: "auth: {api_keys_file: /etc/pdserve/keys, metrics_token_file: /etc/pdserve/metrics-token}",
+			want: func() Policy {
+				p := Default()
+				p.Auth = Auth{APIKeysFile: "/etc/pdserve/keys", MetricsTokenFile: "/etc/pdserve/metrics-token"}
+				return p
+			}(),
+		},
+		{name: "auth files the same", yaml: "auth: {api_keys_file: /k, metrics_token_file: /k}", wantErr: ErrInvalid},
+		{name: "unknown auth field", yaml: "auth: {api_keys: /k}", wantErr: errAny},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -101,6 +112,53 @@ func TestLoad(t *testing.T) {
 	}
 	if _, err := Load(filepath.Join(t.TempDir(), "missing.yaml")); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("Load(missing) error = %v, want os.ErrNotExist", err)
+	}
+}
+
+// Relative auth paths are relative to the policy file's directory.
+func TestLoadAuthPaths(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "policy.yaml")
+	if err := os.WriteFile(path, []byte("auth: {api_keys_file: keys.txt, metrics_token_file: /abs/token}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Auth{APIKeysFile: filepath.Join(dir, "keys.txt"), MetricsTokenFile: "/abs/token"}
+	if diff := cmp.Diff(want, p.Auth); diff != "" {
+		t.Errorf("Auth (-want +got):\n%s", diff)
+	}
+}
+
+// With authenticated keys the budget of a key is that of its name.
+func TestNamedBudget(t *testing.T) {
+	b := Budgets{
+		Default: 100,
+		Routes:  map[string]int{"/v1/chat/completions": 50},
+		APIKeys: map[string]int{"team-a": 10},
+	}
+	tests := []struct {
+		route, name string
+		wantLimit   int
+		wantSurface string
+	}{
+		{"/v1/completions", "team-a", 10, "api key team-a"},
+		{"/v1/chat/completions", "team-b", 50, "route /v1/chat/completions"},
+		{"/v1/completions", "team-b", 100, "default"},
+		{"/v1/completions", "", 100, "default"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.route+"/"+tc.name, func(t *testing.T) {
+			limit, surface := b.NamedBudget(tc.route, tc.name)
+			if limit != tc.wantLimit || surface != tc.wantSurface {
+				t.Errorf("NamedBudget(%q, %q) = %d, %q; want %d, %q", tc.route, tc.name, limit, surface, tc.wantLimit, tc.wantSurface)
+			}
+		})
+	}
+	if got := Redact("secret-key-9876"); got != "…9876" {
+		t.Errorf("Redact = %q", got)
 	}
 }
 

@@ -1,7 +1,8 @@
 // Package config loads the coordinator's serving policy from YAML: SLO
 // targets, prompt-token budgets per API key and per route, the max_tokens
 // cap and default (both relative to the model's context by default), the
-// admission limit, the routing thresholds and the pricing of requests.
+// admission limit, the routing thresholds, the pricing of requests and
+// the files that authenticate clients.
 //
 // A policy file is optional; every field has a built-in default (see
 // Default), and the coordinator's flags override the file where they are
@@ -22,12 +23,15 @@
 //	  default: 8192
 //	  routes:
 //	    /v1/chat/completions: 4096
-//	  api_keys:
-//	    team-a-key: 1024
+//	  api_keys:           # by key name with auth.api_keys_file, else by the key itself
+//	    team-a: 1024
 //	routing:
 //	  local_prefill_below_tokens: 0   # shorter prompts prefill on the decode worker
 //	  max_queued_prefill_tokens: 0    # per prefill worker; 0 = unbounded
 //	  prefix_weight: 0                # tokens of prefix-cache hit worth one queued token
+//	auth:                 # optional: authenticated clients (package apikey); none by default
+//	  api_keys_file: keys.txt         # sha256:<hex> [name=…] [rpm=…] [tpm=…] per line; relative to this file
+//	  metrics_token_file: metrics.tok # the bearer token /metrics requires
 //	pricing:              # optional: the cost of each request ($, $/1k tokens); none by default
 //	  gpu_usd_per_hour: 2.5           # USD per GPU-hour, × the GPU-seconds a request used
 //	  prefill_gpus_per_worker: 1      # GPUs of one prefill worker (0: 1)

@@ -16,7 +16,7 @@ const (
 	CmdResend = "resend" // re-send RequestID's retained KV to the decode worker at Arg
 )
 
-// Command is an order to one worker, sent on "pdserve.cmd.<id>".
+// Command is an order to one worker, sent on "pdserve.cmd.<role>.<id>".
 type Command struct {
 	Kind      string `json:"kind"`                 // CmdDrain, CmdCancel, CmdResend, ...; not empty
 	RequestID string `json:"request_id,omitempty"` // the request it concerns, if any
@@ -29,14 +29,19 @@ type CommandReply struct {
 	Error string `json:"error,omitempty"` // the handler's error when not OK
 }
 
-// SendCommand sends c to workerID and waits for its reply, at most until ctx
-// ends (give ctx a deadline). Errors: ErrBadToken (worker id), ErrBadCommand
+// SendCommand sends c to the worker of role and workerID (a heartbeat's
+// Role and ID) and waits for its reply, at most until ctx ends (give ctx a
+// deadline). Only the coordinator role may publish commands on an
+// authenticated server. Errors: ErrBadToken (role or worker id), ErrBadCommand
 // (empty kind, or a reply that is not a CommandReply), ErrNoWorker (nobody
 // subscribed), ErrCommandFailed (the handler failed; its text follows), ctx
 // errors, or nats errors, all wrapped.
-func SendCommand(ctx context.Context, nc *nats.Conn, workerID string, c Command) error {
+func SendCommand(ctx context.Context, nc *nats.Conn, role, workerID string, c Command) error {
 	if err := ValidToken(workerID); err != nil {
 		return fmt.Errorf("control: command to worker: %w", err)
+	}
+	if err := ValidToken(role); err != nil {
+		return fmt.Errorf("control: command to worker %s: role: %w", workerID, err)
 	}
 	if c.Kind == "" {
 		return fmt.Errorf("control: command to %s: %w: empty kind", workerID, ErrBadCommand)
@@ -45,7 +50,7 @@ func SendCommand(ctx context.Context, nc *nats.Conn, workerID string, c Command)
 	if err != nil {
 		return fmt.Errorf("control: command %s to %s: %w", c.Kind, workerID, err)
 	}
-	msg, err := nc.RequestWithContext(ctx, CommandSubject(workerID), data)
+	msg, err := nc.RequestWithContext(ctx, CommandSubject(role, workerID), data)
 	if errors.Is(err, nats.ErrNoResponders) {
 		return fmt.Errorf("control: command %s to %s: %w (%w)", c.Kind, workerID, ErrNoWorker, err)
 	}
@@ -62,18 +67,24 @@ func SendCommand(ctx context.Context, nc *nats.Conn, workerID string, c Command)
 	return nil
 }
 
-// HandleCommands subscribes to workerID's command subject and answers every
-// command with h's outcome (a CommandReply). h runs on the subscription's
-// goroutine, one command at a time; it should return quickly (start long
-// work, like a drain, in the background). A request that is not a Command
-// gets an error reply without calling h. The subscription is registered
-// with the server when HandleCommands returns; Unsubscribe (or Drain) it to
-// stop. Errors: ErrBadToken, nats errors, wrapped.
-func HandleCommands(nc *nats.Conn, workerID string, h func(Command) error) (*nats.Subscription, error) {
+// HandleCommands subscribes to the command subject of the worker of role
+// and workerID and answers every command with h's outcome (a
+// CommandReply). h runs on the subscription's goroutine, one command at a
+// time; it should return quickly (start long work, like a drain, in the
+// background). A request that is not a Command gets an error reply without
+// calling h. When nc is connected, the subscription is registered with the
+// server when HandleCommands returns; when nc is still (re)connecting, it
+// is registered once nc connects. Unsubscribe (or Drain) it to stop.
+// Errors: ErrBadToken, nats errors (a permission violation arrives
+// asynchronously, at nc's error handler), wrapped.
+func HandleCommands(nc *nats.Conn, role, workerID string, h func(Command) error) (*nats.Subscription, error) {
 	if err := ValidToken(workerID); err != nil {
 		return nil, fmt.Errorf("control: handle commands: %w", err)
 	}
-	sub, err := nc.Subscribe(CommandSubject(workerID), func(msg *nats.Msg) {
+	if err := ValidToken(role); err != nil {
+		return nil, fmt.Errorf("control: handle commands for %s: role: %w", workerID, err)
+	}
+	sub, err := nc.Subscribe(CommandSubject(role, workerID), func(msg *nats.Msg) {
 		var c Command
 		var r CommandReply
 		if err := json.Unmarshal(msg.Data, &c); err != nil || c.Kind == "" {
@@ -91,7 +102,10 @@ func HandleCommands(nc *nats.Conn, workerID string, h func(Command) error) (*nat
 	if err != nil {
 		return nil, fmt.Errorf("control: handle commands for %s: %w", workerID, err)
 	}
-	if err := nc.FlushTimeout(flushTimeout); err != nil {
+	if !nc.IsConnected() {
+		return sub, nil
+	}
+	if err := nc.FlushTimeout(flushTimeout); err != nil && nc.IsConnected() {
 		_ = sub.Unsubscribe()
 		return nil, fmt.Errorf("control: handle commands for %s: %w", workerID, err)
 	}

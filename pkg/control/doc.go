@@ -8,12 +8,13 @@
 // Every payload is JSON (UTF-8, field names in lower snake case, times in
 // RFC 3339 with nanoseconds), so any NATS client can read and write them:
 //
-//	pdserve.hb.<role>.<id>   Heartbeat, published by a worker every interval
-//	pdserve.cmd.<id>         Command, request/reply; the reply is a CommandReply
-//	pdserve.plan             planner decisions (payload defined by the planner)
+//	pdserve.hb.<role>.<id>    Heartbeat, published by a worker every interval
+//	pdserve.cmd.<role>.<id>   Command, request/reply; the reply is a CommandReply
+//	pdserve.plan              planner decisions (payload defined by the planner)
 //
 // Worker ids and roles must be valid single NATS subject tokens: not empty,
-// no '.', '*', '>' or white space (ValidToken).
+// no '.', '*', '>' or white space (ValidToken). Both are in each subject
+// so that NATS permissions can name one worker, or one role.
 //
 // # Membership
 //
@@ -22,10 +23,67 @@
 // heartbeat was observed more than the TTL ago is removed by Expire. Members
 // lists live members of a role, draining ones excluded; Models lists the
 // models they serve, each with the smallest context length (MaxSeqLen) its
-// workers report. Watch wires a Membership to NATS and expires on a ticker.
+// workers report. Watch wires a Membership to NATS and expires on a ticker;
+// it refuses (and logs, WatchLogger) a heartbeat whose id or role differs
+// from its subject's.
+//
+// # Authentication and permissions
+//
+// NATS requires credentials. The server side is NATSUser: a user name and
+// password (plain or bcrypt) or a public NKey, a role, and optionally the
+// one worker id the user may act as; Permissions derives what it may do:
+//
+//	coordinator  publish pdserve.cmd.>, pdserve.plan; subscribe pdserve.hb.>, pdserve.plan, _INBOX.>
+//	observer     publish nothing; subscribe pdserve.hb.>, pdserve.plan
+//	worker       publish pdserve.hb.<role>.<id>; subscribe pdserve.cmd.<role>.<id>;
+//	             one reply per command received, within a minute
+//
+// Only the coordinator publishes commands and plans. A worker user with an
+// id (the standalone coordinator generates one per worker, per start, with
+// a crypto/rand password kept in process; a users file may list them too)
+// can publish heartbeats under that id alone: a forged heartbeat under
+// another worker's id is a permission violation, dropped by the server and
+// reported to the publisher asynchronously (its error handler; Connect logs
+// it) and logged by the server (WithLogger), naming the subject.
+//
+// A worker user without an id (<id> is "*") is a credential the replicas of
+// a role share, as a Kubernetes Deployment's pods share one Secret. Then:
+//   - prevented: publishing commands or plans; heartbeats or command
+//     subscriptions of another role; reading heartbeats, plans or other
+//     roles' commands; connecting at all without the credential;
+//   - not prevented: a holder publishing heartbeats under any id of its own
+//     role, another replica's included (taking over its traffic, or marking
+//     it draining), and subscribing to, and answering, the commands of
+//     other workers of its role. Core NATS does not tell a subscriber who
+//     published a message, so the coordinator cannot bind a heartbeat to a
+//     user; it can only rely on the subject, which the publisher's
+//     permissions vouch for, and refuse a payload that claims another
+//     (Watch). Per-worker users (stable ids, such as a StatefulSet's pod
+//     names) close the gap; gRPC authentication between the components
+//     limits what a forged address obtains.
+//
+// Everyone connected to an authenticated server has logged in, so the
+// coordinator accepts heartbeats only from authenticated users.
+//
+// # Connecting
+//
+// ConnOptions is the client side, shared by the three binaries (AddFlags:
+// --nats-user with --nats-password-file, --nats-token-file,
+// --nats-nkey-seed-file or --nats-creds; --nats-tls-ca, --nats-tls-cert,
+// --nats-tls-key; --nats-reconnect-wait). Secrets come from files only,
+// the password and token files are re-read at each (re)connect, and
+// LogFields names files, never their content. Connect retries the first
+// connection and reconnects forever, with exponential backoff and jitter,
+// also after a refused login (credentials may be fixed meanwhile); it
+// returns at once, and Publisher publishes nothing while the connection is
+// down, so a component can start before its NATS server and join when it
+// comes up. RedactURL strips credentials from URLs for logs.
 //
 // # Embedded server
 //
-// StartEmbedded runs a nats-server in the process (no logging, no signal
-// handlers), for a coordinator started without a NATS URL and for tests.
+// StartEmbedded runs a nats-server in the process (no signal handlers,
+// plaintext), for a coordinator started without a NATS URL and for tests;
+// WithUsers makes it require credentials (without it, it accepts anyone:
+// tests only), WithLogger logs its refusals. LoadUsers reads a users file
+// (YAML) for workers started apart.
 package control

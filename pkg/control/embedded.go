@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"go.uber.org/zap"
 )
 
 // embeddedReady bounds how long StartEmbedded waits for the server to accept
@@ -22,16 +24,47 @@ const natsDefaultPort = 4222
 // the address (another NATS server, another coordinator's embedded one).
 var ErrAddrInUse = errors.New("address in use")
 
+// EmbeddedOption configures StartEmbedded.
+type EmbeddedOption func(*embeddedConfig)
+
+type embeddedConfig struct {
+	users []NATSUser
+	auth  bool
+	log   *zap.Logger
+}
+
+// WithUsers makes the server require credentials: only users log in,
+// each with the permissions of its role (Permissions). Without it the
+// server accepts anyone with every permission: for tests only; the
+// coordinator always passes its users.
+func WithUsers(users []NATSUser) EmbeddedOption {
+	return func(c *embeddedConfig) { c.users, c.auth = users, true }
+}
+
+// WithLogger makes the server log its errors and warnings to log: refused
+// logins (naming the user, never the password), permission violations
+// (naming the subject), slow consumers. Notices go to debug.
+func WithLogger(log *zap.Logger) EmbeddedOption {
+	return func(c *embeddedConfig) { c.log = log }
+}
+
 // StartEmbedded runs a nats-server in this process, listening on addr
 // ("host:port"; port -1 picks a free one, e.g. "127.0.0.1:-1"; port 0 is
-// the NATS default, 4222), without logging, signal handlers or JetStream.
-// It returns once the server accepts connections, with its client URL
-// ("nats://host:port"). The caller stops it with Shutdown and
-// WaitForShutdown. Errors: a bad addr; ErrAddrInUse (wrapped, at once:
+// the NATS default, 4222), without signal handlers or JetStream, logging
+// only with WithLogger, requiring credentials only WithUsers. It listens
+// in plaintext: for NATS across machines with TLS, run a nats-server of
+// your own. It returns once the server accepts connections, with its
+// client URL ("nats://host:port", no credentials). The caller stops it
+// with Shutdown and WaitForShutdown. Errors: a bad addr; invalid users
+// (ValidateUsers), or WithUsers with none; ErrAddrInUse (wrapped, at once:
 // the address is tried before the server starts, since nats-server
 // reports a failed listen only by never becoming ready); other listen
 // errors; a server not ready within 10 s.
-func StartEmbedded(addr string) (*server.Server, string, error) {
+func StartEmbedded(addr string, opts ...EmbeddedOption) (*server.Server, string, error) {
+	var cfg embeddedConfig
+	for _, o := range opts {
+		o(&cfg)
+	}
 	host, portStr, err := net.SplitHostPort(addr)
 	if err != nil {
 		return nil, "", fmt.Errorf("control: embedded nats %q: %w", addr, err)
@@ -40,19 +73,31 @@ func StartEmbedded(addr string) (*server.Server, string, error) {
 	if err != nil || port < -1 || port > 65535 {
 		return nil, "", fmt.Errorf("control: embedded nats %q: bad port", addr)
 	}
+	sopts := &server.Options{
+		Host:   host,
+		Port:   port,
+		NoLog:  cfg.log == nil,
+		NoSigs: true,
+	}
+	if cfg.auth {
+		if len(cfg.users) == 0 {
+			return nil, "", fmt.Errorf("control: embedded nats %q: no users", addr)
+		}
+		if sopts.Users, sopts.Nkeys, err = serverUsers(cfg.users); err != nil {
+			return nil, "", fmt.Errorf("control: embedded nats %q: %w", addr, err)
+		}
+	}
 	if port != -1 {
 		if err := tryListen(host, port); err != nil {
 			return nil, "", fmt.Errorf("control: embedded nats %q: %w", addr, err)
 		}
 	}
-	s, err := server.NewServer(&server.Options{
-		Host:   host,
-		Port:   port,
-		NoLog:  true,
-		NoSigs: true,
-	})
+	s, err := server.NewServer(sopts)
 	if err != nil {
 		return nil, "", fmt.Errorf("control: embedded nats %q: %w", addr, err)
+	}
+	if cfg.log != nil {
+		s.SetLoggerV2(serverLogger{cfg.log.Sugar()}, false, false, false)
 	}
 	go s.Start()
 	if !s.ReadyForConnections(embeddedReady) {
@@ -85,3 +130,22 @@ func tryListen(host string, port int) error {
 	}
 	return l.Close()
 }
+
+// serverLogger is nats-server's Logger on zap.
+type serverLogger struct{ l *zap.SugaredLogger }
+
+func (l serverLogger) Noticef(format string, v ...any) { l.l.Debugf(format, v...) }
+func (l serverLogger) Warnf(format string, v ...any) {
+	// Generated in-process passwords are plain text by design; the
+	// coordinator warns about plain-text passwords in a users file itself.
+	if strings.HasPrefix(format, "Plaintext passwords detected") {
+		return
+	}
+	l.l.Warnf(format, v...)
+}
+func (l serverLogger) Fatalf(format string, v ...any) { l.l.Errorf(format, v...) }
+func (l serverLogger) Errorf(format string, v ...any) { l.l.Errorf(format, v...) }
+func (l serverLogger) Debugf(format string, v ...any) { l.l.Debugf(format, v...) }
+func (l serverLogger) Tracef(format string, v ...any) { l.l.Debugf(format, v...) }
+
+var _ server.Logger = serverLogger{}

@@ -63,8 +63,8 @@ const (
 // HeartbeatSubject returns "pdserve.hb.<role>.<id>".
 func HeartbeatSubject(role, id string) string { return heartbeatPrefix + role + "." + id }
 
-// CommandSubject returns "pdserve.cmd.<id>".
-func CommandSubject(id string) string { return commandPrefix + id }
+// CommandSubject returns "pdserve.cmd.<role>.<id>".
+func CommandSubject(role, id string) string { return commandPrefix + role + "." + id }
 
 // ValidToken reports ErrBadToken, wrapped, when s cannot be one token of a
 // NATS subject: empty, or containing '.', '*', '>' or white space.

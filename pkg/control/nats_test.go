@@ -174,7 +174,7 @@ func TestCommands(t *testing.T) {
 	nc := startNATS(t)
 	var mu sync.Mutex
 	var got []Command
-	sub, err := HandleCommands(nc, "decode-1", func(c Command) error {
+	sub, err := HandleCommands(nc, "decode", "decode-1", func(c Command) error {
 		mu.Lock()
 		defer mu.Unlock()
 		got = append(got, c)
@@ -209,7 +209,7 @@ func TestCommands(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			err := SendCommand(ctx, nc, tc.worker, tc.cmd)
+			err := SendCommand(ctx, nc, "decode", tc.worker, tc.cmd)
 			if !errors.Is(err, tc.wantErr) {
 				t.Fatalf("SendCommand = %v, want %v", err, tc.wantErr)
 			}
@@ -223,7 +223,7 @@ func TestCommands(t *testing.T) {
 	}
 
 	// A request that is not a command gets an error reply.
-	msg, err := nc.RequestWithContext(ctx, CommandSubject("decode-1"), []byte("{"))
+	msg, err := nc.RequestWithContext(ctx, CommandSubject("decode", "decode-1"), []byte("{"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -28,9 +28,11 @@ func NewPublisher(nc *nats.Conn, interval time.Duration, snapshot func() Heartbe
 }
 
 // Run publishes a heartbeat at once and then every interval until ctx ends,
-// when it returns nil. Errors: ErrBadHeartbeat, nats.ErrConnectionClosed,
+// when it returns nil; beats fall while nc is not connected (see
+// Publish). Errors: ErrBadHeartbeat, nats.ErrConnectionClosed,
 // nats.ErrMaxPayload and other publish errors, wrapped; a full reconnect
-// buffer while NATS is away is not an error (the next beat retries).
+// buffer while NATS is away is not an error (the next beat retries), nor
+// is any error once ctx has ended (a worker closing its connection).
 func (p *Publisher) Run(ctx context.Context) error {
 	if p.interval <= 0 {
 		return fmt.Errorf("control: heartbeat interval %v must be positive", p.interval)
@@ -39,6 +41,9 @@ func (p *Publisher) Run(ctx context.Context) error {
 	defer t.Stop()
 	for {
 		if err := p.Publish(); err != nil && !errors.Is(err, nats.ErrReconnectBufExceeded) {
+			if ctx.Err() != nil {
+				return nil // the connection closed as the publisher stopped
+			}
 			return err
 		}
 		select {
@@ -50,8 +55,14 @@ func (p *Publisher) Run(ctx context.Context) error {
 }
 
 // Publish publishes one heartbeat now, outside the interval (a worker that
-// starts draining tells the coordinator at once). Errors as for Run.
+// starts draining tells the coordinator at once). While nc is not
+// connected (a NATS server not up yet, a reconnect) it publishes nothing
+// and returns nil: a heartbeat buffered then would reach the coordinator
+// late, claiming a state long gone. Errors as for Run.
 func (p *Publisher) Publish() error {
+	if !p.nc.IsConnected() {
+		return nil
+	}
 	hb := p.snapshot()
 	if hb.Time.IsZero() {
 		hb.Time = p.now()

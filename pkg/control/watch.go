@@ -8,27 +8,50 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"go.uber.org/zap"
 )
 
 // flushTimeout bounds the wait for the server to confirm a subscription.
 const flushTimeout = 10 * time.Second
 
+// WatchOption configures Watch.
+type WatchOption func(*watchConfig)
+
+type watchConfig struct{ log *zap.Logger }
+
+// WatchLogger makes Watch log each heartbeat it refuses (a warning naming
+// the subject, id and role; heartbeats carry no secrets).
+func WatchLogger(log *zap.Logger) WatchOption {
+	return func(c *watchConfig) { c.log = log }
+}
+
 // Watch feeds m with every heartbeat published on nc, observed at clock(),
 // and calls m.Expire(clock()) every interval (every > 0) until ctx ends or
-// stop is called; then it unsubscribes. It returns once the subscription is
-// registered with the server, so heartbeats published after it are seen.
-// Malformed heartbeats are dropped.
+// stop is called; then it unsubscribes. When nc is connected, it returns
+// once the subscription is registered with the server, so heartbeats
+// published after it are seen; when nc is still (re)connecting, the
+// subscription is registered once it connects.
+//
+// A heartbeat is refused (dropped, and logged with WatchLogger) when it is
+// not JSON, fails Validate, or its id and role differ from its subject's:
+// on an authenticated server the subject is what the publisher's
+// permissions vouch for (see the package doc), the payload is not.
 //
 // stop ends the watch and waits until it has unsubscribed; it is
 // idempotent and safe to call from any goroutine, also after ctx ended. Errors:
 // subscription or flush errors from nats, wrapped.
-func Watch(ctx context.Context, nc *nats.Conn, m *Membership, clock func() time.Time, every time.Duration) (stop func(), err error) {
+func Watch(ctx context.Context, nc *nats.Conn, m *Membership, clock func() time.Time, every time.Duration, opts ...WatchOption) (stop func(), err error) {
 	if every <= 0 {
 		return nil, fmt.Errorf("control: watch: expiry interval %v must be positive", every)
 	}
+	cfg := watchConfig{log: zap.NewNop()}
+	for _, o := range opts {
+		o(&cfg)
+	}
 	sub, err := nc.Subscribe(HeartbeatWildcard, func(msg *nats.Msg) {
-		var hb Heartbeat
-		if json.Unmarshal(msg.Data, &hb) != nil {
+		hb, err := checkHeartbeat(msg.Subject, msg.Data)
+		if err != nil {
+			cfg.log.Warn("heartbeat refused", zap.String("subject", msg.Subject), zap.String("id", hb.ID), zap.String("role", hb.Role), zap.Error(err))
 			return
 		}
 		m.Observe(hb, clock())
@@ -36,12 +59,14 @@ func Watch(ctx context.Context, nc *nats.Conn, m *Membership, clock func() time.
 	if err != nil {
 		return nil, fmt.Errorf("control: watch: %w", err)
 	}
-	fctx, fcancel := context.WithTimeout(ctx, flushTimeout)
-	err = nc.FlushWithContext(fctx)
-	fcancel()
-	if err != nil {
-		_ = sub.Unsubscribe()
-		return nil, fmt.Errorf("control: watch: %w", err)
+	if nc.IsConnected() {
+		fctx, fcancel := context.WithTimeout(ctx, flushTimeout)
+		err = nc.FlushWithContext(fctx)
+		fcancel()
+		if err != nil && nc.IsConnected() {
+			_ = sub.Unsubscribe()
+			return nil, fmt.Errorf("control: watch: %w", err)
+		}
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -65,4 +90,21 @@ func Watch(ctx context.Context, nc *nats.Conn, m *Membership, clock func() time.
 		wg.Wait()
 	}
 	return stop, nil
+}
+
+// checkHeartbeat decodes a heartbeat received on subject. Errors:
+// ErrBadHeartbeat, wrapped: not JSON, invalid, or an id or role other than
+// the subject's. The heartbeat is returned as far as it decoded.
+func checkHeartbeat(subject string, data []byte) (Heartbeat, error) {
+	var hb Heartbeat
+	if err := json.Unmarshal(data, &hb); err != nil {
+		return hb, fmt.Errorf("%w: %w", ErrBadHeartbeat, err)
+	}
+	if err := hb.Validate(); err != nil {
+		return hb, err
+	}
+	if want := HeartbeatSubject(hb.Role, hb.ID); subject != want {
+		return hb, fmt.Errorf("%w: id and role say %s, sent on %s", ErrBadHeartbeat, want, subject)
+	}
+	return hb, nil
 }

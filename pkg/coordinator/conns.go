@@ -1,25 +1,31 @@
 package coordinator
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"sync"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+
+	"github.com/pdserve/pdserve/pkg/grpcauth"
 )
 
-// conns caches one gRPC client connection per worker address. Safe for
-// concurrent use.
+// conns caches one gRPC client connection per worker address. A
+// connection to a worker that left the membership is closed by retain
+// (the housekeeping loop); one to a hung worker is closed by keepalive.
+// Safe for concurrent use.
 type conns struct {
-	creds credentials.TransportCredentials
+	opts  []grpc.DialOption
 	mu    sync.Mutex
 	byAdr map[string]*grpc.ClientConn
 }
 
 // newConns returns an empty cache whose connections use creds (TLS, or
-// plaintext).
-func newConns(creds credentials.TransportCredentials) *conns {
-	return &conns{creds: creds, byAdr: make(map[string]*grpc.ClientConn)}
+// plaintext) and opts (keepalive, the coordinator's token).
+func newConns(creds credentials.TransportCredentials, opts ...grpc.DialOption) *conns {
+	return &conns{opts: append([]grpc.DialOption{grpc.WithTransportCredentials(creds)}, opts...), byAdr: make(map[string]*grpc.ClientConn)}
 }
 
 // get returns the connection to addr, creating it (lazily connecting) on
@@ -30,7 +36,7 @@ func (c *conns) get(addr string) (*grpc.ClientConn, error) {
 	if cc, ok := c.byAdr[addr]; ok {
 		return cc, nil
 	}
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(c.creds))
+	cc, err := grpc.NewClient(addr, c.opts...)
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: dial %s: %w", addr, err)
 	}
@@ -64,4 +70,22 @@ func (c *conns) len() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.byAdr)
+}
+
+// standaloneGRPCAuth returns o with tokens generated for this process when
+// it has none: the standalone coordinator and its workers share them in
+// memory, so that nothing else on the machine can call the workers.
+func standaloneGRPCAuth(o grpcauth.Options) grpcauth.Options {
+	if o.Tokens() {
+		return o
+	}
+	o.Token, o.PrefillToken = randomToken(), randomToken()
+	return o
+}
+
+// randomToken returns 32 random bytes in hex.
+func randomToken() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails
+	return hex.EncodeToString(b)
 }

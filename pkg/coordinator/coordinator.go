@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/enginecfg"
 	"github.com/pdserve/pdserve/pkg/frontend"
+	"github.com/pdserve/pdserve/pkg/grpcauth"
 	"github.com/pdserve/pdserve/pkg/metrics"
 	"github.com/pdserve/pdserve/pkg/router"
 	"github.com/pdserve/pdserve/pkg/tokenizer"
@@ -41,12 +43,13 @@ type Coordinator struct {
 	log *zap.Logger
 	reg *prometheus.Registry
 
-	ns      *server.Server // embedded NATS, or nil
-	natsURL string
-	nc      *nats.Conn
-	ncDone  chan struct{} // closed when nc closed
-	members *control.Membership
-	stopW   func() // stops the membership watch
+	ns          *server.Server // embedded NATS, or nil
+	natsURL     string
+	workerUsers map[string]control.NATSUser // standalone workers' NATS users by worker id
+	nc          *nats.Conn
+	ncDone      chan struct{} // closed when nc closed
+	members     *control.Membership
+	stopW       func() // stops the membership watch
 
 	closeTok func() // frees the model vocabulary the tokenizer uses, or nil
 
@@ -82,7 +85,15 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)
 	}
-	c = &Coordinator{o: o, log: log, reg: prometheus.NewRegistry(), conns: newConns(tlsCfg.ClientCredentials()), serveErr: make(chan error, 1)}
+	if o.Standalone {
+		o.GRPCAuth = standaloneGRPCAuth(o.GRPCAuth)
+	}
+	gauth, err := o.GRPCAuth.Load(grpcauth.RoleCoordinator, log.Named("grpcauth"))
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: %w", err)
+	}
+	c = &Coordinator{o: o, log: log, reg: prometheus.NewRegistry(), serveErr: make(chan error, 1),
+		conns: newConns(tlsCfg.ClientCredentials(), append(o.Keepalive.DialOptions(), gauth.DialOptions()...)...)}
 	c.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	defer func() {
 		if err != nil {
@@ -92,20 +103,24 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 	}()
 
 	c.natsURL = o.NATSURL
+	conn := o.NATS // the server at NATSURL
 	if c.natsURL == "" {
-		if c.ns, c.natsURL, err = control.StartEmbedded(o.natsListen()); err != nil {
-			return c, fmt.Errorf("coordinator: %w", err)
+		if conn, err = c.startEmbeddedNATS(); err != nil {
+			return c, err
 		}
-		log.Info("embedded NATS server started", zap.String("url", c.natsURL))
 	}
+	// Connect returns at once; an external server that is not up yet is
+	// retried in the background, and the coordinator is not Ready until
+	// it connects.
 	ncDone := make(chan struct{})
-	if c.nc, err = nats.Connect(c.natsURL, nats.Name("pdserve-coordinator"), nats.MaxReconnects(-1),
+	if c.nc, err = conn.Connect(c.natsURL, "pdserve-coordinator", log.Named("nats"),
 		nats.DrainTimeout(natsStopTimeout), nats.ClosedHandler(func(*nats.Conn) { close(ncDone) })); err != nil {
-		return c, fmt.Errorf("coordinator: nats connect %s: %w", c.natsURL, err)
+		return c, fmt.Errorf("coordinator: %w", err)
 	}
 	c.ncDone = ncDone
 	c.members = control.NewMembership(o.HeartbeatTTL)
-	if c.stopW, err = control.Watch(ctx, c.nc, c.members, time.Now, max(o.HeartbeatTTL/4, 10*time.Millisecond)); err != nil {
+	if c.stopW, err = control.Watch(ctx, c.nc, c.members, time.Now, max(o.HeartbeatTTL/4, 10*time.Millisecond),
+		control.WatchLogger(log.Named("membership"))); err != nil {
 		return c, fmt.Errorf("coordinator: %w", err)
 	}
 
@@ -150,6 +165,10 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 	if c.planner, err = c.newPlanner(); err != nil {
 		return c, err
 	}
+	au, err := loadAuth(o, log.Named("auth"))
+	if err != nil {
+		return c, err
+	}
 	// Admission (Policy.Limits.QueueLimit requests at once) is the
 	// frontend's, before a body is read.
 	fe, err := frontend.New(frontend.Options{
@@ -157,6 +176,7 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 		Models: c.Models, Ready: c.Ready, Metrics: m, Gatherer: c.reg,
 		Logger: log.Named("request"), RetryAfter: o.RetryAfter,
 		MaxInFlight: o.Policy.Limits.QueueLimit, MaxBodyBytes: o.MaxBodyBytes, BodyIdleTimeout: o.HTTPBodyIdleTimeout,
+		APIKeys: au.keys, MetricsToken: au.token,
 	})
 	if err != nil {
 		return c, fmt.Errorf("coordinator: %w", err)
@@ -178,42 +198,114 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 	})
 	c.wg.Go(func() { c.housekeep(bg, m) })
 	c.wg.Go(func() { c.planner.run(bg) })
-	log.Info("coordinator started", zap.String("http_addr", c.HTTPAddr()), zap.String("nats_url", c.natsURL), zap.Bool("grpc_tls", o.TLS.Enabled()))
+	c.wg.Go(func() { au.watch(bg, o.Auth, log.Named("auth")) })
+	log.Info("coordinator started", zap.String("http_addr", c.HTTPAddr()), zap.String("nats_url", control.RedactURL(c.natsURL)), zap.Bool("grpc_tls", o.TLS.Enabled()))
 	return c, nil
 }
 
-// startWorkers starts the standalone workers.
-func (c *Coordinator) startWorkers(ctx context.Context) error {
+// startEmbeddedNATS starts the embedded NATS server with its users: one
+// generated for the coordinator, one generated per standalone worker
+// (bound to its id), those of NATSAuthFile and NATSUsers. It returns the
+// coordinator's connection options. Errors: the users file's, the
+// server's, wrapped.
+func (c *Coordinator) startEmbeddedNATS() (control.ConnOptions, error) {
+	o := c.o
+	self := control.NewNATSUser(control.RoleCoordinator, "")
+	users := []control.NATSUser{self}
+	if o.Standalone {
+		c.workerUsers = make(map[string]control.NATSUser)
+		for _, w := range o.standaloneWorkers() {
+			u := control.NewNATSUser(w.role, w.id)
+			c.workerUsers[w.id] = u
+			users = append(users, u)
+		}
+	}
+	var fromFile []control.NATSUser
+	if o.NATSAuthFile != "" {
+		var err error
+		if fromFile, err = control.LoadUsers(o.NATSAuthFile); err != nil {
+			return control.ConnOptions{}, fmt.Errorf("coordinator: %w", err)
+		}
+		for _, u := range fromFile {
+			if u.NKey == "" && !strings.HasPrefix(u.Password, "$2") {
+				c.log.Warn("NATS users file holds a plain-text password; a bcrypt hash keeps the file free of usable secrets",
+					zap.String("file", o.NATSAuthFile), zap.String("user", u.User))
+			}
+		}
+	}
+	users = append(users, fromFile...)
+	users = append(users, o.NATSUsers...)
+	var err error
+	if c.ns, c.natsURL, err = control.StartEmbedded(o.natsListen(), control.WithUsers(users), control.WithLogger(c.log.Named("nats-server"))); err != nil {
+		return control.ConnOptions{}, fmt.Errorf("coordinator: %w", err)
+	}
+	c.log.Info("embedded NATS server started", zap.String("url", c.natsURL), zap.Int("users_from_file", len(fromFile)),
+		zap.Int("standalone_worker_users", len(c.workerUsers)))
+	if !o.Standalone && len(fromFile)+len(o.NATSUsers) == 0 {
+		c.log.Warn("the embedded NATS server has no users for workers: workers started apart cannot join; list them in --nats-auth-file")
+	}
+	conn := self.ConnOptions()
+	conn.ReconnectWait = o.NATS.ReconnectWait
+	return conn, nil
+}
+
+// standaloneWorker names one standalone worker.
+type standaloneWorker struct {
+	role control.Role
+	id   string
+}
+
+// standaloneWorkers returns the standalone workers to start, in order.
+func (o Options) standaloneWorkers() []standaloneWorker {
 	type spec struct {
 		role  control.Role
 		count int
 	}
-	specs := []spec{{control.RolePrefill, c.o.PrefillWorkers}, {control.RoleDecode, c.o.DecodeWorkers}}
-	if c.o.Mode == ModeColocated {
-		specs = []spec{{control.RoleColocated, c.o.DecodeWorkers}}
+	specs := []spec{{control.RolePrefill, o.PrefillWorkers}, {control.RoleDecode, o.DecodeWorkers}}
+	if o.Mode == ModeColocated {
+		specs = []spec{{control.RoleColocated, o.DecodeWorkers}}
 	}
+	var out []standaloneWorker
 	for _, s := range specs {
 		for i := range s.count {
-			wo := workerrun.NewDecodeOptions()
-			if s.role == control.RolePrefill {
-				wo = workerrun.NewPrefillOptions()
-			}
-			wo.Role = s.role
-			wo.ID = fmt.Sprintf("%s-%d", s.role, i)
-			wo.GRPCAddr, wo.MetricsAddr, wo.NATSURL = "127.0.0.1:0", "", c.natsURL
-			wo.Engine = c.o.Engine
-			wo.LogLevel = c.o.LogLevel
-			wo.Registerer = c.reg
-			wo.TLS = c.o.TLS
-			if c.o.WorkerOptions != nil {
-				c.o.WorkerOptions(&wo)
-			}
-			w, err := workerrun.Start(ctx, wo, c.log.Named("worker"))
-			if err != nil {
-				return fmt.Errorf("coordinator: standalone %s worker %d: %w", s.role, i, err)
-			}
-			c.workers = append(c.workers, w)
+			out = append(out, standaloneWorker{s.role, fmt.Sprintf("%s-%d", s.role, i)})
 		}
+	}
+	return out
+}
+
+// startWorkers starts the standalone workers, each logging in to the
+// embedded NATS server as its own user; with NATSURL they log in with the
+// coordinator's own credentials (that user then needs every role's
+// permissions).
+func (c *Coordinator) startWorkers(ctx context.Context) error {
+	for _, s := range c.o.standaloneWorkers() {
+		wo := workerrun.NewDecodeOptions()
+		if s.role == control.RolePrefill {
+			wo = workerrun.NewPrefillOptions()
+		}
+		wo.Role = s.role
+		wo.ID = s.id
+		wo.GRPCAddr, wo.MetricsAddr, wo.NATSURL = "127.0.0.1:0", "", c.natsURL
+		wo.NATS = c.o.NATS
+		if u, ok := c.workerUsers[s.id]; ok {
+			wo.NATS = u.ConnOptions()
+			wo.NATS.ReconnectWait = c.o.NATS.ReconnectWait
+		}
+		wo.Engine = c.o.Engine
+		wo.LogLevel = c.o.LogLevel
+		wo.Registerer = c.reg
+		wo.TLS = c.o.TLS
+		wo.GRPCAuth = grpcauth.Options{TokenFile: c.o.GRPCAuth.TokenFile, Token: c.o.GRPCAuth.Token, PrefillToken: c.o.GRPCAuth.PrefillToken}
+		wo.Keepalive = c.o.Keepalive
+		if c.o.WorkerOptions != nil {
+			c.o.WorkerOptions(&wo)
+		}
+		w, err := workerrun.Start(ctx, wo, c.log.Named("worker"))
+		if err != nil {
+			return fmt.Errorf("coordinator: standalone worker %s: %w", s.id, err)
+		}
+		c.workers = append(c.workers, w)
 	}
 	return nil
 }
@@ -286,10 +378,14 @@ func (c *Coordinator) Models() []frontend.Model {
 
 // Ready returns nil once at least one non-draining worker of each needed
 // role has joined (prefill and decode in disaggregated mode, colocated in
-// colocated mode) and the coordinator is not shutting down.
+// colocated mode), the coordinator is connected to NATS and not shutting
+// down.
 func (c *Coordinator) Ready() error {
 	if c.shutting.Load() {
 		return errors.New("shutting down")
+	}
+	if !c.nc.IsConnected() {
+		return errors.New("not connected to NATS")
 	}
 	roles := []control.Role{control.RolePrefill, control.RoleDecode}
 	if c.o.Mode == ModeColocated {
@@ -345,7 +441,8 @@ func (c *Coordinator) closeAll(ctx context.Context) error {
 		c.stopW()
 	}
 	if c.nc != nil {
-		if err := c.nc.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+		// A connection still (re)connecting is closed by Drain at once.
+		if err := c.nc.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) && !errors.Is(err, nats.ErrConnectionReconnecting) {
 			errs = append(errs, fmt.Errorf("coordinator: nats drain: %w", err))
 		}
 		c.waitNATSClosed()

@@ -6,6 +6,18 @@
 // In standalone mode it also starts prefill and decode (or colocated)
 // workers in its own process (pkg/workerrun).
 //
+// # NATS
+//
+// The embedded server (no --nats-url) requires credentials: the
+// coordinator logs in as a coordinator-role user generated per start, each
+// standalone worker as a user of its own bound to its id (generated too,
+// kept in process), workers started apart as the users of
+// --nats-auth-file (control.LoadUsers). With --nats-url the coordinator
+// logs in with --nats-user/--nats-password-file, --nats-token-file,
+// --nats-nkey-seed-file or --nats-creds and --nats-tls-* (control.ConnOptions).
+// Either way the connection is retried forever; Ready reports "not
+// connected to NATS" (503 on /readyz) until it is up.
+//
 // # Request flow (disaggregated)
 //
 //  1. Admission (the frontend, before the body is read): at most
@@ -94,6 +106,30 @@
 // the certificate is presented to workers that require client
 // certificates (mutual TLS). Standalone workers get the same settings. No
 // TLS flag: plaintext.
+//
+// Options.GRPCAuth (--grpc-token-file; pkg/grpcauth) is the coordinator's
+// token, sent as a bearer token on every call to the workers, which serve
+// DecodeService and PrefillService only to the coordinator's token or
+// certificate identity and the KV transfer only to a prefill worker's.
+// Standalone, the coordinator generates a coordinator and a prefill token
+// at each start and hands them to its in-process workers, so that other
+// users of the machine cannot call them.
+//
+// # Authentication
+//
+// Options.Auth (--api-keys, --metrics-token-file, or the policy's
+// auth.api_keys_file and auth.metrics_token_file; auth.go) loads a key
+// file and a /metrics token (package apikey) at start: an invalid file,
+// such as one holding a plaintext key, or a prompt_budgets.api_keys entry
+// that names no key of the file, is an error of Complete (exit 2), naming
+// the line and never the key. The frontend then authenticates every /v1/
+// request and applies the keys' rate limits (see package frontend). The
+// files are reloaded without a restart: every --auth-reload-interval
+// (default 5s) when they changed, and on SIGHUP, which Main catches only
+// when a file is configured; a reload that fails keeps the old keys and
+// is logged. Without a key file the API is open, and the start logs a
+// warning saying so. `coordinator hash-key` (HashKey) prints the line of
+// a key read on stdin.
 //
 // # Online planner
 //

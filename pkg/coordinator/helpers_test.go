@@ -72,6 +72,9 @@ type cluster struct {
 	c     *coordinator.Coordinator
 	url   string
 	gates map[string]*gatedEngine // decode workers' engines by worker id, when gated
+	// natsObserver may log in to the embedded NATS server, to read
+	// heartbeats and plans.
+	natsObserver control.NATSUser
 }
 
 type clusterOpts struct {
@@ -80,6 +83,7 @@ type clusterOpts struct {
 	gated           bool // decode engines wrapped in gatedEngine, starting closed
 	edit            func(*coordinator.Options)
 	worker          func(*workerrun.Options)
+	log             *zap.Logger // the coordinator's; nil: testLogger
 }
 
 // startCluster starts a standalone coordinator on loopback with the tiny
@@ -95,12 +99,13 @@ func startCluster(t *testing.T, co clusterOpts) *cluster {
 	if co.prefill == 0 && co.mode == coordinator.ModeDisaggregated {
 		co.prefill = 1
 	}
-	cl := &cluster{gates: make(map[string]*gatedEngine)}
+	cl := &cluster{gates: make(map[string]*gatedEngine), natsObserver: control.NewNATSUser(control.RoleObserver, "")}
 	var mu sync.Mutex
 	var engines []engine.Engine
 	o := coordinator.DefaultOptions()
 	o.HTTPAddr, o.NATSListen = "127.0.0.1:0", "127.0.0.1:-1"
 	o.Standalone, o.Mode = true, co.mode
+	o.NATSUsers = []control.NATSUser{cl.natsObserver}
 	o.PrefillWorkers, o.DecodeWorkers = co.prefill, co.decode
 	o.HeartbeatTTL = 2 * time.Second
 	o.ShutdownTimeout = 10 * time.Second
@@ -132,7 +137,11 @@ func startCluster(t *testing.T, co clusterOpts) *cluster {
 	if err := o.Complete(); err != nil {
 		t.Fatal(err)
 	}
-	c, err := coordinator.Start(context.Background(), o, testLogger(t))
+	log := co.log
+	if log == nil {
+		log = testLogger(t)
+	}
+	c, err := coordinator.Start(context.Background(), o, log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 
 	"go.uber.org/zap"
 
@@ -33,6 +36,10 @@ func Subcommands() []Subcommand {
 			Run: tableCommand("calibrate", perfmodel.WriteCalibrationReport)},
 		{Name: "plan", Summary: "size the prefill and decode pools offline for a workload and SLOs (plan --help)",
 			Run: plancli.Run},
+		{Name: "hash-key", Summary: "read an API key on stdin and print its line for the --api-keys file (hash-key --help)",
+			Run: func(_ context.Context, args []string, stdout, stderr io.Writer) int {
+				return HashKey(args, os.Stdin, stdout, stderr)
+			}},
 	}
 }
 
@@ -50,9 +57,10 @@ func tableCommand(name string, write func(io.Writer) error) func(context.Context
 	}
 }
 
-// Main is the whole coordinator binary after signal handling. args are
-// the arguments without the program name: a subcommand name and its
-// arguments, or the serve flags. It returns the exit code: 0 after a clean
+// Main is the whole coordinator binary after signal handling (except
+// SIGHUP: with an API key or metrics token file configured Main catches
+// it, and it reloads the files). args are the arguments without the
+// program name: a subcommand name and its arguments, or the serve flags. It returns the exit code: 0 after a clean
 // stop or --help, 2 for bad flags, settings or policy file, 1 when serving
 // failed.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -107,6 +115,14 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	defer func() { _ = log.Sync() }()
 	log.Info("effective configuration", o.LogFields()...)
+	if a := o.Policy.Auth; (a.APIKeysFile != "" || a.MetricsTokenFile != "") && o.Auth.ReloadSignals == nil {
+		// SIGHUP reloads the auth files. Only then: otherwise it stops
+		// the coordinator as it always did (a closed terminal).
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+		o.Auth.ReloadSignals = hup
+	}
 	if err := Run(ctx, o, log); err != nil {
 		log.Error("coordinator failed", zap.Error(err))
 		return 1

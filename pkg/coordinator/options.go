@@ -11,7 +11,9 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/pdserve/pdserve/pkg/config"
+	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/enginecfg"
+	"github.com/pdserve/pdserve/pkg/grpcauth"
 	"github.com/pdserve/pdserve/pkg/workerrun"
 )
 
@@ -46,6 +48,21 @@ type Options struct {
 	// server must not collide with the first), else 127.0.0.1:4222 (the
 	// NATS default, for workers started apart).
 	NATSListen string
+	// NATS holds the credentials and TLS for the server at NATSURL
+	// (--nats-user, --nats-password-file, --nats-token-file,
+	// --nats-nkey-seed-file, --nats-creds, --nats-tls-*); with the
+	// embedded server only --nats-reconnect-wait applies (the coordinator
+	// logs in with a user generated in process).
+	NATS control.ConnOptions
+	// NATSAuthFile lists the embedded server's users (control.LoadUsers:
+	// YAML, a role and optionally a worker id per user) for workers
+	// started apart; standalone workers get generated users of their own.
+	// Empty without --standalone: no worker can log in. Only without
+	// NATSURL.
+	NATSAuthFile string
+	// NATSUsers are more users of the embedded server, given in code
+	// (tests, programs embedding the coordinator). Not a flag.
+	NATSUsers []control.NATSUser
 	// Standalone starts PrefillWorkers prefill and DecodeWorkers decode
 	// (or colocated) workers in this process.
 	Standalone                    bool
@@ -98,9 +115,20 @@ type Options struct {
 	// certificates. Standalone workers serve with the same settings, so
 	// standalone TLS needs the certificate. Empty: plaintext.
 	TLS workerrun.TLSOptions
+	// GRPCAuth holds the token the coordinator sends to the workers
+	// (--grpc-token-file; see grpcauth). Standalone workers get the same;
+	// without it they share tokens generated at start. Empty: no token.
+	GRPCAuth grpcauth.Options
+	// Keepalive pings the gRPC connections to the workers
+	// (--grpc-keepalive-time, --grpc-keepalive-timeout); standalone
+	// workers get the same. Zero: defaults.
+	Keepalive workerrun.KeepaliveOptions
 	// Planner configures the online planner (--planner, --planner-*,
 	// --link-gbps, --gpu-cost-per-hour, --gpu-budget; see planner.go).
 	Planner PlannerOptions
+	// Auth authenticates the API's clients (--api-keys,
+	// --metrics-token-file, --auth-reload-interval; see auth.go).
+	Auth AuthOptions
 
 	// Policy is the effective serving policy, set by Complete. Not a flag.
 	Policy config.Policy
@@ -126,6 +154,7 @@ func DefaultOptions() Options {
 		LogLevel:         "info",
 		Engine:           enginecfg.DefaultOptions(),
 		Planner:          DefaultPlannerOptions(),
+		Auth:             AuthOptions{ReloadInterval: DefaultAuthReloadInterval},
 		Policy:           config.Default(),
 
 		MaxBodyBytes:          DefaultMaxBodyBytes,
@@ -140,6 +169,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "listen address of the OpenAI API, /healthz, /readyz and /metrics")
 	fs.StringVar(&o.NATSURL, "nats-url", o.NATSURL, "NATS URL of the control plane (empty: start an embedded NATS server on --nats-listen)")
 	fs.StringVar(&o.NATSListen, "nats-listen", o.NATSListen, "listen address of the embedded NATS server, host:port (port -1: any free port; empty: a free port on 127.0.0.1 with --standalone, else "+defaultNATSListen+")")
+	fs.StringVar(&o.NATSAuthFile, "nats-auth-file", o.NATSAuthFile, "YAML file of the embedded NATS server's users for workers started apart (users: [{user, password (plain or bcrypt), role, id}]; see the README)")
+	o.NATS.AddFlags(fs)
 	fs.BoolVar(&o.Standalone, "standalone", o.Standalone, "start prefill and decode (or colocated) workers in this process")
 	fs.IntVar(&o.PrefillWorkers, "prefill-workers", o.PrefillWorkers, "standalone: prefill workers to start (disaggregated mode)")
 	fs.IntVar(&o.DecodeWorkers, "decode-workers", o.DecodeWorkers, "standalone: decode workers to start (colocated workers in colocated mode)")
@@ -159,8 +190,11 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "log level: debug, info, warn or error")
 	fs.StringVar(&o.ConfigFile, "config", o.ConfigFile, "YAML policy file: SLOs, prompt-token budgets per API key and route, limits, routing")
 	o.TLS.AddFlags(fs)
+	o.GRPCAuth.AddFlags(fs, false)
+	o.Keepalive.AddFlags(fs)
 	o.Engine.AddFlags(fs)
 	o.Planner.AddFlags(fs)
+	o.Auth.addFlags(fs)
 }
 
 // Embedded NATS addresses when NATSListen is empty.
@@ -191,7 +225,8 @@ func (o Options) tlsUse() workerrun.TLSUse {
 }
 
 // Complete loads the policy file (when given) into Policy and applies the
-// flags that override it. Errors: the file's errors.
+// flags that override it, and checks the auth files (see auth.go).
+// Errors: the files' errors.
 func (o *Options) Complete() error {
 	p := config.Default()
 	if o.ConfigFile != "" {
@@ -210,6 +245,9 @@ func (o *Options) Complete() error {
 	if o.LocalPrefillTokens > 0 {
 		p.Routing.LocalPrefillBelowTokens = o.LocalPrefillTokens
 	}
+	if err := o.Auth.complete(&p); err != nil {
+		return fmt.Errorf("coordinator: %w", err)
+	}
 	o.Policy = p
 	return nil
 }
@@ -226,6 +264,18 @@ func (o Options) Validate() error {
 		if _, _, err := net.SplitHostPort(o.NATSListen); err != nil {
 			bad("nats-listen %q: %v", o.NATSListen, err)
 		}
+	}
+	if err := o.NATS.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if o.NATSURL == "" && o.NATS.Given() {
+		bad("nats: --nats-user, --nats-*-file, --nats-creds and --nats-tls-* are for the server at --nats-url; the embedded server's coordinator logs in with generated credentials")
+	}
+	if o.NATSURL != "" && (o.NATSAuthFile != "" || len(o.NATSUsers) > 0) {
+		bad("nats: --nats-auth-file lists the embedded server's users; with --nats-url the server at that URL has its own")
+	}
+	if err := control.ValidateUsers(o.NATSUsers); err != nil {
+		bad("nats users: %v", err)
 	}
 	switch o.Mode {
 	case ModeDisaggregated, ModeColocated:
@@ -279,7 +329,14 @@ func (o Options) Validate() error {
 	if err := o.TLS.Validate(o.tlsUse()); err != nil {
 		errs = append(errs, err)
 	}
+	if err := o.GRPCAuth.Validate(grpcauth.RoleCoordinator); err != nil {
+		errs = append(errs, err)
+	}
+	if err := o.Keepalive.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	errs = append(errs, o.validatePlanner()...)
+	errs = append(errs, o.Auth.validate()...)
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("coordinator: invalid options: %w", err)
 	}
@@ -291,8 +348,9 @@ func (o Options) LogFields() []zap.Field {
 	p := o.Policy
 	f := []zap.Field{
 		zap.String("http_addr", o.HTTPAddr),
-		zap.String("nats_url", o.NATSURL),
+		zap.String("nats_url", control.RedactURL(o.NATSURL)),
 		zap.String("nats_listen", o.natsListen()),
+		zap.String("nats_auth_file", o.NATSAuthFile),
 		zap.Bool("standalone", o.Standalone),
 		zap.String("mode", o.Mode),
 		zap.String("codec", o.Codec),
@@ -323,8 +381,12 @@ func (o Options) LogFields() []zap.Field {
 		zap.Float64("pricing_prompt_usd_per_1k_tokens", p.Pricing.PromptUSDPer1k),
 		zap.Float64("pricing_output_usd_per_1k_tokens", p.Pricing.OutputUSDPer1k),
 	}
+	f = append(f, o.NATS.LogFields()...)
 	f = append(f, o.TLS.LogFields()...)
+	f = append(f, zap.String("grpc_token_file", o.GRPCAuth.TokenFile))
+	f = append(f, o.Keepalive.LogFields()...)
 	f = append(f, o.plannerLogFields()...)
+	f = append(f, o.authLogFields()...)
 	if o.Standalone {
 		f = append(f, zap.Int("prefill_workers", o.PrefillWorkers), zap.Int("decode_workers", o.DecodeWorkers))
 		f = append(f, o.Engine.LogFields()...)

@@ -186,7 +186,7 @@ func TestPlannerOptions(t *testing.T) {
 // NATS server.
 func subscribePlans(t *testing.T, cl *cluster) *nats.Subscription {
 	t.Helper()
-	nc, err := nats.Connect(cl.c.NATSURL())
+	nc, err := nats.Connect(cl.c.NATSURL(), nats.UserInfo(cl.natsObserver.User, cl.natsObserver.Password))
 	if err != nil {
 		t.Fatal(err)
 	}

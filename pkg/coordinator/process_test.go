@@ -133,6 +133,13 @@ func TestSeparateProcesses(t *testing.T) {
 	natsPort, httpDis, httpCol := freePort(t), freePort(t), freePort(t)
 	natsURL := fmt.Sprintf("nats://127.0.0.1:%d", natsPort)
 	common := []string{"--log-level", "warn", "--heartbeat-ttl", "2s"}
+	// The embedded NATS server's users: the second coordinator's, one the
+	// prefill and decode workers of a role share, one bound to the
+	// colocated worker's id. Each client reads its password from a file.
+	login, authFile := natsLogins(t, []natsLogin{
+		{user: "coordinator", role: "coordinator"}, {user: "prefill", role: "prefill"},
+		{user: "decode", role: "decode"}, {user: "colocated-p", role: "colocated", id: "colocated-p"},
+	})
 	var procs []*proc
 	defer func() {
 		// Workers first, then the colocated coordinator, then the one
@@ -141,18 +148,20 @@ func TestSeparateProcesses(t *testing.T) {
 			procs[i].stop(t)
 		}
 	}()
+	worker := []string{"--nats-url", natsURL, "--grpc-addr", "127.0.0.1:0", "--metrics-addr", "", "--heartbeat-interval", "50ms",
+		"--log-level", "warn", "--chunk-tokens", "16", "--nats-reconnect-wait", "100ms"}
+	// The prefill worker starts before the NATS server is up: it waits,
+	// then joins.
+	early := startProc(t, ctx, filepath.Join(bin, "prefill-worker"), "prefill-worker", append(append(worker, login["prefill"]...), "--id", "prefill-p", "--max-batch-tokens", "64")...)
 	dis := startProc(t, ctx, filepath.Join(bin, "coordinator"), "coordinator (disaggregated)", append([]string{
-		"--http-addr", "127.0.0.1:" + strconv.Itoa(httpDis), "--nats-listen", "127.0.0.1:" + strconv.Itoa(natsPort)}, common...)...)
+		"--http-addr", "127.0.0.1:" + strconv.Itoa(httpDis), "--nats-listen", "127.0.0.1:" + strconv.Itoa(natsPort), "--nats-auth-file", authFile}, common...)...)
 	procs = append(procs, dis)
 	waitHTTP(t, dis, httpDis, "/healthz")
-	procs = append(procs, startProc(t, ctx, filepath.Join(bin, "coordinator"), "coordinator (colocated)", append([]string{
-		"--http-addr", "127.0.0.1:" + strconv.Itoa(httpCol), "--nats-url", natsURL, "--mode", "colocated"}, common...)...))
-	worker := []string{"--nats-url", natsURL, "--grpc-addr", "127.0.0.1:0", "--metrics-addr", "", "--heartbeat-interval", "50ms",
-		"--log-level", "warn", "--chunk-tokens", "16"}
-	procs = append(procs,
-		startProc(t, ctx, filepath.Join(bin, "prefill-worker"), "prefill-worker", append(worker, "--id", "prefill-p", "--max-batch-tokens", "64")...),
-		startProc(t, ctx, filepath.Join(bin, "decode-worker"), "decode-worker", append(worker, "--id", "decode-p", "--kv-blocks", "512")...),
-		startProc(t, ctx, filepath.Join(bin, "decode-worker"), "colocated-worker", append(worker, "--id", "colocated-p", "--role", "colocated", "--kv-blocks", "512")...),
+	procs = append(procs, startProc(t, ctx, filepath.Join(bin, "coordinator"), "coordinator (colocated)", append(append([]string{
+		"--http-addr", "127.0.0.1:" + strconv.Itoa(httpCol), "--nats-url", natsURL, "--mode", "colocated"}, login["coordinator"]...), common...)...))
+	procs = append(procs, early,
+		startProc(t, ctx, filepath.Join(bin, "decode-worker"), "decode-worker", append(append(worker, login["decode"]...), "--id", "decode-p", "--kv-blocks", "512")...),
+		startProc(t, ctx, filepath.Join(bin, "decode-worker"), "colocated-worker", append(append(worker, login["colocated-p"]...), "--id", "colocated-p", "--role", "colocated", "--kv-blocks", "512")...),
 	)
 	waitHTTP(t, procs[0], httpDis, "/readyz")
 	waitHTTP(t, procs[1], httpCol, "/readyz")
@@ -181,6 +190,34 @@ func TestSeparateProcesses(t *testing.T) {
 			}
 		}
 	}
+}
+
+// natsLogin is one user of the embedded NATS server's users file.
+type natsLogin struct{ user, role, id string }
+
+// natsLogins writes a users file with a random password per user, and a
+// password file per user; it returns the users file and, by user, the
+// flags that log in as that user.
+func natsLogins(t *testing.T, users []natsLogin) (map[string][]string, string) {
+	t.Helper()
+	dir := t.TempDir()
+	flags := map[string][]string{}
+	var file bytes.Buffer
+	file.WriteString("users:\n")
+	for _, u := range users {
+		pw := strconv.FormatUint(mrand.Uint64(), 36) + strconv.FormatUint(mrand.Uint64(), 36)
+		fmt.Fprintf(&file, "  - {user: %s, password: %s, role: %s, id: %q}\n", u.user, pw, u.role, u.id)
+		pwFile := filepath.Join(dir, u.user+".password")
+		if err := os.WriteFile(pwFile, []byte(pw+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		flags[u.user] = []string{"--nats-user", u.user, "--nats-password-file", pwFile}
+	}
+	path := filepath.Join(dir, "nats-users.yaml")
+	if err := os.WriteFile(path, file.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return flags, path
 }
 
 // waitHTTP polls path on port until it answers 200, failing early when the

@@ -26,7 +26,25 @@ type Options struct {
 	// ReserveTTL is how long a reservation waits for its Generate call
 	// before its blocks are released. > 0.
 	ReserveTTL time.Duration
+	// MaxReservationsPerCaller caps the requests one caller holds on the
+	// worker at once: reservations and Generate calls, from Reserve (or a
+	// Generate without one) to the request's end. The caller is the
+	// authenticated identity (grpcauth.Caller), else the peer's IP. Over
+	// the cap Reserve and Generate fail with RESOURCE_EXHAUSTED. > 0.
+	MaxReservationsPerCaller int
+	// MaxReservedTokensPerCaller caps the KV tokens (whole blocks) one
+	// caller's requests hold at once, as MaxReservationsPerCaller. > 0.
+	MaxReservedTokensPerCaller int
 }
+
+// Defaults of the per-caller caps: above what one coordinator needs on a
+// pool of the default size (every block held by one caller is 65536
+// tokens in 4096 requests), yet finite. Lower them when several
+// coordinators share the decode workers, or gRPC is open.
+const (
+	DefaultMaxReservationsPerCaller   = 4096
+	DefaultMaxReservedTokensPerCaller = 1 << 22 // 4194304 tokens
+)
 
 // DefaultOptions returns the defaults of the decode-worker flags.
 func DefaultOptions() Options {
@@ -37,12 +55,16 @@ func DefaultOptions() Options {
 		ChunkTokens:    512,
 		MaxBatchTokens: 2048,
 		ReserveTTL:     30 * time.Second,
+
+		MaxReservationsPerCaller:   DefaultMaxReservationsPerCaller,
+		MaxReservedTokensPerCaller: DefaultMaxReservedTokensPerCaller,
 	}
 }
 
 // AddFlags registers --kv-blocks, --block-tokens, --max-batch,
-// --chunk-tokens, --max-batch-tokens and --reserve-ttl on fs, with o's
-// values as defaults.
+// --chunk-tokens, --max-batch-tokens, --reserve-ttl,
+// --max-reservations-per-caller and --max-reserved-tokens-per-caller on
+// fs, with o's values as defaults.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.KVBlocks, "kv-blocks", o.KVBlocks, "KV blocks in the worker's pool")
 	fs.IntVar(&o.BlockTokens, "block-tokens", o.BlockTokens, "tokens per KV block")
@@ -50,6 +72,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.ChunkTokens, "chunk-tokens", o.ChunkTokens, "most tokens of one sequence's local prefill chunk in one step")
 	fs.IntVar(&o.MaxBatchTokens, "max-batch-tokens", o.MaxBatchTokens, "token budget of one step, shared by decode tokens and local prefill chunks (> --max-batch)")
 	fs.DurationVar(&o.ReserveTTL, "reserve-ttl", o.ReserveTTL, "how long a reservation waits for its Generate call before its blocks are released")
+	fs.IntVar(&o.MaxReservationsPerCaller, "max-reservations-per-caller", o.MaxReservationsPerCaller, "most requests (reservations and Generate calls) one caller holds at once; the caller is its authenticated identity, else its IP")
+	fs.IntVar(&o.MaxReservedTokensPerCaller, "max-reserved-tokens-per-caller", o.MaxReservedTokensPerCaller, "most KV tokens (whole blocks) one caller's requests hold at once")
 }
 
 // Validate reports every invalid field in one error.
@@ -72,6 +96,9 @@ func (o Options) Validate() error {
 	}
 	if o.ReserveTTL <= 0 {
 		errs = append(errs, fmt.Errorf("reserve-ttl %v must be positive", o.ReserveTTL))
+	}
+	if o.MaxReservationsPerCaller <= 0 || o.MaxReservedTokensPerCaller <= 0 {
+		errs = append(errs, fmt.Errorf("max-reservations-per-caller %d and max-reserved-tokens-per-caller %d must be positive", o.MaxReservationsPerCaller, o.MaxReservedTokensPerCaller))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("decode: invalid options: %w", err)

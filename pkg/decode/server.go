@@ -17,6 +17,7 @@ import (
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/grpcauth"
 	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
 	"github.com/pdserve/pdserve/pkg/wire"
@@ -98,6 +99,14 @@ type Server struct {
 	changed   chan struct{} // closed and replaced whenever a request ends
 	steps     []float64     // recent step times in milliseconds, oldest first
 	lastBatch int
+	callers   map[string]*callerUse // what each caller's requests hold (see Options.MaxReservationsPerCaller)
+}
+
+// callerUse is what one caller's live requests hold. Guarded by
+// Server.mu.
+type callerUse struct {
+	requests int // reserved or live requests
+	tokens   int // KV tokens of their blocks
 }
 
 // timer is the part of *time.Timer the reservation timers use.
@@ -110,8 +119,9 @@ func realAfterFunc(d time.Duration, f func()) timer { return time.AfterFunc(d, f
 type sequence struct {
 	id        string
 	blocks    []kv.BlockID
-	resTokens int   // tokens the blocks hold
-	ttl       timer // releases an unclaimed reservation; nil once claimed
+	resTokens int    // tokens the blocks hold
+	ttl       timer  // releases an unclaimed reservation; nil once claimed
+	caller    string // who made the request (grpcauth.Caller); charged with its blocks
 
 	seq    engine.SeqID
 	hasSeq bool // the engine may hold the sequence: Free it at the end; set only by the scheduler, holding engMu
@@ -214,6 +224,7 @@ func New(eng engine.Engine, o Options, logger *zap.Logger, reg prometheus.Regist
 		stop:       stop,
 		seqs:       make(map[string]*sequence),
 		changed:    make(chan struct{}),
+		callers:    make(map[string]*callerUse),
 	}
 	if s.m, err = newMetrics(reg, s); err != nil {
 		stop()
@@ -316,8 +327,9 @@ func checkID(id string) error {
 // Reserve implements DecodeService.Reserve. Errors: INVALID_ARGUMENT
 // (empty id, tokens outside [1, the model's maximum sequence length]),
 // ALREADY_EXISTS when the id holds a reservation, RESOURCE_EXHAUSTED when
-// the pool lacks the blocks, UNAVAILABLE while draining.
-func (s *Server) Reserve(_ context.Context, req *pdservev1.ReserveRequest) (*pdservev1.ReserveResponse, error) {
+// the pool lacks the blocks or the caller (grpcauth.Caller of ctx) would
+// hold more than its caps, UNAVAILABLE while draining.
+func (s *Server) Reserve(ctx context.Context, req *pdservev1.ReserveRequest) (*pdservev1.ReserveResponse, error) {
 	if err := checkID(req.GetRequestId()); err != nil {
 		return nil, err
 	}
@@ -340,7 +352,7 @@ func (s *Server) Reserve(_ context.Context, req *pdservev1.ReserveRequest) (*pds
 	if s.seqs[req.GetRequestId()] != nil {
 		return nil, status.Errorf(codes.AlreadyExists, "decode: request %s already holds a reservation", req.GetRequestId())
 	}
-	q, err := s.reserveLocked(req.GetRequestId(), tokens)
+	q, err := s.reserveLocked(req.GetRequestId(), tokens, grpcauth.Caller(ctx))
 	if err != nil {
 		return nil, err
 	}
@@ -352,9 +364,13 @@ func (s *Server) Reserve(_ context.Context, req *pdservev1.ReserveRequest) (*pds
 // choices share it) and max output tokens per choice.
 func needTokens(prompt, maxTokens, n int) int { return prompt + max(n, 1)*maxTokens }
 
-// reserveLocked allocates blocks for tokens and registers a sequence.
-func (s *Server) reserveLocked(id string, tokens int) (*sequence, error) {
+// reserveLocked allocates blocks for tokens and registers a sequence of
+// caller, charging them to the caller.
+func (s *Server) reserveLocked(id string, tokens int, caller string) (*sequence, error) {
 	n := s.pool.BlocksFor(tokens)
+	if err := s.checkCapsLocked(caller, id, 1, n); err != nil {
+		return nil, err
+	}
 	blocks, err := s.pool.Allocate(n)
 	if err != nil {
 		if errors.Is(err, kv.ErrPoolExhausted) {
@@ -362,9 +378,47 @@ func (s *Server) reserveLocked(id string, tokens int) (*sequence, error) {
 		}
 		return nil, status.Errorf(codes.Internal, "decode: reserve %d tokens for %s: %v", tokens, id, err)
 	}
-	q := &sequence{id: id, blocks: blocks, resTokens: n * s.pool.BlockTokens()}
+	q := &sequence{id: id, blocks: blocks, resTokens: n * s.pool.BlockTokens(), caller: caller}
+	s.chargeLocked(caller, 1, len(blocks))
 	s.seqs[id] = q
 	return q, nil
+}
+
+// checkCapsLocked fails with RESOURCE_EXHAUSTED when caller would hold
+// more than Options.MaxReservationsPerCaller requests or
+// Options.MaxReservedTokensPerCaller tokens with requests more requests
+// and blocks more blocks (for request id). The caller holds mu.
+func (s *Server) checkCapsLocked(caller, id string, requests, blocks int) error {
+	u := s.callers[caller]
+	if u == nil {
+		u = &callerUse{}
+	}
+	who := caller
+	if who == "" {
+		who = "in-process"
+	}
+	if u.requests+requests > s.o.MaxReservationsPerCaller {
+		return status.Errorf(codes.ResourceExhausted, "decode: request %s: caller %s holds %d requests on this worker, its cap (max-reservations-per-caller)", id, who, u.requests)
+	}
+	if tokens := blocks * s.pool.BlockTokens(); u.tokens+tokens > s.o.MaxReservedTokensPerCaller {
+		return status.Errorf(codes.ResourceExhausted, "decode: request %s: caller %s holds %d KV tokens on this worker; %d more exceed its cap of %d (max-reserved-tokens-per-caller)", id, who, u.tokens, tokens, s.o.MaxReservedTokensPerCaller)
+	}
+	return nil
+}
+
+// chargeLocked adds requests and blocks (negative: releases them) to what
+// caller holds. The caller holds mu.
+func (s *Server) chargeLocked(caller string, requests, blocks int) {
+	u := s.callers[caller]
+	if u == nil {
+		u = &callerUse{}
+		s.callers[caller] = u
+	}
+	u.requests += requests
+	u.tokens += blocks * s.pool.BlockTokens()
+	if u.requests <= 0 && u.tokens <= 0 {
+		delete(s.callers, caller)
+	}
 }
 
 // armLocked starts q's reservation timer: Options.ReserveTTL for a
@@ -429,6 +483,7 @@ func (s *Server) endLocked(q *sequence, reason string, err error) {
 	if err := s.pool.Release(q.blocks); err != nil {
 		s.log.Error("release kv blocks", zap.String("request_id", q.id), zap.Error(err))
 	}
+	s.chargeLocked(q.caller, -1, -len(q.blocks))
 	q.blocks = nil
 	if s.seqs[q.id] == q {
 		delete(s.seqs, q.id)
@@ -561,6 +616,7 @@ type genParams struct {
 	genChoices [][]int32
 	top        int
 	promptTop  int
+	caller     string // grpcauth.Caller of the call
 }
 
 func (s *Server) validate(req *pdservev1.GenerateRequest) (genParams, error) {
@@ -649,7 +705,7 @@ func checkTokens(spec engine.ModelSpec, id, what string, toks []int32) error {
 // events. Errors: INVALID_ARGUMENT for a bad request or one that does not
 // match the KV received, ALREADY_EXISTS when another call claimed the id,
 // RESOURCE_EXHAUSTED when no reservation exists and the pool lacks the
-// blocks, FAILED_PRECONDITION for local_prefill after KV was sent,
+// blocks or the caller is at its caps (see Reserve), FAILED_PRECONDITION for local_prefill after KV was sent,
 // ABORTED when the KV transfer failed, CANCELED after Cancel, UNAVAILABLE
 // when the worker drains (without a reservation) or stops.
 func (s *Server) Generate(req *pdservev1.GenerateRequest, stream grpc.ServerStreamingServer[pdservev1.GenerateResponse]) error {
@@ -658,6 +714,7 @@ func (s *Server) Generate(req *pdservev1.GenerateRequest, stream grpc.ServerStre
 	if err != nil {
 		return err
 	}
+	p.caller = grpcauth.Caller(ctx)
 	q, err := s.attach(p)
 	if err != nil {
 		return err
@@ -698,18 +755,24 @@ func (s *Server) attach(p genParams) (*sequence, error) {
 		return nil, status.Error(codes.Unavailable, "decode: worker is draining")
 	case q == nil:
 		var err error
-		if q, err = s.reserveLocked(p.id, need); err != nil {
+		if q, err = s.reserveLocked(p.id, need, p.caller); err != nil {
 			return nil, err
 		}
 	case q.attached:
 		return nil, status.Errorf(codes.AlreadyExists, "decode: request %s already has a Generate call", p.id)
 	}
 	if q.resTokens < need {
-		// Grow a reservation made for fewer tokens.
-		more, err := s.pool.Allocate(s.pool.BlocksFor(need) - len(q.blocks))
+		// Grow a reservation made for fewer tokens, charged to whoever
+		// made it.
+		grow := s.pool.BlocksFor(need) - len(q.blocks)
+		if err := s.checkCapsLocked(q.caller, p.id, 0, grow); err != nil {
+			return nil, err
+		}
+		more, err := s.pool.Allocate(grow)
 		if err != nil {
 			return nil, status.Errorf(codes.ResourceExhausted, "decode: request %s reserved %d tokens, needs %d: %v", p.id, q.resTokens, need, err)
 		}
+		s.chargeLocked(q.caller, 0, len(more))
 		q.blocks = append(q.blocks, more...)
 		q.resTokens = len(q.blocks) * s.pool.BlockTokens()
 	}

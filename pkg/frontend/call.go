@@ -110,6 +110,11 @@ func (c *call) run(ctx context.Context, w http.ResponseWriter) {
 	}
 	complete(c.prompts[last])
 	wg.Wait()
+	// Every Complete returned: the output is counted. Give back the
+	// tokens not used before the client sees the end of the response.
+	if pl := c.plan; pl.tokensTaken > 0 {
+		pl.client.key.ReturnTokens(c.s.o.Now(), pl.tokensTaken-pl.used())
+	}
 
 	var failed *promptRun
 	for _, pr := range c.prompts {
@@ -139,7 +144,7 @@ func isCancel(err error) bool {
 
 // logFields are the extra fields of prompt i's log line.
 func (c *call) logFields(i int) []zap.Field {
-	var f []zap.Field
+	f := c.plan.client.fields()
 	if len(c.prompts) > 1 {
 		f = append(f, zap.String("batch_request_id", c.id), zap.Int("batch_index", i), zap.Int("batch_prompts", len(c.prompts)))
 	}

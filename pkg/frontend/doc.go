@@ -201,11 +201,51 @@
 // ("The model `X` does not exist or you do not have access to it."); one
 // without "model" gets the first.
 //
+// # Authentication and rate limits
+//
+// With Options.APIKeys (the coordinator's --api-keys; package apikey)
+// every request to /v1/ (completions, chat, models, and unknown /v1/
+// paths) must carry one of its keys as "Authorization: Bearer KEY" (the
+// scheme in any case), checked before anything else of the request, its
+// body unread. Without one it gets 401 in OpenAI's shape, type
+// "invalid_request_error", code "invalid_api_key", message OpenAI's "You
+// didn't provide an API key. …" when the request carries none, else
+// "Incorrect API key provided. …" (never echoing what was sent). Each
+// refusal is logged at warn ("request refused") with api_key "none" or
+// "unknown key", the first 8 hex digits of the SHA-256 of what was sent
+// (api_key_sha256), the method, path and remote address; never the key.
+// /healthz and /readyz stay open. With Options.MetricsToken, /metrics
+// wants its own bearer token (401 with WWW-Authenticate otherwise, logged
+// as "metrics request refused"). Without APIKeys nobody is authenticated.
+//
+// A completion request of a key with limits takes one request from its
+// requests-a-minute bucket before admission (so a key over its limit
+// holds no slot and its body is not read) and, once its prompts are
+// tokenized, its tokens from its tokens-a-minute bucket: every prompt's
+// tokens plus n × max_tokens. When it ends it gives back what it did not
+// use: it is charged its prompt tokens and the output tokens delivered
+// (a request that failed or was cancelled included; a refused request
+// still counts as a request, as OpenAI's do). Over a limit it gets 429,
+// code "rate_limit_exceeded", type "requests" or "tokens", OpenAI's
+// message ("Rate limit reached for API key NAME on requests per min
+// (RPM): Limit L, Used U, Requested R. Please try again in 20ms.") and
+// Retry-After the wait (whole seconds, rounded up); one that asks for
+// more tokens than the limit gets "Request too large …". Every response
+// of a limited completion request, refusals included, carries OpenAI's
+// headers of each limit the key has: x-ratelimit-limit-requests,
+// x-ratelimit-remaining-requests, x-ratelimit-reset-requests (the time
+// until the bucket is full again, as a Go duration of whole milliseconds:
+// "0s", "120ms", "6m0s"), and the same for tokens. /v1/models is
+// authenticated but not limited. Request log lines carry the key's name
+// as api_key. The buckets' clock is Options.Now.
+//
 // # Surfaces and budgets
 //
-// A request's surface is its API key (Authorization: Bearer KEY) when the
-// policy lists that key, else its route. Keys only select budgets: the
-// frontend does not authenticate.
+// A request's surface is its API key when the policy lists it, else its
+// route. With APIKeys the surface is the authenticated key's name (the
+// policy's prompt_budgets.api_keys are key names, see
+// config.Budgets.NamedBudget); without, the key sent as Authorization:
+// Bearer selects a budget but is not checked.
 //
 // A Server is safe for concurrent use.
 package frontend

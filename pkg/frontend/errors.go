@@ -66,6 +66,9 @@ type apiError struct {
 	// cause is the internal error behind e, for the request log only:
 	// never sent to the client.
 	cause error
+	// retryAfter, when > 0, is the Retry-After of this 429 (a rate
+	// limit's wait) instead of Options.RetryAfter.
+	retryAfter time.Duration
 }
 
 func (e *apiError) Error() string { return e.Message }
@@ -147,9 +150,12 @@ func kindError(err error, msg, id string) *apiError {
 	}
 }
 
-// writeError writes e as the whole response; retryAfter is sent with 429
-// and 503 (rounded up to whole seconds, at least 1).
+// writeError writes e as the whole response; retryAfter (or e's own) is
+// sent with 429 and 503 (rounded up to whole seconds, at least 1).
 func writeError(w http.ResponseWriter, e *apiError, retryAfter time.Duration) {
+	if e.retryAfter > 0 {
+		retryAfter = e.retryAfter
+	}
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Cache-Control", "no-cache")

@@ -32,7 +32,7 @@ func FuzzParseRequest(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte, chat bool) {
 		tr := &budget.Trace{RequestID: "cmpl-fuzz"}
-		pl, aerr := s.prepare(data, chat, "", tr)
+		pl, aerr := s.prepare(data, chat, client{}, tr)
 		if aerr != nil {
 			switch aerr.status {
 			case http.StatusBadRequest, http.StatusNotFound:

@@ -14,7 +14,6 @@ import (
 	"net/http"
 	"os"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -22,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 
+	"github.com/pdserve/pdserve/pkg/apikey"
 	"github.com/pdserve/pdserve/pkg/budget"
 	"github.com/pdserve/pdserve/pkg/config"
 	"github.com/pdserve/pdserve/pkg/engine"
@@ -151,6 +151,13 @@ type Options struct {
 	// closed. It does not apply once the body is read (a response stream
 	// may idle). ≤ 0: none.
 	BodyIdleTimeout time.Duration
+	// APIKeys, when not nil, authenticates every request to /v1/ (see
+	// "Authentication" in the package doc) and applies its keys' rate
+	// limits; the caller reloads it. nil: no authentication.
+	APIKeys *apikey.Keys
+	// MetricsToken, when not nil, is the bearer token /metrics requires.
+	// nil: /metrics is open.
+	MetricsToken *apikey.Token
 }
 
 // DefaultMaxBodyBytes is the body limit when Options.MaxBodyBytes is not
@@ -221,15 +228,27 @@ func New(o Options) (*Server, error) {
 		_, _ = io.WriteString(w, "ok\n")
 	}))
 	s.mux.HandleFunc("/readyz", s.method(http.MethodGet, s.readyz))
-	s.mux.Handle("/metrics", promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{}))
+	var metricsH http.Handler = promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{})
+	if o.MetricsToken != nil {
+		metricsH = s.metricsAuth(metricsH)
+	}
+	s.mux.Handle("/metrics", metricsH)
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &apiError{status: http.StatusNotFound, Message: "no route " + r.URL.Path, Type: "not_found_error"}, 0)
 	})
 	return s, nil
 }
 
-// ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+// ServeHTTP implements http.Handler. With APIKeys a request to /v1/ is
+// authenticated first, before its method, headers or body are looked at.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s.o.APIKeys != nil && authenticates(r.URL.Path) {
+		if r = s.authenticate(w, r); r == nil {
+			return
+		}
+	}
+	s.mux.ServeHTTP(w, r)
+}
 
 func (s *Server) method(m string, h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
@@ -304,6 +323,10 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	id := prefix + newID()
 	tr := &budget.Trace{RequestID: id, Arrival: arrival}
 	w.Header().Set("X-Request-Id", id)
+	cl := client{key: keyOf(r)}
+	if cl.key == nil {
+		cl.raw = apiKey(r)
+	}
 	refuse := func(aerr *apiError) {
 		switch aerr.status {
 		case http.StatusTooManyRequests:
@@ -315,7 +338,11 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		default:
 			tr.Status = budget.StatusInvalid
 		}
-		s.finish(tr, aerr)
+		extra := cl.fields()
+		if aerr.Code != nil && *aerr.Code == "rate_limit_exceeded" {
+			extra = append(extra, zap.String("api_key_sha256", cl.key.Prefix))
+		}
+		s.finish(tr, aerr, extra...)
 		if aerr.status != statusClientClosed {
 			writeError(w, aerr, s.o.RetryAfter)
 		}
@@ -324,6 +351,17 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	if aerr := checkContentType(r); aerr != nil {
 		refuse(aerr)
 		return
+	}
+	// A key's requests a minute, before admission: a key over its limit
+	// takes no slot.
+	if cl.key != nil {
+		q := cl.key.TakeRequest(arrival)
+		rateLimitHeaders(w.Header(), q)
+		if !q.OK() {
+			w.Header().Set("Connection", "close") // the body stays unread
+			refuse(rateLimited(cl.key, q))
+			return
+		}
 	}
 	// Admission comes before the body is read: a full server holds no
 	// more bodies than MaxInFlight.
@@ -340,7 +378,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		refuse(aerr)
 		return
 	}
-	pl, aerr := s.prepare(data, chat, apiKey(r), tr)
+	pl, aerr := s.prepare(data, chat, cl, tr)
 	data = nil // the prompts are parsed; let a large body go
 	if aerr != nil {
 		refuse(aerr)
@@ -352,6 +390,19 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		held += extra
+	}
+	// A key's tokens a minute, last: what the request may use at most,
+	// the part it did not use given back when it ends (call.run, before
+	// the end of the response).
+	if cl.key != nil {
+		asked := pl.tokens()
+		q := cl.key.TakeTokens(s.o.Now(), asked)
+		rateLimitHeaders(w.Header(), q)
+		if !q.OK() {
+			refuse(rateLimited(cl.key, q))
+			return
+		}
+		pl.tokensTaken = asked // given back in part by call.run
 	}
 	newCall(s, pl, id, arrival.Unix(), w).run(r.Context(), w)
 }
@@ -452,10 +503,34 @@ func readAll(r io.Reader, limit int64) ([]byte, error) {
 
 // plan is a validated request ready to run: one Request per prompt.
 type plan struct {
-	p     *params
-	model string
-	reqs  []*Request
-	echo  []string // per prompt: the text echoed before each choice, or ""
+	p      *params
+	model  string
+	reqs   []*Request
+	echo   []string // per prompt: the text echoed before each choice, or ""
+	client client
+	// tokensTaken is what was taken from the key's tokens-a-minute
+	// bucket (tokens()), 0 when nothing was.
+	tokensTaken int
+}
+
+// tokens returns the most tokens the request may use: every prompt's
+// tokens and n × max_tokens each.
+func (pl *plan) tokens() int {
+	n := 0
+	for _, r := range pl.reqs {
+		n += len(r.Prompt) + r.N*r.MaxTokens
+	}
+	return n
+}
+
+// used returns the tokens the request used: every prompt's tokens and the
+// output tokens delivered. Call it once the request ended.
+func (pl *plan) used() int {
+	n := 0
+	for _, r := range pl.reqs {
+		n += len(r.Prompt) + r.Trace.OutputTokens
+	}
+	return n
 }
 
 // prepare validates a request body of the chat or completions route,
@@ -463,7 +538,7 @@ type plan struct {
 // the model's context, and builds one Request per prompt. It sets tr's
 // Model and PromptTokens (all prompts together) as soon as they are
 // known; a batched request's prompts get traces of their own.
-func (s *Server) prepare(data []byte, chat bool, key string, tr *budget.Trace) (*plan, *apiError) {
+func (s *Server) prepare(data []byte, chat bool, cl client, tr *budget.Trace) (*plan, *apiError) {
 	p, aerr := parseBody(data, chat)
 	if aerr != nil {
 		return nil, aerr
@@ -529,8 +604,8 @@ func (s *Server) prepare(data []byte, chat bool, key string, tr *budget.Trace) (
 		tr.PromptTokens += len(t.ids)
 	}
 
-	limit, surface := s.o.Policy.Budgets.Budget(route, key)
-	pl := &plan{p: p, model: model}
+	limit, surface := cl.budget(s.o.Policy.Budgets, route)
+	pl := &plan{p: p, model: model, client: cl}
 	for i, t := range prompts {
 		which := promptParam
 		if len(prompts) > 1 {
@@ -619,12 +694,10 @@ func (s *Server) finish(tr *budget.Trace, aerr *apiError, extra ...zap.Field) {
 	s.o.Metrics.ObserveRequest(tr)
 }
 
+// apiKey returns the key of an Authorization: Bearer header, "" when none.
 func apiKey(r *http.Request) string {
-	h := r.Header.Get("Authorization")
-	if k, ok := strings.CutPrefix(h, "Bearer "); ok {
-		return strings.TrimSpace(k)
-	}
-	return ""
+	k, _ := bearer(r)
+	return k
 }
 
 // newID returns 24 random hex characters.

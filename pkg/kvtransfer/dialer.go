@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/kv/codec"
@@ -33,6 +34,15 @@ const (
 	DefaultConnWindowBytes = 64 << 20
 	// ioBufferBytes sizes gRPC's socket read and write buffers.
 	ioBufferBytes = 256 << 10
+	// DefaultKeepaliveTime and DefaultKeepaliveTimeout are a Dialer's
+	// keepalive (WithKeepalive): a connection quiet for 10 s is pinged and
+	// closed when no answer comes within 5 s, so a hung or dead decode
+	// worker fails its transfers with UNAVAILABLE within about 15 s.
+	DefaultKeepaliveTime    = 10 * time.Second
+	DefaultKeepaliveTimeout = 5 * time.Second
+	// DefaultIdleTimeout is how long a Dialer keeps the connections to an
+	// address that no transfer used (WithIdleTimeout).
+	DefaultIdleTimeout = 5 * time.Minute
 )
 
 // maxMessageBytes is the largest Push message a frame of maxFrame raw bytes
@@ -42,7 +52,11 @@ func maxMessageBytes(maxFrame int) int { return maxFrame + maxFrame/8 + 64<<10 }
 
 // Dialer opens KV transfers to decode workers over a pool of gRPC
 // connections per address. Connections are created on the first Open to an
-// address and kept until Close. Safe for concurrent use.
+// address and kept while transfers use them: once an address has had no
+// open transfer for the idle timeout (WithIdleTimeout; a decode worker
+// that left, or is no longer chosen), the next Open to any address closes
+// its connections, and gRPC drops the idle connections of a Dialer that is
+// not used at all. Close closes everything. Safe for concurrent use.
 type Dialer struct {
 	o    dialOptions
 	link *link // nil without pacing
@@ -57,6 +71,10 @@ type connPool struct {
 	conns   []*grpc.ClientConn
 	clients []pdservev1.KVTransferServiceClient
 	next    atomic.Uint64
+
+	// Guarded by Dialer.mu.
+	active int       // transfers open (from Open until their stream ends)
+	last   time.Time // when active last changed
 }
 
 func (p *connPool) pick() pdservev1.KVTransferServiceClient {
@@ -71,6 +89,8 @@ func NewDialer(opts ...DialOption) *Dialer {
 		maxFrame:     DefaultMaxFrameBytes,
 		now:          time.Now,
 		sleep:        sleepCtx,
+		keepalive:    keepalive.ClientParameters{Time: DefaultKeepaliveTime, Timeout: DefaultKeepaliveTimeout, PermitWithoutStream: true},
+		idleTimeout:  DefaultIdleTimeout,
 	}
 	for _, opt := range opts {
 		opt.applyDial(&o)
@@ -94,6 +114,8 @@ func (d *Dialer) grpcOptions() []grpc.DialOption {
 		grpc.WithInitialConnWindowSize(DefaultConnWindowBytes),
 		grpc.WithReadBufferSize(ioBufferBytes),
 		grpc.WithWriteBufferSize(ioBufferBytes),
+		grpc.WithKeepaliveParams(d.o.keepalive),
+		grpc.WithIdleTimeout(d.o.idleTimeout),
 		// A retried stream would keep every sent frame buffered until the
 		// call commits; the transfer is resent by the caller instead.
 		grpc.WithDisableRetry(),
@@ -106,13 +128,18 @@ func (d *Dialer) grpcOptions() []grpc.DialOption {
 }
 
 // client returns the next client for addr, creating its connections on
-// first use.
-func (d *Dialer) client(addr string) (pdservev1.KVTransferServiceClient, error) {
+// first use, and counts a transfer open on them until release. It closes
+// the connections of other addresses idle for the idle timeout.
+func (d *Dialer) client(addr string) (pdservev1.KVTransferServiceClient, *connPool, error) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if d.closed {
-		return nil, ErrClosed
+		d.mu.Unlock()
+		return nil, nil, ErrClosed
 	}
+	now := d.o.now()
+	idle := d.sweepLocked(addr, now)
+	defer closeConns(idle, d.o.logger)
+	defer d.mu.Unlock()
 	p, ok := d.pools[addr]
 	if !ok {
 		p = &connPool{}
@@ -123,7 +150,7 @@ func (d *Dialer) client(addr string) (pdservev1.KVTransferServiceClient, error) 
 				for _, c := range p.conns {
 					_ = c.Close()
 				}
-				return nil, fmt.Errorf("kvtransfer: connect %s: %w", addr, err)
+				return nil, nil, fmt.Errorf("kvtransfer: connect %s: %w", addr, err)
 			}
 			p.conns = append(p.conns, cc)
 			p.clients = append(p.clients, pdservev1.NewKVTransferServiceClient(cc))
@@ -131,7 +158,44 @@ func (d *Dialer) client(addr string) (pdservev1.KVTransferServiceClient, error) 
 		d.pools[addr] = p
 		d.o.logger.Debug("kvtransfer: connections created", zap.String("addr", addr), zap.Int("conns", len(p.conns)))
 	}
-	return p.pick(), nil
+	p.active++
+	p.last = now
+	return p.pick(), p, nil
+}
+
+// release ends the count of one transfer on p.
+func (d *Dialer) release(p *connPool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	p.active--
+	p.last = d.o.now()
+}
+
+// sweepLocked removes the pools other than keep's with no transfer open
+// for the idle timeout and returns them, to be closed without d.mu.
+func (d *Dialer) sweepLocked(keep string, now time.Time) map[string]*connPool {
+	var idle map[string]*connPool
+	for addr, p := range d.pools {
+		if addr != keep && p.active == 0 && now.Sub(p.last) >= d.o.idleTimeout {
+			if idle == nil {
+				idle = make(map[string]*connPool)
+			}
+			idle[addr] = p
+			delete(d.pools, addr)
+		}
+	}
+	return idle
+}
+
+// closeConns closes the connections of pools (transfers on them are
+// over), logging what it closed.
+func closeConns(pools map[string]*connPool, log *zap.Logger) {
+	for addr, p := range pools {
+		for _, cc := range p.conns {
+			_ = cc.Close() // nothing to undo: the connection is gone either way
+		}
+		log.Debug("kvtransfer: idle connections closed", zap.String("addr", addr), zap.Int("conns", len(p.conns)))
+	}
 }
 
 // Open starts a transfer to the decode worker at addr (host:port) and waits
@@ -161,11 +225,14 @@ func (d *Dialer) Open(ctx context.Context, addr string, h StreamHeader) (*Sender
 		return nil, fmt.Errorf("kvtransfer: open %s: %w", h.RequestID, err)
 	}
 	h.Codec = c.Name()
-	cl, err := d.client(addr)
+	cl, pool, err := d.client(addr)
 	if err != nil {
 		return nil, err
 	}
 	sctx, cancel := context.WithCancelCause(ctx)
+	// Every end of the transfer cancels sctx: a failed Open, Commit, a
+	// failed Send, Abort, or ctx.
+	context.AfterFunc(sctx, func() { d.release(pool) })
 	stream, err := cl.Push(sctx)
 	if err != nil {
 		cancel(err)

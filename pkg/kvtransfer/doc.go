@@ -78,5 +78,22 @@
 // chunk's full size (engine.KVChunk.FullBytes) times the codec's wire/raw
 // ratio, so a performance-model engine that ships scaled-down KV still pays
 // the true transfer time. TLS is a Dialer option (WithTLS) and the
-// grpc.Server's credentials.
+// grpc.Server's credentials; so are a token and other per-RPC credentials
+// (WithGRPCDialOptions) and the server's interceptors.
+//
+// A Dialer pings its connections (WithKeepalive; default every
+// DefaultKeepaliveTime of quiet, DefaultKeepaliveTimeout to answer), so
+// that transfers to a hung decode worker fail with UNAVAILABLE within
+// seconds, and closes the connections to an address that had no transfer
+// open for the idle timeout (WithIdleTimeout, DefaultIdleTimeout): a
+// decode worker that left is not dialed forever.
+//
+// # Fuzzing
+//
+// FuzzPushStream feeds arbitrary message sequences through the server's
+// Push handler (both codecs, messages split anywhere) against a receiver
+// that checks the Sink contract; its seed corpus is under
+// testdata/fuzz/FuzzPushStream:
+//
+//	go test -run '^$' -fuzz FuzzPushStream -fuzztime 3m -parallel 1 ./pkg/kvtransfer/
 package kvtransfer

@@ -7,6 +7,7 @@ import (
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
 )
 
 // DialOption configures a Dialer.
@@ -30,6 +31,8 @@ type dialOptions struct {
 	now          func() time.Time
 	sleep        func(context.Context, time.Duration) error
 	grpcOpts     []grpc.DialOption
+	keepalive    keepalive.ClientParameters
+	idleTimeout  time.Duration
 }
 
 type serverOptions struct {
@@ -82,6 +85,34 @@ func WithLinkGbps(g float64) DialOption {
 // credentials from the grpc.Server.
 func WithTLS(cfg *tls.Config) DialOption {
 	return dialFunc(func(o *dialOptions) { o.tls = cfg })
+}
+
+// WithKeepalive sets a Dialer's keepalive pings (default: every
+// DefaultKeepaliveTime of quiet, DefaultKeepaliveTimeout to answer, also
+// without a transfer open): a decode worker that stops answering fails
+// the transfers to it with UNAVAILABLE once a ping goes unanswered.
+// gRPC raises a Time under 10 s to 10 s. Zero fields keep the defaults;
+// PermitWithoutStream is always set.
+func WithKeepalive(p keepalive.ClientParameters) DialOption {
+	return dialFunc(func(o *dialOptions) {
+		if p.Time > 0 {
+			o.keepalive.Time = p.Time
+		}
+		if p.Timeout > 0 {
+			o.keepalive.Timeout = p.Timeout
+		}
+	})
+}
+
+// WithIdleTimeout sets how long a Dialer keeps the connections to an
+// address without an open transfer (d > 0; default DefaultIdleTimeout);
+// see Dialer. The clock is WithClock's.
+func WithIdleTimeout(d time.Duration) DialOption {
+	return dialFunc(func(o *dialOptions) {
+		if d > 0 {
+			o.idleTimeout = d
+		}
+	})
 }
 
 // WithGRPCDialOptions appends options to those a Dialer passes to

@@ -215,13 +215,15 @@ func (t *transfer) run() (err error) {
 		return status.Errorf(codes.InvalidArgument, "kvtransfer: receiver kv is %v: %v", t.h.DType, err)
 	}
 	t.codec = c
-	t.next = make([]int, t.h.Layers)
 
 	sink, err := t.sv.r.Begin(t.stream.Context(), t.h)
 	if err != nil {
 		return fmt.Errorf("kvtransfer: begin %s: %w", t.h.RequestID, err)
 	}
 	t.sink = sink
+	// Only now, with the layer count checked by the receiver against its
+	// model, is per-layer state allocated: a header may claim 2³¹ layers.
+	t.next = make([]int, t.h.Layers)
 	committed := false
 	defer func() {
 		if !committed {

@@ -112,7 +112,11 @@ type Receiver interface {
 	// a Sink that may block must watch it. It fails with a gRPC status:
 	// FAILED_PRECONDITION when no reservation exists for the request,
 	// RESOURCE_EXHAUSTED when the header exceeds the reservation; an error
-	// without a status reaches the sender as INTERNAL.
+	// without a status reaches the sender as INTERNAL. The header comes
+	// from the network (Layers and Tokens up to 2³¹−1): Begin must check
+	// it against what it expects (the model's layers, the reservation)
+	// before allocating by it; the server allocates per layer only once
+	// Begin accepted it.
 	Begin(ctx context.Context, h StreamHeader) (Sink, error)
 }
 

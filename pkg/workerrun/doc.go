@@ -11,6 +11,7 @@
 //
 //	o := workerrun.NewDecodeOptions()
 //	o.ID, o.GRPCAddr, o.MetricsAddr, o.NATSURL = "decode-0", "127.0.0.1:0", "", natsURL
+//	o.NATS = user.ConnOptions() // a control.NATSUser of the embedded server
 //	w, err := workerrun.Start(ctx, o, logger)
 //	... w.Addr() is the gRPC address to dial ...
 //	err = w.Stop(ctx)
@@ -34,9 +35,62 @@
 // handshakes, so a renewed Secret takes effect without a restart. Package
 // tlstest makes throwaway CAs and certificates for tests.
 //
+// # Who may call
+//
+// The worker serves its gRPC methods only to the coordinator and KV
+// pushes only to prefill workers (Options.GRPCAuth, package grpcauth,
+// whose doc has the table of methods and roles):
+//
+//   - With mutual TLS, --tls-allow-coordinator and --tls-allow-prefill
+//     (repeatable or comma-separated; DNS names or URIs such as SPIFFE
+//     IDs) name the certificates allowed in each role: a prefill worker's
+//     certificate gets PERMISSION_DENIED on Generate or Reserve. Without
+//     them (the default) every certificate the CA signed may call
+//     everything, which suits one certificate shared by all components.
+//   - With or without TLS, --grpc-token-file (the coordinator's token, or
+//     its "sha256:<hex>" digest on a worker) and --grpc-prefill-token-file
+//     (the prefill workers' token; a prefill worker needs the token itself,
+//     a decode worker its digest suffices) require a bearer token in the
+//     call's metadata: none or a wrong one is UNAUTHENTICATED, another
+//     role's PERMISSION_DENIED. Without a prefill token, the coordinator's
+//     is shared by both roles.
+//   - Neither: everyone may call, as before; the worker warns at start
+//     that its gRPC is open.
+//
+// Refusals are logged without secrets. A decode worker also caps what
+// each caller (grpcauth.Caller: its authenticated identity, else its IP)
+// holds: --max-reservations-per-caller (default 4096 requests) and
+// --max-reserved-tokens-per-caller (default 4194304 tokens); over a cap
+// Reserve and Generate fail with RESOURCE_EXHAUSTED.
+//
+// # Keepalive
+//
+// Every gRPC connection the worker serves or dials is pinged after
+// --grpc-keepalive-time without traffic (default 10s; gRPC clients ping
+// at most every 10s) and closed when the ping is not answered within
+// --grpc-keepalive-timeout (default 5s), also with no call open, so that
+// a hung or vanished peer fails its calls with UNAVAILABLE within
+// seconds. A prefill worker closes its KV connections to a decode worker
+// that no transfer used for kvtransfer.DefaultIdleTimeout (5 min).
+//
+// # NATS
+//
+// The worker logs in to NATS with Options.NATS (control.ConnOptions:
+// --nats-user and --nats-password-file, --nats-token-file,
+// --nats-nkey-seed-file or --nats-creds, and --nats-tls-ca,
+// --nats-tls-cert, --nats-tls-key). Start does not wait for NATS: the
+// connection is retried in the background, forever, with backoff (also
+// after a refused login, which is logged without the secret), and
+// reconnects the same way after a disconnect. Until it is connected the
+// worker publishes no heartbeats and /readyz answers 503 ("not connected
+// to NATS"); gRPC serves meanwhile. A bad credential file (missing,
+// empty) fails Start at once.
+//
 // # Commands
 //
-// On "pdserve.cmd.<id>" the worker takes "drain", "cancel" (RequestID) and,
-// on prefill workers, "resend" (RequestID to the decode worker at Arg,
-// started in the background; the reply only says it was accepted).
+// On "pdserve.cmd.<role>.<id>" the worker takes "drain", "cancel"
+// (RequestID) and, on prefill workers, "resend" (RequestID to the decode
+// worker at Arg, started in the background; the reply only says it was
+// accepted). On an authenticated server only the coordinator's user may
+// publish there.
 package workerrun

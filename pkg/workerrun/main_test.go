@@ -18,7 +18,7 @@ import (
 
 // The flags the Helm chart relies on (fixed names).
 var (
-	commonFlags  = []string{"nats-url", "log-level", "metrics-addr", "engine", "preset", "profile", "time-scale", "config", "grpc-addr", "advertise-addr", "id", "heartbeat-interval", "tls-cert", "tls-key", "tls-ca", "tls-server-name"}
+	commonFlags  = []string{"nats-url", "nats-user", "nats-password-file", "log-level", "metrics-addr", "engine", "preset", "profile", "time-scale", "config", "grpc-addr", "advertise-addr", "id", "heartbeat-interval", "tls-cert", "tls-key", "tls-ca", "tls-server-name"}
 	prefillFlags = []string{"chunk-tokens", "max-batch-tokens", "codec", "link-gbps", "kv-conns", "retain-bytes"}
 	decodeFlags  = []string{"role", "kv-blocks", "block-tokens", "max-batch", "chunk-tokens", "max-batch-tokens"}
 )
@@ -132,9 +132,12 @@ func TestRunStopsWhenContextEnds(t *testing.T) {
 }
 
 func TestStartFailsCleanly(t *testing.T) {
-	o := testOptions(control.RoleDecode, "nats://127.0.0.1:1") // nobody listens
-	if _, err := Start(testCtx(t), o, nil); err == nil || !strings.Contains(err.Error(), "nats connect") {
-		t.Errorf("Start with an unreachable NATS: %v, want a nats connect error", err)
+	// An unreachable NATS server is waited for (TestWorkerWaitsForNATS);
+	// an unreadable credential file is an error at once.
+	o := testOptions(control.RoleDecode, "nats://127.0.0.1:1")
+	o.NATS.User, o.NATS.PasswordFile = "decode", filepath.Join(t.TempDir(), "missing")
+	if _, err := Start(testCtx(t), o, nil); err == nil || !strings.Contains(err.Error(), "password file") {
+		t.Errorf("Start with a missing NATS password file: %v, want a password file error", err)
 	}
 	o = testOptions(control.RoleDecode, "")
 	o.Decode.KVBlocks = 0

@@ -15,6 +15,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/decode"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/enginecfg"
+	"github.com/pdserve/pdserve/pkg/grpcauth"
 	"github.com/pdserve/pdserve/pkg/prefill"
 )
 
@@ -38,6 +39,10 @@ type Options struct {
 	MetricsAddr string
 	// NATSURL is the control plane. Empty: no heartbeats, no commands.
 	NATSURL string
+	// NATS holds the NATS credentials and TLS (--nats-user,
+	// --nats-password-file, --nats-token-file, --nats-nkey-seed-file,
+	// --nats-creds, --nats-tls-*, --nats-reconnect-wait).
+	NATS control.ConnOptions
 	// HeartbeatInterval is the time between heartbeats. > 0.
 	HeartbeatInterval time.Duration
 	// DrainTimeout bounds how long Stop waits for requests in flight. > 0.
@@ -58,6 +63,14 @@ type Options struct {
 	// TLS secures the worker's gRPC server and, on prefill workers, the KV
 	// transfers it dials. Empty: plaintext. See TLSOptions.
 	TLS TLSOptions
+	// GRPCAuth says who may call the worker's gRPC methods (--grpc-token-file,
+	// --grpc-prefill-token-file, --tls-allow-coordinator,
+	// --tls-allow-prefill) and which token a prefill worker sends on KV
+	// pushes. Empty: anyone (the worker warns at start). See grpcauth.
+	GRPCAuth grpcauth.Options
+	// Keepalive pings the worker's gRPC connections, served and dialed
+	// (--grpc-keepalive-time, --grpc-keepalive-timeout). Zero: defaults.
+	Keepalive KeepaliveOptions
 
 	Engine  enginecfg.Options
 	Prefill prefill.Options
@@ -118,24 +131,32 @@ func (v roleValue) Set(s string) error {
 
 // AddFlags registers the flags of o's role on fs, with o's values as
 // defaults. Every worker: --id, --grpc-addr, --advertise-addr,
-// --metrics-addr, --nats-url, --heartbeat-interval, --drain-timeout,
+// --metrics-addr, --nats-url and the NATS credential flags
+// (control.ConnOptions), --heartbeat-interval, --drain-timeout,
 // --log-level, --config, --tls-cert, --tls-key, --tls-ca,
-// --tls-server-name and the engine flags (see enginecfg). Prefill:
+// --tls-server-name, --grpc-token-file, --grpc-prefill-token-file,
+// --tls-allow-coordinator, --tls-allow-prefill (grpcauth),
+// --grpc-keepalive-time, --grpc-keepalive-timeout and the engine flags
+// (see enginecfg). Prefill:
 // --chunk-tokens, --max-batch-tokens, --codec, --queue-limit,
 // --retain-bytes, --link-gbps, --kv-conns. Decode and colocated: --role,
 // --kv-blocks, --block-tokens, --max-batch, --chunk-tokens,
-// --max-batch-tokens, --reserve-ttl.
+// --max-batch-tokens, --reserve-ttl, --max-reservations-per-caller,
+// --max-reserved-tokens-per-caller.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.ID, "id", o.ID, "worker id in heartbeats and on the command subject (default <role>-<random hex>)")
 	fs.StringVar(&o.GRPCAddr, "grpc-addr", o.GRPCAddr, "gRPC listen address, host:port")
 	fs.StringVar(&o.AdvertiseAddr, "advertise-addr", o.AdvertiseAddr, "gRPC address other components dial, host:port (default: the listen address, with the host name for an unspecified host)")
 	fs.StringVar(&o.MetricsAddr, "metrics-addr", o.MetricsAddr, "HTTP listen address of /metrics, /healthz and /readyz (empty: none)")
 	fs.StringVar(&o.NATSURL, "nats-url", o.NATSURL, "NATS URL of the control plane (empty: no heartbeats or commands)")
+	o.NATS.AddFlags(fs)
 	fs.DurationVar(&o.HeartbeatInterval, "heartbeat-interval", o.HeartbeatInterval, "time between heartbeats")
 	fs.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "how long a graceful stop waits for requests in flight")
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "log level: debug, info, warn or error")
 	fs.StringVar(&o.ConfigFile, "config", o.ConfigFile, "YAML file of flag values, keys are flag names without dashes; command-line flags win")
 	o.TLS.AddFlags(fs)
+	o.GRPCAuth.AddFlags(fs, true)
+	o.Keepalive.AddFlags(fs)
 	o.Engine.AddFlags(fs)
 	if o.Role == control.RolePrefill {
 		o.Prefill.AddFlags(fs)
@@ -186,6 +207,9 @@ func (o Options) Validate() error {
 			errs = append(errs, fmt.Errorf("metrics-addr %q: %w", o.MetricsAddr, err))
 		}
 	}
+	if err := o.NATS.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	if o.HeartbeatInterval <= 0 {
 		errs = append(errs, fmt.Errorf("heartbeat-interval %v must be positive", o.HeartbeatInterval))
 	}
@@ -196,6 +220,15 @@ func (o Options) Validate() error {
 		errs = append(errs, fmt.Errorf("log-level %q must be debug, info, warn or error", o.LogLevel))
 	}
 	if err := o.TLS.Validate(o.tlsUse()); err != nil {
+		errs = append(errs, err)
+	}
+	if err := o.GRPCAuth.Validate(o.authSends()); err != nil {
+		errs = append(errs, err)
+	}
+	if o.GRPCAuth.Identities() && (o.TLS.CAFile == "" || o.TLS.CertFile == "") {
+		errs = append(errs, errors.New("tls-allow-coordinator and tls-allow-prefill need mutual TLS: tls-cert, tls-key and tls-ca (the worker then requires client certificates)"))
+	}
+	if err := o.Keepalive.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	if o.EngineOverride == nil {
@@ -218,6 +251,15 @@ func (o Options) tlsUse() TLSUse {
 	return TLSServe
 }
 
+// authSends is the role whose token the worker sends: a prefill worker
+// sends the prefill token on KV pushes; other workers send none.
+func (o Options) authSends() grpcauth.Role {
+	if o.Role == control.RolePrefill {
+		return grpcauth.RolePrefill
+	}
+	return 0
+}
+
 // LogFields returns the effective settings as zap fields.
 func (o Options) LogFields() []zap.Field {
 	f := []zap.Field{
@@ -226,13 +268,16 @@ func (o Options) LogFields() []zap.Field {
 		zap.String("grpc_addr", o.GRPCAddr),
 		zap.String("advertise_addr", o.AdvertiseAddr),
 		zap.String("metrics_addr", o.MetricsAddr),
-		zap.String("nats_url", o.NATSURL),
+		zap.String("nats_url", control.RedactURL(o.NATSURL)),
 		zap.Duration("heartbeat_interval", o.HeartbeatInterval),
 		zap.Duration("drain_timeout", o.DrainTimeout),
 		zap.String("log_level", o.LogLevel),
 		zap.String("config", o.ConfigFile),
 	}
+	f = append(f, o.NATS.LogFields()...)
 	f = append(f, o.TLS.LogFields()...)
+	f = append(f, o.GRPCAuth.LogFields()...)
+	f = append(f, o.Keepalive.LogFields()...)
 	if o.EngineOverride != nil {
 		f = append(f, zap.String("engine", "override:"+o.EngineOverride.Spec().Name))
 	} else {
@@ -248,5 +293,6 @@ func (o Options) LogFields() []zap.Field {
 	d := o.Decode
 	return append(f,
 		zap.Int("kv_blocks", d.KVBlocks), zap.Int("block_tokens", d.BlockTokens), zap.Int("max_batch", d.MaxBatch),
-		zap.Int("chunk_tokens", d.ChunkTokens), zap.Int("max_batch_tokens", d.MaxBatchTokens), zap.Duration("reserve_ttl", d.ReserveTTL))
+		zap.Int("chunk_tokens", d.ChunkTokens), zap.Int("max_batch_tokens", d.MaxBatchTokens), zap.Duration("reserve_ttl", d.ReserveTTL),
+		zap.Int("max_reservations_per_caller", d.MaxReservationsPerCaller), zap.Int("max_reserved_tokens_per_caller", d.MaxReservedTokensPerCaller))
 }

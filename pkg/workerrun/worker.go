@@ -27,6 +27,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/decode"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/enginecfg"
+	"github.com/pdserve/pdserve/pkg/grpcauth"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
 	"github.com/pdserve/pdserve/pkg/prefill"
 )
@@ -121,9 +122,12 @@ type Worker struct {
 }
 
 // Start builds and starts a worker; it returns once every listener is open
-// (Addr is valid). ctx bounds only the start (the NATS connection); stop the
+// (Addr is valid). The NATS connection need not be up: it is retried in
+// the background, forever, and the worker is not Ready (publishes no
+// heartbeats) until it connects. ctx bounds only the start; stop the
 // worker with Stop. Errors: invalid options, engine construction, listen,
-// NATS connection or subscription errors, wrapped.
+// NATS credential files (control.ConnOptions.NATSOptions) or subscription
+// errors, wrapped.
 func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
@@ -168,10 +172,16 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 	if err != nil {
 		return nil, fmt.Errorf("workerrun: %w", err)
 	}
-	var gopts []grpc.ServerOption
+	auth, err := o.GRPCAuth.Load(o.authSends(), w.log.Named("grpcauth"))
+	if err != nil {
+		return nil, fmt.Errorf("workerrun: %w", err)
+	}
+	w.warnOpen(auth)
+	gopts := append(auth.ServerOptions(), o.Keepalive.ServerOptions()...)
 	switch o.Role {
 	case control.RolePrefill:
-		dopts := []kvtransfer.DialOption{kvtransfer.WithConnsPerAddr(o.KVConns), kvtransfer.WithLinkGbps(o.LinkGbps), kvtransfer.WithLogger(w.log.Named("kvtransfer"))}
+		dopts := []kvtransfer.DialOption{kvtransfer.WithConnsPerAddr(o.KVConns), kvtransfer.WithLinkGbps(o.LinkGbps), kvtransfer.WithLogger(w.log.Named("kvtransfer")),
+			kvtransfer.WithKeepalive(o.Keepalive.ClientParameters()), kvtransfer.WithGRPCDialOptions(auth.DialOptions()...)}
 		if tlsCfg != nil {
 			dopts = append(dopts, kvtransfer.WithTLS(tlsCfg.ClientConfig()))
 		}
@@ -186,7 +196,7 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 			return nil, fmt.Errorf("workerrun: %w", err)
 		}
 		kopts := []kvtransfer.ServerOption{kvtransfer.WithLogger(w.log.Named("kvtransfer"))}
-		gopts = kvtransfer.GRPCServerOptions(kopts...)
+		gopts = append(gopts, kvtransfer.GRPCServerOptions(kopts...)...)
 		w.svc = decodeService{Server: d, opts: kopts}
 	}
 
@@ -212,17 +222,17 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 
 	if o.NATSURL != "" {
 		w.ncDone = make(chan struct{})
-		w.nc, err = nats.Connect(o.NATSURL,
-			nats.Name("pdserve-"+o.ID),
-			nats.MaxReconnects(-1),
+		// Connect returns at once; without a NATS server yet, it retries
+		// in the background and the worker stays not ready until then.
+		w.nc, err = o.NATS.Connect(o.NATSURL, "pdserve-"+o.ID, w.log.Named("nats"),
 			nats.DrainTimeout(natsStopTimeout),
 			nats.ClosedHandler(func(*nats.Conn) { close(w.ncDone) }),
 		)
 		if err != nil {
 			w.ncDone = nil
-			return nil, fmt.Errorf("workerrun: nats connect %s: %w", o.NATSURL, err)
+			return nil, fmt.Errorf("workerrun: %w", err)
 		}
-		if w.sub, err = control.HandleCommands(w.nc, w.id, w.command); err != nil {
+		if w.sub, err = control.HandleCommands(w.nc, string(o.Role), w.id, w.command); err != nil {
 			return nil, fmt.Errorf("workerrun: %w", err)
 		}
 		w.pub = control.NewPublisher(w.nc, o.HeartbeatInterval, w.heartbeat)
@@ -262,6 +272,18 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 	return w, nil
 }
 
+// warnOpen warns when the gRPC server lets in more than the coordinator
+// and the prefill workers.
+func (w *Worker) warnOpen(a *grpcauth.Auth) {
+	mutual := w.o.TLS.CAFile != "" && w.o.TLS.CertFile != ""
+	switch {
+	case !a.Tokens() && !mutual:
+		w.log.Warn("gRPC is open: without --grpc-token-file or mutual TLS (--tls-cert, --tls-key, --tls-ca) anyone who reaches this port may call every method")
+	case !a.Tokens() && !a.Identities():
+		w.log.Warn("gRPC roles are not checked: any certificate the CA signs may call every method; set --tls-allow-coordinator and --tls-allow-prefill, or --grpc-token-file")
+	}
+}
+
 func serviceName(r control.Role) string {
 	if r == control.RolePrefill {
 		return pdservev1.PrefillService_ServiceDesc.ServiceName
@@ -291,8 +313,8 @@ func (w *Worker) httpHandler(g prometheus.Gatherer) http.Handler {
 		_, _ = rw.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("GET /readyz", func(rw http.ResponseWriter, _ *http.Request) {
-		if w.draining.Load() {
-			http.Error(rw, "draining", http.StatusServiceUnavailable)
+		if err := w.Ready(); err != nil {
+			http.Error(rw, err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		_, _ = rw.Write([]byte("ok\n"))
@@ -376,6 +398,19 @@ func (w *Worker) Err() error {
 	w.errMu.Lock()
 	defer w.errMu.Unlock()
 	return w.err
+}
+
+// Ready returns nil when the worker takes new requests and the
+// coordinator can find it: not draining and, with a NATS URL, connected to
+// NATS (heartbeats fall while it is not). /readyz answers 503 otherwise.
+func (w *Worker) Ready() error {
+	switch {
+	case w.draining.Load():
+		return errors.New("draining")
+	case w.nc != nil && !w.nc.IsConnected():
+		return errors.New("not connected to NATS")
+	}
+	return nil
 }
 
 // Draining reports whether the worker was told to drain.
@@ -539,7 +574,12 @@ func (w *Worker) closeNATS(graceful bool) error {
 		<-w.ncDone
 		return nil
 	}
-	if err := w.nc.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+	switch err := w.nc.Drain(); {
+	case errors.Is(err, nats.ErrConnectionReconnecting):
+		// Not connected: Drain closed the connection; nothing to drain.
+		<-w.ncDone
+		return nil
+	case err != nil && !errors.Is(err, nats.ErrConnectionClosed):
 		w.nc.Close()
 		<-w.ncDone
 		return fmt.Errorf("workerrun: nats drain: %w", err)

@@ -447,7 +447,7 @@ func TestHeartbeatsAndDrainCommand(t *testing.T) {
 	}
 
 	ctx := testCtx(t)
-	if err := control.SendCommand(ctx, nc, "decode-hb", control.Command{Kind: control.CmdDrain}); err != nil {
+	if err := control.SendCommand(ctx, nc, "decode", "decode-hb", control.Command{Kind: control.CmdDrain}); err != nil {
 		t.Fatal(err)
 	}
 	next(true)
@@ -466,10 +466,10 @@ func TestHeartbeatsAndDrainCommand(t *testing.T) {
 	if resp.StatusCode != http.StatusServiceUnavailable {
 		t.Errorf("/readyz while draining: %d, want 503", resp.StatusCode)
 	}
-	if err := control.SendCommand(ctx, nc, "decode-hb", control.Command{Kind: "reboot"}); err == nil {
+	if err := control.SendCommand(ctx, nc, "decode", "decode-hb", control.Command{Kind: "reboot"}); err == nil {
 		t.Error("unknown command accepted")
 	}
-	if err := control.SendCommand(ctx, nc, "decode-hb", control.Command{Kind: control.CmdResend, RequestID: "a", Arg: "b:1"}); err == nil {
+	if err := control.SendCommand(ctx, nc, "decode", "decode-hb", control.Command{Kind: control.CmdResend, RequestID: "a", Arg: "b:1"}); err == nil {
 		t.Error("resend accepted by a decode worker")
 	}
 }

@@ -18,6 +18,7 @@ Call with (dict "root" $ "component" "prefill" "binary" "prefill-worker"
   (printf "--metrics-addr=:%s" (include "pdserve.fmt" $pool.metricsPort))
   "--nats-url=$(NATS_URL)"
   (printf "--log-level=%s" $root.Values.logLevel) }}
+{{- $args = concat $args (include "pdserve.natsAuthArgs" (dict "root" $root "user" $component) | fromYamlArray) }}
 {{- /* Drain in-flight work within the grace period: what is left after the
 preStop sleep, less 5 s to exit. */}}
 {{- $drain := sub (sub (int64 $pool.terminationGracePeriodSeconds) (int64 $pool.preStopSleepSeconds)) 5 }}
@@ -29,6 +30,7 @@ preStop sleep, less 5 s to exit. */}}
 {{- if $root.Values.tls.enabled }}
 {{- $args = concat $args (list "--tls-cert=/etc/pdserve/tls/tls.crt" "--tls-key=/etc/pdserve/tls/tls.key" "--tls-ca=/etc/pdserve/tls/ca.crt" (printf "--tls-server-name=%s" $root.Values.tls.serverName)) }}
 {{- end }}
+{{- $args = concat $args (include "pdserve.grpcAuthArgs" (dict "root" $root "role" $component) | fromYamlArray) }}
 {{- $args = concat $args $pool.extraArgs }}
 {{- $gpus := int64 $pool.gpus }}
 {{- $resources := deepCopy (default dict $pool.resources) }}
@@ -155,10 +157,16 @@ spec:
           volumeMounts:
             - name: tmp
               mountPath: /tmp
+            {{- with include "pdserve.natsAuthMount" $root | trim }}
+            {{- . | nindent 12 }}
+            {{- end }}
             {{- if $root.Values.tls.enabled }}
             - name: tls
               mountPath: /etc/pdserve/tls
               readOnly: true
+            {{- end }}
+            {{- with include "pdserve.grpcTokenMount" $root | trim }}
+            {{- . | nindent 12 }}
             {{- end }}
             {{- with include "pdserve.modelMount" $root | trim }}
             {{- . | nindent 12 }}
@@ -167,13 +175,19 @@ spec:
         - name: tmp
           emptyDir:
             sizeLimit: 256Mi
+        {{- with include "pdserve.natsAuthVolume" (dict "root" $root "user" $component) | trim }}
+        {{- . | nindent 8 }}
+        {{- end }}
         {{- with include "pdserve.modelVolume" $root | trim }}
         {{- . | nindent 8 }}
         {{- end }}
         {{- if $root.Values.tls.enabled }}
         - name: tls
           secret:
-            secretName: {{ required "tls.existingSecret is required when tls.enabled" $root.Values.tls.existingSecret }}
+            secretName: {{ include "pdserve.tlsSecret" (dict "root" $root "role" $component) }}
+        {{- end }}
+        {{- with include "pdserve.grpcTokenVolume" (dict "root" $root "role" $component) | trim }}
+        {{- . | nindent 8 }}
         {{- end }}
 ---
 # Headless: workers are found through NATS heartbeats, this Service names

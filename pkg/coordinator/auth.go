@@ -1,0 +1,199 @@
+package coordinator
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/pdserve/pdserve/pkg/apikey"
+	"github.com/pdserve/pdserve/pkg/config"
+)
+
+// AuthOptions authenticate the clients of the API (package apikey).
+type AuthOptions struct {
+	// APIKeysFile (--api-keys) and MetricsTokenFile (--metrics-token-file)
+	// override the policy's auth.api_keys_file and auth.metrics_token_file
+	// when set; Complete puts the effective paths into Policy.Auth.
+	APIKeysFile, MetricsTokenFile string
+	// ReloadInterval is how often the files are checked for changes
+	// (their modification time and size, then their content); 0: only on
+	// ReloadSignals.
+	ReloadInterval time.Duration
+	// ReloadSignals, when not nil, reloads both files on each value
+	// received. Main sends SIGHUP there when a file is configured. Not a
+	// flag.
+	ReloadSignals <-chan os.Signal
+}
+
+// DefaultAuthReloadInterval is the default of --auth-reload-interval.
+const DefaultAuthReloadInterval = 5 * time.Second
+
+func (a *AuthOptions) addFlags(fs *flag.FlagSet) {
+	fs.StringVar(&a.APIKeysFile, "api-keys", a.APIKeysFile, "file of API key hashes, one 'sha256:HEX [name=NAME] [rpm=N] [tpm=N]' per line (coordinator hash-key prints one): every /v1/ request needs one of the keys (empty: auth.api_keys_file of --config, else the API is open)")
+	fs.StringVar(&a.MetricsTokenFile, "metrics-token-file", a.MetricsTokenFile, "file holding the bearer token /metrics requires (empty: auth.metrics_token_file of --config, else /metrics is open)")
+	fs.DurationVar(&a.ReloadInterval, "auth-reload-interval", a.ReloadInterval, "how often the --api-keys and --metrics-token-file files are checked for changes, reloaded without a restart (0: only on SIGHUP)")
+}
+
+// complete applies the flags to p.Auth and checks the files: the key
+// file must parse, and with one every prompt_budgets.api_keys entry must
+// name one of its keys.
+func (a *AuthOptions) complete(p *config.Policy) error {
+	if a.APIKeysFile != "" {
+		p.Auth.APIKeysFile = a.APIKeysFile
+	}
+	if a.MetricsTokenFile != "" {
+		p.Auth.MetricsTokenFile = a.MetricsTokenFile
+	}
+	if p.Auth.APIKeysFile != "" && p.Auth.APIKeysFile == p.Auth.MetricsTokenFile {
+		return nil // Validate says what is wrong
+	}
+	if f := p.Auth.MetricsTokenFile; f != "" {
+		if _, err := apikey.LoadToken(f); err != nil {
+			return fmt.Errorf("metrics token: %w", err)
+		}
+	}
+	f := p.Auth.APIKeysFile
+	if f == "" {
+		return nil
+	}
+	es, err := apikey.ParseFile(f)
+	if err != nil {
+		return fmt.Errorf("api keys: %w", err)
+	}
+	var names []string
+	for _, e := range es {
+		names = append(names, e.Label())
+	}
+	budgeted := make([]string, 0, len(p.Budgets.APIKeys))
+	for k := range p.Budgets.APIKeys {
+		budgeted = append(budgeted, k)
+	}
+	slices.Sort(budgeted)
+	for _, k := range budgeted {
+		if !slices.Contains(names, k) {
+			return fmt.Errorf("%w: prompt_budgets.api_keys entry %q is not the name of a key of %s: with a key file, budgets are by key name",
+				config.ErrInvalid, config.Redact(k), f)
+		}
+	}
+	return nil
+}
+
+func (a AuthOptions) validate() []error {
+	if a.ReloadInterval < 0 {
+		return []error{fmt.Errorf("auth-reload-interval %v must not be negative", a.ReloadInterval)}
+	}
+	return nil
+}
+
+func (o Options) authLogFields() []zap.Field {
+	return []zap.Field{
+		zap.String("api_keys_file", o.Policy.Auth.APIKeysFile),
+		zap.String("metrics_token_file", o.Policy.Auth.MetricsTokenFile),
+		zap.Duration("auth_reload_interval", o.Auth.ReloadInterval),
+	}
+}
+
+// auth is what the coordinator authenticates with.
+type auth struct {
+	keys  *apikey.Keys  // nil: the API is open
+	token *apikey.Token // nil: /metrics is open
+}
+
+// loadAuth loads the files of o.Policy.Auth and logs what the API
+// requires; without a key file it warns that the API is open.
+func loadAuth(o Options, log *zap.Logger) (auth, error) {
+	var a auth
+	var err error
+	if f := o.Policy.Auth.APIKeysFile; f != "" {
+		if a.keys, err = apikey.Load(f); err != nil {
+			return a, fmt.Errorf("coordinator: api keys: %w", err)
+		}
+		log.Info("API keys required on /v1/", zap.String("file", f), zap.Int("keys", a.keys.Len()))
+	} else {
+		log.Warn("no API keys (--api-keys): the API is open to every client that reaches it")
+	}
+	if f := o.Policy.Auth.MetricsTokenFile; f != "" {
+		if a.token, err = apikey.LoadToken(f); err != nil {
+			return a, fmt.Errorf("coordinator: metrics token: %w", err)
+		}
+		log.Info("metrics token required on /metrics", zap.String("file", f))
+	}
+	return a, nil
+}
+
+// watch reloads the files until ctx ends: every ReloadInterval when they
+// changed, and on each of ReloadSignals.
+func (a auth) watch(ctx context.Context, o AuthOptions, log *zap.Logger) {
+	var files []apikey.Reloadable
+	if a.keys != nil {
+		files = append(files, a.keys)
+	}
+	if a.token != nil {
+		files = append(files, a.token)
+	}
+	if len(files) == 0 {
+		return
+	}
+	var tick <-chan time.Time
+	if o.ReloadInterval > 0 {
+		t := time.NewTicker(o.ReloadInterval)
+		defer t.Stop()
+		tick = t.C
+	}
+	apikey.Watch(ctx, tick, o.ReloadSignals, log, files...)
+}
+
+// HashKey is the hash-key subcommand: it reads one API key from stdin
+// (surrounding whitespace ignored) and prints its line for the --api-keys
+// file, with --name, --rpm and --tpm. It returns the exit code: 0, or 2
+// for bad flags or a bad key (the error never holds the key).
+func HashKey(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("coordinator hash-key", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	name := fs.String("name", "", "the key's name: its surface for prompt budgets, and how logs name it (A-Z a-z 0-9 . _ - @, at most 64)")
+	rpm := fs.Int("rpm", 0, fmt.Sprintf("requests a minute the key may send (0: no limit; at most %d)", apikey.MaxLimit))
+	tpm := fs.Int("tpm", 0, "tokens a minute the key may use: prompt + n × max_tokens at admission, the unused part given back (0: no limit)")
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "Usage: coordinator hash-key [--name NAME] [--rpm N] [--tpm N] < KEYFILE\n\n"+
+			"Reads one API key on stdin and prints its line for the --api-keys file: the key's\n"+
+			"sha256, never the key. Keys are at least %d bytes of printable ASCII, e.g.\n"+
+			"  openssl rand -hex 32 | tee key.txt | coordinator hash-key --name team-a >> api-keys\n\nFlags:\n", apikey.MinKeyLen)
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "coordinator hash-key: the key is read from stdin, not from arguments (%d given)\n", fs.NArg())
+		return 2
+	}
+	data, err := io.ReadAll(io.LimitReader(stdin, 64<<10))
+	if err != nil {
+		fmt.Fprintf(stderr, "coordinator hash-key: read stdin: %v\n", err)
+		return 2
+	}
+	key := string(bytes.TrimSpace(data))
+	if strings.ContainsAny(key, "\r\n") {
+		fmt.Fprintln(stderr, "coordinator hash-key: stdin holds more than one line: give one key per run")
+		return 2
+	}
+	line, err := apikey.FormatLine(key, *name, *rpm, *tpm)
+	if err != nil {
+		fmt.Fprintf(stderr, "coordinator hash-key: %v\n", err)
+		return 2
+	}
+	fmt.Fprintln(stdout, line)
+	return 0
+}
