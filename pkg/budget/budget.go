@@ -26,15 +26,23 @@ type Trace struct {
 	PromptTokens, OutputTokens int
 	BatchSize                  int // decode batch size seen by the request (largest reported)
 	PrefillBatch               int // prefill batch size on the prefill worker
-	PrefixHitTokens            int
-	KVBytesRaw, KVBytesWire    int64
-	Codec                      string
-	PrefillWorker              string
-	DecodeWorker               string
-	Recoveries                 int    // decode-worker failovers
-	PrefillRetries             int    // prefill workers tried again after one failed before the first token
-	FinishReason               string // "stop", "length", or "" when it did not finish
-	Status                     string // outcome label, see pkg/metrics
+	PrefixHitTokens            int // prompt tokens the prefilling worker took from its prefix cache
+	// DecodePrefixHitTokens are the prompt tokens the decode worker held
+	// in its prefix cache at Reserve: their KV was not sent.
+	DecodePrefixHitTokens   int
+	KVBytesRaw, KVBytesWire int64
+	Codec                   string
+	PrefillWorker           string
+	DecodeWorker            string
+	Recoveries              int    // decode-worker failovers
+	PrefillRetries          int    // prefill workers tried again after one failed before the first token
+	FinishReason            string // "stop", "length", or "" when it did not finish
+	Status                  string // outcome label, see pkg/metrics
+	// Cache is the response cache's answer for this request: CacheHit
+	// (replayed, no worker involved), CacheMiss (looked up, not found),
+	// or "" when it was not looked up (the cache is off, or the request
+	// cannot be cached).
+	Cache string
 
 	// ITLs are the gaps between successive token deliveries to the client
 	// (a delivery may carry several tokens). Appended by Tokens.
@@ -111,27 +119,32 @@ func span(a, b time.Time) time.Duration {
 // absent for a request without tokens), and gpu_seconds under GPU-time
 // pricing; see Trace.Cost.
 type Summary struct {
-	TTFTMs           float64 `json:"ttft_ms"`
-	TPOTMs           float64 `json:"tpot_ms"`
-	QueueMs          float64 `json:"queue_ms"`
-	PrefillMs        float64 `json:"prefill_ms"`
-	KVTransferMs     float64 `json:"kv_transfer_ms"`
-	KVStreamMs       float64 `json:"kv_stream_ms"`
-	DecodeMs         float64 `json:"decode_ms"`
-	E2EMs            float64 `json:"e2e_ms"`
-	PromptTokens     int     `json:"prompt_tokens"`
-	OutputTokens     int     `json:"output_tokens"`
-	PrefixHitTokens  int     `json:"prefix_hit_tokens"`
-	BatchSize        int     `json:"batch_size"`
-	KVBytesRaw       int64   `json:"kv_bytes_raw"`
-	KVBytesWire      int64   `json:"kv_bytes_wire"`
-	Codec            string  `json:"codec"`
-	PrefillWorker    string  `json:"prefill_worker"`
-	DecodeWorker     string  `json:"decode_worker"`
-	Mode             string  `json:"mode"`
-	FirstTokenPolicy string  `json:"first_token_policy"`
-	Recoveries       int     `json:"recoveries,omitempty"`
-	PrefillRetries   int     `json:"prefill_retries,omitempty"`
+	TTFTMs          float64 `json:"ttft_ms"`
+	TPOTMs          float64 `json:"tpot_ms"`
+	QueueMs         float64 `json:"queue_ms"`
+	PrefillMs       float64 `json:"prefill_ms"`
+	KVTransferMs    float64 `json:"kv_transfer_ms"`
+	KVStreamMs      float64 `json:"kv_stream_ms"`
+	DecodeMs        float64 `json:"decode_ms"`
+	E2EMs           float64 `json:"e2e_ms"`
+	PromptTokens    int     `json:"prompt_tokens"`
+	OutputTokens    int     `json:"output_tokens"`
+	PrefixHitTokens int     `json:"prefix_hit_tokens"`
+	// DecodePrefixHitTokens: prompt tokens whose KV the decode worker
+	// already held (not sent); omitted when 0.
+	DecodePrefixHitTokens int    `json:"decode_prefix_hit_tokens,omitempty"`
+	BatchSize             int    `json:"batch_size"`
+	KVBytesRaw            int64  `json:"kv_bytes_raw"`
+	KVBytesWire           int64  `json:"kv_bytes_wire"`
+	Codec                 string `json:"codec"`
+	PrefillWorker         string `json:"prefill_worker"`
+	DecodeWorker          string `json:"decode_worker"`
+	Mode                  string `json:"mode"`
+	FirstTokenPolicy      string `json:"first_token_policy"`
+	Recoveries            int    `json:"recoveries,omitempty"`
+	PrefillRetries        int    `json:"prefill_retries,omitempty"`
+	// Cache repeats Trace.Cache: "hit" or "miss", absent when not looked up.
+	Cache string `json:"cache,omitempty"`
 
 	CostUSD            *float64 `json:"cost_usd,omitempty"`
 	CostUSDPer1kTokens *float64 `json:"cost_usd_per_1k_tokens,omitempty"`
@@ -144,28 +157,30 @@ type Summary struct {
 func (t *Trace) Summary() Summary {
 	s := t.Terms()
 	sum := Summary{
-		TTFTMs:           ms(s.TTFT),
-		TPOTMs:           ms(s.TPOT),
-		QueueMs:          ms(s.Queue),
-		PrefillMs:        ms(s.Prefill),
-		KVTransferMs:     ms(s.KVTransfer),
-		KVStreamMs:       ms(s.KVStream),
-		DecodeMs:         ms(s.Decode),
-		E2EMs:            ms(s.E2E),
-		PromptTokens:     t.PromptTokens,
-		OutputTokens:     t.OutputTokens,
-		PrefixHitTokens:  t.PrefixHitTokens,
-		BatchSize:        t.BatchSize,
-		KVBytesRaw:       t.KVBytesRaw,
-		KVBytesWire:      t.KVBytesWire,
-		Codec:            t.Codec,
-		PrefillWorker:    t.PrefillWorker,
-		DecodeWorker:     t.DecodeWorker,
-		Mode:             t.Mode,
-		FirstTokenPolicy: t.FirstTokenPolicy,
-		Recoveries:       t.Recoveries,
-		PrefillRetries:   t.PrefillRetries,
-		Warnings:         slices.Clone(t.Warnings),
+		TTFTMs:                ms(s.TTFT),
+		TPOTMs:                ms(s.TPOT),
+		QueueMs:               ms(s.Queue),
+		PrefillMs:             ms(s.Prefill),
+		KVTransferMs:          ms(s.KVTransfer),
+		KVStreamMs:            ms(s.KVStream),
+		DecodeMs:              ms(s.Decode),
+		E2EMs:                 ms(s.E2E),
+		PromptTokens:          t.PromptTokens,
+		OutputTokens:          t.OutputTokens,
+		PrefixHitTokens:       t.PrefixHitTokens,
+		DecodePrefixHitTokens: t.DecodePrefixHitTokens,
+		BatchSize:             t.BatchSize,
+		KVBytesRaw:            t.KVBytesRaw,
+		KVBytesWire:           t.KVBytesWire,
+		Codec:                 t.Codec,
+		PrefillWorker:         t.PrefillWorker,
+		DecodeWorker:          t.DecodeWorker,
+		Mode:                  t.Mode,
+		FirstTokenPolicy:      t.FirstTokenPolicy,
+		Recoveries:            t.Recoveries,
+		PrefillRetries:        t.PrefillRetries,
+		Cache:                 t.Cache,
+		Warnings:              slices.Clone(t.Warnings),
 	}
 	if c, ok := t.Cost(); ok {
 		sum.CostUSD = ptr(roundSig(c.USD))
@@ -201,6 +216,7 @@ func (t *Trace) Fields() []zap.Field {
 		zap.Int("batch_size", t.BatchSize),
 		zap.Int("prefill_batch", t.PrefillBatch),
 		zap.Int("prefix_hit_tokens", t.PrefixHitTokens),
+		zap.Int("decode_prefix_hit_tokens", t.DecodePrefixHitTokens),
 		zap.Int64("kv_bytes_raw", t.KVBytesRaw),
 		zap.Int64("kv_bytes_wire", t.KVBytesWire),
 		zap.String("codec", t.Codec),
@@ -225,6 +241,9 @@ func (t *Trace) Fields() []zap.Field {
 		if t.Pricing.GPUHourUSD > 0 {
 			f = append(f, zap.Float64("gpu_seconds", roundSig(c.GPUSeconds)))
 		}
+	}
+	if t.Cache != "" {
+		f = append(f, zap.String("cache", t.Cache))
 	}
 	if len(t.Warnings) > 0 {
 		f = append(f, zap.Strings("warnings", t.Warnings))
@@ -258,4 +277,11 @@ const (
 	StatusInvalid     = "invalid"     // refused: bad request (4xx)
 	StatusRejected    = "rejected"    // refused: overload (429)
 	StatusUnavailable = "unavailable" // refused: no workers (503)
+)
+
+// Values of Trace.Cache and of the result label of
+// pdserve_response_cache_requests_total.
+const (
+	CacheHit  = "hit"
+	CacheMiss = "miss"
 )

@@ -1,6 +1,7 @@
 package budget
 
 import (
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -106,5 +107,36 @@ func TestLogIsOneLineWithBudget(t *testing.T) {
 	}
 	if _, ok := m["t_kv_done"]; ok {
 		t.Errorf("unset boundary t_kv_done logged")
+	}
+}
+
+// TestCacheField: the response cache's answer is in the summary and the
+// log line when there is one, and absent from both when there is none.
+func TestCacheField(t *testing.T) {
+	for _, cache := range []string{"", CacheHit, CacheMiss} {
+		t.Run("cache="+cache, func(t *testing.T) {
+			tr := Trace{RequestID: "r1", Status: StatusOK, Cache: cache}
+			b, err := json.Marshal(tr.Summary())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var m map[string]any
+			if err := json.Unmarshal(b, &m); err != nil {
+				t.Fatal(err)
+			}
+			core, logs := observer.New(zap.InfoLevel)
+			tr.Log(zap.New(core))
+			logged, inLog := logs.All()[0].ContextMap()["cache"]
+			got, inJSON := m["cache"]
+			if cache == "" {
+				if inJSON || inLog {
+					t.Errorf("cache in the summary (%v) or the log (%v) of a request not looked up", got, logged)
+				}
+				return
+			}
+			if got != cache || logged != cache {
+				t.Errorf("summary cache %v, log cache %v; want %q", got, logged, cache)
+			}
+		})
 	}
 }

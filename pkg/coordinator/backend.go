@@ -221,6 +221,7 @@ type run struct {
 
 	attempt       int
 	decode        router.Worker
+	decodeHit     int                // prompt tokens the current decode worker holds in its prefix cache (its Reserve's answer)
 	cancelDecode  context.CancelFunc // ends the current Generate call
 	reserved      bool               // the current decode worker holds a reservation or sequence
 	decodeEnded   bool
@@ -369,10 +370,15 @@ func (r *run) reserve(w router.Worker) error {
 	}
 	ctx, cancel := context.WithTimeout(r.ctx, rpcTimeout)
 	defer cancel()
-	_, err = pdservev1.NewDecodeServiceClient(cc).Reserve(ctx, &pdservev1.ReserveRequest{
+	res, err := pdservev1.NewDecodeServiceClient(cc).Reserve(ctx, &pdservev1.ReserveRequest{
 		RequestId: r.req.ID, Tokens: int32(len(r.req.Prompt) + r.req.MaxTokens),
 		Sequences: int32(len(r.choices)), PromptTokens: int32(len(r.req.Prompt)),
+		Prompt: r.req.Prompt, // for the worker's prefix cache: it may hold a prefix
 	})
+	// The prompt tokens whose KV the worker holds already: the prefill
+	// worker sends the rest (startPrefill's skip_tokens).
+	r.decodeHit = int(res.GetPrefixHitTokens())
+	r.tr.DecodePrefixHitTokens = r.decodeHit
 	return err
 }
 
@@ -399,6 +405,7 @@ func (r *run) startPrefill() error {
 	preq := &pdservev1.PrefillRequest{
 		RequestId: r.req.ID, PromptTokens: r.req.Prompt, Sampling: r.sampling(),
 		DecodeAddr: r.decode.Addr, Codec: r.b.codec, Logprobs: wire.Logprobs(r.req.Logprobs),
+		SkipTokens: int32(r.decodeHit),
 	}
 	if !slices.ContainsFunc(r.prefilledOn, func(w router.Worker) bool { return w.Addr == r.prefill.Addr }) {
 		r.prefilledOn = append(r.prefilledOn, r.prefill)

@@ -45,6 +45,22 @@
 //     are freed. Cancel, cancelling the Generate call, a failed transfer or
 //     the worker stopping free them too.
 //
+// # Prefix cache
+//
+// With Options.PrefixCache on (--prefix-cache-tokens > 0; its tokens'
+// blocks are taken out of the pool at New), a finished (or cancelled)
+// request's sequence is kept as a pkg/prefixcache entry holding its
+// prompt's full blocks (forked out when the sequence holds more). A local
+// prefill forks the longest cached prefix (not for prompt logprobs) and
+// computes the rest. For remote KV, a Reserve carrying the prompt pins the
+// longest cached prefix and answers its tokens (prefix_hit_tokens); the
+// transfer may then start at that token (StreamHeader.Start) or at 0
+// (Resend); any other start is FAILED_PRECONDITION. The import forks the
+// pinned prefix, then imports the frames, and releases the pin; Generate
+// must carry the reserved prompt (INVALID_ARGUMENT otherwise). Pins are
+// the only references: forks are independent of their source, so evicting
+// an entry never touches a sequence in use.
+//
 // # The token stream and the first token
 //
 // The tokens of all GenerateResponse events of a call, concatenated, are the

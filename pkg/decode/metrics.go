@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pdserve/pdserve/pkg/prefixcache"
 )
 
 // metrics are the decode worker's Prometheus collectors:
@@ -15,6 +17,8 @@ import (
 //	pdserve_decode_queue_length      gauge      sequences ready to join, waiting for a slot
 //	pdserve_kv_blocks_free           gauge      free KV blocks of the pool
 //	pdserve_kv_blocks_total          gauge      KV blocks of the pool
+//	pdserve_decode_kv_bytes_saved_total counter KV bytes (true size) prefill workers did not send: this worker held the prefix
+//	pdserve_decode_prefix_cache_*               the prefix cache's (prefixcache.Collectors)
 //
 // A nil *metrics records nothing.
 type metrics struct {
@@ -48,6 +52,11 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		gauge("pdserve_kv_blocks_free", "Free KV blocks of the worker's pool.", func(st Stats) int { return st.KVBlocksFree }),
 		gauge("pdserve_kv_blocks_total", "KV blocks of the worker's pool.", func(st Stats) int { return st.KVBlocksTotal }),
 	}
+	cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "pdserve_decode_kv_bytes_saved_total",
+		Help: "KV bytes (the model's true size) prefill workers did not send because this worker held the prompt's prefix in its prefix cache.",
+	}, func() float64 { return float64(s.kvSaved.Load()) }))
+	cs = append(cs, prefixcache.Collectors("decode", func() prefixcache.Stats { return s.cache.Stats() })...)
 	for _, c := range cs {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("decode: register metrics: %w", err)

@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"time"
+
+	"github.com/pdserve/pdserve/pkg/prefixcache"
 )
 
 // Options configure a Server. Start from DefaultOptions.
@@ -35,6 +37,13 @@ type Options struct {
 	// MaxReservedTokensPerCaller caps the KV tokens (whole blocks) one
 	// caller's requests hold at once, as MaxReservationsPerCaller. > 0.
 	MaxReservedTokensPerCaller int
+	// PrefixCache keeps finished requests' prompt KV in the engine for
+	// prefix reuse by local prefill and by remote KV (see the package
+	// doc); off by default (MaxTokens 0). Its tokens are taken out of the
+	// pool up front (whole blocks), so MaxTokens must leave blocks for
+	// requests; its blocks are BlockTokens tokens (its own BlockTokens is
+	// ignored).
+	PrefixCache prefixcache.Options
 }
 
 // Defaults of the per-caller caps: above what one coordinator needs on a
@@ -58,13 +67,15 @@ func DefaultOptions() Options {
 
 		MaxReservationsPerCaller:   DefaultMaxReservationsPerCaller,
 		MaxReservedTokensPerCaller: DefaultMaxReservedTokensPerCaller,
+		PrefixCache:                prefixcache.DefaultOptions(),
 	}
 }
 
 // AddFlags registers --kv-blocks, --block-tokens, --max-batch,
 // --chunk-tokens, --max-batch-tokens, --reserve-ttl,
-// --max-reservations-per-caller and --max-reserved-tokens-per-caller on
-// fs, with o's values as defaults.
+// --max-reservations-per-caller, --max-reserved-tokens-per-caller,
+// --prefix-cache-tokens and --prefix-cache-entries on fs, with o's values
+// as defaults.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.KVBlocks, "kv-blocks", o.KVBlocks, "KV blocks in the worker's pool")
 	fs.IntVar(&o.BlockTokens, "block-tokens", o.BlockTokens, "tokens per KV block")
@@ -74,6 +85,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.ReserveTTL, "reserve-ttl", o.ReserveTTL, "how long a reservation waits for its Generate call before its blocks are released")
 	fs.IntVar(&o.MaxReservationsPerCaller, "max-reservations-per-caller", o.MaxReservationsPerCaller, "most requests (reservations and Generate calls) one caller holds at once; the caller is its authenticated identity, else its IP")
 	fs.IntVar(&o.MaxReservedTokensPerCaller, "max-reserved-tokens-per-caller", o.MaxReservedTokensPerCaller, "most KV tokens (whole blocks) one caller's requests hold at once")
+	o.PrefixCache.AddFlags(fs)
 }
 
 // Validate reports every invalid field in one error.
@@ -100,8 +112,23 @@ func (o Options) Validate() error {
 	if o.MaxReservationsPerCaller <= 0 || o.MaxReservedTokensPerCaller <= 0 {
 		errs = append(errs, fmt.Errorf("max-reservations-per-caller %d and max-reserved-tokens-per-caller %d must be positive", o.MaxReservationsPerCaller, o.MaxReservedTokensPerCaller))
 	}
+	pc := o.cacheOptions()
+	if err := pc.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if pc.MaxTokens > 0 && o.BlockTokens > 0 && (pc.MaxTokens+o.BlockTokens-1)/o.BlockTokens >= o.KVBlocks {
+		errs = append(errs, fmt.Errorf("prefix-cache-tokens %d leave none of the %d kv blocks to requests", pc.MaxTokens, o.KVBlocks))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("decode: invalid options: %w", err)
 	}
 	return nil
+}
+
+// cacheOptions returns the prefix cache's options with the pool's block
+// size.
+func (o Options) cacheOptions() prefixcache.Options {
+	pc := o.PrefixCache
+	pc.BlockTokens = o.BlockTokens
+	return pc
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
+	"github.com/pdserve/pdserve/pkg/prefixcache"
 )
 
 // receiver is the Server's kvtransfer.Receiver. It never takes engMu: KV
@@ -50,16 +51,20 @@ func (r receiver) Begin(_ context.Context, h kvtransfer.StreamHeader) (kvtransfe
 		return nil, status.Errorf(codes.FailedPrecondition, "decode: kv of request %s is being received", h.RequestID)
 	case q.attached && len(q.prompt) != h.Tokens:
 		return nil, status.Errorf(codes.InvalidArgument, "decode: transfer of %s has %d tokens, the prompt %d", h.RequestID, h.Tokens, len(q.prompt))
+	case h.Start != 0 && h.Start != q.hit.Tokens:
+		return nil, status.Errorf(codes.FailedPrecondition, "decode: transfer of %s starts at token %d; this worker holds %d of its prefix", h.RequestID, h.Start, q.hit.Tokens)
 	}
 	q.firstByte = time.Time{}
 	q.xferErr = nil
-	k := &sink{s: s, q: q, h: h, st: &staging{s: s, layers: make([][]byte, h.Layers), ends: make([][]int, h.Layers)}}
+	k := &sink{s: s, q: q, h: h, st: &staging{s: s, start: h.Start, layers: make([][]byte, h.Layers), ends: make([][]int, h.Layers)}}
 	q.sink = k
 	return k, nil
 }
 
 // staging holds one transfer's KV in memory, one buffer per layer (tokens
-// [0, len/TokenBytes) of it, the frames' bytes back to back), from its
+// [start, start+len/TokenBytes) of it, the frames' bytes back to back;
+// start is the header's, the prefix before it comes from the prefix
+// cache), from its
 // first frame until the scheduler imported it into the engine or the
 // request ended. Frame boundaries are kept: a frame's canonical bytes are
 // laid out for its own token range (K of every token, then V), so the
@@ -69,6 +74,7 @@ func (r receiver) Begin(_ context.Context, h kvtransfer.StreamHeader) (kvtransfe
 // staging.
 type staging struct {
 	s      *Server
+	start  int        // first token held (the header's Start); fixed
 	mu     sync.Mutex // guards layers, ends, bytes and freed; taken after Server.mu, never before
 	layers [][]byte
 	ends   [][]int // per layer, the end token of each frame, ascending
@@ -93,11 +99,11 @@ func (g *staging) add(h kvtransfer.StreamHeader, layer, start, end int, raw []by
 		return errFreed
 	}
 	tb := h.TokenBytes
-	if layer < 0 || layer >= len(g.layers) || start != len(g.layers[layer])/tb || end > h.Tokens || len(raw) != (end-start)*tb {
+	if layer < 0 || layer >= len(g.layers) || start != g.start+len(g.layers[layer])/tb || end > h.Tokens || len(raw) != (end-start)*tb {
 		return errFrame
 	}
 	if g.layers[layer] == nil {
-		n := h.Tokens * tb
+		n := (h.Tokens - g.start) * tb
 		g.layers[layer] = make([]byte, 0, n)
 		g.bytes += int64(n)
 		g.s.stagedBytes.Add(int64(n))
@@ -185,8 +191,8 @@ func (k *sink) Commit(c kvtransfer.Commit) error {
 		return k.errGone()
 	}
 	for l := range k.h.Layers {
-		if n := k.st.held(l); n != k.h.Tokens*k.h.TokenBytes {
-			return status.Errorf(codes.Internal, "decode: kv of %s layer %d holds %d bytes after the transfer, want %d", q.id, l, n, k.h.Tokens*k.h.TokenBytes)
+		if n := k.st.held(l); n != (k.h.Tokens-k.h.Start)*k.h.TokenBytes {
+			return status.Errorf(codes.Internal, "decode: kv of %s layer %d holds %d bytes after the transfer, want %d", q.id, l, n, (k.h.Tokens-k.h.Start)*k.h.TokenBytes)
 		}
 	}
 	if c.FirstToken < 0 || int(c.FirstToken) >= s.spec.Vocab {
@@ -198,6 +204,10 @@ func (k *sink) Commit(c kvtransfer.Commit) error {
 	// alive when no Generate call comes for it.
 	q.committed = true
 	q.kvTokens = k.h.Tokens
+	q.kvStart = k.h.Start
+	if k.h.Start > 0 {
+		s.kvSaved.Add(int64(k.h.Start) * int64(s.spec.KVBytesPerToken()))
+	}
 	q.first, q.firstLP = c.FirstToken, c.FirstLogprob
 	q.kvDone = k.last
 	s.readyLocked(q)
@@ -237,6 +247,7 @@ func (s *Server) importJoining() {
 	var qs []*sequence
 	var sts []*staging
 	var tokens []int
+	var hits []prefixcache.Hit
 	for _, q := range s.waiting[:min(len(s.waiting), max(0, s.o.MaxBatch-len(s.active)))] {
 		if q.staged == nil {
 			continue
@@ -244,7 +255,10 @@ func (s *Server) importJoining() {
 		s.nextSeq++
 		q.seq, q.hasSeq = s.nextSeq, true
 		qs, sts, tokens = append(qs, q), append(sts, q.staged), append(tokens, q.kvTokens)
-		q.staged = nil
+		// The pin passes to this goroutine, which forks the prefix (or
+		// not: a transfer from token 0 carried it) and releases it.
+		hits = append(hits, q.hit)
+		q.staged, q.hit = nil, prefixcache.Hit{}
 	}
 	s.mu.Unlock()
 	if len(qs) == 0 {
@@ -256,8 +270,9 @@ func (s *Server) importJoining() {
 	// goroutine reads them; q.seq and q.id do not change.
 	errs := make([]error, len(qs))
 	for i, q := range qs {
-		errs[i] = s.importKV(q.id, q.seq, tokens[i], sts[i])
+		errs[i] = s.importKV(q.id, q.seq, tokens[i], sts[i], hits[i])
 		sts[i].free()
+		s.cache.Release(hits[i])
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -270,13 +285,22 @@ func (s *Server) importJoining() {
 }
 
 // importKV imports st, tokens tokens of KV of request id, into engine
-// sequence seq, frame by frame. The caller holds engMu.
-func (s *Server) importKV(id string, seq engine.SeqID, tokens int, st *staging) error {
+// sequence seq, frame by frame, after forking the st.start tokens before
+// it from hit, the pinned prefix cache entry. The caller holds engMu.
+func (s *Server) importKV(id string, seq engine.SeqID, tokens int, st *staging, hit prefixcache.Hit) error {
+	if st.start > 0 {
+		if hit.Tokens < st.start {
+			return fmt.Errorf("decode: kv of %s starts at token %d, the cached prefix holds %d", id, st.start, hit.Tokens)
+		}
+		if err := s.eng.(engine.Forker).Fork(hit.Seq, seq, st.start); err != nil {
+			return fmt.Errorf("decode: fork the cached prefix of %s: %w", id, err)
+		}
+	}
 	tb := s.tokenBytes
 	for l, data := range st.layers {
-		start := 0
+		start, off := st.start, st.start
 		for _, end := range st.ends[l] {
-			if err := s.eng.ImportKV(seq, l, start, data[start*tb:end*tb]); err != nil {
+			if err := s.eng.ImportKV(seq, l, start, data[(start-off)*tb:(end-off)*tb]); err != nil {
 				return fmt.Errorf("decode: import kv of %s layer %d [%d, %d): %w", id, l, start, end, err)
 			}
 			start = end

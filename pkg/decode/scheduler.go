@@ -68,6 +68,9 @@ func (s *Server) shutdown() {
 	for _, q := range s.seqs {
 		s.endLocked(q, "", errStopped)
 	}
+	for _, x := range s.cache.Drain() {
+		s.eng.Free(x)
+	}
 }
 
 // stepPlan is one planned step: prefill chunks and decode tokens, with the
@@ -245,7 +248,8 @@ func (s *Server) joinLocked(q *sequence, now time.Time) {
 	if q.local {
 		s.nextSeq++
 		q.seq, q.hasSeq = s.nextSeq, true
-		q.pending = append(slices.Clone(q.prompt), regen...)
+		q.localHit = s.forkCachedLocked(q)
+		q.pending = append(slices.Clone(q.prompt[q.localHit:]), regen...)
 		q.sampleLast = m == 0
 	} else {
 		q.pending = slices.Clone(regen)
@@ -280,6 +284,28 @@ func (s *Server) joinLocked(q *sequence, now time.Time) {
 		}
 		s.emitLocked(q, q.first, lp, len(s.active), now)
 	}
+}
+
+// forkCachedLocked starts local-prefill q's new engine sequence from the
+// longest cached prefix of its prompt and returns its tokens (0: a miss,
+// a request asking for prompt logprobs, which needs every prompt
+// position computed, or a failed fork, logged). The caller holds engMu and
+// mu.
+func (s *Server) forkCachedLocked(q *sequence) int {
+	if s.cache == nil || q.promptTop >= 0 {
+		return 0
+	}
+	hit := s.cache.Acquire(q.hashes, s.cache.MaxHitBlocks(len(q.prompt)))
+	defer s.cache.Release(hit)
+	if hit.Tokens == 0 {
+		return 0
+	}
+	if err := s.eng.(engine.Forker).Fork(hit.Seq, q.seq, hit.Tokens); err != nil {
+		s.log.Warn("prefix cache fork failed; prefilling the whole prompt", zap.String("request_id", q.id), zap.Error(err))
+		s.eng.Free(q.seq)
+		return 0
+	}
+	return hit.Tokens
 }
 
 // emitLocked streams token t of q, produced in a step of batch sequences,

@@ -20,6 +20,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/grpcauth"
 	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
+	"github.com/pdserve/pdserve/pkg/prefixcache"
 	"github.com/pdserve/pdserve/pkg/wire"
 )
 
@@ -80,6 +81,18 @@ type Server struct {
 	// stagedBytes counts the bytes of KV received and not yet imported
 	// into the engine (see staging).
 	stagedBytes atomic.Int64
+	// kvSaved counts the KV bytes (the model's true size) prefill workers
+	// did not send because this worker held the prefix (transfers that
+	// started after token 0).
+	kvSaved atomic.Int64
+
+	// cache holds finished requests' engine sequences for prefix reuse
+	// (nil: off). Lookups pin entries under mu (Reserve) or engMu (local
+	// join); forks, inserts and frees of its sequences happen under
+	// engMu. cacheBlocks are the pool blocks its tokens are charged to,
+	// held for the worker's life.
+	cache       *prefixcache.Cache
+	cacheBlocks []kv.BlockID
 
 	// engMu guards eng. The scheduler holds it for a whole step (importing
 	// the KV of joining sequences, planning, running, handing out
@@ -147,6 +160,17 @@ type sequence struct {
 	stop      map[int32]bool
 	generated []int32 // tokens streamed before a recovery
 	out       *outbox // shared by every choice of the request
+
+	// Prefix cache (root). hashes are the prompt's full blocks (nil when
+	// the cache is off); hit is the cached prefix pinned at Reserve for
+	// the remote KV (Tokens 0: none), released once the KV is imported or
+	// the request ends; kvStart is the first token the committed transfer
+	// carried (hit.Tokens or 0); localHit is the prefix a local prefill
+	// forked.
+	hashes   []kv.Hash
+	hit      prefixcache.Hit
+	kvStart  int
+	localHit int
 
 	// Choices (n > 1). The request's first choice (index 0, the root)
 	// holds the reservation, the transfer and the outbox; the others
@@ -226,6 +250,20 @@ func New(eng engine.Engine, o Options, logger *zap.Logger, reg prometheus.Regist
 		changed:    make(chan struct{}),
 		callers:    make(map[string]*callerUse),
 	}
+	if s.cache, err = prefixcache.New(o.cacheOptions()); err != nil {
+		stop()
+		return nil, fmt.Errorf("decode: %w", err)
+	}
+	if s.cache != nil {
+		if _, ok := eng.(engine.Forker); !ok {
+			stop()
+			return nil, errors.New("decode: a prefix cache needs an engine that forks sequences")
+		}
+		if s.cacheBlocks, err = pool.Allocate(pool.BlocksFor(o.PrefixCache.MaxTokens)); err != nil {
+			stop()
+			return nil, fmt.Errorf("decode: prefix cache blocks: %w", err)
+		}
+	}
 	if s.m, err = newMetrics(reg, s); err != nil {
 		stop()
 		return nil, err
@@ -252,7 +290,18 @@ type Stats struct {
 	LastBatch                   int       // sequences in the last step
 	StepTimesMs                 []float64 // recent step times, oldest first; a copy
 	Draining                    bool
+	// PrefixCache is the prefix cache's counters and occupancy (zero when
+	// off); its tokens' blocks count as used in KVBlocksFree.
+	PrefixCache prefixcache.Stats
+	// KVBytesSaved is the KV (true size, bytes) prefill workers did not
+	// send thanks to this worker's prefix cache.
+	KVBytesSaved int64
 }
+
+// PrefixDigest returns at most n block hashes of the prefix cache, most
+// recently used first (see prefixcache.Cache.Digest), for heartbeats; nil
+// when the cache is off or empty. The caller owns the slice.
+func (s *Server) PrefixDigest(n int) []uint64 { return s.cache.Digest(n) }
 
 // Stats returns a snapshot of the worker's load.
 func (s *Server) Stats() Stats {
@@ -268,6 +317,8 @@ func (s *Server) Stats() Stats {
 		StepTimesMs:   slices.Clone(s.steps),
 		StagedKVBytes: s.stagedBytes.Load(),
 		Draining:      s.draining,
+		PrefixCache:   s.cache.Stats(),
+		KVBytesSaved:  s.kvSaved.Load(),
 	}
 	for _, q := range s.active {
 		st.QueuedPrefillTokens += len(q.pending)
@@ -357,7 +408,12 @@ func (s *Server) Reserve(ctx context.Context, req *pdservev1.ReserveRequest) (*p
 		return nil, err
 	}
 	s.armLocked(q)
-	return &pdservev1.ReserveResponse{Blocks: int32(len(q.blocks)), BlocksFree: int32(s.pool.Free())}, nil
+	if p := req.GetPrompt(); s.cache != nil && len(p) > 0 {
+		// Pinned until the KV is imported or the request ends, so the
+		// prefill worker may skip it.
+		q.hit = s.cache.Acquire(s.cache.Hashes(p), s.cache.MaxHitBlocks(len(p)))
+	}
+	return &pdservev1.ReserveResponse{Blocks: int32(len(q.blocks)), BlocksFree: int32(s.pool.Free()), PrefixHitTokens: int32(q.hit.Tokens)}, nil
 }
 
 // needTokens is the KV a request of n choices holds: the prompt once (the
@@ -468,10 +524,13 @@ func (s *Server) endLocked(q *sequence, reason string, err error) {
 		q.ttl.Stop()
 		q.ttl = nil
 	}
+	keep := err == nil || status.Code(err) == codes.Canceled
 	for _, c := range append([]*sequence{q}, q.children...) {
 		c.done = true
-		s.dropChoiceLocked(c)
+		s.dropChoiceLocked(c, keep)
 	}
+	s.cache.Release(q.hit)
+	q.hit = prefixcache.Hit{}
 	if q.sink != nil {
 		q.sink.st.free()
 		q.sink = nil
@@ -502,16 +561,50 @@ func (s *Server) endLocked(q *sequence, reason string, err error) {
 	s.changed = make(chan struct{})
 }
 
-// dropChoiceLocked frees choice c's engine sequence and takes it out of
-// the batch. The caller holds mu, and engMu when c.hasSeq.
-func (s *Server) dropChoiceLocked(c *sequence) {
+// dropChoiceLocked frees choice c's engine sequence, or, with keep for
+// a root whose prompt KV is complete, hands it to the prefix cache, and
+// takes it out of the batch. The caller holds mu, and engMu when
+// c.hasSeq.
+func (s *Server) dropChoiceLocked(c *sequence, keep bool) {
 	if c.hasSeq {
-		s.eng.Free(c.seq)
+		if keep && c.parent == nil {
+			s.keepLocked(c)
+		} else {
+			s.eng.Free(c.seq)
+		}
 		c.hasSeq = false
 	}
 	if c.joined {
 		s.active = slices.DeleteFunc(s.active, func(x *sequence) bool { return x == c })
 		c.joined = false
+	}
+}
+
+// keepLocked makes root q's engine sequence a prefix cache entry holding
+// its prompt's full blocks, forking them out when the sequence holds more
+// (output tokens, a partial block), and frees what the cache lets go of;
+// without a cache, or before the prompt's blocks are all computed, it
+// frees the sequence. The caller holds engMu and mu.
+func (s *Server) keepLocked(q *sequence) {
+	k := len(q.hashes) * s.o.BlockTokens
+	n, err := s.eng.Len(q.seq)
+	if s.cache == nil || k == 0 || err != nil || n < k {
+		s.eng.Free(q.seq)
+		return
+	}
+	seq := q.seq
+	if n > k {
+		s.nextSeq++
+		seq = s.nextSeq
+		err := s.eng.(engine.Forker).Fork(q.seq, seq, k)
+		s.eng.Free(q.seq)
+		if err != nil {
+			s.log.Warn("prefix cache: fork of a finished prompt failed", zap.String("request_id", q.id), zap.Error(err))
+			return
+		}
+	}
+	for _, x := range s.cache.Insert(seq, q.hashes, k) {
+		s.eng.Free(x)
 	}
 }
 
@@ -527,7 +620,7 @@ func (s *Server) finishChoiceLocked(c *sequence, reason string) {
 		return
 	}
 	c.choiceDone = true
-	s.dropChoiceLocked(c)
+	s.dropChoiceLocked(c, true)
 	if c != root {
 		c.done = true
 	}
@@ -616,7 +709,8 @@ type genParams struct {
 	genChoices [][]int32
 	top        int
 	promptTop  int
-	caller     string // grpcauth.Caller of the call
+	caller     string    // grpcauth.Caller of the call
+	hashes     []kv.Hash // the prompt's full blocks, for the prefix cache
 }
 
 func (s *Server) validate(req *pdservev1.GenerateRequest) (genParams, error) {
@@ -688,6 +782,7 @@ func (s *Server) validate(req *pdservev1.GenerateRequest) (genParams, error) {
 	if p.sampling, err = wire.FromSampling(req.GetSampling()); err != nil {
 		return p, invalid("request %s: %v", id, err)
 	}
+	p.hashes = s.cache.Hashes(p.prompt)
 	return p, nil
 }
 
@@ -795,6 +890,18 @@ func (s *Server) attach(p genParams) (*sequence, error) {
 		q.ttl.Stop()
 		q.ttl = nil
 	}
+	if q.hit.Tokens > 0 {
+		n := len(q.hit.Hashes)
+		switch {
+		case p.local:
+			// Local prefill looks the cache up itself when it joins.
+			s.cache.Release(q.hit)
+			q.hit = prefixcache.Hit{}
+		case len(p.hashes) < n || !slices.Equal(p.hashes[:n], q.hit.Hashes):
+			return nil, invalid("request %s: the prompt differs from the one reserved (its cached prefix of %d tokens)", p.id, q.hit.Tokens)
+		}
+	}
+	q.hashes = p.hashes
 	q.attached = true
 	q.local = p.local
 	q.prompt = p.prompt

@@ -247,6 +247,9 @@ func (d *Dialer) Open(ctx context.Context, addr string, h StreamHeader) (*Sender
 		cancel: cancel,
 		next:   make([]int, h.Layers),
 	}
+	for l := range s.next {
+		s.next[l] = h.Start
+	}
 	req := &pdservev1.PushRequest{Msg: &pdservev1.PushRequest_Header{Header: h.proto()}}
 	if err := stream.SendMsg(req); err != nil {
 		err = s.streamErr(err)

@@ -50,11 +50,12 @@
 // its payload is decoded: same request id and codec, the receiver's own KV
 // dtype (given to Register: the stream header on the wire carries none,
 // every frame carries its own), layer <
-// Layers, the next token range of that layer (in order from 0, so nothing
+// Layers, the next token range of that layer (in order from the stream
+// header's Start, 0 unless the receiver holds a cached prefix, so nothing
 // is sent twice), End ≤ Tokens, RawLen == (End−Start) × TokenBytes ≤ the
 // max frame bytes. It decodes into a buffer of at most RawLen bytes. A
 // sender therefore cannot make the receiver hold more than the reserved KV,
-// and Commit is refused until every layer holds all Tokens.
+// and Commit is refused until every layer holds [Start, Tokens).
 //
 // # Errors
 //

@@ -123,7 +123,7 @@ func (s *fakeSink) Write(layer, start, end int, raw []byte) error {
 	switch {
 	case s.ended():
 		s.violate(fmt.Errorf("write after the end"))
-	case layer < 0 || layer >= s.h.Layers || end > s.h.Tokens || start != len(s.layers[layer])/s.h.TokenBytes:
+	case layer < 0 || layer >= s.h.Layers || end > s.h.Tokens || start != s.h.Start+len(s.layers[layer])/s.h.TokenBytes:
 		s.violate(fmt.Errorf("write layer %d [%d,%d) outside or out of order", layer, start, end))
 	case len(raw) != (end-start)*s.h.TokenBytes:
 		s.violate(fmt.Errorf("write of %d bytes for [%d,%d)", len(raw), start, end))

@@ -224,6 +224,9 @@ func (t *transfer) run() (err error) {
 	// Only now, with the layer count checked by the receiver against its
 	// model, is per-layer state allocated: a header may claim 2³¹ layers.
 	t.next = make([]int, t.h.Layers)
+	for l := range t.next {
+		t.next[l] = t.h.Start
+	}
 	committed := false
 	defer func() {
 		if !committed {
@@ -312,7 +315,7 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // check bounds a frame header by the stream header: the right request,
 // codec and dtype (the receiver's), a layer that exists, the next token range of that layer
-// within [0, Tokens), and exactly (End−Start) × TokenBytes raw bytes, at
+// within [Start, Tokens), and exactly (End−Start) × TokenBytes raw bytes, at
 // most the max frame bytes.
 func (t *transfer) check(fh codec.Header) error {
 	switch {

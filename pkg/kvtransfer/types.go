@@ -18,6 +18,11 @@ type StreamHeader struct {
 	Layers     int    // > 0; frames carry layer in [0, Layers)
 	Tokens     int    // > 0; prompt tokens whose KV is sent: frames cover [0, Tokens) in every layer
 	TokenBytes int    // > 0; canonical bytes of one token in one layer (engine.ModelSpec.KVTokenBytes)
+	// Start is the first token whose KV is sent, in [0, Tokens): the
+	// receiver already holds the KV of [0, Start) (a prefix cache hit it
+	// reported at Reserve), and frames cover [Start, Tokens) in every
+	// layer, the first one starting at Start.
+	Start int
 	// DType is the element type of the KV (engine.ModelSpec.KVDType), a
 	// known dtype that the codec takes. The sender labels every frame
 	// with it; it is not part of the stream header on the wire. On the
@@ -36,6 +41,8 @@ func (h StreamHeader) Validate() error {
 		return fmt.Errorf("%w: layers %d, tokens %d, token bytes %d must be positive", ErrBadHeader, h.Layers, h.Tokens, h.TokenBytes)
 	case h.Layers > maxInt32 || h.Tokens > maxInt32 || h.TokenBytes > maxInt32:
 		return fmt.Errorf("%w: layers %d, tokens %d, token bytes %d must fit in 32 bits", ErrBadHeader, h.Layers, h.Tokens, h.TokenBytes)
+	case h.Start < 0 || h.Start >= h.Tokens:
+		return fmt.Errorf("%w: start token %d outside [0, %d)", ErrBadHeader, h.Start, h.Tokens)
 	case !h.DType.Valid():
 		return fmt.Errorf("%w: kv dtype %v (want bf16, f16 or q8_0)", ErrBadHeader, h.DType)
 	}
@@ -51,6 +58,7 @@ func (h StreamHeader) proto() *pdservev1.KVStreamHeader {
 		Layers:     int32(h.Layers),
 		Tokens:     int32(h.Tokens),
 		TokenBytes: int32(h.TokenBytes),
+		StartToken: int32(h.Start),
 	}
 }
 
@@ -61,6 +69,7 @@ func headerFromProto(p *pdservev1.KVStreamHeader) StreamHeader {
 		Layers:     int(p.GetLayers()),
 		Tokens:     int(p.GetTokens()),
 		TokenBytes: int(p.GetTokenBytes()),
+		Start:      int(p.GetStartToken()),
 	}
 }
 
@@ -126,13 +135,14 @@ type Receiver interface {
 // or Commit that failed); no method is called after that.
 type Sink interface {
 	// Write stores the canonical KV of layer for tokens [start, end).
-	// Frames arrive in token order within each layer, starting at token 0,
-	// so every layer's start is its count so far; layers may interleave.
+	// Frames arrive in token order within each layer, starting at the
+	// header's Start, so every layer's start is Start plus its count so
+	// far; layers may interleave.
 	// raw is owned by the caller and valid only during the call;
 	// len(raw) == (end-start) × TokenBytes. An error with a gRPC status
 	// reaches the sender as is, any other as INTERNAL.
 	Write(layer, start, end int, raw []byte) error
-	// Commit is called once every layer holds all Tokens of KV.
+	// Commit is called once every layer holds the KV of [Start, Tokens).
 	Commit(c Commit) error
 	// Abort tells the sink the transfer failed or was cancelled: free
 	// everything it holds. err says why.

@@ -39,6 +39,22 @@
 // engine's KVTokenBytes() when it has that method (an engine shipping a
 // scaled-down payload), else the model's.
 //
+// # Prefix cache
+//
+// With Options.PrefixCache on (--prefix-cache-tokens > 0), a prompt's
+// engine sequence is kept as a pkg/prefixcache entry when its last chunk
+// ran, instead of freed. A new request whose prompt shares k full blocks
+// (16 tokens) with an entry starts with a Fork of those k × 16 tokens (at
+// most all but one prompt token) and prefills only the rest; the forked
+// prefix's KV is exported into the request's KV buffer first, so the
+// buffer, Resend and the stream hold the whole prompt's KV, bit-exact with
+// an uncached prefill. FirstToken.prefix_hit_tokens reports k × 16.
+// PrefillRequest.skip_tokens (the decode worker's own hit) makes the
+// stream start at that token (StreamHeader.Start): earlier frames are not
+// sent, a frame across it is cut. Forks are independent of their source,
+// so evicting an entry never touches a request's sequence; an entry is
+// pinned only between its lookup and its fork, inside one scheduler call.
+//
 // # Transfer failures
 //
 // When the KV transfer to the decode worker fails, the Prefill (or Resend)

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/pdserve/pdserve/pkg/prefixcache"
 )
 
 // metrics are the prefill worker's Prometheus collectors:
@@ -16,6 +18,7 @@ import (
 //	pdserve_prefill_retained_bytes          gauge      KV bytes held (in flight and retained)
 //	pdserve_prefill_kv_raw_bytes_total      counter    canonical KV bytes sent, by codec
 //	pdserve_prefill_kv_wire_bytes_total     counter    KV bytes on the wire, by codec
+//	pdserve_prefill_prefix_cache_*                     the prefix cache's (prefixcache.Collectors)
 //
 // A nil *metrics records nothing.
 type metrics struct {
@@ -64,6 +67,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 			Help: "KV bytes held for requests in flight and retained for Resend.",
 		}, func() float64 { return float64(s.Stats().RetainedBytes) }),
 	}
+	cs = append(cs, prefixcache.Collectors("prefill", func() prefixcache.Stats { return s.cache.Stats() })...)
 	for _, c := range cs {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("prefill: register metrics: %w", err)

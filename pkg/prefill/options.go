@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/pdserve/pdserve/pkg/kv/codec"
+	"github.com/pdserve/pdserve/pkg/prefixcache"
 )
 
 // Options configure a Server. Start from DefaultOptions.
@@ -35,6 +36,11 @@ type Options struct {
 	// requests time out elsewhere. 0 means 2 × RetainBytes (as much KV
 	// waiting as may be in flight). ≥ 0.
 	MaxLiveKVBytes int64
+	// PrefixCache keeps the engine sequences of finished prompts for
+	// prefix reuse (see the package doc); off by default (MaxTokens 0).
+	// Its blocks are prefixcache.DefaultBlockTokens tokens, the block
+	// size the coordinator hashes prompts with for routing.
+	PrefixCache prefixcache.Options
 }
 
 // liveKVLimit returns the effective MaxLiveKVBytes.
@@ -53,12 +59,13 @@ func DefaultOptions() Options {
 		Codec:          "none",
 		QueueLimit:     256,
 		RetainBytes:    1 << 30,
+		PrefixCache:    prefixcache.DefaultOptions(),
 	}
 }
 
 // AddFlags registers --chunk-tokens, --max-batch-tokens, --codec,
-// --queue-limit, --retain-bytes and --max-live-kv-bytes on fs, with o's
-// values as defaults.
+// --queue-limit, --retain-bytes, --max-live-kv-bytes, --prefix-cache-tokens
+// and --prefix-cache-entries on fs, with o's values as defaults.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.ChunkTokens, "chunk-tokens", o.ChunkTokens, "most prompt tokens of one request prefilled in one step (chunked prefill)")
 	fs.IntVar(&o.MaxBatchTokens, "max-batch-tokens", o.MaxBatchTokens, "token budget of one prefill step, summed over the batch (>= --chunk-tokens)")
@@ -66,6 +73,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.QueueLimit, "queue-limit", o.QueueLimit, "most live requests (queued, prefilling or sending KV); more get RESOURCE_EXHAUSTED")
 	fs.Int64Var(&o.RetainBytes, "retain-bytes", o.RetainBytes, "bytes of KV held for in-flight requests and for finished ones kept for Resend (LRU eviction)")
 	fs.Int64Var(&o.MaxLiveKVBytes, "max-live-kv-bytes", o.MaxLiveKVBytes, "KV bytes of queued, prefilling and sending requests beyond which new requests get RESOURCE_EXHAUSTED (0: 2 × --retain-bytes)")
+	o.PrefixCache.AddFlags(fs)
 }
 
 // Validate reports every invalid field in one error.
@@ -88,6 +96,9 @@ func (o Options) Validate() error {
 	}
 	if o.MaxLiveKVBytes < 0 {
 		errs = append(errs, fmt.Errorf("max-live-kv-bytes %d must not be negative", o.MaxLiveKVBytes))
+	}
+	if err := o.PrefixCache.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("prefill: invalid options: %w", err)

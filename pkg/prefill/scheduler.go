@@ -67,6 +67,7 @@ func (s *Server) shutdown() {
 		}
 	}
 	s.queue = nil
+	s.freeSeqs(s.cache.Drain())
 	for _, r := range s.live {
 		if r.tx != nil {
 			r.tx.abort(errStopped)
@@ -139,14 +140,72 @@ func (s *Server) startLocked(r *request) bool {
 	r.seq = s.nextSeq
 	r.started = true
 	r.kv = newKVBuf(s.spec.Layers, len(r.prompt))
+	frames := s.forkPrefixLocked(r)
 	r.ret = s.retained.add(r.id, r.kv, need)
-	r.tx = newTransfer(s.baseCtx, r.id, r.addr, r.codec, s.spec.KVDType, r.kv)
+	r.tx = newTransfer(s.baseCtx, r.id, r.addr, r.codec, s.spec.KVDType, r.kv, r.skip)
+	for _, f := range frames {
+		r.tx.push(f)
+	}
 	s.xfers.Add(1)
 	go func() {
 		defer s.xfers.Done()
 		s.transferDone(r, r.tx.run(s.dialer))
 	}()
 	return true
+}
+
+// forkPrefixLocked starts r's engine sequence from the longest cached
+// prefix of its prompt (whole blocks, at least one token left to compute),
+// copies that prefix's KV out of the fork into r.kv (the decode worker
+// needs the whole prompt's, and Resend does) and returns its frames, to be
+// pushed to the transfer. On a miss, or when the fork or export fails
+// (logged; r then prefills from scratch), it does nothing. The caller is
+// the scheduler (it owns the engine) and holds mu; the pin on the entry
+// lasts only this call.
+func (s *Server) forkPrefixLocked(r *request) []frame {
+	hit := s.cache.Acquire(r.hashes, s.cache.MaxHitBlocks(len(r.prompt)))
+	if hit.Tokens == 0 {
+		return nil
+	}
+	defer s.cache.Release(hit)
+	n := hit.Tokens
+	fail := func(err error) []frame {
+		s.log.Warn("prefix cache fork failed; prefilling the whole prompt", zap.String("request_id", r.id), zap.Int("prefix_tokens", n), zap.Error(err))
+		s.eng.Free(r.seq)
+		r.kv = newKVBuf(s.spec.Layers, len(r.prompt))
+		return nil
+	}
+	if err := s.eng.(engine.Forker).Fork(hit.Seq, r.seq, n); err != nil {
+		return fail(err)
+	}
+	var frames []frame
+	var buf []byte
+	for l := range s.spec.Layers {
+		var err error
+		if buf, err = s.eng.ExportKV(r.seq, l, 0, n, buf[:0]); err != nil {
+			return fail(err)
+		}
+		c := engine.KVChunk{Seq: r.seq, Layer: l, Start: 0, End: n, Data: buf}
+		if len(buf) != s.spec.KVChunkBytes(n) {
+			// A scaled-down payload (sim): say what it stands for.
+			c.FullBytes = s.spec.KVChunkBytes(n)
+		}
+		f, err := r.kv.put(c)
+		if err != nil {
+			return fail(err)
+		}
+		frames = append(frames, f)
+	}
+	r.done, r.prefixHit = n, n
+	return frames
+}
+
+// freeSeqs frees engine sequences the prefix cache let go of. The caller
+// is the scheduler.
+func (s *Server) freeSeqs(seqs []engine.SeqID) {
+	for _, q := range seqs {
+		s.eng.Free(q)
+	}
 }
 
 // step runs one planned batch on the engine and hands out its results.
@@ -206,7 +265,7 @@ func (s *Server) step(ctx context.Context, b batch) {
 	}
 	for i, r := range b.reqs {
 		it := b.items[i]
-		if r.done == 0 {
+		if r.startedAt.IsZero() {
 			r.startedAt = start
 		}
 		r.done += len(it.Tokens)
@@ -222,7 +281,9 @@ func (s *Server) step(ctx context.Context, b batch) {
 			l := wire.OutputLogprob(outs[i].Logits, outs[i].Token, len(r.prompt), r.top, s.spec.Vocab)
 			lp = wire.TokenLogprob(l)
 		}
-		s.eng.Free(r.seq)
+		// The sequence holds the whole prompt now: it becomes a prefix
+		// cache entry (or is freed, and so are the entries it evicts).
+		s.freeSeqs(s.cache.Insert(r.seq, r.hashes, len(r.prompt)))
 		r.prefilled = true
 		s.removeLocked(r)
 		if r.cancelled {
@@ -243,8 +304,11 @@ func (s *Server) step(ctx context.Context, b batch) {
 			PrefillStartUnixNano: r.startedAt.UnixNano(),
 			PrefillEndUnixNano:   end.UnixNano(),
 			BatchSize:            int32(len(b.items)),
+			PrefixHitTokens:      int32(r.prefixHit),
 			Logprob:              lp,
 		}}
+		s.log.Debug("prompt prefilled", zap.String("request_id", r.id), zap.Int("prompt_tokens", len(r.prompt)),
+			zap.Int("prefix_hit_tokens", r.prefixHit), zap.Int("skip_tokens", r.skip))
 		r.tx.seal(outs[i].Token, lp)
 	}
 }

@@ -17,8 +17,10 @@ import (
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/kv/codec"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
+	"github.com/pdserve/pdserve/pkg/prefixcache"
 	"github.com/pdserve/pdserve/pkg/wire"
 )
 
@@ -44,6 +46,10 @@ type Server struct {
 	log    *zap.Logger
 	m      *metrics
 	now    func() time.Time
+	// cache holds finished prompts' engine sequences (nil: off). Only the
+	// scheduler goroutine, which owns the engine, looks up, forks, inserts
+	// and frees; Stats reads it from any goroutine.
+	cache *prefixcache.Cache
 
 	wake    chan struct{} // capacity 1: the scheduler has something to look at
 	baseCtx context.Context
@@ -74,13 +80,16 @@ type request struct {
 	top      int // logprob alternatives of the first token; -1: no logprob
 	addr     string
 	codec    string
+	skip     int       // the KV stream starts at this token (the decode worker's prefix hit)
+	hashes   []kv.Hash // the prompt's full blocks, for the prefix cache (nil when it is off)
 	queuedAt time.Time
 	kvBytes  int64      // KV estimate charged to Server.liveKV while live
 	events   chan event // capacity 2: at most one first token and one end
 
 	started    bool // has an engine sequence, a kvBuf and a transfer
 	seq        engine.SeqID
-	done       int // prompt tokens prefilled
+	done       int // prompt tokens prefilled, the cached prefix included
+	prefixHit  int // leading prompt tokens forked from the prefix cache
 	startedAt  time.Time
 	prefilled  bool // every chunk ran; the engine sequence is freed
 	cancelled  bool
@@ -117,6 +126,7 @@ func New(eng engine.Engine, dialer *kvtransfer.Dialer, o Options, logger *zap.Lo
 		logger = zap.NewNop()
 	}
 	ctx, stop := context.WithCancel(context.Background())
+	var err error
 	s := &Server{
 		eng:      eng,
 		spec:     spec,
@@ -137,6 +147,14 @@ func New(eng engine.Engine, dialer *kvtransfer.Dialer, o Options, logger *zap.Lo
 	s.tokenBytes = spec.KVTokenBytes()
 	if e, ok := eng.(interface{ KVTokenBytes() int }); ok && e.KVTokenBytes() > 0 {
 		s.tokenBytes = e.KVTokenBytes()
+	}
+	if s.cache, err = prefixcache.New(o.PrefixCache); err != nil {
+		stop()
+		return nil, fmt.Errorf("prefill: %w", err)
+	}
+	if _, ok := eng.(engine.Forker); s.cache != nil && !ok {
+		stop()
+		return nil, errors.New("prefill: a prefix cache needs an engine that forks sequences")
 	}
 	m, err := newMetrics(reg, s)
 	if err != nil {
@@ -159,7 +177,15 @@ type Stats struct {
 	RetainedBytes       int64     // KV bytes held (in flight and retained)
 	StepTimesMs         []float64 // recent step times, oldest first; a copy
 	Draining            bool
+	// PrefixCache is the prefix cache's counters and occupancy (zero when
+	// it is off).
+	PrefixCache prefixcache.Stats
 }
+
+// PrefixDigest returns at most n block hashes of the prefix cache, most
+// recently used first (see prefixcache.Cache.Digest), for heartbeats; nil
+// when the cache is off or empty. The caller owns the slice.
+func (s *Server) PrefixDigest(n int) []uint64 { return s.cache.Digest(n) }
 
 // Stats returns a snapshot of the worker's load.
 func (s *Server) Stats() Stats {
@@ -172,6 +198,7 @@ func (s *Server) Stats() Stats {
 		RetainedBytes:  s.retained.total,
 		StepTimesMs:    slices.Clone(s.steps),
 		Draining:       s.draining,
+		PrefixCache:    s.cache.Stats(),
 	}
 	for _, r := range s.queue {
 		st.QueuedPrefillTokens += len(r.prompt) - r.done
@@ -336,6 +363,9 @@ func (s *Server) enqueue(req *pdservev1.PrefillRequest) (*request, int, error) {
 	if err != nil {
 		return nil, 0, invalid("request %s: %v", req.GetRequestId(), err)
 	}
+	if skip := int(req.GetSkipTokens()); skip < 0 || skip >= len(req.GetPromptTokens()) {
+		return nil, 0, invalid("request %s: skip_tokens %d outside [0, %d)", req.GetRequestId(), skip, len(req.GetPromptTokens()))
+	}
 	r := &request{
 		id:       req.GetRequestId(),
 		prompt:   slices.Clone(req.GetPromptTokens()),
@@ -343,9 +373,11 @@ func (s *Server) enqueue(req *pdservev1.PrefillRequest) (*request, int, error) {
 		top:      top,
 		addr:     req.GetDecodeAddr(),
 		codec:    codecName,
+		skip:     int(req.GetSkipTokens()),
 		queuedAt: s.now(),
 		events:   make(chan event, 2),
 	}
+	r.hashes = s.cache.Hashes(r.prompt)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
@@ -452,7 +484,7 @@ func (s *Server) Resend(ctx context.Context, req *pdservev1.ResendRequest) (*pds
 		s.wakeup()
 	}()
 
-	t := newTransfer(ctx, id, req.GetDecodeAddr(), codecName, s.spec.KVDType, e.kv)
+	t := newTransfer(ctx, id, req.GetDecodeAddr(), codecName, s.spec.KVDType, e.kv, 0)
 	for _, f := range e.kv.frames {
 		t.push(f)
 	}

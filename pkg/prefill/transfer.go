@@ -38,12 +38,13 @@ type transferResult struct {
 }
 
 // newTransfer returns the transfer of kv, the engine's KV of dtype dt, with
-// codec codecName to addr.
-func newTransfer(parent context.Context, id, addr, codecName string, dt engine.DType, kv *kvBuf) *transfer {
+// codec codecName to addr, from token skip on (the decode worker holds the
+// KV before it; 0: all of it). 0 ≤ skip < kv.tokens.
+func newTransfer(parent context.Context, id, addr, codecName string, dt engine.DType, kv *kvBuf, skip int) *transfer {
 	ctx, cancel := context.WithCancelCause(parent)
 	return &transfer{
 		addr:   addr,
-		hdr:    kvtransfer.StreamHeader{RequestID: id, Codec: codecName, Layers: kv.layers, Tokens: kv.tokens, DType: dt},
+		hdr:    kvtransfer.StreamHeader{RequestID: id, Codec: codecName, Layers: kv.layers, Tokens: kv.tokens, DType: dt, Start: skip},
 		kv:     kv,
 		ctx:    ctx,
 		cancel: cancel,
@@ -96,6 +97,17 @@ func (t *transfer) run(d *kvtransfer.Dialer) (res transferResult) {
 		t.pending = nil
 		t.mu.Unlock()
 		for _, f := range frames {
+			skip := t.hdr.Start
+			if f.end <= skip {
+				// The decode worker holds it.
+				continue
+			}
+			data, start, full := t.kv.bytes(f), f.start, f.fullBytes
+			if f.start < skip {
+				data = tailKV(data, f.end-f.start, skip-f.start)
+				full = full * (f.end - skip) / (f.end - f.start)
+				start = skip
+			}
 			if snd == nil {
 				h := t.hdr
 				h.TokenBytes = t.kv.tokenBytes
@@ -105,8 +117,8 @@ func (t *transfer) run(d *kvtransfer.Dialer) (res transferResult) {
 				}
 				snd = s
 			}
-			if err := snd.Send(f.layer, f.start, f.end, t.kv.bytes(f), f.fullBytes); err != nil {
-				return transferResult{err: t.cause(fmt.Errorf("prefill: send kv of layer %d tokens [%d, %d) to %s: %w", f.layer, f.start, f.end, t.addr, err))}
+			if err := snd.Send(f.layer, start, f.end, data, full); err != nil {
+				return transferResult{err: t.cause(fmt.Errorf("prefill: send kv of layer %d tokens [%d, %d) to %s: %w", f.layer, start, f.end, t.addr, err))}
 			}
 		}
 		if len(frames) > 0 {
@@ -137,4 +149,14 @@ func (t *transfer) cause(err error) error {
 		return c
 	}
 	return err
+}
+
+// tailKV returns a new canonical chunk holding tokens [from, n) of data,
+// the canonical KV of n tokens (every token's K row, then every token's V
+// row, rows of len(data)/2n bytes).
+func tailKV(data []byte, n, from int) []byte {
+	row := len(data) / (2 * n)
+	out := make([]byte, 0, 2*(n-from)*row)
+	out = append(out, data[from*row:n*row]...)
+	return append(out, data[(n+from)*row:]...)
 }

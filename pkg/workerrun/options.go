@@ -288,11 +288,13 @@ func (o Options) LogFields() []zap.Field {
 		return append(f,
 			zap.Int("chunk_tokens", p.ChunkTokens), zap.Int("max_batch_tokens", p.MaxBatchTokens),
 			zap.String("codec", p.Codec), zap.Int("queue_limit", p.QueueLimit), zap.Int64("retain_bytes", p.RetainBytes),
-			zap.Float64("link_gbps", o.LinkGbps), zap.Int("kv_conns", o.KVConns))
+			zap.Float64("link_gbps", o.LinkGbps), zap.Int("kv_conns", o.KVConns),
+			zap.Int("prefix_cache_tokens", p.PrefixCache.MaxTokens), zap.Int("prefix_cache_entries", p.PrefixCache.MaxEntries))
 	}
 	d := o.Decode
 	return append(f,
 		zap.Int("kv_blocks", d.KVBlocks), zap.Int("block_tokens", d.BlockTokens), zap.Int("max_batch", d.MaxBatch),
 		zap.Int("chunk_tokens", d.ChunkTokens), zap.Int("max_batch_tokens", d.MaxBatchTokens), zap.Duration("reserve_ttl", d.ReserveTTL),
-		zap.Int("max_reservations_per_caller", d.MaxReservationsPerCaller), zap.Int("max_reserved_tokens_per_caller", d.MaxReservedTokensPerCaller))
+		zap.Int("max_reservations_per_caller", d.MaxReservationsPerCaller), zap.Int("max_reserved_tokens_per_caller", d.MaxReservedTokensPerCaller),
+		zap.Int("prefix_cache_tokens", d.PrefixCache.MaxTokens), zap.Int("prefix_cache_entries", d.PrefixCache.MaxEntries))
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/grpcauth"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
 	"github.com/pdserve/pdserve/pkg/prefill"
+	"github.com/pdserve/pdserve/pkg/prefixcache"
 )
 
 // Bounds of the steps of a stop that Options do not set.
@@ -62,6 +63,7 @@ func (p prefillService) fill(hb *control.Heartbeat) {
 	hb.QueuedPrefillTokens = st.QueuedPrefillTokens
 	hb.RunningBatch = st.LastBatch
 	hb.StepTimesMs = st.StepTimesMs
+	hb.PrefixDigest = p.PrefixDigest(prefixcache.DefaultDigestHashes)
 }
 
 type decodeService struct {
@@ -78,6 +80,7 @@ func (d decodeService) fill(hb *control.Heartbeat) {
 	hb.QueuedPrefillTokens = st.QueuedPrefillTokens
 	hb.RunningBatch = st.Running
 	hb.StepTimesMs = st.StepTimesMs
+	hb.PrefixDigest = d.PrefixDigest(prefixcache.DefaultDigestHashes)
 }
 
 // Worker is a started worker. Its methods are safe for concurrent use.
@@ -668,6 +671,18 @@ func fitPool(o decode.Options, e engine.Engine, log *zap.Logger) decode.Options 
 	if o.MaxBatch > seqs {
 		log.Info("batch fitted to the engine's sequence slots", zap.Int("max_batch_asked", o.MaxBatch), zap.Int("max_batch", seqs))
 		o.MaxBatch = seqs
+	}
+	// Cached prompts are engine sequences too: they get the slots the
+	// batch leaves (each running sequence and a trim fork need one).
+	if pc := &o.PrefixCache; pc.Enabled() {
+		if free := seqs - o.MaxBatch - 1; pc.MaxEntries > free {
+			log.Info("prefix cache entries fitted to the engine's sequence slots", zap.Int("prefix_cache_entries_asked", pc.MaxEntries), zap.Int("prefix_cache_entries", max(free, 0)))
+			pc.MaxEntries = free
+			if free <= 0 {
+				log.Warn("no sequence slot left for the prefix cache; it is off")
+				pc.MaxTokens = 0
+			}
+		}
 	}
 	return o
 }

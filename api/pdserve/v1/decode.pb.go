@@ -30,8 +30,14 @@ type ReserveRequest struct {
 	// one, prompt_tokens is required: the choices share the prompt's KV and
 	// each holds its own output, so the worker holds
 	// prompt_tokens + sequences * (tokens - prompt_tokens).
-	Sequences     int32 `protobuf:"varint,3,opt,name=sequences,proto3" json:"sequences,omitempty"`
-	PromptTokens  int32 `protobuf:"varint,4,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
+	Sequences    int32 `protobuf:"varint,3,opt,name=sequences,proto3" json:"sequences,omitempty"`
+	PromptTokens int32 `protobuf:"varint,4,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
+	// The prompt, optional: the worker looks its full blocks up in its
+	// prefix cache and keeps the hit (ReserveResponse.prefix_hit_tokens)
+	// for the request until its KV is imported, so the prefill worker may
+	// send the KV from that token on (PrefillRequest.skip_tokens). The
+	// Generate call must then carry the same prompt.
+	Prompt        []int32 `protobuf:"varint,5,rep,packed,name=prompt,proto3" json:"prompt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -94,12 +100,23 @@ func (x *ReserveRequest) GetPromptTokens() int32 {
 	return 0
 }
 
+func (x *ReserveRequest) GetPrompt() []int32 {
+	if x != nil {
+		return x.Prompt
+	}
+	return nil
+}
+
 type ReserveResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Blocks        int32                  `protobuf:"varint,1,opt,name=blocks,proto3" json:"blocks,omitempty"`
-	BlocksFree    int32                  `protobuf:"varint,2,opt,name=blocks_free,json=blocksFree,proto3" json:"blocks_free,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	Blocks     int32                  `protobuf:"varint,1,opt,name=blocks,proto3" json:"blocks,omitempty"`
+	BlocksFree int32                  `protobuf:"varint,2,opt,name=blocks_free,json=blocksFree,proto3" json:"blocks_free,omitempty"`
+	// Leading prompt tokens whose KV the worker holds in its prefix cache
+	// for this request (whole blocks, less than the prompt): the KV stream
+	// may start at this token (KVStreamHeader.start_token) or at 0.
+	PrefixHitTokens int32 `protobuf:"varint,3,opt,name=prefix_hit_tokens,json=prefixHitTokens,proto3" json:"prefix_hit_tokens,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ReserveResponse) Reset() {
@@ -142,6 +159,13 @@ func (x *ReserveResponse) GetBlocks() int32 {
 func (x *ReserveResponse) GetBlocksFree() int32 {
 	if x != nil {
 		return x.BlocksFree
+	}
+	return 0
+}
+
+func (x *ReserveResponse) GetPrefixHitTokens() int32 {
+	if x != nil {
+		return x.PrefixHitTokens
 	}
 	return 0
 }
@@ -520,17 +544,19 @@ var File_pdserve_v1_decode_proto protoreflect.FileDescriptor
 const file_pdserve_v1_decode_proto_rawDesc = "" +
 	"\n" +
 	"\x17pdserve/v1/decode.proto\x12\n" +
-	"pdserve.v1\x1a\x17pdserve/v1/common.proto\"\x8a\x01\n" +
+	"pdserve.v1\x1a\x17pdserve/v1/common.proto\"\xa2\x01\n" +
 	"\x0eReserveRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x16\n" +
 	"\x06tokens\x18\x02 \x01(\x05R\x06tokens\x12\x1c\n" +
 	"\tsequences\x18\x03 \x01(\x05R\tsequences\x12#\n" +
-	"\rprompt_tokens\x18\x04 \x01(\x05R\fpromptTokens\"J\n" +
+	"\rprompt_tokens\x18\x04 \x01(\x05R\fpromptTokens\x12\x16\n" +
+	"\x06prompt\x18\x05 \x03(\x05R\x06prompt\"v\n" +
 	"\x0fReserveResponse\x12\x16\n" +
 	"\x06blocks\x18\x01 \x01(\x05R\x06blocks\x12\x1f\n" +
 	"\vblocks_free\x18\x02 \x01(\x05R\n" +
-	"blocksFree\"\xf9\x03\n" +
+	"blocksFree\x12*\n" +
+	"\x11prefix_hit_tokens\x18\x03 \x01(\x05R\x0fprefixHitTokens\"\xf9\x03\n" +
 	"\x0fGenerateRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +

@@ -137,7 +137,11 @@ type KVStreamHeader struct {
 	// [0, tokens).
 	Tokens int32 `protobuf:"varint,4,opt,name=tokens,proto3" json:"tokens,omitempty"`
 	// Canonical KV bytes of one token in one layer.
-	TokenBytes    int32 `protobuf:"varint,5,opt,name=token_bytes,json=tokenBytes,proto3" json:"token_bytes,omitempty"`
+	TokenBytes int32 `protobuf:"varint,5,opt,name=token_bytes,json=tokenBytes,proto3" json:"token_bytes,omitempty"`
+	// First token whose KV is sent, in [0, tokens): the receiver holds the
+	// prompt's KV before it (a prefix cache hit, negotiated at Reserve), and
+	// every layer's frames cover [start_token, tokens). 0: the whole prompt.
+	StartToken    int32 `protobuf:"varint,6,opt,name=start_token,json=startToken,proto3" json:"start_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -203,6 +207,13 @@ func (x *KVStreamHeader) GetTokens() int32 {
 func (x *KVStreamHeader) GetTokenBytes() int32 {
 	if x != nil {
 		return x.TokenBytes
+	}
+	return 0
+}
+
+func (x *KVStreamHeader) GetStartToken() int32 {
+	if x != nil {
+		return x.StartToken
 	}
 	return 0
 }
@@ -345,7 +356,7 @@ const file_pdserve_v1_kvtransfer_proto_rawDesc = "" +
 	"\x06header\x18\x01 \x01(\v2\x1a.pdserve.v1.KVStreamHeaderH\x00R\x06header\x12\x16\n" +
 	"\x05frame\x18\x02 \x01(\fH\x00R\x05frame\x12.\n" +
 	"\x06commit\x18\x03 \x01(\v2\x14.pdserve.v1.KVCommitH\x00R\x06commitB\x05\n" +
-	"\x03msg\"\x96\x01\n" +
+	"\x03msg\"\xb7\x01\n" +
 	"\x0eKVStreamHeader\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +
@@ -353,7 +364,9 @@ const file_pdserve_v1_kvtransfer_proto_rawDesc = "" +
 	"\x06layers\x18\x03 \x01(\x05R\x06layers\x12\x16\n" +
 	"\x06tokens\x18\x04 \x01(\x05R\x06tokens\x12\x1f\n" +
 	"\vtoken_bytes\x18\x05 \x01(\x05R\n" +
-	"tokenBytes\"j\n" +
+	"tokenBytes\x12\x1f\n" +
+	"\vstart_token\x18\x06 \x01(\x05R\n" +
+	"startToken\"j\n" +
 	"\bKVCommit\x12\x1f\n" +
 	"\vfirst_token\x18\x01 \x01(\x05R\n" +
 	"firstToken\x12=\n" +

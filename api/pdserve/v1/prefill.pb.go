@@ -31,7 +31,13 @@ type PrefillRequest struct {
 	// KV codec name for the transfer ("none", "s2", "zstd", "bf16", "fp8", "int8").
 	Codec string `protobuf:"bytes,5,opt,name=codec,proto3" json:"codec,omitempty"`
 	// Log-probability of the first token, in FirstToken.logprob.
-	Logprobs      *Logprobs `protobuf:"bytes,6,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
+	Logprobs *Logprobs `protobuf:"bytes,6,opt,name=logprobs,proto3" json:"logprobs,omitempty"`
+	// Leading prompt tokens whose KV the decode worker holds already
+	// (ReserveResponse.prefix_hit_tokens): the KV stream starts at this
+	// token. In [0, len(prompt_tokens)). The whole prompt is still
+	// prefilled (from this worker's own prefix cache where it can) and its
+	// KV retained for Resend, which sends it all.
+	SkipTokens    int32 `protobuf:"varint,7,opt,name=skip_tokens,json=skipTokens,proto3" json:"skip_tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -106,6 +112,13 @@ func (x *PrefillRequest) GetLogprobs() *Logprobs {
 		return x.Logprobs
 	}
 	return nil
+}
+
+func (x *PrefillRequest) GetSkipTokens() int32 {
+	if x != nil {
+		return x.SkipTokens
+	}
+	return 0
 }
 
 type PrefillResponse struct {
@@ -267,7 +280,9 @@ type FirstToken struct {
 	PrefillStartUnixNano int64                  `protobuf:"varint,2,opt,name=prefill_start_unix_nano,json=prefillStartUnixNano,proto3" json:"prefill_start_unix_nano,omitempty"`
 	PrefillEndUnixNano   int64                  `protobuf:"varint,3,opt,name=prefill_end_unix_nano,json=prefillEndUnixNano,proto3" json:"prefill_end_unix_nano,omitempty"`
 	BatchSize            int32                  `protobuf:"varint,4,opt,name=batch_size,json=batchSize,proto3" json:"batch_size,omitempty"`
-	PrefixHitTokens      int32                  `protobuf:"varint,5,opt,name=prefix_hit_tokens,json=prefixHitTokens,proto3" json:"prefix_hit_tokens,omitempty"`
+	// Leading prompt tokens taken from this worker's prefix cache, not
+	// computed (whole blocks).
+	PrefixHitTokens int32 `protobuf:"varint,5,opt,name=prefix_hit_tokens,json=prefixHitTokens,proto3" json:"prefix_hit_tokens,omitempty"`
 	// Set when PrefillRequest.logprobs asked for it.
 	Logprob       *TokenLogprob `protobuf:"bytes,6,opt,name=logprob,proto3" json:"logprob,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -611,7 +626,7 @@ var File_pdserve_v1_prefill_proto protoreflect.FileDescriptor
 const file_pdserve_v1_prefill_proto_rawDesc = "" +
 	"\n" +
 	"\x18pdserve/v1/prefill.proto\x12\n" +
-	"pdserve.v1\x1a\x17pdserve/v1/common.proto\"\xef\x01\n" +
+	"pdserve.v1\x1a\x17pdserve/v1/common.proto\"\x90\x02\n" +
 	"\x0ePrefillRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -620,7 +635,9 @@ const file_pdserve_v1_prefill_proto_rawDesc = "" +
 	"\vdecode_addr\x18\x04 \x01(\tR\n" +
 	"decodeAddr\x12\x14\n" +
 	"\x05codec\x18\x05 \x01(\tR\x05codec\x120\n" +
-	"\blogprobs\x18\x06 \x01(\v2\x14.pdserve.v1.LogprobsR\blogprobs\"\xb9\x01\n" +
+	"\blogprobs\x18\x06 \x01(\v2\x14.pdserve.v1.LogprobsR\blogprobs\x12\x1f\n" +
+	"\vskip_tokens\x18\a \x01(\x05R\n" +
+	"skipTokens\"\xb9\x01\n" +
 	"\x0fPrefillResponse\x123\n" +
 	"\x06queued\x18\x01 \x01(\v2\x19.pdserve.v1.PrefillQueuedH\x00R\x06queued\x129\n" +
 	"\vfirst_token\x18\x02 \x01(\v2\x16.pdserve.v1.FirstTokenH\x00R\n" +

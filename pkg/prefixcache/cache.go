@@ -1,0 +1,377 @@
+package prefixcache
+
+import (
+	"container/list"
+	"errors"
+	"flag"
+	"fmt"
+	"sync"
+
+	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/kv"
+)
+
+// Defaults of Options.
+const (
+	// DefaultBlockTokens is the block size of the hashes: the decode
+	// workers' default block size, which the coordinator hashes prompts
+	// with for routing.
+	DefaultBlockTokens = 16
+	// DefaultMaxEntries bounds the cached engine sequences.
+	DefaultMaxEntries = 256
+	// DefaultDigestHashes is how many block hashes a heartbeat carries:
+	// 4096 hashes are 64Ki prompt tokens at 16 tokens a block.
+	DefaultDigestHashes = 4096
+)
+
+// Options configure a Cache. The zero MaxTokens turns the cache off.
+type Options struct {
+	// MaxTokens bounds the KV tokens held by cached sequences (the
+	// engine's Len of each). 0: no cache. ≥ 0.
+	MaxTokens int
+	// MaxEntries bounds the cached engine sequences. > 0 when MaxTokens
+	// is.
+	MaxEntries int
+	// BlockTokens is the size of a hashed block in tokens. > 0.
+	BlockTokens int
+}
+
+// DefaultOptions returns a cache that is off, with the default entry
+// bound and block size.
+func DefaultOptions() Options {
+	return Options{MaxEntries: DefaultMaxEntries, BlockTokens: DefaultBlockTokens}
+}
+
+// AddFlags registers --prefix-cache-tokens and --prefix-cache-entries on
+// fs, with o's values as defaults.
+func (o *Options) AddFlags(fs *flag.FlagSet) {
+	fs.IntVar(&o.MaxTokens, "prefix-cache-tokens", o.MaxTokens, "KV tokens of finished prompts kept in the engine for prefix reuse, LRU (0: no prefix cache)")
+	fs.IntVar(&o.MaxEntries, "prefix-cache-entries", o.MaxEntries, "most cached prompts (engine sequences) in the prefix cache")
+}
+
+// Enabled reports whether o turns the cache on.
+func (o Options) Enabled() bool { return o.MaxTokens > 0 }
+
+// Validate reports every invalid field in one error.
+func (o Options) Validate() error {
+	var errs []error
+	if o.MaxTokens < 0 {
+		errs = append(errs, fmt.Errorf("prefix-cache-tokens %d must not be negative", o.MaxTokens))
+	}
+	if o.MaxTokens > 0 && o.MaxEntries <= 0 {
+		errs = append(errs, fmt.Errorf("prefix-cache-entries %d must be positive", o.MaxEntries))
+	}
+	if o.BlockTokens <= 0 {
+		errs = append(errs, fmt.Errorf("prefix cache block tokens %d must be positive", o.BlockTokens))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("prefixcache: invalid options: %w", err)
+	}
+	return nil
+}
+
+// entry is one cached engine sequence. Guarded by Cache.mu.
+type entry struct {
+	seq    engine.SeqID
+	hashes []kv.Hash // its prompt's full blocks, in order
+	tokens int       // KV tokens the sequence holds
+	pins   int
+	el     *list.Element
+}
+
+// Hit is the result of Acquire. A hit (Tokens > 0) pins its entry until
+// Release.
+type Hit struct {
+	// Seq is the cached engine sequence to Fork from.
+	Seq engine.SeqID
+	// Tokens is the prefix to fork: a whole number of blocks, 0 on a
+	// miss.
+	Tokens int
+	// Hashes are the hit blocks' hashes (aliasing the lookup's slice).
+	Hashes []kv.Hash
+	e      *entry
+}
+
+// Stats are the cache's counters (since New) and occupancy.
+type Stats struct {
+	Lookups    uint64 // Acquire calls
+	Hits       uint64 // Acquire calls that hit at least one block
+	HitTokens  uint64 // tokens of those hits: prefill tokens saved
+	Inserts    uint64 // sequences taken in
+	Evictions  uint64 // entries dropped for the bounds
+	Superseded uint64 // entries dropped for a newer one holding their blocks and more
+	Tokens     int    // KV tokens held now
+	Entries    int    // engine sequences held now
+	Pinned     int    // entries pinned now
+}
+
+// Cache is the index. A nil *Cache is a cache that is off: Acquire
+// misses, Insert hands the sequence back to Free, and the rest return
+// nothing. Safe for concurrent use.
+type Cache struct {
+	o Options
+
+	mu     sync.Mutex
+	byHash map[kv.Hash][]*entry // every entry holding a block, in insertion order
+	lru    list.List            // of *entry; front = most recently used
+	tokens int
+	pinned int
+	st     Stats
+}
+
+// New returns an empty cache, or nil when o turns it off. Errors: o is
+// invalid.
+func New(o Options) (*Cache, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	if !o.Enabled() {
+		return nil, nil
+	}
+	return &Cache{o: o, byHash: make(map[kv.Hash][]*entry)}, nil
+}
+
+// BlockTokens returns the tokens per hashed block (DefaultBlockTokens for
+// a nil cache).
+func (c *Cache) BlockTokens() int {
+	if c == nil {
+		return DefaultBlockTokens
+	}
+	return c.o.BlockTokens
+}
+
+// Hashes returns the chained hashes of the full blocks of tokens (from the
+// plain root, as the coordinator hashes prompts), or nil for a nil cache.
+// The caller owns the slice.
+func (c *Cache) Hashes(tokens []int32) []kv.Hash {
+	if c == nil {
+		return nil
+	}
+	return kv.HashBlocks(0, tokens, c.o.BlockTokens)
+}
+
+// MaxHitBlocks returns the most blocks a prompt of n tokens may take from
+// the cache: every full block but one token must stay to compute.
+func (c *Cache) MaxHitBlocks(n int) int {
+	if c == nil || n <= 0 {
+		return 0
+	}
+	return (n - 1) / c.o.BlockTokens
+}
+
+// Acquire looks up the longest cached prefix of hashes, at most maxBlocks
+// blocks, and pins the entry holding it; it counts a lookup, and a hit
+// when at least one block matched. The hit entry becomes the most recently
+// used. A miss (Tokens 0) needs no Release.
+func (c *Cache) Acquire(hashes []kv.Hash, maxBlocks int) Hit {
+	if c == nil {
+		return Hit{}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.st.Lookups++
+	n := c.depthLocked(hashes[:min(len(hashes), max(maxBlocks, 0))])
+	if n == 0 {
+		return Hit{}
+	}
+	es := c.byHash[hashes[n-1]]
+	e := es[len(es)-1]
+	c.lru.MoveToFront(e.el)
+	if e.pins == 0 {
+		c.pinned++
+	}
+	e.pins++
+	c.st.Hits++
+	c.st.HitTokens += uint64(n * c.o.BlockTokens)
+	return Hit{Seq: e.seq, Tokens: n * c.o.BlockTokens, Hashes: hashes[:n], e: e}
+}
+
+// Match returns how many leading hashes are cached, changing nothing (no
+// pin, no counters, no recency).
+func (c *Cache) Match(hashes []kv.Hash) int {
+	if c == nil {
+		return 0
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.depthLocked(hashes)
+}
+
+// depthLocked returns how many leading hashes some entry holds. A chain
+// hash identifies its whole prefix, so the entries holding hashes[i] hold
+// every earlier one: the first miss ends the match.
+func (c *Cache) depthLocked(hashes []kv.Hash) int {
+	n := 0
+	for _, h := range hashes {
+		if len(c.byHash[h]) == 0 {
+			break
+		}
+		n++
+	}
+	return n
+}
+
+// Release unpins the entry of h; a miss is a no-op. It never evicts (the
+// caller may not hold the engine lock): the next Insert or Trim restores
+// the bounds.
+func (c *Cache) Release(h Hit) {
+	if c == nil || h.e == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if h.e.pins <= 0 {
+		panic("prefixcache: Release of an entry that is not pinned")
+	}
+	h.e.pins--
+	if h.e.pins == 0 {
+		c.pinned--
+	}
+}
+
+// Insert takes seq, an engine sequence holding tokens KV tokens whose
+// first len(hashes) × BlockTokens tokens are the prompt blocks hashes
+// (the caller's slice is kept: it must not change it), as the most
+// recently used entry. It returns the sequences the caller must Free now,
+// under its engine lock: seq itself when the cache is off, the sequence
+// has no full block, exceeds MaxTokens alone, or adds nothing (an entry
+// holds all its blocks already, which becomes the most recent instead);
+// entries it supersedes (their blocks are a prefix of its own); and the
+// least recently used unpinned entries beyond the bounds.
+func (c *Cache) Insert(seq engine.SeqID, hashes []kv.Hash, tokens int) []engine.SeqID {
+	if c == nil || len(hashes) == 0 || tokens > c.o.MaxTokens || tokens < len(hashes)*c.o.BlockTokens {
+		return []engine.SeqID{seq}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := c.depthLocked(hashes)
+	if n == len(hashes) {
+		es := c.byHash[hashes[n-1]]
+		c.lru.MoveToFront(es[len(es)-1].el)
+		return []engine.SeqID{seq}
+	}
+	var old []*entry
+	for i := range n {
+		for _, e := range c.byHash[hashes[i]] {
+			if len(e.hashes) == i+1 && e.pins == 0 {
+				old = append(old, e)
+			}
+		}
+	}
+	var free []engine.SeqID
+	for _, e := range old {
+		c.st.Superseded++
+		free = append(free, c.dropLocked(e))
+	}
+	e := &entry{seq: seq, hashes: hashes, tokens: tokens}
+	e.el = c.lru.PushFront(e)
+	for _, h := range hashes {
+		c.byHash[h] = append(c.byHash[h], e)
+	}
+	c.tokens += tokens
+	c.st.Inserts++
+	return append(free, c.trimLocked()...)
+}
+
+// Trim evicts least recently used unpinned entries until the bounds hold
+// and returns their sequences, for the caller to Free under its engine
+// lock.
+func (c *Cache) Trim() []engine.SeqID {
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.trimLocked()
+}
+
+func (c *Cache) trimLocked() []engine.SeqID {
+	var free []engine.SeqID
+	for el := c.lru.Back(); el != nil && (c.tokens > c.o.MaxTokens || c.lru.Len() > c.o.MaxEntries); {
+		e := el.Value.(*entry)
+		el = el.Prev()
+		if e.pins > 0 {
+			continue
+		}
+		c.st.Evictions++
+		free = append(free, c.dropLocked(e))
+	}
+	return free
+}
+
+// Drain drops every unpinned entry and returns their sequences (a worker
+// stopping, or freeing engine room).
+func (c *Cache) Drain() []engine.SeqID {
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var free []engine.SeqID
+	for el := c.lru.Front(); el != nil; {
+		e := el.Value.(*entry)
+		el = el.Next()
+		if e.pins == 0 {
+			free = append(free, c.dropLocked(e))
+		}
+	}
+	return free
+}
+
+// dropLocked removes unpinned e from the index and returns its sequence.
+func (c *Cache) dropLocked(e *entry) engine.SeqID {
+	c.lru.Remove(e.el)
+	for _, h := range e.hashes {
+		es := c.byHash[h]
+		for i, x := range es {
+			if x == e {
+				es = append(es[:i], es[i+1:]...)
+				break
+			}
+		}
+		if len(es) == 0 {
+			delete(c.byHash, h)
+		} else {
+			c.byHash[h] = es
+		}
+	}
+	c.tokens -= e.tokens
+	return e.seq
+}
+
+// Digest returns at most n cached block hashes for a heartbeat: entries
+// most recently used first, each from its first block on, each hash once.
+// The caller owns the slice; nil when nothing is cached.
+func (c *Cache) Digest(n int) []uint64 {
+	if c == nil || n <= 0 {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []uint64
+	seen := make(map[kv.Hash]bool)
+	for el := c.lru.Front(); el != nil && len(out) < n; el = el.Next() {
+		for _, h := range el.Value.(*entry).hashes {
+			if len(out) == n {
+				break
+			}
+			if !seen[h] {
+				seen[h] = true
+				out = append(out, uint64(h))
+			}
+		}
+	}
+	return out
+}
+
+// Stats returns the counters and occupancy (zero for a nil cache).
+func (c *Cache) Stats() Stats {
+	if c == nil {
+		return Stats{}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := c.st
+	st.Tokens, st.Entries, st.Pinned = c.tokens, c.lru.Len(), c.pinned
+	return st
+}
