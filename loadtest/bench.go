@@ -44,6 +44,7 @@ func newBench(ctx context.Context, o *benchOptions, baseURL string, stderr io.Wr
 	if err != nil {
 		return nil, err
 	}
+	repeatRequests(wl.Requests, o.RepeatFraction, o.Seed)
 	if baseURL == "" {
 		baseURL = o.BaseURL
 	}

@@ -48,6 +48,9 @@ type benchOptions struct {
 	TraceTimeScale           float64
 	TraceSkip                int
 	MooncakeBlockSize        int
+	// RepeatFraction in [0, 1) makes that share of the requests exact
+	// repeats of earlier ones (seeded by Seed): a response cache workload.
+	RepeatFraction float64
 	// Arrivals.
 	RequestRate    float64
 	Burstiness     float64
@@ -134,6 +137,7 @@ func (o *benchOptions) addFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.ShareGPTOutputLen, "sharegpt-output-len", o.ShareGPTOutputLen, "sharegpt: fixed output length (0: the reference completion's length)")
 	fs.StringVar(&o.InputLenDist, "input-len-dist", o.InputLenDist, "dist dataset: prompt length distribution, e.g. lognormal:mean=755,std=400,max=4096")
 	fs.StringVar(&o.OutputLenDist, "output-len-dist", o.OutputLenDist, "dist dataset: output length distribution, e.g. exponential:mean=200,max=2048")
+	fs.Float64Var(&o.RepeatFraction, "repeat-fraction", o.RepeatFraction, "share of requests in [0, 1) sent as exact repeats of an earlier one (by --seed), for a response cache; cached only with --temperature 0 or a seed in --extra-body")
 	fs.BoolVar(&o.TraceReplay, "trace-replay", o.TraceReplay, "azure/mooncake: send at the trace's timestamps instead of --request-rate")
 	fs.Float64Var(&o.TraceTimeScale, "trace-time-scale", o.TraceTimeScale, "with --trace-replay: multiply trace gaps by this (0.5 = twice as fast)")
 	fs.IntVar(&o.TraceSkip, "trace-skip", o.TraceSkip, "azure/mooncake: skip this many rows from the start of the trace")
@@ -254,6 +258,9 @@ func (o *benchOptions) complete() error {
 	}
 	if strings.HasSuffix(strings.TrimRight(o.Endpoint, "/"), "chat/completions") && o.PromptFormat == "tokens" {
 		bad(fmt.Errorf("--prompt-format tokens needs the completions endpoint (chat takes text)"))
+	}
+	if !(o.RepeatFraction >= 0 && o.RepeatFraction < 1) {
+		bad(fmt.Errorf("--repeat-fraction %v must lie in [0, 1)", o.RepeatFraction))
 	}
 	return errors.Join(errs...)
 }

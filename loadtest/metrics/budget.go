@@ -38,6 +38,21 @@ type Budget struct {
 	// engine that fell behind its model); Warning is the first of them.
 	Warned  int
 	Warning string
+	// CacheLookups counts the requests whose budget had "cache" (the
+	// server's response cache looked them up), CacheHits those that were
+	// "hit"; HitTTFT holds the Stats of ttft_ms of the hits (nil without
+	// any).
+	CacheLookups, CacheHits int
+	HitTTFT                 *Stats
+}
+
+// CacheHitRate returns CacheHits / CacheLookups, and false without
+// lookups.
+func (b *Budget) CacheHitRate() (float64, bool) {
+	if b.CacheLookups == 0 {
+		return 0, false
+	}
+	return float64(b.CacheHits) / float64(b.CacheLookups), true
 }
 
 // summed reports whether a budget number is a total worth summing.
@@ -80,12 +95,23 @@ func aggregateBudget(outs []client.Outcome, ps []float64) *Budget {
 	means := map[string][]float64{}
 	labels := map[string]map[string]bool{}
 	n, warned, warning := 0, 0, ""
+	lookups, hits := 0, 0
+	var hitTTFT []float64
 	for i := range outs {
 		o := &outs[i]
 		if !o.Success || o.Budget == nil {
 			continue
 		}
 		n++
+		if c, ok := o.Budget["cache"].(string); ok {
+			lookups++
+			if c == "hit" {
+				hits++
+				if x, ok := o.Budget["ttft_ms"].(float64); ok {
+					hitTTFT = append(hitTTFT, x)
+				}
+			}
+		}
 		for k, v := range o.Budget {
 			switch x := v.(type) {
 			case float64:
@@ -121,7 +147,12 @@ func aggregateBudget(outs []client.Outcome, ps []float64) *Budget {
 	if n == 0 {
 		return nil
 	}
-	b := &Budget{Requests: n, Terms: map[string]Stats{}, Sums: sums, Means: map[string]float64{}, Labels: map[string][]string{}, Warned: warned, Warning: warning}
+	b := &Budget{Requests: n, Terms: map[string]Stats{}, Sums: sums, Means: map[string]float64{}, Labels: map[string][]string{}, Warned: warned, Warning: warning,
+		CacheLookups: lookups, CacheHits: hits}
+	if len(hitTTFT) > 0 {
+		s := Summarize(hitTTFT, ps)
+		b.HitTTFT = &s
+	}
 	var rest []string
 	for k := range terms {
 		if !slices.Contains(termOrder, k) {

@@ -263,3 +263,22 @@ func TestEmptyRun(t *testing.T) {
 		t.Errorf("peaks %v %v for no success", s.MaxConcurrentRequests, s.MaxOutputTokensPerS)
 	}
 }
+
+// TestBudgetResponseCache: lookups, hits and the TTFT of hits are
+// counted from pdserve.cache.
+func TestBudgetResponseCache(t *testing.T) {
+	outs := []client.Outcome{
+		{Success: true, Budget: map[string]any{"cache": "miss", "ttft_ms": 40.0}},
+		{Success: true, Budget: map[string]any{"cache": "hit", "ttft_ms": 0.5}},
+		{Success: true, Budget: map[string]any{"cache": "hit", "ttft_ms": 1.5}},
+		{Success: true, Budget: map[string]any{"ttft_ms": 30.0}}, // not looked up
+	}
+	b := metrics.Compute(outs, time.Second, metrics.Options{Percentiles: []float64{50}}).Budget
+	rate, ok := b.CacheHitRate()
+	if !ok || b.CacheLookups != 3 || b.CacheHits != 2 || rate != 2.0/3 {
+		t.Errorf("lookups %d hits %d rate %v %v", b.CacheLookups, b.CacheHits, rate, ok)
+	}
+	if b.HitTTFT == nil || b.HitTTFT.Mean != 1 || b.HitTTFT.N != 2 {
+		t.Errorf("hit ttft %+v", b.HitTTFT)
+	}
+}

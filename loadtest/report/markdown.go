@@ -91,6 +91,13 @@ func BudgetMarkdown(b *strings.Builder, bud *metrics.Budget, ps []float64) {
 	if per1k, ok := bud.CostPer1kTokens(); ok {
 		fmt.Fprintf(b, "\nCost (server pricing): $%.4g over %d requests, $%.4g per 1k tokens.\n", bud.Sums["cost_usd"], bud.Requests, per1k)
 	}
+	if rate, ok := bud.CacheHitRate(); ok {
+		fmt.Fprintf(b, "\nResponse cache: %d hits of %d lookups (%.1f%%)", bud.CacheHits, bud.CacheLookups, 100*rate)
+		if h := bud.HitTTFT; h != nil {
+			fmt.Fprintf(b, ", TTFT of hits mean %.3g ms, median %.3g ms", h.Mean, h.Median)
+		}
+		b.WriteString(".\n")
+	}
 	if bud.Warned > 0 {
 		fmt.Fprintf(b, "\n**Server warnings on %d of %d requests**, e.g.: %s\n", bud.Warned, bud.Requests, bud.Warning)
 	}

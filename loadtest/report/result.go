@@ -210,6 +210,14 @@ func budgetObject(b *metrics.Budget, ps []float64) Object {
 	if per1k, ok := b.CostPer1kTokens(); ok {
 		o.Add("cost_usd_per_1k_tokens", per1k)
 	}
+	if rate, ok := b.CacheHitRate(); ok {
+		o.Add("response_cache_lookups", b.CacheLookups)
+		o.Add("response_cache_hits", b.CacheHits)
+		o.Add("response_cache_hit_rate", rate)
+		if b.HitTTFT != nil {
+			addStats(&o, "response_cache_hit_ttft_ms", *b.HitTTFT, ps)
+		}
+	}
 	if b.Warned > 0 {
 		o.Add("requests_with_warnings", b.Warned)
 		o.Add("warning", b.Warning)

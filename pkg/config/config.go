@@ -22,12 +22,13 @@ var ErrInvalid = errors.New("config: invalid policy")
 
 // Policy is the coordinator's serving policy.
 type Policy struct {
-	SLO     SLO     `yaml:"slo"`
-	Limits  Limits  `yaml:"limits"`
-	Budgets Budgets `yaml:"prompt_budgets"`
-	Routing Routing `yaml:"routing"`
-	Pricing Pricing `yaml:"pricing"`
-	Auth    Auth    `yaml:"auth"`
+	SLO           SLO           `yaml:"slo"`
+	Limits        Limits        `yaml:"limits"`
+	Budgets       Budgets       `yaml:"prompt_budgets"`
+	Routing       Routing       `yaml:"routing"`
+	Pricing       Pricing       `yaml:"pricing"`
+	Auth          Auth          `yaml:"auth"`
+	ResponseCache ResponseCache `yaml:"response_cache"`
 }
 
 // Auth names the files that authenticate clients (package apikey). Both
@@ -98,19 +99,6 @@ type Budgets struct {
 	APIKeys map[string]int `yaml:"api_keys"`
 }
 
-// Routing tunes the router.
-type Routing struct {
-	// LocalPrefillBelowTokens: prompts with fewer tokens prefill on the
-	// decode worker itself (conditional disaggregation); 0 = always remote.
-	LocalPrefillBelowTokens int `yaml:"local_prefill_below_tokens"`
-	// MaxQueuedPrefillTokens: a prefill worker with this many queued prompt
-	// tokens takes no more requests; 0 = unbounded.
-	MaxQueuedPrefillTokens int `yaml:"max_queued_prefill_tokens"`
-	// PrefixWeight: how many queued tokens one token of prefix-cache hit is
-	// worth when choosing a prefill worker; 0 disables prefix scoring.
-	PrefixWeight float64 `yaml:"prefix_weight"`
-}
-
 // Default returns the built-in policy: no SLO, no prompt budget, no
 // max_tokens cap beyond the model's context (and the rest of the context
 // as the default max_tokens), the default queue limit, always remote
@@ -175,8 +163,6 @@ func (p Policy) Validate() error {
 		return bad("limits.queue_limit must be > 0, got %d", p.Limits.QueueLimit)
 	case p.Budgets.Default < 0:
 		return bad("prompt_budgets.default must be ≥ 0, got %d", p.Budgets.Default)
-	case p.Routing.LocalPrefillBelowTokens < 0 || p.Routing.MaxQueuedPrefillTokens < 0 || p.Routing.PrefixWeight < 0:
-		return bad("routing values must be ≥ 0")
 	case p.Auth.APIKeysFile != "" && p.Auth.APIKeysFile == p.Auth.MetricsTokenFile:
 		return bad("auth.api_keys_file and auth.metrics_token_file are the same file %q: a key file holds hashes, a token file the token", p.Auth.APIKeysFile)
 	}
@@ -189,6 +175,12 @@ func (p Policy) Validate() error {
 				return bad("prompt_budgets.%s: entry %q must have a non-empty name and a budget ≥ 0", m.name, redact(m.name, k))
 			}
 		}
+	}
+	if err := p.Routing.validate(); err != nil {
+		return err
+	}
+	if err := p.ResponseCache.validate(); err != nil {
+		return err
 	}
 	return p.Pricing.validate()
 }

@@ -25,10 +25,15 @@
 //	    /v1/chat/completions: 4096
 //	  api_keys:           # by key name with auth.api_keys_file, else by the key itself
 //	    team-a: 1024
-//	routing:
-//	  local_prefill_below_tokens: 0   # shorter prompts prefill on the decode worker
+//	routing:                          # package router; its doc has the rules
+//	  local_prefill_below_tokens: 0   # prompts with fewer uncached tokens prefill on the decode worker
 //	  max_queued_prefill_tokens: 0    # per prefill worker; 0 = unbounded
-//	  prefix_weight: 0                # tokens of prefix-cache hit worth one queued token
+//	  prefill_queue_local_tokens: 0   # when every prefill worker queues this many tokens…
+//	  busy_local_prefill_below_tokens: 0 # …prompts with fewer uncached tokens prefill locally (both or neither)
+//	  prefix_weight: 0                # = weights.prefill.prefix (set one)
+//	  weights:                        # Σ weight × score, scores in [0, 1]; unset: these defaults
+//	    decode: {prefix: 0, queue: 0, kv: 1, batch: 0.01}
+//	    prefill: {prefix: 0, queue: 1, batch: 0}
 //	auth:                 # optional: authenticated clients (package apikey); none by default
 //	  api_keys_file: keys.txt         # sha256:<hex> [name=…] [rpm=…] [tpm=…] per line; relative to this file
 //	  metrics_token_file: metrics.tok # the bearer token /metrics requires

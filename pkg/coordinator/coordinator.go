@@ -151,15 +151,9 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 		mode: o.Mode, policy: o.FirstTokenPolicy, codec: o.Codec, eog: eogSet(engine.EOGTokens(tok)), modelName: o.ModelName,
 		log: log, members: c.members, conns: c.conns, metrics: m, now: time.Now,
 		pricing: o.Policy.Pricing.Resolve(), engines: watchedEngines(c.workers),
-		router: router.New(router.Config{
-			BlockTokens:             prefixBlockTokens,
-			Colocated:               o.Mode == ModeColocated,
-			LocalPrefillBelowTokens: o.Policy.Routing.LocalPrefillBelowTokens,
-			MaxQueuedPrefillTokens:  o.Policy.Routing.MaxQueuedPrefillTokens,
-			PrefixWeight:            o.Policy.Routing.PrefixWeight,
-		}),
+		router: newRouter(o, c.reg),
 	}
-	if r := o.Policy.Routing; r.PrefixWeight > 0 || r.LocalPrefillBelowTokens > 0 {
+	if o.Policy.Routing.PrefixAware() {
 		c.backend.prefixBlockTokens = prefixBlockTokens
 	}
 	if c.planner, err = c.newPlanner(); err != nil {
@@ -487,4 +481,22 @@ func Run(ctx context.Context, o Options, log *zap.Logger) error {
 	sctx, cancel := context.WithTimeout(context.Background(), o.ShutdownTimeout)
 	defer cancel()
 	return errors.Join(runErr, c.Shutdown(sctx))
+}
+
+// newRouter builds the router from the policy's routing section, its
+// metrics registered with reg.
+func newRouter(o Options, reg prometheus.Registerer) *router.Router {
+	rt := o.Policy.Routing
+	return router.New(router.Config{
+		BlockTokens:                 prefixBlockTokens,
+		Colocated:                   o.Mode == ModeColocated,
+		LocalPrefillBelowTokens:     rt.LocalPrefillBelowTokens,
+		PrefillQueueLocalTokens:     rt.PrefillQueueLocalTokens,
+		BusyLocalPrefillBelowTokens: rt.BusyLocalPrefillBelowTokens,
+		MaxQueuedPrefillTokens:      rt.MaxQueuedPrefillTokens,
+		Decode:                      router.Weights(rt.DecodeWeights()),
+		Prefill:                     router.Weights(rt.PrefillWeights()),
+		Registerer:                  reg,
+		Clock:                       time.Now,
+	})
 }

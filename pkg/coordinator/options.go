@@ -79,6 +79,10 @@ type Options struct {
 	MaxTokensCap       int
 	QueueLimit         int
 	LocalPrefillTokens int
+	// ResponseCacheEntries, when > 0, turns the response cache on with
+	// that many entries, overriding response_cache.entries of the policy
+	// file (see Complete).
+	ResponseCacheEntries int
 	// HeartbeatTTL: a worker not heard from for this long leaves.
 	HeartbeatTTL time.Duration
 	// ModelName is the model name served; empty serves the names the
@@ -180,6 +184,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.MaxTokensCap, "max-tokens-cap", o.MaxTokensCap, "largest max_tokens a request may ask, per choice (0: limits.max_tokens_cap of --config, else no cap beyond the model's context)")
 	fs.IntVar(&o.QueueLimit, "queue-limit", o.QueueLimit, fmt.Sprintf("requests admitted at once; more get 429 (0: limits.queue_limit of --config, else %d)", config.DefaultQueueLimit))
 	fs.IntVar(&o.LocalPrefillTokens, "local-prefill-tokens", o.LocalPrefillTokens, "disaggregated mode: prompts with fewer uncached tokens prefill on the decode worker (0: routing.local_prefill_below_tokens of --config, else never)")
+	fs.IntVar(&o.ResponseCacheEntries, "response-cache-entries", o.ResponseCacheEntries, "cache this many completed responses of greedy or seeded requests and replay identical ones without a worker (0: response_cache.entries of --config, else off; ttl and max_bytes from --config)")
 	fs.DurationVar(&o.HeartbeatTTL, "heartbeat-ttl", o.HeartbeatTTL, "a worker not heard from for this long leaves the membership")
 	fs.StringVar(&o.ModelName, "model-name", o.ModelName, "model name served in the API (empty: the names the workers report)")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "how long a graceful stop waits for requests in flight")
@@ -245,6 +250,9 @@ func (o *Options) Complete() error {
 	if o.LocalPrefillTokens > 0 {
 		p.Routing.LocalPrefillBelowTokens = o.LocalPrefillTokens
 	}
+	if o.ResponseCacheEntries > 0 {
+		p.ResponseCache.Entries = o.ResponseCacheEntries
+	}
 	if err := o.Auth.complete(&p); err != nil {
 		return fmt.Errorf("coordinator: %w", err)
 	}
@@ -289,6 +297,9 @@ func (o Options) Validate() error {
 	}
 	if o.MaxTokensCap < 0 || o.QueueLimit < 0 || o.LocalPrefillTokens < 0 {
 		bad("max-tokens-cap, queue-limit and local-prefill-tokens must not be negative")
+	}
+	if o.ResponseCacheEntries < 0 {
+		bad("response-cache-entries %d must not be negative (0: the policy's)", o.ResponseCacheEntries)
 	}
 	if o.HeartbeatTTL <= 0 {
 		bad("heartbeat-ttl %v must be positive", o.HeartbeatTTL)
@@ -375,11 +386,17 @@ func (o Options) LogFields() []zap.Field {
 		zap.Int("local_prefill_below_tokens", p.Routing.LocalPrefillBelowTokens),
 		zap.Int("max_queued_prefill_tokens", p.Routing.MaxQueuedPrefillTokens),
 		zap.Float64("prefix_weight", p.Routing.PrefixWeight),
+		zap.Int("prefill_queue_local_tokens", p.Routing.PrefillQueueLocalTokens),
+		zap.Int("busy_local_prefill_below_tokens", p.Routing.BusyLocalPrefillBelowTokens),
+		zap.Any("routing_weights", p.Routing.Weights),
 		zap.Float64("pricing_gpu_usd_per_hour", p.Pricing.GPUUSDPerHour),
 		zap.Int("pricing_prefill_gpus_per_worker", p.Pricing.PrefillGPUsPerWorker),
 		zap.Int("pricing_decode_gpus_per_worker", p.Pricing.DecodeGPUsPerWorker),
 		zap.Float64("pricing_prompt_usd_per_1k_tokens", p.Pricing.PromptUSDPer1k),
 		zap.Float64("pricing_output_usd_per_1k_tokens", p.Pricing.OutputUSDPer1k),
+		zap.Int("response_cache_entries", p.ResponseCache.Entries),
+		zap.Duration("response_cache_ttl", p.ResponseCache.TTLOrDefault()),
+		zap.Int64("response_cache_max_bytes", p.ResponseCache.MaxBytesOrDefault()),
 	}
 	f = append(f, o.NATS.LogFields()...)
 	f = append(f, o.TLS.LogFields()...)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/pdserve/pdserve/pkg/budget"
 	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/respcache"
 )
 
 // call is one completion request in flight: one Backend.Complete per
@@ -51,6 +52,11 @@ type promptRun struct {
 	choices  []*choiceState
 	finishes []string
 	err      error
+	// key and cacheable: pr's response cache key, when it may be cached;
+	// rec is the output recorded on a miss (respcache.go).
+	key       respcache.Key
+	cacheable bool
+	rec       *cachedPrompt
 }
 
 // choiceState is one choice's output so far. Guarded by call.mu.
@@ -74,6 +80,9 @@ func newCall(s *Server, pl *plan, id string, created int64, w http.ResponseWrite
 	p := pl.p
 	for i, req := range pl.reqs {
 		pr := &promptRun{req: req, echo: pl.echo[i]}
+		if s.cache != nil {
+			pr.key, pr.cacheable = cacheKey(p, req)
+		}
 		for j := range p.n {
 			ch := &choiceState{index: i*p.n + j, text: &textStream{decode: s.o.Tokenizer.DecodeToken, stops: p.stops}}
 			if p.logprobs >= 0 {
@@ -93,7 +102,7 @@ func (c *call) run(ctx context.Context, w http.ResponseWriter) {
 	c.ctx, c.cancel = context.WithCancel(ctx)
 	defer c.cancel()
 	complete := func(pr *promptRun) {
-		pr.finishes, pr.err = c.s.o.Backend.Complete(c.ctx, pr.req, c.emitter(pr))
+		pr.finishes, pr.err = c.completeCached(pr)
 		if errors.Is(pr.err, ErrStopped) {
 			pr.err = nil // a Backend that ended the request on a stop string
 		}
@@ -130,6 +139,8 @@ func (c *call) run(ctx context.Context, w http.ResponseWriter) {
 	var aerr *apiError
 	if err := c.complete(w); err != nil {
 		status, aerr = budget.StatusCancelled, cancelled(err)
+	} else {
+		c.storeCached()
 	}
 	for i, pr := range c.prompts {
 		tr := pr.req.Trace

@@ -247,5 +247,26 @@
 // config.Budgets.NamedBudget); without, the key sent as Authorization:
 // Bearer selects a budget but is not checked.
 //
+// # Response cache
+//
+// With the policy's response_cache (entries > 0; the coordinator's
+// --response-cache-entries) each prompt of a greedy (temperature 0) or
+// seeded request is looked up before its Backend call, keyed by the
+// route, the model, the prompt tokens, max_tokens, n, temperature, top_p,
+// the seed (not at temperature 0), the penalties, ignore_eos, logprobs,
+// prompt logprobs (echo with logprobs) and the stop strings. A miss
+// records every Output the client took and the finish reasons; once the
+// whole response completed (not on an error, a cancellation or a client
+// that went away) it is stored (package respcache: LRU by entries and
+// bytes, a TTL). A hit replays the Outputs through the same emit path, so
+// its text, stop-string finishes, logprobs, stream chunks and whole body
+// are those of the miss (stream, include_usage, echo without logprobs and
+// return_token_ids only shape the rendering and may differ). Its budget
+// has its own TTFT and e2e and no worker fields. `pdserve.cache` (and the
+// log line's cache, and pdserve_response_cache_requests_total{result}) is
+// "hit" or "miss" per prompt; an unseeded sampled request is not looked
+// up and has none. There is no single-flight: identical requests at once
+// each miss and run.
+//
 // A Server is safe for concurrent use.
 package frontend

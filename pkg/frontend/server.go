@@ -185,6 +185,8 @@ type Server struct {
 	o   Options
 	mux *http.ServeMux
 
+	cache *responseCache // nil: the response cache is off
+
 	mu       sync.Mutex
 	inFlight int // admitted completion requests (prompts), ≤ o.MaxInFlight
 }
@@ -220,6 +222,10 @@ func New(o Options) (*Server, error) {
 		o.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	s := &Server{o: o, mux: http.NewServeMux()}
+	var err error
+	if s.cache, err = newResponseCache(o); err != nil {
+		return nil, err
+	}
 	s.mux.HandleFunc(RouteCompletions, s.method(http.MethodPost, s.completions))
 	s.mux.HandleFunc(RouteChat, s.method(http.MethodPost, s.completions))
 	s.mux.HandleFunc(RouteModels, s.method(http.MethodGet, s.models))

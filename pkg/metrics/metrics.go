@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pdserve/pdserve/pkg/budget"
+	"github.com/pdserve/pdserve/pkg/respcache"
 )
 
 // Bucket bounds in seconds.
@@ -58,6 +59,7 @@ func WithAttainmentWindow(d time.Duration) Option {
 type Metrics struct {
 	slo SLO
 	now func() time.Time
+	reg prometheus.Registerer // for WatchResponseCache
 
 	ttft, tpot, itl, e2e        prometheus.Histogram
 	queue, prefill, kvTransfer  prometheus.Histogram
@@ -70,6 +72,7 @@ type Metrics struct {
 	cost                        prometheus.Counter
 	inFlight                    prometheus.Gauge
 	workers                     *prometheus.GaugeVec
+	cacheRequests               *prometheus.CounterVec // by result: hit, miss
 }
 
 // New creates the collectors and registers them on reg. The goodput
@@ -90,6 +93,7 @@ func New(reg prometheus.Registerer, slo SLO, opts ...Option) *Metrics {
 	m := &Metrics{
 		slo:        slo,
 		now:        set.now,
+		reg:        reg,
 		ttft:       hist("ttft_seconds", "Time from request arrival to the first token handed to the client.", LatencyBuckets),
 		tpot:       hist("tpot_seconds", "Time per output token after the first: (e2e - ttft) / (output tokens - 1), requests with more than one output token.", TokenBuckets),
 		itl:        hist("itl_seconds", "Gap between successive token deliveries to a client.", TokenBuckets),
@@ -112,10 +116,12 @@ func New(reg prometheus.Registerer, slo SLO, opts ...Option) *Metrics {
 			Help: "Requests admitted and not yet finished."}),
 		workers: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "pdserve", Name: "workers",
 			Help: "Live workers by role (current pool replicas)."}, []string{"role"}),
+		cacheRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "pdserve", Name: "response_cache_requests_total",
+			Help: "Response cache lookups by result: hit (replayed without a worker) or miss, one per prompt; none while the cache is off."}, []string{"result"}),
 	}
 	reg.MustRegister(m.ttft, m.tpot, m.itl, m.e2e, m.queue, m.prefill, m.kvTransfer,
 		m.kvRawBytes, m.kvWireBytes, m.requests, m.promptTokens, m.outputTokens,
-		m.prefixHitTokens, m.recoveries, m.cost, m.inFlight, m.workers)
+		m.prefixHitTokens, m.recoveries, m.cost, m.inFlight, m.workers, m.cacheRequests)
 	if slo.set() {
 		m.goodput = counter("goodput_requests_total", "Requests finished within every SLO target (ttft and tpot).")
 		m.attainment = newWindow(set.window)
@@ -136,6 +142,9 @@ func (m *Metrics) ObserveRequest(t *budget.Trace) {
 		return
 	}
 	m.requests.WithLabelValues(t.Status).Inc()
+	if t.Cache != "" {
+		m.cacheRequests.WithLabelValues(t.Cache).Inc()
+	}
 	switch t.Status {
 	case budget.StatusInvalid, budget.StatusRejected, budget.StatusUnavailable:
 		return
@@ -204,4 +213,29 @@ func (m *Metrics) SetWorkers(role string, n int) {
 	if m != nil {
 		m.workers.WithLabelValues(role).Set(float64(n))
 	}
+}
+
+// WatchResponseCache exports the response cache's state, read from stats
+// at each scrape: pdserve_response_cache_entries, _bytes, and
+// _evictions_total by reason (capacity: to make room; ttl: expired).
+// Call it once, when the cache is on; it panics when called twice on one
+// registry. A nil *Metrics records nothing.
+func (m *Metrics) WatchResponseCache(stats func() respcache.Stats) {
+	if m == nil {
+		return
+	}
+	gauge := func(name, help string, f func(respcache.Stats) float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "pdserve", Name: name, Help: help}, func() float64 { return f(stats()) })
+	}
+	evictions := func(reason string, f func(respcache.Stats) uint64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "pdserve", Name: "response_cache_evictions_total",
+			Help:        "Responses removed from the response cache, by reason: capacity (the entries or bytes bound) or ttl (expired).",
+			ConstLabels: prometheus.Labels{"reason": reason}}, func() float64 { return float64(f(stats())) })
+	}
+	m.reg.MustRegister(
+		gauge("response_cache_entries", "Responses held by the response cache.", func(s respcache.Stats) float64 { return float64(s.Entries) }),
+		gauge("response_cache_bytes", "Estimated bytes held by the response cache's responses.", func(s respcache.Stats) float64 { return float64(s.Bytes) }),
+		evictions("capacity", func(s respcache.Stats) uint64 { return s.Evictions }),
+		evictions("ttl", func(s respcache.Stats) uint64 { return s.Expirations }),
+	)
 }

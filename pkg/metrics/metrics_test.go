@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/pdserve/pdserve/pkg/budget"
+	"github.com/pdserve/pdserve/pkg/respcache"
 )
 
 var t0 = time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -248,5 +249,50 @@ func TestAttainmentWindow(t *testing.T) {
 				t.Error(err)
 			}
 		})
+	}
+}
+
+// TestResponseCache: lookups count by result from the trace; the
+// cache's occupancy and removals are read at each scrape.
+func TestResponseCache(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	m := New(reg, SLO{})
+	stats := respcache.Stats{Entries: 3, Bytes: 1200, Evictions: 2, Expirations: 5}
+	m.WatchResponseCache(func() respcache.Stats { return stats })
+	m.ObserveRequest(&budget.Trace{Status: budget.StatusOK, Cache: budget.CacheMiss})
+	m.ObserveRequest(&budget.Trace{Status: budget.StatusOK, Cache: budget.CacheHit})
+	m.ObserveRequest(&budget.Trace{Status: budget.StatusOK, Cache: budget.CacheHit})
+	m.ObserveRequest(&budget.Trace{Status: budget.StatusOK}) // not looked up
+	const want = `
+# HELP pdserve_response_cache_requests_total Response cache lookups by result: hit (replayed without a worker) or miss, one per prompt; none while the cache is off.
+# TYPE pdserve_response_cache_requests_total counter
+pdserve_response_cache_requests_total{result="hit"} 2
+pdserve_response_cache_requests_total{result="miss"} 1
+# HELP pdserve_response_cache_entries Responses held by the response cache.
+# TYPE pdserve_response_cache_entries gauge
+pdserve_response_cache_entries 3
+# HELP pdserve_response_cache_bytes Estimated bytes held by the response cache's responses.
+# TYPE pdserve_response_cache_bytes gauge
+pdserve_response_cache_bytes 1200
+# HELP pdserve_response_cache_evictions_total Responses removed from the response cache, by reason: capacity (the entries or bytes bound) or ttl (expired).
+# TYPE pdserve_response_cache_evictions_total counter
+pdserve_response_cache_evictions_total{reason="capacity"} 2
+pdserve_response_cache_evictions_total{reason="ttl"} 5
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "pdserve_response_cache_requests_total",
+		"pdserve_response_cache_entries", "pdserve_response_cache_bytes", "pdserve_response_cache_evictions_total"); err != nil {
+		t.Error(err)
+	}
+}
+
+// TestResponseCacheOff: without lookups and without WatchResponseCache
+// no response cache series exists.
+func TestResponseCacheOff(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	m := New(reg, SLO{})
+	m.ObserveRequest(&budget.Trace{Status: budget.StatusOK})
+	n, err := testutil.GatherAndCount(reg, "pdserve_response_cache_requests_total", "pdserve_response_cache_entries")
+	if err != nil || n != 0 {
+		t.Errorf("%d response cache series (err %v), want 0", n, err)
 	}
 }

@@ -1,25 +1,67 @@
-// Package router chooses the workers of a request: a decode worker first
-// (most free KV blocks, then least running batch, then lowest id; draining
-// workers never), then whether the prompt prefills remotely or on the
-// decode worker itself (conditional disaggregation: a prompt whose uncached
-// part is shorter than a threshold prefills locally), then the prefill
-// worker (fewest queued prefill tokens, less a bonus for prefix-cache
-// overlap when enabled; ties by id).
+// Package router chooses the workers of a request, in the shape of
+// gateway-api-inference-extension's scheduling framework: per profile,
+// filters, then scorers, then a picker.
+//
+// # A request's path
+//
+// Route(now, req, decode, prefill, exclude) runs:
+//
+//  1. The decode profile over the decode (or colocated) workers:
+//     - filters draining, excluded, model (plugins/draining,
+//     plugins/excluded, plugins/modelmatch); none left: ErrNoDecodeWorkers;
+//     - the capacity filter kvroom (plugins/kvroom): drops workers whose
+//     estimated free KV blocks are fewer than ⌈(prompt + max tokens) /
+//     BlockTokens⌉, unless none has room (the worker's Reserve is the
+//     authoritative check, so the router does not refuse on an estimate);
+//     - scorers, each in [0, 1]: prefix (share of the prompt's full blocks
+//     the worker holds, from its PrefixDigest), queue (1 − queued prefill
+//     tokens / the longest queue), kv (free / total KV blocks), batch (1 −
+//     running batch / the largest); a worker's total is Σ weight × score
+//     (Config.Decode, default DefaultDecodeWeights: kv 1, batch 0.01);
+//     - the picker (plugins/maxscore): the highest total, ties by the
+//     lowest id.
+//  2. The Decider (see its doc for the exact rule) decides on the
+//     prompt's uncached tokens, u = prompt − the chosen decode worker's
+//     prefix hit: u < LocalPrefillBelowTokens prefills on the decode
+//     worker; so does u < BusyLocalPrefillBelowTokens when every eligible
+//     prefill worker has PrefillQueueLocalTokens or more queued. Colocated
+//     mode and Request.Local always prefill locally; Request.DecodeOnly
+//     stops after step 1.
+//  3. For a remote prefill, the prefill profile over the prefill workers:
+//     the same eligibility filters (none left: ErrNoPrefillWorkers), the
+//     Decider's busy rule, the capacity filter queuelimit
+//     (plugins/queuelimit, MaxQueuedPrefillTokens; none left:
+//     ErrNoCapacity), the scorers prefix, queue and batch (Config.Prefill,
+//     default DefaultPrefillWeights: queue 1; prefill workers report no
+//     KV) and the picker.
+//
+// The plugin interfaces (Filter, Scorer, Picker) and the Candidate they
+// see are defined in package framework, which the plugins import, and
+// re-exported here. Config.DecodeProfile and Config.PrefillProfile
+// replace the default profiles (DefaultProfiles). The framework, not the
+// plugins, times every plugin call: with Config.Registerer set, the
+// durations go to pdserve_router_plugin_duration_seconds{profile,plugin,
+// kind} (kind filter, scorer or picker), measured with Config.Clock; the
+// placements to pdserve_router_decisions_total{placement}.
+//
+// # Determinism and load between heartbeats
 //
 // The Router is a deterministic core: it takes the time and the workers'
-// heartbeat snapshots as inputs, never reads a clock and does no I/O, so the
-// same inputs always give the same choice. Between heartbeats it tracks its
+// heartbeat snapshots as inputs, never reads a clock for a decision (the
+// clock only measures plugin durations) and does no I/O, so the same
+// inputs always give the same choice. Between heartbeats it tracks its
 // own assignments: an assignment made after a worker's snapshot was taken
 // counts against that worker (KV blocks, running batch, queued prefill
 // tokens) until a newer snapshot arrives or the request is Done, so a burst
 // arriving between two heartbeats spreads over the workers instead of
-// piling onto the one that looked emptiest. Snapshot times come from the
-// workers' clocks; on one host, or with synchronised clocks, that is exact
-// enough (an error of a few ms only shifts how long an assignment counts).
+// piling onto the one that looked emptiest. Candidates carry these
+// estimates (Candidate.Load). Snapshot times come from the workers'
+// clocks; on one host, or with synchronised clocks, that is exact enough
+// (an error of a few ms only shifts how long an assignment counts).
 //
 // The router only estimates KV capacity; the decode worker's Reserve is the
 // authoritative check. A caller whose Reserve fails routes again with that
 // worker excluded.
 //
-// Router is safe for concurrent use.
+// Router is safe for concurrent use; Route runs one cycle at a time.
 package router

@@ -3,10 +3,20 @@ package router
 import (
 	"errors"
 	"fmt"
-	"slices"
-	"sort"
 	"sync"
 	"time"
+
+	"github.com/pdserve/pdserve/pkg/router/plugins/batchload"
+	"github.com/pdserve/pdserve/pkg/router/plugins/draining"
+	"github.com/pdserve/pdserve/pkg/router/plugins/excluded"
+	"github.com/pdserve/pdserve/pkg/router/plugins/kvpressure"
+	"github.com/pdserve/pdserve/pkg/router/plugins/kvroom"
+	"github.com/pdserve/pdserve/pkg/router/plugins/maxscore"
+	"github.com/pdserve/pdserve/pkg/router/plugins/modelmatch"
+	"github.com/pdserve/pdserve/pkg/router/plugins/prefixoverlap"
+	"github.com/pdserve/pdserve/pkg/router/plugins/queuedtokens"
+	"github.com/pdserve/pdserve/pkg/router/plugins/queuelimit"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Errors returned by Route, wrapped with detail; match with errors.Is.
@@ -19,64 +29,93 @@ var (
 	ErrNoCapacity = errors.New("router: no worker has capacity")
 )
 
-// Worker is a snapshot of one worker, as its latest heartbeat told it.
-type Worker struct {
-	ID                  string
-	Addr                string // gRPC address
-	KVBlocksFree        int
-	KVBlocksTotal       int
-	QueuedPrefillTokens int
-	RunningBatch        int
-	// PrefixDigest holds the hashes of the prompt-prefix blocks the worker
-	// has cached (chained block hashes, see pkg/kv.HashBlocks). Read only.
-	PrefixDigest []uint64
-	Draining     bool
-	// Model is the model the worker serves; empty serves any.
-	Model string
-	// Time is when the snapshot was taken (the worker's clock).
-	Time time.Time
+// Weights are the weights (≥ 0) of the scorers of one profile: a
+// candidate's total is Σ weight × score, each score in [0, 1] (see the
+// plugins' contracts). All zero means the profile's defaults.
+type Weights struct {
+	Prefix float64 // plugins/prefixoverlap: share of the prompt's blocks cached
+	Queue  float64 // plugins/queuedtokens: queued prefill tokens
+	KV     float64 // plugins/kvpressure: share of KV blocks free
+	Batch  float64 // plugins/batchload: running batch
 }
 
+// Default weights, used for a profile whose Weights are all zero. They
+// keep the router's earlier behaviour: decode workers by free KV, the
+// running batch only breaking near ties; prefill workers by queued
+// tokens, prefix caches ignored.
+var (
+	DefaultDecodeWeights  = Weights{KV: 1, Batch: 0.01}
+	DefaultPrefillWeights = Weights{Queue: 1}
+)
+
 // Config tunes the router. The zero value routes every prompt to a remote
-// prefill worker, with no prefix scoring and unbounded prefill queues.
+// prefill worker, with the default weights, no prefix scoring, unbounded
+// prefill queues and no metrics.
 type Config struct {
 	// Colocated: every request prefills on its decode (colocated) worker.
 	Colocated bool
 	// LocalPrefillBelowTokens: in disaggregated mode, a prompt whose
 	// uncached tokens (prompt minus the decode worker's prefix-cache hit)
 	// are fewer than this prefills on the decode worker. 0 = never.
+	// Decider rule 1.
 	LocalPrefillBelowTokens int
+	// PrefillQueueLocalTokens and BusyLocalPrefillBelowTokens: when every
+	// prefill worker has at least PrefillQueueLocalTokens queued, a prompt
+	// whose uncached tokens are fewer than BusyLocalPrefillBelowTokens
+	// prefills on the decode worker. 0 = never. Decider rule 2.
+	PrefillQueueLocalTokens     int
+	BusyLocalPrefillBelowTokens int
 	// MaxQueuedPrefillTokens: a prefill worker whose queued tokens (its
 	// heartbeat's plus this router's later assignments) reach this takes
-	// no more requests. 0 = unbounded.
+	// no more requests (plugins/queuelimit). 0 = unbounded.
 	MaxQueuedPrefillTokens int
-	// PrefixWeight: queued tokens that one token of prefix-cache hit is
-	// worth when comparing prefill workers. 0 = ignore prefix caches.
-	PrefixWeight float64
+	// Decode and Prefill weigh the scorers of the two profiles; zero
+	// values take DefaultDecodeWeights and DefaultPrefillWeights.
+	Decode, Prefill Weights
+	// DecodeProfile and PrefillProfile, when not nil, replace the
+	// profiles built from the fields above (Decode, Prefill,
+	// MaxQueuedPrefillTokens).
+	DecodeProfile, PrefillProfile *Profile
 	// BlockTokens: tokens per KV block, for estimating the blocks a
 	// request takes and the tokens a prefix hash covers. ≤ 0 means 16.
 	BlockTokens int
+	// Registerer, when not nil, gets the router's metrics:
+	// pdserve_router_plugin_duration_seconds{profile,plugin,kind} (every
+	// plugin call, timed by the framework) and
+	// pdserve_router_decisions_total{placement}. A collector already
+	// registered there by another Router is shared.
+	Registerer prometheus.Registerer
+	// Clock reads the time for plugin durations only (routing decisions
+	// take their time as Route's argument); nil is time.Now. Unused
+	// without a Registerer.
+	Clock func() time.Time
 }
 
-// Request is what the router needs to know about a request.
-type Request struct {
-	ID           string
-	PromptTokens int // > 0
-	MaxTokens    int // ≥ 0
-	// PrefixHashes are the chained hashes of the prompt's full blocks, in
-	// order (pkg/kv.HashBlocks with Config.BlockTokens); nil disables
-	// prefix matching for this request. Read only.
-	PrefixHashes []uint64
-	// DecodeOnly chooses a decode worker only (a recovery, where the KV
-	// comes from the prefill worker that already holds it): Local and
-	// Prefill of the Decision stay zero.
-	DecodeOnly bool
-	// Local prefills on the decode worker whatever the prompt's size (the
-	// request needs the prompt's logits there: prompt logprobs).
-	Local bool
-	// Model, when not empty, limits the choice to workers serving it (or
-	// any model).
-	Model string
+// DefaultProfiles returns the profiles New builds from cfg: decode
+// filters draining, excluded, model, then kvroom; prefill filters
+// draining, excluded, model, then queuelimit; scorers prefix, queue, kv,
+// batch with the configured weights (kv is not used for prefill: prefill
+// workers report no KV).
+func DefaultProfiles(cfg Config) (decode, prefill Profile) {
+	dw, pw := cfg.Decode, cfg.Prefill
+	if dw == (Weights{}) {
+		dw = DefaultDecodeWeights
+	}
+	if pw == (Weights{}) {
+		pw = DefaultPrefillWeights
+	}
+	eligible := []Filter{&draining.Filter{}, &excluded.Filter{}, &modelmatch.Filter{}}
+	scorers := func(w Weights) []WeightedScorer {
+		return []WeightedScorer{
+			{&prefixoverlap.Scorer{}, w.Prefix}, {&queuedtokens.Scorer{}, w.Queue},
+			{&kvpressure.Scorer{}, w.KV}, {&batchload.Scorer{}, w.Batch},
+		}
+	}
+	decode = Profile{Filters: eligible, Capacity: []Filter{&kvroom.Filter{}}, Scorers: scorers(dw)}
+	ps := scorers(pw)
+	ps[2].Weight = 0
+	prefill = Profile{Filters: eligible, Capacity: []Filter{&queuelimit.Filter{Max: cfg.MaxQueuedPrefillTokens}}, Scorers: ps}
+	return decode, prefill
 }
 
 // Decision is where a request goes.
@@ -90,6 +129,15 @@ type Decision struct {
 	PrefixHitTokens int
 }
 
+// Placements, the values of pdserve_router_decisions_total's label.
+const (
+	PlacementRemote     = "remote"      // a prefill worker prefills
+	PlacementLocalShort = "local_short" // Decider rule 1
+	PlacementLocalBusy  = "local_busy"  // Decider rule 2
+	PlacementLocal      = "local"       // colocated mode or Request.Local
+	PlacementDecodeOnly = "decode_only" // Request.DecodeOnly
+)
+
 // assignment is this router's record of one routed request.
 type assignment struct {
 	at            time.Time
@@ -101,18 +149,76 @@ type assignment struct {
 
 // Router chooses workers; see the package doc.
 type Router struct {
-	cfg Config
+	cfg             Config
+	decider         Decider
+	decode, prefill *profile
+	timer           *timer // nil: plugins are not timed
+	decisions       *prometheus.CounterVec
 
 	mu       sync.Mutex
 	inflight map[string]assignment // by request id
+	// Scratch buffers of Route, under mu.
+	dbuf, pbuf     []Candidate
+	scores, totals []float64
+	queued         []int
+	hashIdx        map[uint64]int
+	marks          []bool
 }
 
-// New returns a Router with cfg.
+// New returns a Router with cfg. It panics if cfg.Registerer refuses the
+// router's metrics for a reason other than their being registered
+// already (a programming error: a clashing metric).
 func New(cfg Config) *Router {
 	if cfg.BlockTokens <= 0 {
 		cfg.BlockTokens = 16
 	}
-	return &Router{cfg: cfg, inflight: make(map[string]assignment)}
+	r := &Router{cfg: cfg, inflight: make(map[string]assignment), hashIdx: make(map[uint64]int),
+		decider: Decider{LocalPrefillBelowTokens: cfg.LocalPrefillBelowTokens,
+			PrefillQueueLocalTokens: cfg.PrefillQueueLocalTokens, BusyLocalPrefillBelowTokens: cfg.BusyLocalPrefillBelowTokens}}
+	if cfg.Registerer != nil {
+		clock := cfg.Clock
+		if clock == nil {
+			clock = time.Now
+		}
+		r.timer = &timer{clock: clock, hist: register(cfg.Registerer, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: "pdserve", Name: "router_plugin_duration_seconds",
+			Help:    "Time of one call of a router plugin (filter, scorer or picker), by profile (decode, prefill).",
+			Buckets: prometheus.ExponentialBuckets(1e-6, 4, 8), // 1µs … 16ms
+		}, []string{"profile", "plugin", "kind"}))}
+		r.decisions = register(cfg.Registerer, prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: "pdserve", Name: "router_decisions_total",
+			Help: "Requests routed, by where their prompt prefills: remote, local_short (few uncached tokens), local_busy (prefill pool busy), local (colocated or required), decode_only (recovery).",
+		}, []string{"placement"}))
+	}
+	d, p := DefaultProfiles(cfg)
+	if cfg.DecodeProfile != nil {
+		d = *cfg.DecodeProfile
+	}
+	if cfg.PrefillProfile != nil {
+		p = *cfg.PrefillProfile
+	}
+	r.decode = compile(ProfileDecode, d, r.timer, &maxscore.Picker{})
+	pt := r.timer
+	if cfg.Colocated {
+		pt = nil // never runs: no series for it
+	}
+	r.prefill = compile(ProfilePrefill, p, pt, &maxscore.Picker{})
+	return r
+}
+
+// register registers c with reg, or returns the collector of the same
+// description already there.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if old, ok := are.ExistingCollector.(C); ok {
+				return old
+			}
+		}
+		panic(fmt.Sprintf("router: register metrics: %v", err))
+	}
+	return c
 }
 
 // Route chooses the workers of req at time now among the given snapshots
@@ -128,47 +234,122 @@ func (r *Router) Route(now time.Time, req Request, decode, prefill []Worker, exc
 	defer r.mu.Unlock()
 	delete(r.inflight, req.ID)
 
-	decode, prefill = serving(decode, req.Model), serving(prefill, req.Model)
 	loads := r.loads(decode, prefill)
-	d, ok := r.pickDecode(decode, exclude, loads)
-	if !ok {
-		return Decision{}, fmt.Errorf("%w (%d known, %d excluded)", ErrNoDecodeWorkers, len(decode), len(exclude))
-	}
-	dec := Decision{Decode: d}
-	a := assignment{at: now, decode: d.ID, blocks: r.blocksFor(req.PromptTokens + req.MaxTokens)}
+	r.indexHashes(req.PrefixHashes)
+	in := &Input{Now: now, Profile: ProfileDecode, Request: req, BlockTokens: r.cfg.BlockTokens,
+		Blocks: r.blocksFor(req.PromptTokens + req.MaxTokens), Exclude: exclude}
 
-	hitDecode := r.prefixHit(req.PrefixHashes, d.PrefixDigest)
+	r.dbuf = r.candidates(r.dbuf[:0], decode, loads)
+	cs, by := r.decode.filter(in, r.decode.filters, r.dbuf)
+	if len(cs) == 0 {
+		return Decision{}, fmt.Errorf("%w (%d known, %d excluded%s)", ErrNoDecodeWorkers, len(decode), len(exclude), filteredBy(by))
+	}
+	if cs, by = r.decode.filter(in, r.decode.capacity, cs); len(cs) == 0 {
+		return Decision{}, fmt.Errorf("%w: decode filter %s left none", ErrNoCapacity, by)
+	}
+	dc := cs[r.decode.checked(r.decode.pick(in, cs, &r.scores, &r.totals), len(cs))]
+	dec := Decision{Decode: dc.Worker}
+	a := assignment{at: now, decode: dc.Worker.ID, blocks: in.Blocks}
+
+	hitDecode := dc.PrefixHitBlocks * r.cfg.BlockTokens
+	uncached := req.PromptTokens - hitDecode
+	placement := PlacementRemote
 	switch {
 	case req.DecodeOnly:
+		placement = PlacementDecodeOnly
 	case r.cfg.Colocated, req.Local:
-		dec.Local, dec.PrefixHitTokens = true, hitDecode
-	case r.cfg.LocalPrefillBelowTokens > 0 && req.PromptTokens-hitDecode < r.cfg.LocalPrefillBelowTokens:
-		dec.Local, dec.PrefixHitTokens = true, hitDecode
+		placement, dec.Local, dec.PrefixHitTokens = PlacementLocal, true, hitDecode
+	case r.decider.Short(uncached):
+		placement, dec.Local, dec.PrefixHitTokens = PlacementLocalShort, true, hitDecode
 	default:
-		p, hit, err := r.pickPrefill(req, prefill, exclude, loads)
-		if err != nil {
-			return Decision{}, err
+		in.Profile = ProfilePrefill
+		r.pbuf = r.candidates(r.pbuf[:0], prefill, loads)
+		cs, by := r.prefill.filter(in, r.prefill.filters, r.pbuf)
+		if len(cs) == 0 {
+			return Decision{}, fmt.Errorf("%w (%d known%s)", ErrNoPrefillWorkers, len(prefill), filteredBy(by))
 		}
-		dec.Prefill, dec.PrefixHitTokens = p, hit
-		a.prefill, a.prefillTokens = p.ID, req.PromptTokens-hit
+		r.queued = r.queued[:0]
+		for _, c := range cs {
+			r.queued = append(r.queued, c.Load.QueuedPrefillTokens)
+		}
+		if r.decider.Busy(uncached, r.queued) {
+			placement, dec.Local, dec.PrefixHitTokens = PlacementLocalBusy, true, hitDecode
+			break
+		}
+		known := len(cs)
+		if cs, by = r.prefill.filter(in, r.prefill.capacity, cs); len(cs) == 0 {
+			return Decision{}, fmt.Errorf("%w: prefill filter %s left none of %d prefill workers (max %d queued tokens)",
+				ErrNoCapacity, by, known, r.cfg.MaxQueuedPrefillTokens)
+		}
+		pc := cs[r.prefill.checked(r.prefill.pick(in, cs, &r.scores, &r.totals), len(cs))]
+		hit := min(pc.PrefixHitBlocks*r.cfg.BlockTokens, req.PromptTokens)
+		dec.Prefill, dec.PrefixHitTokens = pc.Worker, hit
+		a.prefill, a.prefillTokens = pc.Worker.ID, req.PromptTokens-hit
+	}
+	if r.decisions != nil {
+		r.decisions.WithLabelValues(placement).Inc()
 	}
 	r.inflight[req.ID] = a
 	return dec, nil
 }
 
-// serving returns the workers of ws that serve model (all when model is
-// empty), in order; ws itself when all do.
-func serving(ws []Worker, model string) []Worker {
-	if model == "" || !slices.ContainsFunc(ws, func(w Worker) bool { return w.Model != "" && w.Model != model }) {
-		return ws
+func filteredBy(name string) string {
+	if name == "" {
+		return ""
 	}
-	out := make([]Worker, 0, len(ws))
+	return "; filter " + name + " left none"
+}
+
+// checked returns i when it indexes n candidates, else 0 (a picker
+// breaking its contract does not crash the router).
+func (p *profile) checked(i, n int) int {
+	if i < 0 || i >= n {
+		return 0
+	}
+	return i
+}
+
+// candidates appends the candidates of ws to buf: their loads and their
+// prefix hit on the hashes indexed by indexHashes.
+func (r *Router) candidates(buf []Candidate, ws []Worker, loads map[string]Load) []Candidate {
 	for _, w := range ws {
-		if w.Model == "" || w.Model == model {
-			out = append(out, w)
+		buf = append(buf, Candidate{Worker: w, Load: loads[w.ID], PrefixHitBlocks: r.prefixHitBlocks(w.PrefixDigest)})
+	}
+	return buf
+}
+
+// indexHashes prepares prefixHitBlocks for a request's hashes.
+func (r *Router) indexHashes(hashes []uint64) {
+	clear(r.hashIdx)
+	for i, h := range hashes {
+		if _, dup := r.hashIdx[h]; !dup {
+			r.hashIdx[h] = i
 		}
 	}
-	return out
+	if cap(r.marks) < len(hashes) {
+		r.marks = make([]bool, len(hashes))
+	}
+	r.marks = r.marks[:len(hashes)]
+}
+
+// prefixHitBlocks returns how many of the indexed hashes, from the first,
+// digest holds: the match stops at the first miss, as the hashes are
+// chained. O(len(digest) + len(hashes)).
+func (r *Router) prefixHitBlocks(digest []uint64) int {
+	if len(r.marks) == 0 || len(digest) == 0 {
+		return 0
+	}
+	clear(r.marks)
+	for _, h := range digest {
+		if i, ok := r.hashIdx[h]; ok {
+			r.marks[i] = true
+		}
+	}
+	n := 0
+	for n < len(r.marks) && r.marks[n] {
+		n++
+	}
+	return n
 }
 
 // PrefillDone records that req's prefill finished, so its prompt no longer
@@ -197,126 +378,34 @@ func (r *Router) InFlight() int {
 	return len(r.inflight)
 }
 
-// load is a worker's snapshot plus this router's assignments made after it.
-type load struct {
-	free, batch, queued int
-}
-
 // loads returns the load of every listed worker by id, in one pass over
 // the assignments: O(workers + assignments).
-func (r *Router) loads(lists ...[]Worker) map[string]load {
+func (r *Router) loads(lists ...[]Worker) map[string]Load {
 	type entry struct {
-		l  load
+		l  Load
 		at time.Time
 	}
 	m := make(map[string]*entry)
 	for _, ws := range lists {
 		for _, w := range ws {
-			m[w.ID] = &entry{l: load{free: w.KVBlocksFree, batch: w.RunningBatch, queued: w.QueuedPrefillTokens}, at: w.Time}
+			m[w.ID] = &entry{l: Load{KVBlocksFree: w.KVBlocksFree, RunningBatch: w.RunningBatch, QueuedPrefillTokens: w.QueuedPrefillTokens}, at: w.Time}
 		}
 	}
 	for _, a := range r.inflight {
 		// An assignment made before a snapshot is already reflected in it.
 		if e, ok := m[a.decode]; ok && a.at.After(e.at) {
-			e.l.free -= a.blocks
-			e.l.batch++
+			e.l.KVBlocksFree -= a.blocks
+			e.l.RunningBatch++
 		}
 		if e, ok := m[a.prefill]; ok && a.prefill != "" && a.at.After(e.at) {
-			e.l.queued += a.prefillTokens
+			e.l.QueuedPrefillTokens += a.prefillTokens
 		}
 	}
-	out := make(map[string]load, len(m))
+	out := make(map[string]Load, len(m))
 	for id, e := range m {
 		out[id] = e.l
 	}
 	return out
-}
-
-func (r *Router) pickDecode(ws []Worker, exclude map[string]bool, loads map[string]load) (Worker, bool) {
-	type cand struct {
-		w Worker
-		l load
-	}
-	var cs []cand
-	for _, w := range ws {
-		if w.Draining || exclude[w.ID] {
-			continue
-		}
-		cs = append(cs, cand{w, loads[w.ID]})
-	}
-	if len(cs) == 0 {
-		return Worker{}, false
-	}
-	sort.Slice(cs, func(i, j int) bool {
-		a, b := cs[i], cs[j]
-		if a.l.free != b.l.free {
-			return a.l.free > b.l.free
-		}
-		if a.l.batch != b.l.batch {
-			return a.l.batch < b.l.batch
-		}
-		return a.w.ID < b.w.ID
-	})
-	return cs[0].w, true
-}
-
-func (r *Router) pickPrefill(req Request, ws []Worker, exclude map[string]bool, loads map[string]load) (Worker, int, error) {
-	type cand struct {
-		w     Worker
-		score float64
-		hit   int
-	}
-	var cs []cand
-	known := 0
-	for _, w := range ws {
-		if w.Draining || exclude[w.ID] {
-			continue
-		}
-		known++
-		l := loads[w.ID]
-		if r.cfg.MaxQueuedPrefillTokens > 0 && l.queued >= r.cfg.MaxQueuedPrefillTokens {
-			continue
-		}
-		c := cand{w: w, score: float64(l.queued)}
-		if r.cfg.PrefixWeight > 0 {
-			c.hit = r.prefixHit(req.PrefixHashes, w.PrefixDigest)
-			c.score -= r.cfg.PrefixWeight * float64(c.hit)
-		}
-		cs = append(cs, c)
-	}
-	if known == 0 {
-		return Worker{}, 0, fmt.Errorf("%w (%d known)", ErrNoPrefillWorkers, len(ws))
-	}
-	if len(cs) == 0 {
-		return Worker{}, 0, fmt.Errorf("%w: all %d prefill workers have ≥ %d queued tokens", ErrNoCapacity, known, r.cfg.MaxQueuedPrefillTokens)
-	}
-	sort.Slice(cs, func(i, j int) bool {
-		if cs[i].score != cs[j].score {
-			return cs[i].score < cs[j].score
-		}
-		return cs[i].w.ID < cs[j].w.ID
-	})
-	return cs[0].w, cs[0].hit, nil
-}
-
-// prefixHit returns the tokens of the longest prefix of hashes found in
-// digest. Hashes are chained, so the match stops at the first miss.
-func (r *Router) prefixHit(hashes, digest []uint64) int {
-	if len(hashes) == 0 || len(digest) == 0 {
-		return 0
-	}
-	set := make(map[uint64]struct{}, len(digest))
-	for _, h := range digest {
-		set[h] = struct{}{}
-	}
-	n := 0
-	for _, h := range hashes {
-		if _, ok := set[h]; !ok {
-			break
-		}
-		n++
-	}
-	return n * r.cfg.BlockTokens
 }
 
 func (r *Router) blocksFor(tokens int) int {

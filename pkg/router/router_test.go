@@ -132,10 +132,11 @@ func TestRoute(t *testing.T) {
 		},
 		{
 			name: "prefix overlap outweighs a longer queue",
-			cfg:  Config{PrefixWeight: 1, BlockTokens: 16},
+			cfg:  Config{Prefill: Weights{Queue: 1, Prefix: 1}, BlockTokens: 16},
 			req:  Request{ID: "r", PromptTokens: 100, PrefixHashes: []uint64{1, 2, 3, 4, 5, 6}},
-			// p0: 50 queued, no hit → 50; p1: 80 queued, 3 blocks (48) → 32;
-			// p2: chain broken after block 1 (16) → 70-16 = 54.
+			// Queue scores 1 − q/80: p0 .375, p1 0, p2 .125; prefix scores
+			// (blocks held of 6): p0 0, p1 3/6 = .5, p2 chain broken after
+			// block 1: 1/6. Totals: p0 .375, p1 .5, p2 .29.
 			decode: []Worker{{ID: "d0", KVBlocksFree: 10}},
 			prefill: []Worker{
 				{ID: "p0", QueuedPrefillTokens: 50},
@@ -263,7 +264,7 @@ func TestDoneAndPrefillDone(t *testing.T) {
 // BenchmarkRoute routes over 16 decode and 16 prefill workers with 256
 // assignments in flight.
 func BenchmarkRoute(b *testing.B) {
-	r := New(Config{PrefixWeight: 1})
+	r := New(Config{Prefill: Weights{Queue: 1, Prefix: 1}})
 	var decode, prefill []Worker
 	for i := range 16 {
 		decode = append(decode, Worker{ID: fmt.Sprintf("d%02d", i), KVBlocksFree: 1000 + i, Time: at(0)})

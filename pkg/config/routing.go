@@ -1,0 +1,158 @@
+package config
+
+import (
+	"fmt"
+	"math"
+)
+
+// Routing tunes the router (package router): its decode and prefill
+// profiles' scorer weights, the prefill queues' bound and the rule for
+// conditional disaggregation (router.Decider).
+type Routing struct {
+	// LocalPrefillBelowTokens: a prompt whose uncached tokens (prompt
+	// minus the chosen decode worker's prefix-cache hit) are fewer than
+	// this prefills on the decode worker itself (conditional
+	// disaggregation); 0 = always remote.
+	LocalPrefillBelowTokens int `yaml:"local_prefill_below_tokens"`
+	// MaxQueuedPrefillTokens: a prefill worker with this many queued prompt
+	// tokens takes no more requests; 0 = unbounded.
+	MaxQueuedPrefillTokens int `yaml:"max_queued_prefill_tokens"`
+	// PrefixWeight is the weight of the prefix-overlap score in the
+	// prefill profile: the same as weights.prefill.prefix, which it
+	// predates (set one, not both). 0 = prefix caches do not steer the
+	// choice of a prefill worker.
+	//
+	// Migration: it used to count queued tokens per token of prefix hit
+	// (score = queued − w × hit). Scores now lie in [0, 1]: the prefix
+	// score is the share of the prompt's blocks a worker holds, the queue
+	// score 1 − queued/(the longest queue), so w = 1 makes a full-prompt
+	// hit worth as much as an empty queue against the longest one. Values
+	// near 1 keep the old intent of w = 1 on prompts about as long as the
+	// queues' spread.
+	PrefixWeight float64 `yaml:"prefix_weight"`
+	// PrefillQueueLocalTokens and BusyLocalPrefillBelowTokens: when every
+	// prefill worker has at least PrefillQueueLocalTokens queued tokens, a
+	// prompt whose uncached tokens are fewer than
+	// BusyLocalPrefillBelowTokens prefills on its decode worker instead of
+	// queueing. Both 0 (off) or both > 0, BusyLocalPrefillBelowTokens over
+	// LocalPrefillBelowTokens.
+	PrefillQueueLocalTokens     int `yaml:"prefill_queue_local_tokens"`
+	BusyLocalPrefillBelowTokens int `yaml:"busy_local_prefill_below_tokens"`
+	// Weights of the scorers of each profile; unset weights take the
+	// defaults (DefaultDecodeWeights, DefaultPrefillWeights).
+	Weights RoutingWeights `yaml:"weights"`
+}
+
+// RoutingWeights are the scorer weights of the router's two profiles.
+type RoutingWeights struct {
+	Decode  DecodeWeights  `yaml:"decode"`
+	Prefill PrefillWeights `yaml:"prefill"`
+}
+
+// DecodeWeights weigh the scorers that choose a decode (or colocated)
+// worker; nil = default. Each is ≥ 0; a candidate's total is Σ weight ×
+// score with scores in [0, 1].
+type DecodeWeights struct {
+	Prefix *float64 `yaml:"prefix"` // share of the prompt's blocks cached
+	Queue  *float64 `yaml:"queue"`  // local prefill tokens queued
+	KV     *float64 `yaml:"kv"`     // share of KV blocks free
+	Batch  *float64 `yaml:"batch"`  // running batch
+}
+
+// PrefillWeights weigh the scorers that choose a prefill worker; nil =
+// default. Prefill workers report no KV, so there is no kv weight.
+type PrefillWeights struct {
+	Prefix *float64 `yaml:"prefix"` // share of the prompt's blocks cached; or prefix_weight
+	Queue  *float64 `yaml:"queue"`  // queued prefill tokens
+	Batch  *float64 `yaml:"batch"`  // last prefill batch
+}
+
+// ScorerWeights are resolved weights, as package router takes them.
+type ScorerWeights struct {
+	Prefix, Queue, KV, Batch float64
+}
+
+// Default scorer weights: decode workers by free KV, the running batch
+// breaking near ties; prefill workers by queued tokens (and prefix hits
+// by PrefixWeight, 0 by default). Equal to package router's defaults.
+var (
+	DefaultDecodeWeights  = ScorerWeights{KV: 1, Batch: 0.01}
+	DefaultPrefillWeights = ScorerWeights{Queue: 1}
+)
+
+func or(p *float64, def float64) float64 {
+	if p == nil {
+		return def
+	}
+	return *p
+}
+
+// DecodeWeights returns the decode profile's weights, defaults filled in.
+func (r Routing) DecodeWeights() ScorerWeights {
+	d, w := DefaultDecodeWeights, r.Weights.Decode
+	return ScorerWeights{Prefix: or(w.Prefix, d.Prefix), Queue: or(w.Queue, d.Queue), KV: or(w.KV, d.KV), Batch: or(w.Batch, d.Batch)}
+}
+
+// PrefillWeights returns the prefill profile's weights, defaults (and
+// PrefixWeight) filled in.
+func (r Routing) PrefillWeights() ScorerWeights {
+	d, w := DefaultPrefillWeights, r.Weights.Prefill
+	return ScorerWeights{Prefix: or(w.Prefix, r.PrefixWeight), Queue: or(w.Queue, d.Queue), Batch: or(w.Batch, d.Batch)}
+}
+
+// PrefixAware reports whether any setting reads prefix caches, so that
+// requests must carry their prompt's block hashes: a prefix weight, or a
+// threshold on uncached tokens.
+func (r Routing) PrefixAware() bool {
+	return r.DecodeWeights().Prefix > 0 || r.PrefillWeights().Prefix > 0 ||
+		r.LocalPrefillBelowTokens > 0 || r.BusyLocalPrefillBelowTokens > 0
+}
+
+func (r Routing) validate() error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: routing: "+format, append([]any{ErrInvalid}, a...)...)
+	}
+	for _, v := range []struct {
+		name string
+		n    int
+	}{
+		{"local_prefill_below_tokens", r.LocalPrefillBelowTokens},
+		{"max_queued_prefill_tokens", r.MaxQueuedPrefillTokens},
+		{"prefill_queue_local_tokens", r.PrefillQueueLocalTokens},
+		{"busy_local_prefill_below_tokens", r.BusyLocalPrefillBelowTokens},
+	} {
+		if v.n < 0 {
+			return bad("%s must be ≥ 0, got %d", v.name, v.n)
+		}
+	}
+	w := r.Weights
+	for _, v := range []struct {
+		name string
+		p    *float64
+	}{
+		{"prefix_weight", &r.PrefixWeight},
+		{"weights.decode.prefix", w.Decode.Prefix}, {"weights.decode.queue", w.Decode.Queue},
+		{"weights.decode.kv", w.Decode.KV}, {"weights.decode.batch", w.Decode.Batch},
+		{"weights.prefill.prefix", w.Prefill.Prefix}, {"weights.prefill.queue", w.Prefill.Queue},
+		{"weights.prefill.batch", w.Prefill.Batch},
+	} {
+		if v.p != nil && (!(*v.p >= 0) || math.IsInf(*v.p, 0)) {
+			return bad("%s must be a finite number ≥ 0, got %v", v.name, *v.p)
+		}
+	}
+	switch {
+	case r.PrefixWeight != 0 && w.Prefill.Prefix != nil:
+		return bad("prefix_weight and weights.prefill.prefix are the same weight: set one")
+	case r.DecodeWeights() == ScorerWeights{}:
+		return bad("weights.decode are all 0: set at least one > 0")
+	case r.PrefillWeights() == ScorerWeights{}:
+		return bad("weights.prefill are all 0: set at least one > 0")
+	case (r.PrefillQueueLocalTokens > 0) != (r.BusyLocalPrefillBelowTokens > 0):
+		return bad("prefill_queue_local_tokens (%d) and busy_local_prefill_below_tokens (%d) work together: set both or neither",
+			r.PrefillQueueLocalTokens, r.BusyLocalPrefillBelowTokens)
+	case r.BusyLocalPrefillBelowTokens > 0 && r.BusyLocalPrefillBelowTokens <= r.LocalPrefillBelowTokens:
+		return bad("busy_local_prefill_below_tokens (%d) must be over local_prefill_below_tokens (%d), which already prefills those prompts locally",
+			r.BusyLocalPrefillBelowTokens, r.LocalPrefillBelowTokens)
+	}
+	return nil
+}

@@ -1,0 +1,99 @@
+package config
+
+import (
+	"errors"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestParseRouting(t *testing.T) {
+	f := func(v float64) *float64 { return &v }
+	tests := []struct {
+		name        string
+		yaml        string
+		want        Routing
+		wantDecode  ScorerWeights
+		wantPrefill ScorerWeights
+		wantAware   bool
+		wantErr     error // ErrInvalid, errAny (a YAML error) or nil
+	}{
+		{
+			name:        "defaults",
+			yaml:        "",
+			wantDecode:  DefaultDecodeWeights,
+			wantPrefill: DefaultPrefillWeights,
+		},
+		{
+			name:        "prefix_weight is the prefill prefix weight",
+			yaml:        "routing: {prefix_weight: 0.5}",
+			want:        Routing{PrefixWeight: 0.5},
+			wantDecode:  DefaultDecodeWeights,
+			wantPrefill: ScorerWeights{Prefix: 0.5, Queue: 1},
+			wantAware:   true,
+		},
+		{
+			name: "weights per profile, unset ones default",
+			yaml: "routing: {weights: {decode: {prefix: 2, batch: 0.5}, prefill: {prefix: 1, queue: 0, batch: 3}}}",
+			want: Routing{Weights: RoutingWeights{
+				Decode:  DecodeWeights{Prefix: f(2), Batch: f(0.5)},
+				Prefill: PrefillWeights{Prefix: f(1), Queue: f(0), Batch: f(3)},
+			}},
+			wantDecode:  ScorerWeights{Prefix: 2, KV: 1, Batch: 0.5},
+			wantPrefill: ScorerWeights{Prefix: 1, Batch: 3},
+			wantAware:   true,
+		},
+		{
+			name:        "busy rule",
+			yaml:        "routing: {local_prefill_below_tokens: 64, prefill_queue_local_tokens: 8192, busy_local_prefill_below_tokens: 512}",
+			want:        Routing{LocalPrefillBelowTokens: 64, PrefillQueueLocalTokens: 8192, BusyLocalPrefillBelowTokens: 512},
+			wantDecode:  DefaultDecodeWeights,
+			wantPrefill: DefaultPrefillWeights,
+			wantAware:   true,
+		},
+		{name: "negative threshold", yaml: "routing: {local_prefill_below_tokens: -1}", wantErr: ErrInvalid},
+		{name: "negative queue bound", yaml: "routing: {max_queued_prefill_tokens: -1}", wantErr: ErrInvalid},
+		{name: "negative prefix_weight", yaml: "routing: {prefix_weight: -1}", wantErr: ErrInvalid},
+		{name: "negative weight", yaml: "routing: {weights: {decode: {kv: -1}}}", wantErr: ErrInvalid},
+		{name: "nan weight", yaml: "routing: {weights: {prefill: {queue: .nan}}}", wantErr: ErrInvalid},
+		{name: "infinite weight", yaml: "routing: {weights: {prefill: {queue: .inf}}}", wantErr: ErrInvalid},
+		{name: "prefix weight set twice", yaml: "routing: {prefix_weight: 1, weights: {prefill: {prefix: 1}}}", wantErr: ErrInvalid},
+		{name: "all decode weights zero", yaml: "routing: {weights: {decode: {kv: 0, batch: 0}}}", wantErr: ErrInvalid},
+		{name: "all prefill weights zero", yaml: "routing: {weights: {prefill: {queue: 0}}}", wantErr: ErrInvalid},
+		{name: "no kv weight for prefill", yaml: "routing: {weights: {prefill: {kv: 1}}}", wantErr: errAny},
+		{name: "unknown weight", yaml: "routing: {weights: {decode: {lora: 1}}}", wantErr: errAny},
+		{name: "busy queue without threshold", yaml: "routing: {prefill_queue_local_tokens: 100}", wantErr: ErrInvalid},
+		{name: "busy threshold without queue", yaml: "routing: {busy_local_prefill_below_tokens: 100}", wantErr: ErrInvalid},
+		{
+			name:    "busy threshold not over the short one",
+			yaml:    "routing: {local_prefill_below_tokens: 100, prefill_queue_local_tokens: 10, busy_local_prefill_below_tokens: 100}",
+			wantErr: ErrInvalid,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := Parse([]byte(tc.yaml))
+			if tc.wantErr != nil {
+				if err == nil || tc.wantErr == ErrInvalid && !errors.Is(err, ErrInvalid) {
+					t.Fatalf("Parse error %v, want %v", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Parse: %v", err)
+			}
+			if diff := cmp.Diff(tc.want, p.Routing); diff != "" {
+				t.Errorf("Routing (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tc.wantDecode, p.Routing.DecodeWeights()); diff != "" {
+				t.Errorf("DecodeWeights (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tc.wantPrefill, p.Routing.PrefillWeights()); diff != "" {
+				t.Errorf("PrefillWeights (-want +got):\n%s", diff)
+			}
+			if got := p.Routing.PrefixAware(); got != tc.wantAware {
+				t.Errorf("PrefixAware = %v, want %v", got, tc.wantAware)
+			}
+		})
+	}
+}

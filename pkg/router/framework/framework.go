@@ -1,0 +1,117 @@
+package framework
+
+import "time"
+
+// Worker is a snapshot of one worker, as its latest heartbeat told it.
+// Package router re-exports it as router.Worker.
+type Worker struct {
+	ID                  string
+	Addr                string // gRPC address
+	KVBlocksFree        int
+	KVBlocksTotal       int
+	QueuedPrefillTokens int
+	RunningBatch        int
+	// PrefixDigest holds the hashes of the prompt-prefix blocks the worker
+	// has cached (chained block hashes, see pkg/kv.HashBlocks). Read only.
+	PrefixDigest []uint64
+	Draining     bool
+	// Model is the model the worker serves; empty serves any.
+	Model string
+	// Time is when the snapshot was taken (the worker's clock).
+	Time time.Time
+}
+
+// Request is what the router needs to know about a request. Package
+// router re-exports it as router.Request.
+type Request struct {
+	ID           string
+	PromptTokens int // > 0
+	MaxTokens    int // ≥ 0
+	// PrefixHashes are the chained hashes of the prompt's full blocks, in
+	// order (pkg/kv.HashBlocks with the router's block size); nil disables
+	// prefix matching for this request. Read only.
+	PrefixHashes []uint64
+	// DecodeOnly chooses a decode worker only (a recovery, where the KV
+	// comes from the prefill worker that already holds it): Local and
+	// Prefill of the Decision stay zero.
+	DecodeOnly bool
+	// Local prefills on the decode worker whatever the prompt's size (the
+	// request needs the prompt's logits there: prompt logprobs).
+	Local bool
+	// Model, when not empty, limits the choice to workers serving it (or
+	// any model).
+	Model string
+}
+
+// Load is a worker's load as the router estimates it: its snapshot's
+// values plus the router's own assignments made after the snapshot was
+// taken. KVBlocksFree may be negative (assignments beyond the snapshot's
+// free blocks).
+type Load struct {
+	KVBlocksFree        int
+	RunningBatch        int
+	QueuedPrefillTokens int // tokens
+}
+
+// Candidate is one worker as the plugins of a profile see it.
+type Candidate struct {
+	Worker Worker
+	Load   Load
+	// PrefixHitBlocks is the number of the request's leading blocks
+	// (Request.PrefixHashes) found in Worker.PrefixDigest; the match stops
+	// at the first miss, as the hashes are chained. 0 when the request has
+	// no hashes. 0 ≤ PrefixHitBlocks ≤ len(Request.PrefixHashes).
+	PrefixHitBlocks int
+}
+
+// Input is what a plugin knows of one routing cycle of one profile. The
+// framework owns it; plugins read it and must not keep it.
+type Input struct {
+	// Now is the time of the routing cycle (the router's input, not a
+	// clock read).
+	Now     time.Time
+	Profile string // "decode" or "prefill"
+	Request Request
+	// BlockTokens is the tokens per KV block (> 0).
+	BlockTokens int
+	// Blocks is the KV blocks the request takes on its decode worker:
+	// ⌈(PromptTokens + MaxTokens) / BlockTokens⌉.
+	Blocks int
+	// Exclude holds the ids of workers the caller asks to skip (its
+	// failed attempts). Read only; may be nil.
+	Exclude map[string]bool
+}
+
+// Plugin is what every plugin has: a name, unique within its profile, for
+// the timing metric and errors. Names are short lower-case words
+// ("prefix", "queue").
+type Plugin interface {
+	Name() string
+}
+
+// Filter drops candidates that cannot take the request.
+type Filter interface {
+	Plugin
+	// Filter returns the candidates of cs that pass, in their order. It
+	// may reuse cs's backing array (the framework owns cs and does not
+	// read it afterwards) and must not modify the Candidate values.
+	Filter(in *Input, cs []Candidate) []Candidate
+}
+
+// Scorer rates candidates: higher is better.
+type Scorer interface {
+	Plugin
+	// Score writes the score of cs[i] into scores[i], len(scores) ==
+	// len(cs) ≥ 1. Scores lie in [0, 1]; the framework clamps others (NaN
+	// counts as 0).
+	Score(in *Input, cs []Candidate, scores []float64)
+}
+
+// Picker chooses one candidate from the weighted sums of the scores.
+type Picker interface {
+	Plugin
+	// Pick returns the index in cs of the chosen candidate; totals[i] is
+	// the weighted sum of cs[i]'s scores; len(cs) == len(totals) ≥ 1. It
+	// must be deterministic: the same inputs give the same index.
+	Pick(in *Input, cs []Candidate, totals []float64) int
+}
