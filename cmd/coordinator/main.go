@@ -1,7 +1,8 @@
 // Command coordinator runs the pdserve coordinator: the OpenAI-compatible
 // API, membership of the workers, routing and the request flow. With
 // --standalone it also runs prefill and decode workers in process, so one
-// command serves a model. Subcommands: profiles, calibrate, plan. Run it with
+// command serves a model. Subcommands: profiles, calibrate, plan, hash-key
+// (package coordinatorrun). Run it with
 // --help for its flags.
 package main
 
@@ -11,7 +12,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/pdserve/pdserve/pkg/coordinator"
+	"github.com/pdserve/pdserve/pkg/coordinatorrun"
 )
 
 func main() { os.Exit(run()) }
@@ -19,5 +20,5 @@ func main() { os.Exit(run()) }
 func run() int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	return coordinator.Main(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	return coordinatorrun.Main(ctx, os.Args[1:], os.Stdout, os.Stderr)
 }

@@ -17,6 +17,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/pdserve/pdserve/pkg/coordinator"
+	"github.com/pdserve/pdserve/pkg/coordinatorrun"
 )
 
 const (
@@ -30,7 +31,7 @@ const (
 func hashKey(t *testing.T, key string, args ...string) string {
 	t.Helper()
 	var out, errOut bytes.Buffer
-	if code := coordinator.HashKey(args, strings.NewReader(key+"\n"), &out, &errOut); code != 0 {
+	if code := coordinatorrun.HashKey(args, strings.NewReader(key+"\n"), &out, &errOut); code != 0 {
 		t.Fatalf("hash-key exit %d: %s", code, errOut.String())
 	}
 	return out.String()
@@ -63,48 +64,6 @@ func httpGet(t *testing.T, url, bearer string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
-func TestHashKeyCommand(t *testing.T) {
-	tests := []struct {
-		name     string
-		args     []string
-		stdin    string
-		code     int
-		wantOut  string // prefix of stdout
-		wantErr  string // substring of stderr
-		noEchoOf string // must not appear in stderr
-	}{
-		{name: "key", stdin: authKeyA + "\n", wantOut: "sha256:"},
-		{name: "name and limits", args: []string{"--name", "team-a", "--rpm", "600", "--tpm", "200000"}, stdin: "  " + authKeyA + "\r\n", wantOut: "sha256:"},
-		{name: "short key", stdin: "sk-short\n", code: 2, wantErr: "fewer than 16", noEchoOf: "sk-short"},
-		{name: "two keys", stdin: authKeyA + "\n" + authKeyB + "\n", code: 2, wantErr: "more than one line", noEchoOf: authKeyA},
-		{name: "key as an argument", args: []string{authKeyA}, code: 2, wantErr: "from stdin", noEchoOf: authKeyA},
-		{name: "bad name", args: []string{"--name", "a b"}, stdin: authKeyA, code: 2, wantErr: "name must be"},
-		{name: "help", args: []string{"--help"}, code: 0, wantErr: "Usage: coordinator hash-key"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			var out, errOut bytes.Buffer
-			code := coordinator.HashKey(tc.args, strings.NewReader(tc.stdin), &out, &errOut)
-			if code != tc.code || !strings.HasPrefix(out.String(), tc.wantOut) || !strings.Contains(errOut.String(), tc.wantErr) {
-				t.Errorf("exit %d, stdout %q, stderr %q; want exit %d, %q, %q", code, out.String(), errOut.String(), tc.code, tc.wantOut, tc.wantErr)
-			}
-			if tc.noEchoOf != "" && strings.Contains(errOut.String()+out.String(), tc.noEchoOf) {
-				t.Errorf("output echoes the key: %q", errOut.String())
-			}
-			if strings.Contains(out.String(), authKeyA) {
-				t.Errorf("stdout holds the key: %q", out.String())
-			}
-		})
-	}
-	if got := hashKey(t, authKeyA, "--name", "team-a", "--rpm", "600", "--tpm", "200000"); !strings.HasSuffix(got, " name=team-a rpm=600 tpm=200000\n") {
-		t.Errorf("hash-key line %q", got)
-	}
-	var out bytes.Buffer
-	if code := coordinator.Main(context.Background(), []string{"hash-key", "--help"}, &out, &out); code != 0 || !strings.Contains(out.String(), "--api-keys") {
-		t.Errorf("coordinator hash-key --help: exit %d, %q", code, out.String())
-	}
-}
-
 // A bad key or token file stops the coordinator at start with exit 2 and
 // an error naming the line, never the key.
 func TestAuthStartErrors(t *testing.T) {
@@ -134,7 +93,7 @@ func TestAuthStartErrors(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			var out bytes.Buffer
-			code := coordinator.Main(context.Background(), append(tc.args, "--http-addr", "127.0.0.1:0"), &out, &out)
+			code := coordinatorrun.Main(context.Background(), append(tc.args, "--http-addr", "127.0.0.1:0"), &out, &out)
 			if code != 2 || !strings.Contains(out.String(), tc.want) {
 				t.Errorf("exit %d, output %q; want exit 2 with %q", code, out.String(), tc.want)
 			}

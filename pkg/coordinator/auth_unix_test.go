@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pdserve/pdserve/pkg/coordinator"
+	"github.com/pdserve/pdserve/pkg/coordinatorrun"
 )
 
 // SIGHUP reloads the key file of a running coordinator: a revoked key
@@ -29,7 +29,7 @@ func TestAuthSIGHUPReload(t *testing.T) {
 	var out bytes.Buffer
 	code := make(chan int, 1)
 	go func() {
-		code <- coordinator.Main(ctx, []string{"--standalone", "--http-addr", fmt.Sprintf("127.0.0.1:%d", port),
+		code <- coordinatorrun.Main(ctx, []string{"--standalone", "--http-addr", fmt.Sprintf("127.0.0.1:%d", port),
 			"--nats-listen", "127.0.0.1:-1", "--log-level", "error", "--heartbeat-ttl", "2s",
 			"--api-keys", keys, "--auth-reload-interval", "0"}, &out, &out)
 	}()

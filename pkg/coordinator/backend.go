@@ -20,8 +20,8 @@ import (
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/frontend"
 	"github.com/pdserve/pdserve/pkg/kv"
+	"github.com/pdserve/pdserve/pkg/kvtransfer"
 	"github.com/pdserve/pdserve/pkg/metrics"
-	"github.com/pdserve/pdserve/pkg/prefill"
 	"github.com/pdserve/pdserve/pkg/router"
 	"github.com/pdserve/pdserve/pkg/wire"
 )
@@ -554,7 +554,7 @@ func (r *run) handle(ev event) error {
 			if r.ctx.Err() != nil {
 				return r.ctx.Err()
 			}
-			if !r.finished() && prefill.IsKVTransferError(ev.err) && recoverableTransfer(ev.err) {
+			if !r.finished() && kvtransfer.IsFailedStatus(ev.err) && recoverableTransfer(ev.err) {
 				// The new decode worker could not take the KV either:
 				// move on to another one.
 				r.abandonDecode()
@@ -578,7 +578,7 @@ func (r *run) handle(ev event) error {
 // request.
 func (r *run) onPrefillFailed(err error) error {
 	r.b.log.Debug("prefill stream failed", zap.String("request_id", r.req.ID), zap.String("worker", r.prefill.ID), zap.Error(err))
-	switch transfer := prefill.IsKVTransferError(err); {
+	switch transfer := kvtransfer.IsFailedStatus(err); {
 	case transfer && !recoverableTransfer(err):
 		return grpcError(fmt.Sprintf("kv transfer from prefill worker %s to decode worker %s", r.prefill.ID, r.decode.ID), "KV transfer", err)
 	case !transfer && !r.gotFirst:
@@ -931,7 +931,7 @@ func recoverable(err error) bool {
 }
 
 // recoverableTransfer reports whether a failed KV transfer (a status
-// prefill.IsKVTransferError reports) may succeed to another decode worker:
+// kvtransfer.IsFailedStatus reports) may succeed to another decode worker:
 // the worker was gone or unreachable, lost the request (no reservation),
 // or broke off. A transfer the worker refused as malformed or too big
 // would fail anywhere.

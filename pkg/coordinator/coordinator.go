@@ -55,7 +55,6 @@ type Coordinator struct {
 
 	conns   *conns
 	backend *backend
-	planner *onlinePlanner // nil when off
 	http    *http.Server
 	lis     net.Listener
 	workers []*workerrun.Worker
@@ -156,7 +155,7 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 	if o.Policy.Routing.PrefixAware() {
 		c.backend.prefixBlockTokens = prefixBlockTokens
 	}
-	if c.planner, err = c.newPlanner(); err != nil {
+	if err := c.attachExtensions(); err != nil {
 		return c, err
 	}
 	au, err := loadAuth(o, log.Named("auth"))
@@ -166,7 +165,7 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 	// Admission (Policy.Limits.QueueLimit requests at once) is the
 	// frontend's, before a body is read.
 	fe, err := frontend.New(frontend.Options{
-		Backend: c.planner.observe(c.backend), Tokenizer: tok, Policy: o.Policy,
+		Backend: observed(c.backend, o.Extensions), Tokenizer: tok, Policy: o.Policy,
 		Models: c.Models, Ready: c.Ready, Metrics: m, Gatherer: c.reg,
 		Logger: log.Named("request"), RetryAfter: o.RetryAfter,
 		MaxInFlight: o.Policy.Limits.QueueLimit, MaxBodyBytes: o.MaxBodyBytes, BodyIdleTimeout: o.HTTPBodyIdleTimeout,
@@ -191,7 +190,9 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 		}
 	})
 	c.wg.Go(func() { c.housekeep(bg, m) })
-	c.wg.Go(func() { c.planner.run(bg) })
+	for _, e := range o.Extensions {
+		c.wg.Go(func() { e.Run(bg) })
+	}
 	c.wg.Go(func() { au.watch(bg, o.Auth, log.Named("auth")) })
 	log.Info("coordinator started", zap.String("http_addr", c.HTTPAddr()), zap.String("nats_url", control.RedactURL(c.natsURL)), zap.Bool("grpc_tls", o.TLS.Enabled()))
 	return c, nil

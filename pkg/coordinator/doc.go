@@ -6,6 +6,13 @@
 // In standalone mode it also starts prefill and decode (or colocated)
 // workers in its own process (pkg/workerrun).
 //
+// Its job is request orchestration. The rest lives elsewhere: the binary's
+// flags, subcommands (plan, profiles, calibrate, hash-key) and wiring in
+// package coordinatorrun; the online planner and its Kubernetes actuator
+// in package plannerhost, attached as an Extension (an observer of the
+// traces of completed requests); the classification of KV transfer
+// failures in package kvtransfer (kvtransfer.IsFailedStatus).
+//
 // # NATS
 //
 // The embedded server (no --nats-url) requires credentials: the
@@ -86,7 +93,7 @@
 // is unchanged.
 //
 // A Prefill (or Resend) whose KV transfer to the decode worker failed
-// (prefill.IsKVTransferError: the worker is unreachable, lost the request,
+// (kvtransfer.IsFailedStatus: the worker is unreachable, lost the request,
 // or broke the transfer off) is a failure of that decode worker too, even
 // while its Generate stream is still open: a decode worker waits for KV as
 // long as its call lasts, so the coordinator ends that call and recovers
@@ -125,24 +132,20 @@
 // the line and never the key. The frontend then authenticates every /v1/
 // request and applies the keys' rate limits (see package frontend). The
 // files are reloaded without a restart: every --auth-reload-interval
-// (default 5s) when they changed, and on SIGHUP, which Main catches only
-// when a file is configured; a reload that fails keeps the old keys and
-// is logged. Without a key file the API is open, and the start logs a
-// warning saying so. `coordinator hash-key` (HashKey) prints the line of
-// a key read on stdin.
+// (default 5s) when they changed, and on SIGHUP, which coordinatorrun.Main
+// catches only when a file is configured; a reload that fails keeps the
+// old keys and is logged. Without a key file the API is open, and the start logs a
+// warning saying so. `coordinator hash-key` (coordinatorrun.HashKey)
+// prints the line of a key read on stdin.
 //
-// # Online planner
+// # Extensions
 //
-// Options.Planner (--planner and --planner-*; planner.go) runs package
-// planner's Online in the coordinator: every request the backend
-// completes is observed (its budget trace), a re-plan every interval
-// publishes a planner.Decision on control.PlanSubject and sets
-// pdserve_pool_replicas{role,kind="desired|current"} (current: live
-// workers), and the actuator logs the change (log) or scales the
-// Deployments (kubernetes, package planner/actuator). The default, auto,
-// runs it with the log actuator when it has a profile (--planner-profile,
-// or --profile in standalone sim mode), disaggregated mode and the
-// policy's TTFT and TPOT targets, and else not.
+// Options.Extensions run beside the request path (Extension): Start
+// attaches each (Host: NATS publish, membership, the /metrics registry,
+// the logger), every request the backend completes is passed to
+// ObserveTrace (its budget trace; failed and cancelled requests are not),
+// and Run runs until Shutdown. The online planner (--planner and
+// --planner-*) is one, package plannerhost; coordinatorrun adds it.
 //
 // # Clocks
 //

@@ -23,6 +23,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/enginecfg"
+	"github.com/pdserve/pdserve/pkg/plannerhost"
 	"github.com/pdserve/pdserve/pkg/workerrun"
 )
 
@@ -75,6 +76,9 @@ type cluster struct {
 	// natsObserver may log in to the embedded NATS server, to read
 	// heartbeats and plans.
 	natsObserver control.NATSUser
+	// planner is the online planner's host, when clusterOpts.planner
+	// asked for one and it is on.
+	planner *plannerhost.Host
 }
 
 type clusterOpts struct {
@@ -83,7 +87,8 @@ type clusterOpts struct {
 	gated           bool // decode engines wrapped in gatedEngine, starting closed
 	edit            func(*coordinator.Options)
 	worker          func(*workerrun.Options)
-	log             *zap.Logger // the coordinator's; nil: testLogger
+	planner         func(*plannerhost.Options) // non-nil: run the online planner with these edits of its defaults
+	log             *zap.Logger                // the coordinator's; nil: testLogger
 }
 
 // startCluster starts a standalone coordinator on loopback with the tiny
@@ -140,6 +145,21 @@ func startCluster(t *testing.T, co clusterOpts) *cluster {
 	log := co.log
 	if log == nil {
 		log = testLogger(t)
+	}
+	if co.planner != nil {
+		po := plannerhost.DefaultOptions()
+		co.planner(&po)
+		if err := po.Validate(o); err != nil {
+			t.Fatal(err)
+		}
+		h, err := plannerhost.New(po, o, log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h != nil {
+			o.Extensions = append(o.Extensions, h)
+			cl.planner = h
+		}
 	}
 	c, err := coordinator.Start(context.Background(), o, log)
 	if err != nil {

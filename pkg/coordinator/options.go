@@ -103,7 +103,7 @@ type Options struct {
 	// progress (> 0); then the request gets 408 and its connection is
 	// closed. It does not bound a response stream.
 	HTTPBodyIdleTimeout time.Duration
-	// LogLevel is debug, info, warn or error (used by Main's logger).
+	// LogLevel is debug, info, warn or error (used by coordinatorrun.Main's logger).
 	LogLevel string
 	// ConfigFile is the YAML policy file (pkg/config); empty: defaults.
 	ConfigFile string
@@ -127,15 +127,16 @@ type Options struct {
 	// (--grpc-keepalive-time, --grpc-keepalive-timeout); standalone
 	// workers get the same. Zero: defaults.
 	Keepalive workerrun.KeepaliveOptions
-	// Planner configures the online planner (--planner, --planner-*,
-	// --link-gbps, --gpu-cost-per-hour, --gpu-budget; see planner.go).
-	Planner PlannerOptions
 	// Auth authenticates the API's clients (--api-keys,
 	// --metrics-token-file, --auth-reload-interval; see auth.go).
 	Auth AuthOptions
 
 	// Policy is the effective serving policy, set by Complete. Not a flag.
 	Policy config.Policy
+	// Extensions run beside the request path and observe every completed
+	// request (see Extension): the online planner, package plannerhost.
+	// Not a flag.
+	Extensions []Extension
 	// WorkerOptions, when set, edits each standalone worker's options
 	// before it starts (tests: heartbeat interval, KV blocks). Not a flag.
 	WorkerOptions func(*workerrun.Options)
@@ -157,7 +158,6 @@ func DefaultOptions() Options {
 		RetryAfter:       time.Second,
 		LogLevel:         "info",
 		Engine:           enginecfg.DefaultOptions(),
-		Planner:          DefaultPlannerOptions(),
 		Auth:             AuthOptions{ReloadInterval: DefaultAuthReloadInterval},
 		Policy:           config.Default(),
 
@@ -198,7 +198,6 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	o.GRPCAuth.AddFlags(fs, false)
 	o.Keepalive.AddFlags(fs)
 	o.Engine.AddFlags(fs)
-	o.Planner.AddFlags(fs)
 	o.Auth.addFlags(fs)
 }
 
@@ -346,7 +345,6 @@ func (o Options) Validate() error {
 	if err := o.Keepalive.Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	errs = append(errs, o.validatePlanner()...)
 	errs = append(errs, o.Auth.validate()...)
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("coordinator: invalid options: %w", err)
@@ -402,7 +400,6 @@ func (o Options) LogFields() []zap.Field {
 	f = append(f, o.TLS.LogFields()...)
 	f = append(f, zap.String("grpc_token_file", o.GRPCAuth.TokenFile))
 	f = append(f, o.Keepalive.LogFields()...)
-	f = append(f, o.plannerLogFields()...)
 	f = append(f, o.authLogFields()...)
 	if o.Standalone {
 		f = append(f, zap.Int("prefill_workers", o.PrefillWorkers), zap.Int("decode_workers", o.DecodeWorkers))

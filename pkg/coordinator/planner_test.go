@@ -27,6 +27,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/enginecfg"
 	"github.com/pdserve/pdserve/pkg/planner"
+	"github.com/pdserve/pdserve/pkg/plannerhost"
 )
 
 const testProfile = "h100/llama-3-8b/tp1"
@@ -55,131 +56,6 @@ func logField(fields []zapcore.Field, key string) string {
 		}
 	}
 	return ""
-}
-
-func TestPlannerOptions(t *testing.T) {
-	policy := sloPolicy(t)
-	standaloneSim := func(o *coordinator.Options) {
-		o.Standalone, o.Engine, o.ConfigFile = true, simEngine(), policy
-	}
-	tests := []struct {
-		name        string
-		edit        func(*coordinator.Options)
-		wantMode    string // effective planner mode in LogFields
-		wantProfile string
-		wantErr     string
-	}{
-		{name: "auto without a profile is off", wantMode: coordinator.PlannerOff},
-		{name: "auto uses the standalone sim profile", edit: standaloneSim, wantMode: coordinator.PlannerLog, wantProfile: testProfile},
-		{name: "auto with a profile", edit: func(o *coordinator.Options) {
-			o.ConfigFile, o.Planner.Profile = policy, "h100/llama-3-70b/tp4"
-		}, wantMode: coordinator.PlannerLog, wantProfile: "h100/llama-3-70b/tp4"},
-		{name: "decode profile of the same model", edit: func(o *coordinator.Options) {
-			o.ConfigFile, o.Planner.Profile, o.Planner.DecodeProfile = policy, "h100/llama-2-70b/tp2", "a100-80g/llama-2-70b/tp2"
-		}, wantMode: coordinator.PlannerLog, wantProfile: "h100/llama-2-70b/tp2"},
-		{name: "auto without SLOs is off", edit: func(o *coordinator.Options) {
-			standaloneSim(o)
-			o.ConfigFile = ""
-		}, wantMode: coordinator.PlannerOff},
-		{name: "auto in colocated mode is off", edit: func(o *coordinator.Options) {
-			standaloneSim(o)
-			o.Mode = coordinator.ModeColocated
-		}, wantMode: coordinator.PlannerOff},
-		{name: "explicit off", edit: func(o *coordinator.Options) {
-			standaloneSim(o)
-			o.Planner.Mode = coordinator.PlannerOff
-		}, wantMode: coordinator.PlannerOff},
-		{name: "kubernetes with its Deployments", edit: func(o *coordinator.Options) {
-			standaloneSim(o)
-			o.Planner.Mode, o.Planner.Namespace, o.Planner.PrefillDeployment, o.Planner.DecodeDeployment = coordinator.PlannerKubernetes, "ns", "p", "d"
-		}, wantMode: coordinator.PlannerKubernetes, wantProfile: testProfile},
-		{name: "log needs a profile", edit: func(o *coordinator.Options) {
-			o.ConfigFile, o.Planner.Mode = policy, coordinator.PlannerLog
-		}, wantErr: "planner-profile"},
-		{name: "log needs SLOs", edit: func(o *coordinator.Options) {
-			o.Planner.Mode, o.Planner.Profile = coordinator.PlannerLog, testProfile
-		}, wantErr: "slo.ttft_ms"},
-		{name: "log in colocated mode", edit: func(o *coordinator.Options) {
-			standaloneSim(o)
-			o.Mode, o.Planner.Mode = coordinator.ModeColocated, coordinator.PlannerLog
-		}, wantErr: "colocated"},
-		{name: "kubernetes needs its Deployments", edit: func(o *coordinator.Options) {
-			standaloneSim(o)
-			o.Planner.Mode = coordinator.PlannerKubernetes
-		}, wantErr: "planner-prefill-deployment"},
-		{name: "unknown mode", edit: func(o *coordinator.Options) { o.Planner.Mode = "maybe" }, wantErr: `planner "maybe"`},
-		{name: "unknown profile", edit: func(o *coordinator.Options) {
-			standaloneSim(o)
-			o.Planner.Profile = "tpu/none/tp1"
-		}, wantErr: "planner-profile"},
-		{name: "decode profile of another model", edit: func(o *coordinator.Options) {
-			standaloneSim(o)
-			o.Planner.DecodeProfile = "h100/llama-3-70b/tp4"
-		}, wantErr: "planner-decode-profile model"},
-		{name: "unknown decode profile", edit: func(o *coordinator.Options) {
-			standaloneSim(o)
-			o.Planner.DecodeProfile = "x"
-		}, wantErr: "planner-decode-profile"},
-		{name: "unknown codec", edit: func(o *coordinator.Options) {
-			standaloneSim(o)
-			o.Planner.Codec = "gzip"
-		}, wantErr: "planner-codec"},
-		{name: "zero interval", edit: func(o *coordinator.Options) {
-			standaloneSim(o)
-			o.Planner.Interval = 0
-		}, wantErr: "planner-interval"},
-		{name: "zero headroom", edit: func(o *coordinator.Options) {
-			standaloneSim(o)
-			o.Planner.Headroom = 0
-		}, wantErr: "planner-headroom"},
-		{name: "one observation", edit: func(o *coordinator.Options) {
-			standaloneSim(o)
-			o.Planner.MinObservations = 1
-		}, wantErr: "planner-min-observations"},
-		{name: "GPU budget below one worker per pool", edit: func(o *coordinator.Options) {
-			standaloneSim(o)
-			o.Planner.GPUBudget = 1
-		}, wantErr: "GPU budget"},
-		{name: "zero link", edit: func(o *coordinator.Options) {
-			standaloneSim(o)
-			o.Planner.LinkGbps = 0
-		}, wantErr: "link bandwidth"},
-		{name: "negative GPU cost", edit: func(o *coordinator.Options) {
-			standaloneSim(o)
-			o.Planner.GPUCostPerHour = -1
-		}, wantErr: "GPU cost"},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			o := coordinator.DefaultOptions()
-			if tc.edit != nil {
-				tc.edit(&o)
-			}
-			if err := o.Complete(); err != nil {
-				t.Fatal(err)
-			}
-			err := o.Validate()
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("Validate error %v, want one about %s", err, tc.wantErr)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatalf("Validate: %v", err)
-			}
-			fields := o.LogFields()
-			if got := logField(fields, "planner"); got != tc.wantMode {
-				t.Errorf("planner mode %q, want %q", got, tc.wantMode)
-			}
-			if got := logField(fields, "planner_profile"); got != tc.wantProfile {
-				t.Errorf("planner profile %q, want %q", got, tc.wantProfile)
-			}
-			if tc.wantMode == coordinator.PlannerOff && logField(fields, "planner_off_reason") == "" && o.Planner.Mode == coordinator.PlannerAuto {
-				t.Errorf("auto planner off without a reason in the log fields")
-			}
-		})
-	}
 }
 
 // subscribePlans subscribes to the planner's decisions on the cluster's
@@ -257,10 +133,11 @@ func TestPlannerObservesPublishesAndExports(t *testing.T) {
 	ticks := make(chan time.Time)
 	cl := startCluster(t, clusterOpts{edit: func(o *coordinator.Options) {
 		o.Engine, o.ConfigFile = simEngine(), sloPolicy(t)
-		o.Planner.MinObservations, o.Planner.GPUBudget, o.Planner.GPUCostPerHour = 5, 4, 2.5
-		o.Planner.Ticks = ticks
+	}, planner: func(p *plannerhost.Options) {
+		p.MinObservations, p.GPUBudget, p.GPUCostPerHour = 5, 4, 2.5
+		p.Ticks = ticks
 	}})
-	if cl.c.Planner() == nil {
+	if cl.planner == nil {
 		t.Fatal("planner off in standalone sim mode with SLOs")
 	}
 	sub := subscribePlans(t, cl)
@@ -278,7 +155,7 @@ func TestPlannerObservesPublishesAndExports(t *testing.T) {
 		d.PrefillReplicas < 1 || d.DecodeReplicas < 1 || d.GPUs != d.PrefillReplicas+d.DecodeReplicas {
 		t.Errorf("decision %+v: want time %v, %d observations, a rate, current 1P+1D and a desired design", d, now, n)
 	}
-	if p, dec := cl.c.Planner().Desired(); p != d.PrefillReplicas || dec != d.DecodeReplicas {
+	if p, dec := cl.planner.Online().Desired(); p != d.PrefillReplicas || dec != d.DecodeReplicas {
 		t.Errorf("Desired() = %d, %d; decision %d, %d", p, dec, d.PrefillReplicas, d.DecodeReplicas)
 	}
 	m := scrape(t, cl)
@@ -310,8 +187,8 @@ func TestPlannerObservesPublishesAndExports(t *testing.T) {
 // With the planner off (no profile), nothing is observed and no planner
 // gauge is exported.
 func TestPlannerOff(t *testing.T) {
-	cl := startCluster(t, clusterOpts{})
-	if cl.c.Planner() != nil {
+	cl := startCluster(t, clusterOpts{planner: func(*plannerhost.Options) {}})
+	if cl.planner != nil {
 		t.Fatal("planner on without a profile")
 	}
 	sendRequests(t, cl, 1)
@@ -375,8 +252,9 @@ func TestPlannerScalesDeployments(t *testing.T) {
 	ticks := make(chan time.Time)
 	cl := startCluster(t, clusterOpts{prefill: 2, decode: 2, edit: func(o *coordinator.Options) {
 		o.Engine, o.ConfigFile = simEngine(), sloPolicy(t)
-		o.Planner = coordinator.PlannerOptions{
-			Mode: coordinator.PlannerKubernetes, Namespace: ns, PrefillDeployment: "pd-prefill", DecodeDeployment: "pd-decode",
+	}, planner: func(p *plannerhost.Options) {
+		*p = plannerhost.Options{
+			Mode: plannerhost.Kubernetes, Namespace: ns, PrefillDeployment: "pd-prefill", DecodeDeployment: "pd-decode",
 			Interval: time.Second, Window: time.Hour, Cooldown: time.Hour, Headroom: 0.2, Hysteresis: 0.15,
 			MinObservations: 5, LinkGbps: 100, GPUBudget: 4, KubeClient: cs, Ticks: ticks,
 		}

@@ -24,8 +24,8 @@ import (
 	"github.com/pdserve/pdserve/pkg/budget"
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/frontend"
+	"github.com/pdserve/pdserve/pkg/kvtransfer"
 	"github.com/pdserve/pdserve/pkg/metrics"
-	"github.com/pdserve/pdserve/pkg/prefill"
 	"github.com/pdserve/pdserve/pkg/router"
 )
 
@@ -173,7 +173,7 @@ func prefilled(send func(*pdservev1.PrefillResponse) error) error {
 // KV transfer to addr failed with code.
 func transferFailed(code codes.Code, addr string) error {
 	st := status.Newf(code, "prefill: kv transfer to %s failed", addr)
-	st, err := st.WithDetails(&errdetails.ErrorInfo{Reason: prefill.ErrorReasonKVTransfer, Domain: prefill.ErrorDomain})
+	st, err := st.WithDetails(&errdetails.ErrorInfo{Reason: kvtransfer.ErrorReasonKVTransfer, Domain: kvtransfer.ErrorDomain})
 	if err != nil {
 		panic(err)
 	}

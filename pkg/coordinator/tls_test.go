@@ -11,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/pdserve/pdserve/pkg/coordinator"
+	"github.com/pdserve/pdserve/pkg/coordinatorrun"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/workerrun"
 	"github.com/pdserve/pdserve/pkg/workerrun/tlstest"
@@ -123,7 +124,7 @@ func TestTLSOptions(t *testing.T) {
 	}
 	// The same through the command line: exit code 2 and the reason.
 	var out strings.Builder
-	if code := coordinator.Main(context.Background(), []string{"--tls-cert=" + good.CertFile}, &out, &out); code != 2 ||
+	if code := coordinatorrun.Main(context.Background(), []string{"--tls-cert=" + good.CertFile}, &out, &out); code != 2 ||
 		!strings.Contains(out.String(), "tls-cert and tls-key must be given together") {
 		t.Errorf("--tls-cert alone: exit %d, output %q", code, out.String())
 	}

@@ -97,4 +97,12 @@
 // testdata/fuzz/FuzzPushStream:
 //
 //	go test -run '^$' -fuzz FuzzPushStream -fuzztime 3m -parallel 1 ./pkg/kvtransfer/
+//
+// # Failed-transfer status
+//
+// A prefill worker whose transfer to a decode worker failed ends its
+// Prefill or Resend call with FailedStatus (an errdetails.ErrorInfo of
+// ErrorDomain and ErrorReasonKVTransfer); the coordinator tells such a
+// decode-side failure from a prefill worker's own with IsFailedStatus,
+// without depending on the prefill worker's package.
 package kvtransfer

@@ -10,7 +10,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -260,7 +259,7 @@ func (s *Server) wakeup() {
 // (Options.QueueLimit requests, or Options.MaxLiveKVBytes of KV), UNAVAILABLE
 // when the worker drains or stops, CANCELED, and when the KV transfer
 // fails, the decode worker's status (e.g. FAILED_PRECONDITION without a
-// reservation) or UNAVAILABLE, marked so that IsKVTransferError reports it.
+// reservation) or UNAVAILABLE, marked so that kvtransfer.IsFailedStatus reports it.
 func (s *Server) Prefill(req *pdservev1.PrefillRequest, stream grpc.ServerStreamingServer[pdservev1.PrefillResponse]) error {
 	ctx := stream.Context()
 	r, pos, err := s.enqueue(req)
@@ -492,7 +491,7 @@ func (s *Server) Resend(ctx context.Context, req *pdservev1.ResendRequest) (*pds
 	res := t.run(s.dialer)
 	s.m.addBytes(codecName, res.bytesRaw, res.bytes)
 	if res.err != nil {
-		return nil, transferStatus(id, req.GetDecodeAddr(), res.err)
+		return nil, kvtransfer.FailedStatus(id, req.GetDecodeAddr(), res.err)
 	}
 	s.log.Debug("kv re-sent", zap.String("request_id", id), zap.String("decode_addr", req.GetDecodeAddr()),
 		zap.Int64("bytes_raw", res.bytesRaw), zap.Int64("bytes_wire", res.bytes))
@@ -528,51 +527,4 @@ func unixNano(t time.Time) int64 {
 		return 0
 	}
 	return t.UnixNano()
-}
-
-// Details of a KV transfer failure: the status of a Prefill or Resend call
-// whose transfer to the decode worker failed carries an
-// errdetails.ErrorInfo with this reason and domain, and the decode
-// worker's address as metadata "decode_addr".
-const (
-	ErrorDomain           = "prefill.pdserve"
-	ErrorReasonKVTransfer = "KV_TRANSFER_FAILED"
-)
-
-// IsKVTransferError reports whether err (a gRPC status error of Prefill or
-// Resend, possibly wrapped) says that the KV transfer to the decode worker
-// failed, as opposed to the prefill worker itself: the decode worker was
-// unreachable, refused the transfer (no reservation, ...) or ended it.
-func IsKVTransferError(err error) bool {
-	st, ok := status.FromError(err)
-	if !ok {
-		return false
-	}
-	for _, d := range st.Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == ErrorDomain && info.GetReason() == ErrorReasonKVTransfer {
-			return true
-		}
-	}
-	return false
-}
-
-// transferStatus turns a transfer error into the status the coordinator
-// gets: the decode worker's code when it sent one, CANCELED for a
-// cancellation, UNAVAILABLE otherwise; marked as a transfer failure (see
-// IsKVTransferError).
-func transferStatus(id, addr string, err error) error {
-	code := codes.Unavailable
-	switch st, ok := status.FromError(err); {
-	case ok && st.Code() != codes.Unknown && st.Code() != codes.OK:
-		code = st.Code()
-	case errors.Is(err, context.Canceled):
-		code = codes.Canceled
-	}
-	st := status.Newf(code, "prefill: kv transfer of %s to %s: %v", id, addr, err)
-	if dst, derr := st.WithDetails(&errdetails.ErrorInfo{
-		Reason: ErrorReasonKVTransfer, Domain: ErrorDomain, Metadata: map[string]string{"decode_addr": addr},
-	}); derr == nil {
-		st = dst
-	}
-	return st.Err()
 }

@@ -1,7 +1,6 @@
-package coordinator
+package plannerhost
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -15,8 +14,8 @@ import (
 
 	"github.com/pdserve/pdserve/pkg/budget"
 	"github.com/pdserve/pdserve/pkg/control"
+	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/enginecfg"
-	"github.com/pdserve/pdserve/pkg/frontend"
 	"github.com/pdserve/pdserve/pkg/perfmodel"
 	"github.com/pdserve/pdserve/pkg/planner"
 	"github.com/pdserve/pdserve/pkg/planner/actuator"
@@ -24,28 +23,28 @@ import (
 
 // Planner modes (--planner).
 const (
-	// PlannerAuto is PlannerLog when the planner has what it needs (a
-	// profile, disaggregated mode, TTFT and TPOT targets in the policy),
-	// else PlannerOff.
-	PlannerAuto = "auto"
-	// PlannerOff runs no online planner.
-	PlannerOff = "off"
-	// PlannerLog re-plans, publishes and logs the desired replicas and
-	// changes nothing.
-	PlannerLog = "log"
-	// PlannerKubernetes also scales the prefill and decode Deployments
-	// through the Kubernetes API (in-cluster service account).
-	PlannerKubernetes = "kubernetes"
+	// Auto is Log when the planner has what it needs (a profile,
+	// disaggregated mode, TTFT and TPOT targets in the policy), else Off.
+	Auto = "auto"
+	// Off runs no online planner.
+	Off = "off"
+	// Log re-plans, publishes and logs the desired replicas and changes
+	// nothing.
+	Log = "log"
+	// Kubernetes also scales the prefill and decode Deployments through
+	// the Kubernetes API (in-cluster service account).
+	Kubernetes = "kubernetes"
 )
 
-// PlannerOptions configure the online planner (package planner's Online):
+// Options configure the online planner (package planner's Online):
 // it keeps a window of finished requests, corrects the performance model
 // by the observed/predicted times, re-plans every Interval, publishes
 // each decision on control.PlanSubject and sets the gauges
 // pdserve_pool_replicas{role,kind="desired|current"}. The SLO targets come
-// from the policy (Options.Policy.SLO: ttft_ms, tpot_ms, attainment).
-type PlannerOptions struct {
-	// Mode is PlannerAuto, PlannerOff, PlannerLog or PlannerKubernetes.
+// from the coordinator's policy (coordinator.Options.Policy.SLO: ttft_ms,
+// tpot_ms, attainment).
+type Options struct {
+	// Mode is Auto, Off, Log or Kubernetes.
 	Mode string
 	// Profile is the performance-model profile of the prefill and decode
 	// workers (GPU/MODEL/tpN or a profile .json file); empty: the sim
@@ -54,7 +53,8 @@ type PlannerOptions struct {
 	// DecodeProfile is the decode workers' profile when it differs (same
 	// model, e.g. another GPU or tensor-parallel degree); empty: Profile.
 	DecodeProfile string
-	// Codec is the KV codec the planner models; empty: Options.Codec, else
+	// Codec is the KV codec the planner models; empty: the coordinator's
+	// --codec, else
 	// none.
 	Codec string
 	// Interval is the time between re-plans, Window how far back finished
@@ -76,10 +76,10 @@ type PlannerOptions struct {
 	// GPUBudget is the most GPUs both pools may use together.
 	GPUBudget int
 	// Namespace, PrefillDeployment and DecodeDeployment name the
-	// Deployments PlannerKubernetes scales (required with it).
+	// Deployments Kubernetes scales (required with it).
 	Namespace, PrefillDeployment, DecodeDeployment string
 
-	// KubeClient, when set, is the client of PlannerKubernetes instead of
+	// KubeClient, when set, is the client of Kubernetes instead of
 	// the in-cluster one (tests: a fake clientset). Not a flag.
 	KubeClient kubernetes.Interface
 	// Ticks, when set, drives the re-planning instead of a ticker: each
@@ -87,10 +87,10 @@ type PlannerOptions struct {
 	Ticks <-chan time.Time
 }
 
-// DefaultPlannerOptions returns the flag defaults.
-func DefaultPlannerOptions() PlannerOptions {
-	return PlannerOptions{
-		Mode:            PlannerAuto,
+// DefaultOptions returns the flag defaults.
+func DefaultOptions() Options {
+	return Options{
+		Mode:            Auto,
 		Interval:        30 * time.Second,
 		Window:          5 * time.Minute,
 		Cooldown:        5 * time.Minute,
@@ -104,7 +104,7 @@ func DefaultPlannerOptions() PlannerOptions {
 
 // AddFlags registers the planner's flags on fs with p's values as
 // defaults.
-func (p *PlannerOptions) AddFlags(fs *flag.FlagSet) {
+func (p *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&p.Mode, "planner", p.Mode, "online planner: auto (log when a profile is known, the mode is disaggregated and the policy sets slo.ttft_ms and slo.tpot_ms; else off), off, log (publish and log the desired replicas) or kubernetes (also scale the prefill and decode Deployments)")
 	fs.StringVar(&p.Profile, "planner-profile", p.Profile, "performance-model profile of the workers the planner sizes, GPU/MODEL/tpN or a profile .json file (empty: --profile in standalone sim mode)")
 	fs.StringVar(&p.DecodeProfile, "planner-decode-profile", p.DecodeProfile, "profile of the decode workers when it differs from --planner-profile (same model)")
@@ -123,64 +123,64 @@ func (p *PlannerOptions) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&p.GPUBudget, "gpu-budget", p.GPUBudget, "planner: most GPUs the prefill and decode pools may use together")
 }
 
-// plannerMode returns the planner's effective mode, PlannerAuto resolved,
-// and when it is off by PlannerAuto, why.
-func (o Options) plannerMode() (mode, why string) {
-	if o.Planner.Mode != PlannerAuto {
-		return o.Planner.Mode, ""
+// Effective returns the planner's effective mode with the coordinator's
+// (completed) options co, Auto resolved, and when it is off by Auto, why.
+func (p Options) Effective(co coordinator.Options) (mode, why string) {
+	if p.Mode != Auto {
+		return p.Mode, ""
 	}
 	switch {
-	case o.plannerProfile() == "":
-		return PlannerOff, "no --planner-profile (and not standalone with the sim engine)"
-	case o.Mode != ModeDisaggregated:
-		return PlannerOff, "colocated mode: the planner sizes disaggregated pools"
-	case o.Policy.SLO.TTFTMs <= 0 || o.Policy.SLO.TPOTMs <= 0:
-		return PlannerOff, "the policy sets no slo.ttft_ms and slo.tpot_ms"
+	case p.profile(co) == "":
+		return Off, "no --planner-profile (and not standalone with the sim engine)"
+	case co.Mode != coordinator.ModeDisaggregated:
+		return Off, "colocated mode: the planner sizes disaggregated pools"
+	case co.Policy.SLO.TTFTMs <= 0 || co.Policy.SLO.TPOTMs <= 0:
+		return Off, "the policy sets no slo.ttft_ms and slo.tpot_ms"
 	}
-	return PlannerLog, ""
+	return Log, ""
 }
 
-// plannerProfile returns the profile the planner uses: --planner-profile,
-// else the standalone sim engine's.
-func (o Options) plannerProfile() string {
-	if o.Planner.Profile == "" && o.Standalone && o.Engine.Engine == enginecfg.Sim {
-		return o.Engine.Profile
+// profile returns the profile the planner uses: --planner-profile, else
+// the standalone sim engine's.
+func (p Options) profile(co coordinator.Options) string {
+	if p.Profile == "" && co.Standalone && co.Engine.Engine == enginecfg.Sim {
+		return co.Engine.Profile
 	}
-	return o.Planner.Profile
+	return p.Profile
 }
 
-// plannerCodec returns the codec the planner models.
-func (o Options) plannerCodec() string {
+// codec returns the codec the planner models.
+func (p Options) codec(co coordinator.Options) string {
 	switch {
-	case o.Planner.Codec != "":
-		return o.Planner.Codec
-	case o.Codec != "":
-		return o.Codec
+	case p.Codec != "":
+		return p.Codec
+	case co.Codec != "":
+		return co.Codec
 	}
 	return "none"
 }
 
-// validatePlanner returns the problems of the planner settings.
-func (o Options) validatePlanner() []error {
+// Validate reports every invalid planner setting in one error, with the
+// coordinator's completed options co. nil when the planner is off.
+func (p Options) Validate(co coordinator.Options) error {
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
-	mode, _ := o.plannerMode()
+	mode, _ := p.Effective(co)
 	switch mode {
-	case PlannerOff:
+	case Off:
 		return nil
-	case PlannerLog, PlannerKubernetes:
+	case Log, Kubernetes:
 	default:
-		bad("planner %q must be %s, %s, %s or %s", o.Planner.Mode, PlannerAuto, PlannerOff, PlannerLog, PlannerKubernetes)
-		return errs
+		bad("planner %q must be %s, %s, %s or %s", p.Mode, Auto, Off, Log, Kubernetes)
+		return invalid(errs)
 	}
-	p := o.Planner
-	if o.Mode != ModeDisaggregated {
-		bad("planner %s: the online planner sizes prefill and decode pools; use --planner=off in %s mode", mode, o.Mode)
+	if co.Mode != coordinator.ModeDisaggregated {
+		bad("planner %s: the online planner sizes prefill and decode pools; use --planner=off in %s mode", mode, co.Mode)
 	}
-	if o.plannerProfile() == "" {
+	if p.profile(co) == "" {
 		bad("planner %s needs --planner-profile (standalone with the sim engine: --profile)", mode)
 	}
-	if o.Policy.SLO.TTFTMs <= 0 || o.Policy.SLO.TPOTMs <= 0 {
+	if co.Policy.SLO.TTFTMs <= 0 || co.Policy.SLO.TPOTMs <= 0 {
 		bad("planner %s needs slo.ttft_ms and slo.tpot_ms > 0 in the --config policy", mode)
 	}
 	if p.Interval <= 0 || p.Window <= 0 || p.Cooldown <= 0 {
@@ -192,47 +192,54 @@ func (o Options) validatePlanner() []error {
 	if p.MinObservations < 2 {
 		bad("planner-min-observations %d must be ≥ 2", p.MinObservations)
 	}
-	if mode == PlannerKubernetes && (p.Namespace == "" || p.PrefillDeployment == "" || p.DecodeDeployment == "") {
+	if mode == Kubernetes && (p.Namespace == "" || p.PrefillDeployment == "" || p.DecodeDeployment == "") {
 		bad("planner kubernetes needs --planner-namespace, --planner-prefill-deployment and --planner-decode-deployment")
 	}
 	if len(errs) > 0 {
-		return errs
+		return invalid(errs)
 	}
 	// The planner's own checks: profile, codec, link, cost, GPU budget.
-	cfg, err := o.onlineConfig()
+	cfg, err := p.onlineConfig(co)
 	if err == nil {
 		_, err = planner.NewOnline(cfg, nil)
 	}
 	if err != nil {
 		errs = append(errs, err)
 	}
-	return errs
+	return invalid(errs)
 }
 
-// plannerLogFields returns the effective planner settings as zap fields.
-func (o Options) plannerLogFields() []zap.Field {
-	mode, why := o.plannerMode()
-	if mode == PlannerOff {
+// invalid joins errs into Validate's error, nil when there are none.
+func invalid(errs []error) error {
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("coordinator: invalid options: %w", err)
+	}
+	return nil
+}
+
+// LogFields returns the effective planner settings as zap fields.
+func (p Options) LogFields(co coordinator.Options) []zap.Field {
+	mode, why := p.Effective(co)
+	if mode == Off {
 		return []zap.Field{zap.String("planner", mode), zap.String("planner_off_reason", why)}
 	}
-	p := o.Planner
 	f := []zap.Field{
 		zap.String("planner", mode),
-		zap.String("planner_profile", o.plannerProfile()),
+		zap.String("planner_profile", p.profile(co)),
 		zap.String("planner_decode_profile", p.DecodeProfile),
-		zap.String("planner_codec", o.plannerCodec()),
+		zap.String("planner_codec", p.codec(co)),
 		zap.Duration("planner_interval", p.Interval),
 		zap.Duration("planner_window", p.Window),
 		zap.Duration("planner_cooldown", p.Cooldown),
 		zap.Float64("planner_headroom", p.Headroom),
 		zap.Float64("planner_hysteresis", p.Hysteresis),
 		zap.Int("planner_min_observations", p.MinObservations),
-		zap.Float64("slo_attainment", o.Policy.SLO.AttainmentOrDefault()),
+		zap.Float64("slo_attainment", co.Policy.SLO.AttainmentOrDefault()),
 		zap.Float64("link_gbps", p.LinkGbps),
 		zap.Float64("gpu_cost_per_hour", p.GPUCostPerHour),
 		zap.Int("gpu_budget", p.GPUBudget),
 	}
-	if mode == PlannerKubernetes {
+	if mode == Kubernetes {
 		f = append(f, zap.String("planner_namespace", p.Namespace),
 			zap.String("planner_prefill_deployment", p.PrefillDeployment),
 			zap.String("planner_decode_deployment", p.DecodeDeployment))
@@ -241,28 +248,28 @@ func (o Options) plannerLogFields() []zap.Field {
 }
 
 // onlineConfig builds the planner's configuration from the options,
+// with the coordinator's co,
 // without Publish, Actuator, Current and Log. Errors: an unknown profile
 // or codec.
-func (o Options) onlineConfig() (planner.OnlineConfig, error) {
-	prof, err := perfmodel.Resolve(o.plannerProfile())
+func (p Options) onlineConfig(co coordinator.Options) (planner.OnlineConfig, error) {
+	prof, err := perfmodel.Resolve(p.profile(co))
 	if err != nil {
 		return planner.OnlineConfig{}, fmt.Errorf("planner-profile: %w", err)
 	}
 	var dec *perfmodel.Profile
-	if o.Planner.DecodeProfile != "" {
-		if dec, err = perfmodel.Resolve(o.Planner.DecodeProfile); err != nil {
+	if p.DecodeProfile != "" {
+		if dec, err = perfmodel.Resolve(p.DecodeProfile); err != nil {
 			return planner.OnlineConfig{}, fmt.Errorf("planner-decode-profile: %w", err)
 		}
 		if dec.Model != prof.Model {
 			return planner.OnlineConfig{}, fmt.Errorf("planner-decode-profile model %s differs from planner-profile model %s", dec.Model, prof.Model)
 		}
 	}
-	codec, err := planner.CodecByName(o.plannerCodec())
+	codec, err := planner.CodecByName(p.codec(co))
 	if err != nil {
 		return planner.OnlineConfig{}, fmt.Errorf("planner-codec: %w", err)
 	}
-	p := o.Planner
-	slo := o.Policy.SLO
+	slo := co.Policy.SLO
 	return planner.OnlineConfig{
 		Base: planner.Config{
 			Prefill: prof,
@@ -274,7 +281,7 @@ func (o Options) onlineConfig() (planner.OnlineConfig, error) {
 			},
 			LinkBytesPerSec: p.LinkGbps * 1e9 / 8,
 			Codec:           codec,
-			Policy:          planner.Policy(o.FirstTokenPolicy),
+			Policy:          planner.Policy(co.FirstTokenPolicy),
 			GPUCostPerHour:  p.GPUCostPerHour,
 			GPUBudget:       p.GPUBudget,
 			Seed:            1,
@@ -288,50 +295,75 @@ func (o Options) onlineConfig() (planner.OnlineConfig, error) {
 	}, nil
 }
 
-// onlinePlanner is the coordinator's running planner. A nil
-// *onlinePlanner (planner off) observes nothing and runs nothing.
-type onlinePlanner struct {
-	online *planner.Online
-	ticks  <-chan time.Time // nil: a ticker of Interval/10
+// Host runs the online planner in a coordinator: a coordinator.Extension
+// that observes every completed request's trace (planner.Online.Observe),
+// re-plans every interval, publishes each planner.Decision on
+// control.PlanSubject and hands it to the actuator (log, or the
+// Kubernetes Deployments). Its methods are safe for concurrent use.
+type Host struct {
+	mode   string
+	cfg    planner.OnlineConfig
+	kube   kubernetes.Interface // Options.KubeClient
+	ko     actuator.KubernetesOptions
+	ticks  <-chan time.Time // nil: a ticker of every
 	every  time.Duration
+	online *planner.Online // set by Attach
 }
 
-// newPlanner builds the planner of the options, registering its gauges
-// on c.reg; nil when it is off. It needs c.nc and c.members. Errors: the
-// actuator's (PlannerKubernetes outside a cluster) and registration
-// errors.
-func (c *Coordinator) newPlanner() (*onlinePlanner, error) {
-	mode, why := c.o.plannerMode()
-	log := c.log.Named("planner")
-	if mode == PlannerOff {
-		log.Info("online planner off", zap.String("reason", cmp.Or(why, "--planner=off")))
+var _ coordinator.Extension = (*Host)(nil)
+
+// New builds the planner host of p for a coordinator of the completed,
+// validated options co; nil (and no error) when the planner is off, which
+// it logs on log with the reason. Add it to co.Extensions before
+// coordinator.Start. Errors: an unknown profile or codec.
+func New(p Options, co coordinator.Options, log *zap.Logger) (*Host, error) {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	mode, why := p.Effective(co)
+	if mode == Off {
+		if why == "" {
+			why = "--planner=off"
+		}
+		log.Named("planner").Info("online planner off", zap.String("reason", why))
 		return nil, nil
 	}
-	cfg, err := c.o.onlineConfig()
+	cfg, err := p.onlineConfig(co)
 	if err != nil {
-		return nil, fmt.Errorf("coordinator: %w", err)
+		return nil, fmt.Errorf("planner: %w", err)
 	}
-	po := c.o.Planner
-	switch mode {
-	case PlannerKubernetes:
-		ko := actuator.KubernetesOptions{Namespace: po.Namespace, PrefillDeployment: po.PrefillDeployment, DecodeDeployment: po.DecodeDeployment}
+	return &Host{
+		mode: mode, cfg: cfg, kube: p.KubeClient, ticks: p.Ticks, every: max(cfg.Interval/10, 10*time.Millisecond),
+		ko: actuator.KubernetesOptions{Namespace: p.Namespace, PrefillDeployment: p.PrefillDeployment, DecodeDeployment: p.DecodeDeployment},
+	}, nil
+}
+
+// Attach implements coordinator.Extension: it builds the actuator and the
+// planner, registering its gauges on h.Registerer. Errors: the
+// actuator's (Kubernetes outside a cluster) and registration errors.
+func (p *Host) Attach(h coordinator.Host) error {
+	log := h.Log.Named("planner")
+	cfg := p.cfg
+	var err error
+	switch p.mode {
+	case Kubernetes:
 		var k *actuator.Kubernetes
-		if po.KubeClient != nil {
-			k, err = actuator.NewKubernetes(po.KubeClient, ko)
+		if p.kube != nil {
+			k, err = actuator.NewKubernetes(p.kube, p.ko)
 		} else {
-			k, err = actuator.NewInCluster(ko)
+			k, err = actuator.NewInCluster(p.ko)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("coordinator: planner: %w", err)
+			return fmt.Errorf("coordinator: planner: %w", err)
 		}
 		cfg.Actuator = k
 	default:
 		cfg.Actuator = actuator.NewLog(log)
 	}
-	cost := c.costGauge(cfg.Base)
+	cost := costGauge(cfg.Base)
 	if cost != nil {
-		if err := c.reg.Register(cost); err != nil {
-			return nil, fmt.Errorf("coordinator: planner: register metrics: %w", err)
+		if err := h.Registerer.Register(cost); err != nil {
+			return fmt.Errorf("coordinator: planner: register metrics: %w", err)
 		}
 	}
 	var online *planner.Online
@@ -346,23 +378,24 @@ func (c *Coordinator) newPlanner() (*onlinePlanner, error) {
 			}
 			cost.Set(float64(p*cfg.Base.Prefill.TP+d*tpD) * cfg.Base.GPUCostPerHour)
 		}
-		return c.nc.Publish(subject, data)
+		return h.Publish(subject, data)
 	}
 	cfg.Current = func() (prefill, decode int) {
-		return len(c.members.Members(control.RolePrefill)), len(c.members.Members(control.RoleDecode))
+		return len(h.Members.Members(control.RolePrefill)), len(h.Members.Members(control.RoleDecode))
 	}
 	cfg.Log = log
-	if online, err = planner.NewOnline(cfg, c.reg); err != nil {
-		return nil, fmt.Errorf("coordinator: %w", err)
+	if online, err = planner.NewOnline(cfg, h.Registerer); err != nil {
+		return fmt.Errorf("coordinator: %w", err)
 	}
-	log.Info("online planner on", zap.String("actuator", mode), zap.String("profile", cfg.Base.Prefill.Name),
+	p.online = online
+	log.Info("online planner on", zap.String("actuator", p.mode), zap.String("profile", cfg.Base.Prefill.Name),
 		zap.Duration("interval", cfg.Interval), zap.Duration("window", cfg.Window))
-	return &onlinePlanner{online: online, ticks: po.Ticks, every: max(cfg.Interval/10, 10*time.Millisecond)}, nil
+	return nil
 }
 
 // costGauge returns the gauge of the desired pools' cost, or nil without
 // a GPU price.
-func (c *Coordinator) costGauge(base planner.Config) prometheus.Gauge {
+func costGauge(base planner.Config) prometheus.Gauge {
 	if base.GPUCostPerHour <= 0 {
 		return nil
 	}
@@ -370,20 +403,14 @@ func (c *Coordinator) costGauge(base planner.Config) prometheus.Gauge {
 		Help: "USD per hour of the GPUs of the pools the planner desires (--gpu-cost-per-hour × GPUs)."})
 }
 
-// observe returns b, wrapped so that every request it completes is
-// observed by the planner; b itself when p is nil.
-func (p *onlinePlanner) observe(b frontend.Backend) frontend.Backend {
-	if p == nil {
-		return b
-	}
-	return observingBackend{Backend: b, observe: func(t *budget.Trace) { p.online.Observe(planner.ObservationFromTrace(t)) }}
+// ObserveTrace implements coordinator.Extension: the trace of a completed
+// request becomes an observation of the planner.
+func (p *Host) ObserveTrace(t *budget.Trace) {
+	p.online.Observe(planner.ObservationFromTrace(t))
 }
 
-// run re-plans until ctx ends; it returns at once when p is nil.
-func (p *onlinePlanner) run(ctx context.Context) {
-	if p == nil {
-		return
-	}
+// Run implements coordinator.Extension: it re-plans until ctx ends.
+func (p *Host) Run(ctx context.Context) {
 	ticks := p.ticks
 	if ticks == nil {
 		t := time.NewTicker(p.every)
@@ -393,30 +420,6 @@ func (p *onlinePlanner) run(ctx context.Context) {
 	_ = p.online.Run(ctx, ticks) // returns nil when ctx ends
 }
 
-// Planner returns the online planner, or nil when it is off.
-func (c *Coordinator) Planner() *planner.Online {
-	if c.planner == nil {
-		return nil
-	}
-	return c.planner.online
-}
-
-// observingBackend passes the budget trace of every request its Backend
-// completed (finished with stop or length, or stopped by a stop string)
-// to observe, before Complete returns: the trace is then final but for
-// the status the frontend sets. Failed and cancelled requests are not
-// observed.
-type observingBackend struct {
-	frontend.Backend
-	observe func(*budget.Trace)
-}
-
-var _ frontend.Backend = observingBackend{}
-
-func (b observingBackend) Complete(ctx context.Context, req *frontend.Request, emit frontend.EmitFunc) ([]string, error) {
-	finish, err := b.Backend.Complete(ctx, req, emit)
-	if err == nil || errors.Is(err, frontend.ErrStopped) {
-		b.observe(req.Trace)
-	}
-	return finish, err
-}
+// Online returns the running planner; nil before the coordinator's Start
+// attached it.
+func (p *Host) Online() *planner.Online { return p.online }

@@ -1,4 +1,4 @@
-package coordinator
+package coordinatorrun
 
 import (
 	"context"
@@ -13,8 +13,10 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/perfmodel"
 	"github.com/pdserve/pdserve/pkg/planner/plancli"
+	"github.com/pdserve/pdserve/pkg/plannerhost"
 	"github.com/pdserve/pdserve/pkg/workerrun"
 )
 
@@ -75,10 +77,12 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 
-	o := DefaultOptions()
+	o := coordinator.DefaultOptions()
+	po := plannerhost.DefaultOptions()
 	fs := flag.NewFlagSet("coordinator", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	o.AddFlags(fs)
+	po.AddFlags(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(stderr, "Usage: coordinator [flags]\n       coordinator SUBCOMMAND\n\n"+
 			"Serves the OpenAI-compatible API of pdserve and routes requests to prefill and\n"+
@@ -104,7 +108,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "coordinator: %v\n", err)
 		return 2
 	}
-	if err := o.Validate(); err != nil {
+	if err := errors.Join(o.Validate(), po.Validate(o)); err != nil {
 		fmt.Fprintf(stderr, "coordinator: %v\n", err)
 		return 2
 	}
@@ -114,7 +118,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	defer func() { _ = log.Sync() }()
-	log.Info("effective configuration", o.LogFields()...)
+	log.Info("effective configuration", append(o.LogFields(), po.LogFields(o)...)...)
 	if a := o.Policy.Auth; (a.APIKeysFile != "" || a.MetricsTokenFile != "") && o.Auth.ReloadSignals == nil {
 		// SIGHUP reloads the auth files. Only then: otherwise it stops
 		// the coordinator as it always did (a closed terminal).
@@ -123,7 +127,15 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		defer signal.Stop(hup)
 		o.Auth.ReloadSignals = hup
 	}
-	if err := Run(ctx, o, log); err != nil {
+	host, err := plannerhost.New(po, o, log)
+	if err != nil {
+		log.Error("coordinator failed", zap.Error(err))
+		return 1
+	}
+	if host != nil {
+		o.Extensions = append(o.Extensions, host)
+	}
+	if err := coordinator.Run(ctx, o, log); err != nil {
 		log.Error("coordinator failed", zap.Error(err))
 		return 1
 	}

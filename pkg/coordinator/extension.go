@@ -1,0 +1,86 @@
+package coordinator
+
+import (
+	"context"
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/pdserve/pdserve/pkg/budget"
+	"github.com/pdserve/pdserve/pkg/control"
+	"github.com/pdserve/pdserve/pkg/frontend"
+)
+
+// An Extension runs in the coordinator's process beside the request path
+// and watches the requests it completes: the online planner (package
+// plannerhost) is one. The coordinator calls Attach once in Start, then
+// ObserveTrace for every completed request, and runs Run until Shutdown.
+type Extension interface {
+	// Attach hands the extension what it may use of the coordinator; it
+	// is called once by Start, after the control plane is connected and
+	// before the API serves. An error fails Start.
+	Attach(Host) error
+	// ObserveTrace is called with the budget trace of every request the
+	// coordinator completed (finished with stop or length, or stopped by
+	// a stop string), before the response ends: the trace is then final
+	// but for the status the frontend sets. Failed and cancelled requests
+	// are not observed. It is called concurrently and must not block; the
+	// trace must not be kept or changed after it returns.
+	ObserveTrace(*budget.Trace)
+	// Run runs until ctx ends (Shutdown cancels it), then returns.
+	Run(ctx context.Context)
+}
+
+// Host is what an Extension gets from the coordinator it runs in.
+type Host struct {
+	// Publish publishes on the control plane (NATS).
+	Publish func(subject string, data []byte) error
+	// Members is the coordinator's view of the workers.
+	Members *control.Membership
+	// Registerer registers metrics served on the coordinator's /metrics.
+	Registerer prometheus.Registerer
+	// Log is the coordinator's logger.
+	Log *zap.Logger
+}
+
+// attachExtensions attaches o.Extensions. Errors: the first Attach error.
+func (c *Coordinator) attachExtensions() error {
+	h := Host{Publish: c.nc.Publish, Members: c.members, Registerer: c.reg, Log: c.log}
+	for _, e := range c.o.Extensions {
+		if err := e.Attach(h); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// observed returns b, wrapped so that every request it completes is
+// observed by the extensions; b itself without extensions.
+func observed(b frontend.Backend, exts []Extension) frontend.Backend {
+	if len(exts) == 0 {
+		return b
+	}
+	return observingBackend{Backend: b, exts: exts}
+}
+
+// observingBackend passes the budget trace of every request its Backend
+// completed (finished with stop or length, or stopped by a stop string)
+// to its extensions, before Complete returns. Failed and cancelled
+// requests are not observed.
+type observingBackend struct {
+	frontend.Backend
+	exts []Extension
+}
+
+var _ frontend.Backend = observingBackend{}
+
+func (b observingBackend) Complete(ctx context.Context, req *frontend.Request, emit frontend.EmitFunc) ([]string, error) {
+	finish, err := b.Backend.Complete(ctx, req, emit)
+	if err == nil || errors.Is(err, frontend.ErrStopped) {
+		for _, e := range b.exts {
+			e.ObserveTrace(req.Trace)
+		}
+	}
+	return finish, err
+}

@@ -1,0 +1,17 @@
+// Package plannerhost runs package planner's Online inside a coordinator:
+// Options (--planner and --planner-*, --link-gbps, --gpu-cost-per-hour,
+// --gpu-budget) and Host, a coordinator.Extension. The coordinator hands
+// Host the budget trace of every request it completed; a re-plan every
+// interval publishes a planner.Decision on control.PlanSubject and sets
+// pdserve_pool_replicas{role,kind="desired|current"} (current: live
+// workers), and the actuator logs the change (log) or scales the
+// Deployments (kubernetes, package planner/actuator). The default, auto,
+// runs it with the log actuator when it has a profile (--planner-profile,
+// or --profile in standalone sim mode), disaggregated mode and the
+// policy's TTFT and TPOT targets, and else not.
+//
+// Use: parse Options beside coordinator.Options, Validate with the
+// completed coordinator options, New, and add the Host (when not nil) to
+// coordinator.Options.Extensions before coordinator.Start; package
+// coordinatorrun does this for the binary.
+package plannerhost

@@ -1,0 +1,168 @@
+package plannerhost_test
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"go.uber.org/zap/zapcore"
+
+	"github.com/pdserve/pdserve/pkg/coordinator"
+	"github.com/pdserve/pdserve/pkg/enginecfg"
+	"github.com/pdserve/pdserve/pkg/plannerhost"
+)
+
+const testProfile = "h100/llama-3-8b/tp1"
+
+// simEngine is the performance-model engine, a thousand times faster
+// than the profile's GPU, with a hundredth of its KV bytes.
+func simEngine() enginecfg.Options {
+	return enginecfg.Options{Engine: enginecfg.Sim, Profile: testProfile, TimeScale: 0.001, PayloadScale: 0.01, Seed: 3}
+}
+
+// sloPolicy writes a policy file with TTFT and TPOT targets.
+func sloPolicy(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(path, []byte("slo: {ttft_ms: 500, tpot_ms: 50, attainment: 0.9}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// logField returns the string value of the log field key, or "".
+func logField(fields []zapcore.Field, key string) string {
+	for _, f := range fields {
+		if f.Key == key {
+			return f.String
+		}
+	}
+	return ""
+}
+
+func TestPlannerOptions(t *testing.T) {
+	policy := sloPolicy(t)
+	standaloneSim := func(o *coordinator.Options) {
+		o.Standalone, o.Engine, o.ConfigFile = true, simEngine(), policy
+	}
+	tests := []struct {
+		name        string
+		edit        func(*coordinator.Options, *plannerhost.Options)
+		wantMode    string // effective planner mode in LogFields
+		wantProfile string
+		wantErr     string
+	}{
+		{name: "auto without a profile is off", wantMode: plannerhost.Off},
+		{name: "auto uses the standalone sim profile", edit: func(o *coordinator.Options, _ *plannerhost.Options) { standaloneSim(o) }, wantMode: plannerhost.Log, wantProfile: testProfile},
+		{name: "auto with a profile", edit: func(o *coordinator.Options, p *plannerhost.Options) {
+			o.ConfigFile, p.Profile = policy, "h100/llama-3-70b/tp4"
+		}, wantMode: plannerhost.Log, wantProfile: "h100/llama-3-70b/tp4"},
+		{name: "decode profile of the same model", edit: func(o *coordinator.Options, p *plannerhost.Options) {
+			o.ConfigFile, p.Profile, p.DecodeProfile = policy, "h100/llama-2-70b/tp2", "a100-80g/llama-2-70b/tp2"
+		}, wantMode: plannerhost.Log, wantProfile: "h100/llama-2-70b/tp2"},
+		{name: "auto without SLOs is off", edit: func(o *coordinator.Options, p *plannerhost.Options) {
+			standaloneSim(o)
+			o.ConfigFile = ""
+		}, wantMode: plannerhost.Off},
+		{name: "auto in colocated mode is off", edit: func(o *coordinator.Options, p *plannerhost.Options) {
+			standaloneSim(o)
+			o.Mode = coordinator.ModeColocated
+		}, wantMode: plannerhost.Off},
+		{name: "explicit off", edit: func(o *coordinator.Options, p *plannerhost.Options) {
+			standaloneSim(o)
+			p.Mode = plannerhost.Off
+		}, wantMode: plannerhost.Off},
+		{name: "kubernetes with its Deployments", edit: func(o *coordinator.Options, p *plannerhost.Options) {
+			standaloneSim(o)
+			p.Mode, p.Namespace, p.PrefillDeployment, p.DecodeDeployment = plannerhost.Kubernetes, "ns", "p", "d"
+		}, wantMode: plannerhost.Kubernetes, wantProfile: testProfile},
+		{name: "log needs a profile", edit: func(o *coordinator.Options, p *plannerhost.Options) {
+			o.ConfigFile, p.Mode = policy, plannerhost.Log
+		}, wantErr: "planner-profile"},
+		{name: "log needs SLOs", edit: func(o *coordinator.Options, p *plannerhost.Options) {
+			p.Mode, p.Profile = plannerhost.Log, testProfile
+		}, wantErr: "slo.ttft_ms"},
+		{name: "log in colocated mode", edit: func(o *coordinator.Options, p *plannerhost.Options) {
+			standaloneSim(o)
+			o.Mode, p.Mode = coordinator.ModeColocated, plannerhost.Log
+		}, wantErr: "colocated"},
+		{name: "kubernetes needs its Deployments", edit: func(o *coordinator.Options, p *plannerhost.Options) {
+			standaloneSim(o)
+			p.Mode = plannerhost.Kubernetes
+		}, wantErr: "planner-prefill-deployment"},
+		{name: "unknown mode", edit: func(o *coordinator.Options, p *plannerhost.Options) { p.Mode = "maybe" }, wantErr: `planner "maybe"`},
+		{name: "unknown profile", edit: func(o *coordinator.Options, p *plannerhost.Options) {
+			standaloneSim(o)
+			p.Profile = "tpu/none/tp1"
+		}, wantErr: "planner-profile"},
+		{name: "decode profile of another model", edit: func(o *coordinator.Options, p *plannerhost.Options) {
+			standaloneSim(o)
+			p.DecodeProfile = "h100/llama-3-70b/tp4"
+		}, wantErr: "planner-decode-profile model"},
+		{name: "unknown decode profile", edit: func(o *coordinator.Options, p *plannerhost.Options) {
+			standaloneSim(o)
+			p.DecodeProfile = "x"
+		}, wantErr: "planner-decode-profile"},
+		{name: "unknown codec", edit: func(o *coordinator.Options, p *plannerhost.Options) {
+			standaloneSim(o)
+			p.Codec = "gzip"
+		}, wantErr: "planner-codec"},
+		{name: "zero interval", edit: func(o *coordinator.Options, p *plannerhost.Options) {
+			standaloneSim(o)
+			p.Interval = 0
+		}, wantErr: "planner-interval"},
+		{name: "zero headroom", edit: func(o *coordinator.Options, p *plannerhost.Options) {
+			standaloneSim(o)
+			p.Headroom = 0
+		}, wantErr: "planner-headroom"},
+		{name: "one observation", edit: func(o *coordinator.Options, p *plannerhost.Options) {
+			standaloneSim(o)
+			p.MinObservations = 1
+		}, wantErr: "planner-min-observations"},
+		{name: "GPU budget below one worker per pool", edit: func(o *coordinator.Options, p *plannerhost.Options) {
+			standaloneSim(o)
+			p.GPUBudget = 1
+		}, wantErr: "GPU budget"},
+		{name: "zero link", edit: func(o *coordinator.Options, p *plannerhost.Options) {
+			standaloneSim(o)
+			p.LinkGbps = 0
+		}, wantErr: "link bandwidth"},
+		{name: "negative GPU cost", edit: func(o *coordinator.Options, p *plannerhost.Options) {
+			standaloneSim(o)
+			p.GPUCostPerHour = -1
+		}, wantErr: "GPU cost"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			o, p := coordinator.DefaultOptions(), plannerhost.DefaultOptions()
+			if tc.edit != nil {
+				tc.edit(&o, &p)
+			}
+			if err := o.Complete(); err != nil {
+				t.Fatal(err)
+			}
+			err := errors.Join(o.Validate(), p.Validate(o))
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("Validate error %v, want one about %s", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Validate: %v", err)
+			}
+			fields := p.LogFields(o)
+			if got := logField(fields, "planner"); got != tc.wantMode {
+				t.Errorf("planner mode %q, want %q", got, tc.wantMode)
+			}
+			if got := logField(fields, "planner_profile"); got != tc.wantProfile {
+				t.Errorf("planner profile %q, want %q", got, tc.wantProfile)
+			}
+			if tc.wantMode == plannerhost.Off && logField(fields, "planner_off_reason") == "" && p.Mode == plannerhost.Auto {
+				t.Errorf("auto planner off without a reason in the log fields")
+			}
+		})
+	}
+}
