@@ -22,14 +22,14 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // testCtx ends with the test, or after 60 s so a stuck stream fails.
-func testCtx(t *testing.T) context.Context {
+func testCtx(t testing.TB) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	t.Cleanup(cancel)
 	return ctx
 }
 
 // startNATS runs an embedded NATS server for the test.
-func startNATS(t *testing.T) string {
+func startNATS(t testing.TB) string {
 	t.Helper()
 	s, url, err := control.StartEmbedded("127.0.0.1:-1")
 	if err != nil {
@@ -76,7 +76,7 @@ func testOptions(role control.Role, natsURL string) Options {
 }
 
 // startWorker starts a worker and stops it when the test ends.
-func startWorker(t *testing.T, o Options) *Worker {
+func startWorker(t testing.TB, o Options) *Worker {
 	t.Helper()
 	w, err := Start(testCtx(t), o, zaptest.NewLogger(t))
 	if err != nil {
@@ -93,7 +93,7 @@ func startWorker(t *testing.T, o Options) *Worker {
 }
 
 // dial returns a connection to a worker, closed when the test ends.
-func dial(t *testing.T, w *Worker) *grpc.ClientConn {
+func dial(t testing.TB, w *Worker) *grpc.ClientConn {
 	t.Helper()
 	cc, err := grpc.NewClient(w.Addr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
