@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/pdserve/pdserve/pkg/coordinator"
+	"github.com/pdserve/pdserve/pkg/plannerhost"
 )
 
 // TestAuthSecrets: auth.apiKeysSecret and auth.metricsTokenSecret mount
@@ -53,9 +54,11 @@ func TestAuthSecrets(t *testing.T) {
 				t.Fatal(err)
 			}
 			o := coordinator.DefaultOptions()
+			po := plannerhost.DefaultOptions()
 			fs := flag.NewFlagSet("coordinator", flag.ContinueOnError)
 			fs.SetOutput(io.Discard)
 			o.AddFlags(fs)
+			po.AddFlags(fs)
 			if err := fs.Parse(args); err != nil {
 				t.Fatalf("coordinator rejects its args: %v", err)
 			}

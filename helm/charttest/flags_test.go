@@ -1,6 +1,7 @@
 package charttest
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/grpcauth"
+	"github.com/pdserve/pdserve/pkg/plannerhost"
 	"github.com/pdserve/pdserve/pkg/workerrun"
 	"github.com/pdserve/pdserve/pkg/workerrun/tlstest"
 )
@@ -36,8 +38,10 @@ type mountedFiles map[string]string
 var binaries = map[string]binaryFlags{
 	"coordinator": func() (*flag.FlagSet, func(mountedFiles, string) error) {
 		o := coordinator.DefaultOptions()
+		po := plannerhost.DefaultOptions()
 		fs := flag.NewFlagSet("coordinator", flag.ContinueOnError)
 		o.AddFlags(fs)
+		po.AddFlags(fs) // the binary's flags: coordinatorrun registers both
 		return fs, func(files mountedFiles, tmp string) error {
 			if err := localize(files, tmp, map[string]*string{"config": &o.ConfigFile, "model": &o.Engine.Model,
 				"api-keys": &o.Auth.APIKeysFile, "metrics-token-file": &o.Auth.MetricsTokenFile}); err != nil {
@@ -52,7 +56,7 @@ var binaries = map[string]binaryFlags{
 			if err := o.Complete(); err != nil {
 				return err
 			}
-			return o.Validate()
+			return errors.Join(o.Validate(), po.Validate(o))
 		}
 	},
 	"prefill-worker": func() (*flag.FlagSet, func(mountedFiles, string) error) {

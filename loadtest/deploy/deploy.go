@@ -14,6 +14,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/enginecfg"
 	"github.com/pdserve/pdserve/pkg/perfmodel"
+	"github.com/pdserve/pdserve/pkg/standalone"
 	"github.com/pdserve/pdserve/pkg/workerrun"
 )
 
@@ -231,7 +232,7 @@ func nonEmpty(s, def string) string {
 
 // Local is a running local deployment.
 type Local struct {
-	c    *coordinator.Coordinator
+	c    *standalone.Server
 	spec Spec
 }
 
@@ -250,7 +251,7 @@ func Start(ctx context.Context, s Spec, log *zap.Logger) (*Local, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	c, err := coordinator.Start(ctx, o, log)
+	c, err := standalone.Start(ctx, o, log)
 	if err != nil {
 		return nil, fmt.Errorf("deploy: start %s: %w", s.Mode, err)
 	}

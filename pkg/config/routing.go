@@ -41,7 +41,19 @@ type Routing struct {
 	// Weights of the scorers of each profile; unset weights take the
 	// defaults (DefaultDecodeWeights, DefaultPrefillWeights).
 	Weights RoutingWeights `yaml:"weights"`
+	// Picker chooses a worker in both profiles: PickerMaxScore ("" too,
+	// the default: the highest weighted score) or PickerRoundRobin (in
+	// turn by worker id, ignoring every score: a baseline to measure
+	// scoring against). With roundrobin no weight may be set, since none
+	// would change anything.
+	Picker string `yaml:"picker"`
 }
+
+// Pickers, the values of Routing.Picker (package router's).
+const (
+	PickerMaxScore   = "maxscore"
+	PickerRoundRobin = "roundrobin"
+)
 
 // RoutingWeights are the scorer weights of the router's two profiles.
 type RoutingWeights struct {
@@ -101,11 +113,18 @@ func (r Routing) PrefillWeights() ScorerWeights {
 }
 
 // PrefixAware reports whether any setting reads prefix caches, so that
-// requests must carry their prompt's block hashes: a prefix weight, or a
-// threshold on uncached tokens.
+// requests must carry their prompt's block hashes: a prefix weight
+// (unless the picker ignores weights), or a threshold on uncached tokens.
 func (r Routing) PrefixAware() bool {
-	return r.DecodeWeights().Prefix > 0 || r.PrefillWeights().Prefix > 0 ||
-		r.LocalPrefillBelowTokens > 0 || r.BusyLocalPrefillBelowTokens > 0
+	weighs := r.Picker != PickerRoundRobin && (r.DecodeWeights().Prefix > 0 || r.PrefillWeights().Prefix > 0)
+	return weighs || r.LocalPrefillBelowTokens > 0 || r.BusyLocalPrefillBelowTokens > 0
+}
+
+// weightsSet reports whether the policy sets any scorer weight.
+func (r Routing) weightsSet() bool {
+	d, p := r.Weights.Decode, r.Weights.Prefill
+	return r.PrefixWeight != 0 || d.Prefix != nil || d.Queue != nil || d.KV != nil || d.Batch != nil ||
+		p.Prefix != nil || p.Queue != nil || p.Batch != nil
 }
 
 func (r Routing) validate() error {
@@ -141,6 +160,10 @@ func (r Routing) validate() error {
 		}
 	}
 	switch {
+	case r.Picker != "" && r.Picker != PickerMaxScore && r.Picker != PickerRoundRobin:
+		return bad("picker must be %s or %s, got %q", PickerMaxScore, PickerRoundRobin, r.Picker)
+	case r.Picker == PickerRoundRobin && r.weightsSet():
+		return bad("picker %s ignores the scores: unset prefix_weight and weights", PickerRoundRobin)
 	case r.PrefixWeight != 0 && w.Prefill.Prefix != nil:
 		return bad("prefix_weight and weights.prefill.prefix are the same weight: set one")
 	case r.DecodeWeights() == ScorerWeights{}:

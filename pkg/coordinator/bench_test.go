@@ -15,6 +15,7 @@ import (
 
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/coordinator"
+	"github.com/pdserve/pdserve/pkg/standalone"
 	"github.com/pdserve/pdserve/pkg/workerrun"
 )
 
@@ -136,7 +137,7 @@ func startBenchCluster(b *testing.B, mode, codec, policy string) string {
 	if err := o.Complete(); err != nil {
 		b.Fatal(err)
 	}
-	c, err := coordinator.Start(context.Background(), o, zap.NewNop())
+	c, err := standalone.Start(context.Background(), o, zap.NewNop())
 	if err != nil {
 		b.Fatal(err)
 	}

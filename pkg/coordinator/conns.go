@@ -1,15 +1,11 @@
 package coordinator
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"sync"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
-
-	"github.com/pdserve/pdserve/pkg/grpcauth"
 )
 
 // conns caches one gRPC client connection per worker address. A
@@ -70,22 +66,4 @@ func (c *conns) len() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return len(c.byAdr)
-}
-
-// standaloneGRPCAuth returns o with tokens generated for this process when
-// it has none: the standalone coordinator and its workers share them in
-// memory, so that nothing else on the machine can call the workers.
-func standaloneGRPCAuth(o grpcauth.Options) grpcauth.Options {
-	if o.Tokens() {
-		return o
-	}
-	o.Token, o.PrefillToken = randomToken(), randomToken()
-	return o
-}
-
-// randomToken returns 32 random bytes in hex.
-func randomToken() string {
-	b := make([]byte, 32)
-	_, _ = rand.Read(b) // crypto/rand.Read never fails
-	return hex.EncodeToString(b)
 }

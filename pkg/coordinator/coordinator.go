@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,8 +25,11 @@ import (
 	"github.com/pdserve/pdserve/pkg/metrics"
 	"github.com/pdserve/pdserve/pkg/router"
 	"github.com/pdserve/pdserve/pkg/tokenizer"
-	"github.com/pdserve/pdserve/pkg/workerrun"
 )
+
+// ErrStandalone is Start's error for Options with Standalone set: package
+// standalone starts the in-process workers and then the coordinator.
+var ErrStandalone = errors.New("coordinator: standalone mode is started by package standalone")
 
 // natsStopTimeout bounds draining the NATS connection at shutdown.
 const natsStopTimeout = 5 * time.Second
@@ -43,13 +45,12 @@ type Coordinator struct {
 	log *zap.Logger
 	reg *prometheus.Registry
 
-	ns          *server.Server // embedded NATS, or nil
-	natsURL     string
-	workerUsers map[string]control.NATSUser // standalone workers' NATS users by worker id
-	nc          *nats.Conn
-	ncDone      chan struct{} // closed when nc closed
-	members     *control.Membership
-	stopW       func() // stops the membership watch
+	ns      *server.Server // embedded NATS, or nil
+	natsURL string
+	nc      *nats.Conn
+	ncDone  chan struct{} // closed when nc closed
+	members *control.Membership
+	stopW   func() // stops the membership watch
 
 	closeTok func() // frees the model vocabulary the tokenizer uses, or nil
 
@@ -57,7 +58,6 @@ type Coordinator struct {
 	backend *backend
 	http    *http.Server
 	lis     net.Listener
-	workers []*workerrun.Worker
 
 	shutting atomic.Bool
 	bgCancel context.CancelFunc
@@ -69,11 +69,14 @@ type Coordinator struct {
 }
 
 // Start builds and starts a coordinator from validated, completed options.
-// It returns once the HTTP listener is open (HTTPAddr is valid) and, in
-// standalone mode, the workers are started (they join the membership with
-// their first heartbeat). ctx bounds only the start. Errors: listen, NATS
-// and worker start errors, wrapped; what was started is stopped again.
+// It returns once the HTTP listener is open (HTTPAddr is valid). ctx
+// bounds only the start. Errors: ErrStandalone when o.Standalone is set
+// (package standalone starts that mode), listen and NATS errors, wrapped;
+// what was started is stopped again.
 func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err error) {
+	if o.Standalone {
+		return nil, ErrStandalone
+	}
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
@@ -84,15 +87,15 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)
 	}
-	if o.Standalone {
-		o.GRPCAuth = standaloneGRPCAuth(o.GRPCAuth)
-	}
 	gauth, err := o.GRPCAuth.Load(grpcauth.RoleCoordinator, log.Named("grpcauth"))
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)
 	}
-	c = &Coordinator{o: o, log: log, reg: prometheus.NewRegistry(), serveErr: make(chan error, 1),
+	c = &Coordinator{o: o, log: log, reg: o.Registry, serveErr: make(chan error, 1),
 		conns: newConns(tlsCfg.ClientCredentials(), append(o.Keepalive.DialOptions(), gauth.DialOptions()...)...)}
+	if c.reg == nil {
+		c.reg = prometheus.NewRegistry()
+	}
 	c.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	defer func() {
 		if err != nil {
@@ -124,11 +127,8 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 	}
 
 	var tok engine.Tokenizer = tokenizer.Bytes{}
-	if o.Standalone {
-		if err := c.startWorkers(ctx); err != nil {
-			return c, err
-		}
-		tok = c.workers[0].Engine().Tokenizer()
+	if o.Tokenizer != nil {
+		tok = o.Tokenizer
 	} else {
 		// The model's own tokenizer (llamacpp): counts, budgets, prefix
 		// hashes and chat templates must be the workers'.
@@ -149,7 +149,7 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 	c.backend = &backend{
 		mode: o.Mode, policy: o.FirstTokenPolicy, codec: o.Codec, eog: eogSet(engine.EOGTokens(tok)), modelName: o.ModelName,
 		log: log, members: c.members, conns: c.conns, metrics: m, now: time.Now,
-		pricing: o.Policy.Pricing.Resolve(), engines: watchedEngines(c.workers),
+		pricing: o.Policy.Pricing.Resolve(), engines: watchedEngines(o.WatchEngines),
 		router: newRouter(o, c.reg),
 	}
 	if o.Policy.Routing.PrefixAware() {
@@ -199,44 +199,24 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 }
 
 // startEmbeddedNATS starts the embedded NATS server with its users: one
-// generated for the coordinator, one generated per standalone worker
-// (bound to its id), those of NATSAuthFile and NATSUsers. It returns the
+// generated for the coordinator, those of NATSAuthFile and NATSUsers. It returns the
 // coordinator's connection options. Errors: the users file's, the
 // server's, wrapped.
 func (c *Coordinator) startEmbeddedNATS() (control.ConnOptions, error) {
 	o := c.o
 	self := control.NewNATSUser(control.RoleCoordinator, "")
 	users := []control.NATSUser{self}
-	if o.Standalone {
-		c.workerUsers = make(map[string]control.NATSUser)
-		for _, w := range o.standaloneWorkers() {
-			u := control.NewNATSUser(w.role, w.id)
-			c.workerUsers[w.id] = u
-			users = append(users, u)
-		}
-	}
-	var fromFile []control.NATSUser
-	if o.NATSAuthFile != "" {
-		var err error
-		if fromFile, err = control.LoadUsers(o.NATSAuthFile); err != nil {
-			return control.ConnOptions{}, fmt.Errorf("coordinator: %w", err)
-		}
-		for _, u := range fromFile {
-			if u.NKey == "" && !strings.HasPrefix(u.Password, "$2") {
-				c.log.Warn("NATS users file holds a plain-text password; a bcrypt hash keeps the file free of usable secrets",
-					zap.String("file", o.NATSAuthFile), zap.String("user", u.User))
-			}
-		}
+	fromFile, err := LoadNATSUsers(o.NATSAuthFile, c.log)
+	if err != nil {
+		return control.ConnOptions{}, fmt.Errorf("coordinator: %w", err)
 	}
 	users = append(users, fromFile...)
 	users = append(users, o.NATSUsers...)
-	var err error
-	if c.ns, c.natsURL, err = control.StartEmbedded(o.natsListen(), control.WithUsers(users), control.WithLogger(c.log.Named("nats-server"))); err != nil {
+	if c.ns, c.natsURL, err = control.StartEmbedded(o.NATSListenAddr(), control.WithUsers(users), control.WithLogger(c.log.Named("nats-server"))); err != nil {
 		return control.ConnOptions{}, fmt.Errorf("coordinator: %w", err)
 	}
-	c.log.Info("embedded NATS server started", zap.String("url", c.natsURL), zap.Int("users_from_file", len(fromFile)),
-		zap.Int("standalone_worker_users", len(c.workerUsers)))
-	if !o.Standalone && len(fromFile)+len(o.NATSUsers) == 0 {
+	c.log.Info("embedded NATS server started", zap.String("url", c.natsURL), zap.Int("users_from_file", len(fromFile)))
+	if len(fromFile)+len(o.NATSUsers) == 0 {
 		c.log.Warn("the embedded NATS server has no users for workers: workers started apart cannot join; list them in --nats-auth-file")
 	}
 	conn := self.ConnOptions()
@@ -244,65 +224,24 @@ func (c *Coordinator) startEmbeddedNATS() (control.ConnOptions, error) {
 	return conn, nil
 }
 
-// standaloneWorker names one standalone worker.
-type standaloneWorker struct {
-	role control.Role
-	id   string
-}
-
-// standaloneWorkers returns the standalone workers to start, in order.
-func (o Options) standaloneWorkers() []standaloneWorker {
-	type spec struct {
-		role  control.Role
-		count int
+// LoadNATSUsers returns the users of the NATS users file (nil for an
+// empty path; see control.LoadUsers), warning on log about each
+// plain-text password. Errors: control.LoadUsers's.
+func LoadNATSUsers(file string, log *zap.Logger) ([]control.NATSUser, error) {
+	if file == "" {
+		return nil, nil
 	}
-	specs := []spec{{control.RolePrefill, o.PrefillWorkers}, {control.RoleDecode, o.DecodeWorkers}}
-	if o.Mode == ModeColocated {
-		specs = []spec{{control.RoleColocated, o.DecodeWorkers}}
+	users, err := control.LoadUsers(file)
+	if err != nil {
+		return nil, err
 	}
-	var out []standaloneWorker
-	for _, s := range specs {
-		for i := range s.count {
-			out = append(out, standaloneWorker{s.role, fmt.Sprintf("%s-%d", s.role, i)})
+	for _, u := range users {
+		if u.NKey == "" && !strings.HasPrefix(u.Password, "$2") {
+			log.Warn("NATS users file holds a plain-text password; a bcrypt hash keeps the file free of usable secrets",
+				zap.String("file", file), zap.String("user", u.User))
 		}
 	}
-	return out
-}
-
-// startWorkers starts the standalone workers, each logging in to the
-// embedded NATS server as its own user; with NATSURL they log in with the
-// coordinator's own credentials (that user then needs every role's
-// permissions).
-func (c *Coordinator) startWorkers(ctx context.Context) error {
-	for _, s := range c.o.standaloneWorkers() {
-		wo := workerrun.NewDecodeOptions()
-		if s.role == control.RolePrefill {
-			wo = workerrun.NewPrefillOptions()
-		}
-		wo.Role = s.role
-		wo.ID = s.id
-		wo.GRPCAddr, wo.MetricsAddr, wo.NATSURL = "127.0.0.1:0", "", c.natsURL
-		wo.NATS = c.o.NATS
-		if u, ok := c.workerUsers[s.id]; ok {
-			wo.NATS = u.ConnOptions()
-			wo.NATS.ReconnectWait = c.o.NATS.ReconnectWait
-		}
-		wo.Engine = c.o.Engine
-		wo.LogLevel = c.o.LogLevel
-		wo.Registerer = c.reg
-		wo.TLS = c.o.TLS
-		wo.GRPCAuth = grpcauth.Options{TokenFile: c.o.GRPCAuth.TokenFile, Token: c.o.GRPCAuth.Token, PrefillToken: c.o.GRPCAuth.PrefillToken}
-		wo.Keepalive = c.o.Keepalive
-		if c.o.WorkerOptions != nil {
-			c.o.WorkerOptions(&wo)
-		}
-		w, err := workerrun.Start(ctx, wo, c.log.Named("worker"))
-		if err != nil {
-			return fmt.Errorf("coordinator: standalone worker %s: %w", s.id, err)
-		}
-		c.workers = append(c.workers, w)
-	}
-	return nil
+	return users, nil
 }
 
 // housekeep updates the worker gauges and closes the gRPC connections of
@@ -340,10 +279,6 @@ func (c *Coordinator) NATSURL() string { return c.natsURL }
 
 // Membership returns the coordinator's view of the workers.
 func (c *Coordinator) Membership() *control.Membership { return c.members }
-
-// Workers returns the standalone workers (nil otherwise). The caller must
-// not Stop them while the coordinator runs, except to test failures.
-func (c *Coordinator) Workers() []*workerrun.Worker { return slices.Clone(c.workers) }
 
 // Registry returns the registry served on /metrics.
 func (c *Coordinator) Registry() *prometheus.Registry { return c.reg }
@@ -396,7 +331,7 @@ func (c *Coordinator) Ready() error {
 
 // Shutdown stops the coordinator gracefully: not ready, HTTP Shutdown
 // (requests in flight finish unless ctx ends first, then connections are
-// closed), standalone workers stopped, NATS drained, an embedded NATS
+// closed), Options.BeforeNATSDrain called, NATS drained, an embedded NATS
 // server stopped, gRPC connections closed. Later calls return the first
 // call's result.
 func (c *Coordinator) Shutdown(ctx context.Context) error {
@@ -427,9 +362,9 @@ func (c *Coordinator) closeAll(ctx context.Context) error {
 		c.bgCancel()
 	}
 	c.wg.Wait()
-	for _, w := range c.workers {
-		if err := w.Stop(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("coordinator: stop worker %s: %w", w.ID(), err))
+	if c.o.BeforeNATSDrain != nil {
+		if err := c.o.BeforeNATSDrain(ctx); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	if c.stopW != nil {
@@ -497,6 +432,7 @@ func newRouter(o Options, reg prometheus.Registerer) *router.Router {
 		MaxQueuedPrefillTokens:      rt.MaxQueuedPrefillTokens,
 		Decode:                      router.Weights(rt.DecodeWeights()),
 		Prefill:                     router.Weights(rt.PrefillWeights()),
+		Picker:                      rt.Picker,
 		Registerer:                  reg,
 		Clock:                       time.Now,
 	})

@@ -3,23 +3,27 @@
 // NATS heartbeats (pkg/control; an embedded NATS server when no URL is
 // given), routes each request (pkg/router) and runs it over the workers'
 // gRPC services, recording its latency budget (pkg/budget, pkg/metrics).
-// In standalone mode it also starts prefill and decode (or colocated)
-// workers in its own process (pkg/workerrun).
 //
 // Its job is request orchestration. The rest lives elsewhere: the binary's
 // flags, subcommands (plan, profiles, calibrate, hash-key) and wiring in
 // package coordinatorrun; the online planner and its Kubernetes actuator
 // in package plannerhost, attached as an Extension (an observer of the
 // traces of completed requests); the classification of KV transfer
-// failures in package kvtransfer (kvtransfer.IsFailedStatus).
+// failures in package kvtransfer (kvtransfer.IsFailedStatus); standalone
+// mode (--standalone: the workers in this process, the embedded NATS
+// server with their users, generated gRPC tokens) in package standalone,
+// which hands the coordinator its workers' tokenizer, engines and registry
+// and its shutdown step through the code-only Options Tokenizer,
+// WatchEngines, Registry and BeforeNATSDrain. Start refuses Options with
+// Standalone set (ErrStandalone).
 //
 // # NATS
 //
 // The embedded server (no --nats-url) requires credentials: the
-// coordinator logs in as a coordinator-role user generated per start, each
-// standalone worker as a user of its own bound to its id (generated too,
-// kept in process), workers started apart as the users of
-// --nats-auth-file (control.LoadUsers). With --nats-url the coordinator
+// coordinator logs in as a coordinator-role user generated per start,
+// workers as the users of --nats-auth-file (control.LoadUsers) or
+// Options.NATSUsers; package standalone generates a user per in-process
+// worker. With --nats-url the coordinator
 // logs in with --nats-user/--nats-password-file, --nats-token-file,
 // --nats-nkey-seed-file or --nats-creds and --nats-tls-* (control.ConnOptions).
 // Either way the connection is retried forever; Ready reports "not
@@ -111,16 +115,16 @@
 // the gRPC connections to the workers TLS: the CA verifies the workers'
 // certificates (for --tls-server-name rather than the heartbeat's IP) and
 // the certificate is presented to workers that require client
-// certificates (mutual TLS). Standalone workers get the same settings. No
-// TLS flag: plaintext.
+// certificates (mutual TLS). Standalone workers (package standalone) get
+// the same settings. No TLS flag: plaintext.
 //
 // Options.GRPCAuth (--grpc-token-file; pkg/grpcauth) is the coordinator's
 // token, sent as a bearer token on every call to the workers, which serve
 // DecodeService and PrefillService only to the coordinator's token or
 // certificate identity and the KV transfer only to a prefill worker's.
-// Standalone, the coordinator generates a coordinator and a prefill token
-// at each start and hands them to its in-process workers, so that other
-// users of the machine cannot call them.
+// Standalone, package standalone generates a coordinator and a prefill
+// token at each start and hands them to the coordinator and its
+// in-process workers, so that other users of the machine cannot call them.
 //
 // # Authentication
 //
@@ -157,7 +161,8 @@
 //
 // Start wires everything and returns once the HTTP listener is open;
 // Shutdown marks the coordinator not ready, drains HTTP requests (bounded
-// by its context), stops standalone workers, unsubscribes from NATS,
+// by its context), calls Options.BeforeNATSDrain (package standalone stops
+// its workers there), unsubscribes from NATS,
 // drains the connection, stops an embedded NATS server and closes gRPC
 // connections. Run does Start, waits for ctx, and Shutdown.
 package coordinator

@@ -2,11 +2,12 @@ package coordinator
 
 import (
 	"fmt"
+	"sort"
 	"time"
 
 	"github.com/pdserve/pdserve/pkg/budget"
+	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/engine/sim"
-	"github.com/pdserve/pdserve/pkg/workerrun"
 )
 
 // overrunner is an engine that counts the steps in which it fell behind
@@ -17,21 +18,23 @@ type overrunner interface {
 
 var _ overrunner = (*sim.Engine)(nil)
 
-// watchedEngine is the engine of a standalone worker that counts its
+// watchedEngine is the engine of an in-process worker that counts its
 // overruns.
 type watchedEngine struct {
 	worker string // worker ID, as in Trace.PrefillWorker and DecodeWorker
 	e      overrunner
 }
 
-// watchedEngines returns the engines of ws that count their overruns.
-func watchedEngines(ws []*workerrun.Worker) []watchedEngine {
+// watchedEngines returns the engines of es (by worker ID) that count
+// their overruns, sorted by worker ID.
+func watchedEngines(es map[string]engine.Engine) []watchedEngine {
 	var out []watchedEngine
-	for _, w := range ws {
-		if e, ok := w.Engine().(overrunner); ok {
-			out = append(out, watchedEngine{worker: w.ID(), e: e})
+	for id, e := range es {
+		if o, ok := e.(overrunner); ok {
+			out = append(out, watchedEngine{worker: id, e: o})
 		}
 	}
+	sort.Slice(out, func(i, j int) bool { return out[i].worker < out[j].worker })
 	return out
 }
 

@@ -24,6 +24,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/enginecfg"
 	"github.com/pdserve/pdserve/pkg/plannerhost"
+	"github.com/pdserve/pdserve/pkg/standalone"
 	"github.com/pdserve/pdserve/pkg/workerrun"
 )
 
@@ -70,7 +71,7 @@ func (g *gatedEngine) open() { g.once.Do(func() { close(g.gate) }) }
 
 // cluster is a standalone coordinator with its in-process workers.
 type cluster struct {
-	c     *coordinator.Coordinator
+	c     *standalone.Server
 	url   string
 	gates map[string]*gatedEngine // decode workers' engines by worker id, when gated
 	// natsObserver may log in to the embedded NATS server, to read
@@ -161,7 +162,7 @@ func startCluster(t *testing.T, co clusterOpts) *cluster {
 			cl.planner = h
 		}
 	}
-	c, err := coordinator.Start(context.Background(), o, log)
+	c, err := standalone.Start(context.Background(), o, log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,17 +1,20 @@
 package coordinator
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"net"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
 	"github.com/pdserve/pdserve/pkg/config"
 	"github.com/pdserve/pdserve/pkg/control"
+	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/enginecfg"
 	"github.com/pdserve/pdserve/pkg/grpcauth"
 	"github.com/pdserve/pdserve/pkg/workerrun"
@@ -140,6 +143,26 @@ type Options struct {
 	// WorkerOptions, when set, edits each standalone worker's options
 	// before it starts (tests: heartbeat interval, KV blocks). Not a flag.
 	WorkerOptions func(*workerrun.Options)
+
+	// The fields below are set in code by package standalone, which
+	// starts workers in this process before the coordinator. Not flags.
+
+	// Tokenizer, when set, is used instead of the one Engine selects
+	// (the in-process workers' own). The coordinator does not close it.
+	Tokenizer engine.Tokenizer
+	// WatchEngines are the engines of in-process workers by worker ID;
+	// requests get a warning when one that counts its overruns (the sim
+	// engine) fell behind its model meanwhile (enginewarn.go).
+	WatchEngines map[string]engine.Engine
+	// Registry, when set, is the registry served on /metrics (nil: a new
+	// one); the coordinator registers its metrics and the Go and process
+	// collectors in it.
+	Registry *prometheus.Registry
+	// BeforeNATSDrain, when set, is called by Shutdown after the HTTP
+	// drain and before the NATS connection is drained (in-process
+	// workers stop then, while their heartbeats still reach NATS); its
+	// error is part of Shutdown's.
+	BeforeNATSDrain func(ctx context.Context) error
 }
 
 // DefaultMaxBodyBytes is the default of --max-body-bytes: 16 MiB.
@@ -207,9 +230,10 @@ const (
 	defaultNATSListen    = "127.0.0.1:4222"
 )
 
-// natsListen returns the embedded NATS server's address: NATSListen, or
-// its default for the mode when empty.
-func (o Options) natsListen() string {
+// NATSListenAddr returns the embedded NATS server's address: NATSListen,
+// or its default for the mode when empty (a free port on loopback in
+// standalone mode).
+func (o Options) NATSListenAddr() string {
 	switch {
 	case o.NATSListen != "":
 		return o.NATSListen
@@ -358,7 +382,7 @@ func (o Options) LogFields() []zap.Field {
 	f := []zap.Field{
 		zap.String("http_addr", o.HTTPAddr),
 		zap.String("nats_url", control.RedactURL(o.NATSURL)),
-		zap.String("nats_listen", o.natsListen()),
+		zap.String("nats_listen", o.NATSListenAddr()),
 		zap.String("nats_auth_file", o.NATSAuthFile),
 		zap.Bool("standalone", o.Standalone),
 		zap.String("mode", o.Mode),
@@ -387,6 +411,7 @@ func (o Options) LogFields() []zap.Field {
 		zap.Int("prefill_queue_local_tokens", p.Routing.PrefillQueueLocalTokens),
 		zap.Int("busy_local_prefill_below_tokens", p.Routing.BusyLocalPrefillBelowTokens),
 		zap.Any("routing_weights", p.Routing.Weights),
+		zap.String("routing_picker", p.Routing.Picker),
 		zap.Float64("pricing_gpu_usd_per_hour", p.Pricing.GPUUSDPerHour),
 		zap.Int("pricing_prefill_gpus_per_worker", p.Pricing.PrefillGPUsPerWorker),
 		zap.Int("pricing_decode_gpus_per_worker", p.Pricing.DecodeGPUsPerWorker),

@@ -15,6 +15,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/engine/sim"
+	"github.com/pdserve/pdserve/pkg/standalone"
 	"github.com/pdserve/pdserve/pkg/workerrun"
 )
 
@@ -51,7 +52,7 @@ func TestNATSListenInUse(t *testing.T) {
 	if err := o.Complete(); err != nil {
 		t.Fatal(err)
 	}
-	c, err := coordinator.Start(context.Background(), o, testLogger(t))
+	c, err := standalone.Start(context.Background(), o, testLogger(t))
 	if err == nil {
 		_ = c.Shutdown(context.Background())
 		t.Fatal("Start on a taken NATS address succeeded")

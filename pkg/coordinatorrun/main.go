@@ -17,6 +17,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/perfmodel"
 	"github.com/pdserve/pdserve/pkg/planner/plancli"
 	"github.com/pdserve/pdserve/pkg/plannerhost"
+	"github.com/pdserve/pdserve/pkg/standalone"
 	"github.com/pdserve/pdserve/pkg/workerrun"
 )
 
@@ -135,7 +136,11 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if host != nil {
 		o.Extensions = append(o.Extensions, host)
 	}
-	if err := coordinator.Run(ctx, o, log); err != nil {
+	run := coordinator.Run
+	if o.Standalone {
+		run = standalone.Run
+	}
+	if err := run(ctx, o, log); err != nil {
 		log.Error("coordinator failed", zap.Error(err))
 		return 1
 	}

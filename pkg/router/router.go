@@ -16,6 +16,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/router/plugins/prefixoverlap"
 	"github.com/pdserve/pdserve/pkg/router/plugins/queuedtokens"
 	"github.com/pdserve/pdserve/pkg/router/plugins/queuelimit"
+	"github.com/pdserve/pdserve/pkg/router/plugins/roundrobin"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -72,9 +73,16 @@ type Config struct {
 	// Decode and Prefill weigh the scorers of the two profiles; zero
 	// values take DefaultDecodeWeights and DefaultPrefillWeights.
 	Decode, Prefill Weights
+	// Picker chooses among the scored candidates in both profiles:
+	// PickerMaxScore ("" too: the highest total, plugins/maxscore) or
+	// PickerRoundRobin (in turn by worker id, plugins/roundrobin, a
+	// baseline; the profiles then run no scorers, so Decode and Prefill
+	// weigh nothing). Any other value makes New panic (the policy
+	// validates it first).
+	Picker string
 	// DecodeProfile and PrefillProfile, when not nil, replace the
 	// profiles built from the fields above (Decode, Prefill,
-	// MaxQueuedPrefillTokens).
+	// MaxQueuedPrefillTokens, Picker).
 	DecodeProfile, PrefillProfile *Profile
 	// BlockTokens: tokens per KV block, for estimating the blocks a
 	// request takes and the tokens a prefix hash covers. ≤ 0 means 16.
@@ -91,12 +99,25 @@ type Config struct {
 	Clock func() time.Time
 }
 
+// Pickers, the values of Config.Picker.
+const (
+	PickerMaxScore   = "maxscore"
+	PickerRoundRobin = "roundrobin"
+)
+
 // DefaultProfiles returns the profiles New builds from cfg: decode
 // filters draining, excluded, model, then kvroom; prefill filters
 // draining, excluded, model, then queuelimit; scorers prefix, queue, kv,
 // batch with the configured weights (kv is not used for prefill: prefill
-// workers report no KV).
+// workers report no KV); the picker of cfg.Picker (with
+// PickerRoundRobin, one per profile and no scorers). It panics on an
+// unknown cfg.Picker.
 func DefaultProfiles(cfg Config) (decode, prefill Profile) {
+	switch cfg.Picker {
+	case "", PickerMaxScore, PickerRoundRobin:
+	default:
+		panic(fmt.Sprintf("router: unknown picker %q", cfg.Picker))
+	}
 	dw, pw := cfg.Decode, cfg.Prefill
 	if dw == (Weights{}) {
 		dw = DefaultDecodeWeights
@@ -115,6 +136,10 @@ func DefaultProfiles(cfg Config) (decode, prefill Profile) {
 	ps := scorers(pw)
 	ps[2].Weight = 0
 	prefill = Profile{Filters: eligible, Capacity: []Filter{&queuelimit.Filter{Max: cfg.MaxQueuedPrefillTokens}}, Scorers: ps}
+	if cfg.Picker == PickerRoundRobin {
+		decode.Scorers, decode.Picker = nil, &roundrobin.Picker{}
+		prefill.Scorers, prefill.Picker = nil, &roundrobin.Picker{}
+	}
 	return decode, prefill
 }
 

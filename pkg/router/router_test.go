@@ -320,3 +320,40 @@ func TestRouteLocalForcesLocalPrefill(t *testing.T) {
 		t.Fatalf("Local request: decision %+v, err %v; want local prefill on d", dec, err)
 	}
 }
+
+// TestRouteRoundRobin: Config.Picker roundrobin takes the workers of each
+// profile in turn by id, whatever the scores say (d1 has far more free KV).
+func TestRouteRoundRobin(t *testing.T) {
+	r := New(Config{BlockTokens: 16, Picker: PickerRoundRobin})
+	decode := []Worker{
+		{ID: "d1", KVBlocksFree: 1000, Time: at(0)},
+		{ID: "d0", KVBlocksFree: 100, Time: at(0)},
+	}
+	prefill := []Worker{{ID: "p2", Time: at(0)}, {ID: "p0", Time: at(0)}, {ID: "p1", Time: at(0)}}
+	var got []choice
+	for i, id := range []string{"a", "b", "c", "d"} {
+		d, err := r.Route(at(10+i), Request{ID: id, PromptTokens: 32}, decode, prefill, nil)
+		if err != nil {
+			t.Fatalf("Route %s: %v", id, err)
+		}
+		got = append(got, summarise(d))
+	}
+	want := []choice{
+		{Decode: "d0", Prefill: "p0"},
+		{Decode: "d1", Prefill: "p1"},
+		{Decode: "d0", Prefill: "p2"},
+		{Decode: "d1", Prefill: "p0"},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("round robin (-want +got):\n%s", diff)
+	}
+}
+
+func TestNewUnknownPickerPanics(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Error("New with an unknown picker did not panic")
+		}
+	}()
+	New(Config{Picker: "random"})
+}

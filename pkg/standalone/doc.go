@@ -1,0 +1,27 @@
+// Package standalone runs a whole pdserve deployment in one process: the
+// coordinator (package coordinator) and its prefill and decode (or
+// colocated) workers (package workerrun), for `coordinator --standalone`,
+// demos and tests.
+//
+// Start takes the coordinator's Options with Standalone set
+// (PrefillWorkers, DecodeWorkers, Engine, WorkerOptions…) and, in order:
+//
+//  1. generates a coordinator and a prefill gRPC token when GRPCAuth has
+//     none, shared in memory, so that nothing else on the machine can call
+//     the workers;
+//  2. without NATSURL, starts the embedded NATS server (NATSListen, by
+//     default a free port on loopback) with generated users: one for the
+//     coordinator, one per worker bound to its id, plus those of
+//     NATSAuthFile and NATSUsers. With NATSURL the workers log in with the
+//     coordinator's credentials (that user then needs every role's
+//     permissions);
+//  3. starts the workers, their metrics in the coordinator's registry;
+//  4. starts the coordinator (coordinator.Start) on that NATS server,
+//     tokenizing with the first worker's engine and watching the sim
+//     engines' overruns.
+//
+// Shutdown stops it in the order that lets requests finish: the
+// coordinator's HTTP drain, then the workers (coordinator
+// Options.BeforeNATSDrain), then the coordinator's NATS connection, then
+// the embedded NATS server.
+package standalone

@@ -1,0 +1,241 @@
+package standalone
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/pdserve/pdserve/pkg/control"
+	"github.com/pdserve/pdserve/pkg/coordinator"
+	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/grpcauth"
+	"github.com/pdserve/pdserve/pkg/workerrun"
+)
+
+// Server is a started standalone deployment: the coordinator, whose
+// methods it has, and its in-process workers. Its methods are safe for
+// concurrent use.
+type Server struct {
+	*coordinator.Coordinator
+
+	log     *zap.Logger
+	ns      *server.Server // embedded NATS, or nil
+	workers []*workerrun.Worker
+
+	stopOnce sync.Once
+	stopErr  error
+
+	shutdownOnce sync.Once
+	shutdownErr  error
+}
+
+// Start starts the workers and the coordinator from validated, completed
+// options with Standalone set (see the package doc). It returns once the
+// HTTP listener is open and the workers are started (they join the
+// membership with their first heartbeat). ctx bounds only the start.
+// Errors: invalid options, NATS, worker and coordinator start errors,
+// wrapped; what was started is stopped again.
+func Start(ctx context.Context, o coordinator.Options, log *zap.Logger) (s *Server, err error) {
+	if !o.Standalone {
+		return nil, errors.New("standalone: options without Standalone")
+	}
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	s = &Server{log: log}
+	defer func() {
+		if err != nil {
+			s.closeAll(context.Background())
+			s = nil
+		}
+	}()
+	o.GRPCAuth = generatedGRPCAuth(o.GRPCAuth)
+	specs := workerSpecs(o)
+
+	co := o // the coordinator's options
+	co.Standalone, co.WorkerOptions = false, nil
+	workerNATS := func(string) control.ConnOptions { return o.NATS }
+	if o.NATSURL == "" {
+		self := control.NewNATSUser(control.RoleCoordinator, "")
+		users := []control.NATSUser{self}
+		byID := make(map[string]control.NATSUser, len(specs))
+		for _, w := range specs {
+			u := control.NewNATSUser(w.role, w.id)
+			byID[w.id] = u
+			users = append(users, u)
+		}
+		fromFile, err := coordinator.LoadNATSUsers(o.NATSAuthFile, log.Named("nats-server"))
+		if err != nil {
+			return s, fmt.Errorf("standalone: %w", err)
+		}
+		users = append(users, fromFile...)
+		users = append(users, o.NATSUsers...)
+		if s.ns, co.NATSURL, err = control.StartEmbedded(o.NATSListenAddr(), control.WithUsers(users), control.WithLogger(log.Named("nats-server"))); err != nil {
+			return s, fmt.Errorf("standalone: %w", err)
+		}
+		log.Info("embedded NATS server started", zap.String("url", co.NATSURL), zap.Int("users_from_file", len(fromFile)),
+			zap.Int("standalone_worker_users", len(specs)))
+		co.NATSAuthFile, co.NATSUsers = "", nil
+		co.NATS = withReconnectWait(self.ConnOptions(), o.NATS.ReconnectWait)
+		workerNATS = func(id string) control.ConnOptions {
+			return withReconnectWait(byID[id].ConnOptions(), o.NATS.ReconnectWait)
+		}
+	}
+
+	reg := prometheus.NewRegistry()
+	for _, w := range specs {
+		wo := workerrun.NewDecodeOptions()
+		if w.role == control.RolePrefill {
+			wo = workerrun.NewPrefillOptions()
+		}
+		wo.Role, wo.ID = w.role, w.id
+		wo.GRPCAddr, wo.MetricsAddr, wo.NATSURL = "127.0.0.1:0", "", co.NATSURL
+		wo.NATS = workerNATS(w.id)
+		wo.Engine = o.Engine
+		wo.LogLevel = o.LogLevel
+		wo.Registerer = reg
+		wo.TLS = o.TLS
+		wo.GRPCAuth = grpcauth.Options{TokenFile: o.GRPCAuth.TokenFile, Token: o.GRPCAuth.Token, PrefillToken: o.GRPCAuth.PrefillToken}
+		wo.Keepalive = o.Keepalive
+		if o.WorkerOptions != nil {
+			o.WorkerOptions(&wo)
+		}
+		wk, err := workerrun.Start(ctx, wo, log.Named("worker"))
+		if err != nil {
+			return s, fmt.Errorf("standalone: worker %s: %w", w.id, err)
+		}
+		s.workers = append(s.workers, wk)
+	}
+
+	co.Registry = reg
+	co.Tokenizer = s.workers[0].Engine().Tokenizer()
+	co.WatchEngines = make(map[string]engine.Engine, len(s.workers))
+	for _, w := range s.workers {
+		co.WatchEngines[w.ID()] = w.Engine()
+	}
+	co.BeforeNATSDrain = s.stopWorkers
+	if s.Coordinator, err = coordinator.Start(ctx, co, log); err != nil {
+		return s, fmt.Errorf("standalone: %w", err)
+	}
+	return s, nil
+}
+
+// Workers returns the in-process workers, prefill ones first. The caller
+// must not Stop them while the server runs, except to test failures.
+func (s *Server) Workers() []*workerrun.Worker { return slices.Clone(s.workers) }
+
+// Shutdown stops the deployment gracefully: the coordinator's Shutdown
+// (not ready, HTTP drain, the workers stopped, NATS drained), then the
+// embedded NATS server. Later calls return the first call's result.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.shutdownOnce.Do(func() { s.shutdownErr = s.closeAll(ctx) })
+	return s.shutdownErr
+}
+
+// closeAll stops what was started; safe after a partial Start.
+func (s *Server) closeAll(ctx context.Context) error {
+	var errs []error
+	if s.Coordinator != nil {
+		errs = append(errs, s.Coordinator.Shutdown(ctx))
+	}
+	errs = append(errs, s.stopWorkers(ctx)) // already done by a started coordinator
+	if s.ns != nil {
+		s.ns.Shutdown()
+		s.ns.WaitForShutdown()
+	}
+	return errors.Join(errs...)
+}
+
+// stopWorkers stops the workers once; later calls return the first
+// call's result.
+func (s *Server) stopWorkers(ctx context.Context) error {
+	s.stopOnce.Do(func() {
+		var errs []error
+		for _, w := range s.workers {
+			if err := w.Stop(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("standalone: stop worker %s: %w", w.ID(), err))
+			}
+		}
+		s.stopErr = errors.Join(errs...)
+	})
+	return s.stopErr
+}
+
+// Run starts a standalone deployment, blocks until ctx ends or the HTTP
+// server fails, and shuts down gracefully within Options.ShutdownTimeout.
+// It returns the failure, or nil after a clean stop.
+func Run(ctx context.Context, o coordinator.Options, log *zap.Logger) error {
+	s, err := Start(ctx, o, log)
+	if err != nil {
+		return err
+	}
+	var runErr error
+	select {
+	case <-ctx.Done():
+	case runErr = <-s.Err():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), o.ShutdownTimeout)
+	defer cancel()
+	return errors.Join(runErr, s.Shutdown(sctx))
+}
+
+// workerSpec names one worker to start.
+type workerSpec struct {
+	role control.Role
+	id   string
+}
+
+// workerSpecs returns the workers to start, in order.
+func workerSpecs(o coordinator.Options) []workerSpec {
+	type spec struct {
+		role  control.Role
+		count int
+	}
+	specs := []spec{{control.RolePrefill, o.PrefillWorkers}, {control.RoleDecode, o.DecodeWorkers}}
+	if o.Mode == coordinator.ModeColocated {
+		specs = []spec{{control.RoleColocated, o.DecodeWorkers}}
+	}
+	var out []workerSpec
+	for _, sp := range specs {
+		for i := range sp.count {
+			out = append(out, workerSpec{sp.role, fmt.Sprintf("%s-%d", sp.role, i)})
+		}
+	}
+	return out
+}
+
+// withReconnectWait returns c with its reconnect wait set to d.
+func withReconnectWait(c control.ConnOptions, d time.Duration) control.ConnOptions {
+	c.ReconnectWait = d
+	return c
+}
+
+// generatedGRPCAuth returns o with tokens generated for this process when
+// it has none: the coordinator and its workers share them in memory, so
+// that nothing else on the machine can call the workers.
+func generatedGRPCAuth(o grpcauth.Options) grpcauth.Options {
+	if o.Tokens() {
+		return o
+	}
+	o.Token, o.PrefillToken = randomToken(), randomToken()
+	return o
+}
+
+// randomToken returns 32 random bytes in hex.
+func randomToken() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails
+	return hex.EncodeToString(b)
+}
