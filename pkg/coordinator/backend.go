@@ -340,7 +340,7 @@ func (r *run) place(decodeOnly bool) (router.Decision, error) {
 		if decodeOnly {
 			r.b.router.PrefillDone(r.req.ID)
 		}
-		err = r.reserve(dec.Decode)
+		err = r.reserve(dec.Decode, !decodeOnly && !dec.Local)
 		switch code := status.Code(err); {
 		case err == nil:
 			r.decode, r.reserved = dec.Decode, true
@@ -363,21 +363,32 @@ func (r *run) place(decodeOnly bool) (router.Decision, error) {
 	}
 }
 
-func (r *run) reserve(w router.Worker) error {
+// reserve reserves KV for the request on w. fresh: the KV will come
+// from a new Prefill, so the worker is shown the prompt and may answer
+// the prefix it holds already (skip_tokens); for a local prefill (the
+// worker looks its cache up itself) or a Resend (the whole retained KV)
+// it is not, and no decode-side hit is recorded.
+func (r *run) reserve(w router.Worker, fresh bool) error {
 	cc, err := r.b.conns.get(w.Addr)
 	if err != nil {
 		return status.Error(codes.Unavailable, err.Error())
 	}
 	ctx, cancel := context.WithTimeout(r.ctx, rpcTimeout)
 	defer cancel()
-	res, err := pdservev1.NewDecodeServiceClient(cc).Reserve(ctx, &pdservev1.ReserveRequest{
+	req := &pdservev1.ReserveRequest{
 		RequestId: r.req.ID, Tokens: int32(len(r.req.Prompt) + r.req.MaxTokens),
 		Sequences: int32(len(r.choices)), PromptTokens: int32(len(r.req.Prompt)),
-		Prompt: r.req.Prompt, // for the worker's prefix cache: it may hold a prefix
-	})
+	}
+	if fresh {
+		req.Prompt = r.req.Prompt // for the worker's prefix cache: it may hold a prefix
+	}
+	res, err := pdservev1.NewDecodeServiceClient(cc).Reserve(ctx, req)
 	// The prompt tokens whose KV the worker holds already: the prefill
 	// worker sends the rest (startPrefill's skip_tokens).
-	r.decodeHit = int(res.GetPrefixHitTokens())
+	r.decodeHit = 0
+	if fresh {
+		r.decodeHit = int(res.GetPrefixHitTokens())
+	}
 	r.tr.DecodePrefixHitTokens = r.decodeHit
 	return err
 }
