@@ -115,3 +115,22 @@ type Picker interface {
 	// must be deterministic: the same inputs give the same index.
 	Pick(in *Input, cs []Candidate, totals []float64) int
 }
+
+// RelativeLoad writes 1 − load(c)/max into scores for each candidate c,
+// where max is the largest load among cs and a negative load counts as
+// 0: the least loaded scores highest, every score in [0, 1], all 1 when
+// max is 0. Scorers of a load figure (queued tokens, running batch) share
+// it.
+func RelativeLoad(cs []Candidate, scores []float64, load func(Candidate) int) {
+	top := 0
+	for _, c := range cs {
+		top = max(top, load(c))
+	}
+	for i, c := range cs {
+		if top == 0 {
+			scores[i] = 1
+			continue
+		}
+		scores[i] = 1 - float64(max(load(c), 0))/float64(top)
+	}
+}

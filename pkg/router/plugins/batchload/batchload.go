@@ -21,15 +21,5 @@ func (*Scorer) Name() string { return "batch" }
 
 // Score implements framework.Scorer.
 func (*Scorer) Score(_ *framework.Input, cs []framework.Candidate, scores []float64) {
-	bmax := 0
-	for _, c := range cs {
-		bmax = max(bmax, c.Load.RunningBatch)
-	}
-	for i, c := range cs {
-		if bmax == 0 {
-			scores[i] = 1
-			continue
-		}
-		scores[i] = 1 - float64(max(c.Load.RunningBatch, 0))/float64(bmax)
-	}
+	framework.RelativeLoad(cs, scores, func(c framework.Candidate) int { return c.Load.RunningBatch })
 }

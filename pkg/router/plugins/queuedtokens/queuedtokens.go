@@ -22,15 +22,5 @@ func (*Scorer) Name() string { return "queue" }
 
 // Score implements framework.Scorer.
 func (*Scorer) Score(_ *framework.Input, cs []framework.Candidate, scores []float64) {
-	qmax := 0
-	for _, c := range cs {
-		qmax = max(qmax, c.Load.QueuedPrefillTokens)
-	}
-	for i, c := range cs {
-		if qmax == 0 {
-			scores[i] = 1
-			continue
-		}
-		scores[i] = 1 - float64(max(c.Load.QueuedPrefillTokens, 0))/float64(qmax)
-	}
+	framework.RelativeLoad(cs, scores, func(c framework.Candidate) int { return c.Load.QueuedPrefillTokens })
 }
