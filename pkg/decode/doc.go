@@ -47,9 +47,8 @@
 //
 // # Prefix cache
 //
-// With Options.PrefixCache on (--prefix-cache-tokens > 0; its tokens'
-// blocks are taken out of the pool at New), a finished (or cancelled)
-// request's sequence is kept as a pkg/prefixcache entry holding its
+// With Options.PrefixCache on (--prefix-cache-tokens > 0), a finished (or
+// cancelled) request's sequence is kept as a pkg/prefixcache entry holding its
 // prompt's full blocks (forked out when the sequence holds more). A local
 // prefill forks the longest cached prefix (not for prompt logprobs) and
 // computes the rest. For remote KV, a Reserve carrying the prompt pins the
@@ -60,6 +59,14 @@
 // must carry the reserved prompt (INVALID_ARGUMENT otherwise). Pins are
 // the only references: forks are independent of their source, so evicting
 // an entry never touches a sequence in use.
+//
+// Cached KV shares the pool with requests, as vLLM's free block queue
+// does: an entry is charged its blocks while it is cached, and a Reserve
+// (or a Generate growing its reservation) that finds too few free blocks
+// reclaims unpinned entries, least recently used first, before it fails
+// with RESOURCE_EXHAUSTED. KVBlocksFree in heartbeats and ReserveResponse
+// counts the unpinned entries' blocks as free. The reclaimed engine
+// sequences are freed by the scheduler before its next step imports KV.
 //
 // # The token stream and the first token
 //

@@ -39,10 +39,12 @@ type Options struct {
 	MaxReservedTokensPerCaller int
 	// PrefixCache keeps finished requests' prompt KV in the engine for
 	// prefix reuse by local prefill and by remote KV (see the package
-	// doc); off by default (MaxTokens 0). Its tokens are taken out of the
-	// pool up front (whole blocks), so MaxTokens must leave blocks for
-	// requests; its blocks are BlockTokens tokens (its own BlockTokens is
-	// ignored).
+	// doc); off by default (MaxTokens 0). Its tokens share the pool with
+	// requests: they take blocks only while cached, and a request short of
+	// free blocks reclaims unpinned entries, so MaxTokens bounds the cache
+	// without taking anything from requests (up to KVBlocks × BlockTokens
+	// is useful). Its blocks are BlockTokens tokens (its own BlockTokens
+	// is ignored).
 	PrefixCache prefixcache.Options
 }
 
@@ -115,9 +117,6 @@ func (o Options) Validate() error {
 	pc := o.cacheOptions()
 	if err := pc.Validate(); err != nil {
 		errs = append(errs, err)
-	}
-	if pc.MaxTokens > 0 && o.BlockTokens > 0 && (pc.MaxTokens+o.BlockTokens-1)/o.BlockTokens >= o.KVBlocks {
-		errs = append(errs, fmt.Errorf("prefix-cache-tokens %d leave none of the %d kv blocks to requests", pc.MaxTokens, o.KVBlocks))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("decode: invalid options: %w", err)

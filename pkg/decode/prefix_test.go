@@ -2,11 +2,14 @@ package decode
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/internal/poll"
@@ -55,12 +58,17 @@ func generateLocal(t *testing.T, w *testWorker, id string, p []int32, maxTokens 
 }
 
 // idle waits until no request holds blocks: the pool is free but for the
-// prefix cache's share, and nothing in the cache is pinned.
+// blocks charged to the prefix cache's tokens, nothing in the cache is
+// pinned, and so every block counts as free.
 func idle(t *testing.T, w *testWorker) {
 	t.Helper()
 	poll.WaitFor(t, "worker idle", func() bool {
 		st := w.s.Stats()
-		return st.Requests == 0 && st.KVBlocksFree == st.KVBlocksTotal-len(w.s.cacheBlocks) && st.PrefixCache.Pinned == 0
+		w.s.mu.Lock()
+		charged, free := len(w.s.cacheBlocks), w.s.pool.Free()
+		w.s.mu.Unlock()
+		return st.Requests == 0 && st.PrefixCache.Pinned == 0 && st.KVBlocksFree == st.KVBlocksTotal &&
+			charged == w.s.pool.BlocksFor(st.PrefixCache.Tokens) && free+charged == st.KVBlocksTotal
 	})
 }
 
@@ -254,4 +262,78 @@ func TestPrefixCacheConcurrentUnderPressure(t *testing.T) {
 		t.Errorf("cache %+v: want within bounds, with evictions", st)
 	}
 	t.Logf("cache %+v", st)
+}
+
+// TestPrefixCacheYieldsToRequests: cached prompts hold pool blocks only
+// while no request needs them. A Reserve larger than the free blocks
+// reclaims the least recently used unpinned entries (and the scheduler
+// frees their engine sequences); a pinned entry is never reclaimed, and a
+// Reserve the reclaimable blocks cannot cover fails without evicting
+// anything.
+func TestPrefixCacheYieldsToRequests(t *testing.T) {
+	o := cachedOptions(256*16, 16) // the cache may fill the whole pool
+	w := newWorker(t, o, true)
+	ctx := testCtx(t)
+	var prompts [][]int32
+	var seqs []engine.SeqID
+	for i := range 5 {
+		p := prompt(641, int32(40+i)) // 40 full blocks each
+		generateLocal(t, w, fmt.Sprintf("warm%d", i), p, 2)
+		idle(t, w)
+		h := w.s.cache.Acquire(w.s.cache.Hashes(p), 40)
+		if h.Tokens != 640 {
+			t.Fatalf("warm%d: %d tokens cached, want 640", i, h.Tokens)
+		}
+		w.s.cache.Release(h)
+		prompts, seqs = append(prompts, p), append(seqs, h.Seq)
+	}
+	w.s.mu.Lock()
+	free := w.s.pool.Free()
+	w.s.mu.Unlock()
+	if free != 256-200 {
+		t.Fatalf("pool free %d with 5 prompts of 40 blocks cached, want 56", free)
+	}
+	// Reserves of 56 blocks (the model's 896-token limit allows no more
+	// at once): the first fits the free blocks; the second reclaims the
+	// two oldest entries (80 blocks); the third one more.
+	for i, want := range []struct{ free, reclaims, entries int }{{40 * 5, 0, 5}, {24 + 3*40, 2, 3}, {8 + 2*40, 3, 2}} {
+		res, err := w.client.Reserve(ctx, &pdservev1.ReserveRequest{RequestId: fmt.Sprintf("big%d", i), Tokens: 56 * 16})
+		if err != nil {
+			t.Fatalf("reserve %d of 56 blocks: %v", i, err)
+		}
+		st := w.s.Stats().PrefixCache
+		if res.GetBlocks() != 56 || int(res.GetBlocksFree()) != want.free || int(st.Reclaims) != want.reclaims || st.Entries != want.entries {
+			t.Errorf("reserve %d: %d blocks, %d free, cache %+v; want 56 blocks, %d free (unpinned entries count), %d reclaims, %d entries",
+				i, res.GetBlocks(), res.GetBlocksFree(), st, want.free, want.reclaims, want.entries)
+		}
+	}
+	for i, seq := range seqs[:3] {
+		poll.WaitFor(t, fmt.Sprintf("warm%d's engine sequence freed", i), func() bool {
+			w.s.engMu.Lock()
+			defer w.s.engMu.Unlock()
+			_, err := w.s.eng.Len(seq)
+			return errors.Is(err, engine.ErrUnknownSeq)
+		})
+	}
+	if n := w.s.cache.Match(w.s.cache.Hashes(prompts[4])); n != 40 {
+		t.Errorf("newest prompt: %d blocks cached, want 40", n)
+	}
+	// Pinning the newest entry takes 41 blocks: 8 free, so warm3 goes too.
+	res, err := w.client.Reserve(ctx, &pdservev1.ReserveRequest{RequestId: "pin", Tokens: 641 + 4, Prompt: prompts[4]})
+	if err != nil || res.GetPrefixHitTokens() != 640 {
+		t.Fatalf("reserve pinning the newest entry: hit %d, %v", res.GetPrefixHitTokens(), err)
+	}
+	// 7 blocks free now, nothing reclaimable: 8 blocks fail, evicting nothing.
+	if _, err := w.client.Reserve(ctx, &pdservev1.ReserveRequest{RequestId: "too-big", Tokens: 8 * 16}); status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("reserve of 8 blocks with 7 free and the cache pinned: %v, want RESOURCE_EXHAUSTED", err)
+	}
+	if st := w.s.Stats().PrefixCache; st.Entries != 1 || st.Reclaims != 4 || st.Pinned != 1 {
+		t.Errorf("cache after the refused reserve %+v: want the pinned entry kept, 4 reclaims", st)
+	}
+	for _, id := range []string{"big0", "big1", "big2", "pin"} {
+		if _, err := w.client.Cancel(ctx, &pdservev1.CancelRequest{RequestId: id}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	idle(t, w)
 }

@@ -35,6 +35,7 @@ func (s *Server) Run(ctx context.Context) error {
 	defer s.shutdown()
 	for {
 		s.engMu.Lock()
+		s.freeReclaimed()
 		s.importJoining()
 		b := s.plan()
 		if b.size() == 0 {
@@ -68,9 +69,11 @@ func (s *Server) shutdown() {
 	for _, q := range s.seqs {
 		s.endLocked(q, "", errStopped)
 	}
-	for _, x := range s.cache.Drain() {
+	for _, x := range append(s.cache.Drain(), s.reclaimed...) {
 		s.eng.Free(x)
 	}
+	s.reclaimed = nil
+	s.chargeCacheLocked()
 }
 
 // stepPlan is one planned step: prefill chunks and decode tokens, with the

@@ -89,10 +89,15 @@ type Server struct {
 	// cache holds finished requests' engine sequences for prefix reuse
 	// (nil: off). Lookups pin entries under mu (Reserve) or engMu (local
 	// join); forks, inserts and frees of its sequences happen under
-	// engMu. cacheBlocks are the pool blocks its tokens are charged to,
-	// held for the worker's life.
+	// engMu. Its tokens share the pool with requests: cacheBlocks are the
+	// pool blocks charged to them now (BlocksFor the cache's tokens, see
+	// chargeCacheLocked), and a request short of blocks reclaims unpinned
+	// entries (allocateLocked). reclaimed are the engine sequences of
+	// entries reclaimed without engMu (Reserve holds only mu), freed by
+	// the scheduler before its next step's imports. Guarded by mu.
 	cache       *prefixcache.Cache
 	cacheBlocks []kv.BlockID
+	reclaimed   []engine.SeqID
 
 	// engMu guards eng. The scheduler holds it for a whole step (importing
 	// the KV of joining sequences, planning, running, handing out
@@ -259,10 +264,6 @@ func New(eng engine.Engine, o Options, logger *zap.Logger, reg prometheus.Regist
 			stop()
 			return nil, errors.New("decode: a prefix cache needs an engine that forks sequences")
 		}
-		if s.cacheBlocks, err = pool.Allocate(pool.BlocksFor(o.PrefixCache.MaxTokens)); err != nil {
-			stop()
-			return nil, fmt.Errorf("decode: prefix cache blocks: %w", err)
-		}
 	}
 	if s.m, err = newMetrics(reg, s); err != nil {
 		stop()
@@ -291,7 +292,8 @@ type Stats struct {
 	StepTimesMs                 []float64 // recent step times, oldest first; a copy
 	Draining                    bool
 	// PrefixCache is the prefix cache's counters and occupancy (zero when
-	// off); its tokens' blocks count as used in KVBlocksFree.
+	// off). KVBlocksFree counts the blocks of its unpinned entries as
+	// free: a request reclaims them.
 	PrefixCache prefixcache.Stats
 	// KVBytesSaved is the KV (true size, bytes) prefill workers did not
 	// send thanks to this worker's prefix cache.
@@ -308,7 +310,7 @@ func (s *Server) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := Stats{
-		KVBlocksFree:  s.pool.Free(),
+		KVBlocksFree:  s.freeBlocksLocked(),
 		KVBlocksTotal: s.pool.Total(),
 		Running:       len(s.active),
 		Waiting:       len(s.waiting),
@@ -413,7 +415,7 @@ func (s *Server) Reserve(ctx context.Context, req *pdservev1.ReserveRequest) (*p
 		// prefill worker may skip it.
 		q.hit = s.cache.Acquire(s.cache.Hashes(p), s.cache.MaxHitBlocks(len(p)))
 	}
-	return &pdservev1.ReserveResponse{Blocks: int32(len(q.blocks)), BlocksFree: int32(s.pool.Free()), PrefixHitTokens: int32(q.hit.Tokens)}, nil
+	return &pdservev1.ReserveResponse{Blocks: int32(len(q.blocks)), BlocksFree: int32(s.freeBlocksLocked()), PrefixHitTokens: int32(q.hit.Tokens)}, nil
 }
 
 // needTokens is the KV a request of n choices holds: the prompt once (the
@@ -427,7 +429,7 @@ func (s *Server) reserveLocked(id string, tokens int, caller string) (*sequence,
 	if err := s.checkCapsLocked(caller, id, 1, n); err != nil {
 		return nil, err
 	}
-	blocks, err := s.pool.Allocate(n)
+	blocks, err := s.allocateLocked(n)
 	if err != nil {
 		if errors.Is(err, kv.ErrPoolExhausted) {
 			return nil, status.Errorf(codes.ResourceExhausted, "decode: reserve %d tokens for %s: %v", tokens, id, err)
@@ -438,6 +440,71 @@ func (s *Server) reserveLocked(id string, tokens int, caller string) (*sequence,
 	s.chargeLocked(caller, 1, len(blocks))
 	s.seqs[id] = q
 	return q, nil
+}
+
+// allocateLocked allocates n pool blocks, reclaiming unpinned prefix
+// cache entries, least recently used first, when the free blocks fall
+// short. The reclaimed entries' engine sequences wait in s.reclaimed for
+// the scheduler. Errors: kv.ErrPoolExhausted when even the reclaimable
+// blocks fall short. The caller holds mu.
+func (s *Server) allocateLocked(n int) ([]kv.BlockID, error) {
+	if short := n - s.pool.Free(); short > 0 && s.cache != nil && short <= s.freeBlocksLocked()-s.pool.Free() {
+		s.reclaimed = append(s.reclaimed, s.cache.Reclaim(short*s.pool.BlockTokens())...)
+		s.chargeCacheLocked()
+		s.wakeup()
+	}
+	return s.pool.Allocate(n)
+}
+
+// freeBlocksLocked returns the pool's free blocks plus those of unpinned
+// prefix cache entries (whole blocks: entries hold whole prompt blocks).
+// The caller holds mu.
+func (s *Server) freeBlocksLocked() int {
+	return s.pool.Free() + s.cache.Stats().Reclaimable/s.pool.BlockTokens()
+}
+
+// chargeCacheLocked makes the pool blocks charged to the prefix cache
+// (s.cacheBlocks) BlocksFor its tokens: it releases the surplus after
+// evictions, and takes more after an Insert, reclaiming older entries
+// (to s.reclaimed) when the pool lacks them. The caller holds mu.
+func (s *Server) chargeCacheLocked() {
+	want := s.pool.BlocksFor(s.cache.Stats().Tokens)
+	if n := len(s.cacheBlocks); want < n {
+		if err := s.pool.Release(s.cacheBlocks[want:]); err != nil {
+			s.log.Error("release prefix cache blocks", zap.Error(err))
+		}
+		s.cacheBlocks = s.cacheBlocks[:want]
+		return
+	}
+	for want > len(s.cacheBlocks) {
+		more, err := s.pool.Allocate(want - len(s.cacheBlocks))
+		if err == nil {
+			s.cacheBlocks = append(s.cacheBlocks, more...)
+			return
+		}
+		// The pool is short of what the cache holds (an Insert while
+		// requests hold the rest): give back the oldest entries.
+		x := s.cache.Reclaim((want - len(s.cacheBlocks) - s.pool.Free()) * s.pool.BlockTokens())
+		if len(x) == 0 {
+			s.log.Error("prefix cache holds more KV than the pool has free, and every entry is pinned", zap.Int("blocks", want), zap.Int("charged", len(s.cacheBlocks)))
+			return
+		}
+		s.reclaimed = append(s.reclaimed, x...)
+		s.wakeup()
+		want = s.pool.BlocksFor(s.cache.Stats().Tokens)
+	}
+}
+
+// freeReclaimed frees the engine sequences of reclaimed prefix cache
+// entries. The caller holds engMu (the scheduler, before importing KV).
+func (s *Server) freeReclaimed() {
+	s.mu.Lock()
+	x := s.reclaimed
+	s.reclaimed = nil
+	s.mu.Unlock()
+	for _, seq := range x {
+		s.eng.Free(seq)
+	}
 }
 
 // checkCapsLocked fails with RESOURCE_EXHAUSTED when caller would hold
@@ -524,6 +591,13 @@ func (s *Server) endLocked(q *sequence, reason string, err error) {
 		q.ttl.Stop()
 		q.ttl = nil
 	}
+	// The blocks go back first: a sequence kept by the prefix cache is
+	// charged blocks of its own (chargeCacheLocked).
+	if err := s.pool.Release(q.blocks); err != nil {
+		s.log.Error("release kv blocks", zap.String("request_id", q.id), zap.Error(err))
+	}
+	s.chargeLocked(q.caller, -1, -len(q.blocks))
+	q.blocks = nil
 	keep := err == nil || status.Code(err) == codes.Canceled
 	for _, c := range append([]*sequence{q}, q.children...) {
 		c.done = true
@@ -539,11 +613,6 @@ func (s *Server) endLocked(q *sequence, reason string, err error) {
 		q.staged.free()
 		q.staged = nil
 	}
-	if err := s.pool.Release(q.blocks); err != nil {
-		s.log.Error("release kv blocks", zap.String("request_id", q.id), zap.Error(err))
-	}
-	s.chargeLocked(q.caller, -1, -len(q.blocks))
-	q.blocks = nil
 	if s.seqs[q.id] == q {
 		delete(s.seqs, q.id)
 	}
@@ -606,6 +675,7 @@ func (s *Server) keepLocked(q *sequence) {
 	for _, x := range s.cache.Insert(seq, q.hashes, k) {
 		s.eng.Free(x)
 	}
+	s.chargeCacheLocked()
 }
 
 // finishChoiceLocked ends choice c with reason and, once every choice of
@@ -863,7 +933,7 @@ func (s *Server) attach(p genParams) (*sequence, error) {
 		if err := s.checkCapsLocked(q.caller, p.id, 0, grow); err != nil {
 			return nil, err
 		}
-		more, err := s.pool.Allocate(grow)
+		more, err := s.allocateLocked(grow)
 		if err != nil {
 			return nil, status.Errorf(codes.ResourceExhausted, "decode: request %s reserved %d tokens, needs %d: %v", p.id, q.resTokens, need, err)
 		}

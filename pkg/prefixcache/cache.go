@@ -99,10 +99,14 @@ type Stats struct {
 	HitTokens  uint64 // tokens of those hits: prefill tokens saved
 	Inserts    uint64 // sequences taken in
 	Evictions  uint64 // entries dropped for the bounds
+	Reclaims   uint64 // entries dropped to give their KV to a request (Reclaim)
 	Superseded uint64 // entries dropped for a newer one holding their blocks and more
 	Tokens     int    // KV tokens held now
 	Entries    int    // engine sequences held now
 	Pinned     int    // entries pinned now
+	// Reclaimable is the KV tokens of unpinned entries now: what Reclaim
+	// can give back.
+	Reclaimable int
 }
 
 // Cache is the index. A nil *Cache is a cache that is off: Acquire
@@ -116,7 +120,9 @@ type Cache struct {
 	lru    list.List            // of *entry; front = most recently used
 	tokens int
 	pinned int
-	st     Stats
+	// pinnedTokens is the KV tokens of the pinned entries.
+	pinnedTokens int
+	st           Stats
 }
 
 // New returns an empty cache, or nil when o turns it off. Errors: o is
@@ -179,6 +185,7 @@ func (c *Cache) Acquire(hashes []kv.Hash, maxBlocks int) Hit {
 	c.lru.MoveToFront(e.el)
 	if e.pins == 0 {
 		c.pinned++
+		c.pinnedTokens += e.tokens
 	}
 	e.pins++
 	c.st.Hits++
@@ -226,6 +233,7 @@ func (c *Cache) Release(h Hit) {
 	h.e.pins--
 	if h.e.pins == 0 {
 		c.pinned--
+		c.pinnedTokens -= h.e.tokens
 	}
 }
 
@@ -294,6 +302,31 @@ func (c *Cache) trimLocked() []engine.SeqID {
 			continue
 		}
 		c.st.Evictions++
+		free = append(free, c.dropLocked(e))
+	}
+	return free
+}
+
+// Reclaim evicts least recently used unpinned entries until they held at
+// least tokens KV tokens, or none is left, and returns their sequences for
+// the caller to Free under its engine lock: a worker whose requests and
+// cache share one KV pool gives a request the room its cached, unused
+// prefixes take. Evictions count as Reclaims.
+func (c *Cache) Reclaim(tokens int) []engine.SeqID {
+	if c == nil {
+		return nil
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var free []engine.SeqID
+	for el := c.lru.Back(); el != nil && tokens > 0; {
+		e := el.Value.(*entry)
+		el = el.Prev()
+		if e.pins > 0 {
+			continue
+		}
+		c.st.Reclaims++
+		tokens -= e.tokens
 		free = append(free, c.dropLocked(e))
 	}
 	return free
@@ -373,5 +406,6 @@ func (c *Cache) Stats() Stats {
 	defer c.mu.Unlock()
 	st := c.st
 	st.Tokens, st.Entries, st.Pinned = c.tokens, c.lru.Len(), c.pinned
+	st.Reclaimable = c.tokens - c.pinnedTokens
 	return st
 }

@@ -239,3 +239,41 @@ func BenchmarkDigest(b *testing.B) {
 		b.ReportMetric(float64(len(js)), "bytes/digest")
 	}
 }
+
+// TestReclaim: Reclaim drops unpinned entries least recently used first
+// until enough tokens are freed, never a pinned one, and Reclaimable
+// follows the pins.
+func TestReclaim(t *testing.T) {
+	c := newCache(t, 1000, 10)
+	var hashes [][]kv.Hash
+	for i := range 4 {
+		h := kv.HashBlocks(0, toks(8, 0, int32(i+1)), 4) // 2 blocks, 8 tokens each
+		if free := c.Insert(engine.SeqID(i+1), h, 8); len(free) != 0 {
+			t.Fatalf("insert %d freed %v", i, free)
+		}
+		hashes = append(hashes, h)
+	}
+	pin := c.Acquire(hashes[0], 2) // the oldest becomes the most recent, pinned
+	if pin.Tokens != 8 {
+		t.Fatalf("hit %d tokens, want 8", pin.Tokens)
+	}
+	if st := c.Stats(); st.Reclaimable != 24 || st.Tokens != 32 {
+		t.Errorf("stats %+v: want 24 of 32 tokens reclaimable", st)
+	}
+	if got := c.Reclaim(9); !slices.Equal(got, []engine.SeqID{2, 3}) {
+		t.Errorf("Reclaim(9) = %v, want the two least recently used unpinned entries 2, 3", got)
+	}
+	if got := c.Reclaim(100); !slices.Equal(got, []engine.SeqID{4}) {
+		t.Errorf("Reclaim(100) = %v, want only the last unpinned entry 4", got)
+	}
+	if st := c.Stats(); st.Reclaims != 3 || st.Evictions != 0 || st.Entries != 1 || st.Reclaimable != 0 {
+		t.Errorf("stats %+v: want 3 reclaims, the pinned entry left, nothing reclaimable", st)
+	}
+	c.Release(pin)
+	if st := c.Stats(); st.Reclaimable != 8 {
+		t.Errorf("after Release: %d tokens reclaimable, want 8", st.Reclaimable)
+	}
+	if got := c.Reclaim(0); got != nil {
+		t.Errorf("Reclaim(0) = %v, want nothing", got)
+	}
+}

@@ -9,6 +9,7 @@ import "github.com/prometheus/client_golang/prometheus"
 //	hits_total        counter  lookups that hit at least one block (hit rate: hits / lookups)
 //	hit_tokens_total  counter  prompt tokens taken from the cache: prefill tokens saved
 //	evictions_total   counter  entries evicted for the bounds
+//	reclaims_total    counter  entries evicted to give their KV to requests
 //	tokens            gauge    KV tokens held by cached sequences
 //	entries           gauge    cached engine sequences
 //
@@ -26,6 +27,7 @@ func Collectors(subsystem string, stats func() Stats) []prometheus.Collector {
 		counter("hits_total", "Prefix cache lookups that hit at least one block.", func(s Stats) uint64 { return s.Hits }),
 		counter("hit_tokens_total", "Prompt tokens taken from the prefix cache instead of computed (prefill tokens saved).", func(s Stats) uint64 { return s.HitTokens }),
 		counter("evictions_total", "Prefix cache entries evicted for its bounds.", func(s Stats) uint64 { return s.Evictions }),
+		counter("reclaims_total", "Prefix cache entries evicted to give their KV blocks to requests.", func(s Stats) uint64 { return s.Reclaims }),
 		gauge("tokens", "KV tokens held by the prefix cache's sequences.", func(s Stats) int { return s.Tokens }),
 		gauge("entries", "Engine sequences held by the prefix cache.", func(s Stats) int { return s.Entries }),
 	}
