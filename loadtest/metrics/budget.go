@@ -29,7 +29,8 @@ type Budget struct {
 	TermOrder []string
 	// Sums holds the totals of byte counts, e.g. kv_bytes_raw.
 	Sums map[string]float64
-	// Means holds the means of other numbers, e.g. prompt_tokens.
+	// Means holds the means of other numbers over all Requests (a field a
+	// budget omits counts as 0 there), e.g. prompt_tokens.
 	Means map[string]float64
 	// Labels holds the distinct values of string fields, sorted, e.g.
 	// codec → [zstd].
@@ -171,7 +172,9 @@ func aggregateBudget(outs []client.Outcome, ps []float64) *Budget {
 		for _, x := range xs {
 			s += x
 		}
-		b.Means[k] = s / float64(len(xs))
+		// Over every request with a budget: a count the budget omits
+		// when 0 (decode_prefix_hit_tokens) is 0 there, not missing.
+		b.Means[k] = s / float64(n)
 	}
 	for k, set := range labels {
 		var vs []string

@@ -282,3 +282,19 @@ func TestBudgetResponseCache(t *testing.T) {
 		t.Errorf("hit ttft %+v", b.HitTTFT)
 	}
 }
+
+// TestBudgetMeansCountOmittedAsZero: a count the server omits when 0
+// (decode_prefix_hit_tokens) averages over every request with a budget, so
+// mean × requests is the run's total.
+func TestBudgetMeansCountOmittedAsZero(t *testing.T) {
+	outs := []client.Outcome{
+		{Success: true, Budget: map[string]any{"prompt_tokens": 100.0, "decode_prefix_hit_tokens": 64.0}},
+		{Success: true, Budget: map[string]any{"prompt_tokens": 300.0}},
+		{Success: true, Budget: map[string]any{"prompt_tokens": 200.0, "decode_prefix_hit_tokens": 32.0}},
+		{Success: false, Budget: map[string]any{"prompt_tokens": 900.0, "decode_prefix_hit_tokens": 900.0}}, // failed: not counted
+	}
+	b := metrics.Compute(outs, time.Second, metrics.Options{Percentiles: []float64{50}}).Budget
+	if b.Requests != 3 || b.Means["prompt_tokens"] != 200 || b.Means["decode_prefix_hit_tokens"] != 32 {
+		t.Errorf("requests %d, means %v; want 3, prompt_tokens 200, decode_prefix_hit_tokens 32 (96 / 3)", b.Requests, b.Means)
+	}
+}
