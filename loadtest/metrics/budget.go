@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/pdserve/pdserve/loadtest/client"
 )
@@ -42,9 +43,12 @@ type Budget struct {
 	// CacheLookups counts the requests whose budget had "cache" (the
 	// server's response cache looked them up), CacheHits those that were
 	// "hit"; HitTTFT holds the Stats of ttft_ms of the hits (nil without
-	// any).
+	// any). ClientHitTTFT and ClientMissTTFT hold the Stats of the
+	// client-measured TTFT (ms) of the hits and of the misses.
 	CacheLookups, CacheHits int
 	HitTTFT                 *Stats
+	ClientHitTTFT           *Stats
+	ClientMissTTFT          *Stats
 }
 
 // CacheHitRate returns CacheHits / CacheLookups, and false without
@@ -90,6 +94,15 @@ func (b *Budget) Label(name string) string {
 	return strings.Join(b.Labels[name], "+")
 }
 
+// summarizeAny returns the Stats of xs, or nil when xs is empty.
+func summarizeAny(xs []float64, ps []float64) *Stats {
+	if len(xs) == 0 {
+		return nil
+	}
+	s := Summarize(xs, ps)
+	return &s
+}
+
 func aggregateBudget(outs []client.Outcome, ps []float64) *Budget {
 	terms := map[string][]float64{}
 	sums := map[string]float64{}
@@ -97,7 +110,7 @@ func aggregateBudget(outs []client.Outcome, ps []float64) *Budget {
 	labels := map[string]map[string]bool{}
 	n, warned, warning := 0, 0, ""
 	lookups, hits := 0, 0
-	var hitTTFT []float64
+	var hitTTFT, clientHit, clientMiss []float64
 	for i := range outs {
 		o := &outs[i]
 		if !o.Success || o.Budget == nil {
@@ -106,11 +119,15 @@ func aggregateBudget(outs []client.Outcome, ps []float64) *Budget {
 		n++
 		if c, ok := o.Budget["cache"].(string); ok {
 			lookups++
+			ttft := float64(o.TTFT) / float64(time.Millisecond)
 			if c == "hit" {
 				hits++
 				if x, ok := o.Budget["ttft_ms"].(float64); ok {
 					hitTTFT = append(hitTTFT, x)
 				}
+				clientHit = append(clientHit, ttft)
+			} else {
+				clientMiss = append(clientMiss, ttft)
 			}
 		}
 		for k, v := range o.Budget {
@@ -150,10 +167,7 @@ func aggregateBudget(outs []client.Outcome, ps []float64) *Budget {
 	}
 	b := &Budget{Requests: n, Terms: map[string]Stats{}, Sums: sums, Means: map[string]float64{}, Labels: map[string][]string{}, Warned: warned, Warning: warning,
 		CacheLookups: lookups, CacheHits: hits}
-	if len(hitTTFT) > 0 {
-		s := Summarize(hitTTFT, ps)
-		b.HitTTFT = &s
-	}
+	b.HitTTFT, b.ClientHitTTFT, b.ClientMissTTFT = summarizeAny(hitTTFT, ps), summarizeAny(clientHit, ps), summarizeAny(clientMiss, ps)
 	var rest []string
 	for k := range terms {
 		if !slices.Contains(termOrder, k) {

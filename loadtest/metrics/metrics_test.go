@@ -268,10 +268,10 @@ func TestEmptyRun(t *testing.T) {
 // counted from pdserve.cache.
 func TestBudgetResponseCache(t *testing.T) {
 	outs := []client.Outcome{
-		{Success: true, Budget: map[string]any{"cache": "miss", "ttft_ms": 40.0}},
-		{Success: true, Budget: map[string]any{"cache": "hit", "ttft_ms": 0.5}},
-		{Success: true, Budget: map[string]any{"cache": "hit", "ttft_ms": 1.5}},
-		{Success: true, Budget: map[string]any{"ttft_ms": 30.0}}, // not looked up
+		{Success: true, TTFT: 41 * time.Millisecond, Budget: map[string]any{"cache": "miss", "ttft_ms": 40.0}},
+		{Success: true, TTFT: 2 * time.Millisecond, Budget: map[string]any{"cache": "hit", "ttft_ms": 0.5}},
+		{Success: true, TTFT: 4 * time.Millisecond, Budget: map[string]any{"cache": "hit", "ttft_ms": 1.5}},
+		{Success: true, TTFT: 31 * time.Millisecond, Budget: map[string]any{"ttft_ms": 30.0}}, // not looked up
 	}
 	b := metrics.Compute(outs, time.Second, metrics.Options{Percentiles: []float64{50}}).Budget
 	rate, ok := b.CacheHitRate()
@@ -280,6 +280,9 @@ func TestBudgetResponseCache(t *testing.T) {
 	}
 	if b.HitTTFT == nil || b.HitTTFT.Mean != 1 || b.HitTTFT.N != 2 {
 		t.Errorf("hit ttft %+v", b.HitTTFT)
+	}
+	if h, m := b.ClientHitTTFT, b.ClientMissTTFT; h == nil || m == nil || h.Mean != 3 || h.N != 2 || m.Mean != 41 || m.N != 1 {
+		t.Errorf("client ttft of hits %+v, of misses %+v; want mean 3 ms of 2, 41 ms of 1 (the request not looked up is neither)", h, m)
 	}
 }
 

@@ -94,7 +94,10 @@ func BudgetMarkdown(b *strings.Builder, bud *metrics.Budget, ps []float64) {
 	if rate, ok := bud.CacheHitRate(); ok {
 		fmt.Fprintf(b, "\nResponse cache: %d hits of %d lookups (%.1f%%)", bud.CacheHits, bud.CacheLookups, 100*rate)
 		if h := bud.HitTTFT; h != nil {
-			fmt.Fprintf(b, ", TTFT of hits mean %.3g ms, median %.3g ms", h.Mean, h.Median)
+			fmt.Fprintf(b, ", TTFT of hits mean %.3g ms, median %.3g ms (server)", h.Mean, h.Median)
+		}
+		if h, m := bud.ClientHitTTFT, bud.ClientMissTTFT; h != nil && m != nil {
+			fmt.Fprintf(b, "; client TTFT median %.3g ms for hits, %.3g ms for misses", h.Median, m.Median)
 		}
 		b.WriteString(".\n")
 	}

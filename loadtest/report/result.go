@@ -217,6 +217,12 @@ func budgetObject(b *metrics.Budget, ps []float64) Object {
 		if b.HitTTFT != nil {
 			addStats(&o, "response_cache_hit_ttft_ms", *b.HitTTFT, ps)
 		}
+		if b.ClientHitTTFT != nil {
+			addStats(&o, "response_cache_hit_client_ttft_ms", *b.ClientHitTTFT, ps)
+		}
+		if b.ClientMissTTFT != nil {
+			addStats(&o, "response_cache_miss_client_ttft_ms", *b.ClientMissTTFT, ps)
+		}
 	}
 	if b.Warned > 0 {
 		o.Add("requests_with_warnings", b.Warned)
