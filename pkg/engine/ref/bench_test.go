@@ -20,9 +20,11 @@ func matmulFLOPs(s engine.ModelSpec, rows, sampled int) float64 {
 	return 2 * float64(full+s.Vocab*s.Hidden*sampled)
 }
 
-// attnFLOPs returns the FLOPs of attention for one query at position p in
-// every layer: q·k and the weighted sum of v over p+1 keys, 2 FLOPs per
-// element each.
+// attnFLOPs returns the FLOPs of attention for one query row at position
+// p in layers layers: for every query head, q·k and the weighted sum of v
+// over p+1 keys, 2 FLOPs per element each, so 4·HeadDim per (query head,
+// key) pair, as doc.go states. Softmax, norms and the like are not
+// counted.
 func attnFLOPs(s engine.ModelSpec, p, layers int) float64 {
 	return float64(layers) * float64(p+1) * float64(s.Heads*s.HeadDim) * 4
 }

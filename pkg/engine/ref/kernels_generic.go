@@ -7,21 +7,18 @@ package ref
 const nr = 6
 
 // Kernel names the active kernel set ("go" for the portable one, "avx2"
-// for the SIMD one built with GOEXPERIMENT=simd on a CPU with AVX2 and FMA).
+// or "avx512" for the SIMD ones built with GOEXPERIMENT=simd on a CPU with
+// AVX2 and FMA).
 func Kernel() string { return "go" }
 
 func panelKernel(y []float32, ldy int, x []float32, ldx, rows int, p []float32, k, ncols int, add bool) {
 	panelKernelGo(y, ldy, x, ldx, rows, p, k, ncols, add)
 }
 
-func scoresBF16(sc, q []float32, k []uint16, stride int, scale float32) float32 {
-	return scoresBF16Go(sc, q, k, stride, scale)
-}
+func softmax(s []float32, scale float32) { softmaxGo(s, scale) }
 
-func valuesBF16(out, w []float32, inv float32, v []uint16, stride int) {
-	valuesBF16Go(out, w, inv, v, stride)
-}
+func packKeys(p []float32, k []uint16, stride, keys, d int) { packKeysGo(p, k, stride, 0, keys, d) }
 
-func expSub(s []float32, m float32) float32 { return expSubGo(s, m) }
+func packValues(p []float32, v []uint16, stride, n, w int) { packValuesGo(p, v, stride, n, w) }
 
 func swiGLU(dst, g, u []float32) { swiGLUGo(dst, g, u) }

@@ -32,6 +32,15 @@ func Kernel() string {
 	return "go"
 }
 
+// The SIMD kernels leave the upper halves of the vector registers clear
+// (archsimd.ClearAVXUpperBits, VZEROUPPER) before any scalar float code
+// runs: Go compiles float32 arithmetic to legacy SSE instructions, and on
+// many x86 CPUs each of them, with dirty upper halves, waits for a merge
+// with the whole vector register. Without the clearing, a scalar reduction
+// inside a vector loop ran 60 times slower than the loop itself, and the
+// engine's scalar code after a kernel (norms, RoPE, sampling) slowed down
+// with it.
+
 func panelKernel(y []float32, ldy int, x []float32, ldx, rows int, p []float32, k, ncols int, add bool) {
 	switch {
 	case useAVX512:
@@ -42,29 +51,33 @@ func panelKernel(y []float32, ldy int, x []float32, ldx, rows int, p []float32, 
 		}
 	default:
 		panelKernelGo(y, ldy, x, ldx, rows, p, k, ncols, add)
-	}
-}
-
-func scoresBF16(sc, q []float32, k []uint16, stride int, scale float32) float32 {
-	if useAVX2 {
-		return scoresBF16AVX2(sc, q, k, stride, scale)
-	}
-	return scoresBF16Go(sc, q, k, stride, scale)
-}
-
-func valuesBF16(out, w []float32, inv float32, v []uint16, stride int) {
-	if useAVX2 {
-		valuesBF16AVX2(out, w, inv, v, stride)
 		return
 	}
-	valuesBF16Go(out, w, inv, v, stride)
+	archsimd.ClearAVXUpperBits()
 }
 
-func expSub(s []float32, m float32) float32 {
+func softmax(s []float32, scale float32) {
 	if useAVX2 {
-		return expSubAVX2(s, m)
+		softmaxAVX2(s, scale)
+		return
 	}
-	return expSubGo(s, m)
+	softmaxGo(s, scale)
+}
+
+func packKeys(p []float32, k []uint16, stride, keys, d int) {
+	if useAVX2 && d%8 == 0 {
+		packKeysAVX2(p, k, stride, keys, d)
+		return
+	}
+	packKeysGo(p, k, stride, 0, keys, d)
+}
+
+func packValues(p []float32, v []uint16, stride, n, w int) {
+	if useAVX2 && w%8 == 0 {
+		packValuesAVX2(p, v, stride, n, w)
+		return
+	}
+	packValuesGo(p, v, stride, n, w)
 }
 
 func swiGLU(dst, g, u []float32) {
@@ -142,6 +155,7 @@ func storeRow16(y []float32, ncols int, add bool, a, b archsimd.Float32x8) {
 	var t [16]float32
 	a.Store((*[8]float32)(t[0:8]))
 	b.Store((*[8]float32)(t[8:16]))
+	archsimd.ClearAVXUpperBits()
 	storePartial(y, t[:ncols], add)
 }
 
@@ -211,10 +225,12 @@ func storeRow32(y []float32, ncols int, add bool, a, b archsimd.Float32x16) {
 	var t [32]float32
 	a.Store((*[16]float32)(t[0:16]))
 	b.Store((*[16]float32)(t[16:32]))
+	archsimd.ClearAVXUpperBits()
 	storePartial(y, t[:ncols], add)
 }
 
-// storePartial writes (or adds) sums to the start of y.
+// storePartial writes (or adds) sums to the start of y (scalar code: the
+// caller has cleared the upper halves).
 func storePartial(y, sums []float32, add bool) {
 	y = y[:len(sums)]
 	for j, v := range sums {
@@ -226,60 +242,90 @@ func storePartial(y, sums []float32, add bool) {
 	}
 }
 
-// loadBF16x8 widens eight bfloat16 values to float32.
-func loadBF16x8(k []uint16) archsimd.Float32x8 {
-	return archsimd.LoadUint16x8((*[8]uint16)(k)).ExtendToUint32().ShiftAllLeft(16).AsFloat32x8()
+// expConsts are the constants of expf broadcast to eight lanes. A kernel
+// sets them once, outside its loop (init), so that exp8 stays small enough
+// to inline: a call in a vector loop spills every live vector and scalar
+// around it, and a scalar spill is a legacy SSE move. init, a call itself,
+// returns with the upper halves clear.
+type expConsts struct {
+	lo, hi, log2e, ln2Hi, ln2Lo, p0, p1, p2, p3, p4, p5, one archsimd.Float32x8
+	bias                                                     archsimd.Int32x8
 }
 
-// dotBF16AVX2 returns Σ q[i]·k[i] as two 8-lane FMA chains (alternate
-// blocks of eight) reduced in a fixed order, plus a scalar tail.
-func dotBF16AVX2(q []float32, k []uint16) float32 {
-	k = k[:len(q)]
-	n := len(q) &^ 15
-	var a0, a1 archsimd.Float32x8
-	for i := 0; i < n; i += 16 {
-		a0 = archsimd.LoadFloat32x8((*[8]float32)(q[i:i+8])).MulAdd(loadBF16x8(k[i:i+8]), a0)
-		a1 = archsimd.LoadFloat32x8((*[8]float32)(q[i+8:i+16])).MulAdd(loadBF16x8(k[i+8:i+16]), a1)
-	}
-	var t [8]float32
-	a0.Add(a1).Store(&t)
-	s := ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]))
-	for i := n; i < len(q); i++ {
-		s += q[i] * fromBF16(k[i])
-	}
-	return s
-}
-
-// axpyBF16AVX2 adds a·v[i] to y[i] with fused multiply-adds.
-func axpyBF16AVX2(y []float32, a float32, v []uint16) {
-	v = v[:len(y)]
-	n := len(y) &^ 7
-	av := archsimd.BroadcastFloat32x8(a)
-	for i := 0; i < n; i += 8 {
-		yp := (*[8]float32)(y[i : i+8])
-		loadBF16x8(v[i:i+8]).MulAdd(av, archsimd.LoadFloat32x8(yp)).Store(yp)
-	}
-	for i := n; i < len(y); i++ {
-		y[i] += a * fromBF16(v[i])
-	}
+func (k *expConsts) init() {
+	k.lo = archsimd.BroadcastFloat32x8(expLo)
+	k.hi = archsimd.BroadcastFloat32x8(expHi)
+	k.log2e = archsimd.BroadcastFloat32x8(expLog2e)
+	k.ln2Hi = archsimd.BroadcastFloat32x8(expLn2Hi)
+	k.ln2Lo = archsimd.BroadcastFloat32x8(expLn2Lo)
+	k.p0 = archsimd.BroadcastFloat32x8(expP0)
+	k.p1 = archsimd.BroadcastFloat32x8(expP1)
+	k.p2 = archsimd.BroadcastFloat32x8(expP2)
+	k.p3 = archsimd.BroadcastFloat32x8(expP3)
+	k.p4 = archsimd.BroadcastFloat32x8(expP4)
+	k.p5 = archsimd.BroadcastFloat32x8(expP5)
+	k.one = archsimd.BroadcastFloat32x8(1)
+	k.bias = archsimd.BroadcastInt32x8(127)
+	archsimd.ClearAVXUpperBits() // the caller may reload scalars next
 }
 
 // exp8 is expf on eight lanes, with the same operations in the same order
 // (no fused multiply-adds), so each lane equals expf of its input.
-func exp8(x archsimd.Float32x8) archsimd.Float32x8 {
-	x = x.Max(archsimd.BroadcastFloat32x8(expLo)).Min(archsimd.BroadcastFloat32x8(expHi))
-	n := x.Mul(archsimd.BroadcastFloat32x8(expLog2e)).RoundToEven()
-	r := x.Sub(n.Mul(archsimd.BroadcastFloat32x8(expLn2Hi)))
-	r = r.Sub(n.Mul(archsimd.BroadcastFloat32x8(expLn2Lo)))
-	p := archsimd.BroadcastFloat32x8(expP0).Mul(r).Add(archsimd.BroadcastFloat32x8(expP1))
-	p = p.Mul(r).Add(archsimd.BroadcastFloat32x8(expP2))
-	p = p.Mul(r).Add(archsimd.BroadcastFloat32x8(expP3))
-	p = p.Mul(r).Add(archsimd.BroadcastFloat32x8(expP4))
-	p = p.Mul(r).Add(archsimd.BroadcastFloat32x8(expP5))
+func exp8(x archsimd.Float32x8, k *expConsts) archsimd.Float32x8 {
+	x = x.Max(k.lo).Min(k.hi)
+	n := x.Mul(k.log2e).RoundToEven()
+	r := x.Sub(n.Mul(k.ln2Hi))
+	r = r.Sub(n.Mul(k.ln2Lo))
+	p := k.p0.Mul(r).Add(k.p1)
+	p = p.Mul(r).Add(k.p2)
+	p = p.Mul(r).Add(k.p3)
+	p = p.Mul(r).Add(k.p4)
+	p = p.Mul(r).Add(k.p5)
 	p = p.Mul(r.Mul(r)).Add(r)
-	p = p.Add(archsimd.BroadcastFloat32x8(1))
-	scale := n.ConvertToInt32().Add(archsimd.BroadcastInt32x8(127)).ShiftAllLeft(23).AsFloat32x8()
+	p = p.Add(k.one)
+	scale := n.ConvertToInt32().Add(k.bias).ShiftAllLeft(23).AsFloat32x8()
 	return p.Mul(scale)
+}
+
+// The kernels below pass a scalar float across vector code only inside a
+// vector (broadcast before, stored and read back after the clearing), so
+// that no spill or reload of it, a legacy SSE move, lands where the upper
+// halves are dirty.
+
+// softmaxAVX2 is softmaxGo eight lanes at a time: the same values
+// element by element, except that the sum (expSubAVX2) is added in another
+// order.
+func softmaxAVX2(s []float32, scale float32) {
+	n := len(s) &^ 7
+	sv := archsimd.BroadcastFloat32x8(scale)
+	mv := archsimd.BroadcastFloat32x8(float32(math.Inf(-1)))
+	for i := 0; i < n; i += 8 {
+		p := (*[8]float32)(s[i : i+8])
+		v := archsimd.LoadFloat32x8(p).Mul(sv)
+		v.Store(p)
+		mv = mv.Max(v)
+	}
+	var t [8]float32
+	mv.Store(&t)
+	var c [8]float32
+	sv.Store(&c)
+	archsimd.ClearAVXUpperBits()
+	m := max(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7])
+	for i := n; i < len(s); i++ {
+		v := s[i] * c[0]
+		s[i] = v
+		m = max(m, v)
+	}
+	iv := archsimd.BroadcastFloat32x8(1 / expSubAVX2(s, m))
+	for i := 0; i < n; i += 8 {
+		p := (*[8]float32)(s[i : i+8])
+		archsimd.LoadFloat32x8(p).Mul(iv).Store(p)
+	}
+	iv.Store(&c)
+	archsimd.ClearAVXUpperBits()
+	for i := n; i < len(s); i++ {
+		s[i] *= c[0]
+	}
 }
 
 // expSubAVX2 is expSubGo eight lanes at a time; the sum is taken per lane,
@@ -287,18 +333,22 @@ func exp8(x archsimd.Float32x8) archsimd.Float32x8 {
 func expSubAVX2(s []float32, m float32) float32 {
 	n := len(s) &^ 7
 	mv := archsimd.BroadcastFloat32x8(m)
+	var k expConsts
+	k.init()
 	var acc archsimd.Float32x8
 	for i := 0; i < n; i += 8 {
 		p := (*[8]float32)(s[i : i+8])
-		w := exp8(archsimd.LoadFloat32x8(p).Sub(mv))
+		w := exp8(archsimd.LoadFloat32x8(p).Sub(mv), &k)
 		w.Store(p)
 		acc = acc.Add(w)
 	}
-	var t [8]float32
+	var t, c [8]float32
 	acc.Store(&t)
+	mv.Store(&c)
+	archsimd.ClearAVXUpperBits()
 	sum := ((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]))
 	for i := n; i < len(s); i++ {
-		w := expf(s[i] - m)
+		w := expf(s[i] - c[0])
 		s[i] = w
 		sum += w
 	}
@@ -310,91 +360,85 @@ func swiGLUAVX2(dst, g, u []float32) {
 	g = g[:len(dst)]
 	u = u[:len(dst)]
 	n := len(dst) &^ 7
-	one := archsimd.BroadcastFloat32x8(1)
+	var k expConsts
+	k.init()
 	var zero archsimd.Float32x8
 	for i := 0; i < n; i += 8 {
 		gv := archsimd.LoadFloat32x8((*[8]float32)(g[i : i+8]))
 		uv := archsimd.LoadFloat32x8((*[8]float32)(u[i : i+8]))
-		sig := one.Add(exp8(zero.Sub(gv)))
+		sig := k.one.Add(exp8(zero.Sub(gv), &k))
 		gv.Div(sig).Mul(uv).Store((*[8]float32)(dst[i : i+8]))
 	}
+	archsimd.ClearAVXUpperBits()
 	for i := n; i < len(dst); i++ {
 		dst[i] = silu(g[i]) * u[i]
 	}
 }
 
-// scoresBF16AVX2 is scoresBF16Go with dotBF16AVX2; for a head dim of 64 it
-// keeps q in registers across keys, with the same operations as
-// dotBF16AVX2 (so the same scores).
-func scoresBF16AVX2(sc, q []float32, k []uint16, stride int, scale float32) float32 {
-	m := float32(math.Inf(-1))
-	if len(q) != 64 {
-		for j := range sc {
-			v := dotBF16AVX2(q, k[j*stride:]) * scale
-			sc[j] = v
-			m = max(m, v)
-		}
-		return m
-	}
-	q0 := archsimd.LoadFloat32x8((*[8]float32)(q[0:8]))
-	q1 := archsimd.LoadFloat32x8((*[8]float32)(q[8:16]))
-	q2 := archsimd.LoadFloat32x8((*[8]float32)(q[16:24]))
-	q3 := archsimd.LoadFloat32x8((*[8]float32)(q[24:32]))
-	q4 := archsimd.LoadFloat32x8((*[8]float32)(q[32:40]))
-	q5 := archsimd.LoadFloat32x8((*[8]float32)(q[40:48]))
-	q6 := archsimd.LoadFloat32x8((*[8]float32)(q[48:56]))
-	q7 := archsimd.LoadFloat32x8((*[8]float32)(q[56:64]))
-	var zero archsimd.Float32x8
-	var t [8]float32
-	for j := range sc {
-		kj := k[j*stride : j*stride+64]
-		a0 := q0.MulAdd(loadBF16x8(kj[0:8]), zero)
-		a1 := q1.MulAdd(loadBF16x8(kj[8:16]), zero)
-		a0 = q2.MulAdd(loadBF16x8(kj[16:24]), a0)
-		a1 = q3.MulAdd(loadBF16x8(kj[24:32]), a1)
-		a0 = q4.MulAdd(loadBF16x8(kj[32:40]), a0)
-		a1 = q5.MulAdd(loadBF16x8(kj[40:48]), a1)
-		a0 = q6.MulAdd(loadBF16x8(kj[48:56]), a0)
-		a1 = q7.MulAdd(loadBF16x8(kj[56:64]), a1)
-		a0.Add(a1).Store(&t)
-		v := (((t[0] + t[1]) + (t[2] + t[3])) + ((t[4] + t[5]) + (t[6] + t[7]))) * scale
-		sc[j] = v
-		m = max(m, v)
-	}
-	return m
+// widenBF16x8 returns eight bfloat16 values as float32.
+func widenBF16x8(v archsimd.Uint16x8) archsimd.Float32x8 {
+	return v.ExtendToUint32().ShiftAllLeft(16).AsFloat32x8()
 }
 
-// valuesBF16AVX2 is valuesBF16Go with fused multiply-adds; for a head dim
-// of 64 it keeps the output in registers across keys, with the same
-// operations as axpyBF16AVX2 (so the same result).
-func valuesBF16AVX2(out, w []float32, inv float32, v []uint16, stride int) {
-	if len(out) != 64 {
-		clear(out)
-		for j, wj := range w {
-			axpyBF16AVX2(out, wj*inv, v[j*stride:])
+// packValuesAVX2 is packValuesGo for a width that is a multiple of eight.
+func packValuesAVX2(p []float32, v []uint16, stride, n, w int) {
+	p = p[:n*nr]
+	var zero archsimd.Float32x8
+	for j := range n {
+		src := v[j*stride : j*stride+w]
+		dst := p[j*nr : (j+1)*nr]
+		c := 0
+		for ; c < w; c += 8 {
+			widenBF16x8(archsimd.LoadUint16x8((*[8]uint16)(src[c : c+8]))).Store((*[8]float32)(dst[c : c+8]))
 		}
-		return
+		for ; c < nr; c += 8 {
+			zero.Store((*[8]float32)(dst[c : c+8]))
+		}
 	}
-	var o0, o1, o2, o3, o4, o5, o6, o7 archsimd.Float32x8
-	for j, wj := range w {
-		a := archsimd.BroadcastFloat32x8(wj * inv)
-		vj := v[j*stride : j*stride+64]
-		o0 = loadBF16x8(vj[0:8]).MulAdd(a, o0)
-		o1 = loadBF16x8(vj[8:16]).MulAdd(a, o1)
-		o2 = loadBF16x8(vj[16:24]).MulAdd(a, o2)
-		o3 = loadBF16x8(vj[24:32]).MulAdd(a, o3)
-		o4 = loadBF16x8(vj[32:40]).MulAdd(a, o4)
-		o5 = loadBF16x8(vj[40:48]).MulAdd(a, o5)
-		o6 = loadBF16x8(vj[48:56]).MulAdd(a, o6)
-		o7 = loadBF16x8(vj[56:64]).MulAdd(a, o7)
+	archsimd.ClearAVXUpperBits()
+}
+
+// packKeysAVX2 is packKeysGo (from column 0) for a head dim that is a
+// multiple of eight: each block of eight keys × eight elements is
+// transposed in registers (three rounds of interleaving) and widened, so
+// that a row of the panel receives eight keys with one store. Columns
+// past the last whole block of keys are left to packKeysGo.
+func packKeysAVX2(p []float32, k []uint16, stride, keys, d int) {
+	p = p[:d*nr]
+	full := keys &^ 7
+	for c := 0; c < full; c += 8 {
+		kc := k[c*stride:]
+		for i := 0; i < d; i += 8 {
+			r0 := archsimd.LoadUint16x8((*[8]uint16)(kc[i : i+8]))
+			r1 := archsimd.LoadUint16x8((*[8]uint16)(kc[stride+i : stride+i+8]))
+			r2 := archsimd.LoadUint16x8((*[8]uint16)(kc[2*stride+i : 2*stride+i+8]))
+			r3 := archsimd.LoadUint16x8((*[8]uint16)(kc[3*stride+i : 3*stride+i+8]))
+			r4 := archsimd.LoadUint16x8((*[8]uint16)(kc[4*stride+i : 4*stride+i+8]))
+			r5 := archsimd.LoadUint16x8((*[8]uint16)(kc[5*stride+i : 5*stride+i+8]))
+			r6 := archsimd.LoadUint16x8((*[8]uint16)(kc[6*stride+i : 6*stride+i+8]))
+			r7 := archsimd.LoadUint16x8((*[8]uint16)(kc[7*stride+i : 7*stride+i+8]))
+			// Pairs of keys, element by element.
+			a0, a1 := r0.InterleaveLo(r1).AsUint32x4(), r0.InterleaveHi(r1).AsUint32x4()
+			a2, a3 := r2.InterleaveLo(r3).AsUint32x4(), r2.InterleaveHi(r3).AsUint32x4()
+			a4, a5 := r4.InterleaveLo(r5).AsUint32x4(), r4.InterleaveHi(r5).AsUint32x4()
+			a6, a7 := r6.InterleaveLo(r7).AsUint32x4(), r6.InterleaveHi(r7).AsUint32x4()
+			// Quadruples of keys, two elements per vector.
+			b0, b1 := a0.InterleaveLo(a2).AsUint64x2(), a0.InterleaveHi(a2).AsUint64x2()
+			b2, b3 := a1.InterleaveLo(a3).AsUint64x2(), a1.InterleaveHi(a3).AsUint64x2()
+			b4, b5 := a4.InterleaveLo(a6).AsUint64x2(), a4.InterleaveHi(a6).AsUint64x2()
+			b6, b7 := a5.InterleaveLo(a7).AsUint64x2(), a5.InterleaveHi(a7).AsUint64x2()
+			// All eight keys, one element per vector.
+			row := p[i*nr+c:]
+			widenBF16x8(b0.InterleaveLo(b4).AsUint16x8()).Store((*[8]float32)(row[0:8]))
+			widenBF16x8(b0.InterleaveHi(b4).AsUint16x8()).Store((*[8]float32)(row[nr : nr+8]))
+			widenBF16x8(b1.InterleaveLo(b5).AsUint16x8()).Store((*[8]float32)(row[2*nr : 2*nr+8]))
+			widenBF16x8(b1.InterleaveHi(b5).AsUint16x8()).Store((*[8]float32)(row[3*nr : 3*nr+8]))
+			widenBF16x8(b2.InterleaveLo(b6).AsUint16x8()).Store((*[8]float32)(row[4*nr : 4*nr+8]))
+			widenBF16x8(b2.InterleaveHi(b6).AsUint16x8()).Store((*[8]float32)(row[5*nr : 5*nr+8]))
+			widenBF16x8(b3.InterleaveLo(b7).AsUint16x8()).Store((*[8]float32)(row[6*nr : 6*nr+8]))
+			widenBF16x8(b3.InterleaveHi(b7).AsUint16x8()).Store((*[8]float32)(row[7*nr : 7*nr+8]))
+		}
 	}
-	out = out[:64]
-	o0.Store((*[8]float32)(out[0:8]))
-	o1.Store((*[8]float32)(out[8:16]))
-	o2.Store((*[8]float32)(out[16:24]))
-	o3.Store((*[8]float32)(out[24:32]))
-	o4.Store((*[8]float32)(out[32:40]))
-	o5.Store((*[8]float32)(out[40:48]))
-	o6.Store((*[8]float32)(out[48:56]))
-	o7.Store((*[8]float32)(out[56:64]))
+	archsimd.ClearAVXUpperBits()
+	packKeysGo(p, k, stride, full, keys, d)
 }

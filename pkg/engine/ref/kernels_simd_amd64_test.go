@@ -5,46 +5,32 @@ package ref
 import (
 	"context"
 	"math"
+	"slices"
 	"testing"
 
 	"github.com/pdserve/pdserve/pkg/engine"
 )
 
-// TestAVX2HeadDim64PathsAgree checks that the register-blocked attention
-// paths for head dim 64 compute exactly what the general AVX2 paths do, so
-// a model's results do not depend on which of them runs.
-func TestAVX2HeadDim64PathsAgree(t *testing.T) {
-	if !useAVX2 {
-		t.Skip("CPU without AVX2 and FMA")
+// kernelSets returns the kernel sets this CPU can run in this build: the
+// SIMD ones and the portable one, which computes here exactly what it
+// computes in the portable build (its results do not depend on the panel
+// width).
+func kernelSets() []string {
+	switch {
+	case useAVX512:
+		return []string{"avx512", "avx2", "go"}
+	case useAVX2:
+		return []string{"avx2", "go"}
 	}
-	const d, keys, stride = 64, 29, 128
-	q := make([]float32, d)
-	fill(q, uniform(1, 2, 1))
-	kv := make([]uint16, keys*stride)
-	for i := range kv {
-		kv[i] = toBF16(uniform(3, 4, 1)(i))
-	}
-	sc := make([]float32, keys)
-	m := scoresBF16AVX2(sc, q, kv[d:], stride, 0.125)
-	for j := range sc {
-		if want := dotBF16AVX2(q, kv[d+j*stride:]) * 0.125; math.Float32bits(sc[j]) != math.Float32bits(want) {
-			t.Fatalf("score %d = %g, dotBF16AVX2 gives %g", j, sc[j], want)
-		}
-		if sc[j] > m {
-			t.Fatalf("max %g below score %d = %g", m, j, sc[j])
-		}
-	}
-	out := make([]float32, d)
-	valuesBF16AVX2(out, sc, 0.5, kv[d:], stride)
-	want := make([]float32, d)
-	for j, w := range sc {
-		axpyBF16AVX2(want, w*0.5, kv[d+j*stride:])
-	}
-	for i := range out {
-		if math.Float32bits(out[i]) != math.Float32bits(want[i]) {
-			t.Fatalf("value %d = %g, axpy path gives %g", i, out[i], want[i])
-		}
-	}
+	return []string{"go"}
+}
+
+// useKernels makes set (one of kernelSets) the active kernel set and
+// returns the function that restores the previous one.
+func useKernels(set string) (restore func()) {
+	avx2, avx512 := useAVX2, useAVX512
+	useAVX2, useAVX512 = set != "go", set == "avx512"
+	return func() { useAVX2, useAVX512 = avx2, avx512 }
 }
 
 // TestPortableKernelWithWidePanels covers the fallback for CPUs without
@@ -62,6 +48,59 @@ func TestPortableKernelWithWidePanels(t *testing.T) {
 		for i, v := range y {
 			if math.Abs(float64(v)-want[i]) > 1e-5*float64(shape.k) {
 				t.Fatalf("rows %d n %d k %d: y[%d] = %g, want %g", shape.rows, shape.n, shape.k, i, v, want[i])
+			}
+		}
+	}
+}
+
+// TestExpSubMatchesGo checks that the vector expf gives every element the
+// bits of the scalar one (the same operations), the sum differing only by
+// its order of addition.
+func TestExpSubMatchesGo(t *testing.T) {
+	if !useAVX2 {
+		t.Skip("CPU without AVX2 and FMA")
+	}
+	for _, n := range []int{1, 7, 8, 9, 64, 100} {
+		s := make([]float32, n)
+		fill(s, uniform(5, uint64(n), 10))
+		a, b := slices.Clone(s), slices.Clone(s)
+		sa, sb := expSubAVX2(a, 3), expSubGo(b, 3)
+		if !slices.Equal(a, b) {
+			t.Fatalf("n %d: expSubAVX2 elements differ from expSubGo", n)
+		}
+		if math.Abs(float64(sa-sb)) > 1e-6*math.Abs(float64(sb)) {
+			t.Errorf("n %d: expSubAVX2 sum %g, expSubGo %g", n, sa, sb)
+		}
+	}
+}
+
+// TestPackingMatchesGo checks the vector packing of keys and values
+// against the portable one, bit for bit, for key counts around the blocks
+// of eight and head dims around the panel width.
+func TestPackingMatchesGo(t *testing.T) {
+	if !useAVX2 {
+		t.Skip("CPU without AVX2 and FMA")
+	}
+	for _, d := range []int{8, 24, 64} {
+		for _, keys := range []int{1, 7, 8, 13, nr} {
+			stride := 3 * d
+			kv := make([]uint16, nr*stride)
+			for i := range kv {
+				kv[i] = toBF16(uniform(14, uint64(d), 1)(i))
+			}
+			a, b := make([]float32, d*nr), make([]float32, d*nr)
+			fill(a, uniform(15, 1, 1)) // stale data the packing must overwrite
+			packKeysAVX2(a, kv[d:], stride, keys, d)
+			packKeysGo(b, kv[d:], stride, 0, keys, d)
+			if !slices.Equal(a, b) {
+				t.Fatalf("d %d keys %d: packKeysAVX2 differs from packKeysGo", d, keys)
+			}
+			a, b = make([]float32, keys*nr), make([]float32, keys*nr)
+			fill(a, uniform(16, 1, 1))
+			packValuesAVX2(a, kv[d:], stride, keys, min(d, nr))
+			packValuesGo(b, kv[d:], stride, keys, min(d, nr))
+			if !slices.Equal(a, b) {
+				t.Fatalf("d %d keys %d: packValuesAVX2 differs from packValuesGo", d, keys)
 			}
 		}
 	}

@@ -52,6 +52,22 @@ func expf(x float32) float32 {
 	return p * math.Float32frombits(uint32(int32(n)+127)<<23)
 }
 
+// softmaxGo replaces s by softmax(s·scale): every v by v·scale, then by
+// e^(v·scale − m) with m the largest of them, then by that over the sum of
+// all (expSubGo), multiplied by the sum's reciprocal.
+func softmaxGo(s []float32, scale float32) {
+	m := float32(math.Inf(-1))
+	for i, v := range s {
+		v *= scale
+		s[i] = v
+		m = max(m, v)
+	}
+	inv := 1 / expSubGo(s, m)
+	for i := range s {
+		s[i] *= inv
+	}
+}
+
 // expSubGo replaces every v in s by e^(v−m) and returns their sum, added in
 // index order.
 func expSubGo(s []float32, m float32) float32 {

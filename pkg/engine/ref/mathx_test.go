@@ -60,21 +60,24 @@ func TestExpf(t *testing.T) {
 }
 
 // TestVectorHelpersMatchScalar checks that the active kernels' softmax and
-// SwiGLU helpers agree with the portable ones: bit for bit element-wise
-// (the same operations), and the sums to rounding.
+// SwiGLU agree with the portable ones to rounding (the SIMD softmax sums
+// in another order).
 func TestVectorHelpersMatchScalar(t *testing.T) {
 	for _, n := range []int{1, 7, 8, 9, 64, 100} {
 		s := make([]float32, n)
 		fill(s, uniform(5, uint64(n), 10))
 		a, b := append([]float32(nil), s...), append([]float32(nil), s...)
-		sa, sb := expSub(a, 3), expSubGo(b, 3)
+		softmax(a, 0.3)
+		softmaxGo(b, 0.3)
+		var total float64
 		for i := range a {
-			if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
-				t.Fatalf("n %d: expSub[%d] = %g, expSubGo %g", n, i, a[i], b[i])
+			if math.Abs(float64(a[i]-b[i])) > 1e-5*float64(b[i]) {
+				t.Fatalf("n %d: softmax[%d] = %g, softmaxGo %g", n, i, a[i], b[i])
 			}
+			total += float64(a[i])
 		}
-		if math.Abs(float64(sa-sb)) > 1e-6*math.Abs(float64(sb)) {
-			t.Errorf("n %d: expSub sum %g, expSubGo %g", n, sa, sb)
+		if math.Abs(total-1) > 1e-5 {
+			t.Errorf("n %d: softmax sums to %g", n, total)
 		}
 		g, u := make([]float32, n), make([]float32, n)
 		fill(g, uniform(6, uint64(n), 4))
@@ -85,40 +88,6 @@ func TestVectorHelpersMatchScalar(t *testing.T) {
 		for i := range da {
 			if math.Abs(float64(da[i]-db[i])) > 1e-6*(1+math.Abs(float64(db[i]))) {
 				t.Fatalf("n %d: swiGLU[%d] = %g, swiGLUGo %g", n, i, da[i], db[i])
-			}
-		}
-	}
-}
-
-// TestAttentionHelpersMatchScalar checks the active kernels' attention
-// helpers against the portable ones, to rounding, for several head dims.
-func TestAttentionHelpersMatchScalar(t *testing.T) {
-	for _, d := range []int{8, 16, 24, 64, 128} {
-		const keys = 37
-		stride := 3 * d // another head's values in between
-		q := make([]float32, d)
-		fill(q, uniform(8, uint64(d), 1))
-		kv := make([]uint16, keys*stride)
-		for i := range kv {
-			kv[i] = toBF16(uniform(9, uint64(d), 1)(i))
-		}
-		off := d
-		sa, sb := make([]float32, keys), make([]float32, keys)
-		ma, mb := scoresBF16(sa, q, kv[off:], stride, 0.25), scoresBF16Go(sb, q, kv[off:], stride, 0.25)
-		if math.Abs(float64(ma-mb)) > 1e-5 {
-			t.Errorf("d %d: max score %g, portable %g", d, ma, mb)
-		}
-		for j := range sa {
-			if math.Abs(float64(sa[j]-sb[j])) > 1e-5*float64(d) {
-				t.Fatalf("d %d: score %d = %g, portable %g", d, j, sa[j], sb[j])
-			}
-		}
-		oa, ob := make([]float32, d), make([]float32, d)
-		valuesBF16(oa, sb, 0.5, kv[off:], stride)
-		valuesBF16Go(ob, sb, 0.5, kv[off:], stride)
-		for i := range oa {
-			if math.Abs(float64(oa[i]-ob[i])) > 1e-5*(1+math.Abs(float64(ob[i]))) {
-				t.Fatalf("d %d: value %d = %g, portable %g", d, i, oa[i], ob[i])
 			}
 		}
 	}

@@ -1,7 +1,5 @@
 package ref
 
-import "math"
-
 // matrix is a weight matrix of n output features × k input features,
 // packed for the matmul kernels: panels of nr consecutive output features,
 // each panel stored k-major ([k][nr]), the last panel zero-padded. The
@@ -217,64 +215,5 @@ func store6(y []float32, add bool, s0, s1, s2, s3, s4, s5 float32) {
 		} else {
 			y[j] = s[j]
 		}
-	}
-}
-
-// dotBF16Go returns Σ q[i]·k[i] with k in bfloat16, len(k) ≥ len(q), as
-// four interleaved partial sums (element i goes to sum i mod 4, the tail
-// past a multiple of four to sum 0) combined as (s0 + s1) + (s2 + s3).
-// Like dot6 it keeps the partial sums negated and rounds every product.
-func dotBF16Go(q []float32, k []uint16) float32 {
-	k = k[:len(q)]
-	var n0, n1, n2, n3 float32
-	i := 0
-	for ; i+4 <= len(q); i += 4 {
-		qa, ka := (*[4]float32)(q[i:i+4]), (*[4]uint16)(k[i:i+4])
-		n0 -= float32(qa[0] * fromBF16(ka[0]))
-		n1 -= float32(qa[1] * fromBF16(ka[1]))
-		n2 -= float32(qa[2] * fromBF16(ka[2]))
-		n3 -= float32(qa[3] * fromBF16(ka[3]))
-	}
-	for ; i < len(q); i++ {
-		n0 -= float32(q[i] * fromBF16(k[i]))
-	}
-	return ((0 - n0) + (0 - n1)) + ((0 - n2) + (0 - n3))
-}
-
-// axpyBF16Go adds a·v[i] (rounded to float32) to y[i], v in bfloat16,
-// len(v) ≥ len(y).
-func axpyBF16Go(y []float32, a float32, v []uint16) {
-	v = v[:len(y)]
-	i := 0
-	for ; i+4 <= len(y); i += 4 {
-		ya, va := (*[4]float32)(y[i:i+4]), (*[4]uint16)(v[i:i+4])
-		ya[0] += float32(a * fromBF16(va[0]))
-		ya[1] += float32(a * fromBF16(va[1]))
-		ya[2] += float32(a * fromBF16(va[2]))
-		ya[3] += float32(a * fromBF16(va[3]))
-	}
-	for ; i < len(y); i++ {
-		y[i] += float32(a * fromBF16(v[i]))
-	}
-}
-
-// scoresBF16Go sets sc[j] = (q · k_j)·scale for the keys k_j =
-// k[j·stride:], j < len(sc), and returns the largest score.
-func scoresBF16Go(sc, q []float32, k []uint16, stride int, scale float32) float32 {
-	m := float32(math.Inf(-1))
-	for j := range sc {
-		v := dotBF16Go(q, k[j*stride:]) * scale
-		sc[j] = v
-		m = max(m, v)
-	}
-	return m
-}
-
-// valuesBF16Go sets out = Σ_j (w[j]·inv)·v_j with v_j = v[j·stride:],
-// accumulated in order of j.
-func valuesBF16Go(out, w []float32, inv float32, v []uint16, stride int) {
-	clear(out)
-	for j, wj := range w {
-		axpyBF16Go(out, wj*inv, v[j*stride:])
 	}
 }

@@ -42,23 +42,23 @@ type Engine struct {
 	done  bool
 
 	// Per-call scratch, grown on demand and reused.
-	seen    map[engine.SeqID]struct{}
-	segs    []segment
-	created []engine.SeqID
-	tokens  []int32   // per row
-	x       []float32 // rows × Hidden: the residual stream
-	xn      []float32 // rows × Hidden: normalised input of a sublayer
-	qkv     []float32 // rows × (Heads+2·KVHeads)·HeadDim
-	att     []float32 // rows × Heads·HeadDim
-	gu      []float32 // rows × 2·Intermediate
-	hid     []float32 // rows × Intermediate
-	logits  []float32 // output rows (sampled, AllLogits) × Vocab
-	scores  [][]float32
-	kvBuf   []byte
-	sample  engine.SampleScratch
-	mm      matmulJob
-	attn    attnJob
-	rowOp   rowJob
+	seen        map[engine.SeqID]struct{}
+	segs        []segment
+	created     []engine.SeqID
+	tokens      []int32       // per row
+	x           []float32     // rows × Hidden: the residual stream
+	xn          []float32     // rows × Hidden: normalised input of a sublayer
+	qkv         []float32     // rows × (Heads+2·KVHeads)·HeadDim
+	att         []float32     // rows × Heads·HeadDim
+	gu          []float32     // rows × 2·Intermediate
+	hid         []float32     // rows × Intermediate
+	logits      []float32     // output rows (sampled, AllLogits) × Vocab
+	attnScratch []attnScratch // per worker
+	kvBuf       []byte
+	sample      engine.SampleScratch
+	mm          matmulJob
+	attn        attnJob
+	rowOp       rowJob
 }
 
 var (
@@ -98,10 +98,7 @@ func New(opts Options) (*Engine, error) {
 		seqs: make(map[engine.SeqID]*seqState),
 		seen: make(map[engine.SeqID]struct{}),
 	}
-	e.scores = make([][]float32, e.pool.size)
-	for i := range e.scores {
-		e.scores[i] = make([]float32, spec.MaxSeqLen)
-	}
+	e.attnScratch = make([]attnScratch, e.pool.size)
 	e.attn.e = e
 	e.rowOp.e = e
 	// Stop the workers if the engine is dropped without Close.

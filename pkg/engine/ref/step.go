@@ -3,7 +3,6 @@ package ref
 import (
 	"context"
 	"fmt"
-	"math"
 
 	"github.com/pdserve/pdserve/pkg/engine"
 )
@@ -351,65 +350,6 @@ func (j *rowJob) do(_, unit int) {
 			g := e.gu[r*2*in : r*2*in+in]
 			u := e.gu[r*2*in+in : (r+1)*2*in]
 			swiGLU(e.hid[r*in:(r+1)*in], g, u)
-		}
-	}
-}
-
-// attnRowsPerUnit is the query rows one attention unit handles.
-const attnRowsPerUnit = 16
-
-// attnTask is one attention unit: query rows [r0, r1) of a segment's
-// active rows, against one KV head and the query heads that share it.
-type attnTask struct {
-	seg, kvHead, r0, r1 int
-}
-
-// attnJob is causal grouped-query attention over the cached bf16 KV.
-type attnJob struct {
-	e     *Engine
-	layer int
-	tasks []attnTask
-}
-
-func (e *Engine) attention(l int) {
-	j := &e.attn
-	j.layer = l
-	j.tasks = j.tasks[:0]
-	for i, s := range e.segs {
-		for kh := range e.spec.KVHeads {
-			for r := 0; r < s.arows; r += attnRowsPerUnit {
-				j.tasks = append(j.tasks, attnTask{seg: i, kvHead: kh, r0: r, r1: min(r+attnRowsPerUnit, s.arows)})
-			}
-		}
-	}
-	e.pool.run(j, len(j.tasks))
-}
-
-// do computes, for each query row at position p and each query head of the
-// group, softmax(q·k_j / sqrt(d)) over keys j = 0..p, then Σ_j w_j·v_j,
-// all in a fixed order.
-func (j *attnJob) do(worker, unit int) {
-	e := j.e
-	sp := e.spec
-	t := j.tasks[unit]
-	s := &e.segs[t.seg]
-	d, elems, ld, qd := sp.HeadDim, e.kvElems(), e.qkvDim(), sp.Heads*sp.HeadDim
-	group := sp.Heads / sp.KVHeads
-	kc, vc := s.seq.k[j.layer], s.seq.v[j.layer]
-	scale := float32(1 / math.Sqrt(float64(d)))
-	scores := e.scores[worker]
-	off := t.kvHead * d
-	for r := t.r0; r < t.r1; r++ {
-		row := s.arow0 + r
-		p := s.apos0 + r
-		sc := scores[:p+1]
-		for g := range group {
-			hq := t.kvHead*group + g
-			q := e.qkv[row*ld+hq*d : row*ld+(hq+1)*d]
-			out := e.att[row*qd+hq*d : row*qd+(hq+1)*d]
-			m := scoresBF16(sc, q, kc[off:], elems, scale)
-			inv := 1 / expSub(sc, m)
-			valuesBF16(out, sc, inv, vc[off:], elems)
 		}
 	}
 }
