@@ -278,7 +278,10 @@ func (r *run) serve() (err error) {
 	}
 	r.tr.Routed = r.b.now()
 	r.remote = !dec.Local
-	r.tr.PrefixHitTokens = dec.PrefixHitTokens
+	// The router's estimate (dec.PrefixHitTokens, from heartbeat digests)
+	// is not the budget's: the worker that prefills reports its real hit
+	// (FirstToken from a prefill worker, GenerateResponse from a local one).
+	r.tr.PrefixHitTokens = 0
 	switch {
 	case r.b.mode == ModeColocated:
 		r.tr.Mode, r.tr.FirstTokenPolicy = ModeColocated, PolicyDecode
@@ -722,6 +725,9 @@ func (r *run) onGenerate(resp *pdservev1.GenerateResponse) error {
 		}
 	}
 	r.tr.BatchSize = max(r.tr.BatchSize, int(resp.GetBatchSize()))
+	if h := resp.GetPrefixHitTokens(); h > 0 && !r.remote {
+		r.tr.PrefixHitTokens = int(h)
+	}
 	if pl := resp.GetPromptLogprobs(); len(pl) > 0 && r.req.PromptLogprobs >= 0 {
 		if err := r.emit(frontend.Output{Prompt: true, Logprobs: wire.FromTokenLogprobs(pl)}); err != nil {
 			return err
@@ -869,7 +875,7 @@ func (r *run) recover() error {
 		// No token reached the client (the first comes with the KV), so
 		// the request starts over.
 		r.tr.PrefillStart, r.tr.PrefillEnd, r.tr.KVFirstByte, r.tr.KVDone = time.Time{}, time.Time{}, time.Time{}, time.Time{}
-		r.tr.PrefixHitTokens = dec.PrefixHitTokens
+		r.tr.PrefixHitTokens = 0 // reported anew by the worker that prefills now
 		if dec.Local {
 			r.remote = false
 			r.tr.Mode, r.tr.FirstTokenPolicy = "local", PolicyDecode

@@ -16,6 +16,7 @@ type outbox struct {
 	choices  []choiceOut // one per choice, by index
 	prompt   []*pdservev1.TokenLogprob
 	stamps   []*pdservev1.Stamp
+	hit      int32 // a local prefill's prefix cache hit, not yet sent
 	batch    int32
 	finished bool
 	err      error // a gRPC status error, when finished with one
@@ -46,6 +47,15 @@ func (o *outbox) signal() {
 func (o *outbox) stamp(name string, t time.Time) {
 	o.mu.Lock()
 	o.stamps = append(o.stamps, &pdservev1.Stamp{Name: name, UnixNano: t.UnixNano()})
+	o.mu.Unlock()
+	o.signal()
+}
+
+// prefixHit records the prompt tokens a local prefill took from the prefix
+// cache, for the next event.
+func (o *outbox) prefixHit(tokens int) {
+	o.mu.Lock()
+	o.hit = int32(tokens)
 	o.mu.Unlock()
 	o.signal()
 }
@@ -102,8 +112,8 @@ func (o *outbox) finish(reason string, err error) {
 }
 
 // take returns the events to send, in order (the prompt's logprobs, then
-// one per choice with tokens or a finish not yet sent; stamps ride on the
-// first), whether the stream is over, and the error to end it with.
+// one per choice with tokens or a finish not yet sent; stamps and the
+// prefix hit ride on the first), whether the stream is over, and the error to end it with.
 func (o *outbox) take() ([]*pdservev1.GenerateResponse, bool, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -125,12 +135,12 @@ func (o *outbox) take() ([]*pdservev1.GenerateResponse, bool, error) {
 		c.tokens, c.lps = nil, nil
 		out = append(out, resp)
 	}
-	if len(o.stamps) > 0 {
+	if len(o.stamps) > 0 || o.hit > 0 {
 		if len(out) == 0 {
 			out = append(out, &pdservev1.GenerateResponse{BatchSize: o.batch})
 		}
-		out[0].Stamps = o.stamps
-		o.stamps = nil
+		out[0].Stamps, out[0].PrefixHitTokens = o.stamps, o.hit
+		o.stamps, o.hit = nil, 0
 	}
 	return out, o.finished, o.err
 }

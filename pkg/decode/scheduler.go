@@ -252,6 +252,9 @@ func (s *Server) joinLocked(q *sequence, now time.Time) {
 		s.nextSeq++
 		q.seq, q.hasSeq = s.nextSeq, true
 		q.localHit = s.forkCachedLocked(q)
+		if q.localHit > 0 && q.out != nil {
+			q.out.prefixHit(q.localHit)
+		}
 		q.pending = append(slices.Clone(q.prompt[q.localHit:]), regen...)
 		q.sampleLast = m == 0
 	} else {

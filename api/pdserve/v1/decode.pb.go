@@ -374,10 +374,15 @@ type GenerateResponse struct {
 	// Set on the last event of choice index.
 	FinishReason string `protobuf:"bytes,2,opt,name=finish_reason,json=finishReason,proto3" json:"finish_reason,omitempty"`
 	// Boundary timestamps taken by the worker (decode_joined, kv_done, ...).
-	Stamps        []*Stamp `protobuf:"bytes,3,rep,name=stamps,proto3" json:"stamps,omitempty"`
-	BatchSize     int32    `protobuf:"varint,4,opt,name=batch_size,json=batchSize,proto3" json:"batch_size,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Stamps    []*Stamp `protobuf:"bytes,3,rep,name=stamps,proto3" json:"stamps,omitempty"`
+	BatchSize int32    `protobuf:"varint,4,opt,name=batch_size,json=batchSize,proto3" json:"batch_size,omitempty"`
+	// With local prefill: the prompt tokens the worker took from its prefix
+	// cache instead of computing them, once, on the first event that carries
+	// stamps after the prefill started; 0 on a miss and with remote KV (the
+	// prefix the worker held then is ReserveResponse.prefix_hit_tokens).
+	PrefixHitTokens int32 `protobuf:"varint,8,opt,name=prefix_hit_tokens,json=prefixHitTokens,proto3" json:"prefix_hit_tokens,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *GenerateResponse) Reset() {
@@ -455,6 +460,13 @@ func (x *GenerateResponse) GetStamps() []*Stamp {
 func (x *GenerateResponse) GetBatchSize() int32 {
 	if x != nil {
 		return x.BatchSize
+	}
+	return 0
+}
+
+func (x *GenerateResponse) GetPrefixHitTokens() int32 {
+	if x != nil {
+		return x.PrefixHitTokens
 	}
 	return 0
 }
@@ -576,7 +588,7 @@ const file_pdserve_v1_decode_proto_rawDesc = "" +
 	"\x0fprompt_logprobs\x18\v \x01(\v2\x14.pdserve.v1.LogprobsR\x0epromptLogprobs\x12B\n" +
 	"\x11generated_choices\x18\f \x03(\v2\x15.pdserve.v1.GeneratedR\x10generatedChoices\"#\n" +
 	"\tGenerated\x12\x16\n" +
-	"\x06tokens\x18\x01 \x03(\x05R\x06tokens\"\xa8\x02\n" +
+	"\x06tokens\x18\x01 \x03(\x05R\x06tokens\"\xd4\x02\n" +
 	"\x10GenerateResponse\x12\x16\n" +
 	"\x06tokens\x18\x01 \x03(\x05R\x06tokens\x12\x14\n" +
 	"\x05index\x18\x05 \x01(\x05R\x05index\x124\n" +
@@ -585,7 +597,8 @@ const file_pdserve_v1_decode_proto_rawDesc = "" +
 	"\rfinish_reason\x18\x02 \x01(\tR\ffinishReason\x12)\n" +
 	"\x06stamps\x18\x03 \x03(\v2\x11.pdserve.v1.StampR\x06stamps\x12\x1d\n" +
 	"\n" +
-	"batch_size\x18\x04 \x01(\x05R\tbatchSize\".\n" +
+	"batch_size\x18\x04 \x01(\x05R\tbatchSize\x12*\n" +
+	"\x11prefix_hit_tokens\x18\b \x01(\x05R\x0fprefixHitTokens\".\n" +
 	"\rCancelRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\"\x10\n" +
