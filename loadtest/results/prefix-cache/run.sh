@@ -36,7 +36,7 @@ for i in 0 1; do
 done
 for _ in $(seq 100); do curl -sf 127.0.0.1:18080/readyz >/dev/null && break; sleep 0.2; done
 sleep 1 # every worker's first heartbeat
-"$BIN/loadtest" run --base-url http://127.0.0.1:18080 --quiet --seed 1 --goodput ttft:2000 tpot:100 \
+"$BIN/loadtest" run --base-url http://127.0.0.1:18080 --quiet --seed 1 --goodput ttft:5000 tpot:100 \
   --save-result --result-dir "$out" --result-filename "$name.json" "$@" | tee "$out/$name.md"
 { for p in 19200 19201 19202 19203 19210 19211; do curl -s 127.0.0.1:$p/metrics | grep -E '^pdserve_(prefill_prefix_cache|decode_prefix_cache|decode_kv_bytes_saved|prefix)' | sed "s/^/$p /"; done
   curl -s 127.0.0.1:18080/metrics | grep -E '^pdserve_(prefix|response_cache|router_decisions|kv_bytes)' | sed 's/^/coord /'; } > "$out/$name.metrics.txt" || true
