@@ -1,6 +1,6 @@
 // Package coordinatorrun is the coordinator binary (cmd/coordinator) as
 // an importable runner: Main dispatches a subcommand (Subcommands:
-// profiles, calibrate, plan, hash-key) or serves: it parses the flags of
+// profiles, calibrate, plan, profile, hash-key) or serves: it parses the flags of
 // coordinator.Options and plannerhost.Options, completes and validates
 // them (exit 2 on any error), logs the effective configuration, adds the
 // online planner as a coordinator extension, and runs the coordinator

@@ -17,6 +17,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/perfmodel"
 	"github.com/pdserve/pdserve/pkg/planner/plancli"
 	"github.com/pdserve/pdserve/pkg/plannerhost"
+	"github.com/pdserve/pdserve/pkg/profiler"
 	"github.com/pdserve/pdserve/pkg/standalone"
 	"github.com/pdserve/pdserve/pkg/workerrun"
 )
@@ -39,6 +40,8 @@ func Subcommands() []Subcommand {
 			Run: tableCommand("calibrate", perfmodel.WriteCalibrationReport)},
 		{Name: "plan", Summary: "size the prefill and decode pools offline for a workload and SLOs (plan --help)",
 			Run: plancli.Run},
+		{Name: "profile", Summary: "measure an engine (llama.cpp on a GGUF model) and write a profile for plan, sim and the planner (profile --help)",
+			Run: profiler.Main},
 		{Name: "hash-key", Summary: "read an API key on stdin and print its line for the --api-keys file (hash-key --help)",
 			Run: func(_ context.Context, args []string, stdout, stderr io.Writer) int {
 				return HashKey(args, os.Stdin, stdout, stderr)

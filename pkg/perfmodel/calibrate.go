@@ -66,6 +66,15 @@ type Point struct {
 	// measurement of a neighbouring model calibrates a roofline profile.
 	Spec *ModelShape `json:"spec,omitempty"`
 	TP   int         `json:"tp,omitempty"`
+
+	// Measured points (written by `coordinator profile`) also carry:
+	// Samples, the timed repetitions whose median is Value; Spread,
+	// (slowest − fastest) / median of those; RelErr, the fit's error
+	// (model − Value) / Value of this point (0.05 = 5%), which Validate
+	// checks against the profile's own coefficients.
+	Samples int      `json:"samples,omitempty"`
+	Spread  float64  `json:"spread,omitempty"`
+	RelErr  *float64 `json:"rel_err,omitempty"`
 }
 
 // Batch returns the step the point describes. The slices are new.
@@ -94,8 +103,14 @@ func (pt Point) validate() error {
 	if !(pt.Value > 0) || math.IsInf(pt.Value, 0) {
 		return errors.New("value must be positive and finite")
 	}
-	if pt.DecodeBatch < 0 || pt.TP < 0 {
-		return errors.New("decode_batch and tp must be ≥ 0")
+	if pt.DecodeBatch < 0 || pt.TP < 0 || pt.Samples < 0 {
+		return errors.New("decode_batch, tp and samples must be ≥ 0")
+	}
+	if !(pt.Spread >= 0) || math.IsInf(pt.Spread, 0) {
+		return errors.New("spread must be finite and ≥ 0")
+	}
+	if pt.RelErr != nil && (math.IsNaN(*pt.RelErr) || math.IsInf(*pt.RelErr, 0)) {
+		return errors.New("rel_err must be finite")
 	}
 	if pt.Metric == MetricMaxKVTokens {
 		if !pt.Batch().empty() {
@@ -124,8 +139,9 @@ func (p *Profile) Evaluate(pt Point) (float64, error) {
 		if pt.TP > 0 {
 			c.TP = pt.TP
 		}
-		c.Name = fmt.Sprintf("%s/%s/tp%d", c.GPU, c.Model, c.TP)
-		c.Points = nil
+		c.KVBytes = 0 // measured on the profile's own model
+		c.Name = c.WantName()
+		c.Points, c.Measured = nil, nil
 		if err := c.Validate(); err != nil {
 			return 0, err
 		}

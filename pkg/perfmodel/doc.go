@@ -24,6 +24,17 @@
 // the data points it is calibrated or validated against;
 // WriteCalibrationReport prints model against source for all of them.
 //
+// Measured profiles, written by `coordinator profile` (package profiler),
+// carry the DistServe form fitted to the measured step times by
+// FitDistServe (least squares on relative error, non-negative
+// coefficients), every point's rel_err, the total error and the machine
+// (Measurement), the KV bytes per token the engine exported (KVBytes) and
+// the engine's KV pool (Memory.MaxKVTokens). A profile of device "cpu"
+// (HW/MODEL/tN) describes workers of N threads: Units counts a worker's
+// threads where a GPU profile counts its TP GPUs, and the planner's budget
+// and cost count those units. Marshal and WriteFile write a profile that
+// Parse (and so Resolve) reads back equal.
+//
 // The package is pure and deterministic: it never reads the clock, and
 // durations are outputs. Profiles are immutable after loading and safe for
 // concurrent use.

@@ -5,9 +5,15 @@ import (
 	"time"
 )
 
-// KVBytesPerToken is the model's bf16 KV size of one token over all layers
-// and all GPUs: 2 × layers × KV heads × head dim × 2 bytes.
-func (p *Profile) KVBytesPerToken() int64 { return p.Spec.KVBytesPerToken() }
+// KVBytesPerToken is the KV size of one token over all layers and all
+// GPUs: the measured KVBytes when the profile has it, else the model's
+// bf16 size 2 × layers × KV heads × head dim × 2 bytes.
+func (p *Profile) KVBytesPerToken() int64 {
+	if p.KVBytes > 0 {
+		return p.KVBytes
+	}
+	return p.Spec.KVBytesPerToken()
+}
 
 // kvBytesPerTokenPerGPU is one GPU's share of a token's KV. When the model
 // has fewer KV heads than GPUs, heads are replicated, so the share does not
@@ -15,7 +21,7 @@ func (p *Profile) KVBytesPerToken() int64 { return p.Spec.KVBytesPerToken() }
 func (p *Profile) kvBytesPerTokenPerGPU() float64 {
 	m := p.Spec
 	kvHeads := math.Ceil(float64(m.KVHeads) / float64(p.TP))
-	return 2 * float64(m.Layers) * kvHeads * float64(m.HeadDim) * 2
+	return float64(p.KVBytesPerToken()) / float64(m.KVHeads) * kvHeads
 }
 
 // WeightBytesPerGPU is the bf16 weight memory one GPU of the group holds,
@@ -31,8 +37,12 @@ func (p *Profile) KVCapacityBytes() float64 {
 }
 
 // MaxKVTokens is how many tokens of KV one worker (TP GPUs) can hold, the
-// size of a decode worker's pool.
+// size of a decode worker's pool: Memory.MaxKVTokens when set, else
+// derived from the memory left beside the weights.
 func (p *Profile) MaxKVTokens() int64 {
+	if p.Memory.MaxKVTokens > 0 {
+		return p.Memory.MaxKVTokens
+	}
 	perToken := p.kvBytesPerTokenPerGPU() * float64(p.TP)
 	return int64(p.KVCapacityBytes() / perToken)
 }

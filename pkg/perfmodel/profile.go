@@ -111,20 +111,52 @@ type Roofline struct {
 type Memory struct {
 	Utilization        float64 `json:"utilization"`           // fraction of HBM the engine uses, (0, 1]
 	ReserveBytesPerGPU float64 `json:"reserve_bytes_per_gpu"` // activations and workspace, bytes ≥ 0
+	// MaxKVTokens, when > 0, is one worker's KV pool in tokens as the
+	// engine was configured (llama.cpp's --ctx-size cells), instead of
+	// the capacity derived from the hardware's memory; Utilization and
+	// ReserveBytesPerGPU are then unused and may be 0.
+	MaxKVTokens int64 `json:"max_kv_tokens,omitempty"`
 }
 
-// Profile is a GPU running a model at a tensor-parallel degree, with the
-// step-time form that predicts it and the data points it was calibrated
-// against. Load and LoadFile return a fresh, validated copy; treat it as
-// read-only afterwards (then it is safe for concurrent use).
+// Device is the kind of hardware a profile's workers run on.
+type Device string
+
+// The devices a profile can name.
+const (
+	// DeviceGPU: workers of TP GPUs each (the default: "" means GPU).
+	DeviceGPU Device = "gpu"
+	// DeviceCPU: workers of Threads CPU threads (cores) each, TP 1.
+	DeviceCPU Device = "cpu"
+)
+
+// Profile is a GPU running a model at a tensor-parallel degree (or a CPU
+// running it at a thread count), with the step-time form that predicts it
+// and the data points it was calibrated against or measured at. Load and
+// LoadFile return a fresh, validated copy; treat it as read-only
+// afterwards (then it is safe for concurrent use).
 type Profile struct {
-	Name     string     `json:"name"`     // GPU/MODEL/tpN, e.g. "a100-80g/opt-13b/tp1"
-	GPU      string     `json:"gpu"`      // e.g. "a100-80g", "h100", "h200"
-	Model    string     `json:"model"`    // e.g. "opt-13b", "llama-3-8b"
-	TP       int        `json:"tp"`       // tensor-parallel degree (GPUs per worker), ≥ 1
-	Hardware GPUSpec    `json:"hardware"` // one GPU's figures
-	Spec     ModelShape `json:"spec"`     // the model's shape
-	Form     Form       `json:"form"`     // which of DistServe and Roofline predicts step times
+	// Name is GPU/MODEL/tpN ("a100-80g/opt-13b/tp1"), or HW/MODEL/tN for
+	// a CPU profile at N threads ("cpu/qwen2.5-0.5b/t1").
+	Name  string `json:"name"`
+	GPU   string `json:"gpu"`   // the hardware's name, e.g. "a100-80g", "h100", "cpu"
+	Model string `json:"model"` // e.g. "opt-13b", "llama-3-8b"
+	TP    int    `json:"tp"`    // tensor-parallel degree (GPUs per worker), ≥ 1; 1 on a CPU
+	// Device is DeviceGPU (also when empty) or DeviceCPU.
+	Device Device `json:"device,omitempty"`
+	// Threads is a CPU profile's threads per worker (≥ 1; 0 on a GPU):
+	// the cores one worker takes, where a GPU profile's worker takes TP
+	// GPUs. See Units.
+	Threads int `json:"threads,omitempty"`
+	// Hardware holds one GPU's figures. The roofline form needs all of
+	// them; a DistServe profile needs memory_bytes only when
+	// Memory.MaxKVTokens is 0, and may leave the rest zero.
+	Hardware GPUSpec    `json:"hardware,omitzero"`
+	Spec     ModelShape `json:"spec"` // the model's shape
+	// KVBytes, when > 0, is the KV of one token over all layers as the
+	// engine holds and exports it, bytes (measured: f16 or q8_0 on
+	// llama.cpp); 0 means the bf16 size of Spec (ModelShape.KVBytesPerToken).
+	KVBytes int64 `json:"kv_bytes_per_token,omitempty"`
+	Form    Form  `json:"form"` // which of DistServe and Roofline predicts step times
 	// DistServe is set when Form is FormDistServe.
 	DistServe *DistServe `json:"distserve,omitempty"`
 	// Roofline is set when Form is FormRoofline; a DistServe profile may
@@ -139,6 +171,39 @@ type Profile struct {
 	// allowed for points checked as CheckFit, e.g. 0.15.
 	Tolerance float64 `json:"tolerance"`
 	Points    []Point `json:"points"`
+	// Measured, set on profiles written by `coordinator profile`, records
+	// the engine, the hardware and the fit of a measured profile.
+	Measured *Measurement `json:"measured,omitempty"`
+}
+
+// Units is how many units of the profile's device one worker takes: TP
+// GPUs, or Threads cores on a CPU. The planner's budget and cost count
+// these units.
+func (p *Profile) Units() int {
+	if p.CPU() {
+		return p.Threads
+	}
+	return p.TP
+}
+
+// CPU reports whether the profile is of CPU workers (Device DeviceCPU).
+func (p *Profile) CPU() bool { return p.Device == DeviceCPU }
+
+// UnitName is the unit Units counts, singular: "GPU" or "core".
+func (p *Profile) UnitName() string {
+	if p.CPU() {
+		return "core"
+	}
+	return "GPU"
+}
+
+// WantName is the name the profile's fields give it: GPU/MODEL/tpN, or
+// GPU/MODEL/tN for a CPU profile of N threads.
+func (p *Profile) WantName() string {
+	if p.CPU() {
+		return fmt.Sprintf("%s/%s/t%d", p.GPU, p.Model, p.Threads)
+	}
+	return fmt.Sprintf("%s/%s/tp%d", p.GPU, p.Model, p.TP)
 }
 
 // Errors returned by Load, LoadFile and Resolve; match with errors.Is.
@@ -239,8 +304,23 @@ func (p *Profile) Validate() error {
 	bad := func(format string, args ...any) error {
 		return fmt.Errorf("%w %q: %s", ErrInvalidProfile, p.Name, fmt.Sprintf(format, args...))
 	}
-	if want := fmt.Sprintf("%s/%s/tp%d", p.GPU, p.Model, p.TP); p.Name != want {
-		return bad("name must be GPU/MODEL/tpN = %q", want)
+	switch p.Device {
+	case "", DeviceGPU:
+		if p.Threads != 0 {
+			return bad("threads %d on a GPU profile: a GPU worker's size is its tp", p.Threads)
+		}
+	case DeviceCPU:
+		if p.Threads < 1 || p.TP != 1 {
+			return bad("a cpu profile needs threads ≥ 1 (got %d) and tp 1 (got %d)", p.Threads, p.TP)
+		}
+		if p.Form != FormDistServe {
+			return bad("a cpu profile needs form %q (the roofline models GPUs)", FormDistServe)
+		}
+	default:
+		return bad("device %q is neither %q nor %q", p.Device, DeviceGPU, DeviceCPU)
+	}
+	if want := p.WantName(); p.Name != want {
+		return bad("name must be %q", want)
 	}
 	if p.GPU == "" || p.Model == "" || strings.Contains(p.GPU+p.Model, "/") {
 		return bad("gpu and model must be non-empty and free of '/'")
@@ -249,8 +329,22 @@ func (p *Profile) Validate() error {
 		return bad("tp %d < 1", p.TP)
 	}
 	h := p.Hardware
-	if !(h.BF16FLOPS > 0 && h.HBMBytesPerSec > 0 && h.MemoryBytes > 0 && h.LinkBytesPerSec > 0) {
-		return bad("hardware figures must be positive")
+	for _, x := range []float64{h.BF16FLOPS, h.HBMBytesPerSec, h.MemoryBytes, h.LinkBytesPerSec} {
+		if !(x >= 0) || math.IsInf(x, 0) {
+			return bad("hardware figures must be finite and ≥ 0")
+		}
+	}
+	if p.Form == FormRoofline && !(h.BF16FLOPS > 0 && h.HBMBytesPerSec > 0 && h.MemoryBytes > 0 && h.LinkBytesPerSec > 0) {
+		return bad("hardware figures must be positive for the roofline form")
+	}
+	if p.Memory.MaxKVTokens < 0 {
+		return bad("memory max_kv_tokens %d < 0", p.Memory.MaxKVTokens)
+	}
+	if p.Memory.MaxKVTokens == 0 && !(h.MemoryBytes > 0) {
+		return bad("hardware memory_bytes must be positive unless memory max_kv_tokens is set")
+	}
+	if p.KVBytes < 0 {
+		return bad("kv_bytes_per_token %d < 0", p.KVBytes)
 	}
 	s := p.Spec
 	if !(s.Params > 0) || s.Layers <= 0 || s.Hidden <= 0 || s.Heads <= 0 || s.KVHeads <= 0 || s.HeadDim <= 0 ||
@@ -298,8 +392,10 @@ func (p *Profile) Validate() error {
 			return bad("roofline overheads must be ≥ 0")
 		}
 	}
-	if m := p.Memory; !(m.Utilization > 0 && m.Utilization <= 1) || !(m.ReserveBytesPerGPU >= 0) {
+	if m := p.Memory; m.MaxKVTokens == 0 && (!(m.Utilization > 0 && m.Utilization <= 1) || !(m.ReserveBytesPerGPU >= 0)) {
 		return bad("memory utilization must lie in (0, 1] and the reserve be ≥ 0")
+	} else if m.MaxKVTokens > 0 && (!(m.Utilization >= 0 && m.Utilization <= 1) || !(m.ReserveBytesPerGPU >= 0)) {
+		return bad("memory utilization must lie in [0, 1] and the reserve be ≥ 0")
 	}
 	if !(p.Tolerance >= 0) {
 		return bad("tolerance must be ≥ 0")
@@ -310,6 +406,11 @@ func (p *Profile) Validate() error {
 	for i := range p.Points {
 		if err := p.Points[i].validate(); err != nil {
 			return bad("point %d (%q): %v", i, p.Points[i].Name, err)
+		}
+	}
+	if p.Measured != nil {
+		if err := p.checkMeasured(); err != nil {
+			return bad("%v", err)
 		}
 	}
 	return nil

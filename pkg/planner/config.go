@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"time"
 
 	"github.com/pdserve/pdserve/pkg/perfmodel"
@@ -70,7 +71,9 @@ func (s Scale) get(x float64) float64 {
 // Config is everything a plan depends on. Planning reads it and never
 // modifies it.
 type Config struct {
-	// Prefill is the profile of prefill workers; its TP is their GPUs.
+	// Prefill is the profile of prefill workers; its Units are the GPUs
+	// (TP) or, for a CPU profile, the cores (threads) of each. The three
+	// profiles must all be GPU or all CPU profiles.
 	Prefill *perfmodel.Profile
 	// Decode is the profile of decode workers; nil means Prefill.
 	Decode *perfmodel.Profile
@@ -91,7 +94,8 @@ type Config struct {
 	// direction, bytes/s (> 0).
 	LinkBytesPerSec float64
 	Codec           Codec
-	// CodecCores is the cores a worker codes KV with (≥ 1; 0 means 16).
+	// CodecCores is the cores a worker codes KV with (≥ 1; 0 means 16,
+	// or for CPU profiles the threads of the smaller worker).
 	CodecCores int
 	// Policy is the first-token policy; "" means PolicyPrefill, the
 	// coordinator's default, so that a plan and the server agree.
@@ -101,12 +105,14 @@ type Config struct {
 	Ingress time.Duration
 
 	// GPUCostPerHour is the price of one GPU-hour (USD, ≥ 0) of the
-	// Prefill profile's GPU; DecodeGPUCostPerHour of the Decode
-	// profile's (0 means GPUCostPerHour).
+	// Prefill profile's GPU (of one core-hour for a CPU profile);
+	// DecodeGPUCostPerHour of the Decode profile's (0 means
+	// GPUCostPerHour).
 	GPUCostPerHour       float64
 	DecodeGPUCostPerHour float64
 	// GPUBudget is the most GPUs a design may use (≥ the GPUs of one
-	// prefill plus one decode worker).
+	// prefill plus one decode worker); for CPU profiles, the most cores,
+	// a worker taking its profile's threads.
 	GPUBudget int
 
 	Limits Limits
@@ -116,6 +122,23 @@ type Config struct {
 	// 2000); Seed fixes them.
 	Requests int
 	Seed     uint64
+}
+
+// DefaultGPUBudget is the budget of a GPU plan whose budget is not given.
+const DefaultGPUBudget = 16
+
+// DefaultBudget is the budget of a plan on profile p whose budget is not
+// given: DefaultGPUBudget GPUs, or for a CPU profile the logical CPUs of
+// the machine it was measured on (a profile that does not say: this
+// machine's), so that a plan on a small CPU box splits its cores.
+func DefaultBudget(p *perfmodel.Profile) int {
+	switch {
+	case !p.CPU():
+		return DefaultGPUBudget
+	case p.Measured != nil && p.Measured.Hardware.LogicalCPUs > 0:
+		return p.Measured.Hardware.LogicalCPUs
+	}
+	return runtime.NumCPU()
 }
 
 // ErrConfig reports an unusable Config; match with errors.Is.
@@ -156,10 +179,14 @@ func (c *Config) requests() int {
 }
 
 func (c *Config) codecCores() int {
-	if c.CodecCores == 0 {
-		return DefaultCodecCores
+	switch {
+	case c.CodecCores > 0:
+		return c.CodecCores
+	case c.Prefill.CPU():
+		// A CPU worker codes KV with its own threads.
+		return min(c.Prefill.Units(), c.decodeProfile().Units())
 	}
-	return c.CodecCores
+	return DefaultCodecCores
 }
 
 func (c *Config) decodeCost() float64 {
@@ -212,8 +239,13 @@ func (c *Config) Validate() error {
 	if !finiteNonNeg(c.GPUCostPerHour) || !finiteNonNeg(c.DecodeGPUCostPerHour) {
 		return bad("GPU cost must be finite and ≥ 0")
 	}
-	if need := c.Prefill.TP + c.decodeProfile().TP; c.GPUBudget < need {
-		return bad("GPU budget %d < %d, the GPUs of one prefill and one decode worker", c.GPUBudget, need)
+	for _, p := range []*perfmodel.Profile{c.decodeProfile(), c.colocatedProfile()} {
+		if p.CPU() != c.Prefill.CPU() {
+			return bad("profiles %s and %s mix CPU and GPU workers: the budget counts one kind", c.Prefill.Name, p.Name)
+		}
+	}
+	if need := c.Prefill.Units() + c.decodeProfile().Units(); c.GPUBudget < need {
+		return bad("%s budget %d < %d, the %ss of one prefill and one decode worker", c.Prefill.UnitName(), c.GPUBudget, need, c.Prefill.UnitName())
 	}
 	if c.Requests != 0 && c.Requests < 10 {
 		return bad("requests per simulation %d < 10", c.Requests)

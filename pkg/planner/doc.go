@@ -58,6 +58,16 @@
 // TPOT SLO, the prefill tokens per step whose step fits half the TTFT SLO,
 // and the colocated chunk budget that gives the most goodput.
 //
+// # CPU deployments
+//
+// A CPU profile (perfmodel.DeviceCPU, measured by `coordinator profile`)
+// makes every GPU count a core count: a worker takes its profile's
+// threads, Config.GPUBudget is the cores the pools may use,
+// GPUCostPerHour the price of a core-hour, and the plan's Unit says
+// "core". The three profiles of a Config are all GPU or all CPU ones; the
+// colocated profile may have another thread count. GPU planning is
+// unchanged.
+//
 // # Online
 //
 // Online keeps a sliding window of observed requests, corrects the model by

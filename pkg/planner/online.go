@@ -517,7 +517,7 @@ func medianFactor(xs []float64) float64 {
 // (then the largest capacity bound) that meets the target at rate.
 func (s *searcher) smallestMeeting(rate float64) (Design, bool) {
 	var cands []Candidate
-	tpP, tpD := s.cfg.Prefill.TP, s.cfg.decodeProfile().TP
+	tpP, tpD := s.cfg.Prefill.Units(), s.cfg.decodeProfile().Units()
 	for p := 1; p*tpP+tpD <= s.cfg.GPUBudget; p++ {
 		for d := 1; p*tpP+d*tpD <= s.cfg.GPUBudget; d++ {
 			des := Design{Prefill: p, Decode: d}
@@ -534,7 +534,7 @@ func (s *searcher) smallestMeeting(rate float64) (Design, bool) {
 // bound (ties: fewer GPUs).
 func (s *searcher) largest() Design {
 	best, bestB, bestG := Design{Prefill: 1, Decode: 1}, -1.0, math.MaxInt
-	tpP, tpD := s.cfg.Prefill.TP, s.cfg.decodeProfile().TP
+	tpP, tpD := s.cfg.Prefill.Units(), s.cfg.decodeProfile().Units()
 	for p := 1; p*tpP+tpD <= s.cfg.GPUBudget; p++ {
 		for d := 1; p*tpP+d*tpD <= s.cfg.GPUBudget; d++ {
 			des := Design{Prefill: p, Decode: d}

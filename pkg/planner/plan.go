@@ -89,7 +89,13 @@ type Plan struct {
 	KVTransferGBps  float64         `json:"kv_transfer_raw_gb_per_s"` // raw KV GB/s of one transfer
 	KVBytesPerToken int64           `json:"kv_bytes_per_token"`
 	Policy          Policy          `json:"first_token_policy"`
-	GPUBudget       int             `json:"gpu_budget"`
+	// Unit is what GPUBudget, GPUs and GoodputPerGPU count: UnitGPU, or
+	// UnitCore for CPU profiles (a worker takes its profile's threads).
+	Unit string `json:"unit"`
+	// UnitsPerWorker is the units (GPUs or cores) of one worker of each
+	// pool.
+	UnitsPerWorker UnitsPerWorker `json:"units_per_worker"`
+	GPUBudget      int            `json:"gpu_budget"`
 	// RequestedRate is Config.Rate (0: find the highest).
 	RequestedRate float64 `json:"requested_rate"`
 
@@ -131,6 +137,19 @@ type Plan struct {
 	SimulatedRequests   int         `json:"simulated_requests"`
 	Seed                uint64      `json:"seed"`
 	Notes               []string    `json:"notes,omitempty"`
+}
+
+// The units a plan counts.
+const (
+	UnitGPU  = "gpu"
+	UnitCore = "core"
+)
+
+// UnitsPerWorker holds the GPUs (or cores) one worker of each pool takes.
+type UnitsPerWorker struct {
+	Prefill   int `json:"prefill"`
+	Decode    int `json:"decode"`
+	Colocated int `json:"colocated"`
 }
 
 // ErrInfeasible is wrapped by the error Run returns, together with a plan,
@@ -220,10 +239,15 @@ func (s *searcher) newPlan() *Plan {
 		KVBytesPerToken:   cfg.Prefill.KVBytesPerToken(),
 		Policy:            cfg.policy(),
 		GPUBudget:         cfg.GPUBudget,
+		Unit:              UnitGPU,
+		UnitsPerWorker:    UnitsPerWorker{Prefill: cfg.Prefill.Units(), Decode: cfg.decodeProfile().Units(), Colocated: cfg.colocatedProfile().Units()},
 		RequestedRate:     cfg.Rate,
 		Limits:            s.lim,
 		SimulatedRequests: cfg.requests(),
 		Seed:              cfg.Seed,
+	}
+	if cfg.Prefill.CPU() {
+		pl.Unit = UnitCore
 	}
 	switch k := cfg.Burstiness; {
 	case k <= 0 && len(w.Gaps) > 0:
@@ -265,9 +289,9 @@ func (pl *Plan) fill(cfg *Config, s *searcher) {
 	tokens := st.MeanIn + st.MeanOut
 	costPerSec := func(d Design) float64 {
 		if d.Disaggregated() {
-			return (float64(d.Prefill*cfg.Prefill.TP)*cfg.GPUCostPerHour + float64(d.Decode*cfg.decodeProfile().TP)*cfg.decodeCost()) / 3600
+			return (float64(d.Prefill*cfg.Prefill.Units())*cfg.GPUCostPerHour + float64(d.Decode*cfg.decodeProfile().Units())*cfg.decodeCost()) / 3600
 		}
-		return float64(d.Colocated*cfg.colocatedProfile().TP) * cfg.GPUCostPerHour / 3600
+		return float64(d.Colocated*cfg.colocatedProfile().Units()) * cfg.GPUCostPerHour / 3600
 	}
 	maxRate := func(cands []Candidate, d Design) float64 {
 		for _, c := range cands {

@@ -109,6 +109,14 @@ func (p *Plan) colocReplicas() string {
 	return fmt.Sprintf("%dC", p.ColocatedReplicas)
 }
 
+// unit is what the plan's budget counts, singular: "GPU" or "core".
+func (p *Plan) unit() string {
+	if p.Unit == UnitCore {
+		return "core"
+	}
+	return "GPU"
+}
+
 func (p *Plan) writeTable(ew *errWriter) {
 	st := p.Workload.Lengths
 	ew.printf("pdserve plan: %s", p.Profile)
@@ -130,16 +138,22 @@ func (p *Plan) writeTable(ew *errWriter) {
 	} else {
 		ew.printf("  policy     first token from the prefill worker: kv_transfer is in the first inter-token gap\n")
 	}
-	ew.printf("  budget     %d GPUs", p.GPUBudget)
+	u := p.unit()
+	ew.printf("  budget     %d %ss", p.GPUBudget, u)
+	if p.Unit == UnitCore {
+		ew.printf(" (a worker takes its profile's threads: prefill %d, decode %d, colocated %d)",
+			p.UnitsPerWorker.Prefill, p.UnitsPerWorker.Decode, p.UnitsPerWorker.Colocated)
+	}
 	if p.RequestedRate > 0 {
 		ew.printf(", planned for %s req/s", num(p.RequestedRate))
 	} else {
-		ew.printf(", searching for the highest goodput per GPU")
+		ew.printf(", searching for the highest goodput per %s", u)
 	}
 	ew.printf("\n\n")
 
 	tw := tabwriter.NewWriter(ew, 2, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "DESIGN\tREPLICAS\tGPUS\tMAX RATE\tGOODPUT/GPU\t$/1K TOK\tAT RATE\tATTAIN\tTTFT p50/p90/p99 ms\tTPOT p50/p90/p99 ms\n")
+	U := strings.ToUpper(u)
+	fmt.Fprintf(tw, "DESIGN\tREPLICAS\t%sS\tMAX RATE\tGOODPUT/%s\t$/1K TOK\tAT RATE\tATTAIN\tTTFT p50/p90/p99 ms\tTPOT p50/p90/p99 ms\n", U, U)
 	row := func(name, reps string, pr *Prediction, maxRate, perGPU, cost float64) {
 		if pr == nil {
 			fmt.Fprintf(tw, "%s\tnone meets the SLO\t\t\t\t\t\t\t\t\n", name)
@@ -163,24 +177,24 @@ func (p *Plan) writeTable(ew *errWriter) {
 	}
 	switch {
 	case !p.Feasible:
-		ew.printf("\nNo design within %d GPUs meets the SLO.\n", p.GPUBudget)
+		ew.printf("\nNo design within %d %ss meets the SLO.\n", p.GPUBudget, u)
 	case p.Recommended == "disaggregated":
 		ew.printf("\nRecommended: disaggregated, %d prefill + %d decode replicas", p.PrefillReplicas, p.DecodeReplicas)
 		if p.Colocated != nil && p.GoodputPerGPU.Colocated > 0 {
-			ew.printf(" (%.2fx the goodput per GPU of colocated)", p.GoodputPerGPU.Disaggregated/p.GoodputPerGPU.Colocated)
+			ew.printf(" (%.2fx the goodput per %s of colocated)", p.GoodputPerGPU.Disaggregated/p.GoodputPerGPU.Colocated, u)
 		}
 		ew.printf(".\n")
 	default:
 		ew.printf("\nRecommended: colocated, %d replicas", p.ColocatedReplicas)
 		if p.Disaggregated != nil && p.GoodputPerGPU.Disaggregated > 0 {
-			ew.printf(" (%.2fx the goodput per GPU of disaggregated)", p.GoodputPerGPU.Colocated/p.GoodputPerGPU.Disaggregated)
+			ew.printf(" (%.2fx the goodput per %s of disaggregated)", p.GoodputPerGPU.Colocated/p.GoodputPerGPU.Disaggregated, u)
 		}
 		ew.printf(".\n")
 	}
 	l := p.Limits
 	ew.printf("Batching limits: decode batch ≤ %d sequences, prefill ≤ %d tokens per step, colocated %s.\n",
 		l.MaxDecodeBatch, l.MaxPrefillTokens, chunkText(l.ChunkTokens))
-	ew.printf("GOODPUT/GPU is MAX RATE per GPU; cost, attainment and latencies are at AT RATE (the asked rate, else MAX RATE).\n")
+	ew.printf("GOODPUT/%s is MAX RATE per %s; cost, attainment and latencies are at AT RATE (the asked rate, else MAX RATE).\n", U, u)
 
 	for _, d := range []struct {
 		name string
@@ -225,7 +239,7 @@ func (p *Plan) writeMatrix(ew *errWriter) {
 	if maxP == 0 {
 		return
 	}
-	ew.printf("\nGoodput per GPU (req/s) by prefill (rows) and decode (columns) replicas; '.' skipped by bound, '-' never meets the SLO\n")
+	ew.printf("\nGoodput per %s (req/s) by prefill (rows) and decode (columns) replicas; '.' skipped by bound, '-' never meets the SLO\n", p.unit())
 	tw := tabwriter.NewWriter(ew, 2, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "P\\D\t")
 	for d := 1; d <= maxD; d++ {

@@ -106,9 +106,9 @@ func (s *searcher) bound(d Design) float64 {
 
 func (s *searcher) gpus(d Design) int {
 	if d.Disaggregated() {
-		return d.Prefill*s.cfg.Prefill.TP + d.Decode*s.cfg.decodeProfile().TP
+		return d.Prefill*s.cfg.Prefill.Units() + d.Decode*s.cfg.decodeProfile().Units()
 	}
-	return d.Colocated * s.cfg.colocatedProfile().TP
+	return d.Colocated * s.cfg.colocatedProfile().Units()
 }
 
 // meets reports whether d meets the attainment target at rate.
@@ -154,7 +154,7 @@ func (s *searcher) maxRate(d Design, lo float64) float64 {
 // GPU first, skipping those whose bound cannot beat the best found.
 func (s *searcher) searchDisagg() []Candidate {
 	var cands []Candidate
-	tpP, tpD := s.cfg.Prefill.TP, s.cfg.decodeProfile().TP
+	tpP, tpD := s.cfg.Prefill.Units(), s.cfg.decodeProfile().Units()
 	for p := 1; p*tpP+tpD <= s.cfg.GPUBudget; p++ {
 		for d := 1; p*tpP+d*tpD <= s.cfg.GPUBudget; d++ {
 			des := Design{Prefill: p, Decode: d}
@@ -212,7 +212,7 @@ func (s *searcher) evaluate(cands []Candidate, lower func(Candidate) float64) {
 // searchColoc picks the chunk budget at the smallest count that meets the
 // SLO at all, then evaluates every count with it.
 func (s *searcher) searchColoc() ([]Candidate, int) {
-	tp := s.cfg.colocatedProfile().TP
+	tp := s.cfg.colocatedProfile().Units()
 	maxC := s.cfg.GPUBudget / tp
 	chunks := ChunkCandidates
 	if s.cfg.Limits.ChunkTokens != 0 {

@@ -73,7 +73,10 @@ type Options struct {
 	LinkGbps float64
 	// GPUCostPerHour is USD per GPU-hour (≥ 0; 0: unknown, no cost gauge).
 	GPUCostPerHour float64
-	// GPUBudget is the most GPUs both pools may use together.
+	// GPUBudget is the most GPUs both pools may use together; for a
+	// CPU profile the most cores, a worker taking its profile's threads.
+	// 0: planner.DefaultBudget (16 GPUs; a CPU profile: the logical CPUs
+	// it was measured on).
 	GPUBudget int
 	// Namespace, PrefillDeployment and DecodeDeployment name the
 	// Deployments Kubernetes scales (required with it).
@@ -98,7 +101,6 @@ func DefaultOptions() Options {
 		Hysteresis:      0.15,
 		MinObservations: 50,
 		LinkGbps:        100,
-		GPUBudget:       16,
 	}
 }
 
@@ -120,7 +122,7 @@ func (p *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&p.DecodeDeployment, "planner-decode-deployment", p.DecodeDeployment, "kubernetes planner: name of the decode worker Deployment")
 	fs.Float64Var(&p.LinkGbps, "link-gbps", p.LinkGbps, "planner: bandwidth between the pools per worker, each direction, Gb/s")
 	fs.Float64Var(&p.GPUCostPerHour, "gpu-cost-per-hour", p.GPUCostPerHour, "planner: USD per GPU-hour, for pdserve_planner_desired_cost_usd_per_hour (0: unknown)")
-	fs.IntVar(&p.GPUBudget, "gpu-budget", p.GPUBudget, "planner: most GPUs the prefill and decode pools may use together")
+	fs.IntVar(&p.GPUBudget, "gpu-budget", p.GPUBudget, "planner: most GPUs the prefill and decode pools may use together; with a CPU profile (coordinator profile on a CPU) the most cores, a worker taking the profile's threads (0: 16 GPUs, or the logical CPUs the CPU profile was measured on)")
 }
 
 // Effective returns the planner's effective mode with the coordinator's
@@ -270,6 +272,10 @@ func (p Options) onlineConfig(co coordinator.Options) (planner.OnlineConfig, err
 		return planner.OnlineConfig{}, fmt.Errorf("planner-codec: %w", err)
 	}
 	slo := co.Policy.SLO
+	budget := p.GPUBudget
+	if budget == 0 {
+		budget = planner.DefaultBudget(prof)
+	}
 	return planner.OnlineConfig{
 		Base: planner.Config{
 			Prefill: prof,
@@ -283,7 +289,7 @@ func (p Options) onlineConfig(co coordinator.Options) (planner.OnlineConfig, err
 			Codec:           codec,
 			Policy:          planner.Policy(co.FirstTokenPolicy),
 			GPUCostPerHour:  p.GPUCostPerHour,
-			GPUBudget:       p.GPUBudget,
+			GPUBudget:       budget,
 			Seed:            1,
 		},
 		Window:          p.Window,
@@ -338,6 +344,11 @@ func New(p Options, co coordinator.Options, log *zap.Logger) (*Host, error) {
 	}, nil
 }
 
+// Base returns the planner's starting point: the configuration it plans
+// from before any observation corrects it (profile, SLO, link, budget).
+// The profiles are shared: do not modify them.
+func (p *Host) Base() planner.Config { return p.cfg.Base }
+
 // Attach implements coordinator.Extension: it builds the actuator and the
 // planner, registering its gauges on h.Registerer. Errors: the
 // actuator's (Kubernetes outside a cluster) and registration errors.
@@ -372,11 +383,11 @@ func (p *Host) Attach(h coordinator.Host) error {
 	cfg.Publish = func(subject string, data []byte) error {
 		if cost != nil {
 			p, d := online.Desired()
-			tpD := cfg.Base.Prefill.TP
+			tpD := cfg.Base.Prefill.Units()
 			if cfg.Base.Decode != nil {
-				tpD = cfg.Base.Decode.TP
+				tpD = cfg.Base.Decode.Units()
 			}
-			cost.Set(float64(p*cfg.Base.Prefill.TP+d*tpD) * cfg.Base.GPUCostPerHour)
+			cost.Set(float64(p*cfg.Base.Prefill.Units()+d*tpD) * cfg.Base.GPUCostPerHour)
 		}
 		return h.Publish(subject, data)
 	}
@@ -389,6 +400,7 @@ func (p *Host) Attach(h coordinator.Host) error {
 	}
 	p.online = online
 	log.Info("online planner on", zap.String("actuator", p.mode), zap.String("profile", cfg.Base.Prefill.Name),
+		zap.Int("budget", cfg.Base.GPUBudget), zap.String("budget_unit", cfg.Base.Prefill.UnitName()),
 		zap.Duration("interval", cfg.Interval), zap.Duration("window", cfg.Window))
 	return nil
 }

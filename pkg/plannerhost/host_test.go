@@ -11,6 +11,7 @@ import (
 
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/enginecfg"
+	"github.com/pdserve/pdserve/pkg/perfmodel"
 	"github.com/pdserve/pdserve/pkg/plannerhost"
 )
 
@@ -164,5 +165,45 @@ func TestPlannerOptions(t *testing.T) {
 				t.Errorf("auto planner off without a reason in the log fields")
 			}
 		})
+	}
+}
+
+// The online planner starts from a profile file written by coordinator
+// profile: a CPU profile's budget counts cores, by default those of the
+// machine it was measured on.
+func TestPlannerStartsFromAMeasuredProfileFile(t *testing.T) {
+	prof := &perfmodel.Profile{
+		Name: "cpu/tiny/t1", GPU: "cpu", Model: "tiny", TP: 1, Device: perfmodel.DeviceCPU, Threads: 1,
+		Spec: perfmodel.ModelShape{Params: 4.2e6, Layers: 2, Hidden: 64, Heads: 4, KVHeads: 2, HeadDim: 16,
+			Intermediate: 128, Vocab: 32000, MaxSeqLen: 2048, RopeTheta: 1e4},
+		Form: perfmodel.FormDistServe,
+		DistServe: &perfmodel.DistServe{Prefill: [3]float64{0.7, 0.006, 1.5e-5},
+			DecodeSmall: [3]float64{0.25, 0.0009, 0.14}, DecodeLarge: [3]float64{0.25, 0.0009, 0.14}, LargeBatchThreshold: 1},
+		Memory: perfmodel.Memory{MaxKVTokens: 2048},
+		Source: "measured", Calibration: "fit", Tolerance: 0.25,
+		Points: []perfmodel.Point{{Name: "prefill 1x64", Metric: perfmodel.MetricStepMs, Prefill: []int{64}, Value: 1.2, Source: "measured", Check: perfmodel.CheckFit}},
+		Measured: &perfmodel.Measurement{Tool: "coordinator profile", Engine: "llamacpp", Repeats: 3,
+			Hardware: perfmodel.Host{CPU: "test CPU", LogicalCPUs: 2, Threads: 1}},
+	}
+	prof.Measured.Fit = prof.SetFitErrors()
+	file := filepath.Join(t.TempDir(), "cpu-t1.json")
+	if err := prof.WriteFile(file); err != nil {
+		t.Fatal(err)
+	}
+	o, p := coordinator.DefaultOptions(), plannerhost.DefaultOptions()
+	o.ConfigFile, p.Profile = sloPolicy(t), file
+	if err := o.Complete(); err != nil {
+		t.Fatal(err)
+	}
+	if err := errors.Join(o.Validate(), p.Validate(o)); err != nil {
+		t.Fatalf("Validate: %v", err)
+	}
+	h, err := plannerhost.New(p, o, nil)
+	if err != nil || h == nil {
+		t.Fatalf("New: %v, %v", h, err)
+	}
+	base := h.Base()
+	if base.Prefill.Name != prof.Name || !base.Prefill.CPU() || base.GPUBudget != 2 {
+		t.Errorf("starting point: profile %s (cpu %v), budget %d; want %s on the profile's 2 cores", base.Prefill.Name, base.Prefill.CPU(), base.GPUBudget, prof.Name)
 	}
 }

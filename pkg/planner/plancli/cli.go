@@ -19,27 +19,30 @@ import (
 type Options struct {
 	Profiles      []string // prefill (and colocated) profiles; several = what-if
 	DecodeProfile string   // "" = the same as the profile
-	Workload      string
-	Samples       int
-	Rate          float64
-	Burstiness    float64
-	SLOTTFT       time.Duration
-	SLOTPOT       time.Duration
-	Attainment    float64
-	LinkGbps      float64
-	Codec         string
-	CodecRatio    float64 // 0 = the codec's
-	CodecMBps     float64 // per core, both directions; 0 = the codec's
-	CodecCores    int
-	Policy        string
-	Ingress       time.Duration
-	GPUBudget     int
-	GPUCost       string // "2.5" or "a100-80g=1.9,h100=3.5"
-	Limits        planner.Limits
-	Requests      int
-	Seed          uint64
-	Output        string // table or json
-	Plot          string // PNG file, "" = none
+	// ColocatedProfile is the colocated workers' profile when it differs
+	// (on a CPU: another thread count); "" = the same as the profile.
+	ColocatedProfile string
+	Workload         string
+	Samples          int
+	Rate             float64
+	Burstiness       float64
+	SLOTTFT          time.Duration
+	SLOTPOT          time.Duration
+	Attainment       float64
+	LinkGbps         float64
+	Codec            string
+	CodecRatio       float64 // 0 = the codec's
+	CodecMBps        float64 // per core, both directions; 0 = the codec's
+	CodecCores       int
+	Policy           string
+	Ingress          time.Duration
+	GPUBudget        int    // 0 = 16 GPUs; CPU profiles: the logical CPUs the profile was measured on
+	GPUCost          string // "2.5" or "a100-80g=1.9,h100=3.5"
+	Limits           planner.Limits
+	Requests         int
+	Seed             uint64
+	Output           string // table or json
+	Plot             string // PNG file, "" = none
 	// Design, when set, evaluates that one design at Rate instead of
 	// searching: "P:D" or "PP+DD" (e.g. "2P+1D") disaggregated, "NC"
 	// colocated (chunk budget from --chunk-tokens).
@@ -52,9 +55,7 @@ func DefaultOptions() Options {
 		Attainment: 0.9,
 		LinkGbps:   100,
 		Codec:      "none",
-		CodecCores: planner.DefaultCodecCores,
 		Policy:     string(planner.PolicyPrefill),
-		GPUBudget:  16,
 		GPUCost:    "2",
 		Requests:   planner.DefaultRequests,
 		Seed:       1,
@@ -73,6 +74,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 		return nil
 	})
 	fs.StringVar(&o.DecodeProfile, "decode-profile", o.DecodeProfile, "profile of the decode workers when it differs (e.g. another tensor-parallel degree); only with one --profile")
+	fs.StringVar(&o.ColocatedProfile, "colocated-profile", o.ColocatedProfile, "profile of the colocated workers when it differs (a CPU profile at another thread count, e.g. t2 against the pools' t1); only with one --profile")
 	fs.StringVar(&o.Workload, "workload", o.Workload, "fixed:IN/OUT, an Azure trace .csv, a Mooncake .jsonl, a ShareGPT .json or a loadtest result .json")
 	fs.IntVar(&o.Samples, "samples", o.Samples, "ShareGPT conversations to sample (0 = 10000)")
 	fs.Float64Var(&o.Rate, "rate", o.Rate, "request rate to plan for, req/s; 0 finds the highest goodput per GPU")
@@ -84,11 +86,11 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Codec, "codec", o.Codec, "KV wire codec: "+strings.Join(planner.CodecNames(), ", "))
 	fs.Float64Var(&o.CodecRatio, "codec-ratio", o.CodecRatio, "override the codec's compression ratio (raw/wire)")
 	fs.Float64Var(&o.CodecMBps, "codec-mbps", o.CodecMBps, "override the codec's encode and decode speed, raw MB/s per core")
-	fs.IntVar(&o.CodecCores, "codec-cores", o.CodecCores, "cores each worker codes KV with")
+	fs.IntVar(&o.CodecCores, "codec-cores", o.CodecCores, "cores each worker codes KV with (0: 16; CPU profiles: a worker's threads)")
 	fs.StringVar(&o.Policy, "first-token-policy", o.Policy, "first token from the prefill worker (prefill, the coordinator's default: kv_transfer in the first inter-token gap) or the decode worker (decode: kv_transfer in TTFT)")
 	fs.DurationVar(&o.Ingress, "ingress", o.Ingress, "coordinator time before a request reaches the prefill queue")
-	fs.IntVar(&o.GPUBudget, "gpu-budget", o.GPUBudget, "most GPUs a design may use")
-	fs.StringVar(&o.GPUCost, "gpu-cost", o.GPUCost, "USD per GPU-hour: one price, or GPU=PRICE pairs such as a100-80g=1.9,h100=3.5")
+	fs.IntVar(&o.GPUBudget, "gpu-budget", o.GPUBudget, "most GPUs a design may use (0: 16); with CPU profiles (coordinator profile on a CPU) the most cores, a worker taking its profile's threads (0: the logical CPUs of the machine the profile was measured on)")
+	fs.StringVar(&o.GPUCost, "gpu-cost", o.GPUCost, "USD per GPU-hour (per core-hour for CPU profiles): one price, or GPU=PRICE pairs such as a100-80g=1.9,h100=3.5 (the profile's gpu field: cpu for a CPU profile)")
 	fs.IntVar(&o.Limits.MaxDecodeBatch, "max-decode-batch", 0, "fix the decode batch limit (0 = derive from the TPOT SLO)")
 	fs.IntVar(&o.Limits.MaxPrefillTokens, "max-prefill-tokens", 0, "fix the prefill tokens per step (0 = derive from the TTFT SLO)")
 	fs.IntVar(&o.Limits.ChunkTokens, "chunk-tokens", 0, "fix the colocated token budget per step (0 = search, -1 = no chunked prefill)")
@@ -153,8 +155,10 @@ func (o *Options) Configs() ([]*planner.Config, error) {
 		return nil, bad("--slo-ttft and --slo-tpot are required and must be > 0")
 	case o.Output != "table" && o.Output != "json":
 		return nil, bad("--output %q: want table or json", o.Output)
-	case o.DecodeProfile != "" && len(o.Profiles) > 1:
-		return nil, bad("--decode-profile works with one --profile only")
+	case (o.DecodeProfile != "" || o.ColocatedProfile != "") && len(o.Profiles) > 1:
+		return nil, bad("--decode-profile and --colocated-profile work with one --profile only")
+	case o.GPUBudget < 0:
+		return nil, bad("--gpu-budget %d must be ≥ 0", o.GPUBudget)
 	case o.CodecRatio < 0 || o.CodecMBps < 0:
 		return nil, bad("--codec-ratio and --codec-mbps must be ≥ 0")
 	}
@@ -184,6 +188,12 @@ func (o *Options) Configs() ([]*planner.Config, error) {
 			return nil, fmt.Errorf("%w: --decode-profile: %w", errUsage, err)
 		}
 	}
+	var coloc *perfmodel.Profile
+	if o.ColocatedProfile != "" {
+		if coloc, err = perfmodel.Resolve(o.ColocatedProfile); err != nil {
+			return nil, fmt.Errorf("%w: --colocated-profile: %w", errUsage, err)
+		}
+	}
 	var cfgs []*planner.Config
 	for _, name := range o.Profiles {
 		p, err := perfmodel.Resolve(name)
@@ -193,8 +203,11 @@ func (o *Options) Configs() ([]*planner.Config, error) {
 		if dec != nil && dec.Model != p.Model {
 			return nil, bad("--decode-profile model %s differs from --profile model %s", dec.Model, p.Model)
 		}
+		if coloc != nil && coloc.Model != p.Model {
+			return nil, bad("--colocated-profile model %s differs from --profile model %s", coloc.Model, p.Model)
+		}
 		c := &planner.Config{
-			Prefill: p, Decode: dec, Workload: w,
+			Prefill: p, Decode: dec, Colocated: coloc, Workload: w,
 			SLO:             planner.SLO{TTFT: o.SLOTTFT, TPOT: o.SLOTPOT, Attainment: o.Attainment},
 			Rate:            o.Rate,
 			Burstiness:      o.Burstiness,
@@ -203,7 +216,7 @@ func (o *Options) Configs() ([]*planner.Config, error) {
 			CodecCores:      o.CodecCores,
 			Policy:          planner.Policy(o.Policy),
 			Ingress:         o.Ingress,
-			GPUBudget:       o.GPUBudget,
+			GPUBudget:       budget(o.GPUBudget, p),
 			Limits:          o.Limits,
 			Requests:        o.Requests,
 			Seed:            o.Seed,
@@ -222,6 +235,15 @@ func (o *Options) Configs() ([]*planner.Config, error) {
 		cfgs = append(cfgs, c)
 	}
 	return cfgs, nil
+}
+
+// budget is the --gpu-budget for profile p: flag when > 0, else
+// planner.DefaultBudget.
+func budget(flag int, p *perfmodel.Profile) int {
+	if flag > 0 {
+		return flag
+	}
+	return planner.DefaultBudget(p)
 }
 
 // gpuCost is a price for every GPU, or per GPU name.

@@ -2,6 +2,15 @@
 // planner.Config per profile → planner.Run → a table or JSON on stdout
 // and, on request, a PNG of goodput per GPU against the P:D ratio.
 //
+// --profile takes an embedded name or a profile .json file, such as one
+// `coordinator profile` measured. With CPU profiles the budget
+// (--gpu-budget, by default the cores of the machine the profile was
+// measured on) and the price (--gpu-cost, per core-hour) count cores, each
+// worker taking its profile's threads; --colocated-profile gives the
+// colocated workers another profile (another thread count), so that a
+// plan on two cores weighs 1P+1D at one thread each against one colocated
+// worker at two.
+//
 // The coordinator wires it as one more subcommand: Run has the signature
 // of coordinator.Subcommand.Run. Nothing here reads the clock except to
 // report how long planning took (on stderr).

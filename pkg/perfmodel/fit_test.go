@@ -1,0 +1,207 @@
+package perfmodel
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"path/filepath"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// cpuTruth are coefficients of the size a 1-thread CPU shows for a
+// 0.5B-parameter model, ms.
+var cpuTruth = DistServe{
+	Prefill:             [3]float64{6, 0.9, 2e-4},
+	DecodeSmall:         [3]float64{25, 0.004, 1.8},
+	DecodeLarge:         [3]float64{25, 0.004, 1.8},
+	LargeBatchThreshold: 1,
+}
+
+// syntheticPoints returns step_ms points of the grid coordinator profile
+// measures, valued by truth, each multiplied by 1 + N(0, noise²) drawn
+// from a fixed seed.
+func syntheticPoints(truth DistServe, noise float64, seed uint64) []Point {
+	p := &Profile{Form: FormDistServe, DistServe: &truth}
+	rng := rand.New(rand.NewPCG(seed, 1))
+	var pts []Point
+	add := func(name string, pt Point) {
+		pt.Name, pt.Metric, pt.Check, pt.Source = name, MetricStepMs, CheckFit, "synthetic"
+		v := p.StepSeconds(pt.Batch()) * 1e3
+		pt.Value = v * (1 + noise*rng.NormFloat64())
+		pts = append(pts, pt)
+	}
+	for l := 16; l <= 2048; l *= 2 {
+		add(fmt.Sprintf("prefill 1x%d", l), Point{Prefill: []int{l}})
+		if l <= 256 {
+			add(fmt.Sprintf("prefill 4x%d", l), Point{Prefill: []int{l, l, l, l}})
+		}
+	}
+	for _, n := range []int{32, 128, 512, 2048} {
+		for b := 1; b <= 32; b *= 2 {
+			add(fmt.Sprintf("decode %dx%d", b, n), Point{DecodeBatch: b, DecodeContext: n})
+		}
+	}
+	for _, l := range []int{16, 128, 1024} {
+		for _, b := range []int{2, 16} {
+			add(fmt.Sprintf("mixed %d+%dx%d", l, b, 256), Point{Prefill: []int{l}, DecodeBatch: b, DecodeContext: 256})
+		}
+	}
+	return pts
+}
+
+// The fit recovers known coefficients from noisy points: with 2% noise
+// (fixed seed) every coefficient lies within 10% of the truth and the
+// fitted model within 3% of the noise-free step time at every point.
+func TestFitDistServeRecoversCoefficients(t *testing.T) {
+	const noise, coefTol, stepTol = 0.02, 0.10, 0.03
+	for _, seed := range []uint64{1, 2, 3} {
+		t.Run(fmt.Sprint("seed ", seed), func(t *testing.T) {
+			pts := syntheticPoints(cpuTruth, noise, seed)
+			got, err := FitDistServe(pts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := [][3]float64{cpuTruth.Prefill, cpuTruth.DecodeSmall}
+			for g, have := range [][3]float64{got.Prefill, got.DecodeSmall} {
+				for i := range 3 {
+					if e := math.Abs(have[i]/want[g][i] - 1); e > coefTol {
+						t.Errorf("coefficient %d of group %d = %.6g, want %.6g (±%.0f%%, off by %.1f%%)", i, g, have[i], want[g][i], 100*coefTol, 100*e)
+					}
+				}
+			}
+			if got.DecodeLarge != got.DecodeSmall || got.LargeBatchThreshold != 1 {
+				t.Errorf("want one decode regime, got %+v", got)
+			}
+			fit := &Profile{Form: FormDistServe, DistServe: got}
+			truth := &Profile{Form: FormDistServe, DistServe: &cpuTruth}
+			for _, pt := range pts {
+				m, w := fit.StepSeconds(pt.Batch()), truth.StepSeconds(pt.Batch())
+				if e := math.Abs(m/w - 1); e > stepTol {
+					t.Errorf("%s: model %.4g ms, truth %.4g ms (%.1f%% > %.0f%%)", pt.Name, m*1e3, w*1e3, 100*e, 100*stepTol)
+				}
+			}
+		})
+	}
+}
+
+// Without noise the fit is exact.
+func TestFitDistServeExactWithoutNoise(t *testing.T) {
+	got, err := FitDistServe(syntheticPoints(cpuTruth, 0, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		for _, c := range [][2]float64{{got.Prefill[i], cpuTruth.Prefill[i]}, {got.DecodeSmall[i], cpuTruth.DecodeSmall[i]}} {
+			if math.Abs(c[0]/c[1]-1) > 1e-6 {
+				t.Errorf("got %+v, want %+v", got, cpuTruth)
+			}
+		}
+	}
+}
+
+// A term the data do not support comes out 0, never negative.
+func TestFitDistServeNonNegative(t *testing.T) {
+	truth := cpuTruth
+	truth.Prefill[2] = 0 // no quadratic term
+	pts := syntheticPoints(truth, 0.03, 7)
+	got, err := FitDistServe(pts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range append(got.Prefill[:], got.DecodeSmall[:]...) {
+		if v < 0 {
+			t.Fatalf("negative coefficient in %+v", got)
+		}
+	}
+}
+
+func TestFitDistServeNeedsPoints(t *testing.T) {
+	pts := []Point{
+		{Metric: MetricStepMs, Prefill: []int{16}, Value: 10},
+		{Metric: MetricStepMs, Prefill: []int{32}, Value: 20},
+		{Metric: MetricStepMs, DecodeBatch: 1, DecodeContext: 16, Value: 5},
+	}
+	if _, err := FitDistServe(pts); !errors.Is(err, ErrFit) {
+		t.Fatalf("err = %v, want ErrFit", err)
+	}
+}
+
+// measuredProfile is a CPU profile as coordinator profile writes it.
+func measuredProfile(t *testing.T) *Profile {
+	t.Helper()
+	pts := syntheticPoints(cpuTruth, 0.02, 1)
+	d, err := FitDistServe(pts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &Profile{
+		Name: "cpu/random-qwen2/t2", GPU: "cpu", Model: "random-qwen2", TP: 1, Device: DeviceCPU, Threads: 2,
+		Spec: ModelShape{Params: 5e8, Layers: 24, Hidden: 896, Heads: 14, KVHeads: 2, HeadDim: 64,
+			Intermediate: 4864, Vocab: 151936, MaxSeqLen: 4096, RopeTheta: 1e6},
+		KVBytes:   12288,
+		Form:      FormDistServe,
+		DistServe: d,
+		Memory:    Memory{MaxKVTokens: 4096},
+		Source:    "synthetic points", Calibration: "fit", Tolerance: 0.2,
+		Points: pts,
+		Measured: &Measurement{Tool: "test", Engine: "llamacpp", EngineModel: "x.gguf", KVType: "f16", CtxSize: 4096,
+			Hardware: Host{CPU: "Some CPU", LogicalCPUs: 2, Threads: 2, OS: "linux", Arch: "amd64"},
+			BudgetS:  120, ElapsedS: 100, Repeats: 3, Grid: "all"},
+	}
+	p.Measured.Fit = p.SetFitErrors()
+	p.Measured.Fit.Method = FitMethod
+	return p
+}
+
+// A measured profile written to a file reads back equal, by path.
+func TestMeasuredProfileRoundTrips(t *testing.T) {
+	p := measuredProfile(t)
+	fn := filepath.Join(t.TempDir(), "cpu.json")
+	if err := p.WriteFile(fn); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Resolve(fn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(p, got); diff != "" {
+		t.Errorf("round trip (-wrote +read):\n%s", diff)
+	}
+	if got.Units() != 2 || got.UnitName() != "core" || got.MaxKVTokens() != 4096 || got.KVBytesPerToken() != 12288 {
+		t.Errorf("units %d %s, max KV %d, KV/token %d", got.Units(), got.UnitName(), got.MaxKVTokens(), got.KVBytesPerToken())
+	}
+	if f := got.Measured.Fit; f.Points != len(p.Points) || !(f.TotalRelErr > 0 && f.TotalRelErr < 0.05) {
+		t.Errorf("fit summary %+v", f)
+	}
+}
+
+func TestMeasuredProfileValidation(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mod  func(*Profile)
+	}{
+		{"stale rel_err", func(p *Profile) { p.DistServe.Prefill[1] *= 1.1 }},
+		{"missing rel_err", func(p *Profile) { p.Points[0].RelErr = nil }},
+		{"stale total", func(p *Profile) { p.Measured.Fit.TotalRelErr += 0.01 }},
+		{"cpu without threads", func(p *Profile) { p.Threads = 0 }},
+		{"cpu name", func(p *Profile) { p.Name = "cpu/random-qwen2/tp1" }},
+		{"cpu roofline", func(p *Profile) { p.Form = FormRoofline }},
+		{"no memory", func(p *Profile) { p.Memory.MaxKVTokens = 0 }},
+		{"unknown device", func(p *Profile) { p.Device = "tpu" }},
+		{"threads on a gpu", func(p *Profile) { p.Device = DeviceGPU; p.Name = "cpu/random-qwen2/tp1" }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := measuredProfile(t)
+			tc.mod(p)
+			if err := p.Validate(); !errors.Is(err, ErrInvalidProfile) {
+				t.Errorf("Validate = %v, want ErrInvalidProfile", err)
+			}
+		})
+	}
+	if err := measuredProfile(t).Validate(); err != nil {
+		t.Fatalf("valid profile: %v", err)
+	}
+}
