@@ -15,6 +15,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/engine/ref"
 	"github.com/pdserve/pdserve/pkg/enginecfg"
 	"github.com/pdserve/pdserve/pkg/kv/codec"
+	"github.com/pdserve/pdserve/pkg/kvtransfer/codecpick"
 )
 
 // TestSchemaEnums: the values schema offers exactly the codecs, ref
@@ -50,7 +51,7 @@ func TestSchemaEnums(t *testing.T) {
 		schema     []string
 		binaryKnow []string
 	}{
-		{"codec", schema.Definitions.Codec.Enum, codec.Names()},
+		{"codec", schema.Definitions.Codec.Enum, append(codec.Names(), codecpick.Auto, codecpick.AutoLossy)},
 		{"preset", schema.Definitions.EngineFields.Properties.Preset.Enum, ref.Presets()},
 		{"engine", schema.Definitions.EngineFields.Properties.Type.Enum, []string{enginecfg.Ref, enginecfg.Sim, enginecfg.Llama}},
 	}

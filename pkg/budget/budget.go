@@ -32,12 +32,15 @@ type Trace struct {
 	DecodePrefixHitTokens   int
 	KVBytesRaw, KVBytesWire int64
 	Codec                   string
-	PrefillWorker           string
-	DecodeWorker            string
-	Recoveries              int    // decode-worker failovers
-	PrefillRetries          int    // prefill workers tried again after one failed before the first token
-	FinishReason            string // "stop", "length", or "" when it did not finish
-	Status                  string // outcome label, see pkg/metrics
+	// CodecReason says why the prefill worker chose Codec when it chose
+	// per transfer (codec "auto"); "" when the codec was named.
+	CodecReason    string
+	PrefillWorker  string
+	DecodeWorker   string
+	Recoveries     int    // decode-worker failovers
+	PrefillRetries int    // prefill workers tried again after one failed before the first token
+	FinishReason   string // "stop", "length", or "" when it did not finish
+	Status         string // outcome label, see pkg/metrics
 	// Cache is the response cache's answer for this request: CacheHit
 	// (replayed, no worker involved), CacheMiss (looked up, not found),
 	// or "" when it was not looked up (the cache is off, or the request
@@ -137,12 +140,14 @@ type Summary struct {
 	KVBytesRaw            int64  `json:"kv_bytes_raw"`
 	KVBytesWire           int64  `json:"kv_bytes_wire"`
 	Codec                 string `json:"codec"`
-	PrefillWorker         string `json:"prefill_worker"`
-	DecodeWorker          string `json:"decode_worker"`
-	Mode                  string `json:"mode"`
-	FirstTokenPolicy      string `json:"first_token_policy"`
-	Recoveries            int    `json:"recoveries,omitempty"`
-	PrefillRetries        int    `json:"prefill_retries,omitempty"`
+	// CodecReason repeats Trace.CodecReason; omitted when empty.
+	CodecReason      string `json:"codec_reason,omitempty"`
+	PrefillWorker    string `json:"prefill_worker"`
+	DecodeWorker     string `json:"decode_worker"`
+	Mode             string `json:"mode"`
+	FirstTokenPolicy string `json:"first_token_policy"`
+	Recoveries       int    `json:"recoveries,omitempty"`
+	PrefillRetries   int    `json:"prefill_retries,omitempty"`
 	// Cache repeats Trace.Cache: "hit" or "miss", absent when not looked up.
 	Cache string `json:"cache,omitempty"`
 
@@ -173,6 +178,7 @@ func (t *Trace) Summary() Summary {
 		KVBytesRaw:            t.KVBytesRaw,
 		KVBytesWire:           t.KVBytesWire,
 		Codec:                 t.Codec,
+		CodecReason:           t.CodecReason,
 		PrefillWorker:         t.PrefillWorker,
 		DecodeWorker:          t.DecodeWorker,
 		Mode:                  t.Mode,
@@ -244,6 +250,9 @@ func (t *Trace) Fields() []zap.Field {
 	}
 	if t.Cache != "" {
 		f = append(f, zap.String("cache", t.Cache))
+	}
+	if t.CodecReason != "" {
+		f = append(f, zap.String("codec_reason", t.CodecReason))
 	}
 	if len(t.Warnings) > 0 {
 		f = append(f, zap.Strings("warnings", t.Warnings))

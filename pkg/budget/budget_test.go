@@ -110,6 +110,37 @@ func TestLogIsOneLineWithBudget(t *testing.T) {
 	}
 }
 
+// TestCodecReasonField: why the prefill worker chose its codec is in the
+// summary and the log line when it chose, and absent when it did not.
+func TestCodecReasonField(t *testing.T) {
+	for _, reason := range []string{"", "bf16 1.46x: 4 ms, link-bound"} {
+		t.Run("reason="+reason, func(t *testing.T) {
+			tr := Trace{RequestID: "r1", Status: StatusOK, Codec: "bf16", CodecReason: reason}
+			b, err := json.Marshal(tr.Summary())
+			if err != nil {
+				t.Fatal(err)
+			}
+			var m map[string]any
+			if err := json.Unmarshal(b, &m); err != nil {
+				t.Fatal(err)
+			}
+			core, logs := observer.New(zap.InfoLevel)
+			tr.Log(zap.New(core))
+			logged, inLog := logs.All()[0].ContextMap()["codec_reason"]
+			got, inJSON := m["codec_reason"]
+			if reason == "" {
+				if inJSON || inLog {
+					t.Errorf("codec_reason in the summary (%v) or the log (%v) of a named codec", got, logged)
+				}
+				return
+			}
+			if got != reason || logged != reason {
+				t.Errorf("summary codec_reason %v, log %v; want %q", got, logged, reason)
+			}
+		})
+	}
+}
+
 // TestCacheField: the response cache's answer is in the summary and the
 // log line when there is one, and absent from both when there is none.
 func TestCacheField(t *testing.T) {

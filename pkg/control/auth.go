@@ -95,8 +95,11 @@ func randomHex(n int) string {
 //	observer     publish nothing; subscribe pdserve.hb.>, pdserve.plan
 //	<worker>     publish pdserve.hb.<role>.<id>; subscribe pdserve.cmd.<role>.<id>;
 //	             reply once to each command received, within a minute
+//	prefill      also subscribe pdserve.hb.decode.*, pdserve.hb.colocated.*
 //
-// where <id> is "*" for a shared user. Errors: ErrBadToken (id), an
+// where <id> is "*" for a shared user. A prefill worker reads the
+// heartbeats of the workers it sends KV to for their codec speeds (the
+// adaptive codec); it reads no other role's, and publishes nothing more. Errors: ErrBadToken (id), an
 // unknown role, an id for coordinator or observer, wrapped.
 func Permissions(role Role, id string) (*server.Permissions, error) {
 	if id != "" {
@@ -124,9 +127,13 @@ func Permissions(role Role, id string) (*server.Permissions, error) {
 		if tok == "" {
 			tok = "*"
 		}
+		sub := []string{CommandSubject(string(role), tok)}
+		if role == RolePrefill {
+			sub = append(sub, HeartbeatSubject(string(RoleDecode), "*"), HeartbeatSubject(string(RoleColocated), "*"))
+		}
 		return &server.Permissions{
 			Publish:   &server.SubjectPermission{Allow: []string{HeartbeatSubject(string(role), tok)}},
-			Subscribe: &server.SubjectPermission{Allow: []string{CommandSubject(string(role), tok)}},
+			Subscribe: &server.SubjectPermission{Allow: sub},
 			Response:  &server.ResponsePermission{MaxMsgs: 1, Expires: commandReplyTTL},
 		}, nil
 	}

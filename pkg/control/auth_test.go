@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
@@ -291,6 +292,36 @@ func TestNATSPermissions(t *testing.T) {
 	}
 	logged(t, logs3, "nats error", `Permissions Violation for Publish to "pdserve.hb.decode.decode-1"`)
 	noSecret(t, logs3, testNKeySeed)
+
+	// A prefill worker reads the heartbeats of decode workers (their codec
+	// speeds) with WatchRoles, and no other role's.
+	core4, logs4 := observer.New(zap.DebugLevel)
+	pnc := connectAs(t, url, p0.ConnOptions(), zap.New(core4))
+	pm := NewMembership(time.Minute)
+	pstop, err := Watch(context.Background(), pnc, pm, time.Now, time.Hour, WatchRoles(RoleDecode, RoleColocated))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pstop()
+	speeds := []CodecSpeed{{Codec: "bf16", EncodeBytesPerSec: 7e8, DecodeBytesPerSec: 1.2e9, Ratio: 1.46}}
+	hb, _ := json.Marshal(Heartbeat{ID: "decode-1", Role: "decode", GRPCAddr: "10.9.9.9:1", CodecSpeeds: speeds, CodecCores: 3})
+	if err := d1nc.Publish(HeartbeatSubject("decode", "decode-1"), hb); err != nil {
+		t.Fatal(err)
+	}
+	poll.CheckFor(t, 10*time.Second, time.Millisecond, func() error {
+		got, ok := pm.Get("decode-1")
+		if !ok {
+			return errors.New("decode-1 not a member of the prefill worker's view")
+		}
+		if diff := cmp.Diff(speeds, got.CodecSpeeds); diff != "" || got.CodecCores != 3 {
+			return fmt.Errorf("codec speeds (-want +got):\n%s; cores %d", diff, got.CodecCores)
+		}
+		return nil
+	})
+	if _, err := pnc.SubscribeSync(HeartbeatSubject("prefill", "*")); err != nil {
+		t.Fatal(err)
+	}
+	logged(t, logs4, "nats error", `Permissions Violation for Subscription to "pdserve.hb.prefill.*"`)
 }
 
 func TestConnectWaitsForTheServer(t *testing.T) {

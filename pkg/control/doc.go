@@ -37,6 +37,8 @@
 //	observer     publish nothing; subscribe pdserve.hb.>, pdserve.plan
 //	worker       publish pdserve.hb.<role>.<id>; subscribe pdserve.cmd.<role>.<id>;
 //	             one reply per command received, within a minute
+//	prefill      also subscribe pdserve.hb.decode.*, pdserve.hb.colocated.*
+//	             (the receivers' codec speeds, Heartbeat.CodecSpeeds)
 //
 // Only the coordinator publishes commands and plans. A worker user with an
 // id (the standalone coordinator generates one per worker, per start, with
@@ -50,7 +52,8 @@
 // a role share, as a Kubernetes Deployment's pods share one Secret. Then:
 //   - prevented: publishing commands or plans; heartbeats or command
 //     subscriptions of another role; reading heartbeats, plans or other
-//     roles' commands; connecting at all without the credential;
+//     roles' commands (a prefill worker reads decode and colocated
+//     heartbeats, nothing else); connecting at all without the credential;
 //   - not prevented: a holder publishing heartbeats under any id of its own
 //     role, another replica's included (taking over its traffic, or marking
 //     it draining), and subscribing to, and answering, the commands of

@@ -36,6 +36,27 @@ type Heartbeat struct {
 	PrefixDigest        []uint64  `json:"prefix_digest"`         // hashes of cached prefix blocks (kv.HashBlocks); may be empty
 	Draining            bool      `json:"draining"`              // takes no new requests
 	Time                time.Time `json:"time"`                  // when the worker took it, worker clock
+
+	// CodecSpeeds are the worker's KV codec speeds from its self-benchmark
+	// (pkg/kv/codec SelfBench on its KV dtype, at start): decode and
+	// colocated workers publish them so that a prefill worker can predict
+	// how fast the receiver of a transfer decodes each codec. Empty until
+	// the benchmark finished, and from workers that run none.
+	CodecSpeeds []CodecSpeed `json:"codec_speeds,omitempty"`
+	// CodecCores is how many transfers the worker decodes at once at full
+	// per-core speed (its GOMAXPROCS); 0 when it does not say.
+	CodecCores int `json:"codec_cores,omitempty"`
+}
+
+// CodecSpeed is one codec's figures in a heartbeat.
+type CodecSpeed struct {
+	Codec string `json:"codec"` // pkg/kv/codec name
+	// EncodeBytesPerSec and DecodeBytesPerSec are raw KV bytes per second
+	// one core codes; > 0.
+	EncodeBytesPerSec float64 `json:"encode_bytes_per_s"`
+	DecodeBytesPerSec float64 `json:"decode_bytes_per_s"`
+	// Ratio is raw bytes over encoded bytes on the benchmark's sample.
+	Ratio float64 `json:"ratio"`
 }
 
 // Validate reports ErrBadHeartbeat, wrapped, when hb cannot be published or

@@ -17,7 +17,17 @@ const flushTimeout = 10 * time.Second
 // WatchOption configures Watch.
 type WatchOption func(*watchConfig)
 
-type watchConfig struct{ log *zap.Logger }
+type watchConfig struct {
+	log   *zap.Logger
+	roles []Role
+}
+
+// WatchRoles makes Watch subscribe to the heartbeats of roles only
+// (pdserve.hb.<role>.* each) instead of every heartbeat: what a worker's
+// NATS permissions let it read (see Permissions).
+func WatchRoles(roles ...Role) WatchOption {
+	return func(c *watchConfig) { c.roles = append(c.roles, roles...) }
+}
 
 // WatchLogger makes Watch log each heartbeat it refuses (a warning naming
 // the subject, id and role; heartbeats carry no secrets).
@@ -25,7 +35,8 @@ func WatchLogger(log *zap.Logger) WatchOption {
 	return func(c *watchConfig) { c.log = log }
 }
 
-// Watch feeds m with every heartbeat published on nc, observed at clock(),
+// Watch feeds m with every heartbeat published on nc (or those of the
+// roles of WatchRoles), observed at clock(),
 // and calls m.Expire(clock()) every interval (every > 0) until ctx ends or
 // stop is called; then it unsubscribes. When nc is connected, it returns
 // once the subscription is registered with the server, so heartbeats
@@ -48,32 +59,50 @@ func Watch(ctx context.Context, nc *nats.Conn, m *Membership, clock func() time.
 	for _, o := range opts {
 		o(&cfg)
 	}
-	sub, err := nc.Subscribe(HeartbeatWildcard, func(msg *nats.Msg) {
+	handle := func(msg *nats.Msg) {
 		hb, err := checkHeartbeat(msg.Subject, msg.Data)
 		if err != nil {
 			cfg.log.Warn("heartbeat refused", zap.String("subject", msg.Subject), zap.String("id", hb.ID), zap.String("role", hb.Role), zap.Error(err))
 			return
 		}
 		m.Observe(hb, clock())
-	})
-	if err != nil {
-		return nil, fmt.Errorf("control: watch: %w", err)
+	}
+	subjects := []string{HeartbeatWildcard}
+	if len(cfg.roles) > 0 {
+		subjects = subjects[:0]
+		for _, r := range cfg.roles {
+			subjects = append(subjects, HeartbeatSubject(string(r), "*"))
+		}
+	}
+	var subs []*nats.Subscription
+	unsubscribe := func() {
+		// Unsubscribe fails only when the subscription or the connection
+		// is already closed: then nothing is left to undo.
+		for _, s := range subs {
+			_ = s.Unsubscribe()
+		}
+	}
+	for _, subj := range subjects {
+		sub, err := nc.Subscribe(subj, handle)
+		if err != nil {
+			unsubscribe()
+			return nil, fmt.Errorf("control: watch %s: %w", subj, err)
+		}
+		subs = append(subs, sub)
 	}
 	if nc.IsConnected() {
 		fctx, fcancel := context.WithTimeout(ctx, flushTimeout)
-		err = nc.FlushWithContext(fctx)
+		err := nc.FlushWithContext(fctx)
 		fcancel()
 		if err != nil && nc.IsConnected() {
-			_ = sub.Unsubscribe()
+			unsubscribe()
 			return nil, fmt.Errorf("control: watch: %w", err)
 		}
 	}
 	wctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		// Unsubscribe fails only when the subscription or the connection
-		// is already closed: then nothing is left to undo.
-		defer func() { _ = sub.Unsubscribe() }()
+		defer unsubscribe()
 		t := time.NewTicker(every)
 		defer t.Stop()
 		for {

@@ -705,7 +705,7 @@ func (r *run) addKV(kd *pdservev1.KVDone) {
 	r.tr.KVBytesRaw += kd.GetBytesRaw()
 	r.tr.KVBytesWire += kd.GetBytesWire()
 	if kd.GetCodec() != "" {
-		r.tr.Codec = kd.GetCodec()
+		r.tr.Codec, r.tr.CodecReason = kd.GetCodec(), kd.GetCodecReason()
 	}
 }
 

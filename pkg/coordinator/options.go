@@ -202,7 +202,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.PrefillWorkers, "prefill-workers", o.PrefillWorkers, "standalone: prefill workers to start (disaggregated mode)")
 	fs.IntVar(&o.DecodeWorkers, "decode-workers", o.DecodeWorkers, "standalone: decode workers to start (colocated workers in colocated mode)")
 	fs.StringVar(&o.Mode, "mode", o.Mode, "serving mode: disaggregated (prefill and decode workers) or colocated")
-	fs.StringVar(&o.Codec, "codec", o.Codec, "KV codec for transfers: none, s2, zstd, bf16, fp8 or int8 (empty: the prefill worker's default)")
+	fs.StringVar(&o.Codec, "codec", o.Codec, "KV codec for transfers: none, s2, zstd, bf16, fp8 or int8; auto (the lossless one that delivers soonest on the measured link, chosen per transfer by the prefill worker) or auto-lossy (fp8 and int8 too) (empty: the prefill worker's default)")
 	fs.StringVar(&o.FirstTokenPolicy, "first-token-policy", o.FirstTokenPolicy, "first token to the client from the prefill worker at once (prefill: KV transfer in the first inter-token gap) or from the decode worker (decode: KV transfer in TTFT)")
 	fs.IntVar(&o.MaxTokensCap, "max-tokens-cap", o.MaxTokensCap, "largest max_tokens a request may ask, per choice (0: limits.max_tokens_cap of --config, else no cap beyond the model's context)")
 	fs.IntVar(&o.QueueLimit, "queue-limit", o.QueueLimit, fmt.Sprintf("requests admitted at once; more get 429 (0: limits.queue_limit of --config, else %d)", config.DefaultQueueLimit))

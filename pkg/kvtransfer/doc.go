@@ -89,6 +89,13 @@
 // open for the idle timeout (WithIdleTimeout, DefaultIdleTimeout): a
 // decode worker that left is not dialed forever.
 //
+// # Link measurement
+//
+// A Sender reports the time it spent encoding (EncodeTime), and LinkStats
+// keeps a moving average of the wire throughput per destination address,
+// for the adaptive codec choice (package codecpick, used by the prefill
+// worker).
+//
 // # Fuzzing
 //
 // FuzzPushStream feeds arbitrary message sequences through the server's

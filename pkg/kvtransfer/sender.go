@@ -8,6 +8,7 @@ import (
 	"io"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -36,6 +37,7 @@ type Sender struct {
 	abortOnce sync.Once
 
 	bytesRaw, bytesWire, charged atomic.Int64
+	encodeNanos                  atomic.Int64 // time spent in codec.AppendFrame
 }
 
 // Header returns the header the transfer was opened with.
@@ -46,6 +48,11 @@ func (s *Sender) BytesRaw() int64 { return s.bytesRaw.Load() }
 
 // BytesWire returns the frame bytes (headers and encoded payloads) sent so far.
 func (s *Sender) BytesWire() int64 { return s.bytesWire.Load() }
+
+// EncodeTime returns the time Send spent encoding frames so far (by the
+// Dialer's clock), so that a caller can tell coding time from network
+// time.
+func (s *Sender) EncodeTime() time.Duration { return time.Duration(s.encodeNanos.Load()) }
 
 // ChargedBytes returns the wire bytes the transfer stands for on a real
 // deployment: Σ fullBytes × wire/raw over every Send. It equals BytesWire
@@ -144,7 +151,9 @@ func (s *Sender) sendFrame(layer, start, end int, raw []byte) (int, error) {
 	}
 	// The frame goes after room for the message prefix, which is written
 	// right-aligned in front of it once the frame's length is known.
+	t0 := s.d.o.now()
 	out, err := codec.AppendFrame((*bp)[:maxFramePrefix], h, s.codec, raw)
+	s.encodeNanos.Add(int64(s.d.o.now().Sub(t0)))
 	if err != nil {
 		bufs.Put(bp)
 		return 0, err

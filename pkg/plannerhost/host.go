@@ -267,7 +267,7 @@ func (p Options) onlineConfig(co coordinator.Options) (planner.OnlineConfig, err
 			return planner.OnlineConfig{}, fmt.Errorf("planner-decode-profile model %s differs from planner-profile model %s", dec.Model, prof.Model)
 		}
 	}
-	codec, err := planner.CodecByName(p.codec(co))
+	codec, err := planner.CodecFor(p.codec(co), p.LinkGbps*1e9/8, planner.DefaultCodecCores)
 	if err != nil {
 		return planner.OnlineConfig{}, fmt.Errorf("planner-codec: %w", err)
 	}

@@ -55,6 +55,30 @@
 // so evicting an entry never touches a request's sequence; an entry is
 // pinned only between its lookup and its fork, inside one scheduler call.
 //
+// # Adaptive codec
+//
+// A request (or the worker's --codec default) may name CodecAuto ("auto")
+// or CodecAutoLossy ("auto-lossy") instead of a codec: then, when the
+// transfer opens (at its first frame), the worker picks the codec that
+// delivers the request's KV soonest with pkg/kvtransfer/codecpick, from
+//   - its own encode speed per core and each codec's ratio, from a codec
+//     self-benchmark (codec.SelfBench on the engine's KV dtype; at New
+//     when the default is auto, else at the first auto transfer);
+//   - the link throughput its transfers to that decode address achieved
+//     (kvtransfer.LinkStats: wire bytes over the time spent waiting for
+//     the network, i.e. from the first frame to the ack less the waits
+//     for the engine and the encoding; none measured yet: codecpick's
+//     default link);
+//   - the receiver's decode speed per core and its cores (SetReceivers;
+//     workerrun feeds it from the decode workers' heartbeats).
+//
+// A transfer codes on one goroutine at each end, so it gets one core at
+// most, less when more transfers than cores are being sent from here or
+// to one receiver. auto chooses among the lossless codecs; auto-lossy
+// also among fp8 and int8, for a policy that accepts their error. KVDone
+// carries the codec chosen and the reason (codec_reason), and so does the
+// worker's "kv sent" log line (debug level).
+//
 // # Transfer failures
 //
 // When the KV transfer to the decode worker fails, the Prefill (or Resend)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/pdserve/pdserve/pkg/kv/codec"
+	"github.com/pdserve/pdserve/pkg/kvtransfer/codecpick"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 )
 
@@ -17,8 +18,10 @@ type Options struct {
 	// MaxBatchTokens is the token budget of one step, summed over the
 	// batch. ≥ ChunkTokens.
 	MaxBatchTokens int
-	// Codec is the KV codec name used when a request names none; one of
-	// pkg/kv/codec's names.
+	// Codec is the KV codec name used when a request names none: one of
+	// pkg/kv/codec's names, or CodecAuto (the lossless codec that delivers
+	// each transfer soonest) or CodecAutoLossy (the same among every
+	// codec, lossy ones included); see the package doc.
 	Codec string
 	// QueueLimit bounds the live requests (queued, prefilling or sending
 	// KV); beyond it Prefill fails with RESOURCE_EXHAUSTED. > 0.
@@ -69,7 +72,7 @@ func DefaultOptions() Options {
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.ChunkTokens, "chunk-tokens", o.ChunkTokens, "most prompt tokens of one request prefilled in one step (chunked prefill)")
 	fs.IntVar(&o.MaxBatchTokens, "max-batch-tokens", o.MaxBatchTokens, "token budget of one prefill step, summed over the batch (>= --chunk-tokens)")
-	fs.StringVar(&o.Codec, "codec", o.Codec, "KV codec when a request names none: none, s2, zstd, bf16 (also f16: lossless byte planes of bf16 or f16 KV), fp8 or int8; bf16, fp8 and int8 need bf16 or f16 KV")
+	fs.StringVar(&o.Codec, "codec", o.Codec, "KV codec when a request names none: none, s2, zstd, bf16 (also f16: lossless byte planes of bf16 or f16 KV), fp8 or int8 (bf16, fp8 and int8 need bf16 or f16 KV); auto chooses per transfer the lossless codec that delivers soonest (from a codec self-benchmark at start, the link throughput measured per decode worker and its decode speed), auto-lossy the same with fp8 and int8 allowed")
 	fs.IntVar(&o.QueueLimit, "queue-limit", o.QueueLimit, "most live requests (queued, prefilling or sending KV); more get RESOURCE_EXHAUSTED")
 	fs.Int64Var(&o.RetainBytes, "retain-bytes", o.RetainBytes, "bytes of KV held for in-flight requests and for finished ones kept for Resend (LRU eviction)")
 	fs.Int64Var(&o.MaxLiveKVBytes, "max-live-kv-bytes", o.MaxLiveKVBytes, "KV bytes of queued, prefilling and sending requests beyond which new requests get RESOURCE_EXHAUSTED (0: 2 × --retain-bytes)")
@@ -85,8 +88,10 @@ func (o Options) Validate() error {
 	if o.MaxBatchTokens < o.ChunkTokens || o.MaxBatchTokens <= 0 {
 		errs = append(errs, fmt.Errorf("max-batch-tokens %d must be positive and at least chunk-tokens %d", o.MaxBatchTokens, o.ChunkTokens))
 	}
-	if _, err := codec.ByName(o.Codec); err != nil {
-		errs = append(errs, fmt.Errorf("codec %q: %w", o.Codec, err))
+	if auto, _ := codecpick.AutoName(o.Codec); !auto {
+		if _, err := codec.ByName(o.Codec); err != nil {
+			errs = append(errs, fmt.Errorf("codec %q: %w", o.Codec, err))
+		}
 	}
 	if o.QueueLimit <= 0 {
 		errs = append(errs, fmt.Errorf("queue-limit %d must be positive", o.QueueLimit))

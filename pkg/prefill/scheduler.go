@@ -143,7 +143,7 @@ func (s *Server) startLocked(r *request) bool {
 	r.kv = newKVBuf(s.spec.Layers, len(r.prompt))
 	frames := s.forkPrefixLocked(r)
 	r.ret = s.retained.add(r.id, r.kv, need)
-	r.tx = newTransfer(s.baseCtx, r.id, r.addr, r.codec, s.spec.KVDType, r.kv, r.skip)
+	r.tx = newTransfer(s.baseCtx, r.id, r.addr, r.codec, s.spec.KVDType, r.kv, r.skip, s.spec.KVTokenBytes(), s.auto, s.now)
 	for _, f := range frames {
 		r.tx.push(f)
 	}
@@ -316,7 +316,7 @@ func (s *Server) step(ctx context.Context, b batch) {
 
 // transferDone ends r once its sender goroutine returned.
 func (s *Server) transferDone(r *request, res transferResult) {
-	s.m.addBytes(r.codec, res.bytesRaw, res.bytes)
+	s.m.addBytes(res.codec, res.bytesRaw, res.bytes)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	defer s.wakeup()
@@ -337,5 +337,9 @@ func (s *Server) transferDone(r *request, res transferResult) {
 		s.endLocked(r, event{err: err})
 		return
 	}
-	s.endLocked(r, event{done: kvDone(res, r.codec)})
+	link, _ := s.auto.links.Throughput(r.addr)
+	s.log.Debug("kv sent", zap.String("request_id", r.id), zap.String("decode_addr", r.addr),
+		zap.String("codec", res.codec), zap.String("codec_reason", res.reason),
+		zap.Int64("bytes_raw", res.bytesRaw), zap.Int64("bytes_wire", res.bytes), zap.Float64("link_bytes_per_s", link))
+	s.endLocked(r, event{done: kvDone(res)})
 }

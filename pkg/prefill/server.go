@@ -19,6 +19,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/kv/codec"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
+	"github.com/pdserve/pdserve/pkg/kvtransfer/codecpick"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 	"github.com/pdserve/pdserve/pkg/wire"
 )
@@ -41,6 +42,7 @@ type Server struct {
 	eng    engine.Engine
 	spec   engine.ModelSpec
 	dialer *kvtransfer.Dialer
+	auto   *autoCodec // chooses codecs for CodecAuto, measures every transfer's link
 	o      Options
 	log    *zap.Logger
 	m      *metrics
@@ -161,7 +163,41 @@ func New(eng engine.Engine, dialer *kvtransfer.Dialer, o Options, logger *zap.Lo
 		return nil, err
 	}
 	s.m = m
+	s.auto = newAutoCodec(spec.KVDType)
+	if auto, _ := codecpick.AutoName(o.Codec); auto {
+		// The default chooses per transfer: benchmark the codecs now, not
+		// in the first request's transfer.
+		sp, err := s.auto.speeds()
+		if err != nil {
+			stop()
+			return nil, fmt.Errorf("prefill: codec self-benchmark: %w", err)
+		}
+		logSpeeds(logger, sp)
+	}
 	return s, nil
+}
+
+// logSpeeds logs the self-benchmark's figures.
+func logSpeeds(log *zap.Logger, sp codec.Speeds) {
+	for _, c := range sp.Codecs {
+		log.Info("codec self-benchmark", zap.String("codec", c.Codec), zap.Stringer("dtype", sp.DType),
+			zap.Float64("encode_mb_per_s_per_core", c.EncodeBytesPerSec/1e6), zap.Float64("decode_mb_per_s_per_core", c.DecodeBytesPerSec/1e6),
+			zap.Float64("ratio", c.Ratio), zap.Bool("cpu_time", sp.CPUTime))
+	}
+}
+
+// SetReceivers gives the worker what decode workers say of their decoding
+// (their heartbeats), by gRPC address, for the codec choice of CodecAuto
+// and CodecAutoLossy; without it (or for an address f does not know) the
+// receiver's decode speed is unknown (see pkg/kvtransfer/codecpick). f is
+// called from sender goroutines, concurrently. Safe to call at any time.
+func (s *Server) SetReceivers(f func(addr string) (ReceiverSpeeds, bool)) { s.auto.setReceivers(f) }
+
+// LinkThroughput returns the wire bytes/s the worker's transfers to addr
+// achieved (a moving average) and how many transfers it rests on; (0, 0)
+// before the first one of at least kvtransfer.MinLinkSampleBytes.
+func (s *Server) LinkThroughput(addr string) (bytesPerSec float64, samples int) {
+	return s.auto.links.Throughput(addr)
 }
 
 // Register registers the PrefillService on g.
@@ -319,8 +355,11 @@ func checkID(id string) error {
 }
 
 // codecSupports reports whether the codec called name exists and can carry
-// KV of dtype dt. Errors: codec.ErrUnknownCodec, codec.ErrDType.
+// KV of dtype dt; CodecAuto and CodecAutoLossy always can. Errors: codec.ErrUnknownCodec, codec.ErrDType.
 func codecSupports(name string, dt engine.DType) error {
+	if auto, _ := codecpick.AutoName(name); auto {
+		return nil // chooses among the codecs that take dt
+	}
 	c, err := codec.ByName(name)
 	if err != nil {
 		return err
@@ -483,19 +522,20 @@ func (s *Server) Resend(ctx context.Context, req *pdservev1.ResendRequest) (*pds
 		s.wakeup()
 	}()
 
-	t := newTransfer(ctx, id, req.GetDecodeAddr(), codecName, s.spec.KVDType, e.kv, 0)
+	t := newTransfer(ctx, id, req.GetDecodeAddr(), codecName, s.spec.KVDType, e.kv, 0, s.spec.KVTokenBytes(), s.auto, s.now)
 	for _, f := range e.kv.frames {
 		t.push(f)
 	}
 	t.seal(e.first, e.firstLP)
 	res := t.run(s.dialer)
-	s.m.addBytes(codecName, res.bytesRaw, res.bytes)
+	s.m.addBytes(res.codec, res.bytesRaw, res.bytes)
 	if res.err != nil {
 		return nil, kvtransfer.FailedStatus(id, req.GetDecodeAddr(), res.err)
 	}
 	s.log.Debug("kv re-sent", zap.String("request_id", id), zap.String("decode_addr", req.GetDecodeAddr()),
+		zap.String("codec", res.codec), zap.String("codec_reason", res.reason),
 		zap.Int64("bytes_raw", res.bytesRaw), zap.Int64("bytes_wire", res.bytes))
-	return &pdservev1.ResendResponse{KvDone: kvDone(res, codecName)}, nil
+	return &pdservev1.ResendResponse{KvDone: kvDone(res)}, nil
 }
 
 // Release implements PrefillService.Release: it drops the KV retained for
@@ -512,13 +552,14 @@ func (s *Server) Release(_ context.Context, req *pdservev1.ReleaseRequest) (*pds
 	return &pdservev1.ReleaseResponse{}, nil
 }
 
-func kvDone(res transferResult, codecName string) *pdservev1.KVDone {
+func kvDone(res transferResult) *pdservev1.KVDone {
 	return &pdservev1.KVDone{
 		FirstByteUnixNano: unixNano(res.ack.FirstByte),
 		DoneUnixNano:      unixNano(res.ack.Done),
 		BytesRaw:          res.bytesRaw,
 		BytesWire:         res.bytes,
-		Codec:             codecName,
+		Codec:             res.codec,
+		CodecReason:       res.reason,
 	}
 }
 

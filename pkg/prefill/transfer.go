@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/engine"
@@ -17,8 +18,11 @@ import (
 // are safe for concurrent use with run and never block.
 type transfer struct {
 	addr   string
-	hdr    kvtransfer.StreamHeader // TokenBytes is filled in from kv at the first frame
+	hdr    kvtransfer.StreamHeader // TokenBytes is filled in from kv at the first frame; Codec may be CodecAuto(Lossy) until then
 	kv     *kvBuf
+	raw    int64 // canonical KV bytes the stream stands for (full size), for the codec choice
+	auto   *autoCodec
+	now    func() time.Time
 	ctx    context.Context
 	cancel context.CancelCauseFunc
 
@@ -34,18 +38,27 @@ type transfer struct {
 type transferResult struct {
 	ack             kvtransfer.Ack
 	bytesRaw, bytes int64 // bytes is on the wire
-	err             error
+	// codec is the codec the stream was opened with ("" when it never
+	// opened); reason why it was chosen, for CodecAuto and CodecAutoLossy.
+	codec, reason string
+	err           error
 }
 
 // newTransfer returns the transfer of kv, the engine's KV of dtype dt, with
-// codec codecName to addr, from token skip on (the decode worker holds the
-// KV before it; 0: all of it). 0 ≤ skip < kv.tokens.
-func newTransfer(parent context.Context, id, addr, codecName string, dt engine.DType, kv *kvBuf, skip int) *transfer {
+// codec codecName (or CodecAuto, CodecAutoLossy: auto chooses at the first
+// frame) to addr, from token skip on (the decode worker holds the KV
+// before it; 0: all of it). 0 ≤ skip < kv.tokens. tokenBytes is the
+// model's KV bytes of one token in one layer (what the stream stands
+// for); now is the clock of the link measurement.
+func newTransfer(parent context.Context, id, addr, codecName string, dt engine.DType, kv *kvBuf, skip, tokenBytes int, auto *autoCodec, now func() time.Time) *transfer {
 	ctx, cancel := context.WithCancelCause(parent)
 	return &transfer{
 		addr:   addr,
 		hdr:    kvtransfer.StreamHeader{RequestID: id, Codec: codecName, Layers: kv.layers, Tokens: kv.tokens, DType: dt, Start: skip},
 		kv:     kv,
+		raw:    int64(kv.tokens-skip) * int64(kv.layers) * int64(tokenBytes),
+		auto:   auto,
+		now:    now,
 		ctx:    ctx,
 		cancel: cancel,
 		notify: make(chan struct{}, 1),
@@ -80,15 +93,33 @@ func (t *transfer) abort(cause error) { t.cancel(cause) }
 
 // run sends everything and commits. It returns when the decode worker
 // acknowledged the KV, the transfer failed, or it was aborted.
+//
+// It measures the link for auto's choices: a committed transfer's
+// network time is from its first Send until the ack, less the time it
+// waited for the engine's next frame and the time it spent encoding.
 func (t *transfer) run(d *kvtransfer.Dialer) (res transferResult) {
 	defer t.cancel(context.Canceled)
-	var snd *kvtransfer.Sender
+	var (
+		snd     *kvtransfer.Sender
+		started bool // counted by auto.start
+		ch      choice
+		sent    time.Time     // first Send began
+		idle    time.Duration // waiting for frames since
+		network time.Duration // set once committed
+	)
 	defer func() {
 		if snd != nil {
 			res.bytesRaw, res.bytes = snd.BytesRaw(), snd.BytesWire()
 			if res.err != nil {
 				snd.Abort(res.err)
 			}
+		}
+		res.codec, res.reason = ch.codec, ch.reason
+		if snd == nil {
+			res.codec = ""
+		}
+		if started {
+			t.auto.finish(t.addr, res.codec, res.bytesRaw, res.bytes, network)
 		}
 	}()
 	for {
@@ -109,13 +140,20 @@ func (t *transfer) run(d *kvtransfer.Dialer) (res transferResult) {
 				start = skip
 			}
 			if snd == nil {
+				var err error
+				started = true
+				if ch, err = t.auto.start(t.addr, t.hdr.Codec, t.raw); err != nil {
+					return transferResult{err: err}
+				}
 				h := t.hdr
 				h.TokenBytes = t.kv.tokenBytes
+				h.Codec = ch.codec
 				s, err := d.Open(t.ctx, t.addr, h)
 				if err != nil {
 					return transferResult{err: t.cause(err)}
 				}
 				snd = s
+				sent = t.now()
 			}
 			if err := snd.Send(f.layer, start, f.end, data, full); err != nil {
 				return transferResult{err: t.cause(fmt.Errorf("prefill: send kv of layer %d tokens [%d, %d) to %s: %w", f.layer, start, f.end, t.addr, err))}
@@ -132,10 +170,15 @@ func (t *transfer) run(d *kvtransfer.Dialer) (res transferResult) {
 			if err != nil {
 				return transferResult{err: t.cause(fmt.Errorf("prefill: commit kv to %s: %w", t.addr, err))}
 			}
+			network = t.now().Sub(sent) - idle - snd.EncodeTime()
 			return transferResult{ack: ack}
 		}
+		w := t.now()
 		select {
 		case <-t.notify:
+			if snd != nil {
+				idle += t.now().Sub(w)
+			}
 		case <-t.ctx.Done():
 			return transferResult{err: context.Cause(t.ctx)}
 		}

@@ -6,9 +6,11 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,6 +30,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/enginecfg"
 	"github.com/pdserve/pdserve/pkg/grpcauth"
+	"github.com/pdserve/pdserve/pkg/kv/codec"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
 	"github.com/pdserve/pdserve/pkg/prefill"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
@@ -107,6 +110,14 @@ type Worker struct {
 	ncDone chan struct{} // closed when nc closed
 	pub    *control.Publisher
 	sub    *nats.Subscription
+	// unwatch stops the prefill worker's watch of the receivers'
+	// heartbeats (nil: none).
+	unwatch   func()
+	receivers *control.Membership // what unwatch watches
+	// kvDType is the engine's KV dtype, which decode and colocated workers
+	// benchmark the codecs on; codecSpeeds their figures once measured.
+	kvDType     engine.DType
+	codecSpeeds atomic.Pointer[[]control.CodecSpeed]
 
 	bgCtx    context.Context // ends at stop; background work (heartbeats, resend commands)
 	bgCancel context.CancelFunc
@@ -239,6 +250,11 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 			return nil, fmt.Errorf("workerrun: %w", err)
 		}
 		w.pub = control.NewPublisher(w.nc, o.HeartbeatInterval, w.heartbeat)
+		if w.pre != nil {
+			if err := w.watchReceivers(); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("workerrun: start: %w", err)
@@ -269,6 +285,14 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 	}
 	if w.pub != nil {
 		w.goPart("heartbeat", func() error { return w.pub.Run(w.bgCtx) })
+	}
+	if w.pre == nil {
+		w.kvDType = w.eng.Spec().KVDType
+		w.wg.Add(1)
+		go func() {
+			defer w.wg.Done()
+			w.benchCodecs()
+		}()
 	}
 	w.log.Info("worker started", zap.String("grpc_addr", w.lis.Addr().String()), zap.String("advertise_addr", w.addr),
 		zap.String("metrics_addr", w.MetricsAddr()), zap.String("model", w.model), zap.Bool("tls", o.TLS.Enabled()))
@@ -446,7 +470,69 @@ func (w *Worker) heartbeat() control.Heartbeat {
 	}
 	hb.MaxSeqLen = w.maxSeqLen
 	w.svc.fill(&hb)
+	if sp := w.codecSpeeds.Load(); sp != nil {
+		hb.CodecSpeeds, hb.CodecCores = *sp, runtime.GOMAXPROCS(0)
+	}
 	return hb
+}
+
+// benchCodecs runs the codec self-benchmark of a worker that receives KV
+// (decode, colocated) and publishes its figures in the heartbeats from
+// then on, for the prefill workers' codec choice. It runs once, in the
+// background, after the worker started; a failure is logged.
+func (w *Worker) benchCodecs() {
+	sp, err := codec.SelfBench(w.bgCtx, w.kvDType, codec.DefaultBenchBudget)
+	if err != nil {
+		if w.bgCtx.Err() == nil {
+			w.log.Warn("codec self-benchmark failed; heartbeats carry no codec speeds", zap.Error(err))
+		}
+		return
+	}
+	out := make([]control.CodecSpeed, 0, len(sp.Codecs))
+	for _, c := range sp.Codecs {
+		out = append(out, control.CodecSpeed{Codec: c.Codec, EncodeBytesPerSec: c.EncodeBytesPerSec, DecodeBytesPerSec: c.DecodeBytesPerSec, Ratio: c.Ratio})
+		w.log.Info("codec self-benchmark", zap.String("codec", c.Codec), zap.Stringer("dtype", sp.DType),
+			zap.Float64("encode_mb_per_s_per_core", c.EncodeBytesPerSec/1e6), zap.Float64("decode_mb_per_s_per_core", c.DecodeBytesPerSec/1e6),
+			zap.Float64("ratio", c.Ratio), zap.Bool("cpu_time", sp.CPUTime))
+	}
+	w.codecSpeeds.Store(&out)
+}
+
+// receiverTTLBeats is how many heartbeat intervals a receiver's codec
+// speeds are kept after its last heartbeat.
+const receiverTTLBeats = 10
+
+// watchReceivers makes a prefill worker read the heartbeats of decode and
+// colocated workers (its NATS permissions allow those) and hand their
+// codec speeds to its codec choice, by gRPC address.
+func (w *Worker) watchReceivers() error {
+	m := control.NewMembership(receiverTTLBeats * w.o.HeartbeatInterval)
+	stop, err := control.Watch(w.bgCtx, w.nc, m, time.Now, w.o.HeartbeatInterval,
+		control.WatchRoles(control.RoleDecode, control.RoleColocated), control.WatchLogger(w.log.Named("watch")))
+	if err != nil {
+		return fmt.Errorf("workerrun: watch receivers: %w", err)
+	}
+	w.unwatch, w.receivers = stop, m
+	w.pre.SetReceivers(func(addr string) (prefill.ReceiverSpeeds, bool) { return receiverSpeeds(m, addr) })
+	return nil
+}
+
+// receiverSpeeds returns what the live decode or colocated member at
+// addr says of its decoding.
+func receiverSpeeds(m *control.Membership, addr string) (prefill.ReceiverSpeeds, bool) {
+	for _, hb := range m.All() {
+		if hb.GRPCAddr != addr || (hb.Role != string(control.RoleDecode) && hb.Role != string(control.RoleColocated)) || len(hb.CodecSpeeds) == 0 {
+			continue
+		}
+		r := prefill.ReceiverSpeeds{Cores: hb.CodecCores, DecodeBytesPerSec: make(map[string]float64, len(hb.CodecSpeeds))}
+		for _, c := range hb.CodecSpeeds {
+			if c.DecodeBytesPerSec > 0 && !math.IsInf(c.DecodeBytesPerSec, 0) {
+				r.DecodeBytesPerSec[c.Codec] = c.DecodeBytesPerSec
+			}
+		}
+		return r, true
+	}
+	return prefill.ReceiverSpeeds{}, false
 }
 
 // command handles one control-plane command.
@@ -543,6 +629,9 @@ func (w *Worker) stop(ctx context.Context, graceful bool) error {
 		t.Stop()
 		<-stopped
 	}
+	if w.unwatch != nil {
+		w.unwatch()
+	}
 	if err := w.closeNATS(graceful); err != nil {
 		errs = append(errs, err)
 	}
@@ -602,6 +691,9 @@ func (w *Worker) closeNATS(graceful bool) error {
 func (w *Worker) closeAll() {
 	if w.bgCancel != nil {
 		w.bgCancel()
+	}
+	if w.unwatch != nil {
+		w.unwatch() // idempotent
 	}
 	if w.nc != nil && !w.nc.IsClosed() {
 		w.nc.Close()

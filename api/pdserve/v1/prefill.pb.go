@@ -367,9 +367,15 @@ type KVDone struct {
 	DoneUnixNano      int64                  `protobuf:"varint,2,opt,name=done_unix_nano,json=doneUnixNano,proto3" json:"done_unix_nano,omitempty"`
 	BytesRaw          int64                  `protobuf:"varint,3,opt,name=bytes_raw,json=bytesRaw,proto3" json:"bytes_raw,omitempty"`
 	BytesWire         int64                  `protobuf:"varint,4,opt,name=bytes_wire,json=bytesWire,proto3" json:"bytes_wire,omitempty"`
-	Codec             string                 `protobuf:"bytes,5,opt,name=codec,proto3" json:"codec,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The codec the KV crossed the wire with (the one chosen, when the
+	// request asked for "auto" or "auto-lossy").
+	Codec string `protobuf:"bytes,5,opt,name=codec,proto3" json:"codec,omitempty"`
+	// Why the prefill worker chose codec, when it chose ("auto",
+	// "auto-lossy"): the predicted time to deliver and its bound, the link
+	// throughput used, the runner-up. Empty for a codec the request named.
+	CodecReason   string `protobuf:"bytes,6,opt,name=codec_reason,json=codecReason,proto3" json:"codec_reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *KVDone) Reset() {
@@ -433,6 +439,13 @@ func (x *KVDone) GetBytesWire() int64 {
 func (x *KVDone) GetCodec() string {
 	if x != nil {
 		return x.Codec
+	}
+	return ""
+}
+
+func (x *KVDone) GetCodecReason() string {
+	if x != nil {
+		return x.CodecReason
 	}
 	return ""
 }
@@ -655,14 +668,15 @@ const file_pdserve_v1_prefill_proto_rawDesc = "" +
 	"\n" +
 	"batch_size\x18\x04 \x01(\x05R\tbatchSize\x12*\n" +
 	"\x11prefix_hit_tokens\x18\x05 \x01(\x05R\x0fprefixHitTokens\x122\n" +
-	"\alogprob\x18\x06 \x01(\v2\x18.pdserve.v1.TokenLogprobR\alogprob\"\xb1\x01\n" +
+	"\alogprob\x18\x06 \x01(\v2\x18.pdserve.v1.TokenLogprobR\alogprob\"\xd4\x01\n" +
 	"\x06KVDone\x12/\n" +
 	"\x14first_byte_unix_nano\x18\x01 \x01(\x03R\x11firstByteUnixNano\x12$\n" +
 	"\x0edone_unix_nano\x18\x02 \x01(\x03R\fdoneUnixNano\x12\x1b\n" +
 	"\tbytes_raw\x18\x03 \x01(\x03R\bbytesRaw\x12\x1d\n" +
 	"\n" +
 	"bytes_wire\x18\x04 \x01(\x03R\tbytesWire\x12\x14\n" +
-	"\x05codec\x18\x05 \x01(\tR\x05codec\"e\n" +
+	"\x05codec\x18\x05 \x01(\tR\x05codec\x12!\n" +
+	"\fcodec_reason\x18\x06 \x01(\tR\vcodecReason\"e\n" +
 	"\rResendRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1f\n" +

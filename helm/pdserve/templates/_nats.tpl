@@ -94,7 +94,12 @@ authorization {
       password: ${{ printf "PDSERVE_NATS_%s_PASSWORD" (upper $user) }}
       permissions: {
         publish: {allow: [{{ printf "pdserve.hb.%s.*" $role | quote }}]}
+        {{- if eq $role "prefill" }}
+        {{- /* the receivers' codec speeds, for the adaptive codec */}}
+        subscribe: {allow: [{{ printf "pdserve.cmd.%s.*" $role | quote }}, "pdserve.hb.decode.*", "pdserve.hb.colocated.*"]}
+        {{- else }}
         subscribe: {allow: [{{ printf "pdserve.cmd.%s.*" $role | quote }}]}
+        {{- end }}
         allow_responses: {max: 1, expires: "1m"}
       }
     }

@@ -23,3 +23,6 @@ func CPUThroughput(b *testing.B, bytesPerOp int) func() {
 
 // RefF16 is the tests' float64 reference for widening f16 (refF16).
 var RefF16 = refF16
+
+// SampleKV is SelfBench's sample (sampleKV).
+var SampleKV = sampleKV

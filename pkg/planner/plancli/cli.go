@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pdserve/pdserve/pkg/kvtransfer/codecpick"
 	"github.com/pdserve/pdserve/pkg/perfmodel"
 	"github.com/pdserve/pdserve/pkg/planner"
 )
@@ -83,7 +84,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.SLOTPOT, "slo-tpot", o.SLOTPOT, "time-per-output-token SLO, e.g. 100ms (required)")
 	fs.Float64Var(&o.Attainment, "attainment", o.Attainment, "fraction of requests that must meet both SLOs, (0, 1]")
 	fs.Float64Var(&o.LinkGbps, "link-gbps", o.LinkGbps, "bandwidth between the pools per worker, each direction, Gb/s")
-	fs.StringVar(&o.Codec, "codec", o.Codec, "KV wire codec: "+strings.Join(planner.CodecNames(), ", "))
+	fs.StringVar(&o.Codec, "codec", o.Codec, "KV wire codec: "+strings.Join(planner.CodecNames(), ", ")+"; auto or auto-lossy: the codec the prefill workers would choose for --link-gbps at --codec-cores")
 	fs.Float64Var(&o.CodecRatio, "codec-ratio", o.CodecRatio, "override the codec's compression ratio (raw/wire)")
 	fs.Float64Var(&o.CodecMBps, "codec-mbps", o.CodecMBps, "override the codec's encode and decode speed, raw MB/s per core")
 	fs.IntVar(&o.CodecCores, "codec-cores", o.CodecCores, "cores each worker codes KV with (0: 16; CPU profiles: a worker's threads)")
@@ -162,7 +163,14 @@ func (o *Options) Configs() ([]*planner.Config, error) {
 	case o.CodecRatio < 0 || o.CodecMBps < 0:
 		return nil, bad("--codec-ratio and --codec-mbps must be ≥ 0")
 	}
-	codec, err := planner.CodecByName(o.Codec)
+	if auto, _ := codecpick.AutoName(o.Codec); auto && (o.CodecRatio > 0 || o.CodecMBps > 0) {
+		return nil, bad("--codec-ratio and --codec-mbps describe one codec; --codec %s chooses among them", o.Codec)
+	}
+	cores := o.CodecCores
+	if cores == 0 {
+		cores = planner.DefaultCodecCores
+	}
+	codec, err := planner.CodecFor(o.Codec, o.LinkGbps*1e9/8, cores)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errUsage, err)
 	}

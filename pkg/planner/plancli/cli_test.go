@@ -48,7 +48,7 @@ func TestPlanTable(t *testing.T) {
 func TestPlanJSONAndPlot(t *testing.T) {
 	pngFile := filepath.Join(t.TempDir(), "ratio.png")
 	// Policy decode: the KV transfer is part of the TTFT budget.
-	code, out, errs := run(t, append(base, "--output", "json", "--link-gbps", "25", "--codec", "fp8", "--rate", "2", "--plot", pngFile, "--first-token-policy", "decode")...)
+	code, out, errs := run(t, append(base, "--output", "json", "--link-gbps", "25", "--codec", "fp8", "--codec-mbps", "300", "--rate", "2", "--plot", pngFile, "--first-token-policy", "decode")...)
 	if code != 0 {
 		t.Fatalf("exit %d, stderr %s", code, errs)
 	}

@@ -4,5 +4,6 @@ package codec
 
 import "time"
 
-// threadCPU is not available here: the benchmarks report wall-clock MB/s only.
+// threadCPU is not available here: SelfBench and the benchmarks fall back
+// to wall-clock time.
 func threadCPU() (time.Duration, bool) { return 0, false }
