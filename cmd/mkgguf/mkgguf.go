@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pdserve/pdserve/internal/cliflags"
 	"github.com/pdserve/pdserve/pkg/gguf"
 )
 
@@ -70,15 +71,8 @@ func mkgguf(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "\nFlags:\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "mkgguf: unexpected arguments %q\n", fs.Args())
-		return 2
+	if code, ok := cliflags.Parse(fs, args, stderr); !ok {
+		return code
 	}
 
 	// Start from the shape (or from scratch), then apply the flags given.

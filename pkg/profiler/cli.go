@@ -14,6 +14,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/pdserve/pdserve/internal/cliflags"
 	"github.com/pdserve/pdserve/pkg/engine/llamacpp"
 	"github.com/pdserve/pdserve/pkg/engine/sim"
 	"github.com/pdserve/pdserve/pkg/enginecfg"
@@ -124,15 +125,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			"  coordinator plan --profile cpu-t1.json --gpu-budget 2 --workload fixed:256/64 --slo-ttft 2s --slo-tpot 200ms\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "coordinator profile: unexpected arguments %q\n", fs.Args())
-		return 2
+	if code, ok := cliflags.Parse(fs, args, stderr); !ok {
+		return code
 	}
 	if err := o.Validate(); err != nil {
 		fmt.Fprintf(stderr, "coordinator profile: %v\n", strings.TrimPrefix(err.Error(), errUsage.Error()+": "))

@@ -12,6 +12,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/pdserve/pdserve/internal/cliflags"
 )
 
 // Main is the whole of a worker binary after signal handling: parse args
@@ -28,15 +30,8 @@ func Main(ctx context.Context, name string, o Options, args []string, stderr io.
 		fmt.Fprintf(stderr, "Usage: %s [flags]\n\nRuns a pdserve %s worker.\n\nFlags:\n", name, o.Role)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "%s: unexpected arguments %q\n", name, fs.Args())
-		return 2
+	if code, ok := cliflags.Parse(fs, args, stderr); !ok {
+		return code
 	}
 	if o.ConfigFile != "" {
 		if err := ApplyConfigFile(fs, o.ConfigFile); err != nil {

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/pdserve/pdserve/internal/cliflags"
 	"github.com/pdserve/pdserve/pkg/kvtransfer/codecpick"
 	"github.com/pdserve/pdserve/pkg/perfmodel"
 	"github.com/pdserve/pdserve/pkg/planner"
@@ -315,15 +316,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			"    --design 2P+1D --rate 10\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "coordinator plan: unexpected arguments %q\n", fs.Args())
-		return 2
+	if code, ok := cliflags.Parse(fs, args, stderr); !ok {
+		return code
 	}
 	cfgs, err := o.Configs()
 	if err != nil {
