@@ -49,13 +49,13 @@ func NewLinkStats(alpha float64) *LinkStats {
 
 // Observe records a transfer to addr that moved wireBytes in network
 // time d: the time from its first frame to the receiver's ack, less the
-// time the sender waited for the engine to hand out KV and the time it
-// spent encoding (Sender.EncodeTime). A transfer of fewer than
+// time the sender waited for the engine to hand out KV (encoding is not
+// taken out: it overlaps the socket writes). A transfer of fewer than
 // MinLinkSampleBytes, or d ≤ 0, is ignored.
 //
 // lowerBound says the transfer was limited by something other than the
-// link (the receiver's decoding), so that the link is at least as fast as
-// the sample: such a sample only raises the average, never lowers it.
+// link (the sender's encoding or the receiver's decoding), so that the
+// link is at least as fast as the sample: such a sample only raises the average, never lowers it.
 // Without it, a codec slow to decode would make the link look slow and
 // be chosen again.
 func (l *LinkStats) Observe(addr string, wireBytes int64, d time.Duration, lowerBound bool) {

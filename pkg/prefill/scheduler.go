@@ -337,7 +337,7 @@ func (s *Server) transferDone(r *request, res transferResult) {
 		s.endLocked(r, event{err: err})
 		return
 	}
-	link, _ := s.auto.links.Throughput(r.addr)
+	link, _ := s.auto.Links().Throughput(r.addr)
 	s.log.Debug("kv sent", zap.String("request_id", r.id), zap.String("decode_addr", r.addr),
 		zap.String("codec", res.codec), zap.String("codec_reason", res.reason),
 		zap.Int64("bytes_raw", res.bytesRaw), zap.Int64("bytes_wire", res.bytes), zap.Float64("link_bytes_per_s", link))

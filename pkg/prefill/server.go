@@ -42,7 +42,7 @@ type Server struct {
 	eng    engine.Engine
 	spec   engine.ModelSpec
 	dialer *kvtransfer.Dialer
-	auto   *autoCodec // chooses codecs for CodecAuto, measures every transfer's link
+	auto   *kvtransfer.CodecChooser // chooses codecs for CodecAuto, measures every transfer's link
 	o      Options
 	log    *zap.Logger
 	m      *metrics
@@ -163,11 +163,11 @@ func New(eng engine.Engine, dialer *kvtransfer.Dialer, o Options, logger *zap.Lo
 		return nil, err
 	}
 	s.m = m
-	s.auto = newAutoCodec(spec.KVDType)
+	s.auto = kvtransfer.NewCodecChooser(spec.KVDType)
 	if auto, _ := codecpick.AutoName(o.Codec); auto {
 		// The default chooses per transfer: benchmark the codecs now, not
 		// in the first request's transfer.
-		sp, err := s.auto.speeds()
+		sp, err := s.auto.Speeds()
 		if err != nil {
 			stop()
 			return nil, fmt.Errorf("prefill: codec self-benchmark: %w", err)
@@ -191,13 +191,15 @@ func logSpeeds(log *zap.Logger, sp codec.Speeds) {
 // and CodecAutoLossy; without it (or for an address f does not know) the
 // receiver's decode speed is unknown (see pkg/kvtransfer/codecpick). f is
 // called from sender goroutines, concurrently. Safe to call at any time.
-func (s *Server) SetReceivers(f func(addr string) (ReceiverSpeeds, bool)) { s.auto.setReceivers(f) }
+func (s *Server) SetReceivers(f func(addr string) (kvtransfer.ReceiverSpeeds, bool)) {
+	s.auto.SetReceivers(f)
+}
 
 // LinkThroughput returns the wire bytes/s the worker's transfers to addr
 // achieved (a moving average) and how many transfers it rests on; (0, 0)
 // before the first one of at least kvtransfer.MinLinkSampleBytes.
 func (s *Server) LinkThroughput(addr string) (bytesPerSec float64, samples int) {
-	return s.auto.links.Throughput(addr)
+	return s.auto.Links().Throughput(addr)
 }
 
 // Register registers the PrefillService on g.

@@ -21,7 +21,7 @@ type transfer struct {
 	hdr    kvtransfer.StreamHeader // TokenBytes is filled in from kv at the first frame; Codec may be CodecAuto(Lossy) until then
 	kv     *kvBuf
 	raw    int64 // canonical KV bytes the stream stands for (full size), for the codec choice
-	auto   *autoCodec
+	auto   *kvtransfer.CodecChooser
 	now    func() time.Time
 	ctx    context.Context
 	cancel context.CancelCauseFunc
@@ -50,7 +50,7 @@ type transferResult struct {
 // before it; 0: all of it). 0 ≤ skip < kv.tokens. tokenBytes is the
 // model's KV bytes of one token in one layer (what the stream stands
 // for); now is the clock of the link measurement.
-func newTransfer(parent context.Context, id, addr, codecName string, dt engine.DType, kv *kvBuf, skip, tokenBytes int, auto *autoCodec, now func() time.Time) *transfer {
+func newTransfer(parent context.Context, id, addr, codecName string, dt engine.DType, kv *kvBuf, skip, tokenBytes int, auto *kvtransfer.CodecChooser, now func() time.Time) *transfer {
 	ctx, cancel := context.WithCancelCause(parent)
 	return &transfer{
 		addr:   addr,
@@ -96,16 +96,21 @@ func (t *transfer) abort(cause error) { t.cancel(cause) }
 //
 // It measures the link for auto's choices: a committed transfer's
 // network time is from its first Send until the ack, less the time it
-// waited for the engine's next frame and the time it spent encoding.
+// waited for the engine's next frame. Encoding is not taken out: gRPC
+// writes to the socket on its own goroutine while the next frame is
+// encoded, so the two overlap (subtracting it read a 3 Gb/s link as 9.6).
+// A transfer whose encoding took most of that time was encode-bound, and
+// its sample is a lower bound (kvtransfer.CodecChooser.Finish).
 func (t *transfer) run(d *kvtransfer.Dialer) (res transferResult) {
 	defer t.cancel(context.Canceled)
 	var (
 		snd     *kvtransfer.Sender
 		started bool // counted by auto.start
-		ch      choice
+		ch      kvtransfer.CodecChoice
 		sent    time.Time     // first Send began
 		idle    time.Duration // waiting for frames since
 		network time.Duration // set once committed
+		encode  time.Duration // the sender's encoding time, set with network
 	)
 	defer func() {
 		if snd != nil {
@@ -114,12 +119,12 @@ func (t *transfer) run(d *kvtransfer.Dialer) (res transferResult) {
 				snd.Abort(res.err)
 			}
 		}
-		res.codec, res.reason = ch.codec, ch.reason
+		res.codec, res.reason = ch.Codec, ch.Reason
 		if snd == nil {
 			res.codec = ""
 		}
 		if started {
-			t.auto.finish(t.addr, res.codec, res.bytesRaw, res.bytes, network)
+			t.auto.Finish(t.addr, res.codec, res.bytesRaw, res.bytes, network, encode)
 		}
 	}()
 	for {
@@ -142,12 +147,12 @@ func (t *transfer) run(d *kvtransfer.Dialer) (res transferResult) {
 			if snd == nil {
 				var err error
 				started = true
-				if ch, err = t.auto.start(t.addr, t.hdr.Codec, t.raw); err != nil {
+				if ch, err = t.auto.Start(t.addr, t.hdr.Codec, t.raw); err != nil {
 					return transferResult{err: err}
 				}
 				h := t.hdr
 				h.TokenBytes = t.kv.tokenBytes
-				h.Codec = ch.codec
+				h.Codec = ch.Codec
 				s, err := d.Open(t.ctx, t.addr, h)
 				if err != nil {
 					return transferResult{err: t.cause(err)}
@@ -170,7 +175,7 @@ func (t *transfer) run(d *kvtransfer.Dialer) (res transferResult) {
 			if err != nil {
 				return transferResult{err: t.cause(fmt.Errorf("prefill: commit kv to %s: %w", t.addr, err))}
 			}
-			network = t.now().Sub(sent) - idle - snd.EncodeTime()
+			network, encode = t.now().Sub(sent)-idle, snd.EncodeTime()
 			return transferResult{ack: ack}
 		}
 		w := t.now()

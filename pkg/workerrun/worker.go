@@ -513,18 +513,18 @@ func (w *Worker) watchReceivers() error {
 		return fmt.Errorf("workerrun: watch receivers: %w", err)
 	}
 	w.unwatch, w.receivers = stop, m
-	w.pre.SetReceivers(func(addr string) (prefill.ReceiverSpeeds, bool) { return receiverSpeeds(m, addr) })
+	w.pre.SetReceivers(func(addr string) (kvtransfer.ReceiverSpeeds, bool) { return receiverSpeeds(m, addr) })
 	return nil
 }
 
 // receiverSpeeds returns what the live decode or colocated member at
 // addr says of its decoding.
-func receiverSpeeds(m *control.Membership, addr string) (prefill.ReceiverSpeeds, bool) {
+func receiverSpeeds(m *control.Membership, addr string) (kvtransfer.ReceiverSpeeds, bool) {
 	for _, hb := range m.All() {
 		if hb.GRPCAddr != addr || (hb.Role != string(control.RoleDecode) && hb.Role != string(control.RoleColocated)) || len(hb.CodecSpeeds) == 0 {
 			continue
 		}
-		r := prefill.ReceiverSpeeds{Cores: hb.CodecCores, DecodeBytesPerSec: make(map[string]float64, len(hb.CodecSpeeds))}
+		r := kvtransfer.ReceiverSpeeds{Cores: hb.CodecCores, DecodeBytesPerSec: make(map[string]float64, len(hb.CodecSpeeds))}
 		for _, c := range hb.CodecSpeeds {
 			if c.DecodeBytesPerSec > 0 && !math.IsInf(c.DecodeBytesPerSec, 0) {
 				r.DecodeBytesPerSec[c.Codec] = c.DecodeBytesPerSec
@@ -532,7 +532,7 @@ func receiverSpeeds(m *control.Membership, addr string) (prefill.ReceiverSpeeds,
 		}
 		return r, true
 	}
-	return prefill.ReceiverSpeeds{}, false
+	return kvtransfer.ReceiverSpeeds{}, false
 }
 
 // command handles one control-plane command.
