@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -155,10 +156,14 @@ func TestRunWritesResultAndPlots(t *testing.T) {
 	}
 	for _, k := range []string{"duration", "request_throughput", "request_goodput", "output_throughput", "total_token_throughput",
 		"mean_ttft_ms", "median_ttft_ms", "std_ttft_ms", "p99_ttft_ms", "p90_tpot_ms", "mean_itl_ms", "p50_e2el_ms",
-		"input_lens", "output_lens", "ttfts", "itls", "errors"} {
+		"input_lens", "output_lens", "ttfts", "itls", "errors", "start_times"} {
 		if _, ok := m[k]; !ok {
 			t.Errorf("result lacks %s", k)
 		}
+	}
+	// Send times, from the first request's: 12 of them, in [0, duration].
+	if st, _ := m["start_times"].([]any); len(st) != 12 || slices.ContainsFunc(st, func(x any) bool { v, _ := x.(float64); return v < 0 || v > m["duration"].(float64) }) || !slices.Contains(st, any(0.0)) {
+		t.Errorf("start_times %v: want 12 offsets in [0, duration], the first 0", st)
 	}
 	pd, _ := m["pdserve"].(map[string]any)
 	for k, want := range map[string]any{"requests_with_budget": 12.0, "codec": "zstd", "kv_bytes_raw": 1200.0,

@@ -7,6 +7,7 @@ import (
 	"math"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/pdserve/pdserve/loadtest/client"
 	"github.com/pdserve/pdserve/loadtest/metrics"
@@ -155,11 +156,20 @@ func addStats(o *Object, suffix string, st metrics.Stats, ps []float64) {
 func addDetails(o *Object, outs []client.Outcome) {
 	n := len(outs)
 	inputs, outputs := make([]int, n), make([]int, n)
-	ttfts := make([]float64, n)
+	ttfts, starts := make([]float64, n), make([]float64, n)
 	itls := make([][]float64, n)
 	texts, errs := make([]string, n), make([]string, n)
+	var t0 time.Time
+	for _, out := range outs {
+		if !out.Start.IsZero() && (t0.IsZero() || out.Start.Before(t0)) {
+			t0 = out.Start
+		}
+	}
 	for i, out := range outs {
 		inputs[i] = out.PromptLen
+		if !out.Start.IsZero() {
+			starts[i] = out.Start.Sub(t0).Seconds()
+		}
 		if out.Success {
 			outputs[i] = out.OutputTokens
 			ttfts[i] = out.TTFT.Seconds()
@@ -173,6 +183,9 @@ func addDetails(o *Object, outs []client.Outcome) {
 	o.Add("input_lens", inputs)
 	o.Add("output_lens", outputs)
 	o.Add("ttfts", ttfts)
+	// When each request was sent, seconds from the first: the arrivals
+	// `coordinator plan --workload RESULT.json` replays.
+	o.Add("start_times", starts)
 	o.Add("itls", itls)
 	o.Add("generated_texts", texts)
 	o.Add("errors", errs)

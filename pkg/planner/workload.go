@@ -307,6 +307,7 @@ type loadtestResult struct {
 	Burstiness        float64         `json:"burstiness"`
 	InputLens         []int           `json:"input_lens"`
 	OutputLens        []int           `json:"output_lens"`
+	StartTimes        []float64       `json:"start_times"`
 	Workload          string          `json:"workload"`
 }
 
@@ -341,5 +342,17 @@ func resultWorkload(data []byte) (*Workload, error) {
 	}
 	w.Rate = rate
 	w.Description = fmt.Sprintf("loadtest result: %d requests at %.2f req/s (%s)", r.Completed, rate, r.Workload)
+	if ts := slices.Sorted(slices.Values(r.StartTimes)); len(ts) > 2 && ts[len(ts)-1] > ts[0] {
+		// The run's own arrivals (loadtest --save-detailed): replayed in
+		// order, scaled to the planned rate.
+		gaps := make([]float64, len(ts)-1)
+		for i := range gaps {
+			gaps[i] = ts[i+1] - ts[i]
+		}
+		w.Gaps = normalizeGaps(gaps)
+		w.Burstiness = burstinessOf(w.Gaps)
+		w.Rate = float64(len(gaps)) / (ts[len(ts)-1] - ts[0])
+		w.Description += fmt.Sprintf(", its %d arrivals at %.3g req/s, inter-arrival CV %.2f", len(ts), w.Rate, cvOf(w.Gaps))
+	}
 	return w, nil
 }

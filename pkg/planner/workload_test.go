@@ -42,6 +42,12 @@ func TestLoadWorkload(t *testing.T) {
 			wantRate:    2.5, wantBurst: 0.5,
 		},
 		{
+			// Its own arrivals (start_times, out of order): 4 gaps over 2 s.
+			spec:        "testdata/result_arrivals.json",
+			wantLengths: []Lengths{{100, 50}, {200, 100}, {300, 150}, {600, 100}},
+			wantRate:    2, wantGaps: 4,
+		},
+		{
 			spec:        "testdata/result_summary.json",
 			wantLengths: []Lengths{{301, 100}},
 			wantRate:    2, wantBurst: 1, wantNote: "mean lengths",
