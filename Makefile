@@ -1,7 +1,7 @@
 # pdserve developer targets. `make test` is the README's test command.
 GO ?= go
 
-.PHONY: test race vet fmt generate verify bench llama sdk
+.PHONY: test race vet fmt generate verify bench llama sdk netbench chaos
 
 # test installs llama.cpp and the OpenAI Node SDK first: the llamacpp
 # engine's tests load the one, the API conformance test runs the other.
@@ -35,3 +35,21 @@ verify: generate
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./pkg/...
+
+# netbench: time to deliver 64 MiB of bf16 KV between two network
+# namespaces over a tc-shaped veth at 1, 10 and 25 Gb/s (0.5 ms delay where
+# the kernel has netem), per fixed codec, adaptive and raw TCP; one JSON
+# line per speed. Needs root (internal/netlab); skips with a message
+# elsewhere. NETBENCH_FLAGS adds flags (e.g. --gbps 1 --kv-mib 16 --reps 1).
+netbench:
+	$(GO) run ./cmd/netbench --gbps 1,10,25 --kv-mib 64 --reps 5 --check $(NETBENCH_FLAGS)
+
+# chaos: coordinator (embedded NATS with users), a prefill and two decode
+# workers (ref engine) as separate processes, each in its own network
+# namespace on one switch, the prefill link tc-shaped to 1 Gb/s; the
+# loadtest at 0.7 of the measured capacity, greedy; one JSON line per fault
+# (and the no-fault run). Needs root; skips with a message elsewhere.
+chaos:
+	bin=$$(mktemp -d) && trap 'rm -rf "$$bin"' EXIT && \
+	$(GO) build -o "$$bin/" ./cmd/coordinator ./cmd/prefill-worker ./cmd/decode-worker ./loadtest && \
+	$(GO) run ./cmd/chaos --bin "$$bin" --faults kill-decode,stop-decode --duration 15s $(CHAOS_FLAGS)

@@ -1,0 +1,43 @@
+// Command chaos runs pdserve as separate processes, each in its own
+// network namespace on one switch (internal/netlab; the prefill worker's
+// link shaped with tc), drives it with the loadtest at about 70 % of its
+// measured capacity (ref engine, greedy), injects one fault per run and
+// prints one JSON line per fault: requests completed, failed and retried,
+// whether the completed outputs equal the no-fault run's, the KV blocks
+// and prefill bytes left held on every live worker once the run settled,
+// and the workers' goroutines before and after.
+//
+//	chaos --bin DIR [--faults kill-decode,stop-decode] [--duration 6s] [--link-gbps 1]
+//
+// DIR holds coordinator, prefill-worker, decode-worker and loadtest
+// (make chaos builds them). Faults done: kill-decode (kill -9 of a decode
+// worker while transfers and decodes are in flight), stop-decode (SIGSTOP
+// of a decode worker for 10 s). Where network namespaces are not allowed
+// it prints why and exits 0, except under CI=true as root (exit 1).
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() { os.Exit(run()) }
+
+func run() int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	code, err := chaosMain(ctx, os.Args[1:])
+	if errors.Is(err, errSkip) {
+		fmt.Fprintf(os.Stderr, "chaos: skipped: %v\n", err)
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "chaos: %v\n", err)
+		return 1
+	}
+	return code
+}
