@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# The planner checked against a real engine it does not simulate (issue 16):
+# profile llama.cpp on this machine's cores, predict SLO attainment with
+# `coordinator plan` on that profile, and measure it on separate pinned
+# worker processes.
+#
+# usage (from the repository root):
+#   loadtest/results/planner-validation-llamacpp/run.sh [profile|1p1d|colocated]...
+# (no argument: all three, in that order). BIN: directory with coordinator,
+# prefill-worker, decode-worker, loadtest and mkgguf (default: built into a
+# temporary directory). RATES_1P1D / RATES_COLOCATED: rates in req/s. N: requests
+# per rate (default 100).
+#
+# The model is Qwen2.5-0.5B's shape with random weights (cmd/mkgguf, seed 1,
+# q8_0, tied embeddings: 494M parameters), so its text is gibberish; step
+# times are those of the real shape. Cores: 1P+1D pins the prefill worker to
+# CPU 0 and the decode worker to CPU 1 (1 thread each, profile-t1.json);
+# colocated runs one worker on both CPUs with 2 threads (profile-t2.json).
+# The coordinator and the load generator are not pinned.
+set -euo pipefail
+out=loadtest/results/planner-validation-llamacpp
+steps=("$@")
+[[ ${#steps[@]} -gt 0 ]] || steps=(profile 1p1d colocated)
+if [[ -z ${BIN:-} ]]; then
+  BIN=$(mktemp -d)
+  go build -o "$BIN/" ./cmd/coordinator ./cmd/prefill-worker ./cmd/decode-worker ./cmd/mkgguf ./loadtest
+fi
+work=${WORK:-$(mktemp -d)}
+model=$work/qwen2.5-0.5b-random-q8_0.gguf
+[[ -f $model ]] || "$BIN/mkgguf" --shape qwen2.5-0.5b --tied --type q8_0 --seed 1 --out "$model" >/dev/null
+N=${N:-100}
+
+# Workload, SLO and worker limits, the same on both sides.
+IN=256 OUT=32 TTFT=2000 TPOT=100
+llama=(--engine llamacpp --model "$model" --ctx-size 4096 --max-seqs 17)
+prefill_limits=(--max-batch-tokens 1024 --chunk-tokens 1024)
+decode_limits=(--max-batch 16 --kv-blocks 256)
+colocated_limits=(--max-batch 16 --kv-blocks 256 --chunk-tokens 512 --max-batch-tokens 512)
+plan=(--slo-ttft ${TTFT}ms --slo-tpot ${TPOT}ms --max-prefill-tokens 1024 --max-decode-batch 16)
+
+profile() {
+  taskset -c 1 "$BIN/coordinator" profile "${llama[@]}" --engine-threads 1 --max-batch 16 --max-tokens 1024 \
+    --budget 90s --model-name qwen2.5-0.5b-random-q8_0 --out $out/profile-t1.json
+  taskset -c 0,1 "$BIN/coordinator" profile "${llama[@]}" --engine-threads 2 --max-batch 16 --max-tokens 1024 \
+    --budget 90s --model-name qwen2.5-0.5b-random-q8_0 --out $out/profile-t2.json
+}
+
+# deploy MODE: a coordinator and pinned workers on loopback, NATS users
+# generated per run; sets pids.
+pids=()
+stop() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; pids=(); }
+trap stop EXIT
+deploy() {
+  local mode=$1 auth
+  auth=$(mktemp -d)
+  openssl rand -hex 16 >"$auth/prefill.pw"; openssl rand -hex 16 >"$auth/decode.pw"
+  printf 'users:\n  - {user: prefill, password: %s, role: prefill}\n  - {user: decode, password: %s, role: %s}\n' \
+    "$(cat "$auth/prefill.pw")" "$(cat "$auth/decode.pw")" "$([[ $mode == colocated ]] && echo colocated || echo decode)" >"$auth/users.yaml"
+  "$BIN/coordinator" --http-addr 127.0.0.1:18090 --nats-listen 127.0.0.1:14232 --nats-auth-file "$auth/users.yaml" \
+    --mode "$([[ $mode == colocated ]] && echo colocated || echo disaggregated)" "${llama[@]}" --log-level warn 2>"$auth/coordinator.log" & pids+=($!)
+  sleep 1
+  local nats=(--nats-url nats://127.0.0.1:14232 --log-level warn)
+  if [[ $mode == colocated ]]; then
+    taskset -c 0,1 "$BIN/decode-worker" --role colocated --id colocated-0 "${nats[@]}" --nats-user decode --nats-password-file "$auth/decode.pw" \
+      --grpc-addr 127.0.0.1:19310 --metrics-addr 127.0.0.1:19320 "${llama[@]}" --engine-threads 2 "${colocated_limits[@]}" 2>>"$auth/workers.log" & pids+=($!)
+  else
+    taskset -c 0 "$BIN/prefill-worker" --id prefill-0 "${nats[@]}" --nats-user prefill --nats-password-file "$auth/prefill.pw" \
+      --grpc-addr 127.0.0.1:19300 --metrics-addr 127.0.0.1:19301 "${llama[@]}" --engine-threads 1 "${prefill_limits[@]}" 2>>"$auth/workers.log" & pids+=($!)
+    taskset -c 1 "$BIN/decode-worker" --id decode-0 "${nats[@]}" --nats-user decode --nats-password-file "$auth/decode.pw" \
+      --grpc-addr 127.0.0.1:19310 --metrics-addr 127.0.0.1:19311 "${llama[@]}" --engine-threads 1 "${decode_limits[@]}" 2>>"$auth/workers.log" & pids+=($!)
+  fi
+  for _ in $(seq 300); do curl -sf 127.0.0.1:18090/readyz >/dev/null && break; sleep 0.2; done
+  sleep 1 # every worker's first heartbeat
+}
+
+# measure MODE RATE: one loadtest run (Poisson arrivals, seed 1), then two
+# predictions of the planner for the same design: predicted-* on the run's
+# own N arrivals and lengths (the result JSON as the workload, at the
+# rate its arrivals had: like for like), and predicted-poisson-* on 2000
+# Poisson arrivals at RATE (the steady state a short run may not reach).
+measure() {
+  local mode=$1 rate=$2 name="$1-${2}qps"
+  "$BIN/loadtest" run --base-url http://127.0.0.1:18090 --quiet --seed 1 \
+    --dataset-name random --random-input-len $IN --random-output-len $OUT --random-range-ratio 0 \
+    --prompt-format tokens --tokenizer approx --num-prompts "$N" --request-rate "$rate" \
+    --goodput ttft:$TTFT tpot:$TPOT --save-result --save-detailed --result-dir $out --result-filename "measured-$name.json" >/dev/null
+  local design=(--design 1P+1D --profile $out/profile-t1.json)
+  [[ $mode == colocated ]] && design=(--design 1C --chunk-tokens 512 --profile $out/profile-t1.json --colocated-profile $out/profile-t2.json)
+  local actual
+  actual=$(python3 -c 'import json,sys; t=sorted(json.load(open(sys.argv[1]))["start_times"]); print((len(t)-1)/(t[-1]-t[0]))' $out/measured-$name.json)
+  "$BIN/coordinator" plan "${design[@]}" "${plan[@]}" --workload $out/measured-$name.json --rate "$actual" --requests "$N" --output json >$out/predicted-$name.json
+  "$BIN/coordinator" plan "${design[@]}" "${plan[@]}" --workload fixed:$IN/$OUT --rate "$rate" --requests 2000 --output json >$out/predicted-poisson-$name.json
+}
+
+for s in "${steps[@]}"; do
+  case $s in
+    profile) profile ;;
+    1p1d) deploy 1p1d; for r in ${RATES_1P1D:-0.6 0.8 1.0 1.2 1.4}; do measure 1p1d "$r"; done; stop ;;
+    colocated) deploy colocated; for r in ${RATES_COLOCATED:-0.6 0.8 1.0 1.2 1.4}; do measure colocated "$r"; done; stop ;;
+    *) echo "unknown step $s (want profile, 1p1d or colocated)" >&2; exit 2 ;;
+  esac
+done
