@@ -673,3 +673,34 @@ func TestDrainingRejectsNewWork(t *testing.T) {
 		t.Errorf("WaitIdle: %v", err)
 	}
 }
+
+// A Reserve the worker takes after its caller gave up (the worker was
+// stopped, or slow to take the call) reserves nothing: the reservation
+// would hold its blocks until the TTL for a Generate that never comes.
+func TestReserveAfterCallerGaveUp(t *testing.T) {
+	w := newWorker(t, smallOptions(), true)
+	for _, tc := range []struct {
+		name string
+		ctx  func() context.Context
+		want codes.Code
+	}{
+		{"deadline passed", func() context.Context {
+			ctx, cancel := context.WithDeadline(testCtx(t), time.Now().Add(-time.Second))
+			t.Cleanup(cancel)
+			return ctx
+		}, codes.DeadlineExceeded},
+		{"cancelled", func() context.Context {
+			ctx, cancel := context.WithCancel(testCtx(t))
+			cancel()
+			return ctx
+		}, codes.Canceled},
+	} {
+		_, err := w.s.Reserve(tc.ctx(), &pdservev1.ReserveRequest{RequestId: tc.name, Tokens: 40})
+		if status.Code(err) != tc.want {
+			t.Errorf("%s: Reserve = %v, want %v", tc.name, err, tc.want)
+		}
+	}
+	if st := w.s.Stats(); st.Requests != 0 || st.KVBlocksFree != st.KVBlocksTotal {
+		t.Errorf("after the late reserves: %d requests, %d of %d blocks free; want none held", st.Requests, st.KVBlocksFree, st.KVBlocksTotal)
+	}
+}

@@ -377,9 +377,10 @@ func checkID(id string) error {
 	return nil
 }
 
-// Reserve implements DecodeService.Reserve. Errors: INVALID_ARGUMENT
-// (empty id, tokens outside [1, the model's maximum sequence length]),
-// ALREADY_EXISTS when the id holds a reservation, RESOURCE_EXHAUSTED when
+// Reserve implements DecodeService.Reserve. Errors: DEADLINE_EXCEEDED or
+// CANCELED when the caller gave up before the worker took the call,
+// INVALID_ARGUMENT (empty id, tokens outside [1, the model's maximum
+// sequence length]), ALREADY_EXISTS when the id holds a reservation, RESOURCE_EXHAUSTED when
 // the pool lacks the blocks or the caller (grpcauth.Caller of ctx) would
 // hold more than its caps, UNAVAILABLE while draining.
 func (s *Server) Reserve(ctx context.Context, req *pdservev1.ReserveRequest) (*pdservev1.ReserveResponse, error) {
@@ -399,6 +400,12 @@ func (s *Server) Reserve(ctx context.Context, req *pdservev1.ReserveRequest) (*p
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		// The caller gave up (a worker that was stopped, or slow to take
+		// the call, sees it late): a reservation now would wait for a
+		// Generate that never comes until its TTL.
+		return nil, status.FromContextError(err).Err()
+	}
 	if s.stopped || s.draining {
 		return nil, status.Error(codes.Unavailable, "decode: worker is draining")
 	}
