@@ -44,12 +44,12 @@ bench:
 netbench:
 	$(GO) run ./cmd/netbench --gbps 1,10,25 --kv-mib 64 --reps 5 --check $(NETBENCH_FLAGS)
 
-# chaos: coordinator (embedded NATS with users), a prefill and two decode
+# chaos: coordinator (embedded NATS with users), two prefill and two decode
 # workers (ref engine) as separate processes, each in its own network
-# namespace on one switch, the prefill link tc-shaped to 1 Gb/s; the
+# namespace on one switch, the prefill links tc-shaped to 1 Gb/s; the
 # loadtest at 0.7 of the measured capacity, greedy; one JSON line per fault
 # (and the no-fault run). Needs root; skips with a message elsewhere.
 chaos:
 	bin=$$(mktemp -d) && trap 'rm -rf "$$bin"' EXIT && \
 	$(GO) build -o "$$bin/" ./cmd/coordinator ./cmd/prefill-worker ./cmd/decode-worker ./loadtest && \
-	$(GO) run ./cmd/chaos --bin "$$bin" --faults kill-decode,stop-decode --duration 15s $(CHAOS_FLAGS)
+	$(GO) run ./cmd/chaos --bin "$$bin" --faults kill-decode,stop-decode,kill-prefill,partition --duration 15s $(CHAOS_FLAGS)

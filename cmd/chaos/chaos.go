@@ -53,7 +53,7 @@ func chaosMain(ctx context.Context, args []string) (int, error) {
 	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
 	var o opts
 	fs.StringVar(&o.bin, "bin", "", "directory of coordinator, prefill-worker, decode-worker and loadtest")
-	faults := fs.String("faults", "kill-decode,stop-decode", "faults to inject, comma separated: kill-decode, stop-decode")
+	faults := fs.String("faults", "kill-decode,stop-decode,kill-prefill,partition", "faults to inject, comma separated: kill-decode, stop-decode, kill-prefill, partition")
 	fs.IntVar(&o.prompts, "prompts", 40, "requests of the capacity run")
 	dur := fs.Duration("duration", 6*time.Second, "length of each fault run's load (prompts = 0.7 × capacity × duration)")
 	fs.Float64Var(&o.linkGbps, "link-gbps", 1, "rate of the prefill worker's link (tc tbf)")
@@ -136,7 +136,10 @@ type cluster struct {
 	procs    map[string]*exec.Cmd
 	metrics  map[string]string // worker id → /metrics URL
 	decodes  []string          // decode worker ids
+	prefills []string          // prefill worker ids
 	coordNS  *netlab.Namespace
+	ns       map[string]*netlab.Namespace // by process id
+	addr     map[string]string            // each namespace's address, by process id
 }
 
 // fault is injected into c a moment into the load; it returns the ids of
@@ -155,6 +158,48 @@ var faultFuncs = map[string]fault{
 		}
 		id := c.decodes[1]
 		return []string{id}, c.procs[id].Process.Signal(syscall.SIGKILL)
+	},
+	// kill -9 a prefill worker a third into the load: prefills on it are
+	// in flight; the coordinator retries those that sent no token yet on
+	// the other prefill worker.
+	"kill-prefill": func(ctx context.Context, c *cluster) ([]string, error) {
+		if err := sleep(ctx, faultAt); err != nil {
+			return nil, err
+		}
+		id := c.prefills[1]
+		return []string{id}, c.procs[id].Process.Signal(syscall.SIGKILL)
+	},
+	// Partition a prefill worker from both decode workers for 5 s: a
+	// blackhole route in its namespace to each decode address drops its
+	// KV streams' packets (the coordinator and NATS still reach it).
+	"partition": func(ctx context.Context, c *cluster) ([]string, error) {
+		if err := sleep(ctx, faultAt); err != nil {
+			return nil, err
+		}
+		id := c.prefills[1]
+		route := func(verb string) error {
+			for _, d := range c.decodes {
+				if out, err := c.ns[id].Command(ctx, "ip", "route", verb, "blackhole", c.addr[d]+"/32").CombinedOutput(); err != nil {
+					return fmt.Errorf("partition %s from %s: ip route %s: %v: %s", id, d, verb, err, out)
+				}
+			}
+			return nil
+		}
+		if err := route("add"); err != nil {
+			return nil, err
+		}
+		// The cut must hold: a decode worker's metrics port is out of
+		// reach from the prefill worker's namespace.
+		probe := c.ns[id].Command(ctx, "curl", "-sf", "--max-time", "1", "http://"+net.JoinHostPort(c.addr[c.decodes[0]], "9200")+"/metrics")
+		if probe.Run() == nil {
+			_ = route("del")
+			return nil, fmt.Errorf("partition %s: %s still reachable", id, c.decodes[0])
+		}
+		err := sleep(ctx, 4*time.Second)
+		if herr := route("del"); herr != nil && err == nil {
+			err = herr
+		}
+		return nil, err
 	},
 	// SIGSTOP a decode worker for 10 s, then SIGCONT.
 	"stop-decode": func(ctx context.Context, c *cluster) ([]string, error) {
@@ -272,7 +317,7 @@ func (o *opts) runOnce(ctx context.Context, name, rate string, conc int, f fault
 		}
 	}
 	res.goAfter = c.goroutines(ctx, dead)
-	res.retried = int(c.sum(ctx, "pdserve_decode_recoveries_total", dead))
+	res.retried = int(c.sum(ctx, "pdserve_decode_recoveries_total", dead) + c.sum(ctx, "pdserve_prefill_retries_total", dead))
 	return res, nil
 }
 
@@ -291,13 +336,13 @@ func (o *opts) start(ctx context.Context) (*cluster, error) {
 	}
 	addr := map[string]string{}
 	nss := map[string]*netlab.Namespace{}
-	for _, n := range []string{"coord", "prefill-0", "decode-0", "decode-1"} {
+	for _, n := range []string{"coord", "prefill-0", "prefill-1", "decode-0", "decode-1"} {
 		ns, err := lab.AddNamespace(ctx, n)
 		if err != nil {
 			return c, err
 		}
 		sh := netlab.Shape{}
-		if n == "prefill-0" {
+		if strings.HasPrefix(n, "prefill-") {
 			sh.RateBitsPerSec = o.linkGbps * 1e9
 		}
 		k, err := sw.Attach(ctx, ns, sh)
@@ -306,7 +351,7 @@ func (o *opts) start(ctx context.Context) (*cluster, error) {
 		}
 		addr[n], nss[n] = k.AddrA.String(), ns
 	}
-	c.coordNS = nss["coord"]
+	c.coordNS, c.ns, c.addr = nss["coord"], nss, addr
 	pw := map[string]string{}
 	for _, u := range []string{"prefill", "decode"} {
 		var b [16]byte
@@ -353,8 +398,11 @@ func (o *opts) start(ctx context.Context) (*cluster, error) {
 			"--grpc-addr", net.JoinHostPort(a, "9100"), "--metrics-addr", net.JoinHostPort(a, "9200"), "--log-level", "warn"}, extra...)
 		return startProc(id, id, bin, args...)
 	}
-	if err := worker("prefill-0", "prefill-worker", "prefill"); err != nil {
-		return c, err
+	for _, id := range []string{"prefill-0", "prefill-1"} {
+		if err := worker(id, "prefill-worker", "prefill"); err != nil {
+			return c, err
+		}
+		c.prefills = append(c.prefills, id)
 	}
 	for _, id := range []string{"decode-0", "decode-1"} {
 		if err := worker(id, "decode-worker", "decode"); err != nil {

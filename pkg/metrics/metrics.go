@@ -61,18 +61,18 @@ type Metrics struct {
 	now func() time.Time
 	reg prometheus.Registerer // for WatchResponseCache
 
-	ttft, tpot, itl, e2e        prometheus.Histogram
-	queue, prefill, kvTransfer  prometheus.Histogram
-	kvRawBytes, kvWireBytes     *prometheus.CounterVec
-	requests                    *prometheus.CounterVec
-	goodput                     prometheus.Counter // nil without an SLO
-	attainment                  *window            // nil without an SLO
-	promptTokens, outputTokens  prometheus.Counter
-	prefixHitTokens, recoveries prometheus.Counter
-	cost                        prometheus.Counter
-	inFlight                    prometheus.Gauge
-	workers                     *prometheus.GaugeVec
-	cacheRequests               *prometheus.CounterVec // by result: hit, miss
+	ttft, tpot, itl, e2e                        prometheus.Histogram
+	queue, prefill, kvTransfer                  prometheus.Histogram
+	kvRawBytes, kvWireBytes                     *prometheus.CounterVec
+	requests                                    *prometheus.CounterVec
+	goodput                                     prometheus.Counter // nil without an SLO
+	attainment                                  *window            // nil without an SLO
+	promptTokens, outputTokens                  prometheus.Counter
+	prefixHitTokens, recoveries, prefillRetries prometheus.Counter
+	cost                                        prometheus.Counter
+	inFlight                                    prometheus.Gauge
+	workers                                     *prometheus.GaugeVec
+	cacheRequests                               *prometheus.CounterVec // by result: hit, miss
 }
 
 // New creates the collectors and registers them on reg. The goodput
@@ -111,6 +111,7 @@ func New(reg prometheus.Registerer, slo SLO, opts ...Option) *Metrics {
 		outputTokens:    counter("output_tokens_total", "Output tokens handed to clients."),
 		prefixHitTokens: counter("prefix_hit_tokens_total", "Prompt tokens served from a worker's prefix cache."),
 		recoveries:      counter("decode_recoveries_total", "Requests moved to another decode worker after a failure."),
+		prefillRetries:  counter("prefill_retries_total", "Prefills tried again on another prefill worker after one failed before the first token."),
 		cost:            counter("cost_usd_total", "Cost of the requests in US dollars, by the policy's pricing (no increments without one)."),
 		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "pdserve", Name: "requests_in_flight",
 			Help: "Requests admitted and not yet finished."}),
@@ -121,7 +122,7 @@ func New(reg prometheus.Registerer, slo SLO, opts ...Option) *Metrics {
 	}
 	reg.MustRegister(m.ttft, m.tpot, m.itl, m.e2e, m.queue, m.prefill, m.kvTransfer,
 		m.kvRawBytes, m.kvWireBytes, m.requests, m.promptTokens, m.outputTokens,
-		m.prefixHitTokens, m.recoveries, m.cost, m.inFlight, m.workers, m.cacheRequests)
+		m.prefixHitTokens, m.recoveries, m.prefillRetries, m.cost, m.inFlight, m.workers, m.cacheRequests)
 	if slo.set() {
 		m.goodput = counter("goodput_requests_total", "Requests finished within every SLO target (ttft and tpot).")
 		m.attainment = newWindow(set.window)
@@ -180,6 +181,7 @@ func (m *Metrics) ObserveRequest(t *budget.Trace) {
 	m.outputTokens.Add(float64(t.OutputTokens))
 	m.prefixHitTokens.Add(float64(t.PrefixHitTokens))
 	m.recoveries.Add(float64(t.Recoveries))
+	m.prefillRetries.Add(float64(t.PrefillRetries))
 	if m.slo.set() {
 		met := t.Status == budget.StatusOK && m.meetsSLO(s, t.OutputTokens)
 		if met {

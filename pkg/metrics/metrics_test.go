@@ -36,7 +36,7 @@ func TestObserveRequestGolden(t *testing.T) {
 	// Token prices: 3 × $2/1k + 1 × $4/1k = $0.01.
 	m.ObserveRequest(&budget.Trace{
 		Pricing: &budget.Pricing{PromptUSDPer1k: 2, OutputUSDPer1k: 4},
-		Status:  budget.StatusOK, Codec: "none", PromptTokens: 3, OutputTokens: 1, Recoveries: 1,
+		Status:  budget.StatusOK, Codec: "none", PromptTokens: 3, OutputTokens: 1, Recoveries: 1, PrefillRetries: 2,
 		Arrival: at(0), FirstToken: at(200), LastToken: at(200),
 	})
 	// Failed after admission: counts against attainment, not priced.
@@ -53,6 +53,9 @@ func TestObserveRequestGolden(t *testing.T) {
 # HELP pdserve_decode_recoveries_total Requests moved to another decode worker after a failure.
 # TYPE pdserve_decode_recoveries_total counter
 pdserve_decode_recoveries_total 1
+# HELP pdserve_prefill_retries_total Prefills tried again on another prefill worker after one failed before the first token.
+# TYPE pdserve_prefill_retries_total counter
+pdserve_prefill_retries_total 2
 # HELP pdserve_cost_usd_total Cost of the requests in US dollars, by the policy's pricing (no increments without one).
 # TYPE pdserve_cost_usd_total counter
 pdserve_cost_usd_total 0.01006
@@ -153,7 +156,7 @@ pdserve_workers{role="decode"} 1
 pdserve_workers{role="prefill"} 2
 `
 	names := []string{
-		"pdserve_cost_usd_total", "pdserve_decode_recoveries_total", "pdserve_goodput_requests_total",
+		"pdserve_cost_usd_total", "pdserve_decode_recoveries_total", "pdserve_prefill_retries_total", "pdserve_goodput_requests_total",
 		"pdserve_kv_raw_bytes_total", "pdserve_kv_wire_bytes_total", "pdserve_kv_transfer_seconds",
 		"pdserve_output_tokens_total", "pdserve_prefix_hit_tokens_total", "pdserve_prompt_tokens_total",
 		"pdserve_requests_in_flight", "pdserve_requests_total", "pdserve_slo_attainment",
