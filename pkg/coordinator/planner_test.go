@@ -6,15 +6,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"go.uber.org/zap/zapcore"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -23,40 +20,12 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/pdserve/pdserve/internal/plannertest"
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/coordinator"
-	"github.com/pdserve/pdserve/pkg/enginecfg"
 	"github.com/pdserve/pdserve/pkg/planner"
 	"github.com/pdserve/pdserve/pkg/plannerhost"
 )
-
-const testProfile = "h100/llama-3-8b/tp1"
-
-// simEngine is the performance-model engine, a thousand times faster
-// than the profile's GPU, with a hundredth of its KV bytes.
-func simEngine() enginecfg.Options {
-	return enginecfg.Options{Engine: enginecfg.Sim, Profile: testProfile, TimeScale: 0.001, PayloadScale: 0.01, Seed: 3}
-}
-
-// sloPolicy writes a policy file with TTFT and TPOT targets.
-func sloPolicy(t *testing.T) string {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "policy.yaml")
-	if err := os.WriteFile(path, []byte("slo: {ttft_ms: 500, tpot_ms: 50, attainment: 0.9}\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
-
-// logField returns the string value of the log field key, or "".
-func logField(fields []zapcore.Field, key string) string {
-	for _, f := range fields {
-		if f.Key == key {
-			return f.String
-		}
-	}
-	return ""
-}
 
 // subscribePlans subscribes to the planner's decisions on the cluster's
 // NATS server.
@@ -132,7 +101,7 @@ func scrape(t *testing.T, cl *cluster) string {
 func TestPlannerObservesPublishesAndExports(t *testing.T) {
 	ticks := make(chan time.Time)
 	cl := startCluster(t, clusterOpts{edit: func(o *coordinator.Options) {
-		o.Engine, o.ConfigFile = simEngine(), sloPolicy(t)
+		o.Engine, o.ConfigFile = plannertest.SimEngine(), plannertest.SLOPolicy(t)
 	}, planner: func(p *plannerhost.Options) {
 		p.MinObservations, p.GPUBudget, p.GPUCostPerHour = 5, 4, 2.5
 		p.Ticks = ticks
@@ -251,7 +220,7 @@ func TestPlannerScalesDeployments(t *testing.T) {
 	cs := fakeDeployments(ns, 2, "pd-prefill", "pd-decode", "unrelated")
 	ticks := make(chan time.Time)
 	cl := startCluster(t, clusterOpts{prefill: 2, decode: 2, edit: func(o *coordinator.Options) {
-		o.Engine, o.ConfigFile = simEngine(), sloPolicy(t)
+		o.Engine, o.ConfigFile = plannertest.SimEngine(), plannertest.SLOPolicy(t)
 	}, planner: func(p *plannerhost.Options) {
 		*p = plannerhost.Options{
 			Mode: plannerhost.Kubernetes, Namespace: ns, PrefillDeployment: "pd-prefill", DecodeDeployment: "pd-decode",

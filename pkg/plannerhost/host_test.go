@@ -2,51 +2,20 @@ package plannerhost_test
 
 import (
 	"errors"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"go.uber.org/zap/zapcore"
-
+	"github.com/pdserve/pdserve/internal/plannertest"
 	"github.com/pdserve/pdserve/pkg/coordinator"
-	"github.com/pdserve/pdserve/pkg/enginecfg"
 	"github.com/pdserve/pdserve/pkg/perfmodel"
 	"github.com/pdserve/pdserve/pkg/plannerhost"
 )
 
-const testProfile = "h100/llama-3-8b/tp1"
-
-// simEngine is the performance-model engine, a thousand times faster
-// than the profile's GPU, with a hundredth of its KV bytes.
-func simEngine() enginecfg.Options {
-	return enginecfg.Options{Engine: enginecfg.Sim, Profile: testProfile, TimeScale: 0.001, PayloadScale: 0.01, Seed: 3}
-}
-
-// sloPolicy writes a policy file with TTFT and TPOT targets.
-func sloPolicy(t *testing.T) string {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "policy.yaml")
-	if err := os.WriteFile(path, []byte("slo: {ttft_ms: 500, tpot_ms: 50, attainment: 0.9}\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
-
-// logField returns the string value of the log field key, or "".
-func logField(fields []zapcore.Field, key string) string {
-	for _, f := range fields {
-		if f.Key == key {
-			return f.String
-		}
-	}
-	return ""
-}
-
 func TestPlannerOptions(t *testing.T) {
-	policy := sloPolicy(t)
+	policy := plannertest.SLOPolicy(t)
 	standaloneSim := func(o *coordinator.Options) {
-		o.Standalone, o.Engine, o.ConfigFile = true, simEngine(), policy
+		o.Standalone, o.Engine, o.ConfigFile = true, plannertest.SimEngine(), policy
 	}
 	tests := []struct {
 		name        string
@@ -56,7 +25,7 @@ func TestPlannerOptions(t *testing.T) {
 		wantErr     string
 	}{
 		{name: "auto without a profile is off", wantMode: plannerhost.Off},
-		{name: "auto uses the standalone sim profile", edit: func(o *coordinator.Options, _ *plannerhost.Options) { standaloneSim(o) }, wantMode: plannerhost.Log, wantProfile: testProfile},
+		{name: "auto uses the standalone sim profile", edit: func(o *coordinator.Options, _ *plannerhost.Options) { standaloneSim(o) }, wantMode: plannerhost.Log, wantProfile: plannertest.Profile},
 		{name: "auto with a profile", edit: func(o *coordinator.Options, p *plannerhost.Options) {
 			o.ConfigFile, p.Profile = policy, "h100/llama-3-70b/tp4"
 		}, wantMode: plannerhost.Log, wantProfile: "h100/llama-3-70b/tp4"},
@@ -78,12 +47,12 @@ func TestPlannerOptions(t *testing.T) {
 		{name: "kubernetes with its Deployments", edit: func(o *coordinator.Options, p *plannerhost.Options) {
 			standaloneSim(o)
 			p.Mode, p.Namespace, p.PrefillDeployment, p.DecodeDeployment = plannerhost.Kubernetes, "ns", "p", "d"
-		}, wantMode: plannerhost.Kubernetes, wantProfile: testProfile},
+		}, wantMode: plannerhost.Kubernetes, wantProfile: plannertest.Profile},
 		{name: "log needs a profile", edit: func(o *coordinator.Options, p *plannerhost.Options) {
 			o.ConfigFile, p.Mode = policy, plannerhost.Log
 		}, wantErr: "planner-profile"},
 		{name: "log needs SLOs", edit: func(o *coordinator.Options, p *plannerhost.Options) {
-			p.Mode, p.Profile = plannerhost.Log, testProfile
+			p.Mode, p.Profile = plannerhost.Log, plannertest.Profile
 		}, wantErr: "slo.ttft_ms"},
 		{name: "log in colocated mode", edit: func(o *coordinator.Options, p *plannerhost.Options) {
 			standaloneSim(o)
@@ -155,13 +124,13 @@ func TestPlannerOptions(t *testing.T) {
 				t.Fatalf("Validate: %v", err)
 			}
 			fields := p.LogFields(o)
-			if got := logField(fields, "planner"); got != tc.wantMode {
+			if got := plannertest.LogField(fields, "planner"); got != tc.wantMode {
 				t.Errorf("planner mode %q, want %q", got, tc.wantMode)
 			}
-			if got := logField(fields, "planner_profile"); got != tc.wantProfile {
+			if got := plannertest.LogField(fields, "planner_profile"); got != tc.wantProfile {
 				t.Errorf("planner profile %q, want %q", got, tc.wantProfile)
 			}
-			if tc.wantMode == plannerhost.Off && logField(fields, "planner_off_reason") == "" && p.Mode == plannerhost.Auto {
+			if tc.wantMode == plannerhost.Off && plannertest.LogField(fields, "planner_off_reason") == "" && p.Mode == plannerhost.Auto {
 				t.Errorf("auto planner off without a reason in the log fields")
 			}
 		})
@@ -191,7 +160,7 @@ func TestPlannerStartsFromAMeasuredProfileFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	o, p := coordinator.DefaultOptions(), plannerhost.DefaultOptions()
-	o.ConfigFile, p.Profile = sloPolicy(t), file
+	o.ConfigFile, p.Profile = plannertest.SLOPolicy(t), file
 	if err := o.Complete(); err != nil {
 		t.Fatal(err)
 	}
