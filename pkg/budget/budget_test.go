@@ -110,24 +110,32 @@ func TestLogIsOneLineWithBudget(t *testing.T) {
 	}
 }
 
+// summaryAndLog returns field key of tr's JSON summary and of its log
+// line, each with whether it is there.
+func summaryAndLog(t *testing.T, tr *Trace, key string) (inSummary any, okSummary bool, inLog any, okLog bool) {
+	t.Helper()
+	b, err := json.Marshal(tr.Summary())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.InfoLevel)
+	tr.Log(zap.New(core))
+	inSummary, okSummary = m[key]
+	inLog, okLog = logs.All()[0].ContextMap()[key]
+	return inSummary, okSummary, inLog, okLog
+}
+
 // TestCodecReasonField: why the prefill worker chose its codec is in the
 // summary and the log line when it chose, and absent when it did not.
 func TestCodecReasonField(t *testing.T) {
 	for _, reason := range []string{"", "bf16 1.46x: 4 ms, link-bound"} {
 		t.Run("reason="+reason, func(t *testing.T) {
 			tr := Trace{RequestID: "r1", Status: StatusOK, Codec: "bf16", CodecReason: reason}
-			b, err := json.Marshal(tr.Summary())
-			if err != nil {
-				t.Fatal(err)
-			}
-			var m map[string]any
-			if err := json.Unmarshal(b, &m); err != nil {
-				t.Fatal(err)
-			}
-			core, logs := observer.New(zap.InfoLevel)
-			tr.Log(zap.New(core))
-			logged, inLog := logs.All()[0].ContextMap()["codec_reason"]
-			got, inJSON := m["codec_reason"]
+			got, inJSON, logged, inLog := summaryAndLog(t, &tr, "codec_reason")
 			if reason == "" {
 				if inJSON || inLog {
 					t.Errorf("codec_reason in the summary (%v) or the log (%v) of a named codec", got, logged)
@@ -147,18 +155,7 @@ func TestCacheField(t *testing.T) {
 	for _, cache := range []string{"", CacheHit, CacheMiss} {
 		t.Run("cache="+cache, func(t *testing.T) {
 			tr := Trace{RequestID: "r1", Status: StatusOK, Cache: cache}
-			b, err := json.Marshal(tr.Summary())
-			if err != nil {
-				t.Fatal(err)
-			}
-			var m map[string]any
-			if err := json.Unmarshal(b, &m); err != nil {
-				t.Fatal(err)
-			}
-			core, logs := observer.New(zap.InfoLevel)
-			tr.Log(zap.New(core))
-			logged, inLog := logs.All()[0].ContextMap()["cache"]
-			got, inJSON := m["cache"]
+			got, inJSON, logged, inLog := summaryAndLog(t, &tr, "cache")
 			if cache == "" {
 				if inJSON || inLog {
 					t.Errorf("cache in the summary (%v) or the log (%v) of a request not looked up", got, logged)
