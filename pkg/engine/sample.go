@@ -47,7 +47,7 @@ func Sample(logits []float32, s Sampling, pos int, scratch *SampleScratch) int32
 		if scratch == nil {
 			scratch = new(SampleScratch)
 		}
-		logits = penalise(growFloat32(&scratch.pen, len(logits)), logits, s.Penalties)
+		logits = penalise(growBuf(&scratch.pen, len(logits)), logits, s.Penalties)
 	}
 	best := argmax(logits)
 	if !(s.Temperature > 0) || math.IsNaN(float64(logits[best])) {
@@ -58,7 +58,7 @@ func Sample(logits []float32, s Sampling, pos int, scratch *SampleScratch) int32
 	}
 	maxLogit := float64(logits[best])
 	invT := 1 / float64(s.Temperature)
-	prob := growFloat64(&scratch.prob, len(logits))
+	prob := growBuf(&scratch.prob, len(logits))
 	total := 0.0
 	for i, l := range logits {
 		p := 0.0
@@ -77,7 +77,7 @@ func Sample(logits []float32, s Sampling, pos int, scratch *SampleScratch) int32
 	if !(topP > 0 && topP < 1) {
 		return drawInOrder(prob, nil, u*total, best)
 	}
-	idx := growInt32(&scratch.idx, len(logits))
+	idx := growBuf(&scratch.idx, len(logits))
 	for i := range idx {
 		idx[i] = int32(i)
 	}
@@ -185,25 +185,11 @@ func splitmix64(x uint64) uint64 {
 	return x ^ (x >> 31)
 }
 
-func growFloat64(buf *[]float64, n int) []float64 {
+// growBuf returns *buf resliced to n elements, reallocated when its
+// capacity is short: the scratch buffers a Sampler reuses.
+func growBuf[T any](buf *[]T, n int) []T {
 	if cap(*buf) < n {
-		*buf = make([]float64, n)
-	}
-	*buf = (*buf)[:n]
-	return *buf
-}
-
-func growFloat32(buf *[]float32, n int) []float32 {
-	if cap(*buf) < n {
-		*buf = make([]float32, n)
-	}
-	*buf = (*buf)[:n]
-	return *buf
-}
-
-func growInt32(buf *[]int32, n int) []int32 {
-	if cap(*buf) < n {
-		*buf = make([]int32, n)
+		*buf = make([]T, n)
 	}
 	*buf = (*buf)[:n]
 	return *buf
