@@ -204,7 +204,6 @@ func (k *sink) Commit(c kvtransfer.Commit) error {
 	// alive when no Generate call comes for it.
 	q.committed = true
 	q.kvTokens = k.h.Tokens
-	q.kvStart = k.h.Start
 	if k.h.Start > 0 {
 		s.kvSaved.Add(int64(k.h.Start) * int64(s.spec.KVBytesPerToken()))
 	}

@@ -251,11 +251,11 @@ func (s *Server) joinLocked(q *sequence, now time.Time) {
 	if q.local {
 		s.nextSeq++
 		q.seq, q.hasSeq = s.nextSeq, true
-		q.localHit = s.forkCachedLocked(q)
-		if q.localHit > 0 && q.out != nil {
-			q.out.prefixHit(q.localHit)
+		hit := s.forkCachedLocked(q)
+		if hit > 0 && q.out != nil {
+			q.out.prefixHit(hit)
 		}
-		q.pending = append(slices.Clone(q.prompt[q.localHit:]), regen...)
+		q.pending = append(slices.Clone(q.prompt[hit:]), regen...)
 		q.sampleLast = m == 0
 	} else {
 		q.pending = slices.Clone(regen)

@@ -169,13 +169,9 @@ type sequence struct {
 	// Prefix cache (root). hashes are the prompt's full blocks (nil when
 	// the cache is off); hit is the cached prefix pinned at Reserve for
 	// the remote KV (Tokens 0: none), released once the KV is imported or
-	// the request ends; kvStart is the first token the committed transfer
-	// carried (hit.Tokens or 0); localHit is the prefix a local prefill
-	// forked.
-	hashes   []kv.Hash
-	hit      prefixcache.Hit
-	kvStart  int
-	localHit int
+	// the request ends.
+	hashes []kv.Hash
+	hit    prefixcache.Hit
 
 	// Choices (n > 1). The request's first choice (index 0, the root)
 	// holds the reservation, the transfer and the outbox; the others
@@ -467,7 +463,7 @@ func (s *Server) allocateLocked(n int) ([]kv.BlockID, error) {
 // prefix cache entries (whole blocks: entries hold whole prompt blocks).
 // The caller holds mu.
 func (s *Server) freeBlocksLocked() int {
-	return s.pool.Free() + s.cache.Stats().Reclaimable/s.pool.BlockTokens()
+	return s.pool.Free() + s.cache.Reclaimable()/s.pool.BlockTokens()
 }
 
 // chargeCacheLocked makes the pool blocks charged to the prefix cache
@@ -475,7 +471,7 @@ func (s *Server) freeBlocksLocked() int {
 // evictions, and takes more after an Insert, reclaiming older entries
 // (to s.reclaimed) when the pool lacks them. The caller holds mu.
 func (s *Server) chargeCacheLocked() {
-	want := s.pool.BlocksFor(s.cache.Stats().Tokens)
+	want := s.pool.BlocksFor(s.cache.Tokens())
 	if n := len(s.cacheBlocks); want < n {
 		if err := s.pool.Release(s.cacheBlocks[want:]); err != nil {
 			s.log.Error("release prefix cache blocks", zap.Error(err))
@@ -498,7 +494,7 @@ func (s *Server) chargeCacheLocked() {
 		}
 		s.reclaimed = append(s.reclaimed, x...)
 		s.wakeup()
-		want = s.pool.BlocksFor(s.cache.Stats().Tokens)
+		want = s.pool.BlocksFor(s.cache.Tokens())
 	}
 }
 
@@ -664,7 +660,9 @@ func (s *Server) dropChoiceLocked(c *sequence, keep bool) {
 func (s *Server) keepLocked(q *sequence) {
 	k := len(q.hashes) * s.o.BlockTokens
 	n, err := s.eng.Len(q.seq)
-	if s.cache == nil || k == 0 || err != nil || n < k {
+	if s.cache == nil || k == 0 || err != nil || n < k || k > s.o.PrefixCache.MaxTokens || s.cache.Match(q.hashes) == len(q.hashes) {
+		// Nothing to keep, or nothing the cache would keep (too large, or
+		// an entry holds every block already): no fork to throw away.
 		s.eng.Free(q.seq)
 		return
 	}

@@ -149,10 +149,11 @@ func (a *CodecChooser) Start(addr, name string, rawBytes int64) (CodecChoice, er
 }
 
 // Finish ends the count of a transfer Start began and records the link
-// throughput it achieved with codecName (empty when it never opened):
-// wire bytes over its network time (see transferResult). When its raw
-// rate came near what the receiver decodes codecName at, the receiver,
-// not the link, may have set the pace: the sample is then a lower bound.
+// throughput it achieved with codecName (the canonical name, as the
+// stream header has it; empty when it never opened): wire bytes over its
+// network time. When its raw rate came near what the receiver decodes
+// codecName at, or encoding took most of that time, the link may not have
+// set the pace: the sample is then a lower bound.
 func (a *CodecChooser) Finish(addr, codecName string, raw, wire int64, network, encode time.Duration) {
 	a.end(addr)
 	if network <= 0 || codecName == "" {
@@ -161,10 +162,8 @@ func (a *CodecChooser) Finish(addr, codecName string, raw, wire int64, network, 
 	// Encode-bound: the link waited for the encoder, so it is at least as
 	// fast as the sample.
 	lower := encode.Seconds() >= encodeBoundShare*network.Seconds()
-	if c, err := codec.ByName(codecName); err == nil && !lower {
-		if d := a.receiver(addr).DecodeBytesPerSec[c.Name()]; d > 0 {
-			lower = float64(raw)/network.Seconds() >= decodeBoundShare*d
-		}
+	if d := a.receiver(addr).DecodeBytesPerSec[codecName]; d > 0 && !lower {
+		lower = float64(raw)/network.Seconds() >= decodeBoundShare*d
 	}
 	a.links.Observe(addr, wire, network, lower)
 }

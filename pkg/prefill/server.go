@@ -195,13 +195,6 @@ func (s *Server) SetReceivers(f func(addr string) (kvtransfer.ReceiverSpeeds, bo
 	s.auto.SetReceivers(f)
 }
 
-// LinkThroughput returns the wire bytes/s the worker's transfers to addr
-// achieved (a moving average) and how many transfers it rests on; (0, 0)
-// before the first one of at least kvtransfer.MinLinkSampleBytes.
-func (s *Server) LinkThroughput(addr string) (bytesPerSec float64, samples int) {
-	return s.auto.Links().Throughput(addr)
-}
-
 // Register registers the PrefillService on g.
 func (s *Server) Register(g *grpc.Server) { pdservev1.RegisterPrefillServiceServer(g, s) }
 

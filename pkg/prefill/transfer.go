@@ -119,9 +119,11 @@ func (t *transfer) run(d *kvtransfer.Dialer) (res transferResult) {
 				snd.Abort(res.err)
 			}
 		}
-		res.codec, res.reason = ch.Codec, ch.Reason
-		if snd == nil {
-			res.codec = ""
+		// The codec's canonical name (the stream header's), not an alias
+		// the caller named; none when the stream never opened.
+		res.codec, res.reason = "", ch.Reason
+		if snd != nil {
+			res.codec = snd.Header().Codec
 		}
 		if started {
 			t.auto.Finish(t.addr, res.codec, res.bytesRaw, res.bytes, network, encode)

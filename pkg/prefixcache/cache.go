@@ -397,6 +397,27 @@ func (c *Cache) Digest(n int) []uint64 {
 	return out
 }
 
+// Tokens returns the KV tokens the cache holds now (0 for a nil cache).
+func (c *Cache) Tokens() int {
+	if c == nil {
+		return 0
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.tokens
+}
+
+// Reclaimable returns the KV tokens of its unpinned entries now: what
+// Reclaim can give back (0 for a nil cache).
+func (c *Cache) Reclaimable() int {
+	if c == nil {
+		return 0
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.tokens - c.pinnedTokens
+}
+
 // Stats returns the counters and occupancy (zero for a nil cache).
 func (c *Cache) Stats() Stats {
 	if c == nil {
