@@ -58,6 +58,22 @@ func Hash(key string) [sha256.Size]byte { return sha256.Sum256([]byte(key)) }
 // a key.
 func DigestPrefix(d [sha256.Size]byte) string { return hex.EncodeToString(d[:4]) }
 
+// checkSecret reports (wrapping ErrInvalid, never holding the secret) a
+// secret, what ("key", "token"), shorter than MinKeyLen or with bytes
+// other than printable ASCII without spaces: what an Authorization
+// header carries.
+func checkSecret(b []byte, what string) error {
+	if len(b) < MinKeyLen {
+		return fmt.Errorf("%w: the %s has %d bytes, fewer than %d", ErrInvalid, what, len(b), MinKeyLen)
+	}
+	for i, c := range b {
+		if c <= ' ' || c > '~' {
+			return fmt.Errorf("%w: byte %d of the %s is not printable ASCII (or is a space)", ErrInvalid, i, what)
+		}
+	}
+	return nil
+}
+
 // FormatLine returns the key file line of key: its hash, then name=,
 // rpm= and tpm= when set (name "" and limits 0 are left out). Errors
 // (wrapping ErrInvalid, never holding the key): a key shorter than
@@ -65,13 +81,8 @@ func DigestPrefix(d [sha256.Size]byte) string { return hex.EncodeToString(d[:4])
 // an Authorization header carries), an invalid name, a limit out of
 // [0, MaxLimit].
 func FormatLine(key, name string, rpm, tpm int) (string, error) {
-	if len(key) < MinKeyLen {
-		return "", fmt.Errorf("apikey: %w: the key has %d bytes, fewer than %d", ErrInvalid, len(key), MinKeyLen)
-	}
-	for i := 0; i < len(key); i++ {
-		if c := key[i]; c <= ' ' || c > '~' {
-			return "", fmt.Errorf("apikey: %w: byte %d of the key is not printable ASCII (or is a space)", ErrInvalid, i)
-		}
+	if err := checkSecret([]byte(key), "key"); err != nil {
+		return "", fmt.Errorf("apikey: %w", err)
 	}
 	if name != "" && !validName(name) {
 		return "", fmt.Errorf("apikey: %w: name must be 1 to 64 of A-Z a-z 0-9 . _ - @", ErrInvalid)

@@ -49,13 +49,8 @@ func (t *Token) ReloadIfChanged() (bool, error) { return t.reload(false) }
 func (t *Token) reload(force bool) (bool, error) {
 	return t.file.reload(force, func(data []byte) error {
 		tok := bytes.TrimSpace(data)
-		if len(tok) < MinKeyLen {
-			return fmt.Errorf("apikey: %s: %w: the token has %d bytes, fewer than %d", t.file.path, ErrInvalid, len(tok), MinKeyLen)
-		}
-		for i, c := range tok {
-			if c <= ' ' || c > '~' {
-				return fmt.Errorf("apikey: %s: %w: byte %d of the token is not printable ASCII (or is a space)", t.file.path, ErrInvalid, i)
-			}
+		if err := checkSecret(tok, "token"); err != nil {
+			return fmt.Errorf("apikey: %s: %w", t.file.path, err)
 		}
 		d := sha256.Sum256(tok)
 		t.digest.Store(&d)

@@ -265,17 +265,15 @@ func (c *call) begin(pr *promptRun, ch *choiceState) string {
 	if pr.echo == "" {
 		return ""
 	}
-	if ch.lp != nil && pr.req.PromptLogprobs >= 0 {
+	// With echo and logprobs, prepare always asks for the prompt's
+	// logprobs (PromptLogprobs = logprobs ≥ 0).
+	if ch.lp != nil {
 		for i, tok := range pr.req.Prompt {
 			var lp *engine.TokenLogprob // null: the first token, or none sent
 			if i > 0 && i-1 < len(pr.promptLP) {
 				lp = pr.promptLP[i-1]
 			}
 			ch.lp.add(tok, lp, ch.offsets.next(c.s.o.Tokenizer.DecodeToken(tok)))
-		}
-	} else if ch.lp != nil {
-		for _, tok := range pr.req.Prompt {
-			ch.offsets.next(c.s.o.Tokenizer.DecodeToken(tok))
 		}
 	}
 	return pr.echo
@@ -410,14 +408,8 @@ func (c *call) fail(w http.ResponseWriter, failed *promptRun) {
 		status, aerr = budget.StatusCancelled, cancelled(failed.err)
 	case c.sse.started:
 		status = budget.StatusError // failed after output began
-	case aerr.status == http.StatusTooManyRequests:
-		status = budget.StatusRejected
-	case aerr.status == http.StatusServiceUnavailable:
-		status = budget.StatusUnavailable
-	case aerr.status < 500:
-		status = budget.StatusInvalid
 	default:
-		status = budget.StatusError
+		status = aerr.traceStatus()
 	}
 	for i, pr := range c.prompts {
 		pr.req.Trace.Status = status

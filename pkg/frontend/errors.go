@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/pdserve/pdserve/pkg/budget"
 )
 
 // Errors a Backend wraps to choose the HTTP status; match with errors.Is.
@@ -166,4 +168,21 @@ func writeError(w http.ResponseWriter, e *apiError, retryAfter time.Duration) {
 	_ = json.NewEncoder(w).Encode(struct {
 		Error *apiError `json:"error"`
 	}{e}) // the client may be gone; nothing to do about it
+}
+
+// traceStatus is the budget status of a request that ended with e: 429
+// rejected, 503 unavailable, a client that closed the connection
+// cancelled, another 4xx invalid, 5xx an error.
+func (e *apiError) traceStatus() string {
+	switch {
+	case e.status == http.StatusTooManyRequests:
+		return budget.StatusRejected
+	case e.status == http.StatusServiceUnavailable:
+		return budget.StatusUnavailable
+	case e.status == statusClientClosed:
+		return budget.StatusCancelled
+	case e.status < 500:
+		return budget.StatusInvalid
+	}
+	return budget.StatusError
 }

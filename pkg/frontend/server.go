@@ -334,16 +334,7 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		cl.raw = apiKey(r)
 	}
 	refuse := func(aerr *apiError) {
-		switch aerr.status {
-		case http.StatusTooManyRequests:
-			tr.Status = budget.StatusRejected
-		case http.StatusServiceUnavailable:
-			tr.Status = budget.StatusUnavailable
-		case statusClientClosed:
-			tr.Status = budget.StatusCancelled
-		default:
-			tr.Status = budget.StatusInvalid
-		}
+		tr.Status = aerr.traceStatus()
 		extra := cl.fields()
 		if aerr.Code != nil && *aerr.Code == "rate_limit_exceeded" {
 			extra = append(extra, zap.String("api_key_sha256", cl.key.Prefix))
@@ -594,14 +585,13 @@ func (s *Server) prepare(data []byte, chat bool, cl client, tr *budget.Trace) (*
 				if t.ids, aerr = checkIDs(in.ids, s.o.Tokenizer.Vocab()); aerr != nil {
 					return nil, aerr
 				}
-				t.echo = s.o.Tokenizer.Decode(in.ids)
+				if p.echo {
+					t.echo = s.o.Tokenizer.Decode(in.ids)
+				}
 			} else if t.ids, aerr = nonEmpty(s.o.Tokenizer.Encode(in.text), "prompt"); aerr != nil {
 				return nil, aerr
-			} else {
+			} else if p.echo {
 				t.echo = in.text
-			}
-			if !p.echo {
-				t.echo = ""
 			}
 			prompts = append(prompts, t)
 		}
