@@ -3,6 +3,8 @@ package config
 import (
 	"fmt"
 	"math"
+
+	"github.com/pdserve/pdserve/pkg/router"
 )
 
 // Routing tunes the router (package router): its decode and prefill
@@ -49,10 +51,10 @@ type Routing struct {
 	Picker string `yaml:"picker"`
 }
 
-// Pickers, the values of Routing.Picker (package router's).
+// Pickers, the values of Routing.Picker: package router's.
 const (
-	PickerMaxScore   = "maxscore"
-	PickerRoundRobin = "roundrobin"
+	PickerMaxScore   = router.PickerMaxScore
+	PickerRoundRobin = router.PickerRoundRobin
 )
 
 // RoutingWeights are the scorer weights of the router's two profiles.
@@ -84,12 +86,12 @@ type ScorerWeights struct {
 	Prefix, Queue, KV, Batch float64
 }
 
-// Default scorer weights: decode workers by free KV, the running batch
-// breaking near ties; prefill workers by queued tokens (and prefix hits
-// by PrefixWeight, 0 by default). Equal to package router's defaults.
+// Default scorer weights, package router's: decode workers by free KV,
+// the running batch breaking near ties; prefill workers by queued tokens
+// (and prefix hits by PrefixWeight, 0 by default).
 var (
-	DefaultDecodeWeights  = ScorerWeights{KV: 1, Batch: 0.01}
-	DefaultPrefillWeights = ScorerWeights{Queue: 1}
+	DefaultDecodeWeights  = ScorerWeights(router.DefaultDecodeWeights)
+	DefaultPrefillWeights = ScorerWeights(router.DefaultPrefillWeights)
 )
 
 func or(p *float64, def float64) float64 {
@@ -114,10 +116,12 @@ func (r Routing) PrefillWeights() ScorerWeights {
 
 // PrefixAware reports whether any setting reads prefix caches, so that
 // requests must carry their prompt's block hashes: a prefix weight
-// (unless the picker ignores weights), or a threshold on uncached tokens.
-func (r Routing) PrefixAware() bool {
-	weighs := r.Picker != PickerRoundRobin && (r.DecodeWeights().Prefix > 0 || r.PrefillWeights().Prefix > 0)
-	return weighs || r.LocalPrefillBelowTokens > 0 || r.BusyLocalPrefillBelowTokens > 0
+// (unless the picker ignores weights), or, with a prefill pool (not
+// colocated), a threshold on uncached tokens.
+func (r Routing) PrefixAware(colocated bool) bool {
+	weights := r.Picker != PickerRoundRobin &&
+		(r.DecodeWeights().Prefix > 0 || !colocated && r.PrefillWeights().Prefix > 0)
+	return weights || !colocated && (r.LocalPrefillBelowTokens > 0 || r.BusyLocalPrefillBelowTokens > 0)
 }
 
 // weightsSet reports whether the policy sets any scorer weight.

@@ -16,7 +16,10 @@ func TestParseRouting(t *testing.T) {
 		wantDecode  ScorerWeights
 		wantPrefill ScorerWeights
 		wantAware   bool
-		wantErr     error // ErrInvalid, errAny (a YAML error) or nil
+		// wantAwareColocated: with no prefill pool only a decode
+		// prefix weight reads prefix caches.
+		wantAwareColocated bool
+		wantErr            error // ErrInvalid, errAny (a YAML error) or nil
 	}{
 		{
 			name:        "defaults",
@@ -41,7 +44,7 @@ func TestParseRouting(t *testing.T) {
 			}},
 			wantDecode:  ScorerWeights{Prefix: 2, KV: 1, Batch: 0.5},
 			wantPrefill: ScorerWeights{Prefix: 1, Batch: 3},
-			wantAware:   true,
+			wantAware:   true, wantAwareColocated: true,
 		},
 		{
 			name:        "busy rule",
@@ -116,8 +119,11 @@ func TestParseRouting(t *testing.T) {
 			if diff := cmp.Diff(tc.wantPrefill, p.Routing.PrefillWeights()); diff != "" {
 				t.Errorf("PrefillWeights (-want +got):\n%s", diff)
 			}
-			if got := p.Routing.PrefixAware(); got != tc.wantAware {
-				t.Errorf("PrefixAware = %v, want %v", got, tc.wantAware)
+			if got := p.Routing.PrefixAware(false); got != tc.wantAware {
+				t.Errorf("PrefixAware(disaggregated) = %v, want %v", got, tc.wantAware)
+			}
+			if got := p.Routing.PrefixAware(true); got != tc.wantAwareColocated {
+				t.Errorf("PrefixAware(colocated) = %v, want %v", got, tc.wantAwareColocated)
 			}
 		})
 	}

@@ -318,8 +318,10 @@ func (r *run) place(decodeOnly bool) (router.Decision, error) {
 	rreq := router.Request{ID: r.req.ID, PromptTokens: len(r.req.Prompt), MaxTokens: r.req.MaxTokens * len(r.choices),
 		DecodeOnly: decodeOnly, Local: r.req.PromptLogprobs >= 0, Model: r.req.Model}
 	if n := r.b.prefixBlockTokens; n > 0 && !decodeOnly {
-		for _, h := range kv.HashBlocks(0, r.req.Prompt, n) {
-			rreq.PrefixHashes = append(rreq.PrefixHashes, uint64(h))
+		hs := kv.HashBlocks(0, r.req.Prompt, n)
+		rreq.PrefixHashes = make([]uint64, len(hs))
+		for i, h := range hs {
+			rreq.PrefixHashes[i] = uint64(h)
 		}
 	}
 	full := 0

@@ -152,7 +152,7 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 		pricing: o.Policy.Pricing.Resolve(), engines: watchedEngines(o.WatchEngines),
 		router: newRouter(o, c.reg),
 	}
-	if o.Policy.Routing.PrefixAware() {
+	if o.Policy.Routing.PrefixAware(o.Mode == ModeColocated) {
 		c.backend.prefixBlockTokens = prefixBlockTokens
 	}
 	if err := c.attachExtensions(); err != nil {
