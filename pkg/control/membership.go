@@ -20,6 +20,9 @@ type Membership struct {
 type member struct {
 	hb   Heartbeat
 	seen time.Time // when the last heartbeat was observed, observer clock
+	// unreachable: a call to the member failed as if it were gone (see
+	// Unreachable); it is left out of Members until its next heartbeat.
+	unreachable bool
 }
 
 // NewMembership returns an empty Membership whose members expire ttl after
@@ -70,24 +73,40 @@ func (m *Membership) Remove(id string) {
 	delete(m.members, id)
 }
 
-// Members returns the live members of role that are not draining, sorted by
-// ID. The caller owns the returned slice; the heartbeats' own slices are
+// Unreachable marks id, if it is a member at addr, as unreachable: a call
+// to it failed as if the worker were gone (connection refused or reset),
+// so Members leaves it out until its next heartbeat is observed. A dead
+// worker thus stops taking requests at its first failed call rather than
+// when its heartbeat expires; a live one is back within a heartbeat
+// interval. It stays in All and Get, so that cleanup still finds it. A
+// member since re-registered at another address is left alone.
+func (m *Membership) Unreachable(id, addr string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if mb, ok := m.members[id]; ok && mb.hb.GRPCAddr == addr {
+		mb.unreachable = true
+		m.members[id] = mb
+	}
+}
+
+// Members returns the live members of role that are reachable and not
+// draining, sorted by ID. The caller owns the returned slice; the heartbeats' own slices are
 // shared and must not be modified.
 func (m *Membership) Members(role Role) []Heartbeat {
-	return m.list(func(hb Heartbeat) bool { return hb.Role == string(role) && !hb.Draining })
+	return m.list(func(mb member) bool { return mb.hb.Role == string(role) && !mb.hb.Draining && !mb.unreachable })
 }
 
 // All returns every live member, draining ones included, sorted by ID.
 // Ownership as for Members.
 func (m *Membership) All() []Heartbeat {
-	return m.list(func(Heartbeat) bool { return true })
+	return m.list(func(member) bool { return true })
 }
 
-func (m *Membership) list(keep func(Heartbeat) bool) []Heartbeat {
+func (m *Membership) list(keep func(member) bool) []Heartbeat {
 	m.mu.Lock()
 	out := make([]Heartbeat, 0, len(m.members))
 	for _, mb := range m.members {
-		if keep(mb.hb) {
+		if keep(mb) {
 			out = append(out, mb.hb)
 		}
 	}

@@ -108,6 +108,34 @@ func TestMembershipGetAllRemove(t *testing.T) {
 	}
 }
 
+// TestMembershipUnreachable: a member marked unreachable leaves Members
+// (not All or Get) until its next heartbeat; a mark for another address
+// (the id re-registered elsewhere) or an unknown id changes nothing.
+func TestMembershipUnreachable(t *testing.T) {
+	t0 := time.Unix(100, 0)
+	m := NewMembership(time.Minute)
+	p1 := Heartbeat{ID: "p1", Role: string(RolePrefill), GRPCAddr: "a:1"}
+	p2 := Heartbeat{ID: "p2", Role: string(RolePrefill), GRPCAddr: "b:1"}
+	m.Observe(p1, t0)
+	m.Observe(p2, t0)
+	m.Unreachable("p1", "a:1")
+	m.Unreachable("p2", "elsewhere:1")
+	m.Unreachable("unknown", "a:1")
+	if diff := cmp.Diff([]Heartbeat{p2}, m.Members(RolePrefill)); diff != "" {
+		t.Errorf("Members after Unreachable(p1) (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]Heartbeat{p1, p2}, m.All()); diff != "" {
+		t.Errorf("All after Unreachable(p1) (-want +got):\n%s", diff)
+	}
+	if _, ok := m.Get("p1"); !ok {
+		t.Error("Get(p1) after Unreachable: not a member")
+	}
+	m.Observe(p1, t0.Add(time.Second))
+	if diff := cmp.Diff([]Heartbeat{p1, p2}, m.Members(RolePrefill)); diff != "" {
+		t.Errorf("Members after p1's next heartbeat (-want +got):\n%s", diff)
+	}
+}
+
 func TestValidToken(t *testing.T) {
 	for _, s := range []string{"", "a.b", "a*", "a>", "a b", "a\tb"} {
 		if err := ValidToken(s); err == nil {

@@ -88,6 +88,19 @@ func (b *backend) isMember(role control.Role, w router.Worker) bool {
 
 func (r *run) decodeRole() control.Role { return r.b.decodeRole() }
 
+// unreachable takes w out of routing until its next heartbeat when err
+// says the call could not reach it (UNAVAILABLE: refused, reset, or the
+// worker is shutting down), so that requests stop going to a dead worker
+// at once instead of each failing there until its heartbeat expires.
+func (b *backend) unreachable(role control.Role, w router.Worker, err error) {
+	if status.Code(err) != codes.Unavailable {
+		return
+	}
+	b.members.Unreachable(w.ID, w.Addr)
+	b.log.Warn("worker unreachable; routing around it until its next heartbeat", zap.String("role", string(role)),
+		zap.String("worker", w.ID), zap.Error(err))
+}
+
 // workers returns the live, non-draining members of role as router input.
 func (b *backend) workers(role control.Role) []router.Worker {
 	hbs := b.members.Members(role)
@@ -361,6 +374,7 @@ func (r *run) place(decodeOnly bool) (router.Decision, error) {
 		case code == codes.Unavailable, code == codes.Canceled, code == codes.DeadlineExceeded:
 			r.b.log.Warn("reserve failed; trying another decode worker", zap.String("request_id", r.req.ID),
 				zap.String("worker", dec.Decode.ID), zap.Error(err))
+			r.b.unreachable(r.b.decodeRole(), dec.Decode, err)
 			r.exclude[dec.Decode.ID] = true
 		default:
 			return dec, grpcError(fmt.Sprintf("reserve on decode worker %s", dec.Decode.ID), "decode", err)
@@ -558,6 +572,7 @@ func (r *run) handle(ev event) error {
 		case !recoverable(ev.err):
 			return grpcError(fmt.Sprintf("generate on decode worker %s", r.decode.ID), "decode", ev.err)
 		}
+		r.b.unreachable(r.decodeRole(), r.decode, ev.err)
 		return r.startRecovery(ev.err)
 
 	case evResend:
@@ -601,6 +616,7 @@ func (r *run) onPrefillFailed(err error) error {
 		// The prefill worker failed before the first token: the decode
 		// worker still waits for the KV, so another prefill worker may
 		// send it.
+		r.b.unreachable(control.RolePrefill, r.prefill, err)
 		if retryablePrefill(err) {
 			rerr := r.retryPrefill(err)
 			if rerr == nil {

@@ -743,5 +743,19 @@ func TestPrefillWorkerFailureBeforeFirstToken(t *testing.T) {
 	if n, _ := res.Budget["prefill_retries"].(float64); n != 1 {
 		t.Errorf("prefill_retries %v, want 1", res.Budget["prefill_retries"])
 	}
+	// The failed call took the victim out of routing: the next requests,
+	// sent well within its heartbeat TTL, go to the survivor at once.
+	for i := range 4 {
+		res := complete(context.Background(), t, cl.url, request{Prompt: fmt.Sprintf("after the failure %d", i), MaxTokens: 2, IgnoreEOS: true})
+		if res.Err != "" {
+			t.Fatalf("request %d after the failure: %s", i, res.Err)
+		}
+		if pw, _ := res.Budget["prefill_worker"].(string); pw == victim {
+			t.Errorf("request %d after the failure prefilled on the dead worker %s", i, victim)
+		}
+		if n, _ := res.Budget["prefill_retries"].(float64); n != 0 {
+			t.Errorf("request %d after the failure: prefill_retries %v, want 0", i, n)
+		}
+	}
 	waitFor(t, 10*time.Second, func() error { return idleExcept(t, cl, victim) })
 }
