@@ -496,6 +496,9 @@ func TestSlowTransferKeepsReservation(t *testing.T) {
 		q := w.s.seqs["slow"]
 		return q != nil && !q.firstByte.IsZero()
 	})
+	if n := w.s.Stats().KVTransfers; n != 1 {
+		t.Errorf("Stats().KVTransfers mid-transfer = %d, want 1", n)
+	}
 	for i := range 3 {
 		if n := ft.fire(); n != 1 {
 			t.Fatalf("ttl %d: %d timers fired, want the reservation's", i, n)
@@ -504,6 +507,9 @@ func TestSlowTransferKeepsReservation(t *testing.T) {
 	send(6, len(p))
 	if _, err := snd.Commit(ctx, kvtransfer.Commit{FirstToken: out[0].Token}); err != nil {
 		t.Fatalf("commit after the reservation's ttl passed during the transfer: %v", err)
+	}
+	if n := w.s.Stats().KVTransfers; n != 0 {
+		t.Errorf("Stats().KVTransfers after the commit = %d, want 0", n)
 	}
 	stream, err := w.client.Generate(ctx, &pdservev1.GenerateRequest{RequestId: "slow", PromptTokens: p, MaxTokens: 5, IgnoreEos: true})
 	if err != nil {

@@ -15,6 +15,7 @@ import (
 //	pdserve_decode_step_batch_size   histogram  sequences in one step
 //	pdserve_decode_running           gauge      sequences in the batch
 //	pdserve_decode_queue_length      gauge      sequences ready to join, waiting for a slot
+//	pdserve_decode_kv_transfers      gauge      requests whose KV is arriving now
 //	pdserve_kv_blocks_free           gauge      free KV blocks of the pool
 //	pdserve_kv_blocks_total          gauge      KV blocks of the pool
 //	pdserve_decode_kv_bytes_saved_total counter KV bytes (true size) prefill workers did not send: this worker held the prefix
@@ -49,6 +50,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		m.step, m.batch,
 		gauge("pdserve_decode_running", "Sequences in the running batch.", func(st Stats) int { return st.Running }),
 		gauge("pdserve_decode_queue_length", "Sequences ready to join the batch, waiting for a slot.", func(st Stats) int { return st.Waiting }),
+		gauge("pdserve_decode_kv_transfers", "Requests whose KV is arriving now (an open transfer).", func(st Stats) int { return st.KVTransfers }),
 		gauge("pdserve_kv_blocks_free", "Free KV blocks of the worker's pool.", func(st Stats) int { return st.KVBlocksFree }),
 		gauge("pdserve_kv_blocks_total", "KV blocks of the worker's pool.", func(st Stats) int { return st.KVBlocksTotal }),
 	}

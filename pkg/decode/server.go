@@ -284,6 +284,7 @@ type Stats struct {
 	Requests                    int       // reserved or live requests
 	QueuedPrefillTokens         int       // local prefill tokens not yet computed
 	StagedKVBytes               int64     // KV received and not yet imported into the engine
+	KVTransfers                 int       // requests whose KV is arriving now (an open transfer)
 	LastBatch                   int       // sequences in the last step
 	StepTimesMs                 []float64 // recent step times, oldest first; a copy
 	Draining                    bool
@@ -317,6 +318,11 @@ func (s *Server) Stats() Stats {
 		Draining:      s.draining,
 		PrefixCache:   s.cache.Stats(),
 		KVBytesSaved:  s.kvSaved.Load(),
+	}
+	for _, q := range s.seqs {
+		if q.sink != nil {
+			st.KVTransfers++
+		}
 	}
 	for _, q := range s.active {
 		st.QueuedPrefillTokens += len(q.pending)
