@@ -65,6 +65,21 @@ func (m *Membership) Expire(now time.Time) []string {
 	return gone
 }
 
+// Refresh counts every member as heard at now (a later heartbeat time is
+// kept): for while the observer cannot hear heartbeats at all (its NATS
+// connection is down), when silence is no sign that a worker is gone.
+// Expiry resumes from now once heartbeats can arrive again.
+func (m *Membership) Refresh(now time.Time) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for id, mb := range m.members {
+		if now.After(mb.seen) {
+			mb.seen = now
+			m.members[id] = mb
+		}
+	}
+}
+
 // Remove drops id at once (a worker that said goodbye). Unknown ids are
 // not an error.
 func (m *Membership) Remove(id string) {

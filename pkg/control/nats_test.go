@@ -240,3 +240,62 @@ func TestStartEmbeddedBadAddr(t *testing.T) {
 		}
 	}
 }
+
+// TestWatchHoldsMembersWhileDisconnected: while the watcher's NATS
+// connection is down (the server restarts), no member expires however
+// long it lasts; once reconnected, a member not heard from for a TTL
+// expires as before.
+func TestWatchHoldsMembersWhileDisconnected(t *testing.T) {
+	t.Cleanup(func() { goleak.VerifyNone(t) })
+	s, url, err := StartEmbedded("127.0.0.1:-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := s.Addr().String()
+	var reconnected atomic.Int32
+	nc, err := nats.Connect(url, nats.ReconnectWait(10*time.Millisecond), nats.MaxReconnects(-1),
+		nats.ReconnectHandler(func(*nats.Conn) { reconnected.Add(1) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	clock := newFakeClock(time.Unix(1000, 0))
+	ttl := 5 * time.Second
+	m := NewMembership(ttl)
+	stop, err := Watch(context.Background(), nc, m, clock.Now, time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stop()
+	m.Observe(Heartbeat{ID: "p1", Role: string(RolePrefill), GRPCAddr: "a:1"}, clock.Now())
+
+	s.Shutdown()
+	s.WaitForShutdown()
+	poll.WaitFor(t, "disconnected", func() bool { return !nc.IsConnected() })
+	clock.Advance(3 * ttl)
+	time.Sleep(50 * time.Millisecond) // many expiry ticks while deaf
+	if _, ok := m.Get("p1"); !ok {
+		t.Fatal("member expired while the watcher could not hear heartbeats")
+	}
+
+	s2, _, err := StartEmbedded(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		s2.Shutdown()
+		s2.WaitForShutdown()
+	}()
+	poll.WaitFor(t, "reconnected", func() bool { return reconnected.Load() > 0 && nc.IsConnected() })
+	time.Sleep(20 * time.Millisecond)
+	if _, ok := m.Get("p1"); !ok {
+		t.Fatal("member expired right after the reconnect, before a TTL passed")
+	}
+	clock.Advance(ttl + time.Second)
+	poll.CheckFor(t, 5*time.Second, time.Millisecond, func() error {
+		if _, ok := m.Get("p1"); ok {
+			return errors.New("member not expired a TTL after the reconnect")
+		}
+		return nil
+	})
+}

@@ -38,7 +38,9 @@ func WatchLogger(log *zap.Logger) WatchOption {
 // Watch feeds m with every heartbeat published on nc (or those of the
 // roles of WatchRoles), observed at clock(),
 // and calls m.Expire(clock()) every interval (every > 0) until ctx ends or
-// stop is called; then it unsubscribes. When nc is connected, it returns
+// stop is called; then it unsubscribes. While nc is disconnected it calls
+// m.Refresh(clock()) instead: no member expires while no heartbeat can
+// reach the watcher. When nc is connected, it returns
 // once the subscription is registered with the server, so heartbeats
 // published after it are seen; when nc is still (re)connecting, the
 // subscription is registered once it connects.
@@ -110,7 +112,14 @@ func Watch(ctx context.Context, nc *nats.Conn, m *Membership, clock func() time.
 			case <-wctx.Done():
 				return
 			case <-t.C:
-				m.Expire(clock())
+				if nc.IsConnected() {
+					m.Expire(clock())
+				} else {
+					// Deaf, not abandoned: no heartbeat can arrive
+					// while the connection is down (a NATS restart), so
+					// none expires; each gets a full TTL after it.
+					m.Refresh(clock())
+				}
 			}
 		}
 	})
