@@ -4,6 +4,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"time"
 
 	"github.com/pdserve/pdserve/pkg/kv/codec"
 	"github.com/pdserve/pdserve/pkg/kvtransfer/codecpick"
@@ -29,6 +30,11 @@ type Options struct {
 	// RetainBytes bounds the KV bytes held in memory for requests being
 	// prefilled or sent and for finished requests kept for Resend. > 0.
 	RetainBytes int64
+	// RetainTTL is how long the KV of a finished request is kept for
+	// Resend without a Release: the coordinator that would release it
+	// may be gone (killed or restarted), and no one else will. A Resend
+	// after it finds nothing (NOT_FOUND). > 0.
+	RetainTTL time.Duration
 	// MaxLiveKVBytes bounds the KV bytes of the live requests (queued,
 	// prefilling or sending: KV the worker has yet to compute or deliver);
 	// a Prefill whose prompt's KV would take them beyond it fails at once
@@ -62,12 +68,13 @@ func DefaultOptions() Options {
 		Codec:          "none",
 		QueueLimit:     256,
 		RetainBytes:    1 << 30,
+		RetainTTL:      10 * time.Minute,
 		PrefixCache:    prefixcache.DefaultOptions(),
 	}
 }
 
 // AddFlags registers --chunk-tokens, --max-batch-tokens, --codec,
-// --queue-limit, --retain-bytes, --max-live-kv-bytes, --prefix-cache-tokens
+// --queue-limit, --retain-bytes, --retain-ttl, --max-live-kv-bytes, --prefix-cache-tokens
 // and --prefix-cache-entries on fs, with o's values as defaults.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.ChunkTokens, "chunk-tokens", o.ChunkTokens, "most prompt tokens of one request prefilled in one step (chunked prefill)")
@@ -75,6 +82,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Codec, "codec", o.Codec, "KV codec when a request names none: none, s2, zstd, bf16 (also f16: lossless byte planes of bf16 or f16 KV), fp8 or int8 (bf16, fp8 and int8 need bf16 or f16 KV); auto chooses per transfer the lossless codec that delivers soonest (from a codec self-benchmark at start, the link throughput measured per decode worker and its decode speed), auto-lossy the same with fp8 and int8 allowed")
 	fs.IntVar(&o.QueueLimit, "queue-limit", o.QueueLimit, "most live requests (queued, prefilling or sending KV); more get RESOURCE_EXHAUSTED")
 	fs.Int64Var(&o.RetainBytes, "retain-bytes", o.RetainBytes, "bytes of KV held for in-flight requests and for finished ones kept for Resend (LRU eviction)")
+	fs.DurationVar(&o.RetainTTL, "retain-ttl", o.RetainTTL, "how long a finished request's KV is kept for Resend when no Release comes (its coordinator may be gone)")
 	fs.Int64Var(&o.MaxLiveKVBytes, "max-live-kv-bytes", o.MaxLiveKVBytes, "KV bytes of queued, prefilling and sending requests beyond which new requests get RESOURCE_EXHAUSTED (0: 2 × --retain-bytes)")
 	o.PrefixCache.AddFlags(fs)
 }
@@ -98,6 +106,9 @@ func (o Options) Validate() error {
 	}
 	if o.RetainBytes <= 0 {
 		errs = append(errs, fmt.Errorf("retain-bytes %d must be positive", o.RetainBytes))
+	}
+	if o.RetainTTL <= 0 {
+		errs = append(errs, fmt.Errorf("retain-ttl %v must be positive", o.RetainTTL))
 	}
 	if o.MaxLiveKVBytes < 0 {
 		errs = append(errs, fmt.Errorf("max-live-kv-bytes %d must not be negative", o.MaxLiveKVBytes))

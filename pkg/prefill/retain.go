@@ -2,6 +2,7 @@ package prefill
 
 import (
 	"container/list"
+	"time"
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 )
@@ -16,6 +17,7 @@ type retained struct {
 	bytes    int64                   // bytes charged against the store's limit
 	pins     int                     // users that need kv kept (the prefill itself, a Resend)
 	dropped  bool                    // released while pinned: delete at the last unpin
+	idle     time.Time               // when its last user let go (it joined the LRU list)
 	elem     *list.Element
 }
 
@@ -55,9 +57,9 @@ func (s *retainStore) pin(e *retained) {
 	e.pins++
 }
 
-// unpin ends one use of e; an entry nobody uses becomes evictable, or goes
-// away when it was dropped or never completed.
-func (s *retainStore) unpin(e *retained) {
+// unpin ends one use of e at now; an entry nobody uses becomes evictable
+// (idle since now), or goes away when it was dropped or never completed.
+func (s *retainStore) unpin(e *retained, now time.Time) {
 	e.pins--
 	if e.pins > 0 {
 		return
@@ -66,7 +68,24 @@ func (s *retainStore) unpin(e *retained) {
 		s.remove(e)
 		return
 	}
+	e.idle = now
 	e.elem = s.lru.PushFront(e)
+}
+
+// expire removes the unpinned entries idle for ttl or longer at now (the
+// least recently used first: the list is in idle order) and returns how
+// many went.
+func (s *retainStore) expire(now time.Time, ttl time.Duration) int {
+	n := 0
+	for s.lru.Len() > 0 {
+		e := s.lru.Back().Value.(*retained)
+		if now.Sub(e.idle) < ttl {
+			break
+		}
+		s.remove(e)
+		n++
+	}
+	return n
 }
 
 // resize changes the bytes e is charged.

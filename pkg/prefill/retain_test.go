@@ -2,8 +2,13 @@ package prefill
 
 import (
 	"context"
-
 	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/pdserve/pdserve/internal/poll"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -15,7 +20,7 @@ func TestRetainStoreLRU(t *testing.T) {
 	done := func(id string, bytes int64) *retained {
 		e := s.add(id, nil, bytes)
 		e.complete = true
-		s.unpin(e)
+		s.unpin(e, time.Time{})
 		return e
 	}
 	done("a", 30)
@@ -24,7 +29,7 @@ func TestRetainStoreLRU(t *testing.T) {
 	// Using a makes b the least recently used.
 	a := s.get("a")
 	s.pin(a)
-	s.unpin(a)
+	s.unpin(a, time.Time{})
 	if !s.makeRoom(30) {
 		t.Fatal("no room for 30 bytes after evicting")
 	}
@@ -53,13 +58,69 @@ func TestRetainStoreLRU(t *testing.T) {
 	if s.total != 30 {
 		t.Errorf("total %d after a pinned drop, want 30 (p's bytes until unpinned)", s.total)
 	}
-	s.unpin(p)
+	s.unpin(p, time.Time{})
 	if s.total != 0 || len(s.m) != 0 {
 		t.Errorf("total %d, %d entries after the last unpin; want empty", s.total, len(s.m))
 	}
 	// Alone, a request bigger than the limit is admitted.
 	if !s.makeRoom(500) {
 		t.Error("a lone oversize request must be admitted")
+	}
+}
+
+// TestRetainStoreExpire: unpinned entries idle for the TTL go, oldest
+// first; younger and pinned ones stay.
+func TestRetainStoreExpire(t *testing.T) {
+	t0 := time.Unix(100, 0)
+	s := newRetainStore(1000)
+	done := func(id string, at time.Duration) {
+		e := s.add(id, nil, 10)
+		e.complete = true
+		s.unpin(e, t0.Add(at))
+	}
+	done("old", 0)
+	done("mid", 5*time.Second)
+	done("new", 9*time.Second)
+	s.add("pinned", nil, 10)
+	if n := s.expire(t0.Add(8*time.Second), 3*time.Second); n != 2 {
+		t.Errorf("expire at 8 s, ttl 3 s: %d removed, want 2 (old, mid)", n)
+	}
+	for id, want := range map[string]bool{"old": false, "mid": false, "new": true, "pinned": true} {
+		if got := s.get(id) != nil; got != want {
+			t.Errorf("%s kept %v, want %v", id, got, want)
+		}
+	}
+	if s.total != 20 {
+		t.Errorf("total %d after expiry, want 20", s.total)
+	}
+	if n := s.expire(t0.Add(time.Hour), 3*time.Second); n != 1 || s.get("pinned") == nil {
+		t.Errorf("expire an hour later: %d removed, pinned kept %v; want 1 and the pinned one kept", n, s.get("pinned") != nil)
+	}
+}
+
+// TestRetainedKVExpiresWithoutRelease: a finished request's KV that no
+// Release reaches (its coordinator died) is dropped after RetainTTL, and a
+// Resend then finds nothing.
+func TestRetainedKVExpiresWithoutRelease(t *testing.T) {
+	recv := &fakeReceiver{}
+	addr := serveReceiver(t, recv)
+	o := smallOptions()
+	o.RetainTTL = 200 * time.Millisecond
+	w := newWorker(t, o, true)
+	ctx := testCtx(t)
+	stream, err := w.client.Prefill(ctx, &pdservev1.PrefillRequest{RequestId: "orphan", PromptTokens: prompt(9, 1), DecodeAddr: addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := collect(stream); err != nil {
+		t.Fatal(err)
+	}
+	if st := w.s.Stats(); st.RetainedBytes == 0 {
+		t.Fatal("no KV retained after the prefill")
+	}
+	poll.WaitFor(t, "retained KV expired", func() bool { return w.s.Stats().RetainedBytes == 0 })
+	if _, err := w.client.Resend(ctx, &pdservev1.ResendRequest{RequestId: "orphan", DecodeAddr: addr}); status.Code(err) != codes.NotFound {
+		t.Errorf("resend after expiry: %v, want NOT_FOUND", err)
 	}
 }
 

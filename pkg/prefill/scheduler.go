@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -29,6 +30,8 @@ func (s *Server) Run(ctx context.Context) error {
 	s.ran = true
 	s.mu.Unlock()
 	ctx, cancel := context.WithCancel(ctx)
+	var bg sync.WaitGroup
+	defer bg.Wait()
 	defer cancel()
 	go func() {
 		select {
@@ -37,6 +40,7 @@ func (s *Server) Run(ctx context.Context) error {
 		case <-ctx.Done():
 		}
 	}()
+	bg.Go(func() { s.expireRetained(ctx) })
 	defer s.shutdown()
 	for {
 		b := s.plan()
@@ -52,6 +56,28 @@ func (s *Server) Run(ctx context.Context) error {
 			return nil
 		}
 		s.step(ctx, b)
+	}
+}
+
+// expireRetained drops, until ctx ends, the retained KV of finished
+// requests that no Release or Resend touched for Options.RetainTTL,
+// checking every eighth of it (between 100 ms and 10 s).
+func (s *Server) expireRetained(ctx context.Context) {
+	t := time.NewTicker(min(max(s.o.RetainTTL/8, 100*time.Millisecond), 10*time.Second))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		s.mu.Lock()
+		n := s.retained.expire(s.now(), s.o.RetainTTL)
+		s.mu.Unlock()
+		if n > 0 {
+			s.log.Info("retained KV expired without a release", zap.Int("requests", n), zap.Duration("retain_ttl", s.o.RetainTTL))
+			s.wakeup() // room for queued requests
+		}
 	}
 }
 
@@ -320,7 +346,7 @@ func (s *Server) transferDone(r *request, res transferResult) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	defer s.wakeup()
-	s.retained.unpin(r.ret)
+	s.retained.unpin(r.ret, s.now())
 	if res.err != nil {
 		if !r.ended {
 			s.log.Debug("kv transfer failed", zap.String("request_id", r.id), zap.String("decode_addr", r.addr), zap.Error(res.err))

@@ -512,7 +512,7 @@ func (s *Server) Resend(ctx context.Context, req *pdservev1.ResendRequest) (*pds
 	s.mu.Unlock()
 	defer func() {
 		s.mu.Lock()
-		s.retained.unpin(e)
+		s.retained.unpin(e, s.now())
 		s.mu.Unlock()
 		s.wakeup()
 	}()
