@@ -17,7 +17,9 @@
 //
 // Both forms cost a mixed batch (prefill chunks and decode tokens in one
 // colocated step, see Batch) as one step, so the interference between
-// prefill and decode in colocated serving follows from the model.
+// prefill and decode in colocated serving follows from the model; a
+// measured DistServe profile adds the interaction its mixed points show
+// (DistServe.Mixed).
 //
 // Profiles are JSON files embedded in the binary (profiles/GPU/MODEL/tpN.json)
 // and can also be read from a user's file. Every file records its source and

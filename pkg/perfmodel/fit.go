@@ -13,7 +13,8 @@ var ErrFit = errors.New("perfmodel: cannot fit")
 // FitMethod describes what FitDistServe does, for Measurement.Fit.Method.
 const FitMethod = "distserve form; least squares on relative error (rows weighted 1/measured); " +
 	"non-negative coefficients (a negative one is fixed at 0 and the rest refitted); " +
-	"prefill, decode and mixed points fitted jointly, mixed steps paying max(a_p, a_d) once; one decode regime"
+	"prefill, decode and mixed points fitted jointly, mixed steps paying max(a_p, a_d) once " +
+	"plus a mixed-step interaction m0 + m1·Σn + m2·Σl·Σn fitted on the mixed points; one decode regime"
 
 // minGroupPoints is the fewest distinct prefill-only and decode-only
 // points a fit needs: three coefficients each.
@@ -23,7 +24,9 @@ const minGroupPoints = 3
 // measured step_ms points: prefill-only points fix a_p, b_p, c_p;
 // decode-only points a_d, b_d, c_d; mixed points (prefill chunks and
 // decode tokens in one step) enter the same fit with the fixed cost
-// max(a_p, a_d), whichever is larger. The fit minimises
+// max(a_p, a_d), whichever is larger, and alone fix the interaction
+// coefficients Mixed (m0, m1, m2), which are 0 without mixed points. The
+// fit minimises
 // Σ ((model − measured) / measured)², the squared relative errors, so
 // that short and long steps count alike; a coefficient that comes out
 // negative is fixed at 0 and the others refitted, so that no term
@@ -59,7 +62,7 @@ func FitDistServe(points []Point) (*DistServe, error) {
 	// step pays.
 	cp := nnls(design(pre, false), targets(pre))
 	cd := nnls(design(dec, false), targets(dec))
-	coef := append(append([]float64{}, cp[:3]...), cd[3:]...)
+	coef := append(append(append([]float64{}, cp[:3]...), cd[3:6]...), 0, 0, 0)
 	if len(mix) > 0 {
 		// Stage 2: all points together, for each choice of the larger
 		// fixed cost; keep the consistent choice of least error.
@@ -78,7 +81,8 @@ func FitDistServe(points []Point) (*DistServe, error) {
 	}
 	d := &DistServe{LargeBatchThreshold: 1}
 	copy(d.Prefill[:], coef[:3])
-	copy(d.DecodeSmall[:], coef[3:])
+	copy(d.DecodeSmall[:], coef[3:6])
+	copy(d.Mixed[:], coef[6:])
 	d.DecodeLarge = d.DecodeSmall
 	return d, nil
 }
@@ -102,20 +106,24 @@ func rowOf(pt Point) fitRow {
 	return r
 }
 
-// design returns the weighted design matrix of rows over the six
-// coefficients (a_p, b_p, c_p, a_d, b_d, c_d); a mixed row pays a_p when
-// prefillFixed, else a_d. Each row is divided by its measured value, so
-// that least squares minimises relative errors.
+// design returns the weighted design matrix of rows over the nine
+// coefficients (a_p, b_p, c_p, a_d, b_d, c_d, m0, m1, m2); a mixed row pays
+// a_p when prefillFixed, else a_d, and is the only kind with m0, m1, m2.
+// Each row is divided by its measured value, so that least squares
+// minimises relative errors.
 func design(rows []fitRow, prefillFixed bool) [][]float64 {
 	a := make([][]float64, 0, len(rows))
 	for _, r := range rows {
 		w := 1 / r.ms
-		x := make([]float64, 6)
+		x := make([]float64, 9)
 		if r.nP > 0 {
 			x[1], x[2] = r.sumL*w, r.sumQ*w
 		}
 		if r.nD > 0 {
 			x[4], x[5] = r.sumN*w, r.nD*w
+		}
+		if r.nP > 0 && r.nD > 0 {
+			x[6], x[7], x[8] = w, r.sumN*w, r.sumL*r.sumN*w
 		}
 		switch {
 		case r.nD == 0, r.nP > 0 && prefillFixed:

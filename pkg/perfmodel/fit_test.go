@@ -1,6 +1,7 @@
 package perfmodel
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math"
@@ -12,12 +13,15 @@ import (
 )
 
 // cpuTruth are coefficients of the size a 1-thread CPU shows for a
-// 0.5B-parameter model, ms.
+// 0.5B-parameter model, ms, with a mixed-step interaction of the size
+// llama.cpp shows (a fixed 30 ms, 0.09 ms per decode context token, 3e-4
+// ms per chunk token × decode context token).
 var cpuTruth = DistServe{
 	Prefill:             [3]float64{6, 0.9, 2e-4},
 	DecodeSmall:         [3]float64{25, 0.004, 1.8},
 	DecodeLarge:         [3]float64{25, 0.004, 1.8},
 	LargeBatchThreshold: 1,
+	Mixed:               [3]float64{30, 0.09, 3e-4},
 }
 
 // syntheticPoints returns step_ms points of the grid coordinator profile
@@ -44,19 +48,25 @@ func syntheticPoints(truth DistServe, noise float64, seed uint64) []Point {
 			add(fmt.Sprintf("decode %dx%d", b, n), Point{DecodeBatch: b, DecodeContext: n})
 		}
 	}
-	for _, l := range []int{16, 128, 1024} {
-		for _, b := range []int{2, 16} {
-			add(fmt.Sprintf("mixed %d+%dx%d", l, b, 256), Point{Prefill: []int{l}, DecodeBatch: b, DecodeContext: 256})
+	for _, n := range []int{32, 512} {
+		for _, l := range []int{16, 128, 384} {
+			for _, b := range []int{2, 4, 16} {
+				if b*n <= 2048 { // a 4096-cell cache, as the profiler limits it
+					add(fmt.Sprintf("mixed %d+%dx%d", l, b, n), Point{Prefill: []int{l}, DecodeBatch: b, DecodeContext: n})
+				}
+			}
 		}
 	}
 	return pts
 }
 
 // The fit recovers known coefficients from noisy points: with 2% noise
-// (fixed seed) every coefficient lies within 10% of the truth and the
-// fitted model within 3% of the noise-free step time at every point.
+// (fixed seed) every prefill and decode coefficient lies within 12% of the
+// truth, the mixed-step interaction's (m0, m1, m2) within 15% (fewer
+// points fix them), and the fitted model within 3% of the noise-free step
+// time at every point.
 func TestFitDistServeRecoversCoefficients(t *testing.T) {
-	const noise, coefTol, stepTol = 0.02, 0.10, 0.03
+	const noise, coefTol, mixedTol, stepTol = 0.02, 0.12, 0.15, 0.03
 	for _, seed := range []uint64{1, 2, 3} {
 		t.Run(fmt.Sprint("seed ", seed), func(t *testing.T) {
 			pts := syntheticPoints(cpuTruth, noise, seed)
@@ -70,6 +80,11 @@ func TestFitDistServeRecoversCoefficients(t *testing.T) {
 					if e := math.Abs(have[i]/want[g][i] - 1); e > coefTol {
 						t.Errorf("coefficient %d of group %d = %.6g, want %.6g (±%.0f%%, off by %.1f%%)", i, g, have[i], want[g][i], 100*coefTol, 100*e)
 					}
+				}
+			}
+			for i := range 3 {
+				if e := math.Abs(got.Mixed[i]/cpuTruth.Mixed[i] - 1); e > mixedTol {
+					t.Errorf("mixed coefficient m%d = %.6g, want %.6g (±%.0f%%, off by %.1f%%)", i, got.Mixed[i], cpuTruth.Mixed[i], 100*mixedTol, 100*e)
 				}
 			}
 			if got.DecodeLarge != got.DecodeSmall || got.LargeBatchThreshold != 1 {
@@ -94,7 +109,7 @@ func TestFitDistServeExactWithoutNoise(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 3 {
-		for _, c := range [][2]float64{{got.Prefill[i], cpuTruth.Prefill[i]}, {got.DecodeSmall[i], cpuTruth.DecodeSmall[i]}} {
+		for _, c := range [][2]float64{{got.Prefill[i], cpuTruth.Prefill[i]}, {got.DecodeSmall[i], cpuTruth.DecodeSmall[i]}, {got.Mixed[i], cpuTruth.Mixed[i]}} {
 			if math.Abs(c[0]/c[1]-1) > 1e-6 {
 				t.Errorf("got %+v, want %+v", got, cpuTruth)
 			}
@@ -111,10 +126,35 @@ func TestFitDistServeNonNegative(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, v := range append(got.Prefill[:], got.DecodeSmall[:]...) {
+	for _, v := range append(append(got.Prefill[:], got.DecodeSmall[:]...), got.Mixed[:]...) {
 		if v < 0 {
 			t.Fatalf("negative coefficient in %+v", got)
 		}
+	}
+}
+
+// Mixed points that cost no more than their parts give no interaction,
+// and without mixed points there is none to fit.
+func TestFitDistServeMixedTermZeroWithoutInteraction(t *testing.T) {
+	truth := cpuTruth
+	truth.Mixed = [3]float64{}
+	got, err := FitDistServe(syntheticPoints(truth, 0, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, v := range got.Mixed {
+		if v > 1e-9*max(cpuTruth.Mixed[i], 1) {
+			t.Errorf("mixed coefficients %v from points without interaction, want 0", got.Mixed)
+		}
+	}
+	var pure []Point
+	for _, pt := range syntheticPoints(cpuTruth, 0.02, 1) {
+		if b := pt.Batch(); len(b.Prefill) == 0 || len(b.Decode) == 0 {
+			pure = append(pure, pt)
+		}
+	}
+	if got, err = FitDistServe(pure); err != nil || got.Mixed != [3]float64{} {
+		t.Errorf("no mixed points: mixed %v, err %v; want 0", got.Mixed, err)
 	}
 }
 
@@ -186,6 +226,7 @@ func TestMeasuredProfileValidation(t *testing.T) {
 		{"stale rel_err", func(p *Profile) { p.DistServe.Prefill[1] *= 1.1 }},
 		{"missing rel_err", func(p *Profile) { p.Points[0].RelErr = nil }},
 		{"stale total", func(p *Profile) { p.Measured.Fit.TotalRelErr += 0.01 }},
+		{"negative mixed term", func(p *Profile) { p.DistServe.Mixed[1] = -0.01 }},
 		{"cpu without threads", func(p *Profile) { p.Threads = 0 }},
 		{"cpu name", func(p *Profile) { p.Name = "cpu/random-qwen2/tp1" }},
 		{"cpu roofline", func(p *Profile) { p.Form = FormRoofline }},
@@ -203,5 +244,71 @@ func TestMeasuredProfileValidation(t *testing.T) {
 	}
 	if err := measuredProfile(t).Validate(); err != nil {
 		t.Fatalf("valid profile: %v", err)
+	}
+}
+
+// A profile without the mixed-step term (as written before it existed)
+// has no mixed_ms in its JSON, reads back equal, and prices a mixed step
+// as max(a_p, a_d) plus the parts' marginal costs; one with the term
+// carries it through the file.
+func TestMeasuredProfileRoundTripsWithAndWithoutMixedTerm(t *testing.T) {
+	for _, withTerm := range []bool{false, true} {
+		t.Run(fmt.Sprint("term ", withTerm), func(t *testing.T) {
+			p := measuredProfile(t)
+			if !withTerm {
+				p.DistServe.Mixed = [3]float64{}
+				p.Measured.Fit = p.SetFitErrors()
+				p.Measured.Fit.Method = FitMethod
+			} else if p.DistServe.Mixed == [3]float64{} {
+				t.Fatal("the fitted profile has no mixed term")
+			}
+			data, err := p.Marshal()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := bytes.Contains(data, []byte(`"mixed_ms"`)); got != withTerm {
+				t.Errorf("JSON has mixed_ms: %v, want %v", got, withTerm)
+			}
+			got, err := Parse(data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(p, got); diff != "" {
+				t.Errorf("round trip (-wrote +read):\n%s", diff)
+			}
+			d := got.DistServe
+			b := Batch{Prefill: []int{128}, Decode: []int{300, 500}}
+			want := max(d.Prefill[0], d.DecodeSmall[0]) + d.Prefill[1]*128 + d.Prefill[2]*128*128 +
+				d.DecodeSmall[1]*800 + d.DecodeSmall[2]*2
+			if withTerm {
+				want += d.Mixed[0] + d.Mixed[1]*800 + d.Mixed[2]*128*800
+			}
+			if m := got.StepSeconds(b) * 1e3; math.Abs(m/want-1) > 1e-12 {
+				t.Errorf("mixed step %.6g ms, want %.6g", m, want)
+			}
+		})
+	}
+}
+
+// Pricing uses the mixed-step term, on mixed steps only: it fails if the
+// term is ignored.
+func TestMixedTermIsPriced(t *testing.T) {
+	with := &Profile{Form: FormDistServe, DistServe: &cpuTruth}
+	plain := cpuTruth
+	plain.Mixed = [3]float64{}
+	without := &Profile{Form: FormDistServe, DistServe: &plain}
+	for _, tc := range []struct {
+		b     Batch
+		extra float64 // ms
+	}{
+		{Batch{Prefill: []int{256}, PrefillContext: []int{256}, Decode: []int{100, 200, 300}}, 30 + 0.09*600 + 3e-4*256*600},
+		{Batch{Prefill: []int{16, 32}, Decode: []int{40}}, 30 + 0.09*40 + 3e-4*48*40},
+		{Batch{Prefill: []int{256}}, 0},
+		{Batch{Decode: []int{100, 200}}, 0},
+	} {
+		got := (with.StepSeconds(tc.b) - without.StepSeconds(tc.b)) * 1e3
+		if math.Abs(got-tc.extra) > 1e-9 {
+			t.Errorf("%+v: the mixed term adds %.6g ms, want %.6g", tc.b, got, tc.extra)
+		}
 	}
 }

@@ -82,6 +82,8 @@ func (m ModelShape) WeightBytes() float64 {
 //	decode of B sequences at context nᵢ: a + b·Σnᵢ + c·B
 //
 // Decode uses DecodeSmall when B < LargeBatchThreshold, else DecodeLarge.
+// Mixed, zero in DistServe's own profiles, is what a step of both kinds
+// costs beyond the sum of its parts (see StepSeconds).
 // Context lengths count the new token, as DistServe's simulator does
 // (context + 1). Pipeline parallelism (DistServe's ÷PP, + 1 ms per stage) is
 // not modelled: profiles are pipeline-parallel 1.
@@ -90,6 +92,10 @@ type DistServe struct {
 	DecodeSmall         [3]float64 `json:"decode_small_batch_ms"` // a ms, b ms/context token, c ms/sequence
 	DecodeLarge         [3]float64 `json:"decode_large_batch_ms"` // as DecodeSmall
 	LargeBatchThreshold int        `json:"large_batch_threshold"` // sequences; > 0
+	// Mixed is the interaction of a mixed step's parts: m0 ms, m1 ms per
+	// decode context token, m2 ms per (chunk token × decode context
+	// token); all ≥ 0, all 0 (omitted from the JSON) when not fitted.
+	Mixed [3]float64 `json:"mixed_ms,omitzero"`
 }
 
 // Roofline holds the calibrated factors of the roofline form. Efficiencies
@@ -366,11 +372,16 @@ func (p *Profile) Validate() error {
 		if d.LargeBatchThreshold <= 0 {
 			return bad("distserve large_batch_threshold must be positive")
 		}
-		for _, v := range [][3]float64{d.Prefill, d.DecodeSmall, d.DecodeLarge} {
+		for _, v := range [][3]float64{d.Prefill, d.DecodeSmall, d.DecodeLarge, d.Mixed} {
 			for _, x := range v {
 				if math.IsNaN(x) || math.IsInf(x, 0) {
 					return bad("distserve coefficients must be finite")
 				}
+			}
+		}
+		for _, x := range d.Mixed {
+			if x < 0 {
+				return bad("distserve mixed_ms coefficients must be ≥ 0")
 			}
 		}
 	case FormRoofline:

@@ -81,12 +81,21 @@ func (p *Profile) DecodeTime(contexts []int) time.Duration {
 //	prefill only:  a_p + b_p·Σl + c_p·Σq
 //	decode only:   a_d + b_d·Σn + c_d·D
 //	mixed:         max(a_p, a_d) + b_p·Σl + c_p·Σq + b_d·Σn + c_d·D
+//	               + m0 + m1·Σn + m2·Σl·Σn
 //
 // where q = (c+l)² − c² is the attention term of a chunk of l tokens after c
 // cached ones (l² for a whole prompt, so prefill-only batches of whole
 // prompts reproduce DistServe's formula exactly), and n are decode context
 // lengths. A mixed step pays one fixed cost and every item's marginal cost:
 // the prefill chunks' cost is the interference a decode batch suffers.
+// The Mixed coefficients (m0, m1, m2), 0 in DistServe's own profiles, add
+// what the parts cost together beyond that. On llama.cpp's CPU backend
+// with one unified KV cache the extra was measured to follow the decode
+// contexts Σn whatever the decode batch, and Σl·Σn; the likely cause, from
+// llama.cpp's flash-attention code: decode tokens that share a ubatch with
+// a chunk join a tile of 64 query rows computed densely over every decode
+// sequence's cells (m1·Σn), and every chunk token scans those cells of the
+// cache (m2·Σl·Σn).
 //
 // FormRoofline, per GPU of the tensor-parallel group (P body parameters, H
 // LM-head parameters, T tokens, S sequences in the step):
@@ -140,6 +149,8 @@ func (d *DistServe) seconds(b Batch) float64 {
 		ms = dec[0] + dec[1]*sumN + dec[2]*float64(nD)
 	default:
 		ms = max(pf[0], dec[0]) + pf[1]*sumL + pf[2]*sumQ + dec[1]*sumN + dec[2]*float64(nD)
+		mx := d.Mixed
+		ms += mx[0] + mx[1]*sumN + mx[2]*sumL*sumN
 	}
 	return ms / 1e3
 }

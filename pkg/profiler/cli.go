@@ -221,6 +221,7 @@ func WriteReport(w io.Writer, p *perfmodel.Profile) error {
 	d := p.DistServe
 	fmt.Fprintf(tw, "\nprefill ms = %.4g + %.4g·Σl + %.4g·Σl²\n", d.Prefill[0], d.Prefill[1], d.Prefill[2])
 	fmt.Fprintf(tw, "decode ms  = %.4g + %.4g·Σn + %.4g·B\n", d.DecodeSmall[0], d.DecodeSmall[1], d.DecodeSmall[2])
+	fmt.Fprintf(tw, "mixed ms   = max(a_p, a_d) + the parts' marginal costs + %.4g + %.4g·Σn + %.4g·Σl·Σn\n", d.Mixed[0], d.Mixed[1], d.Mixed[2])
 	fmt.Fprintf(tw, "KV bytes per token: %d; KV pool: %d tokens per worker\n", p.KVBytesPerToken(), p.MaxKVTokens())
 	if m := p.Measured; m != nil {
 		f := m.Fit

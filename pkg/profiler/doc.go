@@ -14,8 +14,11 @@
 //   - decode steps of b sequences at context n (the time against b and the
 //     total context Σn), the sequences prefilled untimed beforehand and a
 //     warm-up step run at each batch shape;
-//   - mixed steps: one prompt chunk and b decoding sequences in one step
-//     (engine.RunStep), the interference colocated serving sees;
+//   - mixed steps: one prompt chunk of l tokens (16 to 384, within one
+//     llama.cpp ubatch) and b decoding sequences (2 to 16) at context n
+//     (32 and 512) in one step (engine.RunStep), the interference
+//     colocated serving sees; l, b and n vary apart, for the fit's
+//     mixed-step interaction terms;
 //   - the KV bytes per token: a sequence's KV exported layer by layer
 //     (engine.ExportKV) over its tokens.
 //
@@ -32,7 +35,7 @@
 //
 // Build fits perfmodel's DistServe form by perfmodel.FitDistServe (least
 // squares on relative error, non-negative coefficients, one decode
-// regime) and writes every point's rel_err ((model − measured) /
+// regime, a mixed-step interaction fitted on the mixed points) and writes every point's rel_err ((model − measured) /
 // measured), the total error, the engine and the hardware (CPU model and
 // threads, logical CPUs, memory; an NVIDIA GPU when llama.cpp's library
 // directory holds a CUDA backend). A CPU run gives a profile of device

@@ -117,6 +117,15 @@ type limits struct {
 // decodeContexts are the decode contexts of the grid, before limits.
 var decodeContexts = []int{16, 32, 128, 512, 2048, 8192, 32768}
 
+// The mixed steps of the grid, before limits: one chunk of each length
+// beside each decode batch at each context (both contexts are decode
+// contexts too, so mixed steps reuse those groups' sequences).
+var (
+	mixedContexts = []int{32, 512}
+	mixedChunks   = []int{16, 128, 384}
+	mixedBatches  = []int{2, 4, 16}
+)
+
 // grid returns every task within lim, by level.
 func grid(lim limits) []task {
 	var ts []task
@@ -146,9 +155,15 @@ func grid(lim limits) []task {
 			}
 		}
 	}
-	for _, n := range []int{32, 512} {
-		for _, l := range []int{16, 128, 1024} {
-			for _, b := range []int{2, 16} {
+	// Mixed steps: chunk lengths and decode batches and contexts varied
+	// apart, for the interaction terms of the fit (perfmodel.DistServe's
+	// Mixed: per decode context token, and per chunk token × decode
+	// context token). Chunks stay short of llama.cpp's 512-token ubatch,
+	// as a colocated worker's chunked steps do: a longer step is split
+	// and its parts no longer interact.
+	for _, n := range mixedContexts {
+		for _, l := range mixedChunks {
+			for _, b := range mixedBatches {
 				if n <= lim.maxTokens && l <= lim.maxTokens && b <= lim.maxBatch &&
 					b*n+spare(b, l) <= lim.cells {
 					add(task{kind: kindMixed, l: l, b: b, n: n})
@@ -190,9 +205,9 @@ func Measure(ctx context.Context, e engine.Engine, s Settings) (*Result, error) 
 	}
 	spec := e.Spec()
 	// Batch sizes double from 1 to MaxBatch, and a context group runs
-	// each once as decode and at most twice as mixed.
+	// each once as decode and at most once per chunk length as mixed.
 	sizes := bits.Len(uint(s.MaxBatch))
-	steps := sizes * (3*s.Repeats + 1)
+	steps := sizes * ((1+len(mixedChunks))*s.Repeats + 1)
 	lim := limits{
 		maxTokens: min(s.MaxTokens, spec.MaxSeqLen-steps-1),
 		maxBatch:  s.MaxBatch,
