@@ -52,4 +52,4 @@ netbench:
 chaos:
 	bin=$$(mktemp -d) && trap 'rm -rf "$$bin"' EXIT && \
 	$(GO) build -o "$$bin/" ./cmd/coordinator ./cmd/prefill-worker ./cmd/decode-worker ./loadtest && \
-	$(GO) run ./cmd/chaos --bin "$$bin" --faults kill-decode,stop-decode,kill-prefill,partition --duration 15s $(CHAOS_FLAGS)
+	$(GO) run ./cmd/chaos --bin "$$bin" --faults kill-decode-transfer,kill-decode-decoding,stop-decode,kill-prefill,partition,restart-nats,restart-coordinator,overload --duration 15s $(CHAOS_FLAGS)

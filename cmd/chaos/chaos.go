@@ -9,6 +9,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"os/exec"
@@ -19,7 +20,6 @@ import (
 	"time"
 
 	"github.com/pdserve/pdserve/internal/netlab"
-	"github.com/pdserve/pdserve/pkg/decode"
 )
 
 var errSkip = errors.New("network namespaces not allowed")
@@ -40,31 +40,82 @@ type line struct {
 	SettleMs         int64 `json:"settle_ms"`
 	GoroutinesBefore int   `json:"goroutines_before"`
 	GoroutinesAfter  int   `json:"goroutines_after"`
+	// FaultAt is the victim's gauges when the fault struck (kill-decode-*:
+	// pdserve_decode_kv_transfers and pdserve_decode_running) and whether
+	// the fault's condition held ("met" 1) or its wait ran out (0).
+	FaultAt map[string]float64 `json:"fault_at,omitempty"`
+	// GoroutinesAfterRepeat (the no-fault run only): after the same load
+	// once more on the same processes; equal to goroutines_after when what
+	// the first load left is pools (connections), not a leak per request.
+	GoroutinesAfterRepeat int `json:"goroutines_after_repeat,omitempty"`
+	// RecoveredTokensSent has one entry per request the coordinator moved
+	// to another decode worker: the tokens the client had received when
+	// the worker failed (0 or 1: during the KV transfer, the 1 being the
+	// prefill worker's first token; more: mid-decode), from its log.
+	RecoveredTokensSent []int `json:"recovered_tokens_sent"`
+	// Rejected counts 429 answers. SLOAttainment is the share of all
+	// requests within the SLO (--slo-ttft-ms, --slo-tpot-ms),
+	// AdmittedSLOAttainment that of the completed ones; p99 TTFT and mean
+	// TPOT are over completed requests.
+	Rejected              int     `json:"rejected_429"`
+	SLOAttainment         float64 `json:"slo_attainment"`
+	AdmittedSLOAttainment float64 `json:"admitted_slo_attainment"`
+	P99TTFTMs     float64 `json:"p99_ttft_ms"`
+	MeanTPOTMs    float64 `json:"mean_tpot_ms"`
+	// The KV transfer per request from the budgets: exposed (after the
+	// prefill ended) and the whole stream, means in ms.
+	MeanKVTransferMs float64 `json:"mean_kv_transfer_ms"`
+	P99KVTransferMs  float64 `json:"p99_kv_transfer_ms"`
+	MeanKVStreamMs   float64 `json:"mean_kv_stream_ms"`
+	// PeakRSSMiB is each process's peak resident memory (VmHWM) at the
+	// end of the run; a restarted process counts from its restart.
+	PeakRSSMiB map[string]float64 `json:"peak_rss_mib"`
 }
 
 type opts struct {
-	bin      string
-	prompts  int
-	linkGbps float64
-	tmp      string
+	bin         string
+	self        string // this binary, run as the NATS server (chaos nats)
+	prompts     int
+	linkGbps    float64
+	tmp         string
+	workerFlags []string
+	sloTTFTMs   float64
+	sloTPOTMs   float64
+	overloadX   float64
+	outputLen   int
+	// overloadQueue is the coordinator's --queue-limit in the overload
+	// run: the requests it admits at once.
+	overloadQueue int
 }
 
 func chaosMain(ctx context.Context, args []string) (int, error) {
 	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
 	var o opts
 	fs.StringVar(&o.bin, "bin", "", "directory of coordinator, prefill-worker, decode-worker and loadtest")
-	faults := fs.String("faults", "kill-decode,stop-decode,kill-prefill,partition", "faults to inject, comma separated: kill-decode, stop-decode, kill-prefill, partition")
+	faults := fs.String("faults", "kill-decode-transfer,kill-decode-decoding,stop-decode,kill-prefill,partition,restart-nats,restart-coordinator,overload", "faults to inject, comma separated (see the package doc)")
 	fs.IntVar(&o.prompts, "prompts", 40, "requests of the capacity run")
 	dur := fs.Duration("duration", 6*time.Second, "length of each fault run's load (prompts = 0.7 × capacity × duration)")
-	fs.Float64Var(&o.linkGbps, "link-gbps", 1, "rate of the prefill worker's link (tc tbf)")
+	fs.Float64Var(&o.linkGbps, "link-gbps", 1, "rate of the prefill workers' links (tc tbf)")
+	wflags := fs.String("worker-flags", "", "more flags for every prefill and decode worker, space separated (e.g. \"--engine sim --profile h100/llama-3-8b\")")
+	fs.Float64Var(&o.sloTTFTMs, "slo-ttft-ms", 1000, "TTFT SLO of slo_attainment, ms")
+	fs.Float64Var(&o.sloTPOTMs, "slo-tpot-ms", 100, "TPOT SLO of slo_attainment, ms")
+	fs.IntVar(&o.outputLen, "output-len", 256, "output tokens per request (long enough that a kill mid-decode finds requests mid-way)")
+	fs.Float64Var(&o.overloadX, "overload-x", 10, "overload: the offered rate as a multiple of the measured capacity")
+	fs.IntVar(&o.overloadQueue, "overload-queue-limit", 32, "overload: the coordinator's --queue-limit (requests admitted at once; the closed-loop capacity run keeps 8 in flight)")
 	if err := fs.Parse(args); err != nil {
 		return 1, err
 	}
+	o.workerFlags = strings.Fields(*wflags)
+	self, err := os.Executable()
+	if err != nil {
+		return 1, err
+	}
+	o.self = self
 	if o.bin == "" {
 		return 1, errors.New("--bin is required")
 	}
 	for _, f := range strings.Split(*faults, ",") {
-		if _, ok := faultFuncs[f]; !ok {
+		if _, ok := faultFuncs[f]; !ok && f != "overload" {
 			return 1, fmt.Errorf("--faults: unknown fault %q", f)
 		}
 	}
@@ -82,22 +133,26 @@ func chaosMain(ctx context.Context, args []string) (int, error) {
 	o.tmp = tmp
 
 	// Capacity: a closed loop of 8 requests in flight.
-	capRes, err := o.runOnce(ctx, "capacity", "inf", 8, nil)
+	capRes, err := o.runOnce(ctx, load{name: "capacity", rate: math.Inf(1), prompts: o.prompts, conc: 8})
 	if err != nil {
 		return 1, fmt.Errorf("capacity run: %w", err)
 	}
 	rate := 0.7 * capRes.throughput
-	rateArg := strconv.FormatFloat(rate, 'f', 3, 64)
-	o.prompts = max(20, int(rate*dur.Seconds()))
+	base := load{rate: rate, prompts: max(20, int(rate*dur.Seconds()))}
 	faultAt = *dur / 3
-	ref, err := o.runOnce(ctx, "none", rateArg, 0, nil)
+	none := base
+	none.name, none.repeat = "none", true
+	ref, err := o.runOnce(ctx, none)
 	if err != nil {
 		return 1, fmt.Errorf("no-fault run: %w", err)
 	}
 	code := 0
-	report := func(name string, r *runResult) error {
-		l := line{Fault: name, RequestRate: rate, Completed: r.completed, Failed: r.failed, Retried: r.retried,
-			LeakedBlocks: r.leakedBlocks, RetainedBytes: r.retained, SettleMs: r.settle.Milliseconds(), GoroutinesBefore: r.goBefore, GoroutinesAfter: r.goAfter}
+	report := func(r *runResult) {
+		l := line{Fault: r.name, RequestRate: r.rate, Completed: r.completed, Failed: r.failed, Retried: r.retried,
+			LeakedBlocks: r.leakedBlocks, RetainedBytes: r.retained, SettleMs: r.settle.Milliseconds(), GoroutinesBefore: r.goBefore, GoroutinesAfter: r.goAfter,
+			FaultAt: r.faultAt, GoroutinesAfterRepeat: r.goAfterRepeat, RecoveredTokensSent: r.recoveredTokens,
+			Rejected: r.rejected, SLOAttainment: r.attainment, AdmittedSLOAttainment: r.admittedAttainment, P99TTFTMs: r.p99TTFT, MeanTPOTMs: r.meanTPOT,
+			MeanKVTransferMs: r.meanKVTransfer, P99KVTransferMs: r.p99KVTransfer, MeanKVStreamMs: r.meanKVStream, PeakRSSMiB: r.peakRSS}
 		l.OutputsEqual = true
 		for i := range r.texts {
 			if r.errs[i] == "" && i < len(ref.texts) && ref.errs[i] == "" {
@@ -112,29 +167,47 @@ func chaosMain(ctx context.Context, args []string) (int, error) {
 		}
 		b, _ := json.Marshal(l)
 		fmt.Println(string(b))
-		return nil
 	}
-	if err := report("none", ref); err != nil {
-		return 1, err
-	}
+	report(ref)
 	for _, f := range strings.Split(*faults, ",") {
-		r, err := o.runOnce(ctx, f, rateArg, 0, faultFuncs[f])
+		run := base
+		run.name, run.fault = f, faultFuncs[f]
+		if f == "overload" {
+			// The same requests' outputs compare; the extra ones are
+			// new prompts (the loadtest's seeded dataset extends).
+			run.rate = o.overloadX * capRes.throughput
+			run.prompts = max(base.prompts, int(run.rate*dur.Seconds()))
+			run.queueLimit = o.overloadQueue
+		}
+		r, err := o.runOnce(ctx, run)
 		if err != nil {
 			return 1, fmt.Errorf("fault %s: %w", f, err)
 		}
-		if err := report(f, r); err != nil {
-			return 1, err
-		}
+		report(r)
 	}
 	return code, nil
 }
 
+// load is one run's load and fault.
+type load struct {
+	name       string
+	rate       float64 // req/s; +Inf: a closed loop of conc
+	prompts    int
+	conc       int   // max concurrency (0: none)
+	queueLimit int   // the coordinator's --queue-limit (0: its default)
+	fault      fault // nil: none
+	repeat     bool  // run the load a second time, for goroutines_after_repeat
+}
+
 // cluster is one deployment on a fresh Lab.
 type cluster struct {
+	o        *opts
 	lab      *netlab.Lab
+	logf     *os.File // the run's processes' log
+	logPath  string
 	coordURL string
-	procs    map[string]*exec.Cmd
-	metrics  map[string]string // worker id → /metrics URL
+	procs    map[string]*proc  // by process id
+	metrics  map[string]string // process id → /metrics URL
 	decodes  []string          // decode worker ids
 	prefills []string          // prefill worker ids
 	coordNS  *netlab.Namespace
@@ -142,39 +215,130 @@ type cluster struct {
 	addr     map[string]string            // each namespace's address, by process id
 }
 
-// fault is injected into c a moment into the load; it returns the ids of
-// the workers it killed (their metrics are gone).
-type fault func(ctx context.Context, c *cluster) ([]string, error)
+// proc is a running process of the cluster and how to start it again.
+type proc struct {
+	cmd    *exec.Cmd
+	exited chan struct{} // closed when cmd has exited
+	ns     string
+	bin    string
+	args   []string
+}
+
+func (c *cluster) close() {
+	_ = c.lab.Close()
+	if c.logf != nil {
+		_ = c.logf.Close()
+	}
+}
+
+// startProc starts bin (a path) with args in the namespace of ns as the
+// process id, replacing an earlier one of that id.
+func (c *cluster) startProc(ctx context.Context, id, ns, bin string, args ...string) error {
+	cmd := c.ns[ns].Command(ctx, bin, args...)
+	cmd.Stdout, cmd.Stderr = c.logf, c.logf
+	if err := c.lab.Start(cmd); err != nil {
+		return err
+	}
+	p := &proc{cmd: cmd, exited: make(chan struct{}), ns: ns, bin: bin, args: args}
+	c.procs[id] = p
+	go func() {
+		_ = cmd.Wait()
+		close(p.exited)
+	}()
+	return nil
+}
+
+// kill sends SIGKILL to id and waits until it has exited.
+func (c *cluster) kill(ctx context.Context, id string) error {
+	p := c.procs[id]
+	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		return fmt.Errorf("kill %s: %w", id, err)
+	}
+	select {
+	case <-p.exited:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// restart starts id again with the arguments it was started with.
+func (c *cluster) restart(ctx context.Context, id string) error {
+	p := c.procs[id]
+	return c.startProc(ctx, id, p.ns, p.bin, p.args...)
+}
+
+// fault is injected into c a moment into the load.
+type fault func(ctx context.Context, c *cluster) (faultResult, error)
+
+// faultResult: the ids of the workers the fault killed (their metrics are
+// gone), and the victim's gauges when it struck.
+type faultResult struct {
+	dead []string
+	at   map[string]float64
+}
+
+// settleTTL is the workers' --reserve-ttl and --retain-ttl here: what a
+// dead or unreachable coordinator leaves on them is bounded by it.
+const settleTTL = 20 * time.Second
 
 // faultAt is when a fault hits, from the start of the load.
 var faultAt = 1500 * time.Millisecond
 
-var faultFuncs = map[string]fault{
-	// kill -9 a decode worker a third into the load: transfers to it and
-	// decodes on it are in flight.
-	"kill-decode": func(ctx context.Context, c *cluster) ([]string, error) {
+// killDecodeWhen kills decode-1 once its gauges satisfy cond (polled every
+// 10 ms, for at most 5 s after faultAt; "met" in the result says whether
+// cond held or the wait ran out).
+func killDecodeWhen(cond func(m map[string]float64) bool) fault {
+	return func(ctx context.Context, c *cluster) (faultResult, error) {
 		if err := sleep(ctx, faultAt); err != nil {
-			return nil, err
+			return faultResult{}, err
 		}
 		id := c.decodes[1]
-		return []string{id}, c.procs[id].Process.Signal(syscall.SIGKILL)
-	},
+		deadline := time.Now().Add(5 * time.Second)
+		var m map[string]float64
+		met := false
+		for !met && time.Now().Before(deadline) {
+			m = scrape(c, ctx, c.metrics[id])
+			if met = cond(m); !met {
+				if err := sleep(ctx, 10*time.Millisecond); err != nil {
+					return faultResult{}, err
+				}
+			}
+		}
+		at := map[string]float64{"kv_transfers": m["pdserve_decode_kv_transfers"], "running": m["pdserve_decode_running"], "met": 0}
+		if met {
+			at["met"] = 1
+		}
+		return faultResult{dead: []string{id}, at: at}, c.kill(ctx, id)
+	}
+}
+
+var faultFuncs = map[string]fault{
+	// kill -9 a decode worker while KV is arriving at it (an open
+	// transfer): the coordinator moves the request to the other decode
+	// worker, whose KV the prefill worker re-sends.
+	"kill-decode-transfer": killDecodeWhen(func(m map[string]float64) bool { return m["pdserve_decode_kv_transfers"] >= 1 }),
+	// kill -9 a decode worker that is decoding and receives no KV at that
+	// moment: its requests resume on the other one from the tokens sent.
+	"kill-decode-decoding": killDecodeWhen(func(m map[string]float64) bool {
+		return m["pdserve_decode_running"] >= 1 && m["pdserve_decode_kv_transfers"] == 0
+	}),
 	// kill -9 a prefill worker a third into the load: prefills on it are
 	// in flight; the coordinator retries those that sent no token yet on
 	// the other prefill worker.
-	"kill-prefill": func(ctx context.Context, c *cluster) ([]string, error) {
+	"kill-prefill": func(ctx context.Context, c *cluster) (faultResult, error) {
 		if err := sleep(ctx, faultAt); err != nil {
-			return nil, err
+			return faultResult{}, err
 		}
 		id := c.prefills[1]
-		return []string{id}, c.procs[id].Process.Signal(syscall.SIGKILL)
+		return faultResult{dead: []string{id}}, c.kill(ctx, id)
 	},
 	// Partition a prefill worker from both decode workers for 5 s: a
 	// blackhole route in its namespace to each decode address drops its
 	// KV streams' packets (the coordinator and NATS still reach it).
-	"partition": func(ctx context.Context, c *cluster) ([]string, error) {
+	"partition": func(ctx context.Context, c *cluster) (faultResult, error) {
 		if err := sleep(ctx, faultAt); err != nil {
-			return nil, err
+			return faultResult{}, err
 		}
 		id := c.prefills[1]
 		route := func(verb string) error {
@@ -186,33 +350,63 @@ var faultFuncs = map[string]fault{
 			return nil
 		}
 		if err := route("add"); err != nil {
-			return nil, err
+			return faultResult{}, err
 		}
 		// The cut must hold: a decode worker's metrics port is out of
 		// reach from the prefill worker's namespace.
 		probe := c.ns[id].Command(ctx, "curl", "-sf", "--max-time", "1", "http://"+net.JoinHostPort(c.addr[c.decodes[0]], "9200")+"/metrics")
 		if probe.Run() == nil {
 			_ = route("del")
-			return nil, fmt.Errorf("partition %s: %s still reachable", id, c.decodes[0])
+			return faultResult{}, fmt.Errorf("partition %s: %s still reachable", id, c.decodes[0])
 		}
 		err := sleep(ctx, 4*time.Second)
 		if herr := route("del"); herr != nil && err == nil {
 			err = herr
 		}
-		return nil, err
+		return faultResult{}, err
 	},
 	// SIGSTOP a decode worker for 10 s, then SIGCONT.
-	"stop-decode": func(ctx context.Context, c *cluster) ([]string, error) {
+	"stop-decode": func(ctx context.Context, c *cluster) (faultResult, error) {
 		if err := sleep(ctx, faultAt); err != nil {
-			return nil, err
+			return faultResult{}, err
 		}
-		p := c.procs[c.decodes[1]].Process
+		p := c.procs[c.decodes[1]].cmd.Process
 		if err := p.Signal(syscall.SIGSTOP); err != nil {
-			return nil, err
+			return faultResult{}, err
 		}
 		err := sleep(ctx, 10*time.Second)
 		_ = p.Signal(syscall.SIGCONT)
-		return nil, err
+		return faultResult{}, err
+	},
+	// kill -9 the NATS server and start it again 3 s later at the same
+	// address: heartbeats stop meanwhile; the coordinator keeps its
+	// membership while it cannot hear, and every client reconnects.
+	"restart-nats": func(ctx context.Context, c *cluster) (faultResult, error) {
+		if err := sleep(ctx, faultAt); err != nil {
+			return faultResult{}, err
+		}
+		if err := c.kill(ctx, "nats"); err != nil {
+			return faultResult{}, err
+		}
+		if err := sleep(ctx, 3*time.Second); err != nil {
+			return faultResult{}, err
+		}
+		return faultResult{}, c.restart(ctx, "nats")
+	},
+	// kill -9 the coordinator and start it again at once (a pod restart):
+	// its requests in flight fail with it, and so do those that arrive
+	// before it serves again; the workers free what the dead one held.
+	"restart-coordinator": func(ctx context.Context, c *cluster) (faultResult, error) {
+		if err := sleep(ctx, faultAt); err != nil {
+			return faultResult{}, err
+		}
+		if err := c.kill(ctx, "coordinator"); err != nil {
+			return faultResult{}, err
+		}
+		if err := c.restart(ctx, "coordinator"); err != nil {
+			return faultResult{}, err
+		}
+		return faultResult{}, c.waitHTTP(ctx, c.coordURL+"/readyz")
 	},
 }
 
@@ -228,46 +422,66 @@ func sleep(ctx context.Context, d time.Duration) error {
 }
 
 type runResult struct {
-	throughput        float64
-	completed, failed int
-	retried           int
-	texts, errs       []string
-	leakedBlocks      int
-	retained          int64
-	settle            time.Duration
-	goBefore, goAfter int
+	name                         string
+	rate                         float64
+	throughput                   float64
+	completed, failed            int
+	retried                      int
+	texts, errs                  []string
+	leakedBlocks                 int
+	retained                     int64
+	settle                       time.Duration
+	goBefore, goAfter            int
+	goAfterRepeat                int
+	faultAt                      map[string]float64
+	recoveredTokens              []int
+	rejected                     int
+	attainment                   float64
+	admittedAttainment           float64
+	p99TTFT, meanTPOT            float64
+	meanKVTransfer               float64
+	p99KVTransfer, meanKVStream  float64
+	peakRSS                      map[string]float64
 }
 
-// runOnce starts a cluster, runs the loadtest (rate, concurrency) with f
-// injected alongside, lets it settle and reads what every live worker
-// still holds.
-func (o *opts) runOnce(ctx context.Context, name, rate string, conc int, f fault) (*runResult, error) {
-	c, err := o.start(ctx)
+// runOnce starts a cluster, runs the loadtest l with l.fault injected
+// alongside, lets it settle and reads what every live worker still holds.
+func (o *opts) runOnce(ctx context.Context, l load) (*runResult, error) {
+	c, err := o.start(ctx, l)
 	if c != nil {
-		defer c.lab.Close()
+		defer c.close()
 	}
 	if err != nil {
 		return nil, err
 	}
-	res := &runResult{}
+	res := &runResult{name: l.name, rate: l.rate}
 	res.goBefore = c.goroutines(ctx, nil)
-	resFile := name + ".json"
-	lt := c.coordNS.Command(ctx, filepath.Join(o.bin, "loadtest"), "run", "--base-url", c.coordURL, "--quiet", "--no-plots",
-		"--seed", "1", "--temperature", "0", "--num-prompts", strconv.Itoa(o.prompts),
-		"--random-input-len", "256", "--random-output-len", "48", "--request-rate", rate,
-		"--max-concurrency", strconv.Itoa(conc), "--request-timeout", "60s",
-		"--save-result", "--save-detailed", "--result-dir", o.tmp, "--result-filename", resFile)
+	resFile := l.name + ".json"
+	rate := "inf"
+	if !math.IsInf(l.rate, 1) {
+		rate = strconv.FormatFloat(l.rate, 'f', 3, 64)
+	}
 	var ltOut strings.Builder
-	lt.Stdout, lt.Stderr = &ltOut, &ltOut
+	loadtest := func(file string) *exec.Cmd {
+		lt := c.coordNS.Command(ctx, filepath.Join(o.bin, "loadtest"), "run", "--base-url", c.coordURL, "--quiet", "--no-plots",
+			"--seed", "1", "--temperature", "0", "--num-prompts", strconv.Itoa(l.prompts),
+			"--random-input-len", "256", "--random-output-len", strconv.Itoa(o.outputLen), "--request-rate", rate,
+			"--max-concurrency", strconv.Itoa(l.conc), "--request-timeout", "60s",
+			"--goodput", fmt.Sprintf("ttft:%g tpot:%g", o.sloTTFTMs, o.sloTPOTMs),
+			"--save-result", "--save-detailed", "--result-dir", o.tmp, "--result-filename", file)
+		lt.Stdout, lt.Stderr = &ltOut, &ltOut
+		return lt
+	}
+	lt := loadtest(resFile)
 	if err := c.lab.Start(lt); err != nil {
 		return nil, err
 	}
-	var dead []string
+	var fr faultResult
 	ferr := make(chan error, 1)
-	if f != nil {
+	if l.fault != nil {
 		go func() {
 			var err error
-			dead, err = f(ctx, c)
+			fr, err = l.fault(ctx, c)
 			ferr <- err
 		}()
 	} else {
@@ -277,6 +491,8 @@ func (o *opts) runOnce(ctx context.Context, name, rate string, conc int, f fault
 	if err := <-ferr; err != nil {
 		return nil, err
 	}
+	dead := fr.dead
+	res.faultAt = fr.at
 	for _, id := range dead {
 		if _, err := c.get(ctx, c.metrics[id]); err == nil {
 			return nil, fmt.Errorf("%s still answers after the fault killed it", id)
@@ -286,11 +502,19 @@ func (o *opts) runOnce(ctx context.Context, name, rate string, conc int, f fault
 		return nil, fmt.Errorf("loadtest: %v: %s", werr, ltOut.String())
 	}
 	var r struct {
-		Completed  int      `json:"completed"`
-		Failed     int      `json:"failed"`
-		Throughput float64  `json:"request_throughput"`
-		Texts      []string `json:"generated_texts"`
-		Errors     []string `json:"errors"`
+		Completed     int      `json:"completed"`
+		Failed        int      `json:"failed"`
+		Throughput    float64  `json:"request_throughput"`
+		Texts         []string `json:"generated_texts"`
+		Errors        []string `json:"errors"`
+		SLOAttainment float64  `json:"slo_attainment"`
+		P99TTFT       float64  `json:"p99_ttft_ms"`
+		MeanTPOT      float64  `json:"mean_tpot_ms"`
+		PDServe       struct {
+			MeanKVTransfer float64 `json:"mean_kv_transfer_ms"`
+			P99KVTransfer  float64 `json:"p99_kv_transfer_ms"`
+			MeanKVStream   float64 `json:"mean_kv_stream_ms"`
+		} `json:"pdserve"`
 	}
 	b, err := os.ReadFile(filepath.Join(o.tmp, resFile))
 	if err != nil {
@@ -300,12 +524,23 @@ func (o *opts) runOnce(ctx context.Context, name, rate string, conc int, f fault
 		return nil, err
 	}
 	res.completed, res.failed, res.throughput, res.texts, res.errs = r.Completed, r.Failed, r.Throughput, r.Texts, r.Errors
+	res.attainment, res.p99TTFT, res.meanTPOT = r.SLOAttainment, r.P99TTFT, r.MeanTPOT
+	if r.Completed > 0 {
+		// Failed requests are never within the SLO.
+		res.admittedAttainment = r.SLOAttainment * float64(r.Completed+r.Failed) / float64(r.Completed)
+	}
+	res.meanKVTransfer, res.p99KVTransfer, res.meanKVStream = r.PDServe.MeanKVTransfer, r.PDServe.P99KVTransfer, r.PDServe.MeanKVStream
+	for _, e := range r.Errors {
+		if strings.HasPrefix(e, "HTTP 429") {
+			res.rejected++
+		}
+	}
 	// Settle: held KV must drain back within the decode workers'
 	// reservation TTL and a margin. A request whose Cancel could not reach
 	// a worker (stopped, partitioned) keeps its reservation there until the
 	// TTL ends it: bounded, not leaked.
 	t0 := time.Now()
-	deadline := t0.Add(decode.DefaultOptions().ReserveTTL + 5*time.Second)
+	deadline := t0.Add(settleTTL + 5*time.Second)
 	for {
 		res.leakedBlocks, res.retained = c.held(ctx, dead)
 		res.settle = time.Since(t0)
@@ -318,25 +553,91 @@ func (o *opts) runOnce(ctx context.Context, name, rate string, conc int, f fault
 	}
 	res.goAfter = c.goroutines(ctx, dead)
 	res.retried = int(c.sum(ctx, "pdserve_decode_recoveries_total", dead) + c.sum(ctx, "pdserve_prefill_retries_total", dead))
+	if res.recoveredTokens, err = c.recoveries(); err != nil {
+		return nil, err
+	}
+	if l.repeat {
+		lt := loadtest("repeat-" + resFile)
+		if err := c.lab.Start(lt); err != nil {
+			return nil, err
+		}
+		if err := lt.Wait(); err != nil {
+			return nil, fmt.Errorf("loadtest (repeat): %v: %s", err, ltOut.String())
+		}
+		if err := sleep(ctx, time.Second); err != nil {
+			return nil, err
+		}
+		res.goAfterRepeat = c.goroutines(ctx, dead)
+	}
+	res.peakRSS = c.peakRSS(dead)
 	return res, nil
 }
 
-// start builds a Lab (a switch; namespaces coord, prefill, decode-0,
-// decode-1, the prefill link shaped) and starts the processes with NATS
-// users of their own.
-func (o *opts) start(ctx context.Context) (*cluster, error) {
+// recoveries returns, per "recovering the request" line of the run's
+// coordinator log, the tokens the client had received (tokens_sent).
+func (c *cluster) recoveries() ([]int, error) {
+	f, err := os.Open(c.logPath)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	out := []int{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		var l struct {
+			Msg        string `json:"msg"`
+			TokensSent *int   `json:"tokens_sent"`
+		}
+		if json.Unmarshal(sc.Bytes(), &l) == nil && l.Msg == recoveringMsg && l.TokensSent != nil {
+			out = append(out, *l.TokensSent)
+		}
+	}
+	return out, sc.Err()
+}
+
+// recoveringMsg is the coordinator's log message of a decode failover
+// (pkg/coordinator's startRecovery), with the field tokens_sent.
+const recoveringMsg = "decode worker failed; recovering the request"
+
+// peakRSS reads VmHWM of every live process, in MiB.
+func (c *cluster) peakRSS(dead []string) map[string]float64 {
+	out := map[string]float64{}
+	for id, p := range c.procs {
+		if contains(dead, id) {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+		if err != nil {
+			continue
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(l); len(f) >= 2 && f[0] == "VmHWM:" {
+				if kb, err := strconv.ParseFloat(f[1], 64); err == nil {
+					out[id] = math.Round(kb/1024*10) / 10
+				}
+			}
+		}
+	}
+	return out
+}
+
+// start builds a Lab (a switch; namespaces coord, nats, prefill-0,
+// prefill-1, decode-0, decode-1, the prefill links shaped) and starts the
+// processes with NATS users of their own: the NATS server apart from the
+// coordinator, as the chart deploys it.
+func (o *opts) start(ctx context.Context, l load) (*cluster, error) {
 	lab, err := netlab.New(ctx)
 	if err != nil {
 		return nil, err
 	}
-	c := &cluster{lab: lab, procs: map[string]*exec.Cmd{}, metrics: map[string]string{}}
+	c := &cluster{o: o, lab: lab, procs: map[string]*proc{}, metrics: map[string]string{}}
 	sw, err := lab.AddSwitch(ctx, "hub")
 	if err != nil {
 		return c, err
 	}
-	addr := map[string]string{}
-	nss := map[string]*netlab.Namespace{}
-	for _, n := range []string{"coord", "prefill-0", "prefill-1", "decode-0", "decode-1"} {
+	c.addr, c.ns = map[string]string{}, map[string]*netlab.Namespace{}
+	for _, n := range []string{"coord", "nats", "prefill-0", "prefill-1", "decode-0", "decode-1"} {
 		ns, err := lab.AddNamespace(ctx, n)
 		if err != nil {
 			return c, err
@@ -349,11 +650,11 @@ func (o *opts) start(ctx context.Context) (*cluster, error) {
 		if err != nil {
 			return c, err
 		}
-		addr[n], nss[n] = k.AddrA.String(), ns
+		c.addr[n], c.ns[n] = k.AddrA.String(), ns
 	}
-	c.coordNS, c.ns, c.addr = nss["coord"], nss, addr
+	c.coordNS = c.ns["coord"]
 	pw := map[string]string{}
-	for _, u := range []string{"prefill", "decode"} {
+	for _, u := range []string{"coordinator", "prefill", "decode"} {
 		var b [16]byte
 		_, _ = rand.Read(b[:])
 		pw[u] = hex.EncodeToString(b[:])
@@ -361,30 +662,28 @@ func (o *opts) start(ctx context.Context) (*cluster, error) {
 			return c, err
 		}
 	}
-	users := fmt.Sprintf("users:\n  - {user: prefill, password: %s, role: prefill}\n  - {user: decode, password: %s, role: decode}\n", pw["prefill"], pw["decode"])
+	users := fmt.Sprintf("users:\n  - {user: coordinator, password: %s, role: coordinator}\n  - {user: prefill, password: %s, role: prefill}\n  - {user: decode, password: %s, role: decode}\n",
+		pw["coordinator"], pw["prefill"], pw["decode"])
 	if err := os.WriteFile(filepath.Join(o.tmp, "users.yaml"), []byte(users), 0o600); err != nil {
 		return c, err
 	}
-	logf, err := os.OpenFile(filepath.Join(o.tmp, "procs.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
-	if err != nil {
+	c.logPath = filepath.Join(o.tmp, l.name+".log")
+	if c.logf, err = os.Create(c.logPath); err != nil {
 		return c, err
 	}
-	defer logf.Close()
-	startProc := func(id, ns string, bin string, args ...string) error {
-		cmd := nss[ns].Command(ctx, filepath.Join(o.bin, bin), args...)
-		cmd.Stdout, cmd.Stderr = logf, logf
-		if err := lab.Start(cmd); err != nil {
-			return err
-		}
-		c.procs[id] = cmd
-		go func() { _ = cmd.Wait() }()
-		return nil
+	natsAddr := net.JoinHostPort(c.addr["nats"], "4222")
+	if err := c.startProc(ctx, "nats", "nats", o.self, "nats", "--listen", natsAddr, "--auth-file", filepath.Join(o.tmp, "users.yaml")); err != nil {
+		return c, err
 	}
-	natsURL := "nats://" + net.JoinHostPort(addr["coord"], "4222")
-	c.coordURL = "http://" + net.JoinHostPort(addr["coord"], "8080")
-	if err := startProc("coordinator", "coord", "coordinator", "--http-addr", net.JoinHostPort(addr["coord"], "8080"),
-		"--nats-listen", net.JoinHostPort(addr["coord"], "4222"), "--nats-auth-file", filepath.Join(o.tmp, "users.yaml"),
-		"--log-level", "warn"); err != nil {
+	natsURL := "nats://" + natsAddr
+	c.coordURL = "http://" + net.JoinHostPort(c.addr["coord"], "8080")
+	coordArgs := []string{"--http-addr", net.JoinHostPort(c.addr["coord"], "8080"),
+		"--nats-url", natsURL, "--nats-user", "coordinator", "--nats-password-file", filepath.Join(o.tmp, "coordinator.pw"),
+		"--nats-reconnect-wait", "250ms", "--log-level", "warn"}
+	if l.queueLimit > 0 {
+		coordArgs = append(coordArgs, "--queue-limit", strconv.Itoa(l.queueLimit))
+	}
+	if err := c.startProc(ctx, "coordinator", "coord", filepath.Join(o.bin, "coordinator"), coordArgs...); err != nil {
 		return c, err
 	}
 	if err := c.waitHTTP(ctx, c.coordURL+"/healthz"); err != nil {
@@ -392,20 +691,24 @@ func (o *opts) start(ctx context.Context) (*cluster, error) {
 	}
 	coordMetrics := c.coordURL + "/metrics"
 	worker := func(id, bin, user string, extra ...string) error {
-		a := addr[id]
+		a := c.addr[id]
 		c.metrics[id] = "http://" + net.JoinHostPort(a, "9200") + "/metrics"
 		args := append([]string{"--id", id, "--nats-url", natsURL, "--nats-user", user, "--nats-password-file", filepath.Join(o.tmp, user+".pw"),
+			"--nats-reconnect-wait", "250ms",
 			"--grpc-addr", net.JoinHostPort(a, "9100"), "--metrics-addr", net.JoinHostPort(a, "9200"), "--log-level", "warn"}, extra...)
-		return startProc(id, id, bin, args...)
+		args = append(args, o.workerFlags...)
+		return c.startProc(ctx, id, id, filepath.Join(o.bin, bin), args...)
 	}
 	for _, id := range []string{"prefill-0", "prefill-1"} {
-		if err := worker(id, "prefill-worker", "prefill"); err != nil {
+		// KV no Release reaches (a coordinator killed mid-request) goes
+		// within the settle wait.
+		if err := worker(id, "prefill-worker", "prefill", "--retain-ttl", settleTTL.String()); err != nil {
 			return c, err
 		}
 		c.prefills = append(c.prefills, id)
 	}
 	for _, id := range []string{"decode-0", "decode-1"} {
-		if err := worker(id, "decode-worker", "decode"); err != nil {
+		if err := worker(id, "decode-worker", "decode", "--reserve-ttl", settleTTL.String()); err != nil {
 			return c, err
 		}
 		c.decodes = append(c.decodes, id)
