@@ -38,11 +38,12 @@ bench:
 
 # netbench: time to deliver 64 MiB of bf16 KV between two network
 # namespaces over a tc-shaped veth at 1, 10 and 25 Gb/s (0.5 ms delay where
-# the kernel has netem), per fixed codec, adaptive and raw TCP; one JSON
+# the kernel has netem), per fixed codec, adaptive and raw TCP, over 1, 2
+# and 4 streams at once and in chunks of 16, 128 and 1024 tokens; one JSON
 # line per speed. Needs root (internal/netlab); skips with a message
 # elsewhere. NETBENCH_FLAGS adds flags (e.g. --gbps 1 --kv-mib 16 --reps 1).
 netbench:
-	$(GO) run ./cmd/netbench --gbps 1,10,25 --kv-mib 64 --reps 5 --check $(NETBENCH_FLAGS)
+	$(GO) run ./cmd/netbench --gbps 1,10,25 --kv-mib 64 --reps 9 --streams 1,2,4 --chunks 16,128,1024 --check $(NETBENCH_FLAGS)
 
 # chaos: coordinator (embedded NATS with users), two prefill and two decode
 # workers (ref engine) as separate processes, each in its own network

@@ -78,7 +78,7 @@ type opts struct {
 	prompts     int
 	linkGbps    float64
 	tmp         string
-	workerFlags []string
+	engineFlags []string
 	sloTTFTMs   float64
 	sloTPOTMs   float64
 	overloadX   float64
@@ -92,11 +92,11 @@ func chaosMain(ctx context.Context, args []string) (int, error) {
 	fs := flag.NewFlagSet("chaos", flag.ContinueOnError)
 	var o opts
 	fs.StringVar(&o.bin, "bin", "", "directory of coordinator, prefill-worker, decode-worker and loadtest")
-	faults := fs.String("faults", "kill-decode-transfer,kill-decode-decoding,stop-decode,kill-prefill,partition,restart-nats,restart-coordinator,overload", "faults to inject, comma separated (see the package doc)")
+	faults := fs.String("faults", "kill-decode-transfer,kill-decode-decoding,stop-decode,kill-prefill,partition,restart-nats,restart-coordinator,overload", "faults to inject, comma separated (see the package doc; empty: the no-fault run only)")
 	fs.IntVar(&o.prompts, "prompts", 40, "requests of the capacity run")
 	dur := fs.Duration("duration", 6*time.Second, "length of each fault run's load (prompts = 0.7 × capacity × duration)")
 	fs.Float64Var(&o.linkGbps, "link-gbps", 1, "rate of the prefill workers' links (tc tbf)")
-	wflags := fs.String("worker-flags", "", "more flags for every prefill and decode worker, space separated (e.g. \"--engine sim --profile h100/llama-3-8b\")")
+	eflags := fs.String("engine-flags", "", "engine flags for the coordinator and every worker, space separated (e.g. \"--engine sim --profile h100/llama-3-8b\"; empty: the ref engine's tiny model)")
 	fs.Float64Var(&o.sloTTFTMs, "slo-ttft-ms", 1000, "TTFT SLO of slo_attainment, ms")
 	fs.Float64Var(&o.sloTPOTMs, "slo-tpot-ms", 100, "TPOT SLO of slo_attainment, ms")
 	fs.IntVar(&o.outputLen, "output-len", 256, "output tokens per request (long enough that a kill mid-decode finds requests mid-way)")
@@ -105,7 +105,7 @@ func chaosMain(ctx context.Context, args []string) (int, error) {
 	if err := fs.Parse(args); err != nil {
 		return 1, err
 	}
-	o.workerFlags = strings.Fields(*wflags)
+	o.engineFlags = strings.Fields(*eflags)
 	self, err := os.Executable()
 	if err != nil {
 		return 1, err
@@ -114,7 +114,8 @@ func chaosMain(ctx context.Context, args []string) (int, error) {
 	if o.bin == "" {
 		return 1, errors.New("--bin is required")
 	}
-	for _, f := range strings.Split(*faults, ",") {
+	faultList := strings.FieldsFunc(*faults, func(r rune) bool { return r == ',' })
+	for _, f := range faultList {
 		if _, ok := faultFuncs[f]; !ok && f != "overload" {
 			return 1, fmt.Errorf("--faults: unknown fault %q", f)
 		}
@@ -169,7 +170,7 @@ func chaosMain(ctx context.Context, args []string) (int, error) {
 		fmt.Println(string(b))
 	}
 	report(ref)
-	for _, f := range strings.Split(*faults, ",") {
+	for _, f := range faultList {
 		run := base
 		run.name, run.fault = f, faultFuncs[f]
 		if f == "overload" {
@@ -683,6 +684,7 @@ func (o *opts) start(ctx context.Context, l load) (*cluster, error) {
 	if l.queueLimit > 0 {
 		coordArgs = append(coordArgs, "--queue-limit", strconv.Itoa(l.queueLimit))
 	}
+	coordArgs = append(coordArgs, o.engineFlags...)
 	if err := c.startProc(ctx, "coordinator", "coord", filepath.Join(o.bin, "coordinator"), coordArgs...); err != nil {
 		return c, err
 	}
@@ -696,7 +698,7 @@ func (o *opts) start(ctx context.Context, l load) (*cluster, error) {
 		args := append([]string{"--id", id, "--nats-url", natsURL, "--nats-user", user, "--nats-password-file", filepath.Join(o.tmp, user+".pw"),
 			"--nats-reconnect-wait", "250ms",
 			"--grpc-addr", net.JoinHostPort(a, "9100"), "--metrics-addr", net.JoinHostPort(a, "9200"), "--log-level", "warn"}, extra...)
-		args = append(args, o.workerFlags...)
+		args = append(args, o.engineFlags...)
 		return c.startProc(ctx, id, id, filepath.Join(o.bin, bin), args...)
 	}
 	for _, id := range []string{"prefill-0", "prefill-1"} {

@@ -10,7 +10,7 @@
 // how long that took); the goroutines before and after; SLO attainment,
 // the KV transfer per request and every process's peak RSS.
 //
-//	chaos --bin DIR [--faults F,...] [--duration 6s] [--link-gbps 1] [--worker-flags "..."]
+//	chaos --bin DIR [--faults F,...] [--duration 6s] [--link-gbps 1] [--engine-flags "..."]
 //
 // DIR holds coordinator, prefill-worker, decode-worker and loadtest
 // (make chaos builds them); the NATS server is this binary (chaos nats),

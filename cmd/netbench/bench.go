@@ -26,6 +26,8 @@ func benchMain(ctx context.Context, args []string) (int, error) {
 	delay := fs.Duration("delay", 500*time.Microsecond, "one-way delay of the link (netem; left out where the kernel lacks it)")
 	kvMiB := fs.Int("kv-mib", 64, "KV per transfer, MiB")
 	reps := fs.Int("reps", 3, "timed transfers per codec and speed (the median is reported)")
+	streams := fs.String("streams", "", "also time codec none split over k concurrent streams, per k (e.g. 1,2,4; empty: skip)")
+	chunks := fs.String("chunks", "", "also time codec none handed over in chunks of these many tokens (e.g. 16,128,1024; empty: skip)")
 	check := fs.Bool("check", false, "exit 2 unless adaptive is within 5% of the best fixed codec at every speed and ≥1.3× faster than none on the slowest")
 	if err := fs.Parse(args); err != nil {
 		return 1, err
@@ -107,7 +109,8 @@ func benchMain(ctx context.Context, args []string) (int, error) {
 		}
 		snd := pns.Command(ctx, self, "send", "--grpc", grpcAddr, "--raw", rawAddr,
 			"--gbps", strconv.FormatFloat(g, 'f', -1, 64), "--delay", d.String(),
-			"--kv-mib", strconv.Itoa(*kvMiB), "--reps", strconv.Itoa(*reps), "--receiver", ready)
+			"--kv-mib", strconv.Itoa(*kvMiB), "--reps", strconv.Itoa(*reps), "--receiver", ready,
+			"--streams", *streams, "--chunks", *chunks)
 		snd.Stderr = os.Stderr
 		var buf strings.Builder
 		snd.Stdout = &buf

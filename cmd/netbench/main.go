@@ -9,7 +9,7 @@
 // data plane (pkg/kvtransfer) directly and re-executes itself inside the
 // namespaces it made (subcommands serve and send), which needs root.
 //
-//	netbench [--gbps 1,10,25] [--delay 500us] [--kv-mib 64] [--reps 3] [--check]
+//	netbench [--gbps 1,10,25] [--delay 500us] [--kv-mib 64] [--reps 3] [--streams 1,2,4] [--chunks 16,128,1024] [--check]
 //
 // Exit status: 0, 1 on an error, 2 when --check is given and the
 // adaptive choice missed (more than 5 % slower than the best fixed codec

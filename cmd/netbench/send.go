@@ -10,7 +10,10 @@ import (
 	"math"
 	"math/rand/v2"
 	"net"
+	"runtime"
 	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/pdserve/pdserve/pkg/engine"
@@ -55,8 +58,20 @@ type result struct {
 	// measured (wire bits/s) when it made its last choice.
 	LinkMeasuredGbps float64            `json:"link_measured_gbps"`
 	FixedMs          map[string]float64 `json:"fixed_ms"`
-	Ratio            map[string]float64 `json:"ratio"` // raw / wire bytes per codec
-	AdaptiveChoices  map[string]int     `json:"adaptive_choices"`
+	// StreamsMs: the same KV with codec none split by layer over k
+	// transfers sent at once (k streams, spread over the Dialer's
+	// connections), median ms until every one is acknowledged, per k; and
+	// GRPCOverTCPBest = raw_tcp_ms / the fastest of them.
+	StreamsMs       map[string]float64 `json:"streams_ms,omitempty"`
+	GRPCOverTCPBest float64            `json:"grpc_over_tcp_best,omitempty"`
+	// ChunkMs: codec none with the KV handed over in chunks of that many
+	// tokens, layer by layer (the per-layer pipelining of a chunked
+	// prefill: a frame per layer and chunk, split at 1 MiB), median ms per
+	// chunk size, and ChunkFrames the frames each took.
+	ChunkMs         map[string]float64 `json:"chunk_ms,omitempty"`
+	ChunkFrames     map[string]int     `json:"chunk_frames,omitempty"`
+	Ratio           map[string]float64 `json:"ratio"` // raw / wire bytes per codec
+	AdaptiveChoices map[string]int     `json:"adaptive_choices"`
 }
 
 func sendMain(ctx context.Context, args []string) error {
@@ -68,6 +83,8 @@ func sendMain(ctx context.Context, args []string) error {
 	kvMiB := fs.Int("kv-mib", 64, "KV per transfer, MiB")
 	reps := fs.Int("reps", 3, "timed transfers per codec (the median is reported)")
 	recvJSON := fs.String("receiver", "{}", "the decode side's ready line (decode speeds)")
+	streams := fs.String("streams", "", "also time codec none split over k concurrent streams, for each k (comma separated; empty: skip)")
+	chunks := fs.String("chunks", "", "also time codec none handed over in chunks of these many tokens (comma separated; empty: skip)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -92,16 +109,18 @@ func sendMain(ctx context.Context, args []string) error {
 	}
 	d := kvtransfer.NewDialer()
 	defer d.Close()
-	b := &bench{ctx: ctx, d: d, addr: *grpcAddr, kv: kv, tokens: tokens}
+	b := &bench{ctx: ctx, d: d, addr: *grpcAddr, kv: kv, tokens: tokens, chunk: kvChunk}
 
 	res := result{LinkGbps: *gbps, DelayMs: float64(*delay) / 1e6, Netem: *delay > 0, KVBytes: total, Reps: *reps,
 		FixedMs: map[string]float64{}, Ratio: map[string]float64{}, AdaptiveChoices: map[string]int{}}
 
 	// Every path gets one warm-up transfer, then reps rounds in which
-	// each fixed codec and the adaptive choice send once, interleaved and
-	// in an order rotated every round, so that a slow spell of the shared
-	// machine, or the transfer that follows an expensive encode, hits them
-	// alike.
+	// each fixed codec and the adaptive choice send once, interleaved, in
+	// an order shuffled every round (seeded: the same every run), so that
+	// a slow spell of the shared machine hits them alike and no path
+	// always follows the same one. A rotated order kept every path's
+	// predecessor fixed: the path after an expensive encode paid for its
+	// garbage every round. Each timed transfer also starts after a GC.
 	var fixed []string
 	for _, s := range sp.Codecs {
 		if s.Lossless {
@@ -121,8 +140,10 @@ func sendMain(ctx context.Context, args []string) error {
 	var ams []float64
 	paths := append(slices.Clone(fixed), codecpick.Auto)
 	for r := range *reps {
-		for i := range paths {
-			name := paths[(i+r)%len(paths)]
+		order := rand.New(rand.NewPCG(uint64(r)+1, 0x6f72646572)).Perm(len(paths))
+		for _, i := range order {
+			name := paths[i]
+			runtime.GC()
 			if name == codecpick.Auto {
 				t, err := b.auto(a, total)
 				if err != nil {
@@ -163,6 +184,51 @@ func sendMain(ctx context.Context, args []string) error {
 	}
 	res.RawTCPMs = rms
 	res.GRPCOverTCP = round3(res.RawTCPMs / res.NoneMs)
+	if *streams != "" {
+		ks, err := intList(*streams)
+		if err != nil {
+			return fmt.Errorf("--streams: %w", err)
+		}
+		res.StreamsMs = map[string]float64{}
+		best := math.Inf(1)
+		for _, k := range ks {
+			var ms []float64
+			for range *reps + 1 { // the first warms k streams up
+				runtime.GC()
+				t, err := b.striped(k)
+				if err != nil {
+					return err
+				}
+				ms = append(ms, t)
+			}
+			m := median(ms[1:])
+			res.StreamsMs[strconv.Itoa(k)] = round3(m)
+			best = min(best, m)
+		}
+		res.GRPCOverTCPBest = round3(res.RawTCPMs / best)
+	}
+	if *chunks != "" {
+		cs, err := intList(*chunks)
+		if err != nil {
+			return fmt.Errorf("--chunks: %w", err)
+		}
+		res.ChunkMs, res.ChunkFrames = map[string]float64{}, map[string]int{}
+		for _, c := range cs {
+			b.chunk = c
+			var ms []float64
+			for range *reps {
+				runtime.GC()
+				t, err := b.transfer(codec.None.String())
+				if err != nil {
+					return err
+				}
+				ms = append(ms, t.ms())
+			}
+			res.ChunkMs[strconv.Itoa(c)] = round3(median(ms))
+			res.ChunkFrames[strconv.Itoa(c)] = frames(tokens, c)
+		}
+		b.chunk = kvChunk
+	}
 	res.AdaptiveOverBest = round3(res.AdaptiveMs / res.BestFixedMs)
 	res.NoneOverAdaptive = round3(res.NoneMs / res.AdaptiveMs)
 	for k, v := range res.FixedMs {
@@ -220,6 +286,7 @@ type bench struct {
 	addr   string
 	kv     [][]byte
 	tokens int
+	chunk  int // tokens handed over at a time, layer by layer
 	seq    int
 }
 
@@ -245,8 +312,8 @@ func (b *bench) transfer(name string) (timed, error) {
 		return timed{}, fmt.Errorf("open %s: %w", name, err)
 	}
 	sent := time.Now()
-	for c := 0; c < b.tokens; c += kvChunk {
-		e := min(b.tokens, c+kvChunk)
+	for c := 0; c < b.tokens; c += b.chunk {
+		e := min(b.tokens, c+b.chunk)
 		for l := range b.kv {
 			if err := s.Send(l, c, e, b.kv[l][c*kvTokenBytes:e*kvTokenBytes], 0); err != nil {
 				s.Abort(err)
@@ -259,6 +326,73 @@ func (b *bench) transfer(name string) (timed, error) {
 	}
 	done := time.Now()
 	return timed{codec: name, d: done.Sub(t0), total: done.Sub(sent), encode: s.EncodeTime(), raw: s.BytesRaw(), wire: s.BytesWire()}, nil
+}
+
+// striped sends the KV with codec none as k transfers at once, transfer
+// i carrying the layers l with l mod k = i, and returns the ms from the
+// first Open until the last acknowledgement.
+func (b *bench) striped(k int) (float64, error) {
+	t0 := time.Now()
+	errs := make(chan error, k)
+	for i := range k {
+		var layers [][]byte
+		for l := i; l < len(b.kv); l += k {
+			layers = append(layers, b.kv[l])
+		}
+		b.seq++
+		id := fmt.Sprintf("netbench-%d", b.seq)
+		go func() {
+			h := kvtransfer.StreamHeader{RequestID: id, Codec: codec.None.String(), Layers: len(layers),
+				Tokens: b.tokens, TokenBytes: kvTokenBytes, DType: engine.BF16}
+			s, err := b.d.Open(b.ctx, b.addr, h)
+			if err != nil {
+				errs <- fmt.Errorf("open stripe: %w", err)
+				return
+			}
+			for c := 0; c < b.tokens; c += b.chunk {
+				e := min(b.tokens, c+b.chunk)
+				for l := range layers {
+					if err := s.Send(l, c, e, layers[l][c*kvTokenBytes:e*kvTokenBytes], 0); err != nil {
+						s.Abort(err)
+						errs <- fmt.Errorf("send stripe: %w", err)
+						return
+					}
+				}
+			}
+			_, err = s.Commit(b.ctx, kvtransfer.Commit{})
+			errs <- err
+		}()
+	}
+	var first error
+	for range k {
+		if err := <-errs; err != nil && first == nil {
+			first = err
+		}
+	}
+	return float64(time.Since(t0)) / 1e6, first
+}
+
+// frames is the number of frames a transfer of tokens in chunks of c
+// tokens takes: one per layer and chunk, each split at 1 MiB.
+func frames(tokens, c int) int {
+	perFrame := max(1, kvtransfer.DefaultMaxFrameBytes/kvTokenBytes)
+	n := 0
+	for t := 0; t < tokens; t += c {
+		n += (min(tokens, t+c) - t + perFrame - 1) / perFrame
+	}
+	return n * kvLayers
+}
+
+func intList(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("%q: want positive integers", s)
+		}
+		out = append(out, n)
+	}
+	return out, nil
 }
 
 // auto sends the KV with the codec the chooser picks for it, as the
