@@ -96,7 +96,7 @@ func chaosMain(ctx context.Context, args []string) (int, error) {
 	fs.IntVar(&o.prompts, "prompts", 40, "requests of the capacity run")
 	dur := fs.Duration("duration", 6*time.Second, "length of each fault run's load (prompts = 0.7 × capacity × duration)")
 	fs.Float64Var(&o.linkGbps, "link-gbps", 1, "rate of the prefill workers' links (tc tbf)")
-	eflags := fs.String("engine-flags", "", "engine flags for the coordinator and every worker, space separated (e.g. \"--engine sim --profile h100/llama-3-8b\"; empty: the ref engine's tiny model)")
+	eflags := fs.String("engine-flags", "", "engine flags for the coordinator and every worker, space separated (e.g. \"--engine sim --profile h100/llama-3-8b/tp1\"; empty: the ref engine's tiny model)")
 	fs.Float64Var(&o.sloTTFTMs, "slo-ttft-ms", 1000, "TTFT SLO of slo_attainment, ms")
 	fs.Float64Var(&o.sloTPOTMs, "slo-tpot-ms", 100, "TPOT SLO of slo_attainment, ms")
 	fs.IntVar(&o.outputLen, "output-len", 256, "output tokens per request (long enough that a kill mid-decode finds requests mid-way)")
