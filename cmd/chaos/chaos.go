@@ -60,8 +60,8 @@ type line struct {
 	Rejected              int     `json:"rejected_429"`
 	SLOAttainment         float64 `json:"slo_attainment"`
 	AdmittedSLOAttainment float64 `json:"admitted_slo_attainment"`
-	P99TTFTMs     float64 `json:"p99_ttft_ms"`
-	MeanTPOTMs    float64 `json:"mean_tpot_ms"`
+	P99TTFTMs             float64 `json:"p99_ttft_ms"`
+	MeanTPOTMs            float64 `json:"mean_tpot_ms"`
 	// The KV transfer per request from the budgets: exposed (after the
 	// prefill ended) and the whole stream, means in ms.
 	MeanKVTransferMs float64 `json:"mean_kv_transfer_ms"`
@@ -202,7 +202,6 @@ type load struct {
 
 // cluster is one deployment on a fresh Lab.
 type cluster struct {
-	o        *opts
 	lab      *netlab.Lab
 	logf     *os.File // the run's processes' log
 	logPath  string
@@ -423,26 +422,26 @@ func sleep(ctx context.Context, d time.Duration) error {
 }
 
 type runResult struct {
-	name                         string
-	rate                         float64
-	throughput                   float64
-	completed, failed            int
-	retried                      int
-	texts, errs                  []string
-	leakedBlocks                 int
-	retained                     int64
-	settle                       time.Duration
-	goBefore, goAfter            int
-	goAfterRepeat                int
-	faultAt                      map[string]float64
-	recoveredTokens              []int
-	rejected                     int
-	attainment                   float64
-	admittedAttainment           float64
-	p99TTFT, meanTPOT            float64
-	meanKVTransfer               float64
-	p99KVTransfer, meanKVStream  float64
-	peakRSS                      map[string]float64
+	name                        string
+	rate                        float64
+	throughput                  float64
+	completed, failed           int
+	retried                     int
+	texts, errs                 []string
+	leakedBlocks                int
+	retained                    int64
+	settle                      time.Duration
+	goBefore, goAfter           int
+	goAfterRepeat               int
+	faultAt                     map[string]float64
+	recoveredTokens             []int
+	rejected                    int
+	attainment                  float64
+	admittedAttainment          float64
+	p99TTFT, meanTPOT           float64
+	meanKVTransfer              float64
+	p99KVTransfer, meanKVStream float64
+	peakRSS                     map[string]float64
 }
 
 // runOnce starts a cluster, runs the loadtest l with l.fault injected
@@ -632,7 +631,7 @@ func (o *opts) start(ctx context.Context, l load) (*cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &cluster{o: o, lab: lab, procs: map[string]*proc{}, metrics: map[string]string{}}
+	c := &cluster{lab: lab, procs: map[string]*proc{}, metrics: map[string]string{}}
 	sw, err := lab.AddSwitch(ctx, "hub")
 	if err != nil {
 		return c, err
