@@ -5,11 +5,13 @@
 # worker processes.
 #
 # usage (from the repository root):
-#   loadtest/results/planner-validation-llamacpp/run.sh [profile|1p1d|colocated]...
-# (no argument: all three, in that order). BIN: directory with coordinator,
+#   loadtest/results/planner-validation-llamacpp/run.sh [profile|1p1d|colocated|plan]...
+# (no argument: all four, in that order; plan writes the recommendation on
+# the 2-core budget, plan-budget2.json). BIN: directory with coordinator,
 # prefill-worker, decode-worker, loadtest and mkgguf (default: built into a
 # temporary directory). RATES_1P1D / RATES_COLOCATED: rates in req/s. N: requests
-# per rate (default 100).
+# per rate (default 100). RESULTS: where results go (default this directory;
+# the profiles are read from there, so copy them first).
 #
 # The model is Qwen2.5-0.5B's shape with random weights (cmd/mkgguf, seed 1,
 # q8_0, tied embeddings: 494M parameters), so its text is gibberish; step
@@ -18,9 +20,9 @@
 # colocated runs one worker on both CPUs with 2 threads (profile-t2.json).
 # The coordinator and the load generator are not pinned.
 set -euo pipefail
-out=loadtest/results/planner-validation-llamacpp
+out=${RESULTS:-loadtest/results/planner-validation-llamacpp}
 steps=("$@")
-[[ ${#steps[@]} -gt 0 ]] || steps=(profile 1p1d colocated)
+[[ ${#steps[@]} -gt 0 ]] || steps=(profile 1p1d colocated plan)
 if [[ -z ${BIN:-} ]]; then
   BIN=$(mktemp -d)
   go build -o "$BIN/" ./cmd/coordinator ./cmd/prefill-worker ./cmd/decode-worker ./cmd/mkgguf ./loadtest
@@ -97,6 +99,8 @@ for s in "${steps[@]}"; do
     profile) profile ;;
     1p1d) deploy 1p1d; for r in ${RATES_1P1D:-0.6 0.8 1.0 1.2 1.4}; do measure 1p1d "$r"; done; stop ;;
     colocated) deploy colocated; for r in ${RATES_COLOCATED:-0.6 0.8 1.0 1.2 1.4}; do measure colocated "$r"; done; stop ;;
-    *) echo "unknown step $s (want profile, 1p1d or colocated)" >&2; exit 2 ;;
+    plan) "$BIN/coordinator" plan --profile $out/profile-t1.json --colocated-profile $out/profile-t2.json --gpu-budget 2 \
+            "${plan[@]}" --chunk-tokens 512 --workload fixed:$IN/$OUT --output json >$out/plan-budget2.json ;;
+    *) echo "unknown step $s (want profile, 1p1d, colocated or plan)" >&2; exit 2 ;;
   esac
 done

@@ -1,10 +1,11 @@
 """Prints README.md's tables: predicted vs measured SLO attainment and the
 budget terms per rate, and each profile's fit error.
 
-usage: python3 loadtest/results/planner-validation-llamacpp/summarize.py
+usage: python3 loadtest/results/planner-validation-llamacpp/summarize.py [DIR]
+(DIR: the results, default this directory)
 """
-import glob, json, os, re
-d = os.path.dirname(os.path.abspath(__file__))
+import glob, json, os, re, sys
+d = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
 
 
 def rate(path):
@@ -51,6 +52,11 @@ for f in sorted(glob.glob(os.path.join(d, "profile-*.json"))):
     pr = json.load(open(f))
     fit = pr["measured"]["fit"]
     print(f"\n{os.path.basename(f)}: {pr['name']}, {fit['points']} points, total {fit['total_rel_err']:.1%}, rms {fit['rms_rel_err']:.1%}, max {fit['max_rel_err']:.1%}; "
-          f"prefill ms = {pr['distserve']['prefill_ms']}, decode ms = {pr['distserve']['decode_small_batch_ms']}")
+          f"prefill ms = {pr['distserve']['prefill_ms']}, decode ms = {pr['distserve']['decode_small_batch_ms']}, "
+          f"mixed ms = {pr['distserve'].get('mixed_ms', [0, 0, 0])}")
+    mixed = [p for p in pr["points"] if p["name"].startswith("mixed")]
+    if mixed:
+        rms = (sum(p["rel_err"] ** 2 for p in mixed) / len(mixed)) ** 0.5
+        print(f"  mixed points: {len(mixed)}, rms {rms:.1%}, worst {max(abs(p['rel_err']) for p in mixed):.1%}")
     worst = sorted(pr["points"], key=lambda p: -abs(p.get("rel_err", 0)))[:5]
     print("  worst points: " + ", ".join(f"{p['name']} {p['rel_err']:+.1%}" for p in worst))
