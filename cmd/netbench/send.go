@@ -304,7 +304,14 @@ func (t timed) ms() float64 { return float64(t.d) / 1e6 }
 // transfer sends the whole KV with codec name and waits for the ack.
 func (b *bench) transfer(name string) (timed, error) {
 	b.seq++
-	h := kvtransfer.StreamHeader{RequestID: fmt.Sprintf("netbench-%d", b.seq), Codec: name, Layers: len(b.kv),
+	return b.send(fmt.Sprintf("netbench-%d", b.seq), name, b.kv)
+}
+
+// send is one transfer of layers (each b.tokens tokens) as request id with
+// codec name, chunk by chunk and layer by layer, until the ack. Safe to
+// call concurrently with distinct ids.
+func (b *bench) send(id, name string, layers [][]byte) (timed, error) {
+	h := kvtransfer.StreamHeader{RequestID: id, Codec: name, Layers: len(layers),
 		Tokens: b.tokens, TokenBytes: kvTokenBytes, DType: engine.BF16}
 	t0 := time.Now()
 	s, err := b.d.Open(b.ctx, b.addr, h)
@@ -314,8 +321,8 @@ func (b *bench) transfer(name string) (timed, error) {
 	sent := time.Now()
 	for c := 0; c < b.tokens; c += b.chunk {
 		e := min(b.tokens, c+b.chunk)
-		for l := range b.kv {
-			if err := s.Send(l, c, e, b.kv[l][c*kvTokenBytes:e*kvTokenBytes], 0); err != nil {
+		for l := range layers {
+			if err := s.Send(l, c, e, layers[l][c*kvTokenBytes:e*kvTokenBytes], 0); err != nil {
 				s.Abort(err)
 				return timed{}, fmt.Errorf("send %s: %w", name, err)
 			}
@@ -342,24 +349,7 @@ func (b *bench) striped(k int) (float64, error) {
 		b.seq++
 		id := fmt.Sprintf("netbench-%d", b.seq)
 		go func() {
-			h := kvtransfer.StreamHeader{RequestID: id, Codec: codec.None.String(), Layers: len(layers),
-				Tokens: b.tokens, TokenBytes: kvTokenBytes, DType: engine.BF16}
-			s, err := b.d.Open(b.ctx, b.addr, h)
-			if err != nil {
-				errs <- fmt.Errorf("open stripe: %w", err)
-				return
-			}
-			for c := 0; c < b.tokens; c += b.chunk {
-				e := min(b.tokens, c+b.chunk)
-				for l := range layers {
-					if err := s.Send(l, c, e, layers[l][c*kvTokenBytes:e*kvTokenBytes], 0); err != nil {
-						s.Abort(err)
-						errs <- fmt.Errorf("send stripe: %w", err)
-						return
-					}
-				}
-			}
-			_, err = s.Commit(b.ctx, kvtransfer.Commit{})
+			_, err := b.send(id, codec.None.String(), layers)
 			errs <- err
 		}()
 	}

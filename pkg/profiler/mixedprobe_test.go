@@ -25,22 +25,22 @@ import (
 //
 //	go run ./cmd/mkgguf --shape qwen2.5-0.5b --tied --type q8_0 --seed 1 --out /tmp/q05.gguf
 //	PDSERVE_MIXED_PROBE=/tmp/q05.gguf taskset -c 0,1 go test -run '^$' -bench MixedStepProbe -benchtime 1x -v -timeout 30m ./pkg/profiler/
-func BenchmarkMixedStepProbe(t *testing.B) {
+func BenchmarkMixedStepProbe(bm *testing.B) {
 	model := os.Getenv("PDSERVE_MIXED_PROBE")
 	if model == "" {
-		t.Skip("PDSERVE_MIXED_PROBE (a GGUF file) is not set")
+		bm.Skip("PDSERVE_MIXED_PROBE (a GGUF file) is not set")
 	}
 	threads := 2
 	if s := os.Getenv("PDSERVE_MIXED_PROBE_THREADS"); s != "" {
 		threads, _ = strconv.Atoi(s)
 	}
-	lib, _ := repotest.Llama(t)
+	lib, _ := repotest.Llama(bm)
 	e, err := llamacpp.New(llamacpp.Options{LibDir: lib, Model: model, CtxSize: 4096, MaxSeqs: 17, Threads: threads})
 	if err != nil {
-		t.Fatal(err)
+		bm.Fatal(err)
 	}
 	defer e.Close()
-	ctx := t.Context()
+	ctx := bm.Context()
 	rng := rand.New(rand.NewPCG(1, 2))
 	vocab := e.Spec().Vocab
 	prompt := func(n int) []int32 {
@@ -70,7 +70,7 @@ func BenchmarkMixedStepProbe(t *testing.B) {
 			live[i] = id()
 			out, err := e.Prefill(ctx, []engine.PrefillItem{{Seq: live[i], Tokens: prompt(n - 1), Last: true}}, nil)
 			if err != nil {
-				t.Fatal(err)
+				bm.Fatal(err)
 			}
 			toks[live[i]] = out[0].Token
 		}
@@ -83,7 +83,7 @@ func BenchmarkMixedStepProbe(t *testing.B) {
 			_, out, err := engine.RunStep(ctx, e, pre, items, nil)
 			d := time.Since(t0)
 			if err != nil {
-				t.Fatal(err)
+				bm.Fatal(err)
 			}
 			for i, o := range out {
 				toks[items[i].Seq] = o.Token
@@ -103,7 +103,7 @@ func BenchmarkMixedStepProbe(t *testing.B) {
 				s := id()
 				t0 := time.Now()
 				if _, err := e.Prefill(ctx, []engine.PrefillItem{{Seq: s, Tokens: prompt(l), Last: true}}, nil); err != nil {
-					t.Fatal(err)
+					bm.Fatal(err)
 				}
 				pre[l] = append(pre[l], ms(time.Since(t0)))
 				e.Free(s)
