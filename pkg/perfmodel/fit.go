@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 )
 
 // ErrFit reports measured points from which no coefficients can be fitted
@@ -14,30 +15,59 @@ var ErrFit = errors.New("perfmodel: cannot fit")
 const FitMethod = "distserve form; least squares on relative error (rows weighted 1/measured); " +
 	"non-negative coefficients (a negative one is fixed at 0 and the rest refitted); " +
 	"prefill, decode and mixed points fitted jointly, mixed steps paying max(a_p, a_d) once " +
-	"plus a mixed-step interaction m0 + m1·Σn + m2·Σl·Σn fitted on the mixed points; one decode regime"
+	"plus a mixed-step interaction m0 + m1·Σn + m2·Σl·Σn fitted on the mixed points; " +
+	"a cross-prompt term x·Σ lᵢ·(cells of the step's other prompts) fitted on multi-prompt points; " +
+	"one decode regime, or two split at the smallest measured batch size where the decode-only fit improves with F > 10 and its error is within 25% of the best split's"
 
 // minGroupPoints is the fewest distinct prefill-only and decode-only
-// points a fit needs: three coefficients each.
+// points a fit needs: three coefficients each. Each decode regime of a
+// two-regime fit needs as many.
 const minGroupPoints = 3
 
+// Coefficient indices of the fit's design matrix.
+const (
+	colAP = iota // a_p
+	colBP        // b_p
+	colCP        // c_p
+	colAS        // a_d, small batches
+	colBS        // b_d, small batches
+	colCS        // c_d, small batches
+	colAL        // a_d, large batches (the only regime of a one-regime fit)
+	colBL        // b_d, large batches
+	colCL        // c_d, large batches
+	colM0        // mixed m0
+	colM1        // mixed m1
+	colM2        // mixed m2
+	colX         // cross-prompt x
+	nCols
+)
+
 // FitDistServe fits the DistServe form (see DistServe and StepSeconds) to
-// measured step_ms points: prefill-only points fix a_p, b_p, c_p;
+// measured step_ms points: prefill-only points fix a_p, b_p, c_p and, when
+// some have several prompts, the cross-prompt coefficient PrefillCross;
 // decode-only points a_d, b_d, c_d; mixed points (prefill chunks and
 // decode tokens in one step) enter the same fit with the fixed cost
 // max(a_p, a_d), whichever is larger, and alone fix the interaction
 // coefficients Mixed (m0, m1, m2), which are 0 without mixed points. The
-// fit minimises
-// Σ ((model − measured) / measured)², the squared relative errors, so
-// that short and long steps count alike; a coefficient that comes out
-// negative is fixed at 0 and the others refitted, so that no term
-// predicts negative time. A measured profile has one decode regime: the
-// result's DecodeSmall equals DecodeLarge (LargeBatchThreshold 1).
+// fit minimises Σ ((model − measured) / measured)², the squared relative
+// errors, so that short and long steps count alike; a coefficient that
+// comes out negative is fixed at 0 and the others refitted, so that no
+// term predicts negative time.
+//
+// Decode has one regime (LargeBatchThreshold 1, DecodeSmall equal to
+// DecodeLarge) unless two fit the decode-only points significantly
+// better: every measured decode batch size with at least three distinct
+// decode points on each side is tried as LargeBatchThreshold, a split is
+// kept when its F statistic exceeds 10 (about p < 0.001 for a profile's
+// decode points; fits within 1% rms count as exact), and of those the
+// smallest threshold whose error is within 25% of the least wins. llama.cpp's CPU backend, for one, runs a
+// batch of one token through other kernels than a batch of two.
 //
 // Points of other metrics are ignored. Errors: ErrFit when fewer than
 // three distinct prefill-only or decode-only points are given.
 func FitDistServe(points []Point) (*DistServe, error) {
 	var pre, dec, mix []fitRow
-	seenP, seenD := map[[2]float64]bool{}, map[[2]float64]bool{}
+	seenP, seenD := map[[3]float64]bool{}, map[[2]float64]bool{}
 	for _, pt := range points {
 		if pt.Metric != MetricStepMs {
 			continue
@@ -46,7 +76,7 @@ func FitDistServe(points []Point) (*DistServe, error) {
 		switch {
 		case r.nP > 0 && r.nD == 0:
 			pre = append(pre, r)
-			seenP[[2]float64{r.sumL, r.sumQ}] = true
+			seenP[[3]float64{r.sumL, r.sumQ, r.cross}] = true
 		case r.nD > 0 && r.nP == 0:
 			dec = append(dec, r)
 			seenD[[2]float64{r.sumN, r.nD}] = true
@@ -58,78 +88,213 @@ func FitDistServe(points []Point) (*DistServe, error) {
 		return nil, fmt.Errorf("%w: %d distinct prefill and %d distinct decode points (want ≥ %d of each)",
 			ErrFit, len(seenP), len(seenD), minGroupPoints)
 	}
-	// Stage 1: each group alone; its fixed costs say which one a mixed
-	// step pays.
-	cp := nnls(design(pre, false), targets(pre))
-	cd := nnls(design(dec, false), targets(dec))
-	coef := append(append(append([]float64{}, cp[:3]...), cd[3:6]...), 0, 0, 0)
-	if len(mix) > 0 {
-		// Stage 2: all points together, for each choice of the larger
-		// fixed cost; keep the consistent choice of least error.
-		best := math.Inf(1)
-		for _, prefillFixed := range []bool{coef[0] >= coef[3], coef[0] < coef[3]} {
-			rows := append(append(append([]fitRow{}, pre...), dec...), mix...)
-			a := design(rows, prefillFixed)
-			c := nnls(a, targets(rows))
-			if (c[0] >= c[3]) != prefillFixed && c[0] != c[3] {
-				continue
+	t := decodeThreshold(dec)
+	co := fitThreshold(pre, dec, mix, t)
+	d := &DistServe{LargeBatchThreshold: t, PrefillCross: co[colX]}
+	copy(d.Prefill[:], co[colAP:colCP+1])
+	copy(d.DecodeLarge[:], co[colAL:colCL+1])
+	copy(d.Mixed[:], co[colM0:colM2+1])
+	d.DecodeSmall = d.DecodeLarge
+	if t > 1 {
+		copy(d.DecodeSmall[:], co[colAS:colCS+1])
+	}
+	return d, nil
+}
+
+// fitNoiseFloor is the mean squared relative error below which a fit
+// counts as exact: 1% rms, the repeatability of a measured step. Without
+// it an exact model's rounding would pass for a second decode regime.
+const fitNoiseFloor = 1e-4
+
+// splitF is the F statistic a second decode regime must exceed: about
+// p < 0.001 for the 3 extra coefficients and the 18–30 decode points of a
+// profile, so that noise almost never splits one regime in two.
+const splitF = 10
+
+// decodeFit fits the decode-only points alone with regimes split at t
+// (1: one regime) and returns the weighted squared error and how many
+// coefficients are non-zero. The regimes are decode's: judged on decode
+// points alone, no mixed point's freedom pays for a split.
+func decodeFit(dec []fitRow, t int) (sse2 float64, k int) {
+	a := design(dec, t, [2]bool{})
+	c := nnls(a, targets(dec))
+	for _, v := range c {
+		if v != 0 {
+			k++
+		}
+	}
+	return sse(a, c, targets(dec)), k
+}
+
+// splitSlack is how much more error than the best split a smaller
+// threshold may have and still be preferred: between two measured batch
+// sizes the switch's place is unknown, and a lower threshold stretches
+// the small-batch regime's per-sequence slope over fewer unmeasured
+// sizes (llama.cpp's CPU decode costs the same at B = 2, 3 and 4, but a
+// split at 4 would price B = 3 on the slope from 1 to 2).
+const splitSlack = 1.25
+
+// decodeThreshold returns the LargeBatchThreshold of the fit: 1 (one
+// regime) unless splitting at a measured batch size passes the F test
+// ((SSE₁ − SSE₂)/Δk) / (SSE₂/(n − k₂)) > splitF, SSE₂ floored at
+// fitNoiseFloor per degree of freedom. Of the splits that pass, the
+// smallest whose error is within splitSlack of the least.
+func decodeThreshold(dec []fitRow) int {
+	n := float64(len(dec))
+	one, k1 := decodeFit(dec, 1)
+	type pass struct {
+		t   int
+		sse float64
+	}
+	var passed []pass
+	least := math.Inf(1)
+	for _, t := range splits(dec) {
+		two, k2 := decodeFit(dec, t)
+		dof := n - float64(k2)
+		if k2 <= k1 || dof < 1 || two >= one {
+			continue
+		}
+		if f := (one - two) / float64(k2-k1) / (max(two, dof*fitNoiseFloor) / dof); f > splitF {
+			passed = append(passed, pass{t, two})
+			least = min(least, two)
+		}
+	}
+	for _, p := range passed { // ascending t
+		if p.sse <= splitSlack*least {
+			return p.t
+		}
+	}
+	return 1
+}
+
+// splits returns the decode batch sizes that can split dec into two
+// regimes with at least minGroupPoints distinct points each.
+func splits(dec []fitRow) []int {
+	var sizes []int
+	seen := map[int]bool{}
+	for _, r := range dec {
+		if b := int(r.nD); !seen[b] {
+			seen[b] = true
+			sizes = append(sizes, b)
+		}
+	}
+	var out []int
+	for _, t := range sizes {
+		below, above := map[[2]float64]bool{}, map[[2]float64]bool{}
+		for _, r := range dec {
+			if int(r.nD) < t {
+				below[[2]float64{r.sumN, r.nD}] = true
+			} else {
+				above[[2]float64{r.sumN, r.nD}] = true
 			}
-			if e := sse(a, c, targets(rows)); e < best {
-				best, coef = e, c
+		}
+		if len(below) >= minGroupPoints && len(above) >= minGroupPoints {
+			out = append(out, t)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// fitThreshold fits every coefficient with decode regimes split at
+// threshold t (1: one regime, in the large-batch columns). Stage 1 fits
+// prefill and decode apart, which is the answer without mixed points;
+// with them, stage 2 fits all points together for each choice of which
+// fixed cost, a_p or the regime's a_d, is the larger, and keeps the
+// consistent choice of least error (the choice of least error when none
+// is consistent).
+func fitThreshold(pre, dec, mix []fitRow, t int) []float64 {
+	choose := func(prefillFixed [2]bool, rows []fitRow) ([][]float64, []float64) {
+		a := design(rows, t, prefillFixed)
+		return a, nnls(a, targets(rows))
+	}
+	any := [2]bool{true, true}
+	_, cp := choose(any, pre)
+	_, cd := choose(any, dec)
+	coef := make([]float64, nCols)
+	copy(coef[colAP:colCP+1], cp[colAP:colCP+1])
+	coef[colX] = cp[colX]
+	copy(coef[colAS:colCL+1], cd[colAS:colCL+1])
+	rows := append(append(append([]fitRow{}, pre...), dec...), mix...)
+	if len(mix) == 0 {
+		return coef
+	}
+	best, bestSSE := coef, math.Inf(1)
+	consistent := func(c []float64, prefillFixed [2]bool) bool {
+		for r, col := range [2]int{colAS, colAL} {
+			if (c[colAP] >= c[col]) != prefillFixed[r] && c[colAP] != c[col] {
+				return false
+			}
+		}
+		return true
+	}
+	for _, pf := range [][2]bool{{true, true}, {true, false}, {false, true}, {false, false}} {
+		a, c := choose(pf, rows)
+		if !consistent(c, pf) {
+			continue
+		}
+		if e := sse(a, c, targets(rows)); e < bestSSE {
+			best, bestSSE = c, e
+		}
+	}
+	if math.IsInf(bestSSE, 1) {
+		// No choice is consistent: keep the one of least error, which
+		// StepSeconds then prices with the larger fixed cost (a mixed
+		// step dearer by |a_p − a_d| than fitted).
+		for _, pf := range [][2]bool{{true, true}, {true, false}, {false, true}, {false, false}} {
+			a, c := choose(pf, rows)
+			if e := sse(a, c, targets(rows)); e < bestSSE {
+				best, bestSSE = c, e
 			}
 		}
 	}
-	d := &DistServe{LargeBatchThreshold: 1}
-	copy(d.Prefill[:], coef[:3])
-	copy(d.DecodeSmall[:], coef[3:6])
-	copy(d.Mixed[:], coef[6:])
-	d.DecodeLarge = d.DecodeSmall
-	return d, nil
+	return best
 }
 
 // fitRow is one point's sums in the DistServe form, and its value in ms.
 type fitRow struct {
-	nP, nD, sumL, sumQ, sumN, ms float64
+	nP, nD, sumL, sumQ, sumN, cross, ms float64
 }
 
 func rowOf(pt Point) fitRow {
 	b := pt.Batch()
 	r := fitRow{nP: float64(len(b.Prefill)), nD: float64(len(b.Decode)), ms: pt.Value}
-	for i := range b.Prefill {
-		l, c := b.chunk(i)
-		r.sumL += l
-		r.sumQ += (c+l)*(c+l) - c*c
-	}
+	r.sumL, r.sumQ, r.cross = b.prefillSums()
 	for _, n := range b.Decode {
 		r.sumN += float64(max(n, 0))
 	}
 	return r
 }
 
-// design returns the weighted design matrix of rows over the nine
-// coefficients (a_p, b_p, c_p, a_d, b_d, c_d, m0, m1, m2); a mixed row pays
-// a_p when prefillFixed, else a_d, and is the only kind with m0, m1, m2.
-// Each row is divided by its measured value, so that least squares
-// minimises relative errors.
-func design(rows []fitRow, prefillFixed bool) [][]float64 {
+// design returns the weighted design matrix of rows over the coefficients
+// (colAP … colX) with decode regimes split at threshold t (1: every row in
+// the large-batch columns); a mixed row of regime r (0 small, 1 large)
+// pays a_p when prefillFixed[r], else its regime's a_d, and only mixed
+// rows have m0, m1, m2. Each row is divided by its measured value, so
+// that least squares minimises relative errors.
+func design(rows []fitRow, t int, prefillFixed [2]bool) [][]float64 {
 	a := make([][]float64, 0, len(rows))
 	for _, r := range rows {
 		w := 1 / r.ms
-		x := make([]float64, 9)
+		x := make([]float64, nCols)
+		regime, base := 1, colAL
+		if t > 1 && r.nD < float64(t) {
+			regime, base = 0, colAS
+		}
 		if r.nP > 0 {
-			x[1], x[2] = r.sumL*w, r.sumQ*w
+			x[colBP], x[colCP], x[colX] = r.sumL*w, r.sumQ*w, r.cross*w
 		}
 		if r.nD > 0 {
-			x[4], x[5] = r.sumN*w, r.nD*w
+			x[base+1], x[base+2] = r.sumN*w, r.nD*w
 		}
 		if r.nP > 0 && r.nD > 0 {
-			x[6], x[7], x[8] = w, r.sumN*w, r.sumL*r.sumN*w
+			x[colM0], x[colM1], x[colM2] = w, r.sumN*w, r.sumL*r.sumN*w
 		}
 		switch {
-		case r.nD == 0, r.nP > 0 && prefillFixed:
-			x[0] = w
+		case r.nD == 0, r.nP > 0 && prefillFixed[regime]:
+			x[colAP] = w
 		default:
-			x[3] = w
+			x[base] = w
 		}
 		a = append(a, x)
 	}

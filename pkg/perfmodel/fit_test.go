@@ -15,14 +15,27 @@ import (
 // cpuTruth are coefficients of the size a 1-thread CPU shows for a
 // 0.5B-parameter model, ms, with a mixed-step interaction of the size
 // llama.cpp shows (a fixed 30 ms, 0.09 ms per decode context token, 3e-4
-// ms per chunk token × decode context token).
+// ms per chunk token × decode context token) and a cross-prompt cost of
+// 1e-4 ms per prompt token × another prompt's cell (7% of a 4×256 step).
 var cpuTruth = DistServe{
 	Prefill:             [3]float64{6, 0.9, 2e-4},
 	DecodeSmall:         [3]float64{25, 0.004, 1.8},
 	DecodeLarge:         [3]float64{25, 0.004, 1.8},
 	LargeBatchThreshold: 1,
 	Mixed:               [3]float64{30, 0.09, 3e-4},
+	PrefillCross:        1e-4,
 }
+
+// twoRegimeTruth has llama.cpp's CPU decode shape: a batch of one token
+// runs other kernels, cheaper per step than the line through larger
+// batches (B ≥ 2) predicts.
+var twoRegimeTruth = func() DistServe {
+	d := cpuTruth
+	d.DecodeSmall = [3]float64{20, 0.003, 0}
+	d.DecodeLarge = [3]float64{30, 0.005, 1.2}
+	d.LargeBatchThreshold = 2
+	return d
+}()
 
 // syntheticPoints returns step_ms points of the grid coordinator profile
 // measures, valued by truth, each multiplied by 1 + N(0, noise²) drawn
@@ -40,6 +53,7 @@ func syntheticPoints(truth DistServe, noise float64, seed uint64) []Point {
 	for l := 16; l <= 2048; l *= 2 {
 		add(fmt.Sprintf("prefill 1x%d", l), Point{Prefill: []int{l}})
 		if l <= 256 {
+			add(fmt.Sprintf("prefill 2x%d", l), Point{Prefill: []int{l, l}})
 			add(fmt.Sprintf("prefill 4x%d", l), Point{Prefill: []int{l, l, l, l}})
 		}
 	}
@@ -63,10 +77,11 @@ func syntheticPoints(truth DistServe, noise float64, seed uint64) []Point {
 // The fit recovers known coefficients from noisy points: with 2% noise
 // (fixed seed) every prefill and decode coefficient lies within 12% of the
 // truth, the mixed-step interaction's (m0, m1, m2) within 15% (fewer
-// points fix them), and the fitted model within 3% of the noise-free step
-// time at every point.
+// points fix them), the cross-prompt coefficient within 50% (it is at most
+// 7% of any step, so 2% noise moves it most), and the fitted model within
+// 4% of the noise-free step time at every point.
 func TestFitDistServeRecoversCoefficients(t *testing.T) {
-	const noise, coefTol, mixedTol, stepTol = 0.02, 0.12, 0.15, 0.03
+	const noise, coefTol, mixedTol, crossTol, stepTol = 0.02, 0.12, 0.15, 0.5, 0.04
 	for _, seed := range []uint64{1, 2, 3} {
 		t.Run(fmt.Sprint("seed ", seed), func(t *testing.T) {
 			pts := syntheticPoints(cpuTruth, noise, seed)
@@ -86,6 +101,9 @@ func TestFitDistServeRecoversCoefficients(t *testing.T) {
 				if e := math.Abs(got.Mixed[i]/cpuTruth.Mixed[i] - 1); e > mixedTol {
 					t.Errorf("mixed coefficient m%d = %.6g, want %.6g (±%.0f%%, off by %.1f%%)", i, got.Mixed[i], cpuTruth.Mixed[i], 100*mixedTol, 100*e)
 				}
+			}
+			if e := math.Abs(got.PrefillCross/cpuTruth.PrefillCross - 1); e > crossTol {
+				t.Errorf("cross-prompt coefficient = %.6g, want %.6g (±%.0f%%, off by %.1f%%)", got.PrefillCross, cpuTruth.PrefillCross, 100*crossTol, 100*e)
 			}
 			if got.DecodeLarge != got.DecodeSmall || got.LargeBatchThreshold != 1 {
 				t.Errorf("want one decode regime, got %+v", got)
@@ -113,6 +131,64 @@ func TestFitDistServeExactWithoutNoise(t *testing.T) {
 			if math.Abs(c[0]/c[1]-1) > 1e-6 {
 				t.Errorf("got %+v, want %+v", got, cpuTruth)
 			}
+		}
+	}
+	if math.Abs(got.PrefillCross/cpuTruth.PrefillCross-1) > 1e-6 || got.LargeBatchThreshold != 1 {
+		t.Errorf("cross %.6g, threshold %d: want %.6g, 1", got.PrefillCross, got.LargeBatchThreshold, cpuTruth.PrefillCross)
+	}
+}
+
+// Two decode regimes are found where the points have them: the threshold
+// is the truth's and, with 2% noise, every fixed and per-sequence cost
+// lies within 12% of the truth and the per-context costs within 25% (a
+// few ms of a step). The batch-of-one regime's per-sequence cost is the
+// same column as its fixed cost at B = 1, so their sum is what is
+// compared. Exact without noise.
+func TestFitDistServeFindsTwoDecodeRegimes(t *testing.T) {
+	truth := twoRegimeTruth
+	for _, tc := range []struct {
+		noise float64
+		seed  uint64
+		tol   float64
+	}{{0, 1, 1e-6}, {0.02, 1, 0.12}, {0.02, 2, 0.12}, {0.02, 3, 0.12}} {
+		ctxTol := tc.tol
+		if tc.noise > 0 {
+			ctxTol = 0.25
+		}
+		t.Run(fmt.Sprintf("noise %g seed %d", tc.noise, tc.seed), func(t *testing.T) {
+			got, err := FitDistServe(syntheticPoints(truth, tc.noise, tc.seed))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.LargeBatchThreshold != truth.LargeBatchThreshold {
+				t.Fatalf("threshold %d, want %d: %+v", got.LargeBatchThreshold, truth.LargeBatchThreshold, got)
+			}
+			for _, c := range [][3]float64{
+				{got.DecodeSmall[0] + got.DecodeSmall[2], truth.DecodeSmall[0] + truth.DecodeSmall[2], tc.tol},
+				{got.DecodeSmall[1], truth.DecodeSmall[1], ctxTol},
+				{got.DecodeLarge[0], truth.DecodeLarge[0], tc.tol},
+				{got.DecodeLarge[1], truth.DecodeLarge[1], ctxTol},
+				{got.DecodeLarge[2], truth.DecodeLarge[2], tc.tol},
+			} {
+				if math.Abs(c[0]/c[1]-1) > c[2] {
+					t.Errorf("decode small %v large %v, want %v %v", got.DecodeSmall, got.DecodeLarge, truth.DecodeSmall, truth.DecodeLarge)
+					break
+				}
+			}
+		})
+	}
+}
+
+// Noise alone does not split one decode regime in two: ten noisy draws of
+// a one-regime truth keep one regime.
+func TestFitDistServeNoiseKeepsOneRegime(t *testing.T) {
+	for seed := uint64(1); seed <= 10; seed++ {
+		got, err := FitDistServe(syntheticPoints(cpuTruth, 0.02, seed))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.LargeBatchThreshold != 1 || got.DecodeSmall != got.DecodeLarge {
+			t.Errorf("seed %d: threshold %d, decode small %v large %v: want one regime", seed, got.LargeBatchThreshold, got.DecodeSmall, got.DecodeLarge)
 		}
 	}
 }
@@ -227,6 +303,8 @@ func TestMeasuredProfileValidation(t *testing.T) {
 		{"missing rel_err", func(p *Profile) { p.Points[0].RelErr = nil }},
 		{"stale total", func(p *Profile) { p.Measured.Fit.TotalRelErr += 0.01 }},
 		{"negative mixed term", func(p *Profile) { p.DistServe.Mixed[1] = -0.01 }},
+		{"negative cross term", func(p *Profile) { p.DistServe.PrefillCross = -1e-5 }},
+		{"NaN cross term", func(p *Profile) { p.DistServe.PrefillCross = math.NaN() }},
 		{"cpu without threads", func(p *Profile) { p.Threads = 0 }},
 		{"cpu name", func(p *Profile) { p.Name = "cpu/random-qwen2/tp1" }},
 		{"cpu roofline", func(p *Profile) { p.Form = FormRoofline }},
@@ -247,27 +325,31 @@ func TestMeasuredProfileValidation(t *testing.T) {
 	}
 }
 
-// A profile without the mixed-step term (as written before it existed)
-// has no mixed_ms in its JSON, reads back equal, and prices a mixed step
-// as max(a_p, a_d) plus the parts' marginal costs; one with the term
-// carries it through the file.
+// A profile without the mixed-step and cross-prompt terms (as written
+// before they existed) has no mixed_ms or prefill_cross_ms in its JSON,
+// reads back equal, and prices a mixed step as max(a_p, a_d) plus the
+// parts' marginal costs; one with the terms carries them through the
+// file.
 func TestMeasuredProfileRoundTripsWithAndWithoutMixedTerm(t *testing.T) {
 	for _, withTerm := range []bool{false, true} {
 		t.Run(fmt.Sprint("term ", withTerm), func(t *testing.T) {
 			p := measuredProfile(t)
 			if !withTerm {
 				p.DistServe.Mixed = [3]float64{}
+				p.DistServe.PrefillCross = 0
 				p.Measured.Fit = p.SetFitErrors()
 				p.Measured.Fit.Method = FitMethod
-			} else if p.DistServe.Mixed == [3]float64{} {
-				t.Fatal("the fitted profile has no mixed term")
+			} else if p.DistServe.Mixed == [3]float64{} || p.DistServe.PrefillCross == 0 {
+				t.Fatal("the fitted profile lacks the mixed or the cross-prompt term")
 			}
 			data, err := p.Marshal()
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := bytes.Contains(data, []byte(`"mixed_ms"`)); got != withTerm {
-				t.Errorf("JSON has mixed_ms: %v, want %v", got, withTerm)
+			for _, key := range []string{`"mixed_ms"`, `"prefill_cross_ms"`} {
+				if got := bytes.Contains(data, []byte(key)); got != withTerm {
+					t.Errorf("JSON has %s: %v, want %v", key, got, withTerm)
+				}
 			}
 			got, err := Parse(data)
 			if err != nil {
@@ -309,6 +391,34 @@ func TestMixedTermIsPriced(t *testing.T) {
 		got := (with.StepSeconds(tc.b) - without.StepSeconds(tc.b)) * 1e3
 		if math.Abs(got-tc.extra) > 1e-9 {
 			t.Errorf("%+v: the mixed term adds %.6g ms, want %.6g", tc.b, got, tc.extra)
+		}
+	}
+}
+
+// Pricing uses the cross-prompt term on every step of several prompts,
+// mixed or not, counting cached context as cells: it fails if the term
+// is ignored or counts a prompt against itself.
+func TestCrossTermIsPriced(t *testing.T) {
+	with := &Profile{Form: FormDistServe, DistServe: &cpuTruth}
+	plain := cpuTruth
+	plain.PrefillCross = 0
+	without := &Profile{Form: FormDistServe, DistServe: &plain}
+	x := cpuTruth.PrefillCross
+	for _, tc := range []struct {
+		b     Batch
+		extra float64 // ms
+	}{
+		{Batch{Prefill: []int{16, 32}}, x * (16*32 + 32*16)},
+		{Batch{Prefill: []int{256, 256, 256, 256}}, x * 4 * 256 * 768},
+		{Batch{Prefill: []int{100, 20}, PrefillContext: []int{50}}, x * (100*20 + 20*150)},
+		{Batch{Prefill: []int{16, 32}, Decode: []int{40}}, x * (16*32 + 32*16)},
+		{Batch{Prefill: []int{1024}}, 0},
+		{Batch{Prefill: []int{256}, PrefillContext: []int{256}, Decode: []int{100}}, 0},
+		{Batch{Decode: []int{100, 200}}, 0},
+	} {
+		got := (with.StepSeconds(tc.b) - without.StepSeconds(tc.b)) * 1e3
+		if math.Abs(got-tc.extra) > 1e-9 {
+			t.Errorf("%+v: the cross-prompt term adds %.6g ms, want %.6g", tc.b, got, tc.extra)
 		}
 	}
 }

@@ -83,7 +83,8 @@ func (m ModelShape) WeightBytes() float64 {
 //
 // Decode uses DecodeSmall when B < LargeBatchThreshold, else DecodeLarge.
 // Mixed, zero in DistServe's own profiles, is what a step of both kinds
-// costs beyond the sum of its parts (see StepSeconds).
+// costs beyond the sum of its parts, and PrefillCross what each prompt of
+// a multi-prompt step costs for the others' cells (see StepSeconds).
 // Context lengths count the new token, as DistServe's simulator does
 // (context + 1). Pipeline parallelism (DistServe's ÷PP, + 1 ms per stage) is
 // not modelled: profiles are pipeline-parallel 1.
@@ -96,6 +97,9 @@ type DistServe struct {
 	// decode context token, m2 ms per (chunk token × decode context
 	// token); all ≥ 0, all 0 (omitted from the JSON) when not fitted.
 	Mixed [3]float64 `json:"mixed_ms,omitzero"`
+	// PrefillCross is x, ms per (chunk token × cell of another prompt in
+	// the same step), see StepSeconds; ≥ 0, 0 (omitted) when not fitted.
+	PrefillCross float64 `json:"prefill_cross_ms,omitzero"`
 }
 
 // Roofline holds the calibrated factors of the roofline form. Efficiencies
@@ -383,6 +387,9 @@ func (p *Profile) Validate() error {
 			if x < 0 {
 				return bad("distserve mixed_ms coefficients must be ≥ 0")
 			}
+		}
+		if !(d.PrefillCross >= 0) || math.IsInf(d.PrefillCross, 0) {
+			return bad("distserve prefill_cross_ms must be finite and ≥ 0")
 		}
 	case FormRoofline:
 		if p.Roofline == nil {

@@ -57,6 +57,24 @@ func (b Batch) chunk(i int) (l, c float64) {
 	return l, c
 }
 
+// prefillSums returns the prefill chunks' Σl, Σq with q = (c+l)² − c²,
+// and the cross-prompt count Σᵢ lᵢ·Σⱼ≠ᵢ (cⱼ + lⱼ): the cells of the step's
+// other prompts each chunk token shares the step with.
+func (b Batch) prefillSums() (sumL, sumQ, cross float64) {
+	var cells float64
+	for i := range b.Prefill {
+		l, c := b.chunk(i)
+		sumL += l
+		sumQ += (c+l)*(c+l) - c*c
+		cells += c + l
+	}
+	for i := range b.Prefill {
+		l, c := b.chunk(i)
+		cross += l * (cells - c - l)
+	}
+	return sumL, sumQ, cross
+}
+
 // StepTime returns how long the step b takes on the profile's GPUs, rounded
 // to the nanosecond; an empty batch takes 0. See StepSeconds.
 func (p *Profile) StepTime(b Batch) time.Duration { return seconds(p.StepSeconds(b)) }
@@ -78,15 +96,20 @@ func (p *Profile) DecodeTime(contexts []int) time.Duration {
 // (a_d, b_d, c_d) coefficients, the decode pair chosen by the number D of
 // decode sequences:
 //
-//	prefill only:  a_p + b_p·Σl + c_p·Σq
+//	prefill only:  a_p + b_p·Σl + c_p·Σq + x·X
 //	decode only:   a_d + b_d·Σn + c_d·D
-//	mixed:         max(a_p, a_d) + b_p·Σl + c_p·Σq + b_d·Σn + c_d·D
+//	mixed:         max(a_p, a_d) + b_p·Σl + c_p·Σq + x·X + b_d·Σn + c_d·D
 //	               + m0 + m1·Σn + m2·Σl·Σn
 //
 // where q = (c+l)² − c² is the attention term of a chunk of l tokens after c
 // cached ones (l² for a whole prompt, so prefill-only batches of whole
-// prompts reproduce DistServe's formula exactly), and n are decode context
-// lengths. A mixed step pays one fixed cost and every item's marginal cost:
+// prompts reproduce DistServe's formula exactly), n are decode context
+// lengths, and X = Σᵢ lᵢ·Σⱼ≠ᵢ (cⱼ + lⱼ) counts each chunk token against the
+// cells of the step's other prompts; x (PrefillCross) is 0 in DistServe's
+// own profiles. In llama.cpp's unified KV cache every token of a step
+// scans every cell the step's sequences hold, masking other sequences'
+// cells out: a batch of 4 prompts of 256 tokens costs more than the
+// DistServe form's 4 × 256², less than one prompt of 1024. A mixed step pays one fixed cost and every item's marginal cost:
 // the prefill chunks' cost is the interference a decode batch suffers.
 // The Mixed coefficients (m0, m1, m2), 0 in DistServe's own profiles, add
 // what the parts cost together beyond that. On llama.cpp's CPU backend
@@ -131,12 +154,8 @@ func (d *DistServe) seconds(b Batch) float64 {
 	if nD >= d.LargeBatchThreshold {
 		dec = d.DecodeLarge
 	}
-	var sumL, sumQ, sumN float64
-	for i := range b.Prefill {
-		l, c := b.chunk(i)
-		sumL += l
-		sumQ += (c+l)*(c+l) - c*c
-	}
+	sumL, sumQ, cross := b.prefillSums()
+	var sumN float64
 	for _, n := range b.Decode {
 		sumN += float64(max(n, 0))
 	}
@@ -144,11 +163,11 @@ func (d *DistServe) seconds(b Batch) float64 {
 	var ms float64
 	switch {
 	case nD == 0:
-		ms = pf[0] + pf[1]*sumL + pf[2]*sumQ
+		ms = pf[0] + pf[1]*sumL + pf[2]*sumQ + d.PrefillCross*cross
 	case nP == 0:
 		ms = dec[0] + dec[1]*sumN + dec[2]*float64(nD)
 	default:
-		ms = max(pf[0], dec[0]) + pf[1]*sumL + pf[2]*sumQ + dec[1]*sumN + dec[2]*float64(nD)
+		ms = max(pf[0], dec[0]) + pf[1]*sumL + pf[2]*sumQ + d.PrefillCross*cross + dec[1]*sumN + dec[2]*float64(nD)
 		mx := d.Mixed
 		ms += mx[0] + mx[1]*sumN + mx[2]*sumL*sumN
 	}

@@ -34,6 +34,9 @@ type Options struct {
 	HardwareName string
 	ModelName    string
 	Seed         uint64
+	// Refit, when set, names a measured profile whose points are fitted
+	// again (Refit) instead of measuring an engine.
+	Refit string
 }
 
 // DefaultOptions returns the flag defaults: the llamacpp engine, a
@@ -59,6 +62,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.HardwareName, "hardware-name", o.HardwareName, "hardware part of the profile's name (default cpu, or the GPU's name)")
 	fs.StringVar(&o.ModelName, "model-name", o.ModelName, "model part of the profile's name (default the model's own name)")
 	fs.Uint64Var(&o.Seed, "token-seed", o.Seed, "seed of the random prompt tokens")
+	fs.StringVar(&o.Refit, "refit", o.Refit, "fit the measured points of this profile file again with this version's fit and write the result to --out; no engine runs")
 }
 
 // errUsage marks option errors (exit code 2).
@@ -69,6 +73,12 @@ func (o Options) Validate() error {
 	var errs []error
 	if o.Out == "" {
 		errs = append(errs, errors.New("--out FILE is required"))
+	}
+	if o.Refit != "" {
+		if len(errs) > 0 {
+			return fmt.Errorf("%w: %w", errUsage, errors.Join(errs...))
+		}
+		return nil
 	}
 	if o.Budget <= 0 {
 		errs = append(errs, fmt.Errorf("--budget %v must be > 0", o.Budget))
@@ -132,7 +142,15 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "coordinator profile: %v\n", strings.TrimPrefix(err.Error(), errUsage.Error()+": "))
 		return 2
 	}
-	p, err := Profile(ctx, o, stderr)
+	var p *perfmodel.Profile
+	var err error
+	if o.Refit != "" {
+		if p, err = perfmodel.LoadFile(o.Refit); err == nil {
+			err = Refit(p)
+		}
+	} else {
+		p, err = Profile(ctx, o, stderr)
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "coordinator profile: %v\n", err)
 		return 1
@@ -145,8 +163,38 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "coordinator profile: %v\n", err)
 		return 1
 	}
+	if o.Refit != "" {
+		fmt.Fprintf(stderr, "coordinator profile: wrote %s (%s), refitted from %s\n", o.Out, p.Name, o.Refit)
+		return 0
+	}
 	fmt.Fprintf(stderr, "coordinator profile: wrote %s (%s) in %.1f s\n", o.Out, p.Name, p.Measured.ElapsedS)
 	return 0
+}
+
+// Refit fits a measured profile's points again with perfmodel.FitDistServe
+// and sets the coefficients, every point's rel_err and the fit summary, so
+// that a profile measured by an earlier version gains the terms of this
+// one without measuring again. Errors: a profile that was not measured
+// (no Measured), perfmodel.ErrFit, perfmodel.ErrInvalidProfile.
+func Refit(p *perfmodel.Profile) error {
+	if p.Measured == nil || p.Form != perfmodel.FormDistServe {
+		return fmt.Errorf("profiler: refit: %s is not a measured profile (written by coordinator profile)", p.Name)
+	}
+	ds, err := perfmodel.FitDistServe(p.Points)
+	if err != nil {
+		return fmt.Errorf("profiler: refit: %w", err)
+	}
+	old := p.Measured.Fit.Method
+	p.DistServe = ds
+	p.Measured.Fit = p.SetFitErrors()
+	p.Measured.Fit.Method = perfmodel.FitMethod
+	if old != "" {
+		p.Calibration = strings.Replace(p.Calibration, old, perfmodel.FitMethod, 1)
+	}
+	if err := p.Validate(); err != nil {
+		return fmt.Errorf("profiler: refit: %w", err)
+	}
+	return nil
 }
 
 // Profile builds the engine o names, measures it and returns the fitted
@@ -219,8 +267,14 @@ func WriteReport(w io.Writer, p *perfmodel.Profile) error {
 		fmt.Fprintf(tw, "%s\t%d\t%.1f%%\t%.4g\t%.4g\t%+.1f%%\t%s\n", pt.Name, pt.Samples, 100*pt.Spread, pt.Value, model, 100**pt.RelErr, flag)
 	}
 	d := p.DistServe
-	fmt.Fprintf(tw, "\nprefill ms = %.4g + %.4g·Σl + %.4g·Σl²\n", d.Prefill[0], d.Prefill[1], d.Prefill[2])
-	fmt.Fprintf(tw, "decode ms  = %.4g + %.4g·Σn + %.4g·B\n", d.DecodeSmall[0], d.DecodeSmall[1], d.DecodeSmall[2])
+	fmt.Fprintf(tw, "\nprefill ms = %.4g + %.4g·Σl + %.4g·Σl² + %.4g·X (X: each prompt token × the other prompts' cells)\n",
+		d.Prefill[0], d.Prefill[1], d.Prefill[2], d.PrefillCross)
+	if t := d.LargeBatchThreshold; t > 1 {
+		fmt.Fprintf(tw, "decode ms  = %.4g + %.4g·Σn + %.4g·B for B < %d; %.4g + %.4g·Σn + %.4g·B for B ≥ %d\n",
+			d.DecodeSmall[0], d.DecodeSmall[1], d.DecodeSmall[2], t, d.DecodeLarge[0], d.DecodeLarge[1], d.DecodeLarge[2], t)
+	} else {
+		fmt.Fprintf(tw, "decode ms  = %.4g + %.4g·Σn + %.4g·B\n", d.DecodeLarge[0], d.DecodeLarge[1], d.DecodeLarge[2])
+	}
 	fmt.Fprintf(tw, "mixed ms   = max(a_p, a_d) + the parts' marginal costs + %.4g + %.4g·Σn + %.4g·Σl·Σn\n", d.Mixed[0], d.Mixed[1], d.Mixed[2])
 	fmt.Fprintf(tw, "KV bytes per token: %d; KV pool: %d tokens per worker\n", p.KVBytesPerToken(), p.MaxKVTokens())
 	if m := p.Measured; m != nil {

@@ -126,6 +126,24 @@ var (
 	mixedBatches  = []int{2, 4, 16}
 )
 
+// decodeBatches are the decode batch sizes of the grid up to max: 1, 2, 3
+// and the powers of two from 4. Batch 3 places a decode regime switch
+// just past a batch of one or two (llama.cpp's CPU backend runs one token
+// through other kernels than two), so that the fit does not stretch one
+// regime's per-sequence slope over a batch size it never measured.
+func decodeBatches(max int) []int {
+	var bs []int
+	for _, b := range []int{1, 2, 3} {
+		if b <= max {
+			bs = append(bs, b)
+		}
+	}
+	for b := 4; b <= max; b *= 2 {
+		bs = append(bs, b)
+	}
+	return bs
+}
+
 // grid returns every task within lim, by level.
 func grid(lim limits) []task {
 	var ts []task
@@ -149,7 +167,7 @@ func grid(lim limits) []task {
 		if n > lim.maxTokens {
 			break
 		}
-		for b := 1; b <= lim.maxBatch; b *= 2 {
+		for _, b := range decodeBatches(lim.maxBatch) {
 			if b*n+spare(b, 0) <= lim.cells {
 				add(task{kind: kindDecode, b: b, n: n})
 			}

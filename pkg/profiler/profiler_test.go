@@ -151,6 +151,7 @@ func TestMainRejectsBadFlags(t *testing.T) {
 		{"--out", "x.json", "--engine", "ref"},
 		{"--out", "x.json", "--engine", "sim", "--profile", "a100-80g/opt-13b/tp1", "--repeats", "0"},
 		{"--out", "x.json", "--engine", "llamacpp"}, // no model
+		{"--refit", "old.json"}, // no --out
 	} {
 		var out, errs bytes.Buffer
 		if code := Main(t.Context(), args, &out, &errs); code != 2 {
@@ -256,5 +257,78 @@ func TestHostInfoCountsTheMachinesCPUs(t *testing.T) {
 	h := HostInfo(1)
 	if h.LogicalCPUs < 1 || h.Threads != 1 {
 		t.Errorf("host %+v", h)
+	}
+}
+
+// --refit fits a measured profile's stored points again: a profile whose
+// coefficients an older fit wrote (here: without the cross-prompt term and
+// with stale rel_err) comes back with this version's coefficients, every
+// rel_err and summary recomputed, the method named, and nothing else
+// changed; a profile that was not measured is refused with exit 1.
+func TestMainRefit(t *testing.T) {
+	const name = "a100-80g/opt-13b/tp1"
+	e, clk := newFakeSim(t, name)
+	res, err := Measure(t.Context(), e, Settings{Budget: time.Hour, Now: clk.Now, MaxBatch: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := Build(res, e.Spec(), Describe{Engine: "sim", EngineModel: name, Sim: e.Profile(), TimeScale: 1,
+		Host: HostInfo(1), Budget: 3600, Tolerance: 0.05})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := perfmodel.FitDistServe(p.Points)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const oldMethod = "an older fit"
+	old := *p
+	oldDS := *p.DistServe
+	oldDS.Prefill[1] *= 1.2
+	old.DistServe = &oldDS
+	old.Points = append([]perfmodel.Point(nil), p.Points...)
+	m := *p.Measured
+	old.Measured = &m
+	old.Measured.Fit = old.SetFitErrors()
+	old.Measured.Fit.Method = oldMethod
+	old.Calibration = strings.Replace(p.Calibration, perfmodel.FitMethod, oldMethod, 1)
+	dir := t.TempDir()
+	in, out := filepath.Join(dir, "old.json"), filepath.Join(dir, "new.json")
+	if err := old.WriteFile(in); err != nil {
+		t.Fatal(err)
+	}
+	var stdout, stderr bytes.Buffer
+	if code := Main(t.Context(), []string{"--refit", in, "--out", out}, &stdout, &stderr); code != 0 {
+		t.Fatalf("refit exit %d: %s", code, stderr.String())
+	}
+	got, err := perfmodel.LoadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *got.DistServe != *want {
+		t.Errorf("refitted %+v, want %+v", *got.DistServe, *want)
+	}
+	if got.Measured.Fit.Method != perfmodel.FitMethod || !strings.Contains(got.Calibration, perfmodel.FitMethod) || strings.Contains(got.Calibration, oldMethod) {
+		t.Errorf("method %q, calibration %q", got.Measured.Fit.Method, got.Calibration)
+	}
+	if f := got.Measured.Fit; f.MaxRelErr > 2e-3 || old.Measured.Fit.MaxRelErr < 0.05 {
+		t.Errorf("fit error %+v after, %+v before: want the refit's ~0", f, old.Measured.Fit)
+	}
+	if got.Name != p.Name || len(got.Points) != len(p.Points) || got.Measured.Hardware != p.Measured.Hardware {
+		t.Errorf("refit changed what it should keep: %s, %d points, %+v", got.Name, len(got.Points), got.Measured.Hardware)
+	}
+
+	// A published profile has no measured points to refit.
+	pub, err := perfmodel.Load(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pubFile := filepath.Join(dir, "published.json")
+	if err := pub.WriteFile(pubFile); err != nil {
+		t.Fatal(err)
+	}
+	stderr.Reset()
+	if code := Main(t.Context(), []string{"--refit", pubFile, "--out", out}, &stdout, &stderr); code != 1 || !strings.Contains(stderr.String(), "not a measured profile") {
+		t.Errorf("refit of a published profile: exit %d, stderr %q; want 1 and a clear error", code, stderr.String())
 	}
 }

@@ -5,9 +5,12 @@
 # worker processes.
 #
 # usage (from the repository root):
-#   loadtest/results/planner-validation-llamacpp/run.sh [profile|1p1d|colocated|plan]...
-# (no argument: all four, in that order; plan writes the recommendation on
-# the 2-core budget, plan-budget2.json). BIN: directory with coordinator,
+#   loadtest/results/planner-validation-llamacpp/run.sh [profile|1p1d|colocated|plan|refit|repredict]...
+# (no argument: the first four, in that order; plan writes the
+# recommendation on the 2-core budget, plan-budget2.json; refit fits the
+# profiles' stored points again with this version's fit, and repredict
+# redoes every prediction of RESULTS from its measured runs and profiles:
+# neither runs an engine). BIN: directory with coordinator,
 # prefill-worker, decode-worker, loadtest and mkgguf (default: built into a
 # temporary directory). RATES_1P1D / RATES_COLOCATED: rates in req/s. N: requests
 # per rate (default 100). RESULTS: where results go (default this directory;
@@ -18,7 +21,10 @@
 # times are those of the real shape. Cores: 1P+1D pins the prefill worker to
 # CPU 0 and the decode worker to CPU 1 (1 thread each, profile-t1.json);
 # colocated runs one worker on both CPUs with 2 threads (profile-t2.json).
-# The coordinator and the load generator are not pinned.
+# The coordinator and the load generator are not pinned. profile-t1.json is
+# measured on CPU 0 while a second profile keeps CPU 1 busy with llama.cpp
+# steps, as the decode worker keeps it in 1P+1D: the two workers share the
+# memory bandwidth and caches, which slows a prefill step by 3–7% here.
 set -euo pipefail
 out=${RESULTS:-loadtest/results/planner-validation-llamacpp}
 steps=("$@")
@@ -29,7 +35,9 @@ if [[ -z ${BIN:-} ]]; then
 fi
 work=${WORK:-$(mktemp -d)}
 model=$work/qwen2.5-0.5b-random-q8_0.gguf
-[[ -f $model ]] || "$BIN/mkgguf" --shape qwen2.5-0.5b --tied --type q8_0 --seed 1 --out "$model" >/dev/null
+if [[ " ${steps[*]} " =~ \ (profile|1p1d|colocated)\  ]]; then
+  [[ -f $model ]] || "$BIN/mkgguf" --shape qwen2.5-0.5b --tied --type q8_0 --seed 1 --out "$model" >/dev/null
+fi
 N=${N:-100}
 
 # Workload, SLO and worker limits, the same on both sides.
@@ -41,10 +49,19 @@ colocated_limits=(--max-batch 16 --kv-blocks 256 --chunk-tokens 512 --max-batch-
 plan=(--slo-ttft ${TTFT}ms --slo-tpot ${TPOT}ms --max-prefill-tokens 1024 --max-decode-batch 16)
 
 profile() {
+  local busy
   taskset -c 1 "$BIN/coordinator" profile "${llama[@]}" --engine-threads 1 --max-batch 16 --max-tokens 1024 \
+    --budget 10m --out "$work/neighbour.json" >/dev/null 2>&1 & busy=$!
+  sleep 5 # the neighbour's model loaded and stepping
+  taskset -c 0 "$BIN/coordinator" profile "${llama[@]}" --engine-threads 1 --max-batch 16 --max-tokens 1024 \
     --budget 90s --model-name qwen2.5-0.5b-random-q8_0 --out $out/profile-t1.json
+  kill $busy; wait $busy 2>/dev/null || true
   taskset -c 0,1 "$BIN/coordinator" profile "${llama[@]}" --engine-threads 2 --max-batch 16 --max-tokens 1024 \
     --budget 90s --model-name qwen2.5-0.5b-random-q8_0 --out $out/profile-t2.json
+}
+
+refit() {
+  for t in t1 t2; do "$BIN/coordinator" profile --refit $out/profile-$t.json --out $out/profile-$t.json >/dev/null; done
 }
 
 # deploy MODE: a coordinator and pinned workers on loopback, NATS users
@@ -75,23 +92,38 @@ deploy() {
   sleep 1 # every worker's first heartbeat
 }
 
-# measure MODE RATE: one loadtest run (Poisson arrivals, seed 1), then two
-# predictions of the planner for the same design: predicted-* on the run's
-# own N arrivals and lengths (the result JSON as the workload, at the
-# rate its arrivals had: like for like), and predicted-poisson-* on 2000
-# Poisson arrivals at RATE (the steady state a short run may not reach).
+# measure MODE RATE: one loadtest run (Poisson arrivals, seed 1), then its
+# predictions (predict).
 measure() {
   local mode=$1 rate=$2 name="$1-${2}qps"
   "$BIN/loadtest" run --base-url http://127.0.0.1:18090 --quiet --seed 1 \
     --dataset-name random --random-input-len $IN --random-output-len $OUT --random-range-ratio 0 \
     --prompt-format tokens --tokenizer approx --num-prompts "$N" --request-rate "$rate" \
     --goodput ttft:$TTFT tpot:$TPOT --save-result --save-detailed --result-dir $out --result-filename "measured-$name.json" >/dev/null
+  predict "$mode" "$rate"
+}
+
+# predict MODE RATE: two predictions of the planner for the design of
+# measured-MODE-RATEqps.json: predicted-* on the run's own arrivals and
+# lengths (the result JSON as the workload, at the rate its arrivals had:
+# like for like), and predicted-poisson-* on 2000 Poisson arrivals at RATE
+# (the steady state a short run may not reach).
+predict() {
+  local mode=$1 rate=$2 name="$1-${2}qps"
   local design=(--design 1P+1D --profile $out/profile-t1.json)
   [[ $mode == colocated ]] && design=(--design 1C --chunk-tokens 512 --profile $out/profile-t1.json --colocated-profile $out/profile-t2.json)
-  local actual
-  actual=$(python3 -c 'import json,sys; t=sorted(json.load(open(sys.argv[1]))["start_times"]); print((len(t)-1)/(t[-1]-t[0]))' $out/measured-$name.json)
-  "$BIN/coordinator" plan "${design[@]}" "${plan[@]}" --workload $out/measured-$name.json --rate "$actual" --requests "$N" --output json >$out/predicted-$name.json
+  local actual n
+  read -r actual n < <(python3 -c 'import json,sys; t=sorted(json.load(open(sys.argv[1]))["start_times"]); print((len(t)-1)/(t[-1]-t[0]), len(t))' $out/measured-$name.json)
+  "$BIN/coordinator" plan "${design[@]}" "${plan[@]}" --workload $out/measured-$name.json --rate "$actual" --requests "$n" --output json >$out/predicted-$name.json
   "$BIN/coordinator" plan "${design[@]}" "${plan[@]}" --workload fixed:$IN/$OUT --rate "$rate" --requests 2000 --output json >$out/predicted-poisson-$name.json
+}
+
+repredict() {
+  local f name
+  for f in $out/measured-*qps.json; do
+    name=$(basename "$f" qps.json); name=${name#measured-}
+    predict "${name%%-*}" "${name#*-}"
+  done
 }
 
 for s in "${steps[@]}"; do
@@ -101,6 +133,8 @@ for s in "${steps[@]}"; do
     colocated) deploy colocated; for r in ${RATES_COLOCATED:-0.6 0.8 1.0 1.2 1.4}; do measure colocated "$r"; done; stop ;;
     plan) "$BIN/coordinator" plan --profile $out/profile-t1.json --colocated-profile $out/profile-t2.json --gpu-budget 2 \
             "${plan[@]}" --chunk-tokens 512 --workload fixed:$IN/$OUT --output json >$out/plan-budget2.json ;;
-    *) echo "unknown step $s (want profile, 1p1d, colocated or plan)" >&2; exit 2 ;;
+    refit) refit ;;
+    repredict) repredict ;;
+    *) echo "unknown step $s (want profile, 1p1d, colocated, plan, refit or repredict)" >&2; exit 2 ;;
   esac
 done

@@ -48,12 +48,24 @@ for design in ("1p1d", "colocated"):
               f"{p['ttft90']:.0f} / {m['ttft90']:.0f} | {p['tpot']:.1f} / {m['tpot']:.1f} | {terms} |")
     print(f"\nlargest |error|: {worst:.1f} points")
 
+def fmt(c):
+    return "[" + ", ".join(f"{x:.4g}" for x in c) + "]"
+
+
+def decode(ds):
+    t = ds["large_batch_threshold"]
+    if t <= 1:
+        return fmt(ds["decode_large_batch_ms"])
+    return f"{fmt(ds['decode_small_batch_ms'])} for B < {t}, {fmt(ds['decode_large_batch_ms'])} for B ≥ {t}"
+
+
 for f in sorted(glob.glob(os.path.join(d, "profile-*.json"))):
     pr = json.load(open(f))
+    ds = pr["distserve"]
     fit = pr["measured"]["fit"]
     print(f"\n{os.path.basename(f)}: {pr['name']}, {fit['points']} points, total {fit['total_rel_err']:.1%}, rms {fit['rms_rel_err']:.1%}, max {fit['max_rel_err']:.1%}; "
-          f"prefill ms = {pr['distserve']['prefill_ms']}, decode ms = {pr['distserve']['decode_small_batch_ms']}, "
-          f"mixed ms = {pr['distserve'].get('mixed_ms', [0, 0, 0])}")
+          f"prefill ms = {fmt(ds['prefill_ms'])} + cross {ds.get('prefill_cross_ms', 0):.3g}, decode ms = {decode(ds)}, "
+          f"mixed ms = {fmt(ds.get('mixed_ms', [0, 0, 0]))}")
     mixed = [p for p in pr["points"] if p["name"].startswith("mixed")]
     if mixed:
         rms = (sum(p["rel_err"] ** 2 for p in mixed) / len(mixed)) ** 0.5
