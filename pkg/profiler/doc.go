@@ -10,10 +10,11 @@
 // Measure times, on random prompt tokens of a fixed seed:
 //
 //   - prefill steps of k prompts of l tokens (the time against the
-//     batch's Σl and Σl²);
-//   - decode steps of b sequences at context n (the time against b and the
-//     total context Σn), the sequences prefilled untimed beforehand and a
-//     warm-up step run at each batch shape;
+//     batch's Σl, Σl² and, for k > 1, the cells of the other prompts);
+//   - decode steps of b sequences (1, 2, 3, then powers of two) at context
+//     n (the time against b and the total context Σn), the sequences
+//     prefilled untimed beforehand and a warm-up step run at each batch
+//     shape;
 //   - mixed steps: one prompt chunk of l tokens (16 to 384, within one
 //     llama.cpp ubatch) and b decoding sequences (2 to 16) at context n
 //     (32 and 512) in one step (engine.RunStep), the interference
@@ -34,15 +35,19 @@
 // # Fit and file
 //
 // Build fits perfmodel's DistServe form by perfmodel.FitDistServe (least
-// squares on relative error, non-negative coefficients, one decode
-// regime, a mixed-step interaction fitted on the mixed points) and writes every point's rel_err ((model − measured) /
-// measured), the total error, the engine and the hardware (CPU model and
+// squares on relative error, non-negative coefficients, a mixed-step
+// interaction fitted on the mixed points, a cross-prompt prefill term,
+// one decode regime or two where an F test finds them) and writes every
+// point's rel_err ((model − measured) / measured), the total error, the
+// engine and the hardware (CPU model and
 // threads, logical CPUs, memory; an NVIDIA GPU when llama.cpp's library
 // directory holds a CUDA backend). A CPU run gives a profile of device
 // "cpu" named cpu/MODEL/tN for N threads: the planner counts its workers'
 // threads as cores where it counts a GPU profile's GPUs. A sim engine run
 // keeps the modeled GPU's device, hardware and memory and divides the
-// times by --time-scale.
+// times by --time-scale. Refit (`coordinator profile --refit FILE`) fits
+// a written profile's points again, so that a profile measured by an
+// earlier version gains this one's terms without measuring.
 //
 // Measuring reads the wall clock; everything else is deterministic. Not
 // safe for concurrent use with other work on the same engine.

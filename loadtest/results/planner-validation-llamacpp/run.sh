@@ -50,12 +50,17 @@ plan=(--slo-ttft ${TTFT}ms --slo-tpot ${TPOT}ms --max-prefill-tokens 1024 --max-
 
 profile() {
   local busy
-  taskset -c 1 "$BIN/coordinator" profile "${llama[@]}" --engine-threads 1 --max-batch 16 --max-tokens 1024 \
-    --budget 10m --out "$work/neighbour.json" >/dev/null 2>&1 & busy=$!
+  rm -f "$work/stop"
+  # The neighbour: profiles of CPU 1, one after another until stopped
+  # (one profile runs its grid in about as long as profile-t1's).
+  while [[ ! -f $work/stop ]]; do
+    taskset -c 1 "$BIN/coordinator" profile "${llama[@]}" --engine-threads 1 --max-batch 16 --max-tokens 1024 \
+      --budget 10m --out "$work/neighbour.json" >/dev/null 2>&1 || true
+  done & busy=$!
   sleep 5 # the neighbour's model loaded and stepping
   taskset -c 0 "$BIN/coordinator" profile "${llama[@]}" --engine-threads 1 --max-batch 16 --max-tokens 1024 \
     --budget 90s --model-name qwen2.5-0.5b-random-q8_0 --out $out/profile-t1.json
-  kill $busy; wait $busy 2>/dev/null || true
+  touch "$work/stop"; pkill -P $busy || true; wait $busy 2>/dev/null || true
   taskset -c 0,1 "$BIN/coordinator" profile "${llama[@]}" --engine-threads 2 --max-batch 16 --max-tokens 1024 \
     --budget 90s --model-name qwen2.5-0.5b-random-q8_0 --out $out/profile-t2.json
 }

@@ -4,7 +4,7 @@ budget terms per rate, and each profile's fit error.
 usage: python3 loadtest/results/planner-validation-llamacpp/summarize.py [DIR]
 (DIR: the results, default this directory)
 """
-import glob, json, os, re, sys
+import glob, json, math, os, re, sys
 d = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
 
 
@@ -72,3 +72,19 @@ for f in sorted(glob.glob(os.path.join(d, "profile-*.json"))):
         print(f"  mixed points: {len(mixed)}, rms {rms:.1%}, worst {max(abs(p['rel_err']) for p in mixed):.1%}")
     worst = sorted(pr["points"], key=lambda p: -abs(p.get("rel_err", 0)))[:5]
     print("  worst points: " + ", ".join(f"{p['name']} {p['rel_err']:+.1%}" for p in worst))
+
+# Drift: profiles taken again after the runs (DIR/after/), point by point
+# against the ones the predictions used.
+after = os.path.join(d, "after")
+if os.path.isdir(after):
+    print("\n### Machine speed drift: profiles after the runs ÷ before (geometric mean over shared points)\n")
+    print("| profile | prefill | decode | mixed |")
+    print("|---|---:|---:|---:|")
+    for f in sorted(glob.glob(os.path.join(after, "profile-*.json"))):
+        before = {p["name"]: p["value"] for p in json.load(open(os.path.join(d, os.path.basename(f))))["points"]}
+        now = {p["name"]: p["value"] for p in json.load(open(f))["points"]}
+        cells = []
+        for kind in ("prefill", "decode", "mixed"):
+            rs = [now[n] / before[n] for n in now if n in before and n.startswith(kind)]
+            cells.append(f"{math.exp(sum(math.log(r) for r in rs) / len(rs)):.3f} ({len(rs)})" if rs else "—")
+        print(f"| {os.path.basename(f)} | " + " | ".join(cells) + " |")
