@@ -60,8 +60,9 @@ const (
 // decode points on each side is tried as LargeBatchThreshold, a split is
 // kept when its F statistic exceeds 10 (about p < 0.001 for a profile's
 // decode points; fits within 1% rms count as exact), and of those the
-// smallest threshold whose error is within 25% of the least wins. llama.cpp's CPU backend, for one, runs a
-// batch of one token through other kernels than a batch of two.
+// smallest threshold whose error is within 25% of the least wins.
+// llama.cpp's CPU backend, for one, runs a batch of one token through
+// other kernels than a batch of two.
 //
 // Points of other metrics are ignored. Errors: ErrFit when fewer than
 // three distinct prefill-only or decode-only points are given.

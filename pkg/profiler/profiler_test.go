@@ -41,6 +41,23 @@ func (c *fakeClock) Sleep(ctx context.Context, d time.Duration) error {
 	return ctx.Err()
 }
 
+// simProfile profiles the sim engine of the named profile on the fake
+// clock (batches up to 32) and returns the built profile and the engine.
+func simProfile(t *testing.T, name string) (*perfmodel.Profile, *sim.Engine) {
+	t.Helper()
+	e, clk := newFakeSim(t, name)
+	res, err := Measure(t.Context(), e, Settings{Budget: time.Hour, Now: clk.Now, MaxBatch: 32})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := Build(res, e.Spec(), Describe{Engine: "sim", EngineModel: name, Sim: e.Profile(), TimeScale: 1,
+		Host: HostInfo(1), Budget: 3600, Tolerance: 0.05})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, e
+}
+
 func newFakeSim(t *testing.T, profile string) (*sim.Engine, *fakeClock) {
 	t.Helper()
 	clk := &fakeClock{now: time.Unix(1e9, 0)}
@@ -57,16 +74,7 @@ func newFakeSim(t *testing.T, profile string) (*sim.Engine, *fakeClock) {
 // sequences differ by the steps they took), here < 0.2%.
 func TestProfileOfSimEngineRecoversItsModel(t *testing.T) {
 	const name = "a100-80g/opt-13b/tp1"
-	e, clk := newFakeSim(t, name)
-	res, err := Measure(t.Context(), e, Settings{Budget: time.Hour, Now: clk.Now, MaxBatch: 32})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := Build(res, e.Spec(), Describe{Engine: "sim", EngineModel: name, Sim: e.Profile(), TimeScale: 1,
-		Host: HostInfo(1), Budget: 3600, Tolerance: 0.05})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, e := simProfile(t, name)
 	want := e.Profile().DistServe // batches ≤ 32 < its threshold 95: the small-batch decode set
 	for i := range 3 {
 		for _, c := range [][2]float64{{p.DistServe.Prefill[i], want.Prefill[i]}, {p.DistServe.DecodeSmall[i], want.DecodeSmall[i]}} {
@@ -261,22 +269,13 @@ func TestHostInfoCountsTheMachinesCPUs(t *testing.T) {
 }
 
 // --refit fits a measured profile's stored points again: a profile whose
-// coefficients an older fit wrote (here: without the cross-prompt term and
-// with stale rel_err) comes back with this version's coefficients, every
+// coefficients an older fit wrote (here: b_p 20% off, with the rel_err and
+// summary that went with it) comes back with this version's coefficients, every
 // rel_err and summary recomputed, the method named, and nothing else
 // changed; a profile that was not measured is refused with exit 1.
 func TestMainRefit(t *testing.T) {
 	const name = "a100-80g/opt-13b/tp1"
-	e, clk := newFakeSim(t, name)
-	res, err := Measure(t.Context(), e, Settings{Budget: time.Hour, Now: clk.Now, MaxBatch: 32})
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := Build(res, e.Spec(), Describe{Engine: "sim", EngineModel: name, Sim: e.Profile(), TimeScale: 1,
-		Host: HostInfo(1), Budget: 3600, Tolerance: 0.05})
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, _ := simProfile(t, name)
 	want, err := perfmodel.FitDistServe(p.Points)
 	if err != nil {
 		t.Fatal(err)
