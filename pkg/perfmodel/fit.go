@@ -116,7 +116,7 @@ const splitF = 10
 // (1: one regime) and returns the weighted squared error and how many
 // coefficients are non-zero. The regimes are decode's: judged on decode
 // points alone, no mixed point's freedom pays for a split.
-func decodeFit(dec []fitRow, t int) (sse2 float64, k int) {
+func decodeFit(dec []fitRow, t int) (e float64, k int) {
 	a := design(dec, t, [2]bool{})
 	c := nnls(a, targets(dec))
 	for _, v := range c {
@@ -198,56 +198,55 @@ func splits(dec []fitRow) []int {
 }
 
 // fitThreshold fits every coefficient with decode regimes split at
-// threshold t (1: one regime, in the large-batch columns). Stage 1 fits
-// prefill and decode apart, which is the answer without mixed points;
-// with them, stage 2 fits all points together for each choice of which
-// fixed cost, a_p or the regime's a_d, is the larger, and keeps the
-// consistent choice of least error (the choice of least error when none
-// is consistent).
+// threshold t (1: one regime, in the large-batch columns). Without mixed
+// points prefill and decode are fitted apart. With them all points are
+// fitted together for each choice of which fixed cost, a_p or a regime's
+// a_d, a mixed step pays as the larger, and the consistent choice of
+// least error is kept; when none is consistent, the choice of least error,
+// which StepSeconds then prices with the larger fixed cost (a mixed step
+// dearer by |a_p − a_d| than fitted).
 func fitThreshold(pre, dec, mix []fitRow, t int) []float64 {
-	choose := func(prefillFixed [2]bool, rows []fitRow) ([][]float64, []float64) {
+	fit := func(rows []fitRow, prefillFixed [2]bool) ([]float64, float64) {
 		a := design(rows, t, prefillFixed)
-		return a, nnls(a, targets(rows))
+		c := nnls(a, targets(rows))
+		return c, sse(a, c, targets(rows))
 	}
-	any := [2]bool{true, true}
-	_, cp := choose(any, pre)
-	_, cd := choose(any, dec)
-	coef := make([]float64, nCols)
-	copy(coef[colAP:colCP+1], cp[colAP:colCP+1])
-	coef[colX] = cp[colX]
-	copy(coef[colAS:colCL+1], cd[colAS:colCL+1])
-	rows := append(append(append([]fitRow{}, pre...), dec...), mix...)
 	if len(mix) == 0 {
+		cp, _ := fit(pre, [2]bool{})
+		cd, _ := fit(dec, [2]bool{})
+		coef := make([]float64, nCols)
+		copy(coef[colAP:colCP+1], cp[colAP:colCP+1])
+		coef[colX] = cp[colX]
+		copy(coef[colAS:colCL+1], cd[colAS:colCL+1])
 		return coef
 	}
-	best, bestSSE := coef, math.Inf(1)
-	consistent := func(c []float64, prefillFixed [2]bool) bool {
-		for r, col := range [2]int{colAS, colAL} {
-			if (c[colAP] >= c[col]) != prefillFixed[r] && c[colAP] != c[col] {
-				return false
+	rows := append(append(append([]fitRow{}, pre...), dec...), mix...)
+	aD := [2]int{colAS, colAL} // each regime's a_d column
+	used := []int{1}           // the regimes in use: large only, or both
+	choices := [][2]bool{{true, true}, {true, false}}
+	if t > 1 {
+		used = []int{0, 1}
+		choices = append(choices, [2]bool{false, true}, [2]bool{false, false})
+	}
+	var best, any []float64
+	bestSSE, anySSE := math.Inf(1), math.Inf(1)
+	for _, pf := range choices {
+		c, e := fit(rows, pf)
+		if e < anySSE {
+			any, anySSE = c, e
+		}
+		consistent := true
+		for _, r := range used {
+			if (c[colAP] >= c[aD[r]]) != pf[r] && c[colAP] != c[aD[r]] {
+				consistent = false
 			}
 		}
-		return true
-	}
-	for _, pf := range [][2]bool{{true, true}, {true, false}, {false, true}, {false, false}} {
-		a, c := choose(pf, rows)
-		if !consistent(c, pf) {
-			continue
-		}
-		if e := sse(a, c, targets(rows)); e < bestSSE {
+		if consistent && e < bestSSE {
 			best, bestSSE = c, e
 		}
 	}
-	if math.IsInf(bestSSE, 1) {
-		// No choice is consistent: keep the one of least error, which
-		// StepSeconds then prices with the larger fixed cost (a mixed
-		// step dearer by |a_p − a_d| than fitted).
-		for _, pf := range [][2]bool{{true, true}, {true, false}, {false, true}, {false, false}} {
-			a, c := choose(pf, rows)
-			if e := sse(a, c, targets(rows)); e < bestSSE {
-				best, bestSSE = c, e
-			}
-		}
+	if best == nil {
+		return any
 	}
 	return best
 }
