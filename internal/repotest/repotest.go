@@ -1,6 +1,7 @@
 // Package repotest finds the repository's own files from tests: the module
-// root (the directory holding go.mod) and the project's shared data beside
-// it (../shared/data), which a checkout may lack.
+// root (the directory holding go.mod), the traces shipped under data/, and
+// the project's shared data beside it (../shared/data), which a checkout may
+// lack.
 package repotest
 
 import (
@@ -27,6 +28,18 @@ func Root(t testing.TB) string {
 		}
 		dir = parent
 	}
+}
+
+// Traces returns the directory of the traces shipped with the repository
+// (data/ under the module root: azure-llm-2023, mooncake-fast25), or fails
+// the test when it is missing.
+func Traces(t testing.TB) string {
+	t.Helper()
+	d := filepath.Join(Root(t), "data")
+	if _, err := os.Stat(filepath.Join(d, "azure-llm-2023")); err != nil {
+		t.Fatalf("repotest: the shipped traces are missing: %v", err)
+	}
+	return d
 }
 
 // SharedData returns the project's shared data directory (../shared/data

@@ -143,7 +143,7 @@ func TestLoadWorkloadErrors(t *testing.T) {
 
 // The Azure traces load with the rates and burstiness their README states.
 func TestAzureSharedTraces(t *testing.T) {
-	data := repotest.SharedData(t)
+	data := repotest.Traces(t)
 	for _, tt := range []struct {
 		file        string
 		rate, cv    float64

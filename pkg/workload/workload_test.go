@@ -474,7 +474,7 @@ func bodies(w *Workload) []string {
 }
 
 func TestAzureSharedTraces(t *testing.T) {
-	dir := filepath.Join(repotest.SharedData(t), "azure-llm-2023")
+	dir := filepath.Join(repotest.Traces(t), "azure-llm-2023")
 	for _, tc := range []struct {
 		file  string
 		rows  int

@@ -2,7 +2,7 @@
 # Every run of README.md, in order (from the repository root).
 set -euo pipefail
 d=loadtest/results/prefix-cache
-TR=(--dataset-name mooncake --dataset-path ../shared/data/mooncake-fast25/synthetic_trace.jsonl
+TR=(--dataset-name mooncake --dataset-path data/mooncake-fast25/synthetic_trace.jsonl
     --mooncake-block-size 512 --trace-replay --trace-skip 3793 --num-prompts 200 --trace-time-scale 1.3)
 $d/run.sh prefix        $d/policy-prefix.yaml      480000 -- "${TR[@]}"
 $d/run.sh leastloaded   $d/policy-leastloaded.yaml 480000 -- "${TR[@]}"
