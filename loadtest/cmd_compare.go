@@ -34,7 +34,7 @@ type sideRun struct {
 // disaggregated and a colocated deployment of equal GPU count.
 func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o := defaultBenchOptions()
-	so := &sweepOptions{Target: 0.9, Steps: 3}
+	so := defaultSweepOptions()
 	d := defaultDeployFlags()
 	co := &compareOptions{}
 	fs := flag.NewFlagSet("compare", flag.ContinueOnError)
@@ -65,6 +65,9 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	if err := so.complete(o); err != nil {
+		return err
+	}
+	if err := d.checkUnit(); err != nil {
 		return err
 	}
 	if co.DisaggGPUs == 0 {
@@ -114,6 +117,10 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		if err != nil {
 			return fmt.Errorf("%s side: %w", sd.name, err)
 		}
+		sr.side.Unit = d.unit(sd.url == "")
+		if sd.url == "" && specs[sd.name].Engine == "sim" {
+			sr.side.Profile = specs[sd.name].Profile
+		}
 		sides = append(sides, sr)
 	}
 
@@ -135,7 +142,7 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			cdfRuns = append(cdfRuns, namedRun{name: s.side.Name, out: *s.at})
 		}
 		ats = append(ats, at)
-		sw = append(sw, namedSweep{name: s.side.Name, gpus: s.side.GPUs, res: s.side.Sweep})
+		sw = append(sw, namedSweep{name: s.side.Name, gpus: s.side.GPUs, unit: s.side.Unit, res: s.side.Sweep})
 	}
 	if err := cmp.Markdown(stdout); err != nil {
 		return err

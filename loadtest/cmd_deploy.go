@@ -13,6 +13,7 @@ import (
 
 	"github.com/pdserve/pdserve/loadtest/deploy"
 	"github.com/pdserve/pdserve/loadtest/report"
+	"github.com/pdserve/pdserve/pkg/enginecfg"
 )
 
 // deployFlags describe local deployments (compare, regress).
@@ -30,6 +31,8 @@ type deployFlags struct {
 	KVBlocks                int
 	QueueLimit              int
 	LogFile                 string
+	// Unit is what --gpus counts in reports ("" : see unit).
+	Unit string
 }
 
 func defaultDeployFlags() *deployFlags {
@@ -52,6 +55,7 @@ func (d *deployFlags) addFlags(fs *flag.FlagSet) {
 	fs.IntVar(&d.KVBlocks, "kv-blocks", d.KVBlocks, "local deployments: KV blocks per decode/colocated worker (0: worker default)")
 	fs.IntVar(&d.QueueLimit, "queue-limit", d.QueueLimit, "local deployments: coordinator admission limit (0: default)")
 	fs.StringVar(&d.LogFile, "deploy-log", d.LogFile, "local deployments: write their logs to this file (default: discard)")
+	fs.StringVar(&d.Unit, "unit", d.Unit, "what --gpus counts in reports and plots: GPU or core (default: core for local llamacpp deployments, else GPU)")
 }
 
 // spec returns the Spec of a local deployment in mode.
@@ -134,4 +138,26 @@ func (d *deployFlags) logger() (*zap.Logger, func(), error) {
 		return nil, nil, fmt.Errorf("--deploy-log: %w", err)
 	}
 	return log, func() { _ = log.Sync() }, nil
+}
+
+// checkUnit reports a --unit other than GPU or core.
+func (d *deployFlags) checkUnit() error {
+	switch d.Unit {
+	case "", "GPU", "core":
+		return nil
+	}
+	return fmt.Errorf("%w: --unit %q: want GPU or core", errUsage, d.Unit)
+}
+
+// unit returns what --gpus counts in reports: --unit when given, else
+// "core" for a local llama.cpp deployment (pinned to CPU cores), else
+// "GPU".
+func (d *deployFlags) unit(local bool) string {
+	if d.Unit != "" {
+		return d.Unit
+	}
+	if local && d.Engine == enginecfg.Llama {
+		return "core"
+	}
+	return "GPU"
 }

@@ -19,15 +19,23 @@ type sweepOptions struct {
 	Rates     string
 	Target    float64
 	Steps     int
+	Tolerance float64
 	StopEarly bool
 
 	rates []float64
 }
 
+// defaultSweepOptions: a 90 % target, bisected to 5 % in at most 8 runs
+// past the grid.
+func defaultSweepOptions() *sweepOptions {
+	return &sweepOptions{Target: 0.9, Steps: 8, Tolerance: sweep.DefaultTolerance}
+}
+
 func (s *sweepOptions) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&s.Rates, "request-rates", s.Rates, "comma-separated request rates (req/s) to probe, e.g. 0.5,1,2,4")
 	fs.Float64Var(&s.Target, "attainment", s.Target, "SLO attainment target in (0, 1]: the share of requests that must be good")
-	fs.IntVar(&s.Steps, "search-steps", s.Steps, "extra runs spent narrowing (or widening) the bracket around the highest passing rate")
+	fs.IntVar(&s.Steps, "search-steps", s.Steps, "most extra runs spent widening the grid and bisecting the bracket [last rate meeting the target, first rate failing] (0: the grid only)")
+	fs.Float64Var(&s.Tolerance, "rate-tolerance", s.Tolerance, "bisect until the bracket's width relative to its lower end is at most this, in (0, 1)")
 	fs.BoolVar(&s.StopEarly, "stop-early", s.StopEarly, "skip the grid rates above the first failing one")
 }
 
@@ -54,6 +62,9 @@ func (s *sweepOptions) complete(o *benchOptions) error {
 	if s.Steps < 0 {
 		errs = append(errs, fmt.Sprintf("--search-steps %d: want ≥ 0", s.Steps))
 	}
+	if !(s.Tolerance > 0 && s.Tolerance < 1) {
+		errs = append(errs, fmt.Sprintf("--rate-tolerance %v: want a fraction in (0, 1)", s.Tolerance))
+	}
 	if !o.slo.Set() {
 		errs = append(errs, "--goodput: a sweep needs SLOs (e.g. --goodput ttft:250 tpot:100)")
 	}
@@ -64,7 +75,7 @@ func (s *sweepOptions) complete(o *benchOptions) error {
 }
 
 func (s *sweepOptions) options() sweep.Options {
-	return sweep.Options{Rates: s.rates, Target: s.Target, Steps: s.Steps, StopEarly: s.StopEarly}
+	return sweep.Options{Rates: s.rates, Target: s.Target, Steps: s.Steps, Tolerance: s.Tolerance, StopEarly: s.StopEarly}
 }
 
 // sweepRun is the outcome of searching one deployment.
@@ -101,7 +112,7 @@ func (b *bench) search(ctx context.Context, so *sweepOptions, title string) (swe
 // cmdSweep is `loadtest sweep`.
 func cmdSweep(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o := defaultBenchOptions()
-	so := &sweepOptions{Target: 0.9, Steps: 3}
+	so := defaultSweepOptions()
 	d := defaultDeployFlags()
 	d.GPUs = 1
 	var local string
@@ -109,7 +120,8 @@ func cmdSweep(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.SetOutput(stderr)
 	setUsage(fs, stderr, "sweep [--base-url URL | --local MODE] --request-rates R1,R2,... [flags]",
 		"Runs over a series of request rates: the SLO attainment at each, and the highest rate at which\n"+
-			"--attainment of the requests meet every --goodput SLO (found by --search-steps bisections),\n"+
+			"--attainment of the requests meet every --goodput SLO, bisected until the bracket [last rate\n"+
+			"meeting, first rate failing] is within --rate-tolerance (at most --search-steps extra runs),\n"+
 			"per GPU (--gpus).",
 		"  go run ./loadtest sweep --base-url http://127.0.0.1:8080 --gpus 3 --request-rates 1,2,4,8 \\\n"+
 			"    --search-steps 3 --attainment 0.9 --goodput ttft:250 tpot:100\n")
@@ -121,6 +133,9 @@ func cmdSweep(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	if err := so.complete(o); err != nil {
+		return err
+	}
+	if err := d.checkUnit(); err != nil {
 		return err
 	}
 	gpus := d.GPUs
@@ -142,19 +157,19 @@ func cmdSweep(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	sr.meta.Arrival = arrivalKind(o)
-	if werr := report.SweepMarkdown(stdout, sr.meta, sr.res, so.Target, o.slo, gpus); werr != nil {
+	if werr := report.SweepMarkdown(stdout, sr.meta, sr.res, so.Target, o.slo, gpus, d.unit(local != "")); werr != nil {
 		return werr
 	}
 	base := sweepBase(o, sr.meta)
 	if o.SaveResult {
-		p, werr := saveJSON(o.ResultDir, base+".json", report.SweepResult(sr.meta, sr.res, so.Target, gpus, sr.probes))
+		p, werr := saveJSON(o.ResultDir, base+".json", report.SweepResult(sr.meta, sr.res, so.Target, gpus, d.unit(local != ""), sr.probes))
 		if werr != nil {
 			return fmt.Errorf("save result: %w", werr)
 		}
 		fmt.Fprintf(stderr, "result: %s\n", p)
 	}
 	if dir := b.plotDir(); dir != "" {
-		paths, werr := writeSweepPlots(dir, plotBase(o, base), sr.meta, []namedSweep{{name: o.Label, gpus: gpus, res: sr.res}}, so.Target, o.slo)
+		paths, werr := writeSweepPlots(dir, plotBase(o, base), sr.meta, []namedSweep{{name: o.Label, gpus: gpus, unit: d.unit(local != ""), res: sr.res}}, so.Target, o.slo)
 		if werr != nil {
 			return werr
 		}

@@ -256,7 +256,7 @@ func TestCompareTargets(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("exit %d; stderr:\n%s", code, stderr)
 	}
-	for _, want := range []string{"| GPUs | 3 | 3 |", "2P+1D h100", "3 colocated h100", "### Both at 40 req/s", "kv_transfer", "per GPU vs colocated | 1.00× | 1.00× |"} {
+	for _, want := range []string{"| GPUs | 3 GPUs | 3 GPUs |", "2P+1D h100", "3 colocated h100", "### Both at 40 req/s", "kv_transfer", "per GPU vs colocated: max rates | 1.00× | 1.00× |"} {
 		if !strings.Contains(stdout, want) {
 			t.Errorf("comparison lacks %q:\n%s", want, stdout)
 		}

@@ -90,39 +90,18 @@ func p99(xs []float64) float64 {
 type namedSweep struct {
 	name string
 	gpus int
+	unit string // what gpus counts: "GPU" ("" means that) or "core"
 	res  sweep.Result
 }
 
 // writeSweepPlots writes BASE-attainment.png (SLO attainment vs rate) and
-// BASE-goodput.png (goodput per GPU vs rate) and returns their paths.
+// BASE-goodput.png (goodput vs rate) and returns their paths. Both share
+// one x axis: the rate per GPU (per core on CPU deployments) when sweeps
+// are compared or a sweep has more than one, else the rate; each axis
+// names its unit.
 func writeSweepPlots(dir, base string, m report.Meta, sweeps []namedSweep, target float64, slo metrics.SLO) ([]string, error) {
-	var att, good []plot.Series
-	for _, s := range sweeps {
-		a := plot.Series{Name: s.name, Markers: true}
-		g := plot.Series{Name: s.name, Markers: true}
-		for _, p := range s.res.Points {
-			a.X, a.Y = append(a.X, p.Rate), append(a.Y, p.Summary.Attainment)
-			g.X, g.Y = append(g.X, p.Rate/float64(max(s.gpus, 1))), append(g.Y, p.Summary.RequestGoodput/float64(max(s.gpus, 1)))
-		}
-		att, good = append(att, a), append(good, g)
-	}
-	sub := fmt.Sprintf("SLOs %s ms", slo)
-	perGPU := ""
-	if len(sweeps) > 1 || (len(sweeps) == 1 && sweeps[0].gpus > 1) {
-		perGPU = " per GPU"
-	}
-	charts := []struct {
-		file  string
-		chart plot.Chart
-	}{
-		{base + "-attainment.png", plot.Chart{Title: "SLO attainment vs request rate (" + sub + ")", XLabel: "request rate (req/s)",
-			YLabel: "SLO attainment", Series: att, YMin: 0, YMax: 1.05, Footer: plotFooter(m),
-			Refs: []plot.Ref{{Y: target, Label: fmt.Sprintf("target %.0f%%", 100*target)}}}},
-		{base + "-goodput.png", plot.Chart{Title: "Goodput" + perGPU + " vs request rate" + perGPU + " (" + sub + ")", XLabel: "request rate" + perGPU + " (req/s)",
-			YLabel: "goodput" + perGPU + " (req/s)", Series: good, Footer: plotFooter(m)}},
-	}
 	var paths []string
-	for _, c := range charts {
+	for _, c := range sweepCharts(base, m, sweeps, target, slo) {
 		p, err := writePNG(dir, c.file, &c.chart)
 		if err != nil {
 			return paths, err
@@ -130,6 +109,56 @@ func writeSweepPlots(dir, base string, m report.Meta, sweeps []namedSweep, targe
 		paths = append(paths, p)
 	}
 	return paths, nil
+}
+
+type namedChart struct {
+	file  string
+	chart plot.Chart
+}
+
+// sweepCharts builds the charts of writeSweepPlots.
+func sweepCharts(base string, m report.Meta, sweeps []namedSweep, target float64, slo metrics.SLO) []namedChart {
+	perUnit := len(sweeps) > 1 || (len(sweeps) == 1 && sweeps[0].gpus > 1)
+	unit := ""
+	for i, s := range sweeps {
+		if u := report.UnitName(s.unit); i == 0 {
+			unit = u
+		} else if u != unit {
+			unit = "unit"
+		}
+	}
+	xl, yl, per, perSlash := "request rate (req/s)", "goodput (req/s)", "", ""
+	if perUnit {
+		per, perSlash = " per "+unit, "/"+unit
+		xl = fmt.Sprintf("request rate per %s (req/s%s)", unit, perSlash)
+		yl = fmt.Sprintf("goodput per %s (req/s%s)", unit, perSlash)
+	}
+	var att, good []plot.Series
+	for _, s := range sweeps {
+		div := 1.0
+		if perUnit {
+			div = float64(max(s.gpus, 1))
+		}
+		name := s.name
+		if perUnit && len(sweeps) > 1 {
+			name = fmt.Sprintf("%s (%s)", s.name, report.Count(s.gpus, s.unit))
+		}
+		a := plot.Series{Name: name, Markers: true}
+		g := plot.Series{Name: name, Markers: true}
+		for _, p := range s.res.Points {
+			a.X, a.Y = append(a.X, p.Rate/div), append(a.Y, p.Summary.Attainment)
+			g.X, g.Y = append(g.X, p.Rate/div), append(g.Y, p.Summary.RequestGoodput/div)
+		}
+		att, good = append(att, a), append(good, g)
+	}
+	sub := fmt.Sprintf("SLOs %s ms", slo)
+	return []namedChart{
+		{base + "-attainment.png", plot.Chart{Title: "SLO attainment vs request rate" + per + " (" + sub + ")", XLabel: xl,
+			YLabel: "SLO attainment (share of requests)", Series: att, YMin: 0, YMax: 1.05, Footer: plotFooter(m),
+			Refs: []plot.Ref{{Y: target, Label: fmt.Sprintf("target %.0f%%", 100*target)}}}},
+		{base + "-goodput.png", plot.Chart{Title: "Goodput" + per + " vs request rate" + per + " (" + sub + ")", XLabel: xl,
+			YLabel: yl, Series: good, Footer: plotFooter(m)}},
+	}
 }
 
 func writePNG(dir, name string, c *plot.Chart) (string, error) {

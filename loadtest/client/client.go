@@ -117,12 +117,20 @@ func (c *Client) URL() string { return c.url }
 
 // Outcome is what one request did, timed from the client.
 type Outcome struct {
-	Index     int  // the workload request's index
-	Success   bool // at least one token arrived and no error was reported
-	Error     string
-	Status    int // HTTP status, 0 when no response came
-	PromptLen int // tokens, from the workload
-	Asked     int // output tokens asked for (max_tokens)
+	Index   int  // the workload request's index
+	Success bool // at least one token arrived and no error was reported
+	Error   string
+	Status  int // HTTP status, 0 when no response came
+	// FailKind says how a failed request failed: FailHTTP, FailTimeout,
+	// FailConnection, FailStream, FailEmpty, FailCanceled or FailRequest;
+	// "" when it succeeded.
+	FailKind string
+	// ErrorType, ErrorCode and ErrorMessage are the "type", "code" and
+	// "message" of the OpenAI error object the server sent (the body of a
+	// non-200 response, or an error event in the stream); "" when none.
+	ErrorType, ErrorCode, ErrorMessage string
+	PromptLen                          int // tokens, from the workload
+	Asked                              int // output tokens asked for (max_tokens)
 	// OutputTokens is usage.completion_tokens when the server reported
 	// usage, else the number of token-carrying events (one token each, a
 	// lower bound when a server packs several tokens in one event).
@@ -156,6 +164,17 @@ type Outcome struct {
 	// GeneratedText is the answer text (reasoning text excluded).
 	GeneratedText string
 }
+
+// How requests fail (Outcome.FailKind).
+const (
+	FailHTTP       = "http"       // a response other than 200
+	FailTimeout    = "timeout"    // the request's deadline passed
+	FailConnection = "connection" // no response: refused, reset, closed
+	FailStream     = "stream"     // the stream broke or carried an error event
+	FailEmpty      = "empty"      // the response ended without a token
+	FailCanceled   = "canceled"   // the run was interrupted
+	FailRequest    = "request"    // the request could not be built
+)
 
 // TokenTimes returns the offsets from Start of every token-carrying event.
 func (o *Outcome) TokenTimes() []time.Duration {
@@ -212,12 +231,12 @@ func (c *Client) Do(ctx context.Context, r *workload.Request) Outcome {
 	out := Outcome{Index: r.Index, PromptLen: r.PromptLen, Asked: r.OutputLen}
 	body, err := c.body(r)
 	if err != nil {
-		out.Error = err.Error()
+		out.Error, out.FailKind = err.Error(), FailRequest
 		return out
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url, bytes.NewReader(body))
 	if err != nil {
-		out.Error = fmt.Sprintf("client: build request: %v", err)
+		out.Error, out.FailKind = fmt.Sprintf("client: build request: %v", err), FailRequest
 		return out
 	}
 	req.Header.Set("Content-Type", "application/json")
@@ -230,14 +249,20 @@ func (c *Client) Do(ctx context.Context, r *workload.Request) Outcome {
 	out.Start = c.o.Clock.Now()
 	resp, err := c.o.HTTP.Do(req)
 	if err != nil {
-		out.Error = fmt.Sprintf("client: send: %v", err)
+		out.Error, out.FailKind = fmt.Sprintf("client: send: %v", err), ctxFail(ctx, FailConnection)
 		return out
 	}
 	defer resp.Body.Close()
 	out.Status = resp.StatusCode
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
-		out.Error = fmt.Sprintf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(msg)))
+		out.Error, out.FailKind = fmt.Sprintf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(msg))), FailHTTP
+		var e struct {
+			Error json.RawMessage `json:"error"`
+		}
+		if json.Unmarshal(msg, &e) == nil && len(e.Error) > 0 {
+			out.ErrorType, out.ErrorCode, out.ErrorMessage = apiErrorFields(e.Error)
+		}
 		return out
 	}
 	var t tracker
@@ -251,14 +276,26 @@ func (c *Client) Do(ctx context.Context, r *workload.Request) Outcome {
 	switch {
 	case err != nil:
 		out.Success = false
-		out.Error = err.Error()
+		out.Error, out.FailKind = err.Error(), ctxFail(ctx, FailStream)
 	case out.Events == 0:
 		out.Success = false
-		out.Error = "no token arrived before the response ended"
+		out.Error, out.FailKind = "no token arrived before the response ended", FailEmpty
 	default:
 		out.Success = true
 	}
 	return out
+}
+
+// ctxFail returns FailTimeout or FailCanceled when ctx has ended, else
+// kind.
+func ctxFail(ctx context.Context, kind string) string {
+	switch {
+	case errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return FailTimeout
+	case ctx.Err() != nil:
+		return FailCanceled
+	}
+	return kind
 }
 
 // tracker follows the timing of token events.
@@ -320,6 +357,7 @@ func nonEmpty(s *string) bool { return s != nil && *s != "" }
 // an error object in the stream.
 func (t *tracker) apply(now time.Time, ch *chunk, out *Outcome) error {
 	if len(ch.Error) > 0 && string(ch.Error) != "null" {
+		out.ErrorType, out.ErrorCode, out.ErrorMessage = apiErrorFields(ch.Error)
 		return fmt.Errorf("server error: %s", errorText(ch.Error))
 	}
 	if ch.Usage != nil {
@@ -355,6 +393,34 @@ func (t *tracker) apply(now time.Time, ch *chunk, out *Outcome) error {
 		t.token(now, answer, reasoning, out)
 	}
 	return nil
+}
+
+// apiErrorFields returns the type, code and message of an OpenAI error
+// object; a bare string is its message. Fields that are absent, null or
+// not strings are "".
+func apiErrorFields(raw json.RawMessage) (typ, code, msg string) {
+	var e struct {
+		Type    any `json:"type"`
+		Code    any `json:"code"`
+		Message any `json:"message"`
+	}
+	str := func(v any) string {
+		switch x := v.(type) {
+		case string:
+			return x
+		case float64:
+			return fmt.Sprint(x)
+		}
+		return ""
+	}
+	if json.Unmarshal(raw, &e) == nil {
+		return str(e.Type), str(e.Code), str(e.Message)
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return "", "", s
+	}
+	return "", "", ""
 }
 
 // errorText returns the message of an OpenAI error object, or the raw JSON.

@@ -2,6 +2,9 @@ package client_test
 
 import (
 	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -81,8 +84,15 @@ func TestOutcomes(t *testing.T) {
 		},
 		{
 			name:   "rejected",
-			script: ssetest.Script{Status: 429, Body: `{"error":{"message":"queue full"}}`},
-			want:   client.Outcome{Status: 429, PromptLen: 16, Asked: 4, Error: `HTTP 429: {"error":{"message":"queue full"}}`},
+			script: ssetest.Script{Status: 429, Body: `{"error":{"message":"queue full","type":"rate_limit_error","param":null,"code":"overloaded"}}`},
+			want: client.Outcome{Status: 429, PromptLen: 16, Asked: 4, FailKind: client.FailHTTP,
+				ErrorType: "rate_limit_error", ErrorCode: "overloaded", ErrorMessage: "queue full",
+				Error: `HTTP 429: {"error":{"message":"queue full","type":"rate_limit_error","param":null,"code":"overloaded"}}`},
+		},
+		{
+			name:   "rejected, not JSON",
+			script: ssetest.Script{Status: 502, Body: `bad gateway`},
+			want:   client.Outcome{Status: 502, PromptLen: 16, Asked: 4, FailKind: client.FailHTTP, Error: `HTTP 502: bad gateway`},
 		},
 		{
 			name: "error event mid-stream",
@@ -93,6 +103,7 @@ func TestOutcomes(t *testing.T) {
 			want: client.Outcome{
 				Status: 200, PromptLen: 16, Asked: 4, OutputTokens: 1, TTFT: ms(40), TTFO: ms(40), HasAnswer: true,
 				Latency: ms(40), Events: 1, GeneratedText: "a", Error: "server error: decode worker lost",
+				FailKind: client.FailStream, ErrorType: "server_error", ErrorMessage: "decode worker lost",
 			},
 		},
 		{
@@ -100,7 +111,7 @@ func TestOutcomes(t *testing.T) {
 			script: ssetest.Script{Events: ssetest.Stream(false, nil, ms(30), 0, nil)},
 			want: client.Outcome{
 				Status: 200, PromptLen: 16, Asked: 4, UsageReported: true, FinishReason: "length",
-				Error: "no token arrived before the response ended",
+				Error: "no token arrived before the response ended", FailKind: client.FailEmpty,
 			},
 		},
 		{
@@ -112,6 +123,7 @@ func TestOutcomes(t *testing.T) {
 			want: client.Outcome{
 				Status: 200, PromptLen: 16, Asked: 4, OutputTokens: 1, TTFT: ms(40), TTFO: ms(40), HasAnswer: true,
 				Latency: ms(40), Events: 1, GeneratedText: "a", Error: `bad event "{\"choices\":[": unexpected end of JSON input`,
+				FailKind: client.FailStream,
 			},
 		},
 	} {
@@ -233,7 +245,37 @@ func TestCancelMidStream(t *testing.T) {
 	cc := &cancelClock{Clock: clock, n: 2, cancel: cancel}
 	c, _ := client.New(client.Options{BaseURL: srv.URL, Clock: cc})
 	o := c.Do(ctx, oneRequest(t, workload.Synth{}, 4, 3))
-	if o.Success || !strings.Contains(o.Error, "context canceled") {
-		t.Errorf("got success=%v error=%q, want a context-canceled failure", o.Success, o.Error)
+	if o.Success || !strings.Contains(o.Error, "context canceled") || o.FailKind != client.FailCanceled {
+		t.Errorf("got success=%v error=%q kind %q, want a context-canceled failure", o.Success, o.Error, o.FailKind)
+	}
+}
+
+// TestFailKinds: a refused connection and a request past its deadline
+// fail with their own kinds.
+func TestFailKinds(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := "http://" + l.Addr().String()
+	l.Close()
+	c, _ := client.New(client.Options{BaseURL: refused})
+	if o := c.Do(context.Background(), oneRequest(t, workload.Synth{}, 4, 3)); o.Success || o.FailKind != client.FailConnection || o.Status != 0 {
+		t.Errorf("refused: success %v kind %q status %d (%s), want a connection failure", o.Success, o.FailKind, o.Status, o.Error)
+	}
+	hold := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-hold:
+		}
+	}))
+	defer srv.Close()
+	defer close(hold)
+	c, _ = client.New(client.Options{BaseURL: srv.URL})
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if o := c.Do(ctx, oneRequest(t, workload.Synth{}, 4, 3)); o.Success || o.FailKind != client.FailTimeout {
+		t.Errorf("deadline: success %v kind %q (%s), want a timeout", o.Success, o.FailKind, o.Error)
 	}
 }

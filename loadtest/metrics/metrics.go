@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -103,6 +104,22 @@ func (s SLO) Good(o *client.Outcome) bool {
 	return (s.TTFT == 0 || o.TTFT <= s.TTFT) &&
 		(s.TPOT == 0 || tpot <= s.TPOT) &&
 		(s.E2EL == 0 || o.Latency <= s.E2EL)
+}
+
+// missed reports, for each objective set, whether completed o missed it.
+func (s SLO) missed(o *client.Outcome) map[string]bool {
+	tpot, _ := TPOT(o)
+	m := map[string]bool{}
+	if s.TTFT > 0 {
+		m["ttft"] = o.TTFT > s.TTFT
+	}
+	if s.TPOT > 0 {
+		m["tpot"] = tpot > s.TPOT
+	}
+	if s.E2EL > 0 {
+		m["e2el"] = o.Latency > s.E2EL
+	}
+	return m
 }
 
 // AllMetrics are the client-side metric names, in report order.
@@ -264,6 +281,172 @@ type Summary struct {
 	// Budget aggregates the server's per-request budget objects; nil when
 	// none arrived.
 	Budget *Budget
+	// Failures counts the failed requests by reason (FailureReason), most
+	// frequent first (ties by reason); nil when none failed.
+	Failures []Failure
+	// Misses counts the completed requests that missed each SLO set, by
+	// name ("ttft", "tpot", "e2el"); a request may miss several.
+	Misses map[string]int
+}
+
+// Failure is one reason requests failed for and how many did.
+type Failure struct {
+	Reason string // FailureReason
+	Kind   string // client.Outcome.FailKind
+	Status int    // HTTP status, 0 when no response came
+	Code   string // the OpenAI error's code, else its type, else ""
+	Count  int
+}
+
+// Short names the failure in a few words: "HTTP 429 overloaded",
+// "timeout", "connection".
+func (f Failure) Short() string {
+	if f.Kind != client.FailHTTP {
+		return f.Kind
+	}
+	if f.Code != "" {
+		return fmt.Sprintf("HTTP %d %s", f.Status, f.Code)
+	}
+	return fmt.Sprintf("HTTP %d", f.Status)
+}
+
+// TopFailure names the most frequent failure ("HTTP 429 overloaded", with
+// " and others" when there are more), "" when none failed.
+func (s Summary) TopFailure() string {
+	if len(s.Failures) == 0 {
+		return ""
+	}
+	t := s.Failures[0].Short()
+	for _, f := range s.Failures[1:] {
+		if f.Short() != s.Failures[0].Short() {
+			return t + " and others"
+		}
+	}
+	return t
+}
+
+// FailureCount returns the failures whose HTTP status is status (0: those
+// without a response).
+func (s Summary) FailureCount(status int) int {
+	n := 0
+	for _, f := range s.Failures {
+		if f.Status == status {
+			n += f.Count
+		}
+	}
+	return n
+}
+
+var (
+	digitsRE = regexp.MustCompile(`[0-9]+`)
+	idRE     = regexp.MustCompile(`(cmpl|chatcmpl|req)-[A-Za-z0-9_-]+`)
+)
+
+// maskMessage makes a message a class: request ids and numbers masked
+// ("N"), at most 160 bytes.
+func maskMessage(m string) string {
+	m = idRE.ReplaceAllString(m, "$1-ID")
+	m = digitsRE.ReplaceAllString(m, "N")
+	m = strings.Join(strings.Fields(m), " ")
+	if len(m) > 160 {
+		m = m[:160] + "…"
+	}
+	return m
+}
+
+// connClass names a transport error by its cause.
+func connClass(e string) string {
+	for _, c := range []string{"connection refused", "connection reset by peer", "broken pipe", "unexpected EOF", "EOF", "no such host", "TLS handshake"} {
+		if strings.Contains(e, c) {
+			return c
+		}
+	}
+	return "other"
+}
+
+// FailureReason returns the class of a failed outcome, to count failures
+// by: the HTTP status with the OpenAI error's type/code and message
+// (numbers masked), e.g. "HTTP 429 rate_limit_error/overloaded: No decode
+// worker has free KV cache for N tokens now; retry later."; "timeout
+// before the first token" or "timeout mid-stream"; "connection: connection
+// refused"; "stream error event server_error: …"; "stream broken: …";
+// "no token in the response"; "canceled"; "" for a success.
+func FailureReason(o *client.Outcome) string {
+	if o.Success {
+		return ""
+	}
+	api := strings.Trim(o.ErrorType+"/"+o.ErrorCode, "/")
+	msg := maskMessage(o.ErrorMessage)
+	switch o.FailKind {
+	case client.FailHTTP:
+		r := fmt.Sprintf("HTTP %d", o.Status)
+		if api != "" {
+			r += " " + api
+		}
+		if msg == "" {
+			body, _ := strings.CutPrefix(o.Error, fmt.Sprintf("HTTP %d: ", o.Status))
+			msg = maskMessage(body)
+		}
+		if msg != "" {
+			r += ": " + msg
+		}
+		return r
+	case client.FailTimeout:
+		if o.Events > 0 {
+			return "timeout mid-stream"
+		}
+		return "timeout before the first token"
+	case client.FailConnection:
+		return "connection: " + connClass(o.Error)
+	case client.FailStream:
+		if api != "" || msg != "" {
+			return strings.TrimSpace("stream error event "+api) + ": " + msg
+		}
+		return "stream broken: " + maskMessage(o.Error)
+	case client.FailEmpty:
+		return "no token in the response"
+	case client.FailCanceled:
+		return "canceled"
+	case client.FailRequest:
+		return "request not built: " + maskMessage(o.Error)
+	}
+	return "error: " + maskMessage(o.Error)
+}
+
+// failures counts outs' failures by reason.
+func failures(outs []client.Outcome) []Failure {
+	byReason := map[string]*Failure{}
+	for i := range outs {
+		o := &outs[i]
+		if o.Success {
+			continue
+		}
+		r := FailureReason(o)
+		f, ok := byReason[r]
+		if !ok {
+			code := o.ErrorCode
+			if code == "" {
+				code = o.ErrorType
+			}
+			f = &Failure{Reason: r, Kind: o.FailKind, Status: o.Status, Code: code}
+			if f.Kind == "" {
+				f.Kind = "error"
+			}
+			byReason[r] = f
+		}
+		f.Count++
+	}
+	var out []Failure
+	for _, f := range byReason {
+		out = append(out, *f)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Count != out[j].Count {
+			return out[i].Count > out[j].Count
+		}
+		return out[i].Reason < out[j].Reason
+	})
+	return out
 }
 
 // Compute summarises outcomes of a run that took dur.
@@ -300,6 +483,14 @@ func Compute(outs []client.Outcome, dur time.Duration, o Options) Summary {
 		if o.SLO.Good(out) {
 			s.Good++
 		}
+		for k, missed := range o.SLO.missed(out) {
+			if missed {
+				if s.Misses == nil {
+					s.Misses = map[string]int{}
+				}
+				s.Misses[k]++
+			}
+		}
 	}
 	if sec := dur.Seconds(); sec > 0 {
 		s.RequestThroughput = float64(s.Completed) / sec
@@ -323,6 +514,7 @@ func Compute(outs []client.Outcome, dur time.Duration, o Options) Summary {
 	}
 	s.MaxOutputTokensPerS, s.MaxConcurrentRequests = peaks(outs)
 	s.Budget = aggregateBudget(outs, ps)
+	s.Failures = failures(outs)
 	return s
 }
 

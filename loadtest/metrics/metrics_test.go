@@ -3,6 +3,7 @@ package metrics_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"testing"
 	"time"
@@ -139,16 +140,17 @@ func TestScriptedRun(t *testing.T) {
 	dur := res.Duration.Seconds()
 	ps := []float64{50, 90, 99}
 	for _, tc := range []struct {
-		name string
-		slo  metrics.SLO
-		good int
+		name   string
+		slo    metrics.SLO
+		good   int
+		misses map[string]int
 	}{
-		{"ttft and tpot", metrics.SLO{TTFT: ms(120), TPOT: ms(30)}, 1},   // 0 only: 1 misses TTFT, 3 misses TPOT
-		{"ttft only", metrics.SLO{TTFT: ms(400)}, 3},                     // every completed request
-		{"tpot only", metrics.SLO{TPOT: ms(30)}, 2},                      // 0, and 1 (one token: TPOT 0)
-		{"e2el only", metrics.SLO{E2EL: ms(200)}, 2},                     // 0 and 3
-		{"at the boundary", metrics.SLO{TTFT: ms(100), TPOT: ms(40)}, 2}, // ≤ counts: 0 and 3
-		{"none", metrics.SLO{}, 3},
+		{"ttft and tpot", metrics.SLO{TTFT: ms(120), TPOT: ms(30)}, 1, map[string]int{"ttft": 1, "tpot": 1}}, // 0 only: 1 misses TTFT, 3 misses TPOT
+		{"ttft only", metrics.SLO{TTFT: ms(400)}, 3, nil},                                                    // every completed request
+		{"tpot only", metrics.SLO{TPOT: ms(30)}, 2, map[string]int{"tpot": 1}},                               // 0, and 1 (one token: TPOT 0)
+		{"e2el only", metrics.SLO{E2EL: ms(200)}, 2, map[string]int{"e2el": 1}},                              // 0 and 3
+		{"at the boundary", metrics.SLO{TTFT: ms(100), TPOT: ms(40)}, 2, map[string]int{"ttft": 1}},          // ≤ counts: 0 and 3
+		{"none", metrics.SLO{}, 3, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := metrics.Compute(res.Outcomes, res.Duration, metrics.Options{Percentiles: ps, SLO: tc.slo})
@@ -195,6 +197,11 @@ func TestScriptedRun(t *testing.T) {
 					Warned:  1,
 					Warning: "engine behind its model",
 				},
+				Failures: []metrics.Failure{
+					{Reason: "HTTP 503: overloaded", Kind: client.FailHTTP, Status: 503, Count: 1},
+					{Reason: "stream error event: worker lost", Kind: client.FailStream, Status: 200, Count: 1},
+				},
+				Misses: tc.misses,
 			}
 			if diff := cmp.Diff(want, s, approx); diff != "" {
 				t.Errorf("summary (-want +got):\n%s", diff)
@@ -299,5 +306,46 @@ func TestBudgetMeansCountOmittedAsZero(t *testing.T) {
 	b := metrics.Compute(outs, time.Second, metrics.Options{Percentiles: []float64{50}}).Budget
 	if b.Requests != 3 || b.Means["prompt_tokens"] != 200 || b.Means["decode_prefix_hit_tokens"] != 32 {
 		t.Errorf("requests %d, means %v; want 3, prompt_tokens 200, decode_prefix_hit_tokens 32 (96 / 3)", b.Requests, b.Means)
+	}
+}
+
+// TestFailures: failed requests are counted by reason, with the HTTP
+// status and the OpenAI error's type/code and message class (numbers
+// masked), most frequent first; completed ones by the SLO they missed.
+func TestFailures(t *testing.T) {
+	kv := func(n int) client.Outcome {
+		return client.Outcome{FailKind: client.FailHTTP, Status: 429, ErrorType: "rate_limit_error", ErrorCode: "overloaded",
+			ErrorMessage: fmt.Sprintf("No decode worker has free KV cache for %d tokens now; retry later.", n)}
+	}
+	outs := []client.Outcome{
+		kv(1200), kv(933), kv(77),
+		{FailKind: client.FailHTTP, Status: 500, Error: "HTTP 500: internal error 42"},
+		{FailKind: client.FailTimeout, Events: 3},
+		{FailKind: client.FailConnection, Error: `client: send: Post "http://127.0.0.1:9/v1/completions": dial tcp 127.0.0.1:9: connect: connection refused`},
+		{Success: true, OutputTokens: 3, TTFT: 300 * time.Millisecond, Latency: 400 * time.Millisecond},
+		{Success: true, OutputTokens: 3, TTFT: 100 * time.Millisecond, Latency: 500 * time.Millisecond},
+	}
+	s := metrics.Compute(outs, time.Second, metrics.Options{SLO: metrics.SLO{TTFT: 200 * time.Millisecond, TPOT: 100 * time.Millisecond}})
+	want := []metrics.Failure{
+		{Reason: "HTTP 429 rate_limit_error/overloaded: No decode worker has free KV cache for N tokens now; retry later.",
+			Kind: client.FailHTTP, Status: 429, Code: "overloaded", Count: 3},
+		{Reason: "HTTP 500: internal error N", Kind: client.FailHTTP, Status: 500, Count: 1},
+		{Reason: "connection: connection refused", Kind: client.FailConnection, Count: 1},
+		{Reason: "timeout mid-stream", Kind: client.FailTimeout, Count: 1},
+	}
+	if diff := cmp.Diff(want, s.Failures); diff != "" {
+		t.Errorf("failures (-want +got):\n%s", diff)
+	}
+	if s.Failed != 6 || s.FailureCount(429) != 3 || s.FailureCount(0) != 2 {
+		t.Errorf("failed %d, 429s %d, no response %d; want 6, 3, 2", s.Failed, s.FailureCount(429), s.FailureCount(0))
+	}
+	if got := s.TopFailure(); got != "HTTP 429 overloaded and others" {
+		t.Errorf("top failure %q", got)
+	}
+	if diff := cmp.Diff(map[string]int{"ttft": 1, "tpot": 1}, s.Misses); diff != "" {
+		t.Errorf("misses (-want +got):\n%s", diff)
+	}
+	if s := metrics.Compute(outs[6:], time.Second, metrics.Options{}); s.Failures != nil || s.TopFailure() != "" {
+		t.Errorf("no failure: %v %q", s.Failures, s.TopFailure())
 	}
 }

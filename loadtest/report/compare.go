@@ -3,6 +3,7 @@ package report
 import (
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strings"
 
@@ -13,7 +14,13 @@ import (
 // Side is one deployment of a comparison.
 type Side struct {
 	Name string // e.g. "disaggregated"
-	GPUs int    // ≥ 1
+	GPUs int    // ≥ 1; units of Unit
+	// Unit is what GPUs counts: "GPU" ("" means that) or "core" (a CPU
+	// deployment).
+	Unit string
+	// Profile is the performance profile the side runs ("" when unknown),
+	// for the plan command the diagnosis suggests.
+	Profile string
 	// Facts say exactly what the side ran, in order: profile, workers,
 	// P:D split, codec, link bandwidth, step budget, …
 	Facts Object
@@ -24,8 +31,48 @@ type Side struct {
 	At *metrics.Summary
 }
 
-// MaxPerGPU returns the side's max rate per GPU.
+// MaxPerGPU returns the side's max rate per GPU (per Unit).
 func (s Side) MaxPerGPU() float64 { return s.Sweep.MaxRate / float64(max(s.GPUs, 1)) }
+
+// FailPerGPU returns the side's first failing rate per GPU (per Unit);
+// +Inf when none failed.
+func (s Side) FailPerGPU() float64 { return s.Sweep.FailRate / float64(max(s.GPUs, 1)) }
+
+// failPoint returns the probe at the side's first failing rate.
+func (s Side) failPoint() (sweep.Point, bool) {
+	for _, p := range s.Sweep.Points {
+		if p.Rate == s.Sweep.FailRate {
+			return p, true
+		}
+	}
+	return sweep.Point{}, false
+}
+
+// RatioInterval returns the interval of a's per-unit crossing over b's:
+// [a's last meeting ÷ b's first failing, a's first failing ÷ b's last
+// meeting]; an end is 0 or +Inf where a bracket is open.
+func RatioInterval(a, b Side) (lo, hi float64) {
+	lo, hi = 0, math.Inf(1)
+	if f := b.FailPerGPU(); a.MaxPerGPU() > 0 && !math.IsInf(f, 1) {
+		lo = a.MaxPerGPU() / f
+	}
+	if m := b.MaxPerGPU(); m > 0 && !math.IsInf(a.FailPerGPU(), 1) {
+		hi = a.FailPerGPU() / m
+	}
+	return lo, hi
+}
+
+// ratioText writes a ratio interval: "[1.33×, 1.46×]", "≥ 1.2×".
+func ratioText(lo, hi float64) string {
+	l, h := "[0×", "∞)"
+	if lo > 0 {
+		l = fmt.Sprintf("[%.2f×", lo)
+	}
+	if !math.IsInf(hi, 1) {
+		h = fmt.Sprintf("%.2f×]", hi)
+	}
+	return l + ", " + h
+}
 
 // Comparison is a side-by-side benchmark.
 type Comparison struct {
@@ -36,11 +83,25 @@ type Comparison struct {
 	CommonRate float64 // requests per second of the At runs
 }
 
+// unit returns the sides' common unit, "unit" when they differ.
+func (c Comparison) unit() string {
+	unit := "GPU"
+	for i, s := range c.Sides {
+		if u := UnitName(s.Unit); i == 0 {
+			unit = u
+		} else if u != unit {
+			return "unit"
+		}
+	}
+	return unit
+}
+
 // Markdown writes the comparison.
 func (c Comparison) Markdown(w io.Writer) error {
 	var b strings.Builder
 	m := c.Meta
-	b.WriteString("## Disaggregated vs colocated at equal GPUs\n\n")
+	unit := c.unit()
+	fmt.Fprintf(&b, "## Disaggregated vs colocated at equal %ss\n\n", unit)
 	fmt.Fprintf(&b, "Same workload and SLOs on both: %s; arrivals %s; seed %d; prompts %s (tokenizer %s), ignore_eos %v. ",
 		m.Workload, m.Arrival, m.Seed, m.Format, m.Tokenizer, m.IgnoreEOS)
 	fmt.Fprintf(&b, "A request is good when it meets every SLO (%s ms); target: %s of requests good.\n\n", c.SLO, pct(c.Target))
@@ -61,7 +122,7 @@ func (c Comparison) Markdown(w io.Writer) error {
 		}
 		b.WriteString("\n")
 	}
-	row("GPUs", func(s Side) string { return fmt.Sprint(s.GPUs) })
+	row(unit+"s", func(s Side) string { return Count(s.GPUs, s.Unit) })
 	var keys []string
 	for _, s := range c.Sides {
 		for _, f := range s.Facts {
@@ -85,23 +146,85 @@ func (c Comparison) Markdown(w io.Writer) error {
 		}
 		return "**" + r + "**"
 	})
-	row("**Max rate per GPU (req/s/GPU)**", func(s Side) string { return fmt.Sprintf("**%.3g**", s.MaxPerGPU()) })
+	row(fmt.Sprintf("**Max rate per %s (req/s/%s)**", unit, unit), func(s Side) string { return fmt.Sprintf("**%.3g**", s.MaxPerGPU()) })
+	row(fmt.Sprintf("%s crossing in (req/s): [last meeting, first failing]", pct(c.Target)), func(s Side) string {
+		r := Interval(s.Sweep, 1)
+		switch {
+		case s.Sweep.Converged():
+			r += fmt.Sprintf(", %s wide", pct(s.Sweep.Gap()))
+		case s.Sweep.Bracketed() && s.Sweep.MaxRate > 0:
+			r += fmt.Sprintf(", %s wide (over the %s asked: raise --search-steps)", pct(s.Sweep.Gap()), pct(s.Sweep.Tolerance))
+		}
+		return r
+	})
+	row(fmt.Sprintf("%s crossing per %s (req/s/%s)", pct(c.Target), unit, unit), func(s Side) string {
+		return Interval(s.Sweep, float64(max(s.GPUs, 1)))
+	})
+	var base Side
 	if len(c.Sides) > 1 {
-		base := c.Sides[len(c.Sides)-1].MaxPerGPU()
-		row("per GPU vs "+c.Sides[len(c.Sides)-1].Name, func(s Side) string {
-			if base == 0 {
+		base = c.Sides[len(c.Sides)-1]
+		row(fmt.Sprintf("per %s vs %s: max rates", unit, base.Name), func(s Side) string {
+			if base.MaxPerGPU() == 0 {
 				return "n/a"
 			}
-			return fmt.Sprintf("%.2f×", s.MaxPerGPU()/base)
+			return fmt.Sprintf("%.2f×", s.MaxPerGPU()/base.MaxPerGPU())
+		})
+		row(fmt.Sprintf("per %s vs %s: crossings", unit, base.Name), func(s Side) string {
+			return ratioText(RatioInterval(s, base))
 		})
 	}
-	row("Probes (req/s: attainment)", func(s Side) string {
+	row("Probes (req/s: attainment, failed)", func(s Side) string {
 		var ps []string
 		for _, p := range s.Sweep.Points {
-			ps = append(ps, fmt.Sprintf("%.3g: %s", p.Rate, pct(p.Summary.Attainment)))
+			t := fmt.Sprintf("%.3g: %s", p.Rate, pct(p.Summary.Attainment))
+			if p.Summary.Failed > 0 {
+				t += fmt.Sprintf(" (%d %s)", p.Summary.Failed, p.Summary.TopFailure())
+			}
+			if p.Outlier {
+				t += " (noise)"
+			}
+			ps = append(ps, t)
 		}
 		return strings.Join(ps, ", ")
 	})
+	row("Failures at the first failing rate", func(s Side) string {
+		p, ok := s.failPoint()
+		if !ok {
+			return "—"
+		}
+		if len(p.Summary.Failures) == 0 {
+			return fmt.Sprintf("none of %d at %.3g req/s (SLO misses only)", p.Summary.Total, p.Rate)
+		}
+		var fs []string
+		for _, f := range p.Summary.Failures {
+			fs = append(fs, fmt.Sprintf("%d × %s", f.Count, f.Reason))
+		}
+		return fmt.Sprintf("%d of %d at %.3g req/s: %s", p.Summary.Failed, p.Summary.Total, p.Rate, strings.Join(fs, "; "))
+	})
+	if len(c.Sides) > 1 {
+		s0 := c.Sides[0]
+		lo, hi := RatioInterval(s0, base)
+		if base.MaxPerGPU() > 0 {
+			fmt.Fprintf(&b, "\n**%s vs %s per %s: %.2f× at the max rates; the %s crossings put it in %s.**\n",
+				s0.Name, base.Name, unit, s0.MaxPerGPU()/base.MaxPerGPU(), pct(c.Target), ratioText(lo, hi))
+		}
+	}
+	if d := c.Diagnosis(); len(d) > 0 {
+		b.WriteString("\n### Why the sides fail where they do\n\n")
+		for _, l := range d {
+			fmt.Fprintf(&b, "- %s\n", l)
+		}
+	}
+	for _, s := range c.Sides {
+		if out := s.Sweep.Outliers(); len(out) > 0 {
+			var ps []string
+			for _, p := range out {
+				ps = append(ps, fmt.Sprintf("%.3g req/s (%s)", p.Rate, pct(p.Summary.Attainment)))
+			}
+			fmt.Fprintf(&b, "\nThe %s side's attainment is not monotone in the rate: %s lie on the wrong side of its crossing and were taken for noise.\n",
+				s.Name, strings.Join(ps, ", "))
+		}
+	}
 
 	if c.CommonRate > 0 {
 		fmt.Fprintf(&b, "\n### Both at %.3g req/s\n\n", c.CommonRate)
@@ -126,11 +249,26 @@ func (c Comparison) Markdown(w io.Writer) error {
 			atSide(k, func(_ Side, s metrics.Summary) string { return f(s) })
 		}
 		at("Goodput (req/s)", func(s metrics.Summary) string { return f2(s.RequestGoodput) })
-		atSide("Goodput per GPU (req/s/GPU)", func(sd Side, s metrics.Summary) string {
+		atSide(fmt.Sprintf("Goodput per %s (req/s/%s)", unit, unit), func(sd Side, s metrics.Summary) string {
 			return f2(s.RequestGoodput / float64(max(sd.GPUs, 1)))
 		})
 		at("SLO attainment", func(s metrics.Summary) string { return pct(s.Attainment) })
-		at("Failed requests", func(s metrics.Summary) string { return fmt.Sprint(s.Failed) })
+		at("Failed requests", func(s metrics.Summary) string {
+			if s.Failed == 0 {
+				return "0"
+			}
+			var fs []string
+			for _, f := range s.Failures {
+				fs = append(fs, fmt.Sprintf("%d %s", f.Count, f.Short()))
+			}
+			return fmt.Sprintf("%d (%s)", s.Failed, strings.Join(fs, ", "))
+		})
+		at("Completed, missed an SLO", func(s metrics.Summary) string {
+			if len(s.Misses) == 0 {
+				return "—"
+			}
+			return missText(s.Misses)
+		})
 		var ps []float64
 		for _, s := range c.Sides {
 			if s.At != nil {
@@ -212,11 +350,12 @@ func (c Comparison) Result(probes [][]Object, at []Object) Object {
 		var so Object
 		so.Add("name", s.Name)
 		so.Add("gpus", s.GPUs)
+		so.Add("unit", UnitName(s.Unit))
 		so.Add("facts", s.Facts)
-		so.Add("max_rate", s.Sweep.MaxRate)
-		so.Add("max_rate_per_gpu", s.MaxPerGPU())
-		so.Add("fail_rate", s.Sweep.FailRate)
-		so.Add("bracketed", s.Sweep.Bracketed())
+		addCrossing(&so, s.Sweep, s.GPUs)
+		if p, ok := s.failPoint(); ok {
+			so.Add("failures_at_fail_rate", FailuresJSON(p.Summary.Failures))
+		}
 		if i < len(probes) {
 			so.Add("probes", probes[i])
 		}
@@ -226,5 +365,16 @@ func (c Comparison) Result(probes [][]Object, at []Object) Object {
 		sides = append(sides, so)
 	}
 	o.Add("sides", sides)
+	if len(c.Sides) > 1 {
+		a, b := c.Sides[0], c.Sides[len(c.Sides)-1]
+		if b.MaxPerGPU() > 0 {
+			o.Add("ratio_per_gpu", a.MaxPerGPU()/b.MaxPerGPU())
+		} else {
+			o.Add("ratio_per_gpu", nil)
+		}
+		lo, hi := RatioInterval(a, b)
+		o.Add("ratio_per_gpu_interval", []any{lo, finite(hi)})
+	}
+	o.Add("diagnosis", c.Diagnosis())
 	return o
 }

@@ -36,6 +36,12 @@ func Markdown(w io.Writer, m Meta, s metrics.Summary) error {
 	}
 	row("Successful requests", s.Completed)
 	row("Failed requests", s.Failed)
+	for _, f := range s.Failures {
+		row("  failed: "+f.Reason, f.Count)
+	}
+	if len(s.Misses) > 0 {
+		row("Completed but missed an SLO", missText(s.Misses))
+	}
 	row("Benchmark duration (s)", f2(s.Duration.Seconds()))
 	row("Total input tokens", s.TotalInput)
 	row("Total generated tokens", s.TotalOutput)
@@ -135,6 +141,17 @@ func f2(x float64) string {
 		return "inf"
 	}
 	return fmt.Sprintf("%.2f", x)
+}
+
+// missText writes SLO misses by name: "TTFT 12, TPOT 3".
+func missText(m map[string]int) string {
+	var parts []string
+	for _, k := range []string{"ttft", "tpot", "e2el"} {
+		if n, ok := m[k]; ok {
+			parts = append(parts, fmt.Sprintf("%s %d", metricTitle[k], n))
+		}
+	}
+	return strings.Join(parts, ", ")
 }
 
 func pct(x float64) string { return fmt.Sprintf("%.1f%%", 100*x) }

@@ -165,7 +165,7 @@ func TestMarkdowns(t *testing.T) {
 		{Rate: 2, Summary: s, Passed: true}, {Rate: 3, Summary: s, Search: true},
 	}}
 	b.Reset()
-	if err := SweepMarkdown(&b, m, res, 0.9, slo, 2); err != nil {
+	if err := SweepMarkdown(&b, m, res, 0.9, slo, 2, ""); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"| 2 | 33.3% |", "fail (search)", "Max rate at 90.0% attainment: 2 req/s (1 req/s per GPU)**, below a failing 3 req/s"} {
@@ -181,9 +181,106 @@ func TestMarkdowns(t *testing.T) {
 	if err := c.Markdown(&b); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"| P:D split | 2:1 | — |", "| **Max rate per GPU (req/s/GPU)** | **2** | **1** |", "| per GPU vs colocated | 2.00× | 1.00× |", "|   kv_transfer | 2.00 | 2.00 |"} {
+	for _, want := range []string{"| P:D split | 2:1 | — |", "| **Max rate per GPU (req/s/GPU)** | **2** | **1** |", "| per GPU vs colocated: max rates | 2.00× | 1.00× |", "| per GPU vs colocated: crossings | [1.50×, 2.33×] | [0.75×, 1.33×] |",
+		"| 90.0% crossing in (req/s): [last meeting, first failing] | [6, 7], 16.7% wide (over the 0.0% asked: raise --search-steps) |", "|   kv_transfer | 2.00 | 2.00 |"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("comparison lacks %q:\n%s", want, b.String())
 		}
+	}
+}
+
+// TestComparisonCrossings: each side's crossing interval, the ratio's
+// interval, failures by reason, and the diagnosis of a side that sheds
+// load for lack of decode KV against one that queues.
+func TestComparisonCrossings(t *testing.T) {
+	kv := client.Outcome{FailKind: client.FailHTTP, Status: 429, ErrorType: "rate_limit_error", ErrorCode: "overloaded",
+		ErrorMessage: "No decode worker has free KV cache for 1800 tokens now; retry later."}
+	ok := func(ttft, lat time.Duration) client.Outcome {
+		return client.Outcome{Success: true, OutputTokens: 11, TTFT: ttft, Latency: lat, Budget: map[string]any{"queue_ms": 20.0, "ttft_ms": 100.0, "mode": "disaggregated"}}
+	}
+	slo := metrics.SLO{TTFT: 250 * time.Millisecond, TPOT: 100 * time.Millisecond}
+	sum := func(outs ...client.Outcome) metrics.Summary {
+		return metrics.Compute(outs, time.Second, metrics.Options{SLO: slo})
+	}
+	good := ok(100*time.Millisecond, 600*time.Millisecond)
+	// Disaggregated fails at 7.12 by refusing: 2 of 4 are 429s.
+	dis := sweep.Result{MaxRate: 6.94, FailRate: 7.12, Tolerance: 0.05, Points: []sweep.Point{
+		{Rate: 6.94, Passed: true, Summary: sum(good, good, good, good)},
+		{Rate: 7.12, Summary: sum(good, good, kv, kv)},
+	}}
+	// Colocated fails at 5.2 by queueing: no failure, TTFT misses.
+	q := client.Outcome{Success: true, OutputTokens: 11, TTFT: 400 * time.Millisecond, Latency: 900 * time.Millisecond,
+		Budget: map[string]any{"queue_ms": 300.0, "ttft_ms": 390.0, "mode": "colocated"}}
+	col := sweep.Result{MaxRate: 5, FailRate: 5.2, Tolerance: 0.05, Points: []sweep.Point{
+		{Rate: 5, Passed: true, Summary: sum(good, good, good, good)},
+		{Rate: 5.2, Summary: sum(good, q, q, good)},
+	}}
+	c := Comparison{Target: 0.9, SLO: slo, Sides: []Side{
+		{Name: "disaggregated", GPUs: 3, Profile: "a100-80g/opt-13b/tp1", Sweep: dis},
+		{Name: "colocated", GPUs: 3, Sweep: col},
+	}}
+	lo, hi := RatioInterval(c.Sides[0], c.Sides[1])
+	if math.Abs(lo-6.94/5.2) > 1e-9 || math.Abs(hi-7.12/5) > 1e-9 {
+		t.Errorf("ratio interval [%v, %v], want [%v, %v]", lo, hi, 6.94/5.2, 7.12/5)
+	}
+	var b bytes.Buffer
+	if err := c.Markdown(&b); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"| 90.0% crossing in (req/s): [last meeting, first failing] | [6.94, 7.12], 2.6% wide | [5, 5.2], 4.0% wide |",
+		"| 90.0% crossing per GPU (req/s/GPU) | [2.31, 2.37] | [1.67, 1.73] |",
+		"| per GPU vs colocated: crossings | [1.33×, 1.42×] | [0.96×, 1.04×] |",
+		"**disaggregated vs colocated per GPU: 1.39× at the max rates; the 90.0% crossings put it in [1.33×, 1.42×].**",
+		"7.12: 50.0% (2 HTTP 429 overloaded)",
+		"| Failures at the first failing rate | 2 of 4 at 7.12 req/s: 2 × HTTP 429 rate_limit_error/overloaded: No decode worker has free KV cache for N tokens now; retry later. | none of 4 at 5.2 req/s (SLO misses only) |",
+		"The disaggregated side sheds load (2 of 4 requests refused with HTTP 429 at 7.12 req/s) where the colocated side queues it: no 429 at 5.2 req/s, its requests wait and miss the SLOs instead (server side: mean queue 160 ms of a 245 ms mean TTFT).",
+		"The decode pool is the disaggregated side's bottleneck at 7.12 req/s: 2 requests refused with 429 for lack of decode KV cache. Size the pools for this load with `coordinator plan --profile a100-80g/opt-13b/tp1 --gpu-budget 3 --slo-ttft 250ms --slo-tpot 100ms --rate 7.12 --workload fixed:0/11`.",
+	} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("comparison lacks %q:\n%s", want, b.String())
+		}
+	}
+	if strings.Contains(b.String(), "colocated pool") {
+		t.Errorf("a pool named for the colocated side:\n%s", b.String())
+	}
+	// CPU sides say cores.
+	c.Sides[0].Unit, c.Sides[1].Unit = "core", "core"
+	b.Reset()
+	if err := c.Markdown(&b); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"| cores | 3 cores | 3 cores |", "| **Max rate per core (req/s/core)** |", "per core: 1.39×"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("CPU comparison lacks %q:\n%s", want, b.String())
+		}
+	}
+	if strings.Contains(b.String(), "GPU") {
+		t.Errorf("CPU comparison speaks of GPUs:\n%s", b.String())
+	}
+	data, err := json.Marshal(c.Result(nil, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Ratio    []float64 `json:"ratio_per_gpu_interval"`
+		Diagnose []string  `json:"diagnosis"`
+		Sides    []struct {
+			Interval []float64 `json:"crossing_interval"`
+			Unit     string    `json:"unit"`
+			Failures []struct {
+				Reason string `json:"reason"`
+				Status int    `json:"http_status"`
+				Count  int    `json:"count"`
+			} `json:"failures_at_fail_rate"`
+		} `json:"sides"`
+	}
+	if err := json.Unmarshal(data, &got); err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Sides) != 2 || !cmp.Equal(got.Sides[0].Interval, []float64{6.94, 7.12}) || got.Sides[0].Unit != "core" ||
+		len(got.Sides[0].Failures) != 1 || got.Sides[0].Failures[0].Status != 429 || got.Sides[0].Failures[0].Count != 2 ||
+		len(got.Ratio) != 2 || len(got.Diagnose) != 4 {
+		t.Errorf("comparison JSON %s", data)
 	}
 }

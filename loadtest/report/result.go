@@ -109,7 +109,9 @@ func Result(m Meta, s metrics.Summary, outs []client.Outcome, detailed bool) Obj
 	if s.SLO.Set() {
 		o.Add("goodput_slos_ms", s.SLO.Map())
 		o.Add("slo_attainment", s.Attainment)
+		o.Add("slo_misses", s.Misses)
 	}
+	o.Add("failures", FailuresJSON(s.Failures))
 	o.Add("endpoint", m.Endpoint)
 	o.Add("base_url", m.BaseURL)
 	o.Add("prompt_format", m.Format)
@@ -257,6 +259,26 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(ks)
 	return ks
+}
+
+// FailuresJSON lists failures by reason as JSON objects: reason, kind,
+// http_status (null without a response), code and count; [] when none.
+func FailuresJSON(fs []metrics.Failure) []Object {
+	out := []Object{}
+	for _, f := range fs {
+		var o Object
+		o.Add("reason", f.Reason)
+		o.Add("kind", f.Kind)
+		if f.Status > 0 {
+			o.Add("http_status", f.Status)
+		} else {
+			o.Add("http_status", nil)
+		}
+		o.Add("code", f.Code)
+		o.Add("count", f.Count)
+		out = append(out, o)
+	}
+	return out
 }
 
 // WriteJSON writes v as indented JSON.

@@ -1,9 +1,13 @@
-// Package sweep finds the highest request rate at which a deployment meets
-// an SLO-attainment target: it probes a grid of rates (each probe is a full
-// benchmark run), then narrows the bracket between the highest passing and
-// the lowest failing rate by bisection (or, when every grid rate passes,
-// first doubles past the grid). It assumes attainment falls as the rate
-// rises; a non-monotone curve is reported as probed, and the answer is the
-// highest passing rate below the first failing one. The search is pure
-// given its probe.
+// Package sweep finds the request rate at which a deployment's SLO
+// attainment crosses a target: it probes a grid of rates (each probe is a
+// full benchmark run), then doubles past the grid (or halves below it)
+// until the crossing is bracketed, and bisects the bracket between the
+// last rate meeting the target and the first rate failing it until that
+// interval is within a relative tolerance (5 % by default). Attainment
+// need not fall monotonically with the rate (it is measured on a finite
+// number of requests): the crossing is the split of the probes that
+// misclassifies the least, weighted by each probe's distance from the
+// target, and the probes on its wrong side are reported as outliers. The
+// search is pure given its probe, and the rates it probes follow from the
+// grid and the pass/fail outcomes alone.
 package sweep
