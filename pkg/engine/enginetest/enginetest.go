@@ -68,8 +68,8 @@ func Run(t *testing.T, newEngine NewFunc, opts ...Option) {
 		{"EmptyBatch", testEmptyBatch},
 		{"KVCallback", testKVCallback},
 		{"KVCallbackError", testKVCallbackError},
-		{"ChunkedPrefill", testChunkedPrefill},
-		{"BatchedDecode", testBatchedDecode},
+		{"ChunkedPrefill", cfg.testChunkedPrefill},
+		{"BatchedDecode", cfg.testBatchedDecode},
 		{"ExportImport", testExportImport},
 		{"ExportErrors", testExportErrors},
 		{"ImportErrors", testImportErrors},
@@ -78,8 +78,8 @@ func Run(t *testing.T, newEngine NewFunc, opts ...Option) {
 		{"BatchErrors", testBatchErrors},
 		{"MaxSeqLen", testMaxSeqLen},
 		{"Cancelled", testCancelled},
-		{"RunStep", testRunStep},
-		{"SeededSampling", testSeededSampling},
+		{"RunStep", cfg.testRunStep},
+		{"SeededSampling", cfg.testSeededSampling},
 		{"Fork", cfg.testFork},
 		{"ForkErrors", testForkErrors},
 		{"AllLogits", cfg.testAllLogits},
@@ -156,6 +156,38 @@ func generate(t *testing.T, e engine.Engine, seq engine.SeqID, first int32, n in
 		checkOutputs(t, e.Spec(), outs, []engine.SeqID{seq}, []bool{true})
 		tok = outs[0].Token
 		out = append(out, tok)
+	}
+	return out
+}
+
+// prefillResult is prefill returning the first output's token and logits.
+func prefillResult(t *testing.T, e engine.Engine, seq engine.SeqID, tokens []int32, s engine.Sampling) result {
+	t.Helper()
+	outs, err := e.Prefill(context.Background(), []engine.PrefillItem{{Seq: seq, Tokens: tokens, Sampling: s, Last: true}}, nil)
+	if err != nil {
+		t.Fatalf("Prefill seq %d (%d tokens): %v", seq, len(tokens), err)
+	}
+	checkOutputs(t, e.Spec(), outs, []engine.SeqID{seq}, []bool{true})
+	return resultOf(outs[0])
+}
+
+// greedyRun decodes n greedy steps of seq alone after first (what its
+// prefill sampled), feeding each step the token drawn before, and returns
+// first and the n outputs: a reference for checkResults.
+func greedyRun(t *testing.T, e engine.Engine, seq engine.SeqID, first result, n int) []result {
+	t.Helper()
+	out := []result{first}
+	for range n {
+		out = append(out, decodeForced(t, e, seq, []int32{out[len(out)-1].tok}, engine.Sampling{})...)
+	}
+	return out
+}
+
+// tokensOf returns the tokens of rs.
+func tokensOf(rs []result) []int32 {
+	out := make([]int32, len(rs))
+	for i, r := range rs {
+		out[i] = r.tok
 	}
 	return out
 }
@@ -416,14 +448,18 @@ func testKVCallbackError(t *testing.T, newEngine NewFunc) {
 	}
 }
 
-func testChunkedPrefill(t *testing.T, newEngine NewFunc) {
+// testChunkedPrefill: a prompt prefilled in chunks decodes as if
+// prefilled whole. The chunks are other llama_decode shapes, so the runs
+// are compared by checkResults (teacher-forced, logits within the
+// tolerance).
+func (c *config) testChunkedPrefill(t *testing.T, newEngine NewFunc) {
 	ctx := context.Background()
 	whole := newEngine(t)
 	spec := whole.Spec()
 	p := prompt(spec, 23, 9)
 	s := engine.Sampling{}
-	first := prefill(t, whole, 1, p, s)
-	want := append([]int32{first}, generate(t, whole, 1, first, 6, s)...)
+	want := greedyRun(t, whole, 1, prefillResult(t, whole, 1, p, s), 6)
+	fed := tokensOf(want[:len(want)-1])
 
 	splits := [][]int{{1}, {11}, {22}, {3, 3, 3, 3}, {5, 1, 9}}
 	for _, split := range splits {
@@ -439,11 +475,8 @@ func testChunkedPrefill(t *testing.T, newEngine NewFunc) {
 				start += n
 				wantLen(t, e, 1, start)
 			}
-			first := prefill(t, e, 1, p[start:], s)
-			got := append([]int32{first}, generate(t, e, 1, first, 6, s)...)
-			if diff := cmp.Diff(want, got); diff != "" {
-				t.Errorf("chunked prefill %v: tokens differ from one chunk (-want +got):\n%s", split, diff)
-			}
+			got := append([]result{prefillResult(t, e, 1, p[start:], s)}, decodeForced(t, e, 1, fed, s)...)
+			c.checkResults(t, fmt.Sprintf("chunked prefill %v", split), want, got)
 		})
 	}
 
@@ -453,16 +486,13 @@ func testChunkedPrefill(t *testing.T, newEngine NewFunc) {
 		if _, err := e.Prefill(ctx, []engine.PrefillItem{{Seq: 1, Tokens: p[:len(p)-1]}}, nil); err != nil {
 			t.Fatalf("Prefill: %v", err)
 		}
-		got := generate(t, e, 1, p[len(p)-1], 7, s)
-		if diff := cmp.Diff(want, got); diff != "" {
-			t.Errorf("tokens differ from one chunk (-want +got):\n%s", diff)
-		}
+		c.checkResults(t, "last prompt token decoded", want, decodeForced(t, e, 1, append([]int32{p[len(p)-1]}, fed...), s))
 	})
 
 	// Chunks of two sequences interleaved in the same batches.
 	t.Run("two sequences", func(t *testing.T) {
 		q := prompt(spec, 9, 10)
-		qFirst := prefill(t, whole, 2, q, s)
+		qFirst := prefillResult(t, whole, 2, q, s)
 		e := newEngine(t)
 		if _, err := e.Prefill(ctx, []engine.PrefillItem{{Seq: 1, Tokens: p[:10]}, {Seq: 2, Tokens: q[:4]}}, nil); err != nil {
 			t.Fatalf("Prefill call 1: %v", err)
@@ -472,25 +502,25 @@ func testChunkedPrefill(t *testing.T, newEngine NewFunc) {
 			t.Fatalf("Prefill call 2: %v", err)
 		}
 		checkOutputs(t, spec, outs, []engine.SeqID{2, 1}, []bool{true, true})
-		if outs[0].Token != qFirst || outs[1].Token != first {
-			t.Errorf("first tokens (seq 2, seq 1) = (%d, %d), want (%d, %d)", outs[0].Token, outs[1].Token, qFirst, first)
-		}
+		c.checkResults(t, "first tokens (seq 2, seq 1)", []result{qFirst, want[0]}, []result{resultOf(outs[0]), resultOf(outs[1])})
 	})
 }
 
-func testBatchedDecode(t *testing.T, newEngine NewFunc) {
+// testBatchedDecode: sequences decoded together in changing batches
+// produce what each produces alone (compared by checkResults: the batch
+// is another llama_decode shape).
+func (c *config) testBatchedDecode(t *testing.T, newEngine NewFunc) {
 	ctx := context.Background()
 	const steps = 10
 	alone := newEngine(t)
 	spec := alone.Spec()
 	lens := []int{3, 8, 13, 21}
 	prompts := make([][]int32, len(lens))
-	want := make([][]int32, len(lens))
+	want := make([][]result, len(lens))
 	for i, n := range lens {
 		prompts[i] = prompt(spec, n, 20+i)
 		seq := engine.SeqID(100 + i)
-		first := prefill(t, alone, seq, prompts[i], engine.Sampling{})
-		want[i] = append([]int32{first}, generate(t, alone, seq, first, steps, engine.Sampling{})...)
+		want[i] = greedyRun(t, alone, seq, prefillResult(t, alone, seq, prompts[i], engine.Sampling{}), steps)
 	}
 
 	e := newEngine(t)
@@ -502,10 +532,12 @@ func testBatchedDecode(t *testing.T, newEngine NewFunc) {
 	if err != nil {
 		t.Fatalf("batched Prefill: %v", err)
 	}
-	got := make([][]int32, len(lens))
+	got := make([][]result, len(lens))
 	for i, o := range outs {
-		got[i] = []int32{o.Token}
+		got[i] = []result{resultOf(o)}
 	}
+	// fed is the token seq i is fed next: the alone run's (teacher forcing).
+	fed := func(i int) int32 { return want[i][len(got[i])-1].tok }
 	for step := range steps {
 		// Vary membership and order: seq 2 sits out step 3 (and catches
 		// up alone), the order rotates every step.
@@ -515,7 +547,7 @@ func testBatchedDecode(t *testing.T, newEngine NewFunc) {
 			if i == 2 && step == 3 {
 				continue
 			}
-			batch = append(batch, engine.DecodeItem{Seq: engine.SeqID(i), Token: got[i][len(got[i])-1]})
+			batch = append(batch, engine.DecodeItem{Seq: engine.SeqID(i), Token: fed(i)})
 		}
 		outs, err := e.Decode(ctx, batch)
 		if err != nil {
@@ -525,17 +557,15 @@ func testBatchedDecode(t *testing.T, newEngine NewFunc) {
 			if o.Seq != batch[k].Seq {
 				t.Fatalf("step %d: output %d for seq %d, want %d", step, k, o.Seq, batch[k].Seq)
 			}
-			got[o.Seq] = append(got[o.Seq], o.Token)
+			got[o.Seq] = append(got[o.Seq], resultOf(o))
 		}
 		if step == 3 {
-			got[2] = append(got[2], generate(t, e, 2, got[2][len(got[2])-1], 1, engine.Sampling{})...)
+			got[2] = append(got[2], decodeForced(t, e, 2, []int32{fed(2)}, engine.Sampling{})...)
 		}
 	}
-	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("batched decode differs from one-by-one decode (-want +got):\n%s", diff)
-	}
-	for i, n := range lens {
-		wantLen(t, e, engine.SeqID(i), n+steps)
+	for i := range lens {
+		c.checkResults(t, fmt.Sprintf("seq %d batched against alone", i), want[i], got[i])
+		wantLen(t, e, engine.SeqID(i), lens[i]+steps)
 	}
 }
 
@@ -825,7 +855,7 @@ func testCancelled(t *testing.T, newEngine NewFunc) {
 	}
 }
 
-func testRunStep(t *testing.T, newEngine NewFunc) {
+func (c *config) testRunStep(t *testing.T, newEngine NewFunc) {
 	ctx := context.Background()
 	a, b := newEngine(t), newEngine(t)
 	spec := a.Spec()
@@ -841,7 +871,7 @@ func testRunStep(t *testing.T, newEngine NewFunc) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []int32{outs[0].Token, outs[1].Token, generate(t, b, 1, f1, 1, s)[0]}
+	want := []result{resultOf(outs[0]), resultOf(outs[1]), decodeForced(t, b, 1, []int32{f1}, s)[0]}
 
 	if got := prefill(t, a, 1, p1, s); got != f1 {
 		t.Fatalf("first token %d, want %d", got, f1)
@@ -862,9 +892,8 @@ func testRunStep(t *testing.T, newEngine NewFunc) {
 	}
 	checkOutputs(t, spec, pOut, []engine.SeqID{2, 3}, []bool{true, true})
 	checkOutputs(t, spec, dOut, []engine.SeqID{1}, []bool{true})
-	if diff := cmp.Diff(want, []int32{pOut[0].Token, pOut[1].Token, dOut[0].Token}); diff != "" {
-		t.Errorf("RunStep tokens differ from separate Prefill and Decode (-want +got):\n%s", diff)
-	}
+	// One step of several shapes at once against separate calls.
+	c.checkResults(t, "RunStep against separate Prefill and Decode", want, []result{resultOf(pOut[0]), resultOf(pOut[1]), resultOf(dOut[0])})
 	for l := range spec.Layers {
 		if rec.next[kvKey{2, l}] != len(p2) || rec.next[kvKey{3, l}] != len(p3) {
 			t.Errorf("layer %d: RunStep handed out KV up to (%d, %d), want (%d, %d)", l, rec.next[kvKey{2, l}], rec.next[kvKey{3, l}], len(p2), len(p3))
@@ -881,58 +910,108 @@ func testRunStep(t *testing.T, newEngine NewFunc) {
 	}
 }
 
-func testSeededSampling(t *testing.T, newEngine NewFunc) {
+// testSeededSampling: a sampled token depends only on the sequence's own
+// logits, seed and position, never on the other sequences of the batch.
+//
+// What is asserted, and why: on a fresh engine the same seed draws the
+// same tokens (the computation is the same, so exactly). In a crowded
+// batch the computation differs: an engine whose logits depend on the
+// batch (llama.cpp's CPU kernels do, within the tolerance) may then draw
+// another token wherever the draw falls near the boundary between two
+// tokens, which at temperature 1 over a large vocabulary is almost
+// anywhere. So the crowded run is fed the alone run's tokens (teacher
+// forcing), its logits must match the alone run's within the tolerance,
+// and each token it draws must be exactly engine.Sample of its own logits
+// with its own seed and position: a sampler that took another sequence's
+// seed, its batch index or a shared random stream fails that. With
+// tolerance 0 the tokens must also equal the alone run's.
+func (c *config) testSeededSampling(t *testing.T, newEngine NewFunc) {
 	ctx := context.Background()
 	const steps = 16
 	p := prompt(newEngine(t).Spec(), 10, 50)
-	run := func(t *testing.T, seed uint64, crowd bool) []int32 {
+	// run samples seq 1 with seed; forced, when not nil, gives the tokens
+	// fed after each step instead of the drawn ones.
+	run := func(t *testing.T, seed uint64, crowd bool, forced []int32) []result {
 		t.Helper()
 		e := newEngine(t)
 		s := engine.Sampling{Temperature: 1, TopP: 0.95, Seed: seed}
 		items := []engine.PrefillItem{{Seq: 1, Tokens: p, Sampling: s, Last: true}}
+		crowdS := map[engine.SeqID]engine.Sampling{5: {Temperature: 1, Seed: seed + 1}, 6: {Temperature: 0.5, Seed: 7}}
 		if crowd {
 			// Other sequences, other seeds, different positions.
-			items = append([]engine.PrefillItem{{Seq: 5, Tokens: p[:4], Sampling: engine.Sampling{Temperature: 1, Seed: seed + 1}, Last: true}}, items...)
-			items = append(items, engine.PrefillItem{Seq: 6, Tokens: p, Sampling: engine.Sampling{Temperature: 0.5, Seed: 7}, Last: true})
+			items = append([]engine.PrefillItem{{Seq: 5, Tokens: p[:4], Sampling: crowdS[5], Last: true}}, items...)
+			items = append(items, engine.PrefillItem{Seq: 6, Tokens: p, Sampling: crowdS[6], Last: true})
 		}
 		outs, err := e.Prefill(ctx, items, nil)
 		if err != nil {
 			t.Fatalf("Prefill: %v", err)
 		}
-		toks := make([]int32, 0, steps+1)
+		var got []result
 		next := map[engine.SeqID]int32{}
-		for i, o := range outs {
-			next[o.Seq] = o.Token
-			if items[i].Seq == 1 {
-				toks = append(toks, o.Token)
+		pos := len(p)
+		check := func(o engine.Output, s engine.Sampling, pos int) {
+			if o.Logits != nil {
+				if want := engine.Sample(o.Logits, s, pos, nil); o.Token != want {
+					t.Errorf("seq %d at position %d drew token %d, want %d (engine.Sample of its own logits, seed %d)", o.Seq, pos, o.Token, want, s.Seed)
+				}
 			}
 		}
-		for range steps {
-			batch := []engine.DecodeItem{{Seq: 1, Token: next[1], Sampling: s}}
+		for i, o := range outs {
+			next[o.Seq] = o.Token
+			if o.Seq == 1 {
+				got = append(got, resultOf(o))
+				check(o, s, pos)
+			} else {
+				check(o, crowdS[o.Seq], len(items[i].Tokens))
+			}
+		}
+		for step := range steps {
+			in := next[1]
+			if forced != nil {
+				in = forced[step]
+			}
+			batch := []engine.DecodeItem{{Seq: 1, Token: in, Sampling: s}}
 			if crowd {
-				batch = append(batch, engine.DecodeItem{Seq: 6, Token: next[6], Sampling: engine.Sampling{Temperature: 0.5, Seed: 7}})
+				batch = append(batch, engine.DecodeItem{Seq: 6, Token: next[6], Sampling: crowdS[6]})
 			}
 			outs, err := e.Decode(ctx, batch)
 			if err != nil {
 				t.Fatalf("Decode: %v", err)
 			}
+			pos++
 			for _, o := range outs {
 				next[o.Seq] = o.Token
+				if o.Seq == 1 {
+					got = append(got, resultOf(o))
+					check(o, s, pos)
+				} else {
+					check(o, crowdS[6], pos)
+				}
 			}
-			toks = append(toks, next[1])
 		}
-		return toks
+		return got
 	}
-	want := run(t, 1234, false)
-	if diff := cmp.Diff(want, run(t, 1234, false)); diff != "" {
+	alone := run(t, 1234, false, nil)
+	want := tokensOf(alone)
+	if diff := cmp.Diff(want, tokensOf(run(t, 1234, false, nil))); diff != "" {
 		t.Errorf("same seed on a fresh engine: tokens differ (-want +got):\n%s", diff)
 	}
-	if diff := cmp.Diff(want, run(t, 1234, true)); diff != "" {
-		t.Errorf("same seed in a crowded batch: tokens differ (-want +got):\n%s", diff)
+	crowded := run(t, 1234, true, want)
+	for i := range alone {
+		c.checkLogits(t, fmt.Sprintf("same seed in a crowded batch, step %d", i), alone[i].logits, crowded[i].logits)
+		if crowded[i].tok != alone[i].tok && len(crowded[i].logits) == len(alone[i].logits) {
+			d, _ := maxDiff(alone[i].logits, crowded[i].logits)
+			t.Logf("crowded batch, step %d: drew token %d where alone drew %d, its logits within %.3g of the alone run's (a draw near the boundary of two tokens)", i, crowded[i].tok, alone[i].tok, d)
+		}
+	}
+	if c.logitTol == 0 || alone[0].logits == nil {
+		if diff := cmp.Diff(want, tokensOf(crowded)); diff != "" {
+			t.Errorf("same seed in a crowded batch: tokens differ (-want +got):\n%s", diff)
+		}
 	}
 	differ := false
 	for _, seed := range []uint64{1, 2, 3, 4} {
-		if !cmp.Equal(want, run(t, seed, false)) {
+		if !cmp.Equal(want, tokensOf(run(t, seed, false, nil))) {
 			differ = true
 			break
 		}

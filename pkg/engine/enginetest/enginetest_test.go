@@ -140,7 +140,16 @@ func TestFaultyEngine(t *testing.T) {
 	if fault == "" {
 		t.Skip("run by TestSuiteDetectsFaults")
 	}
-	enginetest.Run(t, func(t *testing.T) engine.Engine { return &faulty{Engine: newRef(t), fault: fault} })
+	switch fault {
+	case "noise-over-tolerance":
+		enginetest.Run(t, func(t *testing.T) engine.Engine { return &noisy{Engine: newRef(t), amp: 3 * noiseTol} }, enginetest.LogitTolerance(noiseTol))
+	case "noisy-seed-ignored":
+		enginetest.Run(t, func(t *testing.T) engine.Engine {
+			return &faulty{Engine: &noisy{Engine: newRef(t), amp: noiseTol / 2}, fault: "seed-ignored"}
+		}, enginetest.LogitTolerance(noiseTol))
+	default:
+		enginetest.Run(t, func(t *testing.T) engine.Engine { return &faulty{Engine: newRef(t), fault: fault} })
+	}
 }
 
 // TestSuiteDetectsFaults checks that the suite can fail: each fault must
@@ -163,6 +172,9 @@ func TestSuiteDetectsFaults(t *testing.T) {
 		{"all-logits-rows-swapped", "AllLogits"},
 		{"fork-one-short", "Fork"},
 		{"fork-frees-source", "Fork"},
+		{"noise-over-tolerance", "BatchedDecode"},
+		{"noise-over-tolerance", "ChunkedPrefill"},
+		{"noisy-seed-ignored", "SeededSampling"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.fault, func(t *testing.T) {
@@ -183,4 +195,80 @@ func TestSuiteDetectsFaults(t *testing.T) {
 // TestHealthyEngine is the control: the unbroken wrapper passes.
 func TestHealthyEngine(t *testing.T) {
 	enginetest.Run(t, func(t *testing.T) engine.Engine { return &faulty{Engine: newRef(t)} })
+}
+
+// noiseTol is the logit tolerance the noisy engine is checked with: large
+// against the tiny preset's logit gaps, so that near ties are common.
+const noiseTol = 0.05
+
+// noisy wraps an engine like llama.cpp's CPU backend: its logits move by
+// up to amp with the shape of the batch (the number of items), the same
+// for the same shape, and tokens are sampled from the moved logits.
+type noisy struct {
+	engine.Engine
+	amp float32
+}
+
+func (n *noisy) Prefill(ctx context.Context, batch []engine.PrefillItem, onKV engine.KVFunc) ([]engine.Output, error) {
+	outs, err := n.Engine.Prefill(ctx, batch, onKV)
+	for i := range outs {
+		if len(outs[i].AllLogits) > 0 {
+			outs[i].AllLogits = n.move(outs[i].AllLogits, len(batch), outs[i].Seq)
+		}
+		if outs[i].Sampled {
+			outs[i] = n.resample(outs[i], len(batch), batch[i].Sampling)
+		}
+	}
+	return outs, err
+}
+
+func (n *noisy) Decode(ctx context.Context, batch []engine.DecodeItem) ([]engine.Output, error) {
+	outs, err := n.Engine.Decode(ctx, batch)
+	for i := range outs {
+		outs[i] = n.resample(outs[i], len(batch), batch[i].Sampling)
+	}
+	return outs, err
+}
+
+func (n *noisy) Fork(src, dst engine.SeqID, k int) error {
+	return n.Engine.(engine.Forker).Fork(src, dst, k)
+}
+
+// resample moves o's logits and draws its token again from them, at the
+// position the sequence has reached.
+func (n *noisy) resample(o engine.Output, shape int, s engine.Sampling) engine.Output {
+	if o.Logits == nil {
+		return o
+	}
+	o.Logits = n.move(o.Logits, shape, o.Seq)
+	pos, err := n.Engine.Len(o.Seq)
+	if err == nil {
+		o.Token = engine.Sample(o.Logits, s, pos, nil)
+	}
+	return o
+}
+
+// move returns a copy of logits, each moved by a value in [-amp, amp]
+// fixed by the batch shape and the token (not by the sequence: the same
+// context in the same shape computes the same).
+func (n *noisy) move(logits []float32, shape int, _ engine.SeqID) []float32 {
+	out := slices.Clone(logits)
+	if shape == 1 {
+		return out // one sequence alone: the reference computation
+	}
+	for i := range out {
+		h := uint32(i)*2654435761 ^ uint32(shape)*40503
+		h ^= h >> 15
+		h *= 2246822519
+		h ^= h >> 13
+		out[i] += n.amp * (float32(h%2001)/1000 - 1)
+	}
+	return out
+}
+
+// TestNoisyEngine: an engine whose logits depend on the batch within the
+// tolerance passes the suite run with that tolerance (while the faults
+// noise-over-tolerance and noisy-seed-ignored fail it, above).
+func TestNoisyEngine(t *testing.T) {
+	enginetest.Run(t, func(t *testing.T) engine.Engine { return &noisy{Engine: newRef(t), amp: noiseTol / 2} }, enginetest.LogitTolerance(noiseTol))
 }

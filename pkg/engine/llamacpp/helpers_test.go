@@ -31,6 +31,11 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// envTestVariant names the CPU backend variant the test models load ("":
+// llama.cpp's choice); TestConformanceVariants sets it for the test
+// processes it starts.
+const envTestVariant = "PDSERVE_TEST_LLAMA_CPU_VARIANT"
+
 // tinyShapes are the test models by name.
 var tinyShapes = map[string]gguf.RandomOptions{
 	"llama-f32": {Arch: "llama", Vocab: "ggml-vocab-llama-spm.gguf", Layers: 2, Hidden: 64, Heads: 4, KVHeads: 2, FFN: 128, Context: 512, Type: gguf.F32, Seed: 1},
@@ -76,7 +81,7 @@ func loadTestModel(t testing.TB, name string) *Model {
 	if m, ok := loadedMs[name]; ok {
 		return m
 	}
-	m, err := LoadModel(path, LoadOptions{LibDir: lib})
+	m, err := LoadModel(path, LoadOptions{LibDir: lib, CPUVariant: os.Getenv(envTestVariant)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -137,6 +137,7 @@ type api struct {
 	systemInfo           func() *byte
 	backendInit          func()
 	backendLoadAllFrom   func(dir string)
+	backendLoad          func(path string) uintptr
 	logSet               func(cb uintptr, ud uintptr)
 	modelDefaultParams   func() modelParams
 	contextDefaultParams func() contextParams
@@ -186,6 +187,9 @@ var (
 	logMu    sync.Mutex
 	logCB    uintptr
 	loadedAt string // the directory whose libraries this process uses
+	// loadedVariant is the CPU backend variant this process uses ("" when
+	// the directory has none, e.g. a build with the CPU backend linked in).
+	loadedVariant string
 )
 
 // libNames returns the file in dir whose name starts with prefix and looks
@@ -217,9 +221,11 @@ func findLib(dir, prefix string) (string, bool) {
 }
 
 // load opens the llama.cpp libraries in dir once per process and returns
-// their entry points. A process uses one llama.cpp: loading a second,
-// different directory is an error.
-func load(dir string) (*api, error) {
+// their entry points, with the CPU backend variant named by variant ("":
+// the one llama.cpp scores best for this processor; see CPUVariants). A
+// process uses one llama.cpp: loading a second, different directory or
+// variant is an error.
+func load(dir, variant string) (*api, error) {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return nil, fmt.Errorf("llamacpp: library dir %q: %w", dir, err)
@@ -227,7 +233,20 @@ func load(dir string) (*api, error) {
 	loadMu.Lock()
 	defer loadMu.Unlock()
 	if a, ok := loaded[abs]; ok {
+		if variant != "" && variant != loadedVariant {
+			return nil, fmt.Errorf("llamacpp: this process already uses the CPU backend %q; cannot also load %q", loadedVariant, variant)
+		}
 		return a, nil
+	}
+	var chosen string
+	if variant != "" {
+		vs, err := CPUVariants(abs)
+		if err != nil {
+			return nil, err
+		}
+		if chosen, err = pickVariant(vs, variant); err != nil {
+			return nil, err
+		}
 	}
 	if runtime.GOOS != "linux" && runtime.GOOS != "darwin" {
 		return nil, fmt.Errorf("%w: loading llama.cpp is supported on linux and darwin, not %s", ErrNoLibrary, runtime.GOOS)
@@ -268,13 +287,127 @@ func load(dir string) (*api, error) {
 	}
 	logMu.Unlock()
 	a.logSet(logCB, 0)
-	a.backendLoadAllFrom(abs)
+	if chosen == "" {
+		a.backendLoadAllFrom(abs)
+		// llama.cpp loaded the best-scoring variant; name it.
+		if vs, err := CPUVariants(abs); err == nil && len(vs) > 0 && vs[0].Score > 0 {
+			chosen = vs[0].Name
+		}
+	} else {
+		if err := a.loadBackends(abs, chosen); err != nil {
+			return nil, err
+		}
+	}
 	a.backendInit()
 	loaded[abs] = a
 	loadedAt = abs
+	loadedVariant = chosen
 	logger.Debug("llamacpp: loaded", zap.String("dir", abs), zap.String("version", goString(a.version())),
-		zap.String("system", goString(a.systemInfo())))
+		zap.String("cpu_variant", chosen), zap.String("system", goString(a.systemInfo())))
 	return a, nil
+}
+
+// loadBackends registers the CPU backend variant named cpu and every
+// non-CPU backend library in dir (CUDA, HIP, Vulkan, …), in place of
+// ggml_backend_load_all_from_path's choice.
+func (a *api) loadBackends(dir, cpu string) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrNoLibrary, err)
+	}
+	for _, e := range ents {
+		n := e.Name()
+		rest, ok := strings.CutPrefix(n, "libggml-")
+		if !ok || !strings.HasSuffix(n, ".so") || strings.HasPrefix(rest, "base") || strings.HasPrefix(rest, "cpu") {
+			continue
+		}
+		a.backendLoad(filepath.Join(dir, n)) // a backend this machine cannot run declines (logged by llama.cpp)
+	}
+	p := filepath.Join(dir, variantPrefix+cpu+".so")
+	if a.backendLoad(p) == 0 {
+		return fmt.Errorf("%w: llama.cpp refused the CPU backend %s", ErrNoLibrary, p)
+	}
+	return nil
+}
+
+const variantPrefix = "libggml-cpu-"
+
+// Variant is one CPU backend library of a llama.cpp build with dynamic
+// backends: its name (libggml-cpu-NAME.so) and the score llama.cpp gives
+// it on this processor (0: it needs instructions this processor lacks;
+// higher is more specific). llama.cpp's default loads the best one.
+type Variant struct {
+	Name  string
+	Score int
+}
+
+// CPUVariants lists the CPU backend variants in dir, best first (ties by
+// name). Each is opened to ask its score, as llama.cpp does when it picks
+// one; nothing is registered. A directory without variant libraries (a
+// build with the CPU backend linked in) gives none and no error.
+func CPUVariants(dir string) ([]Variant, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrNoLibrary, err)
+	}
+	var vs []Variant
+	for _, e := range ents {
+		name, ok := strings.CutPrefix(e.Name(), variantPrefix)
+		if !ok || !strings.HasSuffix(name, ".so") {
+			continue
+		}
+		name = strings.TrimSuffix(name, ".so")
+		h, err := purego.Dlopen(filepath.Join(dir, e.Name()), purego.RTLD_NOW|purego.RTLD_LOCAL)
+		if err != nil {
+			return nil, fmt.Errorf("%w: open %s: %v", ErrNoLibrary, e.Name(), err)
+		}
+		score := 1 // a variant without a score function runs anywhere
+		if sym, err := purego.Dlsym(h, "ggml_backend_score"); err == nil {
+			r, _, _ := purego.SyscallN(sym)
+			score = int(int32(r))
+		}
+		vs = append(vs, Variant{Name: name, Score: score})
+	}
+	sort.Slice(vs, func(i, j int) bool {
+		if vs[i].Score != vs[j].Score {
+			return vs[i].Score > vs[j].Score
+		}
+		return vs[i].Name < vs[j].Name
+	})
+	return vs, nil
+}
+
+// pickVariant returns name when vs has it and this processor can run it.
+func pickVariant(vs []Variant, name string) (string, error) {
+	for _, v := range vs {
+		if v.Name != name {
+			continue
+		}
+		if v.Score <= 0 {
+			return "", fmt.Errorf("%w: CPU backend %q needs instructions this processor lacks (it can run: %s)", ErrNoLibrary, name, strings.Join(runnable(vs), ", "))
+		}
+		return name, nil
+	}
+	return "", fmt.Errorf("%w: no CPU backend %q in this llama.cpp build (this processor can run: %s)", ErrNoLibrary, name, strings.Join(runnable(vs), ", "))
+}
+
+// runnable names the variants of vs this processor can run, best first.
+func runnable(vs []Variant) []string {
+	var names []string
+	for _, v := range vs {
+		if v.Score > 0 {
+			names = append(names, v.Name)
+		}
+	}
+	return names
+}
+
+// LoadedCPUVariant returns the CPU backend variant this process loaded ("":
+// none loaded yet, or a build without variant libraries).
+func LoadedCPUVariant() string {
+	loadMu.Lock()
+	defer loadMu.Unlock()
+	return loadedVariant
 }
 
 // register binds every entry point, with an error naming a missing symbol
@@ -292,6 +425,7 @@ func (a *api) register(ggml, llama uintptr) (err error) {
 		purego.RegisterFunc(fptr, sym)
 	}
 	bind(&a.backendLoadAllFrom, ggml, "ggml_backend_load_all_from_path")
+	bind(&a.backendLoad, ggml, "ggml_backend_load")
 	for _, f := range []struct {
 		fptr any
 		name string

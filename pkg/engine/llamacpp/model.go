@@ -37,6 +37,14 @@ type LoadOptions struct {
 	// NoRepack keeps weights in their file layout instead of repacking
 	// them for llama.cpp's faster CPU kernels (llama-server's --no-repack).
 	NoRepack bool
+	// CPUVariant names the CPU backend library to load
+	// (libggml-cpu-NAME.so: haswell, skylakex, sapphirerapids, zen4, …);
+	// "" lets llama.cpp take the best one this processor can run. The
+	// variants' kernels round differently, so workers on processors of
+	// different families compute logits that differ slightly unless they
+	// load the same variant. It is per process: every model of a process
+	// uses the same one.
+	CPUVariant string
 }
 
 // LoadModel loads the GGUF file at path. Errors: ErrNoLibrary, a missing or
@@ -45,7 +53,7 @@ func LoadModel(path string, o LoadOptions) (*Model, error) {
 	if _, err := os.Stat(path); err != nil {
 		return nil, fmt.Errorf("llamacpp: model: %w", err)
 	}
-	a, err := load(LibDir(o.LibDir))
+	a, err := load(LibDir(o.LibDir), o.CPUVariant)
 	if err != nil {
 		return nil, err
 	}

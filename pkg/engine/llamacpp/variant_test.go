@@ -1,0 +1,104 @@
+package llamacpp
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/pdserve/pdserve/internal/repotest"
+)
+
+// TestCPUVariants: the variants are listed best first, the process loads
+// the best one this processor can run (as llama.cpp's own choice does),
+// and a variant that is absent or needs instructions this processor lacks
+// is refused by name.
+func TestCPUVariants(t *testing.T) {
+	lib, _ := repotest.Llama(t)
+	vs, err := CPUVariants(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(vs) == 0 {
+		t.Skip("this llama.cpp build has no CPU variant libraries")
+	}
+	for i := 1; i < len(vs); i++ {
+		if vs[i].Score > vs[i-1].Score {
+			t.Fatalf("variants not best first: %v", vs)
+		}
+	}
+	t.Logf("CPU variants on this processor (score 0: cannot run): %v", vs)
+	if os.Getenv(envTestVariant) == "" {
+		loadTestModel(t, "llama-f32")
+		if got := LoadedCPUVariant(); got != vs[0].Name {
+			t.Errorf("loaded CPU variant %q, want the best-scoring %q", got, vs[0].Name)
+		}
+	}
+	if _, err := pickVariant(vs, "no-such-cpu"); !errors.Is(err, ErrNoLibrary) || !strings.Contains(err.Error(), `no CPU backend "no-such-cpu"`) {
+		t.Errorf("unknown variant: %v", err)
+	}
+	for _, v := range vs {
+		_, err := pickVariant(vs, v.Name)
+		if (err == nil) != (v.Score > 0) {
+			t.Errorf("pickVariant(%s) with score %d: %v", v.Name, v.Score, err)
+		}
+	}
+}
+
+// TestConformanceVariants runs the conformance suite, in a process of its
+// own each, on every CPU variant of the prebuilt llama.cpp that this
+// processor can run besides the one it loads by default (which
+// TestConformance covers): haswell, sandybridge, sse42, x64 and so on on
+// an AVX2 machine. The variants' kernels round differently, so this
+// catches on one machine a suite that only passes on the kernels of the
+// machine it was written on. The quantized model alone, whose q8_0 dot
+// products differ most between instruction sets, keeps it short.
+func TestConformanceVariants(t *testing.T) {
+	if os.Getenv(envTestVariant) != "" {
+		t.Skip("child process")
+	}
+	if testing.Short() {
+		t.Skip("-short: one variant only")
+	}
+	lib, _ := repotest.Llama(t)
+	vs, err := CPUVariants(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var run []string
+	for _, v := range vs[min(1, len(vs)):] {
+		if v.Score > 0 {
+			run = append(run, v.Name)
+		}
+	}
+	if len(run) == 0 {
+		t.Skip("no other CPU variant runs on this processor")
+	}
+	for _, name := range run {
+		t.Run(name, func(t *testing.T) {
+			cmd := exec.Command(os.Args[0], "-test.run", "^TestConformance$", "-test.count=1", "-test.v")
+			cmd.Env = append(os.Environ(), envTestVariant+"="+name)
+			out, err := cmd.CombinedOutput()
+			if err != nil {
+				t.Fatalf("conformance on CPU variant %s: %v\n%s", name, err, failures(out))
+			}
+			if !regexp.MustCompile(`--- PASS: TestConformance/llama-q8`).Match(out) || !strings.Contains(string(out), "llama.cpp CPU variant: "+name+"\n") {
+				t.Fatalf("conformance on CPU variant %s did not run on it:\n%s", name, out)
+			}
+		})
+	}
+}
+
+// failures keeps the lines of a verbose test run that tell what failed.
+func failures(out []byte) string {
+	var b strings.Builder
+	for _, l := range strings.Split(string(out), "\n") {
+		if !strings.HasPrefix(strings.TrimSpace(l), "=== ") && !strings.Contains(l, "--- PASS") {
+			fmt.Fprintln(&b, l)
+		}
+	}
+	return b.String()
+}
