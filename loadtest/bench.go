@@ -40,7 +40,7 @@ const minSpan = 20 * time.Second
 // newBench loads the workload and prepares the client. baseURL overrides
 // o.BaseURL when not empty (a local deployment).
 func newBench(ctx context.Context, o *benchOptions, baseURL string, stderr io.Writer) (*bench, error) {
-	wl, err := workload.Load(o.wl)
+	wl, err := o.loadedWorkload()
 	if err != nil {
 		return nil, err
 	}

@@ -69,6 +69,16 @@ func cmdRegress(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return fmt.Errorf("%w: --update-baseline needs a run, not --current", errUsage)
 	}
 
+	// The baseline is read (or its directory checked) before anything runs.
+	var base map[string]any
+	if update {
+		if err := checkWritableDir(filepath.Dir(baseline)); err != nil {
+			return fmt.Errorf("%w: --baseline: %v", errUsage, err)
+		}
+	} else if base, err = report.ReadResult(baseline); err != nil {
+		return fmt.Errorf("%w: --baseline: %v", errUsage, err)
+	}
+
 	var cur map[string]any
 	if current != "" {
 		if cur, err = report.ReadResult(current); err != nil {
@@ -97,10 +107,6 @@ func cmdRegress(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		if err := json.Unmarshal(data, &cur); err != nil {
 			return err
 		}
-	}
-	base, err := report.ReadResult(baseline)
-	if err != nil {
-		return err
 	}
 	findings, failed, err := report.Regress(base, cur, checks, drift)
 	if err != nil {

@@ -78,6 +78,7 @@ type benchOptions struct {
 	percentiles []float64
 	metricNames []string
 	wl          workload.Options
+	loaded      *workload.Workload // by preflight
 	extra       map[string]any
 	meta        map[string]string
 }
@@ -191,7 +192,8 @@ func joinNargs(args []string) []string {
 
 var errUsage = errors.New("usage")
 
-// complete parses the derived settings and reports every bad one.
+// complete parses the derived settings and reports every bad one; when
+// they are good, it checks the inputs they name (preflight).
 func (o *benchOptions) complete() error {
 	var errs []error
 	bad := func(err error) { errs = append(errs, err) }
@@ -262,7 +264,10 @@ func (o *benchOptions) complete() error {
 	if !(o.RepeatFraction >= 0 && o.RepeatFraction < 1) {
 		bad(fmt.Errorf("--repeat-fraction %v must lie in [0, 1)", o.RepeatFraction))
 	}
-	return errors.Join(errs...)
+	if len(errs) > 0 {
+		return errors.Join(errs...)
+	}
+	return o.preflight()
 }
 
 func (o *benchOptions) workloadOptions() error {
