@@ -2,6 +2,7 @@ package planner
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -82,5 +83,72 @@ func TestCPUConfigErrors(t *testing.T) {
 	mixed := cpuConfig(t, cpuProfile(t, 1, 1), mustProfile(t, "h100/llama-3-8b/tp1"), 4)
 	if err := mixed.Validate(); !errors.Is(err, ErrConfig) || !strings.Contains(err.Error(), "mix CPU and GPU") {
 		t.Errorf("CPU and GPU profiles together: %v", err)
+	}
+}
+
+// measuredUpTo gives p measured step-time points up to prompts of prompt
+// tokens (eight of them in one step) and decode batches of batch at context ctx, as `coordinator
+// profile` writes them (values from p's own model, so the fit is exact).
+func measuredUpTo(t *testing.T, p *perfmodel.Profile, prompt, batch, ctx int) *perfmodel.Profile {
+	t.Helper()
+	q := *p
+	q.Points = nil
+	for _, pt := range []perfmodel.Point{
+		{Name: "prefill small", Prefill: []int{prompt / 4}},
+		{Name: "prefill", Prefill: []int{prompt}},
+		{Name: "prefill batch", Prefill: []int{prompt, prompt, prompt, prompt, prompt, prompt, prompt, prompt}},
+		{Name: "decode", DecodeBatch: batch, DecodeContext: ctx},
+	} {
+		pt.Metric, pt.Check, pt.Source = perfmodel.MetricStepMs, perfmodel.CheckFit, "test"
+		pt.Value = q.StepSeconds(pt.Batch()) * 1e3
+		q.Points = append(q.Points, pt)
+	}
+	q.Measured = &perfmodel.Measurement{Tool: "test", Engine: "sim", Repeats: 1}
+	q.Measured.Fit = q.SetFitErrors()
+	if err := q.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	return &q
+}
+
+// A plan warns when the workload leaves the range its profile was
+// measured over (here 256-token prompts on a profile measured up to 128),
+// in the plan and its report; a profile measured over the whole workload
+// gives no warning, and one without step-time points a note that its
+// range is unknown (nothing to warn against).
+func TestRangeWarnings(t *testing.T) {
+	base := cpuProfile(t, 1, 1)
+	narrow := measuredUpTo(t, base, 128, 64, 2048)
+	p := mustRun(t, cpuConfig(t, narrow, nil, 2))
+	if len(p.Warnings) != 1 || !strings.Contains(p.Warnings[0], "prompts up to 256 tokens (measured ≤ 128)") ||
+		!strings.Contains(p.Warnings[0], "measured range of profile "+narrow.Name+" (prefill, decode, colocated)") {
+		t.Errorf("warnings %q, want one on 256-token prompts beyond the measured 128", p.Warnings)
+	}
+	var b strings.Builder
+	if err := WriteTable(&b, p); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "warning: the workload leaves the measured range") {
+		t.Errorf("report lacks the warning:\n%s", b.String())
+	}
+	if p.Disaggregated == nil || p.Disaggregated.Steps.Prompt != 256 || p.Disaggregated.Steps.DecodeBatch < 1 {
+		t.Errorf("largest steps %+v", p.Disaggregated)
+	}
+
+	// Decode batches beyond the measured ones warn too.
+	tight := measuredUpTo(t, base, 512, 1, 2048)
+	if p := mustRun(t, cpuConfig(t, tight, nil, 2)); p.Colocated == nil || p.Colocated.Steps.DecodeBatch <= 1 {
+		t.Logf("colocated never batched two decodes: %+v", p.Colocated)
+	} else if len(p.Warnings) != 1 || !strings.Contains(p.Warnings[0], "decode batches up to") || strings.Contains(p.Warnings[0], "prompts") {
+		t.Errorf("warnings %q, want one on decode batches only", p.Warnings)
+	}
+
+	wide := measuredUpTo(t, base, 512, 64, 2048)
+	if p := mustRun(t, cpuConfig(t, wide, nil, 2)); len(p.Warnings) != 0 {
+		t.Errorf("a profile measured over the workload warns: %q", p.Warnings)
+	}
+	p = mustRun(t, cpuConfig(t, base, nil, 2))
+	if len(p.Warnings) != 0 || !slices.ContainsFunc(p.Notes, func(n string) bool { return strings.Contains(n, "range its step times were checked over is unknown") }) {
+		t.Errorf("profile without points: warnings %q, notes %q", p.Warnings, p.Notes)
 	}
 }

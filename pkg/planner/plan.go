@@ -48,6 +48,8 @@ type Prediction struct {
 	TPOTMs     LatMs   `json:"tpot_ms"`
 	// Budget holds every term's percentiles, seconds.
 	Budget Budget `json:"budget_s"`
+	// Steps are the largest steps the prediction priced.
+	Steps Steps `json:"largest_steps"`
 }
 
 // LatMs are latency percentiles in milliseconds.
@@ -103,8 +105,12 @@ type Plan struct {
 	// (at RequestedRate when set); the replica counts are then those of
 	// the design that came closest, or 0.
 	Feasible bool `json:"feasible"`
+	// Objective is what decided Recommended: ObjectiveGoodputPerGPU, or
+	// with RequestedRate ObjectiveFewestGPUs.
+	Objective string `json:"objective"`
 	// Recommended is "disaggregated" or "colocated": the design with more
-	// goodput per GPU (at RequestedRate: the one needing fewer GPUs).
+	// goodput per GPU (at RequestedRate: the one needing fewer GPUs, at
+	// equal GPUs the one with the higher MaxRate).
 	Recommended       string `json:"recommended"`
 	PrefillReplicas   int    `json:"prefill_replicas"`
 	DecodeReplicas    int    `json:"decode_replicas"`
@@ -137,7 +143,20 @@ type Plan struct {
 	SimulatedRequests   int         `json:"simulated_requests"`
 	Seed                uint64      `json:"seed"`
 	Notes               []string    `json:"notes,omitempty"`
+	// Warnings say where the plan stands on weak ground: the workload
+	// leaves a profile's measured range (see RangeWarnings).
+	Warnings []string `json:"warnings,omitempty"`
 }
+
+// The objectives a plan optimizes (Plan.Objective).
+const (
+	// ObjectiveGoodputPerGPU: the highest goodput per GPU (per core on
+	// CPU profiles) within the budget; without a rate.
+	ObjectiveGoodputPerGPU = "goodput_per_gpu"
+	// ObjectiveFewestGPUs: the fewest GPUs (cores) that meet the SLO at
+	// the requested rate; at equal GPUs, the higher max rate.
+	ObjectiveFewestGPUs = "fewest_gpus_at_rate"
+)
 
 // The units a plan counts.
 const (
@@ -210,6 +229,7 @@ func Run(ctx context.Context, cfg *Config) (*Plan, error) {
 		return nil, fmt.Errorf("planner: %w", err)
 	}
 	pl.fill(cfg, s)
+	pl.Warnings, pl.Notes = rangeWarnings(cfg, s.sim.st, pl.Notes, pl.Disaggregated, pl.Colocated, true, true)
 	pl.Simulations = s.sim.runs
 	if !pl.Feasible {
 		what := "at any rate"
@@ -242,12 +262,16 @@ func (s *searcher) newPlan() *Plan {
 		Unit:              UnitGPU,
 		UnitsPerWorker:    UnitsPerWorker{Prefill: cfg.Prefill.Units(), Decode: cfg.decodeProfile().Units(), Colocated: cfg.colocatedProfile().Units()},
 		RequestedRate:     cfg.Rate,
+		Objective:         ObjectiveGoodputPerGPU,
 		Limits:            s.lim,
 		SimulatedRequests: cfg.requests(),
 		Seed:              cfg.Seed,
 	}
 	if cfg.Prefill.CPU() {
 		pl.Unit = UnitCore
+	}
+	if cfg.Rate > 0 {
+		pl.Objective = ObjectiveFewestGPUs
 	}
 	switch k := cfg.Burstiness; {
 	case k <= 0 && len(w.Gaps) > 0:
@@ -279,7 +303,7 @@ func (s *searcher) predict(c Candidate) *Prediction {
 	r := s.sim.run(c.Design, rate, false)
 	return &Prediction{
 		Design: c.Design, GPUs: c.GPUs, Rate: rate, Attainment: r.Attainment,
-		TTFTMs: latMs(r.TTFT), TPOTMs: latMs(r.TPOT), Budget: r.Budget,
+		TTFTMs: latMs(r.TTFT), TPOTMs: latMs(r.TPOT), Budget: r.Budget, Steps: r.Steps,
 	}
 }
 

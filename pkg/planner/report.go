@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -133,6 +134,7 @@ func (p *Plan) writeTable(ew *errWriter) {
 	ew.printf("  SLO        TTFT %s ms, TPOT %s ms, %.4g%% of requests meeting both\n", num(p.SLOTTFTMs), num(p.SLOTPOTMs), p.Attainment*100)
 	ew.printf("  KV link    %s Gb/s per worker, codec %s (%.2fx, %s, %d cores): %s GB/s of raw KV per transfer, %s MB per token\n",
 		num(p.LinkGbps), p.Codec.Name, p.Codec.Ratio, lossy(p.Codec.Lossless), p.CodecCores, num(p.KVTransferGBps), num(float64(p.KVBytesPerToken)/1e6))
+	ew.printf("  codec      %s\n", codecSpeeds(p.Codec))
 	if p.Policy == PolicyDecode {
 		ew.printf("  policy     first token from the decode worker: kv_transfer is part of TTFT\n")
 	} else {
@@ -175,22 +177,7 @@ func (p *Plan) writeTable(ew *errWriter) {
 	if d, c := p.GoodputPerGPU.Disaggregated, p.GoodputPerGPU.Colocated; d > 0 && c > 0 && max(d, c)/min(d, c) < 1.05 {
 		ew.printf("\nThe two designs are within 5%% of each other: that is within the simulation's noise; weigh both.")
 	}
-	switch {
-	case !p.Feasible:
-		ew.printf("\nNo design within %d %ss meets the SLO.\n", p.GPUBudget, u)
-	case p.Recommended == "disaggregated":
-		ew.printf("\nRecommended: disaggregated, %d prefill + %d decode replicas", p.PrefillReplicas, p.DecodeReplicas)
-		if p.Colocated != nil && p.GoodputPerGPU.Colocated > 0 {
-			ew.printf(" (%.2fx the goodput per %s of colocated)", p.GoodputPerGPU.Disaggregated/p.GoodputPerGPU.Colocated, u)
-		}
-		ew.printf(".\n")
-	default:
-		ew.printf("\nRecommended: colocated, %d replicas", p.ColocatedReplicas)
-		if p.Disaggregated != nil && p.GoodputPerGPU.Disaggregated > 0 {
-			ew.printf(" (%.2fx the goodput per %s of disaggregated)", p.GoodputPerGPU.Colocated/p.GoodputPerGPU.Disaggregated, u)
-		}
-		ew.printf(".\n")
-	}
+	ew.printf("\n%s\n", p.recommendation())
 	l := p.Limits
 	ew.printf("Batching limits: decode batch ≤ %d sequences, prefill ≤ %d tokens per step, colocated %s.\n",
 		l.MaxDecodeBatch, l.MaxPrefillTokens, chunkText(l.ChunkTokens))
@@ -226,7 +213,82 @@ func (p *Plan) writeTable(ew *errWriter) {
 	for _, n := range p.Notes {
 		ew.printf("note: %s\n", n)
 	}
+	for _, w := range p.Warnings {
+		ew.printf("warning: %s\n", w)
+	}
 	ew.printf("%d simulations of %d+ requests each (seed %d).\n", p.Simulations, p.SimulatedRequests, p.Seed)
+}
+
+// recommendation states the objective that decided and the recommended
+// design, compared with the other design on that objective.
+func (p *Plan) recommendation() string {
+	u := p.unit()
+	var b strings.Builder
+	if p.Objective == ObjectiveFewestGPUs {
+		fmt.Fprintf(&b, "Objective: the fewest %ss that serve %s req/s within the SLO (--rate); at equal %ss, the higher max rate.\n", u, num(p.RequestedRate), u)
+	} else {
+		fmt.Fprintf(&b, "Objective: the highest goodput per %s within %s (no --rate).\n", u, plural(p.GPUBudget, u))
+	}
+	if !p.Feasible {
+		if p.Objective == ObjectiveFewestGPUs {
+			fmt.Fprintf(&b, "No design within %s meets the SLO at %s req/s.", plural(p.GPUBudget, u), num(p.RequestedRate))
+		} else {
+			fmt.Fprintf(&b, "No design within %s meets the SLO.", plural(p.GPUBudget, u))
+		}
+		return b.String()
+	}
+	var rec, other *Prediction
+	var recName, otherName, recReps string
+	var recPer, otherPer, recMax, otherMax float64
+	if p.Recommended == "disaggregated" {
+		rec, other = p.Disaggregated, p.Colocated
+		recName, otherName = "disaggregated", "colocated"
+		recReps = fmt.Sprintf("%d prefill + %d decode replicas", p.PrefillReplicas, p.DecodeReplicas)
+		recPer, otherPer = p.GoodputPerGPU.Disaggregated, p.GoodputPerGPU.Colocated
+		recMax, otherMax = p.MaxRate.Disaggregated, p.MaxRate.Colocated
+	} else {
+		rec, other = p.Colocated, p.Disaggregated
+		recName, otherName = "colocated", "disaggregated"
+		recReps = plural(p.ColocatedReplicas, "replica")
+		recPer, otherPer = p.GoodputPerGPU.Colocated, p.GoodputPerGPU.Disaggregated
+		recMax, otherMax = p.MaxRate.Colocated, p.MaxRate.Disaggregated
+	}
+	fmt.Fprintf(&b, "Recommended: %s, %s", recName, recReps)
+	switch {
+	case p.Objective == ObjectiveFewestGPUs && other == nil:
+		fmt.Fprintf(&b, ": %s at %s req/s (no %s design within %s meets the SLO at that rate).",
+			plural(rec.GPUs, u), num(p.RequestedRate), otherName, plural(p.GPUBudget, u))
+	case p.Objective == ObjectiveFewestGPUs && rec.GPUs < other.GPUs:
+		fmt.Fprintf(&b, ": %s at %s req/s, against %s for %s %s.",
+			plural(rec.GPUs, u), num(p.RequestedRate), plural(other.GPUs, u), otherName, other.Design)
+	case p.Objective == ObjectiveFewestGPUs:
+		fmt.Fprintf(&b, ": both designs need %s at %s req/s; %s reaches %s req/s at most, %s %s.",
+			plural(rec.GPUs, u), num(p.RequestedRate), recName, num(recMax), otherName, num(otherMax))
+	case other != nil && otherPer > 0:
+		fmt.Fprintf(&b, " (%.2fx the goodput per %s of %s %s).", recPer/otherPer, u, otherName, other.Design)
+	default:
+		fmt.Fprintf(&b, " (no %s design within %s meets the SLO).", otherName, plural(p.GPUBudget, u))
+	}
+	if p.Objective == ObjectiveFewestGPUs {
+		// The grid below is the per-unit search: say what it would
+		// recommend, so that its figures do not read as a contradiction.
+		d, dok := bestPerGPU(p.Candidates)
+		c, cok := bestPerGPU(p.ColocatedCandidates)
+		if dok || cok {
+			fmt.Fprintf(&b, "\nWithout --rate (the highest goodput per %s) the grid's best are", u)
+			if dok {
+				fmt.Fprintf(&b, " disaggregated %s at %s req/s per %s", d.Design, num(d.GoodputPerGPU), u)
+			}
+			if dok && cok {
+				b.WriteString(" and")
+			}
+			if cok {
+				fmt.Fprintf(&b, " colocated %s at %s", c.Design, num(c.GoodputPerGPU))
+			}
+			fmt.Fprintf(&b, ": more %ss than %s req/s needs.", u, num(p.RequestedRate))
+		}
+	}
+	return b.String()
 }
 
 // writeMatrix prints goodput per GPU of every disaggregated candidate, P
@@ -324,6 +386,24 @@ func Chart(plans ...*Plan) *plot.Chart {
 // WritePNG draws Chart(plans...) as PNG to w.
 func WritePNG(w io.Writer, plans ...*Plan) error { return Chart(plans...).WritePNG(w) }
 
+// codecSpeeds says what speeds a plan used for its codec, and whence.
+func codecSpeeds(c Codec) string {
+	speed := func(x float64) string {
+		if x == 0 {
+			return "no limit"
+		}
+		return num(x/1e9) + " GB/s"
+	}
+	s := fmt.Sprintf("encode %s, decode %s per core", speed(c.EncodeBytesPerSec), speed(c.DecodeBytesPerSec))
+	if c.EncodeBytesPerSec == 0 && c.DecodeBytesPerSec == 0 {
+		s = "no CPU time: only the link limits a transfer"
+	}
+	if c.Source != "" {
+		s += "; " + c.Source
+	}
+	return s
+}
+
 func chunkText(c int) string {
 	switch {
 	case c < 0:
@@ -366,11 +446,32 @@ func num(x float64) string {
 	return fmt.Sprintf("%.3g", x)
 }
 
+// money formats a dollar amount with 3 significant digits and no
+// exponent: $0.0000965, $0.0123, $1.23, $1234.50 ("-" for 0).
 func money(x float64) string {
-	if x == 0 {
+	switch {
+	case x == 0:
 		return "-"
+	case math.IsNaN(x) || math.IsInf(x, 0):
+		return "$" + fmt.Sprint(x)
 	}
-	return "$" + fmt.Sprintf("%.3g", x)
+	dec := 2
+	if a := math.Abs(x); a < 1 {
+		// Digits after the point up to the third significant one.
+		dec = max(2, 2-int(math.Floor(math.Log10(a))))
+		if r := math.Round(a*math.Pow(10, float64(dec))) / math.Pow(10, float64(dec)); r >= math.Pow(10, math.Floor(math.Log10(a))+1) {
+			dec = max(2, dec-1) // 0.000999 rounds up to 0.00100
+		}
+	}
+	return "$" + strconv.FormatFloat(x, 'f', dec, 64)
+}
+
+// plural is "1 replica", "2 replicas".
+func plural(n int, word string) string {
+	if n == 1 {
+		return fmt.Sprintf("%d %s", n, word)
+	}
+	return fmt.Sprintf("%d %ss", n, word)
 }
 
 // errWriter keeps the first write error.
@@ -419,6 +520,9 @@ type Evaluation struct {
 	Prediction *Prediction `json:"prediction"`
 	Seed       uint64      `json:"seed"`
 	Notes      []string    `json:"notes,omitempty"`
+	// Warnings: the workload leaves a profile's measured range (as
+	// Plan.Warnings).
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // Evaluate simulates design d under cfg at cfg.Rate, which must be > 0,
@@ -448,8 +552,13 @@ func Evaluate(cfg *Config, d Design) (*Evaluation, error) {
 		Measured: r.Requests, Failed: r.Failed, Seed: pl.Seed, Notes: pl.Notes,
 		Prediction: &Prediction{
 			Design: d, GPUs: s.gpus(d), Rate: cfg.Rate, Attainment: r.Attainment,
-			TTFTMs: latMs(r.TTFT), TPOTMs: latMs(r.TPOT), Budget: r.Budget,
+			TTFTMs: latMs(r.TTFT), TPOTMs: latMs(r.TPOT), Budget: r.Budget, Steps: r.Steps,
 		},
+	}
+	if d.Colocated == 0 {
+		e.Warnings, e.Notes = rangeWarnings(cfg, s.sim.st, slices.Clone(e.Notes), e.Prediction, nil, true, false)
+	} else {
+		e.Warnings, e.Notes = rangeWarnings(cfg, s.sim.st, slices.Clone(e.Notes), nil, e.Prediction, false, true)
 	}
 	if d.Colocated == 0 {
 		e.Limits.ChunkTokens = 0 // not used by a disaggregated design
@@ -490,5 +599,8 @@ func WriteEvaluationTable(w io.Writer, e *Evaluation) error {
 		ew.printf(", colocated %s", chunkText(l.ChunkTokens))
 	}
 	ew.printf("\n")
+	for _, w := range e.Warnings {
+		ew.printf("warning: %s\n", w)
+	}
 	return ew.err
 }

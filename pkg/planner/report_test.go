@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -154,3 +155,79 @@ func TestWritePNG(t *testing.T) {
 type failWriter struct{}
 
 func (failWriter) Write([]byte) (int, error) { return 0, bytes.ErrTooLarge }
+
+func TestMoney(t *testing.T) {
+	for _, tc := range []struct {
+		x    float64
+		want string
+	}{
+		{0, "-"}, {9.65e-05, "$0.0000965"}, {0.0123, "$0.0123"}, {0.5, "$0.500"}, {0.0009996, "$0.00100"},
+		{1.234, "$1.23"}, {1234.5, "$1234.50"},
+	} {
+		if got := money(tc.x); got != tc.want {
+			t.Errorf("money(%v) = %q, want %q", tc.x, got, tc.want)
+		}
+	}
+}
+
+// With --rate the plan says that the fewest GPUs decided, compares the
+// designs on that (not on goodput per GPU, which the grid shows), and
+// says what the grid's best per GPU would be; without, the objective is
+// goodput per GPU. Dollars print without an exponent.
+func TestRecommendationObjective(t *testing.T) {
+	cfg := opt13(t)
+	cfg.Prefill = mustProfile(t, "h100/llama-3-8b/tp1")
+	cfg.SLO.TTFT, cfg.SLO.TPOT = 500*time.Millisecond, 50*time.Millisecond
+	cfg.Requests, cfg.GPUBudget, cfg.Rate = 200, 6, 20
+	p := mustRun(t, cfg)
+	if p.Objective != ObjectiveFewestGPUs || p.Recommended != "colocated" || p.Colocated.GPUs != 1 || p.Disaggregated.GPUs != 2 {
+		t.Fatalf("objective %q, recommended %q, colocated %+v, disaggregated %+v; want the 1-GPU colocated design",
+			p.Objective, p.Recommended, p.Colocated, p.Disaggregated)
+	}
+	var b strings.Builder
+	if err := WriteTable(&b, p); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{
+		"Objective: the fewest GPUs that serve 20.00 req/s within the SLO",
+		"Recommended: colocated, 1 replica: 1 GPU at 20.00 req/s, against 2 GPUs for disaggregated 1P+1D.",
+		"Without --rate (the highest goodput per GPU) the grid's best are disaggregated ",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("table lacks %q:\n%s", want, out)
+		}
+	}
+	for _, bad := range []string{"1 replicas", "goodput per GPU of disaggregated", "e-0"} {
+		if strings.Contains(out, bad) {
+			t.Errorf("table has %q:\n%s", bad, out)
+		}
+	}
+
+	cfg.Rate = 0
+	q := mustRun(t, cfg)
+	b.Reset()
+	if err := WriteTable(&b, q); err != nil {
+		t.Fatal(err)
+	}
+	out = b.String()
+	if q.Objective != ObjectiveGoodputPerGPU || !strings.Contains(out, "Objective: the highest goodput per GPU within 6 GPUs (no --rate).") ||
+		!strings.Contains(out, "x the goodput per GPU of ") || strings.Contains(out, "Without --rate") {
+		t.Errorf("objective %q:\n%s", q.Objective, out)
+	}
+	var best float64
+	var bestOf string
+	for _, c := range q.Candidates {
+		if !c.Skipped && c.GoodputPerGPU > best {
+			best, bestOf = c.GoodputPerGPU, "disaggregated"
+		}
+	}
+	for _, c := range q.ColocatedCandidates {
+		if !c.Skipped && c.GoodputPerGPU > best {
+			best, bestOf = c.GoodputPerGPU, "colocated"
+		}
+	}
+	if q.Recommended != bestOf {
+		t.Errorf("recommended %s, but the grid's best per GPU is %s (%v)", q.Recommended, bestOf, best)
+	}
+}

@@ -76,6 +76,40 @@ type simResult struct {
 	// Aborted: the run stopped as soon as the attainment target became
 	// unreachable (search runs only); the latency fields are then empty.
 	Aborted bool `json:"aborted,omitempty"`
+	// Steps are the largest steps the run priced.
+	Steps Steps `json:"largest_steps"`
+}
+
+// Steps are the largest steps a simulation priced on the step-time
+// model, per pool: what the profiles' data points should cover.
+type Steps struct {
+	// Prompt is the longest prompt in a prefill step (a chunk plus its
+	// cached context), tokens; PrefillTokens the most prompt tokens in
+	// one step.
+	Prompt        int `json:"prompt_tokens"`
+	PrefillTokens int `json:"prefill_tokens_per_step"`
+	// DecodeBatch is the most sequences in one decode step;
+	// DecodeContext the longest context of a decoding sequence, tokens.
+	DecodeBatch   int `json:"decode_batch"`
+	DecodeContext int `json:"decode_context_tokens"`
+}
+
+// note widens st to cover step b.
+func (st *Steps) note(b perfmodel.Batch) {
+	tokens := 0
+	for i, n := range b.Prefill {
+		tokens += n
+		l := n
+		if i < len(b.PrefillContext) {
+			l += b.PrefillContext[i]
+		}
+		st.Prompt = max(st.Prompt, l)
+	}
+	st.PrefillTokens = max(st.PrefillTokens, tokens)
+	st.DecodeBatch = max(st.DecodeBatch, len(b.Decode))
+	for _, c := range b.Decode {
+		st.DecodeContext = max(st.DecodeContext, c)
+	}
 }
 
 // sreq is one simulated request. Times are seconds from the start.
@@ -190,6 +224,7 @@ type simulator struct {
 
 	reqs     []sreq
 	measured int
+	steps    Steps // the largest steps of the current run
 	batch    perfmodel.Batch
 	runs     int // simulations run, for reports
 }
@@ -236,6 +271,7 @@ func (s *simulator) reset(rate float64) int {
 	end := s.st.unitArr[n-1] / rate
 	warm, drain := min(s.lifetime, end/10), max(end-s.lifetime, end*0.9)
 	s.measured = 0
+	s.steps = Steps{}
 	for i := range s.reqs {
 		l := s.st.lens[i]
 		r := sreq{in: int32(l.In), out: int32(l.Out), arr: s.st.unitArr[i] / rate, pw: -1, dw: -1}
@@ -303,7 +339,7 @@ func (s *simulator) run(d Design, rate float64, abort bool) *simResult {
 	} else {
 		completed = s.runColoc(d, allowed)
 	}
-	res := &simResult{Design: d, Rate: rate, Requests: s.measured}
+	res := &simResult{Design: d, Rate: rate, Requests: s.measured, Steps: s.steps}
 	for i := range s.reqs {
 		r := &s.reqs[i]
 		if !r.measured {
@@ -397,6 +433,7 @@ func (s *simulator) runDisagg(d Design, allowed int) bool {
 		for _, id := range w.batch {
 			s.batch.Prefill = append(s.batch.Prefill, int(reqs[id].in))
 		}
+		s.steps.note(perfmodel.Batch{Prefill: s.batch.Prefill})
 		dur := s.pp.StepSeconds(perfmodel.Batch{Prefill: s.batch.Prefill}) * s.scaleP
 		w.busy, w.end = true, t+dur
 		for _, id := range w.batch {
@@ -480,6 +517,7 @@ func (s *simulator) runDisagg(d Design, allowed int) bool {
 			r := &reqs[id]
 			w.ctx = append(w.ctx, int(r.in+r.gen))
 		}
+		s.steps.note(perfmodel.Batch{Decode: w.ctx})
 		w.busy, w.end = true, t+s.dp.StepSeconds(perfmodel.Batch{Decode: w.ctx})*s.scaleD
 	}
 
@@ -658,6 +696,7 @@ func (s *simulator) runColoc(d Design, allowed int) bool {
 		if len(b.Prefill) > 0 {
 			scale = s.scaleP
 		}
+		s.steps.note(*b)
 		w.busy, w.end = true, t+s.cp.StepSeconds(*b)*scale
 	}
 
