@@ -5,8 +5,13 @@ GO ?= go
 
 # test installs llama.cpp and the OpenAI Node SDK first: the llamacpp
 # engine's tests load the one, the API conformance test runs the other.
+# TEST_TIMEOUT is Go's -timeout for the whole run, the same in CI (which
+# runs this target): the llamacpp engine's package alone takes minutes on
+# a loaded 2-core machine, near Go's default of 10.
+TEST_TIMEOUT ?= 20m
+
 test: llama sdk
-	$(GO) test -race ./...
+	$(GO) test -race -timeout $(TEST_TIMEOUT) ./...
 
 # llama installs the pinned llama.cpp (shared libraries, vocab GGUFs, source)
 # into third_party/llama from the npm registry; a no-op once installed.

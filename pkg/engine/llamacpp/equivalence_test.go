@@ -3,10 +3,10 @@ package llamacpp
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"math"
+	"slices"
 	"testing"
-
-	"github.com/google/go-cmp/cmp"
 
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/kv/codec"
@@ -40,10 +40,13 @@ const genTokens = 12
 // TestEquivalence: prefill on engine A (batches of several sequences,
 // chunked), export each sequence's KV, pass it through every lossless
 // codec, import it into a fresh engine B, decode there with all sequences
-// in one batch. The greedy tokens must equal those of A decoding its own
-// KV and those of llama.cpp's own single-sequence generation in a fresh
-// context (GenerateReference), and B's logits must stay within logitTol
-// of A's.
+// in one batch. Both are fed llama.cpp's own greedy tokens of each prompt
+// alone in a fresh context (GenerateReference; teacher forcing, so that
+// every step computes on the same context). B's logits must stay within
+// logitTol of A's at every step, and each greedy token of A and B must be
+// llama.cpp's, except at a near tie: where the other token's logit is
+// within 2×logitTol of the best (each may move by logitTol between batch
+// shapes and cache layouts, see logitTol), either may win.
 func TestEquivalence(t *testing.T) {
 	for _, m := range []struct {
 		model  string
@@ -83,13 +86,18 @@ func testEquivalence(t *testing.T, model string, kvType engine.DType, tc equivCa
 
 	// A: chunked prefill of all prompts in shared batches.
 	firsts := prefillMix(t, a, prompts, tc.chunk)
-	aTokens, aLogits := decodeAll(t, a, len(prompts), firsts, genTokens-1)
+	aLogits := decodeAll(t, a, firsts, want)
+	for i := range prompts {
+		for s := range want[i] {
+			greedyAgrees(t, fmt.Sprintf("prompt %d %q, token %d: batched engine against llama.cpp's own single-sequence generation", i, tc.prompts[i], s), want[i][s], aLogits[i][s])
+		}
+	}
 
 	// A fresh A' prefills the same mix, so that the KV exported is the
 	// prefill's, before any decode step.
 	a2 := newTestEngine(t, model, opts)
-	if diff := cmp.Diff(firsts, prefillMix(t, a2, prompts, tc.chunk)); diff != "" {
-		t.Fatalf("first tokens of two identical prefills differ:\n%s", diff)
+	if d := maxDiffAll(firsts, prefillMix(t, a2, prompts, tc.chunk)); d != 0 {
+		t.Fatalf("first logits of two identical prefills differ by %g", d)
 	}
 	raw := exportAll(t, a2, prompts)
 	for _, c := range codec.LosslessCodecs() {
@@ -99,29 +107,51 @@ func testEquivalence(t *testing.T, model string, kvType engine.DType, tc equivCa
 		t.Run(c.Name(), func(t *testing.T) {
 			b := newTestEngine(t, model, opts)
 			transfer(t, b, raw, c, true)
-			bTokens, bLogits := decodeAll(t, b, len(prompts), firsts, genTokens-1)
+			bLogits := decodeAll(t, b, firsts, want)
 			for i := range prompts {
-				if diff := cmp.Diff(aTokens[i], bTokens[i]); diff != "" {
-					t.Errorf("prompt %d: imported KV decodes differently from the engine alone (-A +B):\n%s", i, diff)
-				}
-				if d := maxDiff(aLogits[i], bLogits[i]); d > logitTol {
-					t.Errorf("prompt %d: logits of B differ from A's by %g > %g", i, d, logitTol)
+				for s := 1; s < len(want[i]); s++ {
+					if d := maxDiff(aLogits[i][s], bLogits[i][s]); d > logitTol {
+						t.Errorf("prompt %d, token %d: logits of B differ from A's by %g > %g", i, s, d, logitTol)
+					}
+					greedyAgrees(t, fmt.Sprintf("prompt %d, token %d: imported KV against the engine alone", i, s), argmax(aLogits[i][s]), bLogits[i][s])
 				}
 			}
 		})
 	}
-	for i := range prompts {
-		if diff := cmp.Diff(want[i], aTokens[i]); diff != "" {
-			t.Errorf("prompt %d %q: batched engine differs from llama.cpp's own single-sequence generation (-llama.cpp +engine):\n%s", i, tc.prompts[i], diff)
+}
+
+// greedyAgrees fails unless the greedy token of logits is want, or a token
+// whose logit is within 2×logitTol of want's (a near tie; logged).
+func greedyAgrees(t *testing.T, what string, want int32, logits []float32) {
+	t.Helper()
+	got := argmax(logits)
+	if got == want {
+		return
+	}
+	lead := float64(logits[got]) - float64(logits[want])
+	if lead <= 2*logitTol {
+		t.Logf("%s: token %d, want %d: a near tie (logits %v and %v)", what, got, want, logits[got], logits[want])
+		return
+	}
+	t.Errorf("%s: token %d, want %d (its logit %v leads %v by %.3g > 2×%g)", what, got, want, logits[got], logits[want], lead, logitTol)
+}
+
+func argmax(l []float32) int32 {
+	best := 0
+	for i, v := range l {
+		if v > l[best] {
+			best = i
 		}
 	}
+	return int32(best)
 }
 
 // prefillMix prefills prompts as seqs 1…n, all in the same Prefill calls,
-// chunk tokens of each per call (0: whole), and returns the first tokens.
-func prefillMix(t *testing.T, e *Engine, prompts [][]int32, chunk int) []int32 {
+// chunk tokens of each per call (0: whole), and returns the logits each
+// prompt's first token is drawn from.
+func prefillMix(t *testing.T, e *Engine, prompts [][]int32, chunk int) [][]float32 {
 	t.Helper()
-	firsts := make([]int32, len(prompts))
+	firsts := make([][]float32, len(prompts))
 	done := make([]int, len(prompts))
 	for {
 		var items []engine.PrefillItem
@@ -145,41 +175,36 @@ func prefillMix(t *testing.T, e *Engine, prompts [][]int32, chunk int) []int32 {
 		}
 		for j, o := range outs {
 			if o.Sampled {
-				firsts[int(items[j].Seq)-1] = o.Token
+				firsts[int(items[j].Seq)-1] = slices.Clone(o.Logits)
 			}
 		}
 	}
 }
 
-// decodeAll decodes seqs 1…n together for steps steps starting from
-// firsts, and returns each sequence's tokens (firsts included) and the
-// logits of its first decode step.
-func decodeAll(t *testing.T, e *Engine, n int, firsts []int32, steps int) ([][]int32, [][]float32) {
+// decodeAll decodes seqs 1…n together, fed feed[i][0…] (teacher
+// forcing), and returns each sequence's logits per token of feed: firsts
+// (the prefill's), then those of each step.
+func decodeAll(t *testing.T, e *Engine, firsts [][]float32, feed [][]int32) [][][]float32 {
 	t.Helper()
-	toks := make([][]int32, n)
-	logits := make([][]float32, n)
-	next := append([]int32(nil), firsts...)
+	n := len(feed)
+	logits := make([][][]float32, n)
 	for i := range n {
-		toks[i] = []int32{firsts[i]}
+		logits[i] = [][]float32{firsts[i]}
 	}
-	for s := range steps {
+	for s := 0; s+1 < len(feed[0]); s++ {
 		items := make([]engine.DecodeItem, n)
 		for i := range n {
-			items[i] = engine.DecodeItem{Seq: engine.SeqID(i + 1), Token: next[i]}
+			items[i] = engine.DecodeItem{Seq: engine.SeqID(i + 1), Token: feed[i][s]}
 		}
 		outs, err := e.Decode(context.Background(), items)
 		if err != nil {
 			t.Fatalf("decode step %d: %v", s, err)
 		}
 		for i, o := range outs {
-			next[i] = o.Token
-			toks[i] = append(toks[i], o.Token)
-			if s == 0 {
-				logits[i] = append([]float32(nil), o.Logits...)
-			}
+			logits[i] = append(logits[i], slices.Clone(o.Logits))
 		}
 	}
-	return toks, logits
+	return logits
 }
 
 func maxDiff(a, b []float32) float64 {
@@ -189,6 +214,14 @@ func maxDiff(a, b []float32) float64 {
 	d := 0.0
 	for i := range a {
 		d = max(d, math.Abs(float64(a[i]-b[i])))
+	}
+	return d
+}
+
+func maxDiffAll(a, b [][]float32) float64 {
+	d := 0.0
+	for i := range a {
+		d = max(d, maxDiff(a[i], b[i]))
 	}
 	return d
 }

@@ -1,8 +1,11 @@
 package llamacpp
 
 import (
+	"context"
+	"slices"
 	"testing"
 
+	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/kv/codec"
 )
 
@@ -31,7 +34,7 @@ func TestLossyCodecs(t *testing.T) {
 			run := func(c codec.Codec) ([][]int32, [][]float32) {
 				b := newTestEngine(t, model, nil)
 				transfer(t, b, raw, c, false)
-				return decodeAll(t, b, len(prompts), firsts, genTokens-1)
+				return decodeFree(t, b, firsts, genTokens-1)
 			}
 			none, _ := codec.ByName("none")
 			wantToks, wantLogits := run(none)
@@ -67,4 +70,35 @@ func TestLossyCodecs(t *testing.T) {
 			}
 		})
 	}
+}
+
+// decodeFree decodes seqs 1…n together for steps greedy steps, each fed
+// its own last token, starting from the greedy tokens of firsts (the
+// prefill's logits), and returns each sequence's tokens (the first
+// included) and the logits of its first decode step.
+func decodeFree(t *testing.T, e *Engine, firsts [][]float32, steps int) ([][]int32, [][]float32) {
+	t.Helper()
+	n := len(firsts)
+	toks := make([][]int32, n)
+	logits := make([][]float32, n)
+	for i := range n {
+		toks[i] = []int32{argmax(firsts[i])}
+	}
+	for s := range steps {
+		items := make([]engine.DecodeItem, n)
+		for i := range n {
+			items[i] = engine.DecodeItem{Seq: engine.SeqID(i + 1), Token: toks[i][len(toks[i])-1]}
+		}
+		outs, err := e.Decode(context.Background(), items)
+		if err != nil {
+			t.Fatalf("decode step %d: %v", s, err)
+		}
+		for i, o := range outs {
+			toks[i] = append(toks[i], o.Token)
+			if s == 0 {
+				logits[i] = slices.Clone(o.Logits)
+			}
+		}
+	}
+	return toks, logits
 }
