@@ -86,8 +86,13 @@ func (c Comparison) Diagnosis() []string {
 	for _, a := range evs {
 		for _, b := range evs {
 			if a.sheds && b.n429 == 0 && a.side.Name != b.side.Name {
-				out = append(out, fmt.Sprintf("The %s side sheds load (%d of %d requests refused with HTTP 429 at %.3g req/s) where the %s side queues it: no 429 at %.3g req/s, its requests wait and miss the SLOs instead%s.",
-					a.side.Name, a.n429, a.sum.Total, a.rate, b.side.Name, b.rate, b.queueText()))
+				// "Queues" only when waiting is a large part of its TTFT.
+				how := "admits every request"
+				if b.budgetOK && b.queue >= 0.3*b.ttft {
+					how = "queues it"
+				}
+				out = append(out, fmt.Sprintf("The %s side sheds load (%d of %d requests refused with HTTP 429 at %.3g req/s) where the %s side %s: no 429 at %.3g req/s, its requests miss the SLOs instead%s.",
+					a.side.Name, a.n429, a.sum.Total, a.rate, b.side.Name, how, b.rate, b.queueText()))
 			}
 		}
 	}

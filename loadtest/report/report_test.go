@@ -234,7 +234,7 @@ func TestComparisonCrossings(t *testing.T) {
 		"**disaggregated vs colocated per GPU: 1.39× at the max rates; the 90.0% crossings put it in [1.33×, 1.42×].**",
 		"7.12: 50.0% (2 HTTP 429 overloaded)",
 		"| Failures at the first failing rate | 2 of 4 at 7.12 req/s: 2 × HTTP 429 rate_limit_error/overloaded: No decode worker has free KV cache for N tokens now; retry later. | none of 4 at 5.2 req/s (SLO misses only) |",
-		"The disaggregated side sheds load (2 of 4 requests refused with HTTP 429 at 7.12 req/s) where the colocated side queues it: no 429 at 5.2 req/s, its requests wait and miss the SLOs instead (server side: mean queue 160 ms of a 245 ms mean TTFT).",
+		"The disaggregated side sheds load (2 of 4 requests refused with HTTP 429 at 7.12 req/s) where the colocated side queues it: no 429 at 5.2 req/s, its requests miss the SLOs instead (server side: mean queue 160 ms of a 245 ms mean TTFT).",
 		"The decode pool is the disaggregated side's bottleneck at 7.12 req/s: 2 requests refused with 429 for lack of decode KV cache. Size the pools for this load with `coordinator plan --profile a100-80g/opt-13b/tp1 --gpu-budget 3 --slo-ttft 250ms --slo-tpot 100ms --rate 7.12 --workload fixed:0/11`.",
 	} {
 		if !strings.Contains(b.String(), want) {
