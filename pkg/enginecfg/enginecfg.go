@@ -61,6 +61,9 @@ type Options struct {
 	// NoRepack keeps llamacpp's weights in their file layout (no CPU
 	// repacking), as llama-server's --no-repack does.
 	NoRepack bool
+	// CPUVariant is the CPU backend variant of llama.cpp to load
+	// (libggml-cpu-NAME.so; "": the best this processor runs).
+	CPUVariant string
 }
 
 // DefaultOptions returns the flag defaults: the tiny ref preset, seed 1;
@@ -88,6 +91,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.KVType, "kv-type", o.KVType, "llamacpp engine: KV cache type, f16 or q8_0")
 	fs.IntVar(&o.MaxSeqs, "max-seqs", o.MaxSeqs, "llamacpp engine: sequences held at once, in [1, 256]")
 	fs.BoolVar(&o.NoRepack, "no-repack", o.NoRepack, "llamacpp engine: keep weights in their file layout instead of repacking them for llama.cpp's faster CPU kernels (as llama-server --no-repack)")
+	fs.StringVar(&o.CPUVariant, "llama-cpu-variant", o.CPUVariant, "llamacpp engine: CPU backend variant to load, libggml-cpu-NAME.so of --llama-lib (haswell, skylakex, zen4, x64, …; default: the best this processor runs). The variants round differently: give workers on processors of different families one they all run, for the same logits everywhere")
 }
 
 // Validate reports every invalid field in one error.

@@ -47,6 +47,7 @@ func (o Options) buildLlama() (engine.Engine, error) {
 	e, err := llamacpp.New(llamacpp.Options{
 		LibDir: o.LlamaLib, Model: o.Model, GPULayers: o.GPULayers, CtxSize: o.CtxSize,
 		Threads: o.Threads, KVType: kv, MaxSeqs: o.MaxSeqs, NoRepack: o.NoRepack,
+		CPUVariant: o.CPUVariant,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("enginecfg: %w", err)
@@ -57,7 +58,7 @@ func (o Options) buildLlama() (engine.Engine, error) {
 func (o Options) llamaLogFields() []zap.Field {
 	return []zap.Field{zap.String("engine", o.Engine), zap.String("model", o.Model), zap.String("llama_lib", llamacpp.LibDir(o.LlamaLib)),
 		zap.Int("gpu_layers", o.GPULayers), zap.Int("ctx_size", o.CtxSize), zap.String("kv_type", o.KVType),
-		zap.Int("max_seqs", o.MaxSeqs), zap.Int("engine_threads", o.Threads), zap.Bool("no_repack", o.NoRepack)}
+		zap.Int("max_seqs", o.MaxSeqs), zap.Int("engine_threads", o.Threads), zap.Bool("no_repack", o.NoRepack), zap.String("llama_cpu_variant", o.CPUVariant)}
 }
 
 // Tokenizer returns the tokenizer a coordinator uses for these settings
@@ -72,7 +73,7 @@ func (o Options) Tokenizer() (engine.Tokenizer, func(), error) {
 	if err := o.Validate(); err != nil {
 		return nil, nil, err
 	}
-	m, err := llamacpp.LoadModel(o.Model, llamacpp.LoadOptions{LibDir: o.LlamaLib, VocabOnly: true})
+	m, err := llamacpp.LoadModel(o.Model, llamacpp.LoadOptions{LibDir: o.LlamaLib, VocabOnly: true, CPUVariant: o.CPUVariant})
 	if err != nil {
 		return nil, nil, fmt.Errorf("enginecfg: tokenizer: %w", err)
 	}

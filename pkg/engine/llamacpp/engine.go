@@ -38,6 +38,8 @@ type Options struct {
 	BatchTokens int
 	// NoRepack: see LoadOptions.
 	NoRepack bool
+	// CPUVariant: see LoadOptions.
+	CPUVariant string
 }
 
 // Errors of this engine beyond engine's own; match with errors.Is.
@@ -119,7 +121,7 @@ type seqState struct {
 
 // New loads the model and creates the engine. The caller must Close it.
 func New(o Options) (*Engine, error) {
-	m, err := LoadModel(o.Model, LoadOptions{LibDir: o.LibDir, GPULayers: o.GPULayers, NoRepack: o.NoRepack})
+	m, err := LoadModel(o.Model, LoadOptions{LibDir: o.LibDir, GPULayers: o.GPULayers, NoRepack: o.NoRepack, CPUVariant: o.CPUVariant})
 	if err != nil {
 		return nil, err
 	}
