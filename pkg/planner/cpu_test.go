@@ -68,6 +68,10 @@ func TestCPUPlanSplitsCores(t *testing.T) {
 			t.Errorf("table lacks %q:\n%s", want, b.String())
 		}
 	}
+	if c := Chart(p); !strings.Contains(c.Title, "per core") || c.YLabel != "goodput per core (req/s per core)" ||
+		len(c.Refs) != 1 || !strings.Contains(c.Refs[0].Label, "req/s per core") {
+		t.Errorf("CPU plan's chart: title %q, y label %q, refs %+v; want per core", c.Title, c.YLabel, c.Refs)
+	}
 	// A GPU profile's plan is unchanged: its unit is the GPU.
 	g := mustRun(t, opt66(t, 400, "none"))
 	if g.Unit != UnitGPU || g.UnitsPerWorker.Prefill != 4 {

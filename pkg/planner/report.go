@@ -335,10 +335,14 @@ func (p *Plan) writeMatrix(ew *errWriter) {
 // every plan the best disaggregated candidate at each ratio, and the best
 // colocated goodput per GPU as a reference line.
 func Chart(plans ...*Plan) *plot.Chart {
+	u := "GPU"
+	if len(plans) > 0 {
+		u = plans[0].unit()
+	}
 	c := &plot.Chart{
-		Title:  "Goodput per GPU against the prefill:decode ratio",
-		XLabel: "prefill replicas / decode replicas",
-		YLabel: "goodput (req/s per GPU)",
+		Title:  "Goodput per " + u + " against the prefill:decode ratio",
+		XLabel: "P:D ratio (prefill replicas / decode replicas)",
+		YLabel: "goodput per " + u + " (req/s per " + u + ")",
 	}
 	var foot []string
 	for _, p := range plans {
@@ -368,6 +372,9 @@ func Chart(plans ...*Plan) *plot.Chart {
 			label := "colocated"
 			if len(plans) > 1 {
 				label = "colocated " + p.ColocatedProfile
+			}
+			if p.Colocated != nil {
+				label += fmt.Sprintf(" %s: %s req/s per %s", p.Colocated.Design, num(p.GoodputPerGPU.Colocated), p.unit())
 			}
 			c.Refs = append(c.Refs, plot.Ref{Y: p.GoodputPerGPU.Colocated, Label: label})
 		}

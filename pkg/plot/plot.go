@@ -8,6 +8,7 @@ import (
 	"image/png"
 	"io"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -23,7 +24,7 @@ import (
 type Series struct {
 	Name    string
 	X, Y    []float64
-	Markers bool // draw a dot at every point
+	Markers bool // draw a marker at every point (a shape per series: dot, square, triangle, diamond)
 }
 
 // Ref is a horizontal reference line at Y, labelled.
@@ -54,8 +55,10 @@ type Chart struct {
 	// Footer is small print under the chart (attribution); "\n" starts
 	// a new line.
 	Footer string
-	// LegendBottom puts the legend in the bottom-right corner instead of
-	// the top-right (for CDFs, whose lines fill the top).
+	// LegendBottom puts the legend in rows under the x-axis label
+	// instead of in a column right of the plot area. Either way it lies
+	// outside the plot area, so that it hides no point; a legend too
+	// wide for a column (a third of the chart) goes under the axis too.
 	LegendBottom bool
 	// Width and Height in pixels; 0 means 900 × 560.
 	Width, Height int
@@ -107,8 +110,8 @@ func (c *Chart) Render() *image.RGBA {
 	if c.Footer == "" {
 		footer = nil
 	}
-	bottom := marginB + 15*len(footer)
-	area := image.Rect(marginL, marginT, W-marginR, H-bottom)
+	lay := c.layout(W, H)
+	area := lay.area
 
 	xmin, xmax, ymin, ymax := c.bounds()
 	xt := ticks(xmin, xmax, 8)
@@ -164,8 +167,11 @@ func (c *Chart) Render() *image.RGBA {
 		text(img, area.Min.X+6, int(y)-5, r.Label, refC)
 	}
 
-	// Series, clipped to the plot area (with a small bleed).
+	// Series, clipped to the plot area (with a small bleed). A series
+	// that coincides with an earlier one is drawn dashed, with hollow
+	// markers a size larger, so that both stay visible.
 	clip := area.Inset(-3)
+	same := c.coincident(px, py)
 	for i, s := range c.Series {
 		col := image.NewUniform(palette[i%len(palette)])
 		lines := vector.NewRasterizer(clip.Dx(), clip.Dy())
@@ -176,6 +182,7 @@ func (c *Chart) Render() *image.RGBA {
 		ox, oy := float32(clip.Min.X), float32(clip.Min.Y)
 		var prev [2]float32
 		have := false
+		var dash float32
 		for k := range s.X {
 			if k >= len(s.Y) || math.IsNaN(s.X[k]) || math.IsNaN(s.Y[k]) {
 				have = false
@@ -183,10 +190,14 @@ func (c *Chart) Render() *image.RGBA {
 			}
 			p := [2]float32{px(s.X[k]) - ox, py(s.Y[k]) - oy}
 			if have {
-				segment(lines, prev, p, 1.25)
+				if same[i] >= 0 {
+					dash = dashedSegment(lines, prev, p, 1.25, dash)
+				} else {
+					segment(lines, prev, p, 1.25)
+				}
 			}
 			if s.Markers {
-				dot(dots, p, 3.5)
+				marker(dots, i, p, 3.5, same[i] >= 0)
 			}
 			prev, have = p, true
 		}
@@ -201,42 +212,177 @@ func (c *Chart) Render() *image.RGBA {
 	if c.YLabel != "" {
 		text(img, 8, marginT-12, c.YLabel, ink)
 	}
-	text(img, area.Min.X+(area.Dx()-textWidth(c.XLabel))/2, area.Max.Y+40, c.XLabel, ink)
+	text(img, area.Min.X+(area.Dx()-textWidth(c.XLabel))/2, area.Max.Y+36, c.XLabel, ink)
 	for i, l := range footer {
 		text(img, 8, H-10-15*(len(footer)-1-i), l, axis)
 	}
-	c.legend(img, area)
+	c.legend(img, lay, same)
 	return img
 }
 
-func (c *Chart) legend(img *image.RGBA, area image.Rectangle) {
+// layout is where a chart's parts go.
+type layout struct {
+	area image.Rectangle // the plot area
+	// legend is the legend's box, outside area (empty: no legend);
+	// below says it is laid out in rows under the x-axis label.
+	legend image.Rectangle
+	below  bool
+	// rows of the legend below: series indices per row.
+	rows [][]int
+}
+
+// Legend entry geometry: a swatch, a gap, the name.
+const (
+	swatchW  = 34
+	legendRH = 18 // row height
+)
+
+// legendName is series i's legend text.
+func (c *Chart) legendName(i int, same []int) string {
+	n := c.Series[i].Name
+	if same != nil && same[i] >= 0 {
+		n += " (coincides with " + or(c.Series[same[i]].Name, "another") + ")"
+	}
+	return n
+}
+
+// layout places the plot area and the legend for a W×H image. The
+// legend's width allows for "(coincides with …)" on every entry, so that
+// the plot area does not depend on the data.
+func (c *Chart) layout(W, H int) layout {
+	nfoot := 0
+	if c.Footer != "" {
+		nfoot = strings.Count(c.Footer, "\n") + 1
+	}
 	var names []int
 	wmax := 0
 	for i, s := range c.Series {
 		if s.Name != "" {
 			names = append(names, i)
-			wmax = max(wmax, textWidth(s.Name))
+			wmax = max(wmax, textWidth(s.Name+" (coincides with )")+textWidth(longestName(c.Series)))
 		}
 	}
+	bottom := marginB + 15*nfoot
+	var l layout
 	if len(names) == 0 {
+		l.area = image.Rect(marginL, marginT, W-marginR, H-bottom)
+		return l
+	}
+	colW := wmax + swatchW + 16
+	if !c.LegendBottom && colW <= W/3 {
+		l.area = image.Rect(marginL, marginT, W-marginR-colW, H-bottom)
+		l.legend = image.Rect(l.area.Max.X+12, marginT, W-8, marginT+8+legendRH*len(names))
+		return l
+	}
+	// Rows under the x-axis label, entries side by side.
+	l.below = true
+	var row []int
+	x := 0
+	for _, i := range names {
+		w := textWidth(c.Series[i].Name+" (coincides with )") + textWidth(longestName(c.Series)) + swatchW + 20
+		if len(row) > 0 && x+w > W-marginL-marginR {
+			l.rows = append(l.rows, row)
+			row, x = nil, 0
+		}
+		row = append(row, i)
+		x += w
+	}
+	l.rows = append(l.rows, row)
+	h := legendRH * len(l.rows)
+	l.area = image.Rect(marginL, marginT, W-marginR, H-bottom-h-4)
+	l.legend = image.Rect(marginL, l.area.Max.Y+48, W-marginR, l.area.Max.Y+48+h)
+	return l
+}
+
+func longestName(ss []Series) string {
+	n := ""
+	for _, s := range ss {
+		if len(s.Name) > len(n) {
+			n = s.Name
+		}
+	}
+	return n
+}
+
+// coincident returns, for each series, the index of an earlier series it
+// coincides with on the image (every point within 1.5 pixels of the
+// other's point of the same rank, the same number of points), or -1.
+func (c *Chart) coincident(px, py func(float64) float32) []int {
+	pts := make([][][2]float32, len(c.Series))
+	for i, s := range c.Series {
+		for k := range s.X {
+			if k < len(s.Y) && !math.IsNaN(s.X[k]) && !math.IsNaN(s.Y[k]) {
+				pts[i] = append(pts[i], [2]float32{px(s.X[k]), py(s.Y[k])})
+			}
+		}
+	}
+	same := make([]int, len(c.Series))
+	for i := range same {
+		same[i] = -1
+		for j := 0; j < i && same[i] < 0; j++ {
+			if len(pts[i]) == 0 || len(pts[i]) != len(pts[j]) {
+				continue
+			}
+			ok := true
+			for k := range pts[i] {
+				if math.Hypot(float64(pts[i][k][0]-pts[j][k][0]), float64(pts[i][k][1]-pts[j][k][1])) > 1.5 {
+					ok = false
+					break
+				}
+			}
+			if ok {
+				same[i] = j
+			}
+		}
+	}
+	return same
+}
+
+func (c *Chart) legend(img *image.RGBA, l layout, same []int) {
+	if l.legend.Empty() {
 		return
 	}
-	w, h := wmax+44, 8+18*len(names)
-	box := image.Rect(area.Max.X-w-8, area.Min.Y+8, area.Max.X-8, area.Min.Y+8+h)
-	if c.LegendBottom {
-		box = image.Rect(area.Max.X-w-8, area.Max.Y-8-h, area.Max.X-8, area.Max.Y-8)
-	}
-	draw.Draw(img, box, image.White, image.Point{}, draw.Src)
-	rect(img, box, faint)
-	for row, i := range names {
+	entry := func(i, x, y int) int {
 		col := palette[i%len(palette)]
-		y := box.Min.Y + 14 + 18*row
-		r := image.Rect(box.Min.X+4, y-10, box.Min.X+36, y+2)
+		r := image.Rect(x, y-10, x+swatchW, y+4)
 		z := vector.NewRasterizer(r.Dx(), r.Dy())
-		segment(z, [2]float32{4, 6}, [2]float32{28, 6}, 1.5)
+		a, b := [2]float32{3, 6}, [2]float32{swatchW - 3, 6}
+		if same[i] >= 0 {
+			dashedSegment(z, a, b, 1.5, 0)
+		} else {
+			segment(z, a, b, 1.5)
+		}
+		if c.Series[i].Markers {
+			marker(z, i, [2]float32{swatchW / 2, 6}, 3.5, same[i] >= 0)
+		}
 		z.Draw(img, r, image.NewUniform(col), image.Point{})
-		text(img, box.Min.X+38, y, c.Series[i].Name, ink)
+		name := c.legendName(i, same)
+		text(img, x+swatchW+4, y, name, ink)
+		return swatchW + 4 + textWidth(name) + 16
 	}
+	if !l.below {
+		row := 0
+		for i, s := range c.Series {
+			if s.Name != "" {
+				entry(i, l.legend.Min.X, l.legend.Min.Y+14+legendRH*row)
+				row++
+			}
+		}
+		return
+	}
+	for r, row := range l.rows {
+		x := l.legend.Min.X
+		for _, i := range row {
+			x += entry(i, x, l.legend.Min.Y+12+legendRH*r)
+		}
+	}
+}
+
+func or(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
 }
 
 // bounds returns the data range, widened when degenerate.
@@ -403,19 +549,65 @@ func segment(z *vector.Rasterizer, a, b [2]float32, hw float32) {
 	z.ClosePath()
 }
 
-// dot adds a filled circle of radius r at p to z.
-func dot(z *vector.Rasterizer, p [2]float32, r float32) {
-	const n = 16
-	for k := 0; k <= n; k++ {
-		a := 2 * math.Pi * float64(k) / n
-		x, y := p[0]+r*float32(math.Cos(a)), p[1]+r*float32(math.Sin(a))
-		if k == 0 {
-			z.MoveTo(x, y)
-		} else {
-			z.LineTo(x, y)
+// dashedSegment adds a dashed line of half-width hw from a to b to z,
+// dashes of 7 pixels with gaps of 4, starting phase pixels into the
+// pattern; it returns the phase at b, so that a polyline's dashes run on.
+func dashedSegment(z *vector.Rasterizer, a, b [2]float32, hw, phase float32) float32 {
+	const on, period = 7, 11
+	dx, dy := b[0]-a[0], b[1]-a[1]
+	l := float32(math.Hypot(float64(dx), float64(dy)))
+	if l == 0 {
+		return phase
+	}
+	ux, uy := dx/l, dy/l
+	for t := -phase; t < l; t += period {
+		t0, t1 := max(t, 0), min(t+on, l)
+		if t1 > t0 {
+			segment(z, [2]float32{a[0] + ux*t0, a[1] + uy*t0}, [2]float32{a[0] + ux*t1, a[1] + uy*t1}, hw)
 		}
 	}
-	z.ClosePath()
+	return float32(math.Mod(float64(phase+l), period))
+}
+
+// marker adds series i's marker at p, of radius about r, to z: a dot,
+// square, triangle or diamond by i; hollow (a ring of the shape, a
+// size larger) when the series coincides with an earlier one.
+func marker(z *vector.Rasterizer, i int, p [2]float32, r float32, hollow bool) {
+	shape := func(r float32, reverse bool) {
+		var vs [][2]float32
+		switch i % 4 {
+		case 0:
+			const n = 16
+			for k := range n {
+				a := 2 * math.Pi * float64(k) / n
+				vs = append(vs, [2]float32{p[0] + r*float32(math.Cos(a)), p[1] + r*float32(math.Sin(a))})
+			}
+		case 1:
+			q := r * 0.9
+			vs = [][2]float32{{p[0] - q, p[1] - q}, {p[0] + q, p[1] - q}, {p[0] + q, p[1] + q}, {p[0] - q, p[1] + q}}
+		case 2:
+			q := r * 1.2
+			vs = [][2]float32{{p[0], p[1] - q}, {p[0] + q*0.87, p[1] + q*0.5}, {p[0] - q*0.87, p[1] + q*0.5}}
+		default:
+			q := r * 1.2
+			vs = [][2]float32{{p[0], p[1] - q}, {p[0] + q, p[1]}, {p[0], p[1] + q}, {p[0] - q, p[1]}}
+		}
+		if reverse {
+			slices.Reverse(vs)
+		}
+		z.MoveTo(vs[0][0], vs[0][1])
+		for _, v := range vs[1:] {
+			z.LineTo(v[0], v[1])
+		}
+		z.ClosePath()
+	}
+	if !hollow {
+		shape(r, false)
+		return
+	}
+	// A ring: the outer shape, and the inner one wound the other way.
+	shape(r+2.5, false)
+	shape(r+1, true)
 }
 
 // CDF returns a series of the empirical CDF of xs (any order; not

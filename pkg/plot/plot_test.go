@@ -72,9 +72,9 @@ func TestRender(t *testing.T) {
 		t.Fatalf("size %v, want 400×300", b)
 	}
 	// y = 0.5 lies halfway down the plot area; x = 5 halfway across.
-	bottom := 300 - marginB - 15
-	y := marginT + (bottom-marginT)/2
-	x := marginL + (400-marginR-marginL)/2
+	area := c.layout(400, 300).area
+	y := area.Min.Y + area.Dy()/2
+	x := area.Min.X + area.Dx()/2
 	want := color.RGBAModel.Convert(palette[0])
 	if got := color.RGBAModel.Convert(img.At(x, y)); got != want {
 		t.Errorf("pixel at the line (%d, %d) is %v, want %v", x, y, got, want)
@@ -94,5 +94,60 @@ func TestRenderEmptyChart(t *testing.T) {
 func TestASCII(t *testing.T) {
 	if got := ascii("×0.5 ≥ 3 — ok é"); got != "x0.5 >= 3 - ok ?" {
 		t.Errorf("ascii = %q", got)
+	}
+}
+
+// The legend lies outside the plot area, so that a point in the
+// top-right corner (where a legend used to be) stays visible, in a column
+// on the right or, with LegendBottom, under the axis.
+func TestLegendOutsidePlotArea(t *testing.T) {
+	for _, bottom := range []bool{false, true} {
+		c := Chart{Width: 600, Height: 400, LegendBottom: bottom, YMin: 0, YMax: 1, XMax: 1,
+			Series: []Series{{Name: "a series with a long name", X: []float64{0, 1}, Y: []float64{0, 1}, Markers: true}}}
+		l := c.layout(600, 400)
+		if l.legend.Empty() || l.legend.Overlaps(l.area) {
+			t.Errorf("bottom %v: legend %v overlaps the plot area %v", bottom, l.legend, l.area)
+		}
+		img := c.Render()
+		want := color.RGBAModel.Convert(palette[0])
+		if got := color.RGBAModel.Convert(img.At(l.area.Max.X-1, l.area.Min.Y+1)); got != want {
+			t.Errorf("bottom %v: the top-right point's pixel is %v, want the series colour %v", bottom, got, want)
+		}
+	}
+}
+
+// Two series on the same points both show: the later one dashed with
+// hollow markers of another shape, and the legend says it coincides.
+func TestCoincidentSeries(t *testing.T) {
+	xs, ys := []float64{0, 0.5, 1}, []float64{0.2, 0.6, 0.4}
+	c := Chart{Width: 600, Height: 400, YMin: 0, YMax: 1, XMax: 1, Series: []Series{
+		{Name: "disaggregated", X: xs, Y: ys, Markers: true},
+		{Name: "colocated", X: xs, Y: []float64{0.2, 0.6, 0.4 + 1e-4}, Markers: true},
+		{Name: "other", X: xs, Y: []float64{0.9, 0.9, 0.9}, Markers: true},
+	}}
+	l := c.layout(600, 400)
+	px := func(x float64) float32 { return float32(l.area.Min.X) + float32(x)*float32(l.area.Dx()) }
+	py := func(y float64) float32 { return float32(l.area.Max.Y) - float32(y)*float32(l.area.Dy()) }
+	same := c.coincident(px, py)
+	if diff := cmp.Diff([]int{-1, 0, -1}, same); diff != "" {
+		t.Fatalf("coincident (-want +got):\n%s", diff)
+	}
+	if got := c.legendName(1, same); got != "colocated (coincides with disaggregated)" {
+		t.Errorf("legend name %q", got)
+	}
+	img := c.Render()
+	count := func(col color.RGBA) int {
+		n := 0
+		for y := l.area.Min.Y; y <= l.area.Max.Y; y++ {
+			for x := l.area.Min.X; x <= l.area.Max.X; x++ {
+				if color.RGBAModel.Convert(img.At(x, y)) == col {
+					n++
+				}
+			}
+		}
+		return n
+	}
+	if a, b := count(palette[0]), count(palette[1]); a < 50 || b < 50 {
+		t.Errorf("pixels of the first series %d, of the coinciding one %d: one is hidden", a, b)
 	}
 }
