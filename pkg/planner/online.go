@@ -138,6 +138,9 @@ type Decision struct {
 	PredictedTTFTMs  float64 `json:"predicted_ttft_ms"`    // at the attainment percentile
 	PredictedTPOTMs  float64 `json:"predicted_tpot_ms"`
 	FirstTokenPolicy Policy  `json:"first_token_policy"`
+	// Warnings: the observed workload leaves the range the profiles were
+	// measured over (as Plan.Warnings), at the desired design.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // Reasons a Decision gives.
@@ -349,6 +352,7 @@ func (o *Online) Tick(now time.Time) (Decision, bool) {
 	r := s.sim.run(next, planned, false)
 	d.Attainment = r.Attainment
 	d.PredictedTTFTMs, d.PredictedTPOTMs = ms(r.TTFT.At), ms(r.TPOT.At)
+	d.Warnings, _ = rangeWarnings(&cfg, s.sim.st, nil, &Prediction{Steps: r.Steps}, nil, true, false)
 
 	o.mu.Lock()
 	if d.Changed || (o.desP == 0 && o.desD == 0) {
@@ -377,6 +381,7 @@ func (o *Online) Run(ctx context.Context, ticks <-chan time.Time) error {
 	if log == nil {
 		log = zap.NewNop()
 	}
+	var warned []string // the warnings last logged, to log each change once
 	for {
 		select {
 		case <-ctx.Done():
@@ -392,6 +397,10 @@ func (o *Online) Run(ctx context.Context, ticks <-chan time.Time) error {
 			log.Info("planner decision", zap.Int("prefill", d.PrefillReplicas), zap.Int("decode", d.DecodeReplicas),
 				zap.Bool("changed", d.Changed), zap.String("reason", d.Reason), zap.Float64("observed_rate", d.ObservedRate),
 				zap.Int("observations", d.Observations))
+			if len(d.Warnings) > 0 && !slices.Equal(d.Warnings, warned) {
+				log.Warn("planner: the workload leaves the profile's measured range", zap.Strings("warnings", d.Warnings))
+			}
+			warned = d.Warnings
 			if o.cfg.Publish != nil {
 				data, err := json.Marshal(d)
 				if err == nil {

@@ -395,3 +395,30 @@ func TestOnlineRunPublishes(t *testing.T) {
 		t.Fatal("Run did not return after cancel")
 	}
 }
+
+// The online planner's decisions carry the warning a plan gives when the
+// observed workload leaves the profile's measured range.
+func TestOnlineRangeWarning(t *testing.T) {
+	for _, narrow := range []bool{false, true} {
+		cfg := onlineConfig(t)
+		if narrow {
+			cfg.Base.Prefill = measuredUpTo(t, cfg.Base.Prefill, 128, 64, 2048)
+		}
+		o, err := NewOnline(cfg, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tr := newTraffic(cfg.Base.Prefill)
+		tr.until(o, t0.Add(time.Minute), 3)
+		d, ok := o.Tick(t0.Add(time.Minute))
+		if !ok {
+			t.Fatal("no decision")
+		}
+		switch {
+		case narrow && (len(d.Warnings) != 1 || !strings.Contains(d.Warnings[0], "prompts up to 512 tokens (measured ≤ 128)")):
+			t.Errorf("profile measured to 128-token prompts: warnings %q", d.Warnings)
+		case !narrow && len(d.Warnings) != 0:
+			t.Errorf("profile covering the workload: warnings %q", d.Warnings)
+		}
+	}
+}

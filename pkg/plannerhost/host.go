@@ -57,6 +57,11 @@ type Options struct {
 	// --codec, else
 	// none.
 	Codec string
+	// CodecProfile is where the codecs' ratios and per-core speeds come
+	// from: planner.CodecProfileBuiltin (also when empty), a file of
+	// `coordinator codecs --out` measured on the workers' hardware, or
+	// planner.CodecProfileSelf (this machine, measured at start).
+	CodecProfile string
 	// Interval is the time between re-plans, Window how far back finished
 	// requests count, Cooldown the least time between two changes of the
 	// desired replicas; all > 0.
@@ -101,6 +106,7 @@ func DefaultOptions() Options {
 		Hysteresis:      0.15,
 		MinObservations: 50,
 		LinkGbps:        100,
+		CodecProfile:    planner.CodecProfileBuiltin,
 	}
 }
 
@@ -111,6 +117,7 @@ func (p *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&p.Profile, "planner-profile", p.Profile, "performance-model profile of the workers the planner sizes, GPU/MODEL/tpN or a profile .json file (empty: --profile in standalone sim mode)")
 	fs.StringVar(&p.DecodeProfile, "planner-decode-profile", p.DecodeProfile, "profile of the decode workers when it differs from --planner-profile (same model)")
 	fs.StringVar(&p.Codec, "planner-codec", p.Codec, "KV codec the planner models: "+strings.Join(planner.CodecNames(), ", ")+" (empty: --codec, else none)")
+	fs.StringVar(&p.CodecProfile, "planner-codec-profile", p.CodecProfile, "codec ratios and per-core speeds the planner models: builtin, a file written by `coordinator codecs --out` on the workers' hardware, or self (measure this machine at start)")
 	fs.DurationVar(&p.Interval, "planner-interval", p.Interval, "time between re-plans")
 	fs.DurationVar(&p.Window, "planner-window", p.Window, "how far back finished requests count for the planner")
 	fs.DurationVar(&p.Cooldown, "planner-cooldown", p.Cooldown, "least time between two changes of the desired replicas")
@@ -230,6 +237,7 @@ func (p Options) LogFields(co coordinator.Options) []zap.Field {
 		zap.String("planner_profile", p.profile(co)),
 		zap.String("planner_decode_profile", p.DecodeProfile),
 		zap.String("planner_codec", p.codec(co)),
+		zap.String("planner_codec_profile", p.CodecProfile),
 		zap.Duration("planner_interval", p.Interval),
 		zap.Duration("planner_window", p.Window),
 		zap.Duration("planner_cooldown", p.Cooldown),
@@ -267,7 +275,11 @@ func (p Options) onlineConfig(co coordinator.Options) (planner.OnlineConfig, err
 			return planner.OnlineConfig{}, fmt.Errorf("planner-decode-profile model %s differs from planner-profile model %s", dec.Model, prof.Model)
 		}
 	}
-	codec, err := planner.CodecFor(p.codec(co), p.LinkGbps*1e9/8, planner.DefaultCodecCores)
+	cp, err := planner.LoadCodecProfile(p.CodecProfile)
+	if err != nil {
+		return planner.OnlineConfig{}, fmt.Errorf("planner-codec-profile: %w", err)
+	}
+	codec, err := cp.CodecFor(p.codec(co), p.LinkGbps*1e9/8, planner.DefaultCodecCores)
 	if err != nil {
 		return planner.OnlineConfig{}, fmt.Errorf("planner-codec: %w", err)
 	}

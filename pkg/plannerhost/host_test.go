@@ -79,6 +79,10 @@ func TestPlannerOptions(t *testing.T) {
 			standaloneSim(o)
 			p.Codec = "gzip"
 		}, wantErr: "planner-codec"},
+		{name: "missing codec profile", edit: func(o *coordinator.Options, p *plannerhost.Options) {
+			standaloneSim(o)
+			p.CodecProfile = "no-such-codecs.json"
+		}, wantErr: "planner-codec-profile"},
 		{name: "zero interval", edit: func(o *coordinator.Options, p *plannerhost.Options) {
 			standaloneSim(o)
 			p.Interval = 0
