@@ -260,12 +260,12 @@ func (p *Plan) recommendation() string {
 			plural(rec.GPUs, u), num(p.RequestedRate), otherName, plural(p.GPUBudget, u))
 	case p.Objective == ObjectiveFewestGPUs && rec.GPUs < other.GPUs:
 		fmt.Fprintf(&b, ": %s at %s req/s, against %s for %s %s.",
-			plural(rec.GPUs, u), num(p.RequestedRate), plural(other.GPUs, u), otherName, other.Design)
+			plural(rec.GPUs, u), num(p.RequestedRate), plural(other.GPUs, u), otherName, short(other.Design))
 	case p.Objective == ObjectiveFewestGPUs:
 		fmt.Fprintf(&b, ": both designs need %s at %s req/s; %s reaches %s req/s at most, %s %s.",
 			plural(rec.GPUs, u), num(p.RequestedRate), recName, num(recMax), otherName, num(otherMax))
 	case other != nil && otherPer > 0:
-		fmt.Fprintf(&b, " (%.2fx the goodput per %s of %s %s).", recPer/otherPer, u, otherName, other.Design)
+		fmt.Fprintf(&b, " (%.2fx the goodput per %s of %s %s).", recPer/otherPer, u, otherName, short(other.Design))
 	default:
 		fmt.Fprintf(&b, " (no %s design within %s meets the SLO).", otherName, plural(p.GPUBudget, u))
 	}
@@ -277,18 +277,26 @@ func (p *Plan) recommendation() string {
 		if dok || cok {
 			fmt.Fprintf(&b, "\nWithout --rate (the highest goodput per %s) the grid's best are", u)
 			if dok {
-				fmt.Fprintf(&b, " disaggregated %s at %s req/s per %s", d.Design, num(d.GoodputPerGPU), u)
+				fmt.Fprintf(&b, " disaggregated %s at %s req/s per %s", short(d.Design), num(d.GoodputPerGPU), u)
 			}
 			if dok && cok {
 				b.WriteString(" and")
 			}
 			if cok {
-				fmt.Fprintf(&b, " colocated %s at %s", c.Design, num(c.GoodputPerGPU))
+				fmt.Fprintf(&b, " colocated %s at %s", short(c.Design), num(c.GoodputPerGPU))
 			}
 			fmt.Fprintf(&b, ": more %ss than %s req/s needs.", u, num(p.RequestedRate))
 		}
 	}
 	return b.String()
+}
+
+// short names a design in a sentence: 4P+4D, 8C (without the chunk).
+func short(d Design) string {
+	if d.Disaggregated() {
+		return d.String()
+	}
+	return fmt.Sprintf("%dC", d.Colocated)
 }
 
 // writeMatrix prints goodput per GPU of every disaggregated candidate, P
