@@ -58,6 +58,36 @@
 // TPOT SLO, the prefill tokens per step whose step fits half the TTFT SLO,
 // and the colocated chunk budget that gives the most goodput.
 //
+// # Objective
+//
+// Without a rate the plan recommends the design with the highest goodput
+// per GPU; with Config.Rate, the design with the fewest GPUs that meets
+// the SLO at that rate (at equal GPUs, the higher max rate). Plan.Objective
+// and the report say which decided, and the report compares the designs
+// on that objective.
+//
+// # Codec figures
+//
+// A codec's ratio and per-core speeds come from a CodecProfile: data
+// measured by the codec self-benchmark the prefill workers run for
+// --codec auto (pkg/kv/codec SelfBench), on the machine whose CPUs will
+// code KV (`coordinator codecs --out FILE`), or the built-in profile
+// (codecs/default.json, which names the command and CPU that measured
+// it). A plan never times the machine it runs on unless asked
+// (CodecProfileSelf), so the same inputs give the same plan byte for byte
+// on a quiet or a busy machine. "none" costs no CPU time: only the link
+// limits it. Plan.Codec.Source says where the figures came from.
+//
+// # Range
+//
+// Step times come from a fit; beyond the profile's data points (measured
+// by `coordinator profile`, or the calibration points of a profile from a
+// paper) they are extrapolated. Plan.Warnings names every profile whose
+// points the workload or the simulated steps leave (prompt length,
+// prefill tokens per step, decode batch, decode context); a profile with
+// no step-time points of its own shape gets a note that its range is
+// unknown instead, since there is nothing to compare with.
+//
 // # CPU deployments
 //
 // A CPU profile (perfmodel.DeviceCPU, measured by `coordinator profile`)
