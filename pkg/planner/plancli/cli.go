@@ -33,18 +33,22 @@ type Options struct {
 	Attainment       float64
 	LinkGbps         float64
 	Codec            string
-	CodecRatio       float64 // 0 = the codec's
-	CodecMBps        float64 // per core, both directions; 0 = the codec's
-	CodecCores       int
-	Policy           string
-	Ingress          time.Duration
-	GPUBudget        int    // 0 = 16 GPUs; CPU profiles: the logical CPUs the profile was measured on
-	GPUCost          string // "2.5" or "a100-80g=1.9,h100=3.5"
-	Limits           planner.Limits
-	Requests         int
-	Seed             uint64
-	Output           string // table or json
-	Plot             string // PNG file, "" = none
+	// CodecProfile is where the codecs' figures come from:
+	// planner.CodecProfileBuiltin, planner.CodecProfileSelf or a file of
+	// `coordinator codecs --out`.
+	CodecProfile string
+	CodecRatio   float64 // 0 = the codec's
+	CodecMBps    float64 // per core, both directions; 0 = the codec's
+	CodecCores   int
+	Policy       string
+	Ingress      time.Duration
+	GPUBudget    int    // 0 = 16 GPUs; CPU profiles: the logical CPUs the profile was measured on
+	GPUCost      string // "2.5" or "a100-80g=1.9,h100=3.5"
+	Limits       planner.Limits
+	Requests     int
+	Seed         uint64
+	Output       string // table or json
+	Plot         string // PNG file, "" = none
 	// Design, when set, evaluates that one design at Rate instead of
 	// searching: "P:D" or "PP+DD" (e.g. "2P+1D") disaggregated, "NC"
 	// colocated (chunk budget from --chunk-tokens).
@@ -54,14 +58,15 @@ type Options struct {
 // DefaultOptions returns the flag defaults.
 func DefaultOptions() Options {
 	return Options{
-		Attainment: 0.9,
-		LinkGbps:   100,
-		Codec:      "none",
-		Policy:     string(planner.PolicyPrefill),
-		GPUCost:    "2",
-		Requests:   planner.DefaultRequests,
-		Seed:       1,
-		Output:     "table",
+		Attainment:   0.9,
+		LinkGbps:     100,
+		Codec:        "none",
+		CodecProfile: planner.CodecProfileBuiltin,
+		Policy:       string(planner.PolicyPrefill),
+		GPUCost:      "2",
+		Requests:     planner.DefaultRequests,
+		Seed:         1,
+		Output:       "table",
 	}
 }
 
@@ -86,6 +91,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&o.Attainment, "attainment", o.Attainment, "fraction of requests that must meet both SLOs, (0, 1]")
 	fs.Float64Var(&o.LinkGbps, "link-gbps", o.LinkGbps, "bandwidth between the pools per worker, each direction, Gb/s")
 	fs.StringVar(&o.Codec, "codec", o.Codec, "KV wire codec: "+strings.Join(planner.CodecNames(), ", ")+"; auto or auto-lossy: the codec the prefill workers would choose for --link-gbps at --codec-cores")
+	fs.StringVar(&o.CodecProfile, "codec-profile", o.CodecProfile, "codec ratios and per-core speeds to plan with: builtin (measured by `coordinator codecs` on the CPU named in the plan), a file written by `coordinator codecs --out` on the target hardware, or self (measure this machine now: the plan then follows its load)")
 	fs.Float64Var(&o.CodecRatio, "codec-ratio", o.CodecRatio, "override the codec's compression ratio (raw/wire)")
 	fs.Float64Var(&o.CodecMBps, "codec-mbps", o.CodecMBps, "override the codec's encode and decode speed, raw MB/s per core")
 	fs.IntVar(&o.CodecCores, "codec-cores", o.CodecCores, "cores each worker codes KV with (0: 16; CPU profiles: a worker's threads)")
@@ -171,17 +177,27 @@ func (o *Options) Configs() ([]*planner.Config, error) {
 	if cores == 0 {
 		cores = planner.DefaultCodecCores
 	}
-	codec, err := planner.CodecFor(o.Codec, o.LinkGbps*1e9/8, cores)
+	cp, err := planner.LoadCodecProfile(o.CodecProfile)
+	if err != nil {
+		return nil, fmt.Errorf("%w: --codec-profile: %w", errUsage, err)
+	}
+	codec, err := cp.CodecFor(o.Codec, o.LinkGbps*1e9/8, cores)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errUsage, err)
 	}
 	if o.CodecRatio > 0 {
 		codec.Ratio = o.CodecRatio
-		codec.Source = "--codec-ratio"
 	}
 	if o.CodecMBps > 0 {
 		codec.EncodeBytesPerSec, codec.DecodeBytesPerSec = o.CodecMBps*1e6, o.CodecMBps*1e6
-		codec.Source += " --codec-mbps"
+	}
+	switch {
+	case o.CodecRatio > 0 && o.CodecMBps > 0:
+		codec.Source = fmt.Sprintf("--codec-ratio %g and --codec-mbps %g per core", o.CodecRatio, o.CodecMBps)
+	case o.CodecRatio > 0:
+		codec.Source = fmt.Sprintf("ratio from --codec-ratio %g; speeds: %s", o.CodecRatio, codec.Source)
+	case o.CodecMBps > 0:
+		codec.Source = fmt.Sprintf("speeds from --codec-mbps %g per core; ratio: %s", o.CodecMBps, codec.Source)
 	}
 	cost, err := parseCost(o.GPUCost)
 	if err != nil {
@@ -343,6 +359,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		sims += p.Simulations
 		plans = append(plans, p)
+		for _, w := range p.Warnings {
+			fmt.Fprintf(stderr, "coordinator plan: %s: warning: %s\n", c.Prefill.Name, w)
+		}
 	}
 	elapsed := time.Since(start)
 	if o.Output == "json" {
@@ -385,6 +404,9 @@ func evaluate(o Options, cfgs []*planner.Config, stdout, stderr io.Writer) int {
 	e, err := planner.Evaluate(cfgs[0], d)
 	if err != nil {
 		return usage("%v", err)
+	}
+	for _, w := range e.Warnings {
+		fmt.Fprintf(stderr, "coordinator plan: warning: %s\n", w)
 	}
 	if o.Output == "json" {
 		err = planner.WriteEvaluationJSON(stdout, e)
