@@ -11,6 +11,7 @@ import (
 
 	"github.com/pdserve/pdserve/loadtest/deploy"
 	"github.com/pdserve/pdserve/loadtest/report"
+	"github.com/pdserve/pdserve/pkg/enginecfg"
 )
 
 // compareOptions are compare's own flags.
@@ -44,10 +45,16 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			"rates on both, each side's highest rate meeting the attainment target, and the two side by\n"+
 			"side at --compare-rate. Without --disagg-url and --coloc-url both deployments are started here\n"+
 			"on the performance-model engine (--profile; --pd-split P:D of the --gpus on the disaggregated\n"+
-			"side, --codec and --link-gbps for its KV transfer).",
+			"side, --codec and --link-gbps for its KV transfer), or on llama.cpp (--engine llamacpp\n"+
+			"--model-file FILE.gguf): each worker a process pinned to its cores (--cpus), the disaggregated\n"+
+			"workers splitting them, one colocated worker on all of them; rates per core. Each side's\n"+
+			"crossing of --attainment is bisected until it is known within --rate-tolerance.",
 		"  # 2 prefill + 1 decode vs 3 colocated workers, OPT-13B on A100-80GB, both started here:\n"+
 			"  go run ./loadtest compare --profile a100-80g/opt-13b/tp1 --gpus 3 --pd-split 2:1 --codec zstd \\\n"+
 			"    --link-gbps 100 --request-rates 1,2,3,4 --goodput ttft:250 tpot:100 --save-result\n"+
+			"  # 1 prefill + 1 decode worker each on a core of its own vs one colocated worker on both:\n"+
+			"  go run ./loadtest compare --engine llamacpp --model-file tiny.gguf --cpus 0,1 --pd-split 1:1 \\\n"+
+			"    --request-rates 0.5,1 --num-prompts 20 --goodput ttft:2500 tpot:150\n"+
 			"  # Two deployments already running:\n"+
 			"  go run ./loadtest compare --disagg-url http://10.0.0.1:8080 --coloc-url http://10.0.0.2:8080 \\\n"+
 			"    --gpus 8 --request-rates 2,4,8 --goodput ttft:500 tpot:50\n")
@@ -69,6 +76,15 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	}
 	if err := d.checkUnit(); err != nil {
 		return err
+	}
+	gpusSet := false
+	fs.Visit(func(f *flag.Flag) { gpusSet = gpusSet || f.Name == "gpus" })
+	if d.Engine == enginecfg.Llama && d.CPUs != "" && !gpusSet {
+		cpus, err := parseCPUs(d.CPUs)
+		if err != nil {
+			return err
+		}
+		d.GPUs = len(cpus) // --gpus counts the cores
 	}
 	if co.DisaggGPUs == 0 {
 		co.DisaggGPUs = d.GPUs
@@ -113,7 +129,7 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	common := co.CommonRate
 	var sides []sideRun
 	for _, sd := range defs {
-		sr, err := compareSide(ctx, o, so, sd.name, sd.mode, sd.url, sd.desc, sd.gpus, specs[sd.name], log, &common, stderr)
+		sr, err := compareSide(ctx, o, so, sd.name, sd.mode, sd.url, sd.desc, report.Count(sd.gpus, d.unit(sd.url == "")), sd.gpus, specs[sd.name], log, &common, stderr)
 		if err != nil {
 			return fmt.Errorf("%s side: %w", sd.name, err)
 		}
@@ -177,11 +193,11 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 // compareSide searches one side (starting it locally when url is empty)
 // and runs it at the common rate, which it sets from this side's max rate
 // when still 0.
-func compareSide(ctx context.Context, o *benchOptions, so *sweepOptions, name, mode, url, desc string, gpus int,
+func compareSide(ctx context.Context, o *benchOptions, so *sweepOptions, name, mode, url, desc, count string, gpus int,
 	spec deploy.Spec, log *zap.Logger, common *float64, stderr io.Writer) (sideRun, error) {
 	out := sideRun{side: report.Side{Name: name, GPUs: gpus}}
 	if url == "" {
-		fmt.Fprintf(stderr, "starting the local %s deployment (%d GPUs)\n", name, gpus)
+		fmt.Fprintf(stderr, "starting the local %s deployment (%s)\n", name, count)
 		l, err := deploy.Start(ctx, spec, log)
 		if err != nil {
 			return out, err

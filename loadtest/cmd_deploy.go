@@ -33,6 +33,11 @@ type deployFlags struct {
 	LogFile                 string
 	// Unit is what --gpus counts in reports ("" : see unit).
 	Unit string
+	// llamacpp deployments.
+	ModelFile, LlamaLib string
+	CPUs                string
+	CtxSize, MaxSeqs    int
+	NoRepack            bool
 }
 
 func defaultDeployFlags() *deployFlags {
@@ -40,7 +45,7 @@ func defaultDeployFlags() *deployFlags {
 }
 
 func (d *deployFlags) addFlags(fs *flag.FlagSet) {
-	fs.StringVar(&d.Engine, "engine", d.Engine, "local deployments: sim (performance model) or ref (reference CPU engine)")
+	fs.StringVar(&d.Engine, "engine", d.Engine, "local deployments: sim (performance model), ref (reference CPU engine) or llamacpp (a GGUF model on llama.cpp, each worker a process pinned to its cores)")
 	fs.StringVar(&d.Profile, "profile", d.Profile, "local sim deployments: GPU/MODEL/tpN profile")
 	fs.StringVar(&d.Preset, "preset", d.Preset, "local ref deployments: model preset")
 	fs.Float64Var(&d.PayloadScale, "payload-scale", d.PayloadScale, "local sim deployments: fraction of the true KV bytes actually moved, in (0, 1]; transfers are still paced for the true size")
@@ -55,6 +60,12 @@ func (d *deployFlags) addFlags(fs *flag.FlagSet) {
 	fs.IntVar(&d.KVBlocks, "kv-blocks", d.KVBlocks, "local deployments: KV blocks per decode/colocated worker (0: worker default)")
 	fs.IntVar(&d.QueueLimit, "queue-limit", d.QueueLimit, "local deployments: coordinator admission limit (0: default)")
 	fs.StringVar(&d.LogFile, "deploy-log", d.LogFile, "local deployments: write their logs to this file (default: discard)")
+	fs.StringVar(&d.ModelFile, "model-file", d.ModelFile, "local llamacpp deployments: the GGUF model file (--model stays the model name requests carry)")
+	fs.StringVar(&d.LlamaLib, "llama-lib", d.LlamaLib, "local llamacpp deployments: directory of llama.cpp's libraries (default: the engine's)")
+	fs.StringVar(&d.CPUs, "cpus", d.CPUs, "local llamacpp deployments: the cores, e.g. 0,1 or 0-3 (default: 0 to --gpus−1); the disaggregated workers split them evenly, prefill first, each pinned to its share; the colocated side runs one worker pinned to all; one engine thread per core")
+	fs.IntVar(&d.CtxSize, "ctx-size", d.CtxSize, "local llamacpp deployments: KV cache tokens per worker (0: the model's context)")
+	fs.IntVar(&d.MaxSeqs, "max-seqs", d.MaxSeqs, "local llamacpp deployments: sequences per worker (0: the engine default)")
+	fs.BoolVar(&d.NoRepack, "no-repack", d.NoRepack, "local llamacpp deployments: keep weights in their file layout (llama-server --no-repack)")
 	fs.StringVar(&d.Unit, "unit", d.Unit, "what --gpus counts in reports and plots: GPU or core (default: core for local llamacpp deployments, else GPU)")
 }
 
@@ -65,6 +76,9 @@ func (d *deployFlags) spec(mode string, timeScale float64) (deploy.Spec, error) 
 		Codec: d.Codec, LinkGbps: d.LinkGbps, FirstTokenPolicy: d.Policy,
 		ChunkTokens: d.ChunkTokens, MaxBatchTokens: d.MaxBatchTokens, MaxBatch: d.MaxBatch,
 		KVBlocks: d.KVBlocks, QueueLimit: d.QueueLimit,
+	}
+	if d.Engine == enginecfg.Llama {
+		return d.llamaSpec(s)
 	}
 	tp, err := s.TP()
 	if err != nil {
@@ -160,4 +174,67 @@ func (d *deployFlags) unit(local bool) string {
 		return "core"
 	}
 	return "GPU"
+}
+
+// parseCPUs parses a core list: "0,1", "0-3", "0,2-3".
+func parseCPUs(spec string) ([]int, error) {
+	var out []int
+	for _, part := range strings.Split(spec, ",") {
+		part = strings.TrimSpace(part)
+		lo, hi, isRange := strings.Cut(part, "-")
+		a, err := strconv.Atoi(lo)
+		b := a
+		if err == nil && isRange {
+			b, err = strconv.Atoi(hi)
+		}
+		if err != nil || a < 0 || b < a || b-a > 4096 {
+			return nil, fmt.Errorf("%w: --cpus %q: want cores like 0,1 or 0-3", errUsage, spec)
+		}
+		for c := a; c <= b; c++ {
+			out = append(out, c)
+		}
+	}
+	return out, nil
+}
+
+// llamaSpec completes s for a local llamacpp deployment: --gpus cores
+// (--cpus, or 0 to --gpus−1), split P:D on the disaggregated side, one
+// colocated worker on all of them.
+func (d *deployFlags) llamaSpec(s deploy.Spec) (deploy.Spec, error) {
+	s.Model, s.LlamaLib, s.CtxSize, s.MaxSeqs, s.NoRepack = d.ModelFile, d.LlamaLib, d.CtxSize, d.MaxSeqs, d.NoRepack
+	if d.ModelFile == "" {
+		return s, fmt.Errorf("%w: --engine llamacpp needs --model-file FILE.gguf", errUsage)
+	}
+	if d.CPUs != "" {
+		cpus, err := parseCPUs(d.CPUs)
+		if err != nil {
+			return s, err
+		}
+		s.CPUs = cpus
+	} else {
+		for c := range d.GPUs {
+			s.CPUs = append(s.CPUs, c)
+		}
+	}
+	if len(s.CPUs) != d.GPUs || d.GPUs < 1 {
+		return s, fmt.Errorf("%w: --cpus lists %d cores but --gpus is %d: give both the same count", errUsage, len(s.CPUs), d.GPUs)
+	}
+	switch s.Mode {
+	case deploy.Colocated:
+		s.DecodeWorkers = 1
+	case deploy.Disaggregated:
+		p, dd, ok := strings.Cut(d.Split, ":")
+		np, err1 := strconv.Atoi(p)
+		nd, err2 := strconv.Atoi(dd)
+		if !ok || err1 != nil || err2 != nil || np < 1 || nd < 1 {
+			return s, fmt.Errorf("%w: --pd-split %q: want P:D with P, D ≥ 1", errUsage, d.Split)
+		}
+		if len(s.CPUs)%(np+nd) != 0 {
+			return s, fmt.Errorf("%w: --pd-split %s: %d workers cannot share %d cores evenly", errUsage, d.Split, np+nd, len(s.CPUs))
+		}
+		s.PrefillWorkers, s.DecodeWorkers = np, nd
+	default:
+		return s, fmt.Errorf("%w: mode %q: want disaggregated or colocated", errUsage, s.Mode)
+	}
+	return s, nil
 }

@@ -10,10 +10,14 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/pdserve/pdserve/loadtest/deploy"
 	"github.com/pdserve/pdserve/pkg/workload"
 )
 
-func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+func main() {
+	deploy.RunChild() // a worker process of a local llama.cpp deployment
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
 
 const usage = `usage: go run ./loadtest COMMAND [flags]
 

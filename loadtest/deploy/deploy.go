@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -28,7 +29,7 @@ const (
 type Spec struct {
 	// Mode is Disaggregated or Colocated.
 	Mode string
-	// Engine is "sim" (performance model, default) or "ref".
+	// Engine is "sim" (performance model, default), "ref" or "llamacpp".
 	Engine string
 	// Profile is the sim engine's GPU/MODEL/tpN profile.
 	Profile string
@@ -63,6 +64,22 @@ type Spec struct {
 	QueueLimit int
 	// ModelName is the served model name ("" = the engine's).
 	ModelName string
+
+	// Model is the llamacpp engine's GGUF file.
+	Model string
+	// LlamaLib is the directory of llama.cpp's libraries ("" = the
+	// engine's default).
+	LlamaLib string
+	// CtxSize and MaxSeqs size each llamacpp worker's KV cache (tokens;
+	// 0 = the model's context) and its sequences (0 = the engine default).
+	CtxSize, MaxSeqs int
+	// NoRepack keeps llamacpp weights in their file layout.
+	NoRepack bool
+	// CPUs are the cores of a llamacpp deployment. Each worker runs as a
+	// process of its own pinned to its share of them, with one engine
+	// thread per core: the disaggregated workers split them evenly in
+	// order (prefill first), the one colocated worker takes them all.
+	CPUs []int
 }
 
 // ErrSpec reports an unusable Spec.
@@ -72,7 +89,7 @@ var ErrSpec = errors.New("deploy: bad spec")
 // (1 for the ref engine).
 func (s Spec) TP() (int, error) {
 	if s.engine() != enginecfg.Sim {
-		return 1, nil
+		return 1, nil // ref: one worker each; llamacpp: counted in cores (GPUs)
 	}
 	p, err := perfmodel.Resolve(s.Profile)
 	if err == nil {
@@ -88,7 +105,12 @@ func (s Spec) TP() (int, error) {
 }
 
 // GPUs returns the deployment's GPU count: workers × TP.
+//
+// A llamacpp deployment counts its cores instead: len(CPUs).
 func (s Spec) GPUs() (int, error) {
+	if s.engine() == enginecfg.Llama {
+		return len(s.CPUs), nil
+	}
 	tp, err := s.TP()
 	if err != nil {
 		return 0, err
@@ -137,6 +159,16 @@ func (s Spec) Options() (coordinator.Options, error) {
 		if s.PayloadScale > 0 {
 			o.Engine.PayloadScale = s.PayloadScale
 		}
+	} else if o.Engine.Engine == enginecfg.Llama {
+		// The coordinator loads the model's vocabulary alone, to tokenize.
+		o.Engine.Model, o.Engine.LlamaLib, o.Engine.CtxSize, o.Engine.NoRepack = s.Model, s.LlamaLib, s.CtxSize, s.NoRepack
+		if s.MaxSeqs > 0 {
+			o.Engine.MaxSeqs = s.MaxSeqs
+		}
+		o.Standalone = false
+		if _, _, err := s.workerCPUs(); err != nil {
+			return o, err
+		}
 	} else if s.Preset != "" {
 		o.Engine.Preset = s.Preset
 	}
@@ -173,9 +205,19 @@ func (s Spec) Options() (coordinator.Options, error) {
 // budget, with worker defaults filled in.
 func (s Spec) Facts() report.Object {
 	var f report.Object
-	if s.engine() == enginecfg.Sim {
+	switch s.engine() {
+	case enginecfg.Sim:
 		f.Add("engine", fmt.Sprintf("sim %s (time scale %g, KV payload scale %.3g)", s.Profile, nonZero(s.TimeScale, 1), nonZero(s.PayloadScale, 1)))
-	} else {
+	case enginecfg.Llama:
+		f.Add("engine", fmt.Sprintf("llamacpp %s (ctx %d, repack %v)", filepath.Base(s.Model), s.CtxSize, !s.NoRepack))
+		if cpus, roles, err := s.workerCPUs(); err == nil {
+			var ps []string
+			for i, r := range roles {
+				ps = append(ps, fmt.Sprintf("%s on cores %v (%d threads)", r, cpus[i], len(cpus[i])))
+			}
+			f.Add("pinning", strings.Join(ps, "; ")+"; coordinator unpinned")
+		}
+	default:
 		f.Add("engine", fmt.Sprintf("ref %s", s.Preset))
 	}
 	wo := workerrun.NewDecodeOptions()
@@ -205,7 +247,15 @@ func (s Spec) Facts() report.Object {
 		f.Add("step budget", fmt.Sprintf("prefill: %d-token chunks, %d tokens/step; decode ≤ %d seqs/step",
 			nonZeroInt(s.ChunkTokens, po.Prefill.ChunkTokens), nonZeroInt(s.MaxBatchTokens, po.Prefill.MaxBatchTokens), maxBatch))
 	}
-	f.Add("KV pool per decode worker", fmt.Sprintf("%d blocks × %d tokens", kvBlocks, wo.Decode.BlockTokens))
+	if s.engine() == enginecfg.Llama {
+		cells := "the model's context"
+		if s.CtxSize > 0 {
+			cells = fmt.Sprint(s.CtxSize)
+		}
+		f.Add("KV cache per worker", fmt.Sprintf("llama.cpp: %s cells, ≤ %d sequences", cells, nonZeroInt(s.MaxSeqs, enginecfg.DefaultOptions().MaxSeqs)))
+	} else {
+		f.Add("KV pool per decode worker", fmt.Sprintf("%d blocks × %d tokens", kvBlocks, wo.Decode.BlockTokens))
+	}
 	return f
 }
 
@@ -230,9 +280,17 @@ func nonEmpty(s, def string) string {
 	return s
 }
 
+// server is what a local deployment runs: a standalone server, or a
+// coordinator with worker processes.
+type server interface {
+	HTTPAddr() string
+	Ready() error
+	Shutdown(ctx context.Context) error
+}
+
 // Local is a running local deployment.
 type Local struct {
-	c    *standalone.Server
+	c    server
 	spec Spec
 }
 
@@ -251,7 +309,12 @@ func Start(ctx context.Context, s Spec, log *zap.Logger) (*Local, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	c, err := standalone.Start(ctx, o, log)
+	var c server
+	if s.engine() == enginecfg.Llama {
+		c, err = startProcs(ctx, s, o, log)
+	} else {
+		c, err = standalone.Start(ctx, o, log)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("deploy: start %s: %w", s.Mode, err)
 	}
@@ -282,6 +345,15 @@ func (l *Local) URL() string { return "http://" + l.c.HTTPAddr() }
 
 // Spec returns what runs.
 func (l *Local) Spec() Spec { return l.spec }
+
+// Processes returns the worker processes of a llamacpp deployment (nil
+// for the others, whose workers run in this process).
+func (l *Local) Processes() []Process {
+	if p, ok := l.c.(*procs); ok {
+		return p.processes()
+	}
+	return nil
+}
 
 // Close stops the deployment gracefully, bounded by ctx.
 func (l *Local) Close(ctx context.Context) error {
