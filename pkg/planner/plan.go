@@ -236,7 +236,7 @@ func Run(ctx context.Context, cfg *Config) (*Plan, error) {
 		if cfg.Rate > 0 {
 			what = fmt.Sprintf("at %.3g req/s", cfg.Rate)
 		}
-		return pl, fmt.Errorf("%w (%d GPUs, %s)", ErrInfeasible, cfg.GPUBudget, what)
+		return pl, fmt.Errorf("%w (%s, %s)", ErrInfeasible, plural(cfg.GPUBudget, pl.unit()), what)
 	}
 	return pl, nil
 }
