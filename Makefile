@@ -1,7 +1,7 @@
 # pdserve developer targets. `make test` is the README's test command.
 GO ?= go
 
-.PHONY: test race vet fmt generate verify bench llama sdk netbench chaos
+.PHONY: build test race vet fmt generate verify bench llama sdk netbench chaos
 
 # test installs llama.cpp and the OpenAI Node SDK first: the llamacpp
 # engine's tests load the one, the API conformance test runs the other.
@@ -12,6 +12,11 @@ TEST_TIMEOUT ?= 20m
 
 test: llama sdk
 	$(GO) test -race -timeout $(TEST_TIMEOUT) ./...
+
+# build compiles every binary once into bin/ (ignored by git), so that
+# bin/coordinator can stand in for each `go run ./cmd/coordinator`.
+build:
+	$(GO) build -o bin/ ./cmd/coordinator ./cmd/prefill-worker ./cmd/decode-worker ./cmd/mkgguf ./loadtest
 
 # llama installs the pinned llama.cpp (shared libraries, vocab GGUFs, source)
 # into third_party/llama from the npm registry; a no-op once installed.
