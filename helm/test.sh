@@ -7,7 +7,9 @@
 # at run time besides Go modules.
 #
 # Usage: helm/test.sh   (from anywhere; KUBE_VERSION overrides the
-# Kubernetes version rendered for, default 1.33.0)
+# Kubernetes version rendered for, default 1.33.0: a Helm built from
+# source assumes Kubernetes 1.20 without --kube-version, which the chart's
+# kubeVersion, >=1.30, refuses)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,6 +46,20 @@ rejects() { # a command that must fail with a schema error
 	}
 }
 
+renders_gpu() { # resource, helm template flags...: the workers request GPUs as that resource only
+	local res="$1"
+	shift
+	helm template pd "$chart" -n pdserve --kube-version "$kube" "$@" >"$out/gpu.yaml"
+	grep -q "^ *$res: 2\$" "$out/gpu.yaml" || {
+		echo "no worker requests $res"
+		return 1
+	}
+	if [ "$res" != nvidia.com/gpu ] && grep -q '^ *nvidia.com/gpu: ' "$out/gpu.yaml"; then
+		echo "a container still requests nvidia.com/gpu"
+		return 1
+	fi
+}
+
 check "lint defaults" helm lint --strict --kube-version "$kube" "$chart"
 check "template defaults" helm template pd "$chart" -n pdserve --kube-version "$kube" --output-dir "$out/defaults"
 for f in "$chart"/ci/*-values.yaml; do
@@ -56,6 +72,8 @@ check "template llamacpp-cpu, model downloaded into an emptyDir" helm template p
 	-f "$chart/ci/llamacpp-cpu-values.yaml" --set model.source=download \
 	--set model.download.url=https://models.example.com/qwen2.5-0.5b-q8_0.gguf --set model.download.sizeLimit=2Gi \
 	--output-dir "$out/llamacpp-download"
+check "template gpu-two-pools on AMD GPUs (gpuResource=amd.com/gpu)" renders_gpu amd.com/gpu \
+	-f "$chart/ci/gpu-two-pools-values.yaml" --set gpuResource=amd.com/gpu
 for f in helm/testdata/bad/*.yaml; do
 	check "schema rejects $(basename "$f" .yaml)" rejects helm template pd "$chart" --kube-version "$kube" -f "$f"
 done

@@ -30,7 +30,15 @@ import (
 	"github.com/pdserve/pdserve/pkg/planner/actuator"
 )
 
-const gpuResource corev1.ResourceName = "nvidia.com/gpu"
+// gpuResources are the GPU resource names of the device plugins the chart
+// documents for gpuResource; a container requests at most the release's.
+var gpuResources = []corev1.ResourceName{"nvidia.com/gpu", "amd.com/gpu", "gpu.intel.com/i915", "gpu.intel.com/xe"}
+
+// gpuResource is the resource the release's workers request GPUs as.
+func (r release) gpuResource() corev1.ResourceName {
+	s, _ := r.value("gpuResource").(string)
+	return corev1.ResourceName(s)
+}
 
 // Object names the chart promises (the planner's Kubernetes actuator and
 // the README rely on them).
@@ -79,6 +87,7 @@ func TestChart(t *testing.T) {
 			t.Run("placement", func(t *testing.T) { checkPlacement(t, vs, r) })
 			t.Run("gpus", func(t *testing.T) { checkGPUs(t, r) })
 			t.Run("flags", func(t *testing.T) { checkFlags(t, r) })
+			t.Run("listen", func(t *testing.T) { checkListen(t, r) })
 			t.Run("policy", func(t *testing.T) { checkPolicy(t, r) })
 			t.Run("planner", func(t *testing.T) { checkPlanner(t, r) })
 			t.Run("nats", func(t *testing.T) { checkNATS(t, r) })
@@ -314,11 +323,26 @@ var wantPlacement = map[string]map[string]struct {
 	tolerate     []string // key=value pairs
 	notTolerate  []string
 }{
-	"gpu-two-pools": {
-		prefillName: {map[string]string{"pdserve.io/pool": "prefill"}, []string{"pdserve.io/pool=prefill"}, []string{"pdserve.io/pool=decode"}},
-		decodeName:  {map[string]string{"pdserve.io/pool": "decode"}, []string{"pdserve.io/pool=decode"}, []string{"pdserve.io/pool=prefill"}},
-	},
+	"gpu-two-pools": twoGPUPools,
+	"llamacpp-gpu":  twoGPUPools,
+	"production":    twoGPUPools,
 }
+
+// twoGPUPools: each pool selects its own nodes and tolerates their taints
+// as docs/kubernetes.md sets them, and the device plugin's GPU taint.
+var twoGPUPools = map[string]struct {
+	nodeSelector map[string]string
+	tolerate     []string
+	notTolerate  []string
+}{
+	prefillName: {map[string]string{"pdserve.io/pool": "prefill"}, []string{"pdserve.io/pool=prefill", "nvidia.com/gpu=present"}, []string{"pdserve.io/pool=decode"}},
+	decodeName:  {map[string]string{"pdserve.io/pool": "decode"}, []string{"pdserve.io/pool=decode", "nvidia.com/gpu=present"}, []string{"pdserve.io/pool=prefill"}},
+}
+
+// nodeLabels are the node labels docs/kubernetes.md tells users to create,
+// with their values; a nodeSelector may name these and the well-known
+// kubernetes.io labels, nothing that the docs leave the user to guess.
+var nodeLabels = map[string][]string{"pdserve.io/pool": {"prefill", "decode"}}
 
 // checkPlacement: each pool's pods carry exactly the node selector,
 // tolerations and affinity of its own values, and in gpu-two-pools land
@@ -343,6 +367,11 @@ func checkPlacement(t *testing.T, vs valuesSet, r release) {
 		}
 		if diff := cmp.Diff(aff, spec.Affinity, opts); diff != "" {
 			t.Errorf("%s affinity (-values +rendered):\n%s", p.deployment, diff)
+		}
+		for k, v := range spec.NodeSelector {
+			if vals, ok := nodeLabels[k]; ok && !slices.Contains(vals, v) || !ok && !strings.Contains(k, "kubernetes.io/") {
+				t.Errorf("%s: nodeSelector %s=%s, a label docs/kubernetes.md does not create", p.deployment, k, v)
+			}
 		}
 		if ts, _ := r.value(p.values + ".topologySpread.enabled").(bool); ts {
 			own := labels.SelectorFromSet(r.deployment(t, p.deployment).Spec.Selector.MatchLabels).String()
@@ -387,9 +416,14 @@ func checkPlacement(t *testing.T, vs valuesSet, r release) {
 	}
 }
 
-// checkGPUs: nvidia.com/gpu is requested (and limited, equally) by the
-// worker containers whose pool asks for GPUs, and by nothing else.
+// checkGPUs: the release's gpuResource is requested (and limited,
+// equally) by the worker containers whose pool asks for GPUs, and by
+// nothing else; no container requests another vendor's GPUs.
 func checkGPUs(t *testing.T, r release) {
+	gpuResource := r.gpuResource()
+	if !slices.Contains(gpuResources, gpuResource) {
+		t.Fatalf("gpuResource %q is none of %v", gpuResource, gpuResources)
+	}
 	want := map[string]int64{} // "<pod>/<container>" → GPUs
 	for _, p := range pools(r) {
 		if p.values != "coordinator" {
@@ -399,6 +433,13 @@ func checkGPUs(t *testing.T, r release) {
 	for name, spec := range r.podSpecs() {
 		for _, c := range append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...) {
 			where := name + "/" + c.Name
+			for _, other := range gpuResources {
+				_, inLim := c.Resources.Limits[other]
+				_, inReq := c.Resources.Requests[other]
+				if other != gpuResource && (inLim || inReq) {
+					t.Errorf("%s: requests %s, but gpuResource is %s", where, other, gpuResource)
+				}
+			}
 			lim, hasLim := c.Resources.Limits[gpuResource]
 			req, hasReq := c.Resources.Requests[gpuResource]
 			n := want[where]
@@ -526,7 +567,7 @@ func checkProfile(t *testing.T, r release, where string, c corev1.Container, nam
 		t.Errorf("%s: --profile: %v", where, err)
 		return
 	}
-	gpus := c.Resources.Limits[gpuResource]
+	gpus := c.Resources.Limits[r.gpuResource()]
 	if n := gpus.Value(); n > 0 && n != int64(p.TP) {
 		t.Errorf("%s: %d GPUs per pod, but profile %s is tensor parallel %d", where, n, name, p.TP)
 	}

@@ -292,7 +292,7 @@ func TestLlamacppRender(t *testing.T) {
 					t.Errorf("%s: engine flags (-want +got):\n%s", p.deployment, diff)
 				}
 				if p.container != "coordinator" {
-					gpus := c.Resources.Limits[gpuResource]
+					gpus := c.Resources.Limits[r.gpuResource()]
 					if gpus.Value() != want.gpus {
 						t.Errorf("%s: %d GPUs, want %d", p.deployment, gpus.Value(), want.gpus)
 					}

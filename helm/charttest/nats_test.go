@@ -100,6 +100,7 @@ func checkNATSServerConfig(t *testing.T, r release, passwords map[string]string)
 	if err != nil {
 		t.Fatalf("nats-server rejects the config: %v\n%s", err, cm.Data["nats.conf"])
 	}
+	checkNATSListen(t, nats, opts.Host, opts.Port, opts.HTTPHost, opts.HTTPPort)
 	roles := map[string]control.Role{
 		"coordinator": control.RoleCoordinator, "prefill": control.RolePrefill,
 		"decode": control.Role(r.value("decodeWorker.role").(string)),

@@ -761,7 +761,9 @@ func TestNetworkPolicyFlows(t *testing.T) {
 			// The planner's actuator reaches the API server; an ipBlock
 			// stands for it here.
 			name: "planner-actuator", base: "production",
-			over: "coordinator: {planner: {actuator: kubernetes}}\nnetworkPolicy: {kubeAPIServer: {to: [{ipBlock: {cidr: 203.0.113.0/24}}], ports: [443]}}",
+			// production serves llama.cpp: the planner sizes the pools
+			// by a profile of its own.
+			over: "coordinator: {planner: {actuator: kubernetes, profile: h100/llama-3-8b/tp1}}\nnetworkPolicy: {kubeAPIServer: {to: [{ipBlock: {cidr: 203.0.113.0/24}}], ports: [443]}}",
 			want: append(slices.Clone(internalFlows),
 				"coordinator → internet:https",
 				"ingress-nginx → coordinator:http", "prometheus → coordinator:http", "prometheus → decode:metrics",

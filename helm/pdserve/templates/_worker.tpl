@@ -33,10 +33,16 @@ preStop sleep, less 5 s to exit. */}}
 {{- $args = concat $args (include "pdserve.grpcAuthArgs" (dict "root" $root "role" $component) | fromYamlArray) }}
 {{- $args = concat $args $pool.extraArgs }}
 {{- $gpus := int64 $pool.gpus }}
+{{- $gpuResource := $root.Values.gpuResource }}
 {{- $resources := deepCopy (default dict $pool.resources) }}
+{{- range $kind := list "limits" "requests" }}
+{{- if hasKey (default dict (index $resources $kind)) $gpuResource }}
+{{- fail (printf "%s: resources.%s names %s: set the pool's gpus instead" $component $kind $gpuResource) }}
+{{- end }}
+{{- end }}
 {{- if gt $gpus 0 }}
-{{- $_ := set $resources "limits" (merge (dict "nvidia.com/gpu" $gpus) (default dict $resources.limits)) }}
-{{- $_ := set $resources "requests" (merge (dict "nvidia.com/gpu" $gpus) (default dict $resources.requests)) }}
+{{- $_ := set $resources "limits" (merge (dict $gpuResource $gpus) (default dict $resources.limits)) }}
+{{- $_ := set $resources "requests" (merge (dict $gpuResource $gpus) (default dict $resources.requests)) }}
 {{- end }}
 apiVersion: apps/v1
 kind: Deployment
