@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/pdserve/pdserve/internal/cliflags"
 	"github.com/pdserve/pdserve/loadtest/deploy"
 	"github.com/pdserve/pdserve/pkg/workload"
 )
@@ -30,7 +31,8 @@ Commands:
   regress   a run (or a saved result) against a baseline result; exits 1 when
             TTFT or TPOT at the chosen statistic drifts beyond the limit
 
-Run "go run ./loadtest COMMAND -h" for a command's flags. See loadtest/README.md.
+Run "go run ./loadtest COMMAND -h" for a command's flags, "--version" for the
+version. See loadtest/README.md.
 `
 
 // Exit codes.
@@ -61,6 +63,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = cmdRegress(ctx, rest, stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
+		return exitOK
+	case "-version", "--version", "version":
+		fmt.Fprintln(stdout, cliflags.Version("loadtest"))
 		return exitOK
 	default:
 		fmt.Fprintf(stderr, "loadtest: unknown command %q\n\n%s", cmd, usage)

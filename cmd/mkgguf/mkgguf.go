@@ -43,6 +43,7 @@ func mkgguf(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	rope := fs.Float64("rope-theta", 0, "RoPE frequency base (default: the arch's, 1e4 llama, 1e6 qwen2)")
 	eps := fs.Float64("rms-eps", 0, "RMSNorm epsilon (default: the arch's, 1e-5 llama, 1e-6 qwen2)")
 	tied := fs.Bool("tied", false, "leave out output.weight so llama.cpp reuses token_embd.weight as the output")
+	cliflags.AddVersion(fs)
 
 	// fromFlag sets the field of each flag, applied only when it is given.
 	fromFlag := map[string]func(*gguf.RandomOptions){}
@@ -61,17 +62,17 @@ func mkgguf(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fromFlag["tied"] = func(o *gguf.RandomOptions) { o.Tied = *tied }
 
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: mkgguf [--shape NAME | --arch ARCH --vocab FILE --layers N --hidden N --heads N --ffn N] [flags] --out FILE\n\n"+
+		fmt.Fprintf(fs.Output(), "Usage: mkgguf [--shape NAME | --arch ARCH --vocab FILE --layers N --hidden N --heads N --ffn N] [flags] --out FILE\n\n"+
 			"Writes a GGUF model with random weights of a real llama.cpp architecture over\n"+
 			"the real tokenizer of a vocab GGUF, to test and benchmark llama.cpp without\n"+
 			"pretrained weights. Its output is gibberish.\n\nShapes:\n")
 		for _, p := range gguf.Shapes() {
-			fmt.Fprintf(stderr, "  %-13s %s\n", p.Name, p.Summary)
+			fmt.Fprintf(fs.Output(), "  %-13s %s\n", p.Name, p.Summary)
 		}
-		fmt.Fprintf(stderr, "\nFlags:\n")
+		fmt.Fprintf(fs.Output(), "\nFlags:\n")
 		fs.PrintDefaults()
 	}
-	if code, ok := cliflags.Parse(fs, args, stderr); !ok {
+	if code, ok := cliflags.Parse(fs, args, stdout, stderr); !ok {
 		return code
 	}
 

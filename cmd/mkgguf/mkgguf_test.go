@@ -3,11 +3,15 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
+	"github.com/pdserve/pdserve/internal/repotest"
 	"github.com/pdserve/pdserve/pkg/gguf"
 )
 
@@ -50,9 +54,13 @@ func TestFlagErrors(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			code, _, stderr := runCmd(context.Background(), tt.args...)
-			if code != tt.code || !strings.Contains(stderr, tt.want) {
-				t.Errorf("exit %d, stderr:\n%s\nwant exit %d and %q", code, stderr, tt.code, tt.want)
+			code, stdout, stderr := runCmd(context.Background(), tt.args...)
+			got, other := stderr, stdout // errors on stderr, --help on stdout
+			if tt.code == 0 {
+				got, other = stdout, stderr
+			}
+			if code != tt.code || !strings.Contains(got, tt.want) || other != "" {
+				t.Errorf("exit %d, stdout:\n%s\nstderr:\n%s\nwant exit %d and %q", code, stdout, stderr, tt.code, tt.want)
 			}
 		})
 	}
@@ -113,5 +121,54 @@ func TestCancelledLeavesNoFile(t *testing.T) {
 	ents, _ := os.ReadDir(filepath.Dir(out))
 	if len(ents) != 0 {
 		t.Errorf("a cancelled run left %v", ents)
+	}
+}
+
+// TestBinaryHelpAndVersion builds mkgguf and runs it: --help and --version
+// print to stdout and exit 0, a bad flag exits 2 with the error on stderr.
+func TestBinaryHelpAndVersion(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary; skipped with -short")
+	}
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Skipf("the go tool is not on PATH, cannot build the binary: %v", err)
+	}
+	bin := filepath.Join(t.TempDir(), "mkgguf")
+	// Without VCS stamping (as CI builds), the version line is fixed.
+	build := exec.Command(goTool, "build", "-buildvcs=false", "-o", bin, "./cmd/mkgguf")
+	build.Dir = repotest.Root(t)
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	for _, tc := range []struct {
+		args           []string
+		code           int
+		stdout, stderr string // prefixes
+	}{
+		{[]string{"--version"}, 0, "mkgguf (devel) " + runtime.Version() + " " + runtime.GOOS + "/" + runtime.GOARCH + "\n", ""},
+		{[]string{"--help"}, 0, "Usage: mkgguf ", ""},
+		{[]string{"-h"}, 0, "Usage: mkgguf ", ""},
+		{[]string{"--bogus"}, 2, "", "mkgguf: flag provided but not defined: -bogus\nRun 'mkgguf --help' for usage.\n"},
+	} {
+		var stdout, stderr bytes.Buffer
+		cmd := exec.Command(bin, tc.args...)
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		code := 0
+		if err := cmd.Run(); err != nil {
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) {
+				t.Fatalf("%q: %v", tc.args, err)
+			}
+			code = ee.ExitCode()
+		}
+		ok := code == tc.code && strings.HasPrefix(stdout.String(), tc.stdout) && strings.HasPrefix(stderr.String(), tc.stderr) &&
+			(tc.stdout != "" || stdout.Len() == 0) && (tc.stderr != "" || stderr.Len() == 0)
+		if tc.args[0] == "--version" && stdout.String() != tc.stdout {
+			ok = false
+		}
+		if !ok {
+			t.Errorf("mkgguf %q: exit %d, stdout %.80q, stderr %.80q; want exit %d, stdout %q…, stderr %q…", tc.args, code, stdout.String(), stderr.String(), tc.code, tc.stdout, tc.stderr)
+		}
 	}
 }

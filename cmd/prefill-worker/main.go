@@ -17,5 +17,5 @@ func main() { os.Exit(run()) }
 func run() int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	return workerrun.Main(ctx, "prefill-worker", workerrun.NewPrefillOptions(), os.Args[1:], os.Stderr)
+	return workerrun.Main(ctx, "prefill-worker", workerrun.NewPrefillOptions(), os.Args[1:], os.Stdout, os.Stderr)
 }

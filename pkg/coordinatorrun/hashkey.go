@@ -2,12 +2,12 @@ package coordinatorrun
 
 import (
 	"bytes"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"strings"
 
+	"github.com/pdserve/pdserve/internal/cliflags"
 	"github.com/pdserve/pdserve/pkg/apikey"
 )
 
@@ -17,24 +17,20 @@ import (
 // for bad flags or a bad key (the error never holds the key).
 func HashKey(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("coordinator hash-key", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	name := fs.String("name", "", "the key's name: its surface for prompt budgets, and how logs name it (A-Z a-z 0-9 . _ - @, at most 64)")
 	rpm := fs.Int("rpm", 0, fmt.Sprintf("requests a minute the key may send (0: no limit; at most %d)", apikey.MaxLimit))
 	tpm := fs.Int("tpm", 0, "tokens a minute the key may use: prompt + n × max_tokens at admission, the unused part given back (0: no limit)")
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: coordinator hash-key [--name NAME] [--rpm N] [--tpm N] < KEYFILE\n\n"+
+		fmt.Fprintf(fs.Output(), "Usage: coordinator hash-key [--name NAME] [--rpm N] [--tpm N] < KEYFILE\n\n"+
 			"Reads one API key on stdin and prints its line for the --api-keys file: the key's\n"+
 			"sha256, never the key. Keys are at least %d bytes of printable ASCII, e.g.\n"+
 			"  openssl rand -hex 32 | tee key.txt | coordinator hash-key --name team-a >> api-keys\n\nFlags:\n", apikey.MinKeyLen)
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
+	if code, ok := cliflags.ParseFlags(fs, args, stdout, stderr); !ok {
+		return code
 	}
-	if fs.NArg() > 0 {
+	if fs.NArg() > 0 { // never echoed: it may be the key
 		fmt.Fprintf(stderr, "coordinator hash-key: the key is read from stdin, not from arguments (%d given)\n", fs.NArg())
 		return 2
 	}

@@ -39,7 +39,7 @@ func TestHashKeyCommand(t *testing.T) {
 		{name: "two keys", stdin: authKeyA + "\n" + authKeyB + "\n", code: 2, wantErr: "more than one line", noEchoOf: authKeyA},
 		{name: "key as an argument", args: []string{authKeyA}, code: 2, wantErr: "from stdin", noEchoOf: authKeyA},
 		{name: "bad name", args: []string{"--name", "a b"}, stdin: authKeyA, code: 2, wantErr: "name must be"},
-		{name: "help", args: []string{"--help"}, code: 0, wantErr: "Usage: coordinator hash-key"},
+		{name: "help", args: []string{"--help"}, code: 0, wantOut: "Usage: coordinator hash-key"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -36,9 +36,9 @@ type Subcommand struct {
 func Subcommands() []Subcommand {
 	return []Subcommand{
 		{Name: "profiles", Summary: "print the performance-model profiles (GPU × model) the sim engine and the planner use",
-			Run: tableCommand("profiles", perfmodel.WriteProfiles)},
+			Run: tableCommand("profiles", "the performance-model profiles (GPU × model) the sim engine and the planner use", perfmodel.WriteProfiles)},
 		{Name: "calibrate", Summary: "print the performance model's calibration report: model vs. source data points",
-			Run: tableCommand("calibrate", perfmodel.WriteCalibrationReport)},
+			Run: tableCommand("calibrate", "the performance model's calibration report: model vs. source data points", perfmodel.WriteCalibrationReport)},
 		{Name: "plan", Summary: "size the prefill and decode pools offline for a workload and SLOs (plan --help)",
 			Run: plancli.Run},
 		{Name: "profile", Summary: "measure an engine (llama.cpp on a GGUF model) and write a profile for plan, sim and the planner (profile --help)",
@@ -50,11 +50,16 @@ func Subcommands() []Subcommand {
 	}
 }
 
-func tableCommand(name string, write func(io.Writer) error) func(context.Context, []string, io.Writer, io.Writer) int {
+// tableCommand is a subcommand that takes no flags but --help and writes
+// a table to stdout.
+func tableCommand(name, summary string, write func(io.Writer) error) func(context.Context, []string, io.Writer, io.Writer) int {
 	return func(_ context.Context, args []string, stdout, stderr io.Writer) int {
-		if len(args) > 0 {
-			fmt.Fprintf(stderr, "coordinator %s: takes no arguments, got %q\n", name, args)
-			return 2
+		fs := flag.NewFlagSet("coordinator "+name, flag.ContinueOnError)
+		fs.Usage = func() {
+			fmt.Fprintf(fs.Output(), "Usage: coordinator %s\n\nPrints %s.\n", name, summary)
+		}
+		if code, ok := cliflags.Parse(fs, args, stdout, stderr); !ok {
+			return code
 		}
 		if err := write(stdout); err != nil {
 			fmt.Fprintf(stderr, "coordinator %s: %v\n", name, err)
@@ -67,9 +72,11 @@ func tableCommand(name string, write func(io.Writer) error) func(context.Context
 // Main is the whole coordinator binary after signal handling (except
 // SIGHUP: with an API key or metrics token file configured Main catches
 // it, and it reloads the files). args are the arguments without the
-// program name: a subcommand name and its arguments, or the serve flags. It returns the exit code: 0 after a clean
-// stop or --help, 2 for bad flags, settings or policy file, 1 when serving
-// failed.
+// program name: a subcommand name and its arguments, or the serve flags.
+// --help and --version print to stdout; errors before the logger exists
+// go to stderr, one line per problem (cliflags.PrintError). It returns the
+// exit code: 0 after a clean stop, --help or --version, 2 for bad flags,
+// settings or policy file, 1 when serving failed.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	subs := Subcommands()
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
@@ -88,31 +95,33 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	o.AddFlags(fs)
 	po.AddFlags(fs)
+	cliflags.AddVersion(fs)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: coordinator [flags]\n       coordinator SUBCOMMAND\n\n"+
+		w := fs.Output()
+		fmt.Fprintf(w, "Usage: coordinator [flags]\n       coordinator SUBCOMMAND\n\n"+
 			"Serves the OpenAI-compatible API of pdserve and routes requests to prefill and\n"+
 			"decode workers found through NATS heartbeats. --standalone also runs the workers\n"+
 			"in this process.\n\nSubcommands:\n")
 		for _, s := range subs {
-			fmt.Fprintf(stderr, "  %-10s %s\n", s.Name, s.Summary)
+			fmt.Fprintf(w, "  %-10s %s\n", s.Name, s.Summary)
 		}
-		fmt.Fprintf(stderr, "\nFlags:\n")
+		fmt.Fprintf(w, "\nFlags:\n")
 		fs.PrintDefaults()
 	}
-	if code, ok := cliflags.Parse(fs, args, stderr); !ok {
+	if code, ok := cliflags.Parse(fs, args, stdout, stderr); !ok {
 		return code
 	}
 	if err := o.Complete(); err != nil {
-		fmt.Fprintf(stderr, "coordinator: %v\n", err)
+		cliflags.PrintError(stderr, "coordinator", err)
 		return 2
 	}
 	if err := errors.Join(o.Validate(), po.Validate(o)); err != nil {
-		fmt.Fprintf(stderr, "coordinator: %v\n", err)
+		cliflags.PrintError(stderr, "coordinator", err)
 		return 2
 	}
 	log, err := workerrun.NewLogger(o.LogLevel)
 	if err != nil {
-		fmt.Fprintf(stderr, "coordinator: %v\n", err)
+		cliflags.PrintError(stderr, "coordinator", err)
 		return 2
 	}
 	defer func() { _ = log.Sync() }()

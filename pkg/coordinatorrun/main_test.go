@@ -6,9 +6,11 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
+	"github.com/pdserve/pdserve/internal/cliflags"
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/coordinatorrun"
 	"github.com/pdserve/pdserve/pkg/plannerhost"
@@ -19,7 +21,10 @@ func TestMainHelpDocumentsEveryFlag(t *testing.T) {
 	if code := coordinatorrun.Main(context.Background(), []string{"--help"}, &stdout, &stderr); code != 0 {
 		t.Fatalf("--help exit code %d", code)
 	}
-	help := stderr.String()
+	help := stdout.String()
+	if stderr.Len() != 0 {
+		t.Errorf("--help wrote to stderr: %q", stderr.String())
+	}
 	o, po := coordinator.DefaultOptions(), plannerhost.DefaultOptions()
 	fs := flag.NewFlagSet("x", flag.ContinueOnError)
 	o.AddFlags(fs)
@@ -49,6 +54,28 @@ func TestMainHelpDocumentsEveryFlag(t *testing.T) {
 	}
 }
 
+// TestMainHelpAndVersion: every subcommand's --help prints its usage to
+// stdout and exits 0; --version prints the version line to stdout.
+func TestMainHelpAndVersion(t *testing.T) {
+	for _, sub := range coordinatorrun.Subcommands() {
+		t.Run(sub.Name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			code := coordinatorrun.Main(context.Background(), []string{sub.Name, "--help"}, &stdout, &stderr)
+			if want := "Usage: coordinator " + sub.Name; code != 0 || !strings.HasPrefix(stdout.String(), want) || stderr.Len() != 0 {
+				t.Errorf("%s --help: exit %d, stdout %.60q, stderr %q; want exit 0 and %q… on stdout only", sub.Name, code, stdout.String(), stderr.String(), want)
+			}
+		})
+	}
+	var stdout, stderr bytes.Buffer
+	if code := coordinatorrun.Main(context.Background(), []string{"--version"}, &stdout, &stderr); code != 0 {
+		t.Errorf("--version exit %d", code)
+	}
+	if want := cliflags.Version("coordinator") + "\n"; stdout.String() != want || stderr.Len() != 0 ||
+		!strings.HasPrefix(want, "coordinator ") || !strings.Contains(want, runtime.Version()) {
+		t.Errorf("--version: stdout %q, stderr %q; want %q with the Go version", stdout.String(), stderr.String(), want)
+	}
+}
+
 func TestMainExitCodes(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "missing.yaml")
 	badPolicy := filepath.Join(t.TempDir(), "bad.yaml")
@@ -71,7 +98,9 @@ func TestMainExitCodes(t *testing.T) {
 		{"unknown subcommand", []string{"deploy"}, 2, "unknown subcommand"},
 		{"profiles", []string{"profiles"}, 0, "PROFILE"},
 		{"calibrate", []string{"calibrate"}, 0, "PROFILE"},
-		{"profiles with arguments", []string{"profiles", "x"}, 2, "no arguments"},
+		{"profiles with arguments", []string{"profiles", "x"}, 2, `coordinator profiles: unexpected arguments ["x"]`},
+		{"calibrate with a flag", []string{"calibrate", "--json"}, 2, "coordinator calibrate: flag provided but not defined: -json"},
+		{"hash-key with the key as an argument", []string{"hash-key", "s3cret-key-0123456789abcdef"}, 2, "from stdin, not from arguments (1 given)"},
 		{"plan help", []string{"plan", "--help"}, 0, "Usage: coordinator plan"},
 		{"plan without a profile", []string{"plan", "--workload", "fixed:64/8"}, 2, "--profile is required"},
 		{"plan", []string{"plan", "--profile", "h100/llama-3-8b/tp1", "--workload", "fixed:512/64", "--slo-ttft", "500ms",

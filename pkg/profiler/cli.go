@@ -122,7 +122,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	o.AddFlags(fs)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: coordinator profile --engine llamacpp --model X.gguf --out FILE.json [flags]\n\n"+
+		fmt.Fprintf(fs.Output(), "Usage: coordinator profile --engine llamacpp --model X.gguf --out FILE.json [flags]\n\n"+
 			"Runs one engine alone and measures the step times the performance model needs: prefill time\n"+
 			"against the prompt tokens of a batch, decode step time against batch size and context,\n"+
 			"mixed steps, and the KV bytes per token. It fits the DistServe form of package perfmodel\n"+
@@ -135,7 +135,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			"  coordinator plan --profile cpu-t1.json --gpu-budget 2 --workload fixed:256/64 --slo-ttft 2s --slo-tpot 200ms\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
-	if code, ok := cliflags.Parse(fs, args, stderr); !ok {
+	if code, ok := cliflags.Parse(fs, args, stdout, stderr); !ok {
 		return code
 	}
 	if err := o.Validate(); err != nil {

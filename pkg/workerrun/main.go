@@ -19,33 +19,35 @@ import (
 // Main is the whole of a worker binary after signal handling: parse args
 // into o's flags (and --config), validate, log the effective settings, run
 // until ctx ends, stop gracefully. name is the binary's name (for --help);
-// usage and errors before the logger exists go to stderr. It returns the
-// process exit code: 0 after a clean stop or --help, 2 for bad flags or
-// settings, 1 when the worker failed.
-func Main(ctx context.Context, name string, o Options, args []string, stderr io.Writer) int {
+// --help and --version print to stdout, errors before the logger exists go
+// to stderr (one line per problem, see cliflags.PrintError). It returns
+// the process exit code: 0 after a clean stop, --help or --version, 2 for
+// bad flags or settings, 1 when the worker failed.
+func Main(ctx context.Context, name string, o Options, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	o.AddFlags(fs)
+	cliflags.AddVersion(fs)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: %s [flags]\n\nRuns a pdserve %s worker.\n\nFlags:\n", name, o.Role)
+		fmt.Fprintf(fs.Output(), "Usage: %s [flags]\n\nRuns a pdserve %s worker.\n\nFlags:\n", name, o.Role)
 		fs.PrintDefaults()
 	}
-	if code, ok := cliflags.Parse(fs, args, stderr); !ok {
+	if code, ok := cliflags.Parse(fs, args, stdout, stderr); !ok {
 		return code
 	}
 	if o.ConfigFile != "" {
 		if err := ApplyConfigFile(fs, o.ConfigFile); err != nil {
-			fmt.Fprintf(stderr, "%s: %v\n", name, err)
+			cliflags.PrintError(stderr, name, err)
 			return 2
 		}
 	}
 	if err := o.Validate(); err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		cliflags.PrintError(stderr, name, err)
 		return 2
 	}
 	logger, err := NewLogger(o.LogLevel)
 	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		cliflags.PrintError(stderr, name, err)
 		return 2
 	}
 	defer func() { _ = logger.Sync() }()

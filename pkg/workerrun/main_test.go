@@ -6,6 +6,7 @@ import (
 	"flag"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/pdserve/pdserve/internal/cliflags"
 	"github.com/pdserve/pdserve/pkg/control"
 )
 
@@ -33,9 +35,12 @@ func TestHelpListsEveryFlag(t *testing.T) {
 		{"decode-worker", NewDecodeOptions(), append(commonFlags, decodeFlags...)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var out bytes.Buffer
-			if code := Main(context.Background(), tc.name, tc.o, []string{"--help"}, &out); code != 0 {
+			var out, stderr bytes.Buffer
+			if code := Main(context.Background(), tc.name, tc.o, []string{"--help"}, &out, &stderr); code != 0 {
 				t.Errorf("--help exit code %d, want 0", code)
+			}
+			if !strings.HasPrefix(out.String(), "Usage: "+tc.name+" [flags]\n") || stderr.Len() != 0 {
+				t.Errorf("--help: stdout %.40q…, stderr %q; want the usage on stdout only", out.String(), stderr.String())
 			}
 			for _, f := range tc.flags {
 				if !strings.Contains(out.String(), "-"+f+" ") && !strings.Contains(out.String(), "-"+f+"\n") {
@@ -72,14 +77,32 @@ func TestMainRejectsBadSettings(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			var out bytes.Buffer
-			if code := Main(context.Background(), "worker", tc.o, tc.args, &out); code != 2 {
+			var stdout, out bytes.Buffer
+			if code := Main(context.Background(), "worker", tc.o, tc.args, &stdout, &out); code != 2 {
 				t.Errorf("exit code %d, want 2", code)
+			}
+			if stdout.Len() != 0 {
+				t.Errorf("stdout %q, want nothing", stdout.String())
 			}
 			if !strings.Contains(out.String(), tc.wantErr) {
 				t.Errorf("output %q does not contain %q", out.String(), tc.wantErr)
 			}
 		})
+	}
+}
+
+// TestMainVersion: --version prints the version line to stdout and exits
+// 0 before anything is validated or started.
+func TestMainVersion(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := Main(context.Background(), "decode-worker", NewDecodeOptions(), []string{"--version", "--kv-blocks=0"}, &stdout, &stderr); code != 0 {
+		t.Errorf("--version exit code %d, want 0", code)
+	}
+	if want := cliflags.Version("decode-worker") + "\n"; stdout.String() != want || stderr.Len() != 0 {
+		t.Errorf("--version: stdout %q, stderr %q; want stdout %q", stdout.String(), stderr.String(), want)
+	}
+	if !strings.HasPrefix(stdout.String(), "decode-worker ") || !strings.Contains(stdout.String(), runtime.Version()) {
+		t.Errorf("--version %q does not name the binary and the Go version", stdout.String())
 	}
 }
 

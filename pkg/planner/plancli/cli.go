@@ -318,7 +318,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	o.AddFlags(fs)
 	fs.Usage = func() {
-		fmt.Fprintf(stderr, "Usage: coordinator plan --profile GPU/MODEL/tpN --workload SPEC --slo-ttft D --slo-tpot D [flags]\n\n"+
+		fmt.Fprintf(fs.Output(), "Usage: coordinator plan --profile GPU/MODEL/tpN --workload SPEC --slo-ttft D --slo-tpot D [flags]\n\n"+
 			"Sizes the prefill and decode pools for the highest goodput per GPU (or the fewest GPUs at\n"+
 			"--rate) by simulating the disaggregated and the colocated system on the performance model,\n"+
 			"with the KV transfer between pools as its own term of the TTFT budget. It prints the\n"+
@@ -332,7 +332,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			"    --design 2P+1D --rate 10\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
-	if code, ok := cliflags.Parse(fs, args, stderr); !ok {
+	if code, ok := cliflags.Parse(fs, args, stdout, stderr); !ok {
 		return code
 	}
 	cfgs, err := o.Configs()

@@ -150,17 +150,17 @@ func TestPlanBadFlags(t *testing.T) {
 }
 
 func TestPlanHelp(t *testing.T) {
-	code, _, errs := run(t, "--help")
-	if code != 0 {
-		t.Fatalf("--help: exit %d", code)
+	code, out, errs := run(t, "--help")
+	if code != 0 || errs != "" {
+		t.Fatalf("--help: exit %d, stderr %q; want the usage on stdout", code, errs)
 	}
 	for _, want := range []string{
 		"--slo-ttft", "Examples:\n  coordinator plan --profile ",
 		"-profile GPU/MODEL/tpN\n", // the flag's argument, not a word of its usage
 		`(default "prefill")`,
 	} {
-		if !strings.Contains(errs, want) {
-			t.Errorf("usage lacks %q:\n%s", want, errs)
+		if !strings.Contains(out, want) {
+			t.Errorf("usage lacks %q:\n%s", want, out)
 		}
 	}
 }
