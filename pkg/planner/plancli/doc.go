@@ -11,7 +11,15 @@
 // plan on two cores weighs 1P+1D at one thread each against one colocated
 // worker at two.
 //
-// The coordinator wires it as one more subcommand: Run has the signature
-// of coordinator.Subcommand.Run. Nothing here reads the clock except to
-// report how long planning took (on stderr).
+// Codec ratios and speeds come from a codec profile (--codec-profile):
+// the built-in one by default, a file that `coordinator codecs --out`
+// (Codecs, the same self-benchmark the prefill workers run) wrote on the
+// target hardware, or "self" to measure this machine. Warnings that the
+// workload leaves a profile's measured range go to stderr as well as into
+// the report.
+//
+// The coordinator wires Run and Codecs as subcommands: they have the
+// signature of coordinator.Subcommand.Run. Nothing here reads the clock
+// except to report how long planning took (on stderr) and the codec
+// benchmark.
 package plancli
