@@ -42,7 +42,9 @@ func Subcommands() []Subcommand {
 		{Name: "plan", Summary: "size the prefill and decode pools offline for a workload and SLOs (plan --help)",
 			Run: plancli.Run},
 		{Name: "codecs", Summary: "measure the KV codecs on this machine and write a codec profile for plan --codec-profile (codecs --help)",
-			Run: plancli.Codecs},
+			Run: func(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+				return plancli.Codecs(ctx, args, stdout, stderr, profiler.HostInfo(1))
+			}},
 		{Name: "profile", Summary: "measure an engine (llama.cpp on a GGUF model) and write a profile for plan, sim and the planner (profile --help)",
 			Run: profiler.Main},
 		{Name: "hash-key", Summary: "read an API key on stdin and print its line for the --api-keys file (hash-key --help)",

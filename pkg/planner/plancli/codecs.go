@@ -12,8 +12,8 @@ import (
 
 	"github.com/pdserve/pdserve/internal/cliflags"
 	"github.com/pdserve/pdserve/pkg/kv/codec"
+	"github.com/pdserve/pdserve/pkg/perfmodel"
 	"github.com/pdserve/pdserve/pkg/planner"
-	"github.com/pdserve/pdserve/pkg/profiler"
 )
 
 // Codecs is `coordinator codecs ARGS`: it runs the codec self-benchmark
@@ -22,8 +22,10 @@ import (
 // with --out writes them as a codec profile for `coordinator plan
 // --codec-profile FILE`. Run it on the machine whose CPUs will code KV (a
 // node of the target cluster). Exit codes: 0 measured; 1 the benchmark or
-// the write failed; 2 bad flags.
-func Codecs(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+// the write failed; 2 bad flags. host describes this machine for the
+// profile (the coordinator passes profiler.HostInfo(1): the benchmark runs
+// on one core).
+func Codecs(ctx context.Context, args []string, stdout, stderr io.Writer, host perfmodel.Host) int {
 	fs := flag.NewFlagSet("coordinator codecs", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	budget := fs.Duration("budget", 5*time.Second, "time the benchmark takes in all (workers take "+codec.DefaultBenchBudget.String()+"; longer is steadier)")
@@ -51,7 +53,7 @@ func Codecs(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if *out != "" {
 		cmd += " --out " + baseName(*out)
 	}
-	p, err := planner.MeasureCodecProfile(ctx, *budget, profiler.HostInfo(1), cmd)
+	p, err := planner.MeasureCodecProfile(ctx, *budget, host, cmd)
 	if err != nil {
 		fmt.Fprintf(stderr, "coordinator codecs: %v\n", err)
 		return 1

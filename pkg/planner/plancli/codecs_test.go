@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/pdserve/pdserve/pkg/perfmodel"
 	"github.com/pdserve/pdserve/pkg/planner"
 )
 
@@ -15,8 +16,9 @@ import (
 // source; the default is the built-in profile.
 func TestCodecsProfileRoundTrip(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "codecs.json")
+	host := perfmodel.Host{CPU: "test CPU", LogicalCPUs: 4, Threads: 1, OS: "linux", Arch: "amd64"}
 	var out, errb bytes.Buffer
-	if code := Codecs(t.Context(), []string{"--budget", "60ms", "--out", file}, &out, &errb); code != 0 {
+	if code := Codecs(t.Context(), []string{"--budget", "60ms", "--out", file}, &out, &errb, host); code != 0 {
 		t.Fatalf("codecs: exit %d, stderr %s", code, errb.String())
 	}
 	for _, want := range []string{"CODEC", "bf16", "no CPU"} {
@@ -40,7 +42,7 @@ func TestCodecsProfileRoundTrip(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("plan: exit %d, stderr %s", code, stderr)
 	}
-	if !strings.Contains(stdout, "codec profile "+file) {
+	if !strings.Contains(stdout, "codec profile "+file) || !strings.Contains(stdout, "on test CPU (4 logical CPUs") {
 		t.Errorf("plan does not name its codec profile:\n%s", stdout)
 	}
 	_, stdout, _ = run(t, append(base, "--codec", "bf16")...)
@@ -50,7 +52,7 @@ func TestCodecsProfileRoundTrip(t *testing.T) {
 	if code, _, stderr := run(t, append(base, "--codec-profile", file+".missing")...); code != 2 || !strings.Contains(stderr, "--codec-profile") {
 		t.Errorf("missing codec profile: exit %d, stderr %q", code, stderr)
 	}
-	if code := Codecs(t.Context(), []string{"--output", "yaml"}, &out, &errb); code != 2 {
+	if code := Codecs(t.Context(), []string{"--output", "yaml"}, &out, &errb, host); code != 2 {
 		t.Errorf("codecs --output yaml: exit %d, want 2", code)
 	}
 }

@@ -18,8 +18,9 @@
 // workload leaves a profile's measured range go to stderr as well as into
 // the report.
 //
-// The coordinator wires Run and Codecs as subcommands: they have the
-// signature of coordinator.Subcommand.Run. Nothing here reads the clock
+// The coordinator wires Run and Codecs as subcommands: Run has the
+// signature of coordinator.Subcommand.Run, Codecs takes the host's
+// description besides. Nothing here reads the clock
 // except to report how long planning took (on stderr) and the codec
 // benchmark.
 package plancli
