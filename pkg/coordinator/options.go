@@ -40,7 +40,8 @@ const (
 // AddFlags and parse, or set fields; then Complete and Validate.
 type Options struct {
 	// HTTPAddr is the listen address of the OpenAI API, /healthz, /readyz
-	// and /metrics (host:port; port 0 picks a free one).
+	// and /metrics (host:port; port 0 picks a free one). Default
+	// 127.0.0.1:8080: loopback only, as llama-server and ollama listen.
 	HTTPAddr string
 	// NATSURL is the control plane; empty starts an embedded NATS server
 	// on NATSListen.
@@ -171,7 +172,7 @@ const DefaultMaxBodyBytes = 16 << 20
 // DefaultOptions returns the flag defaults.
 func DefaultOptions() Options {
 	return Options{
-		HTTPAddr:         ":8080",
+		HTTPAddr:         "127.0.0.1:8080",
 		PrefillWorkers:   1,
 		DecodeWorkers:    1,
 		Mode:             ModeDisaggregated,
@@ -193,7 +194,7 @@ func DefaultOptions() Options {
 // AddFlags registers the coordinator's flags on fs with o's values as
 // defaults.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
-	fs.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "listen address of the OpenAI API, /healthz, /readyz and /metrics")
+	fs.StringVar(&o.HTTPAddr, "http-addr", o.HTTPAddr, "listen address of the OpenAI API, /healthz, /readyz and /metrics (the default listens on loopback only; :8080 listens on every interface)")
 	fs.StringVar(&o.NATSURL, "nats-url", o.NATSURL, "NATS URL of the control plane (empty: start an embedded NATS server on --nats-listen)")
 	fs.StringVar(&o.NATSListen, "nats-listen", o.NATSListen, "listen address of the embedded NATS server, host:port (port -1: any free port; empty: a free port on 127.0.0.1 with --standalone, else "+defaultNATSListen+")")
 	fs.StringVar(&o.NATSAuthFile, "nats-auth-file", o.NATSAuthFile, "YAML file of the embedded NATS server's users for workers started apart (users: [{user, password (plain or bcrypt), role, id}]; see the README)")

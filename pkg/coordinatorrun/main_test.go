@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"flag"
+	"net"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -115,5 +116,17 @@ func TestMainExitCodes(t *testing.T) {
 				t.Errorf("exit %d, output %q; want exit %d with %q", code, out.String(), tc.code, tc.output)
 			}
 		})
+	}
+}
+
+// TestDefaultsListenOnLoopback: a coordinator started without addresses
+// is reachable from its own host only (the API and the embedded NATS).
+func TestDefaultsListenOnLoopback(t *testing.T) {
+	o := coordinator.DefaultOptions()
+	for name, addr := range map[string]string{"http-addr": o.HTTPAddr, "nats-listen": o.NATSListenAddr()} {
+		host, _, err := net.SplitHostPort(addr)
+		if ip := net.ParseIP(host); err != nil || ip == nil || !ip.IsLoopback() {
+			t.Errorf("default --%s %q is not a loopback address", name, addr)
+		}
 	}
 }

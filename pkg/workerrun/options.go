@@ -29,13 +29,16 @@ type Options struct {
 	// ID names the worker in heartbeats and on its command subject; a NATS
 	// subject token. Empty: "<role>-<random hex>".
 	ID string
-	// GRPCAddr is the gRPC listen address, host:port (port 0: any free one).
+	// GRPCAddr is the gRPC listen address, host:port (port 0: any free
+	// one; default DefaultGRPCAddr, loopback only: a worker that others
+	// reach from other hosts is given its address, e.g. ":9000").
 	GRPCAddr string
 	// AdvertiseAddr is the gRPC address others dial, host:port. Empty: the
 	// listen address, with the host name in place of an unspecified host.
 	AdvertiseAddr string
 	// MetricsAddr is the HTTP listen address of /metrics, /healthz and
-	// /readyz. Empty: no HTTP server.
+	// /readyz (default DefaultMetricsAddr, loopback only). Empty: no HTTP
+	// server.
 	MetricsAddr string
 	// NATSURL is the control plane. Empty: no heartbeats, no commands.
 	NATSURL string
@@ -89,8 +92,8 @@ type Options struct {
 func commonOptions(role control.Role) Options {
 	return Options{
 		Role:              role,
-		GRPCAddr:          ":9000",
-		MetricsAddr:       ":9090",
+		GRPCAddr:          DefaultGRPCAddr,
+		MetricsAddr:       DefaultMetricsAddr,
 		HeartbeatInterval: time.Second,
 		DrainTimeout:      30 * time.Second,
 		LogLevel:          "info",
@@ -100,6 +103,15 @@ func commonOptions(role control.Role) Options {
 		Decode:            decode.DefaultOptions(),
 	}
 }
+
+// Default listen addresses: loopback only, as llama-server and ollama
+// listen. A deployment whose workers are reached from other hosts gives
+// the addresses (the Helm chart does: --grpc-addr=:PORT with
+// --advertise-addr=$(POD_IP):PORT).
+const (
+	DefaultGRPCAddr    = "127.0.0.1:9000"
+	DefaultMetricsAddr = "127.0.0.1:9090"
+)
 
 // kvConnsDefault is the default --kv-conns.
 const kvConnsDefault = 4
@@ -145,9 +157,9 @@ func (v roleValue) Set(s string) error {
 // --max-reserved-tokens-per-caller.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.ID, "id", o.ID, "worker id in heartbeats and on the command subject (default <role>-<random hex>)")
-	fs.StringVar(&o.GRPCAddr, "grpc-addr", o.GRPCAddr, "gRPC listen address, host:port")
+	fs.StringVar(&o.GRPCAddr, "grpc-addr", o.GRPCAddr, "gRPC listen address, host:port (the default listens on loopback only; :9000 listens on every interface)")
 	fs.StringVar(&o.AdvertiseAddr, "advertise-addr", o.AdvertiseAddr, "gRPC address other components dial, host:port (default: the listen address, with the host name for an unspecified host)")
-	fs.StringVar(&o.MetricsAddr, "metrics-addr", o.MetricsAddr, "HTTP listen address of /metrics, /healthz and /readyz (empty: none)")
+	fs.StringVar(&o.MetricsAddr, "metrics-addr", o.MetricsAddr, "HTTP listen address of /metrics, /healthz and /readyz (empty: none; the default listens on loopback only)")
 	fs.StringVar(&o.NATSURL, "nats-url", o.NATSURL, "NATS URL of the control plane (empty: no heartbeats or commands)")
 	o.NATS.AddFlags(fs)
 	fs.DurationVar(&o.HeartbeatInterval, "heartbeat-interval", o.HeartbeatInterval, "time between heartbeats")

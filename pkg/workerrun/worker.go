@@ -9,8 +9,10 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -261,6 +263,11 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 	}
 	if w.nc == nil {
 		w.log.Warn("no NATS URL: the worker publishes no heartbeats and takes no commands")
+	} else if remote := remoteNATS(o.NATSURL); isLoopback(w.addr) && remote != "" {
+		w.log.Warn("the worker advertises a loopback gRPC address on a NATS server of another host: "+
+			"a coordinator or prefill worker on another host cannot dial it; give --grpc-addr (e.g. :9000, every interface) "+
+			"or --advertise-addr (the address others dial)",
+			zap.String("advertise_addr", w.addr), zap.String("nats_host", remote))
 	}
 
 	// Everything is set up: start the goroutines.
@@ -365,6 +372,43 @@ func advertise(addr string, l net.Addr) (string, error) {
 		}
 	}
 	return net.JoinHostPort(host, port), nil
+}
+
+// isLoopback reports whether the host of addr (host:port) is a loopback
+// address or localhost: reachable from this host only.
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if ip := net.ParseIP(host); ip != nil {
+		return ip.IsLoopback()
+	}
+	host = strings.ToLower(strings.TrimSuffix(host, "."))
+	return host == "localhost" || strings.HasSuffix(host, ".localhost")
+}
+
+// remoteNATS returns the first host of the NATS URLs in urls (comma
+// separated, as nats.Connect takes them) that is not a loopback one, or ""
+// when all are on this host (or none parses).
+func remoteNATS(urls string) string {
+	for _, u := range strings.Split(urls, ",") {
+		u = strings.TrimSpace(u)
+		if u == "" {
+			continue
+		}
+		if !strings.Contains(u, "://") {
+			u = "nats://" + u
+		}
+		p, err := url.Parse(u)
+		if err != nil || p.Hostname() == "" {
+			continue
+		}
+		if !isLoopback(net.JoinHostPort(p.Hostname(), "0")) {
+			return p.Hostname()
+		}
+	}
+	return ""
 }
 
 func randomHex(n int) string {
