@@ -479,8 +479,15 @@ func (a *api) register(ggml, llama uintptr) (err error) {
 	return err
 }
 
-// SetLogger routes llama.cpp's log lines to l at debug level (warnings and
-// errors at their own levels). The default discards them.
+// SetLogger routes llama.cpp's log lines to l, named "llama.cpp": its
+// errors (GGML_LOG_LEVEL_ERROR) at error level, everything else at debug
+// level, warnings included. llama.cpp warns about what an operator can
+// neither act on nor needs to, on every load of some models (the qwen2
+// vocabulary's "control-looking token … was not control-type; this is
+// probably a bug in the model"), and the engine returns an error of its
+// own for every call that fails; --log-level debug shows the warnings. A
+// continuation line (GGML_LOG_LEVEL_CONT) takes the level of the line it
+// continues. The default discards every line.
 func SetLogger(l *zap.Logger) {
 	if l == nil {
 		l = zap.NewNop()
@@ -490,11 +497,15 @@ func SetLogger(l *zap.Logger) {
 	logMu.Unlock()
 }
 
-// ggml_log_level values.
+// ggml_log_level values (ggml.h).
 const (
-	logLevelWarn  = 3
 	logLevelError = 4
+	logLevelCont  = 5 // continues the previous line
 )
+
+// logLast is the level of the last line that was not a continuation;
+// guarded by logMu.
+var logLast int32
 
 func logFromC(level int32, text *byte, _ uintptr) {
 	msg := strings.TrimRight(goString(text), "\n")
@@ -503,13 +514,15 @@ func logFromC(level int32, text *byte, _ uintptr) {
 	}
 	logMu.Lock()
 	l := logger
+	if level == logLevelCont {
+		level = logLast
+	} else {
+		logLast = level
+	}
 	logMu.Unlock()
-	switch level {
-	case logLevelError:
+	if level == logLevelError {
 		l.Error(msg)
-	case logLevelWarn:
-		l.Warn(msg)
-	default:
+	} else {
 		l.Debug(msg)
 	}
 }
