@@ -41,7 +41,7 @@ func (r release) gpuResource() corev1.ResourceName {
 }
 
 // Object names the chart promises (the planner's Kubernetes actuator and
-// the README rely on them).
+// docs/kubernetes.md rely on them).
 var (
 	coordinatorName = releaseName + "-pdserve-coordinator"
 	prefillName     = releaseName + "-pdserve-prefill"

@@ -15,6 +15,14 @@
 // partial one: its script runs against a local HTTP server), that the
 // dashboard queries name real metrics (pkg/metrics and the planner's), and
 // that the values schema rejects the bad values files in helm/testdata/bad.
+// Every listen flag of every pdserve container is given explicitly, on all
+// interfaces (a binary's default address never applies in a pod), and the
+// bundled NATS server listens on all interfaces too; workers request their
+// GPUs as gpuResource; node selectors name only the labels the docs
+// create; and every Secret the release's objects read, unless the release
+// or cert-manager makes it, is a row of the "Secrets to create" table of
+// docs/kubernetes.md with the keys and readers found (and every row is
+// read by some release).
 // For a secured release it checks that the NetworkPolicies allow exactly
 // the listed flows between the release's pods and their neighbours (a
 // small evaluator of NetworkPolicy semantics), that every workload mounts
