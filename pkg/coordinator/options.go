@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/pdserve/pdserve/internal/cliflags"
 	"github.com/pdserve/pdserve/pkg/config"
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/engine"
@@ -290,11 +291,11 @@ func (o Options) Validate() error {
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
 	if _, _, err := net.SplitHostPort(o.HTTPAddr); err != nil {
-		bad("http-addr %q: %v", o.HTTPAddr, err)
+		errs = append(errs, cliflags.BadFlag("http-addr", o.HTTPAddr, err))
 	}
 	if o.NATSURL == "" && o.NATSListen != "" {
 		if _, _, err := net.SplitHostPort(o.NATSListen); err != nil {
-			bad("nats-listen %q: %v", o.NATSListen, err)
+			errs = append(errs, cliflags.BadFlag("nats-listen", o.NATSListen, err))
 		}
 	}
 	if err := o.NATS.Validate(); err != nil {

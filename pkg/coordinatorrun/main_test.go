@@ -77,6 +77,41 @@ func TestMainHelpAndVersion(t *testing.T) {
 	}
 }
 
+// TestMainErrorMessages: the exact messages of bad settings, one line a
+// problem, "coordinator" and the flag said once.
+func TestMainErrorMessages(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "m.gguf")
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"missing model file", []string{"--standalone", "--engine", "llamacpp", "--model", missing},
+			"coordinator: --model " + missing + ": no such file or directory\n"},
+		{"missing model file of the tokenizer", []string{"--engine", "llamacpp", "--model", missing},
+			"coordinator: --model " + missing + ": no such file or directory\n"},
+		{"bad engine", []string{"--standalone", "--engine", "vllm"}, "coordinator: --engine vllm: must be ref, sim or llamacpp\n"},
+		{"bad address", []string{"--http-addr", "nowhere"}, "coordinator: --http-addr nowhere: missing port in address\n"},
+		{"bad flag", []string{"--verison"}, "coordinator: flag provided but not defined: -verison\nRun 'coordinator --help' for usage.\n"},
+		{"problems of the coordinator, the engine and the planner", []string{"--http-addr", "x", "--standalone", "--engine", "sim", "--planner", "log"},
+			"coordinator: --http-addr x: missing port in address\n" +
+				"coordinator: --profile is required with --engine sim: GPU/MODEL/tpN (coordinator profiles lists them) or a profile JSON file\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			if code := coordinatorrun.Main(context.Background(), tc.args, &stdout, &stderr); code != 2 {
+				t.Errorf("exit %d, want 2", code)
+			}
+			if !strings.HasPrefix(stderr.String(), tc.want) || stdout.Len() != 0 {
+				t.Errorf("stderr:\n%s\nwant it to start with:\n%s(stdout %q)", stderr.String(), tc.want, stdout.String())
+			}
+			if strings.Contains(stderr.String(), "coordinator: coordinator:") || strings.Contains(stderr.String(), "invalid options") {
+				t.Errorf("stderr stacks prefixes:\n%s", stderr.String())
+			}
+		})
+	}
+}
+
 func TestMainExitCodes(t *testing.T) {
 	missing := filepath.Join(t.TempDir(), "missing.yaml")
 	badPolicy := filepath.Join(t.TempDir(), "bad.yaml")

@@ -5,10 +5,12 @@ import (
 	"flag"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"go.uber.org/zap"
 
+	"github.com/pdserve/pdserve/internal/cliflags"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/engine/llamacpp"
 	"github.com/pdserve/pdserve/pkg/engine/ref"
@@ -94,28 +96,36 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.CPUVariant, "llama-cpu-variant", o.CPUVariant, "llamacpp engine: CPU backend variant to load, libggml-cpu-NAME.so of --llama-lib (haswell, skylakex, zen4, x64, …; default: the best this processor runs). The variants round differently: give workers on processors of different families one they all run, for the same logits everywhere")
 }
 
-// Validate reports every invalid field in one error.
+// Validate reports every invalid field in one error: "enginecfg: invalid
+// options: " over one error per field, each naming its flag
+// (cliflags.FlagError: "--model /m.gguf: no such file or directory").
+// errors.Is and errors.As see the causes (fs.ErrNotExist, …).
 func (o Options) Validate() error {
 	var errs []error
 	switch o.Engine {
 	case Ref:
 		if !slices.Contains(ref.Presets(), o.Preset) {
-			errs = append(errs, fmt.Errorf("preset %q is not one of %v", o.Preset, ref.Presets()))
+			errs = append(errs, cliflags.BadFlag("preset", o.Preset, fmt.Errorf("must be one of %s", strings.Join(ref.Presets(), ", "))))
 		}
 		if o.Threads < 0 {
-			errs = append(errs, fmt.Errorf("engine-threads %d must not be negative", o.Threads))
+			errs = append(errs, badInt("engine-threads", o.Threads, "must not be negative"))
 		}
 	case Sim:
 		errs = append(errs, o.validateSim()...)
 	case Llama:
 		errs = append(errs, o.validateLlama()...)
 	default:
-		errs = append(errs, fmt.Errorf("engine %q must be %q, %q or %q", o.Engine, Ref, Sim, Llama))
+		errs = append(errs, cliflags.BadFlag("engine", o.Engine, fmt.Errorf("must be %s, %s or %s", Ref, Sim, Llama)))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("enginecfg: invalid options: %w", err)
 	}
 	return nil
+}
+
+// badInt is the error of an integer flag's value.
+func badInt(flag string, v int, why string) error {
+	return cliflags.BadFlag(flag, strconv.Itoa(v), errors.New(why))
 }
 
 // Build returns a new engine. The caller owns it: when it has a Close

@@ -1,11 +1,13 @@
 package enginecfg
 
 import (
+	"errors"
 	"fmt"
 	"os"
 
 	"go.uber.org/zap"
 
+	"github.com/pdserve/pdserve/internal/cliflags"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/engine/llamacpp"
 )
@@ -13,21 +15,23 @@ import (
 func (o Options) validateLlama() []error {
 	var errs []error
 	if o.Model == "" {
-		errs = append(errs, fmt.Errorf("model is required with engine %s (--model PATH.gguf)", Llama))
-	} else if _, err := os.Stat(o.Model); err != nil {
-		errs = append(errs, fmt.Errorf("model: %w", err))
+		errs = append(errs, fmt.Errorf("--model is required with --engine %s: the GGUF file to serve", Llama))
+	} else if fi, err := os.Stat(o.Model); err != nil {
+		errs = append(errs, cliflags.BadFlag("model", o.Model, err))
+	} else if fi.IsDir() {
+		errs = append(errs, cliflags.BadFlag("model", o.Model, errors.New("is a directory, not a GGUF file")))
 	}
 	if _, err := o.llamaKVType(); err != nil {
 		errs = append(errs, err)
 	}
 	if o.CtxSize < 0 {
-		errs = append(errs, fmt.Errorf("ctx-size %d must not be negative", o.CtxSize))
+		errs = append(errs, badInt("ctx-size", o.CtxSize, "must not be negative"))
 	}
 	if o.MaxSeqs < 1 || o.MaxSeqs > 256 {
-		errs = append(errs, fmt.Errorf("max-seqs %d must lie in [1, 256]", o.MaxSeqs))
+		errs = append(errs, badInt("max-seqs", o.MaxSeqs, "must lie in [1, 256]"))
 	}
 	if o.Threads < 0 {
-		errs = append(errs, fmt.Errorf("engine-threads %d must not be negative", o.Threads))
+		errs = append(errs, badInt("engine-threads", o.Threads, "must not be negative"))
 	}
 	return errs
 }
@@ -39,7 +43,7 @@ func (o Options) llamaKVType() (engine.DType, error) {
 	case "q8_0":
 		return engine.Q8_0, nil
 	}
-	return 0, fmt.Errorf("kv-type %q must be f16 or q8_0", o.KVType)
+	return 0, cliflags.BadFlag("kv-type", o.KVType, errors.New("must be f16 or q8_0"))
 }
 
 func (o Options) buildLlama() (engine.Engine, error) {
@@ -81,7 +85,7 @@ func (o Options) Tokenizer() (engine.Tokenizer, func(), error) {
 }
 
 // SetLogger routes the log of the engines' native libraries (llama.cpp,
-// at debug level but for its warnings and errors) to l, and the warnings
+// at debug level but for its errors) to l, and the warnings
 // of sim engines built after the call (a step that fell behind the
 // model). The library's log is process-wide: the last logger set receives
 // it.

@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/pdserve/pdserve/internal/cliflags"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/engine/sim"
 	"github.com/pdserve/pdserve/pkg/perfmodel"
@@ -36,15 +37,15 @@ var simLogger atomic.Pointer[zap.Logger]
 func (o Options) validateSim() []error {
 	var errs []error
 	if o.Profile == "" {
-		errs = append(errs, errors.New("profile is required with engine sim"))
+		errs = append(errs, fmt.Errorf("--profile is required with --engine %s: GPU/MODEL/tpN (coordinator profiles lists them) or a profile JSON file", Sim))
 	} else if _, err := perfmodel.Resolve(o.Profile); err != nil {
-		errs = append(errs, fmt.Errorf("profile: %w", err))
+		errs = append(errs, cliflags.BadFlag("profile", o.Profile, err))
 	}
 	if !(o.TimeScale > 0) || math.IsInf(o.TimeScale, 0) {
-		errs = append(errs, fmt.Errorf("time-scale %v must be a finite number > 0", o.TimeScale))
+		errs = append(errs, cliflags.BadFlag("time-scale", fmt.Sprint(o.TimeScale), errors.New("must be a finite number > 0")))
 	}
 	if !(o.PayloadScale > 0 && o.PayloadScale <= 1) {
-		errs = append(errs, fmt.Errorf("payload-scale %v must lie in (0, 1]", o.PayloadScale))
+		errs = append(errs, cliflags.BadFlag("payload-scale", fmt.Sprint(o.PayloadScale), errors.New("must lie in (0, 1]")))
 	}
 	return errs
 }

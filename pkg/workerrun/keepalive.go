@@ -3,13 +3,13 @@ package workerrun
 import (
 	"errors"
 	"flag"
-	"fmt"
 	"time"
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/pdserve/pdserve/internal/cliflags"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
 )
 
@@ -57,10 +57,10 @@ func (o *KeepaliveOptions) AddFlags(fs *flag.FlagSet) {
 func (o KeepaliveOptions) Validate() error {
 	var errs []error
 	if o.Time < 0 || o.Time > 0 && o.Time < time.Second {
-		errs = append(errs, fmt.Errorf("grpc-keepalive-time %v must be at least 1s (or 0: the default)", o.Time))
+		errs = append(errs, cliflags.BadFlag("grpc-keepalive-time", o.Time.String(), errors.New("must be at least 1s (or 0: the default)")))
 	}
 	if o.Timeout < 0 {
-		errs = append(errs, fmt.Errorf("grpc-keepalive-timeout %v must not be negative", o.Timeout))
+		errs = append(errs, cliflags.BadFlag("grpc-keepalive-timeout", o.Timeout.String(), errors.New("must not be negative")))
 	}
 	return errors.Join(errs...)
 }

@@ -81,16 +81,17 @@ func NewLogger(level string) (*zap.Logger, error) {
 // ApplyConfigFile sets the flags of fs from the YAML mapping in path: each
 // key is a flag name (without dashes) and each value a scalar in the flag's
 // syntax ("1s", 512, "zstd"). Flags already set on the command line keep
-// their values. Errors: unreadable file, not a mapping of scalars, unknown
-// flag, bad value.
+// their values. Errors, each naming the file ("--config FILE: …"; several
+// joined with errors.Join): unreadable file, not a mapping of scalars,
+// unknown flag, bad value.
 func ApplyConfigFile(fs *flag.FlagSet, path string) error {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return fmt.Errorf("config: %w", err)
+		return cliflags.BadFlag("config", path, err)
 	}
 	var m map[string]any
 	if err := yaml.Unmarshal(data, &m); err != nil {
-		return fmt.Errorf("config %s: %w", path, err)
+		return cliflags.BadFlag("config", path, err)
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -113,8 +114,8 @@ func ApplyConfigFile(fs *flag.FlagSet, path string) error {
 			errs = append(errs, fmt.Errorf("flag %q: %w", k, err))
 		}
 	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("config %s: %w", path, err)
+	for i, err := range errs {
+		errs[i] = cliflags.BadFlag("config", path, err)
 	}
-	return nil
+	return errors.Join(errs...)
 }

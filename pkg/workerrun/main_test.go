@@ -65,12 +65,12 @@ func TestMainRejectsBadSettings(t *testing.T) {
 		{"bad role", NewDecodeOptions(), []string{"--role=prefill"}, "role \"prefill\" must be decode or colocated"},
 		{"no blocks", NewDecodeOptions(), []string{"--kv-blocks=0"}, "kv-blocks 0"},
 		{"budget not above batch", NewDecodeOptions(), []string{"--max-batch=64", "--max-batch-tokens=64"}, "must exceed max-batch"},
-		{"bad id", NewDecodeOptions(), []string{"--id=a.b"}, "id:"},
-		{"bad address", NewDecodeOptions(), []string{"--grpc-addr=9000"}, "grpc-addr"},
-		{"bad log level", NewDecodeOptions(), []string{"--log-level=loud"}, "log-level"},
-		{"bad engine", NewDecodeOptions(), []string{"--engine=gpu"}, `engine "gpu"`},
+		{"bad id", NewDecodeOptions(), []string{"--id=a.b"}, "--id a.b: "},
+		{"bad address", NewDecodeOptions(), []string{"--grpc-addr=9000"}, "worker: --grpc-addr 9000: missing port in address\n"},
+		{"bad log level", NewDecodeOptions(), []string{"--log-level=loud"}, "worker: --log-level loud: must be debug, info, warn or error\n"},
+		{"bad engine", NewDecodeOptions(), []string{"--engine=gpu"}, "worker: --engine gpu: must be ref, sim or llamacpp\n"},
 		{"sim without profile", NewDecodeOptions(), []string{"--engine=sim"}, "profile is required"},
-		{"missing config file", NewDecodeOptions(), []string{"--config=does-not-exist.yaml"}, "config"},
+		{"missing config file", NewDecodeOptions(), []string{"--config=does-not-exist.yaml"}, "worker: --config does-not-exist.yaml: no such file or directory\n"},
 		{"stray argument", NewDecodeOptions(), []string{"serve"}, "unexpected arguments"},
 		{"tls cert without key", NewDecodeOptions(), []string{"--tls-cert=tls.crt"}, "tls-cert and tls-key must be given together"},
 		{"tls files missing", NewPrefillOptions(), []string{"--tls-cert=no.crt", "--tls-key=no.key", "--tls-ca=no-ca.crt"}, "tls-cert: open no.crt"},
@@ -103,6 +103,35 @@ func TestMainVersion(t *testing.T) {
 	}
 	if !strings.HasPrefix(stdout.String(), "decode-worker ") || !strings.Contains(stdout.String(), runtime.Version()) {
 		t.Errorf("--version %q does not name the binary and the Go version", stdout.String())
+	}
+}
+
+// TestMainErrorMessages: the exact messages of bad settings, one line a
+// problem, the binary's name and the flag said once.
+func TestMainErrorMessages(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "m.gguf")
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"missing model file", []string{"--engine=llamacpp", "--model=" + missing},
+			"prefill-worker: --model " + missing + ": no such file or directory\n"},
+		{"bad engine", []string{"--engine=vllm"}, "prefill-worker: --engine vllm: must be ref, sim or llamacpp\n"},
+		{"bad addresses", []string{"--grpc-addr=9000", "--metrics-addr=localhost"},
+			"prefill-worker: --grpc-addr 9000: missing port in address\nprefill-worker: --metrics-addr localhost: missing port in address\n"},
+		{"two problems in two packages", []string{"--kv-conns=0", "--engine=sim", "--time-scale=-1", "--profile=h100/llama-3-8b/tp1"},
+			"prefill-worker: --kv-conns 0: must be positive\nprefill-worker: --time-scale -1: must be a finite number > 0\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			if code := Main(context.Background(), "prefill-worker", NewPrefillOptions(), tc.args, &stdout, &stderr); code != 2 {
+				t.Errorf("exit code %d, want 2", code)
+			}
+			if stderr.String() != tc.want || stdout.Len() != 0 {
+				t.Errorf("stderr:\n%s\nwant:\n%s(stdout %q)", stderr.String(), tc.want, stdout.String())
+			}
+		})
 	}
 }
 

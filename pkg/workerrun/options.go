@@ -5,12 +5,14 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/pdserve/pdserve/internal/cliflags"
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/decode"
 	"github.com/pdserve/pdserve/pkg/engine"
@@ -180,7 +182,9 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	o.Decode.AddFlags(fs)
 }
 
-// Validate reports every invalid setting in one error.
+// Validate reports every invalid setting in one error: "workerrun: invalid
+// options: " over one error per setting, most naming their flag
+// (cliflags.FlagError); cliflags.PrintError prints them a line each.
 func (o Options) Validate() error {
 	var errs []error
 	switch o.Role {
@@ -189,47 +193,47 @@ func (o Options) Validate() error {
 			errs = append(errs, err)
 		}
 		if o.KVConns <= 0 {
-			errs = append(errs, fmt.Errorf("kv-conns %d must be positive", o.KVConns))
+			errs = append(errs, cliflags.BadFlag("kv-conns", strconv.Itoa(o.KVConns), errors.New("must be positive")))
 		}
 		if o.LinkGbps < 0 {
-			errs = append(errs, fmt.Errorf("link-gbps %v must not be negative", o.LinkGbps))
+			errs = append(errs, cliflags.BadFlag("link-gbps", fmt.Sprint(o.LinkGbps), errors.New("must not be negative")))
 		}
 	case control.RoleDecode, control.RoleColocated:
 		if err := o.Decode.Validate(); err != nil {
 			errs = append(errs, err)
 		}
 	default:
-		errs = append(errs, fmt.Errorf("role %q must be prefill, decode or colocated", o.Role))
+		errs = append(errs, cliflags.BadFlag("role", string(o.Role), errors.New("must be prefill, decode or colocated")))
 	}
 	if o.ID != "" {
 		if err := control.ValidToken(o.ID); err != nil {
-			errs = append(errs, fmt.Errorf("id: %w", err))
+			errs = append(errs, cliflags.BadFlag("id", o.ID, err))
 		}
 	}
 	if _, _, err := net.SplitHostPort(o.GRPCAddr); err != nil {
-		errs = append(errs, fmt.Errorf("grpc-addr %q: %w", o.GRPCAddr, err))
+		errs = append(errs, cliflags.BadFlag("grpc-addr", o.GRPCAddr, err))
 	}
 	if o.AdvertiseAddr != "" {
 		if _, _, err := net.SplitHostPort(o.AdvertiseAddr); err != nil {
-			errs = append(errs, fmt.Errorf("advertise-addr %q: %w", o.AdvertiseAddr, err))
+			errs = append(errs, cliflags.BadFlag("advertise-addr", o.AdvertiseAddr, err))
 		}
 	}
 	if o.MetricsAddr != "" {
 		if _, _, err := net.SplitHostPort(o.MetricsAddr); err != nil {
-			errs = append(errs, fmt.Errorf("metrics-addr %q: %w", o.MetricsAddr, err))
+			errs = append(errs, cliflags.BadFlag("metrics-addr", o.MetricsAddr, err))
 		}
 	}
 	if err := o.NATS.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	if o.HeartbeatInterval <= 0 {
-		errs = append(errs, fmt.Errorf("heartbeat-interval %v must be positive", o.HeartbeatInterval))
+		errs = append(errs, cliflags.BadFlag("heartbeat-interval", o.HeartbeatInterval.String(), errors.New("must be positive")))
 	}
 	if o.DrainTimeout <= 0 {
-		errs = append(errs, fmt.Errorf("drain-timeout %v must be positive", o.DrainTimeout))
+		errs = append(errs, cliflags.BadFlag("drain-timeout", o.DrainTimeout.String(), errors.New("must be positive")))
 	}
 	if _, err := zapcore.ParseLevel(o.LogLevel); err != nil || o.LogLevel == "" {
-		errs = append(errs, fmt.Errorf("log-level %q must be debug, info, warn or error", o.LogLevel))
+		errs = append(errs, cliflags.BadFlag("log-level", o.LogLevel, errors.New("must be debug, info, warn or error")))
 	}
 	if err := o.TLS.Validate(o.tlsUse()); err != nil {
 		errs = append(errs, err)
