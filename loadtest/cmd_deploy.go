@@ -92,11 +92,9 @@ func (d *deployFlags) spec(mode string, timeScale float64) (deploy.Spec, error) 
 	case deploy.Colocated:
 		s.DecodeWorkers = workers
 	case deploy.Disaggregated:
-		p, dd, ok := strings.Cut(d.Split, ":")
-		np, err1 := strconv.Atoi(p)
-		nd, err2 := strconv.Atoi(dd)
-		if !ok || err1 != nil || err2 != nil || np < 1 || nd < 1 {
-			return s, fmt.Errorf("%w: --pd-split %q: want P:D with P, D ≥ 1", errUsage, d.Split)
+		np, nd, err := d.split()
+		if err != nil {
+			return s, err
 		}
 		if np+nd != workers {
 			return s, fmt.Errorf("%w: --pd-split %s is %d workers, but --gpus %d at tp %d makes %d", errUsage, d.Split, np+nd, d.GPUs, tp, workers)
@@ -106,6 +104,17 @@ func (d *deployFlags) spec(mode string, timeScale float64) (deploy.Spec, error) 
 		return s, fmt.Errorf("%w: mode %q: want disaggregated or colocated", errUsage, mode)
 	}
 	return s, nil
+}
+
+// split parses --pd-split: prefill and decode workers, both at least 1.
+func (d *deployFlags) split() (np, nd int, err error) {
+	p, dd, ok := strings.Cut(d.Split, ":")
+	np, err1 := strconv.Atoi(p)
+	nd, err2 := strconv.Atoi(dd)
+	if !ok || err1 != nil || err2 != nil || np < 1 || nd < 1 {
+		return 0, 0, fmt.Errorf("%w: --pd-split %q: want P:D with P, D ≥ 1", errUsage, d.Split)
+	}
+	return np, nd, nil
 }
 
 // startLocal starts a local deployment in mode when mode is not empty and
@@ -223,11 +232,9 @@ func (d *deployFlags) llamaSpec(s deploy.Spec) (deploy.Spec, error) {
 	case deploy.Colocated:
 		s.DecodeWorkers = 1
 	case deploy.Disaggregated:
-		p, dd, ok := strings.Cut(d.Split, ":")
-		np, err1 := strconv.Atoi(p)
-		nd, err2 := strconv.Atoi(dd)
-		if !ok || err1 != nil || err2 != nil || np < 1 || nd < 1 {
-			return s, fmt.Errorf("%w: --pd-split %q: want P:D with P, D ≥ 1", errUsage, d.Split)
+		np, nd, err := d.split()
+		if err != nil {
+			return s, err
 		}
 		if len(s.CPUs)%(np+nd) != 0 {
 			return s, fmt.Errorf("%w: --pd-split %s: %d workers cannot share %d cores evenly", errUsage, d.Split, np+nd, len(s.CPUs))
