@@ -10,9 +10,12 @@ import (
 // size. The zero value is ready to use. A SampleScratch must not be used by
 // two goroutines at once.
 type SampleScratch struct {
-	prob []float64 // unnormalised probabilities, one per logit
-	idx  []int32   // token ids ordered by probability (top-p only)
-	pen  []float32 // penalised copy of the logits (active penalties only)
+	prob  []float64 // unnormalised probabilities, one per logit
+	idx   []int32   // token ids ordered by probability (top-p only)
+	idx2  []int32   // the radix sort's other buffer of ids (top-p only)
+	keys  []uint64  // the radix sort's keys, and its other buffer of them
+	keys2 []uint64
+	pen   []float32 // penalised copy of the logits (active penalties only)
 }
 
 // Sample chooses the next token from logits (one value per vocabulary id)
@@ -77,29 +80,132 @@ func Sample(logits []float32, s Sampling, pos int, scratch *SampleScratch) int32
 	if !(topP > 0 && topP < 1) {
 		return drawInOrder(prob, nil, u*total, best)
 	}
-	idx := growBuf(&scratch.idx, len(logits))
-	for i := range idx {
-		idx[i] = int32(i)
-	}
-	slices.SortFunc(idx, func(a, b int32) int {
-		switch pa, pb := prob[a], prob[b]; {
-		case pa > pb:
-			return -1
-		case pa < pb:
-			return 1
+	return drawTopP(prob, topP*total, u, best, scratch)
+}
+
+// drawTopP draws, with the uniform value u, from the smallest prefix of the
+// ids in orderProb's order (probability descending, ties by id) whose mass
+// reaches want. The result is the one a comparison sort of the vocabulary
+// would give, bit for bit (the prefix, and the order of its additions, are
+// the same), at a fraction of its cost: the 64 most probable ids are
+// selected with a heap in one pass over prob, which is enough for a peaked
+// distribution; when their mass falls short of want, a radix sort orders
+// the whole vocabulary (about 2 ms for Qwen2's 151,936 ids, where a
+// comparison sort takes about 45).
+func drawTopP(prob []float64, want, u float64, best int32, scratch *SampleScratch) int32 {
+	ids := topProb(prob, min(64, len(prob)), growBuf(&scratch.idx, len(prob)))
+	for {
+		kept, mass := 0, 0.0
+		for kept < len(ids) {
+			mass += prob[ids[kept]]
+			kept++
+			if mass >= want {
+				return drawInOrder(prob, ids[:kept], u*mass, best)
+			}
 		}
-		return int(a - b)
-	})
-	want := topP * total
-	kept, mass := 0, 0.0
-	for kept < len(idx) {
-		mass += prob[idx[kept]]
-		kept++
-		if mass >= want {
-			break
+		if len(ids) == len(prob) {
+			return drawInOrder(prob, ids, u*mass, best)
+		}
+		ids = sortByProb(prob, scratch)
+	}
+}
+
+// sortByProb returns every id of prob in orderProb's order: a stable LSD
+// radix sort, a byte per pass, on the complemented bits of each
+// probability (for the non-negative floats Sample makes, the bits order as
+// the values do, so their complement orders them descending) over ids
+// that start in ascending order, so that equal probabilities stay ordered
+// by id. Passes in which every key has the same byte are skipped.
+func sortByProb(prob []float64, scratch *SampleScratch) []int32 {
+	n := len(prob)
+	keys, keys2 := growBuf(&scratch.keys, n), growBuf(&scratch.keys2, n)
+	ids, ids2 := growBuf(&scratch.idx, n), growBuf(&scratch.idx2, n)
+	for i, p := range prob {
+		keys[i], ids[i] = ^math.Float64bits(p), int32(i)
+	}
+	var count [256]int
+	for shift := 0; shift < 64; shift += 8 {
+		count = [256]int{}
+		for _, k := range keys {
+			count[byte(k>>shift)]++
+		}
+		if count[byte(keys[0]>>shift)] == n {
+			continue
+		}
+		at := 0
+		for b, c := range count {
+			count[b] = at
+			at += c
+		}
+		for i, k := range keys {
+			d := count[byte(k>>shift)]
+			count[byte(k>>shift)]++
+			keys2[d], ids2[d] = k, ids[i]
+		}
+		keys, keys2 = keys2, keys
+		ids, ids2 = ids2, ids
+	}
+	return ids
+}
+
+// orderProb orders token ids by probability, descending, ties by id: a
+// total order, so any selection of its first k ids is the same.
+func orderProb(prob []float64, a, b int32) int {
+	switch pa, pb := prob[a], prob[b]; {
+	case pa > pb:
+		return -1
+	case pa < pb:
+		return 1
+	}
+	return int(a - b)
+}
+
+// topProb returns the k ids first in orderProb's order, sorted, in heap
+// (of capacity k): a binary heap whose root is the worst id kept, replaced
+// whenever a later id comes before it.
+func topProb(prob []float64, k int, heap []int32) []int32 {
+	heap = heap[:0]
+	// worse reports whether heap[i] comes after heap[j] (the root is the
+	// last in order of those kept).
+	worse := func(i, j int) bool { return orderProb(prob, heap[i], heap[j]) > 0 }
+	down := func(i int) {
+		for {
+			c := 2*i + 1
+			if c >= len(heap) {
+				return
+			}
+			if c+1 < len(heap) && worse(c+1, c) {
+				c++
+			}
+			if !worse(c, i) {
+				return
+			}
+			heap[i], heap[c] = heap[c], heap[i]
+			i = c
 		}
 	}
-	return drawInOrder(prob, idx[:kept], u*mass, best)
+	for id := range int32(len(prob)) {
+		if len(heap) < k {
+			heap = append(heap, id)
+			for i := len(heap) - 1; i > 0; {
+				parent := (i - 1) / 2
+				if !worse(i, parent) {
+					break
+				}
+				heap[i], heap[parent] = heap[parent], heap[i]
+				i = parent
+			}
+			continue
+		}
+		// id is after every id before it, so it beats the root only on
+		// probability: a tie in probability leaves the root in place.
+		if prob[id] > prob[heap[0]] {
+			heap[0] = id
+			down(0)
+		}
+	}
+	slices.SortFunc(heap, func(a, b int32) int { return orderProb(prob, a, b) })
+	return heap
 }
 
 // penalise copies logits into dst (of the same length), applies p's

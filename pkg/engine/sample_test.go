@@ -2,6 +2,8 @@ package engine
 
 import (
 	"math"
+	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -292,6 +294,121 @@ func TestSamplePenaltiesDoNotAllocate(t *testing.T) {
 		})
 		if allocs != 0 {
 			t.Errorf("Sample with %+v: %v allocations per call, want 0", s, allocs)
+		}
+	}
+}
+
+// sampleFullSort is top-p sampling as Sample specifies it, by a sort of the
+// whole vocabulary: the reference for drawTopP's partial selection.
+func sampleFullSort(logits []float32, s Sampling, pos int) int32 {
+	best := argmax(logits)
+	maxLogit, invT := float64(logits[best]), 1/float64(s.Temperature)
+	prob := make([]float64, len(logits))
+	total := 0.0
+	for i, l := range logits {
+		prob[i] = math.Exp((float64(l) - maxLogit) * invT)
+		total += prob[i]
+	}
+	idx := make([]int32, len(logits))
+	for i := range idx {
+		idx[i] = int32(i)
+	}
+	slices.SortFunc(idx, func(a, b int32) int { return orderProb(prob, a, b) })
+	want := float64(s.TopP) * total
+	kept, mass := 0, 0.0
+	for kept < len(idx) {
+		mass += prob[idx[kept]]
+		kept++
+		if mass >= want {
+			break
+		}
+	}
+	return drawInOrder(prob, idx[:kept], Uniform(s.Seed, pos)*mass, best)
+}
+
+// TestSampleTopPMatchesFullSort: the heap selection draws the token a sort
+// of the whole vocabulary draws, on peaked, flat and tied distributions
+// whose nucleus takes a few ids, hundreds (past the first heap of 64) or
+// most of the vocabulary (the full sort).
+func TestSampleTopPMatchesFullSort(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	shapes := map[string]func(i int) float32{
+		"peaked":   func(int) float32 { return float32(rng.NormFloat64() * 4) },
+		"flat":     func(int) float32 { return float32(rng.NormFloat64() * 0.05) },
+		"tied":     func(int) float32 { return float32(rng.IntN(4)) * 0.5 },
+		"all-same": func(int) float32 { return 1 },
+	}
+	var sc SampleScratch
+	draws := 0
+	for name, shape := range shapes {
+		for _, n := range []int{3, 100, 5000} {
+			logits := make([]float32, n)
+			for i := range logits {
+				logits[i] = shape(i)
+			}
+			for _, topP := range []float32{0.01, 0.3, 0.9, 0.99} {
+				for pos := range 20 {
+					s := Sampling{Temperature: 0.8, TopP: topP, Seed: uint64(n)}
+					if got, want := Sample(logits, s, pos, &sc), sampleFullSort(logits, s, pos); got != want {
+						t.Fatalf("%s, %d ids, top-p %v, position %d: drew %d, a full sort draws %d", name, n, topP, pos, got, want)
+					}
+					draws++
+				}
+			}
+		}
+	}
+	t.Logf("%d draws agree", draws)
+}
+
+// BenchmarkSampleTopP: one top-p draw over Qwen2's vocabulary size, from
+// peaked logits (the nucleus is in the first 64 ids: the heap alone), from
+// wider and flat ones (it takes thousands of ids or most of the vocabulary,
+// as with random weights: the radix sort); "flat/sort" is the flat draw by
+// a comparison sort of the vocabulary, for scale. The softmax's exp over
+// the vocabulary is most of the peaked case.
+func BenchmarkSampleTopP(b *testing.B) {
+	for _, c := range []struct {
+		name  string
+		scale float64
+		sort  bool
+	}{{"peaked", 8, false}, {"normal", 3, false}, {"flat", 0.3, false}, {"flat/sort", 0.3, true}} {
+		b.Run(c.name, func(b *testing.B) {
+			rng := rand.New(rand.NewPCG(1, 2))
+			logits := make([]float32, 151936)
+			for i := range logits {
+				logits[i] = float32(rng.NormFloat64() * c.scale)
+			}
+			var sc SampleScratch
+			s := Sampling{Temperature: 1, TopP: 0.95, Seed: 1}
+			for i := 0; b.Loop(); i++ {
+				if c.sort {
+					sampleFullSort(logits, s, i)
+				} else {
+					Sample(logits, s, i, &sc)
+				}
+			}
+		})
+	}
+}
+
+// TestTopProbIsSortPrefix: the heap keeps exactly the first k ids of the
+// full order, ties in probability broken by the lower id.
+func TestTopProbIsSortPrefix(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, levels := range []int{1, 3, 1000} {
+		prob := make([]float64, 2000)
+		for i := range prob {
+			prob[i] = float64(rng.IntN(levels))
+		}
+		all := make([]int32, len(prob))
+		for i := range all {
+			all[i] = int32(i)
+		}
+		slices.SortFunc(all, func(a, b int32) int { return orderProb(prob, a, b) })
+		for _, k := range []int{1, 7, 64, 500} {
+			if diff := cmp.Diff(all[:k], topProb(prob, k, make([]int32, 0, k))); diff != "" {
+				t.Errorf("%d levels, k %d: heap selection differs from the sort's first k (-want +got):\n%s", levels, k, diff)
+			}
 		}
 	}
 }
