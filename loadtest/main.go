@@ -30,6 +30,7 @@ Commands:
             performance-model engine, or given by URL), side by side
   regress   a run (or a saved result) against a baseline result; exits 1 when
             TTFT or TPOT at the chosen statistic drifts beyond the limit
+  check     one completion, its reply checked (the chart's helm test)
 
 Run "go run ./loadtest COMMAND -h" for a command's flags, "--version" for the
 version. See loadtest/README.md.
@@ -61,6 +62,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = cmdCompare(ctx, rest, stdout, stderr)
 	case "regress":
 		err = cmdRegress(ctx, rest, stdout, stderr)
+	case "check":
+		err = cmdCheck(ctx, rest, stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return exitOK

@@ -104,11 +104,7 @@ func checkLlamacpp(t *testing.T, r release) {
 		if p.container == "coordinator" {
 			imageKey = "image.llamacppCPU" // it loads only the vocabulary
 		}
-		tag, _ := r.value(imageKey + ".tag").(string)
-		if tag == "" {
-			tag = r.appVersion
-		}
-		if want := fmt.Sprintf("%v:%s", r.value(imageKey+".repository"), tag); c.Image != want {
+		if want := r.imageRef(imageKey); c.Image != want {
 			t.Errorf("%s: image %s, want %s (%s)", p.deployment, c.Image, want, imageKey)
 		}
 		if want := []string{"/usr/local/bin/" + p.container}; !slices.Equal(c.Command, want) {
@@ -248,7 +244,7 @@ model:
     url: https://models.example.com/tiny.gguf
     sizeLimit: 2Gi
 image:
-  llamacpp: {repository: registry.example.com/pdserve/worker-cuda, tag: dev}
+  llamacpp: {registry: registry.example.com/pdserve, repository: worker-cuda, tag: dev}
 `,
 }
 

@@ -69,10 +69,30 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
 {{/*
-Image reference. Call with (dict "root" $ "image" .Values.coordinator.image).
+Reference of a pdserve image: REGISTRY/REPOSITORY:TAG, the registry the
+image's own or else image.registry (neither: REPOSITORY:TAG), the tag the
+image's own or else the chart's appVersion. Call with (dict "root" $
+"image" .Values.coordinator.image).
 */}}
 {{- define "pdserve.image" -}}
-{{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) }}
+{{- $registry := default .root.Values.image.registry .image.registry | trimSuffix "/" }}
+{{- $repo := .image.repository }}
+{{- if $registry }}
+{{- $repo = printf "%s/%s" $registry $repo }}
+{{- end }}
+{{- printf "%s:%s" $repo (default .root.Chart.AppVersion .image.tag) }}
+{{- end }}
+
+{{/*
+Reference of an image that is not pdserve's (NATS, the model download):
+its own registry only, then REPOSITORY:TAG. Call with the image's values.
+*/}}
+{{- define "pdserve.externalImage" -}}
+{{- if .registry }}
+{{- printf "%s/%s:%s" (trimSuffix "/" .registry) .repository .tag }}
+{{- else }}
+{{- printf "%s:%s" .repository .tag }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -278,7 +298,7 @@ SHA-256 checked, if given), so that a reader never sees a partial file.
 {{- if and (include "pdserve.llamacpp" .) (eq $m.source "download") }}
 {{- $d := $m.download }}
 - name: model-download
-  image: {{ printf "%s:%s" $d.image.repository $d.image.tag }}
+  image: {{ include "pdserve.externalImage" $d.image }}
   imagePullPolicy: {{ $d.image.pullPolicy }}
   command: ["/bin/sh", "-c"]
   args:
