@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -326,6 +327,14 @@ type Host struct {
 	ticks  <-chan time.Time // nil: a ticker of every
 	every  time.Duration
 	online *planner.Online // set by Attach
+
+	// With the Kubernetes actuator, set by Attach:
+	kact    *actuator.Kubernetes
+	log     *zap.Logger
+	errs    *prometheus.CounterVec // pdserve_planner_actuator_errors_total{op}
+	unsched *prometheus.GaugeVec   // pdserve_planner_unschedulable_pods{role}
+	mu      sync.Mutex
+	lastPod string // what CheckPods last logged, to log changes only
 }
 
 var _ coordinator.Extension = (*Host)(nil)
@@ -379,7 +388,25 @@ func (p *Host) Attach(h coordinator.Host) error {
 		if err != nil {
 			return fmt.Errorf("coordinator: planner: %w", err)
 		}
-		cfg.Actuator = k
+		p.kact, p.log = k, log
+		p.errs = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "pdserve", Name: "planner_actuator_errors_total",
+			Help: "Failed calls of the planner's Kubernetes actuator: op scale (setting a pool's replicas), pods (listing the pools' pods); the coordinator's log has each error."},
+			[]string{"op"})
+		p.unsched = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "pdserve", Name: "planner_unschedulable_pods",
+			Help: "Pods of a pool's Deployment that the scheduler could not place (Pending, PodScheduled False), by role; the coordinator's log has the scheduler's reason."},
+			[]string{"role"})
+		for _, c := range []prometheus.Collector{p.errs, p.unsched} {
+			if err := h.Registerer.Register(c); err != nil {
+				return fmt.Errorf("coordinator: planner: register metrics: %w", err)
+			}
+		}
+		for _, op := range []string{"scale", "pods"} {
+			p.errs.WithLabelValues(op)
+		}
+		for _, role := range []control.Role{control.RolePrefill, control.RoleDecode} {
+			p.unsched.WithLabelValues(string(role)).Set(0)
+		}
+		cfg.Actuator = countingActuator{k, p.errs.WithLabelValues("scale")}
 	default:
 		cfg.Actuator = actuator.NewLog(log)
 	}
@@ -433,7 +460,8 @@ func (p *Host) ObserveTrace(t *budget.Trace) {
 	p.online.Observe(planner.ObservationFromTrace(t))
 }
 
-// Run implements coordinator.Extension: it re-plans until ctx ends.
+// Run implements coordinator.Extension: it re-plans until ctx ends; with
+// the Kubernetes actuator it also runs CheckPods every planner interval.
 func (p *Host) Run(ctx context.Context) {
 	ticks := p.ticks
 	if ticks == nil {
@@ -441,7 +469,95 @@ func (p *Host) Run(ctx context.Context) {
 		defer t.Stop()
 		ticks = t.C
 	}
+	var wg sync.WaitGroup
+	if p.kact != nil {
+		wg.Go(func() {
+			t := time.NewTicker(p.cfg.Interval)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					p.CheckPods(ctx)
+				}
+			}
+		})
+	}
 	_ = p.online.Run(ctx, ticks) // returns nil when ctx ends
+	wg.Wait()
+}
+
+// CheckPods looks for pods of the two worker Deployments that the
+// scheduler cannot place (actuator.Kubernetes.Unschedulable), as Run does
+// every planner interval with the Kubernetes actuator: it sets
+// pdserve_planner_unschedulable_pods{role}, and logs a warning with each
+// pod and the scheduler's message when the set changes (an error of the
+// API, e.g. without the RBAC to list pods, likewise, and counts it in
+// pdserve_planner_actuator_errors_total{op="pods"}). A no-op without the
+// Kubernetes actuator.
+func (p *Host) CheckPods(ctx context.Context) {
+	if p.kact == nil {
+		return
+	}
+	pods, err := p.kact.Unschedulable(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return
+		}
+		p.errs.WithLabelValues("pods").Inc()
+		p.logChange("error: "+err.Error(), func() { p.log.Warn("planner: list the pools' pods", zap.Error(err)) })
+		return
+	}
+	count := map[control.Role]int{}
+	var desc []string
+	for _, u := range pods {
+		role := control.RoleDecode
+		if u.Deployment == p.ko.PrefillDeployment {
+			role = control.RolePrefill
+		}
+		count[role]++
+		desc = append(desc, u.Pod+": "+u.Reason+": "+u.Message)
+	}
+	for _, role := range []control.Role{control.RolePrefill, control.RoleDecode} {
+		p.unsched.WithLabelValues(string(role)).Set(float64(count[role]))
+	}
+	p.logChange(strings.Join(desc, "\n"), func() {
+		for _, u := range pods {
+			p.log.Warn("planner: pool pod cannot be scheduled", zap.String("deployment", u.Deployment),
+				zap.String("pod", u.Pod), zap.String("reason", u.Reason), zap.String("message", u.Message))
+		}
+		if len(pods) == 0 {
+			p.log.Info("planner: every pool pod is scheduled")
+		}
+	})
+}
+
+// logChange calls log when state differs from the last one logged (the
+// first state logged is "": all scheduled, nothing to say).
+func (p *Host) logChange(state string, log func()) {
+	p.mu.Lock()
+	changed := state != p.lastPod
+	p.lastPod = state
+	p.mu.Unlock()
+	if changed {
+		log()
+	}
+}
+
+// countingActuator counts the failed Scale calls of an actuator.
+type countingActuator struct {
+	planner.Actuator
+	errs prometheus.Counter
+}
+
+// Scale implements planner.Actuator.
+func (c countingActuator) Scale(ctx context.Context, prefill, decode int) error {
+	err := c.Actuator.Scale(ctx, prefill, decode)
+	if err != nil && !errors.Is(err, context.Canceled) {
+		c.errs.Inc()
+	}
+	return err
 }
 
 // Online returns the running planner; nil before the coordinator's Start

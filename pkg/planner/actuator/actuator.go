@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 
 	"go.uber.org/zap"
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -144,6 +147,53 @@ func (k *Kubernetes) Current(ctx context.Context) (prefill, decode int, err erro
 	return int(p.Status.Replicas), int(d.Status.Replicas), nil
 }
 
+// Unschedulable is a pod of a scaled Deployment that the scheduler could
+// not place: Pending with the condition PodScheduled False.
+type Unschedulable struct {
+	Deployment string // the Deployment's name
+	Pod        string
+	Reason     string // the condition's reason, e.g. Unschedulable
+	// Message is the scheduler's, e.g. "0/3 nodes are available: 3
+	// Insufficient nvidia.com/gpu. ..."
+	Message string
+}
+
+// Unschedulable returns the pods of the prefill and then the decode
+// Deployment that the scheduler could not place, found by the label
+// selector of each Deployment's scale (status.selector), in pod-name order.
+// RBAC: list on pods besides RBACRules' scale access. Errors: the API
+// error, wrapped with the Deployment's name.
+func (k *Kubernetes) Unschedulable(ctx context.Context) ([]Unschedulable, error) {
+	var out []Unschedulable
+	for _, name := range []string{k.prefillName, k.decodeName} {
+		s, err := k.client.AppsV1().Deployments(k.namespace).GetScale(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return nil, fmt.Errorf("actuator: get scale of %s/%s: %w", k.namespace, name, err)
+		}
+		if s.Status.Selector == "" {
+			continue // no pods yet (a Deployment the controller has not seen)
+		}
+		pods, err := k.client.CoreV1().Pods(k.namespace).List(ctx, metav1.ListOptions{LabelSelector: s.Status.Selector})
+		if err != nil {
+			return nil, fmt.Errorf("actuator: list pods of %s/%s: %w", k.namespace, name, err)
+		}
+		var found []Unschedulable
+		for _, p := range pods.Items {
+			if p.Status.Phase != corev1.PodPending || p.DeletionTimestamp != nil {
+				continue
+			}
+			for _, c := range p.Status.Conditions {
+				if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse {
+					found = append(found, Unschedulable{Deployment: name, Pod: p.Name, Reason: c.Reason, Message: c.Message})
+				}
+			}
+		}
+		slices.SortFunc(found, func(a, b Unschedulable) int { return strings.Compare(a.Pod, b.Pod) })
+		out = append(out, found...)
+	}
+	return out, nil
+}
+
 // Rule is one RBAC policy rule, as in a Role's rules list.
 type Rule struct {
 	APIGroups []string
@@ -155,5 +205,9 @@ type Rule struct {
 // namespace: a Role with these rules bound to the coordinator's service
 // account.
 func RBACRules() []Rule {
-	return []Rule{{APIGroups: []string{"apps"}, Resources: []string{"deployments/scale"}, Verbs: []string{"get", "update"}}}
+	return []Rule{
+		{APIGroups: []string{"apps"}, Resources: []string{"deployments/scale"}, Verbs: []string{"get", "update"}},
+		// Unschedulable: read-only, to report pods the scheduler cannot place.
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list"}},
+	}
 }

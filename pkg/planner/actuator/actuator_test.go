@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 
@@ -12,6 +13,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -191,8 +193,66 @@ func TestLog(t *testing.T) {
 }
 
 func TestRBACRules(t *testing.T) {
-	want := []Rule{{APIGroups: []string{"apps"}, Resources: []string{"deployments/scale"}, Verbs: []string{"get", "update"}}}
+	want := []Rule{
+		{APIGroups: []string{"apps"}, Resources: []string{"deployments/scale"}, Verbs: []string{"get", "update"}},
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list"}},
+	}
 	if diff := cmp.Diff(want, RBACRules()); diff != "" {
 		t.Errorf("RBACRules (-want +got):\n%s", diff)
+	}
+}
+
+// pod is a pod of a Deployment's pods (app=app) in phase, scheduled or not.
+func pod(name, app string, phase corev1.PodPhase, scheduled corev1.ConditionStatus, msg string) *corev1.Pod {
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"app": app}},
+		Status: corev1.PodStatus{Phase: phase, Conditions: []corev1.PodCondition{
+			{Type: corev1.PodScheduled, Status: scheduled, Reason: map[bool]string{true: "Unschedulable"}[scheduled == corev1.ConditionFalse], Message: msg},
+		}},
+	}
+}
+
+func TestUnschedulable(t *testing.T) {
+	cs, _ := newFake(t, 1, 2, 0)
+	// The fake serves the scale's selector from the Deployment's name.
+	cs.PrependReactor("get", "deployments", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() != "scale" {
+			return false, nil, nil
+		}
+		name := a.(k8stesting.GetAction).GetName()
+		return true, &autoscalingv1.Scale{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+			Status: autoscalingv1.ScaleStatus{Selector: "app=" + name}}, nil
+	})
+	const full = "0/3 nodes are available: 1 Insufficient nvidia.com/gpu, 2 node(s) didn't match Pod's node affinity/selector."
+	for _, p := range []*corev1.Pod{
+		pod("pd-prefill-a", "pd-prefill", corev1.PodRunning, corev1.ConditionTrue, ""),
+		pod("pd-decode-b", "pd-decode", corev1.PodPending, corev1.ConditionFalse, full),
+		pod("pd-decode-a", "pd-decode", corev1.PodRunning, corev1.ConditionTrue, ""),
+		pod("pd-decode-c", "pd-decode", corev1.PodPending, corev1.ConditionTrue, ""), // scheduled, pulling its image
+		pod("other-x", "other", corev1.PodPending, corev1.ConditionFalse, full),      // not ours
+	} {
+		if _, err := cs.CoreV1().Pods(ns).Create(t.Context(), p, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	k, err := NewKubernetes(cs, KubernetesOptions{Namespace: ns, PrefillDeployment: "pd-prefill", DecodeDeployment: "pd-decode"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := k.Unschedulable(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Unschedulable{{Deployment: "pd-decode", Pod: "pd-decode-b", Reason: "Unschedulable", Message: full}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Unschedulable (-want +got):\n%s", diff)
+	}
+
+	// Without the list permission: the API's error, naming the Deployment.
+	cs.PrependReactor("list", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(schema.GroupResource{Resource: "pods"}, "", errors.New("RBAC: no list"))
+	})
+	if _, err := k.Unschedulable(t.Context()); !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "serving/pd-prefill") {
+		t.Errorf("Unschedulable without list = %v, want a Forbidden error naming serving/pd-prefill", err)
 	}
 }

@@ -10,5 +10,12 @@
 //	resources: ["deployments/scale"]
 //	verbs:     ["get", "update"]
 //
+// and, for Kubernetes.Unschedulable (the pods of the two Deployments that
+// the scheduler cannot place, with its reason), read-only:
+//
+//	apiGroups: [""]
+//	resources: ["pods"]
+//	verbs:     ["list"]
+//
 // Both implement planner.Actuator and are safe for concurrent use.
 package actuator
