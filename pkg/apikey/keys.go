@@ -21,8 +21,13 @@ type Key struct {
 	Name string
 	// Prefix is the first 8 hex digits of the key's SHA-256, for logs.
 	Prefix string
+	digest [sha256.Size]byte
 	lim    *limiter
 }
+
+// Digest returns the SHA-256 of the key: what tells one key from
+// another (two keys may share a Name).
+func (k *Key) Digest() [sha256.Size]byte { return k.digest }
 
 // Limits returns the key's requests and tokens a minute; 0: no limit.
 func (k *Key) Limits() (rpm, tpm int) { return k.lim.limits() }
@@ -130,7 +135,7 @@ func (k *Keys) reload(force bool) (bool, error) {
 			}
 			lim.configure(e.RPM, e.TPM)
 			set.digests = append(set.digests, e.Digest)
-			set.keys = append(set.keys, &Key{Name: e.Label(), Prefix: DigestPrefix(e.Digest), lim: lim})
+			set.keys = append(set.keys, &Key{Name: e.Label(), Prefix: DigestPrefix(e.Digest), digest: e.Digest, lim: lim})
 		}
 		k.cur.Store(set)
 		return nil

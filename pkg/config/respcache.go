@@ -27,6 +27,12 @@ type ResponseCache struct {
 	// MaxBytes bounds the memory the responses hold, as estimated from
 	// their tokens and logprobs (≥ 0; 0: DefaultResponseCacheMaxBytes).
 	MaxBytes int64 `yaml:"max_bytes"`
+	// ShareAcrossKeys lets a request of one API key be answered from the
+	// response of another key's identical request. Off by default: each
+	// key has a partition of its own, since a hit (and its speed) tells
+	// the asker that another tenant asked the same. Without API keys
+	// every request is of the one anonymous partition.
+	ShareAcrossKeys bool `yaml:"share_across_keys"`
 }
 
 // On reports whether the cache is on.

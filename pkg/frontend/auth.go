@@ -142,7 +142,10 @@ func rateLimited(key *apikey.Key, q apikey.Quota) *apiError {
 	}
 	e := &apiError{status: http.StatusTooManyRequests, Type: q.Exceeded, Code: ptr("rate_limit_exceeded"), retryAfter: q.RetryAfter}
 	if q.RetryAfter == 0 {
-		e.Message = fmt.Sprintf("Request too large for API key %s on %s: Limit %d, Requested %d. Reduce the prompt or max_tokens.",
+		// It can never succeed as it is: no Retry-After, or SDKs retry it
+		// forever (OpenAI's "Request too large" sends none either).
+		e.noRetry = true
+		e.Message = fmt.Sprintf("Request too large for API key %s on %s: Limit %d, Requested %d. The input or output tokens must be reduced in order to run successfully.",
 			key.Name, unit, w.Limit, q.Requested)
 	} else {
 		e.Message = fmt.Sprintf("Rate limit reached for API key %s on %s: Limit %d, Used %d, Requested %d. Please try again in %s.",

@@ -303,9 +303,11 @@ func TestRateLimits(t *testing.T) {
 		{name: "over the requests limit", key: keyTeamA, body: body, wantStatus: 429, wantRetry: "30",
 			wantHeaders: limits(2, 0, "1m0s", 100, 84, "9.6s"),
 			wantErr:     rateLimit("requests", "Rate limit reached for API key team-a on requests per min (RPM): Limit 2, Used 2, Requested 1. Please try again in 30s.")},
-		{name: "half a minute later", advance: 30 * time.Second, key: keyTeamA, body: tooLarge, wantStatus: 429, wantRetry: "5",
+		// Over the whole limit: it never succeeds as it is, so no
+		// Retry-After (SDKs would retry it forever), as OpenAI.
+		{name: "half a minute later", advance: 30 * time.Second, key: keyTeamA, body: tooLarge, wantStatus: 429, wantRetry: "",
 			wantHeaders: limits(2, 0, "1m0s", 100, 100, "0s"),
-			wantErr:     rateLimit("tokens", "Request too large for API key team-a on tokens per min (TPM): Limit 100, Requested 101. Reduce the prompt or max_tokens.")},
+			wantErr:     rateLimit("tokens", "Request too large for API key team-a on tokens per min (TPM): Limit 100, Requested 101. The input or output tokens must be reduced in order to run successfully.")},
 		{name: "tokens only", key: keyTeamB, body: `{"prompt":"abcde","max_tokens":40}`, wantStatus: 200,
 			wantHeaders: limits(0, 0, "", 50, 5, "54s")},
 		// 37 given back: 42, and 1.25 more in 1.5 s.

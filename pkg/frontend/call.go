@@ -81,7 +81,7 @@ func newCall(s *Server, pl *plan, id string, created int64, w http.ResponseWrite
 	for i, req := range pl.reqs {
 		pr := &promptRun{req: req, echo: pl.echo[i]}
 		if s.cache != nil {
-			pr.key, pr.cacheable = cacheKey(p, req)
+			pr.key, pr.cacheable = cacheKey(p, req, s.cachePartition(pl.client))
 		}
 		for j := range p.n {
 			ch := &choiceState{index: i*p.n + j, text: &textStream{decode: s.o.Tokenizer.DecodeToken, stops: p.stops}}

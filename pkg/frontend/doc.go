@@ -69,7 +69,32 @@
 // default_max_tokens, else UnknownContextMaxTokens (16, OpenAI's default
 // on /v1/completions, short enough for any worker), lowered to the cap;
 // the workers refuse what does not fit them. max_tokens must be at least
-// 1.
+// 1. A max_tokens (or max_completion_tokens) that alone fills the context
+// is a 400 context_length_exceeded naming that parameter; with an unknown
+// context, prompt + max_tokens must fit MaxSequenceTokens (2³¹−1, what the
+// workers' RPCs carry), else a 400 invalid_value naming it. Every check is
+// written so that no sum or product of client numbers can overflow, and
+// the tokens a request takes from its key's tokens a minute saturate.
+//
+// # Memory per request
+//
+// Every count a body controls is bounded before it is decoded: a scan of
+// the raw body (no allocation) refuses, at the element that exceeds it, a
+// prompt of more token ids than the longest context of the served models
+// (400 context_length_exceeded), a batch of more prompts than
+// Options.MaxInFlight (2048 without one; 400 invalid_value), more chat
+// messages than that context (each renders to a token at least), and any
+// other array or object of more than 4096 elements. Token ids are then
+// decoded straight into []int32 (4 bytes each, no copy of the raw JSON,
+// no value per id). So a request holds its body (at most
+// Options.MaxBodyBytes; read into one buffer of its Content-Length) plus
+// at most 4 bytes × the longest context × the batch limit of token ids,
+// plus its text prompts and messages (no more bytes than the body) and,
+// for a text prompt, the tokenizer's ids (4 bytes a token). With a 16 MiB
+// limit and a 1024-token context, one 16 MiB body of token ids peaks
+// under 50 MiB of heap (the adversarial suite asserts it for four at
+// once). Options.MaxInFlightBodyBytes bounds the bodies of all requests
+// together.
 //
 // # Sampling and seeds
 //
@@ -136,12 +161,25 @@
 // request holding one per prompt; one more gets 429 (code "overloaded")
 // with Retry-After at once, its body unread. So the memory request bodies
 // hold stays under MaxInFlight × MaxBodyBytes (a test measures it with
-// 1,000 concurrent 16 MiB uploads). A body over Options.MaxBodyBytes
+// 1,000 concurrent 16 MiB uploads). With Options.MaxInFlightBodyBytes
+// the bodies share a byte budget too: a body takes its Content-Length at
+// admission (a body without one, its buffer as it grows) until its
+// response ends; one that does not fit gets 429 (code "overloaded") with
+// Retry-After, as a full queue, since it is the server's capacity and
+// not the request that is at fault. A body over Options.MaxBodyBytes
 // (default 16 MiB) gets 413; one that makes no progress for
-// Options.BodyIdleTimeout gets 408 and its connection is closed. The
-// deadline is cleared once the body is read, so a response stream may
-// idle for as long as generation takes. The header timeout is the
-// http.Server's (the coordinator's --http-read-header-timeout).
+// Options.BodyIdleTimeout, or is not whole within Options.BodyTimeout of
+// its admission (a body trickled a byte at a time), gets 408 and its
+// connection is closed, its admission slot given back. The deadlines are
+// cleared once the body is read, so a response stream may idle for as
+// long as generation takes. The header timeout is the http.Server's (the
+// coordinator's --http-read-header-timeout).
+//
+// With Options.WriteTimeout each write of a response (a stream event, a
+// whole response) must complete within it: a client that stops reading
+// has its request cancelled (the Backend's calls end, the workers free
+// its KV and output), logged at warn ("client stopped reading: request
+// cancelled") and counted in pdserve_stream_stalled_cancels_total.
 //
 // A client that goes away is logged with http_status 499 and error
 // "cancelled" (the cause is logged apart), status "cancelled" in the
@@ -230,7 +268,9 @@
 // message ("Rate limit reached for API key NAME on requests per min
 // (RPM): Limit L, Used U, Requested R. Please try again in 20ms.") and
 // Retry-After the wait (whole seconds, rounded up); one that asks for
-// more tokens than the limit gets "Request too large …". Every response
+// more tokens than the limit gets "Request too large …" with no
+// Retry-After (it can never succeed as it is; OpenAI sends none either,
+// and SDKs would retry it forever). Every response
 // of a limited completion request, refusals included, carries OpenAI's
 // headers of each limit the key has: x-ratelimit-limit-requests,
 // x-ratelimit-remaining-requests, x-ratelimit-reset-requests (the time
@@ -267,6 +307,18 @@
 // "hit" or "miss" per prompt; an unseeded sampled request is not looked
 // up and has none. There is no single-flight: identical requests at once
 // each miss and run.
+//
+// With API keys the cache is partitioned by key (its SHA-256 leads the
+// cache key): a hit, and its speed, would tell a tenant what another
+// asked. The policy's response_cache.share_across_keys (the coordinator's
+// --response-cache-share-across-keys) shares it across keys instead.
+// Without API keys there is one partition.
+//
+// # Choices
+//
+// With Options.MaxChoices (the largest batch the decode workers report
+// in their heartbeats) an n over it is a 400 invalid_value on "n" naming
+// the limit, before any worker is asked.
 //
 // A Server is safe for concurrent use.
 package frontend

@@ -71,6 +71,9 @@ type apiError struct {
 	// retryAfter, when > 0, is the Retry-After of this 429 (a rate
 	// limit's wait) instead of Options.RetryAfter.
 	retryAfter time.Duration
+	// noRetry: no Retry-After, even on a 429 (a request that can never
+	// succeed as it is, such as one over a key's whole limit).
+	noRetry bool
 }
 
 func (e *apiError) Error() string { return e.Message }
@@ -153,7 +156,8 @@ func kindError(err error, msg, id string) *apiError {
 }
 
 // writeError writes e as the whole response; retryAfter (or e's own) is
-// sent with 429 and 503 (rounded up to whole seconds, at least 1).
+// sent with 429 and 503 (rounded up to whole seconds, at least 1) unless
+// e.noRetry.
 func writeError(w http.ResponseWriter, e *apiError, retryAfter time.Duration) {
 	if e.retryAfter > 0 {
 		retryAfter = e.retryAfter
@@ -161,7 +165,7 @@ func writeError(w http.ResponseWriter, e *apiError, retryAfter time.Duration) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Cache-Control", "no-cache")
-	if e.status == http.StatusTooManyRequests || e.status == http.StatusServiceUnavailable {
+	if (e.status == http.StatusTooManyRequests || e.status == http.StatusServiceUnavailable) && !e.noRetry {
 		h.Set("Retry-After", strconv.Itoa(max(1, int(math.Ceil(retryAfter.Seconds())))))
 	}
 	w.WriteHeader(e.status)

@@ -57,7 +57,7 @@ func paramSet(names ...string) map[string]bool {
 // route). A nil pointer is an absent or null parameter.
 type completionBody struct {
 	Model               *string            `json:"model"`
-	Prompt              json.RawMessage    `json:"prompt"`   // completions
+	Prompt              promptJSON         `json:"prompt"`   // completions
 	Messages            json.RawMessage    `json:"messages"` // chat
 	MaxTokens           *int               `json:"max_tokens"`
 	MaxCompletionTokens *int               `json:"max_completion_tokens"` // chat
@@ -132,11 +132,19 @@ type promptIn struct {
 	isIDs bool
 }
 
+// skipJSON is a JSON value decoded to nothing.
+type skipJSON struct{}
+
+func (*skipJSON) UnmarshalJSON([]byte) error { return nil }
+
 // parseBody decodes and validates a request body of the chat route or
-// the completions route. Errors name the parameter at fault; none holds
-// internal text.
-func parseBody(data []byte, chat bool) (*params, *apiError) {
-	var fields map[string]json.RawMessage
+// the completions route, its containers first checked against lim
+// (scanBody). Errors name the parameter at fault; none holds internal
+// text.
+func parseBody(data []byte, chat bool, lim bodyLimits) (*params, *apiError) {
+	// The field names alone (no copy of their values), which also
+	// validates the JSON before scanBody reads it.
+	var fields map[string]skipJSON
 	if err := json.Unmarshal(data, &fields); err != nil {
 		var se *json.SyntaxError
 		if errors.As(err, &se) {
@@ -154,6 +162,9 @@ func parseBody(data []byte, chat bool) (*params, *apiError) {
 	if aerr := checkKnown(fields, known, ""); aerr != nil {
 		return nil, aerr
 	}
+	if aerr := scanBody(data, lim); aerr != nil {
+		return nil, aerr
+	}
 	var b completionBody
 	if err := json.Unmarshal(data, &b); err != nil {
 		return nil, typeError(err)
@@ -163,7 +174,7 @@ func parseBody(data []byte, chat bool) (*params, *apiError) {
 
 // checkKnown returns the 400 of the first field (in name order) that is
 // not in known; prefix is prepended to its name ("stream_options.").
-func checkKnown(fields map[string]json.RawMessage, known map[string]bool, prefix string) *apiError {
+func checkKnown[V any](fields map[string]V, known map[string]bool, prefix string) *apiError {
 	var unknown []string
 	for k := range fields {
 		if !known[k] {
@@ -325,10 +336,13 @@ func (b *completionBody) validate(chat bool) (*params, *apiError) {
 	if b.ReturnTokenIDs != nil {
 		p.returnIDs = *b.ReturnTokenIDs
 	}
-	if chat {
+	switch {
+	case chat:
 		p.msgs, aerr = chatMessages(b.Messages)
-	} else {
-		p.prompts, aerr = prompts(b.Prompt)
+	case !b.Prompt.present:
+		aerr = badRequest("prompt", "missing_prompt", "prompt is required")
+	default:
+		p.prompts, aerr = b.Prompt.prompts, b.Prompt.err
 	}
 	if aerr != nil {
 		return nil, aerr
@@ -515,71 +529,6 @@ func (b *completionBody) stops() ([]string, *apiError) {
 // promptTypeError is the 400 of a prompt of none of the accepted shapes.
 func promptTypeError() *apiError {
 	return badRequest("prompt", "invalid_type", "prompt must be a string, an array of token ids, or an array of either (batched prompts)")
-}
-
-// prompts returns the prompts of a completions request: a string, an
-// array of token ids, or an array of strings or of token-id arrays (one
-// prompt each). Token ids are checked against the vocabulary later.
-func prompts(raw json.RawMessage) ([]promptIn, *apiError) {
-	if isAbsent(raw) {
-		return nil, badRequest("prompt", "missing_prompt", "prompt is required")
-	}
-	var text string
-	if err := json.Unmarshal(raw, &text); err == nil {
-		return []promptIn{{text: text}}, nil
-	}
-	var elems []json.RawMessage
-	if err := json.Unmarshal(raw, &elems); err != nil {
-		return nil, promptTypeError()
-	}
-	if len(elems) == 0 {
-		return nil, badRequest("prompt", "empty_prompt", "prompt must not be empty")
-	}
-	switch bytes.TrimSpace(elems[0])[0] {
-	case '"': // batch of texts
-		out := make([]promptIn, len(elems))
-		for i, e := range elems {
-			if err := json.Unmarshal(e, &out[i].text); err != nil {
-				return nil, promptTypeError()
-			}
-		}
-		return out, nil
-	case '[': // batch of token-id arrays
-		out := make([]promptIn, len(elems))
-		for i, e := range elems {
-			ids, aerr := tokenIDs(e)
-			if aerr != nil {
-				return nil, aerr
-			}
-			out[i] = promptIn{ids: ids, isIDs: true}
-		}
-		return out, nil
-	}
-	ids, aerr := tokenIDs(raw)
-	if aerr != nil {
-		return nil, aerr
-	}
-	return []promptIn{{ids: ids, isIDs: true}}, nil
-}
-
-// tokenIDs decodes an array of token ids (integers; null is none). The
-// ids are checked against the vocabulary later.
-func tokenIDs(raw json.RawMessage) ([]int32, *apiError) {
-	var ids []*int64
-	if err := json.Unmarshal(raw, &ids); err != nil {
-		return nil, promptTypeError()
-	}
-	out := make([]int32, len(ids))
-	for i, id := range ids {
-		switch {
-		case id == nil:
-			return nil, promptTypeError()
-		case *id < 0 || *id > 1<<31-1:
-			return nil, badRequest("prompt", "invalid_token", "prompt token %d at index %d is outside the vocabulary", *id, i)
-		}
-		out[i] = int32(*id)
-	}
-	return out, nil
 }
 
 func nonEmpty(ids []int32, param string) ([]int32, *apiError) {

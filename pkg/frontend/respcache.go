@@ -60,6 +60,17 @@ func newResponseCache(o Options) (*responseCache, error) {
 	return c, nil
 }
 
+// cachePartition returns the response cache partition of cl's requests:
+// its key's digest, nil when the cache is shared across keys or the API
+// has no keys.
+func (s *Server) cachePartition(cl client) []byte {
+	if cl.key == nil || s.o.Policy.ResponseCache.ShareAcrossKeys {
+		return nil
+	}
+	d := cl.key.Digest()
+	return d[:]
+}
+
 // cacheKey returns the key of req, a prompt of request p, and whether it
 // may be cached: only a greedy (temperature 0) or seeded request, whose
 // output the model, the prompt's tokens and the sampling parameters
@@ -71,7 +82,11 @@ func newResponseCache(o Options) (*responseCache, error) {
 // stop strings (they end choices early). What only shapes the rendering
 // (stream, include_usage, echo without logprobs, return_token_ids) is
 // not in it: a hit renders the Outputs as the request asks.
-func cacheKey(p *params, req *Request) (respcache.Key, bool) {
+//
+// partition comes first: the digest of the request's API key, unless the
+// policy shares the cache across keys (response_cache.share_across_keys)
+// or there are no keys ("").
+func cacheKey(p *params, req *Request, partition []byte) (respcache.Key, bool) {
 	s := req.Sampling
 	if s.Temperature != 0 && !p.seeded {
 		return respcache.Key{}, false
@@ -82,7 +97,8 @@ func cacheKey(p *params, req *Request) (respcache.Key, bool) {
 		h.Write([]byte(v))
 	}
 	f32 := func(v float32) { putInt(h, int64(math.Float32bits(v))) }
-	str("pdserve response cache v1")
+	str("pdserve response cache v2")
+	str(string(partition))
 	str(req.Route)
 	str(req.Model)
 	putInt(h, int64(len(req.Prompt)))

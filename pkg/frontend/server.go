@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"mime"
 	"net"
 	"net/http"
@@ -121,6 +122,11 @@ type Options struct {
 	// Models returns the served models (the first is the default for a
 	// request without "model"); nil or empty means none yet.
 	Models func() []Model
+	// MaxChoices returns the most choices (n) a request may ask: the
+	// largest batch of the decode workers (the choices of a request are
+	// sequences of one worker's batch), as their heartbeats report it; 0
+	// when unknown. nil: only the API's bound (128).
+	MaxChoices func() int
 	// Ready returns nil when the server may take traffic, else the reason.
 	// nil means always ready.
 	Ready func() error
@@ -151,6 +157,25 @@ type Options struct {
 	// closed. It does not apply once the body is read (a response stream
 	// may idle). ≤ 0: none.
 	BodyIdleTimeout time.Duration
+	// BodyTimeout is the longest the whole body of a request may take to
+	// arrive, from admission: a body trickled a byte at a time within
+	// BodyIdleTimeout still gets 408 then, and gives its admission slot
+	// back. ≤ 0: none.
+	BodyTimeout time.Duration
+	// MaxInFlightBodyBytes is the memory budget of the request bodies
+	// being read or held, all requests together: a body takes its
+	// Content-Length at admission (or, without one, its buffer as it
+	// grows) and gives it back when its response ends. A request that
+	// does not fit gets 429 (code "overloaded") with Retry-After, as a
+	// full queue. ≤ 0: no budget (MaxInFlight × MaxBodyBytes bounds the
+	// bodies).
+	MaxInFlightBodyBytes int64
+	// WriteTimeout is the longest one write of a response (a stream event
+	// or a whole response) may block on a client that does not read;
+	// then the request is cancelled, everything it holds on the workers
+	// is freed, and pdserve_stream_stalled_cancels_total counts it. ≤ 0:
+	// none.
+	WriteTimeout time.Duration
 	// APIKeys, when not nil, authenticates every request to /v1/ (see
 	// "Authentication" in the package doc) and applies its keys' rate
 	// limits; the caller reloads it. nil: no authentication.
@@ -163,6 +188,11 @@ type Options struct {
 // DefaultMaxBodyBytes is the body limit when Options.MaxBodyBytes is not
 // set: 16 MiB.
 const DefaultMaxBodyBytes = 16 << 20
+
+// MaxSequenceTokens is the most tokens (prompt and output) of one
+// sequence, whatever the model: what the workers' RPCs carry (int32). A
+// request whose model has no known context length is checked against it.
+const MaxSequenceTokens = math.MaxInt32
 
 // UnknownContextMaxTokens is the max_tokens of a request that gives none
 // to a model whose context length is unknown (Model.MaxModelLen 0) and
@@ -189,6 +219,8 @@ type Server struct {
 
 	mu       sync.Mutex
 	inFlight int // admitted completion requests (prompts), ≤ o.MaxInFlight
+	// bodyBytes is what request bodies hold of MaxInFlightBodyBytes.
+	bodyBytes int64
 }
 
 // New returns a Server. Errors: a missing Backend or Tokenizer, an invalid
@@ -314,6 +346,36 @@ func (s *Server) release(k int) {
 	s.inFlight -= k
 }
 
+// takeBody takes n bytes of the body budget, all or none, and reports
+// whether it did; always without a budget.
+func (s *Server) takeBody(n int64) bool {
+	if s.o.MaxInFlightBodyBytes <= 0 || n <= 0 {
+		return true
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if n > s.o.MaxInFlightBodyBytes-s.bodyBytes {
+		return false
+	}
+	s.bodyBytes += n
+	return true
+}
+
+// giveBody gives back n bytes taken by takeBody.
+func (s *Server) giveBody(n int64) {
+	if s.o.MaxInFlightBodyBytes <= 0 || n <= 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.bodyBytes -= n
+}
+
+// bodyBudgetFull is the 429 of a body that does not fit the budget.
+func (s *Server) bodyBudgetFull() *apiError {
+	return overloaded("request bodies in flight hold the %d bytes of the server's budget; retry later", s.o.MaxInFlightBodyBytes)
+}
+
 // queueFull is the 429 of a full server.
 func (s *Server) queueFull() *apiError {
 	return overloaded("%d requests in flight, the queue limit; retry later", s.o.MaxInFlight)
@@ -369,8 +431,31 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	}
 	held := 1
 	defer func() { s.release(held) }()
+	// The body's bytes, from now until the response ends.
+	var bodyHeld int64
+	defer func() { s.giveBody(bodyHeld) }()
+	if n := min(r.ContentLength, s.o.MaxBodyBytes); n > 0 {
+		if !s.takeBody(n) {
+			w.Header().Set("Connection", "close") // the body stays unread
+			refuse(s.bodyBudgetFull())
+			return
+		}
+		bodyHeld = n
+	}
+	if s.o.WriteTimeout > 0 {
+		tw := &timedWriter{ResponseWriter: w, rc: http.NewResponseController(w), timeout: s.o.WriteTimeout}
+		defer func() {
+			_ = tw.rc.SetWriteDeadline(time.Time{}) // the connection may serve another request
+			if tw.stalled {
+				s.o.Metrics.StreamStalled()
+				s.o.Logger.Warn("client stopped reading: request cancelled", zap.String("request_id", id),
+					zap.Duration("write_timeout", s.o.WriteTimeout), zap.String("remote_addr", r.RemoteAddr))
+			}
+		}()
+		w = tw
+	}
 
-	data, aerr := s.readBody(w, r)
+	data, aerr := s.readBody(w, r, &bodyHeld)
 	if aerr != nil {
 		refuse(aerr)
 		return
@@ -420,10 +505,13 @@ func checkContentType(r *http.Request) *apiError {
 }
 
 // readBody reads the request body, at most MaxBodyBytes (413 beyond),
-// each read within BodyIdleTimeout (408 otherwise); a client that went
-// away mid-body is a cancellation. The buffer grows with the bytes
+// each read within BodyIdleTimeout and the whole within BodyTimeout (408
+// otherwise); a client that went away mid-body is a cancellation. *held
+// is what the body holds of the body budget (its Content-Length, taken
+// at admission); a body without one takes its buffer as it grows, and
+// gets 429 when that does not fit. The buffer grows with the bytes
 // received, so a slow client holds memory for what it sent.
-func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiError) {
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request, held *int64) ([]byte, *apiError) {
 	limit := s.o.MaxBodyBytes
 	tooLarge := func() *apiError {
 		w.Header().Set("Connection", "close")
@@ -434,26 +522,50 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiE
 		return nil, tooLarge()
 	}
 	var body io.Reader = http.MaxBytesReader(w, r.Body, limit)
-	if s.o.BodyIdleTimeout > 0 {
+	var deadline time.Time
+	if s.o.BodyTimeout > 0 {
+		deadline = time.Now().Add(s.o.BodyTimeout)
+	}
+	if s.o.BodyIdleTimeout > 0 || s.o.BodyTimeout > 0 {
 		rc := http.NewResponseController(w)
-		body = &idleReader{r: body, rc: rc, idle: s.o.BodyIdleTimeout}
+		body = &idleReader{r: body, rc: rc, idle: s.o.BodyIdleTimeout, deadline: deadline}
 		// Clear the deadline at once: the connection's background read
 		// (which notices a client going away) and a response stream must
 		// not be cut by it.
 		defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
 	}
-	data, err := readAll(body, limit)
+	size := int64(512)
+	if r.ContentLength > 0 {
+		size = r.ContentLength + 1 // the read that sees EOF needs a byte of room
+	}
+	grow := func(n int64) bool {
+		if r.ContentLength > 0 {
+			return true // taken at admission
+		}
+		if !s.takeBody(n) {
+			return false
+		}
+		*held += n
+		return true
+	}
+	data, err := readAll(body, size, limit, grow)
 	var mbe *http.MaxBytesError
 	var ne net.Error
 	switch {
 	case err == nil:
 		return data, nil
+	case errors.Is(err, errBodyBudget):
+		w.Header().Set("Connection", "close")
+		return nil, s.bodyBudgetFull()
 	case errors.As(err, &mbe):
 		return nil, tooLarge()
 	case errors.Is(err, os.ErrDeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
 		w.Header().Set("Connection", "close")
-		e := &apiError{status: http.StatusRequestTimeout, Message: fmt.Sprintf("The request body made no progress for %v.", s.o.BodyIdleTimeout),
-			Type: "invalid_request_error", Code: ptr("timeout")}
+		msg := fmt.Sprintf("The request body made no progress for %v.", s.o.BodyIdleTimeout)
+		if !deadline.IsZero() && !time.Now().Before(deadline) {
+			msg = fmt.Sprintf("The request body did not arrive within %v.", s.o.BodyTimeout)
+		}
+		e := &apiError{status: http.StatusRequestTimeout, Message: msg, Type: "invalid_request_error", Code: ptr("timeout")}
 		e.cause = err
 		return nil, e
 	default:
@@ -461,27 +573,77 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, *apiE
 	}
 }
 
-// idleReader sets a read deadline idle from now before each Read.
+// idleReader sets a read deadline before each Read: idle from now (none
+// when idle is 0), and no later than deadline (when not zero).
 type idleReader struct {
-	r    io.Reader
-	rc   *http.ResponseController
-	idle time.Duration
+	r        io.Reader
+	rc       *http.ResponseController
+	idle     time.Duration
+	deadline time.Time
 }
 
 func (b *idleReader) Read(p []byte) (int, error) {
-	_ = b.rc.SetReadDeadline(time.Now().Add(b.idle)) // unsupported: no deadline
+	d := b.deadline
+	if b.idle > 0 {
+		if t := time.Now().Add(b.idle); d.IsZero() || t.Before(d) {
+			d = t
+		}
+	}
+	_ = b.rc.SetReadDeadline(d) // unsupported: no deadline
 	return b.r.Read(p)
 }
 
-// readAll reads r to its end, growing the buffer by doubling up to just
-// over limit (r is expected to stop there).
-func readAll(r io.Reader, limit int64) ([]byte, error) {
-	buf := make([]byte, 0, 512)
+// timedWriter arms a write deadline timeout from now before each Write
+// of the response, and records whether one expired (the client stopped
+// reading). http.ResponseController reaches the writer it wraps.
+type timedWriter struct {
+	http.ResponseWriter
+	rc      *http.ResponseController // of the wrapped writer
+	timeout time.Duration
+	stalled bool
+}
+
+func (t *timedWriter) Write(p []byte) (int, error) {
+	_ = t.rc.SetWriteDeadline(time.Now().Add(t.timeout)) // unsupported: none
+	n, err := t.ResponseWriter.Write(p)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		t.stalled = true
+	}
+	return n, err
+}
+
+// FlushError flushes within the deadline of the last Write.
+func (t *timedWriter) FlushError() error {
+	err := t.rc.Flush()
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		t.stalled = true
+	}
+	return err
+}
+
+func (t *timedWriter) Unwrap() http.ResponseWriter { return t.ResponseWriter }
+
+// errBodyBudget: a body without Content-Length outgrew the body budget.
+var errBodyBudget = errors.New("frontend: body budget exhausted")
+
+// readAll reads r to its end into a buffer of size bytes first, growing
+// it by doubling up to just over limit (r is expected to stop there).
+// grow is asked for the bytes of each growth; errBodyBudget when it
+// refuses.
+func readAll(r io.Reader, size, limit int64, grow func(int64) bool) ([]byte, error) {
+	size = min(size, limit+1)
+	if !grow(size) {
+		return nil, errBodyBudget
+	}
+	buf := make([]byte, 0, size)
 	for {
 		if len(buf) == cap(buf) {
 			n := min(2*int64(cap(buf)), limit+1)
 			if n <= int64(len(buf)) {
 				n = int64(len(buf)) + 512
+			}
+			if !grow(n - int64(cap(buf))) {
+				return nil, errBodyBudget
 			}
 			nb := make([]byte, len(buf), n)
 			copy(nb, buf)
@@ -512,12 +674,32 @@ type plan struct {
 
 // tokens returns the most tokens the request may use: every prompt's
 // tokens and n × max_tokens each.
+//
+// It cannot overflow: prepare bounds each prompt and its max_tokens to
+// MaxSequenceTokens, N to maxN and the prompts to the batch limit; it
+// saturates all the same.
 func (pl *plan) tokens() int {
 	n := 0
 	for _, r := range pl.reqs {
-		n += len(r.Prompt) + r.N*r.MaxTokens
+		n = satAdd(n, satAdd(len(r.Prompt), satMul(r.N, r.MaxTokens)))
 	}
 	return n
+}
+
+// satAdd and satMul return a+b and a×b for a, b ≥ 0, math.MaxInt when
+// that overflows.
+func satAdd(a, b int) int {
+	if a > math.MaxInt-b {
+		return math.MaxInt
+	}
+	return a + b
+}
+
+func satMul(a, b int) int {
+	if a != 0 && b > math.MaxInt/a {
+		return math.MaxInt
+	}
+	return a * b
 }
 
 // used returns the tokens the request used: every prompt's tokens and the
@@ -536,11 +718,11 @@ func (pl *plan) used() int {
 // Model and PromptTokens (all prompts together) as soon as they are
 // known; a batched request's prompts get traces of their own.
 func (s *Server) prepare(data []byte, chat bool, cl client, tr *budget.Trace) (*plan, *apiError) {
-	p, aerr := parseBody(data, chat)
+	models := s.o.Models()
+	p, aerr := parseBody(data, chat, s.bodyLimits(models))
 	if aerr != nil {
 		return nil, aerr
 	}
-	models := s.o.Models()
 	if len(models) == 0 {
 		return nil, &apiError{status: http.StatusServiceUnavailable, Message: "No model is served yet: no workers have joined.", Type: "service_unavailable", Code: ptr("no_workers")}
 	}
@@ -555,6 +737,11 @@ func (s *Server) prepare(data []byte, chat bool, cl client, tr *budget.Trace) (*
 	}
 	maxLen := models[i].MaxModelLen // 0 when unknown
 	tr.Model = model
+	if s.o.MaxChoices != nil {
+		if mc := s.o.MaxChoices(); mc > 0 && p.n > mc {
+			return nil, badRequest("n", "invalid_value", "n must be in 1..%d, the most sequences a worker batches, got %d", mc, p.n)
+		}
+	}
 
 	route, promptParam := RouteCompletions, "prompt"
 	if chat {
@@ -644,10 +831,22 @@ func (s *Server) prepare(data []byte, chat bool, cl client, tr *budget.Trace) (*
 func (s *Server) maxTokens(p *params, promptLen, maxLen int, promptParam string) (int, *apiError) {
 	lim := s.o.Policy.Limits
 	if p.maxTokens > 0 {
+		// Every comparison is written so that no sum can overflow:
+		// max_tokens is any positive int64 a client sends.
 		if lim.MaxTokensCap > 0 && p.maxTokens > lim.MaxTokensCap {
 			return 0, badRequest(p.maxParam, "max_tokens_over_cap", "%s %d is over the cap of %d", p.maxParam, p.maxTokens, lim.MaxTokensCap)
 		}
-		if maxLen > 0 && promptLen+p.maxTokens > maxLen {
+		if maxLen > 0 && p.maxTokens >= maxLen {
+			// Alone over the context: whatever the prompt, max_tokens is
+			// at fault.
+			return 0, badRequest(p.maxParam, "context_length_exceeded",
+				"This model's maximum context length is %d tokens. However, you requested %d tokens in the completion (%s), which leaves no room for the %s. Please reduce %s.",
+				maxLen, p.maxTokens, p.maxParam, promptParam, p.maxParam)
+		}
+		if maxLen <= 0 && p.maxTokens > MaxSequenceTokens-promptLen {
+			return 0, badRequest(p.maxParam, "invalid_value", "%s %d and the prompt's %d tokens are over the %d tokens a sequence may have", p.maxParam, p.maxTokens, promptLen, MaxSequenceTokens)
+		}
+		if maxLen > 0 && p.maxTokens > maxLen-promptLen {
 			// vLLM's and OpenAI's wording, checked before any worker is asked.
 			return 0, badRequest(promptParam, "context_length_exceeded",
 				"This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the %s, %d in the completion). Please reduce the length of the %s or completion.",

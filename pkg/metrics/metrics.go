@@ -73,6 +73,7 @@ type Metrics struct {
 	inFlight                                    prometheus.Gauge
 	workers                                     *prometheus.GaugeVec
 	cacheRequests                               *prometheus.CounterVec // by result: hit, miss
+	streamStalled, authReloadErrors             prometheus.Counter
 }
 
 // New creates the collectors and registers them on reg. The goodput
@@ -119,10 +120,13 @@ func New(reg prometheus.Registerer, slo SLO, opts ...Option) *Metrics {
 			Help: "Live workers by role (current pool replicas)."}, []string{"role"}),
 		cacheRequests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "pdserve", Name: "response_cache_requests_total",
 			Help: "Response cache lookups by result: hit (replayed without a worker) or miss, one per prompt; none while the cache is off."}, []string{"result"}),
+		streamStalled:    counter("stream_stalled_cancels_total", "Requests cancelled because the client stopped reading their response for longer than the write timeout."),
+		authReloadErrors: counter("auth_reload_errors_total", "Failed reloads of the API key or metrics token file (missing, unreadable or invalid); the last good contents stay in use."),
 	}
 	reg.MustRegister(m.ttft, m.tpot, m.itl, m.e2e, m.queue, m.prefill, m.kvTransfer,
 		m.kvRawBytes, m.kvWireBytes, m.requests, m.promptTokens, m.outputTokens,
-		m.prefixHitTokens, m.recoveries, m.prefillRetries, m.cost, m.inFlight, m.workers, m.cacheRequests)
+		m.prefixHitTokens, m.recoveries, m.prefillRetries, m.cost, m.inFlight, m.workers, m.cacheRequests,
+		m.streamStalled, m.authReloadErrors)
 	if slo.set() {
 		m.goodput = counter("goodput_requests_total", "Requests finished within every SLO target (ttft and tpot).")
 		m.attainment = newWindow(set.window)
@@ -206,6 +210,22 @@ func (m *Metrics) meetsSLO(s budget.Terms, out int) bool {
 func (m *Metrics) AddInFlight(delta int) {
 	if m != nil {
 		m.inFlight.Add(float64(delta))
+	}
+}
+
+// StreamStalled counts a request cancelled because its client stopped
+// reading. A nil *Metrics records nothing.
+func (m *Metrics) StreamStalled() {
+	if m != nil {
+		m.streamStalled.Inc()
+	}
+}
+
+// AuthReloadError counts a failed reload of an authentication file. A nil
+// *Metrics records nothing.
+func (m *Metrics) AuthReloadError() {
+	if m != nil {
+		m.authReloadErrors.Inc()
 	}
 }
 
