@@ -45,6 +45,22 @@
 //     are freed. Cancel, cancelling the Generate call, a failed transfer or
 //     the worker stopping free them too.
 //
+// # A caller that does not read
+//
+// The scheduler never blocks on a Generate call: each call's output waits
+// in its outbox until the call's handler sends it. A caller that stops
+// reading (its stream window full) would make that output grow without
+// bound, so two limits end such a request: its waiting output may not
+// exceed Options.MaxOutboxBytes (--max-outbox-bytes, 16 MiB; ended with
+// RESOURCE_EXHAUSTED), and one send may not block for longer than
+// Options.StreamWriteTimeout (--stream-write-timeout, 30 s; ended with
+// DEADLINE_EXCEEDED). Either frees the request's KV blocks, engine
+// sequences and waiting output at once, logs "caller stopped reading:
+// request cancelled" at warn and counts
+// pdserve_decode_stream_stalled_cancels_total{reason="outbox" or
+// "write_timeout"}. The send that blocked holds its one message until the
+// caller reads or goes away.
+//
 // # Prefix cache
 //
 // With Options.PrefixCache on (--prefix-cache-tokens > 0), a finished (or

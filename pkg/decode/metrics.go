@@ -19,12 +19,14 @@ import (
 //	pdserve_kv_blocks_free           gauge      free KV blocks of the pool
 //	pdserve_kv_blocks_total          gauge      KV blocks of the pool
 //	pdserve_decode_kv_bytes_saved_total counter KV bytes (true size) prefill workers did not send: this worker held the prefix
+//	pdserve_decode_stream_stalled_cancels_total counter requests cancelled because their caller did not read, by reason: outbox (over --max-outbox-bytes waiting), write_timeout (a send blocked for --stream-write-timeout)
 //	pdserve_decode_prefix_cache_*               the prefix cache's (prefixcache.Collectors)
 //
 // A nil *metrics records nothing.
 type metrics struct {
-	step  prometheus.Histogram
-	batch prometheus.Histogram
+	step          prometheus.Histogram
+	batch         prometheus.Histogram
+	stalledCancel *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
@@ -42,12 +44,16 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 			Help:    "Sequences in one decode step.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 10),
 		}),
+		stalledCancel: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pdserve_decode_stream_stalled_cancels_total",
+			Help: "Requests cancelled because their caller did not read their stream, by reason: outbox (too much output waiting) or write_timeout (a send blocked too long).",
+		}, []string{"reason"}),
 	}
 	gauge := func(name, help string, f func(Stats) int) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 { return float64(f(s.Stats())) })
 	}
 	cs := []prometheus.Collector{
-		m.step, m.batch,
+		m.step, m.batch, m.stalledCancel,
 		gauge("pdserve_decode_running", "Sequences in the running batch.", func(st Stats) int { return st.Running }),
 		gauge("pdserve_decode_queue_length", "Sequences ready to join the batch, waiting for a slot.", func(st Stats) int { return st.Waiting }),
 		gauge("pdserve_decode_kv_transfers", "Requests whose KV is arriving now (an open transfer).", func(st Stats) int { return st.KVTransfers }),
@@ -73,4 +79,11 @@ func (m *metrics) observeStep(d time.Duration, batch int) {
 	}
 	m.step.Observe(d.Seconds())
 	m.batch.Observe(float64(batch))
+}
+
+func (m *metrics) stalled(reason string) {
+	if m == nil {
+		return
+	}
+	m.stalledCancel.WithLabelValues(reason).Inc()
 }

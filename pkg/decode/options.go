@@ -37,6 +37,20 @@ type Options struct {
 	// MaxReservedTokensPerCaller caps the KV tokens (whole blocks) one
 	// caller's requests hold at once, as MaxReservationsPerCaller. > 0.
 	MaxReservedTokensPerCaller int
+	// MaxOutboxBytes bounds the output (tokens and their logprobs, as
+	// estimated bytes) one request may have waiting for its Generate
+	// call to send it, which happens when the caller does not read its
+	// stream: over it the request is cancelled (RESOURCE_EXHAUSTED), its
+	// KV, engine sequences and pending output freed, and
+	// pdserve_decode_stream_stalled_cancels_total{reason="outbox"}
+	// counts it. > 0.
+	MaxOutboxBytes int
+	// StreamWriteTimeout is the longest one send of a Generate stream may
+	// block on a caller that does not read; then the request is cancelled
+	// (DEADLINE_EXCEEDED) and freed as above, counted with
+	// reason="write_timeout". The blocked send itself ends when the
+	// caller reads or goes away. 0: none.
+	StreamWriteTimeout time.Duration
 	// PrefixCache keeps finished requests' prompt KV in the engine for
 	// prefix reuse by local prefill and by remote KV (see the package
 	// doc); off by default (MaxTokens 0). Its tokens share the pool with
@@ -57,6 +71,14 @@ const (
 	DefaultMaxReservedTokensPerCaller = 1 << 22 // 4194304 tokens
 )
 
+// Defaults of the bounds on a caller that stops reading: a healthy
+// caller takes each step's output at once (a step of 64 choices with 20
+// logprobs each is about 90 KB), so 16 MiB is hundreds of steps behind.
+const (
+	DefaultMaxOutboxBytes     = 16 << 20
+	DefaultStreamWriteTimeout = 30 * time.Second
+)
+
 // DefaultOptions returns the defaults of the decode-worker flags.
 func DefaultOptions() Options {
 	return Options{
@@ -69,6 +91,8 @@ func DefaultOptions() Options {
 
 		MaxReservationsPerCaller:   DefaultMaxReservationsPerCaller,
 		MaxReservedTokensPerCaller: DefaultMaxReservedTokensPerCaller,
+		MaxOutboxBytes:             DefaultMaxOutboxBytes,
+		StreamWriteTimeout:         DefaultStreamWriteTimeout,
 		PrefixCache:                prefixcache.DefaultOptions(),
 	}
 }
@@ -76,7 +100,7 @@ func DefaultOptions() Options {
 // AddFlags registers --kv-blocks, --block-tokens, --max-batch,
 // --chunk-tokens, --max-batch-tokens, --reserve-ttl,
 // --max-reservations-per-caller, --max-reserved-tokens-per-caller,
-// --prefix-cache-tokens and --prefix-cache-entries on fs, with o's values
+// --max-outbox-bytes, --stream-write-timeout, --prefix-cache-tokens and --prefix-cache-entries on fs, with o's values
 // as defaults.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.KVBlocks, "kv-blocks", o.KVBlocks, "KV blocks in the worker's pool")
@@ -87,6 +111,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.ReserveTTL, "reserve-ttl", o.ReserveTTL, "how long a reservation waits for its Generate call before its blocks are released")
 	fs.IntVar(&o.MaxReservationsPerCaller, "max-reservations-per-caller", o.MaxReservationsPerCaller, "most requests (reservations and Generate calls) one caller holds at once; the caller is its authenticated identity, else its IP")
 	fs.IntVar(&o.MaxReservedTokensPerCaller, "max-reserved-tokens-per-caller", o.MaxReservedTokensPerCaller, "most KV tokens (whole blocks) one caller's requests hold at once")
+	fs.IntVar(&o.MaxOutboxBytes, "max-outbox-bytes", o.MaxOutboxBytes, "most output bytes (tokens and logprobs) one request may have waiting for a caller that does not read its stream; over it the request is cancelled and freed")
+	fs.DurationVar(&o.StreamWriteTimeout, "stream-write-timeout", o.StreamWriteTimeout, "longest one send of a Generate stream may block on a caller that does not read; then the request is cancelled and freed (0: none)")
 	o.PrefixCache.AddFlags(fs)
 }
 
@@ -113,6 +139,12 @@ func (o Options) Validate() error {
 	}
 	if o.MaxReservationsPerCaller <= 0 || o.MaxReservedTokensPerCaller <= 0 {
 		errs = append(errs, fmt.Errorf("max-reservations-per-caller %d and max-reserved-tokens-per-caller %d must be positive", o.MaxReservationsPerCaller, o.MaxReservedTokensPerCaller))
+	}
+	if o.MaxOutboxBytes <= 0 {
+		errs = append(errs, fmt.Errorf("max-outbox-bytes %d must be positive", o.MaxOutboxBytes))
+	}
+	if o.StreamWriteTimeout < 0 {
+		errs = append(errs, fmt.Errorf("stream-write-timeout %v must not be negative", o.StreamWriteTimeout))
 	}
 	pc := o.cacheOptions()
 	if err := pc.Validate(); err != nil {

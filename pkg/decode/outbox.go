@@ -12,7 +12,10 @@ import (
 // that pile up go out together in one event per choice. Safe for
 // concurrent use.
 type outbox struct {
-	mu       sync.Mutex
+	mu sync.Mutex
+	// bytes estimates what the pending tokens and logprobs hold; max
+	// bounds it (Options.MaxOutboxBytes).
+	bytes, max int
 	choices  []choiceOut // one per choice, by index
 	prompt   []*pdservev1.TokenLogprob
 	stamps   []*pdservev1.Stamp
@@ -31,9 +34,19 @@ type choiceOut struct {
 	sent   bool   // its finish reason went out
 }
 
-// newOutbox returns the outbox of a call with n ≥ 1 choices.
-func newOutbox(n int) *outbox {
-	return &outbox{choices: make([]choiceOut, n), notify: make(chan struct{}, 1)}
+// newOutbox returns the outbox of a call with n ≥ 1 choices holding at
+// most max bytes of output (see token).
+func newOutbox(n, max int) *outbox {
+	return &outbox{choices: make([]choiceOut, n), notify: make(chan struct{}, 1), max: max}
+}
+
+// tokenBytes estimates the memory of one output token with lp: the id,
+// and the message of its logprob with its alternatives.
+func tokenBytes(lp *pdservev1.TokenLogprob) int {
+	if lp == nil {
+		return 4
+	}
+	return 4 + 64 + 64*len(lp.GetTop())
 }
 
 func (o *outbox) signal() {
@@ -61,15 +74,43 @@ func (o *outbox) prefixHit(tokens int) {
 }
 
 // token records output token t of choice i, produced in a step of batch
-// sequences, with its log-probability (nil when none was asked).
-func (o *outbox) token(i int, t int32, lp *pdservev1.TokenLogprob, batch int) {
+// sequences, with its log-probability (nil when none was asked). It
+// reports false, recording nothing, when the output waiting would then
+// exceed the outbox's bound: the caller does not read.
+func (o *outbox) token(i int, t int32, lp *pdservev1.TokenLogprob, batch int) bool {
 	o.mu.Lock()
+	n := tokenBytes(lp)
+	if o.bytes+n > o.max {
+		o.mu.Unlock()
+		return false
+	}
+	o.bytes += n
 	c := &o.choices[i]
 	c.tokens = append(c.tokens, t)
 	if lp != nil {
 		c.lps = append(c.lps, lp)
 	}
 	o.batch = int32(batch)
+	o.mu.Unlock()
+	o.signal()
+	return true
+}
+
+// pending returns the bytes of output waiting.
+func (o *outbox) pending() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.bytes
+}
+
+// drop throws away the output waiting (the request was cancelled: its
+// caller does not read); the stream's end stays.
+func (o *outbox) drop() {
+	o.mu.Lock()
+	for i := range o.choices {
+		o.choices[i].tokens, o.choices[i].lps = nil, nil
+	}
+	o.prompt, o.stamps, o.bytes = nil, nil, 0
 	o.mu.Unlock()
 	o.signal()
 }
@@ -135,6 +176,7 @@ func (o *outbox) take() ([]*pdservev1.GenerateResponse, bool, error) {
 		c.tokens, c.lps = nil, nil
 		out = append(out, resp)
 	}
+	o.bytes = 0
 	if len(o.stamps) > 0 || o.hit > 0 {
 		if len(out) == 0 {
 			out = append(out, &pdservev1.GenerateResponse{BatchSize: o.batch})

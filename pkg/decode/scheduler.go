@@ -323,7 +323,15 @@ func (s *Server) emitLocked(q *sequence, t int32, lp *pdservev1.TokenLogprob, ba
 		q.firstStamps = true
 		q.out.stamp(StampFirstToken, now)
 	}
-	q.out.token(q.index, t, lp, batch)
+	root := q
+	if q.parent != nil {
+		root = q.parent
+	}
+	if !root.out.token(q.index, t, lp, batch) {
+		s.stalledLocked(root, reasonOutbox, status.Errorf(codes.ResourceExhausted,
+			"decode: request %s: its caller does not read: over %d bytes of output wait to be sent", root.id, s.o.MaxOutboxBytes))
+		return
+	}
 	switch {
 	case s.eog[t] && !q.ignoreEOS, q.stop[t]:
 		s.finishChoiceLocked(q, FinishStop)

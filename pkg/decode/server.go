@@ -393,6 +393,9 @@ func (s *Server) Reserve(ctx context.Context, req *pdservev1.ReserveRequest) (*p
 	if tokens <= 0 || tokens > s.spec.MaxSeqLen {
 		return nil, invalid("request %s: tokens %d outside [1, %d]", req.GetRequestId(), tokens, s.spec.MaxSeqLen)
 	}
+	if req.GetSequences() < 0 || req.GetPromptTokens() < 0 {
+		return nil, invalid("request %s: sequences %d and prompt_tokens %d must not be negative", req.GetRequestId(), req.GetSequences(), req.GetPromptTokens())
+	}
 	if n := int(req.GetSequences()); n > 1 {
 		prompt := int(req.GetPromptTokens())
 		if n > s.o.MaxBatch || prompt <= 0 || prompt >= tokens {
@@ -900,7 +903,7 @@ func (s *Server) Generate(req *pdservev1.GenerateRequest, stream grpc.ServerStre
 		case <-q.out.notify:
 			resps, final, ferr := q.out.take()
 			for _, resp := range resps {
-				if err := stream.Send(resp); err != nil {
+				if err := s.send(stream, q, resp); err != nil {
 					s.end(q, status.Errorf(codes.Canceled, "decode: send to coordinator: %v", err))
 					return err
 				}
@@ -914,6 +917,59 @@ func (s *Server) Generate(req *pdservev1.GenerateRequest, stream grpc.ServerStre
 			return err
 		}
 	}
+}
+
+// Reasons a request of a caller that does not read is cancelled, as
+// pdserve_decode_stream_stalled_cancels_total labels them.
+const (
+	reasonOutbox       = "outbox"        // its output outgrew Options.MaxOutboxBytes
+	reasonWriteTimeout = "write_timeout" // a send blocked for Options.StreamWriteTimeout
+)
+
+// send sends resp on q's stream. A send that blocks for longer than
+// Options.StreamWriteTimeout cancels q (stalled); the send itself goes on
+// until the caller reads or goes away.
+func (s *Server) send(stream grpc.ServerStreamingServer[pdservev1.GenerateResponse], q *sequence, resp *pdservev1.GenerateResponse) error {
+	if s.o.StreamWriteTimeout <= 0 {
+		return stream.Send(resp)
+	}
+	wd := time.AfterFunc(s.o.StreamWriteTimeout, func() {
+		s.stalled(q, reasonWriteTimeout, status.Errorf(codes.DeadlineExceeded,
+			"decode: request %s: its caller did not read for %v", q.id, s.o.StreamWriteTimeout))
+	})
+	defer wd.Stop()
+	return stream.Send(resp)
+}
+
+// stalled is stalledLocked for callers holding no lock.
+func (s *Server) stalled(q *sequence, reason string, err error) {
+	s.mu.Lock()
+	first := !q.done
+	s.mu.Unlock()
+	if !first {
+		return // it ended meanwhile
+	}
+	s.end(q, err)
+	s.countStalled(q, reason)
+}
+
+// stalledLocked cancels root request q, whose caller does not read, with
+// err: it frees everything q holds (endLocked) and the output waiting in
+// its outbox, and counts and logs it. The caller holds mu and engMu.
+func (s *Server) stalledLocked(q *sequence, reason string, err error) {
+	if q.done {
+		return
+	}
+	s.endLocked(q, "", err)
+	s.countStalled(q, reason)
+}
+
+func (s *Server) countStalled(q *sequence, reason string) {
+	pending := q.out.pending()
+	q.out.drop()
+	s.m.stalled(reason)
+	s.log.Warn("caller stopped reading: request cancelled", zap.String("request_id", q.id), zap.String("reason", reason),
+		zap.String("caller", q.caller), zap.Int("pending_bytes", pending))
 }
 
 // attach binds a Generate call to its reservation (or a new one) and queues
@@ -994,7 +1050,7 @@ func (s *Server) attach(p genParams) (*sequence, error) {
 	q.n, q.genChoices, q.top, q.promptTop = p.n, p.genChoices, p.top, p.promptTop
 	q.penalties = newPenalties(q.sampling.Penalties, q.generated)
 	q.sampling.Penalties = q.penalties
-	q.out = newOutbox(p.n)
+	q.out = newOutbox(p.n, s.o.MaxOutboxBytes)
 	s.readyLocked(q)
 	return q, nil
 }
