@@ -67,6 +67,10 @@ func NewLogger(level string) (*zap.Logger, error) {
 		return nil, fmt.Errorf("workerrun: log level: %w", err)
 	}
 	cfg := zap.NewProductionConfig()
+	// No sampling: zap's production config keeps 100 entries a second per
+	// message and then 1 in 100, which drops request lines and refusals
+	// ("request refused") under load, when they matter most.
+	cfg.Sampling = nil
 	cfg.Level = zap.NewAtomicLevelAt(lvl)
 	cfg.EncoderConfig.TimeKey = "time"
 	cfg.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
