@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -69,7 +70,6 @@ func TestParse(t *testing.T) {
 		{name: "bad name", file: hexA + " name=a/b", wantErr: ErrInvalid, wantText: "name must be"},
 		{name: "empty name", file: hexA + " name=", wantErr: ErrInvalid, wantText: "name must be"},
 		{name: "same key twice", file: hexA + "\n" + hexA + " name=x\n", wantErr: ErrInvalid, wantText: "line 2: invalid: the same key as line 1"},
-		{name: "no keys", file: "# nothing yet\n\n", wantErr: ErrInvalid, wantText: "no keys"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -383,13 +383,14 @@ func TestWatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	core, logs := observer.New(zapcore.InfoLevel)
+	var failures atomic.Int32
 	tick := make(chan time.Time)
 	force := make(chan os.Signal)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		Watch(ctx, tick, force, zap.New(core), keys)
+		Watch(ctx, tick, force, zap.New(core), func() { failures.Add(1) }, keys)
 	}()
 
 	// Revoke B: the next tick reloads.
@@ -409,8 +410,28 @@ func TestWatch(t *testing.T) {
 	writeFile(t, path, line(t, keyB, "b", 0, 0)+"\n")
 	force <- syscall.SIGHUP
 	poll.WaitFor(t, "the signal's reload", func() bool { return keys.Authenticate(keyA) == nil && keys.Authenticate(keyB) != nil })
+
+	// A deleted file keeps the last good keys, reported (once).
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	tick <- time.Now()
+	tick <- time.Now()
+	poll.WaitFor(t, "the missing file's log", func() bool { return logs.FilterMessageSnippet("reload failed").Len() == 2 })
+	if keys.Authenticate(keyB) == nil {
+		t.Fatal("a deleted key file dropped the keys")
+	}
+	// An empty file revokes every key, once a second look finds it so
+	// (the first could have caught a file being rewritten).
+	writeFile(t, path, "# every key revoked\n")
+	tick <- time.Now()
+	tick <- time.Now()
+	poll.WaitFor(t, "the empty file's reload", func() bool { return keys.Authenticate(keyB) == nil && keys.Len() == 0 })
 	cancel()
 	<-done
+	if got := failures.Load(); got != 2 {
+		t.Errorf("%d failures reported, want 2 (the plaintext key, the deleted file)", got)
+	}
 
 	var triggers []string
 	for _, e := range logs.All() {
@@ -421,7 +442,8 @@ func TestWatch(t *testing.T) {
 			}
 		}
 	}
-	want := []string{"reloaded change", "reload failed; the old contents stay in use change", "reloaded hangup"}
+	want := []string{"reloaded change", "reload failed; the old contents stay in use change", "reloaded hangup",
+		"reload failed; the old contents stay in use change", "reloaded a key file without keys: every key is revoked, every request refused change"}
 	if diff := cmp.Diff(want, triggers); diff != "" {
 		t.Errorf("logs (-want +got):\n%s", diff)
 	}
@@ -433,4 +455,41 @@ func fieldStrings(e observer.LoggedEntry) []string {
 		out = append(out, k, fmt.Sprint(v))
 	}
 	return out
+}
+
+// An emptied key file revokes every key on the second look (the first
+// may catch a file being rewritten: truncated, not yet written), at once
+// on a forced reload; a file rewritten in between is taken as it is.
+func TestEmptyFileRevokes(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys")
+	writeFile(t, path, line(t, keyA, "a", 0, 0)+"\n")
+	keys, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, path, "")
+	if changed, err := keys.ReloadIfChanged(); changed || err != nil || keys.Authenticate(keyA) == nil {
+		t.Fatalf("first look at the empty file = %v, %v; key kept %v", changed, err, keys.Authenticate(keyA) != nil)
+	}
+	writeFile(t, path, line(t, keyA, "a", 0, 0)+"\n"+line(t, keyB, "b", 0, 0)+"\n") // the rewrite's content
+	if changed, err := keys.ReloadIfChanged(); !changed || err != nil || keys.Len() != 2 {
+		t.Fatalf("the rewritten file = %v, %v, %d keys", changed, err, keys.Len())
+	}
+	writeFile(t, path, "# revoked\n")
+	_, _ = keys.ReloadIfChanged()
+	if changed, err := keys.ReloadIfChanged(); !changed || err != nil || keys.Len() != 0 || keys.Authenticate(keyA) != nil {
+		t.Fatalf("second look at the empty file = %v, %v, %d keys", changed, err, keys.Len())
+	}
+	writeFile(t, path, line(t, keyB, "b", 0, 0)+"\n")
+	if _, err := keys.Reload(); err != nil || keys.Authenticate(keyB) == nil {
+		t.Fatalf("Reload = %v", err)
+	}
+	writeFile(t, path, "")
+	if changed, err := keys.Reload(); !changed || err != nil || keys.Len() != 0 {
+		t.Fatalf("forced Reload of the empty file = %v, %v, %d keys", changed, err, keys.Len())
+	}
+	empty, err := Load(path)
+	if err != nil || empty.Len() != 0 || empty.Authenticate(keyA) != nil {
+		t.Fatalf("Load of an empty file = %v, %d keys", err, empty.Len())
+	}
 }

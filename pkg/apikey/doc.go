@@ -31,9 +31,14 @@
 //     counts a request's prompt tokens plus n × max_tokens at admission and
 //     returns what it did not generate at the end).
 //
-// A key may appear only once, and a file must hold at least one key (a
-// file without keys would refuse every request: run without a key file
-// to leave the API open). Errors wrap ErrPlaintext or ErrInvalid.
+// A key may appear only once. A file without keys (empty, or only
+// comments) is valid and refuses every request: emptying the file revokes
+// every key, without a restart; to leave the API open, run without a key
+// file. A reload on change applies a file without keys once two reads in
+// a row find it so (a file caught between its truncation and its new
+// content is empty too), so revocation takes up to two reload intervals;
+// a forced reload (SIGHUP) applies it at once. Errors wrap ErrPlaintext
+// or ErrInvalid.
 //
 // # Rate limits
 //
@@ -52,13 +57,17 @@
 //
 // Keys.Reload rereads the file; ReloadIfChanged does when its modification
 // time or size changed and its content (SHA-256) differs from what was
-// last read. A reload that fails (a missing or invalid file) keeps the
-// keys that were loaded and returns the error; the failed content is not
-// tried again until it changes or a forced Reload. A reload is atomic:
+// last read. A reload that fails (a missing, unreadable or invalid file)
+// keeps the keys that were loaded and returns the error: a file deleted
+// by mistake (or replaced non-atomically) does not lock every client out;
+// revoke every key by emptying the file instead. The failed content is
+// not tried again until it changes or a forced Reload, and a missing file
+// is reported once until it is back. A reload is atomic:
 // a request authenticates against the old set or the new one, and a key
 // removed from the file fails from the reload on. Watch runs both on a
-// ticker and a signal channel (SIGHUP in the coordinator) and logs the
-// outcome. Token does the same for the /metrics token file.
+// ticker and a signal channel (SIGHUP in the coordinator), logs the
+// outcome and counts each failure (the coordinator's
+// pdserve_auth_reload_errors_total). Token does the same for the /metrics token file.
 //
 // # Secrets
 //

@@ -2,6 +2,7 @@ package apikey
 
 import (
 	"bytes"
+	"errors"
 	"crypto/sha256"
 	"crypto/subtle"
 	"fmt"
@@ -49,6 +50,9 @@ func (k *Key) ReturnTokens(now time.Time, n int) { k.lim.give(now, n) }
 type Keys struct {
 	file watched
 	cur  atomic.Pointer[keySet]
+	// emptySeen: the last unforced reload read a file without keys and
+	// left the keys as they were (see reload). Guarded by file.mu.
+	emptySeen bool
 }
 
 // keySet is one loaded version of the file; immutable.
@@ -118,8 +122,18 @@ func (k *Keys) reload(force bool) (bool, error) {
 	return k.file.reload(force, func(data []byte) error {
 		es, err := Parse(data)
 		if err != nil {
+			k.emptySeen = false
 			return fmt.Errorf("apikey: %s: %w", k.file.path, err)
 		}
+		if len(es) == 0 && !force && !k.emptySeen && k.cur.Load() != nil && len(k.cur.Load().keys) > 0 {
+			// A file without keys revokes every key, but only once a
+			// second look finds it so: a file caught between its
+			// truncation and its new content (os.WriteFile, an editor)
+			// is empty too.
+			k.emptySeen = true
+			return errLookAgain
+		}
+		k.emptySeen = false
 		old := k.cur.Load()
 		lims := make(map[[sha256.Size]byte]*limiter)
 		if old != nil {
@@ -157,8 +171,13 @@ type watched struct {
 	gone bool
 }
 
+// errLookAgain is returned by a load to have the next unforced reload
+// read the same content again instead of skipping it as unchanged.
+var errLookAgain = errors.New("apikey: look again")
+
 // reload reads the file, unless !force and it did not change, and hands
-// its content to load, which must keep the old state on error. It
+// its content to load, which must keep the old state on error
+// (errLookAgain: no error, read it again next time). It
 // reports whether load ran and succeeded. Unless forced, a file that
 // cannot be read is reported once, not on every call.
 func (w *watched) reload(force bool, load func([]byte) error) (bool, error) {
@@ -182,11 +201,15 @@ func (w *watched) reload(force bool, load func([]byte) error) (bool, error) {
 	}
 	sum := sha256.Sum256(data)
 	unchanged := w.read && bytes.Equal(sum[:], w.sum[:])
+	pmod, psize, psum, pread := w.mod, w.size, w.sum, w.read
 	w.mod, w.size, w.sum, w.read = fi.ModTime(), fi.Size(), sum, true
 	if unchanged && !force {
 		return false, nil
 	}
-	if err := load(data); err != nil {
+	if err := load(data); errors.Is(err, errLookAgain) {
+		w.mod, w.size, w.sum, w.read = pmod, psize, psum, pread
+		return false, nil
+	} else if err != nil {
 		return false, err
 	}
 	return true, nil

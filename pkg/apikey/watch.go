@@ -27,12 +27,16 @@ var (
 // (ReloadIfChanged), on each value of force all of them (Reload; the
 // coordinator sends SIGHUP there). Either channel may be nil, and one
 // that is closed is ignored from then on. Each reload is logged at info
-// with the file's path and trigger (and the number of keys of a *Keys),
-// each failure at error with its cause, which holds no secret; the old
-// contents stay. It returns when ctx ends.
-func Watch(ctx context.Context, tick <-chan time.Time, force <-chan os.Signal, log *zap.Logger, files ...Reloadable) {
+// with the file's path and trigger (and the number of keys of a *Keys, at
+// warn when there are none: every request is refused), each failure at
+// error with its cause, which holds no secret, and reported to failed
+// (nil: not reported); the old contents stay. It returns when ctx ends.
+func Watch(ctx context.Context, tick <-chan time.Time, force <-chan os.Signal, log *zap.Logger, failed func(), files ...Reloadable) {
 	if log == nil {
 		log = zap.NewNop()
+	}
+	if failed == nil {
+		failed = func() {}
 	}
 	run := func(trigger string, forced bool) {
 		for _, f := range files {
@@ -43,11 +47,16 @@ func Watch(ctx context.Context, tick <-chan time.Time, force <-chan os.Signal, l
 			changed, err := reload()
 			switch {
 			case err != nil:
+				failed()
 				log.Error("reload failed; the old contents stay in use", zap.String("file", f.Path()), zap.String("trigger", trigger), zap.Error(err))
 			case changed:
 				fields := []zap.Field{zap.String("file", f.Path()), zap.String("trigger", trigger)}
 				if k, ok := f.(*Keys); ok {
 					fields = append(fields, zap.Int("keys", k.Len()))
+					if k.Len() == 0 {
+						log.Warn("reloaded a key file without keys: every key is revoked, every request refused", fields...)
+						continue
+					}
 				}
 				log.Info("reloaded", fields...)
 			}

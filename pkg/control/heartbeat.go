@@ -27,6 +27,10 @@ type Heartbeat struct {
 	// tokens, engine.ModelSpec.MaxSeqLen; 0 when the worker does not say
 	// (an older worker).
 	MaxSeqLen int `json:"max_seq_len"`
+	// MaxBatch is the most sequences one step of a decode or colocated
+	// worker runs: the most choices (n) a request of it may ask; 0 when
+	// the worker does not say.
+	MaxBatch int `json:"max_batch,omitempty"`
 
 	KVBlocksFree        int       `json:"kv_blocks_free"`        // free KV blocks (decode, colocated)
 	KVBlocksTotal       int       `json:"kv_blocks_total"`       // KV blocks in the pool

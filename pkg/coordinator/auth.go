@@ -12,6 +12,7 @@ import (
 
 	"github.com/pdserve/pdserve/pkg/apikey"
 	"github.com/pdserve/pdserve/pkg/config"
+	"github.com/pdserve/pdserve/pkg/metrics"
 )
 
 // AuthOptions authenticate the clients of the API (package apikey).
@@ -113,7 +114,11 @@ func loadAuth(o Options, log *zap.Logger) (auth, error) {
 		if a.keys, err = apikey.Load(f); err != nil {
 			return a, fmt.Errorf("coordinator: api keys: %w", err)
 		}
-		log.Info("API keys required on /v1/", zap.String("file", f), zap.Int("keys", a.keys.Len()))
+		if a.keys.Len() == 0 {
+			log.Warn("the API key file holds no key: every /v1/ request is refused until keys are added", zap.String("file", f))
+		} else {
+			log.Info("API keys required on /v1/", zap.String("file", f), zap.Int("keys", a.keys.Len()))
+		}
 	} else {
 		log.Warn("no API keys (--api-keys): the API is open to every client that reaches it")
 	}
@@ -127,8 +132,9 @@ func loadAuth(o Options, log *zap.Logger) (auth, error) {
 }
 
 // watch reloads the files until ctx ends: every ReloadInterval when they
-// changed, and on each of ReloadSignals.
-func (a auth) watch(ctx context.Context, o AuthOptions, log *zap.Logger) {
+// changed, and on each of ReloadSignals; m counts the failures
+// (pdserve_auth_reload_errors_total).
+func (a auth) watch(ctx context.Context, o AuthOptions, log *zap.Logger, m *metrics.Metrics) {
 	var files []apikey.Reloadable
 	if a.keys != nil {
 		files = append(files, a.keys)
@@ -145,5 +151,5 @@ func (a auth) watch(ctx context.Context, o AuthOptions, log *zap.Logger) {
 		defer t.Stop()
 		tick = t.C
 	}
-	apikey.Watch(ctx, tick, o.ReloadSignals, log, files...)
+	apikey.Watch(ctx, tick, o.ReloadSignals, log, m.AuthReloadError, files...)
 }

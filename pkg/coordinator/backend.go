@@ -127,6 +127,9 @@ func (b *backend) workers(role control.Role) []router.Worker {
 // retained KV released) on every path. Admission is the frontend's
 // (Options.MaxInFlight, from Policy.Limits.QueueLimit).
 func (b *backend) Complete(ctx context.Context, req *frontend.Request, emit frontend.EmitFunc) ([]string, error) {
+	if err := checkSizes(req); err != nil {
+		return nil, err
+	}
 	req.Trace.Pricing = b.pricing
 	defer b.warnOverruns(req.Trace)()
 	b.track(1)

@@ -169,6 +169,7 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 		Models: c.Models, Ready: c.Ready, Metrics: m, Gatherer: c.reg,
 		Logger: log.Named("request"), RetryAfter: o.RetryAfter,
 		MaxInFlight: o.Policy.Limits.QueueLimit, MaxBodyBytes: o.MaxBodyBytes, BodyIdleTimeout: o.HTTPBodyIdleTimeout,
+		BodyTimeout: o.HTTPBodyTimeout, WriteTimeout: o.HTTPWriteTimeout, MaxInFlightBodyBytes: o.MaxInFlightBodyBytes, MaxChoices: c.maxChoices,
 		APIKeys: au.keys, MetricsToken: au.token,
 	})
 	if err != nil {
@@ -193,7 +194,7 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 	for _, e := range o.Extensions {
 		c.wg.Go(func() { e.Run(bg) })
 	}
-	c.wg.Go(func() { au.watch(bg, o.Auth, log.Named("auth")) })
+	c.wg.Go(func() { au.watch(bg, o.Auth, log.Named("auth"), m) })
 	log.Info("coordinator started", zap.String("http_addr", c.HTTPAddr()), zap.String("nats_url", control.RedactURL(c.natsURL)), zap.Bool("grpc_tls", o.TLS.Enabled()))
 	return c, nil
 }

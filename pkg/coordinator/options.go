@@ -88,6 +88,11 @@ type Options struct {
 	// that many entries, overriding response_cache.entries of the policy
 	// file (see Complete).
 	ResponseCacheEntries int
+	// ResponseCacheShareAcrossKeys answers a request of one API key from
+	// the cached response of another key's identical request
+	// (response_cache.share_across_keys; see package frontend). Off: each
+	// key has a partition of its own.
+	ResponseCacheShareAcrossKeys bool
 	// HeartbeatTTL: a worker not heard from for this long leaves.
 	HeartbeatTTL time.Duration
 	// ModelName is the model name served; empty serves the names the
@@ -101,6 +106,11 @@ type Options struct {
 	// 413. With Policy.Limits.QueueLimit it bounds the memory held by
 	// bodies: at most QueueLimit × MaxBodyBytes.
 	MaxBodyBytes int64
+	// MaxInFlightBodyBytes is the memory budget of the request bodies in
+	// flight, all together (bytes; 0: none, QueueLimit × MaxBodyBytes
+	// then bounds them): a body takes its Content-Length at admission
+	// until its response ends; one that does not fit gets 429.
+	MaxInFlightBodyBytes int64
 	// HTTPReadHeaderTimeout bounds the reading of a request's headers
 	// (> 0); a client slower than that has its connection closed.
 	HTTPReadHeaderTimeout time.Duration
@@ -108,6 +118,15 @@ type Options struct {
 	// progress (> 0); then the request gets 408 and its connection is
 	// closed. It does not bound a response stream.
 	HTTPBodyIdleTimeout time.Duration
+	// HTTPBodyTimeout is the longest a whole request body may take to
+	// arrive (> 0): a body trickled within the idle timeout still gets
+	// 408 then, and its admission slot back.
+	HTTPBodyTimeout time.Duration
+	// HTTPWriteTimeout is the longest one write of a response may block
+	// on a client that does not read (> 0); then the request is
+	// cancelled and freed on every worker, counted in
+	// pdserve_stream_stalled_cancels_total.
+	HTTPWriteTimeout time.Duration
 	// LogLevel is debug, info, warn or error (used by coordinatorrun.Main's logger).
 	LogLevel string
 	// ConfigFile is the YAML policy file (pkg/config); empty: defaults.
@@ -170,6 +189,11 @@ type Options struct {
 // DefaultMaxBodyBytes is the default of --max-body-bytes: 16 MiB.
 const DefaultMaxBodyBytes = 16 << 20
 
+// DefaultMaxInFlightBodyBytes is the default of --max-inflight-body-bytes:
+// 256 MiB, sixteen bodies of the largest size at once (and thousands of
+// ordinary ones).
+const DefaultMaxInFlightBodyBytes = 256 << 20
+
 // DefaultOptions returns the flag defaults.
 func DefaultOptions() Options {
 	return Options{
@@ -187,6 +211,9 @@ func DefaultOptions() Options {
 		Policy:           config.Default(),
 
 		MaxBodyBytes:          DefaultMaxBodyBytes,
+		MaxInFlightBodyBytes:  DefaultMaxInFlightBodyBytes,
+		HTTPBodyTimeout:       60 * time.Second,
+		HTTPWriteTimeout:      30 * time.Second,
 		HTTPReadHeaderTimeout: 10 * time.Second,
 		HTTPBodyIdleTimeout:   30 * time.Second,
 	}
@@ -215,8 +242,12 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "how long a graceful stop waits for requests in flight")
 	fs.DurationVar(&o.RetryAfter, "retry-after", o.RetryAfter, "Retry-After sent with 429 and 503 responses")
 	fs.Int64Var(&o.MaxBodyBytes, "max-body-bytes", o.MaxBodyBytes, "largest request body in bytes; a larger one gets 413")
+	fs.Int64Var(&o.MaxInFlightBodyBytes, "max-inflight-body-bytes", o.MaxInFlightBodyBytes, "memory budget in bytes of the request bodies in flight, all together: a body takes its size at admission until its response ends; one that does not fit gets 429 (0: none)")
+	fs.BoolVar(&o.ResponseCacheShareAcrossKeys, "response-cache-share-across-keys", o.ResponseCacheShareAcrossKeys, "answer a request of one API key from the cached response of another key's identical request (off: each key has a partition of its own; response_cache.share_across_keys of --config)")
 	fs.DurationVar(&o.HTTPReadHeaderTimeout, "http-read-header-timeout", o.HTTPReadHeaderTimeout, "how long a client may take to send a request's headers before its connection is closed")
 	fs.DurationVar(&o.HTTPBodyIdleTimeout, "http-body-idle-timeout", o.HTTPBodyIdleTimeout, "how long a request body may make no progress before the request gets 408 (response streams are not bounded)")
+	fs.DurationVar(&o.HTTPBodyTimeout, "http-body-timeout", o.HTTPBodyTimeout, "how long a whole request body may take to arrive before the request gets 408, however steadily it trickles")
+	fs.DurationVar(&o.HTTPWriteTimeout, "http-write-timeout", o.HTTPWriteTimeout, "how long one write of a response may block on a client that does not read before the request is cancelled and freed")
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "log level: debug, info, warn or error")
 	fs.StringVar(&o.ConfigFile, "config", o.ConfigFile, "YAML policy file: SLOs, prompt-token budgets per API key and route, limits, routing")
 	o.TLS.AddFlags(fs)
@@ -278,6 +309,9 @@ func (o *Options) Complete() error {
 	if o.ResponseCacheEntries > 0 {
 		p.ResponseCache.Entries = o.ResponseCacheEntries
 	}
+	if o.ResponseCacheShareAcrossKeys {
+		p.ResponseCache.ShareAcrossKeys = true
+	}
 	if err := o.Auth.complete(&p); err != nil {
 		return fmt.Errorf("coordinator: %w", err)
 	}
@@ -338,8 +372,12 @@ func (o Options) Validate() error {
 	if o.MaxBodyBytes <= 0 {
 		bad("max-body-bytes %d must be positive", o.MaxBodyBytes)
 	}
-	if o.HTTPReadHeaderTimeout <= 0 || o.HTTPBodyIdleTimeout <= 0 {
-		bad("http-read-header-timeout %v and http-body-idle-timeout %v must be positive", o.HTTPReadHeaderTimeout, o.HTTPBodyIdleTimeout)
+	if o.HTTPReadHeaderTimeout <= 0 || o.HTTPBodyIdleTimeout <= 0 || o.HTTPBodyTimeout <= 0 || o.HTTPWriteTimeout <= 0 {
+		bad("http-read-header-timeout %v, http-body-idle-timeout %v, http-body-timeout %v and http-write-timeout %v must be positive",
+			o.HTTPReadHeaderTimeout, o.HTTPBodyIdleTimeout, o.HTTPBodyTimeout, o.HTTPWriteTimeout)
+	}
+	if o.MaxInFlightBodyBytes < 0 {
+		bad("max-inflight-body-bytes %d must not be negative (0: none)", o.MaxInFlightBodyBytes)
 	}
 	if _, err := zapcore.ParseLevel(o.LogLevel); err != nil || o.LogLevel == "" {
 		bad("log-level %q must be debug, info, warn or error", o.LogLevel)
@@ -397,6 +435,10 @@ func (o Options) LogFields() []zap.Field {
 		zap.Int64("max_body_bytes", o.MaxBodyBytes),
 		zap.Duration("http_read_header_timeout", o.HTTPReadHeaderTimeout),
 		zap.Duration("http_body_idle_timeout", o.HTTPBodyIdleTimeout),
+		zap.Duration("http_body_timeout", o.HTTPBodyTimeout),
+		zap.Duration("http_write_timeout", o.HTTPWriteTimeout),
+		zap.Int64("max_inflight_body_bytes", o.MaxInFlightBodyBytes),
+		zap.Bool("response_cache_share_across_keys", p.ResponseCache.ShareAcrossKeys),
 		zap.String("log_level", o.LogLevel),
 		zap.String("config", o.ConfigFile),
 		zap.Int("max_tokens_cap", p.Limits.MaxTokensCap),

@@ -1076,3 +1076,7 @@ func (s *Server) readyLocked(q *sequence) {
 	s.waiting = append(s.waiting, q)
 	s.wakeup()
 }
+
+// MaxBatch returns the most sequences one step runs (Options.MaxBatch):
+// the most choices a request may ask.
+func (s *Server) MaxBatch() int { return s.o.MaxBatch }

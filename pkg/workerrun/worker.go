@@ -82,6 +82,7 @@ func (d decodeService) live() int               { return d.Stats().Requests }
 func (d decodeService) fill(hb *control.Heartbeat) {
 	st := d.Stats()
 	hb.KVBlocksFree, hb.KVBlocksTotal = st.KVBlocksFree, st.KVBlocksTotal
+	hb.MaxBatch = d.MaxBatch()
 	hb.QueuedPrefillTokens = st.QueuedPrefillTokens
 	hb.RunningBatch = st.Running
 	hb.StepTimesMs = st.StepTimesMs
