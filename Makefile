@@ -64,3 +64,32 @@ chaos:
 	bin=$$(mktemp -d) && trap 'rm -rf "$$bin"' EXIT && \
 	$(GO) build -o "$$bin/" ./cmd/coordinator ./cmd/prefill-worker ./cmd/decode-worker ./loadtest && \
 	$(GO) run ./cmd/chaos --bin "$$bin" --faults kill-decode-transfer,kill-decode-decoding,stop-decode,kill-prefill,partition,restart-nats,restart-coordinator,overload --duration 15s $(CHAOS_FLAGS)
+
+# k8s-up starts a single-machine Kubernetes from real components as
+# processes (docs/k8s-lab.md): etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler, containerd + runc, the kubelet, kube-proxy, CoreDNS and
+# kwok's simulated GPU nodes. Needs root. The binaries are built once from
+# the pinned modules under scripts/k8s/build into
+# ${XDG_CACHE_HOME:-~/.cache}/pdserve/k8s (tens of minutes cold); state
+# lives in .pdserve/k8s. Idempotent: a running cluster is only checked.
+# It prints the export KUBECONFIG=… line. K8S_FLAGS adds flags (--no-kwok,
+# --node-ip IP, --state DIR, --cache DIR).
+.PHONY: k8s-build k8s-up k8s-smoke k8s-status k8s-down
+k8s-build:
+	$(GO) run ./cmd/k8slab build $(K8S_FLAGS)
+
+k8s-up:
+	$(GO) run ./cmd/k8slab up $(K8S_FLAGS)
+
+# k8s-smoke: a pod Ready, a Service by DNS name from a pod and through
+# kube-proxy from the node, a GPU pod placed on a kwok prefill node.
+k8s-smoke:
+	$(GO) run ./cmd/k8slab smoke $(K8S_FLAGS)
+
+k8s-status:
+	$(GO) run ./cmd/k8slab status $(K8S_FLAGS)
+
+# k8s-down stops every process, removes the pod network, kube-proxy's
+# rules, mounts, cgroups and the state (logs stay in .pdserve/k8s/logs).
+k8s-down:
+	$(GO) run ./cmd/k8slab down $(K8S_FLAGS)
