@@ -1,0 +1,23 @@
+// Package adversarial holds no code, only tests: the abuse a client or a
+// peer can try against a whole pdserve deployment (a standalone server
+// with API keys, its decode worker over gRPC), each written as a Go test
+// that asserts the outcome and, where memory is the target, a bound on
+// the heap. They keep the findings of the "Trust II" review fixed:
+//
+//   - token-id bodies and prompt batches bounded before they are decoded,
+//     four concurrent 16 MiB bodies within the documented bound;
+//   - max_tokens of 2⁶³−1 refused naming it, nothing taken from a key's
+//     tokens a minute;
+//   - trickled bodies cut at the body deadline, their slots given back;
+//   - a client that stops reading a stream, and a gRPC caller that stops
+//     reading Generate, cancelled with everything freed and counted;
+//   - every refusal and request line logged, none sampled;
+//   - the response cache partitioned by API key; n over the workers'
+//     batch refused naming n; a request over a key's whole TPM refused
+//     without Retry-After; an emptied key file revoking every key and a
+//     deleted one keeping the last good keys, counted.
+//
+// The heap is sampled with runtime/metrics every millisecond; the bounds
+// are generous (several times what the code needs) yet an order of
+// magnitude under what the unfixed code took.
+package adversarial

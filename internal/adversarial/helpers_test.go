@@ -1,0 +1,225 @@
+package adversarial
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"runtime/metrics"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/pdserve/pdserve/internal/poll"
+	"github.com/pdserve/pdserve/pkg/apikey"
+	"github.com/pdserve/pdserve/pkg/coordinator"
+	"github.com/pdserve/pdserve/pkg/standalone"
+	"github.com/pdserve/pdserve/pkg/workerrun"
+)
+
+// Keys of the tests' key files.
+const (
+	keyA = "sk-tenant-a-0123456789abcdef"
+	keyC = "sk-tenant-c-0123456789abcdef"
+)
+
+// deployment is a standalone server (one prefill and one decode worker of
+// the tiny reference engine, a 1024-token context) on a free port.
+type deployment struct {
+	*standalone.Server
+	url string
+}
+
+// start starts a deployment with o edited by edit, logging to log (nil:
+// the test's log at warn).
+func start(t *testing.T, log *zap.Logger, edit func(*coordinator.Options)) *deployment {
+	t.Helper()
+	o := coordinator.DefaultOptions()
+	o.HTTPAddr, o.Standalone = "127.0.0.1:0", true
+	o.WorkerOptions = func(wo *workerrun.Options) { wo.HeartbeatInterval = 20 * time.Millisecond }
+	if edit != nil {
+		edit(&o)
+	}
+	if err := o.Complete(); err != nil {
+		t.Fatal(err)
+	}
+	if log == nil {
+		log = zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+	}
+	s, err := standalone.Start(context.Background(), o, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		_ = s.Shutdown(ctx)
+	})
+	poll.CheckFor(t, 20*time.Second, 10*time.Millisecond, s.Ready)
+	poll.WaitFor(t, "the model's context length", func() bool {
+		ms := s.Models()
+		return len(ms) > 0 && ms[0].MaxModelLen > 0
+	})
+	return &deployment{Server: s, url: "http://" + s.HTTPAddr()}
+}
+
+// keyFile writes a key file of lines ("KEY name=N tpm=T"), returning its
+// path.
+func keyFile(t *testing.T, lines ...string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "keys")
+	writeKeys(t, path, lines...)
+	return path
+}
+
+func writeKeys(t *testing.T, path string, lines ...string) {
+	t.Helper()
+	var b strings.Builder
+	for _, l := range lines {
+		f := strings.Fields(l)
+		name, tpm := "", 0
+		for _, kv := range f[1:] {
+			k, v, _ := strings.Cut(kv, "=")
+			switch k {
+			case "name":
+				name = v
+			case "tpm":
+				tpm = atoi(t, v)
+			}
+		}
+		line, err := apikey.FormatLine(f[0], name, 0, tpm)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.WriteString(line + "\n")
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(b.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func atoi(t *testing.T, s string) int {
+	n := 0
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			t.Fatalf("not a number: %q", s)
+		}
+		n = 10*n + int(c-'0')
+	}
+	return n
+}
+
+// reply is a response read whole.
+type reply struct {
+	status int
+	header http.Header
+	body   string
+}
+
+// post sends body to path with key (none when "").
+func (d *deployment) post(t *testing.T, path, key string, body io.Reader) reply {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, d.url+path, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reply{status: resp.StatusCode, header: resp.Header, body: string(b)}
+}
+
+// counter returns the sum of the counter name's series in g, 0 when
+// absent.
+func counter(t *testing.T, g prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+// heapObjects returns the bytes of heap objects, live and not yet swept.
+func heapObjects() uint64 {
+	s := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
+// heapPeak samples the heap every millisecond while f runs and returns
+// the peak over the heap before it (after a collection).
+func heapPeak(f func()) uint64 {
+	runtime.GC()
+	base := heapObjects()
+	stop, done := make(chan struct{}), make(chan uint64)
+	go func() {
+		var peak uint64
+		t := time.NewTicker(time.Millisecond)
+		defer t.Stop()
+		for {
+			if h := heapObjects(); h > peak {
+				peak = h
+			}
+			select {
+			case <-stop:
+				done <- peak
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	f()
+	close(stop)
+	peak := <-done
+	if peak < base {
+		return 0
+	}
+	return peak - base
+}
+
+// gauge returns the sum of the gauge name's series in g.
+func gauge(t *testing.T, g prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				sum += m.GetGauge().GetValue()
+			}
+		}
+	}
+	return sum
+}
