@@ -112,6 +112,9 @@ var (
 	// ErrCommandFailed: the worker received the command and its handler
 	// returned an error (its text is in the wrapping error).
 	ErrCommandFailed = errors.New("control: command failed")
+	// ErrRefused: a heartbeat whose limits contradict the observer's
+	// configuration (Membership's WithCheck).
+	ErrRefused = errors.New("control: heartbeat refused")
 	// ErrNoWorker: nobody listens on the worker's command subject.
 	ErrNoWorker = errors.New("control: no such worker")
 )

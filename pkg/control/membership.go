@@ -1,6 +1,7 @@
 package control
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -11,10 +12,13 @@ import (
 // heartbeats. It is a deterministic core: time is an input of every call
 // that depends on it. Safe for concurrent use.
 type Membership struct {
-	ttl time.Duration
+	ttl   time.Duration
+	admit bool                     // members need Admit before Members and Models list them
+	check func(hb Heartbeat) error // refuses heartbeats; nil: none
 
 	mu      sync.Mutex
 	members map[string]member
+	refused map[string]string // id → the reason its last heartbeat was refused
 }
 
 type member struct {
@@ -23,12 +27,35 @@ type member struct {
 	// unreachable: a call to the member failed as if it were gone (see
 	// Unreachable); it is left out of Members until its next heartbeat.
 	unreachable bool
+	// admitted: Admit was called for the member's id, role and address.
+	admitted bool
+}
+
+// MembershipOption configures a Membership.
+type MembershipOption func(*Membership)
+
+// RequireAdmission makes a member count (in Members and Models) only once
+// Admit admitted it: the observer verified the worker behind the
+// heartbeat (the coordinator's authenticated health call). A member
+// whose role or address changes needs admitting again.
+func RequireAdmission() MembershipOption { return func(m *Membership) { m.admit = true } }
+
+// WithCheck makes Observe refuse heartbeats for which check returns an
+// error (limits that contradict the observer's configuration): a refused
+// heartbeat removes its id from the membership. check must be safe for
+// concurrent use and must not call the Membership.
+func WithCheck(check func(hb Heartbeat) error) MembershipOption {
+	return func(m *Membership) { m.check = check }
 }
 
 // NewMembership returns an empty Membership whose members expire ttl after
 // their last observed heartbeat (ttl > 0; a few heartbeat intervals).
-func NewMembership(ttl time.Duration) *Membership {
-	return &Membership{ttl: ttl, members: make(map[string]member)}
+func NewMembership(ttl time.Duration, opts ...MembershipOption) *Membership {
+	m := &Membership{ttl: ttl, members: make(map[string]member), refused: make(map[string]string)}
+	for _, o := range opts {
+		o(m)
+	}
+	return m
 }
 
 // TTL returns the expiry age.
@@ -36,16 +63,59 @@ func (m *Membership) TTL() time.Duration { return m.ttl }
 
 // Observe records hb, observed at now (the observer's clock, not hb.Time,
 // so that clock skew between machines does not matter). The latest
-// observation of an id replaces the earlier one, role included. Heartbeats
-// that fail Validate are ignored. hb's slices must not be modified after
-// the call.
-func (m *Membership) Observe(hb Heartbeat, now time.Time) {
+// observation of an id replaces the earlier one, role included; a member
+// stays admitted while its role and address stay the same. Heartbeats
+// that fail Validate are ignored. A heartbeat the check (WithCheck)
+// refuses removes its id; Observe returns ErrRefused, wrapped with the
+// reason, for the first refusal of an id and for each new reason, nil
+// for repeats (so the caller logs each once). hb's slices must not be
+// modified after the call.
+func (m *Membership) Observe(hb Heartbeat, now time.Time) error {
 	if hb.Validate() != nil {
-		return
+		return nil
+	}
+	var cerr error
+	if m.check != nil {
+		cerr = m.check(hb)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.members[hb.ID] = member{hb: hb, seen: now}
+	if cerr != nil {
+		delete(m.members, hb.ID)
+		if m.refused[hb.ID] == cerr.Error() {
+			return nil
+		}
+		m.refused[hb.ID] = cerr.Error()
+		return fmt.Errorf("%w: %s %s: %w", ErrRefused, hb.Role, hb.ID, cerr)
+	}
+	delete(m.refused, hb.ID)
+	old, ok := m.members[hb.ID]
+	admitted := ok && old.admitted && old.hb.Role == hb.Role && old.hb.GRPCAddr == hb.GRPCAddr
+	m.members[hb.ID] = member{hb: hb, seen: now, admitted: admitted}
+	return nil
+}
+
+// Admit admits id, if it is a member of role at addr (see
+// RequireAdmission), and reports whether it did.
+func (m *Membership) Admit(id, role, addr string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	mb, ok := m.members[id]
+	if !ok || mb.hb.Role != role || mb.hb.GRPCAddr != addr {
+		return false
+	}
+	mb.admitted = true
+	m.members[id] = mb
+	return true
+}
+
+// Pending returns the live members not admitted yet, sorted by ID (none
+// without RequireAdmission). Ownership as for Members.
+func (m *Membership) Pending() []Heartbeat {
+	if !m.admit {
+		return nil
+	}
+	return m.list(func(mb member) bool { return !mb.admitted })
 }
 
 // Expire removes every member whose last heartbeat was observed more than
@@ -60,6 +130,9 @@ func (m *Membership) Expire(now time.Time) []string {
 			gone = append(gone, id)
 			delete(m.members, id)
 		}
+	}
+	if len(m.members) == 0 || len(m.refused) > 4*len(m.members)+1024 {
+		clear(m.refused) // bounded: only log deduplication is lost
 	}
 	slices.Sort(gone)
 	return gone
@@ -104,11 +177,14 @@ func (m *Membership) Unreachable(id, addr string) {
 	}
 }
 
-// Members returns the live members of role that are reachable and not
-// draining, sorted by ID. The caller owns the returned slice; the heartbeats' own slices are
-// shared and must not be modified.
+// Members returns the live members of role that are reachable, not
+// draining and, with RequireAdmission, admitted, sorted by ID. The caller
+// owns the returned slice; the heartbeats' own slices are shared and must
+// not be modified.
 func (m *Membership) Members(role Role) []Heartbeat {
-	return m.list(func(mb member) bool { return mb.hb.Role == string(role) && !mb.hb.Draining && !mb.unreachable })
+	return m.list(func(mb member) bool {
+		return mb.hb.Role == string(role) && !mb.hb.Draining && !mb.unreachable && (mb.admitted || !m.admit)
+	})
 }
 
 // All returns every live member, draining ones included, sorted by ID.
@@ -142,18 +218,23 @@ func (m *Membership) Get(id string) (Heartbeat, bool) {
 // Model is a model the live members serve.
 type Model struct {
 	Name string
-	// MaxSeqLen is the smallest positive MaxSeqLen the model's members
-	// report (a request must fit whichever worker it is routed to), or 0
-	// when none reports one.
+	// MaxSeqLen is the largest positive MaxSeqLen the model's members
+	// report (the longest request some worker can take; the router sends
+	// each request only to workers whose own MaxSeqLen fits it), or 0 when
+	// none reports one.
 	MaxSeqLen int
+	// ByRole is the largest positive MaxSeqLen of the model's members of
+	// each role that reports one.
+	ByRole map[Role]int
 }
 
-// Models returns the distinct non-empty model names of the live members,
-// draining ones included, sorted by name, each with its smallest reported
-// MaxSeqLen. The caller owns the returned slice.
+// Models returns the distinct non-empty model names of the live members
+// (with RequireAdmission, admitted ones only), draining ones included,
+// sorted by name, each with its largest reported MaxSeqLen, overall and
+// by role. The caller owns the returned slice.
 func (m *Membership) Models() []Model {
 	var out []Model
-	for _, hb := range m.All() {
+	for _, hb := range m.list(func(mb member) bool { return mb.admitted || !m.admit }) {
 		if hb.Model == "" {
 			continue
 		}
@@ -162,7 +243,14 @@ func (m *Membership) Models() []Model {
 			out = append(out, Model{Name: hb.Model})
 			i = len(out) - 1
 		}
-		out[i].MaxSeqLen = MinSeqLen(out[i].MaxSeqLen, hb.MaxSeqLen)
+		if hb.MaxSeqLen > 0 {
+			out[i].MaxSeqLen = max(out[i].MaxSeqLen, hb.MaxSeqLen)
+			if out[i].ByRole == nil {
+				out[i].ByRole = map[Role]int{}
+			}
+			r := Role(hb.Role)
+			out[i].ByRole[r] = max(out[i].ByRole[r], hb.MaxSeqLen)
+		}
 	}
 	slices.SortFunc(out, func(a, b Model) int { return strings.Compare(a.Name, b.Name) })
 	return out

@@ -1,6 +1,7 @@
 package control
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -154,7 +155,7 @@ func TestModels(t *testing.T) {
 	now := time.Unix(100, 0)
 	for _, hb := range []Heartbeat{
 		{ID: "d1", Role: string(RoleDecode), Model: "llama", MaxSeqLen: 8192},
-		{ID: "p1", Role: string(RolePrefill), Model: "llama", MaxSeqLen: 4096}, // the smallest wins
+		{ID: "p1", Role: string(RolePrefill), Model: "llama", MaxSeqLen: 4096}, // the largest wins
 		{ID: "d2", Role: string(RoleDecode), Model: "llama"},                   // unknown: ignored
 		{ID: "d3", Role: string(RoleDecode), Model: "tiny", MaxSeqLen: 1024, Draining: true},
 		{ID: "d4", Role: string(RoleDecode), Model: "old"},
@@ -162,7 +163,8 @@ func TestModels(t *testing.T) {
 	} {
 		m.Observe(hb, now)
 	}
-	want := []Model{{Name: "llama", MaxSeqLen: 4096}, {Name: "old"}, {Name: "tiny", MaxSeqLen: 1024}}
+	want := []Model{{Name: "llama", MaxSeqLen: 8192, ByRole: map[Role]int{RoleDecode: 8192, RolePrefill: 4096}}, {Name: "old"},
+		{Name: "tiny", MaxSeqLen: 1024, ByRole: map[Role]int{RoleDecode: 1024}}}
 	if diff := cmp.Diff(want, m.Models()); diff != "" {
 		t.Errorf("Models (-want +got):\n%s", diff)
 	}
@@ -179,5 +181,78 @@ func TestMinSeqLen(t *testing.T) {
 		if got := MinSeqLen(tc.a, tc.b); got != tc.want {
 			t.Errorf("MinSeqLen(%d, %d) = %d, want %d", tc.a, tc.b, got, tc.want)
 		}
+	}
+}
+
+// With RequireAdmission a member is routable, and its model listed, only
+// once admitted for its role and address; a new address or role needs
+// admitting again.
+func TestAdmission(t *testing.T) {
+	m := NewMembership(time.Minute, RequireAdmission())
+	now := time.Unix(100, 0)
+	d := Heartbeat{ID: "d1", Role: string(RoleDecode), GRPCAddr: "10.0.0.1:9000", Model: "llama", MaxSeqLen: 4096}
+	m.Observe(d, now)
+	if got := m.Members(RoleDecode); len(got) != 0 {
+		t.Fatalf("Members before admission = %v, want none", got)
+	}
+	if got := m.Models(); len(got) != 0 {
+		t.Fatalf("Models before admission = %v, want none", got)
+	}
+	if got := m.Pending(); len(got) != 1 || got[0].ID != "d1" {
+		t.Fatalf("Pending = %v, want d1", got)
+	}
+	for _, bad := range [][2]string{{string(RolePrefill), d.GRPCAddr}, {d.Role, "10.0.0.2:9000"}} {
+		if m.Admit("d1", bad[0], bad[1]) {
+			t.Errorf("Admit(d1, %s, %s) admitted a member of another role or address", bad[0], bad[1])
+		}
+	}
+	if !m.Admit("d1", d.Role, d.GRPCAddr) {
+		t.Fatal("Admit refused the member's own role and address")
+	}
+	m.Observe(d, now.Add(time.Second)) // the next heartbeat keeps it admitted
+	if got := m.Members(RoleDecode); len(got) != 1 {
+		t.Fatalf("Members after admission = %v, want d1", got)
+	}
+	if diff := cmp.Diff([]Model{{Name: "llama", MaxSeqLen: 4096, ByRole: map[Role]int{RoleDecode: 4096}}}, m.Models()); diff != "" {
+		t.Errorf("Models (-want +got):\n%s", diff)
+	}
+	moved := d
+	moved.GRPCAddr = "10.0.0.66:9000"
+	m.Observe(moved, now.Add(2*time.Second))
+	if got := m.Members(RoleDecode); len(got) != 0 {
+		t.Errorf("Members after the address changed = %v, want none until admitted again", got)
+	}
+}
+
+// A heartbeat the check refuses removes its id; the refusal is reported
+// once per reason.
+func TestCheckRefuses(t *testing.T) {
+	m := NewMembership(time.Minute, WithCheck(func(hb Heartbeat) error {
+		if hb.MaxSeqLen == 1 {
+			return errors.New("max_seq_len 1")
+		}
+		return nil
+	}))
+	now := time.Unix(100, 0)
+	good := Heartbeat{ID: "d1", Role: string(RoleDecode), MaxSeqLen: 4096}
+	if err := m.Observe(good, now); err != nil {
+		t.Fatal(err)
+	}
+	bad := good
+	bad.MaxSeqLen = 1
+	if err := m.Observe(bad, now); !errors.Is(err, ErrRefused) {
+		t.Fatalf("Observe(max_seq_len 1) = %v, want ErrRefused", err)
+	}
+	if err := m.Observe(bad, now); err != nil {
+		t.Errorf("second refusal for the same reason = %v, want nil (logged once)", err)
+	}
+	if _, ok := m.Get("d1"); ok {
+		t.Error("a refused heartbeat left its id a member")
+	}
+	if err := m.Observe(good, now); err != nil {
+		t.Fatal(err)
+	}
+	if got := m.Members(RoleDecode); len(got) != 1 {
+		t.Errorf("Members after a good heartbeat = %v, want d1", got)
 	}
 }

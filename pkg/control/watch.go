@@ -48,7 +48,8 @@ func WatchLogger(log *zap.Logger) WatchOption {
 // A heartbeat is refused (dropped, and logged with WatchLogger) when it is
 // not JSON, fails Validate, or its id and role differ from its subject's:
 // on an authenticated server the subject is what the publisher's
-// permissions vouch for (see the package doc), the payload is not.
+// permissions vouch for (see the package doc), the payload is not. So is
+// one the membership's check refuses (WithCheck), logged once per reason.
 //
 // stop ends the watch and waits until it has unsubscribed; it is
 // idempotent and safe to call from any goroutine, also after ctx ended. Errors:
@@ -67,7 +68,9 @@ func Watch(ctx context.Context, nc *nats.Conn, m *Membership, clock func() time.
 			cfg.log.Warn("heartbeat refused", zap.String("subject", msg.Subject), zap.String("id", hb.ID), zap.String("role", hb.Role), zap.Error(err))
 			return
 		}
-		m.Observe(hb, clock())
+		if err := m.Observe(hb, clock()); err != nil {
+			cfg.log.Warn("heartbeat refused", zap.String("subject", msg.Subject), zap.String("id", hb.ID), zap.String("role", hb.Role), zap.Error(err))
+		}
 	}
 	subjects := []string{HeartbeatWildcard}
 	if len(cfg.roles) > 0 {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/frontend"
+	"github.com/pdserve/pdserve/pkg/grpcauth"
 	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
 	"github.com/pdserve/pdserve/pkg/metrics"
@@ -43,6 +45,7 @@ type backend struct {
 	members *control.Membership
 	router  *router.Router
 	conns   *conns
+	auth    *grpcauth.Auth // signs the KV-push credentials; nil: none
 	metrics *metrics.Metrics
 	pricing *budget.Pricing // the policy's, set on every trace; nil: no cost
 	engines []watchedEngine // standalone engines that count overruns (enginewarn.go)
@@ -88,6 +91,11 @@ func (b *backend) isMember(role control.Role, w router.Worker) bool {
 
 func (r *run) decodeRole() control.Role { return r.b.decodeRole() }
 
+// conn returns the connection to w in role.
+func (b *backend) conn(role control.Role, w router.Worker) (*grpc.ClientConn, error) {
+	return b.conns.get(peer{id: w.ID, role: string(role), addr: w.Addr})
+}
+
 // unreachable takes w out of routing until its next heartbeat when err
 // says the call could not reach it (UNAVAILABLE: refused, reset, or the
 // worker is shutting down), so that requests stop going to a dead worker
@@ -111,6 +119,7 @@ func (b *backend) workers(role control.Role) []router.Worker {
 			KVBlocksFree: hb.KVBlocksFree, KVBlocksTotal: hb.KVBlocksTotal,
 			QueuedPrefillTokens: hb.QueuedPrefillTokens, RunningBatch: hb.RunningBatch,
 			PrefixDigest: hb.PrefixDigest, Draining: hb.Draining, Time: hb.Time,
+			MaxSeqLen: hb.MaxSeqLen,
 		}
 		if b.modelName == "" {
 			// Workers serve the model they report; under --model-name
@@ -332,7 +341,7 @@ func (r *run) done() bool {
 // prefill side as it is (recovery).
 func (r *run) place(decodeOnly bool) (router.Decision, error) {
 	rreq := router.Request{ID: r.req.ID, PromptTokens: len(r.req.Prompt), MaxTokens: r.req.MaxTokens * len(r.choices),
-		DecodeOnly: decodeOnly, Local: r.req.PromptLogprobs >= 0, Model: r.req.Model}
+		DecodeOnly: decodeOnly, Local: r.req.PromptLogprobs >= 0, Model: r.req.Model, SeqTokens: r.seqTokens()}
 	if n := r.b.prefixBlockTokens; n > 0 && !decodeOnly {
 		hs := kv.HashBlocks(0, r.req.Prompt, n)
 		rreq.PrefixHashes = make([]uint64, len(hs))
@@ -340,7 +349,8 @@ func (r *run) place(decodeOnly bool) (router.Decision, error) {
 			rreq.PrefixHashes[i] = uint64(h)
 		}
 	}
-	full := 0
+	full, failed := 0, 0
+	var lastErr error // the last worker's failure, when one failed
 	for {
 		var prefills []router.Worker
 		if r.b.mode == ModeDisaggregated && !decodeOnly {
@@ -348,6 +358,8 @@ func (r *run) place(decodeOnly bool) (router.Decision, error) {
 		}
 		dec, err := r.b.router.Route(r.b.now(), rreq, r.b.workers(r.b.decodeRole()), prefills, r.exclude)
 		switch {
+		case errors.Is(err, router.ErrNoDecodeWorkers) && lastErr != nil && full == 0:
+			return dec, grpcError(fmt.Sprintf("reserve on decode workers (%d failed)", failed), "decode", lastErr)
 		case errors.Is(err, router.ErrNoDecodeWorkers) && full > 0:
 			return dec, frontend.NewError(frontend.ErrOverloaded, "overloaded", "",
 				"No decode worker has free KV cache for %d tokens now; retry later.", rreq.PromptTokens+rreq.MaxTokens)
@@ -374,13 +386,18 @@ func (r *run) place(decodeOnly bool) (router.Decision, error) {
 		case code == codes.ResourceExhausted:
 			full++
 			r.exclude[dec.Decode.ID] = true
-		case code == codes.Unavailable, code == codes.Canceled, code == codes.DeadlineExceeded:
+		case failed >= maxRecoveries:
+			return dec, grpcError(fmt.Sprintf("reserve on decode worker %s (after %d failed)", dec.Decode.ID, failed), "decode", err)
+		default:
+			// Whatever the failure (gone, refused, a worker that is not
+			// one), nothing reached the client: try another worker, a
+			// bounded number of times.
+			failed++
+			lastErr = err
 			r.b.log.Warn("reserve failed; trying another decode worker", zap.String("request_id", r.req.ID),
 				zap.String("worker", dec.Decode.ID), zap.Error(err))
 			r.b.unreachable(r.b.decodeRole(), dec.Decode, err)
 			r.exclude[dec.Decode.ID] = true
-		default:
-			return dec, grpcError(fmt.Sprintf("reserve on decode worker %s", dec.Decode.ID), "decode", err)
 		}
 	}
 }
@@ -391,7 +408,7 @@ func (r *run) place(decodeOnly bool) (router.Decision, error) {
 // worker looks its cache up itself) or a Resend (the whole retained KV)
 // it is not, and no decode-side hit is recorded.
 func (r *run) reserve(w router.Worker, fresh bool) error {
-	cc, err := r.b.conns.get(w.Addr)
+	cc, err := r.b.conn(r.decodeRole(), w)
 	if err != nil {
 		return status.Error(codes.Unavailable, err.Error())
 	}
@@ -417,6 +434,10 @@ func (r *run) reserve(w router.Worker, fresh bool) error {
 
 func (r *run) sampling() *pdservev1.Sampling { return wire.Sampling(r.req.Sampling) }
 
+// seqTokens is the request's longest sequence, prompt and one choice's
+// max_tokens: a worker whose own context is shorter cannot take it.
+func (r *run) seqTokens() int { return len(r.req.Prompt) + r.req.MaxTokens }
+
 // spawn runs f in a goroutine with a child context; f's result is sent as
 // an event. Every spawned goroutine sends exactly one event of an end kind.
 // It returns the function that cancels f's context.
@@ -431,7 +452,7 @@ func (r *run) spawn(f func(ctx context.Context) event) context.CancelFunc {
 }
 
 func (r *run) startPrefill() error {
-	cc, err := r.b.conns.get(r.prefill.Addr)
+	cc, err := r.b.conn(control.RolePrefill, r.prefill)
 	if err != nil {
 		return err
 	}
@@ -439,6 +460,10 @@ func (r *run) startPrefill() error {
 		RequestId: r.req.ID, PromptTokens: r.req.Prompt, Sampling: r.sampling(),
 		DecodeAddr: r.decode.Addr, Codec: r.b.codec, Logprobs: wire.Logprobs(r.req.Logprobs),
 		SkipTokens: int32(r.decodeHit),
+		// One KV push to this decode worker by this prefill worker: the
+		// prefill worker holds no key, and the credential is worth
+		// nothing elsewhere.
+		DecodeId: r.decode.ID, DecodeCredential: r.b.auth.PushCredential(r.decode.ID, r.prefill.ID),
 	}
 	if !slices.ContainsFunc(r.prefilledOn, func(w router.Worker) bool { return w.Addr == r.prefill.Addr }) {
 		r.prefilledOn = append(r.prefilledOn, r.prefill)
@@ -462,7 +487,7 @@ func (r *run) startPrefill() error {
 }
 
 func (r *run) startDecode() error {
-	cc, err := r.b.conns.get(r.decode.Addr)
+	cc, err := r.b.conn(r.decodeRole(), r.decode)
 	if err != nil {
 		return err
 	}
@@ -508,11 +533,12 @@ func (r *run) startResend() error {
 		// live decode worker's.
 		return fmt.Errorf("coordinator: request %s: decode worker %s at %s is no longer a member; not re-sending its KV there", r.req.ID, r.decode.ID, r.decode.Addr)
 	}
-	cc, err := r.b.conns.get(r.prefill.Addr)
+	cc, err := r.b.conn(control.RolePrefill, r.prefill)
 	if err != nil {
 		return err
 	}
-	rreq := &pdservev1.ResendRequest{RequestId: r.req.ID, DecodeAddr: r.decode.Addr, Codec: r.b.codec}
+	rreq := &pdservev1.ResendRequest{RequestId: r.req.ID, DecodeAddr: r.decode.Addr, Codec: r.b.codec,
+		DecodeId: r.decode.ID, DecodeCredential: r.b.auth.PushCredential(r.decode.ID, r.prefill.ID)}
 	attempt := r.attempt
 	r.resendPending = true
 	r.spawn(func(ctx context.Context) event {
@@ -570,9 +596,12 @@ func (r *run) handle(ev event) error {
 			return nil
 		case r.ctx.Err() != nil:
 			return r.ctx.Err()
-		case ev.err == nil:
+		case ev.err == nil && r.delivered() > 0:
 			return fmt.Errorf("coordinator: decode worker %s ended request %s without a finish reason", r.decode.ID, r.req.ID)
-		case !recoverable(ev.err):
+		case ev.err == nil:
+			// Nothing reached the client: another worker may serve it.
+			ev.err = status.Errorf(codes.Internal, "decode worker %s ended the stream without a token or a finish reason", r.decode.ID)
+		case !recoverable(ev.err) && r.delivered() > 0:
 			return grpcError(fmt.Sprintf("generate on decode worker %s", r.decode.ID), "decode", ev.err)
 		}
 		r.b.unreachable(r.decodeRole(), r.decode, ev.err)
@@ -637,11 +666,11 @@ func (r *run) onPrefillFailed(err error) error {
 }
 
 // retryablePrefill reports whether a Prefill call that failed before its
-// first token may succeed on another prefill worker: the worker was gone,
-// broke off, failed inside, or was full.
-func retryablePrefill(err error) bool {
-	return recoverable(err) || status.Code(err) == codes.ResourceExhausted
-}
+// first token may succeed on another prefill worker: whatever the
+// failure, nothing reached the client (a worker that is gone, broke off,
+// was full, or refused: one that is not a prefill worker at all); the
+// retries are bounded (maxRecoveries).
+func retryablePrefill(error) bool { return true }
 
 // retryPrefill sends the prompt to another prefill worker (the failed one
 // and earlier ones excluded) for the same decode worker, whose Generate
@@ -653,7 +682,7 @@ func (r *run) retryPrefill(cause error) error {
 	}
 	exclude := maps.Clone(r.exclude)
 	exclude[r.prefill.ID] = true
-	rreq := router.Request{ID: r.req.ID, PromptTokens: len(r.req.Prompt), MaxTokens: r.req.MaxTokens * len(r.choices), Model: r.req.Model}
+	rreq := router.Request{ID: r.req.ID, PromptTokens: len(r.req.Prompt), MaxTokens: r.req.MaxTokens * len(r.choices), Model: r.req.Model, SeqTokens: r.seqTokens()}
 	dec, err := r.b.router.Route(r.b.now(), rreq, []router.Worker{r.decode}, r.b.workers(control.RolePrefill), exclude)
 	switch {
 	case err != nil:
@@ -859,6 +888,10 @@ func (r *run) startRecovery(cause error) error {
 	r.reserved = false
 	r.exclude[r.decode.ID] = true
 	r.tr.Recoveries++
+	if r.tr.Recoveries > maxRecoveries && !recoverable(cause) {
+		// The workers refused the request itself: say so, as for one.
+		return grpcError(fmt.Sprintf("generate on decode worker %s (after %d failovers)", r.decode.ID, maxRecoveries), "decode", cause)
+	}
 	if r.tr.Recoveries > maxRecoveries {
 		return fmt.Errorf("coordinator: request %s: giving up after %d decode failures: %v: %w", r.req.ID, maxRecoveries, r.failure,
 			frontend.NewError(frontend.ErrUnavailable, "decode_failed", "", "The request failed on %d decode workers in turn; retry later.", maxRecoveries+1))
@@ -940,7 +973,7 @@ func (r *run) cleanup(err error) {
 	// Best effort: the worker also frees the request when its call ends or
 	// the reservation expires.
 	for _, w := range cancelOn {
-		if cc, cerr := r.b.conns.get(w.Addr); cerr == nil {
+		if cc, cerr := r.b.conn(r.decodeRole(), w); cerr == nil {
 			if _, cerr := pdservev1.NewDecodeServiceClient(cc).Cancel(ctx, &pdservev1.CancelRequest{RequestId: r.req.ID}); cerr != nil {
 				r.b.log.Debug("cancel on decode worker failed", zap.String("request_id", r.req.ID),
 					zap.String("worker", w.ID), zap.Error(cerr))
@@ -948,7 +981,7 @@ func (r *run) cleanup(err error) {
 		}
 	}
 	for _, w := range r.prefilledOn {
-		if cc, cerr := r.b.conns.get(w.Addr); cerr == nil {
+		if cc, cerr := r.b.conn(control.RolePrefill, w); cerr == nil {
 			if _, cerr := pdservev1.NewPrefillServiceClient(cc).Release(ctx, &pdservev1.ReleaseRequest{RequestId: r.req.ID}); cerr != nil {
 				r.b.log.Warn("release on prefill worker failed", zap.String("request_id", r.req.ID),
 					zap.String("worker", w.ID), zap.Error(cerr))

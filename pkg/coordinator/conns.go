@@ -5,51 +5,63 @@ import (
 	"sync"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 )
 
-// conns caches one gRPC client connection per worker address. A
-// connection to a worker that left the membership is closed by retain
-// (the housekeeping loop); one to a hung worker is closed by keepalive.
-// Safe for concurrent use.
+// peer is a worker as the coordinator dials it: the id and role its
+// heartbeat claims and its gRPC address. A connection belongs to one
+// peer: its TLS handshake verifies that the certificate names the role
+// (and the id), and its credentials are signed for that id.
+type peer struct {
+	id, role, addr string
+}
+
+// key is the peer's cache key.
+func (p peer) key() string { return p.role + "/" + p.id + "@" + p.addr }
+
+// conns caches one gRPC client connection per peer. A connection to a
+// worker that left the membership is closed by retain (the housekeeping
+// loop); one to a hung worker is closed by keepalive. Safe for concurrent
+// use.
 type conns struct {
-	opts  []grpc.DialOption
+	dial  func(peer) []grpc.DialOption
 	mu    sync.Mutex
-	byAdr map[string]*grpc.ClientConn
+	byKey map[string]*grpc.ClientConn
 }
 
-// newConns returns an empty cache whose connections use creds (TLS, or
-// plaintext) and opts (keepalive, the coordinator's token).
-func newConns(creds credentials.TransportCredentials, opts ...grpc.DialOption) *conns {
-	return &conns{opts: append([]grpc.DialOption{grpc.WithTransportCredentials(creds)}, opts...), byAdr: make(map[string]*grpc.ClientConn)}
+// newConns returns an empty cache whose connections to a peer use
+// dial(peer): transport credentials (TLS verifying the peer, or
+// plaintext), keepalive and the coordinator's per-call credentials.
+func newConns(dial func(peer) []grpc.DialOption) *conns {
+	return &conns{dial: dial, byKey: make(map[string]*grpc.ClientConn)}
 }
 
-// get returns the connection to addr, creating it (lazily connecting) on
+// get returns the connection to p, creating it (lazily connecting) on
 // first use.
-func (c *conns) get(addr string) (*grpc.ClientConn, error) {
+func (c *conns) get(p peer) (*grpc.ClientConn, error) {
+	k := p.key()
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if cc, ok := c.byAdr[addr]; ok {
+	if cc, ok := c.byKey[k]; ok {
 		return cc, nil
 	}
-	cc, err := grpc.NewClient(addr, c.opts...)
+	cc, err := grpc.NewClient(p.addr, c.dial(p)...)
 	if err != nil {
-		return nil, fmt.Errorf("coordinator: dial %s: %w", addr, err)
+		return nil, fmt.Errorf("coordinator: dial %s %s at %s: %w", p.role, p.id, p.addr, err)
 	}
-	c.byAdr[addr] = cc
+	c.byKey[k] = cc
 	return cc, nil
 }
 
-// retain closes the connections whose address is not in keep. Calls in
+// retain closes the connections whose peer key is not in keep. Calls in
 // flight on a closed connection fail with CANCELED; the request recovers
 // or fails as for a lost worker.
 func (c *conns) retain(keep map[string]bool) {
 	c.mu.Lock()
 	var gone []*grpc.ClientConn
-	for addr, cc := range c.byAdr {
-		if !keep[addr] {
+	for k, cc := range c.byKey {
+		if !keep[k] {
 			gone = append(gone, cc)
-			delete(c.byAdr, addr)
+			delete(c.byKey, k)
 		}
 	}
 	c.mu.Unlock()
@@ -65,5 +77,5 @@ func (c *conns) closeAll() { c.retain(nil) }
 func (c *conns) len() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.byAdr)
+	return len(c.byKey)
 }

@@ -16,6 +16,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/engine"
@@ -25,6 +28,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/metrics"
 	"github.com/pdserve/pdserve/pkg/router"
 	"github.com/pdserve/pdserve/pkg/tokenizer"
+	"github.com/pdserve/pdserve/pkg/workerrun"
 )
 
 // ErrStandalone is Start's error for Options with Standalone set: package
@@ -55,6 +59,7 @@ type Coordinator struct {
 	closeTok func() // frees the model vocabulary the tokenizer uses, or nil
 
 	conns   *conns
+	gauth   *grpcauth.Auth
 	backend *backend
 	http    *http.Server
 	lis     net.Listener
@@ -91,8 +96,15 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 	if err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)
 	}
-	c = &Coordinator{o: o, log: log, reg: o.Registry, serveErr: make(chan error, 1),
-		conns: newConns(tlsCfg.ClientCredentials(), append(o.Keepalive.DialOptions(), gauth.DialOptions()...)...)}
+	if gauth.Tokens() && !gauth.Signs() && tlsCfg == nil {
+		log.Warn("gRPC: a static token over plaintext is sent to every address a heartbeat names, and anyone with a role's NATS credential can name his own; " +
+			"give the coordinator --grpc-signing-key and the workers --grpc-verify-key (per-call credentials), or turn on TLS")
+	}
+	if tlsCfg != nil && len(gauth.WorkerIdentities()) == 0 {
+		log.Warn("gRPC TLS: --tls-worker-identity is empty: any certificate the CA signed is taken for any worker")
+	}
+	c = &Coordinator{o: o, log: log, reg: o.Registry, serveErr: make(chan error, 1), gauth: gauth,
+		conns: newConns(workerDialer(tlsCfg, gauth, o.Keepalive.DialOptions()))}
 	if c.reg == nil {
 		c.reg = prometheus.NewRegistry()
 	}
@@ -120,7 +132,7 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 		return c, fmt.Errorf("coordinator: %w", err)
 	}
 	c.ncDone = ncDone
-	c.members = control.NewMembership(o.HeartbeatTTL)
+	c.members = control.NewMembership(o.HeartbeatTTL, control.RequireAdmission(), control.WithCheck(o.checkHeartbeat))
 	if c.stopW, err = control.Watch(ctx, c.nc, c.members, time.Now, max(o.HeartbeatTTL/4, 10*time.Millisecond),
 		control.WatchLogger(log.Named("membership"))); err != nil {
 		return c, fmt.Errorf("coordinator: %w", err)
@@ -148,7 +160,7 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 	})
 	c.backend = &backend{
 		mode: o.Mode, policy: o.FirstTokenPolicy, codec: o.Codec, eog: eogSet(engine.EOGTokens(tok)), modelName: o.ModelName,
-		log: log, members: c.members, conns: c.conns, metrics: m, now: time.Now,
+		log: log, members: c.members, conns: c.conns, auth: gauth, metrics: m, now: time.Now,
 		pricing: o.Policy.Pricing.Resolve(), engines: watchedEngines(o.WatchEngines),
 		router: newRouter(o, c.reg),
 	}
@@ -191,6 +203,7 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 		}
 	})
 	c.wg.Go(func() { c.housekeep(bg, m) })
+	c.wg.Go(func() { newAdmitter(c.members, c.conns, tlsCfg != nil, log.Named("admission")).run(bg, &c.wg) })
 	for _, e := range o.Extensions {
 		c.wg.Go(func() { e.Run(bg) })
 	}
@@ -259,10 +272,10 @@ func (c *Coordinator) housekeep(ctx context.Context, m *metrics.Metrics) {
 		keep := make(map[string]bool)
 		counts := map[control.Role]int{control.RolePrefill: 0, control.RoleDecode: 0, control.RoleColocated: 0}
 		for _, hb := range c.members.All() {
-			keep[hb.GRPCAddr] = true
-			if !hb.Draining {
-				counts[control.Role(hb.Role)]++
-			}
+			keep[peer{id: hb.ID, role: hb.Role, addr: hb.GRPCAddr}.key()] = true
+		}
+		for role := range counts {
+			counts[role] = len(c.members.Members(role))
 		}
 		for role, n := range counts {
 			m.SetWorkers(string(role), n)
@@ -288,21 +301,34 @@ func (c *Coordinator) Registry() *prometheus.Registry { return c.reg }
 func (c *Coordinator) Err() <-chan error { return c.serveErr }
 
 // Models returns the served models: --model-name, or the distinct models
-// the live workers report, sorted by name. Each model's MaxModelLen is the
-// smallest context length its workers report (every live worker's under
-// --model-name), 0 while none reports one.
+// the admitted workers report, sorted by name (a worker's heartbeat adds
+// no model before the coordinator admitted it). Each model's MaxModelLen
+// is the longest request its admitted workers can take: the longest
+// context a decode (or colocated) worker reports, capped in disaggregated
+// mode by the longest a prefill worker reports (every admitted worker's
+// under --model-name); 0 while none reports one. The router sends each
+// request only to workers whose own context fits it, so one worker's
+// heartbeat cannot lower the limit for the others.
 func (c *Coordinator) Models() []frontend.Model {
 	ms := c.members.Models()
-	if c.o.ModelName != "" {
-		one := frontend.Model{Name: c.o.ModelName}
-		for _, m := range ms {
-			one.MaxModelLen = control.MinSeqLen(one.MaxModelLen, m.MaxSeqLen)
+	seqLen := func(byRole map[control.Role]int) int {
+		if c.o.Mode == ModeColocated {
+			return byRole[control.RoleColocated]
 		}
-		return []frontend.Model{one}
+		return control.MinSeqLen(byRole[control.RoleDecode], byRole[control.RolePrefill])
+	}
+	if c.o.ModelName != "" {
+		all := map[control.Role]int{}
+		for _, m := range ms {
+			for r, n := range m.ByRole {
+				all[r] = max(all[r], n)
+			}
+		}
+		return []frontend.Model{{Name: c.o.ModelName, MaxModelLen: seqLen(all)}}
 	}
 	out := make([]frontend.Model, len(ms))
 	for i, m := range ms {
-		out[i] = frontend.Model{Name: m.Name, MaxModelLen: m.MaxSeqLen}
+		out[i] = frontend.Model{Name: m.Name, MaxModelLen: seqLen(m.ByRole)}
 	}
 	return out
 }
@@ -418,6 +444,22 @@ func Run(ctx context.Context, o Options, log *zap.Logger) error {
 	sctx, cancel := context.WithTimeout(context.Background(), o.ShutdownTimeout)
 	defer cancel()
 	return errors.Join(runErr, c.Shutdown(sctx))
+}
+
+// workerDialer returns the dial options of the connection to a worker:
+// TLS that refuses, in the handshake, a certificate not naming the
+// worker's role and id (so no credential and no request goes to an
+// unverified peer), or plaintext without TLS; keepalive; and the
+// per-call credentials signed for that worker (or the static token).
+func workerDialer(t *workerrun.TLS, a *grpcauth.Auth, keepalive []grpc.DialOption) func(peer) []grpc.DialOption {
+	return func(p peer) []grpc.DialOption {
+		creds := insecure.NewCredentials()
+		if t != nil {
+			creds = credentials.NewTLS(a.WorkerTLS(t.ClientConfig(), p.role, p.id))
+		}
+		opts := append([]grpc.DialOption{grpc.WithTransportCredentials(creds)}, keepalive...)
+		return append(opts, a.DialOptionsFor(p.id)...)
+	}
 }
 
 // newRouter builds the router from the policy's routing section, its

@@ -11,7 +11,7 @@
 // traces of completed requests); the classification of KV transfer
 // failures in package kvtransfer (kvtransfer.IsFailedStatus); standalone
 // mode (--standalone: the workers in this process, the embedded NATS
-// server with their users, generated gRPC tokens) in package standalone,
+// server with their users, a generated gRPC key pair) in package standalone,
 // which hands the coordinator its workers' tokenizer, engines and registry
 // and its shutdown step through the code-only Options Tokenizer,
 // WatchEngines, Registry and BeforeNATSDrain. Start refuses Options with
@@ -35,9 +35,10 @@
 //     Policy.Limits.QueueLimit requests at once; one more gets 429.
 //  2. Routing: the router picks a decode worker among those serving the
 //     request's model (every worker under --model-name), the coordinator
-//     calls DecodeService.Reserve(prompt + n × max_tokens) on it (a full or gone
-//     worker is skipped and the next one tried; when every one is full:
-//     429; when none exists: 503), then the router decides remote or local
+//     calls DecodeService.Reserve(prompt + n × max_tokens) on it (a full
+//     worker is skipped and the next one tried, and so is one that fails,
+//     at most 3; when every one is full: 429; when none exists: 503),
+//     then the router decides remote or local
 //     prefill and picks the prefill worker.
 //  3. DecodeService.Generate and PrefillService.Prefill run concurrently.
 //     With first-token policy "prefill" the first token goes to the client
@@ -109,22 +110,45 @@
 // a clear error (an error event once the stream started). At most 3
 // failovers per request.
 //
-// # TLS
+// # TLS, gRPC credentials and admission
 //
 // Options.TLS (--tls-cert, --tls-key, --tls-ca, --tls-server-name) makes
 // the gRPC connections to the workers TLS: the CA verifies the workers'
 // certificates (for --tls-server-name rather than the heartbeat's IP) and
 // the certificate is presented to workers that require client
-// certificates (mutual TLS). Standalone workers (package standalone) get
-// the same settings. No TLS flag: plaintext.
+// certificates (mutual TLS). Each connection belongs to one worker (its
+// heartbeat's id, role and address) and its handshake refuses a
+// certificate that does not name that role and id
+// (--tls-worker-identity, grpcauth.WorkerIdentity), before any call.
+// Standalone workers (package standalone) get the same settings. No TLS
+// flag: plaintext.
 //
-// Options.GRPCAuth (--grpc-token-file; pkg/grpcauth) is the coordinator's
-// token, sent as a bearer token on every call to the workers, which serve
-// DecodeService and PrefillService only to the coordinator's token or
-// certificate identity and the KV transfer only to a prefill worker's.
-// Standalone, package standalone generates a coordinator and a prefill
-// token at each start and hands them to the coordinator and its
-// in-process workers, so that other users of the machine cannot call them.
+// Options.GRPCAuth (pkg/grpcauth): with --grpc-signing-key the
+// coordinator signs a credential per call, bound to the worker's id, the
+// method and a short expiry, and hands the prefill worker of each request
+// a credential for one KV push to its decode worker (PrefillRequest and
+// ResendRequest decode_credential); workers hold only the public key.
+// A static token (--grpc-token-file) is sent on every call instead,
+// which over plaintext goes to any address a heartbeat names (the
+// coordinator warns). Standalone, package standalone generates a key pair
+// at each start and hands it to the coordinator and its in-process
+// workers, so that other users of the machine cannot call them.
+//
+// Admission: a worker whose heartbeat appears is not routed to, not
+// counted for Ready, and its model not listed, until the coordinator has
+// called its gRPC health service over that connection (admit.go;
+// control.RequireAdmission). With TLS the handshake proved its identity;
+// without, the worker is admitted unverified (logged so): anyone holding
+// its role's NATS credential can register one and get requests routed to
+// it, but no credential usable elsewhere. A heartbeat whose limits
+// contradict its role's configuration (Options.checkHeartbeat) is refused
+// and logged once per reason. Routing uses each worker's own context
+// length (router plugin contextlen), and Models the longest an admitted
+// worker takes, so one worker's heartbeat cannot lower the limits of
+// the others. A decode worker that fails Reserve, or fails or ends its
+// Generate before the client got a token, whatever the status, and a
+// prefill worker that fails before the first token, are left for another
+// worker, at most 3 in turn.
 //
 // # Authentication
 //

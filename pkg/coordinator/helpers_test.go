@@ -90,6 +90,7 @@ type clusterOpts struct {
 	worker          func(*workerrun.Options)
 	planner         func(*plannerhost.Options) // non-nil: run the online planner with these edits of its defaults
 	log             *zap.Logger                // the coordinator's; nil: testLogger
+	noWait          bool                       // return without waiting for the workers to be admitted
 }
 
 // startCluster starts a standalone coordinator on loopback with the tiny
@@ -180,6 +181,9 @@ func startCluster(t *testing.T, co clusterOpts) *cluster {
 			enginecfg.Close(e)
 		}
 	})
+	if co.noWait {
+		return cl
+	}
 	want := map[control.Role]int{control.RolePrefill: co.prefill, control.RoleDecode: co.decode}
 	if co.mode == coordinator.ModeColocated {
 		want = map[control.Role]int{control.RoleColocated: co.decode}

@@ -85,8 +85,9 @@ func modelList(models ...map[string]any) map[string]any {
 }
 
 // /v1/models reports each model's context length from the workers'
-// heartbeats: the smallest any of its workers takes (here the prefill
-// worker's 512 of the tiny model's 1024).
+// heartbeats: the longest a decode worker takes, capped by the longest a
+// prefill worker takes (here the one prefill worker's 512 of the tiny
+// model's 1024).
 func TestModelsReportMaxModelLen(t *testing.T) {
 	short := newMetaEngine(t, 512)
 	cl := startCluster(t, clusterOpts{worker: func(wo *workerrun.Options) {

@@ -17,7 +17,6 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
@@ -223,7 +222,7 @@ func newTestBackend(t *testing.T, pre *fakePrefill, decodes ...*fakeDecode) *tes
 	}
 	paddr := serve(t, func(g *grpc.Server) { pdservev1.RegisterPrefillServiceServer(g, pre) })
 	members.Observe(control.Heartbeat{ID: "prefill-0", Role: string(control.RolePrefill), GRPCAddr: paddr, Time: now}, now)
-	cs := newConns(insecure.NewCredentials())
+	cs := plainConns()
 	t.Cleanup(cs.closeAll)
 	return &testBackend{
 		b: &backend{

@@ -2,11 +2,13 @@ package coordinator_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -55,13 +57,15 @@ func TestOutputsOverMutualTLS(t *testing.T) {
 }
 
 // Workers requiring client certificates refuse a coordinator whose
-// certificate their CA did not sign: requests fail, nothing is served.
+// certificate their CA did not sign: the coordinator's admission check
+// fails, so the workers are never admitted, nothing is served (503) and
+// the coordinator is not ready.
 func TestWorkersRefuseCoordinatorWithoutValidCert(t *testing.T) {
 	workersTLS := tlsOptions(t, "pdserve test CA")
 	rogue := tlsOptions(t, "rogue CA")
 	coordTLS := workersTLS                                              // trusts the workers …
 	coordTLS.CertFile, coordTLS.KeyFile = rogue.CertFile, rogue.KeyFile // … with a certificate they do not trust
-	cl := startCluster(t, clusterOpts{edit: func(co *coordinator.Options) {
+	cl := startCluster(t, clusterOpts{noWait: true, edit: func(co *coordinator.Options) {
 		co.TLS = coordTLS
 		inner := co.WorkerOptions
 		co.WorkerOptions = func(wo *workerrun.Options) {
@@ -69,6 +73,15 @@ func TestWorkersRefuseCoordinatorWithoutValidCert(t *testing.T) {
 			wo.TLS = workersTLS
 		}
 	}})
+	waitFor(t, 10*time.Second, func() error {
+		if n := len(cl.c.Membership().All()); n != 2 {
+			return fmt.Errorf("%d workers' heartbeats observed, want 2", n)
+		}
+		return nil
+	})
+	if err := cl.c.Ready(); err == nil {
+		t.Error("Ready with workers that refuse the coordinator's certificate")
+	}
 	resp := post(context.Background(), t, cl.url+"/v1/completions", request{Prompt: "let me in", MaxTokens: 4})
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)

@@ -47,6 +47,10 @@ func Subcommands() []Subcommand {
 			}},
 		{Name: "profile", Summary: "measure an engine (llama.cpp on a GGUF model) and write a profile for plan, sim and the planner (profile --help)",
 			Run: profiler.Main},
+		{Name: "keygen", Summary: "write an Ed25519 key pair for the per-call gRPC credentials: --grpc-signing-key and --grpc-verify-key (keygen --help)",
+			Run: func(_ context.Context, args []string, stdout, stderr io.Writer) int {
+				return Keygen(args, stdout, stderr)
+			}},
 		{Name: "hash-key", Summary: "read an API key on stdin and print its line for the --api-keys file (hash-key --help)",
 			Run: func(_ context.Context, args []string, stdout, stderr io.Writer) int {
 				return HashKey(args, os.Stdin, stdout, stderr)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/tls"
 	"crypto/x509"
 	"net"
 	"strings"
@@ -78,6 +79,9 @@ type Auth struct {
 	coord, prefill *secret // nil without tokens; the same when shared
 	send           string  // the token this component sends, or ""
 	allow          map[Role][]string
+	signer         *Signer   // the coordinator's, or nil
+	verifier       *Verifier // a worker's, or nil
+	workerIDs      []string  // identity templates of workers' certificates
 	log            *zap.Logger
 }
 
@@ -101,6 +105,71 @@ func (a *Auth) Tokens() bool { return a != nil && a.coord != nil }
 
 // Identities reports whether some role has allowed certificate identities.
 func (a *Auth) Identities() bool { return a != nil && len(a.allow) > 0 }
+
+// Signs reports whether this component signs per-call credentials (the
+// coordinator with a signing key).
+func (a *Auth) Signs() bool { return a != nil && a.signer != nil }
+
+// Verifies reports whether calls may present signed credentials (a
+// worker with the verify key).
+func (a *Auth) Verifies() bool { return a != nil && a.verifier != nil }
+
+// DialOptionsFor returns what the coordinator needs to call the worker
+// aud (its heartbeat id): per-RPC credentials that sign, for each call, a
+// credential bound to aud, the method and CallLifetime; without a signing
+// key, the static token (DialOptions), which the caller must send only
+// over a connection whose peer identity it verified (WorkerTLS).
+func (a *Auth) DialOptionsFor(aud string) []grpc.DialOption {
+	if a == nil {
+		return nil
+	}
+	if a.signer != nil {
+		return []grpc.DialOption{grpc.WithPerRPCCredentials(signedCreds{s: a.signer, aud: aud})}
+	}
+	return a.DialOptions()
+}
+
+// PushCredential returns a credential for one KV push to the decode
+// worker decodeID by the prefill worker prefillID, valid for
+// PushLifetime: the coordinator sends it in the Prefill or Resend request,
+// so that prefill workers hold no key of their own. "" without a signing
+// key.
+func (a *Auth) PushCredential(decodeID, prefillID string) string {
+	if a == nil || a.signer == nil {
+		return ""
+	}
+	return a.signer.Sign(decodeID, PushMethod, prefillID, PushLifetime)
+}
+
+// WorkerTLS returns cfg made to refuse, in the handshake, a server whose
+// certificate does not name the worker role and id (see VerifyWorker and
+// the identity templates of Options.WorkerIdentities). Nil for a nil cfg.
+func (a *Auth) WorkerTLS(cfg *tls.Config, role, id string) *tls.Config {
+	var ids []string
+	if a != nil {
+		ids = a.workerIDs
+	}
+	return VerifyWorker(cfg, ids, role, id)
+}
+
+// WorkerIdentities returns the identity templates workers' certificates
+// must match (empty: any certificate). The caller must not modify it.
+func (a *Auth) WorkerIdentities() []string {
+	if a == nil {
+		return nil
+	}
+	return a.workerIDs
+}
+
+// CredentialContext returns ctx carrying cred (a PushCredential) as
+// outgoing metadata of the calls made with it; ctx itself when cred is
+// empty.
+func CredentialContext(ctx context.Context, cred string) context.Context {
+	if cred == "" {
+		return ctx
+	}
+	return metadata.AppendToOutgoingContext(ctx, credHeader, cred)
+}
 
 // ServerOptions returns the unary and stream interceptors that enforce the
 // policy, to pass to grpc.NewServer. A nil a enforces nothing (and returns
@@ -162,14 +231,39 @@ const authHeader = "authorization"
 // the caller's identity, or the refusal (logged).
 func (a *Auth) authorize(ctx context.Context, method string) (context.Context, error) {
 	need, open := Required(method)
-	if open || (a.coord == nil && len(a.allow) == 0) {
+	if open || (a.coord == nil && len(a.allow) == 0 && a.verifier == nil) {
 		if id := certIdentity(verifiedLeaf(ctx), nil); id != "" {
 			ctx = context.WithValue(ctx, callerKey{}, id)
 		}
 		return ctx, nil
 	}
 	var id string
-	if a.coord != nil {
+	signed := false
+	if a.verifier != nil {
+		md, _ := metadata.FromIncomingContext(ctx)
+		switch vals := md.Get(credHeader); {
+		case len(vals) > 1:
+			return ctx, a.refuse(ctx, method, codes.Unauthenticated, "several signed credentials", need)
+		case len(vals) == 1:
+			c, err := a.verifier.Verify(vals[0], method)
+			if err != nil {
+				return ctx, a.refuse(ctx, method, codes.Unauthenticated, "a signed credential that is not valid here: "+err.Error(), need)
+			}
+			// The coordinator signs its own calls as SubjectCoordinator and
+			// KV pushes for the prefill worker it chose.
+			role := RolePrefill
+			if c.Subject == SubjectCoordinator {
+				role = RoleCoordinator
+			}
+			if role&need == 0 {
+				return ctx, a.refuse(ctx, method, codes.PermissionDenied, "a signed credential of role "+role.String(), need)
+			}
+			id, signed = "signed:"+c.Subject, true
+		case a.coord == nil:
+			return ctx, a.refuse(ctx, method, codes.Unauthenticated, "no signed credential", need)
+		}
+	}
+	if a.coord != nil && !signed {
 		roles, presented := a.tokenRoles(ctx)
 		switch {
 		case roles == 0:

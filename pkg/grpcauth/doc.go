@@ -19,6 +19,37 @@
 // So a prefill worker's token or certificate cannot call Generate or
 // Reserve, and the coordinator's cannot push KV.
 //
+// # Signed per-call credentials (--grpc-signing-key, --grpc-verify-key)
+//
+// The coordinator holds an Ed25519 private key (Options.SigningKeyFile)
+// and signs, for every call, a credential bound to the worker it calls
+// (Claims.Audience: the heartbeat's id), the method, and an expiry
+// CallLifetime ahead (Auth.DialOptionsFor), sent as "pdserve-credential"
+// metadata. Workers hold only the public key (Options.VerifyKeyFile) and
+// accept a credential once (a nonce), for their own id (Options.Self),
+// for that method, before it expires (ClockSkew allowed). A prefill
+// worker holds no key: the coordinator hands it, in each Prefill and
+// Resend request, a credential for one KV push to the chosen decode
+// worker (Auth.PushCredential, PushLifetime), which it presents on that
+// push (CredentialContext). A credential signed for the coordinator's own
+// calls grants the coordinator role, a push credential the prefill role.
+// So whatever a peer that is not the worker captures is worth nothing
+// beyond the one call it was signed for, which already happened.
+// Without a valid credential: UNAUTHENTICATED (a worker that also has a
+// token, during a migration, then checks the token).
+//
+// # Worker identities (--tls-worker-identity)
+//
+// A heartbeat is a claim; with TLS a certificate is proof. The
+// coordinator's connection to each worker, and a prefill worker's to each
+// decode worker, verifies in its handshake that the server's certificate
+// names the role and id the heartbeat claims (Auth.WorkerTLS,
+// WorkerIdentity): a URI or DNS SAN equal to one of the templates with
+// {role} and {id} replaced (default DefaultWorkerIdentities:
+// spiffe://pdserve/{role} for any worker of the role, or
+// spiffe://pdserve/{role}/{id} for one). So no request and no credential
+// is sent to a peer before its identity is verified.
+//
 // # Tokens (--grpc-token-file, --grpc-prefill-token-file)
 //
 // The coordinator's token (TokenFile) is sent by the coordinator with
@@ -33,8 +64,10 @@
 // dropped; at least MinTokenBytes bytes), or "sha256:<64 hex digits>",
 // the digest of a token, which lets a component check the token without
 // holding it (a component that sends a token needs the token itself). The
-// files are read once, at start. Over plaintext the token is visible to
-// whoever can read the traffic: combine it with network policies, or TLS.
+// files are read once, at start. A static token is the same on every
+// call: over plaintext it goes to whatever address a heartbeat names, and
+// is visible to whoever can read the traffic. Use it over TLS only, where
+// the worker's identity is verified first; prefer signed credentials.
 //
 // # Certificates (--tls-allow-coordinator, --tls-allow-prefill)
 //
@@ -59,9 +92,10 @@
 //
 // Caller(ctx) names who made a call for per-caller limits: the identity
 // the interceptor established (the certificate's allowed name, else its
-// first name; "token:<role>" for a token), else the peer's IP address.
+// first name; "signed:<subject>" for a signed credential, "token:<role>"
+// for a token), else the peer's IP address.
 //
-// Nothing configured (no token, no allowed identity): every call is let
+// Nothing configured (no key, no token, no allowed identity): every call is let
 // through, as before this package existed; the workers then warn at start
 // that their gRPC is open. Auth is safe for concurrent use.
 package grpcauth

@@ -1,6 +1,7 @@
 package grpcauth
 
 import (
+	"crypto/ed25519"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -45,24 +46,81 @@ type Options struct {
 	AllowCoordinator []string
 	AllowPrefill     []string
 
+	// SigningKeyFile holds the coordinator's Ed25519 private key
+	// (--grpc-signing-key, PKCS #8 PEM): it signs a credential for each of
+	// its calls, bound to the worker, the method and a short expiry, and a
+	// KV-push credential per request for the prefill worker. Coordinator
+	// only.
+	SigningKeyFile string
+	// VerifyKeyFile holds the public key of SigningKeyFile
+	// (--grpc-verify-key, PKIX PEM): a worker given it accepts the
+	// coordinator's signed credentials for its own id (Self). Workers
+	// only.
+	VerifyKeyFile string
+	// WorkerIdentities are the identity templates a worker's verified
+	// certificate must match before anything is sent to it
+	// (--tls-worker-identity; see WorkerIdentity): the coordinator checks
+	// every worker, a prefill worker its decode peers. Used with TLS only.
+	// Nil: DefaultWorkerIdentities; empty but not nil: any certificate the
+	// CA signed.
+	WorkerIdentities []string
+
+	// Self is the worker's own id, the audience of the credentials it
+	// accepts. Not a flag: workerrun sets it.
+	Self string
+
 	// Token and PrefillToken, when not empty, are the tokens themselves,
 	// used instead of the files: components started in one process
-	// (standalone) share tokens generated at start. Not flags; never
+	// (standalone) share tokens generated at start. SigningKey and
+	// VerifyKey are the keys in memory in the same way. Not flags; never
 	// logged.
 	Token, PrefillToken string
+	SigningKey          ed25519.PrivateKey
+	VerifyKey           ed25519.PublicKey
 }
 
 // AddFlags registers --grpc-token-file on fs and, when serve is set (a
 // worker), --grpc-prefill-token-file, --tls-allow-coordinator and
 // --tls-allow-prefill, with o's values as defaults.
 func (o *Options) AddFlags(fs *flag.FlagSet, serve bool) {
-	fs.StringVar(&o.TokenFile, "grpc-token-file", o.TokenFile, "file holding the coordinator's gRPC token (a Secret): the coordinator sends it, workers require it (also for KV pushes without --grpc-prefill-token-file); a worker's file may hold sha256:<hex> instead (empty: no token)")
+	fs.StringVar(&o.TokenFile, "grpc-token-file", o.TokenFile, "file holding the coordinator's gRPC token (a Secret): the coordinator sends it, workers require it (also for KV pushes without --grpc-prefill-token-file); a worker's file may hold sha256:<hex> instead (empty: no token). A static token is sent only over TLS to verified workers; prefer --grpc-signing-key")
 	if !serve {
+		fs.StringVar(&o.SigningKeyFile, "grpc-signing-key", o.SigningKeyFile, "PEM Ed25519 private key (a Secret; coordinator keygen, or openssl genpkey -algorithm ed25519) that signs a credential for each gRPC call, bound to the worker, the method and a short expiry; workers get the public key (--grpc-verify-key)")
+		o.AddWorkerIdentityFlag(fs)
 		return
 	}
+	fs.StringVar(&o.VerifyKeyFile, "grpc-verify-key", o.VerifyKeyFile, "PEM Ed25519 public key of the coordinator's --grpc-signing-key: the worker then accepts the coordinator's signed per-call credentials, for its own --id only")
 	fs.StringVar(&o.PrefillTokenFile, "grpc-prefill-token-file", o.PrefillTokenFile, "file holding the prefill workers' gRPC token: prefill workers send it on KV pushes, decode workers require it for them; needs --grpc-token-file (empty: KV pushes use --grpc-token-file's token)")
 	fs.Var((*listFlag)(&o.AllowCoordinator), "tls-allow-coordinator", "with mutual TLS, a DNS name or URI (e.g. spiffe://…/coordinator) a certificate must name to call DecodeService and PrefillService; repeatable, comma-separated (default: any certificate the CA signed)")
 	fs.Var((*listFlag)(&o.AllowPrefill), "tls-allow-prefill", "with mutual TLS, a DNS name or URI a certificate must name to push KV to a decode worker; repeatable, comma-separated (default: any certificate the CA signed)")
+}
+
+// AddWorkerIdentityFlag registers --tls-worker-identity on fs: the
+// coordinator's check of every worker, a prefill worker's of its decode
+// peers.
+func (o *Options) AddWorkerIdentityFlag(fs *flag.FlagSet) {
+	fs.Var(&identityFlag{l: &o.WorkerIdentities}, "tls-worker-identity", "with TLS, a URI or DNS name with {role} and optionally {id} (or ROLE=IDENTITY for one role) that a worker's certificate must name for the role and id its heartbeat claims before any call to it; repeatable, comma-separated; set to '' to accept any certificate the CA signed (default "+strings.Join(DefaultWorkerIdentities, ",")+")")
+}
+
+// identityFlag is a listFlag whose first Set replaces the default; an
+// empty value leaves an empty, non-nil list: any certificate.
+type identityFlag struct {
+	l   *[]string
+	set bool
+}
+
+func (f *identityFlag) String() string {
+	if f == nil || f.l == nil {
+		return ""
+	}
+	return strings.Join(*f.l, ",")
+}
+
+func (f *identityFlag) Set(s string) error {
+	if !f.set {
+		*f.l, f.set = []string{}, true
+	}
+	return (*listFlag)(f.l).Set(s)
 }
 
 // listFlag is a repeatable flag of comma-separated values.
@@ -90,6 +148,26 @@ func (o Options) Tokens() bool { return o.TokenFile != "" || o.Token != "" }
 // Identities reports whether a role has allowed certificate identities.
 func (o Options) Identities() bool { return len(o.AllowCoordinator)+len(o.AllowPrefill) > 0 }
 
+// Signs reports whether the coordinator signs per-call credentials.
+func (o Options) Signs() bool { return o.SigningKeyFile != "" || o.SigningKey != nil }
+
+// PublicKey returns the public key of the signing key (SigningKey, else
+// the file's), for workers started in the same process. Errors: the
+// file's, as Validate.
+func (o Options) PublicKey() (ed25519.PublicKey, error) {
+	k := o.SigningKey
+	if k == nil {
+		var err error
+		if k, err = readSigningKey(o.SigningKeyFile); err != nil {
+			return nil, fmt.Errorf("grpcauth: %w", err)
+		}
+	}
+	return k.Public().(ed25519.PublicKey), nil
+}
+
+// Verifies reports whether a worker accepts signed credentials.
+func (o Options) Verifies() bool { return o.VerifyKeyFile != "" || o.VerifyKey != nil }
+
 // Validate checks the settings for a component that sends the token of
 // role present (RoleCoordinator: the coordinator; RolePrefill: a prefill
 // worker; 0: a decode worker, which sends none), reading the token files.
@@ -106,6 +184,9 @@ func (o Options) LogFields() []zap.Field {
 	return []zap.Field{
 		zap.String("grpc_token_file", o.TokenFile), zap.String("grpc_prefill_token_file", o.PrefillTokenFile),
 		zap.Bool("grpc_token_in_memory", o.Token != ""),
+		zap.String("grpc_signing_key", o.SigningKeyFile), zap.String("grpc_verify_key", o.VerifyKeyFile),
+		zap.Bool("grpc_keys_in_memory", o.SigningKey != nil || o.VerifyKey != nil),
+		zap.Strings("tls_worker_identity", o.WorkerIdentities),
 		zap.Strings("tls_allow_coordinator", o.AllowCoordinator), zap.Strings("tls_allow_prefill", o.AllowPrefill),
 	}
 }
@@ -160,6 +241,41 @@ func (o Options) load(present Role) (*Auth, error) {
 				a.send = a.prefill.token
 			}
 		}
+	}
+	switch {
+	case o.SigningKey != nil:
+		a.signer = NewSigner(o.SigningKey, nil)
+	case o.SigningKeyFile != "":
+		k, err := readSigningKey(o.SigningKeyFile)
+		if err != nil {
+			errs = append(errs, err)
+		} else {
+			a.signer = NewSigner(k, nil)
+		}
+	}
+	if a.signer != nil && present != RoleCoordinator {
+		bad("grpc-signing-key is the coordinator's: a worker holding it could sign as the coordinator; give workers --grpc-verify-key")
+	}
+	var pub ed25519.PublicKey
+	switch {
+	case o.VerifyKey != nil:
+		pub = o.VerifyKey
+	case o.VerifyKeyFile != "":
+		k, err := readVerifyKey(o.VerifyKeyFile)
+		if err != nil {
+			errs = append(errs, err)
+		}
+		pub = k
+	}
+	if pub != nil {
+		a.verifier = NewVerifier(pub, o.Self, nil)
+	}
+	a.workerIDs = o.WorkerIdentities
+	if a.workerIDs == nil {
+		a.workerIDs = DefaultWorkerIdentities
+	}
+	if err := CheckIdentityTemplates(a.workerIDs); err != nil {
+		errs = append(errs, err)
 	}
 	for role, ids := range map[Role][]string{RoleCoordinator: o.AllowCoordinator, RolePrefill: o.AllowPrefill} {
 		for _, id := range ids {

@@ -102,9 +102,14 @@ func NewDialer(opts ...DialOption) *Dialer {
 	return d
 }
 
-func (d *Dialer) grpcOptions() []grpc.DialOption {
+func (d *Dialer) grpcOptions(id string) []grpc.DialOption {
 	creds := insecure.NewCredentials()
-	if d.o.tls != nil {
+	switch {
+	case d.o.peerTLS != nil:
+		if cfg := d.o.peerTLS(id); cfg != nil {
+			creds = credentials.NewTLS(cfg)
+		}
+	case d.o.tls != nil:
 		creds = credentials.NewTLS(d.o.tls)
 	}
 	msg := maxMessageBytes(d.o.maxFrame)
@@ -127,23 +132,28 @@ func (d *Dialer) grpcOptions() []grpc.DialOption {
 	}, d.o.grpcOpts...)
 }
 
-// client returns the next client for addr, creating its connections on
-// first use, and counts a transfer open on them until release. It closes
-// the connections of other addresses idle for the idle timeout.
-func (d *Dialer) client(addr string) (pdservev1.KVTransferServiceClient, *connPool, error) {
+// client returns the next client for addr (and the peer id, with
+// WithPeerTLS), creating its connections on first use, and counts a
+// transfer open on them until release. It closes the connections of other
+// addresses idle for the idle timeout.
+func (d *Dialer) client(addr, id string) (pdservev1.KVTransferServiceClient, *connPool, error) {
+	key := addr
+	if d.o.peerTLS != nil {
+		key = addr + "\x00" + id
+	}
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
 		return nil, nil, ErrClosed
 	}
 	now := d.o.now()
-	idle := d.sweepLocked(addr, now)
+	idle := d.sweepLocked(key, now)
 	defer closeConns(idle, d.o.logger)
 	defer d.mu.Unlock()
-	p, ok := d.pools[addr]
+	p, ok := d.pools[key]
 	if !ok {
 		p = &connPool{}
-		opts := d.grpcOptions()
+		opts := d.grpcOptions(id)
 		for range d.o.connsPerAddr {
 			cc, err := grpc.NewClient(addr, opts...)
 			if err != nil {
@@ -155,7 +165,7 @@ func (d *Dialer) client(addr string) (pdservev1.KVTransferServiceClient, *connPo
 			p.conns = append(p.conns, cc)
 			p.clients = append(p.clients, pdservev1.NewKVTransferServiceClient(cc))
 		}
-		d.pools[addr] = p
+		d.pools[key] = p
 		d.o.logger.Debug("kvtransfer: connections created", zap.String("addr", addr), zap.Int("conns", len(p.conns)))
 	}
 	p.active++
@@ -225,7 +235,7 @@ func (d *Dialer) Open(ctx context.Context, addr string, h StreamHeader) (*Sender
 		return nil, fmt.Errorf("kvtransfer: open %s: %w", h.RequestID, err)
 	}
 	h.Codec = c.Name()
-	cl, pool, err := d.client(addr)
+	cl, pool, err := d.client(addr, peerID(ctx))
 	if err != nil {
 		return nil, err
 	}

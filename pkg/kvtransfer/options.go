@@ -26,6 +26,7 @@ type dialOptions struct {
 	connsPerAddr int
 	linkGbps     float64
 	tls          *tls.Config
+	peerTLS      func(id string) *tls.Config
 	logger       *zap.Logger
 	maxFrame     int
 	now          func() time.Time
@@ -98,6 +99,7 @@ func WithKeepalive(p keepalive.ClientParameters) DialOption {
 		if p.Time > 0 {
 			o.keepalive.Time = p.Time
 		}
+
 		if p.Timeout > 0 {
 			o.keepalive.Timeout = p.Timeout
 		}
@@ -135,6 +137,28 @@ func WithLogger(l *zap.Logger) Option {
 			}
 		},
 	}
+}
+
+// WithPeerTLS makes the TLS configuration of the connections to a decode
+// worker depend on its id (the one WithPeerID put in Open's context), so
+// that each can verify the certificate names that worker: f returns the
+// configuration for id. A Dialer then keeps connections per address and
+// id. It takes precedence over WithTLS.
+func WithPeerTLS(f func(id string) *tls.Config) DialOption {
+	return dialFunc(func(o *dialOptions) { o.peerTLS = f })
+}
+
+type peerIDKey struct{}
+
+// WithPeerID returns ctx naming id as the decode worker Open dials (its
+// heartbeat id), for WithPeerTLS.
+func WithPeerID(ctx context.Context, id string) context.Context {
+	return context.WithValue(ctx, peerIDKey{}, id)
+}
+
+func peerID(ctx context.Context) string {
+	id, _ := ctx.Value(peerIDKey{}).(string)
+	return id
 }
 
 // WithMaxFrameBytes sets the largest raw (decoded) length of one frame

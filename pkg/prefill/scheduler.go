@@ -169,7 +169,7 @@ func (s *Server) startLocked(r *request) bool {
 	r.kv = newKVBuf(s.spec.Layers, len(r.prompt))
 	frames := s.forkPrefixLocked(r)
 	r.ret = s.retained.add(r.id, r.kv, need)
-	r.tx = newTransfer(s.baseCtx, r.id, r.addr, r.codec, s.spec.KVDType, r.kv, r.skip, s.spec.KVTokenBytes(), s.auto, s.now)
+	r.tx = newTransfer(peerContext(s.baseCtx, r.decodeID, r.cred), r.id, r.addr, r.codec, s.spec.KVDType, r.kv, r.skip, s.spec.KVTokenBytes(), s.auto, s.now)
 	for _, f := range frames {
 		r.tx.push(f)
 	}

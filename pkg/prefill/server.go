@@ -80,6 +80,8 @@ type request struct {
 	sampling engine.Sampling
 	top      int // logprob alternatives of the first token; -1: no logprob
 	addr     string
+	decodeID string // the decode worker's heartbeat id (may be empty)
+	cred     string // the push credential for it (may be empty)
 	codec    string
 	skip     int       // the KV stream starts at this token (the decode worker's prefix hit)
 	hashes   []kv.Hash // the prompt's full blocks, for the prefix cache (nil when it is off)
@@ -405,6 +407,8 @@ func (s *Server) enqueue(req *pdservev1.PrefillRequest) (*request, int, error) {
 		sampling: sampling,
 		top:      top,
 		addr:     req.GetDecodeAddr(),
+		decodeID: req.GetDecodeId(),
+		cred:     req.GetDecodeCredential(),
 		codec:    codecName,
 		skip:     int(req.GetSkipTokens()),
 		queuedAt: s.now(),
@@ -517,7 +521,7 @@ func (s *Server) Resend(ctx context.Context, req *pdservev1.ResendRequest) (*pds
 		s.wakeup()
 	}()
 
-	t := newTransfer(ctx, id, req.GetDecodeAddr(), codecName, s.spec.KVDType, e.kv, 0, s.spec.KVTokenBytes(), s.auto, s.now)
+	t := newTransfer(peerContext(ctx, req.GetDecodeId(), req.GetDecodeCredential()), id, req.GetDecodeAddr(), codecName, s.spec.KVDType, e.kv, 0, s.spec.KVTokenBytes(), s.auto, s.now)
 	for _, f := range e.kv.frames {
 		t.push(f)
 	}

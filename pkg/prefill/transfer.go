@@ -8,6 +8,7 @@ import (
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/grpcauth"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
 )
 
@@ -42,6 +43,16 @@ type transferResult struct {
 	// opened); reason why it was chosen, for CodecAuto and CodecAutoLossy.
 	codec, reason string
 	err           error
+}
+
+// peerContext returns ctx naming the decode worker id of a transfer (for
+// the dialer's TLS identity check, kvtransfer.WithPeerTLS) and carrying
+// the push credential the coordinator signed for it (cred; may be empty).
+func peerContext(ctx context.Context, id, cred string) context.Context {
+	if id != "" {
+		ctx = kvtransfer.WithPeerID(ctx, id)
+	}
+	return grpcauth.CredentialContext(ctx, cred)
 }
 
 // newTransfer returns the transfer of kv, the engine's KV of dtype dt, with

@@ -7,8 +7,10 @@
 // Route(now, req, decode, prefill, exclude) runs:
 //
 //  1. The decode profile over the decode (or colocated) workers:
-//     - filters draining, excluded, model (plugins/draining,
-//     plugins/excluded, plugins/modelmatch); none left: ErrNoDecodeWorkers;
+//     - filters draining, excluded, model, context (plugins/draining,
+//     plugins/excluded, plugins/modelmatch, plugins/contextlen: each
+//     worker's own context length must fit the request); none left:
+//     ErrNoDecodeWorkers;
 //     - the capacity filter kvroom (plugins/kvroom): drops workers whose
 //     estimated free KV blocks are fewer than ⌈(prompt + max tokens) /
 //     BlockTokens⌉, unless none has room (the worker's Reserve is the

@@ -225,14 +225,14 @@ pdserve_router_decisions_total{placement="local"} 2
 	// A second router on the same registry shares the collectors.
 	New(Config{Registerer: reg})
 	// The default profiles: one series per plugin that runs (scorers of
-	// weight 0 do not): decode 3+1 filters, kv and batch, the picker;
-	// prefill 3+1 filters, queue, the picker.
+	// weight 0 do not): decode 4+1 filters, kv and batch, the picker;
+	// prefill 4+1 filters, queue, the picker.
 	r2 := New(Config{Registerer: prometheus.NewRegistry()})
 	if _, err := r2.Route(at(0), Request{ID: "x", PromptTokens: 1}, []Worker{{ID: "d0", KVBlocksFree: 9}}, []Worker{{ID: "p0"}}, nil); err != nil {
 		t.Fatal(err)
 	}
-	if n := testutil.CollectAndCount(r2.timer.hist); n != 7+6 {
-		t.Errorf("default profiles: %d timed plugins, want 13", n)
+	if n := testutil.CollectAndCount(r2.timer.hist); n != 8+7 {
+		t.Errorf("default profiles: %d timed plugins, want 15", n)
 	}
 }
 

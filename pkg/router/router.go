@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pdserve/pdserve/pkg/router/plugins/batchload"
+	"github.com/pdserve/pdserve/pkg/router/plugins/contextlen"
 	"github.com/pdserve/pdserve/pkg/router/plugins/draining"
 	"github.com/pdserve/pdserve/pkg/router/plugins/excluded"
 	"github.com/pdserve/pdserve/pkg/router/plugins/kvpressure"
@@ -106,8 +107,8 @@ const (
 )
 
 // DefaultProfiles returns the profiles New builds from cfg: decode
-// filters draining, excluded, model, then kvroom; prefill filters
-// draining, excluded, model, then queuelimit; scorers prefix, queue, kv,
+// filters draining, excluded, model, context, then kvroom; prefill
+// filters draining, excluded, model, context, then queuelimit; scorers prefix, queue, kv,
 // batch with the configured weights (kv is not used for prefill: prefill
 // workers report no KV); the picker of cfg.Picker (with
 // PickerRoundRobin, one per profile and no scorers). It panics on an
@@ -125,7 +126,7 @@ func DefaultProfiles(cfg Config) (decode, prefill Profile) {
 	if pw == (Weights{}) {
 		pw = DefaultPrefillWeights
 	}
-	eligible := []Filter{&draining.Filter{}, &excluded.Filter{}, &modelmatch.Filter{}}
+	eligible := []Filter{&draining.Filter{}, &excluded.Filter{}, &modelmatch.Filter{}, &contextlen.Filter{}}
 	scorers := func(w Weights) []WeightedScorer {
 		return []WeightedScorer{
 			{&prefixoverlap.Scorer{}, w.Prefix}, {&queuedtokens.Scorer{}, w.Queue},

@@ -6,9 +6,12 @@
 // Start takes the coordinator's Options with Standalone set
 // (PrefillWorkers, DecodeWorkers, Engine, WorkerOptions…) and, in order:
 //
-//  1. generates a coordinator and a prefill gRPC token when GRPCAuth has
-//     none, shared in memory, so that nothing else on the machine can call
-//     the workers;
+//  1. generates an Ed25519 key pair when GRPCAuth has neither a token
+//     nor a signing key (the coordinator signs per-call credentials, the
+//     workers hold the public key, in memory), so that nothing else on the
+//     machine can call the workers; with TLS and no worker identities
+//     given, the coordinator accepts any certificate the CA signed for its
+//     workers, which share its certificate;
 //  2. without NATSURL, starts the embedded NATS server (NATSListen, by
 //     default a free port on loopback) with generated users: one for the
 //     coordinator, one per worker bound to its id, plus those of

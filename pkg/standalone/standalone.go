@@ -2,8 +2,8 @@ package standalone
 
 import (
 	"context"
+	"crypto/ed25519"
 	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
@@ -61,7 +61,14 @@ func Start(ctx context.Context, o coordinator.Options, log *zap.Logger) (s *Serv
 			s = nil
 		}
 	}()
-	o.GRPCAuth = generatedGRPCAuth(o.GRPCAuth)
+	if o.GRPCAuth, err = generatedGRPCAuth(o.GRPCAuth); err != nil {
+		return s, fmt.Errorf("standalone: %w", err)
+	}
+	if o.TLS.Enabled() && o.GRPCAuth.WorkerIdentities == nil {
+		// The in-process workers share the coordinator's certificate, and
+		// only they hold the embedded server's generated NATS users.
+		o.GRPCAuth.WorkerIdentities = []string{}
+	}
 	specs := workerSpecs(o)
 
 	co := o // the coordinator's options
@@ -107,7 +114,8 @@ func Start(ctx context.Context, o coordinator.Options, log *zap.Logger) (s *Serv
 		wo.LogLevel = o.LogLevel
 		wo.Registerer = reg
 		wo.TLS = o.TLS
-		wo.GRPCAuth = grpcauth.Options{TokenFile: o.GRPCAuth.TokenFile, Token: o.GRPCAuth.Token, PrefillToken: o.GRPCAuth.PrefillToken}
+		wo.GRPCAuth = grpcauth.Options{TokenFile: o.GRPCAuth.TokenFile, Token: o.GRPCAuth.Token, PrefillToken: o.GRPCAuth.PrefillToken,
+			VerifyKey: o.GRPCAuth.VerifyKey, WorkerIdentities: o.GRPCAuth.WorkerIdentities}
 		wo.Keepalive = o.Keepalive
 		if o.WorkerOptions != nil {
 			o.WorkerOptions(&wo)
@@ -222,20 +230,26 @@ func withReconnectWait(c control.ConnOptions, d time.Duration) control.ConnOptio
 	return c
 }
 
-// generatedGRPCAuth returns o with tokens generated for this process when
-// it has none: the coordinator and its workers share them in memory, so
-// that nothing else on the machine can call the workers.
-func generatedGRPCAuth(o grpcauth.Options) grpcauth.Options {
-	if o.Tokens() {
-		return o
+// generatedGRPCAuth returns o with an Ed25519 key pair generated for
+// this process when it has neither a token nor a signing key: the
+// coordinator signs per-call credentials with the private key, its
+// workers verify them with the public key, all in memory, so that nothing
+// else on the machine can call the workers. With a signing key file, the
+// workers get its public key.
+func generatedGRPCAuth(o grpcauth.Options) (grpcauth.Options, error) {
+	switch {
+	case o.Signs():
+		pub, err := o.PublicKey()
+		if err != nil {
+			return o, err
+		}
+		o.VerifyKey = pub
+	case !o.Tokens():
+		pub, priv, err := ed25519.GenerateKey(rand.Reader)
+		if err != nil {
+			return o, fmt.Errorf("generate gRPC signing key: %w", err)
+		}
+		o.SigningKey, o.VerifyKey = priv, pub
 	}
-	o.Token, o.PrefillToken = randomToken(), randomToken()
-	return o
-}
-
-// randomToken returns 32 random bytes in hex.
-func randomToken() string {
-	b := make([]byte, 32)
-	_, _ = rand.Read(b) // crypto/rand.Read never fails
-	return hex.EncodeToString(b)
+	return o, nil
 }

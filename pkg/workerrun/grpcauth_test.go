@@ -161,7 +161,9 @@ func TestMutualTLSRoles(t *testing.T) {
 	const coordID, prefillID = "spiffe://pdserve.test/ns/pdserve/sa/coordinator", "prefill.pdserve.test"
 	coordCert := ca.Issue(t, tlstest.Leaf{URIs: []*url.URL{tlstest.MustURL(t, coordID)}})
 	prefillCert := ca.Issue(t, tlstest.Leaf{DNSNames: []string{serverName, prefillID}})
-	decodeCert := ca.Issue(t, tlstest.Leaf{DNSNames: []string{serverName}})
+	// The decode worker's certificate names its role, which the prefill
+	// worker checks before it pushes KV (grpcauth.DefaultWorkerIdentities).
+	decodeCert := ca.Issue(t, tlstest.Leaf{DNSNames: []string{serverName}, URIs: []*url.URL{tlstest.MustURL(t, "spiffe://pdserve/decode")}})
 	opts := func(p tlstest.Pair) TLSOptions {
 		return TLSOptions{CertFile: p.CertFile, KeyFile: p.KeyFile, CAFile: ca.CertFile, ServerName: serverName}
 	}
@@ -170,6 +172,28 @@ func TestMutualTLSRoles(t *testing.T) {
 	po.TLS, po.GRPCAuth = opts(prefillCert), allow
 	do.TLS, do.GRPCAuth = opts(decodeCert), allow
 	pw, dw := startWorker(t, po), startWorker(t, do)
+
+	t.Run("a decode worker whose certificate names another role gets no KV", func(t *testing.T) {
+		odo := testOptions(control.RoleDecode, nurl)
+		odo.TLS, odo.GRPCAuth = opts(prefillCert), allow // a prefill worker's certificate, serving as decode
+		odw := startWorker(t, odo)
+		creds := clientCreds(t, opts(coordCert))
+		pc := pdservev1.NewPrefillServiceClient(dialCreds(t, pw.Addr(), creds))
+		dc := pdservev1.NewDecodeServiceClient(dialCreds(t, odw.Addr(), creds))
+		ctx := testCtx(t)
+		if _, err := dc.Reserve(ctx, &pdservev1.ReserveRequest{RequestId: "impostor", Tokens: 32, Sequences: 1, PromptTokens: 17}); err != nil {
+			t.Fatal(err)
+		}
+		st, err := pc.Prefill(ctx, &pdservev1.PrefillRequest{RequestId: "impostor", PromptTokens: prompt(17, 2), DecodeAddr: odw.Addr(), DecodeId: odw.ID()})
+		for err == nil {
+			_, err = st.Recv()
+		}
+		if !strings.Contains(err.Error(), "certificate does not name the worker") {
+			t.Errorf("prefill to a decode worker with a prefill certificate: %v, want a refused handshake", err)
+		}
+		_, _ = dc.Cancel(ctx, &pdservev1.CancelRequest{RequestId: "impostor"})
+		_, _ = pc.Release(ctx, &pdservev1.ReleaseRequest{RequestId: "impostor"})
+	})
 
 	t.Run("the coordinator's certificate serves a request", func(t *testing.T) {
 		creds := clientCreds(t, opts(coordCert))

@@ -68,10 +68,13 @@ type Options struct {
 	// TLS secures the worker's gRPC server and, on prefill workers, the KV
 	// transfers it dials. Empty: plaintext. See TLSOptions.
 	TLS TLSOptions
-	// GRPCAuth says who may call the worker's gRPC methods (--grpc-token-file,
-	// --grpc-prefill-token-file, --tls-allow-coordinator,
-	// --tls-allow-prefill) and which token a prefill worker sends on KV
-	// pushes. Empty: anyone (the worker warns at start). See grpcauth.
+	// GRPCAuth says who may call the worker's gRPC methods
+	// (--grpc-verify-key: the coordinator's signed credentials for this
+	// worker's ID; --grpc-token-file, --grpc-prefill-token-file,
+	// --tls-allow-coordinator, --tls-allow-prefill), which token a prefill
+	// worker sends on KV pushes, and the identities it requires of its
+	// decode peers' certificates (--tls-worker-identity). Empty: anyone
+	// (the worker warns at start). See grpcauth.
 	GRPCAuth grpcauth.Options
 	// Keepalive pings the worker's gRPC connections, served and dialed
 	// (--grpc-keepalive-time, --grpc-keepalive-timeout). Zero: defaults.
@@ -148,11 +151,11 @@ func (v roleValue) Set(s string) error {
 // --metrics-addr, --nats-url and the NATS credential flags
 // (control.ConnOptions), --heartbeat-interval, --drain-timeout,
 // --log-level, --config, --tls-cert, --tls-key, --tls-ca,
-// --tls-server-name, --grpc-token-file, --grpc-prefill-token-file,
-// --tls-allow-coordinator, --tls-allow-prefill (grpcauth),
-// --grpc-keepalive-time, --grpc-keepalive-timeout and the engine flags
-// (see enginecfg). Prefill:
-// --chunk-tokens, --max-batch-tokens, --codec, --queue-limit,
+// --tls-server-name, --grpc-verify-key, --grpc-token-file,
+// --grpc-prefill-token-file, --tls-allow-coordinator, --tls-allow-prefill
+// (grpcauth), --grpc-keepalive-time, --grpc-keepalive-timeout and the
+// engine flags (see enginecfg). Prefill: --tls-worker-identity (its decode
+// peers' certificates), --chunk-tokens, --max-batch-tokens, --codec, --queue-limit,
 // --retain-bytes, --link-gbps, --kv-conns. Decode and colocated: --role,
 // --kv-blocks, --block-tokens, --max-batch, --chunk-tokens,
 // --max-batch-tokens, --reserve-ttl, --max-reservations-per-caller,
@@ -173,6 +176,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	o.Keepalive.AddFlags(fs)
 	o.Engine.AddFlags(fs)
 	if o.Role == control.RolePrefill {
+		o.GRPCAuth.AddWorkerIdentityFlag(fs)
 		o.Prefill.AddFlags(fs)
 		fs.Float64Var(&o.LinkGbps, "link-gbps", o.LinkGbps, "pace KV transfers as over a link of this many Gbit/s (0: no pacing)")
 		fs.IntVar(&o.KVConns, "kv-conns", o.KVConns, "connections per decode worker for KV transfer")

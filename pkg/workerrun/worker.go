@@ -3,6 +3,7 @@ package workerrun
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -189,6 +190,7 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 	if err != nil {
 		return nil, fmt.Errorf("workerrun: %w", err)
 	}
+	o.GRPCAuth.Self = o.ID
 	auth, err := o.GRPCAuth.Load(o.authSends(), w.log.Named("grpcauth"))
 	if err != nil {
 		return nil, fmt.Errorf("workerrun: %w", err)
@@ -200,7 +202,12 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 		dopts := []kvtransfer.DialOption{kvtransfer.WithConnsPerAddr(o.KVConns), kvtransfer.WithLinkGbps(o.LinkGbps), kvtransfer.WithLogger(w.log.Named("kvtransfer")),
 			kvtransfer.WithKeepalive(o.Keepalive.ClientParameters()), kvtransfer.WithGRPCDialOptions(auth.DialOptions()...)}
 		if tlsCfg != nil {
-			dopts = append(dopts, kvtransfer.WithTLS(tlsCfg.ClientConfig()))
+			// Nothing, the KV included, goes to a decode worker whose
+			// certificate does not name it.
+			base := tlsCfg.ClientConfig()
+			dopts = append(dopts, kvtransfer.WithPeerTLS(func(id string) *tls.Config {
+				return auth.WorkerTLS(base, string(control.RoleDecode), id)
+			}))
 		}
 		w.dialer = kvtransfer.NewDialer(dopts...)
 		if w.pre, err = prefill.New(w.eng, w.dialer, o.Prefill, w.log.Named("prefill"), reg); err != nil {
@@ -312,10 +319,10 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 func (w *Worker) warnOpen(a *grpcauth.Auth) {
 	mutual := w.o.TLS.CAFile != "" && w.o.TLS.CertFile != ""
 	switch {
-	case !a.Tokens() && !mutual:
-		w.log.Warn("gRPC is open: without --grpc-token-file or mutual TLS (--tls-cert, --tls-key, --tls-ca) anyone who reaches this port may call every method")
-	case !a.Tokens() && !a.Identities():
-		w.log.Warn("gRPC roles are not checked: any certificate the CA signs may call every method; set --tls-allow-coordinator and --tls-allow-prefill, or --grpc-token-file")
+	case !a.Tokens() && !a.Verifies() && !mutual:
+		w.log.Warn("gRPC is open: without --grpc-verify-key, --grpc-token-file or mutual TLS (--tls-cert, --tls-key, --tls-ca) anyone who reaches this port may call every method")
+	case !a.Tokens() && !a.Verifies() && !a.Identities():
+		w.log.Warn("gRPC roles are not checked: any certificate the CA signs may call every method; set --tls-allow-coordinator and --tls-allow-prefill, or --grpc-verify-key")
 	}
 }
 

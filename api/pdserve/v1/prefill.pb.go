@@ -37,9 +37,17 @@ type PrefillRequest struct {
 	// token. In [0, len(prompt_tokens)). The whole prompt is still
 	// prefilled (from this worker's own prefix cache where it can) and its
 	// KV retained for Resend, which sends it all.
-	SkipTokens    int32 `protobuf:"varint,7,opt,name=skip_tokens,json=skipTokens,proto3" json:"skip_tokens,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	SkipTokens int32 `protobuf:"varint,7,opt,name=skip_tokens,json=skipTokens,proto3" json:"skip_tokens,omitempty"`
+	// Heartbeat id of the decode worker at decode_addr. Over TLS the prefill
+	// worker refuses a decode worker whose certificate does not name it
+	// (and the decode role) before sending anything.
+	DecodeId string `protobuf:"bytes,8,opt,name=decode_id,json=decodeId,proto3" json:"decode_id,omitempty"`
+	// A credential the coordinator signed for one KV push to decode_id
+	// (pkg/grpcauth), presented as "pdserve-credential" metadata on it.
+	// Empty without a signing key.
+	DecodeCredential string `protobuf:"bytes,9,opt,name=decode_credential,json=decodeCredential,proto3" json:"decode_credential,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *PrefillRequest) Reset() {
@@ -119,6 +127,20 @@ func (x *PrefillRequest) GetSkipTokens() int32 {
 		return x.SkipTokens
 	}
 	return 0
+}
+
+func (x *PrefillRequest) GetDecodeId() string {
+	if x != nil {
+		return x.DecodeId
+	}
+	return ""
+}
+
+func (x *PrefillRequest) GetDecodeCredential() string {
+	if x != nil {
+		return x.DecodeCredential
+	}
+	return ""
 }
 
 type PrefillResponse struct {
@@ -451,12 +473,15 @@ func (x *KVDone) GetCodecReason() string {
 }
 
 type ResendRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	DecodeAddr    string                 `protobuf:"bytes,2,opt,name=decode_addr,json=decodeAddr,proto3" json:"decode_addr,omitempty"`
-	Codec         string                 `protobuf:"bytes,3,opt,name=codec,proto3" json:"codec,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	RequestId  string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	DecodeAddr string                 `protobuf:"bytes,2,opt,name=decode_addr,json=decodeAddr,proto3" json:"decode_addr,omitempty"`
+	Codec      string                 `protobuf:"bytes,3,opt,name=codec,proto3" json:"codec,omitempty"`
+	// As in PrefillRequest.
+	DecodeId         string `protobuf:"bytes,4,opt,name=decode_id,json=decodeId,proto3" json:"decode_id,omitempty"`
+	DecodeCredential string `protobuf:"bytes,5,opt,name=decode_credential,json=decodeCredential,proto3" json:"decode_credential,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ResendRequest) Reset() {
@@ -506,6 +531,20 @@ func (x *ResendRequest) GetDecodeAddr() string {
 func (x *ResendRequest) GetCodec() string {
 	if x != nil {
 		return x.Codec
+	}
+	return ""
+}
+
+func (x *ResendRequest) GetDecodeId() string {
+	if x != nil {
+		return x.DecodeId
+	}
+	return ""
+}
+
+func (x *ResendRequest) GetDecodeCredential() string {
+	if x != nil {
+		return x.DecodeCredential
 	}
 	return ""
 }
@@ -639,7 +678,7 @@ var File_pdserve_v1_prefill_proto protoreflect.FileDescriptor
 const file_pdserve_v1_prefill_proto_rawDesc = "" +
 	"\n" +
 	"\x18pdserve/v1/prefill.proto\x12\n" +
-	"pdserve.v1\x1a\x17pdserve/v1/common.proto\"\x90\x02\n" +
+	"pdserve.v1\x1a\x17pdserve/v1/common.proto\"\xda\x02\n" +
 	"\x0ePrefillRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -650,7 +689,9 @@ const file_pdserve_v1_prefill_proto_rawDesc = "" +
 	"\x05codec\x18\x05 \x01(\tR\x05codec\x120\n" +
 	"\blogprobs\x18\x06 \x01(\v2\x14.pdserve.v1.LogprobsR\blogprobs\x12\x1f\n" +
 	"\vskip_tokens\x18\a \x01(\x05R\n" +
-	"skipTokens\"\xb9\x01\n" +
+	"skipTokens\x12\x1b\n" +
+	"\tdecode_id\x18\b \x01(\tR\bdecodeId\x12+\n" +
+	"\x11decode_credential\x18\t \x01(\tR\x10decodeCredential\"\xb9\x01\n" +
 	"\x0fPrefillResponse\x123\n" +
 	"\x06queued\x18\x01 \x01(\v2\x19.pdserve.v1.PrefillQueuedH\x00R\x06queued\x129\n" +
 	"\vfirst_token\x18\x02 \x01(\v2\x16.pdserve.v1.FirstTokenH\x00R\n" +
@@ -676,13 +717,15 @@ const file_pdserve_v1_prefill_proto_rawDesc = "" +
 	"\n" +
 	"bytes_wire\x18\x04 \x01(\x03R\tbytesWire\x12\x14\n" +
 	"\x05codec\x18\x05 \x01(\tR\x05codec\x12!\n" +
-	"\fcodec_reason\x18\x06 \x01(\tR\vcodecReason\"e\n" +
+	"\fcodec_reason\x18\x06 \x01(\tR\vcodecReason\"\xaf\x01\n" +
 	"\rResendRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x1f\n" +
 	"\vdecode_addr\x18\x02 \x01(\tR\n" +
 	"decodeAddr\x12\x14\n" +
-	"\x05codec\x18\x03 \x01(\tR\x05codec\"=\n" +
+	"\x05codec\x18\x03 \x01(\tR\x05codec\x12\x1b\n" +
+	"\tdecode_id\x18\x04 \x01(\tR\bdecodeId\x12+\n" +
+	"\x11decode_credential\x18\x05 \x01(\tR\x10decodeCredential\"=\n" +
 	"\x0eResendResponse\x12+\n" +
 	"\akv_done\x18\x01 \x01(\v2\x12.pdserve.v1.KVDoneR\x06kvDone\"/\n" +
 	"\x0eReleaseRequest\x12\x1d\n" +

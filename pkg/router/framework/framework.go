@@ -17,6 +17,9 @@ type Worker struct {
 	Draining     bool
 	// Model is the model the worker serves; empty serves any.
 	Model string
+	// MaxSeqLen is the worker's own longest sequence (prompt + output),
+	// tokens; 0: it does not say.
+	MaxSeqLen int
 	// Time is when the snapshot was taken (the worker's clock).
 	Time time.Time
 }
@@ -41,6 +44,10 @@ type Request struct {
 	// Model, when not empty, limits the choice to workers serving it (or
 	// any model).
 	Model string
+	// SeqTokens, when > 0, is the request's longest sequence (prompt +
+	// max_tokens of one choice): only workers whose MaxSeqLen fits it (or
+	// is unknown) may take it.
+	SeqTokens int
 }
 
 // Load is a worker's load as the router estimates it: its snapshot's
