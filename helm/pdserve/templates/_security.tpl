@@ -67,6 +67,24 @@ $ "role" "coordinator|prefill|decode").
 {{- $args = append $args (printf "--tls-allow-prefill=%s" .) }}
 {{- end }}
 {{- end }}
+{{- /* The identities the coordinator (of every worker) and the prefill
+workers (of their decode peers) require of a server's certificate before
+any call to it: the decode pool's certificate for role decode (colocated
+in colocated mode), the prefill pool's for role prefill. Without
+identities (one shared certificate) any certificate of the CA. */}}
+{{- if and $root.Values.tls.enabled (or (eq .role "coordinator") (eq .role "prefill")) }}
+{{- $decodeRole := ternary "decode" "colocated" (eq $root.Values.coordinator.mode "disaggregated") }}
+{{- $ids := list }}
+{{- with include "pdserve.tlsIdentity" (dict "root" $root "role" "decode") }}
+{{- $ids = append $ids (printf "%s=%s" $decodeRole .) }}
+{{- end }}
+{{- if eq .role "coordinator" }}
+{{- with include "pdserve.tlsIdentity" (dict "root" $root "role" "prefill") }}
+{{- $ids = append $ids (printf "prefill=%s" .) }}
+{{- end }}
+{{- end }}
+{{- $args = append $args (printf "--tls-worker-identity=%s" (join "," $ids)) }}
+{{- end }}
 {{- toYaml $args }}
 {{- end }}
 
