@@ -65,6 +65,17 @@ chaos:
 	$(GO) build -o "$$bin/" ./cmd/coordinator ./cmd/prefill-worker ./cmd/decode-worker ./loadtest && \
 	$(GO) run ./cmd/chaos --bin "$$bin" --faults kill-decode-transfer,kill-decode-decoding,stop-decode,kill-prefill,partition,restart-nats,restart-coordinator,overload --duration 15s $(CHAOS_FLAGS)
 
+# k8s-e2e: the chart's end-to-end test (internal/k8se2e) on the cluster of
+# make k8s-up: images built and imported, the CPU llama.cpp release
+# installed with docs/kubernetes.md's commands, helm test, a streamed
+# completion through the Service against the standalone server, upgrade
+# under load, uninstall, the planner's RBAC and scaling, the production
+# layout on the kwok GPU nodes. Needs root and a running cluster
+# (KUBECONFIG, else .pdserve/k8s's kubeconfig); fails without one.
+.PHONY: k8s-e2e
+k8s-e2e:
+	PDSERVE_K8S_E2E=1 $(GO) test -count=1 -timeout 60m -v -run 'TestK8sE2E$$' ./internal/k8se2e/
+
 # k8s-up starts a single-machine Kubernetes from real components as
 # processes (docs/k8s-lab.md): etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, containerd + runc, the kubelet, kube-proxy, CoreDNS and

@@ -231,7 +231,7 @@ func hasPort(spec corev1.PodSpec, name string) bool {
 // values name as existing.
 func checkPods(t *testing.T, r release) {
 	existing := map[string]bool{} // Secrets the user provides
-	for _, path := range []string{"tls.existingSecret", "apiKeys.existingSecret", "nats.external.existingSecret", "nats.auth.existingSecret", "model.download.tokenSecret.name"} {
+	for _, path := range []string{"tls.existingSecret", "apiKeys.existingSecret", "nats.external.existingSecret", "nats.auth.existingSecret", "model.download.tokenSecret.name", "test.apiKeySecret"} {
 		if s, _ := r.value(path).(string); s != "" {
 			existing[s] = true
 		}
