@@ -66,6 +66,9 @@ type Options struct {
 	// CPUVariant is the CPU backend variant of llama.cpp to load
 	// (libggml-cpu-NAME.so; "": the best this processor runs).
 	CPUVariant string
+	// Device is llamacpp's device policy: auto, gpu or cpu ("":
+	// $PDSERVE_LLAMA_DEVICE, else auto); see llamacpp.DeviceMode.
+	Device string
 }
 
 // DefaultOptions returns the flag defaults: the tiny ref preset, seed 1;
@@ -76,8 +79,9 @@ func DefaultOptions() Options {
 
 // AddFlags registers --engine, --preset, --seed, --engine-threads,
 // --profile, --time-scale, --payload-scale, --model, --llama-lib,
-// --gpu-layers, --ctx-size, --kv-type, --max-seqs and --no-repack on fs, with o's
-// values as defaults.
+// --gpu-layers, --ctx-size, --kv-type, --max-seqs, --no-repack,
+// --llama-cpu-variant and --llama-device on fs, with o's values as
+// defaults.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Engine, "engine", o.Engine, "engine: ref (reference CPU transformer, synthetic weights), sim (performance model) or llamacpp (GGUF models on llama.cpp)")
 	fs.StringVar(&o.Preset, "preset", o.Preset, fmt.Sprintf("ref engine model preset: one of %v", ref.Presets()))
@@ -94,6 +98,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.MaxSeqs, "max-seqs", o.MaxSeqs, "llamacpp engine: sequences held at once, in [1, 256]")
 	fs.BoolVar(&o.NoRepack, "no-repack", o.NoRepack, "llamacpp engine: keep weights in their file layout instead of repacking them for llama.cpp's faster CPU kernels (as llama-server --no-repack)")
 	fs.StringVar(&o.CPUVariant, "llama-cpu-variant", o.CPUVariant, "llamacpp engine: CPU backend variant to load, libggml-cpu-NAME.so of --llama-lib (haswell, skylakex, zen4, x64, …; default: the best this processor runs). The variants round differently: give workers on processors of different families one they all run, for the same logits everywhere")
+	fs.StringVar(&o.Device, "llama-device", o.Device, "llamacpp engine: auto (the GPUs llama.cpp finds, else the CPU), gpu (refuse to start unless llama.cpp finds a GPU: the CUDA image's default) or cpu (load no GPU backend, offload nothing); default $"+llamacpp.EnvDevice+", else auto")
 }
 
 // Validate reports every invalid field in one error: "enginecfg: invalid

@@ -33,6 +33,13 @@ func (o Options) validateLlama() []error {
 	if o.Threads < 0 {
 		errs = append(errs, badInt("engine-threads", o.Threads, "must not be negative"))
 	}
+	if o.Device != "" {
+		if _, err := llamacpp.DeviceMode(o.Device); err != nil {
+			errs = append(errs, cliflags.BadFlag("llama-device", o.Device, fmt.Errorf("must be %s, %s or %s", llamacpp.DeviceAuto, llamacpp.DeviceGPU, llamacpp.DeviceCPU)))
+		}
+	} else if _, err := llamacpp.DeviceMode(""); err != nil {
+		errs = append(errs, err)
+	}
 	return errs
 }
 
@@ -51,7 +58,7 @@ func (o Options) buildLlama() (engine.Engine, error) {
 	e, err := llamacpp.New(llamacpp.Options{
 		LibDir: o.LlamaLib, Model: o.Model, GPULayers: o.GPULayers, CtxSize: o.CtxSize,
 		Threads: o.Threads, KVType: kv, MaxSeqs: o.MaxSeqs, NoRepack: o.NoRepack,
-		CPUVariant: o.CPUVariant,
+		CPUVariant: o.CPUVariant, Device: o.Device,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("enginecfg: %w", err)
@@ -62,7 +69,8 @@ func (o Options) buildLlama() (engine.Engine, error) {
 func (o Options) llamaLogFields() []zap.Field {
 	return []zap.Field{zap.String("engine", o.Engine), zap.String("model", o.Model), zap.String("llama_lib", llamacpp.LibDir(o.LlamaLib)),
 		zap.Int("gpu_layers", o.GPULayers), zap.Int("ctx_size", o.CtxSize), zap.String("kv_type", o.KVType),
-		zap.Int("max_seqs", o.MaxSeqs), zap.Int("engine_threads", o.Threads), zap.Bool("no_repack", o.NoRepack), zap.String("llama_cpu_variant", o.CPUVariant)}
+		zap.Int("max_seqs", o.MaxSeqs), zap.Int("engine_threads", o.Threads), zap.Bool("no_repack", o.NoRepack), zap.String("llama_cpu_variant", o.CPUVariant),
+		zap.String("llama_device", o.device())}
 }
 
 // Tokenizer returns the tokenizer a coordinator uses for these settings
@@ -77,7 +85,7 @@ func (o Options) Tokenizer() (engine.Tokenizer, func(), error) {
 	if err := o.Validate(); err != nil {
 		return nil, nil, err
 	}
-	m, err := llamacpp.LoadModel(o.Model, llamacpp.LoadOptions{LibDir: o.LlamaLib, VocabOnly: true, CPUVariant: o.CPUVariant})
+	m, err := llamacpp.LoadModel(o.Model, llamacpp.LoadOptions{LibDir: o.LlamaLib, VocabOnly: true, CPUVariant: o.CPUVariant, Device: o.Device})
 	if err != nil {
 		return nil, nil, fmt.Errorf("enginecfg: tokenizer: %w", err)
 	}
@@ -92,4 +100,13 @@ func (o Options) Tokenizer() (engine.Tokenizer, func(), error) {
 func SetLogger(l *zap.Logger) {
 	llamacpp.SetLogger(l)
 	simLogger.Store(l)
+}
+
+// device is the effective device policy (the flag, else the environment's,
+// else auto), or the flag as given when it is invalid.
+func (o Options) device() string {
+	if d, err := llamacpp.DeviceMode(o.Device); err == nil {
+		return d
+	}
+	return o.Device
 }

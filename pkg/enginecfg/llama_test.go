@@ -1,8 +1,10 @@
 package enginecfg
 
 import (
+	"errors"
 	"flag"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/pdserve/pdserve/internal/repotest"
@@ -52,5 +54,42 @@ func TestLlamaCPUVariant(t *testing.T) {
 	defer Close(e)
 	if got := llamacpp.LoadedCPUVariant(); got != pick {
 		t.Errorf("loaded CPU variant %q, want %q", got, pick)
+	}
+}
+
+// TestLlamaDevice: --llama-device cpu builds the engine where no GPU is,
+// over $PDSERVE_LLAMA_DEVICE=gpu; gpu refuses with llamacpp.ErrNoGPU; a
+// bad policy, from the flag or the environment, is a validation error.
+func TestLlamaDevice(t *testing.T) {
+	lib, vocab := repotest.Llama(t)
+	model := filepath.Join(t.TempDir(), "m.gguf")
+	if err := gguf.WriteRandom(model, gguf.RandomOptions{Arch: "llama", Vocab: filepath.Join(vocab, "ggml-vocab-llama-spm.gguf"),
+		Layers: 1, Hidden: 64, Heads: 4, KVHeads: 2, FFN: 128, Context: 64, Type: gguf.F32, Seed: 1}); err != nil {
+		t.Fatal(err)
+	}
+	opts := func(t *testing.T, args ...string) Options {
+		o := DefaultOptions()
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		o.AddFlags(fs)
+		if err := fs.Parse(append([]string{"--engine=llamacpp", "--model=" + model, "--llama-lib=" + lib, "--ctx-size=64"}, args...)); err != nil {
+			t.Fatal(err)
+		}
+		return o
+	}
+	t.Setenv(llamacpp.EnvDevice, "gpu")
+	e, err := opts(t, "--llama-device=cpu").Build()
+	if err != nil {
+		t.Fatalf("--llama-device cpu: %v", err)
+	}
+	Close(e)
+	if _, err := opts(t).Build(); !errors.Is(err, llamacpp.ErrNoGPU) {
+		t.Errorf("$%s=gpu: %v, want ErrNoGPU", llamacpp.EnvDevice, err)
+	}
+	if err := opts(t, "--llama-device=cuda").Validate(); err == nil || !strings.Contains(err.Error(), "--llama-device cuda: must be auto, gpu or cpu") {
+		t.Errorf("--llama-device cuda: %v", err)
+	}
+	t.Setenv(llamacpp.EnvDevice, "GPU")
+	if err := opts(t).Validate(); err == nil || !strings.Contains(err.Error(), `$PDSERVE_LLAMA_DEVICE "GPU"`) {
+		t.Errorf("$%s=GPU: %v", llamacpp.EnvDevice, err)
 	}
 }

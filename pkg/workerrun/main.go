@@ -14,6 +14,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/pdserve/pdserve/internal/cliflags"
+	"github.com/pdserve/pdserve/pkg/engine/llamacpp"
 )
 
 // Main is the whole of a worker binary after signal handling: parse args
@@ -53,6 +54,11 @@ func Main(ctx context.Context, name string, o Options, args []string, stdout, st
 	defer func() { _ = logger.Sync() }()
 	logger.Info("effective configuration", o.LogFields()...)
 	if err := Run(ctx, o, logger, nil); err != nil {
+		// A GPU worker on a node without one: one plain line, no trace.
+		if ng := (*llamacpp.NoGPUError)(nil); errors.As(err, &ng) {
+			fmt.Fprintf(stderr, "%s: %v\n", name, ng)
+			return 1
+		}
 		logger.Error("worker failed", zap.Error(err))
 		return 1
 	}

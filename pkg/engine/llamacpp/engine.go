@@ -40,6 +40,8 @@ type Options struct {
 	NoRepack bool
 	// CPUVariant: see LoadOptions.
 	CPUVariant string
+	// Device: the device policy, see LoadOptions.
+	Device string
 }
 
 // Errors of this engine beyond engine's own; match with errors.Is.
@@ -121,7 +123,7 @@ type seqState struct {
 
 // New loads the model and creates the engine. The caller must Close it.
 func New(o Options) (*Engine, error) {
-	m, err := LoadModel(o.Model, LoadOptions{LibDir: o.LibDir, GPULayers: o.GPULayers, NoRepack: o.NoRepack, CPUVariant: o.CPUVariant})
+	m, err := LoadModel(o.Model, LoadOptions{LibDir: o.LibDir, GPULayers: o.GPULayers, NoRepack: o.NoRepack, CPUVariant: o.CPUVariant, Device: o.Device})
 	if err != nil {
 		return nil, err
 	}
@@ -136,7 +138,8 @@ func New(o Options) (*Engine, error) {
 
 // NewOnModel creates an engine on a loaded model, which engines may share
 // (each has its own context and KV cache; the weights are loaded once).
-// o.Model, o.LibDir, o.GPULayers and o.NoRepack are not used. Close the engine before
+// o.Model, o.LibDir, o.GPULayers, o.NoRepack, o.CPUVariant and o.Device are
+// not used. Close the engine before
 // the model.
 func NewOnModel(m *Model, o Options) (*Engine, error) {
 	a := m.api

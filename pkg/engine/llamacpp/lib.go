@@ -138,6 +138,11 @@ type api struct {
 	backendInit          func()
 	backendLoadAllFrom   func(dir string)
 	backendLoad          func(path string) uintptr
+	devCount             func() uintptr
+	devGet               func(i uintptr) uintptr
+	devType              func(dev uintptr) int32
+	devName              func(dev uintptr) *byte
+	devDescription       func(dev uintptr) *byte
 	logSet               func(cb uintptr, ud uintptr)
 	modelDefaultParams   func() modelParams
 	contextDefaultParams func() contextParams
@@ -222,10 +227,12 @@ func findLib(dir, prefix string) (string, bool) {
 
 // load opens the llama.cpp libraries in dir once per process and returns
 // their entry points, with the CPU backend variant named by variant ("":
-// the one llama.cpp scores best for this processor; see CPUVariants). A
-// process uses one llama.cpp: loading a second, different directory or
-// variant is an error.
-func load(dir, variant string) (*api, error) {
+// the one llama.cpp scores best for this processor; see CPUVariants), and
+// every other backend library of dir (CUDA, …) unless noGPU, on the first
+// call only: a later call's noGPU changes nothing (a model is kept off the
+// GPUs by its device list, see LoadModel). A process uses one llama.cpp:
+// loading a second, different directory or variant is an error.
+func load(dir, variant string, noGPU bool) (*api, error) {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
 		return nil, fmt.Errorf("llamacpp: library dir %q: %w", dir, err)
@@ -287,14 +294,26 @@ func load(dir, variant string) (*api, error) {
 	}
 	logMu.Unlock()
 	a.logSet(logCB, 0)
-	if chosen == "" {
+	if chosen == "" && !noGPU {
 		a.backendLoadAllFrom(abs)
 		// llama.cpp loaded the best-scoring variant; name it.
 		if vs, err := CPUVariants(abs); err == nil && len(vs) > 0 && vs[0].Score > 0 {
 			chosen = vs[0].Name
 		}
 	} else {
-		if err := a.loadBackends(abs, chosen); err != nil {
+		if chosen == "" { // no GPU backends: pick the CPU variant as llama.cpp would
+			vs, err := CPUVariants(abs)
+			if err != nil {
+				return nil, err
+			}
+			if len(vs) > 0 {
+				if vs[0].Score <= 0 {
+					return nil, fmt.Errorf("%w: no CPU backend of %s runs on this processor", ErrNoLibrary, abs)
+				}
+				chosen = vs[0].Name
+			}
+		}
+		if err := a.loadBackends(abs, chosen, noGPU); err != nil {
 			return nil, err
 		}
 	}
@@ -303,14 +322,16 @@ func load(dir, variant string) (*api, error) {
 	loadedAt = abs
 	loadedVariant = chosen
 	logger.Debug("llamacpp: loaded", zap.String("dir", abs), zap.String("version", goString(a.version())),
-		zap.String("cpu_variant", chosen), zap.String("system", goString(a.systemInfo())))
+		zap.String("cpu_variant", chosen), zap.Bool("gpu_backends", !noGPU), zap.Stringers("devices", a.devices()),
+		zap.String("system", goString(a.systemInfo())))
 	return a, nil
 }
 
-// loadBackends registers the CPU backend variant named cpu and every
+// loadBackends registers the CPU backend variant named cpu ("": the
+// unsuffixed libggml-cpu.so, if dir has one) and, unless noGPU, every
 // non-CPU backend library in dir (CUDA, HIP, Vulkan, …), in place of
 // ggml_backend_load_all_from_path's choice.
-func (a *api) loadBackends(dir, cpu string) error {
+func (a *api) loadBackends(dir, cpu string, noGPU bool) error {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrNoLibrary, err)
@@ -318,10 +339,18 @@ func (a *api) loadBackends(dir, cpu string) error {
 	for _, e := range ents {
 		n := e.Name()
 		rest, ok := strings.CutPrefix(n, "libggml-")
-		if !ok || !strings.HasSuffix(n, ".so") || strings.HasPrefix(rest, "base") || strings.HasPrefix(rest, "cpu") {
+		if noGPU || !ok || !strings.HasSuffix(n, ".so") || strings.HasPrefix(rest, "base") || strings.HasPrefix(rest, "cpu") {
 			continue
 		}
 		a.backendLoad(filepath.Join(dir, n)) // a backend this machine cannot run declines (logged by llama.cpp)
+	}
+	if cpu == "" {
+		// A build without variants: its one CPU backend library, or none
+		// (linked into libggml).
+		if p := filepath.Join(dir, "libggml-cpu.so"); fileExists(p) && a.backendLoad(p) == 0 {
+			return fmt.Errorf("%w: llama.cpp refused the CPU backend %s", ErrNoLibrary, p)
+		}
+		return nil
 	}
 	p := filepath.Join(dir, variantPrefix+cpu+".so")
 	if a.backendLoad(p) == 0 {
@@ -426,6 +455,11 @@ func (a *api) register(ggml, llama uintptr) (err error) {
 	}
 	bind(&a.backendLoadAllFrom, ggml, "ggml_backend_load_all_from_path")
 	bind(&a.backendLoad, ggml, "ggml_backend_load")
+	bind(&a.devCount, ggml, "ggml_backend_dev_count")
+	bind(&a.devGet, ggml, "ggml_backend_dev_get")
+	bind(&a.devType, ggml, "ggml_backend_dev_type")
+	bind(&a.devName, ggml, "ggml_backend_dev_name")
+	bind(&a.devDescription, ggml, "ggml_backend_dev_description")
 	for _, f := range []struct {
 		fptr any
 		name string

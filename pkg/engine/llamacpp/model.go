@@ -45,22 +45,43 @@ type LoadOptions struct {
 	// load the same variant. It is per process: every model of a process
 	// uses the same one.
 	CPUVariant string
+	// Device is the device policy: DeviceAuto, DeviceGPU or DeviceCPU
+	// ("": $PDSERVE_LLAMA_DEVICE, else DeviceAuto; see DeviceMode). With
+	// DeviceGPU a model loaded with weights (not VocabOnly) needs a GPU
+	// (ErrNoGPU otherwise); with DeviceCPU no GPU backend is loaded and
+	// the model uses no GPU, whatever GPULayers says.
+	Device string
 }
 
-// LoadModel loads the GGUF file at path. Errors: ErrNoLibrary, a missing or
-// unreadable file, or a file llama.cpp refuses.
+// LoadModel loads the GGUF file at path. Errors: ErrNoLibrary, ErrNoGPU
+// (see LoadOptions.Device), a missing or unreadable file, or a file
+// llama.cpp refuses.
 func LoadModel(path string, o LoadOptions) (*Model, error) {
 	if _, err := os.Stat(path); err != nil {
 		return nil, fmt.Errorf("llamacpp: model: %w", err)
 	}
-	a, err := load(LibDir(o.LibDir), o.CPUVariant)
+	mode, err := DeviceMode(o.Device)
 	if err != nil {
 		return nil, err
+	}
+	dir := LibDir(o.LibDir)
+	a, err := load(dir, o.CPUVariant, mode == DeviceCPU)
+	if err != nil {
+		return nil, err
+	}
+	if mode == DeviceGPU && !o.VocabOnly {
+		if err := a.requireGPU(dir); err != nil {
+			return nil, err
+		}
 	}
 	p := a.modelDefaultParams()
 	p.nGPULayers = int32(o.GPULayers)
 	if o.GPULayers < 0 {
 		p.nGPULayers = -1
+	}
+	if mode == DeviceCPU {
+		p.devices = noDevicesPtr()
+		p.nGPULayers = 0
 	}
 	p.vocabOnly = o.VocabOnly
 	if o.NoRepack {
