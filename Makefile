@@ -1,7 +1,7 @@
 # pdserve developer targets. `make test` is the README's test command.
 GO ?= go
 
-.PHONY: build test race vet fmt generate verify bench llama sdk netbench chaos
+.PHONY: build test race vet fmt generate verify bench llama sdk images netbench chaos
 
 # test installs llama.cpp and the OpenAI Node SDK first: the llamacpp
 # engine's tests load the one, the API conformance test runs the other.
@@ -22,6 +22,18 @@ build:
 # into third_party/llama from the npm registry; a no-op once installed.
 llama:
 	bash scripts/install-llama.sh
+
+# images writes pdserve's OCI image tarballs into bin/images (ignored by
+# git): coordinator, prefill-worker, decode-worker, loadtest, worker-cpu
+# and worker-cuda, NAME.tar each, and bin/images/images.txt (name, ref,
+# digest, bytes). They are assembled from this checkout's binaries on a
+# glibc base of pinned Debian packages, with no container engine and no
+# registry; the same commit gives the same digests. Needs apt-get,
+# dpkg-deb and npm (downloads are cached in ~/.cache/pdserve). See
+# docs/images.md; IMAGES_FLAGS adds flags of `mkimage pdserve` (e.g.
+# --only coordinator,worker-cpu or --registry REGISTRY).
+images: llama
+	$(GO) run ./cmd/mkimage pdserve --out-dir bin/images $(IMAGES_FLAGS)
 
 # sdk installs the pinned official OpenAI Node SDK into third_party/openai-sdk
 # (needs npm; a no-op once installed).

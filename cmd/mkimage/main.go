@@ -21,6 +21,10 @@
 // from nothing, for static binaries. Timestamps are SOURCE_DATE_EPOCH's
 // (or the epoch): the same inputs give the same digests.
 //
+// pdserve's own images (what `make images` runs), into bin/images:
+//
+//	mkimage pdserve --out-dir bin/images [--only coordinator,worker-cpu]
+//
 // Re-pin the Debian packages when the archive has dropped a pinned version:
 //
 //	mkimage pin

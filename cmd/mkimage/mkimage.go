@@ -30,6 +30,8 @@ func (l *listFlag) Set(s string) error { *l = append(*l, s); return nil }
 func mkimage(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 {
 		switch args[0] {
+		case "pdserve":
+			return pdserveCmd(ctx, args[1:], stdout, stderr)
 		case "pin":
 			return pinCmd(ctx, args[1:], stdout, stderr)
 		}
@@ -56,7 +58,8 @@ func mkimage(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cliflags.AddVersion(fs)
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `Usage: mkimage --out FILE.tar --ref NAME:TAG [--base glibc|none] --add SRC:DST... [flags]
-       mkimage pin                            fresh debian.lock lines from apt
+       mkimage pdserve [--out-dir DIR] [--only NAMES]  pdserve's images (make images)
+       mkimage pin                                     fresh debian.lock lines from apt
 
 Builds an OCI image from files on this machine, with no container engine and
 no registry, as a tar that is both an OCI image layout and a docker-archive:

@@ -45,6 +45,10 @@ type Spec struct {
 	// the commit's time (SOURCE_DATE_EPOCH) or leave it zero for the Unix
 	// epoch: either way the same inputs give the same digests.
 	Created time.Time
+	// LayerCache, if set, is a directory of compressed layers kept between
+	// builds, by content (see PruneLayerCache): a layer built before is
+	// reused instead of compressed again.
+	LayerCache string
 }
 
 // Layer is one layer of a Spec.
@@ -90,7 +94,7 @@ func Build(s Spec, tmpDir string) (*Image, error) {
 	}
 	adds := make([]mutate.Addendum, 0, len(s.Layers))
 	for i, l := range s.Layers {
-		fl, err := writeLayer(l.Tree, created, tmpDir)
+		fl, err := writeLayerCached(l.Tree, created, tmpDir, s.LayerCache)
 		if err != nil {
 			return nil, fmt.Errorf("ociimage: %s: layer %d (%s): %w", s.Ref, i, l.CreatedBy, err)
 		}

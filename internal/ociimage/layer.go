@@ -3,10 +3,12 @@ package ociimage
 import (
 	"archive/tar"
 	"crypto/sha256"
+	"encoding/json"
 	"fmt"
 	"hash"
 	"io"
 	"os"
+	"path/filepath"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -189,4 +191,124 @@ func copyContent(tw io.Writer, e *entry, p string) error {
 		return fmt.Errorf("ociimage: layer: %s: %s changed size (%d bytes when added, %d now)", p, e.src, e.size, fi.Size())
 	}
 	return nil
+}
+
+// layerKey hashes everything writeLayer's output depends on: the format
+// version, mtime, and each entry's path, type, mode, owner, link target,
+// size and content (read from its host file). Equal keys give equal
+// layers.
+func layerKey(t *Tree, mtime time.Time) (string, error) {
+	h := sha256.New()
+	fmt.Fprintf(h, "pdserve-layer-v1 %d\n", mtime.UTC().Truncate(time.Second).Unix())
+	for _, p := range t.Paths() {
+		e := t.entries[p]
+		fmt.Fprintf(h, "%q %c %o %d %d %q %d %v ", p, e.typ, e.mode, e.uid, e.gid, e.link, e.size, e.inode != (fileID{}))
+		if e.typ == tar.TypeReg {
+			ch := sha256.New()
+			if e.src == "" {
+				ch.Write(e.data)
+			} else {
+				f, err := os.Open(e.src)
+				if err != nil {
+					return "", fmt.Errorf("ociimage: layer: %s: %w", p, err)
+				}
+				_, err = io.Copy(ch, f)
+				f.Close()
+				if err != nil {
+					return "", fmt.Errorf("ociimage: layer: %s: %w", p, err)
+				}
+			}
+			h.Write(ch.Sum(nil))
+		}
+		h.Write([]byte{'\n'})
+	}
+	return fmt.Sprintf("%x", h.Sum(nil)), nil
+}
+
+// cachedLayer is the metadata file beside a cached layer.
+type cachedLayer struct {
+	Digest, DiffID string
+	Size, Raw      int64
+}
+
+// writeLayerCached is writeLayer with a cache of compressed layers in
+// cacheDir, keyed by layerKey: a hit (its digest checked again) is used
+// in place, a miss is written there. An empty cacheDir writes into dir.
+func writeLayerCached(t *Tree, mtime time.Time, dir, cacheDir string) (*fileLayer, error) {
+	if cacheDir == "" {
+		return writeLayer(t, mtime, dir)
+	}
+	if err := os.MkdirAll(cacheDir, 0o755); err != nil {
+		return nil, fmt.Errorf("ociimage: layer cache: %w", err)
+	}
+	key, err := layerKey(t, mtime)
+	if err != nil {
+		return nil, err
+	}
+	gz := filepath.Join(cacheDir, key+".tar.gz")
+	meta := filepath.Join(cacheDir, key+".json")
+	if b, err := os.ReadFile(meta); err == nil {
+		var m cachedLayer
+		if json.Unmarshal(b, &m) == nil {
+			if l, err := checkCached(gz, m); err == nil {
+				now := time.Now()
+				_ = os.Chtimes(gz, now, now)
+				_ = os.Chtimes(meta, now, now)
+				return l, nil
+			}
+		}
+	}
+	l, err := writeLayer(t, mtime, cacheDir)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.Rename(l.path, gz); err != nil {
+		return nil, fmt.Errorf("ociimage: layer cache: %w", err)
+	}
+	l.path = gz
+	b, _ := json.Marshal(cachedLayer{Digest: l.digest.String(), DiffID: l.diffID.String(), Size: l.size, Raw: l.raw})
+	if err := os.WriteFile(meta, b, 0o644); err != nil {
+		return nil, fmt.Errorf("ociimage: layer cache: %w", err)
+	}
+	return l, nil
+}
+
+// checkCached returns the cached layer gz if its size and digest are m's.
+func checkCached(gz string, m cachedLayer) (*fileLayer, error) {
+	digest, err := v1.NewHash(m.Digest)
+	if err != nil {
+		return nil, err
+	}
+	diffID, err := v1.NewHash(m.DiffID)
+	if err != nil {
+		return nil, err
+	}
+	f, err := os.Open(gz)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	h := sha256.New()
+	n, err := io.Copy(h, f)
+	if err != nil {
+		return nil, err
+	}
+	if n != m.Size || fmt.Sprintf("%x", h.Sum(nil)) != digest.Hex {
+		return nil, fmt.Errorf("ociimage: layer cache: %s does not match its digest", filepath.Base(gz))
+	}
+	return &fileLayer{path: gz, digest: digest, diffID: diffID, size: m.Size, raw: m.Raw}, nil
+}
+
+// PruneLayerCache removes the cached layers of dir not used for maxAge.
+func PruneLayerCache(dir string, maxAge time.Duration) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		info, err := e.Info()
+		if err == nil && time.Since(info.ModTime()) > maxAge {
+			os.Remove(filepath.Join(dir, e.Name()))
+		}
+	}
 }
