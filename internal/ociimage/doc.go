@@ -31,5 +31,11 @@
 // image finds its interpreter and its DT_NEEDED libraries inside the
 // image, as glibc's loader searches for them.
 //
-// cmd/mkimage builds any image from flags.
+// The pdserve images (coordinator, prefill-worker, decode-worker,
+// loadtest, worker-cpu, worker-cuda) are PdserveOptions.PdserveImage's
+// recipes; worker-cuda adds the CUDA runtime from Debian's non-free
+// packages and the CUDA build of llama.cpp from the npm packages pinned
+// in npm.lock. `make images` runs them through cmd/mkimage, which also
+// builds any other image from flags. With Spec.LayerCache set, compressed
+// layers are kept by content and reused by later builds.
 package ociimage
