@@ -11,11 +11,14 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/pdserve/pdserve/internal/cliflags"
 	"github.com/pdserve/pdserve/internal/ociimage"
 )
+
+// layerCacheBytes bounds the layer cache: a bit over two full sets of
+// layers (the CUDA image's are about 560 MiB).
+const layerCacheBytes = 2 << 30
 
 // pdserveCmd builds pdserve's images (make images): the binaries from the
 // module at --root, then one tarball per image in --out-dir, each checked
@@ -35,7 +38,7 @@ func pdserveCmd(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	source := fs.String("source", "https://github.com/pdserve/pdserve", "org.opencontainers.image.source")
 	license := fs.String("license", "", "pdserve's licence (SPDX) for org.opencontainers.image.licenses, joined with the third-party parts' (default NOASSERTION: the repository declares none)")
 	sde := fs.String("source-date-epoch", os.Getenv("SOURCE_DATE_EPOCH"), "seconds since 1970 for every timestamp (default $SOURCE_DATE_EPOCH, else HEAD's commit time)")
-	cache := fs.String("cache", "", "directory of downloaded packages and of compressed layers kept for reuse (unused ones go after 14 days) (default $XDG_CACHE_HOME/pdserve or ~/.cache/pdserve)")
+	cache := fs.String("cache", "", "directory of downloaded packages and of compressed layers kept for reuse (the least recently used go beyond 2 GiB) (default $XDG_CACHE_HOME/pdserve or ~/.cache/pdserve)")
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), `Usage: mkimage pdserve [flags]
 
@@ -121,7 +124,7 @@ Flags:
 		CacheDir:     *cache, Created: created, Logf: logf,
 	}
 	layers := filepath.Join(*cache, "layers")
-	ociimage.PruneLayerCache(layers, 14*24*time.Hour)
+	ociimage.PruneLayerCache(layers, layerCacheBytes)
 	var index []string
 	var missing []string
 	for _, n := range names {

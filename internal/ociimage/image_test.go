@@ -371,3 +371,54 @@ func checkLayers(t *testing.T, img v1.Image) {
 		rc.Close()
 	}
 }
+
+// TestLayerCache: a second build reuses the cached layer (same digest,
+// the cached file), a damaged cache entry is rebuilt, and pruning removes
+// the least recently used layers first.
+func TestLayerCache(t *testing.T) {
+	cache := t.TempDir()
+	tr := smallTree(t, t.TempDir())
+	mtime := time.Unix(1700000000, 0)
+	a, err := writeLayerCached(tr, mtime, t.TempDir(), cache)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := writeLayerCached(tr, mtime, t.TempDir(), cache)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.digest != b.digest || a.path != b.path || filepath.Dir(a.path) != cache {
+		t.Errorf("second build: %v at %s, first %v at %s; want the cached one", b.digest, b.path, a.digest, a.path)
+	}
+	if err := os.WriteFile(a.path, []byte("damaged"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c, err := writeLayerCached(tr, mtime, t.TempDir(), cache)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.digest != a.digest {
+		t.Errorf("rebuilt after damage: %v, want %v", c.digest, a.digest)
+	}
+	other, err := writeLayerCached(tr, mtime.Add(time.Second), t.TempDir(), cache)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-time.Hour)
+	for _, ext := range []string{".tar.gz", ".json"} {
+		if err := os.Chtimes(strings.TrimSuffix(a.path, ".tar.gz")+ext, old, old); err != nil {
+			t.Fatal(err)
+		}
+	}
+	meta, err := os.Stat(strings.TrimSuffix(other.path, ".tar.gz") + ".json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	PruneLayerCache(cache, other.size+meta.Size()) // room for the recent one only
+	if _, err := os.Stat(a.path); !os.IsNotExist(err) {
+		t.Errorf("the least recently used layer is still there (%v)", err)
+	}
+	if _, err := os.Stat(other.path); err != nil {
+		t.Errorf("the recent layer went: %v", err)
+	}
+}

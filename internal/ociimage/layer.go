@@ -7,8 +7,11 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
@@ -299,16 +302,48 @@ func checkCached(gz string, m cachedLayer) (*fileLayer, error) {
 	return &fileLayer{path: gz, digest: digest, diffID: diffID, size: m.Size, raw: m.Raw}, nil
 }
 
-// PruneLayerCache removes the cached layers of dir not used for maxAge.
-func PruneLayerCache(dir string, maxAge time.Duration) {
+// PruneLayerCache removes the least recently used layers of dir (a
+// layer's files are touched when it is reused) until the cache holds at
+// most maxBytes. Every commit stamps its layers with its own time, so
+// without a bound each build would add a full set.
+func PruneLayerCache(dir string, maxBytes int64) {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return
 	}
+	type layerFiles struct {
+		key   string
+		used  time.Time
+		bytes int64
+	}
+	byKey := map[string]*layerFiles{}
+	var total int64
 	for _, e := range ents {
 		info, err := e.Info()
-		if err == nil && time.Since(info.ModTime()) > maxAge {
-			os.Remove(filepath.Join(dir, e.Name()))
+		if err != nil || !info.Mode().IsRegular() {
+			continue
 		}
+		key, _, _ := strings.Cut(e.Name(), ".")
+		l := byKey[key]
+		if l == nil {
+			l = &layerFiles{key: key}
+			byKey[key] = l
+		}
+		l.bytes += info.Size()
+		if info.ModTime().After(l.used) {
+			l.used = info.ModTime()
+		}
+		total += info.Size()
+	}
+	ls := slices.Collect(maps.Values(byKey))
+	slices.SortFunc(ls, func(a, b *layerFiles) int { return a.used.Compare(b.used) })
+	for _, l := range ls {
+		if total <= maxBytes {
+			return
+		}
+		for _, ext := range []string{".tar.gz", ".json"} {
+			os.Remove(filepath.Join(dir, l.key+ext))
+		}
+		total -= l.bytes
 	}
 }
