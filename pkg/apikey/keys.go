@@ -2,9 +2,9 @@ package apikey
 
 import (
 	"bytes"
-	"errors"
 	"crypto/sha256"
 	"crypto/subtle"
+	"errors"
 	"fmt"
 	"os"
 	"slices"

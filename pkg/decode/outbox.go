@@ -16,14 +16,14 @@ type outbox struct {
 	// bytes estimates what the pending tokens and logprobs hold; max
 	// bounds it (Options.MaxOutboxBytes).
 	bytes, max int
-	choices  []choiceOut // one per choice, by index
-	prompt   []*pdservev1.TokenLogprob
-	stamps   []*pdservev1.Stamp
-	hit      int32 // a local prefill's prefix cache hit, not yet sent
-	batch    int32
-	finished bool
-	err      error // a gRPC status error, when finished with one
-	notify   chan struct{}
+	choices    []choiceOut // one per choice, by index
+	prompt     []*pdservev1.TokenLogprob
+	stamps     []*pdservev1.Stamp
+	hit        int32 // a local prefill's prefix cache hit, not yet sent
+	batch      int32
+	finished   bool
+	err        error // a gRPC status error, when finished with one
+	notify     chan struct{}
 }
 
 // choiceOut is what one choice has pending.
