@@ -237,3 +237,53 @@ func removeKubeletChains() {
 		}
 	}
 }
+
+// shareNetnsDir makes the directory of the pods' network namespaces a
+// shared mount point of its own before containerd mounts any there, as
+// iproute2 does: `ip netns add` (the netlab tests, netbench, chaos), when
+// it finds the directory not a mount point, bind-mounts it onto itself.
+// Done while pods run, that mount hides containerd's netns mounts under
+// it: containerd's unmount then misses them and its unlink fails ("remove
+// netns: unlinkat /var/run/netns/cni-…: device or resource busy"), and
+// every pod stays Terminating. With the directory already a shared mount
+// point, ip netns only marks it shared again.
+func (l *Lab) shareNetnsDir() error {
+	if err := os.MkdirAll(netnsDir, 0o755); err != nil {
+		return fmt.Errorf("k8slab: %w", err)
+	}
+	dir, err := filepath.EvalSymlinks(netnsDir)
+	if err != nil {
+		return fmt.Errorf("k8slab: %w", err)
+	}
+	mi, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return fmt.Errorf("k8slab: %w", err)
+	}
+	isMount, below := false, 0
+	for _, line := range strings.Split(string(mi), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		switch {
+		case f[4] == dir:
+			isMount = true
+		case strings.HasPrefix(f[4], dir+"/"):
+			below++
+		}
+	}
+	if !isMount {
+		if below > 0 {
+			// A bind now would hide those as ip netns would: leave it.
+			l.logf("warning: %s is not a mount point and holds %d network namespaces already: not made shared (a later `ip netns add` can hide them from containerd; make k8s-down first)", netnsDir, below)
+			return nil
+		}
+		if err := unix.Mount(dir, dir, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("k8slab: bind-mount %s onto itself: %w", dir, err)
+		}
+	}
+	if err := unix.Mount("", dir, "", unix.MS_SHARED|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("k8slab: make %s shared: %w", dir, err)
+	}
+	return nil
+}

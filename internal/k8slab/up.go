@@ -220,6 +220,9 @@ func (l *Lab) upContainerd(ctx context.Context) error {
 	if err := l.recordNetns(); err != nil {
 		return err
 	}
+	if err := l.shareNetnsDir(); err != nil {
+		return err
+	}
 	bin, err := exec.LookPath("containerd")
 	if err != nil {
 		return fmt.Errorf("k8slab: containerd: %w", err)
