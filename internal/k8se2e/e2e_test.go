@@ -138,6 +138,9 @@ func (e *env) cleanup(t *testing.T) {
 	for _, r := range [][2]string{{release, namespace}, {plannerRel, namespace}, {gpuRel, gpuNamespace}} {
 		e.trySh(fmt.Sprintf("helm uninstall %s -n %s --wait --timeout 3m", r[0], r[1]))
 	}
+	if err := e.cs.NodeV1().RuntimeClasses().Delete(context.Background(), "nvidia", metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		t.Logf("delete RuntimeClass nvidia: %v", err)
+	}
 	for _, ns := range []string{namespace, gpuNamespace} {
 		err := e.cs.CoreV1().Namespaces().Delete(context.Background(), ns, metav1.DeleteOptions{})
 		if err != nil && !apierrors.IsNotFound(err) {
@@ -352,6 +355,19 @@ func (e *env) upgrade(t *testing.T, base, key, model string) {
 	l := startLoad(base, key, model, 2, 400)
 	start := time.Now()
 	e.sh(t, docCommands["upgrade"])
+	// helm --wait is content once a Deployment has replicas − maxUnavailable
+	// ready pods (0 of 1 here): it returns while the old pods still drain.
+	// The load goes on until every old pod is gone and every pod Ready.
+	waitFor(t, "the workers rolled", 5*time.Minute, func() error {
+		for _, c := range []string{"prefill", "decode"} {
+			for _, p := range e.workerPods(t, namespace, release, c) {
+				if slices.Contains(oldPods, p) {
+					return fmt.Errorf("%s not replaced yet", p)
+				}
+			}
+		}
+		return e.podsReady(t.Context(), namespace, release)
+	})
 	roll := time.Since(start)
 	// A last stretch under load on the new pods.
 	time.Sleep(5 * time.Second)

@@ -412,3 +412,40 @@ func get(url string) (string, error) {
 	}
 	return string(b), err
 }
+
+// followed is the log of a container followed with kubectl logs -f until
+// the container exits.
+type followed struct {
+	out  bytes.Buffer
+	done chan struct{}
+}
+
+// wait returns the log once kubectl logs -f has ended (the container
+// exited), or what it has after 30 s.
+func (f *followed) wait() string {
+	select {
+	case <-f.done:
+	case <-time.After(30 * time.Second):
+	}
+	return f.out.String()
+}
+
+// followLogs follows the log of pod's first container in the background;
+// the test's end stops it.
+func (e *env) followLogs(t *testing.T, ns, pod string) *followed {
+	t.Helper()
+	f := &followed{done: make(chan struct{})}
+	cmd := exec.Command("kubectl", "-n", ns, "logs", "-f", pod)
+	cmd.Env = e.environ()
+	cmd.Path = filepath.Join(e.tools, "kubectl")
+	cmd.Stdout = &f.out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { cmd.Wait(); close(f.done) }()
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		<-f.done
+	})
+	return f
+}

@@ -2,6 +2,7 @@ package k8se2e
 
 import (
 	"fmt"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -9,6 +10,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -103,26 +106,22 @@ func (e *env) planner(t *testing.T) {
 		served = at
 		return nil
 	})
-	t.Logf("measure: planner decision (decode Deployment at 2) to the new decode worker %s Ready: %.1f s, to its first served request: %.1f s",
+	t.Logf("measure: planner decision (decode Deployment at 2) to the new decode worker %s Ready: %.1f s, to the end of its first served request (a 256-token stream): %.1f s",
 		newPod, ready.Sub(decided).Seconds(), served.Sub(decided).Seconds())
 
 	// Down: short requests only; the planner goes back to 1 decode worker
-	// after its cooldown, and the removed worker drains first.
+	// after its cooldown, and the removed worker drains first. Both decode
+	// pods' logs are followed from now: a worker with nothing in flight
+	// logs "worker draining" and exits within milliseconds, and the kubelet
+	// removes the pod with its log right after, too soon for a poll.
+	logs := map[string]*followed{}
+	for _, p := range e.workerPods(t, namespace, plannerRel, "decode") {
+		logs[p] = e.followLogs(t, namespace, p)
+	}
 	heavy.end()
 	light := startLoad(base, "", model, 1, 16)
 	var drained string
 	waitFor(t, "the planner lowering the decode Deployment to 1", 5*time.Minute, func() error {
-		pods, err := e.cs.CoreV1().Pods(namespace).List(t.Context(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=pl,app.kubernetes.io/component=decode"})
-		if err != nil {
-			return err
-		}
-		for _, p := range pods.Items {
-			if p.DeletionTimestamp != nil && drained == "" {
-				if out, err := e.trySh("kubectl -n pdserve logs " + p.Name); err == nil && strings.Contains(out, "worker draining") {
-					drained = p.Name
-				}
-			}
-		}
 		if n := scale(); n != 1 {
 			return fmt.Errorf("decode replicas %d", n)
 		}
@@ -132,6 +131,12 @@ func (e *env) planner(t *testing.T) {
 		return nil
 	})
 	light.end()
+	left := e.workerPods(t, namespace, plannerRel, "decode")
+	for p, f := range logs {
+		if !slices.Contains(left, p) && strings.Contains(f.wait(), "worker draining") {
+			drained = p
+		}
+	}
 	for _, l := range []*load{heavy, light} {
 		if l.lost > 0 {
 			t.Errorf("%d requests lost while scaling: %q", l.lost, l.lostErrs)
@@ -193,6 +198,20 @@ func (e *env) gpuLayout(t *testing.T) {
 	if len(pool["prefill"]) == 0 || len(pool["decode"]) == 0 {
 		t.Fatalf("no kwok GPU nodes labelled pdserve.io/pool=prefill and =decode (make k8s-up starts them): %v", pool)
 	}
+	// gpu-two-pools asks for runtimeClassName: nvidia, the RuntimeClass
+	// the NVIDIA GPU operator creates on a GPU cluster; this one has no
+	// operator, and the API server refuses pods of a RuntimeClass that does
+	// not exist. The kwok nodes run nothing, so its handler is never
+	// called; its nodeSelector keeps such pods off the real node, whose
+	// containerd has no nvidia handler.
+	rc := &nodev1.RuntimeClass{
+		ObjectMeta: metav1.ObjectMeta{Name: "nvidia"},
+		Handler:    "nvidia",
+		Scheduling: &nodev1.Scheduling{NodeSelector: map[string]string{"nvidia.com/gpu.present": "true"}},
+	}
+	if _, err := e.cs.NodeV1().RuntimeClasses().Create(t.Context(), rc, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
 	e.vars["PREFILL_NODES"] = strings.Join(pool["prefill"], " ")
 	e.vars["DECODE_NODES"] = strings.Join(pool["decode"], " ")
 	e.sh(t, docCommands["nodes"])
@@ -248,7 +267,12 @@ func (e *env) gpuLayout(t *testing.T) {
 		return nil
 	})
 	t.Logf("Pending %s: %s", pending.Name, podWhy(pending))
-	waitFor(t, "the coordinator Ready", 5*time.Minute, func() error {
+	// The coordinator is never Ready here: its /readyz waits for a prefill
+	// and a decode worker to join, and kwok's pods run no process. So the
+	// Service has no endpoint; its metrics are read from the pod's IP (the
+	// pod network is reachable from the node) once it answers /healthz.
+	var base string
+	waitFor(t, "the coordinator answering /healthz", 5*time.Minute, func() error {
 		pods := e.workerPods(t, gpuNamespace, gpuRel, "coordinator")
 		if len(pods) == 0 {
 			return fmt.Errorf("no coordinator pod")
@@ -257,12 +281,16 @@ func (e *env) gpuLayout(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if !podReady(p) {
-			return fmt.Errorf("%s not Ready%s", p.Name, podWhy(p))
+		if p.Status.PodIP == "" {
+			return fmt.Errorf("%s has no IP yet%s", p.Name, podWhy(p))
 		}
+		u := "http://" + net.JoinHostPort(p.Status.PodIP, "8080")
+		if _, err := get(u + "/healthz"); err != nil {
+			return err
+		}
+		base = u
 		return nil
 	})
-	base := e.serviceURL(t, gpuNamespace, gpuRel+"-pdserve-coordinator")
 	waitFor(t, "the planner reporting the Pending pod", 2*time.Minute, func() error {
 		m, err := get(base + "/metrics")
 		if err != nil {
