@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
@@ -153,6 +154,18 @@ func (d *deployment) post(t *testing.T, path, key string, body io.Reader) reply 
 // absent.
 func counter(t *testing.T, g prometheus.Gatherer, name string) float64 {
 	t.Helper()
+	return metricSum(t, g, name, func(m *dto.Metric) float64 { return m.GetCounter().GetValue() })
+}
+
+// gauge returns the sum of the gauge name's series in g.
+func gauge(t *testing.T, g prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	return metricSum(t, g, name, func(m *dto.Metric) float64 { return m.GetGauge().GetValue() })
+}
+
+// metricSum returns the sum of value over the series of name in g.
+func metricSum(t *testing.T, g prometheus.Gatherer, name string, value func(*dto.Metric) float64) float64 {
+	t.Helper()
 	mfs, err := g.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -161,7 +174,7 @@ func counter(t *testing.T, g prometheus.Gatherer, name string) float64 {
 	for _, mf := range mfs {
 		if mf.GetName() == name {
 			for _, m := range mf.GetMetric() {
-				sum += m.GetCounter().GetValue()
+				sum += value(m)
 			}
 		}
 	}
@@ -204,22 +217,4 @@ func heapPeak(f func()) uint64 {
 		return 0
 	}
 	return peak - base
-}
-
-// gauge returns the sum of the gauge name's series in g.
-func gauge(t *testing.T, g prometheus.Gatherer, name string) float64 {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			for _, m := range mf.GetMetric() {
-				sum += m.GetGauge().GetValue()
-			}
-		}
-	}
-	return sum
 }

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/pdserve/pdserve/internal/repotest"
 )
 
 // docMarker precedes each shell block of docs/kubernetes.md that the e2e
@@ -19,7 +21,7 @@ var docMarker = regexp.MustCompile(`^<!-- recipe: skip \(make k8s-e2e runs it: (
 // cluster are exactly those the e2e runs (docCommands), block by block,
 // and every one of docCommands is shown. It needs no cluster.
 func TestDocCommands(t *testing.T) {
-	b, err := os.ReadFile(filepath.Join(repoRoot(t), "docs", "kubernetes.md"))
+	b, err := os.ReadFile(filepath.Join(repotest.Root(t), "docs", "kubernetes.md"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdserve/pdserve/internal/repotest"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -32,25 +33,6 @@ type env struct {
 	kube  string // kubeconfig
 	cs    *kubernetes.Clientset
 	vars  map[string]string // MODELS, REGISTRY, ... for the commands
-}
-
-// repoRoot is the directory of go.mod above the package.
-func repoRoot(t *testing.T) string {
-	t.Helper()
-	dir, err := filepath.Abs(".")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			t.Fatal("no go.mod above the test")
-		}
-		dir = parent
-	}
 }
 
 // kubeconfigPath is $KUBECONFIG, else the admin kubeconfig make k8s-up
@@ -90,7 +72,7 @@ func kubectlPath() (string, error) {
 // when there is none.
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	e := &env{repo: repoRoot(t), tools: t.TempDir(), vars: map[string]string{}}
+	e := &env{repo: repotest.Root(t), tools: t.TempDir(), vars: map[string]string{}}
 	e.kube = kubeconfigPath(e.repo)
 	if _, err := os.Stat(e.kube); err != nil {
 		t.Fatalf("no cluster: kubeconfig %s: %v (run make k8s-up first)", e.kube, err)

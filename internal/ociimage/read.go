@@ -47,7 +47,15 @@ func untarFlat(src, dst string) error {
 		return err
 	}
 	defer f.Close()
-	tr := tar.NewReader(f)
+	return untarFiles(f, dst)
+}
+
+// untarFiles unpacks a tar stream of regular files and directories into
+// dst: every path is cleaned under dst (none can leave it), a file keeps
+// whether it is executable (0755, else 0644), a global pax header is
+// skipped, and any other entry type is refused by name.
+func untarFiles(r io.Reader, dst string) error {
+	tr := tar.NewReader(r)
 	for {
 		h, err := tr.Next()
 		if err == io.EOF {
@@ -59,6 +67,7 @@ func untarFlat(src, dst string) error {
 		name := path.Clean("/" + h.Name)
 		p := filepath.Join(dst, filepath.FromSlash(name))
 		switch h.Typeflag {
+		case tar.TypeXGlobalHeader:
 		case tar.TypeDir:
 			if err := os.MkdirAll(p, 0o755); err != nil {
 				return err
@@ -67,7 +76,11 @@ func untarFlat(src, dst string) error {
 			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 				return err
 			}
-			out, err := os.Create(p)
+			mode := os.FileMode(0o644)
+			if h.Mode&0o111 != 0 {
+				mode = 0o755
+			}
+			out, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, mode)
 			if err != nil {
 				return err
 			}
