@@ -13,5 +13,10 @@
 // `?` and `{m}`, `{m,}`, `{m,n}`; comments start with `#`. Left-recursive
 // grammars are refused when a stack would grow past MaxDepth.
 //
+// FromSchema translates a subset of JSON Schema into GBNF (no maintained
+// Go library does this; it follows llama.cpp's json-schema-to-grammar, and
+// refuses every keyword it does not support with an *UnsupportedError
+// naming it); JSONObject is the grammar of any JSON object.
+//
 // A Grammar is immutable and safe for concurrent use; a Matcher is not.
 package grammar

@@ -1,0 +1,110 @@
+package grammar
+
+import (
+	"errors"
+	"testing"
+)
+
+// accepts reports whether text is a complete sentence of gbnf.
+func accepts(t *testing.T, gbnf, text string) bool {
+	t.Helper()
+	g, err := Parse(gbnf, "root")
+	if err != nil {
+		t.Fatalf("generated grammar does not parse: %v\n%s", err, gbnf)
+	}
+	m, err := g.Matcher()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m.Accept([]byte(text)) == nil && m.Complete()
+}
+
+func TestJSONObjectGrammar(t *testing.T) {
+	for text, want := range map[string]bool{
+		`{}`: true, `{"a": [1, {"b": null}], "c": "d"}`: true, `{"a":true}`: true,
+		`[]`: false, `"x"`: false, `{"a"}`: false, `{"a": tru}`: false,
+	} {
+		if got := accepts(t, JSONObject, text); got != want {
+			t.Errorf("%s: accepted = %v, want %v", text, got, want)
+		}
+	}
+}
+
+func TestFromSchema(t *testing.T) {
+	for _, tc := range []struct {
+		name, schema string
+		valid        []string
+		invalid      []string
+	}{
+		{
+			name:    "object with required and optional properties",
+			schema:  `{"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"},"tags":{"type":"array","items":{"type":"string"}},"ok":{"type":"boolean"}},"required":["name","age"],"additionalProperties":false}`,
+			valid:   []string{`{"age": 3, "name": "x"}`, `{"age": -1, "name": "", "ok": true}`, `{"age": 0, "name": "n", "ok": false, "tags": ["a", "b"]}`, `{"age": 0, "name": "n", "tags": []}`},
+			invalid: []string{`{"name": "x"}`, `{"age": 1.5, "name": "x"}`, `{"age": 1, "name": "x",}`, `{"age": 1, "name": "x", "extra": 1}`, `{"age": 1, "name": 2}`},
+		},
+		{
+			name:    "only optional properties",
+			schema:  `{"type":"object","properties":{"a":{"type":"null"},"b":{"type":"number"}}}`,
+			valid:   []string{`{}`, `{"a": null}`, `{"b": 2.5e3}`, `{"a": null, "b": 0}`},
+			invalid: []string{`{,}`, `{"a": null,}`, `{"a": null "b": 0}`},
+		},
+		{
+			name:    "enum, const and anyOf",
+			schema:  `{"type":"object","properties":{"c":{"enum":["red","green",1]},"k":{"const":"v\"q"},"u":{"anyOf":[{"type":"integer"},{"type":"null"}]}},"required":["c","k","u"]}`,
+			valid:   []string{`{"c": "red", "k": "v\"q", "u": 1}`, `{"c": 1, "k": "v\"q", "u": null}`},
+			invalid: []string{`{"c": "blue", "k": "v\"q", "u": 1}`, `{"c": "red", "k": "v", "u": 1}`, `{"c": "red", "k": "v\"q", "u": "1"}`},
+		},
+		{
+			name:    "array bounds and type lists",
+			schema:  `{"type":"array","items":{"type":["string","null"]},"minItems":1,"maxItems":2}`,
+			valid:   []string{`["a"]`, `[null, "b"]`},
+			invalid: []string{`[]`, `["a", "b", "c"]`, `[1]`},
+		},
+		{
+			name:    "any value",
+			schema:  `{"description":"anything"}`,
+			valid:   []string{`1`, `{"a": [true]}`, `"s"`},
+			invalid: []string{`{`, `tru`},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			gbnf, err := FromSchema([]byte(tc.schema))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, v := range tc.valid {
+				if !accepts(t, gbnf, v) {
+					t.Errorf("valid %s refused by\n%s", v, gbnf)
+				}
+			}
+			for _, v := range tc.invalid {
+				if accepts(t, gbnf, v) {
+					t.Errorf("invalid %s accepted by\n%s", v, gbnf)
+				}
+			}
+		})
+	}
+}
+
+func TestFromSchemaRefusals(t *testing.T) {
+	for _, tc := range []struct{ schema, keyword, path string }{
+		{`{"type":"string","pattern":"^a"}`, "pattern", ""},
+		{`{"type":"object","properties":{"a":{"type":"string","format":"date"}}}`, "format", "/properties/a"},
+		{`{"$ref":"#/$defs/x"}`, "$ref", ""},
+		{`{"oneOf":[{"type":"string"}]}`, "oneOf", ""},
+		{`{"type":"integer","minimum":0}`, "minimum", ""},
+		{`{"type":"object","additionalProperties":true}`, "additionalProperties other than false", ""},
+		{`{"type":"date"}`, `type "date"`, ""},
+		{`{"type":"array","items":{"minLength":1}}`, "minLength", "/items"},
+		{`{"anyOf":[{"type":"string"},{"not":{}}]}`, "not", "/anyOf/1"},
+	} {
+		_, err := FromSchema([]byte(tc.schema))
+		var u *UnsupportedError
+		if !errors.As(err, &u) || u.Keyword != tc.keyword || u.Path != tc.path {
+			t.Errorf("FromSchema(%s) = %v, want keyword %q at %q", tc.schema, err, tc.keyword, tc.path)
+		}
+	}
+	if _, err := FromSchema([]byte(`{`)); err == nil {
+		t.Errorf("FromSchema of broken JSON succeeded")
+	}
+}
