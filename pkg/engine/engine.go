@@ -154,6 +154,18 @@ type Sampling struct {
 	// chosen. The caller owns it and updates its counts between steps; the
 	// engine only reads it during a call.
 	Penalties *Penalties
+	// Constraint, when not nil, restricts the tokens that may be chosen
+	// (grammar-constrained decoding): Sample masks the (penalised) logits
+	// with it before choosing. The caller owns it and advances it over
+	// each chosen token between steps; the engine only calls Mask.
+	Constraint Constraint
+}
+
+// Constraint is the per-sequence state of a decoding constraint.
+type Constraint interface {
+	// Mask sets to -Inf the logit of every token not allowed next.
+	// logits holds one value per vocabulary id.
+	Mask(logits []float32)
 }
 
 // Penalties are OpenAI's repetition penalties over a sequence's output

@@ -15,7 +15,7 @@ type SampleScratch struct {
 	idx2  []int32   // the radix sort's other buffer of ids (top-p only)
 	keys  []uint64  // the radix sort's keys, and its other buffer of them
 	keys2 []uint64
-	pen   []float32 // penalised copy of the logits (active penalties only)
+	pen   []float32 // penalised or masked copy of the logits (active penalties or a constraint only)
 }
 
 // Sample chooses the next token from logits (one value per vocabulary id)
@@ -39,6 +39,10 @@ type SampleScratch struct {
 // logprobs from it; inactive penalties give the same token, bit for bit,
 // as none.
 //
+// When s.Constraint is not nil, it masks that copy after the penalties,
+// so only allowed tokens can be chosen; when it allows none, every logit is
+// -Inf and the argmax (id 0) is returned.
+//
 // NaN logits are never chosen unless every logit is NaN; then Sample returns
 // 0. An empty logits slice returns -1. scratch may be nil (Sample then
 // allocates). Sample does not retain logits.
@@ -46,11 +50,19 @@ func Sample(logits []float32, s Sampling, pos int, scratch *SampleScratch) int32
 	if len(logits) == 0 {
 		return -1
 	}
-	if s.Penalties.Active() {
+	if s.Penalties.Active() || s.Constraint != nil {
 		if scratch == nil {
 			scratch = new(SampleScratch)
 		}
-		logits = penalise(growBuf(&scratch.pen, len(logits)), logits, s.Penalties)
+		pen := growBuf(&scratch.pen, len(logits))
+		if s.Penalties.Active() {
+			logits = penalise(pen, logits, s.Penalties)
+		} else {
+			logits = pen[:copy(pen, logits)]
+		}
+		if s.Constraint != nil {
+			s.Constraint.Mask(logits)
+		}
 	}
 	best := argmax(logits)
 	if !(s.Temperature > 0) || math.IsNaN(float64(logits[best])) {
