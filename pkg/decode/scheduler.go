@@ -190,6 +190,12 @@ func (s *Server) forkLocked(q *sequence) error {
 		c.sampling.Seed = q.sampling.Seed + uint64(i)
 		c.penalties = newPenalties(q.sampling.Penalties, gen)
 		c.sampling.Penalties = c.penalties
+		c.constraint, c.sampling.Constraint = nil, nil
+		if mask, err := s.constrain(q.sampling.Grammar, gen); err != nil {
+			return fmt.Errorf("decode: grammar of choice %d of %s: %w", i, q.id, err)
+		} else if mask != nil {
+			c.constraint, c.sampling.Constraint = mask, mask
+		}
 		s.nextSeq++
 		if err := f.Fork(q.seq, s.nextSeq, p-1); err != nil {
 			return fmt.Errorf("decode: fork choice %d of %s: %w", i, q.id, err)
@@ -319,6 +325,13 @@ func (s *Server) forkCachedLocked(q *sequence) int {
 func (s *Server) emitLocked(q *sequence, t int32, lp *pdservev1.TokenLogprob, batch int, now time.Time) {
 	q.emitted++
 	q.penalties.Add(t)
+	if q.constraint != nil {
+		// t was sampled under the mask, so only a mask that allowed no
+		// token at all (then t is 0) can refuse it.
+		if err := q.constraint.Accept(t); err != nil {
+			s.log.Warn("grammar refused the sampled token", zap.String("request_id", q.id), zap.Int32("token", t), zap.Error(err))
+		}
+	}
 	if !q.firstStamps {
 		q.firstStamps = true
 		q.out.stamp(StampFirstToken, now)

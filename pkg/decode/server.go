@@ -17,6 +17,7 @@ import (
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/grammar"
 	"github.com/pdserve/pdserve/pkg/grpcauth"
 	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
@@ -59,12 +60,15 @@ type Server struct {
 	spec engine.ModelSpec
 	// eog holds the end-of-generation ids: engine.EOGTokens of the
 	// engine's tokenizer and the spec's EOS. Built once; read only.
-	eog  map[int32]bool
-	pool *kv.Pool
-	o    Options
-	log  *zap.Logger
-	m    *metrics
-	now  func() time.Time
+	eog map[int32]bool
+	// vocab is the engine's vocabulary for grammars (structured output),
+	// read from the tokenizer on the first request that carries one.
+	vocab func() *grammar.Vocab
+	pool  *kv.Pool
+	o     Options
+	log   *zap.Logger
+	m     *metrics
+	now   func() time.Time
 	// afterFunc arms the reservation timers (time.AfterFunc; tests inject
 	// a fake). It must not call f synchronously.
 	afterFunc func(d time.Duration, f func()) timer
@@ -192,6 +196,9 @@ type sequence struct {
 	promptLPs []*pdservev1.TokenLogprob
 	filled    int               // tokens of pending already prefilled (for prompt logprobs)
 	penalties *engine.Penalties // the choice's penalty counts, or nil
+	// constraint is the choice's grammar state (structured output),
+	// advanced over every token it emits; nil when unconstrained.
+	constraint *grammar.TokenMask
 
 	// Scheduling.
 	queued      bool    // in waiting
@@ -238,6 +245,7 @@ func New(eng engine.Engine, o Options, logger *zap.Logger, reg prometheus.Regist
 		eng:        eng,
 		spec:       spec,
 		eog:        eog,
+		vocab:      sync.OnceValue(func() *grammar.Vocab { return grammar.NewVocab(eng.Tokenizer()) }),
 		tokenBytes: tokenBytes,
 		pool:       pool,
 		o:          o,
@@ -791,6 +799,7 @@ type genParams struct {
 	stop       map[int32]bool
 	n          int
 	genChoices [][]int32
+	constraint *grammar.TokenMask // the grammar advanced over generated, or nil
 	top        int
 	promptTop  int
 	caller     string    // grpcauth.Caller of the call
@@ -865,6 +874,14 @@ func (s *Server) validate(req *pdservev1.GenerateRequest) (genParams, error) {
 	}
 	if p.sampling, err = wire.FromSampling(req.GetSampling()); err != nil {
 		return p, invalid("request %s: %v", id, err)
+	}
+	if p.constraint, err = s.constrain(p.sampling.Grammar, p.generated); err != nil {
+		return p, invalid("request %s: %v", id, err)
+	}
+	for i, g := range p.genChoices {
+		if _, err := s.constrain(p.sampling.Grammar, g); err != nil {
+			return p, invalid("request %s: choice %d: %v", id, i+1, err)
+		}
 	}
 	p.hashes = s.cache.Hashes(p.prompt)
 	return p, nil
@@ -1050,9 +1067,23 @@ func (s *Server) attach(p genParams) (*sequence, error) {
 	q.n, q.genChoices, q.top, q.promptTop = p.n, p.genChoices, p.top, p.promptTop
 	q.penalties = newPenalties(q.sampling.Penalties, q.generated)
 	q.sampling.Penalties = q.penalties
+	q.constraint = p.constraint
+	if q.constraint != nil {
+		q.sampling.Constraint = q.constraint
+	}
 	q.out = newOutbox(p.n, s.o.MaxOutboxBytes)
 	s.readyLocked(q)
 	return q, nil
+}
+
+// constrain returns the grammar state of gbnf advanced over generated
+// (the tokens a sequence holds before this worker samples: prefill's first
+// token, or those generated before a failover), or nil when gbnf is "".
+func (s *Server) constrain(gbnf string, generated []int32) (*grammar.TokenMask, error) {
+	if gbnf == "" {
+		return nil, nil
+	}
+	return s.vocab().Constrain(gbnf, generated)
 }
 
 // newPenalties returns penalty counts with the weights of w (nil: none)

@@ -159,6 +159,11 @@ type Sampling struct {
 	// with it before choosing. The caller owns it and advances it over
 	// each chosen token between steps; the engine only calls Mask.
 	Constraint Constraint
+	// Grammar is the GBNF text (root rule "root") of the constraint, as it
+	// travels to the workers (structured output); "" when unconstrained.
+	// Engines read Constraint only: a worker builds Constraint from
+	// Grammar (pkg/grammar) and keeps it advanced.
+	Grammar string
 }
 
 // Constraint is the per-sequence state of a decoding constraint.

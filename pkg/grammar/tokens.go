@@ -8,36 +8,72 @@ import (
 	"github.com/pdserve/pdserve/pkg/engine"
 )
 
-// TokenMask is a Matcher over a tokenizer's vocabulary: the
-// engine.Constraint of one sequence. Not safe for concurrent use.
-type TokenMask struct {
-	m      *Matcher
+// Vocab is a tokenizer's vocabulary as a grammar sees it: each token's
+// text and the end-of-generation ids. Built once per engine; read only,
+// safe for concurrent use.
+type Vocab struct {
 	pieces [][]byte
 	eog    []int32
 }
 
-var _ engine.Constraint = (*TokenMask)(nil)
+// NewVocab reads tok's token texts (DecodeToken) and end-of-generation
+// ids (engine.EOGTokens).
+func NewVocab(tok engine.Tokenizer) *Vocab {
+	v := &Vocab{pieces: make([][]byte, tok.Vocab()), eog: engine.EOGTokens(tok)}
+	for i := range v.pieces {
+		v.pieces[i] = tok.DecodeToken(int32(i))
+	}
+	return v
+}
 
-// NewTokenMask returns the mask of g at its start over tok's vocabulary
-// (token texts from DecodeToken; end of generation from engine.EOGTokens).
-func NewTokenMask(g *Grammar, tok engine.Tokenizer) (*TokenMask, error) {
+// Constrain parses gbnf (root rule "root") and returns its mask advanced
+// over generated (accept: the tokens a sequence already holds, from
+// prefill's first token or before a failover). Errors: ErrSyntax,
+// ErrRejected.
+func (v *Vocab) Constrain(gbnf string, generated []int32) (*TokenMask, error) {
+	g, err := Parse(gbnf, "root")
+	if err != nil {
+		return nil, err
+	}
+	t, err := v.Mask(g)
+	if err != nil {
+		return nil, err
+	}
+	if err := t.Accept(generated...); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// Mask returns the mask of g at its start over v.
+func (v *Vocab) Mask(g *Grammar) (*TokenMask, error) {
 	m, err := g.Matcher()
 	if err != nil {
 		return nil, err
 	}
-	pieces := make([][]byte, tok.Vocab())
-	for i := range pieces {
-		pieces[i] = tok.DecodeToken(int32(i))
-	}
-	return &TokenMask{m: m, pieces: pieces, eog: engine.EOGTokens(tok)}, nil
+	return &TokenMask{m: m, v: v}, nil
 }
 
-func (t *TokenMask) isEOG(id int32) bool { return slices.Contains(t.eog, id) }
+// TokenMask is a Matcher over a vocabulary: the engine.Constraint of one
+// sequence. Not safe for concurrent use.
+type TokenMask struct {
+	m *Matcher
+	v *Vocab
+}
+
+var _ engine.Constraint = (*TokenMask)(nil)
+
+// NewTokenMask returns the mask of g at its start over tok's vocabulary.
+func NewTokenMask(g *Grammar, tok engine.Tokenizer) (*TokenMask, error) {
+	return NewVocab(tok).Mask(g)
+}
+
+func (t *TokenMask) isEOG(id int32) bool { return slices.Contains(t.v.eog, id) }
 
 // Mask implements engine.Constraint: ids beyond the vocabulary are masked.
 func (t *TokenMask) Mask(logits []float32) {
-	n := min(len(logits), len(t.pieces))
-	t.m.Mask(logits[:n], t.pieces, t.isEOG)
+	n := min(len(logits), len(t.v.pieces))
+	t.m.Mask(logits[:n], t.v.pieces, t.isEOG)
 	neg := float32(math.Inf(-1))
 	for i := n; i < len(logits); i++ {
 		logits[i] = neg
@@ -58,10 +94,10 @@ func (t *TokenMask) Accept(tokens ...int32) error {
 			}
 			continue
 		}
-		if id < 0 || int(id) >= len(t.pieces) || len(t.pieces[id]) == 0 {
+		if id < 0 || int(id) >= len(t.v.pieces) || len(t.v.pieces[id]) == 0 {
 			return fmt.Errorf("%w: token %d has no text", ErrRejected, id)
 		}
-		if err := t.m.Accept(t.pieces[id]); err != nil {
+		if err := t.m.Accept(t.v.pieces[id]); err != nil {
 			return err
 		}
 	}

@@ -16,6 +16,7 @@ import (
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/grammar"
 	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/kv/codec"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
@@ -39,8 +40,11 @@ var errStopped = status.Error(codes.Unavailable, "prefill: worker stopping")
 type Server struct {
 	pdservev1.UnimplementedPrefillServiceServer
 
-	eng    engine.Engine
-	spec   engine.ModelSpec
+	eng  engine.Engine
+	spec engine.ModelSpec
+	// vocab is the engine's vocabulary for grammars (structured output),
+	// read from the tokenizer on the first request that carries one.
+	vocab  func() *grammar.Vocab
 	dialer *kvtransfer.Dialer
 	auto   *kvtransfer.CodecChooser // chooses codecs for CodecAuto, measures every transfer's link
 	o      Options
@@ -133,6 +137,7 @@ func New(eng engine.Engine, dialer *kvtransfer.Dialer, o Options, logger *zap.Lo
 	s := &Server{
 		eng:      eng,
 		spec:     spec,
+		vocab:    sync.OnceValue(func() *grammar.Vocab { return grammar.NewVocab(eng.Tokenizer()) }),
 		dialer:   dialer,
 		o:        o,
 		log:      logger,
@@ -393,6 +398,15 @@ func (s *Server) enqueue(req *pdservev1.PrefillRequest) (*request, int, error) {
 	sampling, err := wire.FromSampling(req.GetSampling())
 	if err != nil {
 		return nil, 0, invalid("request %s: %v", req.GetRequestId(), err)
+	}
+	if sampling.Grammar != "" {
+		// The first token is sampled at the grammar's start; the decode
+		// worker advances its own state over it.
+		mask, err := s.vocab().Constrain(sampling.Grammar, nil)
+		if err != nil {
+			return nil, 0, invalid("request %s: %v", req.GetRequestId(), err)
+		}
+		sampling.Constraint = mask
 	}
 	top, err := wire.FromLogprobs(req.GetLogprobs())
 	if err != nil {

@@ -12,12 +12,15 @@ import (
 	"github.com/pdserve/pdserve/pkg/engine"
 )
 
+// MaxGrammarBytes bounds the GBNF text a request carries.
+const MaxGrammarBytes = 1 << 20
+
 // maxPenalty bounds presence_penalty and frequency_penalty (OpenAI's range).
 const maxPenalty = 2
 
 // Sampling returns the message of s (its penalties' weights, not counts).
 func Sampling(s engine.Sampling) *pdservev1.Sampling {
-	m := &pdservev1.Sampling{Temperature: s.Temperature, TopP: s.TopP, Seed: s.Seed}
+	m := &pdservev1.Sampling{Temperature: s.Temperature, TopP: s.TopP, Seed: s.Seed, Grammar: s.Grammar}
 	if p := s.Penalties; p != nil {
 		m.PresencePenalty, m.FrequencyPenalty = p.Presence, p.Frequency
 	}
@@ -25,7 +28,8 @@ func Sampling(s engine.Sampling) *pdservev1.Sampling {
 }
 
 // FromSampling validates m and returns its engine form, with fresh
-// (empty) penalty counts when a penalty is set. Errors name the bad field.
+// (empty) penalty counts when a penalty is set, and its grammar's text
+// (no Constraint: the worker builds it). Errors name the bad field.
 func FromSampling(m *pdservev1.Sampling) (engine.Sampling, error) {
 	t, top := m.GetTemperature(), m.GetTopP()
 	if t < 0 || math.IsNaN(float64(t)) || math.IsInf(float64(t), 0) {
@@ -34,7 +38,10 @@ func FromSampling(m *pdservev1.Sampling) (engine.Sampling, error) {
 	if top < 0 || top > 1 || math.IsNaN(float64(top)) {
 		return engine.Sampling{}, fmt.Errorf("top_p %v must lie in [0, 1]", top)
 	}
-	s := engine.Sampling{Temperature: t, TopP: top, Seed: m.GetSeed()}
+	if n := len(m.GetGrammar()); n > MaxGrammarBytes {
+		return engine.Sampling{}, fmt.Errorf("grammar of %d bytes is over the limit of %d", n, MaxGrammarBytes)
+	}
+	s := engine.Sampling{Temperature: t, TopP: top, Seed: m.GetSeed(), Grammar: m.GetGrammar()}
 	pp, fp := m.GetPresencePenalty(), m.GetFrequencyPenalty()
 	for _, v := range []struct {
 		name string

@@ -32,8 +32,13 @@ type Sampling struct {
 	// frequency_penalty * c + presence_penalty * (c > 0).
 	PresencePenalty  float32 `protobuf:"fixed32,4,opt,name=presence_penalty,json=presencePenalty,proto3" json:"presence_penalty,omitempty"`
 	FrequencyPenalty float32 `protobuf:"fixed32,5,opt,name=frequency_penalty,json=frequencyPenalty,proto3" json:"frequency_penalty,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// A GBNF grammar (root rule "root") the output must be a sentence of
+	// (structured output); empty: unconstrained. The worker that samples
+	// builds the constraint from it and advances it over every token of the
+	// sequence so far.
+	Grammar       string `protobuf:"bytes,6,opt,name=grammar,proto3" json:"grammar,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Sampling) Reset() {
@@ -99,6 +104,13 @@ func (x *Sampling) GetFrequencyPenalty() float32 {
 		return x.FrequencyPenalty
 	}
 	return 0
+}
+
+func (x *Sampling) GetGrammar() string {
+	if x != nil {
+		return x.Grammar
+	}
+	return ""
 }
 
 // TokenLogprob is a token's log-probability (natural log, raw model
@@ -328,13 +340,14 @@ var File_pdserve_v1_common_proto protoreflect.FileDescriptor
 const file_pdserve_v1_common_proto_rawDesc = "" +
 	"\n" +
 	"\x17pdserve/v1/common.proto\x12\n" +
-	"pdserve.v1\"\xad\x01\n" +
+	"pdserve.v1\"\xc7\x01\n" +
 	"\bSampling\x12 \n" +
 	"\vtemperature\x18\x01 \x01(\x02R\vtemperature\x12\x13\n" +
 	"\x05top_p\x18\x02 \x01(\x02R\x04topP\x12\x12\n" +
 	"\x04seed\x18\x03 \x01(\x04R\x04seed\x12)\n" +
 	"\x10presence_penalty\x18\x04 \x01(\x02R\x0fpresencePenalty\x12+\n" +
-	"\x11frequency_penalty\x18\x05 \x01(\x02R\x10frequencyPenalty\"g\n" +
+	"\x11frequency_penalty\x18\x05 \x01(\x02R\x10frequencyPenalty\x12\x18\n" +
+	"\agrammar\x18\x06 \x01(\tR\agrammar\"g\n" +
 	"\fTokenLogprob\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\x05R\x05token\x12\x18\n" +
 	"\alogprob\x18\x02 \x01(\x02R\alogprob\x12'\n" +
