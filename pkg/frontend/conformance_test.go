@@ -16,6 +16,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/grammar"
 	"github.com/pdserve/pdserve/pkg/tokenizer"
 )
 
@@ -308,7 +309,30 @@ func TestConformance(t *testing.T) {
 		{name: "logit_bias", path: RouteCompletions, body: `{"prompt":"a","logit_bias":{"50256":-100}}`, status: 400, code: "unsupported_value", param: "logit_bias"},
 		{name: "suffix", path: RouteCompletions, body: `{"prompt":"a","suffix":"z"}`, status: 400, code: "unsupported_value", param: "suffix"},
 		{name: "best_of over n", path: RouteCompletions, body: `{"prompt":"a","n":2,"best_of":3}`, status: 400, code: "unsupported_value", param: "best_of"},
-		{name: "json response_format", path: RouteChat, body: chat(`,"response_format":{"type":"json_object"}`), status: 400, code: "unsupported_value", param: "response_format"},
+		{name: "json_object response_format", path: RouteChat, body: chat(`,"response_format":{"type":"json_object"},"max_tokens":2`), status: 200,
+			check: func(t *testing.T, _ map[string]any, reqs []*Request) {
+				if reqs[0].Sampling.Grammar != grammar.JSONObject {
+					t.Errorf("grammar %q, want grammar.JSONObject", reqs[0].Sampling.Grammar)
+				}
+			}},
+		{name: "json_object response_format on completions", path: RouteCompletions, body: `{"prompt":"a","response_format":{"type":"json_object"},"max_tokens":2}`, status: 200},
+		{name: "json_schema response_format", path: RouteChat, status: 200,
+			body: chat(`,"max_tokens":2,"response_format":{"type":"json_schema","json_schema":{"name":"p","strict":true,"schema":{"type":"object","properties":{"a":{"type":"integer"},"b":{"enum":["x","y"]}},"required":["a","b"],"additionalProperties":false}}}`),
+			check: func(t *testing.T, _ map[string]any, reqs []*Request) {
+				want, err := grammar.FromSchema([]byte(`{"type":"object","properties":{"a":{"type":"integer"},"b":{"enum":["x","y"]}},"required":["a","b"]}`))
+				if err != nil || reqs[0].Sampling.Grammar != want {
+					t.Errorf("grammar %q, want the schema's %q (%v)", reqs[0].Sampling.Grammar, want, err)
+				}
+			}},
+		{name: "json_schema without schema", path: RouteCompletions, body: `{"prompt":"a","max_tokens":2,"response_format":{"type":"json_schema","json_schema":{"name":"any"}}}`, status: 200},
+		{name: "json_schema unsupported keyword", path: RouteChat, body: chat(`,"response_format":{"type":"json_schema","json_schema":{"name":"p","schema":{"type":"object","properties":{"s":{"type":"string","pattern":"^a"}}}}}`),
+			status: 400, code: "unsupported_value", param: "response_format", message: `response_format.json_schema.schema: keyword pattern at "#/properties/s" is not supported`},
+		{name: "json_schema $ref", path: RouteChat, body: chat(`,"response_format":{"type":"json_schema","json_schema":{"name":"p","schema":{"$ref":"#/$defs/a"}}}`),
+			status: 400, code: "unsupported_value", param: "response_format", message: `response_format.json_schema.schema: keyword $ref at "#" is not supported`},
+		{name: "json_schema without name", path: RouteChat, body: chat(`,"response_format":{"type":"json_schema","json_schema":{"schema":{}}}`), status: 400, code: "invalid_value", param: "response_format.json_schema.name"},
+		{name: "json_schema not an object", path: RouteChat, body: chat(`,"response_format":{"type":"json_schema","json_schema":3}`), status: 400, code: "invalid_type", param: "response_format.json_schema"},
+		{name: "json_schema schema not JSON Schema", path: RouteChat, body: chat(`,"response_format":{"type":"json_schema","json_schema":{"name":"p","schema":"x"}}`), status: 400, code: "unsupported_value", param: "response_format"},
+		{name: "unknown response_format type", path: RouteChat, body: chat(`,"response_format":{"type":"yaml"}`), status: 400, code: "invalid_value", param: "response_format.type"},
 		{name: "echo on chat", path: RouteChat, body: chat(`,"echo":true`), status: 400, code: "unsupported_value", param: "echo"},
 		{name: "store", path: RouteChat, body: chat(`,"store":true`), status: 400, code: "unsupported_value", param: "store"},
 		{name: "flex tier", path: RouteChat, body: chat(`,"service_tier":"flex"`), status: 400, code: "unsupported_value", param: "service_tier"},

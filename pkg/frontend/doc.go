@@ -29,7 +29,13 @@
 // to 4 strings, each choice stopped on its own), stream, stream_options
 // {include_usage}, presence_penalty and frequency_penalty [-2, 2]
 // (Request.Sampling.Penalties, nil when both are 0), logprobs, chat's
-// top_logprobs, and echo on /v1/completions.
+// top_logprobs, echo on /v1/completions, and response_format on both
+// routes: {"type":"json_object"} and {"type":"json_schema","json_schema":
+// {name, schema, strict}} become a GBNF grammar (Request.Sampling.Grammar,
+// pkg/grammar) that the workers decode under, so the output is a prefix of
+// a valid document; one cut by max_tokens ends with finish_reason
+// "length" and truncated JSON, as OpenAI's does. Schema keywords pkg/grammar
+// does not support are refused with a 400 unsupported_value naming them.
 //
 // Accepted without effect on the output: user, safety_identifier and
 // metadata (not stored), prompt_cache_key (the router routes by prompt
@@ -40,7 +46,7 @@
 // (nothing to call), parallel_tool_calls either way, response_format
 // {"type":"text"}, modalities ["text"], logit_bias {}. Refused when given
 // otherwise: tools, functions, tool_choice, function_call, logit_bias,
-// response_format (structured output), modalities, audio, prediction,
+// modalities, audio, prediction,
 // web_search_options, reasoning_effort, verbosity, suffix, and echo on
 // chat.
 //

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/grammar"
 )
 
 // Parameter bounds.
@@ -34,7 +35,7 @@ const (
 var (
 	completionParams = paramSet("model", "prompt", "best_of", "echo", "frequency_penalty", "logit_bias", "logprobs",
 		"max_tokens", "n", "presence_penalty", "seed", "stop", "stream", "stream_options", "suffix", "temperature",
-		"top_p", "user", "ignore_eos", "return_token_ids")
+		"top_p", "user", "ignore_eos", "return_token_ids", "response_format")
 	chatParams = paramSet("model", "messages", "audio", "frequency_penalty", "function_call", "functions",
 		"logit_bias", "logprobs", "top_logprobs", "max_completion_tokens", "max_tokens", "metadata", "modalities",
 		"n", "parallel_tool_calls", "prediction", "presence_penalty", "prompt_cache_key", "reasoning_effort",
@@ -319,6 +320,10 @@ func (b *completionBody) validate(chat bool) (*params, *apiError) {
 	if aerr := b.logprobs(p); aerr != nil {
 		return nil, aerr
 	}
+	var aerr *apiError
+	if p.sampling.Grammar, aerr = responseFormat(b.ResponseFormat); aerr != nil {
+		return nil, aerr
+	}
 	if aerr := b.maxTokens(p); aerr != nil {
 		return nil, aerr
 	}
@@ -390,7 +395,7 @@ func (b *completionBody) checkUnsupported(chat bool) *apiError {
 	case b.Verbosity != nil:
 		return unsupported("verbosity", "verbosity is not supported")
 	}
-	return responseFormat(b.ResponseFormat)
+	return nil
 }
 
 // noneChoice reports whether a tool_choice or function_call asks for no
@@ -403,23 +408,73 @@ func noneChoice(raw json.RawMessage) bool {
 	return json.Unmarshal(raw, &s) == nil && (s == "none" || s == "auto")
 }
 
-// responseFormat accepts an absent response_format or {"type": "text"}.
-func responseFormat(raw json.RawMessage) *apiError {
+// responseFormat returns the grammar of a response_format: "" for an
+// absent one or {"type": "text"}, grammar.JSONObject for {"type":
+// "json_object"}, and the schema's grammar for {"type": "json_schema",
+// "json_schema": {"name", "schema", "strict"}} (no schema: any JSON
+// value). Decoding under the grammar keeps the output a prefix of a valid
+// document; one cut by max_tokens ends with finish_reason "length", as
+// OpenAI's does. Schema keywords grammar.FromSchema does not support are
+// refused by name.
+func responseFormat(raw json.RawMessage) (string, *apiError) {
 	if isAbsent(raw) {
-		return nil
+		return "", nil
 	}
 	var rf map[string]json.RawMessage
 	if err := json.Unmarshal(raw, &rf); err != nil || rf == nil {
-		return badRequest("response_format", "invalid_type", "response_format must be an object")
+		return "", badRequest("response_format", "invalid_type", "response_format must be an object")
 	}
 	var typ string
 	if err := json.Unmarshal(rf["type"], &typ); err != nil {
-		return badRequest("response_format.type", "invalid_type", "response_format.type must be a string")
+		return "", badRequest("response_format.type", "invalid_type", "response_format.type must be a string")
 	}
-	if typ != "text" {
-		return unsupported("response_format", `response_format must be {"type": "text"}: structured output is not supported`)
+	switch typ {
+	case "text":
+		return "", nil
+	case "json_object":
+		return grammar.JSONObject, nil
+	case "json_schema":
+	default:
+		return "", badRequest("response_format.type", "invalid_value", `response_format.type must be "text", "json_object" or "json_schema", got %q`, typ)
 	}
-	return nil
+	var js struct {
+		Name   *string         `json:"name"`
+		Schema json.RawMessage `json:"schema"`
+		Strict *bool           `json:"strict"`
+	}
+	if err := json.Unmarshal(rf["json_schema"], &js); err != nil || isAbsent(rf["json_schema"]) {
+		return "", badRequest("response_format.json_schema", "invalid_type", "response_format.json_schema must be an object with name, schema and strict")
+	}
+	if js.Name == nil || !validSchemaName(*js.Name) {
+		return "", badRequest("response_format.json_schema.name", "invalid_value", "response_format.json_schema.name must be 1 to 64 letters, digits, _ or -")
+	}
+	schema := js.Schema
+	if isAbsent(schema) {
+		schema = json.RawMessage(`{}`)
+	}
+	g, err := grammar.FromSchema(schema)
+	var u *grammar.UnsupportedError
+	switch {
+	case errors.As(err, &u):
+		return "", unsupported("response_format", "response_format.json_schema.schema: keyword %s at %q is not supported", u.Keyword, "#"+u.Path)
+	case err != nil:
+		return "", badRequest("response_format.json_schema.schema", "invalid_value", "response_format.json_schema.schema must be a JSON Schema object")
+	}
+	return g, nil
+}
+
+// validSchemaName reports whether name is OpenAI's json_schema name:
+// 1 to 64 of a-z, A-Z, 0-9, _ and -.
+func validSchemaName(name string) bool {
+	if len(name) == 0 || len(name) > 64 {
+		return false
+	}
+	for _, c := range []byte(name) {
+		if !(c == '_' || c == '-' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9') {
+			return false
+		}
+	}
+	return true
 }
 
 // streamOptions returns stream_options.include_usage.

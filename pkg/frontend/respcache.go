@@ -120,6 +120,7 @@ func cacheKey(p *params, req *Request, partition []byte) (respcache.Key, bool) {
 	}
 	f32(pen.Presence)
 	f32(pen.Frequency)
+	str(s.Grammar)
 	eos := int64(0)
 	if req.IgnoreEOS {
 		eos = 1
