@@ -63,7 +63,7 @@ type Server struct {
 	eog map[int32]bool
 	// vocab is the engine's vocabulary for grammars (structured output),
 	// read from the tokenizer on the first request that carries one.
-	vocab func() *grammar.Vocab
+	vocab func() (*grammar.Vocab, error)
 	pool  *kv.Pool
 	o     Options
 	log   *zap.Logger
@@ -245,7 +245,7 @@ func New(eng engine.Engine, o Options, logger *zap.Logger, reg prometheus.Regist
 		eng:        eng,
 		spec:       spec,
 		eog:        eog,
-		vocab:      sync.OnceValue(func() *grammar.Vocab { return grammar.NewVocab(eng.Tokenizer()) }),
+		vocab:      grammar.ForEngine(eng),
 		tokenBytes: tokenBytes,
 		pool:       pool,
 		o:          o,
@@ -1083,7 +1083,11 @@ func (s *Server) constrain(gbnf string, generated []int32) (*grammar.TokenMask, 
 	if gbnf == "" {
 		return nil, nil
 	}
-	return s.vocab().Constrain(gbnf, generated)
+	v, err := s.vocab()
+	if err != nil {
+		return nil, err
+	}
+	return v.Constrain(gbnf, generated)
 }
 
 // newPenalties returns penalty counts with the weights of w (nil: none)

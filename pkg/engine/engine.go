@@ -166,6 +166,13 @@ type Sampling struct {
 	Grammar string
 }
 
+// LogitFree is implemented by engines that choose tokens without
+// computing logits (the performance-model engine): they cannot honour
+// Sampling.Constraint, and workers refuse a grammar on them.
+type LogitFree interface {
+	LogitFree()
+}
+
 // Constraint is the per-sequence state of a decoding constraint.
 type Constraint interface {
 	// Mask sets to -Inf the logit of every token not allowed next.

@@ -1,9 +1,11 @@
 package grammar
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"slices"
+	"sync"
 
 	"github.com/pdserve/pdserve/pkg/engine"
 )
@@ -14,6 +16,21 @@ import (
 type Vocab struct {
 	pieces [][]byte
 	eog    []int32
+}
+
+// ErrNoLogits is returned by ForEngine's vocabulary for an engine that
+// chooses tokens without logits (engine.LogitFree).
+var ErrNoLogits = errors.New("grammar: the engine chooses tokens without logits and cannot follow a grammar")
+
+// ForEngine returns a function giving eng's vocabulary, read from its
+// tokenizer on the first call (safe for concurrent use), or ErrNoLogits.
+func ForEngine(eng engine.Engine) func() (*Vocab, error) {
+	return sync.OnceValues(func() (*Vocab, error) {
+		if _, ok := eng.(engine.LogitFree); ok {
+			return nil, ErrNoLogits
+		}
+		return NewVocab(eng.Tokenizer()), nil
+	})
 }
 
 // NewVocab reads tok's token texts (DecodeToken) and end-of-generation

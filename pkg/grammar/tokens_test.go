@@ -8,6 +8,7 @@ import (
 
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/engine/ref"
+	"github.com/pdserve/pdserve/pkg/engine/sim"
 	"github.com/pdserve/pdserve/pkg/grammar"
 )
 
@@ -97,5 +98,30 @@ func TestTokenMaskAcceptRebuilds(t *testing.T) {
 	m.Mask(logits)
 	if logits[tok.EOS()] != 0 || logits[tok.Encode("x")[0]] == 0 {
 		t.Errorf("complete object: EOS logit %v, x logit %v; want EOS allowed, x masked", logits[tok.EOS()], logits[tok.Encode("x")[0]])
+	}
+}
+
+func TestForEngine(t *testing.T) {
+	s, err := sim.New(sim.Options{Profile: "h100/llama-3-8b/tp1", TimeScale: 0.001, PayloadScale: 0.01, Seed: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := grammar.ForEngine(s)(); !errors.Is(err, grammar.ErrNoLogits) {
+		t.Errorf("sim engine: %v, want ErrNoLogits", err)
+	}
+	e, err := ref.New(ref.Options{Preset: "tiny"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	v, err := grammar.ForEngine(e)()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := v.Constrain(grammar.JSONObject, e.Tokenizer().Encode(`{"a"`)); err != nil {
+		t.Errorf("Constrain over a prefix: %v", err)
+	}
+	if _, err := v.Constrain(grammar.JSONObject, e.Tokenizer().Encode(`}`)); !errors.Is(err, grammar.ErrRejected) {
+		t.Errorf("Constrain over a refused prefix: %v, want ErrRejected", err)
 	}
 }

@@ -44,7 +44,7 @@ type Server struct {
 	spec engine.ModelSpec
 	// vocab is the engine's vocabulary for grammars (structured output),
 	// read from the tokenizer on the first request that carries one.
-	vocab  func() *grammar.Vocab
+	vocab  func() (*grammar.Vocab, error)
 	dialer *kvtransfer.Dialer
 	auto   *kvtransfer.CodecChooser // chooses codecs for CodecAuto, measures every transfer's link
 	o      Options
@@ -137,7 +137,7 @@ func New(eng engine.Engine, dialer *kvtransfer.Dialer, o Options, logger *zap.Lo
 	s := &Server{
 		eng:      eng,
 		spec:     spec,
-		vocab:    sync.OnceValue(func() *grammar.Vocab { return grammar.NewVocab(eng.Tokenizer()) }),
+		vocab:    grammar.ForEngine(eng),
 		dialer:   dialer,
 		o:        o,
 		log:      logger,
@@ -402,7 +402,11 @@ func (s *Server) enqueue(req *pdservev1.PrefillRequest) (*request, int, error) {
 	if sampling.Grammar != "" {
 		// The first token is sampled at the grammar's start; the decode
 		// worker advances its own state over it.
-		mask, err := s.vocab().Constrain(sampling.Grammar, nil)
+		v, err := s.vocab()
+		var mask *grammar.TokenMask
+		if err == nil {
+			mask, err = v.Constrain(sampling.Grammar, nil)
+		}
 		if err != nil {
 			return nil, 0, invalid("request %s: %v", req.GetRequestId(), err)
 		}

@@ -199,6 +199,10 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // tokenizer's vocabulary.
 func (e *Engine) Spec() engine.ModelSpec { return e.spec }
 
+// LogitFree implements engine.LogitFree: tokens come from a hash, not
+// logits, so grammars are refused.
+func (e *Engine) LogitFree() {}
+
 // Tokenizer returns the byte-level tokenizer.
 func (e *Engine) Tokenizer() engine.Tokenizer { return tokenizer.Bytes{} }
 
