@@ -1,20 +1,22 @@
 package grammar
 
 import (
+	"encoding/binary"
 	"fmt"
-	"math"
 	"slices"
-	"unicode/utf8"
 )
 
 // pos is an element of an alternative: rules[rule][alt][i].
 type pos struct{ rule, alt, i int32 }
 
-// Matcher tracks the parse stacks of one generation. The zero value is
-// not usable; call Grammar.Matcher. Not safe for concurrent use.
+// Matcher tracks the parse stacks of one generation, and the UTF-8
+// sequence a token left unfinished (a byte-level vocabulary splits
+// characters over tokens). The zero value is not usable; call
+// Grammar.Matcher. Not safe for concurrent use.
 type Matcher struct {
 	g      *Grammar
 	stacks [][]pos // each stack's top is a character class, or it is empty (complete)
+	part   partial
 }
 
 // Matcher returns a matcher at the start of g's root rule.
@@ -65,12 +67,21 @@ func (g *Grammar) expand(st []pos, out *[][]pos) error {
 }
 
 func dedupe(stacks [][]pos) [][]pos {
+	if len(stacks) < 2 {
+		return stacks
+	}
 	seen := make(map[string]bool, len(stacks))
 	out := stacks[:0]
+	key := make([]byte, 0, 64)
 	for _, st := range stacks {
-		k := fmt.Sprint(st)
-		if !seen[k] {
-			seen[k] = true
+		key = key[:0]
+		for _, p := range st {
+			key = binary.LittleEndian.AppendUint32(key, uint32(p.rule))
+			key = binary.LittleEndian.AppendUint32(key, uint32(p.alt))
+			key = binary.LittleEndian.AppendUint32(key, uint32(p.i))
+		}
+		if !seen[string(key)] {
+			seen[string(key)] = true
 			out = append(out, st)
 		}
 	}
@@ -96,27 +107,45 @@ func (m *Matcher) step(stacks [][]pos, r rune) ([][]pos, error) {
 	return dedupe(out), nil
 }
 
-// walk feeds text through stacks; nil when text is not allowed (or is
-// not whole UTF-8: a piece ending inside a character is refused).
-func (m *Matcher) walk(text []byte) [][]pos {
-	stacks := m.stacks
-	for len(text) > 0 {
-		r, n := utf8.DecodeRune(text)
-		if r == utf8.RuneError && n <= 1 {
-			return nil
-		}
-		text = text[n:]
+// walk feeds text through stacks from the unfinished sequence part: the
+// stacks after its whole code points and the part it leaves unfinished;
+// nil when text is not allowed.
+func (m *Matcher) walk(text []byte, stacks [][]pos, part partial) ([][]pos, partial) {
+	cps, part, ok := decodeUTF8(text, part, nil)
+	if !ok {
+		return nil, part
+	}
+	for _, r := range cps {
 		var err error
 		if stacks, err = m.step(stacks, r); err != nil || len(stacks) == 0 {
-			return nil
+			return nil, part
 		}
 	}
-	return stacks
+	if part.remain == 0 {
+		return stacks, part
+	}
+	// A sequence left unfinished must be able to finish as a character
+	// some stack's top allows.
+	// The stacks that cannot are kept, as llama.cpp keeps them: the next
+	// code point drops them.
+	if !slices.ContainsFunc(stacks, func(st []pos) bool { return len(st) > 0 && m.g.top(st).matchesPartial(part) }) {
+		return nil, part
+	}
+	return stacks, part
 }
 
-// Allows reports whether text may come next. Empty text is not allowed
-// (llama.cpp rejects tokens with an empty piece).
-func (m *Matcher) Allows(text []byte) bool { return len(text) > 0 && m.walk(text) != nil }
+// Allows reports whether text may come next: llama.cpp's test of a
+// candidate token. Empty text, or text starting with a NUL byte, is not
+// allowed (llama.cpp reads pieces as C strings), and text that ends
+// inside a UTF-8 sequence is allowed when the sequence can still finish
+// as a character the grammar allows.
+func (m *Matcher) Allows(text []byte) bool {
+	if len(text) == 0 || text[0] == 0 {
+		return false
+	}
+	st, _ := m.walk(text, m.stacks, m.part)
+	return st != nil
+}
 
 // Complete reports whether the root rule may end here: end of generation
 // is allowed.
@@ -124,32 +153,25 @@ func (m *Matcher) Complete() bool {
 	return slices.ContainsFunc(m.stacks, func(st []pos) bool { return len(st) == 0 })
 }
 
-// Accept advances the matcher over text. Errors: ErrRejected (the matcher
-// is unchanged).
+// Accept advances the matcher over text, when Allows(text). Errors:
+// ErrRejected (the matcher is unchanged).
 func (m *Matcher) Accept(text []byte) error {
 	if len(text) == 0 {
 		return nil
 	}
-	st := m.walk(text)
+	if text[0] == 0 {
+		return fmt.Errorf("%w: %q", ErrRejected, text)
+	}
+	st, part := m.walk(text, m.stacks, m.part)
 	if st == nil {
 		return fmt.Errorf("%w: %q", ErrRejected, text)
 	}
-	m.stacks = st
+	m.stacks, m.part = st, part
 	return nil
 }
 
-// Mask sets logits[t] to -Inf for every token t the grammar forbids next:
-// pieces[t] is t's text; eog reports an end-of-generation id, allowed
-// only when Complete. len(pieces) must cover logits.
-func (m *Matcher) Mask(logits []float32, pieces [][]byte, eog func(int32) bool) {
-	done := m.Complete()
-	for t := range logits {
-		ok := done
-		if !eog(int32(t)) {
-			ok = m.Allows(pieces[t])
-		}
-		if !ok {
-			logits[t] = float32(math.Inf(-1))
-		}
-	}
+// top returns the character class at the top of the non-empty stack st.
+func (g *Grammar) top(st []pos) elem {
+	p := st[len(st)-1]
+	return g.rules[p.rule][p.alt][p.i]
 }

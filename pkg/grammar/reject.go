@@ -1,0 +1,125 @@
+package grammar
+
+import "math"
+
+// decoded is a vocabulary's token texts as code points, each continuing
+// one unfinished sequence: token id's code points are cps[start[id]:
+// start[id+1]], the sequence it leaves unfinished part[id]; bad[id] when
+// its text breaks UTF-8 or is empty (never allowed).
+type decoded struct {
+	cps   []rune
+	start []int32
+	part  []partial
+	bad   []bool
+}
+
+// decodeAll decodes every piece, continuing from.
+func decodeAll(pieces [][]byte, from partial) *decoded {
+	d := &decoded{start: make([]int32, len(pieces)+1), part: make([]partial, len(pieces)), bad: make([]bool, len(pieces))}
+	for id, p := range pieces {
+		var ok bool
+		n := len(d.cps)
+		d.cps, d.part[id], ok = decodeUTF8(p, from, d.cps)
+		if !ok || len(p) == 0 || p[0] == 0 {
+			d.cps = d.cps[:n]
+			d.bad[id] = true
+		}
+		d.start[id+1] = int32(len(d.cps))
+	}
+	return d
+}
+
+// cand is a candidate token, at code point at of d.cps.
+type cand struct{ id, at int32 }
+
+// reject is llama_grammar_reject_candidates: the candidates no stack of
+// stacks accepts, every code point in turn and the unfinished sequence
+// after them. Candidates are matched in lockstep, one code point of all
+// of them at a time, so each stack is expanded once per prefix the
+// candidates share, not once per token.
+func (g *Grammar) reject(d *decoded, stacks [][]pos, cs []cand) []cand {
+	if len(cs) == 0 {
+		return nil
+	}
+	if len(stacks) == 0 {
+		return cs
+	}
+	rej := g.rejectStack(d, stacks[0], cs)
+	for _, st := range stacks[1:] {
+		if len(rej) == 0 {
+			break
+		}
+		rej = g.rejectStack(d, st, rej)
+	}
+	return rej
+}
+
+func (g *Grammar) rejectStack(d *decoded, st []pos, cs []cand) []cand {
+	var rej []cand
+	if len(st) == 0 {
+		for _, c := range cs {
+			if c.at < d.start[c.id+1] || d.part[c.id].remain != 0 {
+				rej = append(rej, c)
+			}
+		}
+		return rej
+	}
+	e := g.top(st)
+	var next []cand
+	for _, c := range cs {
+		switch {
+		case c.at == d.start[c.id+1]:
+			if p := d.part[c.id]; p.remain != 0 && !e.matchesPartial(p) {
+				rej = append(rej, c)
+			}
+		case e.matches(d.cps[c.at]):
+			next = append(next, cand{c.id, c.at + 1})
+		default:
+			rej = append(rej, c)
+		}
+	}
+	if len(next) == 0 {
+		return rej
+	}
+	top := st[len(st)-1]
+	var after [][]pos
+	if err := g.expand(append(st[:len(st)-1:len(st)-1], pos{top.rule, top.alt, top.i + 1}), &after); err != nil {
+		after = nil // too deep: nothing further is accepted
+	}
+	for _, c := range g.reject(d, dedupe(after), next) {
+		rej = append(rej, cand{c.id, c.at - 1})
+	}
+	return rej
+}
+
+// Mask sets logits[t] to -Inf for every token t the grammar forbids next:
+// pieces[t] is t's text (as Allows reads it); eog reports an
+// end-of-generation id, allowed only when Complete. len(pieces) must
+// cover logits.
+func (m *Matcher) Mask(logits []float32, pieces [][]byte, eog func(int32) bool) {
+	m.mask(logits, decodeAll(pieces[:len(logits)], m.part), eog, nil)
+}
+
+// mask is Mask over pieces decoded (continuing m.part); cs is a buffer
+// for the candidates, returned grown.
+func (m *Matcher) mask(logits []float32, d *decoded, eog func(int32) bool, cs []cand) []cand {
+	neg := float32(math.Inf(-1))
+	done := m.Complete()
+	cs = cs[:0]
+	for id := range int32(len(logits)) {
+		switch {
+		case eog(id):
+			if !done {
+				logits[id] = neg
+			}
+		case d.bad[id]:
+			logits[id] = neg
+		default:
+			cs = append(cs, cand{id, d.start[id]})
+		}
+	}
+	for _, c := range m.g.reject(d, m.stacks, cs) {
+		logits[c.id] = neg
+	}
+	return cs
+}
