@@ -198,6 +198,7 @@ func (s *Server) forkLocked(q *sequence) error {
 		}
 		s.nextSeq++
 		if err := f.Fork(q.seq, s.nextSeq, p-1); err != nil {
+			closeGrammar(c.constraint)
 			return fmt.Errorf("decode: fork choice %d of %s: %w", i, q.id, err)
 		}
 		c.seq, c.hasSeq = s.nextSeq, true

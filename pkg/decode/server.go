@@ -61,14 +61,14 @@ type Server struct {
 	// eog holds the end-of-generation ids: engine.EOGTokens of the
 	// engine's tokenizer and the spec's EOS. Built once; read only.
 	eog map[int32]bool
-	// vocab is the engine's vocabulary for grammars (structured output),
-	// read from the tokenizer on the first request that carries one.
-	vocab func() (*grammar.Vocab, error)
-	pool  *kv.Pool
-	o     Options
-	log   *zap.Logger
-	m     *metrics
-	now   func() time.Time
+	// grammars makes the grammar states of structured output (the
+	// engine's own sampler, or the Go mask).
+	grammars *grammar.Source
+	pool     *kv.Pool
+	o        Options
+	log      *zap.Logger
+	m        *metrics
+	now      func() time.Time
 	// afterFunc arms the reservation timers (time.AfterFunc; tests inject
 	// a fake). It must not call f synchronously.
 	afterFunc func(d time.Duration, f func()) timer
@@ -197,8 +197,9 @@ type sequence struct {
 	filled    int               // tokens of pending already prefilled (for prompt logprobs)
 	penalties *engine.Penalties // the choice's penalty counts, or nil
 	// constraint is the choice's grammar state (structured output),
-	// advanced over every token it emits; nil when unconstrained.
-	constraint *grammar.TokenMask
+	// advanced over every token it emits, closed when the choice is
+	// dropped; nil when unconstrained.
+	constraint engine.GrammarState
 
 	// Scheduling.
 	queued      bool    // in waiting
@@ -245,7 +246,7 @@ func New(eng engine.Engine, o Options, logger *zap.Logger, reg prometheus.Regist
 		eng:        eng,
 		spec:       spec,
 		eog:        eog,
-		vocab:      grammar.ForEngine(eng),
+		grammars:   grammar.ForEngine(eng),
 		tokenBytes: tokenBytes,
 		pool:       pool,
 		o:          o,
@@ -655,6 +656,8 @@ func (s *Server) endLocked(q *sequence, reason string, err error) {
 // takes it out of the batch. The caller holds mu, and engMu when
 // c.hasSeq.
 func (s *Server) dropChoiceLocked(c *sequence, keep bool) {
+	closeGrammar(c.constraint)
+	c.constraint, c.sampling.Constraint = nil, nil
 	if c.hasSeq {
 		if keep && c.parent == nil {
 			s.keepLocked(c)
@@ -799,7 +802,7 @@ type genParams struct {
 	stop       map[int32]bool
 	n          int
 	genChoices [][]int32
-	constraint *grammar.TokenMask // the grammar advanced over generated, or nil
+	constraint engine.GrammarState // the grammar advanced over generated, or nil; attach takes it
 	top        int
 	promptTop  int
 	caller     string    // grpcauth.Caller of the call
@@ -879,9 +882,12 @@ func (s *Server) validate(req *pdservev1.GenerateRequest) (genParams, error) {
 		return p, invalid("request %s: %v", id, err)
 	}
 	for i, g := range p.genChoices {
-		if _, err := s.constrain(p.sampling.Grammar, g); err != nil {
+		c, err := s.constrain(p.sampling.Grammar, g)
+		if err != nil {
+			closeGrammar(p.constraint)
 			return p, invalid("request %s: choice %d: %v", id, i+1, err)
 		}
+		closeGrammar(c) // each choice builds its own when it forks
 	}
 	p.hashes = s.cache.Hashes(p.prompt)
 	return p, nil
@@ -913,6 +919,7 @@ func (s *Server) Generate(req *pdservev1.GenerateRequest, stream grpc.ServerStre
 	p.caller = grpcauth.Caller(ctx)
 	q, err := s.attach(p)
 	if err != nil {
+		closeGrammar(p.constraint)
 		return err
 	}
 	for {
@@ -1079,15 +1086,18 @@ func (s *Server) attach(p genParams) (*sequence, error) {
 // constrain returns the grammar state of gbnf advanced over generated
 // (the tokens a sequence holds before this worker samples: prefill's first
 // token, or those generated before a failover), or nil when gbnf is "".
-func (s *Server) constrain(gbnf string, generated []int32) (*grammar.TokenMask, error) {
+func (s *Server) constrain(gbnf string, generated []int32) (engine.GrammarState, error) {
 	if gbnf == "" {
 		return nil, nil
 	}
-	v, err := s.vocab()
-	if err != nil {
-		return nil, err
+	return s.grammars.Constrain(gbnf, generated)
+}
+
+// closeGrammar closes c when it is not nil.
+func closeGrammar(c engine.GrammarState) {
+	if c != nil {
+		c.Close()
 	}
-	return v.Constrain(gbnf, generated)
 }
 
 // newPenalties returns penalty counts with the weights of w (nil: none)

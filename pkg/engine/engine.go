@@ -180,6 +180,31 @@ type Constraint interface {
 	Mask(logits []float32)
 }
 
+// GrammarState is one sequence's grammar (structured output): the
+// Constraint its sampler masks with, advanced over every token the
+// sequence emits. Not safe for concurrent use; Close frees what it holds
+// (idempotent); the state is not used after it.
+type GrammarState interface {
+	Constraint
+	// Accept advances the state over tokens, in order. An
+	// end-of-generation id is accepted only when Complete. Errors wrap
+	// grammar.ErrRejected; the state then stands after the tokens before
+	// the refused one.
+	Accept(tokens ...int32) error
+	// Complete reports whether the root rule may end here.
+	Complete() bool
+	Close()
+}
+
+// GrammarSampler is implemented by engines whose library follows a GBNF
+// grammar with a sampler of its own (llama.cpp's grammar sampler): workers
+// take each sequence's GrammarState from it instead of pkg/grammar's Go
+// mask. gbnf's start rule is "root"; errors name why the library refused
+// it.
+type GrammarSampler interface {
+	NewGrammar(gbnf string) (GrammarState, error)
+}
+
 // Penalties are OpenAI's repetition penalties over a sequence's output
 // tokens (not its prompt): the logit of token t is lowered by
 // Frequency × count(t) + Presence × [count(t) > 0] before sampling. Both

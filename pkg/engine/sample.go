@@ -39,9 +39,20 @@ type SampleScratch struct {
 // logprobs from it; inactive penalties give the same token, bit for bit,
 // as none.
 //
-// When s.Constraint is not nil, it masks that copy after the penalties,
-// so only allowed tokens can be chosen; when it allows none, every logit is
-// -Inf and the argmax (id 0) is returned.
+// When s.Constraint is not nil, only tokens it allows can be chosen: it
+// masks that copy after the penalties; when it allows none, every logit
+// is -Inf and the argmax (id 0) is returned. A constraint that is a
+// TokenChecker is asked first about the token the unmasked copy gives,
+// and masks only when it refuses that token (llama.cpp's common sampler
+// does the same; a mask over a large vocabulary costs tens of
+// milliseconds, a check microseconds). Greedy then returns the same
+// token, bit for bit, as masking first. A draw with the temperature
+// (TopP inactive) that is refused is redrawn from the masked copy with
+// a second value, Uniform(s.Seed^redrawSeed, pos): the token still has
+// the masked distribution (an allowed t is kept with probability p(t)
+// and redrawn with (1-p(A))·p(t)/p(A), p(t)/p(A) in all), but not the
+// token masking first would draw. With TopP active the nucleus is that
+// of the allowed tokens, so the copy is masked first.
 //
 // NaN logits are never chosen unless every logit is NaN; then Sample returns
 // 0. An empty logits slice returns -1. scratch may be nil (Sample then
@@ -60,10 +71,34 @@ func Sample(logits []float32, s Sampling, pos int, scratch *SampleScratch) int32
 		} else {
 			logits = pen[:copy(pen, logits)]
 		}
-		if s.Constraint != nil {
-			s.Constraint.Mask(logits)
+		if c := s.Constraint; c != nil {
+			ck, lazy := c.(TokenChecker)
+			if lazy && !(s.Temperature > 0 && s.TopP > 0 && s.TopP < 1) {
+				if t := choose(logits, s, Uniform(s.Seed, pos), scratch); ck.Allows(t) {
+					return t
+				}
+				c.Mask(logits)
+				return choose(logits, s, Uniform(s.Seed^redrawSeed, pos), scratch)
+			}
+			c.Mask(logits)
 		}
 	}
+	return choose(logits, s, Uniform(s.Seed, pos), scratch)
+}
+
+// redrawSeed changes the seed of a constrained draw's second value (see
+// Sample).
+const redrawSeed = 0x6772616d6d6172 // "grammar"
+
+// TokenChecker is implemented by constraints that can tell cheaply
+// whether one token is allowed next (see Sample).
+type TokenChecker interface {
+	Allows(token int32) bool
+}
+
+// choose is Sample's choice from logits (already penalised and masked)
+// with the uniform value u.
+func choose(logits []float32, s Sampling, u float64, scratch *SampleScratch) int32 {
 	best := argmax(logits)
 	if !(s.Temperature > 0) || math.IsNaN(float64(logits[best])) {
 		return best
@@ -86,8 +121,6 @@ func Sample(logits []float32, s Sampling, pos int, scratch *SampleScratch) int32
 		prob[i] = p
 		total += p
 	}
-	u := Uniform(s.Seed, pos)
-
 	topP := float64(s.TopP)
 	if !(topP > 0 && topP < 1) {
 		return drawInOrder(prob, nil, u*total, best)

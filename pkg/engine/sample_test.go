@@ -412,3 +412,78 @@ func TestTopProbIsSortPrefix(t *testing.T) {
 		}
 	}
 }
+
+// setConstraint allows the ids in ok; checker adds engine.TokenChecker.
+type setConstraint struct{ ok map[int32]bool }
+
+func (c setConstraint) Mask(l []float32) {
+	for i := range l {
+		if !c.ok[int32(i)] {
+			l[i] = float32(math.Inf(-1))
+		}
+	}
+}
+
+type checker struct{ setConstraint }
+
+func (c checker) Allows(t int32) bool { return c.ok[t] }
+
+// A TokenChecker constraint is asked about the unmasked choice first:
+// greedy gives the token masking first gives, bit for bit; a draw with
+// the temperature gives an allowed token; with TopP the mask comes first,
+// so the token is the one masking first gives.
+func TestSampleConstraintChecker(t *testing.T) {
+	rng := rand.New(rand.NewPCG(4, 5))
+	for trial := range 300 {
+		logits := make([]float32, 50)
+		for i := range logits {
+			logits[i] = float32(rng.NormFloat64() * 3)
+		}
+		ok := map[int32]bool{}
+		for i := range int32(50) {
+			if rng.IntN(4) == 0 {
+				ok[i] = true
+			}
+		}
+		set, chk := setConstraint{ok}, checker{setConstraint{ok}}
+		for _, s := range []Sampling{{}, {Temperature: 0.8, Seed: uint64(trial)}, {Temperature: 1, TopP: 0.7, Seed: uint64(trial)}} {
+			s.Constraint = set
+			want := Sample(logits, s, trial, nil)
+			s.Constraint = chk
+			got := Sample(logits, s, trial, nil)
+			if len(ok) > 0 && !ok[got] {
+				t.Fatalf("trial %d %+v: token %d not allowed", trial, s, got)
+			}
+			if (s.Temperature == 0 || s.TopP > 0) && got != want {
+				t.Fatalf("trial %d %+v: checker gave %d, masking first %d", trial, s, got, want)
+			}
+		}
+	}
+}
+
+// The redraw after a refused first choice keeps the masked distribution:
+// over many seeds each allowed token comes up at its masked softmax
+// probability (within 5 standard deviations).
+func TestSampleConstraintRedrawDistribution(t *testing.T) {
+	logits := []float32{2, 1.5, 0.3, -1, 0.9, 1.2}
+	ok := map[int32]bool{1: true, 2: true, 4: true}
+	c := checker{setConstraint{ok}}
+	const n = 40000
+	count := map[int32]int{}
+	for seed := range uint64(n) {
+		count[Sample(logits, Sampling{Temperature: 1, Seed: seed, Constraint: c}, 3, nil)]++
+	}
+	z := 0.0
+	for id := range ok {
+		z += math.Exp(float64(logits[id]))
+	}
+	for id, c := range count {
+		if !ok[id] {
+			t.Fatalf("token %d drawn %d times, not allowed", id, c)
+		}
+		p := math.Exp(float64(logits[id])) / z
+		if sd := math.Sqrt(n * p * (1 - p)); math.Abs(float64(c)-n*p) > 5*sd {
+			t.Errorf("token %d drawn %d times, want %.0f ± %.0f", id, c, n*p, 5*sd)
+		}
+	}
+}

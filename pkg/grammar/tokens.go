@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 	"sync"
 
 	"github.com/pdserve/pdserve/pkg/engine"
@@ -16,21 +15,59 @@ import (
 type Vocab struct {
 	pieces [][]byte
 	eog    []int32
+	isEOG  []bool   // by id
+	dec    *decoded // pieces decoded from no unfinished sequence
 }
 
 // ErrNoLogits is returned by ForEngine's vocabulary for an engine that
 // chooses tokens without logits (engine.LogitFree).
 var ErrNoLogits = errors.New("grammar: the engine chooses tokens without logits and cannot follow a grammar")
 
-// ForEngine returns a function giving eng's vocabulary, read from its
-// tokenizer on the first call (safe for concurrent use), or ErrNoLogits.
-func ForEngine(eng engine.Engine) func() (*Vocab, error) {
-	return sync.OnceValues(func() (*Vocab, error) {
-		if _, ok := eng.(engine.LogitFree); ok {
-			return nil, ErrNoLogits
+// Source makes the grammar states of one engine's sequences: from the
+// engine's own grammar sampler when it has one (engine.GrammarSampler:
+// llama.cpp's), else the Go mask over its vocabulary, read from its
+// tokenizer on first use. Safe for concurrent use.
+type Source struct {
+	eng   engine.Engine
+	vocab func() *Vocab
+}
+
+// ForEngine returns eng's Source.
+func ForEngine(eng engine.Engine) *Source {
+	return &Source{eng: eng, vocab: sync.OnceValue(func() *Vocab { return NewVocab(eng.Tokenizer()) })}
+}
+
+// Constrain parses gbnf (root rule "root") and returns its state advanced
+// over generated (the tokens a sequence already holds, from prefill's
+// first token or before a failover); the caller closes it. Every grammar
+// is parsed here first, so every engine takes the same grammar language
+// and refuses it with the same errors. Errors: ErrNoLogits (the engine
+// chooses tokens without logits), ErrSyntax, ErrRejected, the engine's
+// refusal.
+func (s *Source) Constrain(gbnf string, generated []int32) (engine.GrammarState, error) {
+	if _, ok := s.eng.(engine.LogitFree); ok {
+		return nil, ErrNoLogits
+	}
+	g, err := Parse(gbnf, "root")
+	if err != nil {
+		return nil, err
+	}
+	if _, err := g.Matcher(); err != nil {
+		return nil, err
+	}
+	var st engine.GrammarState
+	if gs, ok := s.eng.(engine.GrammarSampler); ok {
+		if st, err = gs.NewGrammar(gbnf); err != nil {
+			return nil, err
 		}
-		return NewVocab(eng.Tokenizer()), nil
-	})
+	} else if st, err = s.vocab().Mask(g); err != nil {
+		return nil, err
+	}
+	if err := st.Accept(generated...); err != nil {
+		st.Close()
+		return nil, err
+	}
+	return st, nil
 }
 
 // NewVocab reads tok's token texts (DecodeToken) and end-of-generation
@@ -40,6 +77,13 @@ func NewVocab(tok engine.Tokenizer) *Vocab {
 	for i := range v.pieces {
 		v.pieces[i] = tok.DecodeToken(int32(i))
 	}
+	v.isEOG = make([]bool, len(v.pieces))
+	for _, id := range v.eog {
+		if id >= 0 && int(id) < len(v.isEOG) {
+			v.isEOG[id] = true
+		}
+	}
+	v.dec = decodeAll(v.pieces, partial{})
 	return v
 }
 
@@ -74,23 +118,31 @@ func (v *Vocab) Mask(g *Grammar) (*TokenMask, error) {
 // TokenMask is a Matcher over a vocabulary: the engine.Constraint of one
 // sequence. Not safe for concurrent use.
 type TokenMask struct {
-	m *Matcher
-	v *Vocab
+	m  *Matcher
+	v  *Vocab
+	cs []cand // Mask's candidates, reused
 }
 
-var _ engine.Constraint = (*TokenMask)(nil)
+var _ engine.GrammarState = (*TokenMask)(nil)
 
 // NewTokenMask returns the mask of g at its start over tok's vocabulary.
 func NewTokenMask(g *Grammar, tok engine.Tokenizer) (*TokenMask, error) {
 	return NewVocab(tok).Mask(g)
 }
 
-func (t *TokenMask) isEOG(id int32) bool { return slices.Contains(t.v.eog, id) }
+func (t *TokenMask) isEOG(id int32) bool { return t.v.isEOG[id] }
 
 // Mask implements engine.Constraint: ids beyond the vocabulary are masked.
+// Its cost is one pass over the vocabulary per parse stack, plus a
+// decoding of every token's text when the last token ended inside a
+// UTF-8 sequence.
 func (t *TokenMask) Mask(logits []float32) {
 	n := min(len(logits), len(t.v.pieces))
-	t.m.Mask(logits[:n], t.v.pieces, t.isEOG)
+	d := t.v.dec
+	if t.m.part.remain != 0 {
+		d = decodeAll(t.v.pieces, t.m.part)
+	}
+	t.cs = t.m.mask(logits[:n], d, t.isEOG, t.cs)
 	neg := float32(math.Inf(-1))
 	for i := n; i < len(logits); i++ {
 		logits[i] = neg
@@ -105,7 +157,7 @@ func (t *TokenMask) Mask(logits []float32) {
 // tokens before the refused one).
 func (t *TokenMask) Accept(tokens ...int32) error {
 	for _, id := range tokens {
-		if t.isEOG(id) {
+		if id >= 0 && int(id) < len(t.v.isEOG) && t.isEOG(id) {
 			if !t.m.Complete() {
 				return fmt.Errorf("%w: end of generation before the grammar is complete", ErrRejected)
 			}
@@ -123,3 +175,19 @@ func (t *TokenMask) Accept(tokens ...int32) error {
 
 // Complete reports whether the output so far is a whole sentence.
 func (t *TokenMask) Complete() bool { return t.m.Complete() }
+
+// Allows implements engine.TokenChecker: whether token id may come next.
+func (t *TokenMask) Allows(id int32) bool {
+	if id < 0 || int(id) >= len(t.v.pieces) {
+		return false
+	}
+	if t.isEOG(id) {
+		return t.m.Complete()
+	}
+	return t.m.Allows(t.v.pieces[id])
+}
+
+var _ engine.TokenChecker = (*TokenMask)(nil)
+
+// Close implements engine.GrammarState; a TokenMask holds only Go memory.
+func (t *TokenMask) Close() {}

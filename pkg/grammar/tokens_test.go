@@ -106,7 +106,7 @@ func TestForEngine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := grammar.ForEngine(s)(); !errors.Is(err, grammar.ErrNoLogits) {
+	if _, err := grammar.ForEngine(s).Constrain(grammar.JSONObject, nil); !errors.Is(err, grammar.ErrNoLogits) {
 		t.Errorf("sim engine: %v, want ErrNoLogits", err)
 	}
 	e, err := ref.New(ref.Options{Preset: "tiny"})
@@ -114,14 +114,18 @@ func TestForEngine(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer e.Close()
-	v, err := grammar.ForEngine(e)()
+	src := grammar.ForEngine(e)
+	st, err := src.Constrain(grammar.JSONObject, e.Tokenizer().Encode(`{"a"`))
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("Constrain over a prefix: %v", err)
 	}
-	if _, err := v.Constrain(grammar.JSONObject, e.Tokenizer().Encode(`{"a"`)); err != nil {
-		t.Errorf("Constrain over a prefix: %v", err)
+	if _, ok := st.(*grammar.TokenMask); !ok {
+		t.Errorf("ref engine: state %T, want the Go mask", st)
 	}
-	if _, err := v.Constrain(grammar.JSONObject, e.Tokenizer().Encode(`}`)); !errors.Is(err, grammar.ErrRejected) {
+	if _, err := src.Constrain(grammar.JSONObject, e.Tokenizer().Encode(`}`)); !errors.Is(err, grammar.ErrRejected) {
 		t.Errorf("Constrain over a refused prefix: %v, want ErrRejected", err)
+	}
+	if _, err := src.Constrain(`root ::= (`, nil); !errors.Is(err, grammar.ErrSyntax) {
+		t.Errorf("Constrain of a bad grammar: %v, want ErrSyntax", err)
 	}
 }

@@ -302,6 +302,7 @@ func (s *Server) step(ctx context.Context, b batch) {
 		if !it.Last {
 			continue
 		}
+		r.closeGrammar()
 		var lp *pdservev1.TokenLogprob
 		if r.top >= 0 {
 			// From the engine's logits, before Free.

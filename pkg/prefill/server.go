@@ -42,15 +42,15 @@ type Server struct {
 
 	eng  engine.Engine
 	spec engine.ModelSpec
-	// vocab is the engine's vocabulary for grammars (structured output),
-	// read from the tokenizer on the first request that carries one.
-	vocab  func() (*grammar.Vocab, error)
-	dialer *kvtransfer.Dialer
-	auto   *kvtransfer.CodecChooser // chooses codecs for CodecAuto, measures every transfer's link
-	o      Options
-	log    *zap.Logger
-	m      *metrics
-	now    func() time.Time
+	// grammars makes the grammar states of structured output (the
+	// engine's own sampler, or the Go mask).
+	grammars *grammar.Source
+	dialer   *kvtransfer.Dialer
+	auto     *kvtransfer.CodecChooser // chooses codecs for CodecAuto, measures every transfer's link
+	o        Options
+	log      *zap.Logger
+	m        *metrics
+	now      func() time.Time
 	// cache holds finished prompts' engine sequences (nil: off). Only the
 	// scheduler goroutine, which owns the engine, looks up, forks, inserts
 	// and frees; Stats reads it from any goroutine.
@@ -82,6 +82,9 @@ type request struct {
 	id       string
 	prompt   []int32
 	sampling engine.Sampling
+	// grammar is sampling.Constraint (structured output), closed once
+	// the first token is sampled or the request ends; nil without one.
+	grammar  engine.GrammarState
 	top      int // logprob alternatives of the first token; -1: no logprob
 	addr     string
 	decodeID string // the decode worker's heartbeat id (may be empty)
@@ -137,7 +140,7 @@ func New(eng engine.Engine, dialer *kvtransfer.Dialer, o Options, logger *zap.Lo
 	s := &Server{
 		eng:      eng,
 		spec:     spec,
-		vocab:    grammar.ForEngine(eng),
+		grammars: grammar.ForEngine(eng),
 		dialer:   dialer,
 		o:        o,
 		log:      logger,
@@ -399,18 +402,23 @@ func (s *Server) enqueue(req *pdservev1.PrefillRequest) (*request, int, error) {
 	if err != nil {
 		return nil, 0, invalid("request %s: %v", req.GetRequestId(), err)
 	}
+	var gs engine.GrammarState
+	queued := false
 	if sampling.Grammar != "" {
 		// The first token is sampled at the grammar's start; the decode
 		// worker advances its own state over it.
-		v, err := s.vocab()
-		var mask *grammar.TokenMask
-		if err == nil {
-			mask, err = v.Constrain(sampling.Grammar, nil)
-		}
+		mask, err := s.grammars.Constrain(sampling.Grammar, nil)
 		if err != nil {
 			return nil, 0, invalid("request %s: %v", req.GetRequestId(), err)
 		}
-		sampling.Constraint = mask
+		// Closed once the first token is sampled, or when the request
+		// ends or is not queued.
+		sampling.Constraint, gs = mask, mask
+		defer func() {
+			if !queued {
+				mask.Close()
+			}
+		}()
 	}
 	top, err := wire.FromLogprobs(req.GetLogprobs())
 	if err != nil {
@@ -421,6 +429,7 @@ func (s *Server) enqueue(req *pdservev1.PrefillRequest) (*request, int, error) {
 	}
 	r := &request{
 		id:       req.GetRequestId(),
+		grammar:  gs,
 		prompt:   slices.Clone(req.GetPromptTokens()),
 		sampling: sampling,
 		top:      top,
@@ -453,6 +462,7 @@ func (s *Server) enqueue(req *pdservev1.PrefillRequest) (*request, int, error) {
 	s.live[r.id] = r
 	s.liveKV += r.kvBytes
 	s.queue = append(s.queue, r)
+	queued = true
 	s.wakeup()
 	return r, len(s.queue) - 1, nil
 }
@@ -463,11 +473,22 @@ func (s *Server) endLocked(r *request, ev event) {
 		return
 	}
 	r.ended = true
+	r.closeGrammar()
 	r.events <- ev
 	delete(s.live, r.id)
 	s.liveKV -= r.kvBytes
 	close(s.changed)
 	s.changed = make(chan struct{})
+}
+
+// closeGrammar closes r's grammar state once its first token is sampled,
+// or when it ends (a step that still masks with a closed state allows
+// nothing, and the request is over). The caller holds mu. Idempotent.
+func (r *request) closeGrammar() {
+	if r.grammar != nil {
+		r.grammar.Close()
+		r.grammar, r.sampling.Constraint = nil, nil
+	}
 }
 
 // cancel stops r: out of the queue (its engine sequence is freed by the

@@ -183,6 +183,9 @@ type api struct {
 	samplerInitGreedy    func() uintptr
 	samplerSample        func(smpl, ctx uintptr, idx int32) int32
 	samplerFree          func(smpl uintptr)
+	samplerInitGrammar   func(vocab uintptr, gbnf, root string) uintptr
+	samplerApply         func(smpl uintptr, cur *tokenDataArray)
+	samplerAccept        func(smpl uintptr, tok int32)
 }
 
 var (
@@ -507,6 +510,9 @@ func (a *api) register(ggml, llama uintptr) (err error) {
 		{&a.samplerInitGreedy, "llama_sampler_init_greedy"},
 		{&a.samplerSample, "llama_sampler_sample"},
 		{&a.samplerFree, "llama_sampler_free"},
+		{&a.samplerInitGrammar, "llama_sampler_init_grammar"},
+		{&a.samplerApply, "llama_sampler_apply"},
+		{&a.samplerAccept, "llama_sampler_accept"},
 	} {
 		bind(f.fptr, llama, f.name)
 	}

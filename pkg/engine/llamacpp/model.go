@@ -23,6 +23,9 @@ type Model struct {
 	path  string
 	name  string
 	tok   *Tokenizer
+	// gv is the vocabulary of grammars (grammar.go), built once.
+	gvOnce sync.Once
+	gv     *grammarVocab
 }
 
 // LoadOptions select how a model is loaded.
