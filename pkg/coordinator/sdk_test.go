@@ -37,7 +37,8 @@ func sdkDir(t *testing.T) (node, sdk string) {
 
 // TestOpenAISDK drives a disaggregated standalone server with the
 // official OpenAI Node SDK: streamed chat and completions, logprobs, n = 2,
-// echo, and the typed errors of a context overflow (BadRequestError) and
+// echo, structured output (response_format json_schema, parsed by the
+// SDK and validated against the schema), and the typed errors of a context overflow (BadRequestError) and
 // an unknown model (NotFoundError).
 func TestOpenAISDK(t *testing.T) {
 	node, sdk := sdkDir(t)
@@ -89,6 +90,14 @@ func TestOpenAISDK(t *testing.T) {
 				Token_logprobs []*float64
 			}
 		}
+		Structured struct {
+			Parsed, Streamed struct {
+				Content, Deltas, Finish string
+				Parsed                  json.RawMessage
+				Errors                  []string
+			}
+			Refused []string
+		}
 		Overflow, UnknownModel struct {
 			Raised               string
 			Status               int
@@ -139,6 +148,24 @@ func TestOpenAISDK(t *testing.T) {
 	e := out.Echo
 	if !strings.HasPrefix(e.Text, "abc def") || len(e.Logprobs.Tokens) < 8 || e.Logprobs.Token_logprobs[0] != nil || e.Logprobs.Token_logprobs[1] == nil {
 		t.Errorf("echo: %+v; want the prompt's text and tokens first, its first logprob null", e)
+	}
+	// Structured output (issue 28 §1): the random weights' output under
+	// the schema's grammar parses (the SDK's parse helpers) and
+	// validates, streamed too, where the deltas add up to the content.
+	for name, r := range map[string]struct {
+		Content, Deltas, Finish string
+		Parsed                  json.RawMessage
+		Errors                  []string
+	}{"parse": out.Structured.Parsed, "stream": out.Structured.Streamed} {
+		if r.Finish != "stop" || len(r.Parsed) == 0 || string(r.Parsed) == "null" || len(r.Errors) > 0 {
+			t.Errorf("structured output (%s): content %q parsed %s finish %q, schema errors %q; want a parsed object that validates, finish stop", name, r.Content, r.Parsed, r.Finish, r.Errors)
+		}
+		if name == "stream" && r.Deltas != r.Content {
+			t.Errorf("structured output streamed: deltas %q, content %q", r.Deltas, r.Content)
+		}
+	}
+	if len(out.Structured.Refused) != 4 {
+		t.Errorf("the script's validator found %q in an object breaking the schema four ways", out.Structured.Refused)
 	}
 	if o := out.Overflow; !o.BadRequest || o.Status != 400 || o.Code == nil || *o.Code != "context_length_exceeded" {
 		t.Errorf("context overflow: %+v; want BadRequestError with code context_length_exceeded", o)

@@ -65,6 +65,71 @@ const out = {};
   out.echo = { text: r.choices[0].text, logprobs: r.choices[0].logprobs };
 }
 
+// Structured output: response_format json_schema through the SDK's
+// helpers, chat.completions.parse (greedy; message.parsed is the SDK's
+// JSON.parse of the content) and chat.completions.stream (sampled; the
+// SDK parses streams only for zod formats, so the final content is
+// JSON.parse'd here), each checked against the schema by validate below.
+const placeSchema = {
+  type: 'object',
+  properties: {
+    city: { enum: ['Zürich', 'Lisbon', 'Osaka'] },
+    population: { type: 'integer' },
+    coastal: { type: 'boolean' },
+    tags: { type: 'array', items: { enum: ['old', 'new'] }, maxItems: 2 },
+  },
+  required: ['city', 'population', 'coastal'],
+  additionalProperties: false,
+};
+
+// validate returns the ways v breaks schema (the keywords placeSchema
+// uses), [] when it validates.
+function validate(schema, v, path = '$') {
+  const errs = [];
+  if (schema.enum && !schema.enum.some((e) => JSON.stringify(e) === JSON.stringify(v))) errs.push(`${path}: not one of ${JSON.stringify(schema.enum)}`);
+  switch (schema.type) {
+    case 'object':
+      if (typeof v !== 'object' || v === null || Array.isArray(v)) return [`${path}: not an object`];
+      for (const k of schema.required ?? []) if (!(k in v)) errs.push(`${path}: ${k} missing`);
+      for (const [k, x] of Object.entries(v)) {
+        if (schema.properties?.[k]) errs.push(...validate(schema.properties[k], x, `${path}.${k}`));
+        else if (schema.additionalProperties === false) errs.push(`${path}: ${k} not allowed`);
+      }
+      break;
+    case 'array':
+      if (!Array.isArray(v)) return [`${path}: not an array`];
+      if (schema.maxItems !== undefined && v.length > schema.maxItems) errs.push(`${path}: more than ${schema.maxItems} items`);
+      v.forEach((x, i) => errs.push(...validate(schema.items ?? {}, x, `${path}[${i}]`)));
+      break;
+    case 'integer':
+      if (!Number.isInteger(v)) errs.push(`${path}: not an integer`);
+      break;
+    case 'boolean':
+      if (typeof v !== 'boolean') errs.push(`${path}: not a boolean`);
+      break;
+  }
+  return errs;
+}
+{
+  const response_format = { type: 'json_schema', json_schema: { name: 'place', strict: true, schema: placeSchema } };
+  const messages = [{ role: 'user', content: 'Name a city as JSON.' }];
+  const r = await client.chat.completions.parse({ model, messages, max_tokens: 400, temperature: 0, response_format });
+  const m = r.choices[0].message;
+  const stream = client.chat.completions.stream({ model, messages, max_tokens: 400, temperature: 1, seed: 3, response_format });
+  let deltas = '';
+  stream.on('content.delta', ({ delta }) => { deltas += delta; });
+  const f = await stream.finalChatCompletion();
+  const sm = f.choices[0].message;
+  let sparsed = null;
+  try { sparsed = JSON.parse(sm.content); } catch (e) { sparsed = null; }
+  out.structured = {
+    parsed: { content: m.content, parsed: m.parsed, finish: r.choices[0].finish_reason, errors: validate(placeSchema, m.parsed) },
+    streamed: { content: sm.content, deltas, parsed: sparsed, finish: f.choices[0].finish_reason, errors: validate(placeSchema, sparsed) },
+    // The validator refuses what breaks the schema, four ways here.
+    refused: validate(placeSchema, { city: 'Paris', population: 1.5, extra: true }),
+  };
+}
+
 // Errors the SDK raises as typed exceptions.
 async function failure(f) {
   try {
