@@ -3,9 +3,16 @@
 // a grammar allows, with the semantics of llama.cpp's grammar sampler
 // (src/llama-grammar.cpp): a set of parse stacks, each the elements still
 // to match, advanced on every accepted code point; a token is allowed when
-// every code point of its text can be accepted in turn, and end of
-// generation is allowed only when some stack is empty (the root rule is
-// complete). It is the token mask of engines that sample in Go.
+// every code point of its text can be accepted in turn and, when its text
+// ends inside a UTF-8 sequence (byte-level vocabularies split
+// characters), that sequence can still finish as a character some stack
+// allows; end of generation is allowed only when some stack is empty (the
+// root rule is complete). TokenMask is the token mask of engines that
+// sample in Go (the reference engine) and the oracle of llama.cpp's
+// sampler: it matches every token of the vocabulary in lockstep, as
+// llama_grammar_reject_candidates does. Source gives each sequence its
+// state: the engine's own grammar sampler where it has one
+// (engine.GrammarSampler, llama.cpp's), else a TokenMask.
 //
 // Supported syntax: rules `name ::= alternatives`, `|`, string literals
 // with \n \r \t \\ \" \xHH \uHHHH \UHHHHHHHH escapes, character classes

@@ -24,6 +24,12 @@
 //     (per layer, K rows then V rows of the cache's type, f16 or q8_0).
 //   - reference.go: llama.cpp's own single-sequence generation, the oracle
 //     the tests compare the engine with.
+//   - grammar.go: structured output through llama.cpp's grammar
+//     sampler, one per sequence (Model.NewGrammar, Engine.NewGrammar):
+//     it masks the logits pdserve's sampler chooses from; each token is
+//     checked with a one-candidate llama_sampler_apply before
+//     llama_sampler_accept, which would abort the process on a refused
+//     one.
 //   - metrics.go: the KV cells and sequences the engine holds, for
 //     Prometheus.
 //
