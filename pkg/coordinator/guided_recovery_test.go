@@ -5,18 +5,23 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/engine/llamacpp"
+	"github.com/pdserve/pdserve/pkg/enginecfg"
 	"github.com/pdserve/pdserve/pkg/grammar"
-	"github.com/pdserve/pdserve/pkg/tokenizer"
+	"github.com/pdserve/pdserve/pkg/workerrun"
 )
 
 // guidedSchema bounds every sentence (an enum, a 16-digit integer at
@@ -114,71 +119,133 @@ func TestGuidedDecodingSurvivesFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	seed := int64(11)
 	for _, mode := range []string{coordinator.ModeDisaggregated, coordinator.ModeColocated} {
 		for _, sampled := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/sampled=%v", mode, sampled), func(t *testing.T) {
 				checkNoLeaks(t)
 				cl := startCluster(t, clusterOpts{mode: mode, decode: 2, gated: true})
-				for _, g := range cl.gates {
-					g.allow(4)
-				}
-				prompt := tokenizer.Bytes{}.Encode("Answer in JSON: where, how many, and is it ok?")
-				body := map[string]any{
-					"prompt": prompt, "max_tokens": 400,
-					"response_format": map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "place", "strict": true, "schema": json.RawMessage(guidedSchema)}},
-				}
-				var s engine.Sampling
-				if sampled {
-					body["temperature"], body["seed"] = 0.9, seed
-					s = engine.Sampling{Temperature: 0.9, Seed: uint64(seed)}
-				} else {
-					body["temperature"] = 0
-				}
-				want := ref.generateGuided(t, prompt, 400, s, gbnf)
-				resp, toks := openGuided(context.Background(), t, cl.url, body, 3)
-				defer resp.Body.Close()
-				victim := activeDecode(t, cl)
-				for id, g := range cl.gates {
-					if id != victim {
-						g.open()
-					}
-				}
-				if err := worker(cl, victim).Kill(); err != nil {
-					t.Logf("kill %s: %v", victim, err)
-				}
-				rest, err := readStream(resp.Body)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if rest.Err != "" {
-					t.Fatalf("stream failed: %s", rest.Err)
-				}
-				got := append(toks, rest.Tokens...)
-				if diff := cmp.Diff(want, got); diff != "" {
-					t.Errorf("tokens (-engine alone +served with a failover):\n%s", diff)
-				}
-				if len(toks) >= len(want)-1 {
-					t.Errorf("the kill came after %d of %d tokens: not mid-generation", len(toks), len(want))
-				}
-				if rest.Budget["recoveries"] != 1.0 || rest.Budget["decode_worker"] == victim {
-					t.Errorf("budget %v: want 1 recovery onto the other worker", rest.Budget)
-				}
-				text := tokenizer.Bytes{}.Decode(got)
-				var v struct {
-					City string
-					N    *json.Number
-					OK   *bool
-				}
-				dec := json.NewDecoder(strings.NewReader(text))
-				dec.UseNumber()
-				dec.DisallowUnknownFields()
-				if err := dec.Decode(&v); err != nil || !slices.Contains([]string{"Zürich", "Lisbon", "Osaka"}, v.City) || v.N == nil || v.OK == nil || strings.ContainsAny(v.N.String(), ".eE") {
-					t.Errorf("output %q does not validate against the schema: %+v, %v", text, v, err)
-				}
-				t.Logf("output across the failover (%d tokens before the kill): %s", len(toks), text)
-				waitFor(t, 10*time.Second, func() error { return idleExcept(t, cl, victim) })
+				guidedFailover(t, cl, ref, gbnf, sampled)
 			})
 		}
 	}
+}
+
+// guidedFailover runs one structured-output completion on cl (two gated
+// decode workers), kills the decode worker serving it after its first
+// tokens, and checks the output across the failover against ref's
+// under gbnf.
+func guidedFailover(t *testing.T, cl *cluster, ref *reference, gbnf string, sampled bool) {
+	t.Helper()
+	seed := int64(11)
+	for _, g := range cl.gates {
+		g.allow(4)
+	}
+	tok := ref.eng.Tokenizer()
+	prompt := tok.Encode("Answer in JSON: where, how many, and is it ok?")
+	body := map[string]any{
+		"prompt": prompt, "max_tokens": 400,
+		"response_format": map[string]any{"type": "json_schema", "json_schema": map[string]any{"name": "place", "strict": true, "schema": json.RawMessage(guidedSchema)}},
+	}
+	var s engine.Sampling
+	if sampled {
+		body["temperature"], body["seed"] = 0.9, seed
+		s = engine.Sampling{Temperature: 0.9, Seed: uint64(seed)}
+	} else {
+		body["temperature"] = 0
+	}
+	want := ref.generateGuided(t, prompt, 400, s, gbnf)
+	resp, toks := openGuided(context.Background(), t, cl.url, body, 3)
+	defer resp.Body.Close()
+	victim := activeDecode(t, cl)
+	for id, g := range cl.gates {
+		if id != victim {
+			g.open()
+		}
+	}
+	if err := worker(cl, victim).Kill(); err != nil {
+		t.Logf("kill %s: %v", victim, err)
+	}
+	rest, err := readStream(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rest.Err != "" {
+		t.Fatalf("stream failed: %s", rest.Err)
+	}
+	got := append(toks, rest.Tokens...)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("tokens (-engine alone +served with a failover):\n%s", diff)
+	}
+	if len(toks) >= len(want)-1 {
+		t.Errorf("the kill came after %d of %d tokens: not mid-generation", len(toks), len(want))
+	}
+	if rest.Budget["recoveries"] != 1.0 || rest.Budget["decode_worker"] == victim {
+		t.Errorf("budget %v: want 1 recovery onto the other worker", rest.Budget)
+	}
+	text := tok.Decode(got)
+	var v struct {
+		City string
+		N    *json.Number
+		OK   *bool
+	}
+	dec := json.NewDecoder(strings.NewReader(text))
+	dec.UseNumber()
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&v); err != nil || !slices.Contains([]string{"Zürich", "Lisbon", "Osaka"}, v.City) || v.N == nil || v.OK == nil || strings.ContainsAny(v.N.String(), ".eE") {
+		t.Errorf("output %q does not validate against the schema: %+v, %v", text, v, err)
+	}
+	t.Logf("output across the failover (%d tokens before the kill): %s", len(toks), text)
+	waitFor(t, 10*time.Second, func() error { return idleExcept(t, cl, victim) })
+}
+
+// grammarGatedLlama is a gated llama.cpp engine that keeps the engine's
+// own grammar sampler (and metrics): the decode workers follow the
+// grammar with llama.cpp's sampler, as they do ungated.
+type grammarGatedLlama struct{ gatedLlama }
+
+func (g grammarGatedLlama) NewGrammar(gbnf string) (engine.GrammarState, error) {
+	return g.e.NewGrammar(gbnf)
+}
+
+var _ engine.GrammarSampler = grammarGatedLlama{}
+
+// TestLlamacppGuidedDecodingSurvivesFailover is
+// TestGuidedDecodingSurvivesFailover on llama.cpp (greedy,
+// disaggregated): every worker follows the grammar with llama.cpp's
+// grammar sampler, and the decode worker that takes the request over
+// rebuilds that sampler's state by accepting the tokens generated before
+// the kill.
+func TestLlamacppGuidedDecodingSurvivesFailover(t *testing.T) {
+	eo := llamaEngine(t)
+	ref := newReferenceOf(t, eo)
+	if _, ok := ref.eng.(engine.GrammarSampler); !ok {
+		t.Fatalf("the llama.cpp engine %T has no grammar sampler of its own", ref.eng)
+	}
+	gbnf, err := grammar.FromSchema([]byte(guidedSchema))
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkNoLeaks(t)
+	var mu sync.Mutex
+	gates := map[string]*gatedEngine{}
+	cl := startCluster(t, clusterOpts{decode: 2, edit: func(o *coordinator.Options) { o.Engine = eo },
+		worker: func(wo *workerrun.Options) {
+			if wo.Role == control.RolePrefill {
+				return
+			}
+			e, err := eo.Build()
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { enginecfg.Close(e) })
+			g := newGated(e)
+			mu.Lock()
+			gates[wo.ID] = g
+			mu.Unlock()
+			wo.EngineOverride = grammarGatedLlama{gatedLlama{g, e.(*llamacpp.Engine)}}
+		}})
+	mu.Lock()
+	maps.Copy(cl.gates, gates)
+	mu.Unlock()
+	guidedFailover(t, cl, ref, gbnf, false)
 }
