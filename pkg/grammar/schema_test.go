@@ -108,3 +108,32 @@ func TestFromSchemaRefusals(t *testing.T) {
 		t.Errorf("FromSchema of broken JSON succeeded")
 	}
 }
+
+func TestSchemaSetComposes(t *testing.T) {
+	var set SchemaSet
+	a, err := set.Add([]byte(`{"type":"object","properties":{"x":{"type":"integer"}},"required":["x"]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := set.Add([]byte(`{"type":"object","properties":{"s":{"enum":["p","q"]}},"required":["s"]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := Parse(set.Rules()+`root ::= "A" `+a+` | "B" `+b+"\n", "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for text, want := range map[string]bool{`A{"x":1}`: true, `B{"s":"q"}`: true, `A{"s":"q"}`: false, `B{"x":1}`: false} {
+		m, err := g.Matcher()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := m.Accept([]byte(text)) == nil && m.Complete()
+		if got != want {
+			t.Errorf("%s: accepted %v, want %v", text, got, want)
+		}
+	}
+	if _, err := set.Add([]byte(`{"type":"string","pattern":"a+"}`)); err == nil {
+		t.Error("pattern accepted")
+	}
+}
