@@ -22,6 +22,10 @@ type Trace struct {
 	KVFirstByte, KVDone                     time.Time
 	DecodeJoined                            time.Time
 	FirstToken, LastToken                   time.Time
+	// FirstOutput is when the first output that is not reasoning (answer
+	// text or a tool call) reached the client: set by Output; zero when
+	// the request delivered none.
+	FirstOutput time.Time
 
 	PromptTokens, OutputTokens int
 	BatchSize                  int // decode batch size seen by the request (largest reported)
@@ -84,9 +88,20 @@ func (t *Trace) Tokens(now time.Time, n int) {
 	t.OutputTokens += n
 }
 
+// Output records that output other than reasoning reached the client at
+// now; the first call sets FirstOutput.
+func (t *Trace) Output(now time.Time) {
+	if t.FirstOutput.IsZero() {
+		t.FirstOutput = now
+	}
+}
+
 // Terms are the derived latencies of a request; see the package doc.
 type Terms struct {
-	TTFT, TPOT, E2E              time.Duration
+	TTFT, TPOT, E2E time.Duration
+	// TTFO is the time to the first output token that is not reasoning
+	// (AIPerf's definition); TTFT for a reply without reasoning.
+	TTFO                         time.Duration
 	Queue, Prefill               time.Duration
 	KVTransfer, KVStream, Decode time.Duration
 }
@@ -95,6 +110,7 @@ type Terms struct {
 func (t *Trace) Terms() Terms {
 	var s Terms
 	s.TTFT = span(t.Arrival, t.FirstToken)
+	s.TTFO = span(t.Arrival, t.FirstOutput)
 	s.E2E = span(t.Arrival, t.LastToken)
 	if t.OutputTokens > 1 {
 		s.TPOT = (s.E2E - s.TTFT) / time.Duration(t.OutputTokens-1)
@@ -122,7 +138,10 @@ func span(a, b time.Time) time.Duration {
 // absent for a request without tokens), and gpu_seconds under GPU-time
 // pricing; see Trace.Cost.
 type Summary struct {
-	TTFTMs          float64 `json:"ttft_ms"`
+	TTFTMs float64 `json:"ttft_ms"`
+	// TTFOMs is the time to the first non-reasoning output (answer or
+	// tool call); 0 when there was none.
+	TTFOMs          float64 `json:"ttfo_ms"`
 	TPOTMs          float64 `json:"tpot_ms"`
 	QueueMs         float64 `json:"queue_ms"`
 	PrefillMs       float64 `json:"prefill_ms"`
@@ -163,6 +182,7 @@ func (t *Trace) Summary() Summary {
 	s := t.Terms()
 	sum := Summary{
 		TTFTMs:                ms(s.TTFT),
+		TTFOMs:                ms(s.TTFO),
 		TPOTMs:                ms(s.TPOT),
 		QueueMs:               ms(s.Queue),
 		PrefillMs:             ms(s.Prefill),
@@ -231,6 +251,7 @@ func (t *Trace) Fields() []zap.Field {
 		zap.Int("recoveries", t.Recoveries),
 		zap.Int("prefill_retries", t.PrefillRetries),
 		zap.Duration("ttft", s.TTFT),
+		zap.Duration("ttfo", s.TTFO),
 		zap.Duration("tpot", s.TPOT),
 		zap.Duration("queue", s.Queue),
 		zap.Duration("prefill", s.Prefill),
@@ -264,7 +285,7 @@ func (t *Trace) Fields() []zap.Field {
 		{"t_arrival", t.Arrival}, {"t_routed", t.Routed},
 		{"t_prefill_queued", t.PrefillQueued}, {"t_prefill_start", t.PrefillStart}, {"t_prefill_end", t.PrefillEnd},
 		{"t_kv_first_byte", t.KVFirstByte}, {"t_kv_done", t.KVDone}, {"t_decode_joined", t.DecodeJoined},
-		{"t_first_token", t.FirstToken}, {"t_last_token", t.LastToken},
+		{"t_first_token", t.FirstToken}, {"t_first_output", t.FirstOutput}, {"t_last_token", t.LastToken},
 	} {
 		if !b.at.IsZero() {
 			f = append(f, zap.Time(b.name, b.at))

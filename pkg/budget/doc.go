@@ -10,7 +10,11 @@
 // KV reserved), PrefillQueued, PrefillStart, PrefillEnd (on the worker that
 // prefilled), KVFirstByte and KVDone (on the decode worker receiving KV),
 // DecodeJoined (the sequence joined the decode batch), FirstToken and
-// LastToken (handed to the client connection by the coordinator).
+// LastToken (handed to the client connection by the coordinator), and
+// FirstOutput (the first output handed to the client that is not
+// reasoning: answer text or a tool call; chat replies of reasoning models
+// start with <think>…</think>, which pkg/frontend sends as
+// reasoning_content).
 //
 // Worker timestamps come from the workers' clocks, not the coordinator's.
 // On one host (tests, standalone mode) they agree; across hosts the terms
@@ -22,6 +26,7 @@
 // # Terms
 //
 //	ttft        = FirstToken − Arrival
+//	ttfo        = FirstOutput − Arrival    (time to first output token, AIPerf's TTFO; ttft without reasoning)
 //	e2e         = LastToken − Arrival
 //	tpot        = (e2e − ttft) / (output_tokens − 1), 0 for one output token (vLLM's definition)
 //	queue       = PrefillStart − Arrival   (admission, routing and the prefill queue)

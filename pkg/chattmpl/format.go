@@ -53,7 +53,8 @@ func detectFormat(src string) Format {
 // after the first system message's content (or in a system message of
 // their own), an assistant's tool calls become <tool_call> blocks of its
 // content, and tool results become user messages of <tool_response>
-// blocks. Roles stay those of msgs otherwise.
+// blocks. Roles stay those of msgs otherwise. Without tools, only the
+// history's calls and results are rewritten.
 func Generic(msgs []Message, tools []Tool) []Message { return generic(msgs, tools, false) }
 
 // generic is Generic; inUser puts the tools' description before the
@@ -68,7 +69,9 @@ func generic(msgs []Message, tools []Tool, inUser bool) []Message {
 	}
 	sys.WriteString("\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>")
 	out := make([]Message, 0, len(msgs)+1)
-	if inUser {
+	if len(tools) == 0 {
+		sys.Reset() // only the history's calls and results become text
+	} else if inUser {
 		sys.WriteString("\n\n")
 	} else if len(msgs) > 0 && (msgs[0].Role == "system" || msgs[0].Role == "developer") {
 		m := msgs[0]

@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pdserve/pdserve/pkg/budget"
+	"github.com/pdserve/pdserve/pkg/chattmpl"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/respcache"
 )
@@ -73,6 +74,15 @@ type choiceState struct {
 	// stream chunk of this choice was sent (the chat role goes first).
 	begun, started bool
 	stopped        bool // a stop string matched: finish "stop"
+	// parse splits a chat reply into reasoning, answer and tool calls
+	// (nil on /v1/completions); reasoning is the whole response's
+	// reasoning so far, calls the tool calls parsed.
+	parse     *chattmpl.Parser
+	reasoning strings.Builder
+	calls     []toolCall
+	// callEnded: parallel_tool_calls false and the first call came;
+	// nothing after it is output.
+	callEnded bool
 }
 
 func newCall(s *Server, pl *plan, id string, created int64, w http.ResponseWriter) *call {
@@ -87,6 +97,9 @@ func newCall(s *Server, pl *plan, id string, created int64, w http.ResponseWrite
 			ch := &choiceState{index: i*p.n + j, text: &textStream{decode: s.o.Tokenizer.DecodeToken, stops: p.stops}}
 			if p.logprobs >= 0 {
 				ch.lp = &logprobBuf{chat: p.chat, decode: s.o.Tokenizer.DecodeToken}
+			}
+			if p.chat {
+				ch.parse = chattmpl.NewParser(pl.format, p.toolChoice != choiceNone, pl.inThink)
 			}
 			pr.choices = append(pr.choices, ch)
 		}
@@ -170,15 +183,62 @@ func (c *call) logFields(i int) []zap.Field {
 	return f
 }
 
-// finish returns the finish reason of choice j of pr.
+// finish returns the finish reason of choice j of pr: "tool_calls"
+// when it ended (not cut by max_tokens) with tool calls, as OpenAI's.
 func (c *call) finish(pr *promptRun, j int) string {
-	switch {
-	case pr.choices[j].stopped:
-		return "stop"
-	case j < len(pr.finishes) && pr.finishes[j] != "":
-		return pr.finishes[j]
+	ch := pr.choices[j]
+	reason := "stop"
+	if !ch.stopped && j < len(pr.finishes) && pr.finishes[j] != "" {
+		reason = pr.finishes[j]
 	}
-	return "stop"
+	if reason == "stop" && len(ch.calls) > 0 {
+		return "tool_calls"
+	}
+	return reason
+}
+
+// parsed is a piece of a chat reply: answer text, reasoning, tool calls.
+type parsed struct {
+	content, reasoning string
+	calls              []toolCall
+}
+
+// visible reports whether d holds output that is not reasoning (TTFO).
+func (d parsed) visible() bool { return d.content != "" || len(d.calls) > 0 }
+
+// parseText runs text of ch through its chat parser (end: the reply
+// ended, flush what is held) and records the calls; on
+// /v1/completions it is all content. With parallel_tool_calls false a
+// choice ends at its first call (stopped is then true).
+func (c *call) parseText(ch *choiceState, text string, end bool) (d parsed, stopped bool) {
+	switch {
+	case ch.callEnded:
+		return parsed{}, false
+	case ch.parse == nil:
+		return parsed{content: text}, false
+	}
+	pd := ch.parse.Push(text)
+	if end {
+		f := ch.parse.Flush()
+		pd.Content += f.Content
+		pd.Reasoning += f.Reasoning
+		pd.Calls = append(pd.Calls, f.Calls...)
+	}
+	d = parsed{content: pd.Content, reasoning: pd.Reasoning}
+	for _, tc := range pd.Calls {
+		if !c.plan.p.parallel && len(ch.calls) > 0 {
+			break // one call only; the choice has ended on it
+		}
+		out := toolCall{Index: len(ch.calls), ID: "call_" + newID(), Type: "function", Function: toolFunction{Name: tc.Name, Arguments: tc.Arguments}}
+		ch.calls = append(ch.calls, out)
+		d.calls = append(d.calls, out)
+	}
+	ch.reasoning.WriteString(d.reasoning)
+	if !c.plan.p.parallel && len(ch.calls) > 0 {
+		ch.stopped, ch.callEnded = true, true
+		return d, !end
+	}
+	return d, false
 }
 
 // emitter returns the EmitFunc of pr.
@@ -213,6 +273,7 @@ func (c *call) emitter(pr *promptRun) EmitFunc {
 		}
 		text := c.begin(pr, ch)
 		n := 0
+		stopped := false
 		for i, tok := range o.Tokens {
 			t, stopped := ch.text.push(o.Tokens[i : i+1])
 			text += t
@@ -232,13 +293,14 @@ func (c *call) emitter(pr *promptRun) EmitFunc {
 				break
 			}
 		}
+		stopped = ch.stopped
+		d, callStop := c.parseText(ch, text, false)
+		stopped = stopped || callStop
 		var err error
 		if c.plan.p.stream {
-			if text != "" || !ch.started || ch.lp != nil {
-				err = c.sse.event(c.chunk(ch, text, nil, nil))
-			}
+			err = c.sendParsed(ch, d, nil, nil)
 		} else {
-			ch.out.WriteString(text)
+			ch.out.WriteString(d.content)
 		}
 		if err != nil {
 			c.writeErr = err
@@ -247,8 +309,12 @@ func (c *call) emitter(pr *promptRun) EmitFunc {
 		}
 		// Record the delivery once the client has it (or, for a whole
 		// response, once it is final).
-		pr.req.Trace.Tokens(c.s.o.Now(), n)
-		if ch.stopped {
+		now := c.s.o.Now()
+		pr.req.Trace.Tokens(now, n)
+		if d.visible() {
+			pr.req.Trace.Output(now)
+		}
+		if stopped {
 			return ErrStopped
 		}
 		return nil
@@ -279,10 +345,45 @@ func (c *call) begin(pr *promptRun, ch *choiceState) string {
 	return pr.echo
 }
 
-// chunk returns a stream chunk of ch carrying text, its pending ids and
-// logprobs, and finish when not nil. The first chat chunk of a choice
-// carries the assistant role.
-func (c *call) chunk(ch *choiceState, text string, finish *string, pd *pdserveSummary) completion {
+// sendParsed sends d as stream chunks of ch: one of its content and
+// reasoning (also when ch has not started, or carries logprobs or
+// finish), then, per tool call, a chunk of its index, id, type, name and
+// empty arguments and one of its arguments, as OpenAI streams them;
+// finish and pd go on the last.
+func (c *call) sendParsed(ch *choiceState, d parsed, finish *string, pd *pdserveSummary) error {
+	if d.content != "" || d.reasoning != "" || !ch.started || ch.lp != nil || finish != nil && len(d.calls) == 0 {
+		f, s := finish, pd
+		if len(d.calls) > 0 {
+			f, s = nil, nil
+		}
+		if err := c.sse.event(c.chunk(ch, d.content, d.reasoning, nil, f, s)); err != nil {
+			return err
+		}
+	}
+	for i, tc := range d.calls {
+		head := tc
+		head.Function.Arguments = ""
+		if err := c.sse.event(c.chunk(ch, "", "", []toolCall{head}, nil, nil)); err != nil {
+			return err
+		}
+		var f *string
+		var s *pdserveSummary
+		if i == len(d.calls)-1 {
+			f, s = finish, pd
+		}
+		args := toolCall{Index: tc.Index, Function: toolFunction{Arguments: tc.Function.Arguments}}
+		if err := c.sse.event(c.chunk(ch, "", "", []toolCall{args}, f, s)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// chunk returns a stream chunk of ch carrying text (chat: content,
+// reasoning and tool call deltas), its pending ids and logprobs, and
+// finish when not nil. The first chat chunk of a choice carries the
+// assistant role.
+func (c *call) chunk(ch *choiceState, text, reasoning string, calls []toolCall, finish *string, pd *pdserveSummary) completion {
 	out := completion{ID: c.id, Created: c.created, Model: c.plan.model, PDServe: pd}
 	cc := choice{Index: ch.index, FinishReason: finish, TokenIDs: ch.ids}
 	ch.ids = nil
@@ -291,12 +392,15 @@ func (c *call) chunk(ch *choiceState, text string, finish *string, pd *pdserveSu
 	}
 	if c.plan.p.chat {
 		out.Object = "chat.completion.chunk"
-		d := &delta{}
+		d := &delta{ToolCalls: calls}
 		if !ch.started {
 			d.Role = "assistant"
 		}
-		if text != "" || d.Role != "" {
+		if text != "" || d.Role != "" && reasoning == "" && len(calls) == 0 {
 			d.Content = &text
+		}
+		if reasoning != "" {
+			d.Reasoning = &reasoning
 		}
 		cc.Delta = d
 	} else {
@@ -345,14 +449,29 @@ func (c *call) complete(w http.ResponseWriter) error {
 		for _, pr := range c.prompts {
 			for j, ch := range pr.choices {
 				text := c.begin(pr, ch)
-				ch.out.WriteString(text + ch.text.flush())
+				d, _ := c.parseText(ch, text+ch.text.flush(), true)
+				ch.out.WriteString(d.content)
+				if d.visible() {
+					pr.req.Trace.Output(c.s.o.Now())
+				}
 				finish := c.finish(pr, j)
 				cc := choice{Index: ch.index, FinishReason: &finish, TokenIDs: ch.ids}
 				if ch.lp != nil {
 					cc.Logprobs = ch.lp.take()
 				}
 				if p.chat {
-					cc.Message = &message{Role: "assistant", Content: ch.out.String()}
+					content := ch.out.String()
+					m := &message{Role: "assistant", Content: &content}
+					for _, tc := range ch.calls {
+						m.ToolCalls = append(m.ToolCalls, messageCall{ID: tc.ID, Type: tc.Type, Function: tc.Function})
+					}
+					if len(ch.calls) > 0 && strings.TrimSpace(content) == "" {
+						m.Content = nil // as OpenAI sends a reply of calls only
+					}
+					if r := ch.reasoning.String(); r != "" {
+						m.Reasoning = &r
+					}
+					cc.Message = m
 				} else {
 					s := ch.out.String()
 					cc.Text = &s
@@ -368,13 +487,16 @@ func (c *call) complete(w http.ResponseWriter) error {
 	}
 	for i, pr := range c.prompts {
 		for j, ch := range pr.choices {
-			text := c.begin(pr, ch) + ch.text.flush()
+			d, _ := c.parseText(ch, c.begin(pr, ch)+ch.text.flush(), true)
+			if d.visible() {
+				pr.req.Trace.Output(c.s.o.Now())
+			}
 			finish := c.finish(pr, j)
 			var pd *pdserveSummary
 			if !p.usage && i == len(c.prompts)-1 && j == len(pr.choices)-1 {
 				pd = c.summary()
 			}
-			if err := c.sse.event(c.chunk(ch, text, &finish, pd)); err != nil {
+			if err := c.sendParsed(ch, d, &finish, pd); err != nil {
 				return err
 			}
 		}

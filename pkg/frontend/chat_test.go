@@ -62,9 +62,20 @@ func TestChatTemplate(t *testing.T) {
 		{
 			name:     "template error is a 400 without its text",
 			apply:    func([]engine.ChatMessage) (string, error) { return "", secret },
-			body:     `{"messages":[{"role":"tool","content":"t"}]}`,
-			wantMsgs: []engine.ChatMessage{{Role: "tool", Content: "t"}},
+			body:     `{"messages":[{"role":"developer","content":"t"}]}`,
+			wantMsgs: []engine.ChatMessage{{Role: "developer", Content: "t"}},
 			code:     "chat_template_error",
+		},
+		{
+			name:  "tool calls and results reach a template without tools as Hermes text",
+			apply: chatML,
+			body:  `{"messages":[{"role":"user","content":"W?"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"w","arguments":"{\"c\":\"P\"}"}}]},{"role":"tool","tool_call_id":"c1","content":"sun"}]}`,
+			wantMsgs: []engine.ChatMessage{
+				{Role: "user", Content: "W?"},
+				{Role: "assistant", Content: "<tool_call>\n{\"name\": \"w\", \"arguments\": {\"c\": \"P\"}}\n</tool_call>"},
+				{Role: "user", Content: "<tool_response>\nsun\n</tool_response>"},
+			},
+			wantPrompt: "<|im_start|>user\nW?<|im_end|>\n<|im_start|>assistant\n<tool_call>\n{\"name\": \"w\", \"arguments\": {\"c\": \"P\"}}\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\nsun\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
 		},
 		{
 			name:     "empty rendering",
@@ -140,8 +151,8 @@ func TestChatTemplate(t *testing.T) {
 // A tokenizer without a template of its own keeps the byte-level one.
 func TestChatByteTemplate(t *testing.T) {
 	msgs := []engine.ChatMessage{{Role: "system", Content: "S"}, {Role: "user", Content: "Hi"}}
-	got, aerr := renderChat(tokenizer.Bytes{}, msgs)
+	got, aerr := renderFlat(tokenizer.Bytes{}, msgs)
 	if aerr != nil || got != "<|system|>\nS\n<|user|>\nHi\n<|assistant|>\n" {
-		t.Errorf("renderChat = %q, %v", got, aerr)
+		t.Errorf("renderFlat = %q, %v", got, aerr)
 	}
 }

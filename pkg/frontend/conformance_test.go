@@ -302,9 +302,28 @@ func TestConformance(t *testing.T) {
 		{name: "prompt on chat", path: RouteChat, body: chat(`,"prompt":"a"`), status: 400, code: "unknown_parameter", param: "prompt"},
 		{name: "case matters", path: RouteCompletions, body: `{"prompt":"a","Max_Tokens":3}`, status: 400, code: "unknown_parameter", param: "Max_Tokens"},
 		{name: "unknown stream option", path: RouteCompletions, body: `{"prompt":"a","stream":true,"stream_options":{"continuous_usage_stats":true}}`, status: 400, code: "unknown_parameter", param: "stream_options.continuous_usage_stats"},
-		{name: "tools", path: RouteChat, body: chat(`,"tools":[{"type":"function","function":{"name":"f"}}]`), status: 400, code: "unsupported_value", param: "tools"},
-		{name: "tool_choice required", path: RouteChat, body: chat(`,"tool_choice":"required"`), status: 400, code: "unsupported_value", param: "tool_choice"},
-		{name: "functions", path: RouteChat, body: chat(`,"functions":[{"name":"f"}]`), status: 400, code: "unsupported_value", param: "functions"},
+		{name: "tool of another type", path: RouteChat, body: chat(`,"tools":[{"type":"code_interpreter"}]`), status: 400, code: "unsupported_value", param: "tools[0].type"},
+		{name: "tool without a name", path: RouteChat, body: chat(`,"tools":[{"type":"function","function":{"description":"d"}}]`), status: 400, code: "invalid_value", param: "tools[0].function.name"},
+		{name: "tool named twice", path: RouteChat, body: chat(`,"tools":[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"f"}}]`), status: 400, code: "invalid_value", param: "tools[1].function.name"},
+		{name: "tool parameters not a schema", path: RouteChat, body: chat(`,"tools":[{"type":"function","function":{"name":"f","parameters":[1]}}]`), status: 400, code: "invalid_type", param: "tools[0].function.parameters"},
+		{name: "tool_choice required without tools", path: RouteChat, body: chat(`,"tool_choice":"required"`), status: 400, code: "invalid_value", param: "tool_choice"},
+		{name: "tool_choice unknown", path: RouteChat, body: chat(`,"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"always"`), status: 400, code: "invalid_value", param: "tool_choice"},
+		{name: "tool_choice names no tool", path: RouteChat, body: chat(`,"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"g"}}`), status: 400, code: "invalid_value", param: "tool_choice",
+			message: `tool_choice names function "g", which is not among the tools`},
+		{name: "tool_choice of the wrong shape", path: RouteChat, body: chat(`,"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function"}`), status: 400, code: "invalid_type", param: "tool_choice"},
+		{name: "tool_choice required with a JSON response_format", path: RouteChat, body: chat(`,"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"required","response_format":{"type":"json_object"}`), status: 400, code: "unsupported_value", param: "tool_choice"},
+		{name: "tool_choice required, schema keyword unsupported", path: RouteChat, body: chat(`,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"s":{"type":"string","format":"date"}}}}}],"tool_choice":"required"`),
+			status: 400, code: "unsupported_value", param: "tools", message: `tools: function f: parameters keyword format at "#/properties/s" is not supported with tool_choice "required"`},
+		{name: "tool_calls not an array", path: RouteChat, body: `{"messages":[{"role":"user","content":"q"},{"role":"assistant","tool_calls":{"id":"x"}}]}`, status: 400, code: "invalid_type", param: "messages[1].tool_calls"},
+		{name: "tool_call_id not a string", path: RouteChat, body: `{"messages":[{"role":"tool","tool_call_id":7,"content":"r"}]}`, status: 400, code: "invalid_type", param: "messages[0].tool_call_id"},
+		{name: "tools with tool_choice none are not rendered", path: RouteChat, status: 200,
+			body: chat(`,"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}],"tool_choice":"none","max_tokens":2`),
+			check: func(t *testing.T, _ map[string]any, reqs []*Request) {
+				if p := (tokenizer.Bytes{}).Decode(reqs[0].Prompt); strings.Contains(p, "get_weather") || reqs[0].Sampling.Grammar != "" {
+					t.Errorf("prompt %q, grammar %q: want neither the tools nor a grammar", p, reqs[0].Sampling.Grammar)
+				}
+			}},
+		{name: "functions (deprecated)", path: RouteChat, body: chat(`,"functions":[{"name":"f"}]`), status: 400, code: "unsupported_value", param: "functions"},
 		{name: "function_call object", path: RouteChat, body: chat(`,"function_call":{"name":"f"}`), status: 400, code: "unsupported_value", param: "function_call"},
 		{name: "logit_bias", path: RouteCompletions, body: `{"prompt":"a","logit_bias":{"50256":-100}}`, status: 400, code: "unsupported_value", param: "logit_bias"},
 		{name: "suffix", path: RouteCompletions, body: `{"prompt":"a","suffix":"z"}`, status: 400, code: "unsupported_value", param: "suffix"},
@@ -644,4 +663,235 @@ func TestErrorShape(t *testing.T) {
 	if diff := cmp.Diff(want, body); diff != "" {
 		t.Errorf("error body (-want +got):\n%s", diff)
 	}
+}
+
+// sayBackend emits, in each choice, the JSON string that follows "say:"
+// in the prompt (up to the end of its line), one byte a token, and
+// finishes with "stop".
+func sayBackend() *fakeBackend {
+	return &fakeBackend{complete: func(_ context.Context, req *Request, emit EmitFunc) ([]string, error) {
+		p := (tokenizer.Bytes{}).Decode(req.Prompt)
+		_, rest, _ := strings.Cut(p, "say:")
+		line, _, _ := strings.Cut(rest, "\n")
+		var text string
+		if err := json.Unmarshal([]byte(line), &text); err != nil {
+			return nil, fmt.Errorf("fake: no say: %w", err)
+		}
+		for _, id := range (tokenizer.Bytes{}).Encode(text) {
+			for j := range req.N {
+				if err := emit(Output{Index: j, Tokens: []int32{id}}); err != nil && !errors.Is(err, ErrStopped) {
+					return nil, err
+				}
+			}
+		}
+		return finishes(req, "stop"), nil
+	}}
+}
+
+// TestConformanceTools checks the shapes of tool calls and reasoning
+// against OpenAI's (vLLM's and DeepSeek's for reasoning_content), whole and
+// streamed, with a backend that writes the reply each request asks for.
+func TestConformanceTools(t *testing.T) {
+	var mu sync.Mutex
+	var got *Request
+	b := sayBackend()
+	inner := b.complete
+	b.complete = func(ctx context.Context, req *Request, emit EmitFunc) ([]string, error) {
+		mu.Lock()
+		got = req
+		mu.Unlock()
+		return inner(ctx, req, emit)
+	}
+	ts := newTestServer(t, b, func(o *Options) {
+		o.Policy.Budgets.Default, o.Policy.Budgets.Routes = 4000, nil
+		o.Policy.Limits.MaxTokensCap = 0
+		o.Models = func() []Model { return []Model{{Name: "tiny", MaxModelLen: 8192}} }
+	})
+	const tools = `"tools":[{"type":"function","function":{"name":"get_weather","description":"Weather","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}},{"type":"function","function":{"name":"get_time","parameters":{"type":"object","properties":{"zone":{"type":"string"}},"required":["zone"]}}}]`
+	say := func(reply, extra string) string {
+		q, _ := json.Marshal("say:" + mustJSON(reply))
+		return `{"messages":[{"role":"user","content":` + string(q) + `}],"max_tokens":500` + extra + `}`
+	}
+	call := func(name, args string) string {
+		return "<tool_call>\n{\"name\": \"" + name + "\", \"arguments\": " + args + "}\n</tool_call>"
+	}
+	type wantCall struct{ name, args string }
+	// whole checks a non-streamed reply: content (nil: null), reasoning
+	// ("" : absent), calls and finish.
+	whole := func(t *testing.T, m map[string]any, content any, reasoning string, calls []wantCall, finish string) {
+		t.Helper()
+		c := choice0(t, m)
+		msg := c["message"].(map[string]any)
+		if diff := cmp.Diff(content, msg["content"]); diff != "" {
+			t.Errorf("content (-want +got):\n%s", diff)
+		}
+		if r, _ := msg["reasoning_content"].(string); r != reasoning {
+			t.Errorf("reasoning_content %q, want %q", r, reasoning)
+		}
+		raw, _ := msg["tool_calls"].([]any)
+		if len(raw) != len(calls) {
+			t.Fatalf("tool_calls %v, want %d", msg["tool_calls"], len(calls))
+		}
+		ids := map[string]bool{}
+		for i, rc := range raw {
+			tc := rc.(map[string]any)
+			fn := tc["function"].(map[string]any)
+			id, _ := tc["id"].(string)
+			if !strings.HasPrefix(id, "call_") || ids[id] || tc["type"] != "function" || fn["name"] != calls[i].name || fn["arguments"] != calls[i].args {
+				t.Errorf("tool_calls[%d] = %v, want a fresh call_ id, type function, %s(%s)", i, tc, calls[i].name, calls[i].args)
+			}
+			if _, ok := tc["index"]; ok {
+				t.Errorf("tool_calls[%d] has an index: OpenAI's whole reply has none", i)
+			}
+			ids[id] = true
+		}
+		if c["finish_reason"] != finish {
+			t.Errorf("finish_reason %v, want %s", c["finish_reason"], finish)
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		body   string
+		status int
+		check  func(t *testing.T, m map[string]any, req *Request)
+		stream func(t *testing.T, chunks []map[string]any)
+	}{
+		{name: "auto: a call", body: say("Checking.\n"+call("get_weather", `{"city": "Paris"}`), ","+tools), status: 200,
+			check: func(t *testing.T, m map[string]any, req *Request) {
+				whole(t, m, "Checking.\n", "", []wantCall{{"get_weather", `{"city":"Paris"}`}}, "tool_calls")
+				if p := (tokenizer.Bytes{}).Decode(req.Prompt); !strings.Contains(p, `<tools>`) || !strings.Contains(p, `"name": "get_time"`) || req.Sampling.Grammar != "" {
+					t.Errorf("prompt %q grammar %q: want the tools described and no grammar under auto", p, req.Sampling.Grammar)
+				}
+			}},
+		{name: "auto: parallel calls, content null", body: say(call("get_weather", `{"city": "Oslo"}`)+"\n"+call("get_time", `{"zone": "CET"}`), ","+tools), status: 200,
+			check: func(t *testing.T, m map[string]any, _ *Request) {
+				whole(t, m, nil, "", []wantCall{{"get_weather", `{"city":"Oslo"}`}, {"get_time", `{"zone":"CET"}`}}, "tool_calls")
+			}},
+		{name: "parallel_tool_calls false ends at the first call", body: say(call("get_weather", `{"city": "Oslo"}`)+"\n"+call("get_time", `{"zone": "CET"}`)+" trailing", ","+tools+`,"parallel_tool_calls":false`), status: 200,
+			check: func(t *testing.T, m map[string]any, _ *Request) {
+				whole(t, m, nil, "", []wantCall{{"get_weather", `{"city":"Oslo"}`}}, "tool_calls")
+			}},
+		{name: "auto: no call", body: say("It is sunny.", ","+tools), status: 200,
+			check: func(t *testing.T, m map[string]any, _ *Request) { whole(t, m, "It is sunny.", "", nil, "stop") }},
+		{name: "required: a grammar of both tools", body: say(call("get_time", `{"zone": "UTC"}`), ","+tools+`,"tool_choice":"required"`), status: 200,
+			check: func(t *testing.T, m map[string]any, req *Request) {
+				whole(t, m, nil, "", []wantCall{{"get_time", `{"zone":"UTC"}`}}, "tool_calls")
+				g, err := grammar.Parse(req.Sampling.Grammar, "root")
+				if err != nil {
+					t.Fatalf("grammar: %v", err)
+				}
+				for text, ok := range map[string]bool{call("get_time", `{"zone": "UTC"}`): true, call("get_weather", `{"city": "X"}`): true, call("get_time", `{"city": "X"}`): false, "hello": false} {
+					mt, _ := g.Matcher()
+					if got := mt.Accept([]byte(text)) == nil && mt.Complete(); got != ok {
+						t.Errorf("grammar accepts %q: %v, want %v", text, got, ok)
+					}
+				}
+			}},
+		{name: "named: a grammar of that tool only", body: say(call("get_weather", `{"city": "Rome"}`), ","+tools+`,"tool_choice":{"type":"function","function":{"name":"get_weather"}}`), status: 200,
+			check: func(t *testing.T, m map[string]any, req *Request) {
+				whole(t, m, nil, "", []wantCall{{"get_weather", `{"city":"Rome"}`}}, "tool_calls")
+				g, err := grammar.Parse(req.Sampling.Grammar, "root")
+				if err != nil {
+					t.Fatal(err)
+				}
+				mt, _ := g.Matcher()
+				if mt.Accept([]byte(call("get_time", `{"zone": "UTC"}`))) == nil {
+					t.Error("the named grammar accepts another tool")
+				}
+			}},
+		{name: "reasoning_content", body: say("<think>\nthe user greets</think>\n\nHello!", ""), status: 200,
+			check: func(t *testing.T, m map[string]any, _ *Request) {
+				whole(t, m, "\n\nHello!", "\nthe user greets", nil, "stop")
+				pd := m["pdserve"].(map[string]any)
+				if pd["ttfo_ms"] == nil || pd["ttft_ms"] == nil || pd["ttfo_ms"].(float64) < pd["ttft_ms"].(float64) {
+					t.Errorf("pdserve ttfo_ms %v ttft_ms %v: want ttfo after ttft", pd["ttfo_ms"], pd["ttft_ms"])
+				}
+			}},
+		{name: "streamed tool call deltas", body: say("Hm.\n"+call("get_weather", `{"city": "Paris"}`), ","+tools+`,"stream":true`), status: 200,
+			stream: func(t *testing.T, chunks []map[string]any) {
+				var content strings.Builder
+				var deltas []map[string]any
+				var finish []any
+				for _, ch := range chunks {
+					c := choice0(t, ch)
+					d := c["delta"].(map[string]any)
+					if s, ok := d["content"].(string); ok {
+						content.WriteString(s)
+					}
+					for _, x := range asSlice(d["tool_calls"]) {
+						deltas = append(deltas, x.(map[string]any))
+					}
+					if c["finish_reason"] != nil {
+						finish = append(finish, c["finish_reason"])
+					}
+				}
+				if content.String() != "Hm.\n" {
+					t.Errorf("content %q", content.String())
+				}
+				if len(deltas) != 2 {
+					t.Fatalf("tool call deltas %v, want 2", deltas)
+				}
+				first, second := deltas[0], deltas[1]
+				fn := first["function"].(map[string]any)
+				if first["index"] != 0.0 || !strings.HasPrefix(first["id"].(string), "call_") || first["type"] != "function" || fn["name"] != "get_weather" || fn["arguments"] != "" {
+					t.Errorf("first delta %v, want index 0, id, type, name and empty arguments", first)
+				}
+				fn2 := second["function"].(map[string]any)
+				if second["index"] != 0.0 || second["id"] != nil || fn2["name"] != nil || fn2["arguments"] != `{"city":"Paris"}` {
+					t.Errorf("second delta %v, want index 0 and the arguments only", second)
+				}
+				if diff := cmp.Diff([]any{"tool_calls"}, finish); diff != "" {
+					t.Errorf("finish reasons (-want +got):\n%s", diff)
+				}
+			}},
+		{name: "streamed reasoning_content", body: say("<think>hmm</think>Hi", `,"stream":true`), status: 200,
+			stream: func(t *testing.T, chunks []map[string]any) {
+				var content, reasoning strings.Builder
+				for _, ch := range chunks {
+					d := choice0(t, ch)["delta"].(map[string]any)
+					if s, ok := d["content"].(string); ok {
+						if reasoning.Len() > 0 && content.Len() == 0 && s != "" && !strings.HasSuffix(reasoning.String(), "hmm") {
+							t.Error("content before the reasoning ended")
+						}
+						content.WriteString(s)
+					}
+					if s, ok := d["reasoning_content"].(string); ok {
+						if content.Len() > 0 {
+							t.Error("reasoning after content")
+						}
+						reasoning.WriteString(s)
+					}
+				}
+				if content.String() != "Hi" || reasoning.String() != "hmm" {
+					t.Errorf("content %q reasoning %q", content.String(), reasoning.String())
+				}
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts.idle(t)
+			resp := ts.post(t, RouteChat, tc.body)
+			if resp.StatusCode != tc.status {
+				t.Fatalf("status %d, want %d: %v", resp.StatusCode, tc.status, decodeJSON(t, resp.Body))
+			}
+			if tc.stream != nil {
+				tc.stream(t, streamed(t, resp))
+				return
+			}
+			m := decodeJSON(t, resp.Body)
+			mu.Lock()
+			req := got
+			mu.Unlock()
+			tc.check(t, m, req)
+		})
+	}
+}
+
+func mustJSON(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
+}
+
+func asSlice(v any) []any {
+	s, _ := v.([]any)
+	return s
 }

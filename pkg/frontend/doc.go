@@ -37,18 +37,55 @@
 // "length" and truncated JSON, as OpenAI's does. Schema keywords pkg/grammar
 // does not support are refused with a 400 unsupported_value naming them.
 //
+// On chat, tools ([{"type":"function","function":{name, description,
+// parameters, strict}}]), tool_choice ("none", "auto" (the default with
+// tools), "required", {"type":"function","function":{"name"}}) and
+// parallel_tool_calls (default true) are implemented: see "Tool calls".
+//
 // Accepted without effect on the output: user, safety_identifier and
 // metadata (not stored), prompt_cache_key (the router routes by prompt
 // prefix already), store false (true is refused: nothing is stored),
 // service_tier "auto" or "default" (there is one tier; others are
-// refused), and on chat the trivial forms of what pdserve lacks: tools
-// and functions empty, tool_choice and function_call "none" or "auto"
-// (nothing to call), parallel_tool_calls either way, response_format
-// {"type":"text"}, modalities ["text"], logit_bias {}. Refused when given
-// otherwise: tools, functions, tool_choice, function_call, logit_bias,
-// modalities, audio, prediction,
-// web_search_options, reasoning_effort, verbosity, suffix, and echo on
-// chat.
+// refused), and on chat the trivial forms of what pdserve lacks:
+// functions empty and function_call "none" or "auto" (deprecated; give
+// tools), response_format {"type":"text"}, modalities ["text"],
+// logit_bias {}. Refused when given otherwise: functions, function_call,
+// logit_bias, modalities, audio, prediction, web_search_options,
+// reasoning_effort, verbosity, suffix, and echo on chat.
+//
+// # Tool calls
+//
+// Tools are rendered by the model's own chat template (pkg/chattmpl, Jinja
+// in Go), and the reply is parsed in the template's tool-call format:
+// Hermes/Qwen <tool_call>{"name","arguments"}</tool_call> blocks, or
+// Llama 3's JSON {"name","parameters"}. A template that renders no tools
+// (and the byte-level and llama.cpp fallbacks) gets them described in
+// Hermes' format in the system message; one that renders tools in
+// another syntax (gemma 4's) gets a 400 unsupported_value on tools.
+// tool_choice "none" leaves the tools out of the prompt and parses
+// nothing. A reply's calls become message.tool_calls [{id "call_…", type
+// "function", function {name, arguments (a JSON string)}}], content null
+// when nothing else was said, finish_reason "tool_calls"; streamed, each
+// call is a delta {index, id, type, function {name, arguments ""}} then
+// one {index, function {arguments}}, as OpenAI sends them. A call that
+// does not parse stays content. tool_choice "required" (any of the
+// tools) and a named function decode under a grammar of the call syntax
+// around the tools' parameter schemas (pkg/grammar; keywords it does not
+// support are a 400 unsupported_value on tools), so even random weights
+// produce a valid call; they cannot be combined with a JSON
+// response_format. parallel_tool_calls false allows one call: the
+// grammar's, or under "auto" the choice ends at its first call.
+// Assistant messages' tool_calls and tool messages (tool_call_id) go back
+// into the template.
+//
+// # Reasoning
+//
+// A chat reply that starts with <think> (or whose prompt the template
+// ended inside <think>, as DeepSeek-R1's does) has its reasoning, up to
+// </think>, in message.reasoning_content and in the stream deltas'
+// reasoning_content, as vLLM and DeepSeek's API send it; content holds
+// the rest. The budget's ttfo_ms is the time to the first output that is
+// not reasoning (AIPerf's TTFO), beside ttft_ms.
 //
 // A field the route does not know gets a 400 as OpenAI sends it:
 // "Unrecognized request argument supplied: X", code "unknown_parameter",
@@ -219,9 +256,12 @@
 // Each chat message has a role (system, developer, user, assistant or
 // tool; others get a 400) and a content that is a string, null, or an
 // array of {"type":"text"} parts, joined into one text. When the
-// tokenizer carries the model's own chat template (it implements
-// engine.ChatTemplater, as llama.cpp's does with the template in the GGUF
-// metadata), the messages are rendered by it, roles passed as given, and
+// tokenizer carries the model's Jinja chat template (llama.cpp's: the
+// GGUF's tokenizer.chat_template), it renders the messages with
+// pkg/chattmpl (bos_token stripped when the tokenizer adds BOS itself); a
+// template the Jinja engine cannot compile is logged once and rendered by
+// llama.cpp's llama_chat_apply_template instead (engine.ChatTemplater,
+// no tools of its own). Either way roles are passed as given, and
 // the result is tokenized with Encode as it is: a template that wants a
 // BOS or other special tokens renders them, and Encode must read them as
 // special tokens. A template that cannot render the messages, or renders

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/pdserve/pdserve/pkg/chattmpl"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/grammar"
 )
@@ -108,7 +109,14 @@ type params struct {
 	model string // "" for the default model
 	// prompts are the completions prompts (one or more); chat has msgs.
 	prompts []promptIn
-	msgs    []engine.ChatMessage
+	msgs    []chattmpl.Message
+	// tools are chat's tools; toolChoice one of the choice* constants
+	// (choiceNone without tools), toolName the named function's;
+	// parallel is parallel_tool_calls (true when absent).
+	tools      []chattmpl.Tool
+	toolChoice string
+	toolName   string
+	parallel   bool
 	// maxTokens is the asked max_tokens, 0 when absent; maxParam names
 	// the parameter it came from.
 	maxTokens int
@@ -256,7 +264,7 @@ func typeName(t reflect.Type, plural bool) string {
 
 // validate checks every parameter and returns the request's params.
 func (b *completionBody) validate(chat bool) (*params, *apiError) {
-	p := &params{chat: chat, n: 1, logprobs: -1}
+	p := &params{chat: chat, n: 1, logprobs: -1, toolChoice: choiceNone, parallel: true}
 	if b.Model != nil {
 		p.model = *b.Model
 	}
@@ -344,6 +352,9 @@ func (b *completionBody) validate(chat bool) (*params, *apiError) {
 	switch {
 	case chat:
 		p.msgs, aerr = chatMessages(b.Messages)
+		if aerr == nil {
+			aerr = b.toolParams(p)
+		}
 	case !b.Prompt.present:
 		aerr = badRequest("prompt", "missing_prompt", "prompt is required")
 	default:
@@ -355,13 +366,33 @@ func (b *completionBody) validate(chat bool) (*params, *apiError) {
 	return p, nil
 }
 
+// toolParams sets p's tools, tool_choice and parallel_tool_calls.
+// tool_choice "required" or a named function is decoded under a grammar
+// of its own, so it cannot be combined with a response_format grammar.
+func (b *completionBody) toolParams(p *params) *apiError {
+	var aerr *apiError
+	if p.tools, aerr = toolsOf(b.Tools); aerr != nil {
+		return aerr
+	}
+	if p.toolChoice, p.toolName, aerr = toolChoice(b.ToolChoice, p.tools); aerr != nil {
+		return aerr
+	}
+	if b.ParallelToolCalls != nil {
+		p.parallel = *b.ParallelToolCalls
+	}
+	if (p.toolChoice == choiceRequired || p.toolChoice == choiceFunction) && p.sampling.Grammar != "" {
+		return unsupported("tool_choice", "tool_choice %q cannot be combined with a response_format of JSON: both constrain the reply", p.toolChoice)
+	}
+	return nil
+}
+
 // checkUnsupported refuses the parameters pdserve does not implement
 // with the value given. user, safety_identifier, prompt_cache_key and
 // metadata are accepted and have no effect on the output (the router's
 // prefix-cache routing needs no key); store is accepted when false (no
 // completion is stored) and service_tier when "auto" or "default" (there
 // is one tier); parallel_tool_calls is accepted either way since no tool
-// can be given.
+// is read with tools (toolParams).
 func (b *completionBody) checkUnsupported(chat bool) *apiError {
 	switch {
 	case chat && b.Echo != nil && *b.Echo:
@@ -370,14 +401,10 @@ func (b *completionBody) checkUnsupported(chat bool) *apiError {
 		return unsupported("suffix", "suffix is not supported")
 	case len(b.LogitBias) > 0:
 		return unsupported("logit_bias", "logit_bias is not supported")
-	case len(b.Tools) > 0:
-		return unsupported("tools", "tools are not supported")
 	case len(b.Functions) > 0:
-		return unsupported("functions", "functions are not supported")
-	case !noneChoice(b.ToolChoice):
-		return unsupported("tool_choice", `tool_choice must be "none" or "auto": no tools are supported`)
+		return unsupported("functions", "functions (deprecated) are not supported: give tools")
 	case !noneChoice(b.FunctionCall):
-		return unsupported("function_call", `function_call must be "none" or "auto": no functions are supported`)
+		return unsupported("function_call", `function_call (deprecated) must be "none" or "auto": give tool_choice`)
 	case b.Store != nil && *b.Store:
 		return unsupported("store", "store is not supported: pdserve stores no completions")
 	case b.ServiceTier != nil && *b.ServiceTier != "auto" && *b.ServiceTier != "default":
@@ -398,8 +425,8 @@ func (b *completionBody) checkUnsupported(chat bool) *apiError {
 	return nil
 }
 
-// noneChoice reports whether a tool_choice or function_call asks for no
-// call: absent, "none", or "auto" (there is nothing to call).
+// noneChoice reports whether a function_call asks for no call: absent,
+// "none", or "auto" (there is no function to call).
 func noneChoice(raw json.RawMessage) bool {
 	if isAbsent(raw) {
 		return true
@@ -608,10 +635,11 @@ func checkIDs(ids []int32, vocab int) ([]int32, *apiError) {
 var chatRoles = map[string]bool{"system": true, "developer": true, "user": true, "assistant": true, "tool": true}
 
 // chatMessages returns the validated messages of a chat request, their
-// content flattened to text. Fields of a message other than role and
-// content (name, refusal, annotations, … as a client sends back a
-// previous reply) are ignored.
-func chatMessages(raw json.RawMessage) ([]engine.ChatMessage, *apiError) {
+// content flattened to text, with name, an assistant's tool_calls and
+// reasoning_content, and a tool message's tool_call_id. Other fields of
+// a message (refusal, annotations, … as a client sends back a previous
+// reply) are ignored.
+func chatMessages(raw json.RawMessage) ([]chattmpl.Message, *apiError) {
 	if isAbsent(raw) {
 		return nil, badRequest("messages", "missing_messages", "messages is required")
 	}
@@ -622,7 +650,7 @@ func chatMessages(raw json.RawMessage) ([]engine.ChatMessage, *apiError) {
 	if len(msgs) == 0 {
 		return nil, badRequest("messages", "empty_prompt", "messages must not be empty")
 	}
-	out := make([]engine.ChatMessage, len(msgs))
+	out := make([]chattmpl.Message, len(msgs))
 	for i, rm := range msgs {
 		var m map[string]json.RawMessage
 		if err := json.Unmarshal(rm, &m); err != nil || m == nil {
@@ -636,16 +664,33 @@ func chatMessages(raw json.RawMessage) ([]engine.ChatMessage, *apiError) {
 		if err != nil {
 			return nil, badRequest(fmt.Sprintf("messages[%d].content", i), "invalid_type", "messages[%d].%v", i, err)
 		}
-		out[i] = engine.ChatMessage{Role: role, Content: content}
+		msg := chattmpl.Message{Role: role, Content: content}
+		for _, f := range []struct {
+			name string
+			dst  *string
+		}{{"name", &msg.Name}, {"tool_call_id", &msg.ToolCallID}, {"reasoning_content", &msg.Reasoning}} {
+			if v := m[f.name]; !isAbsent(v) {
+				if err := json.Unmarshal(v, f.dst); err != nil {
+					return nil, badRequest(fmt.Sprintf("messages[%d].%s", i, f.name), "invalid_type", "messages[%d].%s must be a string", i, f.name)
+				}
+			}
+		}
+		if v := m["tool_calls"]; role == "assistant" && !isAbsent(v) {
+			var aerr *apiError
+			if msg.ToolCalls, aerr = toolCallsOf(v, i); aerr != nil {
+				return nil, aerr
+			}
+		}
+		out[i] = msg
 	}
 	return out, nil
 }
 
-// renderChat renders msgs with the tokenizer's own chat template when it
+// renderFlat renders msgs with the tokenizer's own chat template when it
 // has one (engine.ChatTemplater), else with the byte-level template of the
 // package doc. A template that cannot render msgs is a 400 whose message
 // holds none of the template's error text (the request log has it).
-func renderChat(tok engine.Tokenizer, msgs []engine.ChatMessage) (string, *apiError) {
+func renderFlat(tok engine.Tokenizer, msgs []engine.ChatMessage) (string, *apiError) {
 	if ct, ok := tok.(engine.ChatTemplater); ok {
 		text, err := ct.ApplyChatTemplate(msgs)
 		if err != nil {

@@ -32,11 +32,40 @@ type choice struct {
 type delta struct {
 	Role    string  `json:"role,omitempty"`
 	Content *string `json:"content,omitempty"`
+	// Reasoning is the reasoning text (<think>…</think>) of the delta,
+	// as vLLM and DeepSeek's API send it.
+	Reasoning *string    `json:"reasoning_content,omitempty"`
+	ToolCalls []toolCall `json:"tool_calls,omitempty"`
 }
 
 type message struct {
-	Role    string `json:"role"`
-	Content string `json:"content"`
+	Role string `json:"role"`
+	// Content is null in a reply of tool calls only.
+	Content   *string       `json:"content"`
+	Reasoning *string       `json:"reasoning_content,omitempty"`
+	ToolCalls []messageCall `json:"tool_calls,omitempty"`
+}
+
+// messageCall is a tool call of a whole response: id, type, function.
+type messageCall struct {
+	ID       string       `json:"id"`
+	Type     string       `json:"type"`
+	Function toolFunction `json:"function"`
+}
+
+// toolCall is one tool call of a message, or a stream delta of one:
+// the first delta of a call has its index, id, type, name and empty
+// arguments, the next its arguments (index only besides).
+type toolCall struct {
+	Index    int          `json:"index"`
+	ID       string       `json:"id,omitempty"`
+	Type     string       `json:"type,omitempty"`
+	Function toolFunction `json:"function"`
+}
+
+type toolFunction struct {
+	Name      string `json:"name,omitempty"`
+	Arguments string `json:"arguments"`
 }
 
 type usage struct {

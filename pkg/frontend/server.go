@@ -24,6 +24,7 @@ import (
 
 	"github.com/pdserve/pdserve/pkg/apikey"
 	"github.com/pdserve/pdserve/pkg/budget"
+	"github.com/pdserve/pdserve/pkg/chattmpl"
 	"github.com/pdserve/pdserve/pkg/config"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/metrics"
@@ -216,6 +217,13 @@ type Server struct {
 	mux *http.ServeMux
 
 	cache *responseCache // nil: the response cache is off
+
+	// tmpl is the model's Jinja chat template, compiled once (nil: none,
+	// or it does not compile); tmplBOS the BOS text its renderings lose,
+	// "" when the tokenizer does not add BOS.
+	tmplOnce sync.Once
+	tmpl     *chattmpl.Template
+	tmplBOS  string
 
 	mu       sync.Mutex
 	inFlight int // admitted completion requests (prompts), ≤ o.MaxInFlight
@@ -670,6 +678,10 @@ type plan struct {
 	// tokensTaken is what was taken from the key's tokens-a-minute
 	// bucket (tokens()), 0 when nothing was.
 	tokensTaken int
+	// format is chat's tool-call format; inThink: the prompt opened
+	// <think>.
+	format  chattmpl.Format
+	inThink bool
 }
 
 // tokens returns the most tokens the request may use: every prompt's
@@ -752,12 +764,19 @@ func (s *Server) prepare(data []byte, chat bool, cl client, tr *budget.Trace) (*
 		echo string
 	}
 	var prompts []tokenized
+	pl := &plan{p: p, model: model, client: cl}
 	if chat {
-		text, aerr := renderChat(s.o.Tokenizer, p.msgs)
+		r, aerr := s.renderChat(p)
 		if aerr != nil {
 			return nil, aerr
 		}
-		ids, aerr := nonEmpty(s.o.Tokenizer.Encode(text), "messages")
+		pl.format, pl.inThink = r.format, r.inThink
+		if p.sampling.Grammar == "" {
+			if p.sampling.Grammar, aerr = toolGrammar(p, r.format); aerr != nil {
+				return nil, aerr
+			}
+		}
+		ids, aerr := nonEmpty(s.o.Tokenizer.Encode(r.text), "messages")
 		if aerr != nil {
 			return nil, aerr
 		}
@@ -788,7 +807,6 @@ func (s *Server) prepare(data []byte, chat bool, cl client, tr *budget.Trace) (*
 	}
 
 	limit, surface := cl.budget(s.o.Policy.Budgets, route)
-	pl := &plan{p: p, model: model, client: cl}
 	for i, t := range prompts {
 		which := promptParam
 		if len(prompts) > 1 {

@@ -234,6 +234,28 @@ func (t *Tokenizer) DecodeToken(id int32) []byte {
 	}
 }
 
+// TokenText returns the text of one token with special tokens written
+// out (<s>, <|begin_of_text|>), as a chat template's bos_token and
+// eos_token are; "" for an id outside the vocabulary.
+func (t *Tokenizer) TokenText(id int32) string {
+	if id < 0 || int(id) >= t.n {
+		return ""
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	buf := make([]byte, 64)
+	for {
+		n := t.m.api.tokenToPiece(t.m.vocab, id, buf, int32(len(buf)), 0, true)
+		if n >= 0 {
+			return string(buf[:n])
+		}
+		buf = make([]byte, -n)
+	}
+}
+
+// AddsBOS reports whether Encode adds the model's BOS token.
+func (t *Tokenizer) AddsBOS() bool { return t.addBOS }
+
 // Decode returns the text of ids; ids outside the vocabulary are skipped.
 func (t *Tokenizer) Decode(ids []int32) string {
 	var sb strings.Builder
