@@ -349,6 +349,8 @@ type message struct {
 	Content          *string `json:"content"`
 	ReasoningContent *string `json:"reasoning_content"`
 	Reasoning        *string `json:"reasoning"`
+	// ToolCalls are tool call deltas: output that is not reasoning (TTFO).
+	ToolCalls []json.RawMessage `json:"tool_calls"`
 }
 
 func nonEmpty(s *string) bool { return s != nil && *s != "" }
@@ -386,6 +388,7 @@ func (t *tracker) apply(now time.Time, ch *chunk, out *Outcome) error {
 				answer = true
 				t.text.WriteString(*m.Content)
 			}
+			answer = answer || len(m.ToolCalls) > 0
 			reasoning = reasoning || nonEmpty(m.ReasoningContent) || nonEmpty(m.Reasoning)
 		}
 	}

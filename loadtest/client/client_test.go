@@ -72,6 +72,22 @@ func TestOutcomes(t *testing.T) {
 			},
 		},
 		{
+			name:     "chat with reasoning, then a tool call",
+			endpoint: "/v1/chat/completions",
+			script: ssetest.Script{Events: []ssetest.Event{
+				{At: ms(5), Data: `{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}`},
+				{At: ms(40), Data: `{"choices":[{"index":0,"delta":{"reasoning_content":"hm"}}]}`},
+				{At: ms(70), Data: `{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"f","arguments":""}}]}}]}`},
+				{At: ms(75), Data: `{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]},"finish_reason":"tool_calls"}]}`},
+				{At: ms(76), Data: `[DONE]`},
+			}},
+			want: client.Outcome{
+				Success: true, Status: 200, PromptLen: 16, Asked: 4, OutputTokens: 3,
+				TTFT: ms(40), TTFO: ms(70), HasAnswer: true, Reasoning: true,
+				ITL: []time.Duration{ms(30), ms(5)}, Latency: ms(75), Events: 3, FinishReason: "tool_calls",
+			},
+		},
+		{
 			name: "no usage: events counted",
 			script: ssetest.Script{Events: ssetest.Stream(false, []ssetest.Token{
 				{At: ms(10), Text: "a"}, {At: ms(30), Text: "b"},
