@@ -174,3 +174,62 @@ func TestOpenAISDK(t *testing.T) {
 		t.Errorf("unknown model: %+v; want NotFoundError with code model_not_found", u)
 	}
 }
+
+// TestOpenAISDKTools drives tool calls through the official OpenAI Node
+// SDK: a required call from random weights (the grammar), its result sent
+// back as a tool message, and a named call streamed, its deltas
+// accumulated by the SDK's ChatCompletionStream.
+func TestOpenAISDKTools(t *testing.T) {
+	node, sdk := sdkDir(t)
+	cl := startCluster(t, clusterOpts{})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, "testdata/openai_sdk_tools.mjs")
+	cmd.Env = append(os.Environ(), "OPENAI_SDK="+sdk, "OPENAI_BASE_URL="+cl.url+"/v1", "PDSERVE_MODEL=tiny")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	outb, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("node: %v\n%s", err, stderr.String())
+	}
+	type args struct {
+		City    string
+		Celsius *bool
+	}
+	var out struct {
+		RoundTrip struct {
+			Finish, ID, Type, Name, Next, NextRole string
+			Content                                *string
+			Calls                                  int
+			Args                                   *args
+		}
+		Streamed struct {
+			Finish, ID, Name string
+			Calls            int
+			Args             *args
+			Events           []struct {
+				Name      string
+				Index     int
+				Arguments json.RawMessage
+			}
+		}
+	}
+	if err := json.Unmarshal(outb, &out); err != nil {
+		t.Fatalf("node output %q: %v", outb, err)
+	}
+	okArgs := func(a *args) bool { return a != nil && (a.City == "Paris" || a.City == "Oslo") && a.Celsius != nil }
+	rt := out.RoundTrip
+	if rt.Finish != "tool_calls" || rt.Content != nil || rt.Calls != 1 || !strings.HasPrefix(rt.ID, "call_") || rt.Type != "function" || rt.Name != "get_weather" || !okArgs(rt.Args) {
+		t.Errorf("round trip call %+v: want one get_weather call with schema-valid arguments, content null, finish tool_calls", rt)
+	}
+	if rt.NextRole != "assistant" || (rt.Next != "stop" && rt.Next != "length" && rt.Next != "tool_calls") {
+		t.Errorf("reply after the tool result: role %q finish %q", rt.NextRole, rt.Next)
+	}
+	st := out.Streamed
+	if st.Finish != "tool_calls" || st.Calls != 1 || !strings.HasPrefix(st.ID, "call_") || st.Name != "get_weather" || !okArgs(st.Args) {
+		t.Errorf("streamed call %+v: want the SDK to assemble one get_weather call from the deltas", st)
+	}
+	if len(st.Events) != 1 || st.Events[0].Name != "get_weather" || st.Events[0].Index != 0 {
+		t.Errorf("SDK tool call events %+v, want one arguments.done of get_weather at index 0", st.Events)
+	}
+}
