@@ -168,3 +168,21 @@ func TestCacheField(t *testing.T) {
 		})
 	}
 }
+
+// TestTTFO: the first Output sets FirstOutput; ttfo is measured from
+// arrival, after ttft when reasoning came first, absent without output.
+func TestTTFO(t *testing.T) {
+	t0 := time.Unix(100, 0)
+	tr := &Trace{Arrival: t0}
+	tr.Tokens(t0.Add(40*time.Millisecond), 1) // reasoning
+	if got := tr.Terms().TTFO; got != 0 {
+		t.Errorf("TTFO %v before any answer, want 0", got)
+	}
+	tr.Tokens(t0.Add(90*time.Millisecond), 1)
+	tr.Output(t0.Add(90 * time.Millisecond))
+	tr.Output(t0.Add(120 * time.Millisecond))
+	s := tr.Summary()
+	if s.TTFTMs != 40 || s.TTFOMs != 90 {
+		t.Errorf("ttft %v ttfo %v, want 40 and 90", s.TTFTMs, s.TTFOMs)
+	}
+}
