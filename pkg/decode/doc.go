@@ -63,7 +63,9 @@
 //
 // # Prefix cache
 //
-// With Options.PrefixCache on (--prefix-cache-tokens > 0), a finished (or
+// Options.PrefixCache is on by default (--prefix-cache-tokens -1, auto:
+// the whole KV pool, since cached blocks yield to requests; 0 turns it
+// off, a positive value caps it). A finished (or
 // cancelled) request's sequence is kept as a pkg/prefixcache entry holding its
 // prompt's full blocks (forked out when the sequence holds more). A local
 // prefill forks the longest cached prefix (not for prompt logprobs) and

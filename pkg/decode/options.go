@@ -53,12 +53,12 @@ type Options struct {
 	StreamWriteTimeout time.Duration
 	// PrefixCache keeps finished requests' prompt KV in the engine for
 	// prefix reuse by local prefill and by remote KV (see the package
-	// doc); off by default (MaxTokens 0). Its tokens share the pool with
-	// requests: they take blocks only while cached, and a request short of
-	// free blocks reclaims unpinned entries, so MaxTokens bounds the cache
-	// without taking anything from requests (up to KVBlocks × BlockTokens
-	// is useful). Its blocks are BlockTokens tokens (its own BlockTokens
-	// is ignored).
+	// doc); on by default (MaxTokens prefixcache.Auto: the whole pool,
+	// KVBlocks × BlockTokens; 0 turns it off). Its tokens share the pool
+	// with requests: they take blocks only while cached, and a request
+	// short of free blocks reclaims unpinned entries, so the cache takes
+	// nothing from requests and MaxTokens only caps it. Its blocks are
+	// BlockTokens tokens (its own BlockTokens is ignored).
 	PrefixCache prefixcache.Options
 }
 

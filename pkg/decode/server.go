@@ -260,15 +260,21 @@ func New(eng engine.Engine, o Options, logger *zap.Logger, reg prometheus.Regist
 		changed:    make(chan struct{}),
 		callers:    make(map[string]*callerUse),
 	}
-	if s.cache, err = prefixcache.New(o.cacheOptions()); err != nil {
+	// Auto: the whole pool, since cached blocks yield to requests; an
+	// engine that cannot fork keeps none (a size asked for is an error).
+	_, forks := eng.(engine.Forker)
+	auto := o.KVBlocks * o.BlockTokens
+	if !forks && o.PrefixCache.MaxTokens == prefixcache.Auto {
+		auto = 0
+	}
+	s.o.PrefixCache = o.PrefixCache.Resolve(auto)
+	if s.cache, err = prefixcache.New(s.o.cacheOptions()); err != nil {
 		stop()
 		return nil, fmt.Errorf("decode: %w", err)
 	}
-	if s.cache != nil {
-		if _, ok := eng.(engine.Forker); !ok {
-			stop()
-			return nil, errors.New("decode: a prefix cache needs an engine that forks sequences")
-		}
+	if s.cache != nil && !forks {
+		stop()
+		return nil, errors.New("decode: a prefix cache needs an engine that forks sequences")
 	}
 	if s.m, err = newMetrics(reg, s); err != nil {
 		stop()

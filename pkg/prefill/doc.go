@@ -41,9 +41,16 @@
 //
 // # Prefix cache
 //
-// With Options.PrefixCache on (--prefix-cache-tokens > 0), a prompt's
-// engine sequence is kept as a pkg/prefixcache entry when its last chunk
-// ran, instead of freed. A new request whose prompt shares k full blocks
+// Options.PrefixCache is on by default (--prefix-cache-tokens -1, auto:
+// sized by the engine's KV memory, i.e. llama.cpp's context cells and
+// sequence slots, the sim profile's GPU memory beside the weights, or for
+// the ref engine --retain-bytes of the model's KV; 0 turns it off, a
+// positive value caps it). A prompt's engine sequence is kept as a
+// pkg/prefixcache entry when its last chunk ran, instead of freed. The
+// cache lives in the memory live sequences do not use: when a request
+// starts, the least recently used unpinned entries are evicted until the
+// live sequences, the new prompt and the cache fit the engine's memory
+// and a sequence slot is free. A new request whose prompt shares k full blocks
 // (16 tokens) with an entry starts with a Fork of those k × 16 tokens (at
 // most all but one prompt token) and prefills only the rest; the forked
 // prefix's KV is exported into the request's KV buffer first, so the

@@ -46,7 +46,8 @@ type Options struct {
 	// waiting as may be in flight). ≥ 0.
 	MaxLiveKVBytes int64
 	// PrefixCache keeps the engine sequences of finished prompts for
-	// prefix reuse (see the package doc); off by default (MaxTokens 0).
+	// prefix reuse (see the package doc); on by default (MaxTokens
+	// prefixcache.Auto: sized by the engine's KV memory; 0: off).
 	// Its blocks are prefixcache.DefaultBlockTokens tokens, the block
 	// size the coordinator hashes prompts with for routing.
 	PrefixCache prefixcache.Options

@@ -1,6 +1,7 @@
 package prefill
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"testing"
@@ -10,6 +11,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
+	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/engine/ref"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 )
 
@@ -179,4 +182,121 @@ func TestPrefixCacheConcurrentUnderPressure(t *testing.T) {
 		t.Errorf("cache stats %+v: want within bounds, unpinned, with evictions", st)
 	}
 	t.Logf("cache stats %+v", st)
+}
+
+// boundedEngine is the ref engine with a fixed KV memory, as llama.cpp's
+// context: a step or fork that would hold more than tokens KV tokens or
+// seqs sequences fails, and the most it held is recorded. Only the
+// scheduler calls it; Stats-like reads take mu.
+type boundedEngine struct {
+	*ref.Engine
+	tokens, seqs int
+
+	mu               sync.Mutex
+	live             map[engine.SeqID]bool
+	peakTok, peakSeq int
+}
+
+func newBoundedEngine(t *testing.T, tokens, seqs int) *boundedEngine {
+	return &boundedEngine{Engine: newEngine(t), tokens: tokens, seqs: seqs, live: map[engine.SeqID]bool{}}
+}
+
+func (e *boundedEngine) KVCapacity() (tokens, seqs int) { return e.tokens, e.seqs }
+
+// admit checks that the live sequences, with extra tokens more, fit.
+func (e *boundedEngine) admit(extra int) error {
+	n := extra
+	for q := range e.live {
+		l, _ := e.Engine.Len(q)
+		n += l
+	}
+	e.peakTok, e.peakSeq = max(e.peakTok, n), max(e.peakSeq, len(e.live))
+	if n > e.tokens || len(e.live) > e.seqs {
+		return fmt.Errorf("bounded engine: %d tokens in %d sequences exceed %d in %d", n, len(e.live), e.tokens, e.seqs)
+	}
+	return nil
+}
+
+func (e *boundedEngine) Prefill(ctx context.Context, batch []engine.PrefillItem, onKV engine.KVFunc) ([]engine.Output, error) {
+	e.mu.Lock()
+	extra := 0
+	for _, it := range batch {
+		e.live[it.Seq] = true
+		extra += len(it.Tokens)
+	}
+	err := e.admit(extra)
+	e.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	return e.Engine.Prefill(ctx, batch, onKV)
+}
+
+func (e *boundedEngine) Fork(src, dst engine.SeqID, n int) error {
+	e.mu.Lock()
+	e.live[dst] = true
+	err := e.admit(n)
+	e.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	return e.Engine.Fork(src, dst, n)
+}
+
+func (e *boundedEngine) Free(seq engine.SeqID) {
+	e.mu.Lock()
+	delete(e.live, seq)
+	e.mu.Unlock()
+	e.Engine.Free(seq)
+}
+
+func (e *boundedEngine) peak() (tokens, seqs int) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.peakTok, e.peakSeq
+}
+
+// TestPrefixCacheAutoYieldsEngineMemory: by default (Auto) the cache is
+// sized by the engine's KV memory, and a starting request takes the
+// memory and sequence slots of the least recently used entries, so
+// concurrent requests on an engine that refuses to hold more than its
+// memory all succeed, bit-exact, with the cache full in between. Without
+// the eviction on demand the cache would fill the engine and its steps
+// fail. Run with -race.
+func TestPrefixCacheAutoYieldsEngineMemory(t *testing.T) {
+	f := &fakeReceiver{}
+	addr := serveReceiver(t, f)
+	eng := newBoundedEngine(t, 320, 8)
+	o := smallOptions()
+	o.ChunkTokens, o.MaxBatchTokens, o.QueueLimit = 16, 64, 64
+	if o.PrefixCache.MaxTokens != prefixcache.Auto {
+		t.Fatalf("default prefix-cache-tokens %d, want Auto", o.PrefixCache.MaxTokens)
+	}
+	w := newWorkerOn(t, eng, o, true)
+	if got := w.s.o.PrefixCache; got.MaxTokens != 320 || got.MaxEntries != 7 {
+		t.Fatalf("auto cache sized %d tokens, %d entries; want the engine's 320 and 8 slots less one", got.MaxTokens, got.MaxEntries)
+	}
+	// Fill the cache: 6 distinct prompts of 48 tokens (288 tokens).
+	for i := range 6 {
+		prefillOne(t, w, f, addr, fmt.Sprintf("fill%d", i), prompt(48, int32(40+i)), 0)
+	}
+	if st := w.s.Stats().PrefixCache; st.Tokens != 288 || st.Entries != 6 {
+		t.Fatalf("after filling: cache %+v, want 288 tokens in 6 entries", st)
+	}
+	bases := [][]int32{prompt(48, 40), prompt(48, 41), prompt(48, 1)}
+	var wg sync.WaitGroup
+	for i := range 18 {
+		wg.Go(func() {
+			p := sharing(bases[i%len(bases)], 40+i, 16*(1+i%3), int32(i+20))
+			prefillOne(t, w, f, addr, fmt.Sprintf("c%d", i), p, 0)
+		})
+	}
+	wg.Wait()
+	st := w.s.Stats().PrefixCache
+	if st.Reclaims == 0 || st.Hits == 0 || st.Pinned != 0 || st.Tokens > 320 {
+		t.Errorf("cache stats %+v: want reclaims for live requests, hits, no pin, within the engine", st)
+	}
+	if tok, seqs := eng.peak(); tok > 320 || seqs > 8 {
+		t.Errorf("engine held up to %d tokens in %d sequences, over its 320 in 8", tok, seqs)
+	}
 }

@@ -14,6 +14,7 @@ import (
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
+	"github.com/pdserve/pdserve/pkg/prefixcache"
 	"github.com/pdserve/pdserve/pkg/wire"
 )
 
@@ -167,7 +168,10 @@ func (s *Server) startLocked(r *request) bool {
 	r.seq = s.nextSeq
 	r.started = true
 	r.kv = newKVBuf(s.spec.Layers, len(r.prompt))
-	frames := s.forkPrefixLocked(r)
+	hit := s.cache.Acquire(r.hashes, s.cache.MaxHitBlocks(len(r.prompt)))
+	s.makeRoomLocked(r)
+	frames := s.forkPrefixLocked(r, hit)
+	s.cache.Release(hit)
 	r.ret = s.retained.add(r.id, r.kv, need)
 	r.tx = newTransfer(peerContext(s.baseCtx, r.decodeID, r.cred), r.id, r.addr, r.codec, s.spec.KVDType, r.kv, r.skip, s.spec.KVTokenBytes(), s.auto, s.now)
 	for _, f := range frames {
@@ -181,20 +185,47 @@ func (s *Server) startLocked(r *request) bool {
 	return true
 }
 
-// forkPrefixLocked starts r's engine sequence from the longest cached
+// makeRoomLocked evicts prefix cache entries, least recently used first
+// (pinned ones stay), until the engine's KV memory holds the live
+// requests' sequences, r's whole prompt and what the cache keeps, and a
+// sequence slot is free for r: the cache lives in the memory live
+// sequences do not use. The caller is the scheduler and holds mu; r is
+// started, not yet counted among the queue's started requests.
+func (s *Server) makeRoomLocked(r *request) {
+	if s.cache == nil || (s.memTokens <= 0 && s.memSeqs <= 0) {
+		return
+	}
+	tokens, seqs := len(r.prompt), 1
+	for _, q := range s.queue {
+		if q.started && !q.prefilled && q != r {
+			tokens += len(q.prompt)
+			seqs++
+		}
+	}
+	st := s.cache.Stats()
+	var overTokens, overSeqs int
+	if s.memTokens > 0 {
+		overTokens = tokens + st.Tokens - s.memTokens
+	}
+	if s.memSeqs > 0 {
+		overSeqs = seqs + st.Entries - s.memSeqs
+	}
+	if overTokens > 0 || overSeqs > 0 {
+		s.freeSeqs(s.cache.Shrink(overTokens, overSeqs))
+	}
+}
+
+// forkPrefixLocked starts r's engine sequence from hit, the longest cached
 // prefix of its prompt (whole blocks, at least one token left to compute),
 // copies that prefix's KV out of the fork into r.kv (the decode worker
 // needs the whole prompt's, and Resend does) and returns its frames, to be
 // pushed to the transfer. On a miss, or when the fork or export fails
 // (logged; r then prefills from scratch), it does nothing. The caller is
-// the scheduler (it owns the engine) and holds mu; the pin on the entry
-// lasts only this call.
-func (s *Server) forkPrefixLocked(r *request) []frame {
-	hit := s.cache.Acquire(r.hashes, s.cache.MaxHitBlocks(len(r.prompt)))
+// the scheduler (it owns the engine), holds mu and the pin of hit.
+func (s *Server) forkPrefixLocked(r *request, hit prefixcache.Hit) []frame {
 	if hit.Tokens == 0 {
 		return nil
 	}
-	defer s.cache.Release(hit)
 	n := hit.Tokens
 	fail := func(err error) []frame {
 		s.log.Warn("prefix cache fork failed; prefilling the whole prompt", zap.String("request_id", r.id), zap.Int("prefix_tokens", n), zap.Error(err))

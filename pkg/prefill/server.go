@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -51,6 +52,10 @@ type Server struct {
 	log      *zap.Logger
 	m        *metrics
 	now      func() time.Time
+	// memTokens and memSeqs are the engine's KV memory, in tokens and
+	// sequences (0: no bound), which live sequences and the prefix cache
+	// share: the cache gives way when a request starts (see startLocked).
+	memTokens, memSeqs int
 	// cache holds finished prompts' engine sequences (nil: off). Only the
 	// scheduler goroutine, which owns the engine, looks up, forks, inserts
 	// and frees; Stats reads it from any goroutine.
@@ -159,11 +164,25 @@ func New(eng engine.Engine, dialer *kvtransfer.Dialer, o Options, logger *zap.Lo
 	if e, ok := eng.(interface{ KVTokenBytes() int }); ok && e.KVTokenBytes() > 0 {
 		s.tokenBytes = e.KVTokenBytes()
 	}
-	if s.cache, err = prefixcache.New(o.PrefixCache); err != nil {
+	s.memTokens, s.memSeqs = engineMemory(eng, o.RetainBytes)
+	_, forks := eng.(engine.Forker)
+	auto := s.memTokens
+	if !forks {
+		auto = 0 // Auto keeps nothing on an engine that cannot fork
+	}
+	s.o.PrefixCache = o.PrefixCache.Resolve(auto)
+	if pc := &s.o.PrefixCache; pc.Enabled() && s.memSeqs > 0 && pc.MaxEntries > s.memSeqs-1 {
+		// Cached prompts hold sequence slots; one stays for a request.
+		pc.MaxEntries = s.memSeqs - 1
+		if pc.MaxEntries <= 0 {
+			pc.MaxTokens = 0
+		}
+	}
+	if s.cache, err = prefixcache.New(s.o.PrefixCache); err != nil {
 		stop()
 		return nil, fmt.Errorf("prefill: %w", err)
 	}
-	if _, ok := eng.(engine.Forker); s.cache != nil && !ok {
+	if s.cache != nil && !forks {
 		stop()
 		return nil, errors.New("prefill: a prefix cache needs an engine that forks sequences")
 	}
@@ -185,6 +204,35 @@ func New(eng engine.Engine, dialer *kvtransfer.Dialer, o Options, logger *zap.Lo
 		logSpeeds(logger, sp)
 	}
 	return s, nil
+}
+
+// capacityEngine is an engine whose KV memory is fixed when it is built
+// (llamacpp: the cells of its context and its sequence slots).
+type capacityEngine interface {
+	KVCapacity() (tokens, seqs int)
+}
+
+// poolEngine is an engine that models a device's KV memory (sim: the
+// profile's GPU memory beside the weights), in tokens.
+type poolEngine interface {
+	KVPoolTokens() int
+}
+
+// engineMemory returns eng's KV memory in tokens and sequence slots (0:
+// no bound): its fixed capacity, or the memory it models; an engine
+// without either (ref: the Go heap) gets the worker's KV budget,
+// retainBytes of the model's KV.
+func engineMemory(eng engine.Engine, retainBytes int64) (tokens, seqs int) {
+	switch e := eng.(type) {
+	case capacityEngine:
+		return e.KVCapacity()
+	case poolEngine:
+		return e.KVPoolTokens(), 0
+	}
+	if b := int64(eng.Spec().KVBytesPerToken()); b > 0 {
+		return int(min(retainBytes/b, math.MaxInt32)), 0
+	}
+	return 0, 0
 }
 
 // logSpeeds logs the self-benchmark's figures.

@@ -22,12 +22,17 @@ const (
 	// DefaultDigestHashes is how many block hashes a heartbeat carries:
 	// 4096 hashes are 64Ki prompt tokens at 16 tokens a block.
 	DefaultDigestHashes = 4096
+	// Auto is the MaxTokens that sizes the cache by the engine memory
+	// live sequences do not use (Options.Resolve): the default.
+	Auto = -1
 )
 
-// Options configure a Cache. The zero MaxTokens turns the cache off.
+// Options configure a Cache. The zero MaxTokens turns the cache off; Auto
+// (the default) must be resolved to a size before New.
 type Options struct {
 	// MaxTokens bounds the KV tokens held by cached sequences (the
-	// engine's Len of each). 0: no cache. ≥ 0.
+	// engine's Len of each). 0: no cache; Auto: sized by the worker
+	// (Resolve). ≥ Auto.
 	MaxTokens int
 	// MaxEntries bounds the cached engine sequences. > 0 when MaxTokens
 	// is.
@@ -36,29 +41,38 @@ type Options struct {
 	BlockTokens int
 }
 
-// DefaultOptions returns a cache that is off, with the default entry
-// bound and block size.
+// DefaultOptions returns a cache sized by its worker (Auto), with the
+// default entry bound and block size.
 func DefaultOptions() Options {
-	return Options{MaxEntries: DefaultMaxEntries, BlockTokens: DefaultBlockTokens}
+	return Options{MaxTokens: Auto, MaxEntries: DefaultMaxEntries, BlockTokens: DefaultBlockTokens}
 }
 
 // AddFlags registers --prefix-cache-tokens and --prefix-cache-entries on
 // fs, with o's values as defaults.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
-	fs.IntVar(&o.MaxTokens, "prefix-cache-tokens", o.MaxTokens, "KV tokens of finished prompts kept in the engine for prefix reuse, LRU (0: no prefix cache)")
+	fs.IntVar(&o.MaxTokens, "prefix-cache-tokens", o.MaxTokens, "KV tokens of finished prompts kept in the engine for prefix reuse, LRU; they use only engine memory live sequences do not, and yield it to them on demand (-1: as many as the engine's KV memory holds, the KV pool on decode workers; 0: no prefix cache)")
 	fs.IntVar(&o.MaxEntries, "prefix-cache-entries", o.MaxEntries, "most cached prompts (engine sequences) in the prefix cache")
 }
 
-// Enabled reports whether o turns the cache on.
-func (o Options) Enabled() bool { return o.MaxTokens > 0 }
+// Enabled reports whether o turns the cache on (a size, or Auto).
+func (o Options) Enabled() bool { return o.MaxTokens != 0 }
+
+// Resolve returns o with an Auto MaxTokens replaced by tokens, the KV
+// tokens of the worker's engine memory (0 or less: off); other sizes stay.
+func (o Options) Resolve(tokens int) Options {
+	if o.MaxTokens == Auto {
+		o.MaxTokens = max(tokens, 0)
+	}
+	return o
+}
 
 // Validate reports every invalid field in one error.
 func (o Options) Validate() error {
 	var errs []error
-	if o.MaxTokens < 0 {
-		errs = append(errs, fmt.Errorf("prefix-cache-tokens %d must not be negative", o.MaxTokens))
+	if o.MaxTokens < Auto {
+		errs = append(errs, fmt.Errorf("prefix-cache-tokens %d must be -1 (auto), 0 (off) or positive", o.MaxTokens))
 	}
-	if o.MaxTokens > 0 && o.MaxEntries <= 0 {
+	if o.MaxTokens != 0 && o.MaxEntries <= 0 {
 		errs = append(errs, fmt.Errorf("prefix-cache-entries %d must be positive", o.MaxEntries))
 	}
 	if o.BlockTokens <= 0 {
@@ -126,10 +140,13 @@ type Cache struct {
 }
 
 // New returns an empty cache, or nil when o turns it off. Errors: o is
-// invalid.
+// invalid, or its MaxTokens is Auto (Resolve it first).
 func New(o Options) (*Cache, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
+	}
+	if o.MaxTokens == Auto {
+		return nil, errors.New("prefixcache: an auto size must be resolved before New")
 	}
 	if !o.Enabled() {
 		return nil, nil
@@ -312,14 +329,21 @@ func (c *Cache) trimLocked() []engine.SeqID {
 // the caller to Free under its engine lock: a worker whose requests and
 // cache share one KV pool gives a request the room its cached, unused
 // prefixes take. Evictions count as Reclaims.
-func (c *Cache) Reclaim(tokens int) []engine.SeqID {
+func (c *Cache) Reclaim(tokens int) []engine.SeqID { return c.Shrink(tokens, 0) }
+
+// Shrink evicts least recently used unpinned entries until they held at
+// least tokens KV tokens and numbered at least entries, or none is left,
+// and returns their sequences for the caller to Free under its engine
+// lock: a live sequence that needs engine memory (tokens) or a sequence
+// slot (entries) takes it from the cache. Evictions count as Reclaims.
+func (c *Cache) Shrink(tokens, entries int) []engine.SeqID {
 	if c == nil {
 		return nil
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var free []engine.SeqID
-	for el := c.lru.Back(); el != nil && tokens > 0; {
+	for el := c.lru.Back(); el != nil && (tokens > 0 || entries > 0); {
 		e := el.Value.(*entry)
 		el = el.Prev()
 		if e.pins > 0 {
@@ -327,6 +351,7 @@ func (c *Cache) Reclaim(tokens int) []engine.SeqID {
 		}
 		c.st.Reclaims++
 		tokens -= e.tokens
+		entries--
 		free = append(free, c.dropLocked(e))
 	}
 	return free

@@ -34,9 +34,11 @@ func toks(n, shared int, seed int32) []int32 {
 }
 
 func TestOff(t *testing.T) {
-	c, err := New(DefaultOptions())
+	o := DefaultOptions()
+	o.MaxTokens = 0
+	c, err := New(o)
 	if err != nil || c != nil {
-		t.Fatalf("New(defaults) = %v, %v; want a nil cache", c, err)
+		t.Fatalf("New(MaxTokens 0) = %v, %v; want a nil cache", c, err)
 	}
 	if h := c.Acquire(kv.HashBlocks(0, toks(32, 0, 1), 16), 10); h.Tokens != 0 {
 		t.Errorf("nil cache hit %d", h.Tokens)
@@ -51,10 +53,59 @@ func TestOff(t *testing.T) {
 }
 
 func TestValidate(t *testing.T) {
-	for _, o := range []Options{{MaxTokens: -1, MaxEntries: 1, BlockTokens: 4}, {MaxTokens: 8, BlockTokens: 4}, {MaxTokens: 8, MaxEntries: 1}} {
+	for _, o := range []Options{
+		{MaxTokens: -2, MaxEntries: 1, BlockTokens: 4},
+		{MaxTokens: 8, BlockTokens: 4}, {MaxTokens: Auto, BlockTokens: 4}, {MaxTokens: 8, MaxEntries: 1},
+		DefaultOptions(), // Auto, unresolved
+	} {
 		if _, err := New(o); err == nil {
 			t.Errorf("New(%+v) accepted", o)
 		}
+	}
+}
+
+// TestResolve sizes an Auto cache by the worker's engine memory and keeps
+// a size or off as given.
+func TestResolve(t *testing.T) {
+	for _, tc := range []struct{ max, tokens, want int }{
+		{Auto, 4096, 4096}, {Auto, 0, 0}, {Auto, -5, 0}, {0, 4096, 0}, {100, 4096, 100},
+	} {
+		o := DefaultOptions()
+		o.MaxTokens = tc.max
+		if got := o.Resolve(tc.tokens).MaxTokens; got != tc.want {
+			t.Errorf("Options{MaxTokens: %d}.Resolve(%d).MaxTokens = %d, want %d", tc.max, tc.tokens, got, tc.want)
+		}
+	}
+	if !DefaultOptions().Enabled() {
+		t.Error("the default options turn the cache off")
+	}
+}
+
+// TestShrink gives live sequences the memory and slots of the least
+// recently used unpinned entries, never a pinned one.
+func TestShrink(t *testing.T) {
+	c := newCache(t, 1000, 10)
+	for i := range 4 {
+		p := toks(8, 0, int32(i+1))
+		c.Insert(engine.SeqID(i+1), c.Hashes(p), len(p))
+	}
+	// Recency, oldest first: 1, 2, 3, 4. Pin 1.
+	h := c.Acquire(c.Hashes(toks(8, 0, 1)), 2)
+	if h.Tokens != 8 {
+		t.Fatalf("Acquire hit %d tokens, want 8", h.Tokens)
+	}
+	if got := c.Shrink(9, 0); !slices.Equal(got, []engine.SeqID{2, 3}) {
+		t.Errorf("Shrink(9 tokens) freed %v, want [2 3]", got)
+	}
+	if got := c.Shrink(0, 5); !slices.Equal(got, []engine.SeqID{4}) {
+		t.Errorf("Shrink(5 entries) freed %v, want [4] (1 is pinned)", got)
+	}
+	c.Release(h)
+	if got := c.Shrink(0, 1); !slices.Equal(got, []engine.SeqID{1}) {
+		t.Errorf("Shrink after Release freed %v, want [1]", got)
+	}
+	if st := c.Stats(); st.Reclaims != 4 || st.Entries != 0 || st.Tokens != 0 {
+		t.Errorf("stats %+v, want 4 reclaims and nothing held", st)
 	}
 }
 

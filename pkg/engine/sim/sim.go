@@ -206,6 +206,11 @@ func (e *Engine) LogitFree() {}
 // Tokenizer returns the byte-level tokenizer.
 func (e *Engine) Tokenizer() engine.Tokenizer { return tokenizer.Bytes{} }
 
+// KVPoolTokens returns the tokens of KV the modeled device holds beside
+// the weights (the profile's MaxKVTokens): the memory a worker's live
+// sequences and prefix cache share.
+func (e *Engine) KVPoolTokens() int { return int(min(e.prof.MaxKVTokens(), math.MaxInt32)) }
+
 // Profile returns the engine's profile; do not modify it.
 func (e *Engine) Profile() *perfmodel.Profile { return e.prof }
 
