@@ -30,6 +30,7 @@ type deployFlags struct {
 	MaxBatch                int
 	KVBlocks                int
 	QueueLimit              int
+	PolicyFile              string
 	LogFile                 string
 	// Unit is what --gpus counts in reports ("" : see unit).
 	Unit string
@@ -59,6 +60,7 @@ func (d *deployFlags) addFlags(fs *flag.FlagSet) {
 	fs.IntVar(&d.MaxBatch, "max-batch", d.MaxBatch, "local deployments: sequences per decode step (0: worker default)")
 	fs.IntVar(&d.KVBlocks, "kv-blocks", d.KVBlocks, "local deployments: KV blocks per decode/colocated worker (0: worker default)")
 	fs.IntVar(&d.QueueLimit, "queue-limit", d.QueueLimit, "local deployments: coordinator admission limit (0: default)")
+	fs.StringVar(&d.PolicyFile, "coordinator-config", d.PolicyFile, "local deployments: the coordinator's policy YAML (its --config: routing weights and picker, limits; default: the default policy)")
 	fs.StringVar(&d.LogFile, "deploy-log", d.LogFile, "local deployments: write their logs to this file (default: discard)")
 	fs.StringVar(&d.ModelFile, "model-file", d.ModelFile, "local llamacpp deployments: the GGUF model file (--model stays the model name requests carry)")
 	fs.StringVar(&d.LlamaLib, "llama-lib", d.LlamaLib, "local llamacpp deployments: directory of llama.cpp's libraries (default: the engine's)")
@@ -75,7 +77,7 @@ func (d *deployFlags) spec(mode string, timeScale float64) (deploy.Spec, error) 
 		Mode: mode, Engine: d.Engine, Profile: d.Profile, Preset: d.Preset, TimeScale: timeScale, PayloadScale: d.PayloadScale,
 		Codec: d.Codec, LinkGbps: d.LinkGbps, FirstTokenPolicy: d.Policy,
 		ChunkTokens: d.ChunkTokens, MaxBatchTokens: d.MaxBatchTokens, MaxBatch: d.MaxBatch,
-		KVBlocks: d.KVBlocks, QueueLimit: d.QueueLimit,
+		KVBlocks: d.KVBlocks, QueueLimit: d.QueueLimit, PolicyFile: d.PolicyFile,
 	}
 	if d.Engine == enginecfg.Llama {
 		return d.llamaSpec(s)

@@ -62,6 +62,9 @@ type Spec struct {
 	KVBlocks int
 	// QueueLimit is the coordinator's admission limit; 0 keeps the default.
 	QueueLimit int
+	// PolicyFile is the coordinator's policy YAML (--config: routing
+	// weights, limits); "" keeps the default policy.
+	PolicyFile string
 	// ModelName is the served model name ("" = the engine's).
 	ModelName string
 
@@ -145,6 +148,7 @@ func (s Spec) Options() (coordinator.Options, error) {
 		o.FirstTokenPolicy = s.FirstTokenPolicy
 	}
 	o.QueueLimit = s.QueueLimit
+	o.ConfigFile = s.PolicyFile
 	o.ModelName = s.ModelName
 	o.HeartbeatTTL = 2 * time.Second
 	o.ShutdownTimeout = 10 * time.Second
