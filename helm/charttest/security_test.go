@@ -329,14 +329,15 @@ func checkTokenSecret(t *testing.T, data map[string][]byte) {
 	}
 }
 
-// checkCertificates: with tls.certManager.enabled there is one
+// checkCertificates: with tls.certManager.enabled (or the chart's
+// generated certificates, checked further by TestGeneratedTLS) there is one
 // Certificate per role of the release, filling the Secret its pods mount,
 // from the configured issuer; the workers' certificates name
 // tls.serverName and allow serving, the coordinator's only client
 // authentication; and the identities the workers allow
 // (--tls-allow-coordinator, --tls-allow-prefill) are names of that role's
-// certificate and of no other's. Without cert-manager and identities the
-// workers allow any certificate (no --tls-allow-*).
+// certificate and of no other's. With a shared certificate of the user's
+// and no identities the workers allow any certificate (no --tls-allow-*).
 func checkCertificates(t *testing.T, r release) {
 	tlsOn, _ := r.value("tls.enabled").(bool)
 	cm, _ := r.value("tls.certManager.enabled").(bool)
@@ -397,16 +398,23 @@ func checkCertificates(t *testing.T, r release) {
 		args := argMap(container(t, &r.deployment(t, p.deployment).Spec.Template.Spec, p.container).Args)
 		for _, allow := range []string{"coordinator", "prefill"} {
 			id, given := args["tls-allow-"+allow]
-			if want := tlsOn && (cm || identities); given != want {
+			generated := tlsOn && len(generatedTLS(t, r)) > 0
+			if want := tlsOn && (cm || identities || generated); given != want {
 				t.Errorf("%s: --tls-allow-%s given: %v, want %v", p.deployment, allow, given, want)
 			}
-			if !given || !cm {
+			if !given {
 				continue
 			}
 			for role, c := range byRole {
 				if got := slices.Contains(c.sans(), id); got != (role == allow) {
 					t.Errorf("%s: --tls-allow-%s=%s is a name of the %s certificate (%v): %v, want %v",
 						p.deployment, allow, id, role, c.sans(), got, role == allow)
+				}
+			}
+			for role, g := range generatedTLS(t, r) {
+				if got := slices.Contains(g.leaf.DNSNames, id); got != (role == allow) {
+					t.Errorf("%s: --tls-allow-%s=%s is a name of the generated %s certificate (%v): %v, want %v",
+						p.deployment, allow, id, role, g.leaf.DNSNames, got, role == allow)
 				}
 			}
 		}
@@ -894,6 +902,9 @@ func TestGRPCRoles(t *testing.T) {
 				c := o.obj.(*certificate)
 				ca := tlstest.NewCA(t, "sample CA")
 				leaves[strings.TrimPrefix(o.name, releaseName+"-pdserve-")] = ca.Issue(t, certLeaf(t, c)).Cert
+			}
+			for role, g := range generatedTLS(t, r) {
+				leaves[role] = g.leaf
 			}
 			callers := map[string]grpcCaller{
 				"coordinator": {mountedToken(t, r, coord, "grpc-token-file"), leaves["coordinator"]},

@@ -125,6 +125,8 @@ func TestK8sE2E(t *testing.T) {
 		if got.text != want {
 			t.Errorf("greedy text through the cluster %q, standalone %q", got.text, want)
 		}
+	}) && t.Run("mutual TLS with the chart's certificates: every worker admitted verified", func(t *testing.T) {
+		e.verifiedWorkers(t)
 	}) && t.Run("helm upgrade keeps the Secrets and rolls the workers under load", func(t *testing.T) {
 		e.upgrade(t, base, key, model)
 	})
@@ -242,8 +244,40 @@ func (e *env) standalone(t *testing.T, file, model string) string {
 	return r.text
 }
 
+// verifiedWorkers: with the chart's defaults (TLS on, its own CA and a
+// certificate per role) the coordinator admitted each running worker pod
+// after its handshake proved the certificate's role, and none unverified.
+func (e *env) verifiedWorkers(t *testing.T) {
+	coord := e.workerPods(t, namespace, release, "coordinator")
+	if len(coord) != 1 {
+		t.Fatalf("coordinator pods %v, want one", coord)
+	}
+	workers := append(e.workerPods(t, namespace, release, "prefill"), e.workerPods(t, namespace, release, "decode")...)
+	var log string
+	waitFor(t, "the coordinator's log to admit every worker verified", time.Minute, func() error {
+		log = e.sh(t, "kubectl -n "+namespace+" logs "+coord[0])
+		for _, w := range workers {
+			if !slices.ContainsFunc(strings.Split(log, "\n"), func(l string) bool {
+				return strings.Contains(l, "worker admitted: certificate verified") && strings.Contains(l, `"worker":"`+w+`"`)
+			}) {
+				return fmt.Errorf("no verified admission of %s", w)
+			}
+		}
+		return nil
+	})
+	if strings.Contains(log, "admitted unverified") {
+		t.Errorf("the coordinator admitted a worker unverified:\n%s", log)
+	}
+	secrets := e.releaseSecrets(t, namespace, release)
+	for _, role := range []string{"coordinator", "prefill", "decode"} {
+		if _, ok := secrets[release+"-pdserve-"+role+"-tls"]; !ok {
+			t.Errorf("no generated TLS Secret for %s among %v", role, slices.Sorted(maps.Keys(secrets)))
+		}
+	}
+}
+
 // releaseSecrets returns the data of the Secrets the chart generated for
-// a release (gRPC tokens, NATS passwords, …), by name.
+// a release (gRPC tokens, NATS passwords, TLS certificates), by name.
 func (e *env) releaseSecrets(t *testing.T, ns, rel string) map[string]map[string][]byte {
 	t.Helper()
 	list, err := e.cs.CoreV1().Secrets(ns).List(t.Context(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/instance=" + rel})
@@ -252,7 +286,7 @@ func (e *env) releaseSecrets(t *testing.T, ns, rel string) map[string]map[string
 	}
 	out := map[string]map[string][]byte{}
 	for _, s := range list.Items {
-		if s.Type != corev1.SecretTypeOpaque || strings.HasPrefix(s.Name, "sh.helm.release") {
+		if (s.Type != corev1.SecretTypeOpaque && s.Type != corev1.SecretTypeTLS) || strings.HasPrefix(s.Name, "sh.helm.release") {
 			continue
 		}
 		out[s.Name] = s.Data
@@ -348,8 +382,8 @@ func (l *load) firstServed(worker string) (time.Time, bool) {
 
 func (e *env) upgrade(t *testing.T, base, key, model string) {
 	before := e.releaseSecrets(t, namespace, release)
-	if len(before) < 2 {
-		t.Fatalf("generated Secrets %v, want the gRPC tokens and the NATS passwords", slices.Sorted(maps.Keys(before)))
+	if len(before) < 5 {
+		t.Fatalf("generated Secrets %v, want the gRPC tokens, the NATS passwords and three TLS certificates", slices.Sorted(maps.Keys(before)))
 	}
 	oldPods := append(e.workerPods(t, namespace, release, "prefill"), e.workerPods(t, namespace, release, "decode")...)
 	l := startLoad(base, key, model, 2, 400)

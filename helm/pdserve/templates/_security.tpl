@@ -78,7 +78,7 @@ identities (one shared certificate) any certificate of the CA. */}}
 {{- with include "pdserve.tlsIdentity" (dict "root" $root "role" "decode") }}
 {{- $ids = append $ids (printf "%s=%s" $decodeRole .) }}
 {{- end }}
-{{- if eq .role "coordinator" }}
+{{- if and (eq .role "coordinator") (eq $root.Values.coordinator.mode "disaggregated") }}
 {{- with include "pdserve.tlsIdentity" (dict "root" $root "role" "prefill") }}
 {{- $ids = append $ids (printf "prefill=%s" .) }}
 {{- end }}
@@ -118,16 +118,125 @@ grpc.tokens.enabled.
 {{- end }}
 
 {{/*
+Where the certificates come from with tls.enabled: "certManager"
+(tls.certManager.enabled: the chart's Certificates), "secrets" (the
+user's tls.existingSecret or tls.roleSecrets) or "generated" (neither:
+the chart generates a CA and a certificate per role, tls-secrets.yaml).
+*/}}
+{{- define "pdserve.tlsSource" -}}
+{{- $t := .Values.tls }}
+{{- if $t.certManager.enabled }}certManager
+{{- else if or $t.existingSecret $t.roleSecrets.coordinator $t.roleSecrets.prefill $t.roleSecrets.decode }}secrets
+{{- else }}generated
+{{- end }}
+{{- end }}
+
+{{/*
+The roles of the release that mount a certificate, as a YAML list:
+coordinator and decode, and prefill in disaggregated mode.
+*/}}
+{{- define "pdserve.tlsRoles" -}}
+{{- $roles := list "coordinator" "decode" }}
+{{- if eq .Values.coordinator.mode "disaggregated" }}
+{{- $roles = append $roles "prefill" }}
+{{- end }}
+{{- toYaml $roles }}
+{{- end }}
+
+{{/*
 The TLS Secret a role mounts: with tls.certManager.enabled the one its
-Certificate fills ("<fullname>-<role>-tls"), else tls.roleSecrets.<role>,
-else the shared tls.existingSecret. Call with (dict "root" $ "role" ...).
+Certificate fills, with generated certificates the chart's own (both
+"<fullname>-<role>-tls"), else tls.roleSecrets.<role>, else the shared
+tls.existingSecret. Call with (dict "root" $ "role" ...).
 */}}
 {{- define "pdserve.tlsSecret" -}}
 {{- $t := .root.Values.tls }}
-{{- if $t.certManager.enabled }}
+{{- if has (include "pdserve.tlsSource" .root) (list "certManager" "generated") }}
 {{- printf "%s-%s-tls" (include "pdserve.fullname" .root) .role }}
 {{- else }}
-{{- required (printf "tls.existingSecret or tls.roleSecrets.%s is required when tls.enabled" .role) (default $t.existingSecret (index $t.roleSecrets .role)) }}
+{{- required (printf "tls.existingSecret or tls.roleSecrets.%s is required when tls.enabled with Secrets of yours" .role) (default $t.existingSecret (index $t.roleSecrets .role)) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The generated certificates (tls.enabled with no Secret of the user's and
+no cert-manager) as JSON: {"<role>": {"tls.crt", "tls.key", "ca.crt"},
+"notAfter": RFC 3339, "spec": digest}. One ECDSA P-256 CA signs one
+certificate per role (pdserve.tlsRoles), valid tls.generated.validityDays;
+its key is discarded, so nothing can sign another. Each certificate's
+DNS names are its role's identity (pdserve.tlsIdentity) and, for the
+workers, tls.serverName; its common name is the identity. On upgrade,
+lookup reads the Secrets back and keeps them byte for byte while they
+carry this release's spec (the names and lifetime they were made for)
+and expire more than tls.generated.renewDays from now; otherwise all are
+made anew, with a new CA, and the pods roll (pdserve.tlsPodAnnotation).
+Computed once per render: every template that asks gets the same.
+*/}}
+{{- define "pdserve.tlsGenerated" -}}
+{{- if not (hasKey . "pdserveTLSGenerated") }}
+{{- $t := .Values.tls }}
+{{- $roles := include "pdserve.tlsRoles" . | fromYamlArray }}
+{{- $names := dict }}
+{{- range $role := $roles }}
+{{- $dns := list (include "pdserve.tlsIdentity" (dict "root" $ "role" $role)) }}
+{{- if ne $role "coordinator" }}
+{{- $dns = prepend $dns $t.serverName }}
+{{- end }}
+{{- $_ := set $names $role $dns }}
+{{- end }}
+{{- $spec := printf "%s/%d" (toJson $names) (int64 $t.generated.validityDays) | sha256sum }}
+{{- $renewBy := now | dateModify (printf "%dh" (mul 24 (int64 $t.generated.renewDays))) | unixEpoch | int64 }}
+{{- $out := dict "spec" $spec }}
+{{- $keep := true }}
+{{- $notAfter := "" }}
+{{- range $role := $roles }}
+{{- $s := lookup "v1" "Secret" $.Release.Namespace (include "pdserve.tlsSecret" (dict "root" $ "role" $role)) }}
+{{- $ann := dig "metadata" "annotations" dict $s }}
+{{- $na := index $ann "pdserve.io/tls-not-after" | default "" }}
+{{- if or (ne (index $ann "pdserve.io/tls-spec" | default "") $spec) (not $na) }}
+{{- $keep = false }}
+{{- else if lt (toDate "2006-01-02T15:04:05Z07:00" $na | unixEpoch | int64) $renewBy }}
+{{- $keep = false }}
+{{- else }}
+{{- $data := dig "data" dict $s }}
+{{- $files := dict }}
+{{- range $key := list "tls.crt" "tls.key" "ca.crt" }}
+{{- if not (hasKey $data $key) }}
+{{- $keep = false }}
+{{- else }}
+{{- $_ := set $files $key (index $data $key | b64dec) }}
+{{- end }}
+{{- end }}
+{{- $_ := set $out $role $files }}
+{{- $notAfter = $na }}
+{{- end }}
+{{- end }}
+{{- if not $keep }}
+{{- $days := int $t.generated.validityDays }}
+{{- $ca := genCAWithKey (printf "%s pdserve gRPC CA" (include "pdserve.fullname" .)) $days (genPrivateKey "ecdsa") }}
+{{- $out = dict "spec" $spec }}
+{{- range $role := $roles }}
+{{- $dns := index $names $role }}
+{{- $cert := genSignedCertWithKey (last $dns) nil $dns $days $ca (genPrivateKey "ecdsa") }}
+{{- $_ := set $out $role (dict "tls.crt" $cert.Cert "tls.key" $cert.Key "ca.crt" $ca.Cert) }}
+{{- end }}
+{{- $notAfter = now | dateModify (printf "%dh" (mul 24 $days)) | date "2006-01-02T15:04:05Z07:00" }}
+{{- end }}
+{{- $_ := set $out "notAfter" $notAfter }}
+{{- $_ := set . "pdserveTLSGenerated" (toJson $out) }}
+{{- end }}
+{{- .pdserveTLSGenerated }}
+{{- end }}
+
+{{/*
+Pod annotation that rolls the pods when the CA they trust changes: the
+digest of the generated CA, nothing otherwise (cert-manager's and the
+user's Secrets are outside the release).
+*/}}
+{{- define "pdserve.tlsPodAnnotation" -}}
+{{- if and .Values.tls.enabled (eq (include "pdserve.tlsSource" .) "generated") }}
+{{- $gen := include "pdserve.tlsGenerated" . | fromJson }}
+checksum/tls-ca: {{ index $gen "coordinator" "ca.crt" | sha256sum }}
 {{- end }}
 {{- end }}
 
@@ -136,14 +245,19 @@ The certificate identity of a role, a URI or a DNS name among its
 certificate's subject alternative names: tls.identities.<role>, else with
 tls.certManager.enabled
 spiffe://<tls.certManager.trustDomain>/ns/<namespace>/app/<fullname>/<role>,
-else "" (one certificate shared by all: no identity per role). Call with
-(dict "root" $ "role" ...).
+else with generated certificates
+<role>.<fullname>.<namespace>.pdserve.internal (a DNS name: Helm cannot
+write URI names), else "" (the user's shared certificate: no identity per
+role). Call with (dict "root" $ "role" ...).
 */}}
 {{- define "pdserve.tlsIdentity" -}}
 {{- $t := .root.Values.tls }}
 {{- $id := index $t.identities .role }}
-{{- if and (not $id) $t.certManager.enabled }}
+{{- $source := include "pdserve.tlsSource" .root }}
+{{- if and (not $id) (eq $source "certManager") }}
 {{- $id = printf "spiffe://%s/ns/%s/app/%s/%s" $t.certManager.trustDomain .root.Release.Namespace (include "pdserve.fullname" .root) .role }}
+{{- else if and (not $id) (eq $source "generated") }}
+{{- $id = printf "%s.%s.%s.pdserve.internal" .role (include "pdserve.fullname" .root) .root.Release.Namespace }}
 {{- end }}
 {{- $id }}
 {{- end }}
@@ -152,7 +266,9 @@ else "" (one certificate shared by all: no identity per role). Call with
 Fails on TLS settings that would not separate the roles: identities
 without a certificate per role, identities that are equal or name
 tls.serverName (which every worker's certificate carries), cert-manager
-without TLS or an issuer. Renders nothing.
+without TLS or an issuer; for generated certificates, identities that
+are not DNS names and a renewal window longer than the lifetime.
+Renders nothing.
 */}}
 {{- define "pdserve.tlsCheck" -}}
 {{- $t := .Values.tls }}
@@ -165,7 +281,20 @@ without TLS or an issuer. Renders nothing.
 {{- if and $t.certManager.enabled (not $t.certManager.issuerRef.name) }}
 {{- fail "tls.certManager.enabled needs tls.certManager.issuerRef.name (an Issuer or ClusterIssuer that puts ca.crt into the Secret, e.g. a CA issuer)" }}
 {{- end }}
-{{- if and $anyNamed (not $t.certManager.enabled) }}
+{{- $source := include "pdserve.tlsSource" . }}
+{{- if eq $source "generated" }}
+{{- $g := $t.generated }}
+{{- if ge (int64 $g.renewDays) (int64 $g.validityDays) }}
+{{- fail "tls.generated.renewDays must be less than tls.generated.validityDays" }}
+{{- end }}
+{{- range $role := list "coordinator" "prefill" "decode" }}
+{{- $id := index $t.identities $role }}
+{{- if and $id (not (regexMatch `^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$` $id)) }}
+{{- fail (printf "tls.identities.%s=%s: the chart's generated certificates carry DNS names only (Helm cannot write URI names); give a lower-case DNS name, or use tls.certManager or tls.roleSecrets for a URI" $role $id) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if and $anyNamed (eq $source "secrets") }}
 {{- if not $named }}
 {{- fail "tls.identities: give both coordinator and prefill (a role left out would accept any certificate the CA signed)" }}
 {{- end }}

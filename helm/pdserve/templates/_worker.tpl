@@ -69,7 +69,8 @@ spec:
         {{- with $pool.podLabels }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
-      {{- with $pool.podAnnotations }}
+      {{- $annotations := merge (include "pdserve.tlsPodAnnotation" $root | fromYaml) (default dict $pool.podAnnotations) }}
+      {{- with $annotations }}
       annotations:
         {{- toYaml . | nindent 8 }}
       {{- end }}
