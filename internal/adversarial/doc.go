@@ -11,7 +11,7 @@
 //   - trickled bodies cut at the body deadline, their slots given back;
 //   - a client that stops reading a stream, and a gRPC caller that stops
 //     reading Generate, cancelled with everything freed and counted;
-//   - every refusal and request line logged, none sampled;
+//   - every refusal (HTTP and gRPC) and request line logged, none sampled;
 //   - the response cache partitioned by API key; n over the workers'
 //     batch refused naming n; a request over a key's whole TPM refused
 //     without Retry-After; an emptied key file revoking every key and a

@@ -1,6 +1,8 @@
 package adversarial
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"io"
 	"net/http"
@@ -217,4 +219,39 @@ func heapPeak(f func()) uint64 {
 		return 0
 	}
 	return peak - base
+}
+
+// binaryLogger returns the binaries' logger (workerrun.NewLogger, which
+// writes JSON to stderr), writing into a scratch file instead, and a
+// function that counts the lines logged so far whose message is msg.
+func binaryLogger(t *testing.T) (*zap.Logger, func(msg string) int) {
+	t.Helper()
+	f, err := os.CreateTemp(t.TempDir(), "log")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	saved := os.Stderr
+	os.Stderr = f // NewLogger writes to stderr
+	log, err := workerrun.NewLogger("info")
+	os.Stderr = saved
+	if err != nil {
+		t.Fatal(err)
+	}
+	return log, func(msg string) int {
+		_ = log.Sync()
+		data, err := os.ReadFile(f.Name())
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		sc := bufio.NewScanner(bytes.NewReader(data))
+		sc.Buffer(nil, 1<<20)
+		for sc.Scan() {
+			if bytes.Contains(sc.Bytes(), []byte(`"msg":"`+msg+`"`)) {
+				n++
+			}
+		}
+		return n
+	}
 }

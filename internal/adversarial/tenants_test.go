@@ -1,8 +1,6 @@
 package adversarial
 
 import (
-	"bufio"
-	"bytes"
 	"fmt"
 	"os"
 	"strings"
@@ -13,42 +11,14 @@ import (
 	"github.com/pdserve/pdserve/internal/poll"
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/frontend"
-	"github.com/pdserve/pdserve/pkg/workerrun"
 )
 
 // TestRefusalsAllLogged: with the binaries' logger (workerrun.NewLogger),
 // 500 wrong-key requests in a burst give 500 "request refused" lines and
 // 300 completions 300 request lines (sampled before: 104 of 500).
 func TestRefusalsAllLogged(t *testing.T) {
-	f, err := os.CreateTemp(t.TempDir(), "log")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	saved := os.Stderr
-	os.Stderr = f // NewLogger writes to stderr
-	log, err := workerrun.NewLogger("info")
-	os.Stderr = saved
-	if err != nil {
-		t.Fatal(err)
-	}
+	log, count := binaryLogger(t)
 	d := start(t, log, func(o *coordinator.Options) { o.Auth.APIKeysFile = keyFile(t, keyA+" name=a") })
-	count := func(msg string) int {
-		_ = log.Sync()
-		data, err := os.ReadFile(f.Name())
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := 0
-		sc := bufio.NewScanner(bytes.NewReader(data))
-		sc.Buffer(nil, 1<<20)
-		for sc.Scan() {
-			if bytes.Contains(sc.Bytes(), []byte(`"msg":"`+msg+`"`)) {
-				n++
-			}
-		}
-		return n
-	}
 	burst := func(n int, key, body string) {
 		var wg sync.WaitGroup
 		sem := make(chan struct{}, 16)
