@@ -308,6 +308,7 @@ func (o Options) LogFields() []zap.Field {
 		return append(f,
 			zap.Int("chunk_tokens", p.ChunkTokens), zap.Int("max_batch_tokens", p.MaxBatchTokens),
 			zap.String("codec", p.Codec), zap.Int("queue_limit", p.QueueLimit), zap.Int64("retain_bytes", p.RetainBytes),
+			zap.Duration("retain_ttl", p.RetainTTL), zap.Int64("max_live_kv_bytes", p.MaxLiveKVBytes),
 			zap.Float64("link_gbps", o.LinkGbps), zap.Int("kv_conns", o.KVConns),
 			zap.Int("prefix_cache_tokens", p.PrefixCache.MaxTokens), zap.Int("prefix_cache_entries", p.PrefixCache.MaxEntries))
 	}
@@ -316,5 +317,6 @@ func (o Options) LogFields() []zap.Field {
 		zap.Int("kv_blocks", d.KVBlocks), zap.Int("block_tokens", d.BlockTokens), zap.Int("max_batch", d.MaxBatch),
 		zap.Int("chunk_tokens", d.ChunkTokens), zap.Int("max_batch_tokens", d.MaxBatchTokens), zap.Duration("reserve_ttl", d.ReserveTTL),
 		zap.Int("max_reservations_per_caller", d.MaxReservationsPerCaller), zap.Int("max_reserved_tokens_per_caller", d.MaxReservedTokensPerCaller),
-		zap.Int("prefix_cache_tokens", d.PrefixCache.MaxTokens), zap.Int("prefix_cache_entries", d.PrefixCache.MaxEntries))
+		zap.Int("prefix_cache_tokens", d.PrefixCache.MaxTokens), zap.Int("prefix_cache_entries", d.PrefixCache.MaxEntries),
+		zap.Int("max_outbox_bytes", d.MaxOutboxBytes), zap.Duration("stream_write_timeout", d.StreamWriteTimeout))
 }
