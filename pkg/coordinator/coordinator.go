@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -176,13 +177,21 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 	}
 	// Admission (Policy.Limits.QueueLimit requests at once) is the
 	// frontend's, before a body is read.
+	var chatTemplate string
+	if o.ChatTemplateFile != "" {
+		b, err := os.ReadFile(o.ChatTemplateFile)
+		if err != nil {
+			return c, fmt.Errorf("coordinator: chat-template-file: %w", err)
+		}
+		chatTemplate = string(b)
+	}
 	fe, err := frontend.New(frontend.Options{
 		Backend: observed(c.backend, o.Extensions), Tokenizer: tok, Policy: o.Policy,
 		Models: c.Models, Ready: c.Ready, Metrics: m, Gatherer: c.reg,
 		Logger: log.Named("request"), RetryAfter: o.RetryAfter,
 		MaxInFlight: o.Policy.Limits.QueueLimit, MaxBodyBytes: o.MaxBodyBytes, BodyIdleTimeout: o.HTTPBodyIdleTimeout,
 		BodyTimeout: o.HTTPBodyTimeout, WriteTimeout: o.HTTPWriteTimeout, MaxInFlightBodyBytes: o.MaxInFlightBodyBytes, MaxChoices: c.maxChoices,
-		APIKeys: au.keys, MetricsToken: au.token,
+		APIKeys: au.keys, MetricsToken: au.token, ChatTemplate: chatTemplate,
 	})
 	if err != nil {
 		return c, fmt.Errorf("coordinator: %w", err)

@@ -106,6 +106,11 @@ type Options struct {
 	// 413. With Policy.Limits.QueueLimit it bounds the memory held by
 	// bodies: at most QueueLimit × MaxBodyBytes.
 	MaxBodyBytes int64
+	// ChatTemplateFile holds a Jinja chat template that renders chats in
+	// place of the model's own (--chat-template-file): for a model whose
+	// GGUF carries none, an outdated one, or one without tools. Read and
+	// compiled at start. Empty: the model's.
+	ChatTemplateFile string
 	// MaxInFlightBodyBytes is the memory budget of the request bodies in
 	// flight, all together (bytes; 0: none, QueueLimit × MaxBodyBytes
 	// then bounds them): a body takes its Content-Length at admission
@@ -242,6 +247,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "how long a graceful stop waits for requests in flight")
 	fs.DurationVar(&o.RetryAfter, "retry-after", o.RetryAfter, "Retry-After sent with 429 and 503 responses")
 	fs.Int64Var(&o.MaxBodyBytes, "max-body-bytes", o.MaxBodyBytes, "largest request body in bytes; a larger one gets 413")
+	fs.StringVar(&o.ChatTemplateFile, "chat-template-file", o.ChatTemplateFile, "Jinja chat template (a file) that renders chats instead of the model's tokenizer.chat_template, as vLLM's --chat-template and llama-server's --chat-template-file (empty: the model's)")
 	fs.Int64Var(&o.MaxInFlightBodyBytes, "max-inflight-body-bytes", o.MaxInFlightBodyBytes, "memory budget in bytes of the request bodies in flight, all together: a body takes its size at admission until its response ends; one that does not fit gets 429 (0: none)")
 	fs.BoolVar(&o.ResponseCacheShareAcrossKeys, "response-cache-share-across-keys", o.ResponseCacheShareAcrossKeys, "answer a request of one API key from the cached response of another key's identical request (off: each key has a partition of its own; response_cache.share_across_keys of --config)")
 	fs.DurationVar(&o.HTTPReadHeaderTimeout, "http-read-header-timeout", o.HTTPReadHeaderTimeout, "how long a client may take to send a request's headers before its connection is closed")
@@ -438,6 +444,7 @@ func (o Options) LogFields() []zap.Field {
 		zap.Duration("http_body_timeout", o.HTTPBodyTimeout),
 		zap.Duration("http_write_timeout", o.HTTPWriteTimeout),
 		zap.Int64("max_inflight_body_bytes", o.MaxInFlightBodyBytes),
+		zap.String("chat_template_file", o.ChatTemplateFile),
 		zap.Bool("response_cache_share_across_keys", p.ResponseCache.ShareAcrossKeys),
 		zap.String("log_level", o.LogLevel),
 		zap.String("config", o.ConfigFile),

@@ -8,9 +8,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/pdserve/pdserve/pkg/coordinator"
 )
 
 // sdkDir returns the installed OpenAI Node SDK (make sdk) and node, or
@@ -232,4 +235,69 @@ func TestOpenAISDKTools(t *testing.T) {
 	if len(st.Events) != 1 || st.Events[0].Name != "get_weather" || st.Events[0].Index != 0 {
 		t.Errorf("SDK tool call events %+v, want one arguments.done of get_weather at index 0", st.Events)
 	}
+}
+
+// TestOpenAISDKReasoning serves a reasoning model's chat template (its
+// generation prompt opens <think>, testdata/think.jinja) through
+// --chat-template-file and reads the reply with the official OpenAI Node
+// SDK: the model's output, which random weights never close with
+// </think>, is all message.reasoning_content (content null), in the
+// stream's delta.reasoning_content too, and it is exactly the text
+// /v1/completions gives for the prompt as the template renders it.
+func TestOpenAISDKReasoning(t *testing.T) {
+	node, sdk := sdkDir(t)
+	tmpl, err := filepath.Abs("testdata/think.jinja")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl := startCluster(t, clusterOpts{edit: func(o *coordinator.Options) { o.ChatTemplateFile = tmpl }})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, "testdata/openai_sdk_reasoning.mjs")
+	cmd.Env = append(os.Environ(), "OPENAI_SDK="+sdk, "OPENAI_BASE_URL="+cl.url+"/v1", "PDSERVE_MODEL=tiny",
+		"PDSERVE_RAW_PROMPT=<|user|>Why is the sky blue?\n<|assistant|><think>\n")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	outb, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("node: %v\n%s", err, stderr.String())
+	}
+	var out struct {
+		Whole struct {
+			Reasoning, Content *string
+			Finish             string
+			CompletionTokens   int
+		}
+		Streamed struct {
+			Reasoning, Content, Finish string
+			ReasoningChunks            int
+		}
+		Raw struct {
+			Text             string
+			CompletionTokens int
+		}
+	}
+	if err := json.Unmarshal(outb, &out); err != nil {
+		t.Fatalf("node output %q: %v", outb, err)
+	}
+	w, s := out.Whole, out.Streamed
+	if out.Raw.Text == "" || out.Raw.CompletionTokens != 24 {
+		t.Fatalf("the rendered prompt on /v1/completions: %+v, want 24 tokens of text", out.Raw)
+	}
+	if w.Reasoning == nil || *w.Reasoning != out.Raw.Text || w.Content != nil || w.Finish != "length" || w.CompletionTokens != 24 {
+		t.Errorf("chat: reasoning_content %v, content %v, finish %q, %d tokens; want the model's whole output %q as reasoning, content null, finish length, 24 tokens",
+			ptrText(w.Reasoning), ptrText(w.Content), w.Finish, w.CompletionTokens, out.Raw.Text)
+	}
+	if s.Reasoning != out.Raw.Text || s.Content != "" || s.Finish != "length" || s.ReasoningChunks < 2 {
+		t.Errorf("stream: reasoning %q in %d chunks, content %q, finish %q; want %q in reasoning_content deltas, no content",
+			s.Reasoning, s.ReasoningChunks, s.Content, s.Finish, out.Raw.Text)
+	}
+}
+
+// ptrText prints a JSON string that may be null.
+func ptrText(s *string) string {
+	if s == nil {
+		return "null"
+	}
+	return strconv.Quote(*s)
 }

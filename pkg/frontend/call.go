@@ -470,6 +470,9 @@ func (c *call) complete(w http.ResponseWriter) error {
 					}
 					if r := ch.reasoning.String(); r != "" {
 						m.Reasoning = &r
+						if content == "" {
+							m.Content = nil // reasoning only, as vLLM sends it
+						}
 					}
 					cc.Message = m
 				} else {

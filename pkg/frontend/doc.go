@@ -84,7 +84,9 @@
 // ended inside <think>, as DeepSeek-R1's does) has its reasoning, up to
 // </think>, in message.reasoning_content and in the stream deltas'
 // reasoning_content, as vLLM and DeepSeek's API send it; content holds
-// the rest. The budget's ttfo_ms is the time to the first output that is
+// the rest (null when the reply is all reasoning). The coordinator's
+// --chat-template-file (Options.ChatTemplate) replaces the model's
+// template, e.g. with a reasoning model's. The budget's ttfo_ms is the time to the first output that is
 // not reasoning (AIPerf's TTFO), beside ttft_ms.
 //
 // A field the route does not know gets a 400 as OpenAI sends it:

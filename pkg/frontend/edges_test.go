@@ -409,3 +409,29 @@ func TestBatchedFailure(t *testing.T) {
 		t.Errorf("log lines (-want +got):\n%s", diff)
 	}
 }
+
+// TestChatTemplateOverride: Options.ChatTemplate renders chats in place of
+// the tokenizer's template (the backend sees its rendering), and one that
+// does not compile fails New naming the template.
+func TestChatTemplateOverride(t *testing.T) {
+	var prompt string
+	b := &fakeBackend{complete: func(ctx context.Context, r *Request, emit EmitFunc) ([]string, error) {
+		prompt = (tokenizer.Bytes{}).Decode(r.Prompt)
+		return echoText("x")(ctx, r, emit)
+	}}
+	ts := newTestServer(t, b, func(o *Options) {
+		o.ChatTemplate = "{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"
+	})
+	resp := ts.post(t, RouteChat, `{"model":"tiny","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}],"max_tokens":2}`)
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	if want := "[system] Be brief.\n[user] Hi\n[assistant]"; prompt != want {
+		t.Errorf("rendered %q, want %q", prompt, want)
+	}
+	_, err := New(Options{Backend: b, Tokenizer: tokenizer.Bytes{}, Policy: config.Default(), ChatTemplate: "{% for m in messages %}"})
+	if err == nil || !strings.Contains(err.Error(), "chat template") {
+		t.Errorf("New with a template that does not compile: %v, want a chat template error", err)
+	}
+}

@@ -184,6 +184,11 @@ type Options struct {
 	// MetricsToken, when not nil, is the bearer token /metrics requires.
 	// nil: /metrics is open.
 	MetricsToken *apikey.Token
+	// ChatTemplate is Jinja source that renders chats in place of the
+	// model's template (the tokenizer's tokenizer.chat_template, or its
+	// built-in rendering); its tool-call and <think> formats are parsed as
+	// for the model's. Compiled by New. Empty: the model's.
+	ChatTemplate string
 }
 
 // DefaultMaxBodyBytes is the body limit when Options.MaxBodyBytes is not
@@ -262,6 +267,11 @@ func New(o Options) (*Server, error) {
 		o.MaxBodyBytes = DefaultMaxBodyBytes
 	}
 	s := &Server{o: o, mux: http.NewServeMux()}
+	if o.ChatTemplate != "" {
+		if err := s.compileOverride(); err != nil {
+			return nil, err
+		}
+	}
 	var err error
 	if s.cache, err = newResponseCache(o); err != nil {
 		return nil, err

@@ -171,14 +171,7 @@ func (s *Server) chatTemplate() *chattmpl.Template {
 		if !ok || jt.ChatTemplate() == "" {
 			return
 		}
-		eos := ""
-		if id := s.o.Tokenizer.EOS(); id >= 0 {
-			eos = jt.TokenText(id)
-		}
-		bos := ""
-		if id := jt.BOS(); id >= 0 {
-			bos = jt.TokenText(id)
-		}
+		bos, eos := specialTexts(jt, s.o.Tokenizer)
 		t, err := chattmpl.Compile(jt.ChatTemplate(), bos, eos)
 		if err != nil {
 			s.o.Logger.Warn("the model's chat template does not compile as Jinja: llama.cpp's built-in templates render chats (no tools)", zap.Error(err))
@@ -190,6 +183,42 @@ func (s *Server) chatTemplate() *chattmpl.Template {
 		}
 	})
 	return s.tmpl
+}
+
+// specialTexts are the texts of the BOS and EOS tokens of a tokenizer
+// that writes special tokens out, the bos_token and eos_token of its
+// template ("" for a token it has not).
+func specialTexts(jt jinjaTokenizer, tok engine.Tokenizer) (bos, eos string) {
+	if id := tok.EOS(); id >= 0 {
+		eos = jt.TokenText(id)
+	}
+	if id := jt.BOS(); id >= 0 {
+		bos = jt.TokenText(id)
+	}
+	return bos, eos
+}
+
+// compileOverride compiles Options.ChatTemplate as the template of every
+// chat (chatTemplate then returns it): bos_token and eos_token are the
+// tokenizer's where it writes special tokens out, else empty (the
+// byte-level tokenizer has no text for them).
+func (s *Server) compileOverride() error {
+	var bos, eos string
+	jt, ok := s.o.Tokenizer.(jinjaTokenizer)
+	if ok {
+		bos, eos = specialTexts(jt, s.o.Tokenizer)
+	}
+	t, err := chattmpl.Compile(s.o.ChatTemplate, bos, eos)
+	if err != nil {
+		return fmt.Errorf("frontend: chat template: %w", err)
+	}
+	s.tmplOnce.Do(func() {
+		s.tmpl = t
+		if ok && jt.AddsBOS() {
+			s.tmplBOS = bos
+		}
+	})
+	return nil
 }
 
 // renderChat renders p's messages (and its tools unless tool_choice is
