@@ -10,7 +10,10 @@ import (
 // Trace collects the boundaries and facts of one request.
 type Trace struct {
 	RequestID string
-	Model     string
+	// TraceID is the OpenTelemetry trace id of the request (32 hex
+	// digits) when it is traced, for the log line; "" otherwise.
+	TraceID string
+	Model   string
 	// Mode is how the request was served: "disaggregated" (remote prefill),
 	// "local" (prefill on the decode worker in disaggregated mode) or
 	// "colocated".
@@ -268,6 +271,9 @@ func (t *Trace) Fields() []zap.Field {
 		if t.Pricing.GPUHourUSD > 0 {
 			f = append(f, zap.Float64("gpu_seconds", roundSig(c.GPUSeconds)))
 		}
+	}
+	if t.TraceID != "" {
+		f = append(f, zap.String("trace_id", t.TraceID))
 	}
 	if t.Cache != "" {
 		f = append(f, zap.String("cache", t.Cache))

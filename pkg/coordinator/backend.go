@@ -25,6 +25,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
 	"github.com/pdserve/pdserve/pkg/metrics"
 	"github.com/pdserve/pdserve/pkg/router"
+	"github.com/pdserve/pdserve/pkg/tracing"
 	"github.com/pdserve/pdserve/pkg/wire"
 )
 
@@ -147,8 +148,12 @@ func (b *backend) Complete(ctx context.Context, req *frontend.Request, emit fron
 	defer b.metrics.AddInFlight(-1)
 	defer b.router.Done(req.ID)
 
+	// The queue span (routing and Reserve under it) and the phases after
+	// it, from the budget's boundaries once the request ended.
+	qctx, queue := tracing.StartQueue(ctx, req.Trace)
+	defer func() { tracing.EndPhases(ctx, queue, req.Trace, b.now()) }()
 	r := &run{
-		b: b, ctx: ctx, req: req, tr: req.Trace, emit: emit,
+		b: b, ctx: ctx, qctx: qctx, req: req, tr: req.Trace, emit: emit,
 		events:  make(chan event),
 		exclude: make(map[string]bool),
 		choices: make([]choice, max(req.N, 1)),
@@ -218,8 +223,11 @@ type event struct {
 // run is one request in flight. Only the goroutine running serve touches
 // its fields; worker goroutines report through events.
 type run struct {
-	b    *backend
-	ctx  context.Context
+	b   *backend
+	ctx context.Context
+	// qctx is ctx under the request's queue span: the first placement
+	// (routing, Reserve) is traced in it.
+	qctx context.Context
 	req  *frontend.Request
 	tr   *budget.Trace
 	emit frontend.EmitFunc
@@ -351,12 +359,19 @@ func (r *run) place(decodeOnly bool) (router.Decision, error) {
 	}
 	full, failed := 0, 0
 	var lastErr error // the last worker's failure, when one failed
+	// The first placement is part of the queue term; a recovery's is not.
+	tctx := r.qctx
+	if decodeOnly {
+		tctx = r.ctx
+	}
 	for {
 		var prefills []router.Worker
 		if r.b.mode == ModeDisaggregated && !decodeOnly {
 			prefills = r.b.workers(control.RolePrefill)
 		}
-		dec, err := r.b.router.Route(r.b.now(), rreq, r.b.workers(r.b.decodeRole()), prefills, r.exclude)
+		start := r.b.now()
+		dec, err := r.b.router.Route(start, rreq, r.b.workers(r.b.decodeRole()), prefills, r.exclude)
+		tracing.Route(tctx, start, r.b.now(), err)
 		switch {
 		case errors.Is(err, router.ErrNoDecodeWorkers) && lastErr != nil && full == 0:
 			return dec, grpcError(fmt.Sprintf("reserve on decode workers (%d failed)", failed), "decode", lastErr)
@@ -373,7 +388,7 @@ func (r *run) place(decodeOnly bool) (router.Decision, error) {
 		if decodeOnly {
 			r.b.router.PrefillDone(r.req.ID)
 		}
-		err = r.reserve(dec.Decode, !decodeOnly && !dec.Local)
+		err = r.reserve(tctx, dec.Decode, !decodeOnly && !dec.Local)
 		switch code := status.Code(err); {
 		case err == nil:
 			r.decode, r.reserved = dec.Decode, true
@@ -407,12 +422,12 @@ func (r *run) place(decodeOnly bool) (router.Decision, error) {
 // the prefix it holds already (skip_tokens); for a local prefill (the
 // worker looks its cache up itself) or a Resend (the whole retained KV)
 // it is not, and no decode-side hit is recorded.
-func (r *run) reserve(w router.Worker, fresh bool) error {
+func (r *run) reserve(ctx context.Context, w router.Worker, fresh bool) error {
 	cc, err := r.b.conn(r.decodeRole(), w)
 	if err != nil {
 		return status.Error(codes.Unavailable, err.Error())
 	}
-	ctx, cancel := context.WithTimeout(r.ctx, rpcTimeout)
+	ctx, cancel := context.WithTimeout(ctx, rpcTimeout)
 	defer cancel()
 	req := &pdservev1.ReserveRequest{
 		RequestId: r.req.ID, Tokens: int32(len(r.req.Prompt) + r.req.MaxTokens),

@@ -29,6 +29,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/metrics"
 	"github.com/pdserve/pdserve/pkg/router"
 	"github.com/pdserve/pdserve/pkg/tokenizer"
+	"github.com/pdserve/pdserve/pkg/tracing"
 	"github.com/pdserve/pdserve/pkg/workerrun"
 )
 
@@ -58,6 +59,9 @@ type Coordinator struct {
 	stopW   func() // stops the membership watch
 
 	closeTok func() // frees the model vocabulary the tokenizer uses, or nil
+	// tracer is the trace exporter built from Options.Tracing, flushed
+	// and stopped last; nil when Options.TracerProvider was given.
+	tracer *tracing.Provider
 
 	conns   *conns
 	gauth   *grpcauth.Auth
@@ -104,8 +108,16 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 	if tlsCfg != nil && len(gauth.WorkerIdentities()) == 0 {
 		log.Warn("gRPC TLS: --tls-worker-identity is empty: any certificate the CA signed is taken for any worker")
 	}
-	c = &Coordinator{o: o, log: log, reg: o.Registry, serveErr: make(chan error, 1), gauth: gauth,
-		conns: newConns(workerDialer(tlsCfg, gauth, o.Keepalive.DialOptions()))}
+	tp := o.TracerProvider
+	var tracer *tracing.Provider
+	if tp == nil {
+		if tracer, err = tracing.New(ctx, o.Tracing); err != nil {
+			return nil, fmt.Errorf("coordinator: %w", err)
+		}
+		tp = tracer.TracerProvider()
+	}
+	c = &Coordinator{o: o, log: log, reg: o.Registry, serveErr: make(chan error, 1), gauth: gauth, tracer: tracer,
+		conns: newConns(workerDialer(tlsCfg, gauth, append(o.Keepalive.DialOptions(), tracing.DialOptions(tp)...)))}
 	if c.reg == nil {
 		c.reg = prometheus.NewRegistry()
 	}
@@ -191,7 +203,7 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 		Logger: log.Named("request"), RetryAfter: o.RetryAfter,
 		MaxInFlight: o.Policy.Limits.QueueLimit, MaxBodyBytes: o.MaxBodyBytes, BodyIdleTimeout: o.HTTPBodyIdleTimeout,
 		BodyTimeout: o.HTTPBodyTimeout, WriteTimeout: o.HTTPWriteTimeout, MaxInFlightBodyBytes: o.MaxInFlightBodyBytes, MaxChoices: c.maxChoices,
-		APIKeys: au.keys, MetricsToken: au.token, ChatTemplate: chatTemplate,
+		APIKeys: au.keys, MetricsToken: au.token, ChatTemplate: chatTemplate, TracerProvider: tp,
 	})
 	if err != nil {
 		return c, fmt.Errorf("coordinator: %w", err)
@@ -420,6 +432,9 @@ func (c *Coordinator) closeAll(ctx context.Context) error {
 	c.conns.closeAll()
 	if c.closeTok != nil {
 		c.closeTok()
+	}
+	if err := c.tracer.Shutdown(ctx); err != nil {
+		c.log.Warn("trace export did not finish", zap.Error(err))
 	}
 	c.log.Info("coordinator stopped")
 	return errors.Join(errs...)

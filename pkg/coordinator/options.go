@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/enginecfg"
 	"github.com/pdserve/pdserve/pkg/grpcauth"
+	"github.com/pdserve/pdserve/pkg/tracing"
 	"github.com/pdserve/pdserve/pkg/workerrun"
 )
 
@@ -156,6 +158,11 @@ type Options struct {
 	// (--grpc-keepalive-time, --grpc-keepalive-timeout); standalone
 	// workers get the same. Zero: defaults.
 	Keepalive workerrun.KeepaliveOptions
+	// Tracing exports OpenTelemetry traces over OTLP (--otel-endpoint,
+	// --otel-protocol, --otel-sample-ratio and the OTEL_* environment;
+	// pkg/tracing): off without an endpoint. Standalone workers share
+	// the coordinator's provider.
+	Tracing tracing.Options
 	// Auth authenticates the API's clients (--api-keys,
 	// --metrics-token-file, --auth-reload-interval; see auth.go).
 	Auth AuthOptions
@@ -180,6 +187,10 @@ type Options struct {
 	// requests get a warning when one that counts its overruns (the sim
 	// engine) fell behind its model meanwhile (enginewarn.go).
 	WatchEngines map[string]engine.Engine
+	// TracerProvider, when set, traces the requests instead of a
+	// provider built from Tracing (package standalone builds one for the
+	// whole process); the coordinator does not shut it down.
+	TracerProvider trace.TracerProvider
 	// Registry, when set, is the registry served on /metrics (nil: a new
 	// one); the coordinator registers its metrics and the Go and process
 	// collectors in it.
@@ -214,6 +225,7 @@ func DefaultOptions() Options {
 		Engine:           enginecfg.DefaultOptions(),
 		Auth:             AuthOptions{ReloadInterval: DefaultAuthReloadInterval},
 		Policy:           config.Default(),
+		Tracing:          tracing.NewOptions("pdserve-coordinator"),
 
 		MaxBodyBytes:          DefaultMaxBodyBytes,
 		MaxInFlightBodyBytes:  DefaultMaxInFlightBodyBytes,
@@ -261,6 +273,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	o.Keepalive.AddFlags(fs)
 	o.Engine.AddFlags(fs)
 	o.Auth.addFlags(fs)
+	o.Tracing.AddFlags(fs)
 }
 
 // Embedded NATS addresses when NATSListen is empty.
@@ -416,6 +429,11 @@ func (o Options) Validate() error {
 		errs = append(errs, err)
 	}
 	errs = append(errs, o.Auth.validate()...)
+	if o.TracerProvider == nil {
+		if err := o.Tracing.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("coordinator: invalid options: %w", err)
 	}
@@ -477,6 +495,7 @@ func (o Options) LogFields() []zap.Field {
 	f = append(f, zap.String("grpc_token_file", o.GRPCAuth.TokenFile))
 	f = append(f, o.Keepalive.LogFields()...)
 	f = append(f, o.authLogFields()...)
+	f = append(f, o.Tracing.LogFields()...)
 	if o.Standalone {
 		f = append(f, zap.Int("prefill_workers", o.PrefillWorkers), zap.Int("decode_workers", o.DecodeWorkers))
 		f = append(f, o.Engine.LogFields()...)

@@ -92,6 +92,10 @@ func TestMainErrorMessages(t *testing.T) {
 			"coordinator: --model " + missing + ": no such file or directory\n"},
 		{"bad engine", []string{"--standalone", "--engine", "vllm"}, "coordinator: --engine vllm: must be ref, sim or llamacpp\n"},
 		{"bad address", []string{"--http-addr", "nowhere"}, "coordinator: --http-addr nowhere: missing port in address\n"},
+		{"bad trace endpoint", []string{"--otel-endpoint", "collector:4317"},
+			"coordinator: --otel-endpoint collector:4317: must be an http:// or https:// URL (e.g. http://otel-collector:4317)\n"},
+		{"bad trace protocol", []string{"--otel-endpoint", "http://127.0.0.1:4318", "--otel-protocol", "http/json"},
+			"coordinator: --otel-protocol http/json: must be grpc or http/protobuf\n"},
 		{"bad flag", []string{"--verison"}, "coordinator: flag provided but not defined: -verison\nRun 'coordinator --help' for usage.\n"},
 		{"problems of the coordinator, the engine and the planner", []string{"--http-addr", "x", "--standalone", "--engine", "sim", "--planner", "log"},
 			"coordinator: --http-addr x: missing port in address\n" +

@@ -22,6 +22,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
+	"github.com/pdserve/pdserve/pkg/tracing"
 	"github.com/pdserve/pdserve/pkg/wire"
 )
 
@@ -918,6 +919,11 @@ func checkTokens(spec engine.ModelSpec, id, what string, toks []int32) error {
 // when the worker drains (without a reservation) or stops.
 func (s *Server) Generate(req *pdservev1.GenerateRequest, stream grpc.ServerStreamingServer[pdservev1.GenerateResponse]) error {
 	ctx := stream.Context()
+	var stamps map[string]int64 // the first of each stamp sent, when the call is traced
+	if tracing.Recording(ctx) {
+		stamps = map[string]int64{"call": s.now().UnixNano()}
+		defer func() { traceSteps(ctx, stamps) }()
+	}
 	p, err := s.validate(req)
 	if err != nil {
 		return err
@@ -933,6 +939,13 @@ func (s *Server) Generate(req *pdservev1.GenerateRequest, stream grpc.ServerStre
 		case <-q.out.notify:
 			resps, final, ferr := q.out.take()
 			for _, resp := range resps {
+				if stamps != nil {
+					for _, st := range resp.GetStamps() {
+						if _, ok := stamps[st.GetName()]; !ok {
+							stamps[st.GetName()] = st.GetUnixNano()
+						}
+					}
+				}
 				if err := s.send(stream, q, resp); err != nil {
 					s.end(q, status.Errorf(codes.Canceled, "decode: send to coordinator: %v", err))
 					return err
@@ -947,6 +960,16 @@ func (s *Server) Generate(req *pdservev1.GenerateRequest, stream grpc.ServerStre
 			return err
 		}
 	}
+}
+
+// traceSteps records the worker's steps of a traced Generate call from
+// the stamps it sent: the KV received, a local prefill, the wait to join
+// the batch, and the generation.
+func traceSteps(ctx context.Context, stamps map[string]int64) {
+	tracing.Step(ctx, tracing.SpanKVReceive, stamps[StampKVFirstByte], stamps[StampKVDone])
+	tracing.Step(ctx, tracing.SpanPrefillCompute, stamps[StampPrefillStart], stamps[StampPrefillEnd])
+	tracing.Step(ctx, tracing.SpanDecodeWait, stamps["call"], stamps[StampJoined])
+	tracing.Step(ctx, tracing.SpanDecodeGenerate, stamps[StampJoined], stamps[StampLastToken])
 }
 
 // Reasons a request of a caller that does not read is cancelled, as

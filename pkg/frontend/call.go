@@ -9,12 +9,14 @@ import (
 	"strings"
 	"sync"
 
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/pdserve/pdserve/pkg/budget"
 	"github.com/pdserve/pdserve/pkg/chattmpl"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/respcache"
+	"github.com/pdserve/pdserve/pkg/tracing"
 )
 
 // call is one completion request in flight: one Backend.Complete per
@@ -58,6 +60,9 @@ type promptRun struct {
 	key       respcache.Key
 	cacheable bool
 	rec       *cachedPrompt
+	// span is the prompt's request span (pkg/tracing), started before
+	// its Complete, ended with its log line.
+	span trace.Span
 }
 
 // choiceState is one choice's output so far. Guarded by call.mu.
@@ -115,7 +120,9 @@ func (c *call) run(ctx context.Context, w http.ResponseWriter) {
 	c.ctx, c.cancel = context.WithCancel(ctx)
 	defer c.cancel()
 	complete := func(pr *promptRun) {
-		pr.finishes, pr.err = c.completeCached(pr)
+		ctx, span := tracing.StartRequest(c.ctx, c.s.o.TracerProvider, pr.req.Trace)
+		pr.span = span
+		pr.finishes, pr.err = c.completeCached(ctx, pr)
 		if errors.Is(pr.err, ErrStopped) {
 			pr.err = nil // a Backend that ended the request on a stop string
 		}
@@ -159,6 +166,7 @@ func (c *call) run(ctx context.Context, w http.ResponseWriter) {
 		tr := pr.req.Trace
 		tr.Status, tr.FinishReason = status, c.finish(pr, 0)
 		c.s.finish(tr, aerr, c.logFields(i)...)
+		tracing.EndRequest(pr.span, tr, c.s.o.Now())
 	}
 }
 
@@ -545,6 +553,7 @@ func (c *call) fail(w http.ResponseWriter, failed *promptRun) {
 			line = &cp
 		}
 		c.s.finish(pr.req.Trace, line, c.logFields(i)...)
+		tracing.EndRequest(pr.span, pr.req.Trace, c.s.o.Now())
 	}
 	switch {
 	case status == budget.StatusCancelled:

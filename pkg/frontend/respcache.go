@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
@@ -147,10 +148,10 @@ func putInt(h hash.Hash, v int64) {
 // outputs, a miss runs the Backend and records what the client took
 // (stored by storeCached once the response completed). Without a cache,
 // or for a request that cannot be cached, it is the Backend's Complete.
-func (c *call) completeCached(pr *promptRun) ([]string, error) {
+func (c *call) completeCached(ctx context.Context, pr *promptRun) ([]string, error) {
 	cache := c.s.cache
 	if cache == nil || !pr.cacheable {
-		return c.s.o.Backend.Complete(c.ctx, pr.req, c.emitter(pr))
+		return c.s.o.Backend.Complete(ctx, pr.req, c.emitter(pr))
 	}
 	if e, ok := cache.Get(c.s.o.Now(), pr.key); ok {
 		pr.req.Trace.Cache = budget.CacheHit
@@ -158,7 +159,7 @@ func (c *call) completeCached(pr *promptRun) ([]string, error) {
 	}
 	pr.req.Trace.Cache = budget.CacheMiss
 	pr.rec = &cachedPrompt{}
-	finishes, err := c.s.o.Backend.Complete(c.ctx, pr.req, c.recorder(pr, c.emitter(pr)))
+	finishes, err := c.s.o.Backend.Complete(ctx, pr.req, c.recorder(pr, c.emitter(pr)))
 	pr.rec.finishes = slices.Clone(finishes)
 	return finishes, err
 }

@@ -20,6 +20,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/pdserve/pdserve/pkg/apikey"
@@ -28,6 +29,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/config"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/metrics"
+	"github.com/pdserve/pdserve/pkg/tracing"
 )
 
 // Routes served by the frontend.
@@ -136,6 +138,12 @@ type Options struct {
 	Metrics *metrics.Metrics
 	// Gatherer is served on /metrics; nil serves prometheus.DefaultGatherer.
 	Gatherer prometheus.Gatherer
+	// TracerProvider, when not nil, traces every completion request: a
+	// server span continuing the client's W3C traceparent (its trace
+	// context returned in the traceresponse header), a request span per
+	// prompt (pkg/tracing), whose context reaches Backend.Complete. nil:
+	// no tracing, at no cost.
+	TracerProvider trace.TracerProvider
 	// Logger gets one line per request (per prompt of a batched request);
 	// nil logs nothing.
 	Logger *zap.Logger
@@ -409,6 +417,16 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	id := prefix + newID()
 	tr := &budget.Trace{RequestID: id, Arrival: arrival}
 	w.Header().Set("X-Request-Id", id)
+	if s.o.TracerProvider != nil {
+		ctx, span := tracing.StartHTTP(s.o.TracerProvider, r, r.URL.Path, arrival)
+		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+		defer func() { tracing.EndHTTP(span, sw.status) }()
+		w, r = sw, r.WithContext(ctx)
+		tr.TraceID = span.SpanContext().TraceID().String()
+		if v := tracing.TraceResponse(span); v != "" {
+			w.Header().Set("traceresponse", v)
+		}
+	}
 	cl := client{key: keyOf(r)}
 	if cl.key == nil {
 		cl.raw = apiKey(r)
@@ -614,6 +632,27 @@ func (b *idleReader) Read(p []byte) (int, error) {
 // timedWriter arms a write deadline timeout from now before each Write
 // of the response, and records whether one expired (the client stopped
 // reading). http.ResponseController reaches the writer it wraps.
+// statusWriter records the status code of a traced response.
+type statusWriter struct {
+	http.ResponseWriter
+	status      int
+	wroteHeader bool
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if !w.wroteHeader {
+		w.status, w.wroteHeader = code, true
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(p []byte) (int, error) {
+	w.wroteHeader = true
+	return w.ResponseWriter.Write(p)
+}
+
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
 type timedWriter struct {
 	http.ResponseWriter
 	rc      *http.ResponseController // of the wrapped writer

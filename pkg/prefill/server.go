@@ -23,6 +23,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
 	"github.com/pdserve/pdserve/pkg/kvtransfer/codecpick"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
+	"github.com/pdserve/pdserve/pkg/tracing"
 	"github.com/pdserve/pdserve/pkg/wire"
 )
 
@@ -368,11 +369,15 @@ func (s *Server) Prefill(req *pdservev1.PrefillRequest, stream grpc.ServerStream
 			case ev.err != nil:
 				return ev.err
 			case ev.first != nil:
+				tracing.Step(ctx, tracing.SpanPrefillCompute, ev.first.GetPrefillStartUnixNano(), ev.first.GetPrefillEndUnixNano(),
+					tracing.AttrPrefixHit.Int(int(ev.first.GetPrefixHitTokens())), tracing.AttrBatchSize.Int(int(ev.first.GetBatchSize())))
 				if err := stream.Send(&pdservev1.PrefillResponse{Event: &pdservev1.PrefillResponse_FirstToken{FirstToken: ev.first}}); err != nil {
 					s.cancel(r, err)
 					return err
 				}
 			case ev.done != nil:
+				d := ev.done
+				tracing.Step(ctx, tracing.SpanKVPush, d.GetFirstByteUnixNano(), d.GetDoneUnixNano(), tracing.KVAttrs(d.GetCodec(), d.GetBytesRaw(), d.GetBytesWire())...)
 				return stream.Send(&pdservev1.PrefillResponse{Event: &pdservev1.PrefillResponse_KvDone{KvDone: ev.done}})
 			}
 		case <-ctx.Done():
@@ -621,7 +626,9 @@ func (s *Server) Resend(ctx context.Context, req *pdservev1.ResendRequest) (*pds
 	s.log.Debug("kv re-sent", zap.String("request_id", id), zap.String("decode_addr", req.GetDecodeAddr()),
 		zap.String("codec", res.codec), zap.String("codec_reason", res.reason),
 		zap.Int64("bytes_raw", res.bytesRaw), zap.Int64("bytes_wire", res.bytes))
-	return &pdservev1.ResendResponse{KvDone: kvDone(res)}, nil
+	d := kvDone(res)
+	tracing.Step(ctx, tracing.SpanKVPush, d.GetFirstByteUnixNano(), d.GetDoneUnixNano(), tracing.KVAttrs(d.GetCodec(), d.GetBytesRaw(), d.GetBytesWire())...)
+	return &pdservev1.ResendResponse{KvDone: d}, nil
 }
 
 // Release implements PrefillService.Release: it drops the KV retained for

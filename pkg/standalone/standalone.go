@@ -18,6 +18,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/grpcauth"
+	"github.com/pdserve/pdserve/pkg/tracing"
 	"github.com/pdserve/pdserve/pkg/workerrun"
 )
 
@@ -30,6 +31,9 @@ type Server struct {
 	log     *zap.Logger
 	ns      *server.Server // embedded NATS, or nil
 	workers []*workerrun.Worker
+	// tracer exports the spans of the coordinator and the workers; nil
+	// when Options.TracerProvider was given. Shut down last.
+	tracer *tracing.Provider
 
 	stopOnce sync.Once
 	stopErr  error
@@ -70,6 +74,15 @@ func Start(ctx context.Context, o coordinator.Options, log *zap.Logger) (s *Serv
 		o.GRPCAuth.WorkerIdentities = []string{}
 	}
 	specs := workerSpecs(o)
+	// One trace exporter for the process: the coordinator's spans and its
+	// workers' go out together.
+	tp := o.TracerProvider
+	if tp == nil {
+		if s.tracer, err = tracing.New(ctx, o.Tracing); err != nil {
+			return s, fmt.Errorf("standalone: %w", err)
+		}
+		tp = s.tracer.TracerProvider()
+	}
 
 	co := o // the coordinator's options
 	co.Standalone, co.WorkerOptions = false, nil
@@ -117,6 +130,7 @@ func Start(ctx context.Context, o coordinator.Options, log *zap.Logger) (s *Serv
 		wo.GRPCAuth = grpcauth.Options{TokenFile: o.GRPCAuth.TokenFile, Token: o.GRPCAuth.Token, PrefillToken: o.GRPCAuth.PrefillToken,
 			VerifyKey: o.GRPCAuth.VerifyKey, WorkerIdentities: o.GRPCAuth.WorkerIdentities}
 		wo.Keepalive = o.Keepalive
+		wo.TracerProvider = tp
 		if o.WorkerOptions != nil {
 			o.WorkerOptions(&wo)
 		}
@@ -134,6 +148,7 @@ func Start(ctx context.Context, o coordinator.Options, log *zap.Logger) (s *Serv
 		co.WatchEngines[w.ID()] = w.Engine()
 	}
 	co.BeforeNATSDrain = s.stopWorkers
+	co.TracerProvider = tp
 	if s.Coordinator, err = coordinator.Start(ctx, co, log); err != nil {
 		return s, fmt.Errorf("standalone: %w", err)
 	}
@@ -163,6 +178,7 @@ func (s *Server) closeAll(ctx context.Context) error {
 		s.ns.Shutdown()
 		s.ns.WaitForShutdown()
 	}
+	errs = append(errs, s.tracer.Shutdown(ctx))
 	return errors.Join(errs...)
 }
 

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -19,6 +20,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/enginecfg"
 	"github.com/pdserve/pdserve/pkg/grpcauth"
 	"github.com/pdserve/pdserve/pkg/prefill"
+	"github.com/pdserve/pdserve/pkg/tracing"
 )
 
 // Options configure one worker. Build them with NewPrefillOptions or
@@ -83,6 +85,15 @@ type Options struct {
 	Engine  enginecfg.Options
 	Prefill prefill.Options
 	Decode  decode.Options
+	// Tracing exports OpenTelemetry traces over OTLP (--otel-endpoint,
+	// --otel-protocol, --otel-sample-ratio and the OTEL_* environment;
+	// pkg/tracing): a span per call from the coordinator and per step of
+	// it. Off without an endpoint.
+	Tracing tracing.Options
+	// TracerProvider, when set, is used instead of a provider built from
+	// Tracing (in-process workers share the coordinator's); the worker
+	// does not shut it down. Not a flag.
+	TracerProvider trace.TracerProvider
 
 	// Registerer, when set, receives the worker's metrics, labelled
 	// worker=<ID> (in-process workers sharing one registry). Nil: a
@@ -95,7 +106,12 @@ type Options struct {
 }
 
 func commonOptions(role control.Role) Options {
+	service := "pdserve-decode-worker"
+	if role == control.RolePrefill {
+		service = "pdserve-prefill-worker"
+	}
 	return Options{
+		Tracing:           tracing.NewOptions(service),
 		Role:              role,
 		GRPCAddr:          DefaultGRPCAddr,
 		MetricsAddr:       DefaultMetricsAddr,
@@ -175,6 +191,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	o.GRPCAuth.AddFlags(fs, true)
 	o.Keepalive.AddFlags(fs)
 	o.Engine.AddFlags(fs)
+	o.Tracing.AddFlags(fs)
 	if o.Role == control.RolePrefill {
 		o.GRPCAuth.AddWorkerIdentityFlag(fs)
 		o.Prefill.AddFlags(fs)
@@ -248,6 +265,11 @@ func (o Options) Validate() error {
 	if o.GRPCAuth.Identities() && (o.TLS.CAFile == "" || o.TLS.CertFile == "") {
 		errs = append(errs, errors.New("tls-allow-coordinator and tls-allow-prefill need mutual TLS: tls-cert, tls-key and tls-ca (the worker then requires client certificates)"))
 	}
+	if o.TracerProvider == nil {
+		if err := o.Tracing.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if err := o.Keepalive.Validate(); err != nil {
 		errs = append(errs, err)
 	}
@@ -298,6 +320,7 @@ func (o Options) LogFields() []zap.Field {
 	f = append(f, o.TLS.LogFields()...)
 	f = append(f, o.GRPCAuth.LogFields()...)
 	f = append(f, o.Keepalive.LogFields()...)
+	f = append(f, o.Tracing.LogFields()...)
 	if o.EngineOverride != nil {
 		f = append(f, zap.String("engine", "override:"+o.EngineOverride.Spec().Name))
 	} else {

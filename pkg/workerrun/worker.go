@@ -37,6 +37,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
 	"github.com/pdserve/pdserve/pkg/prefill"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
+	"github.com/pdserve/pdserve/pkg/tracing"
 )
 
 // Bounds of the steps of a stop that Options do not set.
@@ -103,6 +104,9 @@ type Worker struct {
 	svc    service
 	pre    *prefill.Server // nil on decode workers
 	dialer *kvtransfer.Dialer
+	// tracer is the trace exporter built from Options.Tracing, nil when
+	// Options.TracerProvider was given; closeAll flushes and stops it.
+	tracer *tracing.Provider
 
 	maxSeqLen int // the engine's MaxSeqLen, for heartbeats
 
@@ -196,7 +200,15 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 		return nil, fmt.Errorf("workerrun: %w", err)
 	}
 	w.warnOpen(auth)
+	tp := o.TracerProvider
+	if tp == nil {
+		if w.tracer, err = tracing.New(ctx, o.Tracing); err != nil {
+			return nil, fmt.Errorf("workerrun: %w", err)
+		}
+		tp = w.tracer.TracerProvider()
+	}
 	gopts := append(auth.ServerOptions(), o.Keepalive.ServerOptions()...)
+	gopts = append(gopts, tracing.ServerOptions(tp)...)
 	switch o.Role {
 	case control.RolePrefill:
 		dopts := []kvtransfer.DialOption{kvtransfer.WithConnsPerAddr(o.KVConns), kvtransfer.WithLinkGbps(o.LinkGbps), kvtransfer.WithLogger(w.log.Named("kvtransfer")),
@@ -765,7 +777,18 @@ func (w *Worker) closeAll() {
 	if w.ownEng && w.eng != nil {
 		enginecfg.Close(w.eng)
 	}
+	if w.tracer != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), traceFlushTimeout)
+		if err := w.tracer.Shutdown(ctx); err != nil {
+			w.log.Warn("trace export did not finish", zap.Error(err))
+		}
+		cancel()
+		w.tracer = nil
+	}
 }
+
+// traceFlushTimeout bounds the export of the spans left at stop.
+const traceFlushTimeout = 5 * time.Second
 
 // Run starts a worker, calls ready (if not nil) with its gRPC address,
 // blocks until ctx ends or a part of the worker fails, and stops it
