@@ -618,6 +618,8 @@ func flowEndpoints(t *testing.T, r release) map[string]endpoint {
 	eps["neighbour"] = endpoint{namespace: namespace, labels: labels.Set{"app": "neighbour"}, ports: []corev1.ContainerPort{tcp("http", 8080)}}
 	eps["tenant"] = endpoint{namespace: "tenant-b", labels: labels.Set{"app": "tenant"}, ports: []corev1.ContainerPort{tcp("http", 8080)}}
 	eps["internet"] = endpoint{ip: "203.0.113.10", ports: []corev1.ContainerPort{tcp("https", 443), tcp("nats", 4222)}}
+	eps["otel-collector"] = endpoint{namespace: "observability", labels: labels.Set{"app.kubernetes.io/name": "opentelemetry-collector"},
+		ports: []corev1.ContainerPort{tcp("otlp-grpc", 4317), tcp("otlp-http", 4318)}}
 	return eps
 }
 
@@ -723,7 +725,7 @@ var (
 	// rules allow.
 	openFlows = func() []string {
 		var out []string
-		for _, src := range []string{"ingress-nginx", "internet", "kube-dns", "neighbour", "prometheus", "tenant", "test"} {
+		for _, src := range []string{"ingress-nginx", "internet", "kube-dns", "neighbour", "otel-collector", "prometheus", "tenant", "test"} {
 			for _, dst := range []string{"coordinator:http", "decode:metrics", "prefill:metrics"} {
 				out = append(out, src+" → "+dst)
 			}
@@ -735,7 +737,8 @@ var (
 // TestNetworkPolicyFlows renders releases with NetworkPolicies and checks
 // that they allow exactly the listed connections among the release's
 // pods, an Ingress controller, Prometheus, the cluster DNS, a neighbour
-// pod, another namespace and the internet (flowEndpoints).
+// pod, another namespace, an OpenTelemetry Collector and the internet
+// (flowEndpoints).
 func TestNetworkPolicyFlows(t *testing.T) {
 	tests := []struct {
 		name, base, over string
@@ -774,6 +777,18 @@ func TestNetworkPolicyFlows(t *testing.T) {
 			over: "coordinator: {planner: {actuator: kubernetes, profile: h100/llama-3-8b/tp1}}\nnetworkPolicy: {kubeAPIServer: {to: [{ipBlock: {cidr: 203.0.113.0/24}}], ports: [443]}}",
 			want: append(slices.Clone(internalFlows),
 				"coordinator → internet:https",
+				"ingress-nginx → coordinator:http", "prometheus → coordinator:http", "prometheus → decode:metrics",
+				"prometheus → prefill:metrics", "test → coordinator:http"),
+		},
+		{
+			// Traces to a collector the policies name, on its gRPC port;
+			// off (the other cases), no pod reaches it.
+			name: "tracing", base: "production",
+			over: "tracing: {endpoint: 'http://otel-collector.observability:4317', protocol: grpc}\n" +
+				"networkPolicy: {tracing: {to: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: observability}}, " +
+				"podSelector: {matchLabels: {app.kubernetes.io/name: opentelemetry-collector}}}], ports: [4317]}}",
+			want: append(slices.Clone(internalFlows),
+				"coordinator → otel-collector:otlp-grpc", "decode → otel-collector:otlp-grpc", "prefill → otel-collector:otlp-grpc",
 				"ingress-nginx → coordinator:http", "prometheus → coordinator:http", "prometheus → decode:metrics",
 				"prometheus → prefill:metrics", "test → coordinator:http"),
 		},

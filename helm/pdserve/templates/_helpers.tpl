@@ -401,3 +401,19 @@ topologySpreadConstraints:
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+Trace export flags of every pdserve binary as a YAML list: none while
+tracing.endpoint is empty.
+*/}}
+{{- define "pdserve.tracingArgs" -}}
+{{- $t := .Values.tracing }}
+{{- $out := list }}
+{{- if $t.endpoint }}
+{{- $out = list (printf "--otel-endpoint=%s" $t.endpoint) (printf "--otel-protocol=%s" $t.protocol) }}
+{{- if not (kindIs "invalid" $t.sampleRatio) }}
+{{- $out = append $out (printf "--otel-sample-ratio=%s" (include "pdserve.fmt" $t.sampleRatio)) }}
+{{- end }}
+{{- end }}
+{{- toYaml $out }}
+{{- end }}

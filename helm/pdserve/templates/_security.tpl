@@ -341,6 +341,9 @@ the model download (model.source download) and networkPolicy.extraEgress.
 {{- if and (include "pdserve.llamacpp" .) (eq .Values.model.source "download") }}
 {{- $rules = append $rules (include "pdserve.netpolEgressRule" $np.modelDownload | fromYaml) }}
 {{- end }}
+{{- if .Values.tracing.endpoint }}
+{{- $rules = append $rules (include "pdserve.netpolEgressRule" $np.tracing | fromYaml) }}
+{{- end }}
 {{- toYaml (concat $rules $np.extraEgress) }}
 {{- end }}
 

@@ -19,6 +19,7 @@ Call with (dict "root" $ "component" "prefill" "binary" "prefill-worker"
   "--nats-url=$(NATS_URL)"
   (printf "--log-level=%s" $root.Values.logLevel) }}
 {{- $args = concat $args (include "pdserve.natsAuthArgs" (dict "root" $root "user" $component) | fromYamlArray) }}
+{{- $args = concat $args (include "pdserve.tracingArgs" $root | fromYamlArray) }}
 {{- /* Drain in-flight work within the grace period: what is left after the
 preStop sleep, less 5 s to exit. */}}
 {{- $drain := sub (sub (int64 $pool.terminationGracePeriodSeconds) (int64 $pool.preStopSleepSeconds)) 5 }}
