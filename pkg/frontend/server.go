@@ -422,9 +422,9 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
 		defer func() { tracing.EndHTTP(span, sw.status) }()
 		w, r = sw, r.WithContext(ctx)
-		tr.TraceID = span.SpanContext().TraceID().String()
-		if v := tracing.TraceResponse(span); v != "" {
+		if v := tracing.TraceResponse(span); v != "" { // sampled
 			w.Header().Set("traceresponse", v)
+			tr.TraceID = span.SpanContext().TraceID().String()
 		}
 	}
 	cl := client{key: keyOf(r)}
@@ -883,7 +883,7 @@ func (s *Server) prepare(data []byte, chat bool, cl client, tr *budget.Trace) (*
 		}
 		if len(prompts) > 1 {
 			req.ID = fmt.Sprintf("%s-%d", tr.RequestID, i)
-			req.Trace = &budget.Trace{RequestID: req.ID, Arrival: tr.Arrival, Model: model, PromptTokens: len(t.ids)}
+			req.Trace = &budget.Trace{RequestID: req.ID, Arrival: tr.Arrival, TraceID: tr.TraceID, Model: model, PromptTokens: len(t.ids)}
 		}
 		pl.reqs = append(pl.reqs, req)
 		pl.echo = append(pl.echo, t.echo)

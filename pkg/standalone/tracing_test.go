@@ -106,6 +106,12 @@ func TestTracesFollowBudget(t *testing.T) {
 			if sum.Mode != coordinator.ModeDisaggregated || sum.FirstTokenPolicy != policy || sum.OutputTokens != 6 {
 				t.Fatalf("budget: mode %q policy %q output %d, want a disaggregated request of 6 tokens under %s", sum.Mode, sum.FirstTokenPolicy, sum.OutputTokens, policy)
 			}
+			// A traceparent that is not sampled is followed: no span, no
+			// traceresponse.
+			const unsampled = "0af7651916cd43dd8448eb211c80319c"
+			if tr, _ := tracedCompletion(t, s.HTTPAddr(), "00-"+unsampled+"-b7ad6b7169203331-00"); tr != "" {
+				t.Errorf("traceresponse %q for a traceparent not sampled", tr)
+			}
 			// Shutdown flushes the exporter.
 			if err := s.Shutdown(context.Background()); err != nil {
 				t.Fatal(err)
@@ -115,7 +121,10 @@ func TestTracesFollowBudget(t *testing.T) {
 			byName := map[string][]*tracepb.Span{}
 			byID := map[string]*tracepb.Span{}
 			for _, sp := range spans {
-				if got := hex.EncodeToString(sp.GetTraceId()); got != traceID {
+				if got := hex.EncodeToString(sp.GetTraceId()); got == unsampled {
+					t.Errorf("span %s of the trace not sampled", sp.GetName())
+					continue
+				} else if got != traceID {
 					t.Errorf("span %s has trace id %s, want the client's %s", sp.GetName(), got, traceID)
 				}
 				byName[sp.GetName()] = append(byName[sp.GetName()], sp.Span)
