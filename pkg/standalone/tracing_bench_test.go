@@ -31,7 +31,7 @@ func BenchmarkTracingOverhead(b *testing.B) {
 	rcv := tracingtest.Start(b)
 	off := startBench(b, nil)
 	on := startBench(b, rcv)
-	body, _ := json.Marshal(map[string]any{"model": "tiny", "prompt": strings.Repeat("benchmark", 7)[:64], "max_tokens": 8, "ignore_eos": true})
+	body, _ := json.Marshal(map[string]any{"model": "tiny", "prompt": strings.Repeat("benchmark", 8)[:64], "max_tokens": 8, "ignore_eos": true})
 	send := func(addr string) time.Duration {
 		start := time.Now()
 		resp, err := http.Post("http://"+addr+"/v1/completions", "application/json", bytes.NewReader(body))

@@ -29,8 +29,10 @@ func noEnv(string) string { return "" }
 
 // startTraced starts a standalone deployment (one prefill, one decode
 // worker, the tiny ref model) whose traces go to rcv over gRPC, or
-// untraced when rcv is nil.
-func startTraced(t *testing.T, rcv *tracingtest.Receiver, policy string) *standalone.Server {
+// untraced when rcv is nil. With ownExporters each worker exports
+// through a provider of its own, as a worker binary does (its own
+// service.name), instead of the coordinator's.
+func startTraced(t *testing.T, rcv *tracingtest.Receiver, policy string, ownExporters bool) *standalone.Server {
 	t.Helper()
 	o := coordinator.DefaultOptions()
 	o.HTTPAddr, o.Standalone, o.FirstTokenPolicy = "127.0.0.1:0", true, policy
@@ -38,7 +40,13 @@ func startTraced(t *testing.T, rcv *tracingtest.Receiver, policy string) *standa
 	if rcv != nil {
 		o.Tracing.Endpoint, o.Tracing.Protocol = rcv.GRPCEndpoint(), tracing.ProtocolGRPC
 	}
-	o.WorkerOptions = func(wo *workerrun.Options) { wo.HeartbeatInterval = 20 * time.Millisecond }
+	o.WorkerOptions = func(wo *workerrun.Options) {
+		wo.HeartbeatInterval = 20 * time.Millisecond
+		if ownExporters {
+			wo.TracerProvider = nil
+			wo.Tracing.Getenv, wo.Tracing.Endpoint, wo.Tracing.Protocol = noEnv, rcv.GRPCEndpoint(), tracing.ProtocolGRPC
+		}
+	}
 	if err := o.Complete(); err != nil {
 		t.Fatal(err)
 	}
@@ -92,12 +100,24 @@ func durMs(s *tracepb.Span) float64 {
 // server spans hold the workers' steps; the request span has the model,
 // tokens, codec and workers; each phase lasts its term of the response's
 // budget within a millisecond, and the phases on the critical path add
-// up to the request span (e2e). Under both first-token policies.
+// up to the request span (e2e). Under both first-token policies, and
+// with the workers exporting through providers of their own, as the
+// binaries do (their spans then carry their own service.name).
 func TestTracesFollowBudget(t *testing.T) {
-	for _, policy := range []string{coordinator.PolicyPrefill, coordinator.PolicyDecode} {
-		t.Run(policy, func(t *testing.T) {
+	for _, tc := range []struct {
+		policy string
+		// own: the workers export on their own, as separate binaries
+		// do; the trace still joins over gRPC metadata.
+		own bool
+	}{{coordinator.PolicyPrefill, false}, {coordinator.PolicyDecode, false}, {coordinator.PolicyDecode, true}} {
+		policy := tc.policy
+		name := policy
+		if tc.own {
+			name += "/own-exporters"
+		}
+		t.Run(name, func(t *testing.T) {
 			rcv := tracingtest.Start(t)
-			s := startTraced(t, rcv, policy)
+			s := startTraced(t, rcv, policy, tc.own)
 			const traceID, parentID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 			traceresp, sum := tracedCompletion(t, s.HTTPAddr(), "00-"+traceID+"-"+parentID+"-01")
 			if !strings.HasPrefix(traceresp, "00-"+traceID+"-") {
@@ -201,6 +221,16 @@ func TestTracesFollowBudget(t *testing.T) {
 				for _, step := range rpc.steps {
 					parentIs(one(step), server)
 				}
+				wantService := "pdserve-coordinator"
+				if tc.own {
+					wantService = map[string]string{"pdserve.v1.PrefillService/Prefill": "pdserve-prefill-worker",
+						"pdserve.v1.DecodeService/Generate": "pdserve-decode-worker"}[rpc.method]
+				}
+				for _, sp := range spans {
+					if bytes.Equal(sp.GetSpanId(), server.GetSpanId()) && sp.Service != wantService {
+						t.Errorf("%s server span of service %q, want %q", rpc.method, sp.Service, wantService)
+					}
+				}
 			}
 
 			// Attributes of the request span.
@@ -267,7 +297,7 @@ func names(spans []tracingtest.Span) []string {
 // traceresponse and the deployment exports nothing, whatever the
 // request's traceparent.
 func TestTracingOffByDefault(t *testing.T) {
-	s := startTraced(t, nil, coordinator.PolicyPrefill)
+	s := startTraced(t, nil, coordinator.PolicyPrefill, false)
 	traceresp, _ := tracedCompletion(t, s.HTTPAddr(), "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")
 	if traceresp != "" {
 		t.Errorf("traceresponse %q with tracing off", traceresp)
