@@ -816,3 +816,20 @@ func TestLint(t *testing.T) {
 		})
 	}
 }
+
+// TestBlockTokensOneValue: decodeWorker.blockTokens is the deployment's
+// block size: the coordinator and the prefill workers get the same
+// --block-tokens as the decode workers (the coordinator refuses a worker
+// whose heartbeat says another); unset, none gets the flag (all default
+// to the same 16).
+func TestBlockTokensOneValue(t *testing.T) {
+	for over, want := range map[string]string{"{}": "", "decodeWorker: {blockTokens: 32}": "32"} {
+		r := renderOver(t, "", over)
+		for _, p := range pools(r) {
+			got, ok := argMap(container(t, &r.deployment(t, p.deployment).Spec.Template.Spec, p.container).Args)["block-tokens"]
+			if ok != (want != "") || got != want {
+				t.Errorf("%s: %s: --block-tokens=%q (given %v), want %q", over, p.deployment, got, ok, want)
+			}
+		}
+	}
+}

@@ -50,6 +50,16 @@ type Heartbeat struct {
 	// CodecCores is how many transfers the worker decodes at once at full
 	// per-core speed (its GOMAXPROCS); 0 when it does not say.
 	CodecCores int `json:"codec_cores,omitempty"`
+
+	// BlockTokens is the worker's block size in tokens: of its KV pool
+	// (decode, colocated) and of its prefix hashes (PrefixDigest), which
+	// the coordinator's must equal; 0 when the worker does not say (an
+	// older worker).
+	BlockTokens int `json:"block_tokens,omitempty"`
+	// Codecs are the KV codecs (pkg/kv/codec names) the worker can use on
+	// its KV's element type: encode (prefill) or decode (decode,
+	// colocated); empty when it does not say.
+	Codecs []string `json:"codecs,omitempty"`
 }
 
 // CodecSpeed is one codec's figures in a heartbeat.

@@ -4,19 +4,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/pdserve/pdserve/pkg/control"
+	"github.com/pdserve/pdserve/pkg/kv/codec"
+	"github.com/pdserve/pdserve/pkg/kvtransfer/codecpick"
 )
-
-// minWorkerSeqLen is the shortest context a worker may advertise: one KV
-// block of prefix hashing. A shorter one contradicts any role's
-// configuration (heartbeat max_seq_len 1 is a forgery, not a model).
-const minWorkerSeqLen = prefixBlockTokens
 
 // Admission timing: how often pending members are looked at, how long a
 // probe may take, and how long a failed one waits before the next.
@@ -26,15 +26,37 @@ const (
 	probeBackoff = time.Second
 )
 
-// checkHeartbeat refuses a heartbeat whose limits contradict the
+// Reasons a heartbeat is refused, the label of
+// pdserve_coordinator_heartbeats_refused_total.
+const (
+	refusedRole        = "role"         // a role this mode does not use
+	refusedLimits      = "limits"       // counts that contradict each other or the role
+	refusedBlockTokens = "block_tokens" // a block size other than --block-tokens
+	refusedCodec       = "codec"        // cannot code --codec on its KV
+	refusedModel       = "model"        // no model name
+)
+
+// refusal is one reason checkHeartbeat refuses a heartbeat.
+type refusal struct {
+	reason string
+	err    error
+}
+
+func (r refusal) Error() string { return r.err.Error() }
+
+// checkHeartbeat refuses a heartbeat whose limits or shape contradict the
 // coordinator's configuration of its role: negative counts, more free KV
 // blocks than the pool has, a decode worker without KV blocks, a context
-// shorter than one KV block, or a role this mode does not use. It is the
-// Membership's check (control.WithCheck): a refused worker is removed
-// and logged once per reason.
+// shorter than one KV block, a role this mode does not use, a block size
+// other than --block-tokens (prefix hashes and the KV room estimate would
+// be wrong), or KV that --codec cannot code. It is the Membership's
+// check (control.WithCheck): a refused worker is removed and logged once
+// per reason. The error joins one refusal per reason.
 func (o Options) checkHeartbeat(hb control.Heartbeat) error {
 	var errs []error
-	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	bad := func(reason, format string, a ...any) {
+		errs = append(errs, refusal{reason, fmt.Errorf(format, a...)})
+	}
 	want := []control.Role{control.RolePrefill, control.RoleDecode}
 	if o.Mode == ModeColocated {
 		want = []control.Role{control.RoleColocated}
@@ -44,27 +66,66 @@ func (o Options) checkHeartbeat(hb control.Heartbeat) error {
 		known = known || hb.Role == string(r)
 	}
 	if !known {
-		bad("role %q is not one of this %s coordinator's (%v)", hb.Role, o.Mode, want)
+		bad(refusedRole, "role %q is not one of this %s coordinator's (%v)", hb.Role, o.Mode, want)
 	}
 	for name, v := range map[string]int{"kv_blocks_free": hb.KVBlocksFree, "kv_blocks_total": hb.KVBlocksTotal,
-		"queued_prefill_tokens": hb.QueuedPrefillTokens, "running_batch": hb.RunningBatch, "max_seq_len": hb.MaxSeqLen} {
+		"queued_prefill_tokens": hb.QueuedPrefillTokens, "running_batch": hb.RunningBatch, "max_seq_len": hb.MaxSeqLen,
+		"block_tokens": hb.BlockTokens} {
 		if v < 0 {
-			bad("%s %d is negative", name, v)
+			bad(refusedLimits, "%s %d is negative", name, v)
 		}
 	}
 	if hb.KVBlocksFree > hb.KVBlocksTotal {
-		bad("kv_blocks_free %d exceeds kv_blocks_total %d", hb.KVBlocksFree, hb.KVBlocksTotal)
+		bad(refusedLimits, "kv_blocks_free %d exceeds kv_blocks_total %d", hb.KVBlocksFree, hb.KVBlocksTotal)
 	}
 	if hb.Role != string(control.RolePrefill) && known && hb.KVBlocksTotal <= 0 {
-		bad("a %s worker without KV blocks (kv_blocks_total %d)", hb.Role, hb.KVBlocksTotal)
+		bad(refusedLimits, "a %s worker without KV blocks (kv_blocks_total %d)", hb.Role, hb.KVBlocksTotal)
 	}
-	if hb.MaxSeqLen > 0 && hb.MaxSeqLen < minWorkerSeqLen {
-		bad("max_seq_len %d is shorter than one KV block (%d tokens)", hb.MaxSeqLen, minWorkerSeqLen)
+	// The shortest context a worker may advertise is one block of prefix
+	// hashing: max_seq_len 1 is a forgery, not a model.
+	if hb.MaxSeqLen > 0 && hb.MaxSeqLen < o.BlockTokens {
+		bad(refusedLimits, "max_seq_len %d is shorter than one KV block (%d tokens)", hb.MaxSeqLen, o.BlockTokens)
+	}
+	if hb.BlockTokens > 0 && hb.BlockTokens != o.BlockTokens {
+		bad(refusedBlockTokens, "block_tokens %d differs from the coordinator's --block-tokens %d: give every worker and the coordinator the same --block-tokens",
+			hb.BlockTokens, o.BlockTokens)
+	}
+	if auto, _ := codecpick.AutoName(o.Codec); o.Codec != "" && !auto && o.Mode == ModeDisaggregated && len(hb.Codecs) > 0 {
+		if c, err := codec.ByName(o.Codec); err == nil && !slices.Contains(hb.Codecs, c.Name()) {
+			bad(refusedCodec, "its KV cannot be coded with --codec %s (it takes %s)", o.Codec, strings.Join(hb.Codecs, ", "))
+		}
 	}
 	if hb.Model == "" && o.ModelName == "" {
-		bad("no model name (and no --model-name)")
+		bad(refusedModel, "no model name (and no --model-name)")
 	}
 	return errors.Join(errs...)
+}
+
+// countingCheck returns check counting each refusal of a heartbeat by
+// reason in pdserve_coordinator_heartbeats_refused_total, registered
+// with reg.
+func countingCheck(check func(control.Heartbeat) error, reg prometheus.Registerer) func(control.Heartbeat) error {
+	refused := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pdserve_coordinator_heartbeats_refused_total",
+		Help: "Worker heartbeats the coordinator refused, by reason: role, limits, block_tokens, codec, model (a refused worker is not routed to; its heartbeats go on being refused and counted).",
+	}, []string{"reason"})
+	for _, r := range []string{refusedRole, refusedLimits, refusedBlockTokens, refusedCodec, refusedModel} {
+		refused.WithLabelValues(r)
+	}
+	reg.MustRegister(refused)
+	return func(hb control.Heartbeat) error {
+		err := check(hb)
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			seen := map[string]bool{}
+			for _, e := range j.Unwrap() {
+				if r, ok := e.(refusal); ok && !seen[r.reason] {
+					seen[r.reason] = true
+					refused.WithLabelValues(r.reason).Inc()
+				}
+			}
+		}
+		return err
+	}
 }
 
 // admitter admits the members the coordinator verified (see

@@ -40,10 +40,6 @@ var ErrStandalone = errors.New("coordinator: standalone mode is started by packa
 // natsStopTimeout bounds draining the NATS connection at shutdown.
 const natsStopTimeout = 5 * time.Second
 
-// prefixBlockTokens is the block size of prompt prefix hashes; it must
-// match the workers' KV block size (the decode workers' default).
-const prefixBlockTokens = 16
-
 // Coordinator is a started coordinator. Its methods are safe for
 // concurrent use.
 type Coordinator struct {
@@ -145,7 +141,7 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 		return c, fmt.Errorf("coordinator: %w", err)
 	}
 	c.ncDone = ncDone
-	c.members = control.NewMembership(o.HeartbeatTTL, control.RequireAdmission(), control.WithCheck(o.checkHeartbeat))
+	c.members = control.NewMembership(o.HeartbeatTTL, control.RequireAdmission(), control.WithCheck(countingCheck(o.checkHeartbeat, c.reg)))
 	if c.stopW, err = control.Watch(ctx, c.nc, c.members, time.Now, max(o.HeartbeatTTL/4, 10*time.Millisecond),
 		control.WatchLogger(log.Named("membership"))); err != nil {
 		return c, fmt.Errorf("coordinator: %w", err)
@@ -178,7 +174,7 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 		router: newRouter(o, c.reg),
 	}
 	if o.Policy.Routing.PrefixAware(o.Mode == ModeColocated) {
-		c.backend.prefixBlockTokens = prefixBlockTokens
+		c.backend.prefixBlockTokens = o.BlockTokens
 	}
 	if err := c.attachExtensions(); err != nil {
 		return c, err
@@ -491,7 +487,7 @@ func workerDialer(t *workerrun.TLS, a *grpcauth.Auth, keepalive []grpc.DialOptio
 func newRouter(o Options, reg prometheus.Registerer) *router.Router {
 	rt := o.Policy.Routing
 	return router.New(router.Config{
-		BlockTokens:                 prefixBlockTokens,
+		BlockTokens:                 o.BlockTokens,
 		Colocated:                   o.Mode == ModeColocated,
 		LocalPrefillBelowTokens:     rt.LocalPrefillBelowTokens,
 		PrefillQueueLocalTokens:     rt.PrefillQueueLocalTokens,

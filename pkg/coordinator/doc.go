@@ -140,9 +140,13 @@
 // control.RequireAdmission). With TLS the handshake proved its identity;
 // without, the worker is admitted unverified (logged so): anyone holding
 // its role's NATS credential can register one and get requests routed to
-// it, but no credential usable elsewhere. A heartbeat whose limits
-// contradict its role's configuration (Options.checkHeartbeat) is refused
-// and logged once per reason. Routing uses each worker's own context
+// it, but no credential usable elsewhere. A heartbeat whose limits or
+// shape contradict its role's configuration (Options.checkHeartbeat) is
+// refused, logged once per reason and counted in
+// pdserve_coordinator_heartbeats_refused_total{reason}: its block size
+// (block_tokens) must be the coordinator's --block-tokens, which prefix
+// hashes and the KV room estimate use, and a fixed --codec must be among
+// the codecs its KV takes (codecs). Routing uses each worker's own context
 // length (router plugin contextlen), and Models the longest an admitted
 // worker takes, so one worker's heartbeat cannot lower the limits of
 // the others. A decode worker that fails Reserve, or fails or ends its

@@ -19,6 +19,9 @@ import (
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/enginecfg"
 	"github.com/pdserve/pdserve/pkg/grpcauth"
+	"github.com/pdserve/pdserve/pkg/kv/codec"
+	"github.com/pdserve/pdserve/pkg/kvtransfer/codecpick"
+	"github.com/pdserve/pdserve/pkg/prefixcache"
 	"github.com/pdserve/pdserve/pkg/tracing"
 	"github.com/pdserve/pdserve/pkg/workerrun"
 )
@@ -77,8 +80,18 @@ type Options struct {
 	// Mode is ModeDisaggregated or ModeColocated.
 	Mode string
 	// Codec is the KV codec the prefill workers use; empty lets each
-	// prefill worker use its own default.
+	// prefill worker use its own default. Checked at start (a codec
+	// name, auto or auto-lossy), and against each worker's heartbeat
+	// (control.Heartbeat.Codecs): a worker whose KV it cannot code is
+	// refused.
 	Codec string
+	// BlockTokens is the deployment's block size in tokens
+	// (--block-tokens): of the prompt prefix hashes the router matches
+	// against the workers' caches, and of the KV room it estimates. Every
+	// worker's heartbeat must carry the same (control.Heartbeat
+	// BlockTokens); one that differs is refused, logged and counted.
+	// Standalone workers get it. > 0.
+	BlockTokens int
 	// FirstTokenPolicy is PolicyPrefill or PolicyDecode.
 	FirstTokenPolicy string
 	// MaxTokensCap, QueueLimit and LocalPrefillTokens override the policy
@@ -218,6 +231,7 @@ func DefaultOptions() Options {
 		DecodeWorkers:    1,
 		Mode:             ModeDisaggregated,
 		FirstTokenPolicy: PolicyPrefill,
+		BlockTokens:      prefixcache.DefaultBlockTokens,
 		HeartbeatTTL:     5 * time.Second,
 		ShutdownTimeout:  30 * time.Second,
 		RetryAfter:       time.Second,
@@ -248,6 +262,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.PrefillWorkers, "prefill-workers", o.PrefillWorkers, "standalone: prefill workers to start (disaggregated mode)")
 	fs.IntVar(&o.DecodeWorkers, "decode-workers", o.DecodeWorkers, "standalone: decode workers to start (colocated workers in colocated mode)")
 	fs.StringVar(&o.Mode, "mode", o.Mode, "serving mode: disaggregated (prefill and decode workers) or colocated")
+	fs.IntVar(&o.BlockTokens, "block-tokens", o.BlockTokens, "tokens per block of the prompt prefix hashes and the KV room estimate: every worker's --block-tokens must be the same (a worker whose heartbeat differs is refused)")
 	fs.StringVar(&o.Codec, "codec", o.Codec, "KV codec for transfers: none, s2, zstd, bf16, fp8 or int8; auto (the lossless one that delivers soonest on the measured link, chosen per transfer by the prefill worker) or auto-lossy (fp8 and int8 too) (empty: the prefill worker's default)")
 	fs.StringVar(&o.FirstTokenPolicy, "first-token-policy", o.FirstTokenPolicy, "first token to the client from the prefill worker at once (prefill: KV transfer in the first inter-token gap) or from the decode worker (decode: KV transfer in TTFT)")
 	fs.IntVar(&o.MaxTokensCap, "max-tokens-cap", o.MaxTokensCap, "largest max_tokens a request may ask, per choice (0: limits.max_tokens_cap of --config, else no cap beyond the model's context)")
@@ -391,6 +406,14 @@ func (o Options) Validate() error {
 	if o.MaxBodyBytes <= 0 {
 		bad("max-body-bytes %d must be positive", o.MaxBodyBytes)
 	}
+	if o.BlockTokens <= 0 {
+		bad("block-tokens %d must be positive", o.BlockTokens)
+	}
+	if auto, _ := codecpick.AutoName(o.Codec); o.Codec != "" && !auto {
+		if _, err := codec.ByName(o.Codec); err != nil {
+			errs = append(errs, cliflags.BadFlag("codec", o.Codec, err))
+		}
+	}
 	if o.HTTPReadHeaderTimeout <= 0 || o.HTTPBodyIdleTimeout <= 0 || o.HTTPBodyTimeout <= 0 || o.HTTPWriteTimeout <= 0 {
 		bad("http-read-header-timeout %v, http-body-idle-timeout %v, http-body-timeout %v and http-write-timeout %v must be positive",
 			o.HTTPReadHeaderTimeout, o.HTTPBodyIdleTimeout, o.HTTPBodyTimeout, o.HTTPWriteTimeout)
@@ -451,6 +474,7 @@ func (o Options) LogFields() []zap.Field {
 		zap.Bool("standalone", o.Standalone),
 		zap.String("mode", o.Mode),
 		zap.String("codec", o.Codec),
+		zap.Int("block_tokens", o.BlockTokens),
 		zap.String("first_token_policy", o.FirstTokenPolicy),
 		zap.Duration("heartbeat_ttl", o.HeartbeatTTL),
 		zap.String("model_name", o.ModelName),

@@ -1154,3 +1154,7 @@ func (s *Server) readyLocked(q *sequence) {
 // MaxBatch returns the most sequences one step runs (Options.MaxBatch):
 // the most choices a request may ask.
 func (s *Server) MaxBatch() int { return s.o.MaxBatch }
+
+// BlockTokens returns the tokens of one KV block of the pool, the block
+// of the prefix hashes too.
+func (s *Server) BlockTokens() int { return s.o.BlockTokens }

@@ -48,8 +48,10 @@ type Options struct {
 	// PrefixCache keeps the engine sequences of finished prompts for
 	// prefix reuse (see the package doc); on by default (MaxTokens
 	// prefixcache.Auto: sized by the engine's KV memory; 0: off).
-	// Its blocks are prefixcache.DefaultBlockTokens tokens, the block
-	// size the coordinator hashes prompts with for routing.
+	// Its blocks are PrefixCache.BlockTokens tokens (--block-tokens,
+	// default prefixcache.DefaultBlockTokens), the block size the
+	// coordinator hashes prompts with for routing: heartbeats carry it,
+	// and a coordinator whose --block-tokens differs refuses the worker.
 	PrefixCache prefixcache.Options
 }
 
@@ -75,8 +77,9 @@ func DefaultOptions() Options {
 }
 
 // AddFlags registers --chunk-tokens, --max-batch-tokens, --codec,
-// --queue-limit, --retain-bytes, --retain-ttl, --max-live-kv-bytes, --prefix-cache-tokens
-// and --prefix-cache-entries on fs, with o's values as defaults.
+// --queue-limit, --retain-bytes, --retain-ttl, --max-live-kv-bytes,
+// --block-tokens, --prefix-cache-tokens and --prefix-cache-entries on fs,
+// with o's values as defaults.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.ChunkTokens, "chunk-tokens", o.ChunkTokens, "most prompt tokens of one request prefilled in one step (chunked prefill)")
 	fs.IntVar(&o.MaxBatchTokens, "max-batch-tokens", o.MaxBatchTokens, "token budget of one prefill step, summed over the batch (>= --chunk-tokens)")
@@ -85,6 +88,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.Int64Var(&o.RetainBytes, "retain-bytes", o.RetainBytes, "bytes of KV held for in-flight requests and for finished ones kept for Resend (LRU eviction)")
 	fs.DurationVar(&o.RetainTTL, "retain-ttl", o.RetainTTL, "how long a finished request's KV is kept for Resend when no Release comes (its coordinator may be gone)")
 	fs.Int64Var(&o.MaxLiveKVBytes, "max-live-kv-bytes", o.MaxLiveKVBytes, "KV bytes of queued, prefilling and sending requests beyond which new requests get RESOURCE_EXHAUSTED (0: 2 × --retain-bytes)")
+	fs.IntVar(&o.PrefixCache.BlockTokens, "block-tokens", o.PrefixCache.BlockTokens, "tokens per block of the prefix hashes and of prefix reuse: must equal the coordinator's and the decode workers' --block-tokens")
 	o.PrefixCache.AddFlags(fs)
 }
 

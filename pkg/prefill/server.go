@@ -276,6 +276,10 @@ type Stats struct {
 // when the cache is off or empty. The caller owns the slice.
 func (s *Server) PrefixDigest(n int) []uint64 { return s.cache.Digest(n) }
 
+// BlockTokens returns the block size of the worker's prefix hashes
+// (Options.PrefixCache.BlockTokens), also with the cache off.
+func (s *Server) BlockTokens() int { return s.o.PrefixCache.BlockTokens }
+
 // Stats returns a snapshot of the worker's load.
 func (s *Server) Stats() Stats {
 	s.mu.Lock()

@@ -121,6 +121,7 @@ func Start(ctx context.Context, o coordinator.Options, log *zap.Logger) (s *Serv
 			wo = workerrun.NewPrefillOptions()
 		}
 		wo.Role, wo.ID = w.role, w.id
+		wo.Decode.BlockTokens, wo.Prefill.PrefixCache.BlockTokens = co.BlockTokens, co.BlockTokens
 		wo.GRPCAddr, wo.MetricsAddr, wo.NATSURL = "127.0.0.1:0", "", co.NATSURL
 		wo.NATS = workerNATS(w.id)
 		wo.Engine = o.Engine

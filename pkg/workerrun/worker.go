@@ -71,6 +71,7 @@ func (p prefillService) fill(hb *control.Heartbeat) {
 	hb.RunningBatch = st.LastBatch
 	hb.StepTimesMs = st.StepTimesMs
 	hb.PrefixDigest = p.PrefixDigest(prefixcache.DefaultDigestHashes)
+	hb.BlockTokens = p.BlockTokens()
 }
 
 type decodeService struct {
@@ -89,6 +90,7 @@ func (d decodeService) fill(hb *control.Heartbeat) {
 	hb.RunningBatch = st.Running
 	hb.StepTimesMs = st.StepTimesMs
 	hb.PrefixDigest = d.PrefixDigest(prefixcache.DefaultDigestHashes)
+	hb.BlockTokens = d.BlockTokens()
 }
 
 // Worker is a started worker. Its methods are safe for concurrent use.
@@ -109,6 +111,9 @@ type Worker struct {
 	tracer *tracing.Provider
 
 	maxSeqLen int // the engine's MaxSeqLen, for heartbeats
+	// codecs are the KV codecs that work on the engine's KV dtype, for
+	// heartbeats; read only.
+	codecs []string
 
 	grpc   *grpc.Server
 	health *health.Server
@@ -179,6 +184,11 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 		w.ownEng = true
 	}
 	w.model, w.maxSeqLen = w.eng.Spec().Name, w.eng.Spec().MaxSeqLen
+	for _, c := range codec.All() {
+		if c.Supports(w.eng.Spec().KVDType) == nil {
+			w.codecs = append(w.codecs, c.Name())
+		}
+	}
 	o.Decode = fitPool(o.Decode, w.eng, w.log)
 	if t, ok := w.eng.(transferEngine); ok && o.Role != control.RoleColocated {
 		if err := t.Transferable(); err != nil {
@@ -533,6 +543,7 @@ func (w *Worker) heartbeat() control.Heartbeat {
 		Draining: w.draining.Load(),
 	}
 	hb.MaxSeqLen = w.maxSeqLen
+	hb.Codecs = w.codecs
 	w.svc.fill(&hb)
 	if sp := w.codecSpeeds.Load(); sp != nil {
 		hb.CodecSpeeds, hb.CodecCores = *sp, runtime.GOMAXPROCS(0)
