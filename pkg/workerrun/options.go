@@ -333,6 +333,7 @@ func (o Options) LogFields() []zap.Field {
 			zap.String("codec", p.Codec), zap.Int("queue_limit", p.QueueLimit), zap.Int64("retain_bytes", p.RetainBytes),
 			zap.Duration("retain_ttl", p.RetainTTL), zap.Int64("max_live_kv_bytes", p.MaxLiveKVBytes),
 			zap.Float64("link_gbps", o.LinkGbps), zap.Int("kv_conns", o.KVConns),
+			zap.Int("block_tokens", p.PrefixCache.BlockTokens),
 			zap.Int("prefix_cache_tokens", p.PrefixCache.MaxTokens), zap.Int("prefix_cache_entries", p.PrefixCache.MaxEntries))
 	}
 	d := o.Decode
