@@ -168,7 +168,9 @@ func TestTwoModelsRouteByModel(t *testing.T) {
 	small := enginecfg.DefaultOptions()
 	small.Preset = "small"
 	refs["small"] = newReferenceOf(t, small)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	// A hang guard: four requests and their references under -race take
+	// over a minute on a loaded 2-core machine.
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	prompt := []int32{5, 17, 99, 3, 42, 8, 61}
 	for _, model := range []string{"tiny", "small", "tiny", "small"} {
