@@ -4,7 +4,6 @@ import (
 	"strings"
 	"testing"
 
-	"helm.sh/helm/v3/pkg/engine"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 )
@@ -55,10 +54,7 @@ decodeWorker: {resources: {limits: {example.com/accelerator: 1}}}`, "decode: res
 		{"a name without a domain", `gpuResource: gpu`, "gpuResource"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			top, err := renderValues(ch, writeValues(t, tc.values))
-			if err == nil {
-				_, err = engine.Render(ch, top)
-			}
+			err := renderError(t, ch, tc.values)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("render error %v, want one saying %q", err, tc.want)
 			}

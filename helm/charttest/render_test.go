@@ -116,6 +116,17 @@ func renderValues(ch *chart.Chart, file string) (chartutil.Values, error) {
 	return chartutil.ToRenderValues(ch, vals, opts, caps)
 }
 
+// renderError renders the chart of ch for the YAML values and returns
+// the error of the values or the rendering, nil when both pass.
+func renderError(t *testing.T, ch *chart.Chart, values string) error {
+	t.Helper()
+	top, err := renderValues(ch, writeValues(t, values))
+	if err == nil {
+		_, err = engine.Render(ch, top)
+	}
+	return err
+}
+
 // render renders the chart for vs and decodes every object strictly.
 func render(t *testing.T, vs valuesSet) release {
 	t.Helper()

@@ -1065,10 +1065,7 @@ tls: {enabled: true, roleSecrets: {coordinator: c-tls, prefill: p-tls, decode: d
 	ch := loadChart(t)
 	for _, tc := range refused {
 		t.Run(tc.name, func(t *testing.T) {
-			top, err := renderValues(ch, writeValues(t, tc.values))
-			if err == nil {
-				_, err = engine.Render(ch, top)
-			}
+			err := renderError(t, ch, tc.values)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("render error %v, want one saying %q", err, tc.want)
 			}

@@ -296,10 +296,7 @@ func TestGeneratedTLSRefusals(t *testing.T) {
 		{"renewal longer than the lifetime", `tls: {generated: {validityDays: 30, renewDays: 30}}`, "renewDays must be less than"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			top, err := renderValues(ch, writeValues(t, tc.values))
-			if err == nil {
-				_, err = engine.Render(ch, top)
-			}
+			err := renderError(t, ch, tc.values)
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("render error %v, want one saying %q", err, tc.want)
 			}

@@ -38,6 +38,24 @@ func sdkDir(t *testing.T) (node, sdk string) {
 	return "", ""
 }
 
+// runSDK runs a Node script of testdata against the server at url with
+// the SDK (OPENAI_SDK, OPENAI_BASE_URL, PDSERVE_MODEL=tiny and env) and
+// returns what it printed; a failure ends the test with node's stderr.
+func runSDK(t *testing.T, node, sdk, url, script string, env ...string) []byte {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, script)
+	cmd.Env = append(append(os.Environ(), "OPENAI_SDK="+sdk, "OPENAI_BASE_URL="+url+"/v1", "PDSERVE_MODEL=tiny"), env...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("node %s: %v\n%s", script, err, stderr.String())
+	}
+	return out
+}
+
 // TestOpenAISDK drives a disaggregated standalone server with the
 // official OpenAI Node SDK: streamed chat and completions, logprobs, n = 2,
 // echo, structured output (response_format json_schema, parsed by the
@@ -46,16 +64,7 @@ func sdkDir(t *testing.T) (node, sdk string) {
 func TestOpenAISDK(t *testing.T) {
 	node, sdk := sdkDir(t)
 	cl := startCluster(t, clusterOpts{})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, node, "testdata/openai_sdk.mjs")
-	cmd.Env = append(os.Environ(), "OPENAI_SDK="+sdk, "OPENAI_BASE_URL="+cl.url+"/v1", "PDSERVE_MODEL=tiny")
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	outb, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("node: %v\n%s", err, stderr.String())
-	}
+	outb := runSDK(t, node, sdk, cl.url, "testdata/openai_sdk.mjs")
 	var out struct {
 		ChatStream struct {
 			Text   string
@@ -185,16 +194,7 @@ func TestOpenAISDK(t *testing.T) {
 func TestOpenAISDKTools(t *testing.T) {
 	node, sdk := sdkDir(t)
 	cl := startCluster(t, clusterOpts{})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, node, "testdata/openai_sdk_tools.mjs")
-	cmd.Env = append(os.Environ(), "OPENAI_SDK="+sdk, "OPENAI_BASE_URL="+cl.url+"/v1", "PDSERVE_MODEL=tiny")
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	outb, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("node: %v\n%s", err, stderr.String())
-	}
+	outb := runSDK(t, node, sdk, cl.url, "testdata/openai_sdk_tools.mjs")
 	type args struct {
 		City    string
 		Celsius *bool
@@ -251,17 +251,8 @@ func TestOpenAISDKReasoning(t *testing.T) {
 		t.Fatal(err)
 	}
 	cl := startCluster(t, clusterOpts{edit: func(o *coordinator.Options) { o.ChatTemplateFile = tmpl }})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, node, "testdata/openai_sdk_reasoning.mjs")
-	cmd.Env = append(os.Environ(), "OPENAI_SDK="+sdk, "OPENAI_BASE_URL="+cl.url+"/v1", "PDSERVE_MODEL=tiny",
+	outb := runSDK(t, node, sdk, cl.url, "testdata/openai_sdk_reasoning.mjs",
 		"PDSERVE_RAW_PROMPT=<|user|>Why is the sky blue?\n<|assistant|><think>\n")
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	outb, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("node: %v\n%s", err, stderr.String())
-	}
 	var out struct {
 		Whole struct {
 			Reasoning, Content *string
