@@ -632,6 +632,34 @@ func checkPolicy(t *testing.T, r release) {
 	}
 }
 
+// TestDefaultPolicyPrefixAware: the chart's defaults, disaggregated and
+// colocated, give the coordinator the router's default weights:
+// prefix-aware routing, prompts hashed in both modes.
+func TestDefaultPolicyPrefixAware(t *testing.T) {
+	for _, vs := range []valuesSet{{name: "defaults"}, {name: "colocated", file: filepath.Join(chartDir, "ci", "colocated-values.yaml")}} {
+		t.Run(vs.name, func(t *testing.T) {
+			r := render(t, vs)
+			p, ok := policyFile(t, r)
+			if !ok {
+				t.Fatal("no policy file in the release")
+			}
+			pol, err := config.Parse([]byte(p))
+			if err != nil {
+				t.Fatalf("policy.yaml does not load: %v\n%s", err, p)
+			}
+			if got := pol.Routing.DecodeWeights(); got != config.DefaultDecodeWeights {
+				t.Errorf("policy decode weights %+v, want the defaults %+v", got, config.DefaultDecodeWeights)
+			}
+			if got := pol.Routing.PrefillWeights(); got != config.DefaultPrefillWeights {
+				t.Errorf("policy prefill weights %+v, want the defaults %+v", got, config.DefaultPrefillWeights)
+			}
+			if !pol.Routing.PrefixAware(r.value("coordinator.mode") == "colocated") {
+				t.Error("the chart's default policy is not prefix-aware")
+			}
+		})
+	}
+}
+
 // checkPlanner: the coordinator gets the planner's settings as flags: the
 // mode the actuator asks for, the prefill pool's sim profile, and with the
 // Kubernetes actuator the namespace and the two worker Deployments to

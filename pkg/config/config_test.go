@@ -36,7 +36,7 @@ routing: {local_prefill_below_tokens: 32, max_queued_prefill_tokens: 4096, prefi
 					Routes:  map[string]int{"/v1/chat/completions": 50},
 					APIKeys: map[string]int{"key-1234": 10},
 				},
-				Routing: Routing{LocalPrefillBelowTokens: 32, MaxQueuedPrefillTokens: 4096, PrefixWeight: 0.5},
+				Routing: Routing{LocalPrefillBelowTokens: 32, MaxQueuedPrefillTokens: 4096, PrefixWeight: new(0.5)},
 			},
 		},
 		{

@@ -30,10 +30,12 @@
 //	  max_queued_prefill_tokens: 0    # per prefill worker; 0 = unbounded
 //	  prefill_queue_local_tokens: 0   # when every prefill worker queues this many tokens…
 //	  busy_local_prefill_below_tokens: 0 # …prompts with fewer uncached tokens prefill locally (both or neither)
-//	  prefix_weight: 0                # = weights.prefill.prefix (set one)
-//	  weights:                        # Σ weight × score, scores in [0, 1]; unset: these defaults
-//	    decode: {prefix: 0, queue: 0, kv: 1, batch: 0.01}
-//	    prefill: {prefix: 0, queue: 1, batch: 0}
+//	  # prefix_weight: 4              # = weights.prefill.prefix (set one)
+//	  weights:                        # Σ weight × score, scores in [0, 1]; unset: these defaults (prefix-aware)
+//	    decode: {prefix: 1, queue: 0, kv: 1, batch: 0.01}
+//	    prefill: {prefix: 4, queue: 1, batch: 0}
+//	  # least-loaded: prefix 0 in both profiles (LeastLoadedYAML)
+//	  picker: maxscore                # or roundrobin: in turn by worker id, no weights set
 //	auth:                 # optional: authenticated clients (package apikey); none by default
 //	  api_keys_file: keys.txt         # sha256:<hex> [name=…] [rpm=…] [tpm=…] per line; relative to this file
 //	  metrics_token_file: metrics.tok # the bearer token /metrics requires

@@ -21,8 +21,9 @@ type Routing struct {
 	MaxQueuedPrefillTokens int `yaml:"max_queued_prefill_tokens"`
 	// PrefixWeight is the weight of the prefix-overlap score in the
 	// prefill profile: the same as weights.prefill.prefix, which it
-	// predates (set one, not both). 0 = prefix caches do not steer the
-	// choice of a prefill worker.
+	// predates (set one, not both); nil = the default
+	// (DefaultPrefillWeights). 0 = prefix caches do not steer the choice
+	// of a prefill worker.
 	//
 	// Migration: it used to count queued tokens per token of prefix hit
 	// (score = queued − w × hit). Scores now lie in [0, 1]: the prefix
@@ -31,7 +32,7 @@ type Routing struct {
 	// hit worth as much as an empty queue against the longest one. Values
 	// near 1 keep the old intent of w = 1 on prompts about as long as the
 	// queues' spread.
-	PrefixWeight float64 `yaml:"prefix_weight"`
+	PrefixWeight *float64 `yaml:"prefix_weight"`
 	// PrefillQueueLocalTokens and BusyLocalPrefillBelowTokens: when every
 	// prefill worker has at least PrefillQueueLocalTokens queued tokens, a
 	// prompt whose uncached tokens are fewer than
@@ -41,7 +42,9 @@ type Routing struct {
 	PrefillQueueLocalTokens     int `yaml:"prefill_queue_local_tokens"`
 	BusyLocalPrefillBelowTokens int `yaml:"busy_local_prefill_below_tokens"`
 	// Weights of the scorers of each profile; unset weights take the
-	// defaults (DefaultDecodeWeights, DefaultPrefillWeights).
+	// defaults (DefaultDecodeWeights, DefaultPrefillWeights: prefix-aware).
+	// Least-loaded routing sets both prefix weights to 0
+	// (LeastLoadedYAML); round-robin is Picker.
 	Weights RoutingWeights `yaml:"weights"`
 	// Picker chooses a worker in both profiles: PickerMaxScore ("" too,
 	// the default: the highest weighted score) or PickerRoundRobin (in
@@ -86,32 +89,40 @@ type ScorerWeights struct {
 	Prefix, Queue, KV, Batch float64
 }
 
-// Default scorer weights, package router's: decode workers by free KV,
-// the running batch breaking near ties; prefill workers by queued tokens
-// (and prefix hits by PrefixWeight, 0 by default).
+// Default scorer weights, package router's, prefix-aware: decode workers
+// by their cached prefix and free KV, the running batch breaking near
+// ties; prefill workers by their cached prefix and queued tokens.
 var (
 	DefaultDecodeWeights  = ScorerWeights(router.DefaultDecodeWeights)
 	DefaultPrefillWeights = ScorerWeights(router.DefaultPrefillWeights)
 )
 
-func or(p *float64, def float64) float64 {
-	if p == nil {
-		return def
+// LeastLoadedYAML is the routing section that chooses workers by load
+// alone, prefix caches ignored (the defaults before prefix-aware routing:
+// router.LeastLoadedDecodeWeights and LeastLoadedPrefillWeights).
+const LeastLoadedYAML = "routing: {weights: {decode: {prefix: 0}, prefill: {prefix: 0}}}"
+
+// or returns the first of ps that is set, else def.
+func or(def float64, ps ...*float64) float64 {
+	for _, p := range ps {
+		if p != nil {
+			return *p
+		}
 	}
-	return *p
+	return def
 }
 
 // DecodeWeights returns the decode profile's weights, defaults filled in.
 func (r Routing) DecodeWeights() ScorerWeights {
 	d, w := DefaultDecodeWeights, r.Weights.Decode
-	return ScorerWeights{Prefix: or(w.Prefix, d.Prefix), Queue: or(w.Queue, d.Queue), KV: or(w.KV, d.KV), Batch: or(w.Batch, d.Batch)}
+	return ScorerWeights{Prefix: or(d.Prefix, w.Prefix), Queue: or(d.Queue, w.Queue), KV: or(d.KV, w.KV), Batch: or(d.Batch, w.Batch)}
 }
 
 // PrefillWeights returns the prefill profile's weights, defaults (and
 // PrefixWeight) filled in.
 func (r Routing) PrefillWeights() ScorerWeights {
 	d, w := DefaultPrefillWeights, r.Weights.Prefill
-	return ScorerWeights{Prefix: or(w.Prefix, r.PrefixWeight), Queue: or(w.Queue, d.Queue), Batch: or(w.Batch, d.Batch)}
+	return ScorerWeights{Prefix: or(d.Prefix, w.Prefix, r.PrefixWeight), Queue: or(d.Queue, w.Queue), Batch: or(d.Batch, w.Batch)}
 }
 
 // PrefixAware reports whether any setting reads prefix caches, so that
@@ -127,7 +138,7 @@ func (r Routing) PrefixAware(colocated bool) bool {
 // weightsSet reports whether the policy sets any scorer weight.
 func (r Routing) weightsSet() bool {
 	d, p := r.Weights.Decode, r.Weights.Prefill
-	return r.PrefixWeight != 0 || d.Prefix != nil || d.Queue != nil || d.KV != nil || d.Batch != nil ||
+	return r.PrefixWeight != nil || d.Prefix != nil || d.Queue != nil || d.KV != nil || d.Batch != nil ||
 		p.Prefix != nil || p.Queue != nil || p.Batch != nil
 }
 
@@ -153,7 +164,7 @@ func (r Routing) validate() error {
 		name string
 		p    *float64
 	}{
-		{"prefix_weight", &r.PrefixWeight},
+		{"prefix_weight", r.PrefixWeight},
 		{"weights.decode.prefix", w.Decode.Prefix}, {"weights.decode.queue", w.Decode.Queue},
 		{"weights.decode.kv", w.Decode.KV}, {"weights.decode.batch", w.Decode.Batch},
 		{"weights.prefill.prefix", w.Prefill.Prefix}, {"weights.prefill.queue", w.Prefill.Queue},
@@ -168,7 +179,7 @@ func (r Routing) validate() error {
 		return bad("picker must be %s or %s, got %q", PickerMaxScore, PickerRoundRobin, r.Picker)
 	case r.Picker == PickerRoundRobin && r.weightsSet():
 		return bad("picker %s ignores the scores: unset prefix_weight and weights", PickerRoundRobin)
-	case r.PrefixWeight != 0 && w.Prefill.Prefix != nil:
+	case r.PrefixWeight != nil && w.Prefill.Prefix != nil:
 		return bad("prefix_weight and weights.prefill.prefix are the same weight: set one")
 	case r.DecodeWeights() == ScorerWeights{}:
 		return bad("weights.decode are all 0: set at least one > 0")

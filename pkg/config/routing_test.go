@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/pdserve/pdserve/pkg/router"
 )
 
 func TestParseRouting(t *testing.T) {
@@ -22,18 +24,40 @@ func TestParseRouting(t *testing.T) {
 		wantErr            error // ErrInvalid, errAny (a YAML error) or nil
 	}{
 		{
+			// The default is prefix-aware in both profiles, so prompts
+			// carry their block hashes in both modes.
 			name:        "defaults",
 			yaml:        "",
-			wantDecode:  DefaultDecodeWeights,
-			wantPrefill: DefaultPrefillWeights,
+			wantDecode:  ScorerWeights{Prefix: DefaultDecodeWeights.Prefix, KV: 1, Batch: 0.01},
+			wantPrefill: ScorerWeights{Prefix: DefaultPrefillWeights.Prefix, Queue: 1},
+			wantAware:   true, wantAwareColocated: true,
 		},
 		{
 			name:        "prefix_weight is the prefill prefix weight",
 			yaml:        "routing: {prefix_weight: 0.5}",
-			want:        Routing{PrefixWeight: 0.5},
+			want:        Routing{PrefixWeight: f(0.5)},
 			wantDecode:  DefaultDecodeWeights,
 			wantPrefill: ScorerWeights{Prefix: 0.5, Queue: 1},
-			wantAware:   true,
+			wantAware:   true, wantAwareColocated: true,
+		},
+		{
+			// prefix_weight 0 is set, not unset: prefill workers by
+			// queue alone; the decode profile keeps its prefix weight.
+			name:        "prefix_weight 0 turns prefill prefix scoring off",
+			yaml:        "routing: {prefix_weight: 0}",
+			want:        Routing{PrefixWeight: f(0)},
+			wantDecode:  DefaultDecodeWeights,
+			wantPrefill: ScorerWeights{Queue: 1},
+			wantAware:   true, wantAwareColocated: true,
+		},
+		{
+			name: "least-loaded",
+			yaml: LeastLoadedYAML,
+			want: Routing{Weights: RoutingWeights{
+				Decode: DecodeWeights{Prefix: f(0)}, Prefill: PrefillWeights{Prefix: f(0)},
+			}},
+			wantDecode:  ScorerWeights(router.LeastLoadedDecodeWeights),
+			wantPrefill: ScorerWeights(router.LeastLoadedPrefillWeights),
 		},
 		{
 			name: "weights per profile, unset ones default",
@@ -52,6 +76,14 @@ func TestParseRouting(t *testing.T) {
 			want:        Routing{LocalPrefillBelowTokens: 64, PrefillQueueLocalTokens: 8192, BusyLocalPrefillBelowTokens: 512},
 			wantDecode:  DefaultDecodeWeights,
 			wantPrefill: DefaultPrefillWeights,
+			wantAware:   true, wantAwareColocated: true,
+		},
+		{
+			name:        "least-loaded with conditional disaggregation",
+			yaml:        "routing: {local_prefill_below_tokens: 64, weights: {decode: {prefix: 0}, prefill: {prefix: 0}}}",
+			want:        Routing{LocalPrefillBelowTokens: 64, Weights: RoutingWeights{Decode: DecodeWeights{Prefix: f(0)}, Prefill: PrefillWeights{Prefix: f(0)}}},
+			wantDecode:  ScorerWeights(router.LeastLoadedDecodeWeights),
+			wantPrefill: ScorerWeights(router.LeastLoadedPrefillWeights),
 			wantAware:   true,
 		},
 		{
@@ -60,6 +92,7 @@ func TestParseRouting(t *testing.T) {
 			want:        Routing{Picker: PickerMaxScore},
 			wantDecode:  DefaultDecodeWeights,
 			wantPrefill: DefaultPrefillWeights,
+			wantAware:   true, wantAwareColocated: true,
 		},
 		{
 			name:        "picker roundrobin reads no prefix cache for weights",
@@ -79,6 +112,7 @@ func TestParseRouting(t *testing.T) {
 		{name: "unknown picker", yaml: "routing: {picker: random}", wantErr: ErrInvalid},
 		{name: "roundrobin with weights", yaml: "routing: {picker: roundrobin, weights: {decode: {prefix: 1}}}", wantErr: ErrInvalid},
 		{name: "roundrobin with prefix_weight", yaml: "routing: {picker: roundrobin, prefix_weight: 1}", wantErr: ErrInvalid},
+		{name: "roundrobin with prefix_weight 0", yaml: "routing: {picker: roundrobin, prefix_weight: 0}", wantErr: ErrInvalid},
 		{name: "negative threshold", yaml: "routing: {local_prefill_below_tokens: -1}", wantErr: ErrInvalid},
 		{name: "negative queue bound", yaml: "routing: {max_queued_prefill_tokens: -1}", wantErr: ErrInvalid},
 		{name: "negative prefix_weight", yaml: "routing: {prefix_weight: -1}", wantErr: ErrInvalid},
@@ -86,8 +120,9 @@ func TestParseRouting(t *testing.T) {
 		{name: "nan weight", yaml: "routing: {weights: {prefill: {queue: .nan}}}", wantErr: ErrInvalid},
 		{name: "infinite weight", yaml: "routing: {weights: {prefill: {queue: .inf}}}", wantErr: ErrInvalid},
 		{name: "prefix weight set twice", yaml: "routing: {prefix_weight: 1, weights: {prefill: {prefix: 1}}}", wantErr: ErrInvalid},
-		{name: "all decode weights zero", yaml: "routing: {weights: {decode: {kv: 0, batch: 0}}}", wantErr: ErrInvalid},
-		{name: "all prefill weights zero", yaml: "routing: {weights: {prefill: {queue: 0}}}", wantErr: ErrInvalid},
+		{name: "all decode weights zero", yaml: "routing: {weights: {decode: {prefix: 0, kv: 0, batch: 0}}}", wantErr: ErrInvalid},
+		{name: "all prefill weights zero", yaml: "routing: {weights: {prefill: {prefix: 0, queue: 0}}}", wantErr: ErrInvalid},
+		{name: "all prefill weights zero by prefix_weight", yaml: "routing: {prefix_weight: 0, weights: {prefill: {queue: 0}}}", wantErr: ErrInvalid},
 		{name: "no kv weight for prefill", yaml: "routing: {weights: {prefill: {kv: 1}}}", wantErr: errAny},
 		{name: "unknown weight", yaml: "routing: {weights: {decode: {lora: 1}}}", wantErr: errAny},
 		{name: "busy queue without threshold", yaml: "routing: {prefill_queue_local_tokens: 100}", wantErr: ErrInvalid},

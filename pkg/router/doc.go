@@ -19,7 +19,8 @@
 //     the worker holds, from its PrefixDigest), queue (1 − queued prefill
 //     tokens / the longest queue), kv (free / total KV blocks), batch (1 −
 //     running batch / the largest); a worker's total is Σ weight × score
-//     (Config.Decode, default DefaultDecodeWeights: kv 1, batch 0.01);
+//     (Config.Decode, default DefaultDecodeWeights: prefix 1, kv 1,
+//     batch 0.01);
 //     - the picker (plugins/maxscore): the highest total, ties by the
 //     lowest id.
 //  2. The Decider (see its doc for the exact rule) decides on the
@@ -34,8 +35,21 @@
 //     Decider's busy rule, the capacity filter queuelimit
 //     (plugins/queuelimit, MaxQueuedPrefillTokens; none left:
 //     ErrNoCapacity), the scorers prefix, queue and batch (Config.Prefill,
-//     default DefaultPrefillWeights: queue 1; prefill workers report no
-//     KV) and the picker.
+//     default DefaultPrefillWeights: prefix 4, queue 1; prefill workers
+//     report no KV) and the picker.
+//
+// # Policies
+//
+// The default weights are prefix-aware: a follow-up whose prompt shares a
+// prefix with an earlier one goes to the prefill worker that still holds
+// it unless 4 × the share of the prompt it holds is less than the other's
+// lead in queue score (at most 1), and to the decode worker holding it
+// unless the share is less than the other's lead in free KV share. Their
+// values are the best of a sweep on the Mooncake trace
+// (loadtest/results/router-weights/: hit ratio, TTFT p95 and goodput,
+// two runs each).
+// Least-loaded routing (prefix caches ignored) is LeastLoadedDecodeWeights
+// and LeastLoadedPrefillWeights; round-robin is PickerRoundRobin.
 //
 // The plugin interfaces (Filter, Scorer, Picker) and the Candidate they
 // see are defined in package framework, which the plugins import, and

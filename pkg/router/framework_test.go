@@ -225,14 +225,25 @@ pdserve_router_decisions_total{placement="local"} 2
 	// A second router on the same registry shares the collectors.
 	New(Config{Registerer: reg})
 	// The default profiles: one series per plugin that runs (scorers of
-	// weight 0 do not): decode 4+1 filters, kv and batch, the picker;
-	// prefill 4+1 filters, queue, the picker.
-	r2 := New(Config{Registerer: prometheus.NewRegistry()})
-	if _, err := r2.Route(at(0), Request{ID: "x", PromptTokens: 1}, []Worker{{ID: "d0", KVBlocksFree: 9}}, []Worker{{ID: "p0"}}, nil); err != nil {
-		t.Fatal(err)
-	}
-	if n := testutil.CollectAndCount(r2.timer.hist); n != 8+7 {
-		t.Errorf("default profiles: %d timed plugins, want 15", n)
+	// weight 0 do not): decode 4+1 filters, prefix, kv and batch, the
+	// picker; prefill 4+1 filters, prefix, queue, the picker. Least-loaded
+	// runs no prefix scorer.
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		want int
+	}{
+		{"default", Config{}, 9 + 8},
+		{"least-loaded", Config{Decode: LeastLoadedDecodeWeights, Prefill: LeastLoadedPrefillWeights}, 8 + 7},
+	} {
+		tc.cfg.Registerer = prometheus.NewRegistry()
+		r2 := New(tc.cfg)
+		if _, err := r2.Route(at(0), Request{ID: "x", PromptTokens: 1}, []Worker{{ID: "d0", KVBlocksFree: 9}}, []Worker{{ID: "p0"}}, nil); err != nil {
+			t.Fatal(err)
+		}
+		if n := testutil.CollectAndCount(r2.timer.hist); n != tc.want {
+			t.Errorf("%s profiles: %d timed plugins, want %d", tc.name, n, tc.want)
+		}
 	}
 }
 

@@ -41,17 +41,28 @@ type Weights struct {
 	Batch  float64 // plugins/batchload: running batch
 }
 
-// Default weights, used for a profile whose Weights are all zero. They
-// keep the router's earlier behaviour: decode workers by free KV, the
-// running batch only breaking near ties; prefill workers by queued
-// tokens, prefix caches ignored.
+// Default weights, used for a profile whose Weights are all zero:
+// prefix-aware routing. Decode workers by their cached prefix and free KV,
+// the running batch only breaking near ties; prefill workers by their
+// cached prefix and queued tokens. The prefix weights are the best of a
+// sweep on the Mooncake trace (loadtest/results/router-weights/).
+// Least-loaded routing is LeastLoadedDecodeWeights and
+// LeastLoadedPrefillWeights (prefix caches ignored); round-robin is
+// PickerRoundRobin.
 var (
-	DefaultDecodeWeights  = Weights{KV: 1, Batch: 0.01}
-	DefaultPrefillWeights = Weights{Queue: 1}
+	DefaultDecodeWeights  = Weights{Prefix: 1, KV: 1, Batch: 0.01}
+	DefaultPrefillWeights = Weights{Prefix: 4, Queue: 1}
+)
+
+// Least-loaded weights: the defaults without the prefix scorers (the
+// router's defaults before prefix-aware routing).
+var (
+	LeastLoadedDecodeWeights  = Weights{KV: 1, Batch: 0.01}
+	LeastLoadedPrefillWeights = Weights{Queue: 1}
 )
 
 // Config tunes the router. The zero value routes every prompt to a remote
-// prefill worker, with the default weights, no prefix scoring, unbounded
+// prefill worker, with the default (prefix-aware) weights, unbounded
 // prefill queues and no metrics.
 type Config struct {
 	// Colocated: every request prefills on its decode (colocated) worker.

@@ -146,9 +146,20 @@ func TestRoute(t *testing.T) {
 			want: choice{Decode: "d0", Prefill: "p1", Hit: 48},
 		},
 		{
-			name:    "prefix ignored without weight",
+			// Default weights: p1 holds the whole prompt (prefix score 1)
+			// but has the longest queue (queue score 0); p0 queue 1 −
+			// 50/80 = .375, no prefix.
+			name:    "default weights follow the prefix",
 			cfg:     Config{BlockTokens: 16},
-			req:     Request{ID: "r", PromptTokens: 100, PrefixHashes: []uint64{1, 2, 3}},
+			req:     Request{ID: "r", PromptTokens: 48, PrefixHashes: []uint64{1, 2, 3}},
+			decode:  []Worker{{ID: "d0", KVBlocksFree: 10}},
+			prefill: []Worker{{ID: "p0", QueuedPrefillTokens: 50}, {ID: "p1", QueuedPrefillTokens: 80, PrefixDigest: []uint64{1, 2, 3}}},
+			want:    choice{Decode: "d0", Prefill: "p1", Hit: 48},
+		},
+		{
+			name:    "least-loaded ignores the prefix",
+			cfg:     Config{Decode: LeastLoadedDecodeWeights, Prefill: LeastLoadedPrefillWeights, BlockTokens: 16},
+			req:     Request{ID: "r", PromptTokens: 48, PrefixHashes: []uint64{1, 2, 3}},
 			decode:  []Worker{{ID: "d0", KVBlocksFree: 10}},
 			prefill: []Worker{{ID: "p0", QueuedPrefillTokens: 50}, {ID: "p1", QueuedPrefillTokens: 80, PrefixDigest: []uint64{1, 2, 3}}},
 			want:    choice{Decode: "d0", Prefill: "p0"},
@@ -176,6 +187,70 @@ func TestRoute(t *testing.T) {
 			}
 			if diff := cmp.Diff(tc.want, summarise(d)); diff != "" {
 				t.Errorf("Route (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+// TestDefaultFollowsSharedPrefix: with the default config, a follow-up
+// whose prompt shares a prefix with the first request goes to the prefill
+// worker that prefilled it, although that worker is the busier one (its
+// queue holds a third request's prompt): prefix 40/44 of the blocks ×
+// weight 4 = 3.6 against the idle worker's queue score 1 (the busy one's
+// is 0). Least-loaded sends it to the idle one and recomputes the prefix.
+// The decode profile likewise prefers the decode worker holding the
+// prefix (0.91 against a lead of 0.1 in free KV share).
+func TestDefaultFollowsSharedPrefix(t *testing.T) {
+	const bt = 16
+	// 40 shared blocks, then 4 blocks of its own per turn.
+	shared := make([]uint64, 40)
+	for i := range shared {
+		shared[i] = uint64(100 + i)
+	}
+	turn := func(k uint64) []uint64 {
+		return append(append([]uint64{}, shared...), 1000*k+1, 1000*k+2, 1000*k+3, 1000*k+4)
+	}
+	for _, tc := range []struct {
+		name        string
+		cfg         Config
+		wantPrefill string
+		wantDecode  string
+		wantHit     int
+	}{
+		{"default", Config{BlockTokens: bt}, "p0", "d0", 40 * bt},
+		{"least-loaded", Config{BlockTokens: bt, Decode: LeastLoadedDecodeWeights, Prefill: LeastLoadedPrefillWeights}, "p1", "d1", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := New(tc.cfg)
+			decode := []Worker{{ID: "d0", KVBlocksFree: 1000, Time: at(0)}, {ID: "d1", KVBlocksFree: 1000, Time: at(0)}}
+			prefill := []Worker{{ID: "p0", Time: at(0)}, {ID: "p1", Time: at(0)}}
+			// Turn 1 on idle workers: the lowest ids.
+			first, err := r.Route(at(1), Request{ID: "t1", PromptTokens: 44 * bt, PrefixHashes: turn(1)}, decode, prefill, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(choice{Decode: "d0", Prefill: "p0"}, summarise(first)); diff != "" {
+				t.Fatalf("turn 1 (-want +got):\n%s", diff)
+			}
+			r.Done("t1")
+			// Heartbeats after turn 1: p0 and d0 hold its blocks; p0
+			// has another prompt of 200 tokens queued, d0 runs it
+			// with 100 fewer free blocks.
+			decode = []Worker{
+				{ID: "d0", KVBlocksFree: 900, RunningBatch: 1, Time: at(10), PrefixDigest: turn(1)},
+				{ID: "d1", KVBlocksFree: 1000, Time: at(10)},
+			}
+			prefill = []Worker{
+				{ID: "p0", QueuedPrefillTokens: 200, Time: at(10), PrefixDigest: turn(1)},
+				{ID: "p1", Time: at(10)},
+			}
+			d, err := r.Route(at(11), Request{ID: "t2", PromptTokens: 44 * bt, PrefixHashes: turn(2)}, decode, prefill, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := choice{Decode: tc.wantDecode, Prefill: tc.wantPrefill, Hit: tc.wantHit}
+			if diff := cmp.Diff(want, summarise(d)); diff != "" {
+				t.Errorf("turn 2 (-want +got):\n%s", diff)
 			}
 		})
 	}

@@ -6,13 +6,16 @@
 # usage (from the repository root):
 #   loadtest/results/prefix-cache/run.sh NAME POLICY.yaml DECODE_PREFIX_TOKENS [extra coordinator flags] -- [loadtest run flags]
 # BIN: directory with coordinator, prefill-worker, decode-worker, loadtest
-# (default: built into a temporary directory).
+# (default: built into a temporary directory). OUT: where the results go
+# (default this directory). PREFILL_PREFIX_TOKENS: the prefill workers'
+# --prefix-cache-tokens (default 500000; -1 = auto, the workers' default).
 set -euo pipefail
 name=$1 policy=$2 dpc=$3; shift 3
 cflags=()
 while [[ $# -gt 0 && $1 != -- ]]; do cflags+=("$1"); shift; done
 shift || true
-out=loadtest/results/prefix-cache
+out=${OUT:-loadtest/results/prefix-cache}
+ppc=${PREFILL_PREFIX_TOKENS:-500000}
 if [[ -z ${BIN:-} ]]; then
   BIN=$(mktemp -d); go build -o "$BIN/" ./cmd/coordinator ./cmd/prefill-worker ./cmd/decode-worker ./loadtest
 fi
@@ -28,7 +31,7 @@ trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait' EXIT
 sleep 1
 for i in 0 1 2 3; do
   "$BIN/prefill-worker" --id prefill-$i --nats-url nats://127.0.0.1:14222 --nats-user prefill --nats-password-file "$auth/prefill.pw" --grpc-addr 127.0.0.1:1910$i \
-    --metrics-addr 127.0.0.1:1920$i "${sim[@]}" --prefix-cache-tokens 500000 --log-level warn 2>>"$auth/workers.log" & pids+=($!)
+    --metrics-addr 127.0.0.1:1920$i "${sim[@]}" --prefix-cache-tokens "$ppc" --log-level warn 2>>"$auth/workers.log" & pids+=($!)
 done
 for i in 0 1; do
   "$BIN/decode-worker" --id decode-$i --nats-url nats://127.0.0.1:14222 --nats-user decode --nats-password-file "$auth/decode.pw" --grpc-addr 127.0.0.1:1911$i \
