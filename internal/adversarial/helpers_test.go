@@ -22,6 +22,7 @@ import (
 	"github.com/pdserve/pdserve/internal/poll"
 	"github.com/pdserve/pdserve/pkg/apikey"
 	"github.com/pdserve/pdserve/pkg/coordinator"
+	"github.com/pdserve/pdserve/pkg/logging"
 	"github.com/pdserve/pdserve/pkg/standalone"
 	"github.com/pdserve/pdserve/pkg/workerrun"
 )
@@ -221,7 +222,7 @@ func heapPeak(f func()) uint64 {
 	return peak - base
 }
 
-// binaryLogger returns the binaries' logger (workerrun.NewLogger, which
+// binaryLogger returns the binaries' logger (logging.New, which
 // writes JSON to stderr), writing into a scratch file instead, and a
 // function that counts the lines logged so far whose message is msg.
 func binaryLogger(t *testing.T) (*zap.Logger, func(msg string) int) {
@@ -232,8 +233,8 @@ func binaryLogger(t *testing.T) (*zap.Logger, func(msg string) int) {
 	}
 	t.Cleanup(func() { f.Close() })
 	saved := os.Stderr
-	os.Stderr = f // NewLogger writes to stderr
-	log, err := workerrun.NewLogger("info")
+	os.Stderr = f // logging.New writes to stderr
+	log, err := logging.New("info")
 	os.Stderr = saved
 	if err != nil {
 		t.Fatal(err)

@@ -13,7 +13,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/frontend"
 )
 
-// TestRefusalsAllLogged: with the binaries' logger (workerrun.NewLogger),
+// TestRefusalsAllLogged: with the binaries' logger (logging.New),
 // 500 wrong-key requests in a burst give 500 "request refused" lines and
 // 300 completions 300 request lines (sampled before: 104 of 500).
 func TestRefusalsAllLogged(t *testing.T) {

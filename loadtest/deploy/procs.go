@@ -24,6 +24,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/enginecfg"
 	"github.com/pdserve/pdserve/pkg/grpcauth"
+	"github.com/pdserve/pdserve/pkg/logging"
 	"github.com/pdserve/pdserve/pkg/workerrun"
 )
 
@@ -63,7 +64,7 @@ func runWorker(ctx context.Context, role string, o workerrun.Options, args []str
 		fmt.Fprintf(os.Stderr, "%s worker: %v\n", role, err)
 		return 2
 	}
-	logger, err := workerrun.NewLogger(o.LogLevel)
+	logger, err := logging.New(o.LogLevel)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "%s worker: %v\n", role, err)
 		return 2

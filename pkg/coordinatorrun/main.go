@@ -15,12 +15,12 @@ import (
 
 	"github.com/pdserve/pdserve/internal/cliflags"
 	"github.com/pdserve/pdserve/pkg/coordinator"
+	"github.com/pdserve/pdserve/pkg/logging"
 	"github.com/pdserve/pdserve/pkg/perfmodel"
 	"github.com/pdserve/pdserve/pkg/planner/plancli"
 	"github.com/pdserve/pdserve/pkg/plannerhost"
 	"github.com/pdserve/pdserve/pkg/profiler"
 	"github.com/pdserve/pdserve/pkg/standalone"
-	"github.com/pdserve/pdserve/pkg/workerrun"
 )
 
 // Subcommand is a mode of the coordinator binary other than serving,
@@ -127,7 +127,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		cliflags.PrintError(stderr, "coordinator", err)
 		return 2
 	}
-	log, err := workerrun.NewLogger(o.LogLevel)
+	log, err := logging.New(o.LogLevel)
 	if err != nil {
 		cliflags.PrintError(stderr, "coordinator", err)
 		return 2

@@ -10,11 +10,11 @@ import (
 	"strings"
 
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/pdserve/pdserve/internal/cliflags"
 	"github.com/pdserve/pdserve/pkg/engine/llamacpp"
+	"github.com/pdserve/pdserve/pkg/logging"
 )
 
 // Main is the whole of a worker binary after signal handling: parse args
@@ -46,7 +46,7 @@ func Main(ctx context.Context, name string, o Options, args []string, stdout, st
 		cliflags.PrintError(stderr, name, err)
 		return 2
 	}
-	logger, err := NewLogger(o.LogLevel)
+	logger, err := logging.New(o.LogLevel)
 	if err != nil {
 		cliflags.PrintError(stderr, name, err)
 		return 2
@@ -63,29 +63,6 @@ func Main(ctx context.Context, name string, o Options, args []string, stdout, st
 		return 1
 	}
 	return 0
-}
-
-// NewLogger returns a JSON production logger at level (debug, info, warn,
-// error) writing to stderr.
-func NewLogger(level string) (*zap.Logger, error) {
-	lvl, err := zapcore.ParseLevel(level)
-	if err != nil {
-		return nil, fmt.Errorf("workerrun: log level: %w", err)
-	}
-	cfg := zap.NewProductionConfig()
-	// No sampling: zap's production config keeps 100 entries a second per
-	// message and then 1 in 100, which drops request lines and refusals
-	// ("request refused") under load, when they matter most.
-	cfg.Sampling = nil
-	cfg.Level = zap.NewAtomicLevelAt(lvl)
-	cfg.EncoderConfig.TimeKey = "time"
-	cfg.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
-	cfg.EncoderConfig.EncodeDuration = zapcore.StringDurationEncoder
-	l, err := cfg.Build()
-	if err != nil {
-		return nil, fmt.Errorf("workerrun: logger: %w", err)
-	}
-	return l, nil
 }
 
 // ApplyConfigFile sets the flags of fs from the YAML mapping in path: each

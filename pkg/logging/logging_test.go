@@ -1,4 +1,4 @@
-package workerrun
+package logging
 
 import (
 	"bufio"
@@ -19,8 +19,8 @@ func TestLoggerNeverSamples(t *testing.T) {
 	}
 	defer f.Close()
 	saved := os.Stderr
-	os.Stderr = f // NewLogger writes to stderr
-	l, err := NewLogger("info")
+	os.Stderr = f // New writes to stderr
+	l, err := New("info")
 	os.Stderr = saved
 	if err != nil {
 		t.Fatal(err)
