@@ -22,7 +22,6 @@ import (
 	"github.com/pdserve/pdserve/pkg/frontend"
 	"github.com/pdserve/pdserve/pkg/grpcauth"
 	"github.com/pdserve/pdserve/pkg/kv"
-	"github.com/pdserve/pdserve/pkg/kvtransfer"
 	"github.com/pdserve/pdserve/pkg/metrics"
 	"github.com/pdserve/pdserve/pkg/router"
 	"github.com/pdserve/pdserve/pkg/tracing"
@@ -632,7 +631,7 @@ func (r *run) handle(ev event) error {
 			if r.ctx.Err() != nil {
 				return r.ctx.Err()
 			}
-			if !r.finished() && kvtransfer.IsFailedStatus(ev.err) && recoverableTransfer(ev.err) {
+			if !r.finished() && wire.IsKVTransferFailed(ev.err) && recoverableTransfer(ev.err) {
 				// The new decode worker could not take the KV either:
 				// move on to another one.
 				r.abandonDecode()
@@ -656,7 +655,7 @@ func (r *run) handle(ev event) error {
 // request.
 func (r *run) onPrefillFailed(err error) error {
 	r.b.log.Debug("prefill stream failed", zap.String("request_id", r.req.ID), zap.String("worker", r.prefill.ID), zap.Error(err))
-	switch transfer := kvtransfer.IsFailedStatus(err); {
+	switch transfer := wire.IsKVTransferFailed(err); {
 	case transfer && !recoverableTransfer(err):
 		return grpcError(fmt.Sprintf("kv transfer from prefill worker %s to decode worker %s", r.prefill.ID, r.decode.ID), "KV transfer", err)
 	case !transfer && !r.gotFirst:
@@ -1017,7 +1016,7 @@ func recoverable(err error) bool {
 }
 
 // recoverableTransfer reports whether a failed KV transfer (a status
-// kvtransfer.IsFailedStatus reports) may succeed to another decode worker:
+// wire.IsKVTransferFailed reports) may succeed to another decode worker:
 // the worker was gone or unreachable, lost the request (no reservation),
 // or broke off. A transfer the worker refused as malformed or too big
 // would fail anywhere.

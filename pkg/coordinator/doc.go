@@ -9,7 +9,7 @@
 // package coordinatorrun; the online planner and its Kubernetes actuator
 // in package plannerhost, attached as an Extension (an observer of the
 // traces of completed requests); the classification of KV transfer
-// failures in package kvtransfer (kvtransfer.IsFailedStatus); standalone
+// failures in package wire (wire.IsKVTransferFailed); standalone
 // mode (--standalone: the workers in this process, the embedded NATS
 // server with their users, a generated gRPC key pair) in package standalone,
 // which hands the coordinator its workers' tokenizer, engines and registry
@@ -98,7 +98,7 @@
 // is unchanged.
 //
 // A Prefill (or Resend) whose KV transfer to the decode worker failed
-// (kvtransfer.IsFailedStatus: the worker is unreachable, lost the request,
+// (wire.IsKVTransferFailed: the worker is unreachable, lost the request,
 // or broke the transfer off) is a failure of that decode worker too, even
 // while its Generate stream is still open: a decode worker waits for KV as
 // long as its call lasts, so the coordinator ends that call and recovers

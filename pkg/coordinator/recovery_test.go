@@ -23,9 +23,9 @@ import (
 	"github.com/pdserve/pdserve/pkg/budget"
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/frontend"
-	"github.com/pdserve/pdserve/pkg/kvtransfer"
 	"github.com/pdserve/pdserve/pkg/metrics"
 	"github.com/pdserve/pdserve/pkg/router"
+	"github.com/pdserve/pdserve/pkg/wire"
 )
 
 // The output every scripted decode worker generates (max_tokens 4).
@@ -172,7 +172,7 @@ func prefilled(send func(*pdservev1.PrefillResponse) error) error {
 // KV transfer to addr failed with code.
 func transferFailed(code codes.Code, addr string) error {
 	st := status.Newf(code, "prefill: kv transfer to %s failed", addr)
-	st, err := st.WithDetails(&errdetails.ErrorInfo{Reason: kvtransfer.ErrorReasonKVTransfer, Domain: kvtransfer.ErrorDomain})
+	st, err := st.WithDetails(&errdetails.ErrorInfo{Reason: wire.ErrorReasonKVTransfer, Domain: wire.ErrorDomain})
 	if err != nil {
 		panic(err)
 	}

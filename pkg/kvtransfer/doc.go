@@ -108,8 +108,9 @@
 // # Failed-transfer status
 //
 // A prefill worker whose transfer to a decode worker failed ends its
-// Prefill or Resend call with FailedStatus (an errdetails.ErrorInfo of
-// ErrorDomain and ErrorReasonKVTransfer); the coordinator tells such a
-// decode-side failure from a prefill worker's own with IsFailedStatus,
-// without depending on the prefill worker's package.
+// Prefill or Resend call with wire.KVTransferFailedStatus (an
+// errdetails.ErrorInfo of wire.ErrorDomain and wire.ErrorReasonKVTransfer);
+// the coordinator tells such a decode-side failure from a prefill worker's
+// own with wire.IsKVTransferFailed, without depending on this package or
+// the prefill worker's.
 package kvtransfer

@@ -11,6 +11,7 @@ import (
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
+	"github.com/pdserve/pdserve/pkg/wire"
 )
 
 // admit sends Prefill calls for ids with prompts of n tokens to a worker
@@ -132,8 +133,8 @@ func TestTransferErrorsAreMarked(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = collect(stream)
-	if status.Code(err) != codes.FailedPrecondition || !kvtransfer.IsFailedStatus(err) {
-		t.Errorf("prefill to a worker that refuses the kv: %v (marked %v), want a marked FAILED_PRECONDITION", err, kvtransfer.IsFailedStatus(err))
+	if status.Code(err) != codes.FailedPrecondition || !wire.IsKVTransferFailed(err) {
+		t.Errorf("prefill to a worker that refuses the kv: %v (marked %v), want a marked FAILED_PRECONDITION", err, wire.IsKVTransferFailed(err))
 	}
 
 	stream, err = w.client.Prefill(ctx, &pdservev1.PrefillRequest{RequestId: "ok", PromptTokens: prompt(20, 1), DecodeAddr: good})
@@ -144,14 +145,14 @@ func TestTransferErrorsAreMarked(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = w.client.Resend(ctx, &pdservev1.ResendRequest{RequestId: "ok", DecodeAddr: bad})
-	if status.Code(err) != codes.FailedPrecondition || !kvtransfer.IsFailedStatus(err) {
-		t.Errorf("resend to a worker that refuses the kv: %v (marked %v), want a marked FAILED_PRECONDITION", err, kvtransfer.IsFailedStatus(err))
+	if status.Code(err) != codes.FailedPrecondition || !wire.IsKVTransferFailed(err) {
+		t.Errorf("resend to a worker that refuses the kv: %v (marked %v), want a marked FAILED_PRECONDITION", err, wire.IsKVTransferFailed(err))
 	}
 	_, err = w.client.Resend(ctx, &pdservev1.ResendRequest{RequestId: "never", DecodeAddr: good})
-	if status.Code(err) != codes.NotFound || kvtransfer.IsFailedStatus(err) {
-		t.Errorf("resend of unknown kv: %v (marked %v), want an unmarked NOT_FOUND", err, kvtransfer.IsFailedStatus(err))
+	if status.Code(err) != codes.NotFound || wire.IsKVTransferFailed(err) {
+		t.Errorf("resend of unknown kv: %v (marked %v), want an unmarked NOT_FOUND", err, wire.IsKVTransferFailed(err))
 	}
-	if kvtransfer.IsFailedStatus(fmt.Errorf("wrapped: %w", status.Error(codes.Unavailable, "prefill: worker stopping"))) {
+	if wire.IsKVTransferFailed(fmt.Errorf("wrapped: %w", status.Error(codes.Unavailable, "prefill: worker stopping"))) {
 		t.Error("a plain status is marked")
 	}
 }

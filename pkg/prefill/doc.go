@@ -90,7 +90,7 @@
 //
 // When the KV transfer to the decode worker fails, the Prefill (or Resend)
 // call ends with a status marked with an errdetails.ErrorInfo
-// (kvtransfer.IsFailedStatus), so that the coordinator can tell a decode-side
+// (wire.IsKVTransferFailed), so that the coordinator can tell a decode-side
 // failure, which it recovers from on another decode worker, from a failure
 // of this worker.
 //

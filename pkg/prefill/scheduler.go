@@ -13,7 +13,6 @@ import (
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/engine"
-	"github.com/pdserve/pdserve/pkg/kvtransfer"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 	"github.com/pdserve/pdserve/pkg/wire"
 )
@@ -386,7 +385,7 @@ func (s *Server) transferDone(r *request, res transferResult) {
 		// The scheduler may not have seen the abort yet: it frees the
 		// sequence at the next plan, and a cancel already ended r.
 		r.cancelled = true
-		err := kvtransfer.FailedStatus(r.id, r.addr, res.err)
+		err := wire.KVTransferFailedStatus(r.id, r.addr, res.err)
 		if s.baseCtx.Err() != nil {
 			// The worker is stopping: that, not the decode worker, ended
 			// the transfer.

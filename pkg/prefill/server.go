@@ -353,7 +353,7 @@ func (s *Server) wakeup() {
 // (Options.QueueLimit requests, or Options.MaxLiveKVBytes of KV), UNAVAILABLE
 // when the worker drains or stops, CANCELED, and when the KV transfer
 // fails, the decode worker's status (e.g. FAILED_PRECONDITION without a
-// reservation) or UNAVAILABLE, marked so that kvtransfer.IsFailedStatus reports it.
+// reservation) or UNAVAILABLE, marked so that wire.IsKVTransferFailed reports it.
 func (s *Server) Prefill(req *pdservev1.PrefillRequest, stream grpc.ServerStreamingServer[pdservev1.PrefillResponse]) error {
 	ctx := stream.Context()
 	r, pos, err := s.enqueue(req)
@@ -625,7 +625,7 @@ func (s *Server) Resend(ctx context.Context, req *pdservev1.ResendRequest) (*pds
 	res := t.run(s.dialer)
 	s.m.addBytes(res.codec, res.bytesRaw, res.bytes)
 	if res.err != nil {
-		return nil, kvtransfer.FailedStatus(id, req.GetDecodeAddr(), res.err)
+		return nil, wire.KVTransferFailedStatus(id, req.GetDecodeAddr(), res.err)
 	}
 	s.log.Debug("kv re-sent", zap.String("request_id", id), zap.String("decode_addr", req.GetDecodeAddr()),
 		zap.String("codec", res.codec), zap.String("codec_reason", res.reason),

@@ -1,6 +1,8 @@
 // Package wire converts between the engine's Go types (pkg/engine) and
 // the pdserve.v1 protobuf messages that carry them between the
-// coordinator and the workers: sampling settings and log-probabilities.
+// coordinator and the workers: sampling settings and log-probabilities;
+// and it reads and writes the status details of the API's errors: the
+// mark of a failed KV transfer (KVTransferFailedStatus, IsKVTransferFailed).
 // It holds no state; every function is safe for concurrent use.
 package wire
 

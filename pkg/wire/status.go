@@ -1,4 +1,4 @@
-package kvtransfer
+package wire
 
 import (
 	"context"
@@ -19,11 +19,11 @@ const (
 	ErrorReasonKVTransfer = "KV_TRANSFER_FAILED"
 )
 
-// FailedStatus turns the error of a transfer of request id to the decode
+// KVTransferFailedStatus turns the error of a transfer of request id to the decode
 // worker at addr into the gRPC status error the prefill worker returns:
 // the decode worker's code when it sent one, CANCELED for a cancellation,
-// UNAVAILABLE otherwise; marked so that IsFailedStatus reports it.
-func FailedStatus(id, addr string, err error) error {
+// UNAVAILABLE otherwise; marked so that IsKVTransferFailed reports it.
+func KVTransferFailedStatus(id, addr string, err error) error {
 	code := codes.Unavailable
 	switch st, ok := status.FromError(err); {
 	case ok && st.Code() != codes.Unknown && st.Code() != codes.OK:
@@ -40,12 +40,12 @@ func FailedStatus(id, addr string, err error) error {
 	return st.Err()
 }
 
-// IsFailedStatus reports whether err (a gRPC status error of Prefill or
+// IsKVTransferFailed reports whether err (a gRPC status error of Prefill or
 // Resend, possibly wrapped) says that the KV transfer to the decode worker
 // failed, as opposed to the prefill worker itself: the decode worker was
 // unreachable, refused the transfer (no reservation, ...) or ended it.
-// Such errors are made by FailedStatus.
-func IsFailedStatus(err error) bool {
+// Such errors are made by KVTransferFailedStatus.
+func IsKVTransferFailed(err error) bool {
 	st, ok := status.FromError(err)
 	if !ok {
 		return false
