@@ -15,9 +15,10 @@ import (
 
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/grpcauth"
+	"github.com/pdserve/pdserve/pkg/grpcnet"
+	"github.com/pdserve/pdserve/pkg/grpcnet/tlstest"
 	"github.com/pdserve/pdserve/pkg/plannerhost"
 	"github.com/pdserve/pdserve/pkg/workerrun"
-	"github.com/pdserve/pdserve/pkg/workerrun/tlstest"
 )
 
 // binaryFlags builds a pdserve binary's flag set exactly as its main does
@@ -117,7 +118,7 @@ func localize(files mountedFiles, tmp string, paths map[string]*string) error {
 }
 
 // localizeTLS localizes the files of TLS options.
-func localizeTLS(files mountedFiles, tmp string, o *workerrun.TLSOptions) error {
+func localizeTLS(files mountedFiles, tmp string, o *grpcnet.TLSOptions) error {
 	return localize(files, tmp, map[string]*string{"tls-cert": &o.CertFile, "tls-key": &o.KeyFile, "tls-ca": &o.CAFile})
 }
 

@@ -40,7 +40,7 @@ import (
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/grpcauth"
-	"github.com/pdserve/pdserve/pkg/workerrun/tlstest"
+	"github.com/pdserve/pdserve/pkg/grpcnet/tlstest"
 )
 
 // certificate mirrors the fields of a cert-manager.io/v1 Certificate that

@@ -35,7 +35,7 @@ import (
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/grpcauth"
-	"github.com/pdserve/pdserve/pkg/workerrun"
+	"github.com/pdserve/pdserve/pkg/grpcnet"
 )
 
 // roleTLS is a role's certificate as the chart generated it: the
@@ -93,10 +93,10 @@ func parseRoleTLS(t *testing.T, name string, data map[string][]byte) roleTLS {
 
 // loadRoleTLS loads a role's files as its binary does (--tls-cert,
 // --tls-key, --tls-ca, --tls-server-name).
-func loadRoleTLS(t *testing.T, g roleTLS, serverName string, use workerrun.TLSUse) *workerrun.TLS {
+func loadRoleTLS(t *testing.T, g roleTLS, serverName string, use grpcnet.TLSUse) *grpcnet.TLS {
 	t.Helper()
 	dir := t.TempDir()
-	o := workerrun.TLSOptions{ServerName: serverName}
+	o := grpcnet.TLSOptions{ServerName: serverName}
 	for key, dst := range map[string]*string{"tls.crt": &o.CertFile, "tls.key": &o.KeyFile, "ca.crt": &o.CAFile} {
 		*dst = filepath.Join(dir, key)
 		if err := os.WriteFile(*dst, []byte(g.files[key]), 0o600); err != nil {
@@ -245,14 +245,14 @@ func TestGeneratedTLS(t *testing.T) {
 
 			coordArgs := argMap(container(t, &r.deployment(t, coordinatorName).Spec.Template.Spec, "coordinator").Args)
 			templates := strings.Split(coordArgs["tls-worker-identity"], ",")
-			coordinator := loadRoleTLS(t, gen["coordinator"], serverName, workerrun.TLSDial)
+			coordinator := loadRoleTLS(t, gen["coordinator"], serverName, grpcnet.TLSDial)
 			workerRoles := map[string]string{"decode": "decode", "prefill": "prefill"} // Secret role → heartbeat role
 			workerPools := map[string]pool{"decode": {decodeName, "decode-worker", "decodeWorker"}, "prefill": {prefillName, "prefill-worker", "prefillWorker"}}
 			if tc.base == "colocated" {
 				workerRoles = map[string]string{"decode": "colocated"}
 			}
 			for role, hbRole := range workerRoles {
-				worker := loadRoleTLS(t, gen[role], serverName, workerrun.TLSServe|workerrun.TLSDial)
+				worker := loadRoleTLS(t, gen[role], serverName, grpcnet.TLSServe|grpcnet.TLSDial)
 				cli := grpcauth.VerifyWorker(coordinator.ClientConfig(), templates, hbRole, releaseName+"-pdserve-"+role+"-5d8f7c9b4-x2x7q")
 				state, err := handshake(t, worker.ServerConfig(), cli)
 				if err != nil {
@@ -276,7 +276,7 @@ func TestGeneratedTLS(t *testing.T) {
 				// A prefill worker's certificate, served as a decode
 				// worker's: the coordinator's identity check refuses it in
 				// the handshake.
-				prefill := loadRoleTLS(t, gen["prefill"], serverName, workerrun.TLSServe|workerrun.TLSDial)
+				prefill := loadRoleTLS(t, gen["prefill"], serverName, grpcnet.TLSServe|grpcnet.TLSDial)
 				cli := grpcauth.VerifyWorker(coordinator.ClientConfig(), templates, "decode", "decode--evil")
 				if _, err := handshake(t, prefill.ServerConfig(), cli); !errors.Is(err, grpcauth.ErrIdentity) {
 					t.Errorf("the prefill certificate as a decode worker: handshake error %v, want %v", err, grpcauth.ErrIdentity)

@@ -21,7 +21,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/pdserve/pdserve/internal/poll"
-	"github.com/pdserve/pdserve/pkg/workerrun/tlstest"
+	"github.com/pdserve/pdserve/pkg/grpcnet/tlstest"
 )
 
 // An NKey user seed from nats.go's tests, and its public key.

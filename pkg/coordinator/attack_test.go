@@ -26,6 +26,7 @@ import (
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/coordinator"
+	"github.com/pdserve/pdserve/pkg/grpcnet"
 	"github.com/pdserve/pdserve/pkg/workerrun"
 )
 
@@ -237,7 +238,7 @@ func TestForgedWorkerOverTLSIsNeverAdmitted(t *testing.T) {
 		o.NATSUsers = append(o.NATSUsers, control.NATSUser{User: decodeUser, Password: decodePassword, Role: control.RoleDecode})
 	}})
 	rogue := tlsOptions(t, "rogue CA")
-	rt, err := rogue.Load(workerrun.TLSServe, nil)
+	rt, err := rogue.Load(grpcnet.TLSServe, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

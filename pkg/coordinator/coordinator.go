@@ -26,11 +26,11 @@ import (
 	"github.com/pdserve/pdserve/pkg/enginecfg"
 	"github.com/pdserve/pdserve/pkg/frontend"
 	"github.com/pdserve/pdserve/pkg/grpcauth"
+	"github.com/pdserve/pdserve/pkg/grpcnet"
 	"github.com/pdserve/pdserve/pkg/metrics"
 	"github.com/pdserve/pdserve/pkg/router"
 	"github.com/pdserve/pdserve/pkg/tokenizer"
 	"github.com/pdserve/pdserve/pkg/tracing"
-	"github.com/pdserve/pdserve/pkg/workerrun"
 )
 
 // ErrStandalone is Start's error for Options with Standalone set: package
@@ -471,7 +471,7 @@ func Run(ctx context.Context, o Options, log *zap.Logger) error {
 // worker's role and id (so no credential and no request goes to an
 // unverified peer), or plaintext without TLS; keepalive; and the
 // per-call credentials signed for that worker (or the static token).
-func workerDialer(t *workerrun.TLS, a *grpcauth.Auth, keepalive []grpc.DialOption) func(peer) []grpc.DialOption {
+func workerDialer(t *grpcnet.TLS, a *grpcauth.Auth, keepalive []grpc.DialOption) func(peer) []grpc.DialOption {
 	return func(p peer) []grpc.DialOption {
 		creds := insecure.NewCredentials()
 		if t != nil {

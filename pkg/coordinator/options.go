@@ -19,6 +19,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/enginecfg"
 	"github.com/pdserve/pdserve/pkg/grpcauth"
+	"github.com/pdserve/pdserve/pkg/grpcnet"
 	"github.com/pdserve/pdserve/pkg/kv/codec"
 	"github.com/pdserve/pdserve/pkg/kvtransfer/codecpick"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
@@ -162,7 +163,7 @@ type Options struct {
 	// certificate is presented to workers that require client
 	// certificates. Standalone workers serve with the same settings, so
 	// standalone TLS needs the certificate. Empty: plaintext.
-	TLS workerrun.TLSOptions
+	TLS grpcnet.TLSOptions
 	// GRPCAuth holds the token the coordinator sends to the workers
 	// (--grpc-token-file; see grpcauth). Standalone workers get the same;
 	// without it they share tokens generated at start. Empty: no token.
@@ -170,7 +171,7 @@ type Options struct {
 	// Keepalive pings the gRPC connections to the workers
 	// (--grpc-keepalive-time, --grpc-keepalive-timeout); standalone
 	// workers get the same. Zero: defaults.
-	Keepalive workerrun.KeepaliveOptions
+	Keepalive grpcnet.KeepaliveOptions
 	// Tracing exports OpenTelemetry traces over OTLP (--otel-endpoint,
 	// --otel-protocol, --otel-sample-ratio and the OTEL_* environment;
 	// pkg/tracing): off without an endpoint. Standalone workers share
@@ -312,11 +313,11 @@ func (o Options) NATSListenAddr() string {
 
 // tlsUse is what the coordinator does over gRPC: it dials workers; in
 // standalone mode its workers serve with the same TLS settings.
-func (o Options) tlsUse() workerrun.TLSUse {
+func (o Options) tlsUse() grpcnet.TLSUse {
 	if o.Standalone {
-		return workerrun.TLSDial | workerrun.TLSServe
+		return grpcnet.TLSDial | grpcnet.TLSServe
 	}
-	return workerrun.TLSDial
+	return grpcnet.TLSDial
 }
 
 // Complete loads the policy file (when given) into Policy and applies the

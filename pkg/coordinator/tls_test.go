@@ -15,8 +15,9 @@ import (
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/coordinatorrun"
 	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/grpcnet"
+	"github.com/pdserve/pdserve/pkg/grpcnet/tlstest"
 	"github.com/pdserve/pdserve/pkg/workerrun"
-	"github.com/pdserve/pdserve/pkg/workerrun/tlstest"
 )
 
 // tlsServerName is the only name in the test certificates: the
@@ -24,10 +25,10 @@ import (
 const tlsServerName = "pdserve-grpc"
 
 // tlsOptions returns TLS options with a new CA and a certificate it signs.
-func tlsOptions(t *testing.T, caName string) workerrun.TLSOptions {
+func tlsOptions(t *testing.T, caName string) grpcnet.TLSOptions {
 	ca := tlstest.NewCA(t, caName)
 	leaf := ca.Issue(t, tlstest.Leaf{DNSNames: []string{tlsServerName}})
-	return workerrun.TLSOptions{CertFile: leaf.CertFile, KeyFile: leaf.KeyFile, CAFile: ca.CertFile, ServerName: tlsServerName}
+	return grpcnet.TLSOptions{CertFile: leaf.CertFile, KeyFile: leaf.KeyFile, CAFile: ca.CertFile, ServerName: tlsServerName}
 }
 
 // Over mutual TLS (coordinator → workers, prefill → decode), outputs equal
@@ -101,14 +102,14 @@ func TestTLSOptions(t *testing.T) {
 		{name: "plaintext"},
 		{name: "mutual TLS", edit: func(o *coordinator.Options) { o.TLS = good }},
 		{name: "CA only: no client certificate", edit: func(o *coordinator.Options) {
-			o.TLS = workerrun.TLSOptions{CAFile: good.CAFile, ServerName: tlsServerName}
+			o.TLS = grpcnet.TLSOptions{CAFile: good.CAFile, ServerName: tlsServerName}
 		}},
 		{name: "standalone mutual TLS", edit: func(o *coordinator.Options) { o.Standalone, o.TLS = true, good }},
 		{name: "standalone workers need the certificate", edit: func(o *coordinator.Options) {
-			o.Standalone, o.TLS = true, workerrun.TLSOptions{CAFile: good.CAFile}
+			o.Standalone, o.TLS = true, grpcnet.TLSOptions{CAFile: good.CAFile}
 		}, wantErr: "tls-cert and tls-key are required"},
 		{name: "CA required to verify workers", edit: func(o *coordinator.Options) {
-			o.TLS = workerrun.TLSOptions{CertFile: good.CertFile, KeyFile: good.KeyFile}
+			o.TLS = grpcnet.TLSOptions{CertFile: good.CertFile, KeyFile: good.KeyFile}
 		}, wantErr: "tls-ca is required"},
 		{name: "cert without key", edit: func(o *coordinator.Options) { o.TLS, o.TLS.KeyFile = good, "" },
 			wantErr: "tls-cert and tls-key must be given together"},

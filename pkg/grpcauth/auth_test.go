@@ -28,7 +28,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
-	"github.com/pdserve/pdserve/pkg/workerrun/tlstest"
+	"github.com/pdserve/pdserve/pkg/grpcnet/tlstest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

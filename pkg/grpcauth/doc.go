@@ -72,7 +72,7 @@
 // # Certificates (--tls-allow-coordinator, --tls-allow-prefill)
 //
 // With mutual TLS (the worker requires client certificates its CA signed,
-// see workerrun.TLSOptions) each role may have a list of allowed
+// see grpcnet.TLSOptions) each role may have a list of allowed
 // identities: a DNS name or a URI (a SPIFFE ID such as
 // spiffe://cluster.local/ns/pdserve/sa/coordinator) that must be among the
 // subject alternative names of the caller's verified certificate. A

@@ -5,7 +5,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/pdserve/pdserve/pkg/workerrun/tlstest"
+	"github.com/pdserve/pdserve/pkg/grpcnet/tlstest"
 )
 
 // A worker's certificate must name the role its heartbeat claims, and

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
+	"github.com/pdserve/pdserve/pkg/grpcnet"
 	"github.com/pdserve/pdserve/pkg/kv/codec"
 )
 
@@ -38,8 +39,8 @@ const (
 	// keepalive (WithKeepalive): a connection quiet for 10 s is pinged and
 	// closed when no answer comes within 5 s, so a hung or dead decode
 	// worker fails its transfers with UNAVAILABLE within about 15 s.
-	DefaultKeepaliveTime    = 10 * time.Second
-	DefaultKeepaliveTimeout = 5 * time.Second
+	DefaultKeepaliveTime    = grpcnet.DefaultKeepaliveTime
+	DefaultKeepaliveTimeout = grpcnet.DefaultKeepaliveTimeout
 	// DefaultIdleTimeout is how long a Dialer keeps the connections to an
 	// address that no transfer used (WithIdleTimeout).
 	DefaultIdleTimeout = 5 * time.Minute

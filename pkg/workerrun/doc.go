@@ -27,8 +27,8 @@
 //
 // # TLS
 //
-// With --tls-cert and --tls-key (TLSOptions) the gRPC server serves TLS;
-// with --tls-ca as well it requires client certificates signed by that CA
+// With --tls-cert and --tls-key (grpcnet.TLSOptions) the gRPC server serves
+// TLS; with --tls-ca as well it requires client certificates signed by that CA
 // (mutual TLS), and a prefill worker verifies the decode workers it sends
 // KV to against it, checking --tls-server-name rather than their IP. No
 // TLS flag: plaintext. The certificate is re-read when a connection

@@ -23,8 +23,9 @@ import (
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/grpcauth"
+	"github.com/pdserve/pdserve/pkg/grpcnet"
+	"github.com/pdserve/pdserve/pkg/grpcnet/tlstest"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
-	"github.com/pdserve/pdserve/pkg/workerrun/tlstest"
 )
 
 // Test tokens, as the chart's Secret holds them.
@@ -164,8 +165,8 @@ func TestMutualTLSRoles(t *testing.T) {
 	// The decode worker's certificate names its role, which the prefill
 	// worker checks before it pushes KV (grpcauth.DefaultWorkerIdentities).
 	decodeCert := ca.Issue(t, tlstest.Leaf{DNSNames: []string{serverName}, URIs: []*url.URL{tlstest.MustURL(t, "spiffe://pdserve/decode")}})
-	opts := func(p tlstest.Pair) TLSOptions {
-		return TLSOptions{CertFile: p.CertFile, KeyFile: p.KeyFile, CAFile: ca.CertFile, ServerName: serverName}
+	opts := func(p tlstest.Pair) grpcnet.TLSOptions {
+		return grpcnet.TLSOptions{CertFile: p.CertFile, KeyFile: p.KeyFile, CAFile: ca.CertFile, ServerName: serverName}
 	}
 	allow := grpcauth.Options{AllowCoordinator: []string{coordID}, AllowPrefill: []string{prefillID}}
 	po, do := testOptions(control.RolePrefill, nurl), testOptions(control.RoleDecode, nurl)
@@ -208,7 +209,7 @@ func TestMutualTLSRoles(t *testing.T) {
 	noCert.CertFile, noCert.KeyFile = "", ""
 	for _, tc := range []struct {
 		name string
-		o    TLSOptions
+		o    grpcnet.TLSOptions
 		want codes.Code
 	}{
 		{"no client certificate", noCert, codes.Unavailable},
@@ -290,30 +291,5 @@ func TestAuthOptionsValidate(t *testing.T) {
 				t.Errorf("Validate: %v, want an error with %q", err, tc.want)
 			}
 		})
-	}
-}
-
-func TestKeepaliveOptions(t *testing.T) {
-	for _, tc := range []struct {
-		name          string
-		o             KeepaliveOptions
-		time, timeout time.Duration // of the client parameters
-	}{
-		{"defaults", KeepaliveOptions{}, DefaultKeepaliveTime, DefaultKeepaliveTimeout},
-		{"longer", KeepaliveOptions{Time: time.Minute, Timeout: 20 * time.Second}, time.Minute, 20 * time.Second},
-		{"under gRPC's client minimum", KeepaliveOptions{Time: 2 * time.Second, Timeout: time.Second}, 10 * time.Second, time.Second},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			p := tc.o.ClientParameters()
-			if p.Time != tc.time || p.Timeout != tc.timeout || !p.PermitWithoutStream {
-				t.Errorf("ClientParameters %+v, want time %v, timeout %v, pings without streams", p, tc.time, tc.timeout)
-			}
-			if err := tc.o.Validate(); err != nil {
-				t.Error(err)
-			}
-		})
-	}
-	if err := (KeepaliveOptions{Timeout: -time.Second}).Validate(); err == nil {
-		t.Error("a negative timeout validated")
 	}
 }

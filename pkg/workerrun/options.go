@@ -19,6 +19,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/enginecfg"
 	"github.com/pdserve/pdserve/pkg/grpcauth"
+	"github.com/pdserve/pdserve/pkg/grpcnet"
 	"github.com/pdserve/pdserve/pkg/prefill"
 	"github.com/pdserve/pdserve/pkg/tracing"
 )
@@ -68,8 +69,8 @@ type Options struct {
 	KVConns int
 
 	// TLS secures the worker's gRPC server and, on prefill workers, the KV
-	// transfers it dials. Empty: plaintext. See TLSOptions.
-	TLS TLSOptions
+	// transfers it dials. Empty: plaintext. See grpcnet.TLSOptions.
+	TLS grpcnet.TLSOptions
 	// GRPCAuth says who may call the worker's gRPC methods
 	// (--grpc-verify-key: the coordinator's signed credentials for this
 	// worker's ID; --grpc-token-file, --grpc-prefill-token-file,
@@ -80,7 +81,7 @@ type Options struct {
 	GRPCAuth grpcauth.Options
 	// Keepalive pings the worker's gRPC connections, served and dialed
 	// (--grpc-keepalive-time, --grpc-keepalive-timeout). Zero: defaults.
-	Keepalive KeepaliveOptions
+	Keepalive grpcnet.KeepaliveOptions
 
 	Engine  enginecfg.Options
 	Prefill prefill.Options
@@ -286,11 +287,11 @@ func (o Options) Validate() error {
 
 // tlsUse is what the worker does over gRPC: every worker serves; a
 // prefill worker also dials decode workers for KV transfers.
-func (o Options) tlsUse() TLSUse {
+func (o Options) tlsUse() grpcnet.TLSUse {
 	if o.Role == control.RolePrefill {
-		return TLSServe | TLSDial
+		return grpcnet.TLSServe | grpcnet.TLSDial
 	}
-	return TLSServe
+	return grpcnet.TLSServe
 }
 
 // authSends is the role whose token the worker sends: a prefill worker

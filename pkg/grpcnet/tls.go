@@ -1,4 +1,4 @@
-package workerrun
+package grpcnet
 
 import (
 	"bytes"
@@ -271,7 +271,7 @@ func (t *TLS) loadPair() error {
 
 // errNoCert fails the handshakes of a server whose TLS has no certificate
 // (loaded without TLSServe).
-var errNoCert = errors.New("workerrun: tls: no certificate configured (tls-cert, tls-key)")
+var errNoCert = errors.New("grpcnet: tls: no certificate configured (tls-cert, tls-key)")
 
 // certificate returns the current pair, reloading it when its files
 // changed. A failed reload keeps the previous pair.

@@ -1,4 +1,4 @@
-package workerrun
+package grpcnet
 
 import (
 	"errors"
@@ -10,14 +10,13 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/pdserve/pdserve/internal/cliflags"
-	"github.com/pdserve/pdserve/pkg/kvtransfer"
 )
 
 // Keepalive defaults (--grpc-keepalive-time, --grpc-keepalive-timeout):
 // a peer that stops answering is found dead within about 15 s.
 const (
-	DefaultKeepaliveTime    = kvtransfer.DefaultKeepaliveTime    // 10 s
-	DefaultKeepaliveTimeout = kvtransfer.DefaultKeepaliveTimeout // 5 s
+	DefaultKeepaliveTime    = 10 * time.Second
+	DefaultKeepaliveTimeout = 5 * time.Second
 	// minClientKeepaliveTime is the shortest ping interval gRPC lets a
 	// client use; it raises shorter ones (and logs each time).
 	minClientKeepaliveTime = 10 * time.Second
