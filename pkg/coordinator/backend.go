@@ -48,7 +48,6 @@ type backend struct {
 	auth    *grpcauth.Auth // signs the KV-push credentials; nil: none
 	metrics *metrics.Metrics
 	pricing *budget.Pricing // the policy's, set on every trace; nil: no cost
-	engines []watchedEngine // standalone engines that count overruns (enginewarn.go)
 	now     func() time.Time
 	// eog holds the model's end-of-generation ids (engine.EOGTokens of the
 	// coordinator's tokenizer; see eogSet): without ignore_eos the decode
@@ -140,7 +139,6 @@ func (b *backend) Complete(ctx context.Context, req *frontend.Request, emit fron
 		return nil, err
 	}
 	req.Trace.Pricing = b.pricing
-	defer b.warnOverruns(req.Trace)()
 	b.track(1)
 	defer b.track(-1)
 	b.metrics.AddInFlight(1)

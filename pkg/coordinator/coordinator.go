@@ -170,8 +170,8 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 	c.backend = &backend{
 		mode: o.Mode, policy: o.FirstTokenPolicy, codec: o.Codec, eog: eogSet(engine.EOGTokens(tok)), modelName: o.ModelName,
 		log: log, members: c.members, conns: c.conns, auth: gauth, metrics: m, now: time.Now,
-		pricing: o.Policy.Pricing.Resolve(), engines: watchedEngines(o.WatchEngines),
-		router: newRouter(o, c.reg),
+		pricing: o.Policy.Pricing.Resolve(),
+		router:  newRouter(o, c.reg),
 	}
 	if o.Policy.Routing.PrefixAware(o.Mode == ModeColocated) {
 		c.backend.prefixBlockTokens = o.BlockTokens

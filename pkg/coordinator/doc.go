@@ -12,9 +12,10 @@
 // failures in package wire (wire.IsKVTransferFailed); standalone
 // mode (--standalone: the workers in this process, the embedded NATS
 // server with their users, a generated gRPC key pair) in package standalone,
-// which hands the coordinator its workers' tokenizer, engines and registry
-// and its shutdown step through the code-only Options Tokenizer,
-// WatchEngines, Registry and BeforeNATSDrain. Start refuses Options with
+// which hands the coordinator its workers' tokenizer and registry, its
+// shutdown step and an Extension that warns of sim engines falling behind
+// their model through the code-only Options Tokenizer, Registry,
+// BeforeNATSDrain and Extensions. Start refuses Options with
 // Standalone set (ErrStandalone).
 //
 // # NATS
@@ -176,8 +177,11 @@
 // attaches each (Host: NATS publish, membership, the /metrics registry,
 // the logger), every request the backend completes is passed to
 // ObserveTrace (its budget trace; failed and cancelled requests are not),
-// and Run runs until Shutdown. The online planner (--planner and
-// --planner-*) is one, package plannerhost; coordinatorrun adds it.
+// and Run runs until Shutdown. An Extension that is also a RequestWatcher
+// hears of every request as it starts and as it ends, however it ends,
+// and may add warnings to its trace. The online planner (--planner and
+// --planner-*) is one extension, package plannerhost; coordinatorrun adds
+// it. The sim engines' overrun warning of standalone mode is another.
 //
 // # Clocks
 //

@@ -32,6 +32,18 @@ type Extension interface {
 	Run(ctx context.Context)
 }
 
+// A RequestWatcher is an Extension that also hears of every request as it
+// starts: the coordinator calls WatchRequest with the request's trace
+// before the request is routed, and the function it returns once the
+// request ended, however it ended (completed, failed, cancelled), before
+// the response's last chunk is written, so that it may add warnings to
+// the trace (budget.Trace.Warn). Both are called concurrently and must not
+// block. Standalone mode attaches one that warns when an in-process sim
+// engine fell behind its model during the request.
+type RequestWatcher interface {
+	WatchRequest(*budget.Trace) (done func())
+}
+
 // Host is what an Extension gets from the coordinator it runs in.
 type Host struct {
 	// Publish publishes on the control plane (NATS).
@@ -61,22 +73,37 @@ func observed(b frontend.Backend, exts []Extension) frontend.Backend {
 	if len(exts) == 0 {
 		return b
 	}
-	return observingBackend{Backend: b, exts: exts}
+	ob := observingBackend{Backend: b, exts: exts}
+	for _, e := range exts {
+		if w, ok := e.(RequestWatcher); ok {
+			ob.watchers = append(ob.watchers, w)
+		}
+	}
+	return ob
 }
 
 // observingBackend passes the budget trace of every request its Backend
 // completed (finished with stop or length, or stopped by a stop string)
 // to its extensions, before Complete returns. Failed and cancelled
-// requests are not observed.
+// requests are not observed. Every request, however it ends, is watched
+// by the extensions that are RequestWatchers.
 type observingBackend struct {
 	frontend.Backend
-	exts []Extension
+	exts     []Extension
+	watchers []RequestWatcher // the exts that are RequestWatchers
 }
 
 var _ frontend.Backend = observingBackend{}
 
 func (b observingBackend) Complete(ctx context.Context, req *frontend.Request, emit frontend.EmitFunc) ([]string, error) {
+	dones := make([]func(), len(b.watchers))
+	for i, w := range b.watchers {
+		dones[i] = w.WatchRequest(req.Trace)
+	}
 	finish, err := b.Backend.Complete(ctx, req, emit)
+	for _, done := range dones {
+		done()
+	}
 	if err == nil || errors.Is(err, frontend.ErrStopped) {
 		for _, e := range b.exts {
 			e.ObserveTrace(req.Trace)

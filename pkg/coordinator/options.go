@@ -197,10 +197,6 @@ type Options struct {
 	// Tokenizer, when set, is used instead of the one Engine selects
 	// (the in-process workers' own). The coordinator does not close it.
 	Tokenizer engine.Tokenizer
-	// WatchEngines are the engines of in-process workers by worker ID;
-	// requests get a warning when one that counts its overruns (the sim
-	// engine) fell behind its model meanwhile (enginewarn.go).
-	WatchEngines map[string]engine.Engine
 	// TracerProvider, when set, traces the requests instead of a
 	// provider built from Tracing (package standalone builds one for the
 	// whole process); the coordinator does not shut it down.

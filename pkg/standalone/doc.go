@@ -20,8 +20,10 @@
 //     permissions);
 //  3. starts the workers, their metrics in the coordinator's registry;
 //  4. starts the coordinator (coordinator.Start) on that NATS server,
-//     tokenizing with the first worker's engine and watching the sim
-//     engines' overruns.
+//     tokenizing with the first worker's engine, with an extension that
+//     warns a request whose workers' sim engines fell behind their model
+//     meanwhile (overrun.go: the request's times are then the machine's,
+//     not the modeled GPU's).
 //
 // Shutdown stops it in the order that lets requests finish: the
 // coordinator's HTTP drain, then the workers (coordinator

@@ -144,9 +144,12 @@ func Start(ctx context.Context, o coordinator.Options, log *zap.Logger) (s *Serv
 
 	co.Registry = reg
 	co.Tokenizer = s.workers[0].Engine().Tokenizer()
-	co.WatchEngines = make(map[string]engine.Engine, len(s.workers))
+	engines := make(map[string]engine.Engine, len(s.workers))
 	for _, w := range s.workers {
-		co.WatchEngines[w.ID()] = w.Engine()
+		engines[w.ID()] = w.Engine()
+	}
+	if x := newOverrunWarnings(engines); x != nil {
+		co.Extensions = append(slices.Clip(co.Extensions), x)
 	}
 	co.BeforeNATSDrain = s.stopWorkers
 	co.TracerProvider = tp

@@ -1,11 +1,13 @@
-package coordinator
+package standalone
 
 import (
+	"context"
 	"fmt"
 	"sort"
 	"time"
 
 	"github.com/pdserve/pdserve/pkg/budget"
+	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/engine/sim"
 )
@@ -25,35 +27,50 @@ type watchedEngine struct {
 	e      overrunner
 }
 
-// watchedEngines returns the engines of es (by worker ID) that count
-// their overruns, sorted by worker ID.
-func watchedEngines(es map[string]engine.Engine) []watchedEngine {
+// overrunWarnings is the coordinator extension that warns a request whose
+// in-process sim engines fell behind their model while it ran: the
+// request's times are then not those of the modeled GPU. Its engines are
+// fixed at construction; it is safe for concurrent use.
+type overrunWarnings struct {
+	engines []watchedEngine // sorted by worker ID
+}
+
+var (
+	_ coordinator.Extension      = (*overrunWarnings)(nil)
+	_ coordinator.RequestWatcher = (*overrunWarnings)(nil)
+)
+
+// newOverrunWarnings returns the extension watching the engines of es (by
+// worker ID) that count their overruns, or nil when none does.
+func newOverrunWarnings(es map[string]engine.Engine) *overrunWarnings {
 	var out []watchedEngine
 	for id, e := range es {
 		if o, ok := e.(overrunner); ok {
 			out = append(out, watchedEngine{worker: id, e: o})
 		}
 	}
+	if len(out) == 0 {
+		return nil
+	}
 	sort.Slice(out, func(i, j int) bool { return out[i].worker < out[j].worker })
-	return out
+	return &overrunWarnings{engines: out}
 }
 
-// warnOverruns notes the overrun counts of the watched engines and
-// returns the function to call when the request ends: it adds a warning
-// to tr for each engine of the request's workers that fell behind its
-// model meanwhile, since the request's times are then not those of the
-// modeled GPU. Without watched engines (workers in other processes,
-// engines without a model) it does nothing.
-func (b *backend) warnOverruns(tr *budget.Trace) func() {
-	if len(b.engines) == 0 {
-		return func() {}
-	}
-	before := make([]int64, len(b.engines))
-	for i, w := range b.engines {
+func (*overrunWarnings) Attach(coordinator.Host) error { return nil }
+func (*overrunWarnings) ObserveTrace(*budget.Trace)    {}
+func (*overrunWarnings) Run(ctx context.Context)       { <-ctx.Done() }
+
+// WatchRequest notes the overrun counts of the engines and returns the
+// function to call when the request ends: it adds a warning to tr for
+// each engine of the request's workers that fell behind its model
+// meanwhile.
+func (x *overrunWarnings) WatchRequest(tr *budget.Trace) func() {
+	before := make([]int64, len(x.engines))
+	for i, w := range x.engines {
 		before[i] = w.e.Overruns().Steps
 	}
 	return func() {
-		for i, w := range b.engines {
+		for i, w := range x.engines {
 			if w.worker != tr.PrefillWorker && w.worker != tr.DecodeWorker {
 				continue
 			}
