@@ -46,7 +46,6 @@ func start(t *testing.T, log *zap.Logger, edit func(*coordinator.Options)) *depl
 	t.Helper()
 	o := coordinator.DefaultOptions()
 	o.HTTPAddr, o.Standalone = "127.0.0.1:0", true
-	o.WorkerOptions = func(wo *workerrun.Options) { wo.HeartbeatInterval = 20 * time.Millisecond }
 	if edit != nil {
 		edit(&o)
 	}
@@ -56,7 +55,8 @@ func start(t *testing.T, log *zap.Logger, edit func(*coordinator.Options)) *depl
 	if log == nil {
 		log = zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
 	}
-	s, err := standalone.Start(context.Background(), o, log)
+	s, err := standalone.Start(context.Background(), o, log,
+		standalone.WithWorkerOptions(func(wo *workerrun.Options) { wo.HeartbeatInterval = 20 * time.Millisecond }))
 	if err != nil {
 		t.Fatal(err)
 	}

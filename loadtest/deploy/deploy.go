@@ -135,7 +135,8 @@ func (s Spec) engine() string {
 	return s.Engine
 }
 
-// Options returns the coordinator options that run s.
+// Options returns the coordinator options that run s (its in-process
+// workers' own settings: workerOptions).
 func (s Spec) Options() (coordinator.Options, error) {
 	o := coordinator.DefaultOptions()
 	o.HTTPAddr = "127.0.0.1:0"
@@ -176,25 +177,6 @@ func (s Spec) Options() (coordinator.Options, error) {
 	} else if s.Preset != "" {
 		o.Engine.Preset = s.Preset
 	}
-	o.WorkerOptions = func(w *workerrun.Options) {
-		w.HeartbeatInterval = 200 * time.Millisecond
-		w.LinkGbps = s.LinkGbps
-		if s.ChunkTokens > 0 {
-			w.Prefill.ChunkTokens, w.Decode.ChunkTokens = s.ChunkTokens, s.ChunkTokens
-		}
-		if s.MaxBatchTokens > 0 {
-			w.Prefill.MaxBatchTokens, w.Decode.MaxBatchTokens = s.MaxBatchTokens, s.MaxBatchTokens
-		}
-		if s.MaxBatch > 0 {
-			w.Decode.MaxBatch = s.MaxBatch
-		}
-		if s.KVBlocks > 0 {
-			w.Decode.KVBlocks = s.KVBlocks
-		}
-		if s.Codec != "" {
-			w.Prefill.Codec = s.Codec
-		}
-	}
 	if err := o.Complete(); err != nil {
 		return o, fmt.Errorf("%w: %v", ErrSpec, err)
 	}
@@ -202,6 +184,27 @@ func (s Spec) Options() (coordinator.Options, error) {
 		return o, fmt.Errorf("%w: %v", ErrSpec, err)
 	}
 	return o, nil
+}
+
+// workerOptions edits the options of each in-process worker of s.
+func (s Spec) workerOptions(w *workerrun.Options) {
+	w.HeartbeatInterval = 200 * time.Millisecond
+	w.LinkGbps = s.LinkGbps
+	if s.ChunkTokens > 0 {
+		w.Prefill.ChunkTokens, w.Decode.ChunkTokens = s.ChunkTokens, s.ChunkTokens
+	}
+	if s.MaxBatchTokens > 0 {
+		w.Prefill.MaxBatchTokens, w.Decode.MaxBatchTokens = s.MaxBatchTokens, s.MaxBatchTokens
+	}
+	if s.MaxBatch > 0 {
+		w.Decode.MaxBatch = s.MaxBatch
+	}
+	if s.KVBlocks > 0 {
+		w.Decode.KVBlocks = s.KVBlocks
+	}
+	if s.Codec != "" {
+		w.Prefill.Codec = s.Codec
+	}
 }
 
 // Facts lists what s runs, for reports: engine and profile, workers and
@@ -317,7 +320,7 @@ func Start(ctx context.Context, s Spec, log *zap.Logger) (*Local, error) {
 	if s.engine() == enginecfg.Llama {
 		c, err = startProcs(ctx, s, o, log)
 	} else {
-		c, err = standalone.Start(ctx, o, log)
+		c, err = standalone.Start(ctx, o, log, standalone.WithWorkerOptions(s.workerOptions))
 	}
 	if err != nil {
 		return nil, fmt.Errorf("deploy: start %s: %w", s.Mode, err)

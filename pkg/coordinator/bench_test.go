@@ -133,11 +133,11 @@ func startBenchCluster(b *testing.B, mode, codec, policy string) string {
 		o.PrefillWorkers = 0
 	}
 	o.Engine.Preset = "small"
-	o.WorkerOptions = func(wo *workerrun.Options) { wo.HeartbeatInterval = 50 * time.Millisecond }
 	if err := o.Complete(); err != nil {
 		b.Fatal(err)
 	}
-	c, err := standalone.Start(context.Background(), o, zap.NewNop())
+	c, err := standalone.Start(context.Background(), o, zap.NewNop(),
+		standalone.WithWorkerOptions(func(wo *workerrun.Options) { wo.HeartbeatInterval = 50 * time.Millisecond }))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/enginebuild"
 	"github.com/pdserve/pdserve/pkg/enginecfg"
 	"github.com/pdserve/pdserve/pkg/tokenizer"
 	"github.com/pdserve/pdserve/pkg/workerrun"
@@ -536,11 +537,11 @@ func TestOverload(t *testing.T) {
 	// flight is all MaxLiveKVBytes allows) refuses at once, and the client
 	// gets 429 with Retry-After instead of waiting in an unbounded queue.
 	t.Run("prefill queue full", func(t *testing.T) {
-		e, err := enginecfg.DefaultOptions().Build()
+		e, err := enginebuild.Build(enginecfg.DefaultOptions())
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { enginecfg.Close(e) })
+		t.Cleanup(func() { enginebuild.Close(e) })
 		held := &heldPrefill{Engine: e, gate: make(chan struct{})}
 		cl := startCluster(t, clusterOpts{worker: func(wo *workerrun.Options) {
 			if wo.Role == control.RolePrefill {
@@ -694,11 +695,11 @@ func TestPrefillWorkerFailureBeforeFirstToken(t *testing.T) {
 		if wo.Role != control.RolePrefill {
 			return
 		}
-		e, err := enginecfg.DefaultOptions().Build()
+		e, err := enginebuild.Build(enginecfg.DefaultOptions())
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { enginecfg.Close(e) })
+		t.Cleanup(func() { enginebuild.Close(e) })
 		h := &heldPrefill{Engine: e, gate: make(chan struct{})}
 		mu.Lock()
 		held[wo.ID] = h

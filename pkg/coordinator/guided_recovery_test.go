@@ -19,7 +19,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/engine/llamacpp"
-	"github.com/pdserve/pdserve/pkg/enginecfg"
+	"github.com/pdserve/pdserve/pkg/enginebuild"
 	"github.com/pdserve/pdserve/pkg/grammar"
 	"github.com/pdserve/pdserve/pkg/workerrun"
 )
@@ -233,11 +233,11 @@ func TestLlamacppGuidedDecodingSurvivesFailover(t *testing.T) {
 			if wo.Role == control.RolePrefill {
 				return
 			}
-			e, err := eo.Build()
+			e, err := enginebuild.Build(eo)
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { enginecfg.Close(e) })
+			t.Cleanup(func() { enginebuild.Close(e) })
 			g := newGated(e)
 			mu.Lock()
 			gates[wo.ID] = g

@@ -22,6 +22,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/enginebuild"
 	"github.com/pdserve/pdserve/pkg/enginecfg"
 	"github.com/pdserve/pdserve/pkg/plannerhost"
 	"github.com/pdserve/pdserve/pkg/standalone"
@@ -116,14 +117,14 @@ func startCluster(t *testing.T, co clusterOpts) *cluster {
 	o.PrefillWorkers, o.DecodeWorkers = co.prefill, co.decode
 	o.HeartbeatTTL = 2 * time.Second
 	o.ShutdownTimeout = 10 * time.Second
-	o.WorkerOptions = func(wo *workerrun.Options) {
+	workerOpts := func(wo *workerrun.Options) {
 		wo.HeartbeatInterval = 20 * time.Millisecond
 		wo.DrainTimeout = 5 * time.Second
 		// Small chunks, so that prompts prefill in several chunks.
 		wo.Prefill.ChunkTokens, wo.Prefill.MaxBatchTokens = 16, 64
 		wo.Decode.KVBlocks, wo.Decode.ChunkTokens, wo.Decode.MaxBatchTokens = 1024, 16, 256
 		if co.gated && wo.Role != control.RolePrefill {
-			e, err := enginecfg.DefaultOptions().Build()
+			e, err := enginebuild.Build(enginecfg.DefaultOptions())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -163,7 +164,7 @@ func startCluster(t *testing.T, co clusterOpts) *cluster {
 			cl.planner = h
 		}
 	}
-	c, err := standalone.Start(context.Background(), o, log)
+	c, err := standalone.Start(context.Background(), o, log, standalone.WithWorkerOptions(workerOpts))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +179,7 @@ func startCluster(t *testing.T, co clusterOpts) *cluster {
 			t.Errorf("shutdown: %v", err)
 		}
 		for _, e := range engines {
-			enginecfg.Close(e)
+			enginebuild.Close(e)
 		}
 	})
 	if co.noWait {
@@ -388,11 +389,11 @@ func newReference(t *testing.T) *reference {
 
 // newReferenceOf is newReference for the engine of o.
 func newReferenceOf(t *testing.T, o enginecfg.Options) *reference {
-	e, err := o.Build()
+	e, err := enginebuild.Build(o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { enginecfg.Close(e) })
+	t.Cleanup(func() { enginebuild.Close(e) })
 	return &reference{eng: e}
 }
 

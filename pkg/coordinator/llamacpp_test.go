@@ -20,6 +20,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/engine/llamacpp"
+	"github.com/pdserve/pdserve/pkg/enginebuild"
 	"github.com/pdserve/pdserve/pkg/enginecfg"
 	"github.com/pdserve/pdserve/pkg/gguf"
 	"github.com/pdserve/pdserve/pkg/workerrun"
@@ -202,11 +203,11 @@ func TestLlamacppDisconnectFreesKV(t *testing.T) {
 					if wo.Role == control.RolePrefill {
 						return
 					}
-					e, err := eo.Build()
+					e, err := enginebuild.Build(eo)
 					if err != nil {
 						t.Fatal(err)
 					}
-					t.Cleanup(func() { enginecfg.Close(e) })
+					t.Cleanup(func() { enginebuild.Close(e) })
 					g = newGated(e)
 					wo.EngineOverride = gatedLlama{g, e.(*llamacpp.Engine)}
 				}})

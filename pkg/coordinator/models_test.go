@@ -15,6 +15,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/enginebuild"
 	"github.com/pdserve/pdserve/pkg/enginecfg"
 	"github.com/pdserve/pdserve/pkg/tokenizer"
 	"github.com/pdserve/pdserve/pkg/workerrun"
@@ -53,11 +54,11 @@ func (t eogTokenizer) EOG() []int32 { return append([]int32{t.EOS()}, t.extra...
 // when the test ends (after the cluster, whose cleanup runs first).
 func newMetaEngine(t *testing.T, maxSeqLen int, eog ...int32) metaEngine {
 	t.Helper()
-	e, err := enginecfg.DefaultOptions().Build()
+	e, err := enginebuild.Build(enginecfg.DefaultOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { enginecfg.Close(e) })
+	t.Cleanup(func() { enginebuild.Close(e) })
 	return metaEngine{Engine: e, maxSeqLen: maxSeqLen, eog: eog}
 }
 

@@ -24,7 +24,6 @@ import (
 	"github.com/pdserve/pdserve/pkg/kvtransfer/codecpick"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 	"github.com/pdserve/pdserve/pkg/tracing"
-	"github.com/pdserve/pdserve/pkg/workerrun"
 )
 
 // Serving modes.
@@ -187,9 +186,6 @@ type Options struct {
 	// request (see Extension): the online planner, package plannerhost.
 	// Not a flag.
 	Extensions []Extension
-	// WorkerOptions, when set, edits each standalone worker's options
-	// before it starts (tests: heartbeat interval, KV blocks). Not a flag.
-	WorkerOptions func(*workerrun.Options)
 
 	// The fields below are set in code by package standalone, which
 	// starts workers in this process before the coordinator. Not flags.

@@ -66,14 +66,10 @@ func TestWorkersRefuseCoordinatorWithoutValidCert(t *testing.T) {
 	rogue := tlsOptions(t, "rogue CA")
 	coordTLS := workersTLS                                              // trusts the workers …
 	coordTLS.CertFile, coordTLS.KeyFile = rogue.CertFile, rogue.KeyFile // … with a certificate they do not trust
-	cl := startCluster(t, clusterOpts{noWait: true, edit: func(co *coordinator.Options) {
-		co.TLS = coordTLS
-		inner := co.WorkerOptions
-		co.WorkerOptions = func(wo *workerrun.Options) {
-			inner(wo)
-			wo.TLS = workersTLS
-		}
-	}})
+	cl := startCluster(t, clusterOpts{noWait: true,
+		edit:   func(co *coordinator.Options) { co.TLS = coordTLS },
+		worker: func(wo *workerrun.Options) { wo.TLS = workersTLS },
+	})
 	waitFor(t, 10*time.Second, func() error {
 		if n := len(cl.c.Membership().All()); n != 2 {
 			return fmt.Errorf("%d workers' heartbeats observed, want 2", n)

@@ -152,7 +152,9 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	run := coordinator.Run
 	if o.Standalone {
-		run = standalone.Run
+		run = func(ctx context.Context, o coordinator.Options, log *zap.Logger) error {
+			return standalone.Run(ctx, o, log)
+		}
 	}
 	if err := run(ctx, o, log); err != nil {
 		log.Error("coordinator failed", zap.Error(err))

@@ -11,7 +11,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pdserve/pdserve/internal/cliflags"
-	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/engine/llamacpp"
 	"github.com/pdserve/pdserve/pkg/engine/ref"
 	"github.com/pdserve/pdserve/pkg/perfmodel"
@@ -131,34 +130,6 @@ func (o Options) Validate() error {
 // badInt is the error of an integer flag's value.
 func badInt(flag string, v int, why string) error {
 	return cliflags.BadFlag(flag, strconv.Itoa(v), errors.New(why))
-}
-
-// Build returns a new engine. The caller owns it: when it has a Close
-// method (see Close), call it once the engine is no longer used.
-func (o Options) Build() (engine.Engine, error) {
-	if err := o.Validate(); err != nil {
-		return nil, err
-	}
-	switch o.Engine {
-	case Ref:
-		e, err := ref.New(ref.Options{Preset: o.Preset, Seed: o.Seed, Threads: o.Threads})
-		if err != nil {
-			return nil, fmt.Errorf("enginecfg: %w", err)
-		}
-		return e, nil
-	case Llama:
-		return o.buildLlama()
-	default:
-		return o.buildSim()
-	}
-}
-
-// Close releases an engine built by Build, if it holds resources (the ref
-// engine's worker goroutines).
-func Close(e engine.Engine) {
-	if c, ok := e.(interface{ Close() }); ok {
-		c.Close()
-	}
 }
 
 // LogFields returns the settings as zap fields.

@@ -1,7 +1,6 @@
 package enginecfg
 
 import (
-	"context"
 	"errors"
 	"flag"
 	"io/fs"
@@ -13,7 +12,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/pdserve/pdserve/internal/cliflags"
-	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/perfmodel"
 )
 
@@ -96,28 +94,5 @@ func TestFlags(t *testing.T) {
 	want.Engine, want.Seed, want.Profile, want.TimeScale, want.PayloadScale = Sim, 7, "h100/llama-3-8b/tp1", 0.5, 0.25
 	if diff := cmp.Diff(want, o); diff != "" {
 		t.Errorf("options (-want +got):\n%s", diff)
-	}
-}
-
-// TestBuild builds each engine kind and runs one prefill on it.
-func TestBuild(t *testing.T) {
-	for _, o := range []Options{
-		DefaultOptions(),
-		{Engine: Sim, Profile: "h100/llama-3-8b/tp1", TimeScale: 0.001, PayloadScale: 0.01, Seed: 1},
-	} {
-		t.Run(o.Engine, func(t *testing.T) {
-			e, err := o.Build()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer Close(e)
-			out, err := e.Prefill(context.Background(), []engine.PrefillItem{{Seq: 1, Tokens: []int32{1, 2, 3}, Last: true}}, nil)
-			if err != nil || len(out) != 1 || !out[0].Sampled {
-				t.Errorf("prefill: %v, %v", out, err)
-			}
-		})
-	}
-	if _, err := (Options{Engine: "none"}).Build(); err == nil {
-		t.Error("Build of an unknown engine succeeded")
 	}
 }

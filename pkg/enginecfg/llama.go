@@ -53,17 +53,15 @@ func (o Options) llamaKVType() (engine.DType, error) {
 	return 0, cliflags.BadFlag("kv-type", o.KVType, errors.New("must be f16 or q8_0"))
 }
 
-func (o Options) buildLlama() (engine.Engine, error) {
+// LlamaOptions returns the options of llama.cpp's engine (llamacpp.New)
+// these settings give; call it on valid options.
+func (o Options) LlamaOptions() llamacpp.Options {
 	kv, _ := o.llamaKVType()
-	e, err := llamacpp.New(llamacpp.Options{
+	return llamacpp.Options{
 		LibDir: o.LlamaLib, Model: o.Model, GPULayers: o.GPULayers, CtxSize: o.CtxSize,
 		Threads: o.Threads, KVType: kv, MaxSeqs: o.MaxSeqs, NoRepack: o.NoRepack,
 		CPUVariant: o.CPUVariant, Device: o.Device,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("enginecfg: %w", err)
 	}
-	return e, nil
 }
 
 func (o Options) llamaLogFields() []zap.Field {
@@ -92,14 +90,12 @@ func (o Options) Tokenizer() (engine.Tokenizer, func(), error) {
 	return m.Tokenizer(), m.Close, nil
 }
 
-// SetLogger routes the log of the engines' native libraries (llama.cpp,
-// at debug level but for its errors) to l, and the warnings
-// of sim engines built after the call (a step that fell behind the
-// model). The library's log is process-wide: the last logger set receives
-// it.
+// SetLogger routes the log of the engines' native library (llama.cpp, at
+// debug level but for its errors) to l, for the tokenizer as for the
+// engine. The library's log is process-wide: the last logger set receives
+// it. enginebuild.SetLogger also routes the sim engines' warnings.
 func SetLogger(l *zap.Logger) {
 	llamacpp.SetLogger(l)
-	simLogger.Store(l)
 }
 
 // device is the effective device policy (the flag, else the environment's,

@@ -17,6 +17,7 @@ import (
 	"github.com/pdserve/pdserve/internal/cliflags"
 	"github.com/pdserve/pdserve/pkg/engine/llamacpp"
 	"github.com/pdserve/pdserve/pkg/engine/sim"
+	"github.com/pdserve/pdserve/pkg/enginebuild"
 	"github.com/pdserve/pdserve/pkg/enginecfg"
 	"github.com/pdserve/pdserve/pkg/perfmodel"
 )
@@ -200,11 +201,11 @@ func Refit(p *perfmodel.Profile) error {
 // Profile builds the engine o names, measures it and returns the fitted
 // profile; progress goes to progress (nil: none).
 func Profile(ctx context.Context, o Options, progress io.Writer) (*perfmodel.Profile, error) {
-	e, err := o.Engine.Build()
+	e, err := enginebuild.Build(o.Engine)
 	if err != nil {
 		return nil, err
 	}
-	defer enginecfg.Close(e)
+	defer enginebuild.Close(e)
 	threads := o.Engine.Threads
 	if threads == 0 {
 		threads = runtime.NumCPU()

@@ -4,7 +4,8 @@
 // demos and tests.
 //
 // Start takes the coordinator's Options with Standalone set
-// (PrefillWorkers, DecodeWorkers, Engine, WorkerOptions…) and, in order:
+// (PrefillWorkers, DecodeWorkers, Engine, …; WithWorkerOptions edits the
+// workers' options in code) and, in order:
 //
 //  1. generates an Ed25519 key pair when GRPCAuth has neither a token
 //     nor a signing key (the coordinator signs per-call credentials, the

@@ -42,13 +42,32 @@ type Server struct {
 	shutdownErr  error
 }
 
+// An Option changes how Start starts the deployment.
+type Option func(*settings)
+
+// settings are the Options of one Start.
+type settings struct {
+	worker func(*workerrun.Options)
+}
+
+// WithWorkerOptions has f edit each worker's options before the worker
+// starts (tests: heartbeat interval, KV blocks, an engine of their own;
+// the loadtest's local deployments: chunk sizes, link speed). Not a flag.
+func WithWorkerOptions(f func(*workerrun.Options)) Option {
+	return func(s *settings) { s.worker = f }
+}
+
 // Start starts the workers and the coordinator from validated, completed
 // options with Standalone set (see the package doc). It returns once the
 // HTTP listener is open and the workers are started (they join the
 // membership with their first heartbeat). ctx bounds only the start.
 // Errors: invalid options, NATS, worker and coordinator start errors,
 // wrapped; what was started is stopped again.
-func Start(ctx context.Context, o coordinator.Options, log *zap.Logger) (s *Server, err error) {
+func Start(ctx context.Context, o coordinator.Options, log *zap.Logger, opts ...Option) (s *Server, err error) {
+	var set settings
+	for _, opt := range opts {
+		opt(&set)
+	}
 	if !o.Standalone {
 		return nil, errors.New("standalone: options without Standalone")
 	}
@@ -85,7 +104,7 @@ func Start(ctx context.Context, o coordinator.Options, log *zap.Logger) (s *Serv
 	}
 
 	co := o // the coordinator's options
-	co.Standalone, co.WorkerOptions = false, nil
+	co.Standalone = false
 	workerNATS := func(string) control.ConnOptions { return o.NATS }
 	if o.NATSURL == "" {
 		self := control.NewNATSUser(control.RoleCoordinator, "")
@@ -132,8 +151,8 @@ func Start(ctx context.Context, o coordinator.Options, log *zap.Logger) (s *Serv
 			VerifyKey: o.GRPCAuth.VerifyKey, WorkerIdentities: o.GRPCAuth.WorkerIdentities}
 		wo.Keepalive = o.Keepalive
 		wo.TracerProvider = tp
-		if o.WorkerOptions != nil {
-			o.WorkerOptions(&wo)
+		if set.worker != nil {
+			set.worker(&wo)
 		}
 		wk, err := workerrun.Start(ctx, wo, log.Named("worker"))
 		if err != nil {
@@ -204,8 +223,8 @@ func (s *Server) stopWorkers(ctx context.Context) error {
 // Run starts a standalone deployment, blocks until ctx ends or the HTTP
 // server fails, and shuts down gracefully within Options.ShutdownTimeout.
 // It returns the failure, or nil after a clean stop.
-func Run(ctx context.Context, o coordinator.Options, log *zap.Logger) error {
-	s, err := Start(ctx, o, log)
+func Run(ctx context.Context, o coordinator.Options, log *zap.Logger, opts ...Option) error {
+	s, err := Start(ctx, o, log, opts...)
 	if err != nil {
 		return err
 	}

@@ -21,11 +21,11 @@ func TestStartShutdown(t *testing.T) {
 	o := coordinator.DefaultOptions()
 	o.HTTPAddr, o.Standalone = "127.0.0.1:0", true
 	o.PrefillWorkers, o.DecodeWorkers = 1, 2
-	o.WorkerOptions = func(wo *workerrun.Options) { wo.HeartbeatInterval = 20 * time.Millisecond }
 	if err := o.Complete(); err != nil {
 		t.Fatal(err)
 	}
-	s, err := standalone.Start(context.Background(), o, zaptest.NewLogger(t))
+	s, err := standalone.Start(context.Background(), o, zaptest.NewLogger(t),
+		standalone.WithWorkerOptions(func(wo *workerrun.Options) { wo.HeartbeatInterval = 20 * time.Millisecond }))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -40,7 +40,7 @@ func startTraced(t *testing.T, rcv *tracingtest.Receiver, policy string, ownExpo
 	if rcv != nil {
 		o.Tracing.Endpoint, o.Tracing.Protocol = rcv.GRPCEndpoint(), tracing.ProtocolGRPC
 	}
-	o.WorkerOptions = func(wo *workerrun.Options) {
+	workerOpts := func(wo *workerrun.Options) {
 		wo.HeartbeatInterval = 20 * time.Millisecond
 		if ownExporters {
 			wo.TracerProvider = nil
@@ -50,7 +50,7 @@ func startTraced(t *testing.T, rcv *tracingtest.Receiver, policy string, ownExpo
 	if err := o.Complete(); err != nil {
 		t.Fatal(err)
 	}
-	s, err := standalone.Start(context.Background(), o, zaptest.NewLogger(t))
+	s, err := standalone.Start(context.Background(), o, zaptest.NewLogger(t), standalone.WithWorkerOptions(workerOpts))
 	if err != nil {
 		t.Fatal(err)
 	}

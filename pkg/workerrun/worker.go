@@ -31,7 +31,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/decode"
 	"github.com/pdserve/pdserve/pkg/engine"
-	"github.com/pdserve/pdserve/pkg/enginecfg"
+	"github.com/pdserve/pdserve/pkg/enginebuild"
 	"github.com/pdserve/pdserve/pkg/grpcauth"
 	"github.com/pdserve/pdserve/pkg/kv/codec"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
@@ -177,8 +177,8 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 	if o.EngineOverride != nil {
 		w.eng = o.EngineOverride
 	} else {
-		enginecfg.SetLogger(w.log)
-		if w.eng, err = o.Engine.Build(); err != nil {
+		enginebuild.SetLogger(w.log)
+		if w.eng, err = enginebuild.Build(o.Engine); err != nil {
 			return nil, fmt.Errorf("workerrun: %w", err)
 		}
 		w.ownEng = true
@@ -786,7 +786,7 @@ func (w *Worker) closeAll() {
 		w.svc.Stop()
 	}
 	if w.ownEng && w.eng != nil {
-		enginecfg.Close(w.eng)
+		enginebuild.Close(w.eng)
 	}
 	if w.tracer != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), traceFlushTimeout)

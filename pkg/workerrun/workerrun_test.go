@@ -21,6 +21,7 @@ import (
 	"github.com/pdserve/pdserve/internal/poll"
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/decode"
+	"github.com/pdserve/pdserve/pkg/enginebuild"
 	"github.com/pdserve/pdserve/pkg/enginecfg"
 )
 
@@ -105,7 +106,7 @@ func TestSimEngineWorkers(t *testing.T) {
 	do.Engine = eo
 	pw := startWorker(t, po)
 	dw := startWorker(t, do)
-	alone, err := eo.Build()
+	alone, err := enginebuild.Build(eo)
 	if err != nil {
 		t.Fatal(err)
 	}

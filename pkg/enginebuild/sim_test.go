@@ -1,4 +1,4 @@
-package enginecfg
+package enginebuild
 
 import (
 	"testing"
@@ -9,6 +9,7 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/pdserve/pdserve/pkg/engine/sim"
+	"github.com/pdserve/pdserve/pkg/enginecfg"
 )
 
 // TestOverrunWarner: the first overrun warns at once, later ones at most
@@ -16,8 +17,8 @@ import (
 // warning.
 func TestOverrunWarner(t *testing.T) {
 	core, logs := observer.New(zap.WarnLevel)
-	o := DefaultOptions()
-	o.Engine, o.Profile = Sim, "a100-80g/opt-13b/tp1"
+	o := enginecfg.DefaultOptions()
+	o.Engine, o.Profile = enginecfg.Sim, "a100-80g/opt-13b/tp1"
 	warn := overrunWarner(zap.New(core), o)
 	t0 := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
 	ov := func(s int, took time.Duration) sim.Overrun {
@@ -39,7 +40,7 @@ func TestOverrunWarner(t *testing.T) {
 	for _, e := range logs.All() {
 		m := e.ContextMap()
 		got = append(got, line{Took: m["step_took"].(time.Duration), Steps: m["overrun_steps"].(int64)})
-		if m["step_modeled"] != 72*time.Millisecond || m["profile"] != "a100-80g/opt-13b/tp1" || m["payload_scale"] != DefaultPayloadScale {
+		if m["step_modeled"] != 72*time.Millisecond || m["profile"] != "a100-80g/opt-13b/tp1" || m["payload_scale"] != enginecfg.DefaultPayloadScale {
 			t.Errorf("fields %v", m)
 		}
 	}
@@ -51,9 +52,9 @@ func TestOverrunWarner(t *testing.T) {
 // TestSimDefaultPayloadScale: --engine sim without --payload-scale hands
 // out the least KV the engine keeps, not the true size.
 func TestSimDefaultPayloadScale(t *testing.T) {
-	o := DefaultOptions()
-	o.Engine, o.Profile = Sim, "a100-80g/opt-13b/tp1"
-	e, err := o.Build()
+	o := enginecfg.DefaultOptions()
+	o.Engine, o.Profile = enginecfg.Sim, "a100-80g/opt-13b/tp1"
+	e, err := Build(o)
 	if err != nil {
 		t.Fatal(err)
 	}

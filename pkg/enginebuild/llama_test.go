@@ -1,4 +1,4 @@
-package enginecfg
+package enginebuild
 
 import (
 	"errors"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/pdserve/pdserve/internal/repotest"
 	"github.com/pdserve/pdserve/pkg/engine/llamacpp"
+	"github.com/pdserve/pdserve/pkg/enginecfg"
 	"github.com/pdserve/pdserve/pkg/gguf"
 )
 
@@ -36,7 +37,7 @@ func TestLlamaCPUVariant(t *testing.T) {
 		Layers: 1, Hidden: 64, Heads: 4, KVHeads: 2, FFN: 128, Context: 64, Type: gguf.F32, Seed: 1}); err != nil {
 		t.Fatal(err)
 	}
-	o := DefaultOptions()
+	o := enginecfg.DefaultOptions()
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)
 	o.AddFlags(fs)
 	if err := fs.Parse([]string{"--engine=llamacpp", "--model=" + model, "--llama-lib=" + lib, "--ctx-size=64", "--llama-cpu-variant=" + pick}); err != nil {
@@ -47,7 +48,7 @@ func TestLlamaCPUVariant(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer closeTok()
-	e, err := o.Build()
+	e, err := Build(o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,8 +68,8 @@ func TestLlamaDevice(t *testing.T) {
 		Layers: 1, Hidden: 64, Heads: 4, KVHeads: 2, FFN: 128, Context: 64, Type: gguf.F32, Seed: 1}); err != nil {
 		t.Fatal(err)
 	}
-	opts := func(t *testing.T, args ...string) Options {
-		o := DefaultOptions()
+	opts := func(t *testing.T, args ...string) enginecfg.Options {
+		o := enginecfg.DefaultOptions()
 		fs := flag.NewFlagSet("t", flag.ContinueOnError)
 		o.AddFlags(fs)
 		if err := fs.Parse(append([]string{"--engine=llamacpp", "--model=" + model, "--llama-lib=" + lib, "--ctx-size=64"}, args...)); err != nil {
@@ -77,12 +78,12 @@ func TestLlamaDevice(t *testing.T) {
 		return o
 	}
 	t.Setenv(llamacpp.EnvDevice, "gpu")
-	e, err := opts(t, "--llama-device=cpu").Build()
+	e, err := Build(opts(t, "--llama-device=cpu"))
 	if err != nil {
 		t.Fatalf("--llama-device cpu: %v", err)
 	}
 	Close(e)
-	if _, err := opts(t).Build(); !errors.Is(err, llamacpp.ErrNoGPU) {
+	if _, err := Build(opts(t)); !errors.Is(err, llamacpp.ErrNoGPU) {
 		t.Errorf("$%s=gpu: %v, want ErrNoGPU", llamacpp.EnvDevice, err)
 	}
 	if err := opts(t, "--llama-device=cuda").Validate(); err == nil || !strings.Contains(err.Error(), "--llama-device cuda: must be auto, gpu or cpu") {
