@@ -1,0 +1,11 @@
+// Package layering holds no code: its test asserts the import layers of
+// pdserve's packages with the go tool (go list), so that an import running
+// back up the layers fails the build's tests instead of going unnoticed.
+//
+// The rules (TestLayering): the coordinator stands beside the workers, not
+// above them — pkg/coordinator links no worker package (prefill, decode,
+// workerrun, enginebuild), neither the KV transfer (kvtransfer) nor the sim
+// engine; coordinatorrun imports no worker package itself (standalone mode
+// does, in package standalone); the workers link no coordinator package;
+// the tokenizer and the frontend link no engine implementation.
+package layering
