@@ -7,5 +7,6 @@
 // workerrun, enginebuild), neither the KV transfer (kvtransfer) nor the sim
 // engine; coordinatorrun imports no worker package itself (standalone mode
 // does, in package standalone); the workers link no coordinator package;
-// the tokenizer and the frontend link no engine implementation.
+// the frontend links no engine implementation; the tokenizer and the
+// sampling types link no engine at all.
 package layering

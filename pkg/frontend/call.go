@@ -14,8 +14,8 @@ import (
 
 	"github.com/pdserve/pdserve/pkg/budget"
 	"github.com/pdserve/pdserve/pkg/chattmpl"
-	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/respcache"
+	"github.com/pdserve/pdserve/pkg/sampling"
 	"github.com/pdserve/pdserve/pkg/tracing"
 )
 
@@ -51,7 +51,7 @@ type promptRun struct {
 	echo string
 	// promptLP holds the logprobs of prompt tokens 1.. (echo with
 	// logprobs), from the Backend's Prompt output.
-	promptLP []*engine.TokenLogprob
+	promptLP []*sampling.TokenLogprob
 	choices  []*choiceState
 	finishes []string
 	err      error
@@ -262,7 +262,7 @@ func (c *call) emitter(pr *promptRun) EmitFunc {
 		}
 		if o.Prompt {
 			if pr.req.PromptLogprobs >= 0 {
-				pr.promptLP = make([]*engine.TokenLogprob, len(o.Logprobs))
+				pr.promptLP = make([]*sampling.TokenLogprob, len(o.Logprobs))
 				for i := range o.Logprobs {
 					pr.promptLP[i] = &o.Logprobs[i]
 				}
@@ -290,7 +290,7 @@ func (c *call) emitter(pr *promptRun) EmitFunc {
 				ch.ids = append(ch.ids, tok)
 			}
 			if ch.lp != nil {
-				var lp *engine.TokenLogprob
+				var lp *sampling.TokenLogprob
 				if i < len(o.Logprobs) {
 					lp = &o.Logprobs[i]
 				}
@@ -343,7 +343,7 @@ func (c *call) begin(pr *promptRun, ch *choiceState) string {
 	// logprobs (PromptLogprobs = logprobs ≥ 0).
 	if ch.lp != nil {
 		for i, tok := range pr.req.Prompt {
-			var lp *engine.TokenLogprob // null: the first token, or none sent
+			var lp *sampling.TokenLogprob // null: the first token, or none sent
 			if i > 0 && i-1 < len(pr.promptLP) {
 				lp = pr.promptLP[i-1]
 			}

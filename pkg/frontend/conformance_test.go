@@ -17,6 +17,7 @@ import (
 
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/grammar"
+	"github.com/pdserve/pdserve/pkg/sampling"
 	"github.com/pdserve/pdserve/pkg/tokenizer"
 )
 
@@ -46,7 +47,7 @@ func modelOutput(prompt []int32, j int) string {
 func modelBackend() *fakeBackend {
 	return &fakeBackend{complete: func(_ context.Context, req *Request, emit EmitFunc) ([]string, error) {
 		if req.PromptLogprobs >= 0 {
-			var lps []engine.TokenLogprob
+			var lps []sampling.TokenLogprob
 			for i := 1; i < len(req.Prompt); i++ {
 				lps = append(lps, engine.Logprob(logitsAt(i), req.Prompt[i], req.PromptLogprobs))
 			}
@@ -63,7 +64,7 @@ func modelBackend() *fakeBackend {
 			for j, text := range texts {
 				o := Output{Index: j, Tokens: text[k : k+1]}
 				if req.Logprobs >= 0 {
-					o.Logprobs = []engine.TokenLogprob{engine.Logprob(logitsAt(len(req.Prompt)+k), text[k], req.Logprobs)}
+					o.Logprobs = []sampling.TokenLogprob{engine.Logprob(logitsAt(len(req.Prompt)+k), text[k], req.Logprobs)}
 				}
 				if err := emit(o); err != nil && !errors.Is(err, ErrStopped) {
 					return nil, err
@@ -381,7 +382,7 @@ func TestConformance(t *testing.T) {
 		{name: "penalties, seed and the default temperature reach the backend", path: RouteCompletions, body: `{"prompt":"a","presence_penalty":0.5,"frequency_penalty":-1,"seed":-3,"max_tokens":1}`, status: 200,
 			check: func(t *testing.T, _ map[string]any, reqs []*Request) {
 				// Without "temperature": OpenAI's default of 1.
-				want := engine.Sampling{Temperature: 1, Seed: 1<<64 - 3, Penalties: &engine.Penalties{Presence: 0.5, Frequency: -1}}
+				want := sampling.Sampling{Temperature: 1, Seed: 1<<64 - 3, Penalties: &sampling.Penalties{Presence: 0.5, Frequency: -1}}
 				if diff := cmp.Diff(want, reqs[0].Sampling); diff != "" {
 					t.Errorf("sampling (-want +got):\n%s", diff)
 				}

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/sampling"
 )
 
 // minLogprob stands for an impossible token (-Inf, which JSON cannot
@@ -148,7 +148,7 @@ type logprobBuf struct {
 
 // add appends token's entry at text offset off; lp nil is a token without
 // a logprob (the first prompt token of an echo).
-func (b *logprobBuf) add(token int32, lp *engine.TokenLogprob, off int) {
+func (b *logprobBuf) add(token int32, lp *sampling.TokenLogprob, off int) {
 	b.n++
 	tb := b.decode(token)
 	if b.chat {

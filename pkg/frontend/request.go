@@ -12,6 +12,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/chattmpl"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/grammar"
+	"github.com/pdserve/pdserve/pkg/sampling"
 )
 
 // Parameter bounds.
@@ -26,7 +27,7 @@ const (
 	// maxLogprobs is the most top alternatives per token: OpenAI allows 5
 	// on /v1/completions and 20 on chat; pdserve allows 20 on both, as
 	// vLLM.
-	maxLogprobs = engine.MaxTopLogprobs
+	maxLogprobs = sampling.MaxTopLogprobs
 )
 
 // completionParams and chatParams are the parameters each route knows:
@@ -122,7 +123,7 @@ type params struct {
 	maxTokens int
 	maxParam  string
 	n         int
-	sampling  engine.Sampling // Seed valid only when seeded
+	sampling  sampling.Sampling // Seed valid only when seeded
 	seeded    bool
 	stops     []string
 	stream    bool
@@ -320,7 +321,7 @@ func (b *completionBody) validate(chat bool) (*params, *apiError) {
 		frequency = float32(*b.FrequencyPenalty)
 	}
 	if presence != 0 || frequency != 0 {
-		p.sampling.Penalties = &engine.Penalties{Presence: presence, Frequency: frequency}
+		p.sampling.Penalties = &sampling.Penalties{Presence: presence, Frequency: frequency}
 	}
 	if b.Seed != nil {
 		p.sampling.Seed, p.seeded = uint64(*b.Seed), true

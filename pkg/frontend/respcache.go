@@ -11,8 +11,8 @@ import (
 	"slices"
 
 	"github.com/pdserve/pdserve/pkg/budget"
-	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/respcache"
+	"github.com/pdserve/pdserve/pkg/sampling"
 )
 
 // The response cache (Policy.ResponseCache; see "Response cache" in the
@@ -115,7 +115,7 @@ func cacheKey(p *params, req *Request, partition []byte) (respcache.Key, bool) {
 		seed = 0
 	}
 	putInt(h, int64(seed))
-	var pen engine.Penalties
+	var pen sampling.Penalties
 	if s.Penalties != nil {
 		pen = *s.Penalties
 	}

@@ -29,6 +29,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/config"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/metrics"
+	"github.com/pdserve/pdserve/pkg/sampling"
 	"github.com/pdserve/pdserve/pkg/tracing"
 )
 
@@ -57,10 +58,10 @@ type Request struct {
 	// requests differ. Sampling.Penalties, when not nil, holds only the
 	// presence and frequency penalties (no counts), owned by this Request:
 	// the Backend keeps each choice's counts.
-	Sampling  engine.Sampling
+	Sampling  sampling.Sampling
 	IgnoreEOS bool
 	// Logprobs ≥ 0 asks for each output token's log-probability with that
-	// many top alternatives (0..engine.MaxTopLogprobs); -1: none.
+	// many top alternatives (0..sampling.MaxTopLogprobs); -1: none.
 	Logprobs int
 	// PromptLogprobs ≥ 0 asks for the log-probability of every prompt
 	// token after the first, with that many alternatives (echo with
@@ -84,7 +85,7 @@ type Output struct {
 	// Request.Logprobs ≥ 0, else nil. With Prompt set it holds the
 	// log-probabilities of prompt tokens 1..len(Prompt)-1 instead (the
 	// first prompt token has none).
-	Logprobs []engine.TokenLogprob
+	Logprobs []sampling.TokenLogprob
 	// Prompt marks the one Output carrying the prompt's logprobs, sent
 	// before any token when Request.PromptLogprobs ≥ 0.
 	Prompt bool
@@ -876,7 +877,7 @@ func (s *Server) prepare(data []byte, chat bool, cl client, tr *budget.Trace) (*
 			req.Sampling.Seed = newSeed()
 		}
 		if pen := p.sampling.Penalties; pen != nil {
-			req.Sampling.Penalties = &engine.Penalties{Presence: pen.Presence, Frequency: pen.Frequency}
+			req.Sampling.Penalties = &sampling.Penalties{Presence: pen.Presence, Frequency: pen.Frequency}
 		}
 		if p.echo && p.logprobs >= 0 {
 			req.PromptLogprobs = p.logprobs

@@ -21,8 +21,8 @@ import (
 	"github.com/pdserve/pdserve/internal/poll"
 	"github.com/pdserve/pdserve/pkg/budget"
 	"github.com/pdserve/pdserve/pkg/config"
-	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/metrics"
+	"github.com/pdserve/pdserve/pkg/sampling"
 	"github.com/pdserve/pdserve/pkg/tokenizer"
 )
 
@@ -219,7 +219,7 @@ func TestCompletionNonStreaming(t *testing.T) {
 	}
 	want := &Request{
 		ID: m["id"].(string), Route: RouteCompletions, Model: "tiny", Prompt: []int32{'a', 'b', 'c'}, MaxTokens: 20, N: 1,
-		Sampling: engine.Sampling{Temperature: 0.5, TopP: 0.9, Seed: 7}, IgnoreEOS: true, Logprobs: -1, PromptLogprobs: -1,
+		Sampling: sampling.Sampling{Temperature: 0.5, TopP: 0.9, Seed: 7}, IgnoreEOS: true, Logprobs: -1, PromptLogprobs: -1,
 	}
 	if diff := cmp.Diff(want, got, cmpIgnoreTrace); diff != "" {
 		t.Errorf("backend request (-want +got):\n%s", diff)

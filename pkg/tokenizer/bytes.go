@@ -1,7 +1,5 @@
 package tokenizer
 
-import "github.com/pdserve/pdserve/pkg/engine"
-
 // Special token ids of the byte-level vocabulary.
 const (
 	BOS   int32 = 256
@@ -12,8 +10,6 @@ const (
 // Bytes is the byte-level tokenizer: token i < 256 is byte i. It is
 // stateless and safe for concurrent use.
 type Bytes struct{}
-
-var _ engine.Tokenizer = Bytes{}
 
 // Encode returns one token per byte of text, without BOS.
 func (Bytes) Encode(text string) []int32 {

@@ -4,7 +4,13 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/pdserve/pdserve/pkg/engine"
 )
+
+// Bytes is an engine's tokenizer; the check lives here, so that the
+// package itself imports nothing of pdserve.
+var _ engine.Tokenizer = Bytes{}
 
 func TestBytesRoundTrip(t *testing.T) {
 	for _, text := range []string{"", "hello", "héllo wörld ✓", "\x00\xff"} {
