@@ -70,8 +70,9 @@
 // at most every 10s) and closed when the ping is not answered within
 // --grpc-keepalive-timeout (default 5s), also with no call open, so that
 // a hung or vanished peer fails its calls with UNAVAILABLE within
-// seconds. A prefill worker closes its KV connections to a decode worker
-// that no transfer used for kvtransfer.DefaultIdleTimeout (5 min).
+// seconds (grpcnet.KeepaliveOptions, which the coordinator shares). A
+// prefill worker closes its KV connections to a decode worker that no
+// transfer used for kvtransfer.DefaultIdleTimeout (5 min).
 //
 // # NATS
 //
