@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"net/http"
 	"os"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/pdserve/pdserve/pkg/config"
 	"github.com/pdserve/pdserve/pkg/coordinator"
@@ -125,5 +128,60 @@ func TestOptions(t *testing.T) {
 				t.Errorf("no log fields")
 			}
 		})
+	}
+}
+
+// TestFlagsCanSayZero: a policy flag given on the command line overrides
+// the policy file at any value, 0 and false included; one not given
+// leaves the file's value; --queue-limit 0 is refused, naming the flag.
+func TestFlagsCanSayZero(t *testing.T) {
+	policy := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(policy, []byte("limits: {max_tokens_cap: 100, default_max_tokens: 50, queue_limit: 9}\n"+
+		"routing: {local_prefill_below_tokens: 7}\nresponse_cache: {entries: 10, share_across_keys: true}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	complete := func(t *testing.T, args ...string) (coordinator.Options, error) {
+		t.Helper()
+		o := coordinator.DefaultOptions()
+		fs := flag.NewFlagSet("coordinator", flag.ContinueOnError)
+		o.AddFlags(fs)
+		if err := fs.Parse(append([]string{"--config", policy}, args...)); err != nil {
+			t.Fatal(err)
+		}
+		o.SetFlags(fs)
+		return o, o.Complete()
+	}
+	type got struct {
+		MaxTokensCap, DefaultMaxTokens, QueueLimit, LocalPrefill, CacheEntries int
+		ShareAcrossKeys                                                        bool
+	}
+	read := func(o coordinator.Options) got {
+		p := o.Policy
+		return got{p.Limits.MaxTokensCap, p.Limits.DefaultMaxTokens, p.Limits.QueueLimit, p.Routing.LocalPrefillBelowTokens,
+			p.ResponseCache.Entries, p.ResponseCache.ShareAcrossKeys}
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want got
+	}{
+		{"the file's", nil, got{100, 50, 9, 7, 10, true}},
+		{"zero and false given", []string{"--max-tokens-cap=0", "--local-prefill-tokens=0", "--response-cache-entries=0", "--response-cache-share-across-keys=false"},
+			got{0, 50, 9, 0, 0, false}},
+		{"values given", []string{"--max-tokens-cap=20", "--queue-limit=3", "--local-prefill-tokens=11", "--response-cache-entries=4"},
+			got{20, 20, 3, 11, 4, true}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o, err := complete(t, tc.args...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, read(o)); diff != "" {
+				t.Errorf("policy (-want +got):\n%s", diff)
+			}
+		})
+	}
+	if _, err := complete(t, "--queue-limit=0"); err == nil || !strings.Contains(err.Error(), "--queue-limit 0") {
+		t.Errorf("--queue-limit 0: %v, want an error naming the flag", err)
 	}
 }

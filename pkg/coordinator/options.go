@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"strconv"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -95,19 +96,25 @@ type Options struct {
 	// FirstTokenPolicy is PolicyPrefill or PolicyDecode.
 	FirstTokenPolicy string
 	// MaxTokensCap, QueueLimit and LocalPrefillTokens override the policy
-	// file when > 0 (see Complete).
+	// file when > 0, or at any value when their flag was given (see
+	// Complete and SetFlags).
 	MaxTokensCap       int
 	QueueLimit         int
 	LocalPrefillTokens int
 	// ResponseCacheEntries, when > 0, turns the response cache on with
 	// that many entries, overriding response_cache.entries of the policy
-	// file (see Complete).
+	// file; when its flag was given it overrides it at any value (0: off).
 	ResponseCacheEntries int
 	// ResponseCacheShareAcrossKeys answers a request of one API key from
 	// the cached response of another key's identical request
 	// (response_cache.share_across_keys; see package frontend). Off: each
-	// key has a partition of its own.
+	// key has a partition of its own. True, or its flag given, overrides
+	// the policy file.
 	ResponseCacheShareAcrossKeys bool
+	// FlagsSet names the flags given on the command line (SetFlags), so
+	// that Complete lets a given flag override the policy file even with
+	// 0 or false. Nil: only values > 0 (true) override it. Not a flag.
+	FlagsSet map[string]bool
 	// HeartbeatTTL: a worker not heard from for this long leaves.
 	HeartbeatTTL time.Duration
 	// ModelName is the model name served; empty serves the names the
@@ -258,10 +265,10 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.BlockTokens, "block-tokens", o.BlockTokens, "tokens per block of the prompt prefix hashes and the KV room estimate: every worker's --block-tokens must be the same (a worker whose heartbeat differs is refused)")
 	fs.StringVar(&o.Codec, "codec", o.Codec, "KV codec for transfers: none, s2, zstd, bf16, fp8 or int8; auto (the lossless one that delivers soonest on the measured link, chosen per transfer by the prefill worker) or auto-lossy (fp8 and int8 too) (empty: the prefill worker's default)")
 	fs.StringVar(&o.FirstTokenPolicy, "first-token-policy", o.FirstTokenPolicy, "first token to the client from the prefill worker at once (prefill: KV transfer in the first inter-token gap) or from the decode worker (decode: KV transfer in TTFT)")
-	fs.IntVar(&o.MaxTokensCap, "max-tokens-cap", o.MaxTokensCap, "largest max_tokens a request may ask, per choice (0: limits.max_tokens_cap of --config, else no cap beyond the model's context)")
-	fs.IntVar(&o.QueueLimit, "queue-limit", o.QueueLimit, fmt.Sprintf("requests admitted at once; more get 429 (0: limits.queue_limit of --config, else %d)", config.DefaultQueueLimit))
-	fs.IntVar(&o.LocalPrefillTokens, "local-prefill-tokens", o.LocalPrefillTokens, "disaggregated mode: prompts with fewer uncached tokens prefill on the decode worker (0: routing.local_prefill_below_tokens of --config, else never)")
-	fs.IntVar(&o.ResponseCacheEntries, "response-cache-entries", o.ResponseCacheEntries, "cache this many completed responses of greedy or seeded requests and replay identical ones without a worker (0: response_cache.entries of --config, else off; ttl and max_bytes from --config)")
+	fs.IntVar(&o.MaxTokensCap, "max-tokens-cap", o.MaxTokensCap, "largest max_tokens a request may ask, per choice, 0: no cap beyond the model's context (not given: limits.max_tokens_cap of --config, else no cap)")
+	fs.IntVar(&o.QueueLimit, "queue-limit", o.QueueLimit, fmt.Sprintf("requests admitted at once, > 0; more get 429 (not given: limits.queue_limit of --config, else %d)", config.DefaultQueueLimit))
+	fs.IntVar(&o.LocalPrefillTokens, "local-prefill-tokens", o.LocalPrefillTokens, "disaggregated mode: prompts with fewer uncached tokens prefill on the decode worker, 0: never (not given: routing.local_prefill_below_tokens of --config, else never)")
+	fs.IntVar(&o.ResponseCacheEntries, "response-cache-entries", o.ResponseCacheEntries, "cache this many completed responses of greedy or seeded requests and replay identical ones without a worker, 0: off (not given: response_cache.entries of --config, else off; ttl and max_bytes from --config)")
 	fs.DurationVar(&o.HeartbeatTTL, "heartbeat-ttl", o.HeartbeatTTL, "a worker not heard from for this long leaves the membership")
 	fs.StringVar(&o.ModelName, "model-name", o.ModelName, "model name served in the API (empty: the names the workers report)")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "how long a graceful stop waits for requests in flight")
@@ -269,7 +276,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.Int64Var(&o.MaxBodyBytes, "max-body-bytes", o.MaxBodyBytes, "largest request body in bytes; a larger one gets 413")
 	fs.StringVar(&o.ChatTemplateFile, "chat-template-file", o.ChatTemplateFile, "Jinja chat template (a file) that renders chats instead of the model's tokenizer.chat_template, as vLLM's --chat-template and llama-server's --chat-template-file (empty: the model's)")
 	fs.Int64Var(&o.MaxInFlightBodyBytes, "max-inflight-body-bytes", o.MaxInFlightBodyBytes, "memory budget in bytes of the request bodies in flight, all together: a body takes its size at admission until its response ends; one that does not fit gets 429 (0: none)")
-	fs.BoolVar(&o.ResponseCacheShareAcrossKeys, "response-cache-share-across-keys", o.ResponseCacheShareAcrossKeys, "answer a request of one API key from the cached response of another key's identical request (off: each key has a partition of its own; response_cache.share_across_keys of --config)")
+	fs.BoolVar(&o.ResponseCacheShareAcrossKeys, "response-cache-share-across-keys", o.ResponseCacheShareAcrossKeys, "answer a request of one API key from the cached response of another key's identical request (false: each key has a partition of its own; not given: response_cache.share_across_keys of --config)")
 	fs.DurationVar(&o.HTTPReadHeaderTimeout, "http-read-header-timeout", o.HTTPReadHeaderTimeout, "how long a client may take to send a request's headers before its connection is closed")
 	fs.DurationVar(&o.HTTPBodyIdleTimeout, "http-body-idle-timeout", o.HTTPBodyIdleTimeout, "how long a request body may make no progress before the request gets 408 (response streams are not bounded)")
 	fs.DurationVar(&o.HTTPBodyTimeout, "http-body-timeout", o.HTTPBodyTimeout, "how long a whole request body may take to arrive before the request gets 408, however steadily it trickles")
@@ -282,6 +289,15 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	o.Engine.AddFlags(fs)
 	o.Auth.addFlags(fs)
 	o.Tracing.AddFlags(fs)
+}
+
+// SetFlags records in FlagsSet the flags fs was given (call it after
+// fs.Parse, before Complete), so that a flag given with 0 or false still
+// overrides the policy file: --local-prefill-tokens 0 turns local
+// prefill off whatever routing.local_prefill_below_tokens says.
+func (o *Options) SetFlags(fs *flag.FlagSet) {
+	o.FlagsSet = make(map[string]bool)
+	fs.Visit(func(f *flag.Flag) { o.FlagsSet[f.Name] = true })
 }
 
 // Embedded NATS addresses when NATSListen is empty.
@@ -323,21 +339,28 @@ func (o *Options) Complete() error {
 			return fmt.Errorf("coordinator: %w", err)
 		}
 	}
-	if o.MaxTokensCap > 0 {
+	// A flag overrides the file when given, or, set in code, when > 0.
+	given := func(name string, v int) bool { return v > 0 || o.FlagsSet[name] }
+	if given("max-tokens-cap", o.MaxTokensCap) {
 		p.Limits.MaxTokensCap = o.MaxTokensCap
-		p.Limits.DefaultMaxTokens = min(p.Limits.DefaultMaxTokens, o.MaxTokensCap)
+		if o.MaxTokensCap > 0 {
+			p.Limits.DefaultMaxTokens = min(p.Limits.DefaultMaxTokens, o.MaxTokensCap)
+		}
 	}
-	if o.QueueLimit > 0 {
+	if given("queue-limit", o.QueueLimit) {
+		if o.QueueLimit <= 0 {
+			return fmt.Errorf("coordinator: %w", cliflags.BadFlag("queue-limit", strconv.Itoa(o.QueueLimit), errors.New("must be > 0: the coordinator never queues without bound")))
+		}
 		p.Limits.QueueLimit = o.QueueLimit
 	}
-	if o.LocalPrefillTokens > 0 {
+	if given("local-prefill-tokens", o.LocalPrefillTokens) {
 		p.Routing.LocalPrefillBelowTokens = o.LocalPrefillTokens
 	}
-	if o.ResponseCacheEntries > 0 {
+	if given("response-cache-entries", o.ResponseCacheEntries) {
 		p.ResponseCache.Entries = o.ResponseCacheEntries
 	}
-	if o.ResponseCacheShareAcrossKeys {
-		p.ResponseCache.ShareAcrossKeys = true
+	if o.ResponseCacheShareAcrossKeys || o.FlagsSet["response-cache-share-across-keys"] {
+		p.ResponseCache.ShareAcrossKeys = o.ResponseCacheShareAcrossKeys
 	}
 	if err := o.Auth.complete(&p); err != nil {
 		return fmt.Errorf("coordinator: %w", err)
@@ -385,7 +408,7 @@ func (o Options) Validate() error {
 		bad("max-tokens-cap, queue-limit and local-prefill-tokens must not be negative")
 	}
 	if o.ResponseCacheEntries < 0 {
-		bad("response-cache-entries %d must not be negative (0: the policy's)", o.ResponseCacheEntries)
+		bad("response-cache-entries %d must not be negative (0: off)", o.ResponseCacheEntries)
 	}
 	if o.HeartbeatTTL <= 0 {
 		bad("heartbeat-ttl %v must be positive", o.HeartbeatTTL)

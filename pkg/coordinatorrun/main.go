@@ -119,6 +119,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if code, ok := cliflags.Parse(fs, args, stdout, stderr); !ok {
 		return code
 	}
+	o.SetFlags(fs)
 	if err := o.Complete(); err != nil {
 		cliflags.PrintError(stderr, "coordinator", err)
 		return 2
