@@ -85,6 +85,20 @@ func tableCommand(name, summary string, write func(io.Writer) error) func(contex
 // go to stderr, one line per problem (cliflags.PrintError). It returns the
 // exit code: 0 after a clean stop, --help or --version, 2 for bad flags,
 // settings or policy file, 1 when serving failed.
+// helpGroups are the sections of the coordinator's --help, by concern.
+var helpGroups = []cliflags.Group{
+	{Title: "OpenAI API (HTTP)", Flags: []string{"http-*", "max-body-bytes", "max-inflight-body-bytes", "max-tokens-cap", "queue-limit",
+		"retry-after", "model-name", "chat-template-file", "response-cache-*", "api-keys", "metrics-token-file", "auth-reload-interval", "shutdown-timeout"}},
+	{Title: "Routing and serving", Flags: []string{"mode", "first-token-policy", "local-prefill-tokens", "block-tokens", "codec", "heartbeat-ttl", "config"}},
+	{Title: "Standalone workers and their engine", Flags: []string{"standalone", "prefill-workers", "decode-workers", "engine", "engine-threads",
+		"preset", "profile", "seed", "time-scale", "payload-scale", "model", "ctx-size", "gpu-layers", "kv-type", "max-seqs", "llama-*", "no-repack"}},
+	{Title: "NATS (control plane)", Flags: []string{"nats-*"}},
+	{Title: "gRPC between components (TLS, credentials, keepalive)", Flags: []string{"tls-*", "grpc-*"}},
+	{Title: "Planner", Flags: []string{"planner*", "link-gbps", "gpu-*"}},
+	{Title: "Tracing (OpenTelemetry)", Flags: []string{"otel-*"}},
+	{Title: "Logging and version", Flags: []string{"log-level", "version"}},
+}
+
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	subs := Subcommands()
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
@@ -113,8 +127,8 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		for _, s := range subs {
 			fmt.Fprintf(w, "  %-10s %s\n", s.Name, s.Summary)
 		}
-		fmt.Fprintf(w, "\nFlags:\n")
-		fs.PrintDefaults()
+		fmt.Fprintln(w)
+		cliflags.PrintGroups(w, fs, helpGroups)
 	}
 	if code, ok := cliflags.Parse(fs, args, stdout, stderr); !ok {
 		return code

@@ -26,6 +26,10 @@ func TestMainHelpDocumentsEveryFlag(t *testing.T) {
 	if stderr.Len() != 0 {
 		t.Errorf("--help wrote to stderr: %q", stderr.String())
 	}
+	// Every flag has its section (helpGroups): none is left to "Other".
+	if i := strings.Index(help, "\nOther:\n"); i >= 0 {
+		t.Errorf("--help has flags in no section:\n%s", help[i:])
+	}
 	o, po := coordinator.DefaultOptions(), plannerhost.DefaultOptions()
 	fs := flag.NewFlagSet("x", flag.ContinueOnError)
 	o.AddFlags(fs)

@@ -17,6 +17,20 @@ import (
 	"github.com/pdserve/pdserve/pkg/logging"
 )
 
+// helpGroups are the sections of a worker's --help, by concern.
+var helpGroups = []cliflags.Group{
+	{Title: "Worker", Flags: []string{"id", "role", "grpc-addr", "advertise-addr", "metrics-addr", "heartbeat-interval", "drain-timeout", "config"}},
+	{Title: "Engine", Flags: []string{"engine", "engine-threads", "preset", "profile", "seed", "time-scale", "payload-scale", "model",
+		"ctx-size", "gpu-layers", "kv-type", "max-seqs", "llama-*", "no-repack"}},
+	{Title: "KV, batching and transfer", Flags: []string{"block-tokens", "kv-blocks", "max-batch", "chunk-tokens", "max-batch-tokens",
+		"reserve-ttl", "max-reservations-per-caller", "max-reserved-tokens-per-caller", "max-outbox-bytes", "stream-write-timeout",
+		"prefix-cache-*", "codec", "queue-limit", "retain-*", "max-live-kv-bytes", "kv-conns", "link-gbps"}},
+	{Title: "NATS (control plane)", Flags: []string{"nats-*"}},
+	{Title: "gRPC between components (TLS, credentials, keepalive)", Flags: []string{"tls-*", "grpc-*"}},
+	{Title: "Tracing (OpenTelemetry)", Flags: []string{"otel-*"}},
+	{Title: "Logging and version", Flags: []string{"log-level", "version"}},
+}
+
 // Main is the whole of a worker binary after signal handling: parse args
 // into o's flags (and --config), validate, log the effective settings, run
 // until ctx ends, stop gracefully. name is the binary's name (for --help);
@@ -30,8 +44,8 @@ func Main(ctx context.Context, name string, o Options, args []string, stdout, st
 	o.AddFlags(fs)
 	cliflags.AddVersion(fs)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: %s [flags]\n\nRuns a pdserve %s worker.\n\nFlags:\n", name, o.Role)
-		fs.PrintDefaults()
+		fmt.Fprintf(fs.Output(), "Usage: %s [flags]\n\nRuns a pdserve %s worker.\n\n", name, o.Role)
+		cliflags.PrintGroups(fs.Output(), fs, helpGroups)
 	}
 	if code, ok := cliflags.Parse(fs, args, stdout, stderr); !ok {
 		return code

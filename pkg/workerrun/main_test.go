@@ -47,6 +47,11 @@ func TestHelpListsEveryFlag(t *testing.T) {
 					t.Errorf("--help does not document -%s", f)
 				}
 			}
+			// Every flag has its section (helpGroups): none is left to
+			// "Other".
+			if strings.Contains(out.String(), "\nOther:\n") {
+				t.Errorf("--help has flags in no section:\n%s", out.String()[strings.Index(out.String(), "\nOther:\n"):])
+			}
 		})
 	}
 }
