@@ -18,25 +18,17 @@ import (
 // client dialing 127.0.0.1 must verify this name instead.
 const serverName = "pdserve-grpc"
 
-// testPKI is a CA, a certificate it signs for serverName, and the TLS
-// options of a component using them.
-type testPKI struct {
-	ca   *tlstest.CA
-	leaf tlstest.Pair
-}
+// newPKI returns a CA and a certificate it signs for serverName.
+func newPKI(t *testing.T, name string) tlstest.PKI { return tlstest.NewPKI(t, name, serverName) }
 
-func newPKI(t *testing.T, name string) testPKI {
-	ca := tlstest.NewCA(t, name)
-	return testPKI{ca: ca, leaf: ca.Issue(t, tlstest.Leaf{DNSNames: []string{serverName}})}
-}
-
-func (p testPKI) options() TLSOptions {
-	return TLSOptions{CertFile: p.leaf.CertFile, KeyFile: p.leaf.KeyFile, CAFile: p.ca.CertFile, ServerName: serverName}
+// pkiOptions are the TLS options of a component using p.
+func pkiOptions(p tlstest.PKI) TLSOptions {
+	return TLSOptions{CertFile: p.Leaf.CertFile, KeyFile: p.Leaf.KeyFile, CAFile: p.CA.CertFile, ServerName: serverName}
 }
 
 func TestTLSOptionsValidate(t *testing.T) {
 	pki := newPKI(t, "pdserve test CA")
-	ca, good := pki.ca, pki.leaf
+	ca, good := pki.CA, pki.Leaf
 	serverOnly := ca.Issue(t, tlstest.Leaf{DNSNames: []string{serverName}, Usages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
 	clientOnly := ca.Issue(t, tlstest.Leaf{DNSNames: []string{serverName}, Usages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
 	noUsage := ca.Issue(t, tlstest.Leaf{DNSNames: []string{serverName}, Usages: []x509.ExtKeyUsage{}})
@@ -144,7 +136,7 @@ func TestTLSOptionsValidate(t *testing.T) {
 // connections; a broken one is ignored and the previous kept.
 func TestTLSCertificateReload(t *testing.T) {
 	pki := newPKI(t, "pdserve test CA")
-	o := pki.options()
+	o := pkiOptions(pki)
 	tc, err := o.Load(TLSServe|TLSDial, zaptest.NewLogger(t))
 	if err != nil {
 		t.Fatal(err)
@@ -164,10 +156,10 @@ func TestTLSCertificateReload(t *testing.T) {
 		}
 		return c.Leaf.SerialNumber.String()
 	}
-	if got, want := serial(), pki.leaf.Cert.SerialNumber.String(); got != want {
+	if got, want := serial(), pki.Leaf.Cert.SerialNumber.String(); got != want {
 		t.Fatalf("serial %s, want %s", got, want)
 	}
-	renewed := pki.ca.Issue(t, tlstest.Leaf{DNSNames: []string{serverName}})
+	renewed := pki.CA.Issue(t, tlstest.Leaf{DNSNames: []string{serverName}})
 	copyFile(t, renewed.CertFile, o.CertFile)
 	copyFile(t, renewed.KeyFile, o.KeyFile)
 	if got, want := serial(), renewed.Cert.SerialNumber.String(); got != want {

@@ -269,7 +269,7 @@ func TestAuthOptionsValidate(t *testing.T) {
 	}{
 		{"identities without TLS", control.RoleDecode, func(o *Options) { o.GRPCAuth.AllowPrefill = []string{"prefill.svc"} }, "need mutual TLS"},
 		{"identities with mutual TLS", control.RoleDecode, func(o *Options) {
-			o.TLS = pki.options()
+			o.TLS = pkiOptions(pki)
 			o.GRPCAuth.AllowPrefill = []string{"prefill.svc"}
 		}, ""},
 		{"a prefill worker given the prefill digest", control.RolePrefill, func(o *Options) {

@@ -25,20 +25,12 @@ import (
 // client dialing 127.0.0.1 must verify this name instead.
 const serverName = "pdserve-grpc"
 
-// testPKI is a CA, a certificate it signs for serverName, and the TLS
-// options of a component using them.
-type testPKI struct {
-	ca   *tlstest.CA
-	leaf tlstest.Pair
-}
+// newPKI returns a CA and a certificate it signs for serverName.
+func newPKI(t *testing.T, name string) tlstest.PKI { return tlstest.NewPKI(t, name, serverName) }
 
-func newPKI(t *testing.T, name string) testPKI {
-	ca := tlstest.NewCA(t, name)
-	return testPKI{ca: ca, leaf: ca.Issue(t, tlstest.Leaf{DNSNames: []string{serverName}})}
-}
-
-func (p testPKI) options() grpcnet.TLSOptions {
-	return grpcnet.TLSOptions{CertFile: p.leaf.CertFile, KeyFile: p.leaf.KeyFile, CAFile: p.ca.CertFile, ServerName: serverName}
+// pkiOptions are the TLS options of a component using p.
+func pkiOptions(p tlstest.PKI) grpcnet.TLSOptions {
+	return grpcnet.TLSOptions{CertFile: p.Leaf.CertFile, KeyFile: p.Leaf.KeyFile, CAFile: p.CA.CertFile, ServerName: serverName}
 }
 
 // dialCreds returns a connection to addr with creds, closed when the test
@@ -94,7 +86,7 @@ func TestDisaggregatedOverMutualTLS(t *testing.T) {
 	}
 	var plain, mtls []int32
 	t.Run("plaintext", func(t *testing.T) { plain = run(t, grpcnet.TLSOptions{}, insecure.NewCredentials()) })
-	t.Run("mutual TLS", func(t *testing.T) { mtls = run(t, pki.options(), clientCreds(t, pki.options())) })
+	t.Run("mutual TLS", func(t *testing.T) { mtls = run(t, pkiOptions(pki), clientCreds(t, pkiOptions(pki))) })
 	if len(plain) != maxTokens {
 		t.Fatalf("plaintext run gave %d tokens, want %d", len(plain), maxTokens)
 	}
@@ -114,7 +106,7 @@ func TestTLSRefusesInvalidPeers(t *testing.T) {
 	pki := newPKI(t, "pdserve test CA")
 	rogue := newPKI(t, "rogue CA")
 	do := testOptions(control.RoleDecode, url)
-	do.TLS = pki.options()
+	do.TLS = pkiOptions(pki)
 	dw := startWorker(t, do)
 
 	health := func(t *testing.T, creds credentials.TransportCredentials) error {
@@ -123,11 +115,11 @@ func TestTLSRefusesInvalidPeers(t *testing.T) {
 		_, err := healthpb.NewHealthClient(dialCreds(t, dw.Addr(), creds)).Check(ctx, &healthpb.HealthCheckRequest{})
 		return err
 	}
-	noCert := pki.options()
+	noCert := pkiOptions(pki)
 	noCert.CertFile, noCert.KeyFile = "", ""
-	otherCA := pki.options()
-	otherCA.CertFile, otherCA.KeyFile = rogue.leaf.CertFile, rogue.leaf.KeyFile
-	noName := pki.options()
+	otherCA := pkiOptions(pki)
+	otherCA.CertFile, otherCA.KeyFile = rogue.Leaf.CertFile, rogue.Leaf.KeyFile
+	noName := pkiOptions(pki)
 	noName.ServerName = ""
 	for _, tc := range []struct {
 		name  string
@@ -137,7 +129,7 @@ func TestTLSRefusesInvalidPeers(t *testing.T) {
 		{"client without a certificate", clientCreds(t, noCert)},
 		{"client certificate from another CA", clientCreds(t, otherCA)},
 		{"server verified as its IP, which the certificate lacks", clientCreds(t, noName)},
-		{"server verified against another CA", clientCreds(t, rogue.options())},
+		{"server verified against another CA", clientCreds(t, pkiOptions(rogue))},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := health(t, tc.creds)
@@ -147,18 +139,18 @@ func TestTLSRefusesInvalidPeers(t *testing.T) {
 			}
 		})
 	}
-	if err := health(t, clientCreds(t, pki.options())); err != nil {
+	if err := health(t, clientCreds(t, pkiOptions(pki))); err != nil {
 		t.Fatalf("valid client refused: %v", err)
 	}
 
 	t.Run("prefill worker trusting another CA", func(t *testing.T) {
 		po := testOptions(control.RolePrefill, url)
-		po.TLS = rogue.options()
+		po.TLS = pkiOptions(rogue)
 		pw := startWorker(t, po)
 		ctx := testCtx(t)
 		p := prompt(12, 1)
-		dc := pdservev1.NewDecodeServiceClient(dialCreds(t, dw.Addr(), clientCreds(t, pki.options())))
-		pc := pdservev1.NewPrefillServiceClient(dialCreds(t, pw.Addr(), clientCreds(t, rogue.options())))
+		dc := pdservev1.NewDecodeServiceClient(dialCreds(t, dw.Addr(), clientCreds(t, pkiOptions(pki))))
+		pc := pdservev1.NewPrefillServiceClient(dialCreds(t, pw.Addr(), clientCreds(t, pkiOptions(rogue))))
 		if _, err := dc.Reserve(ctx, &pdservev1.ReserveRequest{RequestId: "r", Tokens: int32(len(p) + 4)}); err != nil {
 			t.Fatal(err)
 		}
@@ -178,7 +170,7 @@ func TestTLSRefusesInvalidPeers(t *testing.T) {
 // The worker's Options check TLS for their role (moved from
 // grpcnet's TestTLSOptionsValidate).
 func TestTLSOptionsByRole(t *testing.T) {
-	good := newPKI(t, "pdserve test CA").leaf
+	good := newPKI(t, "pdserve test CA").Leaf
 	// A prefill worker dials, a decode worker does not.
 	for _, tc := range []struct {
 		name    string

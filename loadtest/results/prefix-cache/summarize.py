@@ -6,11 +6,11 @@ import json, os, sys
 d = os.path.dirname(os.path.abspath(__file__))
 
 
-def metrics(name):
-    """Sums each metric over the workers (and coordinator) of NAME.metrics.txt."""
+def metrics(name, where=d):
+    """Sums each metric over the workers (and coordinator) of NAME.metrics.txt in where."""
     m = {}
     try:
-        for line in open(os.path.join(d, name + ".metrics.txt")):
+        for line in open(os.path.join(where, name + ".metrics.txt")):
             _, key, val = line.split()[:3]
             m[key] = m.get(key, 0) + float(val)
     except FileNotFoundError:
@@ -40,26 +40,31 @@ def row(name):
     )
 
 
-names = sys.argv[1:] or ["prefix", "leastloaded", "roundrobin", "prefix-nodpc", "conditional"]
-print("| run | ok/failed | prompt tokens | prefix-hit tokens | prefill tokens computed | hit ratio | TTFT p50/p95/p99 ms | mean queue / prefill / kv_transfer / decode ms | goodput req/s (attainment) | KV on the wire per request, MiB (scaled) | decode-side hit tokens | decode KV not sent, GiB (true size) | decode reclaims | budget hits = worker counters |")
-print("|---|---|---:|---:|---:|---:|---|---|---|---:|---:|---:|---:|---|")
-for name in names:
-    try:
-        x = row(name)
-    except FileNotFoundError:
-        print(f"| {name} | not run |"); continue
-    # The budget's prefix_hit_tokens come from the prefill worker, or from
-    # the decode worker's cache for a local prefill; decode_prefix_hit_tokens
-    # from the decode worker's Reserve. Both workers count every hit.
-    budget, workers = x['hit'] + x['dhit'], x['pf_hit'] + x['dc_hit']
-    check = f"yes ({budget:,})" if budget == workers else f"no: {budget:,} vs {workers:,}"
-    print(f"| {name} | {x['ok']}/{x['failed']} | {x['prompt']:,} | {x['hit']:,} | {x['prompt'] - x['hit']:,} | "
-          f"{x['hit'] / max(x['prompt'], 1):.3f} | {x['ttft'][0]:.0f} / {x['ttft'][1]:.0f} / {x['ttft'][2]:.0f} | "
-          f"{' / '.join(f'{v:.0f}' for v in x['split'])} | {x['goodput']:.2f} ({x['att']:.1%}) | "
-          f"{x['wire'] / max(x['n'], 1) / 2**20:.1f} | {x['dhit']:,} | {x['saved'] / 2**30:.1f} | {x['reclaims']} | {check} |")
-print()
-for name in names:
-    try:
-        print(f"{name}: placements {row(name)['placements']}")
-    except FileNotFoundError:
-        pass
+def main():
+    names = sys.argv[1:] or ["prefix", "leastloaded", "roundrobin", "prefix-nodpc", "conditional"]
+    print("| run | ok/failed | prompt tokens | prefix-hit tokens | prefill tokens computed | hit ratio | TTFT p50/p95/p99 ms | mean queue / prefill / kv_transfer / decode ms | goodput req/s (attainment) | KV on the wire per request, MiB (scaled) | decode-side hit tokens | decode KV not sent, GiB (true size) | decode reclaims | budget hits = worker counters |")
+    print("|---|---|---:|---:|---:|---:|---|---|---|---:|---:|---:|---:|---|")
+    for name in names:
+        try:
+            x = row(name)
+        except FileNotFoundError:
+            print(f"| {name} | not run |"); continue
+        # The budget's prefix_hit_tokens come from the prefill worker, or from
+        # the decode worker's cache for a local prefill; decode_prefix_hit_tokens
+        # from the decode worker's Reserve. Both workers count every hit.
+        budget, workers = x['hit'] + x['dhit'], x['pf_hit'] + x['dc_hit']
+        check = f"yes ({budget:,})" if budget == workers else f"no: {budget:,} vs {workers:,}"
+        print(f"| {name} | {x['ok']}/{x['failed']} | {x['prompt']:,} | {x['hit']:,} | {x['prompt'] - x['hit']:,} | "
+              f"{x['hit'] / max(x['prompt'], 1):.3f} | {x['ttft'][0]:.0f} / {x['ttft'][1]:.0f} / {x['ttft'][2]:.0f} | "
+              f"{' / '.join(f'{v:.0f}' for v in x['split'])} | {x['goodput']:.2f} ({x['att']:.1%}) | "
+              f"{x['wire'] / max(x['n'], 1) / 2**20:.1f} | {x['dhit']:,} | {x['saved'] / 2**30:.1f} | {x['reclaims']} | {check} |")
+    print()
+    for name in names:
+        try:
+            print(f"{name}: placements {row(name)['placements']}")
+        except FileNotFoundError:
+            pass
+
+
+if __name__ == "__main__":
+    main()

@@ -6,19 +6,16 @@ usage: python3 loadtest/results/router-weights/summarize.py [NAME...]
 import glob, json, os, re, sys
 
 d = os.path.dirname(os.path.abspath(__file__))
-CEILING = 0.650  # infinite-cache hit ratio of the slice (loadtest/results/prefix-cache/README.md)
+sys.path.insert(0, os.path.join(d, "..", "prefix-cache"))
+import summarize as prefix_cache  # noqa: E402  its metrics() reads the same dumps
 
 
 def metrics(name):
-    """Sums each metric over the workers (and coordinator) of NAME.metrics.txt."""
-    m = {}
-    try:
-        for line in open(os.path.join(d, name + ".metrics.txt")):
-            _, key, val = line.split()[:3]
-            m[key] = m.get(key, 0) + float(val)
-    except FileNotFoundError:
-        pass
-    return m
+    """Sums each metric over the workers (and coordinator) of NAME.metrics.txt here."""
+    return prefix_cache.metrics(name, d)
+
+
+CEILING = 0.650  # infinite-cache hit ratio of the slice (loadtest/results/prefix-cache/README.md)
 
 
 def weights(name):

@@ -137,6 +137,21 @@ func (ca *CA) Issue(tb testing.TB, l Leaf) Pair {
 	return p
 }
 
+// PKI is a CA and a certificate it issued for one DNS name, the server
+// name a component's peers verify.
+type PKI struct {
+	CA   *CA
+	Leaf Pair
+}
+
+// NewPKI returns a new CA named caName and a certificate it issues for
+// serverName, for server and client authentication.
+func NewPKI(tb testing.TB, caName, serverName string) PKI {
+	tb.Helper()
+	ca := NewCA(tb, caName)
+	return PKI{CA: ca, Leaf: ca.Issue(tb, Leaf{DNSNames: []string{serverName}})}
+}
+
 // MustURL parses s as a URI SAN for Leaf.URIs, failing tb on error.
 func MustURL(tb testing.TB, s string) *url.URL {
 	tb.Helper()
