@@ -6,6 +6,7 @@ usage: python3 loadtest/results/router-weights/summarize.py [NAME...]
 import glob, json, os, re, sys
 
 d = os.path.dirname(os.path.abspath(__file__))
+sys.dont_write_bytecode = True  # no __pycache__ beside the results
 sys.path.insert(0, os.path.join(d, "..", "prefix-cache"))
 import summarize as prefix_cache  # noqa: E402  its metrics() reads the same dumps
 
