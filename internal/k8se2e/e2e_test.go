@@ -253,6 +253,9 @@ func (e *env) verifiedWorkers(t *testing.T) {
 		t.Fatalf("coordinator pods %v, want one", coord)
 	}
 	workers := append(e.workerPods(t, namespace, release, "prefill"), e.workerPods(t, namespace, release, "decode")...)
+	if len(workers) == 0 {
+		t.Fatal("no worker pods: nothing to check")
+	}
 	var log string
 	waitFor(t, "the coordinator's log to admit every worker verified", time.Minute, func() error {
 		log = e.sh(t, "kubectl -n "+namespace+" logs "+coord[0])

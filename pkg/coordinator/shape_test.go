@@ -80,7 +80,11 @@ func TestWorkerShapeRefused(t *testing.T) {
 func TestBlockTokensTravel(t *testing.T) {
 	cl := startCluster(t, clusterOpts{edit: func(o *coordinator.Options) { o.BlockTokens = 32 }})
 	for _, role := range []control.Role{control.RolePrefill, control.RoleDecode} {
-		for _, hb := range cl.c.Membership().Members(role) {
+		members := cl.c.Membership().Members(role)
+		if len(members) == 0 {
+			t.Fatalf("no %s member: nothing to check", role)
+		}
+		for _, hb := range members {
 			if hb.BlockTokens != 32 {
 				t.Errorf("%s heartbeat block_tokens %d, want 32", hb.ID, hb.BlockTokens)
 			}
