@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -328,14 +329,17 @@ type load struct {
 	wg                    sync.WaitGroup
 }
 
-// startLoad is startLoadPrompt with the e2e's short prompt.
+// startLoad is startLoadPrompt with the e2e's short prompt, the same for
+// every request.
 func startLoad(base, key, model string, conc, maxTokens int) *load {
-	return startLoadPrompt(base, key, model, prompt, conc, maxTokens)
+	return startLoadPrompt(base, key, model, func(int) string { return prompt }, conc, maxTokens)
 }
 
-// startLoadPrompt starts conc streams of text, maxTokens each, back to back.
-func startLoadPrompt(base, key, model, text string, conc, maxTokens int) *load {
+// startLoadPrompt starts conc streams, maxTokens each, back to back; the
+// i-th request (counted over all streams from 0) sends text(i).
+func startLoadPrompt(base, key, model string, text func(i int) string, conc, maxTokens int) *load {
 	l := &load{stop: make(chan struct{}), served: map[string]time.Time{}}
+	var sent atomic.Int64
 	for range conc {
 		l.wg.Go(func() {
 			for {
@@ -345,7 +349,7 @@ func startLoadPrompt(base, key, model, text string, conc, maxTokens int) *load {
 				default:
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-				r := streamChat(ctx, base, key, model, text, maxTokens)
+				r := streamChat(ctx, base, key, model, text(int(sent.Add(1)-1)), maxTokens)
 				cancel()
 				l.mu.Lock()
 				switch {

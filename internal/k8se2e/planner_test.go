@@ -41,8 +41,15 @@ var canI = map[string]bool{
 }
 
 // longPrompt is about a thousand prompt tokens on the sim engine (byte
-// tokens): the KV of a few of them fills an OPT-66B decode worker.
-var longPrompt = strings.Repeat("The quick brown fox jumps over the lazy dog. ", 22)
+// tokens): the KV of a few of them fills an OPT-66B decode worker. Each
+// request's begins with its own number, so that no two share a prefix
+// block: the planner's workload model (fixed:990/256) counts no prefix
+// hits, and with one prompt repeated the prefix-aware router would rightly
+// keep every stream on the worker that caches it, whose shared blocks
+// never fill (issue 27 §5 is the planner counting hits).
+func longPrompt(i int) string {
+	return fmt.Sprintf("Request %d. ", i) + strings.Repeat("The quick brown fox jumps over the lazy dog. ", 22)
+}
 
 func (e *env) planner(t *testing.T) {
 	e.sh(t, `helm install pl helm/pdserve -n pdserve -f helm/pdserve/ci/k8s-e2e-planner-values.yaml --set image.registry="$REGISTRY"`)
