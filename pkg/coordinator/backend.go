@@ -118,7 +118,7 @@ func (b *backend) workers(role control.Role) []router.Worker {
 			KVBlocksFree: hb.KVBlocksFree, KVBlocksTotal: hb.KVBlocksTotal,
 			QueuedPrefillTokens: hb.QueuedPrefillTokens, RunningBatch: hb.RunningBatch,
 			PrefixDigest: hb.PrefixDigest, Draining: hb.Draining, Time: hb.Time,
-			MaxSeqLen: hb.MaxSeqLen,
+			MaxSeqLen: hb.MaxSeqLen, MaxBatch: hb.MaxBatch,
 		}
 		if b.modelName == "" {
 			// Workers serve the model they report; under --model-name

@@ -14,7 +14,11 @@
 //     - the capacity filter kvroom (plugins/kvroom): drops workers whose
 //     estimated free KV blocks are fewer than ⌈(prompt + max tokens) /
 //     BlockTokens⌉, unless none has room (the worker's Reserve is the
-//     authoritative check, so the router does not refuse on an estimate);
+//     authoritative check, so the router does not refuse on an estimate),
+//     then batchroom (plugins/batchroom): drops workers whose estimated
+//     running batch has reached their heartbeat's max_batch, unless none
+//     has room (a full worker holding a popular prefix would otherwise keep
+//     winning on the prefix score while its requests wait for a slot);
 //     - scorers, each in [0, 1]: prefix (share of the prompt's full blocks
 //     the worker holds, from its PrefixDigest), queue (1 − queued prefill
 //     tokens / the longest queue), kv (free / total KV blocks), batch (1 −

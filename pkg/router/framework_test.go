@@ -225,7 +225,7 @@ pdserve_router_decisions_total{placement="local"} 2
 	// A second router on the same registry shares the collectors.
 	New(Config{Registerer: reg})
 	// The default profiles: one series per plugin that runs (scorers of
-	// weight 0 do not): decode 4+1 filters, prefix, kv and batch, the
+	// weight 0 do not): decode 4+2 filters, prefix, kv and batch, the
 	// picker; prefill 4+1 filters, prefix, queue, the picker. Least-loaded
 	// runs no prefix scorer.
 	for _, tc := range []struct {
@@ -233,8 +233,8 @@ pdserve_router_decisions_total{placement="local"} 2
 		cfg  Config
 		want int
 	}{
-		{"default", Config{}, 9 + 8},
-		{"least-loaded", Config{Decode: LeastLoadedDecodeWeights, Prefill: LeastLoadedPrefillWeights}, 8 + 7},
+		{"default", Config{}, 10 + 8},
+		{"least-loaded", Config{Decode: LeastLoadedDecodeWeights, Prefill: LeastLoadedPrefillWeights}, 9 + 7},
 	} {
 		tc.cfg.Registerer = prometheus.NewRegistry()
 		r2 := New(tc.cfg)

@@ -11,6 +11,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/router/plugins/draining"
 	"github.com/pdserve/pdserve/pkg/router/plugins/excluded"
 	"github.com/pdserve/pdserve/pkg/router/plugins/kvpressure"
+	"github.com/pdserve/pdserve/pkg/router/plugins/batchroom"
 	"github.com/pdserve/pdserve/pkg/router/plugins/kvroom"
 	"github.com/pdserve/pdserve/pkg/router/plugins/maxscore"
 	"github.com/pdserve/pdserve/pkg/router/plugins/modelmatch"
@@ -118,7 +119,7 @@ const (
 )
 
 // DefaultProfiles returns the profiles New builds from cfg: decode
-// filters draining, excluded, model, context, then kvroom; prefill
+// filters draining, excluded, model, context, then kvroom and batchroom; prefill
 // filters draining, excluded, model, context, then queuelimit; scorers prefix, queue, kv,
 // batch with the configured weights (kv is not used for prefill: prefill
 // workers report no KV); the picker of cfg.Picker (with
@@ -144,7 +145,7 @@ func DefaultProfiles(cfg Config) (decode, prefill Profile) {
 			{&kvpressure.Scorer{}, w.KV}, {&batchload.Scorer{}, w.Batch},
 		}
 	}
-	decode = Profile{Filters: eligible, Capacity: []Filter{&kvroom.Filter{}}, Scorers: scorers(dw)}
+	decode = Profile{Filters: eligible, Capacity: []Filter{&kvroom.Filter{}, &batchroom.Filter{}}, Scorers: scorers(dw)}
 	ps := scorers(pw)
 	ps[2].Weight = 0
 	prefill = Profile{Filters: eligible, Capacity: []Filter{&queuelimit.Filter{Max: cfg.MaxQueuedPrefillTokens}}, Scorers: ps}

@@ -432,3 +432,30 @@ func TestNewUnknownPickerPanics(t *testing.T) {
 	}()
 	New(Config{Picker: "random"})
 }
+
+// TestFullBatchLosesThePrefix: a decode worker holding the prompt's whole
+// prefix wins while its batch has room, and stops winning once its batch
+// (the heartbeat's plus the router's own assignments) reaches its
+// max_batch, so that the next request takes the other worker's free slot
+// instead of waiting for one.
+func TestFullBatchLosesThePrefix(t *testing.T) {
+	hashes := []uint64{1, 2, 3, 4}
+	r := New(Config{BlockTokens: 16})
+	decode := []Worker{
+		{ID: "d0", KVBlocksFree: 900, KVBlocksTotal: 1000, RunningBatch: 2, MaxBatch: 4, Time: at(0), PrefixDigest: hashes},
+		{ID: "d1", KVBlocksFree: 1000, KVBlocksTotal: 1000, MaxBatch: 4, Time: at(0)},
+	}
+	prefill := []Worker{{ID: "p0", Time: at(0)}}
+	var got []string
+	for i, id := range []string{"a", "b", "c"} {
+		d, err := r.Route(at(1+i), Request{ID: id, PromptTokens: 64, MaxTokens: 16, PrefixHashes: hashes}, decode, prefill, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, d.Decode.ID)
+	}
+	// a and b fill d0's two free slots; c finds it full.
+	if diff := cmp.Diff([]string{"d0", "d0", "d1"}, got); diff != "" {
+		t.Errorf("decode workers (-want +got):\n%s", diff)
+	}
+}

@@ -20,6 +20,9 @@ type Worker struct {
 	// MaxSeqLen is the worker's own longest sequence (prompt + output),
 	// tokens; 0: it does not say.
 	MaxSeqLen int
+	// MaxBatch is the most sequences one step of the worker runs; 0: it
+	// does not say.
+	MaxBatch int
 	// Time is when the snapshot was taken (the worker's clock).
 	Time time.Time
 }
