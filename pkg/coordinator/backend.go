@@ -307,6 +307,13 @@ func (r *run) serve() (err error) {
 		return err
 	}
 	r.tr.Routed = r.b.now()
+	if r.b.mode == ModeDisaggregated && !dec.Local && r.b.router.Reserved(r.req.ID, len(r.req.Prompt), r.decodeHit) {
+		// Routed remote on the router's estimate of the decode worker's
+		// cache; its Reserve answered the real hit, which leaves a short
+		// prompt: it prefills there (Generate with local_prefill, which
+		// looks the cache up again and releases the reservation's pin).
+		dec.Local, dec.Prefill = true, router.Worker{}
+	}
 	r.remote = !dec.Local
 	// The router's estimate (dec.PrefixHitTokens, from heartbeat digests)
 	// is not the budget's: the worker that prefills reports its real hit

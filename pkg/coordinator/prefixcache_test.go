@@ -4,9 +4,12 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/workerrun"
@@ -54,5 +57,50 @@ func TestPrefixCacheEndToEnd(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestPrefixHitAtReserveDecidesLocal: the router routes on an estimate of
+// the decode worker's cache, which lags (here its heartbeats come every
+// 3 s, so for the two requests it still shows the empty cache of its
+// first one). When the
+// decode worker's Reserve answers a real hit that leaves fewer uncached
+// tokens than --local-prefill-tokens, the prompt prefills there instead
+// of crossing to a prefill worker: mode "local", the decode worker's own
+// hit in the budget, the router's local_reserved count, and the engine's
+// tokens.
+func TestPrefixHitAtReserveDecidesLocal(t *testing.T) {
+	shared := strings.Repeat("a shared system prompt. ", 8) // 192 bytes: 12 blocks of 16
+	first, second := shared+"first question?", shared+"another one!"
+	cl := startCluster(t, clusterOpts{
+		edit: func(o *coordinator.Options) { o.LocalPrefillTokens, o.HeartbeatTTL = 32, 30*time.Second },
+		worker: func(wo *workerrun.Options) {
+			wo.Decode.PrefixCache.MaxTokens = 4096
+			if wo.Role == control.RoleDecode {
+				wo.HeartbeatInterval = 3 * time.Second
+			}
+		},
+	})
+	ctx := context.Background()
+	if res := complete(ctx, t, cl.url, request{Prompt: first, MaxTokens: 4, IgnoreEOS: true}); res.Budget["mode"] != coordinator.ModeDisaggregated {
+		t.Fatalf("first request: mode %v, want %s (nothing cached)", res.Budget["mode"], coordinator.ModeDisaggregated)
+	}
+	res := complete(ctx, t, cl.url, request{Prompt: second, MaxTokens: 6, IgnoreEOS: true})
+	if diff := cmp.Diff(newReference(t).generate(t, promptIDs(second), 6, engine.Sampling{}, true), res.Tokens); diff != "" {
+		t.Errorf("tokens (-engine alone +served):\n%s", diff)
+	}
+	if res.Budget["mode"] != "local" {
+		t.Errorf("second request: mode %v, want local (Reserve's hit leaves %d uncached tokens)", res.Budget["mode"], len(promptIDs(second))-192)
+	}
+	if hit, _ := res.Budget["prefix_hit_tokens"].(float64); hit != 192 {
+		t.Errorf("prefix hit %v tokens, want the 192 shared ones (the decode worker's local prefill)", hit)
+	}
+	if err := testutil.GatherAndCompare(cl.c.Registry(), strings.NewReader(`
+# HELP pdserve_router_decisions_total Requests routed, by where their prompt prefills: remote, local_short (few uncached tokens), local_busy (prefill pool busy), local_reserved (few uncached tokens by the decode worker's Reserve, routed remote on the estimate), local (colocated or required), decode_only (recovery).
+# TYPE pdserve_router_decisions_total counter
+pdserve_router_decisions_total{placement="local_reserved"} 1
+pdserve_router_decisions_total{placement="remote"} 2
+`), "pdserve_router_decisions_total"); err != nil {
+		t.Error(err)
 	}
 }

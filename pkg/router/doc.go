@@ -34,6 +34,9 @@
 //     prefill worker has PrefillQueueLocalTokens or more queued. Colocated
 //     mode and Request.Local always prefill locally; Request.DecodeOnly
 //     stops after step 1.
+//     The coordinator asks again once the decode worker's Reserve
+//     answers its real hit (Router.Reserved): rule 1 on that hit may turn
+//     a remote decision local, never the other way.
 //  3. For a remote prefill, the prefill profile over the prefill workers:
 //     the same eligibility filters (none left: ErrNoPrefillWorkers), the
 //     Decider's busy rule, the capacity filter queuelimit

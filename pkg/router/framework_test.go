@@ -214,7 +214,7 @@ func TestPluginTimingMetric(t *testing.T) {
 	for _, p := range []struct{ kind, plugin string }{{"filter", "draining"}, {"picker", "maxscore"}, {"scorer", "fixed"}} {
 		want += histogram(`kind="`+p.kind+`",plugin="`+p.plugin+`",profile="decode"`, 2, 2*3e-6)
 	}
-	want += `# HELP pdserve_router_decisions_total Requests routed, by where their prompt prefills: remote, local_short (few uncached tokens), local_busy (prefill pool busy), local (colocated or required), decode_only (recovery).
+	want += `# HELP pdserve_router_decisions_total Requests routed, by where their prompt prefills: remote, local_short (few uncached tokens), local_busy (prefill pool busy), local_reserved (few uncached tokens by the decode worker's Reserve, routed remote on the estimate), local (colocated or required), decode_only (recovery).
 # TYPE pdserve_router_decisions_total counter
 pdserve_router_decisions_total{placement="local"} 2
 `

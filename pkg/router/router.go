@@ -7,11 +7,11 @@ import (
 	"time"
 
 	"github.com/pdserve/pdserve/pkg/router/plugins/batchload"
+	"github.com/pdserve/pdserve/pkg/router/plugins/batchroom"
 	"github.com/pdserve/pdserve/pkg/router/plugins/contextlen"
 	"github.com/pdserve/pdserve/pkg/router/plugins/draining"
 	"github.com/pdserve/pdserve/pkg/router/plugins/excluded"
 	"github.com/pdserve/pdserve/pkg/router/plugins/kvpressure"
-	"github.com/pdserve/pdserve/pkg/router/plugins/batchroom"
 	"github.com/pdserve/pdserve/pkg/router/plugins/kvroom"
 	"github.com/pdserve/pdserve/pkg/router/plugins/maxscore"
 	"github.com/pdserve/pdserve/pkg/router/plugins/modelmatch"
@@ -172,8 +172,11 @@ const (
 	PlacementRemote     = "remote"      // a prefill worker prefills
 	PlacementLocalShort = "local_short" // Decider rule 1
 	PlacementLocalBusy  = "local_busy"  // Decider rule 2
-	PlacementLocal      = "local"       // colocated mode or Request.Local
-	PlacementDecodeOnly = "decode_only" // Request.DecodeOnly
+	// PlacementLocalReserved: routed remote on the estimated hit, made
+	// local by Decider rule 1 on the decode worker's real hit (Reserved).
+	PlacementLocalReserved = "local_reserved"
+	PlacementLocal         = "local"       // colocated mode or Request.Local
+	PlacementDecodeOnly    = "decode_only" // Request.DecodeOnly
 )
 
 // assignment is this router's record of one routed request.
@@ -225,7 +228,7 @@ func New(cfg Config) *Router {
 		}, []string{"profile", "plugin", "kind"}))}
 		r.decisions = register(cfg.Registerer, prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "pdserve", Name: "router_decisions_total",
-			Help: "Requests routed, by where their prompt prefills: remote, local_short (few uncached tokens), local_busy (prefill pool busy), local (colocated or required), decode_only (recovery).",
+			Help: "Requests routed, by where their prompt prefills: remote, local_short (few uncached tokens), local_busy (prefill pool busy), local_reserved (few uncached tokens by the decode worker's Reserve, routed remote on the estimate), local (colocated or required), decode_only (recovery).",
 		}, []string{"placement"}))
 	}
 	d, p := DefaultProfiles(cfg)
@@ -399,6 +402,30 @@ func (r *Router) PrefillDone(requestID string) {
 		a.prefill, a.prefillTokens = "", 0
 		r.inflight[requestID] = a
 	}
+}
+
+// Reserved revisits a remote-prefill decision once the chosen decode
+// worker's Reserve answered its real prefix hit: hitTokens of the
+// request's promptTokens are cached there. The router decided on its
+// estimate (a digest that may be stale or incomplete); when the real
+// uncached rest is short by Decider rule 1, Reserved drops the request's
+// prefill assignment, counts pdserve_router_decisions_total{placement=
+// "local_reserved"} and returns true: the caller prefills on the decode
+// worker instead. Otherwise, or for an unknown id or one already local,
+// it changes nothing and returns false.
+func (r *Router) Reserved(requestID string, promptTokens, hitTokens int) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	a, ok := r.inflight[requestID]
+	if !ok || a.prefill == "" || !r.decider.Short(promptTokens-hitTokens) {
+		return false
+	}
+	a.prefill, a.prefillTokens = "", 0
+	r.inflight[requestID] = a
+	if r.decisions != nil {
+		r.decisions.WithLabelValues(PlacementLocalReserved).Inc()
+	}
+	return true
 }
 
 // Done forgets the assignment of a request that ended (or whose routing is

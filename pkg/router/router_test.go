@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 var t0 = time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
@@ -457,5 +459,51 @@ func TestFullBatchLosesThePrefix(t *testing.T) {
 	// a and b fill d0's two free slots; c finds it full.
 	if diff := cmp.Diff([]string{"d0", "d0", "d1"}, got); diff != "" {
 		t.Errorf("decode workers (-want +got):\n%s", diff)
+	}
+}
+
+// TestReservedRevisitsRemote: a prompt routed remote on a stale digest (the
+// decode worker seemed to hold nothing) turns local when the decode
+// worker's Reserve answers a hit that leaves fewer uncached tokens than
+// LocalPrefillBelowTokens; its prefill worker's queue no longer counts it.
+// A hit that leaves too many stays remote, and unknown or local requests
+// are left alone.
+func TestReservedRevisitsRemote(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	r := New(Config{BlockTokens: 16, LocalPrefillBelowTokens: 64, Registerer: reg})
+	decode := []Worker{{ID: "d0", KVBlocksFree: 100, Time: at(0)}}
+	prefill := []Worker{{ID: "p0", Time: at(0)}, {ID: "p1", Time: at(0)}}
+	for _, id := range []string{"a", "b"} {
+		d, err := r.Route(at(1), Request{ID: id, PromptTokens: 512}, decode, prefill, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Local {
+			t.Fatalf("%s: routed local, want remote (no hit known)", id)
+		}
+	}
+	if r.Reserved("a", 512, 512-100) {
+		t.Error("Reserved(a, 100 uncached): true, want false (64 is the threshold)")
+	}
+	if !r.Reserved("b", 512, 512-63) {
+		t.Error("Reserved(b, 63 uncached): false, want true")
+	}
+	if r.Reserved("b", 512, 512) || r.Reserved("unknown", 512, 512) {
+		t.Error("Reserved on a request already local or unknown: true, want false")
+	}
+	// b's 512 tokens no longer count on its prefill worker: the next
+	// prompt goes where a's queue is not, by the queue scorer.
+	loads := r.loads(decode, prefill)
+	if got := loads["p0"].QueuedPrefillTokens + loads["p1"].QueuedPrefillTokens; got != 512 {
+		t.Errorf("queued prefill tokens after b turned local: %d, want 512 (a only)", got)
+	}
+	want := `
+# HELP pdserve_router_decisions_total Requests routed, by where their prompt prefills: remote, local_short (few uncached tokens), local_busy (prefill pool busy), local_reserved (few uncached tokens by the decode worker's Reserve, routed remote on the estimate), local (colocated or required), decode_only (recovery).
+# TYPE pdserve_router_decisions_total counter
+pdserve_router_decisions_total{placement="local_reserved"} 1
+pdserve_router_decisions_total{placement="remote"} 2
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "pdserve_router_decisions_total"); err != nil {
+		t.Error(err)
 	}
 }
