@@ -40,7 +40,13 @@
 //     worker is skipped and the next one tried, and so is one that fails,
 //     at most 3; when every one is full: 429; when none exists: 503),
 //     then the router decides remote or local
-//     prefill and picks the prefill worker.
+//     prefill and picks the prefill worker. The router decides on its
+//     estimate of the decode worker's prefix cache; a remote decision is
+//     revisited on Reserve's answer (the prompt tokens the worker really
+//     holds, pinned until the KV arrives): when the rest is shorter than
+//     --local-prefill-tokens the prompt prefills on the decode worker
+//     (Router.Reserved), and otherwise the prefill worker skips the
+//     tokens the decode worker holds (PrefillRequest.skip_tokens).
 //  3. DecodeService.Generate and PrefillService.Prefill run concurrently.
 //     With first-token policy "prefill" the first token goes to the client
 //     as soon as the prefill worker reports it; the decode stream repeats
