@@ -41,6 +41,62 @@ type Workload struct {
 	Gaps []float64
 	// Notes are adjustments made while loading, for reports.
 	Notes []string
+
+	// Blocks, when set, names each sample's prompt blocks (a Mooncake
+	// trace's hash_ids, renumbered densely from 0 in order of first
+	// appearance): Blocks[i] belongs to Lengths[i], block j covering
+	// prompt tokens [j×BlockTokens, (j+1)×BlockTokens). Samples naming
+	// the same leading blocks share that prompt prefix, which the
+	// simulation's prefix caches reuse (Config.Cache). The simulation
+	// replays such a workload's samples in order. Read only.
+	Blocks [][]int32
+	// BlockTokens is the tokens per block of Blocks (> 0 when Blocks is
+	// set).
+	BlockTokens int
+}
+
+// MooncakeBlockTokens is the tokens per hash block of the Mooncake traces
+// (Qin et al., FAST 2025: 512-token blocks).
+const MooncakeBlockTokens = 512
+
+// HasBlocks reports whether w names its prompts' blocks.
+func (w *Workload) HasBlocks() bool { return len(w.Blocks) > 0 }
+
+// PrefixCeiling is the hit ratio of an infinite cache over one pass of
+// w's samples in order: the prompt tokens of full blocks whose id an
+// earlier sample named, capped to leave each prompt one token to compute
+// (as a worker's cache does), over all prompt tokens. 0 without blocks.
+func (w *Workload) PrefixCeiling() float64 {
+	if !w.HasBlocks() {
+		return 0
+	}
+	seen := map[int32]bool{}
+	var hit, all int64
+	for i, l := range w.Lengths {
+		blocks := fullBlocks(w.Blocks[i], l.In, w.BlockTokens)
+		n := 0
+		for n < len(blocks) && seen[blocks[n]] {
+			n++
+		}
+		hit += int64(hitTokens(n, l.In, w.BlockTokens))
+		all += int64(l.In)
+		for _, b := range blocks {
+			seen[b] = true
+		}
+	}
+	return float64(hit) / float64(all)
+}
+
+// fullBlocks is the leading blocks of ids that a prompt of in tokens
+// fills completely.
+func fullBlocks(ids []int32, in, blockTokens int) []int32 {
+	return ids[:min(len(ids), in/blockTokens)]
+}
+
+// hitTokens is the prompt tokens n leading cached blocks save a prompt of
+// in tokens: whole blocks, leaving at least one token to compute.
+func hitTokens(n, in, blockTokens int) int {
+	return min(n*blockTokens, max(in-1, 0))
 }
 
 // AzureAttribution is the citation the Azure LLM inference trace's licence
@@ -51,11 +107,24 @@ const AzureAttribution = "Azure LLM inference trace 2023 (CC-BY 4.0): Patel et a
 // errors.Is.
 var ErrWorkload = errors.New("planner: bad workload")
 
-// Validate reports an empty workload, lengths < 1, or a negative or
-// non-finite rate, burstiness or gap.
+// Validate reports an empty workload, lengths < 1, a negative or
+// non-finite rate, burstiness or gap, or Blocks that do not match the
+// samples (one list per sample, ids ≥ 0, BlockTokens > 0).
 func (w *Workload) Validate() error {
 	if len(w.Lengths) == 0 {
 		return fmt.Errorf("%w: no length samples", ErrWorkload)
+	}
+	if w.HasBlocks() {
+		if len(w.Blocks) != len(w.Lengths) || w.BlockTokens < 1 {
+			return fmt.Errorf("%w: %d block lists of %d tokens per block for %d samples, want one per sample and ≥ 1 token", ErrWorkload, len(w.Blocks), w.BlockTokens, len(w.Lengths))
+		}
+		for i, bs := range w.Blocks {
+			for _, b := range bs {
+				if b < 0 {
+					return fmt.Errorf("%w: sample %d names block %d < 0", ErrWorkload, i, b)
+				}
+			}
+		}
 	}
 	for i, l := range w.Lengths {
 		if l.In < 1 || l.Out < 1 {
@@ -209,6 +278,21 @@ func traceWorkload(kind string, data []byte) (*Workload, error) {
 	if zero > 0 {
 		w.Notes = append(w.Notes, fmt.Sprintf("%s: %d rows with 0 output tokens count as 1", kind, zero))
 	}
+	if slices.ContainsFunc(rows, func(r workload.TraceRow) bool { return len(r.HashIDs) > 0 }) {
+		ids := map[int64]int32{}
+		w.Blocks, w.BlockTokens = make([][]int32, len(rows)), MooncakeBlockTokens
+		for i, r := range rows {
+			w.Blocks[i] = make([]int32, len(r.HashIDs))
+			for j, h := range r.HashIDs {
+				id, ok := ids[h]
+				if !ok {
+					id = int32(len(ids))
+					ids[h] = id
+				}
+				w.Blocks[i][j] = id
+			}
+		}
+	}
 	span := rows[len(rows)-1].Arrival.Seconds()
 	if len(rows) > 1 && span > 0 {
 		w.Rate = float64(len(rows)-1) / span
@@ -220,6 +304,9 @@ func traceWorkload(kind string, data []byte) (*Workload, error) {
 		w.Burstiness = burstinessOf(w.Gaps)
 	}
 	w.Description = fmt.Sprintf("%s trace: %d requests, %.2f req/s, inter-arrival CV %.2f", kind, len(rows), w.Rate, cvOf(w.Gaps))
+	if w.HasBlocks() {
+		w.Description += fmt.Sprintf(", %d-token hash blocks (infinite-cache hit ratio %.3f)", w.BlockTokens, w.PrefixCeiling())
+	}
 	if kind == "azure" {
 		w.Notes = append(w.Notes, AzureAttribution)
 	}

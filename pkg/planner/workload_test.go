@@ -211,3 +211,39 @@ func TestCodecModelsMatchCodecs(t *testing.T) {
 		t.Errorf("CodecByName(lz4) = %v, want ErrUnknownCodec", err)
 	}
 }
+
+// A Mooncake trace's hash ids become dense block ids, in order of first
+// appearance, and its infinite-cache ceiling counts the full blocks an
+// earlier prompt named: the second prompt's first two (1024 tokens).
+func TestMooncakeBlocks(t *testing.T) {
+	dir := t.TempDir()
+	f := dir + "/t.jsonl"
+	trace := `{"timestamp": 0, "input_length": 1600, "output_length": 5, "hash_ids": [70, 8, 9, 10]}
+{"timestamp": 10, "input_length": 1100, "output_length": 5, "hash_ids": [70, 8, 11]}
+{"timestamp": 20, "input_length": 200, "output_length": 5, "hash_ids": [70]}
+`
+	if err := os.WriteFile(f, []byte(trace), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	w, err := LoadWorkload(f, LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([][]int32{{0, 1, 2, 3}, {0, 1, 4}, {0}}, w.Blocks); diff != "" || w.BlockTokens != MooncakeBlockTokens {
+		t.Errorf("blocks of %d tokens (-want +got):\n%s", w.BlockTokens, diff)
+	}
+	// The third prompt fills no block: its 200 tokens never hit.
+	if got, want := w.PrefixCeiling(), 1024.0/2900; math.Abs(got-want) > 1e-12 {
+		t.Errorf("ceiling %v, want %v", got, want)
+	}
+	if !strings.Contains(w.Description, "512-token hash blocks (infinite-cache hit ratio 0.353)") {
+		t.Errorf("description %q lacks the blocks", w.Description)
+	}
+	az, err := LoadWorkload("testdata/azure.csv", LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if az.HasBlocks() || az.PrefixCeiling() != 0 {
+		t.Error("an Azure trace names blocks")
+	}
+}
