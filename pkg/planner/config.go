@@ -117,6 +117,9 @@ type Config struct {
 
 	Limits Limits
 	Scale  Scale
+	// Cache is the workers' prefix caches, simulated on a workload that
+	// names its prompts' blocks; the zero value simulates none.
+	Cache Cache
 
 	// Requests is how many requests each simulation runs (≥ 10; 0 means
 	// 2000); Seed fixes them.
@@ -249,6 +252,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Requests != 0 && c.Requests < 10 {
 		return bad("requests per simulation %d < 10", c.Requests)
+	}
+	if err := c.Cache.validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	l := c.Limits
 	if l.MaxDecodeBatch < 0 || l.MaxPrefillTokens < 0 || l.ChunkTokens < -1 {

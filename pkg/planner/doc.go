@@ -36,6 +36,20 @@
 // warm-up and before a drain of one lifetime each (a tenth of the span
 // each when that is shorter).
 //
+// # Prefix caches
+//
+// A workload that names its prompts' blocks (a Mooncake trace's hash_ids,
+// Workload.Blocks) is replayed in trace order, and Config.Cache simulates
+// the workers' prefix caches on it: per worker an LRU of blocks in an
+// engine tier (by default the profile's KV memory) and a host tier, the
+// router's default prefix-aware scoring (or least-loaded), hit tokens
+// removed from the prefill work (priced as a prefill over a cached
+// context), host-tier hits loaded over the host link before the step, and
+// the decode worker's cached prefix not sent. SweepCache plans each of a
+// few cache sizes to show what each buys. The zero Cache, and any
+// workload without blocks, plan exactly as without caches. See Cache for
+// what is and is not modelled.
+//
 // # Budget and policies
 //
 // Every simulated request records the DESIGN's boundaries, and the TTFT

@@ -42,14 +42,19 @@ type Prediction struct {
 	Design Design  `json:"design"`
 	GPUs   int     `json:"gpus"`
 	Rate   float64 `json:"rate"` // requests/s
-	// Attainment is the fraction of requests meeting both SLOs.
-	Attainment float64 `json:"attainment"`
-	TTFTMs     LatMs   `json:"ttft_ms"`
-	TPOTMs     LatMs   `json:"tpot_ms"`
+	// Attainment is the fraction of requests meeting both SLOs;
+	// TTFTAttainment the fraction meeting the TTFT SLO.
+	Attainment     float64 `json:"attainment"`
+	TTFTAttainment float64 `json:"ttft_attainment"`
+	TTFTMs         LatMs   `json:"ttft_ms"`
+	TPOTMs         LatMs   `json:"tpot_ms"`
 	// Budget holds every term's percentiles, seconds.
 	Budget Budget `json:"budget_s"`
 	// Steps are the largest steps the prediction priced.
 	Steps Steps `json:"largest_steps"`
+	// PrefixCache is the simulated prefix caches' hits (nil when none
+	// were simulated, see Config.Cache).
+	PrefixCache *CacheStats `json:"prefix_cache,omitempty"`
 }
 
 // LatMs are latency percentiles in milliseconds.
@@ -126,6 +131,12 @@ type Plan struct {
 	CostPer1kTokens PerDesign `json:"cost_per_1k_tokens"`
 
 	Limits Limits `json:"limits"`
+	// PrefixCache describes the simulated prefix caches; nil when none
+	// were simulated (see Config.Cache).
+	PrefixCache *CacheSummary `json:"prefix_cache,omitempty"`
+	// CacheSweep, when set (by the caller, from SweepCache), is what each
+	// prefix-cache size buys.
+	CacheSweep []CacheRow `json:"cache_sweep,omitempty"`
 	// TTFTBudgetMs is the disaggregated design's mean TTFT budget at its
 	// operating rate; TTFTBudgetColocatedMs the colocated one's.
 	TTFTBudgetMs          BudgetMs `json:"ttft_budget_ms"`
@@ -266,6 +277,7 @@ func (s *searcher) newPlan() *Plan {
 		Limits:            s.lim,
 		SimulatedRequests: cfg.requests(),
 		Seed:              cfg.Seed,
+		PrefixCache:       sm.cacheSummary(),
 	}
 	if cfg.Prefill.CPU() {
 		pl.Unit = UnitCore
@@ -301,9 +313,34 @@ func (s *searcher) predict(c Candidate) *Prediction {
 		rate = c.MaxRate
 	}
 	r := s.sim.run(c.Design, rate, false)
-	return &Prediction{
-		Design: c.Design, GPUs: c.GPUs, Rate: rate, Attainment: r.Attainment,
+	return s.sim.prediction(r, s.gpus(c.Design))
+}
+
+// prediction is r as a Prediction of a design on gpus GPUs.
+func (s *simulator) prediction(r *simResult, gpus int) *Prediction {
+	p := &Prediction{
+		Design: r.Design, GPUs: gpus, Rate: r.Rate, Attainment: r.Attainment, TTFTAttainment: r.TTFTAttainment,
 		TTFTMs: latMs(r.TTFT), TPOTMs: latMs(r.TPOT), Budget: r.Budget, Steps: r.Steps,
+	}
+	if s.cached {
+		p.PrefixCache = &r.Cache
+	}
+	return p
+}
+
+// cacheSummary describes the simulated caches, nil when none.
+func (s *simulator) cacheSummary() *CacheSummary {
+	if !s.cached {
+		return nil
+	}
+	c := s.cfg.Cache
+	c.Routing, c.HostLinkBytesPerSec = c.routing(), c.hostLink()
+	return &CacheSummary{
+		Cache:                 c,
+		EngineTokensPrefill:   int64(s.pEngine * s.blockTokens),
+		EngineTokensColocated: int64(s.cEngine * s.blockTokens),
+		BlockTokens:           s.blockTokens,
+		Ceiling:               s.cfg.Workload.PrefixCeiling(),
 	}
 }
 

@@ -135,6 +135,9 @@ func (p *Plan) writeTable(ew *errWriter) {
 	ew.printf("  KV link    %s Gb/s per worker, codec %s (%.2fx, %s, %d cores): %s GB/s of raw KV per transfer, %s MB per token\n",
 		num(p.LinkGbps), p.Codec.Name, p.Codec.Ratio, lossy(p.Codec.Lossless), p.CodecCores, num(p.KVTransferGBps), num(float64(p.KVBytesPerToken)/1e6))
 	ew.printf("  codec      %s\n", codecSpeeds(p.Codec))
+	if c := p.PrefixCache; c != nil {
+		ew.printf("  caches     %s\n", c.text())
+	}
 	if p.Policy == PolicyDecode {
 		ew.printf("  policy     first token from the decode worker: kv_transfer is part of TTFT\n")
 	} else {
@@ -182,6 +185,17 @@ func (p *Plan) writeTable(ew *errWriter) {
 	ew.printf("Batching limits: decode batch ≤ %d sequences, prefill ≤ %d tokens per step, colocated %s.\n",
 		l.MaxDecodeBatch, l.MaxPrefillTokens, chunkText(l.ChunkTokens))
 	ew.printf("GOODPUT/%s is MAX RATE per %s; cost, attainment and latencies are at AT RATE (the asked rate, else MAX RATE).\n", U, u)
+	if c := p.PrefixCache; c != nil {
+		for _, d := range []struct {
+			name string
+			pr   *Prediction
+		}{{"disaggregated", p.Disaggregated}, {"colocated", p.Colocated}} {
+			if d.pr != nil && d.pr.PrefixCache != nil {
+				ew.printf("Prefix-cache hit ratio, %s at AT RATE: %.3f (%.2f of the ceiling, %s of the hit tokens from the host tier).\n",
+					d.name, d.pr.PrefixCache.HitRatio, ratioOf(d.pr.PrefixCache.HitRatio, c.Ceiling), pct(d.pr.PrefixCache.HostHitTokens, d.pr.PrefixCache.HitTokens))
+			}
+		}
+	}
 
 	for _, d := range []struct {
 		name string
@@ -210,6 +224,9 @@ func (p *Plan) writeTable(ew *errWriter) {
 		}
 	}
 	p.writeMatrix(ew)
+	if len(p.CacheSweep) > 0 && ew.err == nil {
+		ew.err = WriteCacheSweep(ew.w, p.CacheSweep, p.unit())
+	}
 	for _, n := range p.Notes {
 		ew.printf("note: %s\n", n)
 	}
@@ -533,8 +550,10 @@ type Evaluation struct {
 	// KV memory).
 	Failed     int         `json:"failed_requests"`
 	Prediction *Prediction `json:"prediction"`
-	Seed       uint64      `json:"seed"`
-	Notes      []string    `json:"notes,omitempty"`
+	// PrefixCache describes the simulated prefix caches (nil: none).
+	PrefixCache *CacheSummary `json:"prefix_cache,omitempty"`
+	Seed        uint64        `json:"seed"`
+	Notes       []string      `json:"notes,omitempty"`
 	// Warnings: the workload leaves a profile's measured range (as
 	// Plan.Warnings).
 	Warnings []string `json:"warnings,omitempty"`
@@ -565,10 +584,7 @@ func Evaluate(cfg *Config, d Design) (*Evaluation, error) {
 		LinkGbps: pl.LinkGbps, Codec: pl.Codec, CodecCores: pl.CodecCores, KVTransferGBps: pl.KVTransferGBps,
 		Policy: pl.Policy, Limits: pl.Limits, MeetsSLO: r.Attainment >= cfg.SLO.Attainment,
 		Measured: r.Requests, Failed: r.Failed, Seed: pl.Seed, Notes: pl.Notes,
-		Prediction: &Prediction{
-			Design: d, GPUs: s.gpus(d), Rate: cfg.Rate, Attainment: r.Attainment,
-			TTFTMs: latMs(r.TTFT), TPOTMs: latMs(r.TPOT), Budget: r.Budget, Steps: r.Steps,
-		},
+		Prediction: s.sim.prediction(r, s.gpus(d)), PrefixCache: pl.PrefixCache,
 	}
 	if d.Colocated == 0 {
 		e.Warnings, e.Notes = rangeWarnings(cfg, s.sim.st, slices.Clone(e.Notes), e.Prediction, nil, true, false)
@@ -601,10 +617,15 @@ func WriteEvaluationTable(w io.Writer, e *Evaluation) error {
 	ew.printf("pdserve plan --design: %s on %s, %s, %s arrivals\n", p.Design, e.Profile, e.Workload.Description, e.Workload.Arrivals)
 	ew.printf("  SLO TTFT %s ms, TPOT %s ms; policy %s; link %s Gb/s, codec %s\n",
 		num(e.SLOTTFTMs), num(e.SLOTPOTMs), e.Policy, num(e.LinkGbps), e.Codec.Name)
-	ew.printf("  at %s req/s: attainment %.1f%% (target %.4g%%, %d requests measured, %d failed)\n",
-		num(p.Rate), p.Attainment*100, e.Target*100, e.Measured, e.Failed)
+	ew.printf("  at %s req/s: attainment %.1f%% (target %.4g%%, %d requests measured, %d failed), TTFT alone %.1f%%\n",
+		num(p.Rate), p.Attainment*100, e.Target*100, e.Measured, e.Failed, p.TTFTAttainment*100)
 	ew.printf("  TTFT p50/p90/p99 %s / %s / %s ms, TPOT p50/p90/p99 %s / %s / %s ms\n",
 		num(p.TTFTMs.P50), num(p.TTFTMs.P90), num(p.TTFTMs.P99), num(p.TPOTMs.P50), num(p.TPOTMs.P90), num(p.TPOTMs.P99))
+	if c := e.PrefixCache; c != nil {
+		ew.printf("  %s\n", c.text())
+		ew.printf("  prefix-cache hit ratio %.3f (%.2f of the ceiling), %s of the hit tokens loaded from the host tier\n",
+			p.PrefixCache.HitRatio, ratioOf(p.PrefixCache.HitRatio, c.Ceiling), pct(p.PrefixCache.HostHitTokens, p.PrefixCache.HitTokens))
+	}
 	b := budgetMs(p.Budget)
 	ew.printf("  mean TTFT budget (ms): ingress %s, queue %s, prefill %s, kv_transfer %s, first_token %s (exposed transfer, any policy: %s)\n",
 		num(b.Ingress), num(b.Queue), num(b.Prefill), num(b.KVTransfer), num(b.FirstToken), num(ms(p.Budget.KVTransferAny.Mean)))

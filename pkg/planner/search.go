@@ -52,28 +52,46 @@ type searcher struct {
 func newSearcher(cfg *Config) *searcher {
 	lim := cfg.limits()
 	maxSeq := min(cfg.Prefill.Spec.MaxSeqLen, cfg.decodeProfile().Spec.MaxSeqLen, cfg.colocatedProfile().Spec.MaxSeqLen)
-	st := newStream(cfg.Workload, streamFactor*cfg.requests(), cfg.Burstiness, cfg.Seed, maxSeq)
+	st := newStream(cfg.Workload, streamFactor*cfg.requests(), cfg.Burstiness, cfg.Seed, maxSeq, cfg.cacheOn())
 	s := &searcher{cfg: cfg, lim: lim, sim: newSimulator(cfg, st, lim)}
 	s.capacities()
 	return s
 }
 
 // capacities computes per-worker throughput bounds from the step-time
-// model on a sample of the stream's lengths.
+// model on a sample of the stream's lengths. With prefix caches, each
+// prompt's prefill is bounded by what an infinite cache would leave to
+// compute.
 func (s *searcher) capacities() {
 	sm, cfg := s.sim, s.cfg
 	lens := sm.st.lens[:min(len(sm.st.lens), 256)]
+	hits := make([]int, len(lens))
+	if sm.cached {
+		seen := map[int64]bool{}
+		for i, l := range lens {
+			keys := sm.st.keys[i]
+			n := 0
+			for n < len(keys) && seen[keys[n]] {
+				n++
+			}
+			hits[i] = hitTokens(n, l.In, sm.blockTokens)
+			for _, k := range keys {
+				seen[k] = true
+			}
+		}
+	}
 	var inTok, outTok, prefillT float64
-	batch := make([]int, 0, 64)
-	for _, l := range lens {
+	batch, ctx := make([]int, 0, 64), make([]int, 0, 64)
+	for i, l := range lens {
 		inTok += float64(l.In)
 		outTok += float64(l.Out)
 		k := max(1, s.lim.MaxPrefillTokens/l.In)
-		batch = batch[:0]
+		batch, ctx = batch[:0], ctx[:0]
 		for range k {
-			batch = append(batch, l.In)
+			batch = append(batch, l.In-hits[i])
+			ctx = append(ctx, hits[i])
 		}
-		prefillT += cfg.Prefill.StepSeconds(perfmodel.Batch{Prefill: batch}) / float64(k) * sm.scaleP
+		prefillT += cfg.Prefill.StepSeconds(perfmodel.Batch{Prefill: batch, PrefillContext: ctx}) / float64(k) * sm.scaleP
 	}
 	n := float64(len(lens))
 	meanIn, meanOut := inTok/n, outTok/n
@@ -90,8 +108,8 @@ func (s *searcher) capacities() {
 	s.capLink = sm.xferRate / sm.scaleT / (meanIn * sm.kvBytes)
 	// A colocated worker does both jobs; prefill on its own profile.
 	var colPrefill float64
-	for _, l := range lens {
-		colPrefill += cfg.colocatedProfile().StepSeconds(perfmodel.Batch{Prefill: []int{l.In}}) * sm.scaleP
+	for i, l := range lens {
+		colPrefill += cfg.colocatedProfile().StepSeconds(perfmodel.Batch{Prefill: []int{l.In - hits[i]}, PrefillContext: []int{hits[i]}}) * sm.scaleP
 	}
 	s.capColoc = min(n/colPrefill, decodeCap(cfg.colocatedProfile(), sm.colCap, sm.scaleD))
 }

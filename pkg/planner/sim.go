@@ -69,15 +69,20 @@ type simResult struct {
 	Met      int `json:"met"`
 	Failed   int `json:"failed"`
 	// Attainment is Met / Requests.
-	Attainment float64   `json:"attainment"`
-	TTFT       Quantiles `json:"ttft"`
-	TPOT       Quantiles `json:"tpot"`
-	Budget     Budget    `json:"budget"`
+	Attainment float64 `json:"attainment"`
+	// TTFTAttainment is the fraction of Requests served whose first
+	// token met the TTFT SLO (0 when Aborted).
+	TTFTAttainment float64   `json:"ttft_attainment"`
+	TTFT           Quantiles `json:"ttft"`
+	TPOT           Quantiles `json:"tpot"`
+	Budget         Budget    `json:"budget"`
 	// Aborted: the run stopped as soon as the attainment target became
 	// unreachable (search runs only); the latency fields are then empty.
 	Aborted bool `json:"aborted,omitempty"`
 	// Steps are the largest steps the run priced.
 	Steps Steps `json:"largest_steps"`
+	// Cache: the prefix caches' figures (zero when not simulated).
+	Cache CacheStats `json:"prefix_cache"`
 }
 
 // Steps are the largest steps a simulation priced on the step-time
@@ -122,7 +127,8 @@ type sreq struct {
 	pStart, pEnd, kvDone, first   float64
 	last                          float64
 	missed, done, failed, started bool
-	measured                      bool // counts in attainment and statistics
+	measured                      bool  // counts in attainment and statistics
+	hit, loaded                   int32 // prefix-cache hit tokens, and of them loaded from the host tier
 }
 
 // stream is the simulated requests shared by every candidate (common
@@ -130,14 +136,19 @@ type sreq struct {
 type stream struct {
 	unitArr []float64 // arrival i at unitArr[i]/rate
 	lens    []Lengths
+	// keys, with cached, are each request's full prompt blocks as cache
+	// keys: the sample's block id, and in the high 32 bits the pass over
+	// the samples, so that each pass starts with blocks never seen.
+	keys    [][]int64
 	clamped int // requests shortened to fit the models' context
 }
 
 // newStream draws n requests from w with the seed: lengths with
-// replacement; gaps from the trace (a window from its start, cyclic,
+// replacement (with cached, w's samples in order, cyclically, with their
+// blocks); gaps from the trace (a window from its start, cyclic,
 // normalised to mean 1) or gamma with the burstiness. Lengths are clamped
 // so that in+out fits maxSeq.
-func newStream(w *Workload, n int, burstiness float64, seed uint64, maxSeq int) *stream {
+func newStream(w *Workload, n int, burstiness float64, seed uint64, maxSeq int, cached bool) *stream {
 	rng := rand.New(rand.NewPCG(seed, 0x706473657276))
 	s := &stream{unitArr: make([]float64, n), lens: make([]Lengths, n)}
 	gaps := make([]float64, n)
@@ -169,13 +180,26 @@ func newStream(w *Workload, n int, burstiness float64, seed uint64, maxSeq int) 
 	for i := range n {
 		t += gaps[i]
 		s.unitArr[i] = t
-		l := w.Lengths[rng.IntN(len(w.Lengths))]
+		k := i % len(w.Lengths)
+		if !cached {
+			k = rng.IntN(len(w.Lengths))
+		}
+		l := w.Lengths[k]
 		if maxSeq > 1 && l.In+l.Out > maxSeq {
 			l.In = min(l.In, maxSeq-1)
 			l.Out = min(l.Out, maxSeq-l.In)
 			s.clamped++
 		}
 		s.lens[i] = l
+		if cached {
+			pass := int64(i / len(w.Lengths))
+			blocks := fullBlocks(w.Blocks[k], l.In, w.BlockTokens)
+			keys := make([]int64, len(blocks))
+			for j, b := range blocks {
+				keys[j] = pass<<32 | int64(b)
+			}
+			s.keys = append(s.keys, keys)
+		}
 	}
 	return s
 }
@@ -218,6 +242,18 @@ type simulator struct {
 	scaleP, scaleD, scaleT float64
 	decCap, colCap         int64 // KV tokens per worker
 
+	// Prefix caches (cfg.cacheOn): blockTokens per block; engine and host
+	// tiers of a prefill and a colocated worker, blocks; hostLoad the
+	// seconds per token loaded from the host tier.
+	cached                       bool
+	blockTokens                  int
+	pEngine, cEngine, hostBlocks int
+	hostLoad                     float64
+	caches                       []wCache
+	dEngine                      int      // a decode worker's cache, blocks
+	dcaches                      []wCache // decode workers' caches
+	router                       *prefixRouter
+
 	// lifetime is a request's longest life within the SLO: TTFT plus
 	// the mean output at TPOT, seconds.
 	lifetime float64
@@ -231,7 +267,7 @@ type simulator struct {
 
 func newSimulator(cfg *Config, st *stream, lim Limits) *simulator {
 	pp, dp, cp := cfg.Prefill, cfg.decodeProfile(), cfg.colocatedProfile()
-	return &simulator{
+	s := &simulator{
 		cfg: cfg, pp: pp, dp: dp, cp: cp, st: st, lim: lim,
 		policy:   cfg.policy(),
 		ingress:  cfg.Ingress.Seconds(),
@@ -247,7 +283,61 @@ func newSimulator(cfg *Config, st *stream, lim Limits) *simulator {
 		decCap:   dp.MaxKVTokens(),
 		colCap:   cp.MaxKVTokens(),
 		lifetime: cfg.SLO.TTFT.Seconds() + cfg.Workload.Stats().MeanOut*cfg.SLO.TPOT.Seconds(),
+		cached:   cfg.cacheOn(),
 	}
+	if s.cached {
+		bt := cfg.Workload.BlockTokens
+		s.blockTokens = bt
+		s.pEngine = int(cfg.Cache.engineTokens(pp.MaxKVTokens()) / int64(bt))
+		s.cEngine = int(cfg.Cache.engineTokens(cp.MaxKVTokens()) / int64(bt))
+		s.dEngine = int(cfg.Cache.engineTokens(dp.MaxKVTokens()) / int64(bt))
+		s.hostBlocks = int(cfg.Cache.HostTokens / int64(bt))
+		s.hostLoad = float64(pp.KVBytesPerToken()) / cfg.Cache.hostLink()
+	}
+	return s
+}
+
+// resetCaches empties n workers' caches of engineBlocks each (and the
+// host tiers), for a run.
+func (s *simulator) resetCaches(n, engineBlocks int) {
+	if cap(s.caches) < n {
+		s.caches = append(s.caches[:cap(s.caches)], make([]wCache, n-cap(s.caches))...)
+	}
+	s.caches = s.caches[:n]
+	for i := range s.caches {
+		s.caches[i].reset(engineBlocks, s.hostBlocks)
+	}
+	if s.cached && s.cfg.Cache.routing() == RoutePrefix && (s.router == nil || len(s.router.cs) != n) {
+		s.router = newPrefixRouter(n, "worker")
+	}
+}
+
+// useCache looks r's prompt up in worker w's cache and caches it (see
+// Cache): it sets r.hit and r.loaded and returns the seconds the host
+// tier's blocks take to load.
+func (s *simulator) useCache(w int, id int32) float64 {
+	r := &s.reqs[id]
+	hit, loaded := s.caches[w].use(s.st.keys[id])
+	r.hit = int32(hitTokens(hit, int(r.in), s.blockTokens))
+	r.loaded = int32(min(loaded*s.blockTokens, int(r.hit)))
+	return float64(r.loaded) * s.hostLoad
+}
+
+// route picks the worker of n for request id: prefix-aware (the router's
+// default prefill scoring over each worker's cache and queued tokens) or
+// the fewest queued tokens, the first of the fewest.
+func (s *simulator) route(id int32, n int, queued func(i int) int) int {
+	if s.cached && s.cfg.Cache.routing() == RoutePrefix {
+		keys := s.st.keys[id]
+		return s.router.pick(len(keys), func(i int) int { return s.caches[i].match(keys) }, queued)
+	}
+	best := 0
+	for i := 1; i < n; i++ {
+		if queued(i) < queued(best) {
+			best = i
+		}
+	}
+	return best
 }
 
 // transferSeconds is the time the KV of a prompt of in tokens occupies the
@@ -345,6 +435,9 @@ func (s *simulator) run(d Design, rate float64, abort bool) *simResult {
 		if !r.measured {
 			continue
 		}
+		res.Cache.PromptTokens += int64(r.in)
+		res.Cache.HitTokens += int64(r.hit)
+		res.Cache.HostHitTokens += int64(r.loaded)
 		if r.failed {
 			res.Failed++
 		}
@@ -353,6 +446,9 @@ func (s *simulator) run(d Design, rate float64, abort bool) *simResult {
 		}
 	}
 	res.Attainment = float64(res.Met) / float64(res.Requests)
+	if res.Cache.PromptTokens > 0 {
+		res.Cache.HitRatio = float64(res.Cache.HitTokens) / float64(res.Cache.PromptTokens)
+	}
 	if !completed {
 		res.Aborted = true
 		return res
@@ -407,6 +503,16 @@ func (s *simulator) runDisagg(d Design, allowed int) bool {
 	for i := range dws {
 		dws[i].free = s.decCap
 	}
+	if s.cached {
+		s.resetCaches(d.Prefill, s.pEngine)
+		if cap(s.dcaches) < d.Decode {
+			s.dcaches = make([]wCache, d.Decode)
+		}
+		s.dcaches = s.dcaches[:d.Decode]
+		for i := range s.dcaches {
+			s.dcaches[i].reset(s.dEngine, 0)
+		}
+	}
 	var admit []int32 // waiting for decode memory, FIFO
 	admitHead := 0
 	misses, next, n := 0, 0, len(reqs)
@@ -417,24 +523,38 @@ func (s *simulator) runDisagg(d Design, allowed int) bool {
 		w := &pws[pi]
 		w.batch = w.batch[:0]
 		tokens := 0
+		load := 0.0 // host-tier loads before the step, seconds
 		for w.head < len(w.q) {
-			r := &reqs[w.q[w.head]]
+			id := w.q[w.head]
+			r := &reqs[id]
 			if len(w.batch) > 0 && tokens+int(r.in) > s.lim.MaxPrefillTokens {
 				break
 			}
 			tokens += int(r.in)
-			w.batch = append(w.batch, w.q[w.head])
+			w.batch = append(w.batch, id)
 			w.head++
 		}
 		if len(w.batch) == 0 {
 			return
 		}
-		s.batch.Prefill = s.batch.Prefill[:0]
-		for _, id := range w.batch {
-			s.batch.Prefill = append(s.batch.Prefill, int(reqs[id].in))
+		if s.cached {
+			for _, id := range w.batch {
+				load += s.useCache(pi, id)
+			}
 		}
-		s.steps.note(perfmodel.Batch{Prefill: s.batch.Prefill})
-		dur := s.pp.StepSeconds(perfmodel.Batch{Prefill: s.batch.Prefill}) * s.scaleP
+		b := &s.batch
+		b.Prefill, b.PrefillContext = b.Prefill[:0], b.PrefillContext[:0]
+		for _, id := range w.batch {
+			r := &reqs[id]
+			b.Prefill = append(b.Prefill, int(r.in-r.hit))
+			b.PrefillContext = append(b.PrefillContext, int(r.hit))
+		}
+		step := perfmodel.Batch{Prefill: b.Prefill}
+		if s.cached {
+			step.PrefillContext = b.PrefillContext
+		}
+		s.steps.note(step)
+		dur := load + s.pp.StepSeconds(step)*s.scaleP
 		w.busy, w.end = true, t+dur
 		for _, id := range w.batch {
 			r := &reqs[id]
@@ -454,7 +574,14 @@ func (s *simulator) runDisagg(d Design, allowed int) bool {
 			// the receiver's ingress (FIFO), and never ends before the last
 			// layer is computed and sent.
 			dw := &dws[r.dw]
-			total := s.transferSeconds(r.in)
+			sent := r.in
+			if s.cached {
+				// The decode worker's cache holds a prefix: only the rest
+				// of the KV crosses the link.
+				hit, _ := s.dcaches[r.dw].use(s.st.keys[id])
+				sent -= int32(hitTokens(hit, int(r.in), s.blockTokens))
+			}
+			total := s.transferSeconds(sent)
 			sStart := max(t+dur/s.layers, w.egress)
 			w.egress = sStart + total
 			rStart := max(sStart, dw.ingress)
@@ -488,12 +615,7 @@ func (s *simulator) runDisagg(d Design, allowed int) bool {
 			dw.assigned++
 			r.dw = int32(best)
 		}
-		pi := 0
-		for i := 1; i < len(pws); i++ {
-			if pws[i].queued < pws[pi].queued {
-				pi = i
-			}
-		}
+		pi := s.route(id, len(pws), func(i int) int { return pws[i].queued })
 		w := &pws[pi]
 		r.pw = int32(pi)
 		w.q = append(w.q, id)
@@ -610,13 +732,17 @@ type cWorker struct {
 	stepPre []int32 // prefilling requests in the current step
 	stepLen []int32 // and their chunk lengths
 	stepDec int     // the first stepDec of run decode in the current step
+	id      int     // index among the workers
 }
 
 func (s *simulator) runColoc(d Design, allowed int) bool {
 	reqs := s.reqs
 	ws := make([]cWorker, d.Colocated)
 	for i := range ws {
-		ws[i].free = s.colCap
+		ws[i].free, ws[i].id = s.colCap, i
+	}
+	if s.cached {
+		s.resetCaches(d.Colocated, s.cEngine)
 	}
 	misses, next, n := 0, 0, len(reqs)
 	chunk := d.Chunk
@@ -627,6 +753,7 @@ func (s *simulator) runColoc(d Design, allowed int) bool {
 	need := func(r *sreq) int64 { return int64(r.in) + int64(r.out) }
 
 	start := func(w *cWorker, t float64) {
+		load := 0.0 // host-tier loads of the requests admitted, seconds
 		for w.head < len(w.q) && len(w.pre)+len(w.run) < maxBatch {
 			r := &reqs[w.q[w.head]]
 			if need(r) > s.colCap {
@@ -641,6 +768,12 @@ func (s *simulator) runColoc(d Design, allowed int) bool {
 				break
 			}
 			w.free -= need(r)
+			if s.cached {
+				// Its cached prefix is the context of its first chunk.
+				load += s.useCache(w.id, w.q[w.head])
+				r.prefilled = r.hit
+				w.pending -= int(r.hit)
+			}
 			w.pre = append(w.pre, w.q[w.head])
 			w.head++
 		}
@@ -651,14 +784,15 @@ func (s *simulator) runColoc(d Design, allowed int) bool {
 			tokens := 0
 			for _, id := range w.pre {
 				r := &reqs[id]
-				if len(w.stepPre) > 0 && tokens+int(r.in) > s.lim.MaxPrefillTokens {
+				rest := r.in - r.prefilled // all of it but a cached prefix
+				if len(w.stepPre) > 0 && tokens+int(rest) > s.lim.MaxPrefillTokens {
 					break
 				}
-				tokens += int(r.in)
+				tokens += int(rest)
 				w.stepPre = append(w.stepPre, id)
-				w.stepLen = append(w.stepLen, r.in)
-				b.Prefill = append(b.Prefill, int(r.in))
-				b.PrefillContext = append(b.PrefillContext, 0)
+				w.stepLen = append(w.stepLen, rest)
+				b.Prefill = append(b.Prefill, int(rest))
+				b.PrefillContext = append(b.PrefillContext, int(r.prefilled))
 			}
 		} else {
 			w.stepDec = len(w.run)
@@ -688,7 +822,7 @@ func (s *simulator) runColoc(d Design, allowed int) bool {
 			return
 		}
 		for _, id := range w.stepPre {
-			if r := &reqs[id]; r.prefilled == 0 && !r.started {
+			if r := &reqs[id]; !r.started {
 				r.pStart, r.started = t, true
 			}
 		}
@@ -697,7 +831,7 @@ func (s *simulator) runColoc(d Design, allowed int) bool {
 			scale = s.scaleP
 		}
 		s.steps.note(*b)
-		w.busy, w.end = true, t+s.cp.StepSeconds(*b)*scale
+		w.busy, w.end = true, t+load+s.cp.StepSeconds(*b)*scale
 	}
 
 	for misses <= allowed {
@@ -717,10 +851,14 @@ func (s *simulator) runColoc(d Design, allowed int) bool {
 			id := int32(next)
 			next++
 			best := 0
-			for i := 1; i < len(ws); i++ {
-				a, b := &ws[i], &ws[best]
-				if a.pending < b.pending || (a.pending == b.pending && len(a.run) < len(b.run)) {
-					best = i
+			if s.cached && s.cfg.Cache.routing() == RoutePrefix {
+				best = s.route(id, len(ws), func(i int) int { return ws[i].pending })
+			} else {
+				for i := 1; i < len(ws); i++ {
+					a, b := &ws[i], &ws[best]
+					if a.pending < b.pending || (a.pending == b.pending && len(a.run) < len(b.run)) {
+						best = i
+					}
 				}
 			}
 			w := &ws[best]
@@ -812,6 +950,13 @@ func (s *simulator) stats(res *simResult, d Design) {
 		}
 	}
 	q := s.target
+	met := 0
+	for _, x := range ttft {
+		if x <= s.ttftSLO*(1+1e-9) {
+			met++
+		}
+	}
+	res.TTFTAttainment = float64(met) / float64(res.Requests)
 	res.TTFT, res.TPOT = quantiles(ttft, q), quantiles(tpot, q)
 	b := &res.Budget
 	for k, dst := range []*Quantiles{&b.Ingress, &b.Queue, &b.Prefill, &b.KVTransfer, &b.FirstToken, &b.KVTransferAny} {

@@ -213,7 +213,7 @@ func TestTooLongForMemoryFails(t *testing.T) {
 func TestGammaVariateMoments(t *testing.T) {
 	for _, k := range []float64{0.25, 1, 4} {
 		w := &Workload{Lengths: []Lengths{{1, 1}}, Burstiness: k}
-		st := newStream(w, 50000, 0, 7, 0)
+		st := newStream(w, 50000, 0, 7, 0, false)
 		gaps := make([]float64, len(st.unitArr))
 		prev := 0.0
 		for i, a := range st.unitArr {
