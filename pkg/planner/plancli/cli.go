@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -49,6 +50,15 @@ type Options struct {
 	Seed         uint64
 	Output       string // table or json
 	Plot         string // PNG file, "" = none
+	// PrefixCacheTokens and HostCacheTokens are each worker's prefix-cache
+	// tiers (planner.Cache); HostLinkGbps the host tier's link, Gb/s;
+	// PrefixRouting the routing; CacheSweep plans every size of
+	// planner.SweepCache too.
+	PrefixCacheTokens int64
+	HostCacheTokens   int64
+	HostLinkGbps      float64
+	PrefixRouting     string
+	CacheSweep        bool
 	// Design, when set, evaluates that one design at Rate instead of
 	// searching: "P:D" or "PP+DD" (e.g. "2P+1D") disaggregated, "NC"
 	// colocated (chunk budget from --chunk-tokens).
@@ -67,6 +77,11 @@ func DefaultOptions() Options {
 		Requests:     planner.DefaultRequests,
 		Seed:         1,
 		Output:       "table",
+
+		PrefixCacheTokens: planner.CacheAuto,
+		HostLinkGbps:      planner.DefaultHostLinkBytesPerSec * 8 / 1e9,
+		PrefixRouting:     string(planner.RoutePrefix),
+		CacheSweep:        true,
 	}
 }
 
@@ -106,6 +121,11 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "seed of the simulated requests")
 	fs.StringVar(&o.Output, "output", o.Output, "table or json")
 	fs.StringVar(&o.Plot, "plot", o.Plot, "write a PNG of goodput per GPU against the P:D ratio to this file")
+	fs.Int64Var(&o.PrefixCacheTokens, "prefix-cache-tokens", o.PrefixCacheTokens, "each prefill (colocated) worker's engine-memory prefix cache, tokens, simulated when the workload names its prompts' blocks (a Mooncake trace's hash_ids): -1 = the profile's KV memory (the workers' default), 0 = none")
+	fs.Int64Var(&o.HostCacheTokens, "host-cache-tokens", o.HostCacheTokens, "each worker's host-memory prefix-cache tier, tokens (blocks the engine tier evicts; a hit loads over --host-link-gbps)")
+	fs.Float64Var(&o.HostLinkGbps, "host-link-gbps", o.HostLinkGbps, "host-to-GPU bandwidth host-tier hits load over, Gb/s (default: PCIe Gen5 x16, about 64 GB/s per direction, as on H100 and H200)")
+	fs.StringVar(&o.PrefixRouting, "prefix-routing", o.PrefixRouting, "how the simulated router places prompts when caches are simulated: prefix (the router's default prefill weights) or least-loaded")
+	fs.BoolVar(&o.CacheSweep, "cache-sweep", o.CacheSweep, "with a workload that names its blocks, also plan each prefix-cache size (0, ¼, ½, 1× the engine tier; 1× plus 1, 2, 4× of it in host memory) and print what each buys")
 	fs.StringVar(&o.Design, "design", o.Design, "predict one design at --rate instead of searching: P:D or 2P+1D (disaggregated), or 3C (colocated, needs --chunk-tokens)")
 }
 
@@ -169,6 +189,14 @@ func (o *Options) Configs() ([]*planner.Config, error) {
 		return nil, bad("--gpu-budget %d must be ≥ 0", o.GPUBudget)
 	case o.CodecRatio < 0 || o.CodecMBps < 0:
 		return nil, bad("--codec-ratio and --codec-mbps must be ≥ 0")
+	case o.PrefixCacheTokens < planner.CacheAuto:
+		return nil, bad("--prefix-cache-tokens %d: want ≥ 0, or -1 for the profile's KV memory", o.PrefixCacheTokens)
+	case o.HostCacheTokens < 0:
+		return nil, bad("--host-cache-tokens %d must be ≥ 0", o.HostCacheTokens)
+	case !(o.HostLinkGbps > 0) || math.IsInf(o.HostLinkGbps, 0):
+		return nil, bad("--host-link-gbps %v must be finite and > 0", o.HostLinkGbps)
+	case o.PrefixRouting != string(planner.RoutePrefix) && o.PrefixRouting != string(planner.RouteLeastLoaded):
+		return nil, bad("--prefix-routing %q: want %s or %s", o.PrefixRouting, planner.RoutePrefix, planner.RouteLeastLoaded)
 	}
 	if auto, _ := codecpick.AutoName(o.Codec); auto && (o.CodecRatio > 0 || o.CodecMBps > 0) {
 		return nil, bad("--codec-ratio and --codec-mbps describe one codec; --codec %s chooses among them", o.Codec)
@@ -245,6 +273,10 @@ func (o *Options) Configs() ([]*planner.Config, error) {
 			Limits:          o.Limits,
 			Requests:        o.Requests,
 			Seed:            o.Seed,
+			Cache: planner.Cache{
+				EngineTokens: o.PrefixCacheTokens, HostTokens: o.HostCacheTokens,
+				HostLinkBytesPerSec: o.HostLinkGbps * 1e9 / 8, Routing: planner.Routing(o.PrefixRouting),
+			},
 		}
 		if c.GPUCostPerHour, err = cost.of(p.GPU); err != nil {
 			return nil, fmt.Errorf("%w: --gpu-cost: %w", errUsage, err)
@@ -358,6 +390,14 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return 1
 		}
 		sims += p.Simulations
+		if o.CacheSweep {
+			rows, err := planner.SweepCache(ctx, c)
+			if err != nil {
+				fmt.Fprintf(stderr, "coordinator plan: %v\n", err)
+				return 1
+			}
+			p.CacheSweep = rows
+		}
 		plans = append(plans, p)
 		for _, w := range p.Warnings {
 			fmt.Fprintf(stderr, "coordinator plan: %s: warning: %s\n", c.Prefill.Name, w)

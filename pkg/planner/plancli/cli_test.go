@@ -136,6 +136,10 @@ func TestPlanBadFlags(t *testing.T) {
 		{"cost missing a GPU", append(base, "--gpu-cost", "h100=3"), "no price for GPU a100-80g"},
 		{"small budget", append(base, "--gpu-budget", "1"), "GPU budget 1"},
 		{"decode profile of another model", append(base, "--decode-profile", "a100-80g/opt-66b/tp2"), "differs"},
+		{"prefix cache below -1", append(base, "--prefix-cache-tokens", "-2"), "--prefix-cache-tokens -2"},
+		{"negative host cache", append(base, "--host-cache-tokens", "-1"), "--host-cache-tokens -1"},
+		{"host link 0", append(base, "--host-link-gbps", "0"), "--host-link-gbps 0"},
+		{"unknown routing", append(base, "--prefix-routing", "random"), "--prefix-routing \"random\""},
 		{"undefined flag", append(base, "--nope"), "flag provided but not defined"},
 		{"argument", append(base, "extra"), "unexpected arguments"},
 	}
@@ -277,6 +281,39 @@ func TestPlanDesignBadFlags(t *testing.T) {
 			code, out, errs := run(t, append(slices.Clone(base), tt.args...)...)
 			if code != 2 || out != "" || !strings.Contains(errs, tt.want) {
 				t.Errorf("exit %d, stdout %q, stderr %q; want 2, nothing, %q", code, out, errs, tt.want)
+			}
+		})
+	}
+}
+
+// A trace with block hashes: the plan names its caches and the sweep
+// prints what each size buys; --cache-sweep=false and
+// --prefix-cache-tokens 0 take them away.
+func TestPlanCacheSweep(t *testing.T) {
+	trace := append(slices.Clone(base[:2]), "--workload", "../testdata/mooncake.jsonl")
+	trace = append(trace, base[4:]...)
+	tests := []struct {
+		name          string
+		args          []string
+		caches, sweep bool
+	}{
+		{"default", nil, true, true},
+		{"host tier", []string{"--host-cache-tokens", "4096", "--host-link-gbps", "100"}, true, true},
+		{"least-loaded", []string{"--prefix-routing", "least-loaded"}, true, true},
+		{"no sweep", []string{"--cache-sweep=false"}, true, false},
+		{"no cache", []string{"--prefix-cache-tokens", "0"}, false, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, out, errs := run(t, append(slices.Clone(trace), tt.args...)...)
+			if code != 0 {
+				t.Fatalf("exit %d, stderr %s", code, errs)
+			}
+			if got := strings.Contains(out, "  caches     prefix caches per worker"); got != tt.caches {
+				t.Errorf("caches line %v, want %v:\n%s", got, tt.caches, out)
+			}
+			if got := strings.Contains(out, "What each prefix-cache size buys"); got != tt.sweep {
+				t.Errorf("sweep %v, want %v:\n%s", got, tt.sweep, out)
 			}
 		})
 	}
