@@ -9,6 +9,7 @@
 # (default: built into a temporary directory). OUT: where the results go
 # (default this directory). PREFILL_PREFIX_TOKENS: the prefill workers'
 # --prefix-cache-tokens (default 500000; -1 = auto, the workers' default).
+# DECODE_WORKERS: how many decode workers (default 2, at most 10).
 set -euo pipefail
 name=$1 policy=$2 dpc=$3; shift 3
 cflags=()
@@ -33,7 +34,8 @@ for i in 0 1 2 3; do
   "$BIN/prefill-worker" --id prefill-$i --nats-url nats://127.0.0.1:14222 --nats-user prefill --nats-password-file "$auth/prefill.pw" --grpc-addr 127.0.0.1:1910$i \
     --metrics-addr 127.0.0.1:1920$i "${sim[@]}" --prefix-cache-tokens "$ppc" --log-level warn 2>>"$auth/workers.log" & pids+=($!)
 done
-for i in 0 1; do
+ndec=${DECODE_WORKERS:-2}
+for i in $(seq 0 $((ndec - 1))); do
   "$BIN/decode-worker" --id decode-$i --nats-url nats://127.0.0.1:14222 --nats-user decode --nats-password-file "$auth/decode.pw" --grpc-addr 127.0.0.1:1911$i \
     --metrics-addr 127.0.0.1:1921$i "${sim[@]}" --kv-blocks 30000 --prefix-cache-tokens "$dpc" --log-level warn 2>>"$auth/workers.log" & pids+=($!)
 done
@@ -41,5 +43,5 @@ for _ in $(seq 100); do curl -sf 127.0.0.1:18080/readyz >/dev/null && break; sle
 sleep 1 # every worker's first heartbeat
 "$BIN/loadtest" run --base-url http://127.0.0.1:18080 --quiet --seed 1 --goodput ttft:5000 tpot:100 \
   --save-result --result-dir "$out" --result-filename "$name.json" "$@" | tee "$out/$name.md"
-{ for p in 19200 19201 19202 19203 19210 19211; do curl -s 127.0.0.1:$p/metrics | grep -E '^pdserve_(prefill_prefix_cache|decode_prefix_cache|decode_kv_bytes_saved|prefix)' | sed "s/^/$p /"; done
+{ for p in 19200 19201 19202 19203 $(seq 19210 $((19209 + ndec))); do curl -s 127.0.0.1:$p/metrics | grep -E '^pdserve_(prefill_prefix_cache|decode_prefix_cache|decode_kv_bytes_saved|prefix)' | sed "s/^/$p /"; done
   curl -s 127.0.0.1:18080/metrics | grep -E '^pdserve_(prefix|response_cache|router_decisions|kv_bytes)' | sed 's/^/coord /'; } > "$out/$name.metrics.txt" || true
