@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/pdserve/pdserve/pkg/engine"
@@ -137,6 +138,58 @@ type Cache struct {
 	// pinnedTokens is the KV tokens of the pinned entries.
 	pinnedTokens int
 	st           Stats
+	// obs is told of every hash byHash gains or loses; nil: nobody.
+	obs Observer
+}
+
+// Observer is told of every block hash the cache starts holding (its
+// first entry holding it arrived) and stops holding (its last entry
+// holding it left), in the order the cache changed: replaying the calls
+// on an empty set yields the cache's blocks (AppendBlocks). Insert,
+// eviction, Trim, Shrink, Reclaim and Drain all report. The cache calls
+// it with its lock held, on the goroutine of the call that changed it:
+// an Observer must return quickly without blocking (buffer, do not
+// publish) and must not call the cache.
+type Observer interface {
+	Stored(h kv.Hash)
+	Removed(h kv.Hash)
+}
+
+// SetObserver makes o (nil: nobody) the cache's observer from now on; a
+// no-op on a nil cache. Blocks held already are not reported: take
+// AppendBlocks for them.
+func (c *Cache) SetObserver(o Observer) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.obs = o
+}
+
+// AppendBlocks appends every block hash the cache holds, in no particular
+// order, to dst and returns it (nil cache: dst). mark, when not nil, is
+// called while the cache's lock is still held, after the hashes were
+// gathered: no Observer call comes between the list and mark, so an
+// observer can tell which of its reports the list includes. mark must not
+// call the cache.
+func (c *Cache) AppendBlocks(dst []uint64, mark func()) []uint64 {
+	if c == nil {
+		if mark != nil {
+			mark()
+		}
+		return dst
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	dst = slices.Grow(dst, len(c.byHash))
+	for h := range c.byHash {
+		dst = append(dst, uint64(h))
+	}
+	if mark != nil {
+		mark()
+	}
+	return dst
 }
 
 // New returns an empty cache, or nil when o turns it off. Errors: o is
@@ -283,18 +336,24 @@ func (c *Cache) Insert(seq engine.SeqID, hashes []kv.Hash, tokens int) []engine.
 			}
 		}
 	}
-	var free []engine.SeqID
-	for _, e := range old {
-		c.st.Superseded++
-		free = append(free, c.dropLocked(e))
-	}
 	e := &entry{seq: seq, hashes: hashes, tokens: tokens}
 	e.el = c.lru.PushFront(e)
 	for _, h := range hashes {
-		c.byHash[h] = append(c.byHash[h], e)
+		es := c.byHash[h]
+		if len(es) == 0 && c.obs != nil {
+			c.obs.Stored(h)
+		}
+		c.byHash[h] = append(es, e)
 	}
 	c.tokens += tokens
 	c.st.Inserts++
+	// The superseded go after e came in: their blocks stay held
+	// throughout, so an Observer sees no removal and re-store of them.
+	var free []engine.SeqID
+	for _, o := range old {
+		c.st.Superseded++
+		free = append(free, c.dropLocked(o))
+	}
 	return append(free, c.trimLocked()...)
 }
 
@@ -389,6 +448,9 @@ func (c *Cache) dropLocked(e *entry) engine.SeqID {
 		}
 		if len(es) == 0 {
 			delete(c.byHash, h)
+			if c.obs != nil {
+				c.obs.Removed(h)
+			}
 		} else {
 			c.byHash[h] = es
 		}

@@ -31,6 +31,17 @@
 // prompt's leading hashes), deduplicated, at most n hashes. It is as stale
 // as the heartbeat that carries it (one heartbeat interval).
 //
+// # Observer
+//
+// SetObserver attaches an Observer that is told, in order, of every block
+// hash the cache starts holding (Stored) and stops holding (Removed), on
+// every path that changes it: Insert, eviction for the bounds, Trim,
+// Shrink, Reclaim and Drain. Replaying the reports on an empty set gives
+// AppendBlocks' list; AppendBlocks' mark callback runs under the same lock
+// as the reports, so an observer can tell where its report stream stands
+// relative to that list (the worker's KV events and snapshots, package
+// control). Without an observer the cache does no extra work.
+//
 // # Concurrency
 //
 // A Cache is safe for concurrent use; its lock is a leaf (it never takes
