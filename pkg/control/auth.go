@@ -91,9 +91,10 @@ func randomHex(n int) string {
 // for a user every worker of the role shares):
 //
 //	coordinator  publish pdserve.cmd.>, pdserve.plan
-//	             subscribe pdserve.hb.>, pdserve.plan, _INBOX.>
+//	             subscribe pdserve.hb.>, pdserve.kv.>, pdserve.plan, _INBOX.>
 //	observer     publish nothing; subscribe pdserve.hb.>, pdserve.plan
-//	<worker>     publish pdserve.hb.<role>.<id>; subscribe pdserve.cmd.<role>.<id>;
+//	<worker>     publish pdserve.hb.<role>.<id>, pdserve.kv.<role>.<id>;
+//	             subscribe pdserve.cmd.<role>.<id>;
 //	             reply once to each command received, within a minute
 //	prefill      also subscribe pdserve.hb.decode.*, pdserve.hb.colocated.*
 //
@@ -120,7 +121,7 @@ func Permissions(role Role, id string) (*server.Permissions, error) {
 		}
 		return &server.Permissions{
 			Publish:   &server.SubjectPermission{Allow: []string{commandPrefix + ">", PlanSubject}},
-			Subscribe: &server.SubjectPermission{Allow: []string{HeartbeatWildcard, PlanSubject, inboxWildcard}},
+			Subscribe: &server.SubjectPermission{Allow: []string{HeartbeatWildcard, KVWildcard, PlanSubject, inboxWildcard}},
 		}, nil
 	case RolePrefill, RoleDecode, RoleColocated:
 		tok := id
@@ -132,7 +133,7 @@ func Permissions(role Role, id string) (*server.Permissions, error) {
 			sub = append(sub, HeartbeatSubject(string(RoleDecode), "*"), HeartbeatSubject(string(RoleColocated), "*"))
 		}
 		return &server.Permissions{
-			Publish:   &server.SubjectPermission{Allow: []string{HeartbeatSubject(string(role), tok)}},
+			Publish:   &server.SubjectPermission{Allow: []string{HeartbeatSubject(string(role), tok), KVSubject(string(role), tok)}},
 			Subscribe: &server.SubjectPermission{Allow: sub},
 			Response:  &server.ResponsePermission{MaxMsgs: 1, Expires: commandReplyTTL},
 		}, nil

@@ -5,12 +5,13 @@
 //
 // # Subjects and payloads
 //
-// Every payload is JSON (UTF-8, field names in lower snake case, times in
+// Every payload but the KV events' is JSON (UTF-8, field names in lower snake case, times in
 // RFC 3339 with nanoseconds), so any NATS client can read and write them:
 //
 //	pdserve.hb.<role>.<id>    Heartbeat, published by a worker every interval
 //	pdserve.cmd.<role>.<id>   Command, request/reply; the reply is a CommandReply
 //	pdserve.plan              planner decisions (payload defined by the planner)
+//	pdserve.kv.<role>.<id>    KV events and snapshots of the worker's prefix cache (binary, see below)
 //
 // Worker ids and roles must be valid single NATS subject tokens: not empty,
 // no '.', '*', '>' or white space (ValidToken). Both are in each subject
@@ -27,15 +28,32 @@
 // it refuses (and logs, WatchLogger) a heartbeat whose id or role differs
 // from its subject's.
 //
+// # KV events
+//
+// A worker's KVPublisher tells the coordinator every block hash its prefix
+// cache stores and removes (a prefixcache.Observer), batched every 50 ms
+// or 4096 hashes, each batch with the next number of a per-worker
+// sequence, and a full snapshot (every block, with the number of the last
+// batch it includes) at start, every --kv-snapshot-interval and on
+// CmdKVSnapshot. The payload is binary (kvevents.go): a header (version,
+// kind, the publisher's random epoch, the sequence number), then runs of
+// stored or removed uint64 hashes, or a snapshot part's hashes (a
+// snapshot is cut into parts below the server's payload limit). The
+// coordinator's KVIndex (fed by WatchKV) applies batches in sequence; a
+// gap marks the worker's view stale, asks the worker for a snapshot
+// (once per gap) and heals at the snapshot; a new epoch (a restarted
+// worker) starts over; a worker gone from the membership loses its view.
+// Memory: one entry per block the caches hold.
+//
 // # Authentication and permissions
 //
 // NATS requires credentials. The server side is NATSUser: a user name and
 // password (plain or bcrypt) or a public NKey, a role, and optionally the
 // one worker id the user may act as; Permissions derives what it may do:
 //
-//	coordinator  publish pdserve.cmd.>, pdserve.plan; subscribe pdserve.hb.>, pdserve.plan, _INBOX.>
+//	coordinator  publish pdserve.cmd.>, pdserve.plan; subscribe pdserve.hb.>, pdserve.kv.>, pdserve.plan, _INBOX.>
 //	observer     publish nothing; subscribe pdserve.hb.>, pdserve.plan
-//	worker       publish pdserve.hb.<role>.<id>; subscribe pdserve.cmd.<role>.<id>;
+//	worker       publish pdserve.hb.<role>.<id>, pdserve.kv.<role>.<id>; subscribe pdserve.cmd.<role>.<id>;
 //	             one reply per command received, within a minute
 //	prefill      also subscribe pdserve.hb.decode.*, pdserve.hb.colocated.*
 //	             (the receivers' codec speeds, Heartbeat.CodecSpeeds)
