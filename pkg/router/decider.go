@@ -5,7 +5,7 @@ package router
 // tokens and the prefill pool's load. It is pure and has no state.
 //
 // The rule, with u = PromptTokens − the chosen decode worker's prefix hit
-// (tokens of the prompt's leading full blocks found in its PrefixDigest):
+// (tokens of the prompt's leading full blocks it holds: Worker.Prefix, else its PrefixDigest):
 //
 //  1. Short: u < LocalPrefillBelowTokens → local prefill (when
 //     LocalPrefillBelowTokens > 0).

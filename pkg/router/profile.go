@@ -11,15 +11,16 @@ import (
 // The plugin interfaces and the types they see, defined in package
 // framework (which the plugins import) and re-exported here.
 type (
-	Worker    = framework.Worker
-	Request   = framework.Request
-	Candidate = framework.Candidate
-	Load      = framework.Load
-	Input     = framework.Input
-	Plugin    = framework.Plugin
-	Filter    = framework.Filter
-	Scorer    = framework.Scorer
-	Picker    = framework.Picker
+	Worker        = framework.Worker
+	PrefixMatcher = framework.PrefixMatcher
+	Request       = framework.Request
+	Candidate     = framework.Candidate
+	Load          = framework.Load
+	Input         = framework.Input
+	Plugin        = framework.Plugin
+	Filter        = framework.Filter
+	Scorer        = framework.Scorer
+	Picker        = framework.Picker
 )
 
 // Profile names, as in Input.Profile and the metrics' profile label.

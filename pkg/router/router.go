@@ -204,6 +204,7 @@ type Router struct {
 	queued         []int
 	hashIdx        map[uint64]int
 	marks          []bool
+	hashes         []uint64 // the request's, for Worker.Prefix
 }
 
 // New returns a Router with cfg. It panics if cfg.Registerer refuses the
@@ -277,6 +278,7 @@ func (r *Router) Route(now time.Time, req Request, decode, prefill []Worker, exc
 
 	loads := r.loads(decode, prefill)
 	r.indexHashes(req.PrefixHashes)
+	defer func() { r.hashes = nil }() // the caller's slice is not kept
 	in := &Input{Now: now, Profile: ProfileDecode, Request: req, BlockTokens: r.cfg.BlockTokens,
 		Blocks: r.blocksFor(req.PromptTokens + req.MaxTokens), Exclude: exclude}
 
@@ -351,16 +353,24 @@ func (p *profile) checked(i, n int) int {
 }
 
 // candidates appends the candidates of ws to buf: their loads and their
-// prefix hit on the hashes indexed by indexHashes.
+// prefix hit on the hashes indexed by indexHashes: from Worker.Prefix
+// when set, else from Worker.PrefixDigest.
 func (r *Router) candidates(buf []Candidate, ws []Worker, loads map[string]Load) []Candidate {
 	for _, w := range ws {
-		buf = append(buf, Candidate{Worker: w, Load: loads[w.ID], PrefixHitBlocks: r.prefixHitBlocks(w.PrefixDigest)})
+		hit := 0
+		if w.Prefix != nil {
+			hit = min(w.Prefix.Match(r.hashes), len(r.hashes))
+		} else {
+			hit = r.prefixHitBlocks(w.PrefixDigest)
+		}
+		buf = append(buf, Candidate{Worker: w, Load: loads[w.ID], PrefixHitBlocks: hit})
 	}
 	return buf
 }
 
 // indexHashes prepares prefixHitBlocks for a request's hashes.
 func (r *Router) indexHashes(hashes []uint64) {
+	r.hashes = hashes
 	clear(r.hashIdx)
 	for i, h := range hashes {
 		if _, dup := r.hashIdx[h]; !dup {

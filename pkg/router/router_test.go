@@ -159,6 +159,21 @@ func TestRoute(t *testing.T) {
 			want:    choice{Decode: "d0", Prefill: "p1", Hit: 48},
 		},
 		{
+			// p1's index holds blocks 1-3 (its digest lists none); p2's
+			// digest lists them, but its index, which replaces the
+			// digest, holds none.
+			name:   "the prefix index replaces the digest",
+			cfg:    Config{BlockTokens: 16},
+			req:    Request{ID: "r", PromptTokens: 48, PrefixHashes: []uint64{1, 2, 3}},
+			decode: []Worker{{ID: "d0", KVBlocksFree: 10}},
+			prefill: []Worker{
+				{ID: "p0", QueuedPrefillTokens: 50},
+				{ID: "p1", QueuedPrefillTokens: 80, Prefix: heldBlocks{1: true, 2: true, 3: true}},
+				{ID: "p2", QueuedPrefillTokens: 60, PrefixDigest: []uint64{1, 2, 3}, Prefix: heldBlocks{}},
+			},
+			want: choice{Decode: "d0", Prefill: "p1", Hit: 48},
+		},
+		{
 			name:    "least-loaded ignores the prefix",
 			cfg:     Config{Decode: LeastLoadedDecodeWeights, Prefill: LeastLoadedPrefillWeights, BlockTokens: 16},
 			req:     Request{ID: "r", PromptTokens: 48, PrefixHashes: []uint64{1, 2, 3}},
@@ -505,5 +520,38 @@ pdserve_router_decisions_total{placement="remote"} 2
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "pdserve_router_decisions_total"); err != nil {
 		t.Error(err)
+	}
+}
+
+// heldBlocks is a PrefixMatcher holding the hashes set true.
+type heldBlocks map[uint64]bool
+
+func (h heldBlocks) Match(hashes []uint64) int {
+	n := 0
+	for n < len(hashes) && h[hashes[n]] {
+		n++
+	}
+	return n
+}
+
+// TestPrefixIndexBeyondDigest: a prompt whose blocks lie past the 4096 a
+// heartbeat digest carries is matched in full through Worker.Prefix.
+func TestPrefixIndexBeyondDigest(t *testing.T) {
+	const blocks = 5001
+	hs := make([]uint64, blocks)
+	held := heldBlocks{}
+	for i := range hs {
+		hs[i] = uint64(i + 1)
+		held[hs[i]] = true
+	}
+	r := New(Config{BlockTokens: 16})
+	req := Request{ID: "r", PromptTokens: blocks*16 + 1, PrefixHashes: hs}
+	d, err := r.Route(at(0), req, []Worker{{ID: "d0", KVBlocksFree: 1 << 20}},
+		[]Worker{{ID: "p0"}, {ID: "p1", Prefix: held}, {ID: "p2", PrefixDigest: hs[:4096]}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Prefill.ID != "p1" || d.PrefixHitTokens != blocks*16 {
+		t.Errorf("routed to %s with a %d-token hit; want p1 with all %d blocks (%d tokens)", d.Prefill.ID, d.PrefixHitTokens, blocks, blocks*16)
 	}
 }

@@ -12,9 +12,14 @@ type Worker struct {
 	QueuedPrefillTokens int
 	RunningBatch        int
 	// PrefixDigest holds the hashes of the prompt-prefix blocks the worker
-	// has cached (chained block hashes, see pkg/kv.HashBlocks). Read only.
+	// has cached (chained block hashes, see pkg/kv.HashBlocks), as far as
+	// its heartbeat lists them. Read only. Ignored when Prefix is set.
 	PrefixDigest []uint64
-	Draining     bool
+	// Prefix, when not nil, knows every block the worker's prefix cache
+	// holds (the coordinator's index of the worker's KV events): it
+	// replaces PrefixDigest.
+	Prefix   PrefixMatcher
+	Draining bool
 	// Model is the model the worker serves; empty serves any.
 	Model string
 	// MaxSeqLen is the worker's own longest sequence (prompt + output),
@@ -25,6 +30,14 @@ type Worker struct {
 	MaxBatch int
 	// Time is when the snapshot was taken (the worker's clock).
 	Time time.Time
+}
+
+// PrefixMatcher tells which prompt blocks a worker holds.
+type PrefixMatcher interface {
+	// Match returns how many of hashes (chained block hashes), from the
+	// first, the worker holds: the match stops at the first miss. It is
+	// safe for concurrent use and must not keep hashes.
+	Match(hashes []uint64) int
 }
 
 // Request is what the router needs to know about a request. Package
@@ -68,7 +81,8 @@ type Candidate struct {
 	Worker Worker
 	Load   Load
 	// PrefixHitBlocks is the number of the request's leading blocks
-	// (Request.PrefixHashes) found in Worker.PrefixDigest; the match stops
+	// (Request.PrefixHashes) the worker holds (Worker.Prefix, else found in
+	// Worker.PrefixDigest); the match stops
 	// at the first miss, as the hashes are chained. 0 when the request has
 	// no hashes. 0 ≤ PrefixHitBlocks ≤ len(Request.PrefixHashes).
 	PrefixHitBlocks int
