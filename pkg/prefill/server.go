@@ -276,6 +276,15 @@ type Stats struct {
 // when the cache is off or empty. The caller owns the slice.
 func (s *Server) PrefixDigest(n int) []uint64 { return s.cache.Digest(n) }
 
+// PrefixBlocks returns the prefix cache's blocks, to observe (SetObserver)
+// and list them (AppendBlocks) for KV events; nil when the cache is off.
+func (s *Server) PrefixBlocks() prefixcache.Blocks {
+	if s.cache == nil {
+		return nil
+	}
+	return s.cache
+}
+
 // BlockTokens returns the block size of the worker's prefix hashes
 // (Options.PrefixCache.BlockTokens), also with the cache off.
 func (s *Server) BlockTokens() int { return s.o.PrefixCache.BlockTokens }

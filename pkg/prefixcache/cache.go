@@ -155,6 +155,15 @@ type Observer interface {
 	Removed(h kv.Hash)
 }
 
+// Blocks is what a Cache tells of its blocks, without access to its
+// entries: for a worker's KV events.
+type Blocks interface {
+	SetObserver(o Observer)
+	AppendBlocks(dst []uint64, mark func()) []uint64
+}
+
+var _ Blocks = (*Cache)(nil)
+
 // SetObserver makes o (nil: nobody) the cache's observer from now on; a
 // no-op on a nil cache. Blocks held already are not reported: take
 // AppendBlocks for them.

@@ -2,8 +2,10 @@
 // Options (from flags or code) → Validate → Start: build the engine, serve
 // gRPC (PrefillService, or DecodeService and the KV transfer receiver, plus
 // grpc.health.v1), serve Prometheus metrics and health probes over HTTP,
-// publish heartbeats and take commands on NATS, and run the scheduler →
-// block → Stop: drain gracefully.
+// publish heartbeats, the prefix cache's KV events and snapshots
+// (--kv-events, control.KVPublisher; without them heartbeats carry a
+// truncated digest) and take commands (CmdKVSnapshot among them) on NATS,
+// and run the scheduler → block → Stop: drain gracefully.
 //
 // The worker binaries call Main. The coordinator's standalone mode starts
 // workers in its own process with Start, each on "127.0.0.1:0", and stops

@@ -25,7 +25,7 @@ var helpGroups = []cliflags.Group{
 	{Title: "KV, batching and transfer", Flags: []string{"block-tokens", "kv-blocks", "max-batch", "chunk-tokens", "max-batch-tokens",
 		"reserve-ttl", "max-reservations-per-caller", "max-reserved-tokens-per-caller", "max-outbox-bytes", "stream-write-timeout",
 		"prefix-cache-*", "codec", "queue-limit", "retain-*", "max-live-kv-bytes", "kv-conns", "link-gbps"}},
-	{Title: "NATS (control plane)", Flags: []string{"nats-*"}},
+	{Title: "NATS (control plane)", Flags: []string{"nats-*", "kv-events", "kv-snapshot-interval"}},
 	{Title: "gRPC between components (TLS, credentials, keepalive)", Flags: []string{"tls-*", "grpc-*"}},
 	{Title: "Tracing (OpenTelemetry)", Flags: []string{"otel-*"}},
 	{Title: "Logging and version", Flags: []string{"log-level", "version"}},

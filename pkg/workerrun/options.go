@@ -53,6 +53,15 @@ type Options struct {
 	NATS control.ConnOptions
 	// HeartbeatInterval is the time between heartbeats. > 0.
 	HeartbeatInterval time.Duration
+	// KVEvents publishes every block the prefix cache stores and removes,
+	// and full snapshots, on NATS (control.KVPublisher): the coordinator
+	// then knows the whole cache. Off: each heartbeat carries a digest of
+	// at most prefixcache.DefaultDigestHashes hashes instead. No effect
+	// without a prefix cache or a NATS URL.
+	KVEvents bool
+	// KVSnapshotInterval is the time between full KV snapshots, which
+	// heal a lost KV event. > 0.
+	KVSnapshotInterval time.Duration
 	// DrainTimeout bounds how long Stop waits for requests in flight. > 0.
 	DrainTimeout time.Duration
 	// LogLevel is debug, info, warn or error; used by Main's logger.
@@ -112,17 +121,19 @@ func commonOptions(role control.Role) Options {
 		service = "pdserve-prefill-worker"
 	}
 	return Options{
-		Tracing:           tracing.NewOptions(service),
-		Role:              role,
-		GRPCAddr:          DefaultGRPCAddr,
-		MetricsAddr:       DefaultMetricsAddr,
-		HeartbeatInterval: time.Second,
-		DrainTimeout:      30 * time.Second,
-		LogLevel:          "info",
-		KVConns:           kvConnsDefault,
-		Engine:            enginecfg.DefaultOptions(),
-		Prefill:           prefill.DefaultOptions(),
-		Decode:            decode.DefaultOptions(),
+		Tracing:            tracing.NewOptions(service),
+		Role:               role,
+		GRPCAddr:           DefaultGRPCAddr,
+		MetricsAddr:        DefaultMetricsAddr,
+		HeartbeatInterval:  time.Second,
+		KVEvents:           true,
+		KVSnapshotInterval: control.DefaultKVSnapshotInterval,
+		DrainTimeout:       30 * time.Second,
+		LogLevel:           "info",
+		KVConns:            kvConnsDefault,
+		Engine:             enginecfg.DefaultOptions(),
+		Prefill:            prefill.DefaultOptions(),
+		Decode:             decode.DefaultOptions(),
 	}
 }
 
@@ -166,7 +177,8 @@ func (v roleValue) Set(s string) error {
 // AddFlags registers the flags of o's role on fs, with o's values as
 // defaults. Every worker: --id, --grpc-addr, --advertise-addr,
 // --metrics-addr, --nats-url and the NATS credential flags
-// (control.ConnOptions), --heartbeat-interval, --drain-timeout,
+// (control.ConnOptions), --heartbeat-interval, --kv-events,
+// --kv-snapshot-interval, --drain-timeout,
 // --log-level, --config, --tls-cert, --tls-key, --tls-ca,
 // --tls-server-name, --grpc-verify-key, --grpc-token-file,
 // --grpc-prefill-token-file, --tls-allow-coordinator, --tls-allow-prefill
@@ -185,6 +197,8 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.NATSURL, "nats-url", o.NATSURL, "NATS URL of the control plane (empty: no heartbeats or commands)")
 	o.NATS.AddFlags(fs)
 	fs.DurationVar(&o.HeartbeatInterval, "heartbeat-interval", o.HeartbeatInterval, "time between heartbeats")
+	fs.BoolVar(&o.KVEvents, "kv-events", o.KVEvents, "publish every block the prefix cache stores and removes, and snapshots, on NATS, so that the router sees the whole cache (false: heartbeats carry a digest of at most 4096 block hashes)")
+	fs.DurationVar(&o.KVSnapshotInterval, "kv-snapshot-interval", o.KVSnapshotInterval, "time between full snapshots of the prefix cache's blocks on NATS (with --kv-events), which heal a lost event")
 	fs.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "how long a graceful stop waits for requests in flight")
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "log level: debug, info, warn or error")
 	fs.StringVar(&o.ConfigFile, "config", o.ConfigFile, "YAML file of flag values, keys are flag names without dashes; command-line flags win")
@@ -251,6 +265,9 @@ func (o Options) Validate() error {
 	if o.HeartbeatInterval <= 0 {
 		errs = append(errs, cliflags.BadFlag("heartbeat-interval", o.HeartbeatInterval.String(), errors.New("must be positive")))
 	}
+	if o.KVSnapshotInterval <= 0 {
+		errs = append(errs, cliflags.BadFlag("kv-snapshot-interval", o.KVSnapshotInterval.String(), errors.New("must be positive")))
+	}
 	if o.DrainTimeout <= 0 {
 		errs = append(errs, cliflags.BadFlag("drain-timeout", o.DrainTimeout.String(), errors.New("must be positive")))
 	}
@@ -313,6 +330,8 @@ func (o Options) LogFields() []zap.Field {
 		zap.String("metrics_addr", o.MetricsAddr),
 		zap.String("nats_url", control.RedactURL(o.NATSURL)),
 		zap.Duration("heartbeat_interval", o.HeartbeatInterval),
+		zap.Bool("kv_events", o.KVEvents),
+		zap.Duration("kv_snapshot_interval", o.KVSnapshotInterval),
 		zap.Duration("drain_timeout", o.DrainTimeout),
 		zap.String("log_level", o.LogLevel),
 		zap.String("config", o.ConfigFile),

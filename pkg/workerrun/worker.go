@@ -33,6 +33,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/enginebuild"
 	"github.com/pdserve/pdserve/pkg/grpcauth"
+	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/kv/codec"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
 	"github.com/pdserve/pdserve/pkg/prefill"
@@ -55,22 +56,28 @@ type service interface {
 	Stop()
 	SetDraining(bool)
 	WaitIdle(ctx context.Context) error
-	fill(hb *control.Heartbeat)
+	// fill fills hb in; digest: with the prefix digest.
+	fill(hb *control.Heartbeat, digest bool)
+	// prefixBlocks is the prefix cache's blocks, nil when it is off.
+	prefixBlocks() prefixcache.Blocks
 	cancel(id string) bool
 	live() int
 }
 
 type prefillService struct{ *prefill.Server }
 
-func (p prefillService) register(g *grpc.Server) { p.Register(g) }
-func (p prefillService) cancel(id string) bool   { return p.Cancel(id) }
-func (p prefillService) live() int               { return p.Stats().Live }
-func (p prefillService) fill(hb *control.Heartbeat) {
+func (p prefillService) register(g *grpc.Server)          { p.Register(g) }
+func (p prefillService) cancel(id string) bool            { return p.Cancel(id) }
+func (p prefillService) live() int                        { return p.Stats().Live }
+func (p prefillService) prefixBlocks() prefixcache.Blocks { return p.PrefixBlocks() }
+func (p prefillService) fill(hb *control.Heartbeat, digest bool) {
 	st := p.Stats()
 	hb.QueuedPrefillTokens = st.QueuedPrefillTokens
 	hb.RunningBatch = st.LastBatch
 	hb.StepTimesMs = st.StepTimesMs
-	hb.PrefixDigest = p.PrefixDigest(prefixcache.DefaultDigestHashes)
+	if digest {
+		hb.PrefixDigest = p.PrefixDigest(prefixcache.DefaultDigestHashes)
+	}
 	hb.BlockTokens = p.BlockTokens()
 }
 
@@ -79,17 +86,20 @@ type decodeService struct {
 	opts []kvtransfer.ServerOption
 }
 
-func (d decodeService) register(g *grpc.Server) { d.Register(g, d.opts...) }
-func (d decodeService) cancel(id string) bool   { return d.CancelRequest(id) }
-func (d decodeService) live() int               { return d.Stats().Requests }
-func (d decodeService) fill(hb *control.Heartbeat) {
+func (d decodeService) register(g *grpc.Server)          { d.Register(g, d.opts...) }
+func (d decodeService) cancel(id string) bool            { return d.CancelRequest(id) }
+func (d decodeService) live() int                        { return d.Stats().Requests }
+func (d decodeService) prefixBlocks() prefixcache.Blocks { return d.PrefixBlocks() }
+func (d decodeService) fill(hb *control.Heartbeat, digest bool) {
 	st := d.Stats()
 	hb.KVBlocksFree, hb.KVBlocksTotal = st.KVBlocksFree, st.KVBlocksTotal
 	hb.MaxBatch = d.MaxBatch()
 	hb.QueuedPrefillTokens = st.QueuedPrefillTokens
 	hb.RunningBatch = st.Running
 	hb.StepTimesMs = st.StepTimesMs
-	hb.PrefixDigest = d.PrefixDigest(prefixcache.DefaultDigestHashes)
+	if digest {
+		hb.PrefixDigest = d.PrefixDigest(prefixcache.DefaultDigestHashes)
+	}
 	hb.BlockTokens = d.BlockTokens()
 }
 
@@ -122,7 +132,10 @@ type Worker struct {
 	nc     *nats.Conn
 	ncDone chan struct{} // closed when nc closed
 	pub    *control.Publisher
-	sub    *nats.Subscription
+	// kvpub publishes the prefix cache's KV events (nil: none; the
+	// heartbeats carry the digest then).
+	kvpub *control.KVPublisher
+	sub   *nats.Subscription
 	// unwatch stops the prefill worker's watch of the receivers'
 	// heartbeats (nil: none).
 	unwatch   func()
@@ -282,6 +295,14 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 			return nil, fmt.Errorf("workerrun: %w", err)
 		}
 		w.pub = control.NewPublisher(w.nc, o.HeartbeatInterval, w.heartbeat)
+		if pb := w.svc.prefixBlocks(); o.KVEvents && pb != nil {
+			ko := control.DefaultKVOptions()
+			ko.SnapshotInterval = o.KVSnapshotInterval
+			if w.kvpub, err = control.NewKVPublisher(w.nc, string(o.Role), w.id, ko, pb.AppendBlocks); err != nil {
+				return nil, fmt.Errorf("workerrun: %w", err)
+			}
+			pb.SetObserver(kvObserver{w.kvpub})
+		}
 		if w.pre != nil {
 			if err := w.watchReceivers(); err != nil {
 				return nil, err
@@ -322,6 +343,9 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 	}
 	if w.pub != nil {
 		w.goPart("heartbeat", func() error { return w.pub.Run(w.bgCtx) })
+	}
+	if w.kvpub != nil {
+		w.goPart("kv events", func() error { return w.kvpub.Run(w.bgCtx) })
 	}
 	if w.pre == nil {
 		w.kvDType = w.eng.Spec().KVDType
@@ -544,7 +568,7 @@ func (w *Worker) heartbeat() control.Heartbeat {
 	}
 	hb.MaxSeqLen = w.maxSeqLen
 	hb.Codecs = w.codecs
-	w.svc.fill(&hb)
+	w.svc.fill(&hb, w.kvpub == nil)
 	if sp := w.codecSpeeds.Load(); sp != nil {
 		hb.CodecSpeeds, hb.CodecCores = *sp, runtime.GOMAXPROCS(0)
 	}
@@ -610,6 +634,12 @@ func receiverSpeeds(m *control.Membership, addr string) (kvtransfer.ReceiverSpee
 	return kvtransfer.ReceiverSpeeds{}, false
 }
 
+// kvObserver hands the prefix cache's reports to the KV publisher.
+type kvObserver struct{ p *control.KVPublisher }
+
+func (o kvObserver) Stored(h kv.Hash)  { o.p.Stored(uint64(h)) }
+func (o kvObserver) Removed(h kv.Hash) { o.p.Removed(uint64(h)) }
+
 // command handles one control-plane command.
 func (w *Worker) command(c control.Command) error {
 	switch c.Kind {
@@ -623,6 +653,12 @@ func (w *Worker) command(c control.Command) error {
 		if !w.svc.cancel(c.RequestID) {
 			w.log.Debug("cancel command for an unknown request", zap.String("request_id", c.RequestID))
 		}
+		return nil
+	case control.CmdKVSnapshot:
+		if w.kvpub == nil {
+			return fmt.Errorf("kv snapshot: worker %s publishes no KV events", w.id)
+		}
+		w.kvpub.RequestSnapshot()
 		return nil
 	case control.CmdResend:
 		if w.pre == nil {
