@@ -36,7 +36,12 @@ type Trace struct {
 	PrefixHitTokens            int // prompt tokens the prefilling worker took from its prefix cache
 	// DecodePrefixHitTokens are the prompt tokens the decode worker held
 	// in its prefix cache at Reserve: their KV was not sent.
-	DecodePrefixHitTokens   int
+	DecodePrefixHitTokens int
+	// RoutedPrefixHitTokens is the router's estimate of PrefixHitTokens
+	// for the worker it chose to prefill (from the coordinator's index of
+	// the workers' caches): how much of the real hit routing saw coming.
+	// Not in the summary; metrics count it.
+	RoutedPrefixHitTokens   int
 	KVBytesRaw, KVBytesWire int64
 	Codec                   string
 	// CodecReason says why the prefill worker chose Codec when it chose

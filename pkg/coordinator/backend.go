@@ -58,6 +58,9 @@ type backend struct {
 	// tokens (kv.HashBlocks from the plain root, as workers publish their
 	// prefix digests) for prefix-aware routing; 0 skips it.
 	prefixBlockTokens int
+	// kv is every worker's cached blocks from their KV events (nil: none);
+	// a worker it has no view of routes on its heartbeat's digest.
+	kv *control.KVIndex
 	// modelName is --model-name: every worker serves it. Empty: each
 	// serves the model its heartbeat names, and requests are routed by
 	// model.
@@ -119,6 +122,11 @@ func (b *backend) workers(role control.Role) []router.Worker {
 			QueuedPrefillTokens: hb.QueuedPrefillTokens, RunningBatch: hb.RunningBatch,
 			PrefixDigest: hb.PrefixDigest, Draining: hb.Draining, Time: hb.Time,
 			MaxSeqLen: hb.MaxSeqLen, MaxBatch: hb.MaxBatch,
+		}
+		if b.kv != nil {
+			if v := b.kv.Blocks(hb.ID); v != nil {
+				out[i].Prefix = v
+			}
 		}
 		if b.modelName == "" {
 			// Workers serve the model they report; under --model-name
@@ -315,10 +323,11 @@ func (r *run) serve() (err error) {
 		dec.Local, dec.Prefill = true, router.Worker{}
 	}
 	r.remote = !dec.Local
-	// The router's estimate (dec.PrefixHitTokens, from heartbeat digests)
-	// is not the budget's: the worker that prefills reports its real hit
-	// (FirstToken from a prefill worker, GenerateResponse from a local one).
-	r.tr.PrefixHitTokens = 0
+	// The router's estimate (dec.PrefixHitTokens, from the KV-event index
+	// or heartbeat digests) is not the budget's: the worker that prefills
+	// reports its real hit (FirstToken from a prefill worker,
+	// GenerateResponse from a local one); the metrics compare the two.
+	r.tr.PrefixHitTokens, r.tr.RoutedPrefixHitTokens = 0, dec.PrefixHitTokens
 	switch {
 	case r.b.mode == ModeColocated:
 		r.tr.Mode, r.tr.FirstTokenPolicy = ModeColocated, PolicyDecode
@@ -948,7 +957,7 @@ func (r *run) recover() error {
 		// No token reached the client (the first comes with the KV), so
 		// the request starts over.
 		r.tr.PrefillStart, r.tr.PrefillEnd, r.tr.KVFirstByte, r.tr.KVDone = time.Time{}, time.Time{}, time.Time{}, time.Time{}
-		r.tr.PrefixHitTokens = 0 // reported anew by the worker that prefills now
+		r.tr.PrefixHitTokens, r.tr.RoutedPrefixHitTokens = 0, dec.PrefixHitTokens // reported anew by the worker that prefills now
 		if dec.Local {
 			r.remote = false
 			r.tr.Mode, r.tr.FirstTokenPolicy = "local", PolicyDecode

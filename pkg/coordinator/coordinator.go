@@ -53,6 +53,12 @@ type Coordinator struct {
 	ncDone  chan struct{} // closed when nc closed
 	members *control.Membership
 	stopW   func() // stops the membership watch
+	// kv is the index of the workers' KV events (nil: routing is not
+	// prefix-aware); stopKV stops its watch; kvAsk carries the workers
+	// (role, id) to ask for a KV snapshot.
+	kv     *control.KVIndex
+	stopKV func()
+	kvAsk  chan [2]string
 
 	closeTok func() // frees the model vocabulary the tokenizer uses, or nil
 	// tracer is the trace exporter built from Options.Tracing, flushed
@@ -175,6 +181,19 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 	}
 	if o.Policy.Routing.PrefixAware(o.Mode == ModeColocated) {
 		c.backend.prefixBlockTokens = o.BlockTokens
+		// Every cached block of every worker, from their KV events;
+		// workers without them route on their heartbeats' digests.
+		c.kvAsk = make(chan [2]string, kvAskQueue)
+		c.kv = control.NewKVIndex(control.DefaultKVIndexMaxBlocks, func(role, id string) {
+			select {
+			case c.kvAsk <- [2]string{role, id}:
+			default: // asked of many already: the periodic snapshot heals it
+			}
+		})
+		if c.stopKV, err = control.WatchKV(ctx, c.nc, c.kv, c.members, max(o.HeartbeatTTL/4, 10*time.Millisecond), log.Named("kvevents")); err != nil {
+			return c, fmt.Errorf("coordinator: %w", err)
+		}
+		c.backend.kv = c.kv
 	}
 	if err := c.attachExtensions(); err != nil {
 		return c, err
@@ -220,6 +239,9 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 		}
 	})
 	c.wg.Go(func() { c.housekeep(bg, m) })
+	if c.kvAsk != nil {
+		c.wg.Go(func() { c.askSnapshots(bg) })
+	}
 	c.wg.Go(func() { newAdmitter(c.members, c.conns, tlsCfg != nil, log.Named("admission")).run(bg, &c.wg) })
 	for _, e := range o.Extensions {
 		c.wg.Go(func() { e.Run(bg) })
@@ -300,6 +322,31 @@ func (c *Coordinator) housekeep(ctx context.Context, m *metrics.Metrics) {
 		c.conns.retain(keep)
 	}
 }
+
+// kvAskQueue bounds the KV snapshot requests waiting to be sent.
+const kvAskQueue = 64
+
+// askSnapshots sends CmdKVSnapshot to each worker whose KV-event view is
+// stale (a lost batch, or none since the coordinator started), until ctx
+// ends. A failure is logged: the worker's periodic snapshot heals it.
+func (c *Coordinator) askSnapshots(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case w := <-c.kvAsk:
+			cctx, cancel := context.WithTimeout(ctx, rpcTimeout)
+			if err := control.SendCommand(cctx, c.nc, w[0], w[1], control.Command{Kind: control.CmdKVSnapshot}); err != nil && ctx.Err() == nil {
+				c.log.Debug("kv snapshot request failed; the worker's periodic snapshot heals its view", zap.String("worker", w[1]), zap.Error(err))
+			}
+			cancel()
+		}
+	}
+}
+
+// KVIndex returns the index of the workers' KV events, nil when routing
+// is not prefix-aware.
+func (c *Coordinator) KVIndex() *control.KVIndex { return c.kv }
 
 // HTTPAddr returns the address the HTTP server listens on.
 func (c *Coordinator) HTTPAddr() string { return c.lis.Addr().String() }
@@ -413,6 +460,9 @@ func (c *Coordinator) closeAll(ctx context.Context) error {
 	}
 	if c.stopW != nil {
 		c.stopW()
+	}
+	if c.stopKV != nil {
+		c.stopKV()
 	}
 	if c.nc != nil {
 		// A connection still (re)connecting is closed by Drain at once.

@@ -2,16 +2,20 @@ package coordinator_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/kv"
+	"github.com/pdserve/pdserve/pkg/prefixcache"
 	"github.com/pdserve/pdserve/pkg/workerrun"
 )
 
@@ -77,7 +81,8 @@ func TestPrefixHitAtReserveDecidesLocal(t *testing.T) {
 		worker: func(wo *workerrun.Options) {
 			wo.Decode.PrefixCache.MaxTokens = 4096
 			if wo.Role == control.RoleDecode {
-				wo.HeartbeatInterval = 3 * time.Second
+				// Heartbeat digests, not KV events: the estimate lags.
+				wo.HeartbeatInterval, wo.KVEvents = 3*time.Second, false
 			}
 		},
 	})
@@ -103,4 +108,51 @@ pdserve_router_decisions_total{placement="remote"} 2
 `), "pdserve_router_decisions_total"); err != nil {
 		t.Error(err)
 	}
+}
+
+// The router predicts the prefix hits from the workers' KV events (their
+// heartbeats carry no digest): once the first prompt's blocks are in the
+// coordinator's index, the second prompt's hit is predicted in full.
+func TestKVEventsPredictHits(t *testing.T) {
+	cl := startCluster(t, clusterOpts{worker: func(wo *workerrun.Options) {
+		wo.Prefill.PrefixCache.MaxTokens = 4096
+		wo.Decode.PrefixCache.MaxTokens = 4096
+	}})
+	shared := strings.Repeat("a shared system prompt. ", 8) // 12 blocks of 16
+	first, second := shared+"first question?", shared+"another one!"
+	ctx := context.Background()
+	complete(ctx, t, cl.url, request{Prompt: first, MaxTokens: 4, IgnoreEOS: true})
+	last := uint64(kv.HashBlocks(0, promptIDs(first), prefixcache.DefaultBlockTokens)[11])
+	waitFor(t, 10*time.Second, func() error {
+		for _, w := range cl.c.Workers() {
+			if v := cl.c.KVIndex().Blocks(w.ID()); v == nil || !v.Has(last) {
+				return fmt.Errorf("%s's cache of the first prompt not indexed", w.ID())
+			}
+		}
+		return nil
+	})
+	res := complete(ctx, t, cl.url, request{Prompt: second, MaxTokens: 4, IgnoreEOS: true})
+	if hit, _ := res.Budget["prefix_hit_tokens"].(float64); hit != 192 {
+		t.Errorf("prefix hit %v tokens, want the 192 shared ones", hit)
+	}
+	hit, predicted := unlabelled(t, cl.c.Registry(), "pdserve_prefix_hit_tokens_total"), unlabelled(t, cl.c.Registry(), "pdserve_prefix_hit_tokens_predicted_total")
+	if hit != 192 || predicted != hit {
+		t.Errorf("prefix hit tokens %v, predicted %v; want 192 hit, all predicted", hit, predicted)
+	}
+}
+
+// unlabelled returns the value of a gathered counter without labels.
+func unlabelled(t *testing.T, g prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	mfs, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no counter %s", name)
+	return 0
 }

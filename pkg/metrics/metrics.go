@@ -69,6 +69,7 @@ type Metrics struct {
 	attainment                                  *window            // nil without an SLO
 	promptTokens, outputTokens                  prometheus.Counter
 	prefixHitTokens, recoveries, prefillRetries prometheus.Counter
+	prefixHitPredicted                          prometheus.Counter
 	cost                                        prometheus.Counter
 	inFlight                                    prometheus.Gauge
 	workers                                     *prometheus.GaugeVec
@@ -108,12 +109,13 @@ func New(reg prometheus.Registerer, slo SLO, opts ...Option) *Metrics {
 			Help: "KV bytes on the wire after the codec."}, []string{"codec"}),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "pdserve", Name: "requests_total",
 			Help: "Requests by outcome: ok, cancelled, error, invalid, rejected (429), unavailable (503)."}, []string{"status"}),
-		promptTokens:    counter("prompt_tokens_total", "Prompt tokens of finished requests."),
-		outputTokens:    counter("output_tokens_total", "Output tokens handed to clients."),
-		prefixHitTokens: counter("prefix_hit_tokens_total", "Prompt tokens served from a worker's prefix cache."),
-		recoveries:      counter("decode_recoveries_total", "Requests moved to another decode worker after a failure."),
-		prefillRetries:  counter("prefill_retries_total", "Prefills tried again on another prefill worker after one failed before the first token."),
-		cost:            counter("cost_usd_total", "Cost of the requests in US dollars, by the policy's pricing (no increments without one)."),
+		promptTokens:       counter("prompt_tokens_total", "Prompt tokens of finished requests."),
+		outputTokens:       counter("output_tokens_total", "Output tokens handed to clients."),
+		prefixHitTokens:    counter("prefix_hit_tokens_total", "Prompt tokens served from a worker's prefix cache."),
+		prefixHitPredicted: counter("prefix_hit_tokens_predicted_total", "Prompt tokens served from a worker's prefix cache that the router predicted when it chose the worker (the lesser of its estimate and the hit); over prefix_hit_tokens_total, the share of hits routing saw."),
+		recoveries:         counter("decode_recoveries_total", "Requests moved to another decode worker after a failure."),
+		prefillRetries:     counter("prefill_retries_total", "Prefills tried again on another prefill worker after one failed before the first token."),
+		cost:               counter("cost_usd_total", "Cost of the requests in US dollars, by the policy's pricing (no increments without one)."),
 		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "pdserve", Name: "requests_in_flight",
 			Help: "Requests admitted and not yet finished."}),
 		workers: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "pdserve", Name: "workers",
@@ -125,7 +127,7 @@ func New(reg prometheus.Registerer, slo SLO, opts ...Option) *Metrics {
 	}
 	reg.MustRegister(m.ttft, m.tpot, m.itl, m.e2e, m.queue, m.prefill, m.kvTransfer,
 		m.kvRawBytes, m.kvWireBytes, m.requests, m.promptTokens, m.outputTokens,
-		m.prefixHitTokens, m.recoveries, m.prefillRetries, m.cost, m.inFlight, m.workers, m.cacheRequests,
+		m.prefixHitTokens, m.prefixHitPredicted, m.recoveries, m.prefillRetries, m.cost, m.inFlight, m.workers, m.cacheRequests,
 		m.streamStalled, m.authReloadErrors)
 	if slo.set() {
 		m.goodput = counter("goodput_requests_total", "Requests finished within every SLO target (ttft and tpot).")
@@ -184,6 +186,7 @@ func (m *Metrics) ObserveRequest(t *budget.Trace) {
 	m.promptTokens.Add(float64(t.PromptTokens))
 	m.outputTokens.Add(float64(t.OutputTokens))
 	m.prefixHitTokens.Add(float64(t.PrefixHitTokens))
+	m.prefixHitPredicted.Add(float64(min(t.RoutedPrefixHitTokens, t.PrefixHitTokens)))
 	m.recoveries.Add(float64(t.Recoveries))
 	m.prefillRetries.Add(float64(t.PrefillRetries))
 	if m.slo.set() {

@@ -27,7 +27,7 @@ func TestObserveRequestGolden(t *testing.T) {
 	// 20 ms + decode 40 ms = 0.06 GPU-s = $0.00006.
 	m.ObserveRequest(&budget.Trace{
 		Pricing: gpu, Mode: "disaggregated",
-		Status: budget.StatusOK, Codec: "zstd", PromptTokens: 10, OutputTokens: 5, PrefixHitTokens: 4,
+		Status: budget.StatusOK, Codec: "zstd", PromptTokens: 10, OutputTokens: 5, PrefixHitTokens: 4, RoutedPrefixHitTokens: 3,
 		Arrival: at(0), PrefillStart: at(2), PrefillEnd: at(22), KVDone: at(24),
 		FirstToken: at(30), LastToken: at(70), ITLs: []time.Duration{10 * time.Millisecond, 30 * time.Millisecond},
 		KVBytesRaw: 4096, KVBytesWire: 2048,
@@ -37,7 +37,8 @@ func TestObserveRequestGolden(t *testing.T) {
 	m.ObserveRequest(&budget.Trace{
 		Pricing: &budget.Pricing{PromptUSDPer1k: 2, OutputUSDPer1k: 4},
 		Status:  budget.StatusOK, Codec: "none", PromptTokens: 3, OutputTokens: 1, Recoveries: 1, PrefillRetries: 2,
-		Arrival: at(0), FirstToken: at(200), LastToken: at(200),
+		RoutedPrefixHitTokens: 2, // predicted, not hit: counts nothing
+		Arrival:               at(0), FirstToken: at(200), LastToken: at(200),
 	})
 	// Failed after admission: counts against attainment, not priced.
 	m.ObserveRequest(&budget.Trace{Status: budget.StatusError, Arrival: at(0)})
@@ -91,6 +92,9 @@ pdserve_kv_transfer_seconds_count 1
 # HELP pdserve_output_tokens_total Output tokens handed to clients.
 # TYPE pdserve_output_tokens_total counter
 pdserve_output_tokens_total 6
+# HELP pdserve_prefix_hit_tokens_predicted_total Prompt tokens served from a worker's prefix cache that the router predicted when it chose the worker (the lesser of its estimate and the hit); over prefix_hit_tokens_total, the share of hits routing saw.
+# TYPE pdserve_prefix_hit_tokens_predicted_total counter
+pdserve_prefix_hit_tokens_predicted_total 3
 # HELP pdserve_prefix_hit_tokens_total Prompt tokens served from a worker's prefix cache.
 # TYPE pdserve_prefix_hit_tokens_total counter
 pdserve_prefix_hit_tokens_total 4
@@ -158,7 +162,7 @@ pdserve_workers{role="prefill"} 2
 	names := []string{
 		"pdserve_cost_usd_total", "pdserve_decode_recoveries_total", "pdserve_prefill_retries_total", "pdserve_goodput_requests_total",
 		"pdserve_kv_raw_bytes_total", "pdserve_kv_wire_bytes_total", "pdserve_kv_transfer_seconds",
-		"pdserve_output_tokens_total", "pdserve_prefix_hit_tokens_total", "pdserve_prompt_tokens_total",
+		"pdserve_output_tokens_total", "pdserve_prefix_hit_tokens_predicted_total", "pdserve_prefix_hit_tokens_total", "pdserve_prompt_tokens_total",
 		"pdserve_requests_in_flight", "pdserve_requests_total", "pdserve_slo_attainment",
 		"pdserve_tpot_seconds", "pdserve_ttft_seconds", "pdserve_workers",
 	}
