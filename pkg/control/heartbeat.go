@@ -37,7 +37,7 @@ type Heartbeat struct {
 	QueuedPrefillTokens int       `json:"queued_prefill_tokens"` // prompt tokens waiting for prefill
 	RunningBatch        int       `json:"running_batch"`         // sequences in the running batch
 	StepTimesMs         []float64 `json:"step_times_ms"`         // recent step times, milliseconds, oldest first
-	PrefixDigest        []uint64  `json:"prefix_digest"`         // hashes of cached prefix blocks (kv.HashBlocks); may be empty
+	PrefixDigest        []uint64  `json:"prefix_digest"`         // hashes of cached prefix blocks (kv.HashBlocks), at most 4096; empty from a worker that publishes KV events
 	Draining            bool      `json:"draining"`              // takes no new requests
 	Time                time.Time `json:"time"`                  // when the worker took it, worker clock
 

@@ -26,7 +26,8 @@
 //
 // # Digest
 //
-// Digest returns the cached block hashes for heartbeats: entries most
+// Digest returns the cached block hashes for heartbeats of a worker that
+// publishes no KV events (see Observer): entries most
 // recently used first, each from its first block on (the router matches a
 // prompt's leading hashes), deduplicated, at most n hashes. It is as stale
 // as the heartbeat that carries it (one heartbeat interval).
