@@ -3,7 +3,8 @@
 // exits 0, --version (where AddVersion registered it) prints the version
 // to stdout and exits 0, a bad flag or an argument after the flags exits 2
 // with a message on stderr. It also prints validation errors the same way:
-// one line per problem, the program's name once (see Problems).
+// one line per problem, the program's name once (see Problems), and keeps
+// the former names of renamed flags working for a release (AddRenamed).
 package cliflags
 
 import (
@@ -21,8 +22,9 @@ import (
 // whether the command goes on; otherwise code is its exit status: 0 after
 // -h or --help (the usage went to stdout) or --version (see AddVersion), 2
 // after a bad flag ("NAME: flag provided but not defined: -x" and a hint to
-// run --help, on stderr) or a positional argument ("NAME: unexpected
-// arguments [...]" on stderr).
+// run --help, on stderr), a former name of a flag given beside it with
+// another value (see AddRenamed) or a positional argument ("NAME:
+// unexpected arguments [...]" on stderr).
 func Parse(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) (code int, ok bool) {
 	if code, ok := ParseFlags(fs, args, stdout, stderr); !ok {
 		return code, false
@@ -60,6 +62,10 @@ func ParseFlags(fs *flag.FlagSet, args []string, stdout, stderr io.Writer) (code
 		return 2, false
 	}
 	fs.SetOutput(stderr)
+	if err := resolveRenamed(fs); err != nil {
+		PrintError(stderr, fs.Name(), err)
+		return 2, false
+	}
 	if f := fs.Lookup("version"); f != nil {
 		if v, isVersion := f.Value.(*versionFlag); isVersion && v.set {
 			fmt.Fprintln(stdout, Version(fs.Name()))

@@ -26,34 +26,45 @@ func (g Group) holds(name string) bool {
 
 // PrintGroups prints fs's flags as PrintDefaults does, but section by
 // section: each flag under the first group that names it, the groups in
-// order, a group without flags of fs left out, and the flags no group
-// names last under "Other". It returns those flags' names, so that a test
-// can require that every flag has its place.
+// order, a group without flags of fs left out, then the former names of
+// flags (AddRenamed) under "Deprecated", and the flags no group names
+// last under "Other". It returns those flags' names, so that a test can
+// require that every flag has its place.
 func PrintGroups(w io.Writer, fs *flag.FlagSet, groups []Group) (ungrouped []string) {
-	sets := make([]*flag.FlagSet, len(groups)+1)
+	deprecated, other := len(groups), len(groups)+1
+	sets := make([]*flag.FlagSet, len(groups)+2)
 	for i := range sets {
 		sets[i] = flag.NewFlagSet(fs.Name(), flag.ContinueOnError)
 		sets[i].SetOutput(w)
 	}
 	fs.VisitAll(func(f *flag.Flag) {
-		i := len(groups)
-		for j, g := range groups {
-			if g.holds(f.Name) {
-				i = j
-				break
+		i := other
+		if isAlias(f) {
+			i = deprecated
+		} else {
+			for j, g := range groups {
+				if g.holds(f.Name) {
+					i = j
+					break
+				}
 			}
 		}
-		if i == len(groups) {
+		if i == other {
 			ungrouped = append(ungrouped, f.Name)
 		}
-		sets[i].Var(f.Value, f.Name, f.Usage)
+		v := f.Value
+		if r, ok := v.(*recorded); ok {
+			v = r.Value // the flag's own Value: its type name and zero value
+		}
+		sets[i].Var(v, f.Name, f.Usage)
 		sets[i].Lookup(f.Name).DefValue = f.DefValue
 	})
 	titles := make([]string, len(sets))
 	for i, g := range groups {
 		titles[i] = g.Title
 	}
-	titles[len(groups)] = "Other"
+	titles[deprecated] = "Deprecated (former names, removed in the next release)"
+	titles[other] = "Other"
 	first := true
 	for i, s := range sets {
 		n := 0
