@@ -60,7 +60,7 @@ func (d *deployFlags) addFlags(fs *flag.FlagSet) {
 	fs.IntVar(&d.MaxBatch, "max-batch", d.MaxBatch, "local deployments: sequences per decode step (0: worker default)")
 	fs.IntVar(&d.KVBlocks, "kv-blocks", d.KVBlocks, "local deployments: KV blocks per decode/colocated worker (0: worker default)")
 	fs.IntVar(&d.QueueLimit, "queue-limit", d.QueueLimit, "local deployments: coordinator admission limit (0: default)")
-	fs.StringVar(&d.PolicyFile, "coordinator-config", d.PolicyFile, "local deployments: the coordinator's policy YAML (its --config: routing weights and picker, limits; default: the default policy)")
+	fs.StringVar(&d.PolicyFile, "coordinator-config", d.PolicyFile, "local deployments: the coordinator's policy YAML (its --policy: routing weights and picker, limits; default: the default policy)")
 	fs.StringVar(&d.LogFile, "deploy-log", d.LogFile, "local deployments: write their logs to this file (default: discard)")
 	fs.StringVar(&d.ModelFile, "model-file", d.ModelFile, "local llamacpp deployments: the GGUF model file (--model stays the model name requests carry)")
 	fs.StringVar(&d.LlamaLib, "llama-lib", d.LlamaLib, "local llamacpp deployments: directory of llama.cpp's libraries (default: the engine's)")

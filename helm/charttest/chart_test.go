@@ -482,7 +482,7 @@ func checkFlags(t *testing.T, r release) {
 				// The policy file is in the user's Secret: check the
 				// flags with the built-in policy instead.
 				files = mountedFiles{}
-				args = slices.DeleteFunc(slices.Clone(args), func(a string) bool { return strings.HasPrefix(a, "--config=") })
+				args = slices.DeleteFunc(slices.Clone(args), func(a string) bool { return strings.HasPrefix(a, "--policy=") })
 			}
 			values, invalid, err := checkArgs(newFlags, args, files, t.TempDir())
 			if err != nil {

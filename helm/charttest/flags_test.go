@@ -25,7 +25,7 @@ import (
 // (the same Options constructor and AddFlags), and returns it with a
 // function that completes and validates the options the flag set parsed
 // into. The validate function reads files the options name (the
-// coordinator's --config, every binary's --tls-cert, --tls-key, --tls-ca
+// coordinator's --policy, every binary's --tls-cert, --tls-key, --tls-ca
 // and --model) through files, which maps the paths the container mounts
 // to their content, writing them as scratch files in tmp.
 type binaryFlags func() (fs *flag.FlagSet, validate func(files mountedFiles, tmp string) error)
@@ -44,7 +44,7 @@ var binaries = map[string]binaryFlags{
 		o.AddFlags(fs)
 		po.AddFlags(fs) // the binary's flags: coordinatorrun registers both
 		return fs, func(files mountedFiles, tmp string) error {
-			if err := localize(files, tmp, map[string]*string{"config": &o.ConfigFile, "model": &o.Engine.Model,
+			if err := localize(files, tmp, map[string]*string{"policy": &o.PolicyFile, "model": &o.Engine.Model,
 				"api-keys": &o.Auth.APIKeysFile, "metrics-token-file": &o.Auth.MetricsTokenFile}); err != nil {
 				return err
 			}

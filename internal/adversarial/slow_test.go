@@ -47,12 +47,12 @@ func trickle(t *testing.T, addr string) net.Conn {
 	return c
 }
 
-// TestTrickledBodies: with --queue-limit 2, two bodies trickled within
+// TestTrickledBodies: with --max-admitted-requests 2, two bodies trickled within
 // the idle timeout hold both slots only until the body deadline; then
 // they get 408 and everyone else is served again (before: 429 for as
 // long as the trickles lasted).
 func TestTrickledBodies(t *testing.T) {
-	d := start(t, nil, func(o *coordinator.Options) { o.QueueLimit, o.HTTPBodyTimeout = 2, time.Second })
+	d := start(t, nil, func(o *coordinator.Options) { o.MaxAdmittedRequests, o.HTTPBodyTimeout = 2, time.Second })
 	var conns []net.Conn
 	for range 2 {
 		conns = append(conns, trickle(t, d.HTTPAddr()))

@@ -62,7 +62,7 @@ type Spec struct {
 	KVBlocks int
 	// QueueLimit is the coordinator's admission limit; 0 keeps the default.
 	QueueLimit int
-	// PolicyFile is the coordinator's policy YAML (--config: routing
+	// PolicyFile is the coordinator's policy YAML (--policy: routing
 	// weights, limits); "" keeps the default policy.
 	PolicyFile string
 	// ModelName is the served model name ("" = the engine's).
@@ -148,8 +148,8 @@ func (s Spec) Options() (coordinator.Options, error) {
 	if s.FirstTokenPolicy != "" {
 		o.FirstTokenPolicy = s.FirstTokenPolicy
 	}
-	o.QueueLimit = s.QueueLimit
-	o.ConfigFile = s.PolicyFile
+	o.MaxAdmittedRequests = s.QueueLimit
+	o.PolicyFile = s.PolicyFile
 	o.ModelName = s.ModelName
 	o.HeartbeatTTL = 2 * time.Second
 	o.ShutdownTimeout = 10 * time.Second
@@ -189,7 +189,7 @@ func (s Spec) Options() (coordinator.Options, error) {
 // workerOptions edits the options of each in-process worker of s.
 func (s Spec) workerOptions(w *workerrun.Options) {
 	w.HeartbeatInterval = 200 * time.Millisecond
-	w.LinkGbps = s.LinkGbps
+	w.PaceGbps = s.LinkGbps
 	if s.ChunkTokens > 0 {
 		w.Prefill.ChunkTokens, w.Decode.ChunkTokens = s.ChunkTokens, s.ChunkTokens
 	}

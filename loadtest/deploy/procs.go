@@ -178,7 +178,7 @@ func (s Spec) stepArgs(role control.Role) []string {
 			a = append(a, "--codec", s.Codec)
 		}
 		if s.LinkGbps > 0 {
-			a = append(a, "--link-gbps", strconv.FormatFloat(s.LinkGbps, 'g', -1, 64))
+			a = append(a, "--pace-gbps", strconv.FormatFloat(s.LinkGbps, 'g', -1, 64))
 		}
 		return a
 	}

@@ -35,8 +35,8 @@ type AuthOptions struct {
 const DefaultAuthReloadInterval = 5 * time.Second
 
 func (a *AuthOptions) addFlags(fs *flag.FlagSet) {
-	fs.StringVar(&a.APIKeysFile, "api-keys", a.APIKeysFile, "file of API key hashes, one 'sha256:HEX [name=NAME] [rpm=N] [tpm=N]' per line (coordinator hash-key prints one): every /v1/ request needs one of the keys (empty: auth.api_keys_file of --config, else the API is open)")
-	fs.StringVar(&a.MetricsTokenFile, "metrics-token-file", a.MetricsTokenFile, "file holding the bearer token /metrics requires (empty: auth.metrics_token_file of --config, else /metrics is open)")
+	fs.StringVar(&a.APIKeysFile, "api-keys", a.APIKeysFile, "file of API key hashes, one 'sha256:HEX [name=NAME] [rpm=N] [tpm=N]' per line (coordinator hash-key prints one): every /v1/ request needs one of the keys (empty: auth.api_keys_file of --policy, else the API is open)")
+	fs.StringVar(&a.MetricsTokenFile, "metrics-token-file", a.MetricsTokenFile, "file holding the bearer token /metrics requires (empty: auth.metrics_token_file of --policy, else /metrics is open)")
 	fs.DurationVar(&a.ReloadInterval, "auth-reload-interval", a.ReloadInterval, "how often the --api-keys and --metrics-token-file files are checked for changes, reloaded without a restart (0: only on SIGHUP)")
 }
 

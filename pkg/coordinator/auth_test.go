@@ -86,8 +86,8 @@ func TestAuthStartErrors(t *testing.T) {
 		{"plaintext key", []string{"--api-keys", plain}, plain + ": line 3: not a sha256:<64 hex digits> key hash"},
 		{"missing key file", []string{"--api-keys", filepath.Join(dir, "none")}, "no such file"},
 		{"short metrics token", []string{"--metrics-token-file", short}, "fewer than 16"},
-		{"budget of no key", []string{"--config", budgets}, `prompt_budgets.api_keys entry "…3210" is not the name of a key`},
-		{"one file for both", []string{"--config", same}, "are the same file"},
+		{"budget of no key", []string{"--policy", budgets}, `prompt_budgets.api_keys entry "…3210" is not the name of a key`},
+		{"one file for both", []string{"--policy", same}, "are the same file"},
 		{"negative reload interval", []string{"--auth-reload-interval", "-1s"}, "auth-reload-interval"},
 	}
 	for _, tc := range tests {

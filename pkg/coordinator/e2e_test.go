@@ -455,7 +455,7 @@ func TestBadInput(t *testing.T) {
 	if err := os.WriteFile(policy, []byte("prompt_budgets: {default: 1000, api_keys: {tiny-key: 4}}\nlimits: {max_tokens_cap: 200}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cl := startCluster(t, clusterOpts{edit: func(o *coordinator.Options) { o.ConfigFile = policy }})
+	cl := startCluster(t, clusterOpts{edit: func(o *coordinator.Options) { o.PolicyFile = policy }})
 	tests := []struct {
 		name, body, key string
 		code            string
@@ -509,11 +509,11 @@ func TestBadInput(t *testing.T) {
 	waitFor(t, 5*time.Second, func() error { return cl.idle(t) })
 }
 
-// More requests than --queue-limit, or than the decode workers' KV can
+// More requests than --max-admitted-requests, or than the decode workers' KV can
 // hold, get 429 with Retry-After.
 func TestOverload(t *testing.T) {
 	t.Run("queue limit", func(t *testing.T) {
-		cl := startCluster(t, clusterOpts{gated: true, edit: func(o *coordinator.Options) { o.QueueLimit = 1 }})
+		cl := startCluster(t, clusterOpts{gated: true, edit: func(o *coordinator.Options) { o.MaxAdmittedRequests = 1 }})
 		var g *gatedEngine
 		for _, ge := range cl.gates {
 			g = ge

@@ -15,6 +15,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/pdserve/pdserve/internal/cliflags"
 	"github.com/pdserve/pdserve/pkg/config"
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/coordinatorrun"
@@ -79,13 +80,13 @@ func TestOptions(t *testing.T) {
 				t.Errorf("limits %+v, want the defaults", o.Policy.Limits)
 			}
 		}},
-		{name: "file policy", edit: func(o *coordinator.Options) { o.ConfigFile = policy }, check: func(t *testing.T, o coordinator.Options) {
+		{name: "file policy", edit: func(o *coordinator.Options) { o.PolicyFile = policy }, check: func(t *testing.T, o coordinator.Options) {
 			if l := o.Policy.Limits; l.MaxTokensCap != 100 || l.QueueLimit != 9 || o.Policy.Routing.LocalPrefillBelowTokens != 7 {
 				t.Errorf("policy %+v", o.Policy)
 			}
 		}},
 		{name: "flags override the file", edit: func(o *coordinator.Options) {
-			o.ConfigFile, o.MaxTokensCap, o.QueueLimit, o.LocalPrefillTokens = policy, 20, 3, 11
+			o.PolicyFile, o.MaxTokensCap, o.MaxAdmittedRequests, o.LocalPrefillTokens = policy, 20, 3, 11
 		}, check: func(t *testing.T, o coordinator.Options) {
 			if l := o.Policy.Limits; l.MaxTokensCap != 20 || l.DefaultMaxTokens != 20 || l.QueueLimit != 3 || o.Policy.Routing.LocalPrefillBelowTokens != 11 {
 				t.Errorf("policy %+v", o.Policy)
@@ -133,7 +134,8 @@ func TestOptions(t *testing.T) {
 
 // TestFlagsCanSayZero: a policy flag given on the command line overrides
 // the policy file at any value, 0 and false included; one not given
-// leaves the file's value; --queue-limit 0 is refused, naming the flag.
+// leaves the file's value; --max-admitted-requests 0 is refused, naming
+// the flag. The former names (--config, --queue-limit) do the same.
 func TestFlagsCanSayZero(t *testing.T) {
 	policy := filepath.Join(t.TempDir(), "policy.yaml")
 	if err := os.WriteFile(policy, []byte("limits: {max_tokens_cap: 100, default_max_tokens: 50, queue_limit: 9}\n"+
@@ -145,8 +147,9 @@ func TestFlagsCanSayZero(t *testing.T) {
 		o := coordinator.DefaultOptions()
 		fs := flag.NewFlagSet("coordinator", flag.ContinueOnError)
 		o.AddFlags(fs)
-		if err := fs.Parse(append([]string{"--config", policy}, args...)); err != nil {
-			t.Fatal(err)
+		var stdout, stderr strings.Builder
+		if _, ok := cliflags.Parse(fs, append([]string{"--policy", policy}, args...), &stdout, &stderr); !ok {
+			t.Fatalf("parse: %s", stderr.String())
 		}
 		o.SetFlags(fs)
 		return o, o.Complete()
@@ -168,8 +171,9 @@ func TestFlagsCanSayZero(t *testing.T) {
 		{"the file's", nil, got{100, 50, 9, 7, 10, true}},
 		{"zero and false given", []string{"--max-tokens-cap=0", "--local-prefill-tokens=0", "--response-cache-entries=0", "--response-cache-share-across-keys=false"},
 			got{0, 50, 9, 0, 0, false}},
-		{"values given", []string{"--max-tokens-cap=20", "--queue-limit=3", "--local-prefill-tokens=11", "--response-cache-entries=4"},
+		{"values given", []string{"--max-tokens-cap=20", "--max-admitted-requests=3", "--local-prefill-tokens=11", "--response-cache-entries=4"},
 			got{20, 20, 3, 11, 4, true}},
+		{"former names", []string{"--config", policy, "--queue-limit=3"}, got{100, 50, 3, 7, 10, true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o, err := complete(t, tc.args...)
@@ -181,7 +185,9 @@ func TestFlagsCanSayZero(t *testing.T) {
 			}
 		})
 	}
-	if _, err := complete(t, "--queue-limit=0"); err == nil || !strings.Contains(err.Error(), "--queue-limit 0") {
-		t.Errorf("--queue-limit 0: %v, want an error naming the flag", err)
+	for _, name := range []string{"max-admitted-requests", "queue-limit"} {
+		if _, err := complete(t, "--"+name+"=0"); err == nil || !strings.Contains(err.Error(), "--max-admitted-requests 0") {
+			t.Errorf("--%s 0: %v, want an error naming --max-admitted-requests", name, err)
+		}
 	}
 }

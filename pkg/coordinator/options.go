@@ -95,12 +95,14 @@ type Options struct {
 	BlockTokens int
 	// FirstTokenPolicy is PolicyPrefill or PolicyDecode.
 	FirstTokenPolicy string
-	// MaxTokensCap, QueueLimit and LocalPrefillTokens override the policy
+	// MaxTokensCap, MaxAdmittedRequests (--max-admitted-requests,
+	// formerly --queue-limit: requests admitted at once, the policy's
+	// limits.queue_limit) and LocalPrefillTokens override the policy
 	// file when > 0, or at any value when their flag was given (see
 	// Complete and SetFlags).
-	MaxTokensCap       int
-	QueueLimit         int
-	LocalPrefillTokens int
+	MaxTokensCap        int
+	MaxAdmittedRequests int
+	LocalPrefillTokens  int
 	// ResponseCacheEntries, when > 0, turns the response cache on with
 	// that many entries, overriding response_cache.entries of the policy
 	// file; when its flag was given it overrides it at any value (0: off).
@@ -126,7 +128,7 @@ type Options struct {
 	RetryAfter time.Duration
 	// MaxBodyBytes bounds a request body (bytes, > 0); a larger one gets
 	// 413. With Policy.Limits.QueueLimit it bounds the memory held by
-	// bodies: at most QueueLimit × MaxBodyBytes.
+	// bodies: at most Policy.Limits.QueueLimit × MaxBodyBytes.
 	MaxBodyBytes int64
 	// ChatTemplateFile holds a Jinja chat template that renders chats in
 	// place of the model's own (--chat-template-file): for a model whose
@@ -134,7 +136,7 @@ type Options struct {
 	// compiled at start. Empty: the model's.
 	ChatTemplateFile string
 	// MaxInFlightBodyBytes is the memory budget of the request bodies in
-	// flight, all together (bytes; 0: none, QueueLimit × MaxBodyBytes
+	// flight, all together (bytes; 0: none, Policy.Limits.QueueLimit × MaxBodyBytes
 	// then bounds them): a body takes its Content-Length at admission
 	// until its response ends; one that does not fit gets 429.
 	MaxInFlightBodyBytes int64
@@ -156,8 +158,9 @@ type Options struct {
 	HTTPWriteTimeout time.Duration
 	// LogLevel is debug, info, warn or error (used by coordinatorrun.Main's logger).
 	LogLevel string
-	// ConfigFile is the YAML policy file (pkg/config); empty: defaults.
-	ConfigFile string
+	// PolicyFile is the YAML policy file (pkg/config; --policy, formerly
+	// --config); empty: defaults.
+	PolicyFile string
 	// Engine selects the standalone workers' engine (--engine, --preset,
 	// --seed, --engine-threads, --profile, --time-scale, --model, …).
 	// Without --standalone, --engine llamacpp --model PATH makes the
@@ -265,10 +268,10 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.BlockTokens, "block-tokens", o.BlockTokens, "tokens per block of the prompt prefix hashes and the KV room estimate: every worker's --block-tokens must be the same (a worker whose heartbeat differs is refused)")
 	fs.StringVar(&o.Codec, "codec", o.Codec, "KV codec for transfers: none, s2, zstd, bf16, fp8 or int8; auto (the lossless one that delivers soonest on the measured link, chosen per transfer by the prefill worker) or auto-lossy (fp8 and int8 too) (empty: the prefill worker's default)")
 	fs.StringVar(&o.FirstTokenPolicy, "first-token-policy", o.FirstTokenPolicy, "first token to the client from the prefill worker at once (prefill: KV transfer in the first inter-token gap) or from the decode worker (decode: KV transfer in TTFT)")
-	fs.IntVar(&o.MaxTokensCap, "max-tokens-cap", o.MaxTokensCap, "largest max_tokens a request may ask, per choice, 0: no cap beyond the model's context (not given: limits.max_tokens_cap of --config, else no cap)")
-	fs.IntVar(&o.QueueLimit, "queue-limit", o.QueueLimit, fmt.Sprintf("requests admitted at once, > 0; more get 429 (not given: limits.queue_limit of --config, else %d)", config.DefaultQueueLimit))
-	fs.IntVar(&o.LocalPrefillTokens, "local-prefill-tokens", o.LocalPrefillTokens, "disaggregated mode: prompts with fewer uncached tokens prefill on the decode worker, 0: never (not given: routing.local_prefill_below_tokens of --config, else never)")
-	fs.IntVar(&o.ResponseCacheEntries, "response-cache-entries", o.ResponseCacheEntries, "cache this many completed responses of greedy or seeded requests and replay identical ones without a worker, 0: off (not given: response_cache.entries of --config, else off; ttl and max_bytes from --config)")
+	fs.IntVar(&o.MaxTokensCap, "max-tokens-cap", o.MaxTokensCap, "largest max_tokens a request may ask, per choice, 0: no cap beyond the model's context (not given: limits.max_tokens_cap of --policy, else no cap)")
+	fs.IntVar(&o.MaxAdmittedRequests, "max-admitted-requests", o.MaxAdmittedRequests, fmt.Sprintf("requests admitted at once, > 0; more get 429 (not given: limits.queue_limit of --policy, else %d)", config.DefaultQueueLimit))
+	fs.IntVar(&o.LocalPrefillTokens, "local-prefill-tokens", o.LocalPrefillTokens, "disaggregated mode: prompts with fewer uncached tokens prefill on the decode worker, 0: never (not given: routing.local_prefill_below_tokens of --policy, else never)")
+	fs.IntVar(&o.ResponseCacheEntries, "response-cache-entries", o.ResponseCacheEntries, "cache this many completed responses of greedy or seeded requests and replay identical ones without a worker, 0: off (not given: response_cache.entries of --policy, else off; ttl and max_bytes from --policy)")
 	fs.DurationVar(&o.HeartbeatTTL, "heartbeat-ttl", o.HeartbeatTTL, "a worker not heard from for this long leaves the membership")
 	fs.StringVar(&o.ModelName, "model-name", o.ModelName, "model name served in the API (empty: the names the workers report)")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "how long a graceful stop waits for requests in flight")
@@ -276,19 +279,20 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.Int64Var(&o.MaxBodyBytes, "max-body-bytes", o.MaxBodyBytes, "largest request body in bytes; a larger one gets 413")
 	fs.StringVar(&o.ChatTemplateFile, "chat-template-file", o.ChatTemplateFile, "Jinja chat template (a file) that renders chats instead of the model's tokenizer.chat_template, as vLLM's --chat-template and llama-server's --chat-template-file (empty: the model's)")
 	fs.Int64Var(&o.MaxInFlightBodyBytes, "max-inflight-body-bytes", o.MaxInFlightBodyBytes, "memory budget in bytes of the request bodies in flight, all together: a body takes its size at admission until its response ends; one that does not fit gets 429 (0: none)")
-	fs.BoolVar(&o.ResponseCacheShareAcrossKeys, "response-cache-share-across-keys", o.ResponseCacheShareAcrossKeys, "answer a request of one API key from the cached response of another key's identical request (false: each key has a partition of its own; not given: response_cache.share_across_keys of --config)")
+	fs.BoolVar(&o.ResponseCacheShareAcrossKeys, "response-cache-share-across-keys", o.ResponseCacheShareAcrossKeys, "answer a request of one API key from the cached response of another key's identical request (false: each key has a partition of its own; not given: response_cache.share_across_keys of --policy)")
 	fs.DurationVar(&o.HTTPReadHeaderTimeout, "http-read-header-timeout", o.HTTPReadHeaderTimeout, "how long a client may take to send a request's headers before its connection is closed")
 	fs.DurationVar(&o.HTTPBodyIdleTimeout, "http-body-idle-timeout", o.HTTPBodyIdleTimeout, "how long a request body may make no progress before the request gets 408 (response streams are not bounded)")
 	fs.DurationVar(&o.HTTPBodyTimeout, "http-body-timeout", o.HTTPBodyTimeout, "how long a whole request body may take to arrive before the request gets 408, however steadily it trickles")
 	fs.DurationVar(&o.HTTPWriteTimeout, "http-write-timeout", o.HTTPWriteTimeout, "how long one write of a response may block on a client that does not read before the request is cancelled and freed")
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "log level: debug, info, warn or error")
-	fs.StringVar(&o.ConfigFile, "config", o.ConfigFile, "YAML policy file: SLOs, prompt-token budgets per API key and route, limits, routing")
+	fs.StringVar(&o.PolicyFile, "policy", o.PolicyFile, "YAML policy file: SLOs, prompt-token budgets per API key and route, limits, routing")
 	o.TLS.AddFlags(fs)
 	o.GRPCAuth.AddFlags(fs, false)
 	o.Keepalive.AddFlags(fs)
 	o.Engine.AddFlags(fs)
 	o.Auth.addFlags(fs)
 	o.Tracing.AddFlags(fs)
+	cliflags.AddRenamed(fs, cliflags.Renamed{Old: "queue-limit", New: "max-admitted-requests"}, cliflags.Renamed{Old: "config", New: "policy"})
 }
 
 // SetFlags records in FlagsSet the flags fs was given (call it after
@@ -333,9 +337,9 @@ func (o Options) tlsUse() grpcnet.TLSUse {
 // Errors: the files' errors.
 func (o *Options) Complete() error {
 	p := config.Default()
-	if o.ConfigFile != "" {
+	if o.PolicyFile != "" {
 		var err error
-		if p, err = config.Load(o.ConfigFile); err != nil {
+		if p, err = config.Load(o.PolicyFile); err != nil {
 			return fmt.Errorf("coordinator: %w", err)
 		}
 	}
@@ -347,11 +351,11 @@ func (o *Options) Complete() error {
 			p.Limits.DefaultMaxTokens = min(p.Limits.DefaultMaxTokens, o.MaxTokensCap)
 		}
 	}
-	if given("queue-limit", o.QueueLimit) {
-		if o.QueueLimit <= 0 {
-			return fmt.Errorf("coordinator: %w", cliflags.BadFlag("queue-limit", strconv.Itoa(o.QueueLimit), errors.New("must be > 0: the coordinator never queues without bound")))
+	if given("max-admitted-requests", o.MaxAdmittedRequests) {
+		if o.MaxAdmittedRequests <= 0 {
+			return fmt.Errorf("coordinator: %w", cliflags.BadFlag("max-admitted-requests", strconv.Itoa(o.MaxAdmittedRequests), errors.New("must be > 0: the coordinator never queues without bound")))
 		}
-		p.Limits.QueueLimit = o.QueueLimit
+		p.Limits.QueueLimit = o.MaxAdmittedRequests
 	}
 	if given("local-prefill-tokens", o.LocalPrefillTokens) {
 		p.Routing.LocalPrefillBelowTokens = o.LocalPrefillTokens
@@ -404,8 +408,8 @@ func (o Options) Validate() error {
 	default:
 		bad("first-token-policy %q must be %s or %s", o.FirstTokenPolicy, PolicyPrefill, PolicyDecode)
 	}
-	if o.MaxTokensCap < 0 || o.QueueLimit < 0 || o.LocalPrefillTokens < 0 {
-		bad("max-tokens-cap, queue-limit and local-prefill-tokens must not be negative")
+	if o.MaxTokensCap < 0 || o.MaxAdmittedRequests < 0 || o.LocalPrefillTokens < 0 {
+		bad("max-tokens-cap, max-admitted-requests and local-prefill-tokens must not be negative")
 	}
 	if o.ResponseCacheEntries < 0 {
 		bad("response-cache-entries %d must not be negative (0: off)", o.ResponseCacheEntries)
@@ -505,7 +509,7 @@ func (o Options) LogFields() []zap.Field {
 		zap.String("chat_template_file", o.ChatTemplateFile),
 		zap.Bool("response_cache_share_across_keys", p.ResponseCache.ShareAcrossKeys),
 		zap.String("log_level", o.LogLevel),
-		zap.String("config", o.ConfigFile),
+		zap.String("policy", o.PolicyFile),
 		zap.Int("max_tokens_cap", p.Limits.MaxTokensCap),
 		zap.Int("default_max_tokens", p.Limits.DefaultMaxTokens),
 		zap.Int("queue_limit", p.Limits.QueueLimit),

@@ -101,7 +101,7 @@ func scrape(t *testing.T, cl *cluster) string {
 func TestPlannerObservesPublishesAndExports(t *testing.T) {
 	ticks := make(chan time.Time)
 	cl := startCluster(t, clusterOpts{edit: func(o *coordinator.Options) {
-		o.Engine, o.ConfigFile = plannertest.SimEngine(), plannertest.SLOPolicy(t)
+		o.Engine, o.PolicyFile = plannertest.SimEngine(), plannertest.SLOPolicy(t)
 	}, planner: func(p *plannerhost.Options) {
 		p.MinObservations, p.GPUBudget, p.GPUCostPerHour = 5, 4, 2.5
 		p.Ticks = ticks
@@ -220,7 +220,7 @@ func TestPlannerScalesDeployments(t *testing.T) {
 	cs := fakeDeployments(ns, 2, "pd-prefill", "pd-decode", "unrelated")
 	ticks := make(chan time.Time)
 	cl := startCluster(t, clusterOpts{prefill: 2, decode: 2, edit: func(o *coordinator.Options) {
-		o.Engine, o.ConfigFile = plannertest.SimEngine(), plannertest.SLOPolicy(t)
+		o.Engine, o.PolicyFile = plannertest.SimEngine(), plannertest.SLOPolicy(t)
 	}, planner: func(p *plannerhost.Options) {
 		*p = plannerhost.Options{
 			Mode: plannerhost.Kubernetes, Namespace: ns, PrefillDeployment: "pd-prefill", DecodeDeployment: "pd-decode",

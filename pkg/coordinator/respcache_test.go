@@ -21,7 +21,7 @@ func TestResponseCacheOptions(t *testing.T) {
 		t.Fatal(err)
 	}
 	o := coordinator.DefaultOptions()
-	o.ConfigFile, o.ResponseCacheEntries = policy, 50
+	o.PolicyFile, o.ResponseCacheEntries = policy, 50
 	if err := o.Complete(); err != nil {
 		t.Fatal(err)
 	}

@@ -102,7 +102,7 @@ func TestCostInBudget(t *testing.T) {
 	if err := os.WriteFile(policy, []byte("pricing: {prompt_usd_per_1k_tokens: 1, output_usd_per_1k_tokens: 2}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	priced := startCluster(t, clusterOpts{edit: func(o *coordinator.Options) { o.ConfigFile = policy }})
+	priced := startCluster(t, clusterOpts{edit: func(o *coordinator.Options) { o.PolicyFile = policy }})
 	free := startCluster(t, clusterOpts{})
 	// 4 prompt tokens × $1/1k + 3 output tokens × $2/1k = $0.01 for 7
 	// tokens.

@@ -77,19 +77,11 @@ func tableCommand(name, summary string, write func(io.Writer) error) func(contex
 	}
 }
 
-// Main is the whole coordinator binary after signal handling (except
-// SIGHUP: with an API key or metrics token file configured Main catches
-// it, and it reloads the files). args are the arguments without the
-// program name: a subcommand name and its arguments, or the serve flags.
-// --help and --version print to stdout; errors before the logger exists
-// go to stderr, one line per problem (cliflags.PrintError). It returns the
-// exit code: 0 after a clean stop, --help or --version, 2 for bad flags,
-// settings or policy file, 1 when serving failed.
 // helpGroups are the sections of the coordinator's --help, by concern.
 var helpGroups = []cliflags.Group{
-	{Title: "OpenAI API (HTTP)", Flags: []string{"http-*", "max-body-bytes", "max-inflight-body-bytes", "max-tokens-cap", "queue-limit",
+	{Title: "OpenAI API (HTTP)", Flags: []string{"http-*", "max-body-bytes", "max-inflight-body-bytes", "max-tokens-cap", "max-admitted-requests",
 		"retry-after", "model-name", "chat-template-file", "response-cache-*", "api-keys", "metrics-token-file", "auth-reload-interval", "shutdown-timeout"}},
-	{Title: "Routing and serving", Flags: []string{"mode", "first-token-policy", "local-prefill-tokens", "block-tokens", "codec", "heartbeat-ttl", "config"}},
+	{Title: "Routing and serving", Flags: []string{"mode", "first-token-policy", "local-prefill-tokens", "block-tokens", "codec", "heartbeat-ttl", "policy"}},
 	{Title: "Standalone workers and their engine", Flags: []string{"standalone", "prefill-workers", "decode-workers", "engine", "engine-threads",
 		"preset", "profile", "seed", "time-scale", "payload-scale", "model", "ctx-size", "gpu-layers", "kv-type", "max-seqs", "llama-*", "no-repack"}},
 	{Title: "NATS (control plane)", Flags: []string{"nats-*"}},
@@ -99,7 +91,22 @@ var helpGroups = []cliflags.Group{
 	{Title: "Logging and version", Flags: []string{"log-level", "version"}},
 }
 
+// Main is the whole coordinator binary after signal handling (except
+// SIGHUP: with an API key or metrics token file configured Main catches
+// it, and it reloads the files). args are the arguments without the
+// program name: a subcommand name and its arguments, or the serve flags.
+// --help and --version print to stdout; errors before the logger exists
+// go to stderr, one line per problem (cliflags.PrintError). A former name
+// of a flag (--queue-limit, --config) works as its flag does, with one
+// warning logged at start. It returns the exit code: 0 after a clean
+// stop, --help or --version, 2 for bad flags, settings or policy file, 1
+// when serving failed.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return mainWith(ctx, args, stdout, stderr, logging.New)
+}
+
+// mainWith is Main with the logger newLogger builds for the log level.
+func mainWith(ctx context.Context, args []string, stdout, stderr io.Writer, newLogger func(level string) (*zap.Logger, error)) int {
 	subs := Subcommands()
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		for _, s := range subs {
@@ -142,12 +149,15 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		cliflags.PrintError(stderr, "coordinator", err)
 		return 2
 	}
-	log, err := logging.New(o.LogLevel)
+	log, err := newLogger(o.LogLevel)
 	if err != nil {
 		cliflags.PrintError(stderr, "coordinator", err)
 		return 2
 	}
 	defer func() { _ = log.Sync() }()
+	for _, r := range cliflags.RenamedGiven(fs) {
+		log.Warn(r.Deprecation())
+	}
 	log.Info("effective configuration", append(o.LogFields(), po.LogFields(o)...)...)
 	if a := o.Policy.Auth; (a.APIKeysFile != "" || a.MetricsTokenFile != "") && o.Auth.ReloadSignals == nil {
 		// SIGHUP reloads the auth files. Only then: otherwise it stops

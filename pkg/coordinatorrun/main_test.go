@@ -44,8 +44,8 @@ func TestMainHelpDocumentsEveryFlag(t *testing.T) {
 	})
 	// The names the Helm chart relies on.
 	for _, name := range []string{"http-addr", "nats-url", "nats-listen", "standalone", "mode", "codec", "first-token-policy",
-		"max-tokens-cap", "queue-limit", "heartbeat-ttl", "model-name", "prefill-workers", "decode-workers",
-		"log-level", "config", "engine", "preset", "profile", "time-scale", "tls-cert", "tls-key", "tls-ca", "tls-server-name",
+		"max-tokens-cap", "max-admitted-requests", "heartbeat-ttl", "model-name", "prefill-workers", "decode-workers",
+		"log-level", "policy", "engine", "preset", "profile", "time-scale", "tls-cert", "tls-key", "tls-ca", "tls-server-name",
 		"planner", "planner-profile", "planner-codec", "planner-interval", "planner-window", "planner-cooldown", "planner-hysteresis",
 		"planner-namespace", "planner-prefill-deployment", "planner-decode-deployment", "link-gbps", "gpu-cost-per-hour", "gpu-budget"} {
 		if fs.Lookup(name) == nil {
@@ -136,8 +136,11 @@ func TestMainExitCodes(t *testing.T) {
 		{"bad mode", []string{"--mode", "sideways"}, 2, "mode"},
 		{"bad policy value", []string{"--first-token-policy", "maybe"}, 2, "first-token-policy"},
 		{"bad http address", []string{"--http-addr", "nowhere"}, 2, "http-addr"},
-		{"missing config file", []string{"--config", missing}, 2, "missing.yaml"},
-		{"invalid config file", []string{"--config", badPolicy}, 2, "queue_limit"},
+		{"missing policy file", []string{"--policy", missing}, 2, "missing.yaml"},
+		{"invalid policy file", []string{"--policy", badPolicy}, 2, "queue_limit"},
+		{"missing policy file by the former name", []string{"--config", missing}, 2, "missing.yaml"},
+		{"former and new name disagree", []string{"--queue-limit=3", "--max-admitted-requests=4"}, 2,
+			"coordinator: --queue-limit 3 and --max-admitted-requests 4: --queue-limit is the former name of --max-admitted-requests; give one\n"},
 		{"stray argument", []string{"--mode", "colocated", "extra"}, 2, "unexpected"},
 		{"unknown subcommand", []string{"deploy"}, 2, "unknown subcommand"},
 		{"profiles", []string{"profiles"}, 0, "PROFILE"},

@@ -191,7 +191,7 @@ func (p Options) Validate(co coordinator.Options) error {
 		bad("planner %s needs --planner-profile (standalone with the sim engine: --profile)", mode)
 	}
 	if co.Policy.SLO.TTFTMs <= 0 || co.Policy.SLO.TPOTMs <= 0 {
-		bad("planner %s needs slo.ttft_ms and slo.tpot_ms > 0 in the --config policy", mode)
+		bad("planner %s needs slo.ttft_ms and slo.tpot_ms > 0 in the --policy file", mode)
 	}
 	if p.Interval <= 0 || p.Window <= 0 || p.Cooldown <= 0 {
 		bad("planner-interval %v, planner-window %v and planner-cooldown %v must be positive", p.Interval, p.Window, p.Cooldown)

@@ -15,7 +15,7 @@ import (
 func TestPlannerOptions(t *testing.T) {
 	policy := plannertest.SLOPolicy(t)
 	standaloneSim := func(o *coordinator.Options) {
-		o.Standalone, o.Engine, o.ConfigFile = true, plannertest.SimEngine(), policy
+		o.Standalone, o.Engine, o.PolicyFile = true, plannertest.SimEngine(), policy
 	}
 	tests := []struct {
 		name        string
@@ -27,14 +27,14 @@ func TestPlannerOptions(t *testing.T) {
 		{name: "auto without a profile is off", wantMode: plannerhost.Off},
 		{name: "auto uses the standalone sim profile", edit: func(o *coordinator.Options, _ *plannerhost.Options) { standaloneSim(o) }, wantMode: plannerhost.Log, wantProfile: plannertest.Profile},
 		{name: "auto with a profile", edit: func(o *coordinator.Options, p *plannerhost.Options) {
-			o.ConfigFile, p.Profile = policy, "h100/llama-3-70b/tp4"
+			o.PolicyFile, p.Profile = policy, "h100/llama-3-70b/tp4"
 		}, wantMode: plannerhost.Log, wantProfile: "h100/llama-3-70b/tp4"},
 		{name: "decode profile of the same model", edit: func(o *coordinator.Options, p *plannerhost.Options) {
-			o.ConfigFile, p.Profile, p.DecodeProfile = policy, "h100/llama-2-70b/tp2", "a100-80g/llama-2-70b/tp2"
+			o.PolicyFile, p.Profile, p.DecodeProfile = policy, "h100/llama-2-70b/tp2", "a100-80g/llama-2-70b/tp2"
 		}, wantMode: plannerhost.Log, wantProfile: "h100/llama-2-70b/tp2"},
 		{name: "auto without SLOs is off", edit: func(o *coordinator.Options, p *plannerhost.Options) {
 			standaloneSim(o)
-			o.ConfigFile = ""
+			o.PolicyFile = ""
 		}, wantMode: plannerhost.Off},
 		{name: "auto in colocated mode is off", edit: func(o *coordinator.Options, p *plannerhost.Options) {
 			standaloneSim(o)
@@ -49,7 +49,7 @@ func TestPlannerOptions(t *testing.T) {
 			p.Mode, p.Namespace, p.PrefillDeployment, p.DecodeDeployment = plannerhost.Kubernetes, "ns", "p", "d"
 		}, wantMode: plannerhost.Kubernetes, wantProfile: plannertest.Profile},
 		{name: "log needs a profile", edit: func(o *coordinator.Options, p *plannerhost.Options) {
-			o.ConfigFile, p.Mode = policy, plannerhost.Log
+			o.PolicyFile, p.Mode = policy, plannerhost.Log
 		}, wantErr: "planner-profile"},
 		{name: "log needs SLOs", edit: func(o *coordinator.Options, p *plannerhost.Options) {
 			p.Mode, p.Profile = plannerhost.Log, plannertest.Profile
@@ -164,7 +164,7 @@ func TestPlannerStartsFromAMeasuredProfileFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	o, p := coordinator.DefaultOptions(), plannerhost.DefaultOptions()
-	o.ConfigFile, p.Profile = plannertest.SLOPolicy(t), file
+	o.PolicyFile, p.Profile = plannertest.SLOPolicy(t), file
 	if err := o.Complete(); err != nil {
 		t.Fatal(err)
 	}

@@ -51,7 +51,7 @@ func TestCheckPodsReportsUnschedulable(t *testing.T) {
 	}
 
 	o, p := coordinator.DefaultOptions(), plannerhost.DefaultOptions()
-	o.ConfigFile = plannertest.SLOPolicy(t)
+	o.PolicyFile = plannertest.SLOPolicy(t)
 	p.Mode, p.Profile, p.Namespace, p.PrefillDeployment, p.DecodeDeployment = plannerhost.Kubernetes, plannertest.Profile, ns, "pd-prefill", "pd-decode"
 	p.KubeClient = cs
 	if err := o.Complete(); err != nil {

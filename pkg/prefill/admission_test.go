@@ -34,7 +34,7 @@ func admit(t *testing.T, w *testWorker, addr string, n int, ids ...string) []cod
 // beyond what the retention bound lets run at once wait in the queue, and
 // once their KV reaches MaxLiveKVBytes more requests are refused at once
 // with RESOURCE_EXHAUSTED (the coordinator's 429). Before this bound every
-// request up to QueueLimit was queued, and at full KV size (hundreds of MB
+// request up to MaxLivePrefills was queued, and at full KV size (hundreds of MB
 // a prompt) they waited tens of seconds, until the decode worker gave up
 // on them.
 func TestQueueBoundedByLiveKV(t *testing.T) {
@@ -104,7 +104,7 @@ func TestQueueBoundCountsEnginePayload(t *testing.T) {
 	scaled := scaledEngine{Engine: e, tokenBytes: spec.KVTokenBytes() / 4}
 	addr := serveReceiver(t, &fakeReceiver{})
 	o := smallOptions()
-	o.QueueLimit = 16
+	o.MaxLivePrefills = 16
 	o.RetainBytes = int64(10 * spec.Layers * spec.KVTokenBytes()) // one 10-token prompt at the model's size
 	w := newWorkerOn(t, scaled, o, false)
 	var ids []string

@@ -9,7 +9,7 @@
 // Prefill validates the request, puts it at the tail of a bounded queue
 // and sends a PrefillQueued event. The queue is full, and Prefill fails at
 // once with RESOURCE_EXHAUSTED (the coordinator's 429), when
-// Options.QueueLimit requests are live or when the prompt's KV would take
+// Options.MaxLivePrefills requests are live or when the prompt's KV would take
 // the live requests' KV beyond Options.MaxLiveKVBytes (see Retention): a
 // request is refused up front rather than left to wait in a queue that
 // cannot drain in time. Every scheduler step takes requests in arrival order

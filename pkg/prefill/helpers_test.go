@@ -251,7 +251,7 @@ func smallOptions() Options {
 	o := DefaultOptions()
 	o.ChunkTokens = 8
 	o.MaxBatchTokens = 32
-	o.QueueLimit = 8
+	o.MaxLivePrefills = 8
 	return o
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/pdserve/pdserve/internal/cliflags"
 	"github.com/pdserve/pdserve/pkg/kv/codec"
 	"github.com/pdserve/pdserve/pkg/kvtransfer/codecpick"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
@@ -24,9 +25,9 @@ type Options struct {
 	// each transfer soonest) or CodecAutoLossy (the same among every
 	// codec, lossy ones included); see the package doc.
 	Codec string
-	// QueueLimit bounds the live requests (queued, prefilling or sending
+	// MaxLivePrefills bounds the live requests (queued, prefilling or sending
 	// KV); beyond it Prefill fails with RESOURCE_EXHAUSTED. > 0.
-	QueueLimit int
+	MaxLivePrefills int
 	// RetainBytes bounds the KV bytes held in memory for requests being
 	// prefilled or sent and for finished requests kept for Resend. > 0.
 	RetainBytes int64
@@ -66,30 +67,32 @@ func (o Options) liveKVLimit() int64 {
 // DefaultOptions returns the defaults of the prefill-worker flags.
 func DefaultOptions() Options {
 	return Options{
-		ChunkTokens:    512,
-		MaxBatchTokens: 2048,
-		Codec:          "none",
-		QueueLimit:     256,
-		RetainBytes:    1 << 30,
-		RetainTTL:      10 * time.Minute,
-		PrefixCache:    prefixcache.DefaultOptions(),
+		ChunkTokens:     512,
+		MaxBatchTokens:  2048,
+		Codec:           "none",
+		MaxLivePrefills: 256,
+		RetainBytes:     1 << 30,
+		RetainTTL:       10 * time.Minute,
+		PrefixCache:     prefixcache.DefaultOptions(),
 	}
 }
 
 // AddFlags registers --chunk-tokens, --max-batch-tokens, --codec,
-// --queue-limit, --retain-bytes, --retain-ttl, --max-live-kv-bytes,
+// --max-live-prefills, --retain-bytes, --retain-ttl, --max-live-kv-bytes,
 // --block-tokens, --prefix-cache-tokens and --prefix-cache-entries on fs,
-// with o's values as defaults.
+// with o's values as defaults, and --queue-limit, the former name of
+// --max-live-prefills (cliflags.AddRenamed: removed in the next release).
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.ChunkTokens, "chunk-tokens", o.ChunkTokens, "most prompt tokens of one request prefilled in one step (chunked prefill)")
 	fs.IntVar(&o.MaxBatchTokens, "max-batch-tokens", o.MaxBatchTokens, "token budget of one prefill step, summed over the batch (>= --chunk-tokens)")
 	fs.StringVar(&o.Codec, "codec", o.Codec, "KV codec when a request names none: none, s2, zstd, bf16 (also f16: lossless byte planes of bf16 or f16 KV), fp8 or int8 (bf16, fp8 and int8 need bf16 or f16 KV); auto chooses per transfer the lossless codec that delivers soonest (from a codec self-benchmark at start, the link throughput measured per decode worker and its decode speed), auto-lossy the same with fp8 and int8 allowed")
-	fs.IntVar(&o.QueueLimit, "queue-limit", o.QueueLimit, "most live requests (queued, prefilling or sending KV); more get RESOURCE_EXHAUSTED")
+	fs.IntVar(&o.MaxLivePrefills, "max-live-prefills", o.MaxLivePrefills, "most live requests (queued, prefilling or sending KV); more get RESOURCE_EXHAUSTED")
 	fs.Int64Var(&o.RetainBytes, "retain-bytes", o.RetainBytes, "bytes of KV held for in-flight requests and for finished ones kept for Resend (LRU eviction)")
 	fs.DurationVar(&o.RetainTTL, "retain-ttl", o.RetainTTL, "how long a finished request's KV is kept for Resend when no Release comes (its coordinator may be gone)")
 	fs.Int64Var(&o.MaxLiveKVBytes, "max-live-kv-bytes", o.MaxLiveKVBytes, "KV bytes of queued, prefilling and sending requests beyond which new requests get RESOURCE_EXHAUSTED (0: 2 × --retain-bytes)")
 	fs.IntVar(&o.PrefixCache.BlockTokens, "block-tokens", o.PrefixCache.BlockTokens, "tokens per block of the prefix hashes and of prefix reuse: must equal the coordinator's and the decode workers' --block-tokens")
 	o.PrefixCache.AddFlags(fs)
+	cliflags.AddRenamed(fs, cliflags.Renamed{Old: "queue-limit", New: "max-live-prefills"})
 }
 
 // Validate reports every invalid field in one error.
@@ -106,8 +109,8 @@ func (o Options) Validate() error {
 			errs = append(errs, fmt.Errorf("codec %q: %w", o.Codec, err))
 		}
 	}
-	if o.QueueLimit <= 0 {
-		errs = append(errs, fmt.Errorf("queue-limit %d must be positive", o.QueueLimit))
+	if o.MaxLivePrefills <= 0 {
+		errs = append(errs, fmt.Errorf("max-live-prefills %d must be positive", o.MaxLivePrefills))
 	}
 	if o.RetainBytes <= 0 {
 		errs = append(errs, fmt.Errorf("retain-bytes %d must be positive", o.RetainBytes))

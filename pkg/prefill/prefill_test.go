@@ -131,10 +131,10 @@ func TestBatchesQueuedRequests(t *testing.T) {
 	}
 }
 
-func TestQueueLimit(t *testing.T) {
+func TestMaxLivePrefills(t *testing.T) {
 	addr := serveReceiver(t, &fakeReceiver{})
 	o := smallOptions()
-	o.QueueLimit = 2
+	o.MaxLivePrefills = 2
 	w := newWorker(t, o, false)
 	ctx := testCtx(t)
 	for i := range 2 {

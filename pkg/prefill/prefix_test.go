@@ -19,7 +19,7 @@ import (
 // cachedOptions turns the prefix cache on with blocks of 16 tokens.
 func cachedOptions(tokens, entries int) Options {
 	o := smallOptions()
-	o.ChunkTokens, o.MaxBatchTokens, o.QueueLimit = 16, 64, 64
+	o.ChunkTokens, o.MaxBatchTokens, o.MaxLivePrefills = 16, 64, 64
 	o.PrefixCache = prefixcache.Options{MaxTokens: tokens, MaxEntries: entries, BlockTokens: 16}
 	return o
 }
@@ -268,7 +268,7 @@ func TestPrefixCacheAutoYieldsEngineMemory(t *testing.T) {
 	addr := serveReceiver(t, f)
 	eng := newBoundedEngine(t, 320, 8)
 	o := smallOptions()
-	o.ChunkTokens, o.MaxBatchTokens, o.QueueLimit = 16, 64, 64
+	o.ChunkTokens, o.MaxBatchTokens, o.MaxLivePrefills = 16, 64, 64
 	if o.PrefixCache.MaxTokens != prefixcache.Auto {
 		t.Fatalf("default prefix-cache-tokens %d, want Auto", o.PrefixCache.MaxTokens)
 	}

@@ -359,7 +359,7 @@ func (s *Server) wakeup() {
 // once the decode worker acknowledged the KV; then the stream ends.
 // Errors: INVALID_ARGUMENT for a bad request, ALREADY_EXISTS when the id is
 // live, RESOURCE_EXHAUSTED at once when the queue is full
-// (Options.QueueLimit requests, or Options.MaxLiveKVBytes of KV), UNAVAILABLE
+// (Options.MaxLivePrefills requests, or Options.MaxLiveKVBytes of KV), UNAVAILABLE
 // when the worker drains or stops, CANCELED, and when the KV transfer
 // fails, the decode worker's status (e.g. FAILED_PRECONDITION without a
 // reservation) or UNAVAILABLE, marked so that wire.IsKVTransferFailed reports it.
@@ -515,7 +515,7 @@ func (s *Server) enqueue(req *pdservev1.PrefillRequest) (*request, int, error) {
 		return nil, 0, status.Error(codes.Unavailable, "prefill: worker is draining")
 	case s.live[r.id] != nil:
 		return nil, 0, status.Errorf(codes.AlreadyExists, "prefill: request %s is already live", r.id)
-	case len(s.live) >= s.o.QueueLimit:
+	case len(s.live) >= s.o.MaxLivePrefills:
 		return nil, 0, status.Errorf(codes.ResourceExhausted, "prefill: queue full (%d live requests)", len(s.live))
 	}
 	r.kvBytes = int64(len(r.prompt)) * int64(s.spec.Layers) * int64(s.tokenBytes)

@@ -20,8 +20,8 @@ import (
 
 // The flags the Helm chart relies on (fixed names).
 var (
-	commonFlags  = []string{"nats-url", "nats-user", "nats-password-file", "log-level", "metrics-addr", "engine", "preset", "profile", "time-scale", "config", "grpc-addr", "advertise-addr", "id", "heartbeat-interval", "tls-cert", "tls-key", "tls-ca", "tls-server-name"}
-	prefillFlags = []string{"chunk-tokens", "max-batch-tokens", "codec", "link-gbps", "kv-conns", "retain-bytes"}
+	commonFlags  = []string{"nats-url", "nats-user", "nats-password-file", "log-level", "metrics-addr", "engine", "preset", "profile", "time-scale", "flags-file", "grpc-addr", "advertise-addr", "id", "heartbeat-interval", "tls-cert", "tls-key", "tls-ca", "tls-server-name"}
+	prefillFlags = []string{"chunk-tokens", "max-batch-tokens", "codec", "max-live-prefills", "pace-gbps", "kv-conns", "retain-bytes"}
 	decodeFlags  = []string{"role", "kv-blocks", "block-tokens", "max-batch", "chunk-tokens", "max-batch-tokens"}
 )
 
@@ -78,7 +78,8 @@ func TestMainRejectsBadSettings(t *testing.T) {
 		{"bad trace sampling", NewDecodeOptions(), []string{"--otel-endpoint=http://127.0.0.1:4317", "--otel-sample-ratio=1.5"},
 			"worker: --otel-sample-ratio 1.5: must be in [0, 1]\n"},
 		{"sim without profile", NewDecodeOptions(), []string{"--engine=sim"}, "profile is required"},
-		{"missing config file", NewDecodeOptions(), []string{"--config=does-not-exist.yaml"}, "worker: --config does-not-exist.yaml: no such file or directory\n"},
+		{"missing flags file", NewDecodeOptions(), []string{"--flags-file=does-not-exist.yaml"}, "worker: --flags-file does-not-exist.yaml: no such file or directory\n"},
+		{"missing flags file by the former name", NewDecodeOptions(), []string{"--config=does-not-exist.yaml"}, "worker: --flags-file does-not-exist.yaml: no such file or directory\n"},
 		{"stray argument", NewDecodeOptions(), []string{"serve"}, "unexpected arguments"},
 		{"tls cert without key", NewDecodeOptions(), []string{"--tls-cert=tls.crt"}, "tls-cert and tls-key must be given together"},
 		{"tls files missing", NewPrefillOptions(), []string{"--tls-cert=no.crt", "--tls-key=no.key", "--tls-ca=no-ca.crt"}, "tls-cert: open no.crt"},
@@ -143,7 +144,7 @@ func TestMainErrorMessages(t *testing.T) {
 	}
 }
 
-func TestApplyConfigFile(t *testing.T) {
+func TestApplyFlagsFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "worker.yaml")
 	yaml := "kv-blocks: 128\nmax-batch: 16\nheartbeat-interval: 250ms\nrole: colocated\nengine: ref\n"
 	if err := os.WriteFile(path, []byte(yaml), 0o600); err != nil {
@@ -152,11 +153,11 @@ func TestApplyConfigFile(t *testing.T) {
 	o := NewDecodeOptions()
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)
 	o.AddFlags(fs)
-	if err := fs.Parse([]string{"--max-batch=32", "--config=" + path}); err != nil {
+	if err := fs.Parse([]string{"--max-batch=32", "--flags-file=" + path}); err != nil {
 		t.Fatal(err)
 	}
-	if err := ApplyConfigFile(fs, o.ConfigFile); err != nil {
-		t.Fatal(err)
+	if renamed, err := ApplyFlagsFile(fs, o.FlagsFile); err != nil || renamed != nil {
+		t.Fatalf("ApplyFlagsFile = %v, %v", renamed, err)
 	}
 	got := []any{o.Decode.KVBlocks, o.Decode.MaxBatch, o.HeartbeatInterval, o.Role}
 	want := []any{128, 32, 250 * time.Millisecond, control.RoleColocated} // the command line wins for max-batch
@@ -168,7 +169,7 @@ func TestApplyConfigFile(t *testing.T) {
 	if err := os.WriteFile(bad, []byte("kv-blockz: 1\nmax-batch: [1, 2]\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	err := ApplyConfigFile(fs, bad)
+	_, err := ApplyFlagsFile(fs, bad)
 	if err == nil || !strings.Contains(err.Error(), `unknown flag "kv-blockz"`) || !strings.Contains(err.Error(), "must be a scalar") {
 		t.Errorf("bad config: %v, want unknown flag and scalar errors", err)
 	}

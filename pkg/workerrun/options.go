@@ -66,13 +66,14 @@ type Options struct {
 	DrainTimeout time.Duration
 	// LogLevel is debug, info, warn or error; used by Main's logger.
 	LogLevel string
-	// ConfigFile is a YAML file of flag values (keys are flag names); flags
-	// given on the command line win. Used by Main.
-	ConfigFile string
+	// FlagsFile is a YAML file of flag values (--flags-file; keys are flag
+	// names, former names too); flags given on the command line win. Used
+	// by Main (ApplyFlagsFile).
+	FlagsFile string
 
-	// LinkGbps paces KV transfers as over a link of that many Gbit/s (0: no
-	// pacing). Prefill only.
-	LinkGbps float64
+	// PaceGbps paces KV transfers as over a link of that many Gbit/s
+	// (--pace-gbps; 0: no pacing). Prefill only.
+	PaceGbps float64
 	// KVConns is the number of connections per decode worker for KV
 	// transfer. Prefill only. > 0.
 	KVConns int
@@ -179,16 +180,19 @@ func (v roleValue) Set(s string) error {
 // --metrics-addr, --nats-url and the NATS credential flags
 // (control.ConnOptions), --heartbeat-interval, --kv-events,
 // --kv-snapshot-interval, --drain-timeout,
-// --log-level, --config, --tls-cert, --tls-key, --tls-ca,
+// --log-level, --flags-file, --tls-cert, --tls-key, --tls-ca,
 // --tls-server-name, --grpc-verify-key, --grpc-token-file,
 // --grpc-prefill-token-file, --tls-allow-coordinator, --tls-allow-prefill
 // (grpcauth), --grpc-keepalive-time, --grpc-keepalive-timeout and the
 // engine flags (see enginecfg). Prefill: --tls-worker-identity (its decode
-// peers' certificates), --chunk-tokens, --max-batch-tokens, --codec, --queue-limit,
-// --retain-bytes, --link-gbps, --kv-conns. Decode and colocated: --role,
+// peers' certificates), --chunk-tokens, --max-batch-tokens, --codec, --max-live-prefills,
+// --retain-bytes, --pace-gbps, --kv-conns. Decode and colocated: --role,
 // --kv-blocks, --block-tokens, --max-batch, --chunk-tokens,
 // --max-batch-tokens, --reserve-ttl, --max-reservations-per-caller,
-// --max-reserved-tokens-per-caller.
+// --max-reserved-tokens-per-caller. The former names, until the next
+// release (cliflags.AddRenamed): --config (--flags-file) on every worker,
+// --link-gbps (--pace-gbps) and --queue-limit (--max-live-prefills) on
+// prefill workers.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.ID, "id", o.ID, "worker id in heartbeats and on the command subject (default <role>-<random hex>)")
 	fs.StringVar(&o.GRPCAddr, "grpc-addr", o.GRPCAddr, "gRPC listen address, host:port (the default listens on loopback only; :9000 listens on every interface)")
@@ -201,7 +205,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.KVSnapshotInterval, "kv-snapshot-interval", o.KVSnapshotInterval, "time between full snapshots of the prefix cache's blocks on NATS (with --kv-events), which heal a lost event")
 	fs.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "how long a graceful stop waits for requests in flight")
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "log level: debug, info, warn or error")
-	fs.StringVar(&o.ConfigFile, "config", o.ConfigFile, "YAML file of flag values, keys are flag names without dashes; command-line flags win")
+	fs.StringVar(&o.FlagsFile, "flags-file", o.FlagsFile, "YAML file of flag values, keys are flag names without dashes; command-line flags win")
 	o.TLS.AddFlags(fs)
 	o.GRPCAuth.AddFlags(fs, true)
 	o.Keepalive.AddFlags(fs)
@@ -210,12 +214,14 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	if o.Role == control.RolePrefill {
 		o.GRPCAuth.AddWorkerIdentityFlag(fs)
 		o.Prefill.AddFlags(fs)
-		fs.Float64Var(&o.LinkGbps, "link-gbps", o.LinkGbps, "pace KV transfers as over a link of this many Gbit/s (0: no pacing)")
+		fs.Float64Var(&o.PaceGbps, "pace-gbps", o.PaceGbps, "pace KV transfers as over a link of this many Gbit/s (0: no pacing)")
 		fs.IntVar(&o.KVConns, "kv-conns", o.KVConns, "connections per decode worker for KV transfer")
-		return
+		cliflags.AddRenamed(fs, cliflags.Renamed{Old: "link-gbps", New: "pace-gbps"})
+	} else {
+		fs.Var(roleValue{&o.Role}, "role", "worker role: decode, or colocated (prefills locally too)")
+		o.Decode.AddFlags(fs)
 	}
-	fs.Var(roleValue{&o.Role}, "role", "worker role: decode, or colocated (prefills locally too)")
-	o.Decode.AddFlags(fs)
+	cliflags.AddRenamed(fs, cliflags.Renamed{Old: "config", New: "flags-file"})
 }
 
 // Validate reports every invalid setting in one error: "workerrun: invalid
@@ -231,8 +237,8 @@ func (o Options) Validate() error {
 		if o.KVConns <= 0 {
 			errs = append(errs, cliflags.BadFlag("kv-conns", strconv.Itoa(o.KVConns), errors.New("must be positive")))
 		}
-		if o.LinkGbps < 0 {
-			errs = append(errs, cliflags.BadFlag("link-gbps", fmt.Sprint(o.LinkGbps), errors.New("must not be negative")))
+		if o.PaceGbps < 0 {
+			errs = append(errs, cliflags.BadFlag("pace-gbps", fmt.Sprint(o.PaceGbps), errors.New("must not be negative")))
 		}
 	case control.RoleDecode, control.RoleColocated:
 		if err := o.Decode.Validate(); err != nil {
@@ -334,7 +340,7 @@ func (o Options) LogFields() []zap.Field {
 		zap.Duration("kv_snapshot_interval", o.KVSnapshotInterval),
 		zap.Duration("drain_timeout", o.DrainTimeout),
 		zap.String("log_level", o.LogLevel),
-		zap.String("config", o.ConfigFile),
+		zap.String("flags_file", o.FlagsFile),
 	}
 	f = append(f, o.NATS.LogFields()...)
 	f = append(f, o.TLS.LogFields()...)
@@ -350,9 +356,9 @@ func (o Options) LogFields() []zap.Field {
 		p := o.Prefill
 		return append(f,
 			zap.Int("chunk_tokens", p.ChunkTokens), zap.Int("max_batch_tokens", p.MaxBatchTokens),
-			zap.String("codec", p.Codec), zap.Int("queue_limit", p.QueueLimit), zap.Int64("retain_bytes", p.RetainBytes),
+			zap.String("codec", p.Codec), zap.Int("max_live_prefills", p.MaxLivePrefills), zap.Int64("retain_bytes", p.RetainBytes),
 			zap.Duration("retain_ttl", p.RetainTTL), zap.Int64("max_live_kv_bytes", p.MaxLiveKVBytes),
-			zap.Float64("link_gbps", o.LinkGbps), zap.Int("kv_conns", o.KVConns),
+			zap.Float64("pace_gbps", o.PaceGbps), zap.Int("kv_conns", o.KVConns),
 			zap.Int("block_tokens", p.PrefixCache.BlockTokens),
 			zap.Int("prefix_cache_tokens", p.PrefixCache.MaxTokens), zap.Int("prefix_cache_entries", p.PrefixCache.MaxEntries))
 	}

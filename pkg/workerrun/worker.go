@@ -234,7 +234,7 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 	gopts = append(gopts, tracing.ServerOptions(tp)...)
 	switch o.Role {
 	case control.RolePrefill:
-		dopts := []kvtransfer.DialOption{kvtransfer.WithConnsPerAddr(o.KVConns), kvtransfer.WithLinkGbps(o.LinkGbps), kvtransfer.WithLogger(w.log.Named("kvtransfer")),
+		dopts := []kvtransfer.DialOption{kvtransfer.WithConnsPerAddr(o.KVConns), kvtransfer.WithLinkGbps(o.PaceGbps), kvtransfer.WithLogger(w.log.Named("kvtransfer")),
 			kvtransfer.WithKeepalive(o.Keepalive.ClientParameters()), kvtransfer.WithGRPCDialOptions(auth.DialOptions()...)}
 		if tlsCfg != nil {
 			// Nothing, the KV included, goes to a decode worker whose

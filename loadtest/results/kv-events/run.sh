@@ -29,7 +29,7 @@ printf 'users:\n  - {user: prefill, password: %s, role: prefill}\n  - {user: dec
 echo "# the default policy" >"$auth/policy.yaml"
 pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait' EXIT
-"$BIN/coordinator" --http-addr 127.0.0.1:18080 --nats-listen 127.0.0.1:14222 --config "$auth/policy.yaml" --nats-auth-file "$auth/users.yaml" \
+"$BIN/coordinator" --http-addr 127.0.0.1:18080 --nats-listen 127.0.0.1:14222 --policy "$auth/policy.yaml" --nats-auth-file "$auth/users.yaml" \
   --log-level warn "${sim[@]}" 2>"$auth/coordinator.log" & pids+=($!)
 sleep 1
 for i in 0 1 2 3; do
