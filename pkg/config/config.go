@@ -129,9 +129,14 @@ func Load(path string) (Policy, error) {
 }
 
 // Parse decodes a YAML policy over the defaults and validates it. Unknown
-// fields are errors, so that a typo does not silently drop a budget.
+// fields are errors, so that a typo does not silently drop a budget; a
+// removed one (routing.prefix_weight) is an error wrapping ErrInvalid
+// that says what to set instead.
 func Parse(data []byte) (Policy, error) {
 	p := Default()
+	if err := checkRemoved(data); err != nil {
+		return Policy{}, err
+	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&p); err != nil && !errors.Is(err, io.EOF) {

@@ -26,7 +26,7 @@ prompt_budgets:
   default: 100
   routes: {/v1/chat/completions: 50}
   api_keys: {key-1234: 10}
-routing: {local_prefill_below_tokens: 32, max_queued_prefill_tokens: 4096, prefix_weight: 0.5}
+routing: {local_prefill_below_tokens: 32, max_queued_prefill_tokens: 4096, weights: {prefill: {prefix: 0.5}}}
 `,
 			want: Policy{
 				SLO:    SLO{TTFTMs: 500, TPOTMs: 50, Attainment: 0.95},
@@ -36,7 +36,7 @@ routing: {local_prefill_below_tokens: 32, max_queued_prefill_tokens: 4096, prefi
 					Routes:  map[string]int{"/v1/chat/completions": 50},
 					APIKeys: map[string]int{"key-1234": 10},
 				},
-				Routing: Routing{LocalPrefillBelowTokens: 32, MaxQueuedPrefillTokens: 4096, PrefixWeight: new(0.5)},
+				Routing: Routing{LocalPrefillBelowTokens: 32, MaxQueuedPrefillTokens: 4096, Weights: RoutingWeights{Prefill: PrefillWeights{Prefix: new(0.5)}}},
 			},
 		},
 		{
@@ -65,7 +65,7 @@ routing: {local_prefill_below_tokens: 32, max_queued_prefill_tokens: 4096, prefi
 		{name: "default over cap", yaml: "limits: {max_tokens_cap: 8, default_max_tokens: 9}", wantErr: ErrInvalid},
 		{name: "zero queue limit", yaml: "limits: {queue_limit: 0}", wantErr: ErrInvalid},
 		{name: "negative budget", yaml: "prompt_budgets: {routes: {/x: -1}}", wantErr: ErrInvalid},
-		{name: "negative routing", yaml: "routing: {prefix_weight: -1}", wantErr: ErrInvalid},
+		{name: "negative routing", yaml: "routing: {max_queued_prefill_tokens: -1}", wantErr: ErrInvalid},
 		{
 			name: "auth files",
 			yaml: "auth: {api_keys_file: /etc/pdserve/keys, metrics_token_file: /etc/pdserve/metrics-token}",

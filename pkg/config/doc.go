@@ -30,7 +30,6 @@
 //	  max_queued_prefill_tokens: 0    # per prefill worker; 0 = unbounded
 //	  prefill_queue_local_tokens: 0   # when every prefill worker queues this many tokens…
 //	  busy_local_prefill_below_tokens: 0 # …prompts with fewer uncached tokens prefill locally (both or neither)
-//	  # prefix_weight: 4              # = weights.prefill.prefix (set one)
 //	  weights:                        # Σ weight × score, scores in [0, 1]; unset: these defaults (prefix-aware)
 //	    decode: {prefix: 1, queue: 0, kv: 1, batch: 0.01}
 //	    prefill: {prefix: 4, queue: 1, batch: 0}

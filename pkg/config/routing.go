@@ -2,7 +2,11 @@ package config
 
 import (
 	"fmt"
+	"maps"
 	"math"
+	"slices"
+
+	"go.yaml.in/yaml/v3"
 
 	"github.com/pdserve/pdserve/pkg/router"
 )
@@ -19,20 +23,6 @@ type Routing struct {
 	// MaxQueuedPrefillTokens: a prefill worker with this many queued prompt
 	// tokens takes no more requests; 0 = unbounded.
 	MaxQueuedPrefillTokens int `yaml:"max_queued_prefill_tokens"`
-	// PrefixWeight is the weight of the prefix-overlap score in the
-	// prefill profile: the same as weights.prefill.prefix, which it
-	// predates (set one, not both); nil = the default
-	// (DefaultPrefillWeights). 0 = prefix caches do not steer the choice
-	// of a prefill worker.
-	//
-	// Migration: it used to count queued tokens per token of prefix hit
-	// (score = queued − w × hit). Scores now lie in [0, 1]: the prefix
-	// score is the share of the prompt's blocks a worker holds, the queue
-	// score 1 − queued/(the longest queue), so w = 1 makes a full-prompt
-	// hit worth as much as an empty queue against the longest one. Values
-	// near 1 keep the old intent of w = 1 on prompts about as long as the
-	// queues' spread.
-	PrefixWeight *float64 `yaml:"prefix_weight"`
 	// PrefillQueueLocalTokens and BusyLocalPrefillBelowTokens: when every
 	// prefill worker has at least PrefillQueueLocalTokens queued tokens, a
 	// prompt whose uncached tokens are fewer than
@@ -79,7 +69,7 @@ type DecodeWeights struct {
 // PrefillWeights weigh the scorers that choose a prefill worker; nil =
 // default. Prefill workers report no KV, so there is no kv weight.
 type PrefillWeights struct {
-	Prefix *float64 `yaml:"prefix"` // share of the prompt's blocks cached; or prefix_weight
+	Prefix *float64 `yaml:"prefix"` // share of the prompt's blocks cached
 	Queue  *float64 `yaml:"queue"`  // queued prefill tokens
 	Batch  *float64 `yaml:"batch"`  // last prefill batch
 }
@@ -118,11 +108,11 @@ func (r Routing) DecodeWeights() ScorerWeights {
 	return ScorerWeights{Prefix: or(d.Prefix, w.Prefix), Queue: or(d.Queue, w.Queue), KV: or(d.KV, w.KV), Batch: or(d.Batch, w.Batch)}
 }
 
-// PrefillWeights returns the prefill profile's weights, defaults (and
-// PrefixWeight) filled in.
+// PrefillWeights returns the prefill profile's weights, defaults filled
+// in.
 func (r Routing) PrefillWeights() ScorerWeights {
 	d, w := DefaultPrefillWeights, r.Weights.Prefill
-	return ScorerWeights{Prefix: or(d.Prefix, w.Prefix, r.PrefixWeight), Queue: or(d.Queue, w.Queue), Batch: or(d.Batch, w.Batch)}
+	return ScorerWeights{Prefix: or(d.Prefix, w.Prefix), Queue: or(d.Queue, w.Queue), Batch: or(d.Batch, w.Batch)}
 }
 
 // PrefixAware reports whether any setting reads prefix caches, so that
@@ -138,8 +128,37 @@ func (r Routing) PrefixAware(colocated bool) bool {
 // weightsSet reports whether the policy sets any scorer weight.
 func (r Routing) weightsSet() bool {
 	d, p := r.Weights.Decode, r.Weights.Prefill
-	return r.PrefixWeight != nil || d.Prefix != nil || d.Queue != nil || d.KV != nil || d.Batch != nil ||
+	return d.Prefix != nil || d.Queue != nil || d.KV != nil || d.Batch != nil ||
 		p.Prefix != nil || p.Queue != nil || p.Batch != nil
+}
+
+// removedKeys are the routing keys that used to exist, and what to set
+// instead: a policy file that still has one is refused at load with that
+// advice, rather than as an unknown field.
+var removedKeys = map[string]string{
+	// prefix_weight was an alias of weights.prefill.prefix (the same
+	// scale since scores lie in [0, 1]).
+	"prefix_weight": "weights.prefill.prefix, the same weight",
+}
+
+// checkRemoved returns an error wrapping ErrInvalid naming the first
+// removed routing key (removedKeys) in the policy document data, with
+// its line; nil when there is none or data does not parse (the decoder
+// that follows reports that).
+func checkRemoved(data []byte) error {
+	var doc struct {
+		Routing map[string]yaml.Node `yaml:"routing"`
+	}
+	if yaml.Unmarshal(data, &doc) != nil {
+		return nil
+	}
+	for _, k := range slices.Sorted(maps.Keys(doc.Routing)) {
+		if instead, ok := removedKeys[k]; ok {
+			n := doc.Routing[k]
+			return fmt.Errorf("%w: line %d: routing.%s was removed: set routing.%s", ErrInvalid, n.Line, k, instead)
+		}
+	}
+	return nil
 }
 
 func (r Routing) validate() error {
@@ -164,7 +183,6 @@ func (r Routing) validate() error {
 		name string
 		p    *float64
 	}{
-		{"prefix_weight", r.PrefixWeight},
 		{"weights.decode.prefix", w.Decode.Prefix}, {"weights.decode.queue", w.Decode.Queue},
 		{"weights.decode.kv", w.Decode.KV}, {"weights.decode.batch", w.Decode.Batch},
 		{"weights.prefill.prefix", w.Prefill.Prefix}, {"weights.prefill.queue", w.Prefill.Queue},
@@ -178,9 +196,7 @@ func (r Routing) validate() error {
 	case r.Picker != "" && r.Picker != PickerMaxScore && r.Picker != PickerRoundRobin:
 		return bad("picker must be %s or %s, got %q", PickerMaxScore, PickerRoundRobin, r.Picker)
 	case r.Picker == PickerRoundRobin && r.weightsSet():
-		return bad("picker %s ignores the scores: unset prefix_weight and weights", PickerRoundRobin)
-	case r.PrefixWeight != nil && w.Prefill.Prefix != nil:
-		return bad("prefix_weight and weights.prefill.prefix are the same weight: set one")
+		return bad("picker %s ignores the scores: unset the weights", PickerRoundRobin)
 	case r.DecodeWeights() == ScorerWeights{}:
 		return bad("weights.decode are all 0: set at least one > 0")
 	case r.PrefillWeights() == ScorerWeights{}:

@@ -2,6 +2,8 @@ package config
 
 import (
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -33,19 +35,19 @@ func TestParseRouting(t *testing.T) {
 			wantAware:   true, wantAwareColocated: true,
 		},
 		{
-			name:        "prefix_weight is the prefill prefix weight",
-			yaml:        "routing: {prefix_weight: 0.5}",
-			want:        Routing{PrefixWeight: f(0.5)},
+			name:        "the prefill prefix weight",
+			yaml:        "routing: {weights: {prefill: {prefix: 0.5}}}",
+			want:        Routing{Weights: RoutingWeights{Prefill: PrefillWeights{Prefix: f(0.5)}}},
 			wantDecode:  DefaultDecodeWeights,
 			wantPrefill: ScorerWeights{Prefix: 0.5, Queue: 1},
 			wantAware:   true, wantAwareColocated: true,
 		},
 		{
-			// prefix_weight 0 is set, not unset: prefill workers by
+			// A prefix weight of 0 is set, not unset: prefill workers by
 			// queue alone; the decode profile keeps its prefix weight.
-			name:        "prefix_weight 0 turns prefill prefix scoring off",
-			yaml:        "routing: {prefix_weight: 0}",
-			want:        Routing{PrefixWeight: f(0)},
+			name:        "prefill prefix weight 0 turns prefill prefix scoring off",
+			yaml:        "routing: {weights: {prefill: {prefix: 0}}}",
+			want:        Routing{Weights: RoutingWeights{Prefill: PrefillWeights{Prefix: f(0)}}},
 			wantDecode:  DefaultDecodeWeights,
 			wantPrefill: ScorerWeights{Queue: 1},
 			wantAware:   true, wantAwareColocated: true,
@@ -111,18 +113,16 @@ func TestParseRouting(t *testing.T) {
 		},
 		{name: "unknown picker", yaml: "routing: {picker: random}", wantErr: ErrInvalid},
 		{name: "roundrobin with weights", yaml: "routing: {picker: roundrobin, weights: {decode: {prefix: 1}}}", wantErr: ErrInvalid},
-		{name: "roundrobin with prefix_weight", yaml: "routing: {picker: roundrobin, prefix_weight: 1}", wantErr: ErrInvalid},
-		{name: "roundrobin with prefix_weight 0", yaml: "routing: {picker: roundrobin, prefix_weight: 0}", wantErr: ErrInvalid},
+		{name: "roundrobin with a weight 0", yaml: "routing: {picker: roundrobin, weights: {prefill: {prefix: 0}}}", wantErr: ErrInvalid},
 		{name: "negative threshold", yaml: "routing: {local_prefill_below_tokens: -1}", wantErr: ErrInvalid},
 		{name: "negative queue bound", yaml: "routing: {max_queued_prefill_tokens: -1}", wantErr: ErrInvalid},
-		{name: "negative prefix_weight", yaml: "routing: {prefix_weight: -1}", wantErr: ErrInvalid},
+		{name: "negative prefix weight", yaml: "routing: {weights: {prefill: {prefix: -1}}}", wantErr: ErrInvalid},
+		{name: "removed prefix_weight", yaml: "routing: {prefix_weight: 1}", wantErr: ErrInvalid},
 		{name: "negative weight", yaml: "routing: {weights: {decode: {kv: -1}}}", wantErr: ErrInvalid},
 		{name: "nan weight", yaml: "routing: {weights: {prefill: {queue: .nan}}}", wantErr: ErrInvalid},
 		{name: "infinite weight", yaml: "routing: {weights: {prefill: {queue: .inf}}}", wantErr: ErrInvalid},
-		{name: "prefix weight set twice", yaml: "routing: {prefix_weight: 1, weights: {prefill: {prefix: 1}}}", wantErr: ErrInvalid},
 		{name: "all decode weights zero", yaml: "routing: {weights: {decode: {prefix: 0, kv: 0, batch: 0}}}", wantErr: ErrInvalid},
 		{name: "all prefill weights zero", yaml: "routing: {weights: {prefill: {prefix: 0, queue: 0}}}", wantErr: ErrInvalid},
-		{name: "all prefill weights zero by prefix_weight", yaml: "routing: {prefix_weight: 0, weights: {prefill: {queue: 0}}}", wantErr: ErrInvalid},
 		{name: "no kv weight for prefill", yaml: "routing: {weights: {prefill: {kv: 1}}}", wantErr: errAny},
 		{name: "unknown weight", yaml: "routing: {weights: {decode: {lora: 1}}}", wantErr: errAny},
 		{name: "busy queue without threshold", yaml: "routing: {prefill_queue_local_tokens: 100}", wantErr: ErrInvalid},
@@ -161,5 +161,25 @@ func TestParseRouting(t *testing.T) {
 				t.Errorf("PrefixAware(colocated) = %v, want %v", got, tc.wantAwareColocated)
 			}
 		})
+	}
+}
+
+// TestRemovedPrefixWeight: a policy that still sets routing.prefix_weight
+// (the former alias of weights.prefill.prefix) is refused at load with a
+// message that names the key, its line and what to set instead, whatever
+// its value.
+func TestRemovedPrefixWeight(t *testing.T) {
+	for _, yaml := range []string{
+		"routing: {prefix_weight: 0.5}",
+		"routing: {prefix_weight: 0}",
+		"routing: {prefix_weight: 1, weights: {prefill: {prefix: 1}}}",
+		"slo: {ttft_ms: 500}\nrouting:\n  local_prefill_below_tokens: 8\n  prefix_weight: 2\n",
+	} {
+		_, err := Parse([]byte(yaml))
+		line := strings.Count(yaml[:strings.Index(yaml, "prefix_weight")], "\n") + 1
+		want := fmt.Sprintf("line %d: routing.prefix_weight was removed: set routing.weights.prefill.prefix, the same weight", line)
+		if !errors.Is(err, ErrInvalid) || !strings.HasSuffix(err.Error(), want) {
+			t.Errorf("Parse(%q) = %v, want an ErrInvalid ending %q", yaml, err, want)
+		}
 	}
 }
