@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/pdserve/pdserve/pkg/batching"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 )
 
@@ -18,13 +19,12 @@ type Options struct {
 	// MaxBatch caps the sequences in one step (running decodes plus
 	// sequences being prefilled locally). > 0.
 	MaxBatch int
-	// ChunkTokens caps the tokens of one sequence's local prefill chunk in
-	// one step. > 0.
-	ChunkTokens int
-	// MaxBatchTokens is the token budget of one step, shared by decode
-	// tokens (one per running sequence) and local prefill chunks. Must
-	// exceed MaxBatch so that prefill always makes progress.
-	MaxBatchTokens int
+	// Budget is the step budget (--chunk-tokens, --max-batch-tokens):
+	// ChunkTokens caps one sequence's local prefill chunk in one step;
+	// MaxBatchTokens is shared by decode tokens (one per running sequence)
+	// and local prefill chunks, and must exceed MaxBatch so that prefill
+	// always makes progress.
+	batching.Budget
 	// ReserveTTL is how long a reservation waits for its Generate call
 	// before its blocks are released. > 0.
 	ReserveTTL time.Duration
@@ -82,12 +82,11 @@ const (
 // DefaultOptions returns the defaults of the decode-worker flags.
 func DefaultOptions() Options {
 	return Options{
-		KVBlocks:       4096,
-		BlockTokens:    16,
-		MaxBatch:       64,
-		ChunkTokens:    512,
-		MaxBatchTokens: 2048,
-		ReserveTTL:     30 * time.Second,
+		KVBlocks:    4096,
+		BlockTokens: 16,
+		MaxBatch:    64,
+		Budget:      batching.DefaultBudget(),
+		ReserveTTL:  30 * time.Second,
 
 		MaxReservationsPerCaller:   DefaultMaxReservationsPerCaller,
 		MaxReservedTokensPerCaller: DefaultMaxReservedTokensPerCaller,
@@ -98,7 +97,7 @@ func DefaultOptions() Options {
 }
 
 // AddFlags registers --kv-blocks, --block-tokens, --max-batch,
-// --chunk-tokens, --max-batch-tokens, --reserve-ttl,
+// --chunk-tokens, --max-batch-tokens (batching.Budget), --reserve-ttl,
 // --max-reservations-per-caller, --max-reserved-tokens-per-caller,
 // --max-outbox-bytes, --stream-write-timeout, --prefix-cache-tokens and --prefix-cache-entries on fs, with o's values
 // as defaults.
@@ -106,8 +105,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.KVBlocks, "kv-blocks", o.KVBlocks, "KV blocks in the worker's pool")
 	fs.IntVar(&o.BlockTokens, "block-tokens", o.BlockTokens, "tokens per KV block")
 	fs.IntVar(&o.MaxBatch, "max-batch", o.MaxBatch, "most sequences in one step (running decodes plus local prefills)")
-	fs.IntVar(&o.ChunkTokens, "chunk-tokens", o.ChunkTokens, "most tokens of one sequence's local prefill chunk in one step")
-	fs.IntVar(&o.MaxBatchTokens, "max-batch-tokens", o.MaxBatchTokens, "token budget of one step, shared by decode tokens and local prefill chunks (> --max-batch)")
+	o.Budget.AddFlags(fs)
 	fs.DurationVar(&o.ReserveTTL, "reserve-ttl", o.ReserveTTL, "how long a reservation waits for its Generate call before its blocks are released")
 	fs.IntVar(&o.MaxReservationsPerCaller, "max-reservations-per-caller", o.MaxReservationsPerCaller, "most requests (reservations and Generate calls) one caller holds at once; the caller is its authenticated identity, else its IP")
 	fs.IntVar(&o.MaxReservedTokensPerCaller, "max-reserved-tokens-per-caller", o.MaxReservedTokensPerCaller, "most KV tokens (whole blocks) one caller's requests hold at once")
@@ -128,8 +126,8 @@ func (o Options) Validate() error {
 	if o.MaxBatch <= 0 {
 		errs = append(errs, fmt.Errorf("max-batch %d must be positive", o.MaxBatch))
 	}
-	if o.ChunkTokens <= 0 {
-		errs = append(errs, fmt.Errorf("chunk-tokens %d must be positive", o.ChunkTokens))
+	if err := o.Budget.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	if o.MaxBatchTokens <= o.MaxBatch {
 		errs = append(errs, fmt.Errorf("max-batch-tokens %d must exceed max-batch %d", o.MaxBatchTokens, o.MaxBatch))

@@ -88,7 +88,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.Threads, "engine-threads", o.Threads, "ref engine goroutines for matrix work, llamacpp threads (0: every CPU)")
 	fs.StringVar(&o.Profile, "profile", o.Profile, fmt.Sprintf("sim engine profile, GPU/MODEL/tpN (one of %s) or a profile JSON file", strings.Join(perfmodel.Names(), ", ")))
 	fs.Float64Var(&o.TimeScale, "time-scale", o.TimeScale, "sim engine step-time multiplier (1 = real time, 0.1 = ten times faster)")
-	fs.Float64Var(&o.PayloadScale, "payload-scale", o.PayloadScale, "sim engine: fraction of the true KV bytes generated and moved, in (0, 1] (the default, 1/1024, keeps a CPU from falling behind the modeled GPU; block sizes and transfers paced by --link-gbps count the true size); every worker of a deployment must use the same")
+	fs.Float64Var(&o.PayloadScale, "payload-scale", o.PayloadScale, "sim engine: fraction of the true KV bytes generated and moved, in (0, 1] (the default, 1/1024, keeps a CPU from falling behind the modeled GPU; block sizes and transfers paced by --pace-gbps count the true size); every worker of a deployment must use the same")
 	fs.StringVar(&o.Model, "model", o.Model, "llamacpp engine: the GGUF model file")
 	fs.StringVar(&o.LlamaLib, "llama-lib", o.LlamaLib, "llamacpp engine: directory of llama.cpp's shared libraries (default $"+llamacpp.EnvLib+", else "+llamacpp.DefaultLibDir+")")
 	fs.IntVar(&o.GPULayers, "gpu-layers", o.GPULayers, "llamacpp engine: layers offloaded to the GPU (-1: all; 0: none; a CPU build of llama.cpp ignores it)")

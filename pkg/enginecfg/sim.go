@@ -16,8 +16,8 @@ import (
 // CPU generates every byte of the model's true KV: 419 MB for a 512-token
 // OPT-13B prompt, seconds of work for a prefill the profile models at
 // 72 ms, so the engine falls far behind its model. The true size still
-// counts where it matters: KV block sizes, and transfers paced by
-// --link-gbps.
+// counts where it matters: KV block sizes, and transfers paced by the
+// prefill workers' --pace-gbps.
 const DefaultPayloadScale = 1.0 / 1024
 
 func (o Options) validateSim() []error {

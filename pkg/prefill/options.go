@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pdserve/pdserve/internal/cliflags"
+	"github.com/pdserve/pdserve/pkg/batching"
 	"github.com/pdserve/pdserve/pkg/kv/codec"
 	"github.com/pdserve/pdserve/pkg/kvtransfer/codecpick"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
@@ -14,12 +15,10 @@ import (
 
 // Options configure a Server. Start from DefaultOptions.
 type Options struct {
-	// ChunkTokens caps the prompt tokens one request contributes to one
-	// step (chunked prefill). > 0.
-	ChunkTokens int
-	// MaxBatchTokens is the token budget of one step, summed over the
-	// batch. ≥ ChunkTokens.
-	MaxBatchTokens int
+	// Budget is the step budget (--chunk-tokens, --max-batch-tokens): at
+	// most ChunkTokens of one request's prompt per step, MaxBatchTokens
+	// summed over the batch, which must be ≥ ChunkTokens.
+	batching.Budget
 	// Codec is the KV codec name used when a request names none: one of
 	// pkg/kv/codec's names, or CodecAuto (the lossless codec that delivers
 	// each transfer soonest) or CodecAutoLossy (the same among every
@@ -67,8 +66,7 @@ func (o Options) liveKVLimit() int64 {
 // DefaultOptions returns the defaults of the prefill-worker flags.
 func DefaultOptions() Options {
 	return Options{
-		ChunkTokens:     512,
-		MaxBatchTokens:  2048,
+		Budget:          batching.DefaultBudget(),
 		Codec:           "none",
 		MaxLivePrefills: 256,
 		RetainBytes:     1 << 30,
@@ -77,14 +75,13 @@ func DefaultOptions() Options {
 	}
 }
 
-// AddFlags registers --chunk-tokens, --max-batch-tokens, --codec,
+// AddFlags registers --chunk-tokens, --max-batch-tokens (batching.Budget), --codec,
 // --max-live-prefills, --retain-bytes, --retain-ttl, --max-live-kv-bytes,
 // --block-tokens, --prefix-cache-tokens and --prefix-cache-entries on fs,
 // with o's values as defaults, and --queue-limit, the former name of
 // --max-live-prefills (cliflags.AddRenamed: removed in the next release).
 func (o *Options) AddFlags(fs *flag.FlagSet) {
-	fs.IntVar(&o.ChunkTokens, "chunk-tokens", o.ChunkTokens, "most prompt tokens of one request prefilled in one step (chunked prefill)")
-	fs.IntVar(&o.MaxBatchTokens, "max-batch-tokens", o.MaxBatchTokens, "token budget of one prefill step, summed over the batch (>= --chunk-tokens)")
+	o.Budget.AddFlags(fs)
 	fs.StringVar(&o.Codec, "codec", o.Codec, "KV codec when a request names none: none, s2, zstd, bf16 (also f16: lossless byte planes of bf16 or f16 KV), fp8 or int8 (bf16, fp8 and int8 need bf16 or f16 KV); auto chooses per transfer the lossless codec that delivers soonest (from a codec self-benchmark at start, the link throughput measured per decode worker and its decode speed), auto-lossy the same with fp8 and int8 allowed")
 	fs.IntVar(&o.MaxLivePrefills, "max-live-prefills", o.MaxLivePrefills, "most live requests (queued, prefilling or sending KV); more get RESOURCE_EXHAUSTED")
 	fs.Int64Var(&o.RetainBytes, "retain-bytes", o.RetainBytes, "bytes of KV held for in-flight requests and for finished ones kept for Resend (LRU eviction)")
@@ -98,11 +95,10 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 // Validate reports every invalid field in one error.
 func (o Options) Validate() error {
 	var errs []error
-	if o.ChunkTokens <= 0 {
-		errs = append(errs, fmt.Errorf("chunk-tokens %d must be positive", o.ChunkTokens))
-	}
-	if o.MaxBatchTokens < o.ChunkTokens || o.MaxBatchTokens <= 0 {
-		errs = append(errs, fmt.Errorf("max-batch-tokens %d must be positive and at least chunk-tokens %d", o.MaxBatchTokens, o.ChunkTokens))
+	if err := o.Budget.Validate(); err != nil {
+		errs = append(errs, err)
+	} else if o.MaxBatchTokens < o.ChunkTokens {
+		errs = append(errs, fmt.Errorf("max-batch-tokens %d must be at least chunk-tokens %d", o.MaxBatchTokens, o.ChunkTokens))
 	}
 	if auto, _ := codecpick.AutoName(o.Codec); !auto {
 		if _, err := codec.ByName(o.Codec); err != nil {

@@ -354,8 +354,8 @@ func (o Options) LogFields() []zap.Field {
 	}
 	if o.Role == control.RolePrefill {
 		p := o.Prefill
+		f = append(f, p.Budget.LogFields()...)
 		return append(f,
-			zap.Int("chunk_tokens", p.ChunkTokens), zap.Int("max_batch_tokens", p.MaxBatchTokens),
 			zap.String("codec", p.Codec), zap.Int("max_live_prefills", p.MaxLivePrefills), zap.Int64("retain_bytes", p.RetainBytes),
 			zap.Duration("retain_ttl", p.RetainTTL), zap.Int64("max_live_kv_bytes", p.MaxLiveKVBytes),
 			zap.Float64("pace_gbps", o.PaceGbps), zap.Int("kv_conns", o.KVConns),
@@ -363,9 +363,10 @@ func (o Options) LogFields() []zap.Field {
 			zap.Int("prefix_cache_tokens", p.PrefixCache.MaxTokens), zap.Int("prefix_cache_entries", p.PrefixCache.MaxEntries))
 	}
 	d := o.Decode
+	f = append(f, d.Budget.LogFields()...)
 	return append(f,
 		zap.Int("kv_blocks", d.KVBlocks), zap.Int("block_tokens", d.BlockTokens), zap.Int("max_batch", d.MaxBatch),
-		zap.Int("chunk_tokens", d.ChunkTokens), zap.Int("max_batch_tokens", d.MaxBatchTokens), zap.Duration("reserve_ttl", d.ReserveTTL),
+		zap.Duration("reserve_ttl", d.ReserveTTL),
 		zap.Int("max_reservations_per_caller", d.MaxReservationsPerCaller), zap.Int("max_reserved_tokens_per_caller", d.MaxReservedTokensPerCaller),
 		zap.Int("prefix_cache_tokens", d.PrefixCache.MaxTokens), zap.Int("prefix_cache_entries", d.PrefixCache.MaxEntries),
 		zap.Int("max_outbox_bytes", d.MaxOutboxBytes), zap.Duration("stream_write_timeout", d.StreamWriteTimeout))
