@@ -84,7 +84,7 @@ authorization {
       password: $PDSERVE_NATS_COORDINATOR_PASSWORD
       permissions: {
         publish: {allow: ["pdserve.cmd.>", "pdserve.plan"]}
-        subscribe: {allow: ["pdserve.hb.>", "pdserve.plan", "_INBOX.>"]}
+        subscribe: {allow: ["pdserve.hb.>", "pdserve.kv.>", "pdserve.plan", "_INBOX.>"]}
       }
     }
     {{- range $user := list "prefill" "decode" }}
@@ -93,7 +93,7 @@ authorization {
       user: {{ $user | quote }}
       password: ${{ printf "PDSERVE_NATS_%s_PASSWORD" (upper $user) }}
       permissions: {
-        publish: {allow: [{{ printf "pdserve.hb.%s.*" $role | quote }}]}
+        publish: {allow: [{{ printf "pdserve.hb.%s.*" $role | quote }}, {{ printf "pdserve.kv.%s.*" $role | quote }}]}
         {{- if eq $role "prefill" }}
         {{- /* the receivers' codec speeds, for the adaptive codec */}}
         subscribe: {allow: [{{ printf "pdserve.cmd.%s.*" $role | quote }}, "pdserve.hb.decode.*", "pdserve.hb.colocated.*"]}
