@@ -24,14 +24,19 @@ export BIN OUT=$d PREFILL_PREFIX_TOKENS=-1 DECODE_WORKERS=3
 tmp=$(mktemp -d)
 sed -n 3794,3993p "$trace" >"$tmp/slice.jsonl" # rows 3793-3992, 0-based
 echo "# the default policy" >"$tmp/default.yaml"
+# measured-xS: the router on the workers' KV events (the default);
+# measured-digest-xS: on their heartbeat digests (--kv-events=false).
 if [[ -z ${SKIP_RUNS:-} ]]; then
   for s in "${scales[@]}"; do
-    loadtest/results/prefix-cache/run.sh "measured-x$s" "$tmp/default.yaml" -1 -- \
-      --dataset-name mooncake --dataset-path "$trace" --mooncake-block-size 512 --trace-replay \
-      --trace-skip 3793 --num-prompts 200 --trace-time-scale "$s" --save-detailed --no-plots >/dev/null
-    # Keep the per-request TTFTs and arrivals; drop the texts and inter-token gaps.
-    python3 -c 'import json, sys; f = sys.argv[1]; r = json.load(open(f)); [r.pop(k, None) for k in ("itls", "generated_texts")]; json.dump(r, open(f, "w"), indent=2)' "$d/measured-x$s.json"
-    echo "measured-x$s done" >&2
+    for kind in measured:"" measured-digest:--kv-events=false; do
+      name=${kind%%:*}-x$s
+      WORKER_FLAGS=${kind#*:} loadtest/results/prefix-cache/run.sh "$name" "$tmp/default.yaml" -1 -- \
+        --dataset-name mooncake --dataset-path "$trace" --mooncake-block-size 512 --trace-replay \
+        --trace-skip 3793 --num-prompts 200 --trace-time-scale "$s" --save-detailed --no-plots >/dev/null
+      # Keep the per-request TTFTs and arrivals; drop the texts and inter-token gaps.
+      python3 -c 'import json, sys; f = sys.argv[1]; r = json.load(open(f)); [r.pop(k, None) for k in ("itls", "generated_texts")]; json.dump(r, open(f, "w"), indent=2)' "$d/$name.json"
+      echo "$name done" >&2
+    done
   done
 fi
 # The slice's own rate (its planner workload's), divided by each scale.

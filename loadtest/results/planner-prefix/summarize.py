@@ -1,6 +1,7 @@
 """Prints README.md's table: the planner's predictions (predicted-xS.json,
 with caches; predicted-nocache-xS.json, without) against the measured runs
-(measured-xS.json), per time scale S of the trace's gaps.
+(measured-xS.json, the router on KV events; measured-digest-xS.json, on
+heartbeat digests), per time scale S of the trace's gaps.
 
 usage: python3 loadtest/results/planner-prefix/summarize.py [S...]
 (no S: 1.6 1.3 1.0)
@@ -11,8 +12,8 @@ d = os.path.dirname(os.path.abspath(__file__))
 TTFT_MS = 5000  # the SLO of run.sh: TTFT <= 5 s, TPOT <= 100 ms
 
 
-def measured(s):
-    r = json.load(open(os.path.join(d, f"measured-x{s}.json")))
+def measured(name):
+    r = json.load(open(os.path.join(d, name)))
     p = r.get("pdserve", {})
     n = r["num_prompts"]
     ttft_ok = sum(1 for t, e in zip(r["ttfts"], r["errors"]) if not e and 0 < t * 1000 <= TTFT_MS)
@@ -34,10 +35,12 @@ print("| trace gaps × | rate req/s | source | hit ratio | TTFT ≤ 5 s | both S
 print("|---:|---:|---|---:|---:|---:|---|")
 for s in scales:
     rows = []
-    try:
-        rows.append(("measured (prefix-aware default)", measured(s)))
-    except FileNotFoundError:
-        pass
+    for label, f in (("measured, router on KV events (default)", f"measured-x{s}.json"),
+                     ("measured, router on heartbeat digests", f"measured-digest-x{s}.json")):
+        try:
+            rows.append((label, measured(f)))
+        except FileNotFoundError:
+            pass
     for label, f in (("planner, caches", f"predicted-x{s}.json"), ("planner, no cache", f"predicted-nocache-x{s}.json")):
         try:
             rows.append((label, predicted(f)))

@@ -10,6 +10,7 @@
 # (default this directory). PREFILL_PREFIX_TOKENS: the prefill workers'
 # --prefix-cache-tokens (default 500000; -1 = auto, the workers' default).
 # DECODE_WORKERS: how many decode workers (default 2, at most 10).
+# WORKER_FLAGS: more flags for every worker, split on spaces.
 set -euo pipefail
 name=$1 policy=$2 dpc=$3; shift 3
 cflags=()
@@ -25,6 +26,7 @@ auth=$(mktemp -d)
 openssl rand -hex 16 >"$auth/prefill.pw"; openssl rand -hex 16 >"$auth/decode.pw"
 printf 'users:\n  - {user: prefill, password: %s, role: prefill}\n  - {user: decode, password: %s, role: decode}\n' \
   "$(cat "$auth/prefill.pw")" "$(cat "$auth/decode.pw")" >"$auth/users.yaml"
+read -ra wflags <<<"${WORKER_FLAGS:-}"
 pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait' EXIT
 "$BIN/coordinator" --http-addr 127.0.0.1:18080 --nats-listen 127.0.0.1:14222 --policy "$policy" --nats-auth-file "$auth/users.yaml" \
@@ -32,12 +34,12 @@ trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait' EXIT
 sleep 1
 for i in 0 1 2 3; do
   "$BIN/prefill-worker" --id prefill-$i --nats-url nats://127.0.0.1:14222 --nats-user prefill --nats-password-file "$auth/prefill.pw" --grpc-addr 127.0.0.1:1910$i \
-    --metrics-addr 127.0.0.1:1920$i "${sim[@]}" --prefix-cache-tokens "$ppc" --log-level warn 2>>"$auth/workers.log" & pids+=($!)
+    --metrics-addr 127.0.0.1:1920$i "${sim[@]}" --prefix-cache-tokens "$ppc" --log-level warn ${wflags[@]+"${wflags[@]}"} 2>>"$auth/workers.log" & pids+=($!)
 done
 ndec=${DECODE_WORKERS:-2}
 for i in $(seq 0 $((ndec - 1))); do
   "$BIN/decode-worker" --id decode-$i --nats-url nats://127.0.0.1:14222 --nats-user decode --nats-password-file "$auth/decode.pw" --grpc-addr 127.0.0.1:1911$i \
-    --metrics-addr 127.0.0.1:1921$i "${sim[@]}" --kv-blocks 30000 --prefix-cache-tokens "$dpc" --log-level warn 2>>"$auth/workers.log" & pids+=($!)
+    --metrics-addr 127.0.0.1:1921$i "${sim[@]}" --kv-blocks 30000 --prefix-cache-tokens "$dpc" --log-level warn ${wflags[@]+"${wflags[@]}"} 2>>"$auth/workers.log" & pids+=($!)
 done
 for _ in $(seq 100); do curl -sf 127.0.0.1:18080/readyz >/dev/null && break; sleep 0.2; done
 sleep 1 # every worker's first heartbeat
