@@ -1,8 +1,14 @@
-// Package batching holds the step budget the two workers' batch loops
-// share, and its flags, defined once: --chunk-tokens (the most prompt
-// tokens one sequence contributes to one step: chunked prefill, on the
-// prefill worker and for local prefills on decode workers) and
-// --max-batch-tokens (the tokens of one step, summed over the batch).
-// Each worker adds the bound its loop needs between them and its own
-// settings (see prefill.Options and decode.Options).
+// Package batching holds what the two workers' batch loops share, defined
+// once:
+//
+//   - the step budget and its flags: --chunk-tokens (the most prompt
+//     tokens one sequence contributes to one step: chunked prefill, on the
+//     prefill worker and for local prefills on decode workers) and
+//     --max-batch-tokens (the tokens of one step, summed over the batch).
+//     Each worker adds the bound its loop needs between them and its own
+//     settings (see prefill.Options and decode.Options);
+//   - Signals, between a worker's request handlers and its loop: the
+//     wake-up, the draining flag and WaitIdle. It owns no lock: the
+//     draining flag is read under the worker's mutex together with the
+//     rest of the worker's state.
 package batching

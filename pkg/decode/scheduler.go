@@ -41,7 +41,7 @@ func (s *Server) Run(ctx context.Context) error {
 		if b.size() == 0 {
 			s.engMu.Unlock()
 			select {
-			case <-s.wake:
+			case <-s.sig.Woken():
 				continue
 			case <-ctx.Done():
 				return nil
@@ -114,7 +114,7 @@ func (s *Server) plan() stepPlan {
 		if q.staged != nil {
 			// Its KV is not in the engine yet: importJoining brings it
 			// in at the next step boundary.
-			s.wakeup()
+			s.sig.Wake()
 			break
 		}
 		s.waiting = slices.Delete(s.waiting, 0, 1)

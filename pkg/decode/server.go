@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
+	"github.com/pdserve/pdserve/pkg/batching"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/grammar"
 	"github.com/pdserve/pdserve/pkg/grpcauth"
@@ -74,7 +75,9 @@ type Server struct {
 	// a fake). It must not call f synchronously.
 	afterFunc func(d time.Duration, f func()) timer
 
-	wake    chan struct{} // capacity 1: the scheduler has something to look at
+	// sig wakes the scheduler, and holds draining and the end of each
+	// request (its ...Locked methods under mu).
+	sig     *batching.Signals
 	baseCtx context.Context
 	stop    context.CancelFunc
 
@@ -116,11 +119,9 @@ type Server struct {
 	waiting   []*sequence          // ready to join the batch, in order of readiness
 	active    []*sequence          // in the batch, in order of joining
 	nextSeq   engine.SeqID
-	draining  bool
 	stopped   bool
-	ran       bool          // Run was called
-	changed   chan struct{} // closed and replaced whenever a request ends
-	steps     []float64     // recent step times in milliseconds, oldest first
+	ran       bool      // Run was called
+	steps     []float64 // recent step times in milliseconds, oldest first
 	lastBatch int
 	callers   map[string]*callerUse // what each caller's requests hold (see Options.MaxReservationsPerCaller)
 }
@@ -254,11 +255,10 @@ func New(eng engine.Engine, o Options, logger *zap.Logger, reg prometheus.Regist
 		log:        logger,
 		now:        time.Now,
 		afterFunc:  realAfterFunc,
-		wake:       make(chan struct{}, 1),
+		sig:        batching.NewSignals(),
 		baseCtx:    ctx,
 		stop:       stop,
 		seqs:       make(map[string]*sequence),
-		changed:    make(chan struct{}),
 		callers:    make(map[string]*callerUse),
 	}
 	// Auto: the whole pool, since cached blocks yield to requests; an
@@ -340,7 +340,7 @@ func (s *Server) Stats() Stats {
 		LastBatch:     s.lastBatch,
 		StepTimesMs:   slices.Clone(s.steps),
 		StagedKVBytes: s.stagedBytes.Load(),
-		Draining:      s.draining,
+		Draining:      s.sig.DrainingLocked(),
 		PrefixCache:   s.cache.Stats(),
 		KVBytesSaved:  s.kvSaved.Load(),
 	}
@@ -364,33 +364,14 @@ func (s *Server) Stats() Stats {
 // reservation, fail with UNAVAILABLE; reserved and live requests finish.
 func (s *Server) SetDraining(d bool) {
 	s.mu.Lock()
-	s.draining = d
+	s.sig.SetDrainingLocked(d)
 	s.mu.Unlock()
 }
 
 // WaitIdle blocks until no request is reserved or live, or ctx ends
 // (returning its error).
 func (s *Server) WaitIdle(ctx context.Context) error {
-	for {
-		s.mu.Lock()
-		n, ch := len(s.seqs), s.changed
-		s.mu.Unlock()
-		if n == 0 {
-			return nil
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-}
-
-func (s *Server) wakeup() {
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
+	return s.sig.WaitIdle(ctx, &s.mu, func() int { return len(s.seqs) })
 }
 
 func invalid(format string, args ...any) error {
@@ -436,7 +417,7 @@ func (s *Server) Reserve(ctx context.Context, req *pdservev1.ReserveRequest) (*p
 		// Generate that never comes until its TTL.
 		return nil, status.FromContextError(err).Err()
 	}
-	if s.stopped || s.draining {
+	if s.stopped || s.sig.DrainingLocked() {
 		return nil, status.Error(codes.Unavailable, "decode: worker is draining")
 	}
 	if s.seqs[req.GetRequestId()] != nil {
@@ -488,7 +469,7 @@ func (s *Server) allocateLocked(n int) ([]kv.BlockID, error) {
 	if short := n - s.pool.Free(); short > 0 && s.cache != nil && short <= s.freeBlocksLocked()-s.pool.Free() {
 		s.reclaimed = append(s.reclaimed, s.cache.Reclaim(short*s.pool.BlockTokens())...)
 		s.chargeCacheLocked()
-		s.wakeup()
+		s.sig.Wake()
 	}
 	return s.pool.Allocate(n)
 }
@@ -527,7 +508,7 @@ func (s *Server) chargeCacheLocked() {
 			return
 		}
 		s.reclaimed = append(s.reclaimed, x...)
-		s.wakeup()
+		s.sig.Wake()
 		want = s.pool.BlocksFor(s.cache.Tokens())
 	}
 }
@@ -663,8 +644,7 @@ func (s *Server) endLocked(q *sequence, reason string, err error) {
 		}
 		q.out.finish(reason, err)
 	}
-	close(s.changed)
-	s.changed = make(chan struct{})
+	s.sig.EndedLocked()
 }
 
 // dropChoiceLocked frees choice c's engine sequence, or, with keep for
@@ -1045,7 +1025,7 @@ func (s *Server) attach(p genParams) (*sequence, error) {
 	need := needTokens(len(p.prompt), p.maxTokens, p.n)
 	q := s.seqs[p.id]
 	switch {
-	case q == nil && s.draining:
+	case q == nil && s.sig.DrainingLocked():
 		return nil, status.Error(codes.Unavailable, "decode: worker is draining")
 	case q == nil:
 		var err error
@@ -1157,7 +1137,7 @@ func (s *Server) readyLocked(q *sequence) {
 	}
 	q.queued = true
 	s.waiting = append(s.waiting, q)
-	s.wakeup()
+	s.sig.Wake()
 }
 
 // MaxBatch returns the most sequences one step runs (Options.MaxBatch):

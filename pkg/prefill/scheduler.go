@@ -46,7 +46,7 @@ func (s *Server) Run(ctx context.Context) error {
 		b := s.plan()
 		if len(b.items) == 0 {
 			select {
-			case <-s.wake:
+			case <-s.sig.Woken():
 				continue
 			case <-ctx.Done():
 				return nil
@@ -76,7 +76,7 @@ func (s *Server) expireRetained(ctx context.Context) {
 		s.mu.Unlock()
 		if n > 0 {
 			s.log.Info("retained KV expired without a release", zap.Int("requests", n), zap.Duration("retain_ttl", s.o.RetainTTL))
-			s.wakeup() // room for queued requests
+			s.sig.Wake() // room for queued requests
 		}
 	}
 }
@@ -376,7 +376,7 @@ func (s *Server) transferDone(r *request, res transferResult) {
 	s.m.addBytes(res.codec, res.bytesRaw, res.bytes)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	defer s.wakeup()
+	defer s.sig.Wake()
 	s.retained.unpin(r.ret, s.now())
 	if res.err != nil {
 		if !r.ended {

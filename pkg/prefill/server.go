@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
+	"github.com/pdserve/pdserve/pkg/batching"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/grammar"
 	"github.com/pdserve/pdserve/pkg/kv"
@@ -62,7 +63,9 @@ type Server struct {
 	// and frees; Stats reads it from any goroutine.
 	cache *prefixcache.Cache
 
-	wake    chan struct{} // capacity 1: the scheduler has something to look at
+	// sig wakes the scheduler, and holds draining and the end of each
+	// live request (its ...Locked methods under mu).
+	sig     *batching.Signals
 	baseCtx context.Context
 	stop    context.CancelFunc
 	xfers   sync.WaitGroup // sender goroutines
@@ -74,11 +77,9 @@ type Server struct {
 	tokenBytes int   // bytes of one token in one layer the engine hands out; > 0 (see New)
 	liveKV     int64 // Σ kvBytes of the live requests
 	nextSeq    engine.SeqID
-	draining   bool
 	stopped    bool
-	ran        bool          // Run was called
-	changed    chan struct{} // closed and replaced whenever a live request ends
-	steps      []float64     // recent step times in milliseconds, oldest first
+	ran        bool      // Run was called
+	steps      []float64 // recent step times in milliseconds, oldest first
 	lastBatch  int
 }
 
@@ -151,12 +152,11 @@ func New(eng engine.Engine, dialer *kvtransfer.Dialer, o Options, logger *zap.Lo
 		o:        o,
 		log:      logger,
 		now:      time.Now,
-		wake:     make(chan struct{}, 1),
+		sig:      batching.NewSignals(),
 		baseCtx:  ctx,
 		stop:     stop,
 		live:     make(map[string]*request),
 		retained: newRetainStore(o.RetainBytes),
-		changed:  make(chan struct{}),
 	}
 	// The KV of a token as the engine hands it out: the model's size, or
 	// less for an engine that ships a scaled-down payload and says so
@@ -299,7 +299,7 @@ func (s *Server) Stats() Stats {
 		LastBatch:      s.lastBatch,
 		RetainedBytes:  s.retained.total,
 		StepTimesMs:    slices.Clone(s.steps),
-		Draining:       s.draining,
+		Draining:       s.sig.DrainingLocked(),
 		PrefixCache:    s.cache.Stats(),
 	}
 	for _, r := range s.queue {
@@ -312,26 +312,14 @@ func (s *Server) Stats() Stats {
 // UNAVAILABLE, live ones finish. Resend and Release still work.
 func (s *Server) SetDraining(d bool) {
 	s.mu.Lock()
-	s.draining = d
+	s.sig.SetDrainingLocked(d)
 	s.mu.Unlock()
 }
 
 // WaitIdle blocks until no Prefill call is live, or ctx ends (returning its
 // error).
 func (s *Server) WaitIdle(ctx context.Context) error {
-	for {
-		s.mu.Lock()
-		n, ch := len(s.live), s.changed
-		s.mu.Unlock()
-		if n == 0 {
-			return nil
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
+	return s.sig.WaitIdle(ctx, &s.mu, func() int { return len(s.live) })
 }
 
 // Cancel stops the live request id as if its caller had cancelled it. It
@@ -345,13 +333,6 @@ func (s *Server) Cancel(id string) bool {
 	}
 	s.cancel(r, status.Error(codes.Canceled, "prefill: request cancelled by command"))
 	return true
-}
-
-func (s *Server) wakeup() {
-	select {
-	case s.wake <- struct{}{}:
-	default:
-	}
 }
 
 // Prefill implements PrefillService.Prefill. Its events are one
@@ -511,7 +492,7 @@ func (s *Server) enqueue(req *pdservev1.PrefillRequest) (*request, int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
-	case s.stopped || s.draining:
+	case s.stopped || s.sig.DrainingLocked():
 		return nil, 0, status.Error(codes.Unavailable, "prefill: worker is draining")
 	case s.live[r.id] != nil:
 		return nil, 0, status.Errorf(codes.AlreadyExists, "prefill: request %s is already live", r.id)
@@ -529,7 +510,7 @@ func (s *Server) enqueue(req *pdservev1.PrefillRequest) (*request, int, error) {
 	s.liveKV += r.kvBytes
 	s.queue = append(s.queue, r)
 	queued = true
-	s.wakeup()
+	s.sig.Wake()
 	return r, len(s.queue) - 1, nil
 }
 
@@ -543,8 +524,7 @@ func (s *Server) endLocked(r *request, ev event) {
 	r.events <- ev
 	delete(s.live, r.id)
 	s.liveKV -= r.kvBytes
-	close(s.changed)
-	s.changed = make(chan struct{})
+	s.sig.EndedLocked()
 }
 
 // closeGrammar closes r's grammar state once its first token is sampled,
@@ -576,7 +556,7 @@ func (s *Server) cancel(r *request, cause error) {
 		s.retained.drop(r.id)
 	}
 	s.endLocked(r, event{err: cause})
-	s.wakeup()
+	s.sig.Wake()
 }
 
 // removeLocked takes r out of the queue.
@@ -623,7 +603,7 @@ func (s *Server) Resend(ctx context.Context, req *pdservev1.ResendRequest) (*pds
 		s.mu.Lock()
 		s.retained.unpin(e, s.now())
 		s.mu.Unlock()
-		s.wakeup()
+		s.sig.Wake()
 	}()
 
 	t := newTransfer(peerContext(ctx, req.GetDecodeId(), req.GetDecodeCredential()), id, req.GetDecodeAddr(), codecName, s.spec.KVDType, e.kv, 0, s.spec.KVTokenBytes(), s.auto, s.now)
@@ -654,7 +634,7 @@ func (s *Server) Release(_ context.Context, req *pdservev1.ReleaseRequest) (*pds
 	s.mu.Lock()
 	s.retained.drop(req.GetRequestId())
 	s.mu.Unlock()
-	s.wakeup()
+	s.sig.Wake()
 	return &pdservev1.ReleaseResponse{}, nil
 }
 
