@@ -10,5 +10,9 @@
 //   - Signals, between a worker's request handlers and its loop: the
 //     wake-up, the draining flag and WaitIdle. It owns no lock: the
 //     draining flag is read under the worker's mutex together with the
-//     rest of the worker's state.
+//     rest of the worker's state;
+//   - StepMetrics, the loop's step time and batch size histograms
+//     (pdserve_<role>_step_seconds, pdserve_<role>_step_batch_size), and
+//     Register, which registers a worker's collectors with one error
+//     wrapping.
 package batching

@@ -1,11 +1,11 @@
 package decode
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pdserve/pdserve/pkg/batching"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 )
 
@@ -24,8 +24,7 @@ import (
 //
 // A nil *metrics records nothing.
 type metrics struct {
-	step          prometheus.Histogram
-	batch         prometheus.Histogram
+	steps         *batching.StepMetrics
 	stalledCancel *prometheus.CounterVec
 }
 
@@ -34,15 +33,12 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		return nil, nil
 	}
 	m := &metrics{
-		step: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "pdserve_decode_step_seconds",
-			Help:    "Time of one decode step (decode tokens and local prefill chunks), in seconds.",
-			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
-		}),
-		batch: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "pdserve_decode_step_batch_size",
-			Help:    "Sequences in one decode step.",
-			Buckets: prometheus.ExponentialBuckets(1, 2, 10),
+		steps: batching.NewStepMetrics(batching.StepMetricsOpts{
+			Role:         "decode",
+			StepHelp:     "Time of one decode step (decode tokens and local prefill chunks), in seconds.",
+			BatchHelp:    "Sequences in one decode step.",
+			StepBuckets:  prometheus.ExponentialBuckets(0.0005, 2, 16),
+			BatchBuckets: prometheus.ExponentialBuckets(1, 2, 10),
 		}),
 		stalledCancel: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pdserve_decode_stream_stalled_cancels_total",
@@ -52,23 +48,21 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 	gauge := func(name, help string, f func(Stats) int) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 { return float64(f(s.Stats())) })
 	}
-	cs := []prometheus.Collector{
-		m.step, m.batch, m.stalledCancel,
+	cs := append(m.steps.Collectors(),
+		m.stalledCancel,
 		gauge("pdserve_decode_running", "Sequences in the running batch.", func(st Stats) int { return st.Running }),
 		gauge("pdserve_decode_queue_length", "Sequences ready to join the batch, waiting for a slot.", func(st Stats) int { return st.Waiting }),
 		gauge("pdserve_decode_kv_transfers", "Requests whose KV is arriving now (an open transfer).", func(st Stats) int { return st.KVTransfers }),
 		gauge("pdserve_kv_blocks_free", "Free KV blocks of the worker's pool.", func(st Stats) int { return st.KVBlocksFree }),
 		gauge("pdserve_kv_blocks_total", "KV blocks of the worker's pool.", func(st Stats) int { return st.KVBlocksTotal }),
-	}
+	)
 	cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "pdserve_decode_kv_bytes_saved_total",
 		Help: "KV bytes (the model's true size) prefill workers did not send because this worker held the prompt's prefix in its prefix cache.",
 	}, func() float64 { return float64(s.kvSaved.Load()) }))
 	cs = append(cs, prefixcache.Collectors("decode", func() prefixcache.Stats { return s.cache.Stats() })...)
-	for _, c := range cs {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("decode: register metrics: %w", err)
-		}
+	if err := batching.Register(reg, "decode", cs...); err != nil {
+		return nil, err
 	}
 	return m, nil
 }
@@ -77,8 +71,7 @@ func (m *metrics) observeStep(d time.Duration, batch int) {
 	if m == nil {
 		return
 	}
-	m.step.Observe(d.Seconds())
-	m.batch.Observe(float64(batch))
+	m.steps.Observe(d, batch)
 }
 
 func (m *metrics) stalled(reason string) {

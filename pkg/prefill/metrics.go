@@ -1,11 +1,11 @@
 package prefill
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/pdserve/pdserve/pkg/batching"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 )
 
@@ -22,8 +22,7 @@ import (
 //
 // A nil *metrics records nothing.
 type metrics struct {
-	step      prometheus.Histogram
-	batch     prometheus.Histogram
+	steps     *batching.StepMetrics
 	bytesRaw  *prometheus.CounterVec
 	bytesWire *prometheus.CounterVec
 }
@@ -33,15 +32,12 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		return nil, nil
 	}
 	m := &metrics{
-		step: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "pdserve_prefill_step_seconds",
-			Help:    "Time of one prefill step (one engine batch), in seconds.",
-			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
-		}),
-		batch: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "pdserve_prefill_step_batch_size",
-			Help:    "Requests in one prefill step.",
-			Buckets: prometheus.ExponentialBuckets(1, 2, 9),
+		steps: batching.NewStepMetrics(batching.StepMetricsOpts{
+			Role:         "prefill",
+			StepHelp:     "Time of one prefill step (one engine batch), in seconds.",
+			BatchHelp:    "Requests in one prefill step.",
+			StepBuckets:  prometheus.ExponentialBuckets(0.001, 2, 16),
+			BatchBuckets: prometheus.ExponentialBuckets(1, 2, 9),
 		}),
 		bytesRaw: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pdserve_prefill_kv_raw_bytes_total",
@@ -52,8 +48,8 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 			Help: "KV bytes sent to decode workers on the wire (frames after the codec).",
 		}, []string{"codec"}),
 	}
-	cs := []prometheus.Collector{
-		m.step, m.batch, m.bytesRaw, m.bytesWire,
+	cs := append(m.steps.Collectors(),
+		m.bytesRaw, m.bytesWire,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "pdserve_prefill_queue_length",
 			Help: "Requests queued or being prefilled.",
@@ -66,12 +62,10 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 			Name: "pdserve_prefill_retained_bytes",
 			Help: "KV bytes held for requests in flight and retained for Resend.",
 		}, func() float64 { return float64(s.Stats().RetainedBytes) }),
-	}
+	)
 	cs = append(cs, prefixcache.Collectors("prefill", func() prefixcache.Stats { return s.cache.Stats() })...)
-	for _, c := range cs {
-		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("prefill: register metrics: %w", err)
-		}
+	if err := batching.Register(reg, "prefill", cs...); err != nil {
+		return nil, err
 	}
 	return m, nil
 }
@@ -80,8 +74,7 @@ func (m *metrics) observeStep(d time.Duration, batch int) {
 	if m == nil {
 		return
 	}
-	m.step.Observe(d.Seconds())
-	m.batch.Observe(float64(batch))
+	m.steps.Observe(d, batch)
 }
 
 func (m *metrics) addBytes(codecName string, raw, wire int64) {
