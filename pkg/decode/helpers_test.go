@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net"
 	"sync"
 	"testing"
 	"time"
@@ -12,26 +11,21 @@ import (
 	"go.uber.org/goleak"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
+	"github.com/pdserve/pdserve/internal/workertest"
 	"github.com/pdserve/pdserve/pkg/engine"
-	"github.com/pdserve/pdserve/pkg/engine/ref"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// newEngine returns the tiny reference engine every test compares against.
-func newEngine(t *testing.T) *ref.Engine {
-	t.Helper()
-	e, err := ref.New(ref.Options{Preset: "tiny", Seed: 1, Threads: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
-	return e
-}
+// The setup both workers' tests share (see workertest).
+var (
+	newEngine = workertest.Engine
+	testCtx   = workertest.Ctx
+	prompt    = workertest.Prompt
+)
 
 // reference generates with the engine alone: prefill the whole prompt, then
 // decode until maxTokens tokens (EOS ignored).
@@ -80,47 +74,9 @@ func newWorkerOn(t *testing.T, eng engine.Engine, o Options, start bool, edit ..
 	for _, f := range edit {
 		f(s)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer(kvtransfer.GRPCServerOptions()...)
-	s.Register(g)
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		_ = g.Serve(lis)
-	}()
-	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ran := make(chan struct{})
-	w := &testWorker{s: s, addr: lis.Addr().String(), client: pdservev1.NewDecodeServiceClient(cc)}
-	started := false
-	w.run = func() {
-		started = true
-		go func() {
-			defer close(ran)
-			if err := s.Run(context.Background()); err != nil {
-				t.Error(err)
-			}
-		}()
-	}
-	t.Cleanup(func() {
-		_ = cc.Close()
-		s.Stop()
-		if !started {
-			w.run()
-		}
-		<-ran
-		g.Stop()
-		<-served
-	})
-	if start {
-		w.run()
-	}
-	return w
+	register := func(g *grpc.Server) { s.Register(g) }
+	sv := workertest.Serve(t, workertest.Server{Register: register, Run: s.Run, Stop: s.Stop}, start, kvtransfer.GRPCServerOptions()...)
+	return &testWorker{s: s, addr: sv.Addr, client: pdservev1.NewDecodeServiceClient(sv.Conn), run: sv.Start}
 }
 
 func smallOptions() Options {
@@ -165,24 +121,6 @@ func collect(stream grpc.ServerStreamingClient[pdservev1.GenerateResponse]) (res
 			r.reason = ev.GetFinishReason()
 		}
 	}
-}
-
-// testCtx returns a context that ends when the test does, or after 3
-// min, so that a stuck stream fails the test instead of hanging it: a hang
-// guard, not a performance target, long enough for -race on a loaded
-// 2-core machine (TestPrefixCacheYieldsToRequests took over 30 s there).
-func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-func prompt(n int, seed int32) []int32 {
-	p := make([]int32, n)
-	for i := range p {
-		p[i] = (seed*31 + int32(i)*7) % 250
-	}
-	return p
 }
 
 // fakeTimers replaces the Server's reservation timers: a timer fires only

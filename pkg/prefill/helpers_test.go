@@ -7,45 +7,25 @@ import (
 	"net"
 	"sync"
 	"testing"
-	"time"
 
 	"go.uber.org/goleak"
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
+	"github.com/pdserve/pdserve/internal/workertest"
 	"github.com/pdserve/pdserve/pkg/engine"
-	"github.com/pdserve/pdserve/pkg/engine/ref"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-func newEngine(t *testing.T) *ref.Engine {
-	t.Helper()
-	e, err := ref.New(ref.Options{Preset: "tiny", Seed: 1, Threads: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
-	return e
-}
-
-// testCtx ends with the test, or after 30 s so a stuck stream fails.
-func testCtx(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
-func prompt(n int, seed int32) []int32 {
-	p := make([]int32, n)
-	for i := range p {
-		p[i] = (seed*31 + int32(i)*7) % 250
-	}
-	return p
-}
+// The setup both workers' tests share (see workertest).
+var (
+	newEngine = workertest.Engine
+	testCtx   = workertest.Ctx
+	prompt    = workertest.Prompt
+)
 
 // referenceKV prefills p on an engine alone and returns its first token and
 // every layer's KV.
@@ -199,52 +179,13 @@ func newWorker(t *testing.T, o Options, start bool) *testWorker {
 func newWorkerOn(t *testing.T, eng engine.Engine, o Options, start bool) *testWorker {
 	t.Helper()
 	d := kvtransfer.NewDialer(kvtransfer.WithConnsPerAddr(1))
+	t.Cleanup(func() { _ = d.Close() }) // after the Server stopped (Serve's cleanup runs first)
 	s, err := New(eng, d, o, zaptest.NewLogger(t), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer()
-	s.Register(g)
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		_ = g.Serve(lis)
-	}()
-	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := &testWorker{s: s, client: pdservev1.NewPrefillServiceClient(cc)}
-	ran := make(chan struct{})
-	started := false
-	w.run = func() {
-		started = true
-		go func() {
-			defer close(ran)
-			if err := s.Run(context.Background()); err != nil {
-				t.Error(err)
-			}
-		}()
-	}
-	t.Cleanup(func() {
-		_ = cc.Close()
-		s.Stop()
-		if !started {
-			w.run()
-		}
-		<-ran
-		g.Stop()
-		<-served
-		_ = d.Close()
-	})
-	if start {
-		w.run()
-	}
-	return w
+	sv := workertest.Serve(t, workertest.Server{Register: s.Register, Run: s.Run, Stop: s.Stop}, start)
+	return &testWorker{s: s, client: pdservev1.NewPrefillServiceClient(sv.Conn), run: sv.Start}
 }
 
 func smallOptions() Options {
