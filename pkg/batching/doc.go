@@ -14,5 +14,7 @@
 //   - StepMetrics, the loop's step time and batch size histograms
 //     (pdserve_<role>_step_seconds, pdserve_<role>_step_batch_size), and
 //     Register, which registers a worker's collectors with one error
-//     wrapping.
+//     wrapping;
+//   - StepHistory, the recent step times and last batch size a worker's
+//     Stats report (guarded, like Signals' flag, by the worker's mutex).
 package batching

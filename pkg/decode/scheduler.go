@@ -370,11 +370,7 @@ func (s *Server) step(ctx context.Context, b stepPlan) {
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.lastBatch = n
-	s.steps = append(s.steps, float64(end.Sub(start))/float64(time.Millisecond))
-	if len(s.steps) > stepHistory {
-		s.steps = s.steps[len(s.steps)-stepHistory:]
-	}
+	s.steps.Record(end.Sub(start), n)
 	if err != nil {
 		st := errStopped
 		if ctx.Err() == nil {

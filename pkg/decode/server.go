@@ -44,10 +44,7 @@ const (
 	StampLastToken    = "last_token"
 )
 
-const (
-	maxRequestID = 255 // longest request id a KV frame can carry
-	stepHistory  = 16  // recent step times kept for Stats
-)
+const maxRequestID = 255 // longest request id a KV frame can carry
 
 // errStopped fails requests still live when the scheduler stops.
 var errStopped = status.Error(codes.Unavailable, "decode: worker stopping")
@@ -114,16 +111,15 @@ type Server struct {
 	// never take it. Taken before mu.
 	engMu sync.Mutex
 
-	mu        sync.Mutex
-	seqs      map[string]*sequence // every reserved or live request, by id
-	waiting   []*sequence          // ready to join the batch, in order of readiness
-	active    []*sequence          // in the batch, in order of joining
-	nextSeq   engine.SeqID
-	stopped   bool
-	ran       bool      // Run was called
-	steps     []float64 // recent step times in milliseconds, oldest first
-	lastBatch int
-	callers   map[string]*callerUse // what each caller's requests hold (see Options.MaxReservationsPerCaller)
+	mu      sync.Mutex
+	seqs    map[string]*sequence // every reserved or live request, by id
+	waiting []*sequence          // ready to join the batch, in order of readiness
+	active  []*sequence          // in the batch, in order of joining
+	nextSeq engine.SeqID
+	stopped bool
+	ran     bool                  // Run was called
+	steps   batching.StepHistory  // recent steps, for Stats
+	callers map[string]*callerUse // what each caller's requests hold (see Options.MaxReservationsPerCaller)
 }
 
 // callerUse is what one caller's live requests hold. Guarded by
@@ -337,8 +333,8 @@ func (s *Server) Stats() Stats {
 		Running:       len(s.active),
 		Waiting:       len(s.waiting),
 		Requests:      len(s.seqs),
-		LastBatch:     s.lastBatch,
-		StepTimesMs:   slices.Clone(s.steps),
+		LastBatch:     s.steps.LastBatch(),
+		StepTimesMs:   s.steps.TimesMs(),
 		StagedKVBytes: s.stagedBytes.Load(),
 		Draining:      s.sig.DrainingLocked(),
 		PrefixCache:   s.cache.Stats(),

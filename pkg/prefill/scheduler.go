@@ -295,11 +295,7 @@ func (s *Server) step(ctx context.Context, b batch) {
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.lastBatch = len(b.items)
-	s.steps = append(s.steps, float64(dur)/float64(time.Millisecond))
-	if len(s.steps) > stepHistory {
-		s.steps = s.steps[len(s.steps)-stepHistory:]
-	}
+	s.steps.Record(dur, len(b.items))
 	if err != nil {
 		if ctx.Err() == nil {
 			s.log.Error("prefill step failed", zap.Int("batch", len(b.items)), zap.Error(err), zap.NamedError("kv_error", kvErr))

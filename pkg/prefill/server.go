@@ -31,9 +31,6 @@ import (
 // maxRequestID is the longest request id a KV frame can carry.
 const maxRequestID = 255
 
-// stepHistory is how many recent step times Stats reports.
-const stepHistory = 16
-
 // errStopped fails requests still live when the scheduler stops.
 var errStopped = status.Error(codes.Unavailable, "prefill: worker stopping")
 
@@ -78,9 +75,8 @@ type Server struct {
 	liveKV     int64 // Σ kvBytes of the live requests
 	nextSeq    engine.SeqID
 	stopped    bool
-	ran        bool      // Run was called
-	steps      []float64 // recent step times in milliseconds, oldest first
-	lastBatch  int
+	ran        bool                 // Run was called
+	steps      batching.StepHistory // recent steps, for Stats
 }
 
 // request is one Prefill call. Fields below the line are guarded by
@@ -296,9 +292,9 @@ func (s *Server) Stats() Stats {
 	st := Stats{
 		QueuedRequests: len(s.queue),
 		Live:           len(s.live),
-		LastBatch:      s.lastBatch,
+		LastBatch:      s.steps.LastBatch(),
 		RetainedBytes:  s.retained.total,
-		StepTimesMs:    slices.Clone(s.steps),
+		StepTimesMs:    s.steps.TimesMs(),
 		Draining:       s.sig.DrainingLocked(),
 		PrefixCache:    s.cache.Stats(),
 	}
