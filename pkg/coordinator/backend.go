@@ -320,7 +320,9 @@ func (r *run) serve() (err error) {
 		// cache; its Reserve answered the real hit, which leaves a short
 		// prompt: it prefills there (Generate with local_prefill, which
 		// looks the cache up again and releases the reservation's pin).
-		dec.Local, dec.Prefill = true, router.Worker{}
+		// The router's estimate was of the prefill worker's cache:
+		// none of the decode worker's hit counts as predicted.
+		dec.Local, dec.Prefill, dec.PrefixHitTokens = true, router.Worker{}, 0
 	}
 	r.remote = !dec.Local
 	// The router's estimate (dec.PrefixHitTokens, from the KV-event index

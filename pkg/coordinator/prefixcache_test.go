@@ -2,6 +2,7 @@ package coordinator_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -71,14 +72,15 @@ func TestPrefixCacheEndToEnd(t *testing.T) {
 // decode worker's Reserve answers a real hit that leaves fewer uncached
 // tokens than --local-prefill-tokens, the prompt prefills there instead
 // of crossing to a prefill worker: mode "local", the decode worker's own
-// hit in the budget, the router's local_reserved count, and the engine's
-// tokens.
+// hit in the budget, the router's local_reserved count (and no predicted
+// hit), and the engine's tokens.
 func TestPrefixHitAtReserveDecidesLocal(t *testing.T) {
 	shared := strings.Repeat("a shared system prompt. ", 8) // 192 bytes: 12 blocks of 16
 	first, second := shared+"first question?", shared+"another one!"
 	cl := startCluster(t, clusterOpts{
 		edit: func(o *coordinator.Options) { o.LocalPrefillTokens, o.HeartbeatTTL = 32, 30*time.Second },
 		worker: func(wo *workerrun.Options) {
+			wo.Prefill.PrefixCache.MaxTokens = 4096
 			wo.Decode.PrefixCache.MaxTokens = 4096
 			if wo.Role == control.RoleDecode {
 				// Heartbeat digests, not KV events: the estimate lags.
@@ -90,6 +92,18 @@ func TestPrefixHitAtReserveDecidesLocal(t *testing.T) {
 	if res := complete(ctx, t, cl.url, request{Prompt: first, MaxTokens: 4, IgnoreEOS: true}); res.Budget["mode"] != coordinator.ModeDisaggregated {
 		t.Fatalf("first request: mode %v, want %s (nothing cached)", res.Budget["mode"], coordinator.ModeDisaggregated)
 	}
+	// The prefill worker's cache of the first prompt reaches the router
+	// (its KV events are on): the router's estimate for the second prompt
+	// is that worker's 192-token hit.
+	last := uint64(kv.HashBlocks(0, promptIDs(first), prefixcache.DefaultBlockTokens)[11])
+	waitFor(t, 10*time.Second, func() error {
+		for _, w := range cl.c.Workers() {
+			if v := cl.c.KVIndex().Blocks(w.ID()); v != nil && v.Has(last) {
+				return nil
+			}
+		}
+		return errors.New("the prefill worker's cache of the first prompt is not indexed")
+	})
 	res := complete(ctx, t, cl.url, request{Prompt: second, MaxTokens: 6, IgnoreEOS: true})
 	if diff := cmp.Diff(newReference(t).generate(t, promptIDs(second), 6, engine.Sampling{}, true), res.Tokens); diff != "" {
 		t.Errorf("tokens (-engine alone +served):\n%s", diff)
@@ -107,6 +121,12 @@ pdserve_router_decisions_total{placement="local_reserved"} 1
 pdserve_router_decisions_total{placement="remote"} 2
 `), "pdserve_router_decisions_total"); err != nil {
 		t.Error(err)
+	}
+	// The router's estimate was of the prefill worker's cache (which
+	// holds the first prompt too): the decode worker's hit it did not
+	// see coming counts as not predicted.
+	if p := unlabelled(t, cl.c.Registry(), "pdserve_prefix_hit_tokens_predicted_total"); p != 0 {
+		t.Errorf("predicted prefix hit tokens %v, want 0", p)
 	}
 }
 
