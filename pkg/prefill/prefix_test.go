@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc/codes"
@@ -195,6 +196,8 @@ type boundedEngine struct {
 	mu               sync.Mutex
 	live             map[engine.SeqID]bool
 	peakTok, peakSeq int
+	// gate, when not nil, holds the first Prefill until it is closed.
+	gate chan struct{}
 }
 
 func newBoundedEngine(t *testing.T, tokens, seqs int) *boundedEngine {
@@ -218,6 +221,9 @@ func (e *boundedEngine) admit(extra int) error {
 }
 
 func (e *boundedEngine) Prefill(ctx context.Context, batch []engine.PrefillItem, onKV engine.KVFunc) ([]engine.Output, error) {
+	if e.gate != nil {
+		<-e.gate
+	}
 	e.mu.Lock()
 	extra := 0
 	for _, it := range batch {
@@ -296,6 +302,40 @@ func TestPrefixCacheAutoYieldsEngineMemory(t *testing.T) {
 	if st.Reclaims == 0 || st.Hits == 0 || st.Pinned != 0 || st.Tokens > 320 {
 		t.Errorf("cache stats %+v: want reclaims for live requests, hits, no pin, within the engine", st)
 	}
+	if tok, seqs := eng.peak(); tok > 320 || seqs > 8 {
+		t.Errorf("engine held up to %d tokens in %d sequences, over its 320 in 8", tok, seqs)
+	}
+}
+
+// TestLiveRequestsWaitForEngineMemory: the engine's KV memory bounds the
+// requests prefilling at once, cache or none. Eight 48-token prompts
+// queued together, with a step budget that would start all of them (8
+// chunks of 8), do not fit 320 tokens (384): the scheduler starts six
+// (288 tokens), the others wait for them, and every request succeeds
+// with the engine never over its memory. Started together, the step
+// would overflow the engine and fail all eight.
+func TestLiveRequestsWaitForEngineMemory(t *testing.T) {
+	f := &fakeReceiver{}
+	addr := serveReceiver(t, f)
+	eng := newBoundedEngine(t, 320, 8)
+	eng.gate = make(chan struct{})
+	o := smallOptions()
+	o.ChunkTokens, o.MaxBatchTokens, o.MaxLivePrefills = 8, 64, 64
+	o.PrefixCache.MaxTokens = 0
+	w := newWorkerOn(t, eng, o, true)
+	var wg sync.WaitGroup
+	for i := range 8 {
+		wg.Go(func() { prefillOne(t, w, f, addr, fmt.Sprintf("r%d", i), prompt(48, int32(40+i)), 0) })
+	}
+	deadline := time.Now().Add(time.Minute)
+	for w.s.Stats().QueuedRequests < 8 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d requests queued, want 8", w.s.Stats().QueuedRequests)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	close(eng.gate)
+	wg.Wait()
 	if tok, seqs := eng.peak(); tok > 320 || seqs > 8 {
 		t.Errorf("engine held up to %d tokens in %d sequences, over its 320 in 8", tok, seqs)
 	}

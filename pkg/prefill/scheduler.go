@@ -159,6 +159,9 @@ func (s *Server) plan() batch {
 // retention bound and a sender goroutine. It reports false when the bound
 // has no room for r yet.
 func (s *Server) startLocked(r *request) bool {
+	if !s.engineRoomLocked(r) {
+		return false
+	}
 	need := int64(len(r.prompt)) * int64(s.spec.Layers) * int64(s.tokenBytes)
 	if !s.retained.makeRoom(need) {
 		return false
@@ -171,6 +174,9 @@ func (s *Server) startLocked(r *request) bool {
 	s.makeRoomLocked(r)
 	frames := s.forkPrefixLocked(r, hit)
 	s.cache.Release(hit)
+	// The hit's entry, pinned while r forked from it, may go now if the
+	// engine's memory needs it.
+	s.makeRoomLocked(r)
 	r.ret = s.retained.add(r.id, r.kv, need)
 	r.tx = newTransfer(peerContext(s.baseCtx, r.decodeID, r.cred), r.id, r.addr, r.codec, s.spec.KVDType, r.kv, r.skip, s.spec.KVTokenBytes(), s.auto, s.now)
 	for _, f := range frames {
@@ -182,6 +188,32 @@ func (s *Server) startLocked(r *request) bool {
 		s.transferDone(r, r.tx.run(s.dialer))
 	}()
 	return true
+}
+
+// engineRoomLocked reports whether the engine's KV memory holds r's whole
+// prompt beside the sequences of the live requests (started, not yet
+// prefilled), whatever the prefix cache holds (makeRoomLocked evicts it as
+// needed). When it does not, r waits, and every later request with it
+// (FCFS), until live requests finish: started anyway, the step that
+// prefills them all would overflow the engine and fail every request in
+// it. A request with none live beside it always starts (the engine then
+// refuses only a prompt larger than its whole memory). The caller holds
+// mu; r is not started.
+func (s *Server) engineRoomLocked(r *request) bool {
+	if s.memTokens <= 0 && s.memSeqs <= 0 {
+		return true
+	}
+	tokens, seqs := len(r.prompt), 1
+	for _, q := range s.queue {
+		if q.started && !q.prefilled {
+			tokens += len(q.prompt)
+			seqs++
+		}
+	}
+	if seqs == 1 {
+		return true
+	}
+	return (s.memTokens <= 0 || tokens <= s.memTokens) && (s.memSeqs <= 0 || seqs <= s.memSeqs)
 }
 
 // makeRoomLocked evicts prefix cache entries, least recently used first
