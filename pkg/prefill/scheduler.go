@@ -203,17 +203,25 @@ func (s *Server) engineRoomLocked(r *request) bool {
 	if s.memTokens <= 0 && s.memSeqs <= 0 {
 		return true
 	}
-	tokens, seqs := len(r.prompt), 1
-	for _, q := range s.queue {
-		if q.started && !q.prefilled {
-			tokens += len(q.prompt)
-			seqs++
-		}
-	}
+	tokens, seqs := s.withLiveLocked(r)
 	if seqs == 1 {
 		return true
 	}
 	return (s.memTokens <= 0 || tokens <= s.memTokens) && (s.memSeqs <= 0 || seqs <= s.memSeqs)
+}
+
+// withLiveLocked returns the engine memory r's whole prompt and the live
+// requests (started, not yet prefilled; r counted once, started or not)
+// take: tokens and sequences. The caller holds mu.
+func (s *Server) withLiveLocked(r *request) (tokens, seqs int) {
+	tokens, seqs = len(r.prompt), 1
+	for _, q := range s.queue {
+		if q.started && !q.prefilled && q != r {
+			tokens += len(q.prompt)
+			seqs++
+		}
+	}
+	return tokens, seqs
 }
 
 // makeRoomLocked evicts prefix cache entries, least recently used first
@@ -226,13 +234,7 @@ func (s *Server) makeRoomLocked(r *request) {
 	if s.cache == nil || (s.memTokens <= 0 && s.memSeqs <= 0) {
 		return
 	}
-	tokens, seqs := len(r.prompt), 1
-	for _, q := range s.queue {
-		if q.started && !q.prefilled && q != r {
-			tokens += len(q.prompt)
-			seqs++
-		}
-	}
+	tokens, seqs := s.withLiveLocked(r)
 	st := s.cache.Stats()
 	var overTokens, overSeqs int
 	if s.memTokens > 0 {

@@ -14,9 +14,9 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
+	"github.com/pdserve/pdserve/internal/workertest"
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/engine"
-	"github.com/pdserve/pdserve/pkg/engine/ref"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -42,15 +42,11 @@ func startNATS(t testing.TB) string {
 	return url
 }
 
-func newEngine(t *testing.T) *ref.Engine {
-	t.Helper()
-	e, err := ref.New(ref.Options{Preset: "tiny", Seed: 1, Threads: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(e.Close)
-	return e
-}
+// newEngine and prompt are the workers' shared test engine and prompts.
+var (
+	newEngine = workertest.Engine
+	prompt    = workertest.Prompt
+)
 
 // testOptions returns options for a worker of role on loopback ports.
 func testOptions(role control.Role, natsURL string) Options {
@@ -101,14 +97,6 @@ func dial(t testing.TB, w *Worker) *grpc.ClientConn {
 	}
 	t.Cleanup(func() { _ = cc.Close() })
 	return cc
-}
-
-func prompt(n int, seed int32) []int32 {
-	p := make([]int32, n)
-	for i := range p {
-		p[i] = (seed*31 + int32(i)*7) % 250
-	}
-	return p
 }
 
 // reference generates greedily with the engine alone, EOS ignored.
