@@ -417,7 +417,7 @@ func (r *Router) PrefillDone(requestID string) {
 // Reserved revisits a remote-prefill decision once the chosen decode
 // worker's Reserve answered its real prefix hit: hitTokens of the
 // request's promptTokens are cached there. The router decided on its
-// estimate (a digest that may be stale or incomplete); when the real
+// estimate (the KV-event index or a digest, which lag); when the real
 // uncached rest is short by Decider rule 1, Reserved drops the request's
 // prefill assignment, counts pdserve_router_decisions_total{placement=
 // "local_reserved"} and returns true: the caller prefills on the decode
