@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/pdserve/pdserve/pkg/sampling"
 )
@@ -304,6 +305,18 @@ type Engine interface {
 	// Free drops a sequence and its KV. Freeing an unknown sequence is a
 	// no-op.
 	Free(seq SeqID)
+}
+
+// HostLinked is implemented by engines that model the time of copying KV
+// between host memory and the device instead of taking it (the
+// performance-model engine): a worker that imported bytes of KV from its
+// host-memory tier calls ChargeHostLoad, and the engine adds the modeled
+// transfer time (bytes over its host link, the GPU's PCIe) to its next
+// step. It returns that time as the engine will wait it out (after any
+// time scaling), ≥ 0. bytes is the model's true size (ModelSpec
+// KVBytesPerToken per token), ≥ 0.
+type HostLinked interface {
+	ChargeHostLoad(bytes int64) time.Duration
 }
 
 // Stepper is implemented by engines that cost a step carrying prefill

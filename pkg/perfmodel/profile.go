@@ -33,6 +33,10 @@ type GPUSpec struct {
 	HBMBytesPerSec  float64 `json:"hbm_bytes_per_s"`  // HBM bandwidth, bytes/s
 	MemoryBytes     float64 `json:"memory_bytes"`     // HBM capacity, bytes
 	LinkBytesPerSec float64 `json:"link_bytes_per_s"` // GPU-to-GPU link (NVLink), one direction, bytes/s
+	// HostLinkBytesPerSec is the host-to-GPU link (PCIe), one direction,
+	// bytes/s: what loading KV from host memory takes (a worker's host
+	// tier). ≥ 0; 0: the GPU's figure from HostLinkBytesPerSec's table.
+	HostLinkBytesPerSec float64 `json:"host_link_bytes_per_s,omitempty"`
 }
 
 // ModelShape is a decoder-only transformer's shape, for the whole model
@@ -207,6 +211,33 @@ func (p *Profile) UnitName() string {
 	return "GPU"
 }
 
+// Host-link bandwidths, one direction, of the GPUs the embedded profiles
+// name, from NVIDIA's data sheets (H100 and H200 SXM: "PCIe Gen5:
+// 128GB/s", A100 80GB SXM: "PCIe Gen4: 64GB/s", both directions
+// together): the nominal x16 link rates.
+const (
+	// PCIeGen5x16BytesPerSec is PCIe Gen5 x16, one direction (H100, H200).
+	PCIeGen5x16BytesPerSec = 64e9
+	// PCIeGen4x16BytesPerSec is PCIe Gen4 x16, one direction (A100), and
+	// the figure of a GPU the table does not know.
+	PCIeGen4x16BytesPerSec = 32e9
+)
+
+// HostLinkBytesPerSec returns the profile's host-to-GPU bandwidth in
+// bytes/s, one direction: Hardware.HostLinkBytesPerSec when set, else
+// PCIe Gen5 x16 for h100 and h200, else PCIe Gen4 x16 (a100-80g, a CPU
+// profile, an unknown GPU). Always > 0.
+func (p *Profile) HostLinkBytesPerSec() float64 {
+	if p.Hardware.HostLinkBytesPerSec > 0 {
+		return p.Hardware.HostLinkBytesPerSec
+	}
+	switch p.GPU {
+	case "h100", "h200":
+		return PCIeGen5x16BytesPerSec
+	}
+	return PCIeGen4x16BytesPerSec
+}
+
 // WantName is the name the profile's fields give it: GPU/MODEL/tpN, or
 // GPU/MODEL/tN for a CPU profile of N threads.
 func (p *Profile) WantName() string {
@@ -339,7 +370,7 @@ func (p *Profile) Validate() error {
 		return bad("tp %d < 1", p.TP)
 	}
 	h := p.Hardware
-	for _, x := range []float64{h.BF16FLOPS, h.HBMBytesPerSec, h.MemoryBytes, h.LinkBytesPerSec} {
+	for _, x := range []float64{h.BF16FLOPS, h.HBMBytesPerSec, h.MemoryBytes, h.LinkBytesPerSec, h.HostLinkBytesPerSec} {
 		if !(x >= 0) || math.IsInf(x, 0) {
 			return bad("hardware figures must be finite and ≥ 0")
 		}

@@ -77,6 +77,9 @@ type Engine struct {
 	seqs    map[engine.SeqID]*seqState
 	buf     []byte // reusable KV buffer for handing out, import checks and export
 	pending []pendingItem
+	// hostDebt is the modeled host-link time charged (ChargeHostLoad)
+	// that the next step adds to its own.
+	hostDebt time.Duration
 
 	statsMu sync.Mutex
 	stats   Stats
@@ -87,6 +90,8 @@ var (
 	_ engine.Engine  = (*Engine)(nil)
 	_ engine.Stepper = (*Engine)(nil)
 	_ engine.Forker  = (*Engine)(nil)
+
+	_ engine.HostLinked = (*Engine)(nil)
 )
 
 // seqState is what the engine holds for one sequence.
@@ -111,6 +116,9 @@ type Stats struct {
 	// Overrun is Σ the time steps took beyond their scaled time: KV
 	// generation or callbacks slower than the modeled GPU, or a late timer.
 	Overrun time.Duration
+	// HostLoad is Σ the modeled host-link time charged (ChargeHostLoad),
+	// before TimeScale; the steps that carried it count it in Modeled too.
+	HostLoad time.Duration
 }
 
 // ErrOptions reports invalid Options (wrapped with detail).
@@ -304,7 +312,10 @@ func (e *Engine) step(ctx context.Context, prefill []engine.PrefillItem, decode 
 	for i, it := range decode {
 		batch.Decode[i] = len(e.seqs[it.Seq].keys) + 1
 	}
-	modeled := e.prof.StepTime(batch)
+	// A host-tier load charged since the last step goes first: the
+	// copy over the host link precedes the compute that reads it.
+	modeled := e.prof.StepTime(batch) + e.hostDebt
+	e.hostDebt = 0
 	scaled := time.Duration(float64(modeled) * e.timeScale)
 
 	t0 := e.clock()
@@ -630,6 +641,23 @@ func (e *Engine) Fork(src, dst engine.SeqID, n int) error {
 	}
 	e.seqs[dst] = d
 	return nil
+}
+
+// ChargeHostLoad adds the modeled time of bytes of KV crossing the host
+// link (the profile's HostLinkBytesPerSec, PCIe) to the next step, and
+// returns it scaled by TimeScale: a worker's host tier loaded them with
+// ImportKV, which itself takes no modeled time. Negative bytes charge
+// nothing. See engine.HostLinked.
+func (e *Engine) ChargeHostLoad(bytes int64) time.Duration {
+	if bytes <= 0 {
+		return 0
+	}
+	d := time.Duration(float64(bytes) / e.prof.HostLinkBytesPerSec() * float64(time.Second))
+	e.hostDebt += d
+	e.statsMu.Lock()
+	e.stats.HostLoad += d
+	e.statsMu.Unlock()
+	return time.Duration(float64(d) * e.timeScale)
 }
 
 // Free drops a sequence; unknown sequences are ignored.
