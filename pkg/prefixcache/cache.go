@@ -40,19 +40,25 @@ type Options struct {
 	MaxEntries int
 	// BlockTokens is the size of a hashed block in tokens. > 0.
 	BlockTokens int
+	// HostBytes is the host tier's budget (Host): bytes of KV, the
+	// model's true size, of evicted entries kept in host RAM. 0: no host
+	// tier; Auto: MemAvailable / HostAutoDivisor at New. ≥ Auto. Only
+	// with the cache on.
+	HostBytes int64
 }
 
 // DefaultOptions returns a cache sized by its worker (Auto), with the
 // default entry bound and block size.
 func DefaultOptions() Options {
-	return Options{MaxTokens: Auto, MaxEntries: DefaultMaxEntries, BlockTokens: DefaultBlockTokens}
+	return Options{MaxTokens: Auto, MaxEntries: DefaultMaxEntries, BlockTokens: DefaultBlockTokens, HostBytes: Auto}
 }
 
-// AddFlags registers --prefix-cache-tokens and --prefix-cache-entries on
-// fs, with o's values as defaults.
+// AddFlags registers --prefix-cache-tokens, --prefix-cache-entries and
+// --host-cache-bytes on fs, with o's values as defaults.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.MaxTokens, "prefix-cache-tokens", o.MaxTokens, "KV tokens of finished prompts kept in the engine for prefix reuse, LRU; they use only engine memory live sequences do not, and yield it to them on demand (-1: as many as the engine's KV memory holds, the KV pool on decode workers; 0: no prefix cache)")
 	fs.IntVar(&o.MaxEntries, "prefix-cache-entries", o.MaxEntries, "most cached prompts (engine sequences) in the prefix cache")
+	fs.Int64Var(&o.HostBytes, "host-cache-bytes", o.HostBytes, fmt.Sprintf("bytes of host RAM for the prefix cache's host tier: prompts evicted from the engine are copied there and loaded back on a hit, LRU (-1: 1/%d of MemAvailable at start; 0: no host tier; needs the prefix cache)", HostAutoDivisor))
 }
 
 // Enabled reports whether o turns the cache on (a size, or Auto).
@@ -75,6 +81,9 @@ func (o Options) Validate() error {
 	}
 	if o.MaxTokens != 0 && o.MaxEntries <= 0 {
 		errs = append(errs, fmt.Errorf("prefix-cache-entries %d must be positive", o.MaxEntries))
+	}
+	if o.HostBytes < Auto {
+		errs = append(errs, fmt.Errorf("host-cache-bytes %d must be -1 (auto), 0 (off) or positive", o.HostBytes))
 	}
 	if o.BlockTokens <= 0 {
 		errs = append(errs, fmt.Errorf("prefix cache block tokens %d must be positive", o.BlockTokens))
@@ -122,6 +131,8 @@ type Stats struct {
 	// Reclaimable is the KV tokens of unpinned entries now: what Reclaim
 	// can give back.
 	Reclaimable int
+	// Host is the host tier's (zero without one).
+	Host HostStats
 }
 
 // Cache is the index. A nil *Cache is a cache that is off: Acquire
@@ -140,6 +151,11 @@ type Cache struct {
 	st           Stats
 	// obs is told of every hash byHash gains or loses; nil: nobody.
 	obs Observer
+	// host is the host tier; nil: none.
+	host *Host
+	// spill holds the entries evicted (not superseded, not drained) while
+	// a host tier is on, by sequence, until Free copies them there.
+	spill map[engine.SeqID]*entry
 }
 
 // Observer is told of every block hash the cache starts holding (its
@@ -213,7 +229,65 @@ func New(o Options) (*Cache, error) {
 	if !o.Enabled() {
 		return nil, nil
 	}
-	return &Cache{o: o, byHash: make(map[kv.Hash][]*entry)}, nil
+	c := &Cache{o: o, byHash: make(map[kv.Hash][]*entry)}
+	if hb := o.HostBytes; hb != 0 {
+		if hb == Auto {
+			free, err := MemAvailable()
+			if err != nil {
+				return nil, fmt.Errorf("%w (set host-cache-bytes)", err)
+			}
+			if hb = free / HostAutoDivisor; hb == 0 {
+				return nil, errors.New("prefixcache: no free memory for an auto host tier (set host-cache-bytes)")
+			}
+		}
+		c.host = newHost(hb, o.BlockTokens)
+		c.spill = make(map[engine.SeqID]*entry)
+	}
+	return c, nil
+}
+
+// Host returns the cache's host tier (nil: none, or a nil cache).
+func (c *Cache) Host() *Host {
+	if c == nil {
+		return nil
+	}
+	return c.host
+}
+
+// HostDeeper reports whether the host tier holds a longer prefix of
+// hashes, within maxBlocks, than the engine tier: the prompt should Load
+// from the host instead of Acquire. Changes nothing.
+func (c *Cache) HostDeeper(hashes []kv.Hash, maxBlocks int) bool {
+	if c == nil || c.host == nil {
+		return false
+	}
+	hashes = hashes[:min(len(hashes), max(maxBlocks, 0))]
+	return c.host.Match(hashes) > c.Match(hashes)
+}
+
+// Free frees seqs, sequences the cache returned, on eng, copying into the
+// host tier first those it evicted (Insert's, Trim's, Shrink's and
+// Reclaim's evictions; not those it superseded or drained). A copy the
+// engine refuses is returned after every sequence was freed (the rest are
+// copied and freed all the same). The caller holds its engine lock. A nil
+// cache frees them all.
+func (c *Cache) Free(eng engine.Engine, seqs []engine.SeqID) error {
+	var errs []error
+	for _, q := range seqs {
+		if c != nil && c.host != nil {
+			c.mu.Lock()
+			e := c.spill[q]
+			delete(c.spill, q)
+			c.mu.Unlock()
+			if e != nil {
+				if err := c.host.Spill(eng, q, e.hashes); err != nil {
+					errs = append(errs, err)
+				}
+			}
+		}
+		eng.Free(q)
+	}
+	return errors.Join(errs...)
 }
 
 // BlockTokens returns the tokens per hashed block (DefaultBlockTokens for
@@ -387,6 +461,7 @@ func (c *Cache) trimLocked() []engine.SeqID {
 			continue
 		}
 		c.st.Evictions++
+		c.markSpillLocked(e)
 		free = append(free, c.dropLocked(e))
 	}
 	return free
@@ -420,19 +495,22 @@ func (c *Cache) Shrink(tokens, entries int) []engine.SeqID {
 		c.st.Reclaims++
 		tokens -= e.tokens
 		entries--
+		c.markSpillLocked(e)
 		free = append(free, c.dropLocked(e))
 	}
 	return free
 }
 
 // Drain drops every unpinned entry and returns their sequences (a worker
-// stopping, or freeing engine room).
+// stopping, or freeing engine room); none goes to the host tier, and the
+// evicted sequences not yet freed with Free will not either.
 func (c *Cache) Drain() []engine.SeqID {
 	if c == nil {
 		return nil
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	clear(c.spill)
 	var free []engine.SeqID
 	for el := c.lru.Front(); el != nil; {
 		e := el.Value.(*entry)
@@ -442,6 +520,13 @@ func (c *Cache) Drain() []engine.SeqID {
 		}
 	}
 	return free
+}
+
+// markSpillLocked records evicted e for Free to copy into the host tier.
+func (c *Cache) markSpillLocked(e *entry) {
+	if c.host != nil {
+		c.spill[e.seq] = e
+	}
 }
 
 // dropLocked removes unpinned e from the index and returns its sequence.
@@ -520,9 +605,11 @@ func (c *Cache) Stats() Stats {
 		return Stats{}
 	}
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	st := c.st
 	st.Tokens, st.Entries, st.Pinned = c.tokens, c.lru.Len(), c.pinned
 	st.Reclaimable = c.tokens - c.pinnedTokens
+	c.mu.Unlock()
+	// After c.mu: both locks stay leaves.
+	st.Host = c.host.Stats()
 	return st
 }

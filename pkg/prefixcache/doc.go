@@ -6,9 +6,12 @@
 //
 // # Contract
 //
-//   - The cache never calls the engine. Insert, Evict and Trim return the
-//     engine sequences the caller must Free; the caller holds its engine
-//     lock (the worker's scheduler) around the call and the Frees.
+//   - The index never calls the engine. Insert, Evict and Trim return the
+//     engine sequences the caller must free (Cache.Free, which copies the
+//     evicted ones into the host tier first); the caller holds its engine
+//     lock (the worker's scheduler) around the call and the frees. The
+//     host tier's Spill and Load call the engine they are given, under
+//     that lock.
 //   - An entry is one engine sequence. It is bounded twice: Options.MaxTokens
 //     (the KV tokens its sequences hold, Len of each) and Options.MaxEntries
 //     (engine sequences, which count against an engine's sequence slots).
@@ -23,6 +26,27 @@
 //   - Hits are whole blocks and leave at least one prompt token to compute
 //     (the engine must run the last prompt token to sample the first output
 //     token): Acquire is given that cap.
+//
+// # Host tier
+//
+// With Options.HostBytes (--host-cache-bytes; default Auto: a quarter of
+// MemAvailable at start, HostAutoDivisor; 0: off) the cache has a second,
+// host-memory tier (Host): Cache.Free copies the full blocks of every
+// entry evicted from the engine (for the bounds, or to give a live
+// sequence its memory: Trim, Shrink, Reclaim; not superseded or drained
+// ones) out of the engine with ExportKV over all layers, then frees the
+// sequence. The tier is LRU under its byte budget (the model's true KV
+// size, ModelSpec.KVBytesPerToken per token) and drops an entry whose
+// blocks a newer one holds. A prompt for which HostDeeper reports a
+// longer prefix there than in the engine tier is loaded back (Host.Load:
+// ImportKV into its new engine sequence) instead of forked, and its
+// prefill continues after it. The load's time is the engine's modeled
+// host-link time on an engine that models one (engine.HostLinked: the
+// performance-model engine prices it at the profile's PCIe bandwidth and
+// waits it out in its next step), the imports' wall time otherwise (ref
+// copies, llama.cpp stages the sequence's state for its next step). The
+// load does not overlap with other work: the worker's scheduler runs it
+// between steps.
 //
 // # Digest
 //

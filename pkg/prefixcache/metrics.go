@@ -13,8 +13,22 @@ import "github.com/prometheus/client_golang/prometheus"
 //	tokens            gauge    KV tokens held by cached sequences
 //	entries           gauge    cached engine sequences
 //
-// Each worker package registers them from its metrics.go.
-func Collectors(subsystem string, stats func() Stats) []prometheus.Collector {
+// and, per tier (label tier="host"; with a host tier only), named
+// pdserve_<subsystem>_prefix_cache_tier_*:
+//
+//	lookups_total        counter  prompts looked up in the tier
+//	hits_total           counter  loads of at least one block
+//	hit_tokens_total     counter  prompt tokens loaded: prefill tokens saved
+//	spills_total         counter  engine entries copied in
+//	evictions_total      counter  entries evicted for the byte budget
+//	load_seconds_total   counter  time loads took (modeled on the sim engine)
+//	bytes                gauge    KV bytes held (the model's true size)
+//	blocks               gauge    distinct blocks held
+//	entries              gauge    entries held
+//
+// Each worker package registers them from its metrics.go; host tells
+// whether the cache has a host tier (Cache.Host not nil).
+func Collectors(subsystem string, stats func() Stats, host bool) []prometheus.Collector {
 	name := func(s string) string { return "pdserve_" + subsystem + "_prefix_cache_" + s }
 	counter := func(n, help string, f func(Stats) uint64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name(n), Help: help}, func() float64 { return float64(f(stats())) })
@@ -22,7 +36,7 @@ func Collectors(subsystem string, stats func() Stats) []prometheus.Collector {
 	gauge := func(n, help string, f func(Stats) int) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name(n), Help: help}, func() float64 { return float64(f(stats())) })
 	}
-	return []prometheus.Collector{
+	cs := []prometheus.Collector{
 		counter("lookups_total", "Prompts looked up in the prefix cache.", func(s Stats) uint64 { return s.Lookups }),
 		counter("hits_total", "Prefix cache lookups that hit at least one block.", func(s Stats) uint64 { return s.Hits }),
 		counter("hit_tokens_total", "Prompt tokens taken from the prefix cache instead of computed (prefill tokens saved).", func(s Stats) uint64 { return s.HitTokens }),
@@ -31,4 +45,25 @@ func Collectors(subsystem string, stats func() Stats) []prometheus.Collector {
 		gauge("tokens", "KV tokens held by the prefix cache's sequences.", func(s Stats) int { return s.Tokens }),
 		gauge("entries", "Engine sequences held by the prefix cache.", func(s Stats) int { return s.Entries }),
 	}
+	if !host {
+		return cs
+	}
+	tier := prometheus.Labels{"tier": "host"}
+	hcounter := func(n, help string, f func(HostStats) float64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name("tier_" + n), Help: help, ConstLabels: tier}, func() float64 { return f(stats().Host) })
+	}
+	hgauge := func(n, help string, f func(HostStats) float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name("tier_" + n), Help: help, ConstLabels: tier}, func() float64 { return f(stats().Host) })
+	}
+	return append(cs,
+		hcounter("lookups_total", "Prompts looked up in the prefix cache tier.", func(s HostStats) float64 { return float64(s.Lookups) }),
+		hcounter("hits_total", "Prefix cache tier loads of at least one block.", func(s HostStats) float64 { return float64(s.Hits) }),
+		hcounter("hit_tokens_total", "Prompt tokens loaded from the prefix cache tier instead of computed.", func(s HostStats) float64 { return float64(s.HitTokens) }),
+		hcounter("spills_total", "Evicted engine entries copied into the prefix cache tier.", func(s HostStats) float64 { return float64(s.Spills) }),
+		hcounter("evictions_total", "Prefix cache tier entries evicted for its byte budget.", func(s HostStats) float64 { return float64(s.Evictions) }),
+		hcounter("load_seconds_total", "Time prefix cache tier loads took (the modeled host-link time on the performance-model engine).", func(s HostStats) float64 { return s.LoadTime.Seconds() }),
+		hgauge("bytes", "KV bytes held by the prefix cache tier (the model's true size).", func(s HostStats) float64 { return float64(s.Bytes) }),
+		hgauge("blocks", "Distinct KV blocks held by the prefix cache tier.", func(s HostStats) float64 { return float64(s.Blocks) }),
+		hgauge("entries", "Entries held by the prefix cache tier.", func(s HostStats) float64 { return float64(s.Entries) }),
+	)
 }

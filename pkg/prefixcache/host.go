@@ -1,0 +1,307 @@
+package prefixcache
+
+import (
+	"bufio"
+	"bytes"
+	"container/list"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/kv"
+)
+
+// HostAutoDivisor sets the default host tier budget (Options.HostBytes
+// Auto): MemAvailable of /proc/meminfo at start, divided by it (a quarter
+// of the free RAM).
+const HostAutoDivisor = 4
+
+// HostStats are the host tier's counters (since New) and occupancy.
+type HostStats struct {
+	Lookups   uint64 // Load calls
+	Hits      uint64 // loads of at least one block
+	HitTokens uint64 // tokens loaded: prefill tokens saved
+	Spills    uint64 // engine entries copied in
+	// SpillsSkipped counts engine entries not copied in: larger than the
+	// budget alone, or held already.
+	SpillsSkipped uint64
+	Evictions     uint64 // entries dropped for the budget
+	Superseded    uint64 // entries dropped for a newer one holding their blocks and more
+	Failures      uint64 // exports or imports the engine refused
+	// LoadTime is Σ the time loads took (the engine's modeled host-link
+	// time on an engine that models it, wall time otherwise).
+	LoadTime time.Duration
+	Bytes    int64 // KV bytes held now (the model's true size)
+	Blocks   int   // distinct block hashes held now
+	Entries  int   // entries held now
+}
+
+// hostEntry is one sequence's full blocks copied out of the engine.
+// Immutable once in the index: Load reads layers without the lock.
+type hostEntry struct {
+	hashes []kv.Hash
+	tokens int      // len(hashes) × BlockTokens
+	layers [][]byte // per layer, the canonical KV of tokens [0, tokens)
+	bytes  int64    // tokens × the model's KVBytesPerToken
+	el     *list.Element
+}
+
+// Host is the host-memory tier of a Cache: the full blocks of engine
+// entries the cache evicted, copied out of the engine (ExportKV over every
+// layer) into host RAM under a byte budget, least recently used first out.
+// A prompt whose prefix it holds deeper than the engine tier is loaded back
+// into a new engine sequence (ImportKV) before its prefill continues.
+//
+// A nil *Host is a tier that is off: it holds nothing and Spill does
+// nothing. Spill and Load call the engine they are given: the caller holds
+// its engine lock (the worker's scheduler). The index is safe for
+// concurrent use; its lock is a leaf and is never held across an engine
+// call.
+type Host struct {
+	budget      int64
+	blockTokens int
+	now         func() time.Time
+
+	mu     sync.Mutex
+	byHash map[kv.Hash][]*hostEntry
+	lru    list.List // of *hostEntry; front = most recently used
+	bytes  int64
+	st     HostStats
+}
+
+// newHost returns a tier of budget bytes (> 0).
+func newHost(budget int64, blockTokens int) *Host {
+	return &Host{budget: budget, blockTokens: blockTokens, now: time.Now, byHash: make(map[kv.Hash][]*hostEntry)}
+}
+
+// Budget returns the tier's byte budget (0 for a nil tier).
+func (h *Host) Budget() int64 {
+	if h == nil {
+		return 0
+	}
+	return h.budget
+}
+
+// Match returns how many leading hashes the tier holds, changing nothing.
+func (h *Host) Match(hashes []kv.Hash) int {
+	if h == nil {
+		return 0
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.depthLocked(hashes)
+}
+
+func (h *Host) depthLocked(hashes []kv.Hash) int {
+	n := 0
+	for _, x := range hashes {
+		if len(h.byHash[x]) == 0 {
+			break
+		}
+		n++
+	}
+	return n
+}
+
+// Spill copies the first len(hashes) × BlockTokens tokens of engine
+// sequence seq, whose blocks hashes are (the caller's slice is kept: it
+// must not change), into the tier as its most recently used entry, and
+// evicts least recently used entries beyond the budget. It does not free
+// seq. A sequence larger than the budget alone, or whose blocks an entry
+// holds already (that entry becomes the most recent), is not copied.
+// Errors: the engine's (the tier is then unchanged).
+func (h *Host) Spill(eng engine.Engine, seq engine.SeqID, hashes []kv.Hash) error {
+	if h == nil || len(hashes) == 0 {
+		return nil
+	}
+	spec := eng.Spec()
+	tokens := len(hashes) * h.blockTokens
+	size := int64(tokens) * int64(spec.KVBytesPerToken())
+	h.mu.Lock()
+	held := h.depthLocked(hashes) == len(hashes)
+	if held {
+		es := h.byHash[hashes[len(hashes)-1]]
+		h.lru.MoveToFront(es[len(es)-1].el)
+	}
+	if held || size > h.budget {
+		h.st.SpillsSkipped++
+		h.mu.Unlock()
+		return nil
+	}
+	h.mu.Unlock()
+	layers := make([][]byte, spec.Layers)
+	for l := range layers {
+		var err error
+		if layers[l], err = eng.ExportKV(seq, l, 0, tokens, nil); err != nil {
+			h.mu.Lock()
+			h.st.Failures++
+			h.mu.Unlock()
+			return fmt.Errorf("prefixcache: host tier: export seq %d layer %d: %w", seq, l, err)
+		}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.insertLocked(&hostEntry{hashes: hashes, tokens: tokens, layers: layers, bytes: size})
+	return nil
+}
+
+// insertLocked adds e as the most recent entry, drops the entries whose
+// blocks are a prefix of e's, and evicts for the budget.
+func (h *Host) insertLocked(e *hostEntry) {
+	n := h.depthLocked(e.hashes)
+	var old []*hostEntry
+	for i := range n {
+		for _, o := range h.byHash[e.hashes[i]] {
+			if len(o.hashes) == i+1 {
+				old = append(old, o)
+			}
+		}
+	}
+	e.el = h.lru.PushFront(e)
+	for _, x := range e.hashes {
+		h.byHash[x] = append(h.byHash[x], e)
+	}
+	h.bytes += e.bytes
+	h.st.Spills++
+	for _, o := range old {
+		h.st.Superseded++
+		h.dropLocked(o)
+	}
+	for el := h.lru.Back(); el != nil && h.bytes > h.budget; {
+		o := el.Value.(*hostEntry)
+		el = el.Prev()
+		h.st.Evictions++
+		h.dropLocked(o)
+	}
+}
+
+func (h *Host) dropLocked(e *hostEntry) {
+	h.lru.Remove(e.el)
+	for _, x := range e.hashes {
+		es := h.byHash[x]
+		for i, o := range es {
+			if o == e {
+				es = append(es[:i], es[i+1:]...)
+				break
+			}
+		}
+		if len(es) == 0 {
+			delete(h.byHash, x)
+		} else {
+			h.byHash[x] = es
+		}
+	}
+	h.bytes -= e.bytes
+}
+
+// HostLoad is what Load brought back.
+type HostLoad struct {
+	// Tokens is the prefix loaded: a whole number of blocks, 0 on a miss.
+	Tokens int
+	// Bytes is its KV size, the model's true size.
+	Bytes int64
+	// Took is the load's time: the engine's modeled host-link time when
+	// it models one (engine.HostLinked, charged to its next step), the
+	// wall time of the imports otherwise.
+	Took time.Duration
+}
+
+// Load imports into seq, a sequence the engine does not hold yet, the
+// longest prefix of hashes the tier holds, at most maxBlocks blocks, and
+// makes its entry the most recently used; it counts a lookup, and a hit
+// when it loaded at least one block. A miss changes nothing in the engine.
+// Errors: the engine's ImportKV (seq may then hold part of the prefix: the
+// caller frees it).
+func (h *Host) Load(eng engine.Engine, seq engine.SeqID, hashes []kv.Hash, maxBlocks int) (HostLoad, error) {
+	if h == nil {
+		return HostLoad{}, nil
+	}
+	h.mu.Lock()
+	h.st.Lookups++
+	n := h.depthLocked(hashes[:min(len(hashes), max(maxBlocks, 0))])
+	if n == 0 {
+		h.mu.Unlock()
+		return HostLoad{}, nil
+	}
+	es := h.byHash[hashes[n-1]]
+	e := es[len(es)-1]
+	h.lru.MoveToFront(e.el)
+	h.mu.Unlock()
+
+	m := n * h.blockTokens
+	size := e.bytes / int64(e.tokens) * int64(m)
+	t0 := h.now()
+	var buf []byte
+	for l, data := range e.layers {
+		if m < e.tokens {
+			buf = appendPrefix(buf[:0], data, e.tokens, m)
+			data = buf
+		}
+		if err := eng.ImportKV(seq, l, 0, data); err != nil {
+			h.mu.Lock()
+			h.st.Failures++
+			h.mu.Unlock()
+			return HostLoad{}, fmt.Errorf("prefixcache: host tier: import seq %d layer %d: %w", seq, l, err)
+		}
+	}
+	took := h.now().Sub(t0)
+	if hl, ok := eng.(engine.HostLinked); ok {
+		took = hl.ChargeHostLoad(size)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.st.Hits++
+	h.st.HitTokens += uint64(m)
+	h.st.LoadTime += took
+	return HostLoad{Tokens: m, Bytes: size, Took: took}, nil
+}
+
+// appendPrefix appends to dst the first m of the n tokens of one layer's
+// canonical KV (all K rows, then all V rows): K rows [0, m), V rows
+// [0, m).
+func appendPrefix(dst, data []byte, n, m int) []byte {
+	row := len(data) / (2 * n)
+	dst = append(dst, data[:m*row]...)
+	return append(dst, data[n*row:(n+m)*row]...)
+}
+
+// Stats returns the tier's counters and occupancy (zero for a nil tier).
+func (h *Host) Stats() HostStats {
+	if h == nil {
+		return HostStats{}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	st := h.st
+	st.Bytes, st.Blocks, st.Entries = h.bytes, len(h.byHash), h.lru.Len()
+	return st
+}
+
+// MemAvailable returns MemAvailable of /proc/meminfo in bytes. Errors: the
+// file cannot be read or has no such line (not Linux).
+func MemAvailable() (int64, error) {
+	data, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0, fmt.Errorf("prefixcache: free memory: %w", err)
+	}
+	return memAvailable(data)
+}
+
+func memAvailable(meminfo []byte) (int64, error) {
+	sc := bufio.NewScanner(bytes.NewReader(meminfo))
+	for sc.Scan() {
+		f := bytes.Fields(sc.Bytes())
+		if len(f) >= 2 && string(f[0]) == "MemAvailable:" {
+			kb, err := strconv.ParseInt(string(f[1]), 10, 64)
+			if err != nil || kb < 0 {
+				return 0, fmt.Errorf("prefixcache: free memory: bad MemAvailable %q", f[1])
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, errors.New("prefixcache: free memory: no MemAvailable in /proc/meminfo")
+}
