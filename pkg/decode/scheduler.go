@@ -300,15 +300,27 @@ func (s *Server) joinLocked(q *sequence, now time.Time) {
 }
 
 // forkCachedLocked starts local-prefill q's new engine sequence from the
-// longest cached prefix of its prompt and returns its tokens (0: a miss,
-// a request asking for prompt logprobs, which needs every prompt
-// position computed, or a failed fork, logged). The caller holds engMu and
-// mu.
+// longest cached prefix of its prompt, forked from the engine tier or
+// loaded from the host tier when that holds more, and returns its tokens
+// (0: a miss, a request asking for prompt logprobs, which needs every
+// prompt position computed, or a failed fork or load, logged). The caller
+// holds engMu and mu.
 func (s *Server) forkCachedLocked(q *sequence) int {
 	if s.cache == nil || q.promptTop >= 0 {
 		return 0
 	}
-	hit := s.cache.Acquire(q.hashes, s.cache.MaxHitBlocks(len(q.prompt)))
+	maxHit := s.cache.MaxHitBlocks(len(q.prompt))
+	if s.cache.HostDeeper(q.hashes, maxHit) {
+		ld, err := s.cache.Host().Load(s.eng, q.seq, q.hashes, maxHit)
+		if err != nil {
+			s.log.Warn("prefix cache host-tier load failed; prefilling the whole prompt", zap.String("request_id", q.id), zap.Error(err))
+			s.eng.Free(q.seq)
+			return 0
+		}
+		q.hostHit, q.hostLoad = ld.Tokens, ld.Took
+		return ld.Tokens
+	}
+	hit := s.cache.Acquire(q.hashes, maxHit)
 	defer s.cache.Release(hit)
 	if hit.Tokens == 0 {
 		return 0

@@ -174,6 +174,10 @@ type sequence struct {
 	// the request ends.
 	hashes []kv.Hash
 	hit    prefixcache.Hit
+	// hostHit is the local prompt's prefix loaded from the host tier
+	// (0: none), and hostLoad the time the load took.
+	hostHit  int
+	hostLoad time.Duration
 
 	// Choices (n > 1). The request's first choice (index 0, the root)
 	// holds the reservation, the transfer and the outbox; the others
@@ -516,9 +520,7 @@ func (s *Server) freeReclaimed() {
 	x := s.reclaimed
 	s.reclaimed = nil
 	s.mu.Unlock()
-	for _, seq := range x {
-		s.eng.Free(seq)
-	}
+	s.freeCachedLocked(x)
 }
 
 // checkCapsLocked fails with RESOURCE_EXHAUSTED when caller would hold
@@ -664,6 +666,15 @@ func (s *Server) dropChoiceLocked(c *sequence, keep bool) {
 	}
 }
 
+// freeCachedLocked frees engine sequences the prefix cache let go of,
+// those it evicted copied into its host tier first (a failed copy is
+// logged). The caller holds engMu.
+func (s *Server) freeCachedLocked(seqs []engine.SeqID) {
+	if err := s.cache.Free(s.eng, seqs); err != nil {
+		s.log.Warn("prefix cache: copy to the host tier failed", zap.Error(err))
+	}
+}
+
 // keepLocked makes root q's engine sequence a prefix cache entry holding
 // its prompt's full blocks, forking them out when the sequence holds more
 // (output tokens, a partial block), and frees what the cache lets go of;
@@ -689,9 +700,7 @@ func (s *Server) keepLocked(q *sequence) {
 			return
 		}
 	}
-	for _, x := range s.cache.Insert(seq, q.hashes, k) {
-		s.eng.Free(x)
-	}
+	s.freeCachedLocked(s.cache.Insert(seq, q.hashes, k))
 	s.chargeCacheLocked()
 }
 

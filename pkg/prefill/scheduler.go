@@ -170,9 +170,14 @@ func (s *Server) startLocked(r *request) bool {
 	r.seq = s.nextSeq
 	r.started = true
 	r.kv = newKVBuf(s.spec.Layers, len(r.prompt))
-	hit := s.cache.Acquire(r.hashes, s.cache.MaxHitBlocks(len(r.prompt)))
+	maxHit := s.cache.MaxHitBlocks(len(r.prompt))
+	var hit prefixcache.Hit
+	host := s.cache.HostDeeper(r.hashes, maxHit)
+	if !host {
+		hit = s.cache.Acquire(r.hashes, maxHit)
+	}
 	s.makeRoomLocked(r)
-	frames := s.forkPrefixLocked(r, hit)
+	frames := s.forkPrefixLocked(r, hit, host)
 	s.cache.Release(hit)
 	// The hit's entry, pinned while r forked from it, may go now if the
 	// engine's memory needs it.
@@ -250,24 +255,36 @@ func (s *Server) makeRoomLocked(r *request) {
 
 // forkPrefixLocked starts r's engine sequence from hit, the longest cached
 // prefix of its prompt (whole blocks, at least one token left to compute),
-// copies that prefix's KV out of the fork into r.kv (the decode worker
+// or, when host is set, from the host tier's longer one (loaded into it),
+// copies that prefix's KV out of the sequence into r.kv (the decode worker
 // needs the whole prompt's, and Resend does) and returns its frames, to be
-// pushed to the transfer. On a miss, or when the fork or export fails
-// (logged; r then prefills from scratch), it does nothing. The caller is
-// the scheduler (it owns the engine), holds mu and the pin of hit.
-func (s *Server) forkPrefixLocked(r *request, hit prefixcache.Hit) []frame {
-	if hit.Tokens == 0 {
-		return nil
-	}
+// pushed to the transfer. On a miss, or when the fork, load or export
+// fails (logged; r then prefills from scratch), it does nothing. The
+// caller is the scheduler (it owns the engine), holds mu and the pin of
+// hit.
+func (s *Server) forkPrefixLocked(r *request, hit prefixcache.Hit, host bool) []frame {
 	n := hit.Tokens
 	fail := func(err error) []frame {
-		s.log.Warn("prefix cache fork failed; prefilling the whole prompt", zap.String("request_id", r.id), zap.Int("prefix_tokens", n), zap.Error(err))
+		s.log.Warn("prefix cache fork failed; prefilling the whole prompt", zap.String("request_id", r.id), zap.Int("prefix_tokens", n), zap.Bool("host_tier", host), zap.Error(err))
 		s.eng.Free(r.seq)
 		r.kv = newKVBuf(s.spec.Layers, len(r.prompt))
+		r.hostHit, r.hostLoad = 0, 0
 		return nil
 	}
-	if err := s.eng.(engine.Forker).Fork(hit.Seq, r.seq, n); err != nil {
-		return fail(err)
+	if host {
+		ld, err := s.cache.Host().Load(s.eng, r.seq, r.hashes, s.cache.MaxHitBlocks(len(r.prompt)))
+		if err != nil {
+			return fail(err)
+		}
+		n, r.hostHit, r.hostLoad = ld.Tokens, ld.Tokens, ld.Took
+	}
+	if n == 0 {
+		return nil
+	}
+	if !host {
+		if err := s.eng.(engine.Forker).Fork(hit.Seq, r.seq, n); err != nil {
+			return fail(err)
+		}
 	}
 	var frames []frame
 	var buf []byte
@@ -291,11 +308,12 @@ func (s *Server) forkPrefixLocked(r *request, hit prefixcache.Hit) []frame {
 	return frames
 }
 
-// freeSeqs frees engine sequences the prefix cache let go of. The caller
-// is the scheduler.
+// freeSeqs frees engine sequences the prefix cache let go of, those it
+// evicted copied into its host tier first (a failed copy is logged). The
+// caller is the scheduler.
 func (s *Server) freeSeqs(seqs []engine.SeqID) {
-	for _, q := range seqs {
-		s.eng.Free(q)
+	if err := s.cache.Free(s.eng, seqs); err != nil {
+		s.log.Warn("prefix cache: copy to the host tier failed", zap.Error(err))
 	}
 }
 
@@ -396,7 +414,8 @@ func (s *Server) step(ctx context.Context, b batch) {
 			Logprob:              lp,
 		}}
 		s.log.Debug("prompt prefilled", zap.String("request_id", r.id), zap.Int("prompt_tokens", len(r.prompt)),
-			zap.Int("prefix_hit_tokens", r.prefixHit), zap.Int("skip_tokens", r.skip))
+			zap.Int("prefix_hit_tokens", r.prefixHit), zap.Int("host_hit_tokens", r.hostHit), zap.Duration("host_load", r.hostLoad),
+			zap.Int("skip_tokens", r.skip))
 		r.tx.seal(outs[i].Token, lp)
 	}
 }

@@ -99,10 +99,14 @@ type request struct {
 	kvBytes  int64      // KV estimate charged to Server.liveKV while live
 	events   chan event // capacity 2: at most one first token and one end
 
-	started    bool // has an engine sequence, a kvBuf and a transfer
-	seq        engine.SeqID
-	done       int // prompt tokens prefilled, the cached prefix included
-	prefixHit  int // leading prompt tokens forked from the prefix cache
+	started   bool // has an engine sequence, a kvBuf and a transfer
+	seq       engine.SeqID
+	done      int // prompt tokens prefilled, the cached prefix included
+	prefixHit int // leading prompt tokens forked from the prefix cache
+	// hostHit is the part of prefixHit loaded from the host tier, and
+	// hostLoad the time the load took (prefixcache.HostLoad).
+	hostHit    int
+	hostLoad   time.Duration
 	startedAt  time.Time
 	prefilled  bool // every chunk ran; the engine sequence is freed
 	cancelled  bool
