@@ -136,9 +136,9 @@ func TestAdmissionWaitsForRetentionRoom(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	b := w.s.plan()
-	if len(b.reqs) != 1 || b.reqs[0].id != "a" {
-		t.Fatalf("planned %d requests, want only the first (a)", len(b.reqs))
+	b := w.s.fcfs.Plan()
+	if len(b.PrefillOf) != 1 || b.PrefillOf[0].id != "a" {
+		t.Fatalf("planned %d requests, want only the first (a)", len(b.PrefillOf))
 	}
 	for _, id := range []string{"a", "b"} {
 		w.s.mu.Lock()

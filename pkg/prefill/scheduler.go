@@ -2,9 +2,7 @@ package prefill
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -14,50 +12,16 @@ import (
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
+	"github.com/pdserve/pdserve/pkg/runner"
 	"github.com/pdserve/pdserve/pkg/wire"
 )
 
-// Run runs the scheduler until ctx ends or Stop is called, then fails the
-// requests still live with UNAVAILABLE, frees their engine sequences, and
-// waits for the sender goroutines. It returns nil after a stop, or an
-// error when Run was called twice. Run owns the engine while it runs.
-func (s *Server) Run(ctx context.Context) error {
-	s.mu.Lock()
-	if s.ran {
-		s.mu.Unlock()
-		return errors.New("prefill: Run called twice")
-	}
-	s.ran = true
-	s.mu.Unlock()
-	ctx, cancel := context.WithCancel(ctx)
-	var bg sync.WaitGroup
-	defer bg.Wait()
-	defer cancel()
-	go func() {
-		select {
-		case <-s.baseCtx.Done():
-			cancel()
-		case <-ctx.Done():
-		}
-	}()
-	bg.Go(func() { s.expireRetained(ctx) })
-	defer s.shutdown()
-	for {
-		b := s.plan()
-		if len(b.items) == 0 {
-			select {
-			case <-s.sig.Woken():
-				continue
-			case <-ctx.Done():
-				return nil
-			}
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		s.step(ctx, b)
-	}
-}
+// Run runs the scheduler (the runner under the FCFS policy) until ctx ends
+// or Stop is called, then fails the requests still live with UNAVAILABLE,
+// frees their engine sequences, and waits for the sender goroutines. It
+// returns nil after a stop, or an error when Run was called twice. Run
+// owns the engine while it runs.
+func (s *Server) Run(ctx context.Context) error { return s.run.Run(ctx) }
 
 // expireRetained drops, until ctx ends, the retained KV of finished
 // requests that no Release or Resend touched for Options.RetainTTL,
@@ -84,17 +48,31 @@ func (s *Server) expireRetained(ctx context.Context) {
 // Stop ends Run (if it runs) and cancels every transfer; it does not wait.
 func (s *Server) Stop() { s.stop() }
 
-// shutdown fails everything still live and waits for the senders.
-func (s *Server) shutdown() {
+// fcfs is the prefill worker's runner.Policy: requests in arrival order,
+// each a chunk of its prompt (see Plan). It owns the engine's sequences
+// (its methods run in the runner's loop, which holds the engine) and
+// takes Server.mu for the requests' state.
+type fcfs struct {
+	s       *Server
+	eng     engine.Engine
+	nextSeq engine.SeqID
+	kvErr   error // why the last step's KV callback failed, for its log
+}
+
+var _ runner.Policy[*request] = (*fcfs)(nil)
+
+// Shutdown fails everything still live and waits for the senders.
+func (p *fcfs) Shutdown() {
+	s := p.s
 	s.mu.Lock()
 	s.stopped = true
 	for _, r := range s.queue {
 		if r.started && !r.prefilled {
-			s.eng.Free(r.seq)
+			p.eng.Free(r.seq)
 		}
 	}
 	s.queue = nil
-	s.freeSeqs(s.cache.Drain())
+	p.freeSeqs(s.cache.Drain())
 	for _, r := range s.live {
 		if r.tx != nil {
 			r.tx.abort(errStopped)
@@ -106,25 +84,21 @@ func (s *Server) shutdown() {
 	s.xfers.Wait()
 }
 
-// batch is one planned step.
-type batch struct {
-	items []engine.PrefillItem
-	reqs  []*request // reqs[i] owns items[i]
-}
-
-// plan drops cancelled requests and picks the next step: requests in arrival
-// order, each at most ChunkTokens of its remaining prompt, until
-// MaxBatchTokens are used. A request gets its engine sequence, KV buffer and
-// sender goroutine when it is first scheduled, if the retention bound has
-// room for its KV; otherwise it and every later request wait (FCFS).
-func (s *Server) plan() batch {
+// Plan drops cancelled requests and picks the next step: requests in
+// arrival order, each at most ChunkTokens of its remaining prompt, until
+// MaxBatchTokens are used. A request gets its engine sequence, KV buffer
+// and sender goroutine when it is first scheduled, if the engine's memory
+// and the retention bound have room for its KV; otherwise it and every
+// later request wait (FCFS).
+func (p *fcfs) Plan() runner.Batch[*request] {
+	s := p.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	q := s.queue[:0]
 	for _, r := range s.queue {
 		if r.cancelled {
 			if r.started {
-				s.eng.Free(r.seq)
+				p.eng.Free(r.seq)
 			}
 			continue
 		}
@@ -133,41 +107,68 @@ func (s *Server) plan() batch {
 	clear(s.queue[len(q):])
 	s.queue = q
 
-	var b batch
+	var b runner.Batch[*request]
 	budget := s.o.MaxBatchTokens
 	for _, r := range s.queue {
 		if budget == 0 {
 			break
 		}
-		if !r.started && !s.startLocked(r) {
+		if !r.started && !p.startLocked(r) {
 			break
 		}
 		n := min(len(r.prompt)-r.done, s.o.ChunkTokens, budget)
-		b.items = append(b.items, engine.PrefillItem{
+		b.Prefill = append(b.Prefill, engine.PrefillItem{
 			Seq:      r.seq,
 			Tokens:   r.prompt[r.done : r.done+n],
 			Sampling: r.sampling,
 			Last:     r.done+n == len(r.prompt),
 		})
-		b.reqs = append(b.reqs, r)
+		b.PrefillOf = append(b.PrefillOf, r)
 		budget -= n
 	}
+	if len(b.Prefill) > 0 {
+		b.OnKV = p.onKV(b)
+	}
 	return b
+}
+
+// onKV returns the step's KV callback: each chunk goes into its request's
+// buffer and out to its transfer.
+func (p *fcfs) onKV(b runner.Batch[*request]) engine.KVFunc {
+	bySeq := make(map[engine.SeqID]*request, len(b.PrefillOf))
+	for _, r := range b.PrefillOf {
+		bySeq[r.seq] = r
+	}
+	p.kvErr = nil
+	return func(c engine.KVChunk) error {
+		r := bySeq[c.Seq]
+		if r == nil {
+			return fmt.Errorf("prefill: kv chunk of unknown sequence %d", c.Seq)
+		}
+		f, err := r.kv.put(c)
+		if err != nil {
+			p.kvErr = err
+			return err
+		}
+		r.tx.push(f)
+		return nil
+	}
 }
 
 // startLocked gives r an engine sequence, a KV buffer charged to the
 // retention bound and a sender goroutine. It reports false when the bound
 // has no room for r yet.
-func (s *Server) startLocked(r *request) bool {
-	if !s.engineRoomLocked(r) {
+func (p *fcfs) startLocked(r *request) bool {
+	s := p.s
+	if !p.engineRoomLocked(r) {
 		return false
 	}
 	need := int64(len(r.prompt)) * int64(s.spec.Layers) * int64(s.tokenBytes)
 	if !s.retained.makeRoom(need) {
 		return false
 	}
-	s.nextSeq++
-	r.seq = s.nextSeq
+	p.nextSeq++
+	r.seq = p.nextSeq
 	r.started = true
 	r.kv = newKVBuf(s.spec.Layers, len(r.prompt))
 	maxHit := s.cache.MaxHitBlocks(len(r.prompt))
@@ -176,12 +177,12 @@ func (s *Server) startLocked(r *request) bool {
 	if !host {
 		hit = s.cache.Acquire(r.hashes, maxHit)
 	}
-	s.makeRoomLocked(r)
-	frames := s.forkPrefixLocked(r, hit, host)
+	p.makeRoomLocked(r)
+	frames := p.forkPrefixLocked(r, hit, host)
 	s.cache.Release(hit)
 	// The hit's entry, pinned while r forked from it, may go now if the
 	// engine's memory needs it.
-	s.makeRoomLocked(r)
+	p.makeRoomLocked(r)
 	r.ret = s.retained.add(r.id, r.kv, need)
 	r.tx = newTransfer(peerContext(s.baseCtx, r.decodeID, r.cred), r.id, r.addr, r.codec, s.spec.KVDType, r.kv, r.skip, s.spec.KVTokenBytes(), s.auto, s.now)
 	for _, f := range frames {
@@ -204,11 +205,12 @@ func (s *Server) startLocked(r *request) bool {
 // it. A request with none live beside it always starts (the engine then
 // refuses only a prompt larger than its whole memory). The caller holds
 // mu; r is not started.
-func (s *Server) engineRoomLocked(r *request) bool {
+func (p *fcfs) engineRoomLocked(r *request) bool {
+	s := p.s
 	if s.memTokens <= 0 && s.memSeqs <= 0 {
 		return true
 	}
-	tokens, seqs := s.withLiveLocked(r)
+	tokens, seqs := p.withLiveLocked(r)
 	if seqs == 1 {
 		return true
 	}
@@ -218,7 +220,8 @@ func (s *Server) engineRoomLocked(r *request) bool {
 // withLiveLocked returns the engine memory r's whole prompt and the live
 // requests (started, not yet prefilled; r counted once, started or not)
 // take: tokens and sequences. The caller holds mu.
-func (s *Server) withLiveLocked(r *request) (tokens, seqs int) {
+func (p *fcfs) withLiveLocked(r *request) (tokens, seqs int) {
+	s := p.s
 	tokens, seqs = len(r.prompt), 1
 	for _, q := range s.queue {
 		if q.started && !q.prefilled && q != r {
@@ -235,11 +238,12 @@ func (s *Server) withLiveLocked(r *request) (tokens, seqs int) {
 // sequence slot is free for r: the cache lives in the memory live
 // sequences do not use. The caller is the scheduler and holds mu; r is
 // started, not yet counted among the queue's started requests.
-func (s *Server) makeRoomLocked(r *request) {
+func (p *fcfs) makeRoomLocked(r *request) {
+	s := p.s
 	if s.cache == nil || (s.memTokens <= 0 && s.memSeqs <= 0) {
 		return
 	}
-	tokens, seqs := s.withLiveLocked(r)
+	tokens, seqs := p.withLiveLocked(r)
 	st := s.cache.Stats()
 	var overTokens, overSeqs int
 	if s.memTokens > 0 {
@@ -249,7 +253,7 @@ func (s *Server) makeRoomLocked(r *request) {
 		overSeqs = seqs + st.Entries - s.memSeqs
 	}
 	if overTokens > 0 || overSeqs > 0 {
-		s.freeSeqs(s.cache.Shrink(overTokens, overSeqs))
+		p.freeSeqs(s.cache.Shrink(overTokens, overSeqs))
 	}
 }
 
@@ -262,17 +266,18 @@ func (s *Server) makeRoomLocked(r *request) {
 // fails (logged; r then prefills from scratch), it does nothing. The
 // caller is the scheduler (it owns the engine), holds mu and the pin of
 // hit.
-func (s *Server) forkPrefixLocked(r *request, hit prefixcache.Hit, host bool) []frame {
+func (p *fcfs) forkPrefixLocked(r *request, hit prefixcache.Hit, host bool) []frame {
+	s := p.s
 	n := hit.Tokens
 	fail := func(err error) []frame {
 		s.log.Warn("prefix cache fork failed; prefilling the whole prompt", zap.String("request_id", r.id), zap.Int("prefix_tokens", n), zap.Bool("host_tier", host), zap.Error(err))
-		s.eng.Free(r.seq)
+		p.eng.Free(r.seq)
 		r.kv = newKVBuf(s.spec.Layers, len(r.prompt))
 		r.hostHit, r.hostLoad = 0, 0
 		return nil
 	}
 	if host {
-		ld, err := s.cache.Host().Load(s.eng, r.seq, r.hashes, s.cache.MaxHitBlocks(len(r.prompt)))
+		ld, err := s.cache.Host().Load(p.eng, r.seq, r.hashes, s.cache.MaxHitBlocks(len(r.prompt)))
 		if err != nil {
 			return fail(err)
 		}
@@ -282,7 +287,7 @@ func (s *Server) forkPrefixLocked(r *request, hit prefixcache.Hit, host bool) []
 		return nil
 	}
 	if !host {
-		if err := s.eng.(engine.Forker).Fork(hit.Seq, r.seq, n); err != nil {
+		if err := p.eng.(engine.Forker).Fork(hit.Seq, r.seq, n); err != nil {
 			return fail(err)
 		}
 	}
@@ -290,7 +295,7 @@ func (s *Server) forkPrefixLocked(r *request, hit prefixcache.Hit, host bool) []
 	var buf []byte
 	for l := range s.spec.Layers {
 		var err error
-		if buf, err = s.eng.ExportKV(r.seq, l, 0, n, buf[:0]); err != nil {
+		if buf, err = p.eng.ExportKV(r.seq, l, 0, n, buf[:0]); err != nil {
 			return fail(err)
 		}
 		c := engine.KVChunk{Seq: r.seq, Layer: l, Start: 0, End: n, Data: buf}
@@ -311,53 +316,29 @@ func (s *Server) forkPrefixLocked(r *request, hit prefixcache.Hit, host bool) []
 // freeSeqs frees engine sequences the prefix cache let go of, those it
 // evicted copied into its host tier first (a failed copy is logged). The
 // caller is the scheduler.
-func (s *Server) freeSeqs(seqs []engine.SeqID) {
-	if err := s.cache.Free(s.eng, seqs); err != nil {
-		s.log.Warn("prefix cache: copy to the host tier failed", zap.Error(err))
+func (p *fcfs) freeSeqs(seqs []engine.SeqID) {
+	if err := p.s.cache.Free(p.eng, seqs); err != nil {
+		p.s.log.Warn("prefix cache: copy to the host tier failed", zap.Error(err))
 	}
 }
 
-// step runs one planned batch on the engine and hands out its results.
-func (s *Server) step(ctx context.Context, b batch) {
-	bySeq := make(map[engine.SeqID]*request, len(b.reqs))
-	for _, r := range b.reqs {
-		bySeq[r.seq] = r
-	}
-	start := s.now()
-	var kvErr error
-	outs, err := s.eng.Prefill(ctx, b.items, func(c engine.KVChunk) error {
-		r := bySeq[c.Seq]
-		if r == nil {
-			return fmt.Errorf("prefill: kv chunk of unknown sequence %d", c.Seq)
-		}
-		f, err := r.kv.put(c)
-		if err != nil {
-			kvErr = err
-			return err
-		}
-		r.tx.push(f)
-		return nil
-	})
-	end := s.now()
-	dur := end.Sub(start)
-	s.m.observeStep(dur, len(b.items))
-	if err == nil && len(outs) != len(b.items) {
-		err = fmt.Errorf("prefill: engine returned %d outputs for %d items", len(outs), len(b.items))
-	}
-
+// Done hands out a step's results: the first token of each request whose
+// prompt is all prefilled, or the step's failure to every request in it.
+func (p *fcfs) Done(ctx context.Context, b runner.Batch[*request], res runner.Result) {
+	s := p.s
+	outs, err := res.Prefill, res.Err
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.steps.Record(dur, len(b.items))
 	if err != nil {
 		if ctx.Err() == nil {
-			s.log.Error("prefill step failed", zap.Int("batch", len(b.items)), zap.Error(err), zap.NamedError("kv_error", kvErr))
+			s.log.Error("prefill step failed", zap.Int("batch", len(b.Prefill)), zap.Error(err), zap.NamedError("kv_error", p.kvErr))
 		}
 		st := status.Errorf(codes.Internal, "prefill: step failed: %v", err)
 		if ctx.Err() != nil {
 			st = errStopped
 		}
-		for _, r := range b.reqs {
-			s.eng.Free(r.seq)
+		for _, r := range b.PrefillOf {
+			p.eng.Free(r.seq)
 			r.prefilled = true
 			s.removeLocked(r)
 			r.tx.abort(st)
@@ -368,10 +349,10 @@ func (s *Server) step(ctx context.Context, b batch) {
 		}
 		return
 	}
-	for i, r := range b.reqs {
-		it := b.items[i]
+	for i, r := range b.PrefillOf {
+		it := b.Prefill[i]
 		if r.startedAt.IsZero() {
-			r.startedAt = start
+			r.startedAt = res.Start
 		}
 		r.done += len(it.Tokens)
 		if r.kv.tokenBytes > 0 {
@@ -389,7 +370,7 @@ func (s *Server) step(ctx context.Context, b batch) {
 		}
 		// The sequence holds the whole prompt now: it becomes a prefix
 		// cache entry (or is freed, and so are the entries it evicts).
-		s.freeSeqs(s.cache.Insert(r.seq, r.hashes, len(r.prompt)))
+		p.freeSeqs(s.cache.Insert(r.seq, r.hashes, len(r.prompt)))
 		r.prefilled = true
 		s.removeLocked(r)
 		if r.cancelled {
@@ -408,8 +389,8 @@ func (s *Server) step(ctx context.Context, b batch) {
 		r.events <- event{first: &pdservev1.FirstToken{
 			Token:                outs[i].Token,
 			PrefillStartUnixNano: r.startedAt.UnixNano(),
-			PrefillEndUnixNano:   end.UnixNano(),
-			BatchSize:            int32(len(b.items)),
+			PrefillEndUnixNano:   res.End.UnixNano(),
+			BatchSize:            int32(len(b.Prefill)),
 			PrefixHitTokens:      int32(r.prefixHit),
 			Logprob:              lp,
 		}}

@@ -24,6 +24,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
 	"github.com/pdserve/pdserve/pkg/kvtransfer/codecpick"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
+	"github.com/pdserve/pdserve/pkg/runner"
 	"github.com/pdserve/pdserve/pkg/tracing"
 	"github.com/pdserve/pdserve/pkg/wire"
 )
@@ -40,8 +41,10 @@ var errStopped = status.Error(codes.Unavailable, "prefill: worker stopping")
 type Server struct {
 	pdservev1.UnimplementedPrefillServiceServer
 
-	eng  engine.Engine
 	spec engine.ModelSpec
+	// run is the batch loop; it owns the engine, under the policy fcfs.
+	run  *runner.Runner[*request]
+	fcfs *fcfs
 	// grammars makes the grammar states of structured output (the
 	// engine's own sampler, or the Go mask).
 	grammars *grammar.Source
@@ -73,10 +76,7 @@ type Server struct {
 	retained   *retainStore
 	tokenBytes int   // bytes of one token in one layer the engine hands out; > 0 (see New)
 	liveKV     int64 // Σ kvBytes of the live requests
-	nextSeq    engine.SeqID
 	stopped    bool
-	ran        bool                 // Run was called
-	steps      batching.StepHistory // recent steps, for Stats
 }
 
 // request is one Prefill call. Fields below the line are guarded by
@@ -145,7 +145,6 @@ func New(eng engine.Engine, dialer *kvtransfer.Dialer, o Options, logger *zap.Lo
 	ctx, stop := context.WithCancel(context.Background())
 	var err error
 	s := &Server{
-		eng:      eng,
 		spec:     spec,
 		grammars: grammar.ForEngine(eng),
 		dialer:   dialer,
@@ -194,6 +193,15 @@ func New(eng engine.Engine, dialer *kvtransfer.Dialer, o Options, logger *zap.Lo
 	}
 	s.m = m
 	s.auto = kvtransfer.NewCodecChooser(spec.KVDType)
+	s.fcfs = &fcfs{s: s, eng: eng}
+	s.run = runner.New(eng, runner.Policy[*request](s.fcfs), s.sig, runner.Options{
+		Role:        "prefill",
+		PrefillOnly: true,
+		Stopped:     ctx,
+		Observe:     s.m.observeStep,
+		Beside:      s.expireRetained,
+		Now:         func() time.Time { return s.now() },
+	})
 	if auto, _ := codecpick.AutoName(o.Codec); auto {
 		// The default chooses per transfer: benchmark the codecs now, not
 		// in the first request's transfer.
@@ -293,12 +301,13 @@ func (s *Server) BlockTokens() int { return s.o.PrefixCache.BlockTokens }
 func (s *Server) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	times, last := s.run.Steps()
 	st := Stats{
 		QueuedRequests: len(s.queue),
 		Live:           len(s.live),
-		LastBatch:      s.steps.LastBatch(),
+		LastBatch:      last,
 		RetainedBytes:  s.retained.total,
-		StepTimesMs:    s.steps.TimesMs(),
+		StepTimesMs:    times,
 		Draining:       s.sig.DrainingLocked(),
 		PrefixCache:    s.cache.Stats(),
 	}
