@@ -109,13 +109,13 @@
 //
 // # Concurrency
 //
-// The scheduler goroutine (Run) owns the engine; engMu guards it. The
-// scheduler holds engMu for a whole step (import of the joining sequences'
+// The scheduler goroutine (Run) owns the engine; the engine lock guards it. The
+// scheduler holds the engine lock for a whole step (import of the joining sequences'
 // KV, planning, the engine call, handing out tokens); ending a request that
 // holds an engine sequence (one in the batch) takes it to free that
 // sequence, so it waits for a step in progress. Nothing else takes it: the
 // KV receiver, reservation timers and the ending of requests that hold no
 // engine sequence (reserved, receiving KV, waiting to join) need only mu,
 // which guards the request state, and the per-transfer staging lock. Lock
-// order: engMu, mu, staging. Server methods are safe for concurrent use.
+// order: the engine lock, mu, staging. Server methods are safe for concurrent use.
 package decode

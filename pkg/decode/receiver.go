@@ -16,7 +16,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 )
 
-// receiver is the Server's kvtransfer.Receiver. It never takes engMu: KV
+// receiver is the Server's kvtransfer.Receiver. It never takes the engine lock: KV
 // is staged in memory as it arrives, whatever step the scheduler runs, and
 // the scheduler imports it into the engine when the sequence joins the
 // batch (importJoining).
@@ -232,16 +232,17 @@ func (k *sink) Abort(err error) {
 		q.xferErr = errors.New("aborted")
 	}
 	if q.attached {
-		// Nothing of q is in the engine (hasSeq false): no engMu needed.
+		// Nothing of q is in the engine (hasSeq false): no engine lock needed.
 		s.endLocked(q, "", status.Errorf(codes.Aborted, "decode: kv transfer of %s failed: %v", q.id, fmt.Sprint(err)))
 	}
 }
 
 // importJoining imports the staged KV of the waiting sequences that join
 // the batch in the coming plan into the engine, one ImportKV per layer. The
-// caller (the scheduler) holds engMu, not mu. A sequence whose import fails
+// caller (the scheduler) holds the engine lock, not mu. A sequence whose import fails
 // ends with INTERNAL.
-func (s *Server) importJoining() {
+func (pl batcher) importJoining() {
+	s := pl.s
 	s.mu.Lock()
 	var qs []*sequence
 	var sts []*staging
@@ -264,12 +265,12 @@ func (s *Server) importJoining() {
 		return
 	}
 	// The sequences cannot end before mu is taken again: ending one that
-	// holds an engine sequence (hasSeq) takes engMu, which the caller
+	// holds an engine sequence (hasSeq) takes the engine lock, which the caller
 	// holds. sts are no longer reachable from their sequences, so only this
 	// goroutine reads them; q.seq and q.id do not change.
 	errs := make([]error, len(qs))
 	for i, q := range qs {
-		errs[i] = s.importKV(q.id, q.seq, tokens[i], sts[i], hits[i])
+		errs[i] = pl.importKV(q.id, q.seq, tokens[i], sts[i], hits[i])
 		sts[i].free()
 		s.cache.Release(hits[i])
 	}
@@ -285,8 +286,9 @@ func (s *Server) importJoining() {
 
 // importKV imports st, tokens tokens of KV of request id, into engine
 // sequence seq, frame by frame, after forking the st.start tokens before
-// it from hit, the pinned prefix cache entry. The caller holds engMu.
-func (s *Server) importKV(id string, seq engine.SeqID, tokens int, st *staging, hit prefixcache.Hit) error {
+// it from hit, the pinned prefix cache entry. The caller holds the engine lock.
+func (pl batcher) importKV(id string, seq engine.SeqID, tokens int, st *staging, hit prefixcache.Hit) error {
+	s := pl.s
 	if st.start > 0 {
 		if hit.Tokens < st.start {
 			return fmt.Errorf("decode: kv of %s starts at token %d, the cached prefix holds %d", id, st.start, hit.Tokens)

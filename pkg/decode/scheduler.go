@@ -13,56 +13,32 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/runner"
 	"github.com/pdserve/pdserve/pkg/wire"
 )
 
-// Run runs the continuous-batching scheduler until ctx ends or Stop is
-// called, then ends every request with UNAVAILABLE and frees its engine
-// sequence and blocks. It returns nil after a stop, or an error when Run
-// was called twice.
-func (s *Server) Run(ctx context.Context) error {
-	s.mu.Lock()
-	if s.ran {
-		s.mu.Unlock()
-		return errors.New("decode: Run called twice")
-	}
-	s.ran = true
-	s.mu.Unlock()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	stop := context.AfterFunc(s.baseCtx, cancel)
-	defer stop()
-	defer s.shutdown()
-	for {
-		s.engMu.Lock()
-		s.freeReclaimed()
-		s.importJoining()
-		b := s.plan()
-		if b.size() == 0 {
-			s.engMu.Unlock()
-			select {
-			case <-s.sig.Woken():
-				continue
-			case <-ctx.Done():
-				return nil
-			}
-		}
-		if ctx.Err() != nil {
-			s.engMu.Unlock()
-			return nil
-		}
-		s.step(ctx, b)
-		s.engMu.Unlock()
-	}
-}
+// Run runs the continuous-batching scheduler (the runner under the
+// batcher policy) until ctx ends or Stop is called, then ends every
+// request with UNAVAILABLE and frees its engine sequence and blocks. It
+// returns nil after a stop, or an error when Run was called twice.
+func (s *Server) Run(ctx context.Context) error { return s.run.Run(ctx) }
 
 // Stop ends Run; it does not wait.
 func (s *Server) Stop() { s.stop() }
 
-// shutdown ends every request.
-func (s *Server) shutdown() {
-	s.engMu.Lock()
-	defer s.engMu.Unlock()
+// batcher is the decode worker's runner.Policy, continuous batching:
+// sequences join the batch at each step boundary while it has room (those
+// whose KV arrived are imported then), every running sequence decodes one
+// token a step, and local prefills take chunks of what is left. Its
+// methods run in the runner's loop, which holds the engine lock; they
+// take Server.mu for the requests' state.
+type batcher struct{ s *Server }
+
+var _ runner.Policy[*sequence] = batcher{}
+
+// Shutdown ends every request.
+func (pl batcher) Shutdown() {
+	s := pl.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.stopped = true
@@ -76,16 +52,14 @@ func (s *Server) shutdown() {
 	s.chargeCacheLocked()
 }
 
-// stepPlan is one planned step: prefill chunks and decode tokens, with the
-// sequence of each item.
-type stepPlan struct {
-	prefill []engine.PrefillItem
-	pq      []*sequence
-	decode  []engine.DecodeItem
-	dq      []*sequence
+// Plan frees the engine sequences of reclaimed prefix cache entries,
+// imports the KV of the sequences that join now, admits waiting sequences
+// while the batch has room and picks the step's items.
+func (pl batcher) Plan() runner.Batch[*sequence] {
+	pl.freeReclaimed()
+	pl.importJoining()
+	return pl.plan()
 }
-
-func (b stepPlan) size() int { return len(b.prefill) + len(b.decode) }
 
 // chunkSizes splits a step's token budget: every running decode takes one
 // token, then each sequence still prefilling, in order, gets at most chunk
@@ -104,8 +78,9 @@ func chunkSizes(decodes int, pending []int, budget, chunk int) []int {
 
 // plan admits waiting sequences while the batch has room (remote ones once
 // importJoining imported their KV) and picks the step's items. The caller
-// holds engMu.
-func (s *Server) plan() stepPlan {
+// holds the engine lock.
+func (pl batcher) plan() runner.Batch[*sequence] {
+	s := pl.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.now()
@@ -119,33 +94,33 @@ func (s *Server) plan() stepPlan {
 		}
 		s.waiting = slices.Delete(s.waiting, 0, 1)
 		q.queued = false
-		s.joinLocked(q, now)
+		pl.joinLocked(q, now)
 	}
-	var b stepPlan
+	var b runner.Batch[*sequence]
 	var pre []*sequence
 	var pending []int
 	for _, q := range s.active {
 		if len(q.pending) == 0 {
-			b.decode = append(b.decode, engine.DecodeItem{Seq: q.seq, Token: q.next, Sampling: q.sampling})
-			b.dq = append(b.dq, q)
+			b.Decode = append(b.Decode, engine.DecodeItem{Seq: q.seq, Token: q.next, Sampling: q.sampling})
+			b.DecodeOf = append(b.DecodeOf, q)
 			continue
 		}
 		pre = append(pre, q)
 		pending = append(pending, len(q.pending))
 	}
-	for i, n := range chunkSizes(len(b.decode), pending, s.o.MaxBatchTokens, s.o.ChunkTokens) {
+	for i, n := range chunkSizes(len(b.Decode), pending, s.o.MaxBatchTokens, s.o.ChunkTokens) {
 		if n == 0 {
 			continue
 		}
 		q := pre[i]
-		b.prefill = append(b.prefill, engine.PrefillItem{
+		b.Prefill = append(b.Prefill, engine.PrefillItem{
 			Seq:       q.seq,
 			Tokens:    q.pending[:n],
 			Sampling:  q.sampling,
 			Last:      q.sampleLast && n == len(q.pending),
 			AllLogits: q.promptTop >= 0,
 		})
-		b.pq = append(b.pq, q)
+		b.PrefillOf = append(b.PrefillOf, q)
 	}
 	return b
 }
@@ -165,8 +140,9 @@ func (s *Server) slotsLocked() int {
 // forkLocked starts choices 1..n-1 of root q from its prompt's KV: each
 // forks the KV of the prompt but its last token, which it then computes
 // itself to sample its own first token (or, after a recovery, to replay
-// its generated tokens). The caller holds engMu and mu.
-func (s *Server) forkLocked(q *sequence) error {
+// its generated tokens). The caller holds the engine lock and mu.
+func (pl batcher) forkLocked(q *sequence) error {
+	s := pl.s
 	q.forked = true
 	if q.n <= 1 {
 		return nil
@@ -217,7 +193,8 @@ func (s *Server) forkLocked(q *sequence) error {
 
 // logprob returns the log-probability message of token t that o sampled
 // for q, or nil when q asks for none.
-func (s *Server) logprob(q *sequence, o engine.Output) *pdservev1.TokenLogprob {
+func (pl batcher) logprob(q *sequence, o engine.Output) *pdservev1.TokenLogprob {
+	s := pl.s
 	if q.top < 0 {
 		return nil
 	}
@@ -227,7 +204,8 @@ func (s *Server) logprob(q *sequence, o engine.Output) *pdservev1.TokenLogprob {
 // addPromptLogprobs appends the log-probabilities of the prompt tokens
 // that follow the n chunk tokens q just prefilled, from the chunk's rows
 // of logits (nil: the engine computes none; stand-ins then).
-func (s *Server) addPromptLogprobs(q *sequence, rows []float32, n int) {
+func (pl batcher) addPromptLogprobs(q *sequence, rows []float32, n int) {
+	s := pl.s
 	v := s.spec.Vocab
 	for j := range n {
 		pos := q.filled + j + 1 // the prompt token row j predicts
@@ -246,7 +224,8 @@ func (s *Server) addPromptLogprobs(q *sequence, rows []float32, n int) {
 // and pending prompt; remote KV streams its first token now; a recovery
 // re-prefills the tokens generated before, but the last, which is the next
 // decode input.
-func (s *Server) joinLocked(q *sequence, now time.Time) {
+func (pl batcher) joinLocked(q *sequence, now time.Time) {
+	s := pl.s
 	q.joined = true
 	s.active = append(s.active, q)
 	m := len(q.generated)
@@ -258,7 +237,7 @@ func (s *Server) joinLocked(q *sequence, now time.Time) {
 	if q.local {
 		s.nextSeq++
 		q.seq, q.hasSeq = s.nextSeq, true
-		hit := s.forkCachedLocked(q)
+		hit := pl.forkCachedLocked(q)
 		if hit > 0 && q.out != nil {
 			q.out.prefixHit(hit)
 		}
@@ -276,7 +255,7 @@ func (s *Server) joinLocked(q *sequence, now time.Time) {
 	q.out.stamp(StampJoined, now)
 	if !q.local {
 		// The prompt's KV is in the engine: the other choices start.
-		if err := s.forkLocked(q); err != nil {
+		if err := pl.forkLocked(q); err != nil {
 			s.log.Error("fork choices", zap.String("request_id", q.id), zap.Error(err))
 			s.endLocked(q, "", status.Error(codes.Internal, err.Error()))
 			return
@@ -295,7 +274,7 @@ func (s *Server) joinLocked(q *sequence, now time.Time) {
 				lp = &pdservev1.TokenLogprob{Token: q.first}
 			}
 		}
-		s.emitLocked(q, q.first, lp, len(s.active), now)
+		pl.emitLocked(q, q.first, lp, len(s.active), now)
 	}
 }
 
@@ -304,8 +283,9 @@ func (s *Server) joinLocked(q *sequence, now time.Time) {
 // loaded from the host tier when that holds more, and returns its tokens
 // (0: a miss, a request asking for prompt logprobs, which needs every
 // prompt position computed, or a failed fork or load, logged). The caller
-// holds engMu and mu.
-func (s *Server) forkCachedLocked(q *sequence) int {
+// holds the engine lock and mu.
+func (pl batcher) forkCachedLocked(q *sequence) int {
+	s := pl.s
 	if s.cache == nil || q.promptTop >= 0 {
 		return 0
 	}
@@ -335,7 +315,8 @@ func (s *Server) forkCachedLocked(q *sequence) int {
 
 // emitLocked streams token t of q, produced in a step of batch sequences,
 // and ends q when t finishes it. Otherwise t is q's next decode input.
-func (s *Server) emitLocked(q *sequence, t int32, lp *pdservev1.TokenLogprob, batch int, now time.Time) {
+func (pl batcher) emitLocked(q *sequence, t int32, lp *pdservev1.TokenLogprob, batch int, now time.Time) {
+	s := pl.s
 	q.emitted++
 	q.penalties.Add(t)
 	if q.constraint != nil {
@@ -368,33 +349,27 @@ func (s *Server) emitLocked(q *sequence, t int32, lp *pdservev1.TokenLogprob, ba
 	}
 }
 
-// step runs b on the engine and hands out its tokens. The caller holds
-// engMu, so no sequence of b ends during the step.
-func (s *Server) step(ctx context.Context, b stepPlan) {
-	start := s.now()
-	pOut, dOut, err := engine.RunStep(ctx, s.eng, b.prefill, b.decode, nil)
-	end := s.now()
-	n := b.size()
-	s.m.observeStep(end.Sub(start), n)
-	if err == nil && (len(pOut) != len(b.prefill) || len(dOut) != len(b.decode)) {
-		err = fmt.Errorf("decode: engine returned %d+%d outputs for %d+%d items", len(pOut), len(dOut), len(b.prefill), len(b.decode))
-	}
-
+// Done hands out a step's tokens, or its failure to every sequence in
+// it. The runner holds the engine lock, so no sequence of b ends during
+// the step.
+func (pl batcher) Done(ctx context.Context, b runner.Batch[*sequence], res runner.Result) {
+	s := pl.s
+	start, end, n := res.Start, res.End, b.Size()
+	pOut, dOut, err := res.Prefill, res.Decode, res.Err
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.steps.Record(end.Sub(start), n)
 	if err != nil {
 		st := errStopped
 		if ctx.Err() == nil {
-			s.log.Error("decode step failed", zap.Int("prefill_items", len(b.prefill)), zap.Int("decode_items", len(b.decode)), zap.Error(err))
+			s.log.Error("decode step failed", zap.Int("prefill_items", len(b.Prefill)), zap.Int("decode_items", len(b.Decode)), zap.Error(err))
 			st = status.Errorf(codes.Internal, "decode: step failed: %v", err)
 		}
-		for _, q := range append(slices.Clone(b.pq), b.dq...) {
+		for _, q := range append(slices.Clone(b.PrefillOf), b.DecodeOf...) {
 			s.endLocked(q, "", st)
 		}
 		return
 	}
-	for i, q := range b.pq {
+	for i, q := range b.PrefillOf {
 		if q.done || q.choiceDone {
 			continue
 		}
@@ -405,9 +380,9 @@ func (s *Server) step(ctx context.Context, b stepPlan) {
 				q.out.stamp(StampPrefillStart, start)
 			}
 		}
-		k := len(b.prefill[i].Tokens)
-		if b.prefill[i].AllLogits {
-			s.addPromptLogprobs(q, pOut[i].AllLogits, k)
+		k := len(b.Prefill[i].Tokens)
+		if b.Prefill[i].AllLogits {
+			pl.addPromptLogprobs(q, pOut[i].AllLogits, k)
 		}
 		q.filled += k
 		q.pending = q.pending[k:]
@@ -416,7 +391,7 @@ func (s *Server) step(ctx context.Context, b stepPlan) {
 		}
 		if q.local && root {
 			q.out.stamp(StampPrefillEnd, end)
-			if err := s.forkLocked(q); err != nil {
+			if err := pl.forkLocked(q); err != nil {
 				s.log.Error("fork choices", zap.String("request_id", q.id), zap.Error(err))
 				s.endLocked(q, "", status.Error(codes.Internal, err.Error()))
 				continue
@@ -427,12 +402,12 @@ func (s *Server) step(ctx context.Context, b stepPlan) {
 			q.promptLPs = nil
 		}
 		if q.sampleLast {
-			s.emitLocked(q, pOut[i].Token, s.logprob(q, pOut[i]), n, end)
+			pl.emitLocked(q, pOut[i].Token, pl.logprob(q, pOut[i]), n, end)
 		}
 	}
-	for i, q := range b.dq {
+	for i, q := range b.DecodeOf {
 		if !q.done && !q.choiceDone {
-			s.emitLocked(q, dOut[i].Token, s.logprob(q, dOut[i]), n, end)
+			pl.emitLocked(q, dOut[i].Token, pl.logprob(q, dOut[i]), n, end)
 		}
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
+	"github.com/pdserve/pdserve/pkg/runner"
 	"github.com/pdserve/pdserve/pkg/tracing"
 	"github.com/pdserve/pdserve/pkg/wire"
 )
@@ -92,24 +93,25 @@ type Server struct {
 	kvSaved atomic.Int64
 
 	// cache holds finished requests' engine sequences for prefix reuse
-	// (nil: off). Lookups pin entries under mu (Reserve) or engMu (local
+	// (nil: off). Lookups pin entries under mu (Reserve) or the engine lock (local
 	// join); forks, inserts and frees of its sequences happen under
-	// engMu. Its tokens share the pool with requests: cacheBlocks are the
+	// the engine lock. Its tokens share the pool with requests: cacheBlocks are the
 	// pool blocks charged to them now (BlocksFor the cache's tokens, see
 	// chargeCacheLocked), and a request short of blocks reclaims unpinned
 	// entries (allocateLocked). reclaimed are the engine sequences of
-	// entries reclaimed without engMu (Reserve holds only mu), freed by
+	// entries reclaimed without the engine lock (Reserve holds only mu), freed by
 	// the scheduler before its next step's imports. Guarded by mu.
 	cache       *prefixcache.Cache
 	cacheBlocks []kv.BlockID
 	reclaimed   []engine.SeqID
 
-	// engMu guards eng. The scheduler holds it for a whole step (importing
-	// the KV of joining sequences, planning, running, handing out
-	// results); ending a request that holds an engine sequence takes it
+	// run is the batch loop, under the policy batcher. Its engine lock
+	// guards eng: the loop holds it for a whole step (importing the KV of
+	// joining sequences, planning, running, handing out results); ending
+	// a request that holds an engine sequence takes it (run.LockEngine)
 	// to free that sequence. The KV receiver and the reservation timers
 	// never take it. Taken before mu.
-	engMu sync.Mutex
+	run *runner.Runner[*sequence]
 
 	mu      sync.Mutex
 	seqs    map[string]*sequence // every reserved or live request, by id
@@ -117,8 +119,6 @@ type Server struct {
 	active  []*sequence          // in the batch, in order of joining
 	nextSeq engine.SeqID
 	stopped bool
-	ran     bool                  // Run was called
-	steps   batching.StepHistory  // recent steps, for Stats
 	callers map[string]*callerUse // what each caller's requests hold (see Options.MaxReservationsPerCaller)
 }
 
@@ -135,7 +135,7 @@ type timer interface{ Stop() bool }
 func realAfterFunc(d time.Duration, f func()) timer { return time.AfterFunc(d, f) }
 
 // sequence is one request on this worker, from Reserve (or Generate) to its
-// end. Guarded by Server.mu; the engine sequence by Server.engMu.
+// end. Guarded by Server.mu; the engine sequence by the runner's engine lock.
 type sequence struct {
 	id        string
 	blocks    []kv.BlockID
@@ -144,7 +144,7 @@ type sequence struct {
 	caller    string // who made the request (grpcauth.Caller); charged with its blocks
 
 	seq    engine.SeqID
-	hasSeq bool // the engine may hold the sequence: Free it at the end; set only by the scheduler, holding engMu
+	hasSeq bool // the engine may hold the sequence: Free it at the end; set only by the scheduler, holding the engine lock
 
 	// KV transfer (remote prefill).
 	sink      *sink    // the open transfer, or nil
@@ -281,6 +281,12 @@ func New(eng engine.Engine, o Options, logger *zap.Logger, reg prometheus.Regist
 		stop()
 		return nil, err
 	}
+	s.run = runner.New(eng, runner.Policy[*sequence](batcher{s}), s.sig, runner.Options{
+		Role:    "decode",
+		Stopped: ctx,
+		Observe: s.m.observeStep,
+		Now:     func() time.Time { return s.now() },
+	})
 	return s, nil
 }
 
@@ -331,14 +337,15 @@ func (s *Server) PrefixBlocks() prefixcache.Blocks {
 func (s *Server) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	times, last := s.run.Steps()
 	st := Stats{
 		KVBlocksFree:  s.freeBlocksLocked(),
 		KVBlocksTotal: s.pool.Total(),
 		Running:       len(s.active),
 		Waiting:       len(s.waiting),
 		Requests:      len(s.seqs),
-		LastBatch:     s.steps.LastBatch(),
-		StepTimesMs:   s.steps.TimesMs(),
+		LastBatch:     last,
+		StepTimesMs:   times,
 		StagedKVBytes: s.stagedBytes.Load(),
 		Draining:      s.sig.DrainingLocked(),
 		PrefixCache:   s.cache.Stats(),
@@ -514,8 +521,9 @@ func (s *Server) chargeCacheLocked() {
 }
 
 // freeReclaimed frees the engine sequences of reclaimed prefix cache
-// entries. The caller holds engMu (the scheduler, before importing KV).
-func (s *Server) freeReclaimed() {
+// entries. The caller holds the engine lock (the scheduler, before importing KV).
+func (pl batcher) freeReclaimed() {
+	s := pl.s
 	s.mu.Lock()
 	x := s.reclaimed
 	s.reclaimed = nil
@@ -576,7 +584,7 @@ func (s *Server) armLocked(q *sequence) {
 // for any time the coordinator accepts.
 //
 // An unclaimed reservation holds no engine sequence (the scheduler creates
-// it when the sequence joins the batch), so expire takes no engMu.
+// it when the sequence joins the batch), so expire takes no engine lock.
 func (s *Server) expire(q *sequence) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -591,7 +599,7 @@ func (s *Server) expire(q *sequence) {
 }
 
 // endLocked frees everything q holds and ends its stream with reason or
-// err. The caller holds mu, and engMu unless q holds no engine sequence
+// err. The caller holds mu, and the engine lock unless q holds no engine sequence
 // (hasSeq false). Idempotent.
 func (s *Server) endLocked(q *sequence, reason string, err error) {
 	if q.done {
@@ -647,7 +655,7 @@ func (s *Server) endLocked(q *sequence, reason string, err error) {
 
 // dropChoiceLocked frees choice c's engine sequence, or, with keep for
 // a root whose prompt KV is complete, hands it to the prefix cache, and
-// takes it out of the batch. The caller holds mu, and engMu when
+// takes it out of the batch. The caller holds mu, and the engine lock when
 // c.hasSeq.
 func (s *Server) dropChoiceLocked(c *sequence, keep bool) {
 	closeGrammar(c.constraint)
@@ -668,7 +676,7 @@ func (s *Server) dropChoiceLocked(c *sequence, keep bool) {
 
 // freeCachedLocked frees engine sequences the prefix cache let go of,
 // those it evicted copied into its host tier first (a failed copy is
-// logged). The caller holds engMu.
+// logged). The caller holds the engine lock.
 func (s *Server) freeCachedLocked(seqs []engine.SeqID) {
 	if err := s.cache.Free(s.eng, seqs); err != nil {
 		s.log.Warn("prefix cache: copy to the host tier failed", zap.Error(err))
@@ -679,7 +687,7 @@ func (s *Server) freeCachedLocked(seqs []engine.SeqID) {
 // its prompt's full blocks, forking them out when the sequence holds more
 // (output tokens, a partial block), and frees what the cache lets go of;
 // without a cache, or before the prompt's blocks are all computed, it
-// frees the sequence. The caller holds engMu and mu.
+// frees the sequence. The caller holds the engine lock and mu.
 func (s *Server) keepLocked(q *sequence) {
 	k := len(q.hashes) * s.o.BlockTokens
 	n, err := s.eng.Len(q.seq)
@@ -705,7 +713,7 @@ func (s *Server) keepLocked(q *sequence) {
 }
 
 // finishChoiceLocked ends choice c with reason and, once every choice of
-// its request finished, the request. The caller holds engMu and mu.
+// its request finished, the request. The caller holds the engine lock and mu.
 func (s *Server) finishChoiceLocked(c *sequence, reason string) {
 	root := c
 	if c.parent != nil {
@@ -746,22 +754,22 @@ func (q *sequence) holdsEngine() bool {
 	return false
 }
 
-// end is endLocked for callers holding no lock. It takes engMu only when q
+// end is endLocked for callers holding no lock. It takes the engine lock only when q
 // holds an engine sequence (then it waits for a step in progress to end): a
 // request that is reserved, waits for or receives its KV, or waits to join
 // ends at once.
 func (s *Server) end(q *sequence, err error) {
 	s.mu.Lock()
 	if !q.holdsEngine() {
-		// hasSeq turns true only in the scheduler under engMu and mu, so
+		// hasSeq turns true only in the scheduler under the engine lock and mu, so
 		// it stays false while mu is held.
 		s.endLocked(q, "", err)
 		s.mu.Unlock()
 		return
 	}
 	s.mu.Unlock()
-	s.engMu.Lock()
-	defer s.engMu.Unlock()
+	s.run.LockEngine()
+	defer s.run.UnlockEngine()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.endLocked(q, "", err)
@@ -1002,7 +1010,7 @@ func (s *Server) stalled(q *sequence, reason string, err error) {
 
 // stalledLocked cancels root request q, whose caller does not read, with
 // err: it frees everything q holds (endLocked) and the output waiting in
-// its outbox, and counts and logs it. The caller holds mu and engMu.
+// its outbox, and counts and logs it. The caller holds mu and the engine lock.
 func (s *Server) stalledLocked(q *sequence, reason string, err error) {
 	if q.done {
 		return
@@ -1064,7 +1072,7 @@ func (s *Server) attach(p genParams) (*sequence, error) {
 	if !p.local && q.xferErr != nil {
 		err := status.Errorf(codes.Aborted, "decode: kv transfer of %s failed: %v", p.id, q.xferErr)
 		// The failed transfer freed the engine sequence (hasSeq is
-		// false), so ending q needs no engMu.
+		// false), so ending q needs no engine lock.
 		s.endLocked(q, "", err)
 		return nil, err
 	}
