@@ -22,6 +22,7 @@ import (
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/budget"
 	"github.com/pdserve/pdserve/pkg/control"
+	"github.com/pdserve/pdserve/pkg/coordinator/flow"
 	"github.com/pdserve/pdserve/pkg/frontend"
 	"github.com/pdserve/pdserve/pkg/metrics"
 	"github.com/pdserve/pdserve/pkg/router"
@@ -483,16 +484,15 @@ func TestResendOnlyToMembers(t *testing.T) {
 	pre := &fakePrefill{}
 	tb := newTestBackend(t, pre, &fakeDecode{})
 	hbs := tb.b.members.Members(control.RolePrefill)
-	r := &run{b: tb.b, ctx: context.Background(), req: &frontend.Request{ID: "req-1"}, tr: &budget.Trace{},
-		events: make(chan event, 4), exclude: map[string]bool{}, choices: make([]choice, 1),
-		prefill: router.Worker{ID: hbs[0].ID, Addr: hbs[0].GRPCAddr}}
+	r := &run{b: tb.b, ctx: context.Background(), req: &frontend.Request{ID: "req-1", Trace: &budget.Trace{}},
+		events: make(chan event, 4)}
+	prefill := router.Worker{ID: hbs[0].ID, Addr: hbs[0].GRPCAddr}
 	for _, target := range []router.Worker{
 		{ID: "decode-9", Addr: "198.18.0.9:7000"},  // not a member
 		{ID: "decode-0", Addr: "198.18.0.9:7000"},  // a member's id at another address
 		{ID: "decode-x", Addr: tb.decodes[0].addr}, // a member's address under another id
 	} {
-		r.decode = target
-		if err := r.startResend(); err == nil {
+		if err := r.startResend(flow.Resend{Prefill: prefill, Decode: target}); err == nil {
 			t.Errorf("Resend to %+v: no error, want a refusal", target)
 		}
 	}
