@@ -67,6 +67,66 @@
 // requests that want the prompt's log-probabilities: echo with logprobs)
 // send Generate with local_prefill and no Prefill call.
 //
+// # The flow and its shell
+//
+// One request's decisions (the steps above, the recovery below) are a
+// pure state machine, package flow: events in (the router's answer,
+// Reserve's, each message and end of the Prefill and Generate streams,
+// Resend's result, the client's writes and departure), actions out
+// (Route, Reserve, Prefill, Generate, Resend, Cancel, Release, Deliver,
+// Fail...). backend.go is its shell: it performs the actions (router and
+// gRPC calls, writes to the client) from one goroutine per request, with
+// one goroutine per open call feeding events back. Its scenarios,
+// flow/testdata/*.txt, walk every recovery path step by step.
+//
+// # What each message carries, and why
+//
+//   - ReserveRequest: the sizes (prompt + max_tokens, n sequences) and, on
+//     a first placement with remote prefill, the prompt, so that the
+//     decode worker can answer the prefix it holds (prefix_hit_tokens,
+//     pinned until the KV arrives). The router revisits local vs remote on
+//     that real hit (Router.Reserved); a recovery's Reserve (Resend) and a
+//     local prefill send no prompt: the whole retained KV comes, or the
+//     worker looks its cache up itself.
+//   - PrefillRequest: the prompt, sampling, the decode worker's id and
+//     address, the codec, skip_tokens (Reserve's hit: only the rest
+//     crosses the wire) and a credential for one push to that worker.
+//   - GenerateRequest: the prompt again (the decode worker keys its
+//     prefix cache on the tokens and prefills them itself when local),
+//     sampling, max_tokens, n, and in a recovery the
+//     tokens each choice already delivered (generated_tokens,
+//     generated_choices).
+//   - PrefillResponse: queued (a budget stamp), first_token (the token the
+//     prefill worker sampled, with its stamps, batch, prefix hit and
+//     log-probability) and kv_done (the decode worker's ack, relayed).
+//   - GenerateResponse: positional tokens of one choice, their
+//     log-probabilities, the finish, the decode worker's stamps.
+//   - ResendResponse: the kv_done of the re-sent KV.
+//
+// The first token is sampled once, by the prefill worker; the decode
+// worker gets it in the KV commit and streams it as output position 0.
+// Its value and log-probability are the prefill worker's: FirstToken is
+// the authoritative message (the decode stream's first entry of
+// logprobs carries only the token), and under policy "prefill" it is
+// what the client gets first. The decode stream's copy stays, as the
+// fallback, because its stream is positional and the coordinator cannot
+// tell the decode worker to skip it when the Generate call opens
+// (FirstToken has not come yet then) without a new GenerateRequest field
+// that old decode workers would ignore; and the fallback is the only
+// source under policy "decode", with local prefill, for a first token
+// that is an end-of-generation id (left to the decode stream, which ends
+// the sequence with it), and after a recovery that prefilled again. The
+// copy is checked against the delivered token (a warning when they
+// differ) and dropped.
+//
+// The KV ack (kv_done) stays on the prefill stream: the prefill worker
+// needs it anyway (it retains the KV until the ack, for Resend), it
+// carries what only the sender knows (the codec it chose and why, bytes
+// on the wire), and it tells the coordinator that a Prefill stream
+// breaking afterwards is harmless (no recovery). Moving it to the
+// Generate stream would add GenerateResponse fields that old decode
+// workers never send, so the coordinator would read both for a release
+// anyway.
 // # Choices and log-probabilities
 //
 // A request of n choices is one Generate call with n set: the decode
