@@ -109,13 +109,23 @@
 //
 // # Concurrency
 //
-// The scheduler goroutine (Run) owns the engine; the engine lock guards it. The
-// scheduler holds the engine lock for a whole step (import of the joining sequences'
-// KV, planning, the engine call, handing out tokens); ending a request that
+// The worker is three parties: the service (Reserve, Generate, Cancel, the
+// per-caller caps and the reservation timers, server.go), the KV receiver
+// and its staging (receiver.go), and the runner (pkg/runner, under the
+// continuous-batching policy batcher, scheduler.go). A request's state is
+// split by owner (sequence: reservation, call, kvIn, sched).
+//
+// The runner owns the engine; its engine lock guards it. The loop holds
+// the engine lock for a whole step (import of the joining sequences' KV,
+// planning, the engine call, handing out tokens); ending a request that
 // holds an engine sequence (one in the batch) takes it to free that
 // sequence, so it waits for a step in progress. Nothing else takes it: the
 // KV receiver, reservation timers and the ending of requests that hold no
-// engine sequence (reserved, receiving KV, waiting to join) need only mu,
-// which guards the request state, and the per-transfer staging lock. Lock
-// order: the engine lock, mu, staging. Server methods are safe for concurrent use.
+// engine sequence (reserved, receiving KV, waiting to join) need only mu.
+// mu guards the requests' state the three parties hand each other (a
+// request's end frees its blocks, staging, cache pin and batch slot at
+// once); the receiver takes it at a transfer's begin, first frame, commit
+// and abort only, and stages every frame under the transfer's own staging
+// lock. Lock order: the engine lock, mu, staging. Server methods are safe
+// for concurrent use.
 package decode

@@ -145,6 +145,8 @@ type sink struct {
 	h    kvtransfer.StreamHeader
 	st   *staging
 	last time.Time // when the last frame was staged; written by Write only
+	// stamped: the first frame stamped q.firstByte; Write's only.
+	stamped bool
 }
 
 // errGone fails writes to a request that ended while its KV arrived.
@@ -153,19 +155,25 @@ func (k *sink) errGone() error {
 }
 
 // Write copies the frame into the transfer's staging buffer; it never
-// waits for a scheduler step. raw is not kept. Errors: ABORTED when the
-// request ended, INVALID_ARGUMENT for a frame that does not continue its
-// layer (the kvtransfer server checks frames against the header already).
+// waits for a scheduler step, and takes Server.mu only for the first
+// frame (to stamp it): later frames see the request's end through the
+// staging, which endLocked and Abort free. raw is not kept. Errors:
+// ABORTED when the request ended, INVALID_ARGUMENT for a frame that does
+// not continue its layer (the kvtransfer server checks frames against the
+// header already).
 func (k *sink) Write(layer, start, end int, raw []byte) error {
 	s, q := k.s, k.q
-	s.mu.Lock()
-	gone := q.done || q.sink != k
-	if !gone && q.firstByte.IsZero() {
-		q.firstByte = s.now()
-	}
-	s.mu.Unlock()
-	if gone {
-		return k.errGone()
+	if !k.stamped {
+		s.mu.Lock()
+		gone := q.done || q.sink != k
+		if !gone {
+			q.firstByte = s.now()
+		}
+		s.mu.Unlock()
+		if gone {
+			return k.errGone()
+		}
+		k.stamped = true
 	}
 	switch err := k.st.add(k.h, layer, start, end, raw); {
 	case errors.Is(err, errFreed):

@@ -158,10 +158,13 @@ func (pl batcher) forkLocked(q *sequence) error {
 			gen = q.genChoices[i-1]
 		}
 		c := &sequence{
-			id: q.id, index: i, parent: q, local: true, attached: true,
-			prompt: q.prompt, maxTokens: q.maxTokens, ignoreEOS: q.ignoreEOS, stop: q.stop,
-			out: q.out, top: q.top, promptTop: -1, generated: gen,
-			sampling: q.sampling, emitted: len(gen), firstStamps: true,
+			reservation: reservation{id: q.id},
+			call: call{
+				index: i, local: true, attached: true,
+				prompt: q.prompt, maxTokens: q.maxTokens, ignoreEOS: q.ignoreEOS, stop: q.stop,
+				out: q.out, top: q.top, promptTop: -1, generated: gen, sampling: q.sampling,
+			},
+			sched: sched{parent: q, emitted: len(gen), firstStamps: true},
 		}
 		c.sampling.Seed = q.sampling.Seed + uint64(i)
 		c.penalties = newPenalties(q.sampling.Penalties, gen)

@@ -134,19 +134,41 @@ type timer interface{ Stop() bool }
 
 func realAfterFunc(d time.Duration, f func()) timer { return time.AfterFunc(d, f) }
 
-// sequence is one request on this worker, from Reserve (or Generate) to its
-// end. Guarded by Server.mu; the engine sequence by the runner's engine lock.
+// sequence is one request on this worker, from Reserve (or Generate) to
+// its end, or one choice of it. Its state is split by owner, the party
+// that writes it: the service (Reserve, Generate, Cancel, the caps and
+// timers: reservation, call), the KV receiver (kvIn) and the runner
+// (sched). All of it is guarded by Server.mu (the runner reads call and
+// kvIn there when a sequence joins), the engine sequence by the runner's
+// engine lock; done is the request's end, which any of them may cause
+// (endLocked).
 type sequence struct {
+	reservation
+	kvIn
+	call
+	sched
+	done bool
+}
+
+// reservation is what the service holds for a request from Reserve (or a
+// Generate without one) to its end: pool blocks charged to its caller,
+// the reservation timer, and the prefix cache pin of Reserve.
+type reservation struct {
 	id        string
 	blocks    []kv.BlockID
 	resTokens int    // tokens the blocks hold
 	ttl       timer  // releases an unclaimed reservation; nil once claimed
 	caller    string // who made the request (grpcauth.Caller); charged with its blocks
+	// hit is the cached prefix pinned at Reserve for the remote KV
+	// (Tokens 0: none), released once the KV is imported (the runner
+	// takes it over then) or the request ends.
+	hit prefixcache.Hit
+}
 
-	seq    engine.SeqID
-	hasSeq bool // the engine may hold the sequence: Free it at the end; set only by the scheduler, holding the engine lock
-
-	// KV transfer (remote prefill).
+// kvIn is the KV transfer of a remote prefill, written by the KV
+// receiver (Begin, Commit, Abort, the first Write); the runner takes
+// staged over when the sequence joins.
+type kvIn struct {
 	sink      *sink    // the open transfer, or nil
 	staged    *staging // KV received (committed) and not yet imported, or nil
 	xferErr   error    // why the last transfer failed, until another begins
@@ -156,8 +178,12 @@ type sequence struct {
 	firstLP   *pdservev1.TokenLogprob // its log-probability from the commit, or nil
 	firstByte time.Time
 	kvDone    time.Time
+}
 
-	// Generate call.
+// call is the Generate call's request, set once by the service when the
+// call attaches (the runner sets a choice's copy when it forks); read
+// only afterwards.
+type call struct {
 	attached  bool
 	local     bool
 	prompt    []int32
@@ -167,17 +193,9 @@ type sequence struct {
 	stop      map[int32]bool
 	generated []int32 // tokens streamed before a recovery
 	out       *outbox // shared by every choice of the request
-
-	// Prefix cache (root). hashes are the prompt's full blocks (nil when
-	// the cache is off); hit is the cached prefix pinned at Reserve for
-	// the remote KV (Tokens 0: none), released once the KV is imported or
-	// the request ends.
+	// hashes are the prompt's full blocks, for the prefix cache (nil when
+	// it is off).
 	hashes []kv.Hash
-	hit    prefixcache.Hit
-	// hostHit is the local prompt's prefix loaded from the host tier
-	// (0: none), and hostLoad the time the load took.
-	hostHit  int
-	hostLoad time.Duration
 
 	// Choices (n > 1). The request's first choice (index 0, the root)
 	// holds the reservation, the transfer and the outbox; the others
@@ -185,16 +203,32 @@ type sequence struct {
 	// and hold only their engine sequence. Only roots are in seqs and
 	// waiting; children are in active.
 	index      int
-	n          int         // choices (root)
+	n          int       // choices (root)
+	genChoices [][]int32 // tokens generated before a recovery, choices 1..n-1 (root)
+
+	top       int // alternatives per output token; -1: no logprobs
+	promptTop int // alternatives per prompt token (root, local prefill); -1: none
+}
+
+// sched is the runner's: the engine sequence, the choices it forked, the
+// batch membership, and the generation's progress. queued is the
+// service's and the receiver's too (readyLocked queues the sequence), and
+// the grammar state and penalties are built by the service at attach,
+// then advanced by the runner only.
+type sched struct {
+	seq    engine.SeqID
+	hasSeq bool // the engine may hold the sequence: Free it at the end; set only by the runner, holding the engine lock
+
+	// hostHit is the local prompt's prefix loaded from the host tier
+	// (0: none), and hostLoad the time the load took.
+	hostHit  int
+	hostLoad time.Duration
+
 	parent     *sequence   // the root (children), nil for a root
 	children   []*sequence // created at the fork (root)
 	forked     bool        // the children were created (root)
-	genChoices [][]int32   // tokens generated before a recovery, choices 1..n-1 (root)
 	choiceDone bool        // this choice finished; its engine sequence is freed
 
-	// Log-probabilities and penalties.
-	top       int // alternatives per output token; -1: no logprobs
-	promptTop int // alternatives per prompt token (root, local prefill); -1: none
 	promptLPs []*pdservev1.TokenLogprob
 	filled    int               // tokens of pending already prefilled (for prompt logprobs)
 	penalties *engine.Penalties // the choice's penalty counts, or nil
@@ -203,7 +237,6 @@ type sequence struct {
 	// dropped; nil when unconstrained.
 	constraint engine.GrammarState
 
-	// Scheduling.
 	queued      bool    // in waiting
 	joined      bool    // in active
 	pending     []int32 // tokens still to prefill locally
@@ -212,7 +245,6 @@ type sequence struct {
 	next        int32   // next decode input, once pending is empty
 	emitted     int     // output tokens so far, generated ones included
 	firstStamps bool    // "first_token" was stamped
-	done        bool
 }
 
 // New returns a Server running on eng with a pool of o.KVBlocks blocks. reg
@@ -461,7 +493,7 @@ func (s *Server) reserveLocked(id string, tokens int, caller string) (*sequence,
 		}
 		return nil, status.Errorf(codes.Internal, "decode: reserve %d tokens for %s: %v", tokens, id, err)
 	}
-	q := &sequence{id: id, blocks: blocks, resTokens: n * s.pool.BlockTokens(), caller: caller}
+	q := &sequence{reservation: reservation{id: id, blocks: blocks, resTokens: n * s.pool.BlockTokens(), caller: caller}}
 	s.chargeLocked(caller, 1, len(blocks))
 	s.seqs[id] = q
 	return q, nil
