@@ -133,7 +133,7 @@ func Permissions(role Role, id string) (*server.Permissions, error) {
 			sub = append(sub, HeartbeatSubject(string(RoleDecode), "*"), HeartbeatSubject(string(RoleColocated), "*"))
 		}
 		return &server.Permissions{
-			Publish:   &server.SubjectPermission{Allow: []string{HeartbeatSubject(string(role), tok), KVSubject(string(role), tok)}},
+			Publish:   &server.SubjectPermission{Allow: []string{HeartbeatSubject(string(role), tok), KVSubject(string(role), tok), KVTierSubject(string(role), tok, KVTierHost)}},
 			Subscribe: &server.SubjectPermission{Allow: sub},
 			Response:  &server.ResponsePermission{MaxMsgs: 1, Expires: commandReplyTTL},
 		}, nil

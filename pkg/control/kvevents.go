@@ -14,7 +14,10 @@ import (
 
 // KV events: a worker's prefix-cache block hashes stored and removed, in
 // batches with a sequence number, and full snapshots, on
-// "pdserve.kv.<role>.<id>". The payload is binary, little-endian:
+// "pdserve.kv.<role>.<id>" for its engine tier and
+// "pdserve.kv.<role>.<id>.<tier>" for another tier (KVTierHost: host
+// memory), each tier a stream of its own (epoch, sequence, snapshots): a
+// block's tier is its stream's. The payload is binary, little-endian:
 //
 //	byte 0      version (1)
 //	byte 1      kind: 1 events, 2 snapshot part
@@ -49,6 +52,20 @@ const CmdKVSnapshot = "kv-snapshot"
 
 // KVSubject returns "pdserve.kv.<role>.<id>".
 func KVSubject(role, id string) string { return kvPrefix + role + "." + id }
+
+// KVTierHost names the host-memory tier of a worker's prefix cache in KV
+// event subjects (KVTierSubject).
+const KVTierHost = "host"
+
+// KVTierSubject returns the subject of tier's KV events of worker id of
+// role: KVSubject for the engine tier (""), "pdserve.kv.<role>.<id>.<tier>"
+// for another.
+func KVTierSubject(role, id, tier string) string {
+	if tier == "" {
+		return KVSubject(role, id)
+	}
+	return KVSubject(role, id) + "." + tier
+}
 
 // Defaults of KVOptions.
 const (
@@ -134,6 +151,16 @@ type KVPublisher struct {
 // (prefixcache.Cache.AppendBlocks). Errors: ErrBadToken (role, id), an
 // invalid o, wrapped.
 func NewKVPublisher(nc *nats.Conn, role, id string, o KVOptions, blocks func(dst []uint64, mark func()) []uint64) (*KVPublisher, error) {
+	return NewKVTierPublisher(nc, role, id, "", o, blocks)
+}
+
+// NewKVTierPublisher is NewKVPublisher for the blocks of one tier of the
+// worker's cache: "" (the engine tier, as NewKVPublisher) or KVTierHost,
+// on KVTierSubject. Errors: as NewKVPublisher's, and an unknown tier.
+func NewKVTierPublisher(nc *nats.Conn, role, id, tier string, o KVOptions, blocks func(dst []uint64, mark func()) []uint64) (*KVPublisher, error) {
+	if tier != "" && tier != KVTierHost {
+		return nil, fmt.Errorf("control: kv events: unknown tier %q", tier)
+	}
 	if err := ValidToken(role); err != nil {
 		return nil, fmt.Errorf("control: kv events: role: %w", err)
 	}
@@ -145,7 +172,7 @@ func NewKVPublisher(nc *nats.Conn, role, id string, o KVOptions, blocks func(dst
 	}
 	var e [8]byte
 	_, _ = rand.Read(e[:]) // crypto/rand.Read never fails
-	p := &KVPublisher{nc: nc, subject: KVSubject(role, id), o: o, epoch: binary.LittleEndian.Uint64(e[:]), blocks: blocks,
+	p := &KVPublisher{nc: nc, subject: KVTierSubject(role, id, tier), o: o, epoch: binary.LittleEndian.Uint64(e[:]), blocks: blocks,
 		runAt: -1, kick: make(chan struct{}, 1), snap: make(chan struct{}, 1)}
 	p.cur = p.newBatch()
 	return p, nil

@@ -33,6 +33,8 @@ type KVIndex struct {
 
 	mu      sync.Mutex
 	workers map[string]*WorkerBlocks
+	// hosts are the workers' host tiers (KVTierHost), by id.
+	hosts map[string]*WorkerBlocks
 }
 
 // NewKVIndex returns an empty index holding at most maxBlocks (> 0)
@@ -41,7 +43,7 @@ type KVIndex struct {
 // may ask the worker for one (CmdKVSnapshot). It runs on Apply's
 // goroutine and must not block or call the index.
 func NewKVIndex(maxBlocks int, onStale func(role, id string)) *KVIndex {
-	return &KVIndex{maxBlocks: maxBlocks, onStale: onStale, workers: make(map[string]*WorkerBlocks)}
+	return &KVIndex{maxBlocks: maxBlocks, onStale: onStale, workers: make(map[string]*WorkerBlocks), hosts: make(map[string]*WorkerBlocks)}
 }
 
 // WorkerBlocks is one worker's blocks in a KVIndex. Safe for concurrent
@@ -111,9 +113,16 @@ func (w *WorkerBlocks) State() KVWorkerState {
 // that a snapshot founded: a caller then falls back on what else it
 // knows (the heartbeat's digest). The view stays valid, and current,
 // until the worker is dropped.
-func (ix *KVIndex) Blocks(id string) *WorkerBlocks {
+func (ix *KVIndex) Blocks(id string) *WorkerBlocks { return ix.tierBlocks(ix.workers, id) }
+
+// HostBlocks returns the view of worker id's host tier (KVTierHost), as
+// Blocks does for its engine tier: nil when no snapshot of it founded one
+// (the worker has no host tier, or it was not heard of yet).
+func (ix *KVIndex) HostBlocks(id string) *WorkerBlocks { return ix.tierBlocks(ix.hosts, id) }
+
+func (ix *KVIndex) tierBlocks(m map[string]*WorkerBlocks, id string) *WorkerBlocks {
 	ix.mu.Lock()
-	w := ix.workers[id]
+	w := m[id]
 	ix.mu.Unlock()
 	if w == nil {
 		return nil
@@ -139,16 +148,18 @@ func (ix *KVIndex) Len() int {
 func (ix *KVIndex) Retain(member func(id string) bool) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	for id, w := range ix.workers {
-		if member(id) {
-			w.absent = false
-			continue
+	for _, m := range []map[string]*WorkerBlocks{ix.workers, ix.hosts} {
+		for id, w := range m {
+			if member(id) {
+				w.absent = false
+				continue
+			}
+			if w.absent {
+				delete(m, id)
+				continue
+			}
+			w.absent = true
 		}
-		if w.absent {
-			delete(ix.workers, id)
-			continue
-		}
-		w.absent = true
 	}
 }
 
@@ -157,22 +168,37 @@ func (ix *KVIndex) Drop(id string) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
 	delete(ix.workers, id)
+	delete(ix.hosts, id)
 }
 
 // Apply applies one KV payload received from worker id of role (the
 // subject's tokens). Errors: ErrBadKVMessage (the payload is refused and
 // changes nothing), or a view beyond the index's bound (the blocks beyond
 // it are left out), wrapped.
-func (ix *KVIndex) Apply(role, id string, data []byte) error {
+func (ix *KVIndex) Apply(role, id string, data []byte) error { return ix.ApplyTier(role, id, "", data) }
+
+// ApplyTier is Apply for one tier of the worker's cache: "" (the engine
+// tier, as Apply) or KVTierHost. A stale view of either tier tells
+// onStale of the worker (a snapshot it publishes covers both). Errors: as
+// Apply's, and an unknown tier.
+func (ix *KVIndex) ApplyTier(role, id, tier string, data []byte) error {
+	views := ix.workers
+	switch tier {
+	case "":
+	case KVTierHost:
+		views = ix.hosts
+	default:
+		return fmt.Errorf("control: kv events of %s: unknown tier %q", id, tier)
+	}
 	m, err := decodeKV(data)
 	if err != nil {
 		return fmt.Errorf("control: kv events of %s: %w", id, err)
 	}
 	ix.mu.Lock()
-	w := ix.workers[id]
+	w := views[id]
 	if w == nil {
 		w = &WorkerBlocks{}
-		ix.workers[id] = w
+		views[id] = w
 	}
 	ix.mu.Unlock()
 	tell, err := w.apply(role, m, ix.maxBlocks)
@@ -262,7 +288,7 @@ func (w *WorkerBlocks) markStale() bool {
 }
 
 // WatchKV feeds ix with every KV payload published on nc
-// (pdserve.kv.<role>.<id>) and calls ix.Retain with m's members every
+// (pdserve.kv.<role>.<id>, and .<tier> after it for a worker's host tier) and calls ix.Retain with m's members every
 // interval (every > 0), so that a worker that left the membership loses
 // its view, until ctx ends or stop is called; then it unsubscribes. A
 // payload that does not decode, or whose subject is not one worker's, is
@@ -279,11 +305,12 @@ func WatchKV(ctx context.Context, nc *nats.Conn, ix *KVIndex, m *Membership, eve
 	}
 	sub, err := nc.Subscribe(KVWildcard, func(msg *nats.Msg) {
 		role, id, ok := strings.Cut(strings.TrimPrefix(msg.Subject, kvPrefix), ".")
-		if !ok || ValidToken(role) != nil || ValidToken(id) != nil {
+		id, tier, _ := strings.Cut(id, ".")
+		if !ok || ValidToken(role) != nil || ValidToken(id) != nil || (tier != "" && tier != KVTierHost) {
 			log.Warn("kv events refused", zap.String("subject", msg.Subject), zap.String("reason", "not a worker's subject"))
 			return
 		}
-		if err := ix.Apply(role, id, msg.Data); err != nil {
+		if err := ix.ApplyTier(role, id, tier, msg.Data); err != nil {
 			log.Warn("kv events refused", zap.String("subject", msg.Subject), zap.Error(err))
 		}
 	})

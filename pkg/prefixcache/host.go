@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -71,6 +72,45 @@ type Host struct {
 	lru    list.List // of *hostEntry; front = most recently used
 	bytes  int64
 	st     HostStats
+	// obs is told of every hash byHash gains or loses; nil: nobody.
+	obs Observer
+}
+
+var _ Blocks = (*Host)(nil)
+
+// SetObserver makes o (nil: nobody) the tier's observer from now on, as
+// Cache.SetObserver does for the engine tier: told of every block hash the
+// tier starts and stops holding, in order, with the tier's lock held (o
+// must return quickly and not call the tier). A no-op on a nil tier.
+func (h *Host) SetObserver(o Observer) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.obs = o
+}
+
+// AppendBlocks appends every block hash the tier holds to dst and returns
+// it, calling mark (when not nil) under the lock after gathering them, as
+// Cache.AppendBlocks does. A nil tier appends nothing.
+func (h *Host) AppendBlocks(dst []uint64, mark func()) []uint64 {
+	if h == nil {
+		if mark != nil {
+			mark()
+		}
+		return dst
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	dst = slices.Grow(dst, len(h.byHash))
+	for x := range h.byHash {
+		dst = append(dst, uint64(x))
+	}
+	if mark != nil {
+		mark()
+	}
+	return dst
 }
 
 // newHost returns a tier of budget bytes (> 0).
@@ -163,7 +203,11 @@ func (h *Host) insertLocked(e *hostEntry) {
 	}
 	e.el = h.lru.PushFront(e)
 	for _, x := range e.hashes {
-		h.byHash[x] = append(h.byHash[x], e)
+		es := h.byHash[x]
+		if len(es) == 0 && h.obs != nil {
+			h.obs.Stored(x)
+		}
+		h.byHash[x] = append(es, e)
 	}
 	h.bytes += e.bytes
 	h.st.Spills++
@@ -191,6 +235,9 @@ func (h *Host) dropLocked(e *hostEntry) {
 		}
 		if len(es) == 0 {
 			delete(h.byHash, x)
+			if h.obs != nil {
+				h.obs.Removed(x)
+			}
 		} else {
 			h.byHash[x] = es
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/engine/ref"
 	"github.com/pdserve/pdserve/pkg/engine/sim"
 	"github.com/pdserve/pdserve/pkg/gguf"
+	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 )
 
@@ -258,4 +259,51 @@ func TestHostTierEvictionUnderPressure(t *testing.T) {
 		t.Error(err)
 	}
 	t.Logf("host tier stats %+v", st)
+}
+
+// setObserver records a tier's reports as a set.
+type setObserver map[kv.Hash]bool
+
+func (o setObserver) Stored(h kv.Hash)  { o[h] = true }
+func (o setObserver) Removed(h kv.Hash) { delete(o, h) }
+
+// TestHostTierObserver: replaying the host tier's reports (spills,
+// supersessions, evictions) gives AppendBlocks' list.
+func TestHostTierObserver(t *testing.T) {
+	eng, err := ref.New(ref.Options{Preset: "tiny", MaxSeqLen: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := prefixcache.New(prefixcache.Options{MaxTokens: 1 << 10, MaxEntries: 1, BlockTokens: 16, HostBytes: int64(100 * eng.Spec().KVBytesPerToken())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs := setObserver{}
+	c.Host().SetObserver(obs)
+	base := tokens(nil, 64, 0, 1, 250)
+	for i, p := range [][]int32{base[:33], tokens(nil, 50, 0, 2, 250), base, tokens(base, 60, 40, 3, 250), tokens(nil, 40, 0, 4, 250)} {
+		seq := engine.SeqID(i + 1)
+		run(t, eng, seq, p, 0, 0)
+		if err := c.Free(eng, c.Insert(seq, c.Hashes(p), len(p))); err != nil {
+			t.Fatal(err)
+		}
+		var got []uint64
+		marked := false
+		got = c.Host().AppendBlocks(got, func() { marked = true })
+		want := make([]uint64, 0, len(obs))
+		for h := range obs {
+			want = append(want, uint64(h))
+		}
+		slices.Sort(got)
+		slices.Sort(want)
+		if !marked || !slices.Equal(got, want) {
+			t.Errorf("after prompt %d: AppendBlocks %v, replayed reports %v", i, got, want)
+		}
+	}
+	if st := c.Stats().Host; st.Superseded == 0 || st.Evictions == 0 {
+		t.Errorf("host stats %+v: want a supersession and an eviction reported", st)
+	}
+	if err := c.Free(eng, c.Drain()); err != nil {
+		t.Fatal(err)
+	}
 }
