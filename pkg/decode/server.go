@@ -365,6 +365,15 @@ func (s *Server) PrefixBlocks() prefixcache.Blocks {
 	return s.cache
 }
 
+// HostBlocks returns the prefix cache's host tier's blocks, for its own KV
+// events (control.KVTierHost); nil when it has none.
+func (s *Server) HostBlocks() prefixcache.Blocks {
+	if s.cache.Host() == nil {
+		return nil
+	}
+	return s.cache.Host()
+}
+
 // Stats returns a snapshot of the worker's load.
 func (s *Server) Stats() Stats {
 	s.mu.Lock()

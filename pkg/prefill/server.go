@@ -293,6 +293,15 @@ func (s *Server) PrefixBlocks() prefixcache.Blocks {
 	return s.cache
 }
 
+// HostBlocks returns the prefix cache's host tier's blocks, for its own KV
+// events (control.KVTierHost); nil when it has none.
+func (s *Server) HostBlocks() prefixcache.Blocks {
+	if s.cache.Host() == nil {
+		return nil
+	}
+	return s.cache.Host()
+}
+
 // BlockTokens returns the block size of the worker's prefix hashes
 // (Options.PrefixCache.BlockTokens), also with the cache off.
 func (s *Server) BlockTokens() int { return s.o.PrefixCache.BlockTokens }

@@ -60,6 +60,8 @@ type service interface {
 	fill(hb *control.Heartbeat, digest bool)
 	// prefixBlocks is the prefix cache's blocks, nil when it is off.
 	prefixBlocks() prefixcache.Blocks
+	// hostBlocks is its host tier's, nil when it has none.
+	hostBlocks() prefixcache.Blocks
 	cancel(id string) bool
 	live() int
 }
@@ -70,6 +72,7 @@ func (p prefillService) register(g *grpc.Server)          { p.Register(g) }
 func (p prefillService) cancel(id string) bool            { return p.Cancel(id) }
 func (p prefillService) live() int                        { return p.Stats().Live }
 func (p prefillService) prefixBlocks() prefixcache.Blocks { return p.PrefixBlocks() }
+func (p prefillService) hostBlocks() prefixcache.Blocks   { return p.HostBlocks() }
 func (p prefillService) fill(hb *control.Heartbeat, digest bool) {
 	st := p.Stats()
 	hb.QueuedPrefillTokens = st.QueuedPrefillTokens
@@ -90,6 +93,7 @@ func (d decodeService) register(g *grpc.Server)          { d.Register(g, d.opts.
 func (d decodeService) cancel(id string) bool            { return d.CancelRequest(id) }
 func (d decodeService) live() int                        { return d.Stats().Requests }
 func (d decodeService) prefixBlocks() prefixcache.Blocks { return d.PrefixBlocks() }
+func (d decodeService) hostBlocks() prefixcache.Blocks   { return d.HostBlocks() }
 func (d decodeService) fill(hb *control.Heartbeat, digest bool) {
 	st := d.Stats()
 	hb.KVBlocksFree, hb.KVBlocksTotal = st.KVBlocksFree, st.KVBlocksTotal
@@ -135,7 +139,9 @@ type Worker struct {
 	// kvpub publishes the prefix cache's KV events (nil: none; the
 	// heartbeats carry the digest then).
 	kvpub *control.KVPublisher
-	sub   *nats.Subscription
+	// hostpub publishes its host tier's (nil: none).
+	hostpub *control.KVPublisher
+	sub     *nats.Subscription
 	// unwatch stops the prefill worker's watch of the receivers'
 	// heartbeats (nil: none).
 	unwatch   func()
@@ -302,6 +308,12 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 				return nil, fmt.Errorf("workerrun: %w", err)
 			}
 			pb.SetObserver(kvObserver{w.kvpub})
+			if hb := w.svc.hostBlocks(); hb != nil {
+				if w.hostpub, err = control.NewKVTierPublisher(w.nc, string(o.Role), w.id, control.KVTierHost, ko, hb.AppendBlocks); err != nil {
+					return nil, fmt.Errorf("workerrun: %w", err)
+				}
+				hb.SetObserver(kvObserver{w.hostpub})
+			}
 		}
 		if w.pre != nil {
 			if err := w.watchReceivers(); err != nil {
@@ -346,6 +358,9 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 	}
 	if w.kvpub != nil {
 		w.goPart("kv events", func() error { return w.kvpub.Run(w.bgCtx) })
+	}
+	if w.hostpub != nil {
+		w.goPart("host tier kv events", func() error { return w.hostpub.Run(w.bgCtx) })
 	}
 	if w.pre == nil {
 		w.kvDType = w.eng.Spec().KVDType
@@ -659,6 +674,9 @@ func (w *Worker) command(c control.Command) error {
 			return fmt.Errorf("kv snapshot: worker %s publishes no KV events", w.id)
 		}
 		w.kvpub.RequestSnapshot()
+		if w.hostpub != nil {
+			w.hostpub.RequestSnapshot()
+		}
 		return nil
 	case control.CmdResend:
 		if w.pre == nil {
