@@ -122,6 +122,9 @@ func (b *backend) workers(role control.Role) []router.Worker {
 			if v := b.kv.Blocks(hb.ID); v != nil {
 				out[i].Prefix = v
 			}
+			if v := b.kv.HostBlocks(hb.ID); v != nil {
+				out[i].HostPrefix = v
+			}
 		}
 		if b.modelName == "" {
 			// Workers serve the model they report; under --model-name

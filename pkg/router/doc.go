@@ -19,8 +19,10 @@
 //     running batch has reached their heartbeat's max_batch, unless none
 //     has room (a full worker holding a popular prefix would otherwise keep
 //     winning on the prefix score while its requests wait for a slot);
-//     - scorers, each in [0, 1]: prefix (share of the prompt's full blocks
-//     the worker holds, from its Prefix index, else its PrefixDigest), queue (1 − queued prefill
+//     - scorers, each in [0, 1]: prefix (share of the prompt's full blocks'
+//     computation the worker saves: free from engine memory, from its
+//     Prefix index, else its PrefixDigest; Config.HostCost each from its
+//     host tier, its HostPrefix index), queue (1 − queued prefill
 //     tokens / the longest queue), kv (free / total KV blocks), batch (1 −
 //     running batch / the largest); a worker's total is Σ weight × score
 //     (Config.Decode, default DefaultDecodeWeights: prefix 1, kv 1,

@@ -100,6 +100,11 @@ type Config struct {
 	// BlockTokens: tokens per KV block, for estimating the blocks a
 	// request takes and the tokens a prefix hash covers. ≤ 0 means 16.
 	BlockTokens int
+	// HostCost is the time a worker takes to load a block from its
+	// prefix cache's host tier over the time to compute it, which the
+	// prefix scorer charges (plugins/prefixoverlap); 0 means
+	// prefixoverlap.DefaultHostCost.
+	HostCost float64
 	// Registerer, when not nil, gets the router's metrics:
 	// pdserve_router_plugin_duration_seconds{profile,plugin,kind} (every
 	// plugin call, timed by the framework) and
@@ -141,7 +146,7 @@ func DefaultProfiles(cfg Config) (decode, prefill Profile) {
 	eligible := []Filter{&draining.Filter{}, &excluded.Filter{}, &modelmatch.Filter{}, &contextlen.Filter{}}
 	scorers := func(w Weights) []WeightedScorer {
 		return []WeightedScorer{
-			{&prefixoverlap.Scorer{}, w.Prefix}, {&queuedtokens.Scorer{}, w.Queue},
+			{&prefixoverlap.Scorer{HostCost: cfg.HostCost}, w.Prefix}, {&queuedtokens.Scorer{}, w.Queue},
 			{&kvpressure.Scorer{}, w.KV}, {&batchload.Scorer{}, w.Batch},
 		}
 	}
@@ -282,7 +287,9 @@ func (r *Router) Route(now time.Time, req Request, decode, prefill []Worker, exc
 	in := &Input{Now: now, Profile: ProfileDecode, Request: req, BlockTokens: r.cfg.BlockTokens,
 		Blocks: r.blocksFor(req.PromptTokens + req.MaxTokens), Exclude: exclude}
 
-	r.dbuf = r.candidates(r.dbuf[:0], decode, loads)
+	// A decode worker loads from its host tier only the prompts it
+	// prefills itself.
+	r.dbuf = r.candidates(r.dbuf[:0], decode, loads, r.cfg.Colocated || req.Local)
 	cs, by := r.decode.filter(in, r.decode.filters, r.dbuf)
 	if len(cs) == 0 {
 		return Decision{}, fmt.Errorf("%w (%d known, %d excluded%s)", ErrNoDecodeWorkers, len(decode), len(exclude), filteredBy(by))
@@ -306,7 +313,7 @@ func (r *Router) Route(now time.Time, req Request, decode, prefill []Worker, exc
 		placement, dec.Local, dec.PrefixHitTokens = PlacementLocalShort, true, hitDecode
 	default:
 		in.Profile = ProfilePrefill
-		r.pbuf = r.candidates(r.pbuf[:0], prefill, loads)
+		r.pbuf = r.candidates(r.pbuf[:0], prefill, loads, true)
 		cs, by := r.prefill.filter(in, r.prefill.filters, r.pbuf)
 		if len(cs) == 0 {
 			return Decision{}, fmt.Errorf("%w (%d known%s)", ErrNoPrefillWorkers, len(prefill), filteredBy(by))
@@ -325,7 +332,7 @@ func (r *Router) Route(now time.Time, req Request, decode, prefill []Worker, exc
 				ErrNoCapacity, by, known, r.cfg.MaxQueuedPrefillTokens)
 		}
 		pc := cs[r.prefill.checked(r.prefill.pick(in, cs, &r.scores, &r.totals), len(cs))]
-		hit := min(pc.PrefixHitBlocks*r.cfg.BlockTokens, req.PromptTokens)
+		hit := min(max(pc.PrefixHitBlocks, pc.HostHitBlocks)*r.cfg.BlockTokens, req.PromptTokens)
 		dec.Prefill, dec.PrefixHitTokens = pc.Worker, hit
 		a.prefill, a.prefillTokens = pc.Worker.ID, req.PromptTokens-hit
 	}
@@ -354,8 +361,9 @@ func (p *profile) checked(i, n int) int {
 
 // candidates appends the candidates of ws to buf: their loads and their
 // prefix hit on the hashes indexed by indexHashes: from Worker.Prefix
-// when set, else from Worker.PrefixDigest.
-func (r *Router) candidates(buf []Candidate, ws []Worker, loads map[string]Load) []Candidate {
+// when set, else from Worker.PrefixDigest; and, when host is set (the
+// worker would load them), their host tier's from Worker.HostPrefix.
+func (r *Router) candidates(buf []Candidate, ws []Worker, loads map[string]Load, host bool) []Candidate {
 	for _, w := range ws {
 		hit := 0
 		if w.Prefix != nil {
@@ -363,7 +371,11 @@ func (r *Router) candidates(buf []Candidate, ws []Worker, loads map[string]Load)
 		} else {
 			hit = r.prefixHitBlocks(w.PrefixDigest)
 		}
-		buf = append(buf, Candidate{Worker: w, Load: loads[w.ID], PrefixHitBlocks: hit})
+		c := Candidate{Worker: w, Load: loads[w.ID], PrefixHitBlocks: hit}
+		if host && w.HostPrefix != nil {
+			c.HostHitBlocks = min(w.HostPrefix.Match(r.hashes), len(r.hashes))
+		}
+		buf = append(buf, c)
 	}
 	return buf
 }

@@ -174,6 +174,34 @@ func TestRoute(t *testing.T) {
 			want: choice{Decode: "d0", Prefill: "p1", Hit: 48},
 		},
 		{
+			// Equal queues: p1 holds the prefix in engine memory (score
+			// 1), p2 in its host tier (1 − 0.08), p0 nowhere.
+			name:   "engine memory beats the host tier, which beats recomputing",
+			cfg:    Config{BlockTokens: 16},
+			req:    Request{ID: "r", PromptTokens: 48, PrefixHashes: []uint64{1, 2, 3}},
+			decode: []Worker{{ID: "d0", KVBlocksFree: 10}},
+			prefill: []Worker{
+				{ID: "p0", QueuedPrefillTokens: 50, Prefix: heldBlocks{}},
+				{ID: "p1", QueuedPrefillTokens: 50, Prefix: heldBlocks{1: true, 2: true, 3: true}},
+				{ID: "p2", QueuedPrefillTokens: 50, Prefix: heldBlocks{}, HostPrefix: heldBlocks{1: true, 2: true, 3: true}},
+			},
+			want: choice{Decode: "d0", Prefill: "p1", Hit: 48},
+		},
+		{
+			// p1 holds one block in engine memory; p2 all three in its
+			// host tier: 1/3 against 1 − 3 × 0.08 / 3 = 0.92. The hit is
+			// what p2 loads.
+			name:   "a deeper host-tier prefix beats a shallow engine one",
+			cfg:    Config{BlockTokens: 16},
+			req:    Request{ID: "r", PromptTokens: 60, PrefixHashes: []uint64{1, 2, 3}},
+			decode: []Worker{{ID: "d0", KVBlocksFree: 10}},
+			prefill: []Worker{
+				{ID: "p1", QueuedPrefillTokens: 50, Prefix: heldBlocks{1: true}},
+				{ID: "p2", QueuedPrefillTokens: 50, Prefix: heldBlocks{}, HostPrefix: heldBlocks{1: true, 2: true, 3: true}},
+			},
+			want: choice{Decode: "d0", Prefill: "p2", Hit: 48},
+		},
+		{
 			name:    "least-loaded ignores the prefix",
 			cfg:     Config{Decode: LeastLoadedDecodeWeights, Prefill: LeastLoadedPrefillWeights, BlockTokens: 16},
 			req:     Request{ID: "r", PromptTokens: 48, PrefixHashes: []uint64{1, 2, 3}},

@@ -18,8 +18,13 @@ type Worker struct {
 	// Prefix, when not nil, knows every block the worker's prefix cache
 	// holds (the coordinator's index of the worker's KV events): it
 	// replaces PrefixDigest.
-	Prefix   PrefixMatcher
-	Draining bool
+	Prefix PrefixMatcher
+	// HostPrefix, when not nil, knows every block the host-memory tier of
+	// the worker's prefix cache holds (the index of its host tier's KV
+	// events): blocks the worker loads from host RAM instead of
+	// computing them.
+	HostPrefix PrefixMatcher
+	Draining   bool
 	// Model is the model the worker serves; empty serves any.
 	Model string
 	// MaxSeqLen is the worker's own longest sequence (prompt + output),
@@ -86,6 +91,13 @@ type Candidate struct {
 	// at the first miss, as the hashes are chained. 0 when the request has
 	// no hashes. 0 ≤ PrefixHitBlocks ≤ len(Request.PrefixHashes).
 	PrefixHitBlocks int
+	// HostHitBlocks is the number of the request's leading blocks the
+	// worker's host tier holds (Worker.HostPrefix; 0 without one, or
+	// where the profile's worker would not load them). The worker serves
+	// max(PrefixHitBlocks, HostHitBlocks) leading blocks without
+	// computing them: PrefixHitBlocks from engine memory, the rest
+	// loaded from host. 0 ≤ HostHitBlocks ≤ len(Request.PrefixHashes).
+	HostHitBlocks int
 }
 
 // Input is what a plugin knows of one routing cycle of one profile. The
