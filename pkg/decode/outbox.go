@@ -20,10 +20,14 @@ type outbox struct {
 	prompt     []*pdservev1.TokenLogprob
 	stamps     []*pdservev1.Stamp
 	hit        int32 // a local prefill's prefix cache hit, not yet sent
-	batch      int32
-	finished   bool
-	err        error // a gRPC status error, when finished with one
-	notify     chan struct{}
+	// hostHit and hostLoad are the part of hit loaded from the host tier
+	// and the load's time, sent with it.
+	hostHit  int32
+	hostLoad time.Duration
+	batch    int32
+	finished bool
+	err      error // a gRPC status error, when finished with one
+	notify   chan struct{}
 }
 
 // choiceOut is what one choice has pending.
@@ -65,10 +69,11 @@ func (o *outbox) stamp(name string, t time.Time) {
 }
 
 // prefixHit records the prompt tokens a local prefill took from the prefix
-// cache, for the next event.
-func (o *outbox) prefixHit(tokens int) {
+// cache, for the next event: host of them loaded from its host tier in
+// load.
+func (o *outbox) prefixHit(tokens, host int, load time.Duration) {
 	o.mu.Lock()
-	o.hit = int32(tokens)
+	o.hit, o.hostHit, o.hostLoad = int32(tokens), int32(host), load
 	o.mu.Unlock()
 	o.signal()
 }
@@ -182,7 +187,8 @@ func (o *outbox) take() ([]*pdservev1.GenerateResponse, bool, error) {
 			out = append(out, &pdservev1.GenerateResponse{BatchSize: o.batch})
 		}
 		out[0].Stamps, out[0].PrefixHitTokens = o.stamps, o.hit
-		o.stamps, o.hit = nil, 0
+		out[0].HostHitTokens, out[0].HostLoadNanos = o.hostHit, o.hostLoad.Nanoseconds()
+		o.stamps, o.hit, o.hostHit, o.hostLoad = nil, 0, 0, 0
 	}
 	return out, o.finished, o.err
 }

@@ -242,7 +242,7 @@ func (pl batcher) joinLocked(q *sequence, now time.Time) {
 		q.seq, q.hasSeq = s.nextSeq, true
 		hit := pl.forkCachedLocked(q)
 		if hit > 0 && q.out != nil {
-			q.out.prefixHit(hit)
+			q.out.prefixHit(hit, q.hostHit, q.hostLoad)
 		}
 		q.pending = append(slices.Clone(q.prompt[hit:]), regen...)
 		q.sampleLast = m == 0

@@ -41,6 +41,11 @@ func TestHostTierBitExact(t *testing.T) {
 		if got := int(ev.first.GetPrefixHitTokens()); got != want || want == 0 {
 			t.Errorf("%s: prefix_hit_tokens %d, want %d", id, got, want)
 		}
+		// The engine tier holds only the last prompt, which shares
+		// nothing with base: the hit is the host tier's.
+		if got := int(ev.first.GetHostHitTokens()); got != want || ev.first.GetHostLoadNanos() <= 0 {
+			t.Errorf("%s: host_hit_tokens %d in %d ns, want %d loaded in some time", id, got, ev.first.GetHostLoadNanos(), want)
+		}
 		cached = append(cached, p)
 		// The next prompt evicts this one from the engine tier; base's
 		// blocks stay in the host tier.
@@ -61,7 +66,7 @@ func TestHostTierOff(t *testing.T) {
 	base := prompt(70, 3)
 	prefillOne(t, w, f, addr, "base", base, 0)
 	prefillOne(t, w, f, addr, "other", prompt(40, 4), 0)
-	if ev, _ := prefillOne(t, w, f, addr, "again", base, 0); ev.first.GetPrefixHitTokens() != 0 {
+	if ev, _ := prefillOne(t, w, f, addr, "again", base, 0); ev.first.GetPrefixHitTokens() != 0 || ev.first.GetHostHitTokens() != 0 {
 		t.Errorf("prefix_hit_tokens %d after eviction without a host tier, want 0", ev.first.GetPrefixHitTokens())
 	}
 	if st := w.s.Stats().PrefixCache; st.Host.Spills != 0 || st.Host.Lookups != 0 || w.s.cache.Host() != nil {

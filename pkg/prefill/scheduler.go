@@ -392,6 +392,8 @@ func (p *fcfs) Done(ctx context.Context, b runner.Batch[*request], res runner.Re
 			PrefillEndUnixNano:   res.End.UnixNano(),
 			BatchSize:            int32(len(b.Prefill)),
 			PrefixHitTokens:      int32(r.prefixHit),
+			HostHitTokens:        int32(r.hostHit),
+			HostLoadNanos:        r.hostLoad.Nanoseconds(),
 			Logprob:              lp,
 		}}
 		s.log.Debug("prompt prefilled", zap.String("request_id", r.id), zap.Int("prompt_tokens", len(r.prompt)),

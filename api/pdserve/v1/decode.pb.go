@@ -381,8 +381,13 @@ type GenerateResponse struct {
 	// stamps after the prefill started; 0 on a miss and with remote KV (the
 	// prefix the worker held then is ReserveResponse.prefix_hit_tokens).
 	PrefixHitTokens int32 `protobuf:"varint,8,opt,name=prefix_hit_tokens,json=prefixHitTokens,proto3" json:"prefix_hit_tokens,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// Of prefix_hit_tokens, those loaded from the worker's host-memory
+	// tier, and the time the load took in nanoseconds (as
+	// FirstToken.host_load_nanos); sent with prefix_hit_tokens.
+	HostHitTokens int32 `protobuf:"varint,9,opt,name=host_hit_tokens,json=hostHitTokens,proto3" json:"host_hit_tokens,omitempty"`
+	HostLoadNanos int64 `protobuf:"varint,10,opt,name=host_load_nanos,json=hostLoadNanos,proto3" json:"host_load_nanos,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GenerateResponse) Reset() {
@@ -467,6 +472,20 @@ func (x *GenerateResponse) GetBatchSize() int32 {
 func (x *GenerateResponse) GetPrefixHitTokens() int32 {
 	if x != nil {
 		return x.PrefixHitTokens
+	}
+	return 0
+}
+
+func (x *GenerateResponse) GetHostHitTokens() int32 {
+	if x != nil {
+		return x.HostHitTokens
+	}
+	return 0
+}
+
+func (x *GenerateResponse) GetHostLoadNanos() int64 {
+	if x != nil {
+		return x.HostLoadNanos
 	}
 	return 0
 }
@@ -588,7 +607,7 @@ const file_pdserve_v1_decode_proto_rawDesc = "" +
 	"\x0fprompt_logprobs\x18\v \x01(\v2\x14.pdserve.v1.LogprobsR\x0epromptLogprobs\x12B\n" +
 	"\x11generated_choices\x18\f \x03(\v2\x15.pdserve.v1.GeneratedR\x10generatedChoices\"#\n" +
 	"\tGenerated\x12\x16\n" +
-	"\x06tokens\x18\x01 \x03(\x05R\x06tokens\"\xd4\x02\n" +
+	"\x06tokens\x18\x01 \x03(\x05R\x06tokens\"\xa4\x03\n" +
 	"\x10GenerateResponse\x12\x16\n" +
 	"\x06tokens\x18\x01 \x03(\x05R\x06tokens\x12\x14\n" +
 	"\x05index\x18\x05 \x01(\x05R\x05index\x124\n" +
@@ -598,7 +617,10 @@ const file_pdserve_v1_decode_proto_rawDesc = "" +
 	"\x06stamps\x18\x03 \x03(\v2\x11.pdserve.v1.StampR\x06stamps\x12\x1d\n" +
 	"\n" +
 	"batch_size\x18\x04 \x01(\x05R\tbatchSize\x12*\n" +
-	"\x11prefix_hit_tokens\x18\b \x01(\x05R\x0fprefixHitTokens\".\n" +
+	"\x11prefix_hit_tokens\x18\b \x01(\x05R\x0fprefixHitTokens\x12&\n" +
+	"\x0fhost_hit_tokens\x18\t \x01(\x05R\rhostHitTokens\x12&\n" +
+	"\x0fhost_load_nanos\x18\n" +
+	" \x01(\x03R\rhostLoadNanos\".\n" +
 	"\rCancelRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\"\x10\n" +

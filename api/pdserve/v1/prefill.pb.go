@@ -306,7 +306,14 @@ type FirstToken struct {
 	// computed (whole blocks).
 	PrefixHitTokens int32 `protobuf:"varint,5,opt,name=prefix_hit_tokens,json=prefixHitTokens,proto3" json:"prefix_hit_tokens,omitempty"`
 	// Set when PrefillRequest.logprobs asked for it.
-	Logprob       *TokenLogprob `protobuf:"bytes,6,opt,name=logprob,proto3" json:"logprob,omitempty"`
+	Logprob *TokenLogprob `protobuf:"bytes,6,opt,name=logprob,proto3" json:"logprob,omitempty"`
+	// Of prefix_hit_tokens, those loaded from the worker's host-memory tier
+	// (the rest were in engine memory).
+	HostHitTokens int32 `protobuf:"varint,7,opt,name=host_hit_tokens,json=hostHitTokens,proto3" json:"host_hit_tokens,omitempty"`
+	// The time loading them took, nanoseconds: the engine's modeled
+	// host-link time on the performance-model engine (inside the prefill
+	// span), the imports' wall time otherwise (before prefill_start).
+	HostLoadNanos int64 `protobuf:"varint,8,opt,name=host_load_nanos,json=hostLoadNanos,proto3" json:"host_load_nanos,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -381,6 +388,20 @@ func (x *FirstToken) GetLogprob() *TokenLogprob {
 		return x.Logprob
 	}
 	return nil
+}
+
+func (x *FirstToken) GetHostHitTokens() int32 {
+	if x != nil {
+		return x.HostHitTokens
+	}
+	return 0
+}
+
+func (x *FirstToken) GetHostLoadNanos() int64 {
+	if x != nil {
+		return x.HostLoadNanos
+	}
+	return 0
 }
 
 type KVDone struct {
@@ -700,7 +721,7 @@ const file_pdserve_v1_prefill_proto_rawDesc = "" +
 	"\x05event\"S\n" +
 	"\rPrefillQueued\x12\x1b\n" +
 	"\tunix_nano\x18\x01 \x01(\x03R\bunixNano\x12%\n" +
-	"\x0equeue_position\x18\x02 \x01(\x05R\rqueuePosition\"\x8b\x02\n" +
+	"\x0equeue_position\x18\x02 \x01(\x05R\rqueuePosition\"\xdb\x02\n" +
 	"\n" +
 	"FirstToken\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\x05R\x05token\x125\n" +
@@ -709,7 +730,9 @@ const file_pdserve_v1_prefill_proto_rawDesc = "" +
 	"\n" +
 	"batch_size\x18\x04 \x01(\x05R\tbatchSize\x12*\n" +
 	"\x11prefix_hit_tokens\x18\x05 \x01(\x05R\x0fprefixHitTokens\x122\n" +
-	"\alogprob\x18\x06 \x01(\v2\x18.pdserve.v1.TokenLogprobR\alogprob\"\xd4\x01\n" +
+	"\alogprob\x18\x06 \x01(\v2\x18.pdserve.v1.TokenLogprobR\alogprob\x12&\n" +
+	"\x0fhost_hit_tokens\x18\a \x01(\x05R\rhostHitTokens\x12&\n" +
+	"\x0fhost_load_nanos\x18\b \x01(\x03R\rhostLoadNanos\"\xd4\x01\n" +
 	"\x06KVDone\x12/\n" +
 	"\x14first_byte_unix_nano\x18\x01 \x01(\x03R\x11firstByteUnixNano\x12$\n" +
 	"\x0edone_unix_nano\x18\x02 \x01(\x03R\fdoneUnixNano\x12\x1b\n" +
