@@ -34,6 +34,14 @@ type Trace struct {
 	BatchSize                  int // decode batch size seen by the request (largest reported)
 	PrefillBatch               int // prefill batch size on the prefill worker
 	PrefixHitTokens            int // prompt tokens the prefilling worker took from its prefix cache
+	// HostHitTokens are the part of PrefixHitTokens the worker loaded from
+	// its prefix cache's host-memory tier (the rest were in engine
+	// memory), and HostLoad the time that load took, as the worker
+	// measured it (the modeled host-link time on the performance-model
+	// engine, inside Prefill; the imports' wall time otherwise, inside
+	// Queue).
+	HostHitTokens int
+	HostLoad      time.Duration
 	// DecodePrefixHitTokens are the prompt tokens the decode worker held
 	// in its prefix cache at Reserve: their KV was not sent.
 	DecodePrefixHitTokens int
@@ -112,6 +120,9 @@ type Terms struct {
 	TTFO                         time.Duration
 	Queue, Prefill               time.Duration
 	KVTransfer, KVStream, Decode time.Duration
+	// HostLoad is Trace.HostLoad: of TTFT, the prefix's load from the
+	// worker's host tier.
+	HostLoad time.Duration
 }
 
 // Terms derives the latency terms from the boundaries.
@@ -128,6 +139,7 @@ func (t *Trace) Terms() Terms {
 	s.KVTransfer = span(t.PrefillEnd, t.KVDone)
 	s.KVStream = span(t.KVFirstByte, t.KVDone)
 	s.Decode = span(t.FirstToken, t.LastToken)
+	s.HostLoad = max(t.HostLoad, 0)
 	return s
 }
 
@@ -149,12 +161,14 @@ type Summary struct {
 	TTFTMs float64 `json:"ttft_ms"`
 	// TTFOMs is the time to the first non-reasoning output (answer or
 	// tool call); 0 when there was none.
-	TTFOMs          float64 `json:"ttfo_ms"`
-	TPOTMs          float64 `json:"tpot_ms"`
-	QueueMs         float64 `json:"queue_ms"`
-	PrefillMs       float64 `json:"prefill_ms"`
-	KVTransferMs    float64 `json:"kv_transfer_ms"`
-	KVStreamMs      float64 `json:"kv_stream_ms"`
+	TTFOMs       float64 `json:"ttfo_ms"`
+	TPOTMs       float64 `json:"tpot_ms"`
+	QueueMs      float64 `json:"queue_ms"`
+	PrefillMs    float64 `json:"prefill_ms"`
+	KVTransferMs float64 `json:"kv_transfer_ms"`
+	KVStreamMs   float64 `json:"kv_stream_ms"`
+	// HostLoadMs is Terms.HostLoad; omitted when 0 (no host-tier hit).
+	HostLoadMs      float64 `json:"host_load_ms,omitempty"`
 	DecodeMs        float64 `json:"decode_ms"`
 	E2EMs           float64 `json:"e2e_ms"`
 	PromptTokens    int     `json:"prompt_tokens"`
@@ -162,11 +176,15 @@ type Summary struct {
 	PrefixHitTokens int     `json:"prefix_hit_tokens"`
 	// DecodePrefixHitTokens: prompt tokens whose KV the decode worker
 	// already held (not sent); omitted when 0.
-	DecodePrefixHitTokens int    `json:"decode_prefix_hit_tokens,omitempty"`
-	BatchSize             int    `json:"batch_size"`
-	KVBytesRaw            int64  `json:"kv_bytes_raw"`
-	KVBytesWire           int64  `json:"kv_bytes_wire"`
-	Codec                 string `json:"codec"`
+	DecodePrefixHitTokens int `json:"decode_prefix_hit_tokens,omitempty"`
+	// HostPrefixHitTokens: of prefix_hit_tokens, those loaded from the
+	// worker's host-memory tier (the rest were in engine memory); omitted
+	// when 0.
+	HostPrefixHitTokens int    `json:"host_prefix_hit_tokens,omitempty"`
+	BatchSize           int    `json:"batch_size"`
+	KVBytesRaw          int64  `json:"kv_bytes_raw"`
+	KVBytesWire         int64  `json:"kv_bytes_wire"`
+	Codec               string `json:"codec"`
 	// CodecReason repeats Trace.CodecReason; omitted when empty.
 	CodecReason      string `json:"codec_reason,omitempty"`
 	PrefillWorker    string `json:"prefill_worker"`
@@ -196,12 +214,14 @@ func (t *Trace) Summary() Summary {
 		PrefillMs:             ms(s.Prefill),
 		KVTransferMs:          ms(s.KVTransfer),
 		KVStreamMs:            ms(s.KVStream),
+		HostLoadMs:            ms(s.HostLoad),
 		DecodeMs:              ms(s.Decode),
 		E2EMs:                 ms(s.E2E),
 		PromptTokens:          t.PromptTokens,
 		OutputTokens:          t.OutputTokens,
 		PrefixHitTokens:       t.PrefixHitTokens,
 		DecodePrefixHitTokens: t.DecodePrefixHitTokens,
+		HostPrefixHitTokens:   t.HostHitTokens,
 		BatchSize:             t.BatchSize,
 		KVBytesRaw:            t.KVBytesRaw,
 		KVBytesWire:           t.KVBytesWire,
@@ -285,6 +305,9 @@ func (t *Trace) Fields() []zap.Field {
 	}
 	if t.CodecReason != "" {
 		f = append(f, zap.String("codec_reason", t.CodecReason))
+	}
+	if t.HostHitTokens > 0 || t.HostLoad > 0 {
+		f = append(f, zap.Int("host_prefix_hit_tokens", t.HostHitTokens), zap.Duration("host_load", s.HostLoad))
 	}
 	if len(t.Warnings) > 0 {
 		f = append(f, zap.Strings("warnings", t.Warnings))

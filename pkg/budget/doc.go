@@ -34,6 +34,16 @@
 //	kv_transfer = KVDone − PrefillEnd      (the part of the transfer not hidden behind prefill compute)
 //	kv_stream   = KVDone − KVFirstByte     (the whole transfer, overlapped or not)
 //	decode      = LastToken − FirstToken
+//	host_load   = the worker's own measure of loading the prompt's prefix
+//	              from its prefix cache's host-memory tier (a term of ttft
+//	              with no boundary of its own: inside prefill on the
+//	              performance-model engine, which waits out the modeled
+//	              PCIe time in its next step, inside queue on the others);
+//	              absent without a host-tier hit
+//
+// prefix_hit_tokens counts the prompt tokens the prefilling worker did not
+// compute; host_prefix_hit_tokens the part of them loaded from its host
+// tier (the rest were in engine memory).
 //
 // With first-token policy "prefill" the first token leaves before the KV
 // transfer ends, so kv_transfer lands in the first inter-token gap; with

@@ -459,7 +459,7 @@ func (m *Machine) begin(dec router.Decision, ev Reserved) error {
 	// or heartbeat digests) is not the budget's: the worker that prefills
 	// reports its real hit (FirstToken from a prefill worker,
 	// GenerateResponse from a local one); the metrics compare the two.
-	m.tr.PrefixHitTokens, m.tr.RoutedPrefixHitTokens = 0, dec.PrefixHitTokens
+	m.tr.PrefixHitTokens, m.tr.RoutedPrefixHitTokens, m.tr.HostHitTokens, m.tr.HostLoad = 0, dec.PrefixHitTokens, 0, 0
 	switch {
 	case m.cfg.Mode == ModeColocated:
 		m.tr.Mode, m.tr.FirstTokenPolicy = ModeColocated, PolicyDecode
@@ -654,7 +654,7 @@ func (m *Machine) resume(p *placing) error {
 		// No token reached the client (the first comes with the KV), so
 		// the request starts over.
 		m.tr.PrefillStart, m.tr.PrefillEnd, m.tr.KVFirstByte, m.tr.KVDone = time.Time{}, time.Time{}, time.Time{}, time.Time{}
-		m.tr.PrefixHitTokens, m.tr.RoutedPrefixHitTokens = 0, dec.PrefixHitTokens // reported anew by the worker that prefills now
+		m.tr.PrefixHitTokens, m.tr.RoutedPrefixHitTokens, m.tr.HostHitTokens, m.tr.HostLoad = 0, dec.PrefixHitTokens, 0, 0 // reported anew by the worker that prefills now
 		if dec.Local {
 			m.remote = false
 			m.tr.Mode, m.tr.FirstTokenPolicy = "local", PolicyDecode
@@ -684,6 +684,7 @@ func (m *Machine) onPrefill(resp *pdservev1.PrefillResponse) error {
 		setOnce(&m.tr.PrefillEnd, ft.GetPrefillEndUnixNano())
 		m.tr.PrefillBatch = int(ft.GetBatchSize())
 		m.tr.PrefixHitTokens = int(ft.GetPrefixHitTokens())
+		m.tr.HostHitTokens, m.tr.HostLoad = int(ft.GetHostHitTokens()), time.Duration(ft.GetHostLoadNanos())
 		tok := ft.GetToken()
 		var lps []engine.TokenLogprob
 		if m.cfg.Logprobs {
@@ -732,6 +733,7 @@ func (m *Machine) onGenerate(resp *pdservev1.GenerateResponse) error {
 	m.tr.BatchSize = max(m.tr.BatchSize, int(resp.GetBatchSize()))
 	if h := resp.GetPrefixHitTokens(); h > 0 && !m.remote {
 		m.tr.PrefixHitTokens = int(h)
+		m.tr.HostHitTokens, m.tr.HostLoad = int(resp.GetHostHitTokens()), time.Duration(resp.GetHostLoadNanos())
 	}
 	if pl := resp.GetPromptLogprobs(); len(pl) > 0 && m.cfg.PromptLogprobs {
 		m.phase, m.after = phaseDelivery, pending{gen: resp}
