@@ -1,5 +1,5 @@
 // Package batching holds what the two workers' batch loops share, defined
-// once:
+// once (the loop itself is pkg/runner):
 //
 //   - the step budget and its flags: --chunk-tokens (the most prompt
 //     tokens one sequence contributes to one step: chunked prefill, on the

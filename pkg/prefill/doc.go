@@ -101,7 +101,8 @@
 //
 // # Concurrency
 //
-// One goroutine (Run) owns the engine. Server methods are safe for concurrent
-// use; the gRPC handlers and the sender goroutines talk to the scheduler
-// through a mutex-guarded state and a wake-up channel.
+// One goroutine (Run: the pkg/runner loop under the FCFS policy fcfs) owns
+// the engine. Server methods are safe for concurrent use; the gRPC handlers
+// and the sender goroutines talk to the scheduler through a mutex-guarded
+// state and a wake-up channel (batching.Signals).
 package prefill

@@ -171,3 +171,66 @@ func TestRunnerStepErrors(t *testing.T) {
 		t.Error("sequence 1 exists after its failed step")
 	}
 }
+
+// gate is a Policy that plans one single-token decode of sequence 1 per
+// step, forever, and counts the steps handed back.
+type gate struct {
+	mu    sync.Mutex
+	steps int
+	step  chan struct{} // receives after each step
+}
+
+func (g *gate) Plan() Batch[string] {
+	return Batch[string]{Decode: []engine.DecodeItem{{Seq: 1, Token: 3}}, DecodeOf: []string{"a"}}
+}
+
+func (g *gate) Done(context.Context, Batch[string], Result) {
+	g.mu.Lock()
+	g.steps++
+	g.mu.Unlock()
+	select {
+	case g.step <- struct{}{}:
+	default:
+	}
+}
+
+func (g *gate) Shutdown() {}
+
+// TestRunnerLockEngine: while a caller holds the engine lock, the loop
+// starts no step, and the caller may use the engine; the loop goes on
+// once the lock is given back.
+func TestRunnerLockEngine(t *testing.T) {
+	eng := workertest.Engine(t)
+	if _, err := eng.Prefill(context.Background(), []engine.PrefillItem{{Seq: 1, Tokens: []int32{1, 2}, Last: true}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	g := &gate{step: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := New(eng, Policy[string](g), batching.NewSignals(), Options{Role: "x"})
+	ran := make(chan error, 1)
+	go func() { ran <- r.Run(ctx) }()
+	<-g.step
+	r.LockEngine()
+	g.mu.Lock()
+	held := g.steps
+	g.mu.Unlock()
+	// Under the lock the loop is between steps (a step's Done is the last
+	// thing it does under the lock), so none may come now, and this
+	// caller may use the engine (a step beside it would race, which -race
+	// reports).
+	_, err := eng.Prefill(context.Background(), []engine.PrefillItem{{Seq: 2, Tokens: workertest.Prompt(64, 2), Last: true}}, nil)
+	eng.Free(2)
+	n, _ := eng.Len(1)
+	g.mu.Lock()
+	after := g.steps
+	g.mu.Unlock()
+	r.UnlockEngine()
+	if err != nil || after != held {
+		t.Errorf("under the engine lock: %d steps then %d (len %d, %v); want none", held, after, n, err)
+	}
+	<-g.step // the loop goes on
+	cancel()
+	if err := <-ran; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}
