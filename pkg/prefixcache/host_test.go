@@ -39,7 +39,7 @@ func tokens(base []int32, n, shared int, seed, vocab int32) []int32 {
 // run prefills prompt into a new seq after its first from tokens (KV the
 // sequence holds already) and decodes steps more greedily; it returns the
 // sampled tokens.
-func run(t *testing.T, eng engine.Engine, seq engine.SeqID, prompt []int32, from, steps int) []int32 {
+func run(t testing.TB, eng engine.Engine, seq engine.SeqID, prompt []int32, from, steps int) []int32 {
 	t.Helper()
 	ctx := context.Background()
 	out, err := eng.Prefill(ctx, []engine.PrefillItem{{Seq: seq, Tokens: prompt[from:], Last: true}}, nil)
@@ -58,7 +58,7 @@ func run(t *testing.T, eng engine.Engine, seq engine.SeqID, prompt []int32, from
 }
 
 // exportAll returns seq's KV of tokens [0, n), every layer.
-func exportAll(t *testing.T, eng engine.Engine, seq engine.SeqID, n int) [][]byte {
+func exportAll(t testing.TB, eng engine.Engine, seq engine.SeqID, n int) [][]byte {
 	t.Helper()
 	var kv [][]byte
 	for l := range eng.Spec().Layers {
