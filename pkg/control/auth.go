@@ -93,7 +93,8 @@ func randomHex(n int) string {
 //	coordinator  publish pdserve.cmd.>, pdserve.plan
 //	             subscribe pdserve.hb.>, pdserve.kv.>, pdserve.plan, _INBOX.>
 //	observer     publish nothing; subscribe pdserve.hb.>, pdserve.plan
-//	<worker>     publish pdserve.hb.<role>.<id>, pdserve.kv.<role>.<id>;
+//	<worker>     publish pdserve.hb.<role>.<id>, pdserve.kv.<role>.<id>,
+//	             pdserve.kv.<role>.<id>.host (the host tier's events);
 //	             subscribe pdserve.cmd.<role>.<id>;
 //	             reply once to each command received, within a minute
 //	prefill      also subscribe pdserve.hb.decode.*, pdserve.hb.colocated.*
