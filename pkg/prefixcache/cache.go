@@ -58,7 +58,7 @@ func DefaultOptions() Options {
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.MaxTokens, "prefix-cache-tokens", o.MaxTokens, "KV tokens of finished prompts kept in the engine for prefix reuse, LRU; they use only engine memory live sequences do not, and yield it to them on demand (-1: as many as the engine's KV memory holds, the KV pool on decode workers; 0: no prefix cache)")
 	fs.IntVar(&o.MaxEntries, "prefix-cache-entries", o.MaxEntries, "most cached prompts (engine sequences) in the prefix cache")
-	fs.Int64Var(&o.HostBytes, "host-cache-bytes", o.HostBytes, fmt.Sprintf("bytes of host RAM for the prefix cache's host tier: prompts evicted from the engine are copied there and loaded back on a hit, LRU (-1: 1/%d of MemAvailable at start; 0: no host tier; needs the prefix cache)", HostAutoDivisor))
+	fs.Int64Var(&o.HostBytes, "host-cache-bytes", o.HostBytes, fmt.Sprintf("bytes of host RAM for the prefix cache's host tier: prompts evicted from the engine are copied there and loaded back on a hit, LRU (-1: 1/%d of MemAvailable at start, none on a decode worker of role decode; 0: no host tier; needs the prefix cache)", HostAutoDivisor))
 }
 
 // Enabled reports whether o turns the cache on (a size, or Auto).

@@ -209,6 +209,7 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 		}
 	}
 	o.Decode = fitPool(o.Decode, w.eng, w.log)
+	o.Decode = decodeHostTier(o.Role, o.Decode, w.log)
 	if t, ok := w.eng.(transferEngine); ok && o.Role != control.RoleColocated {
 		if err := t.Transferable(); err != nil {
 			return nil, fmt.Errorf("workerrun: a %s worker moves KV between pools, which this model cannot (run it colocated): %w", o.Role, err)
@@ -886,6 +887,19 @@ type transferEngine interface {
 // pool larger than it would fail steps.
 type capacityEngine interface {
 	KVCapacity() (tokens, seqs int)
+}
+
+// decodeHostTier turns the auto host tier of a decode worker of role
+// decode off, logging it: with remote prefill it loads from its host tier
+// only the prompts it prefills itself, while every entry it evicts would
+// be copied there in its decode loop (loadtest/results/host-tier/). A
+// colocated worker, and a size asked for, keep theirs.
+func decodeHostTier(role control.Role, o decode.Options, log *zap.Logger) decode.Options {
+	if role == control.RoleDecode && o.PrefixCache.HostBytes == prefixcache.Auto {
+		o.PrefixCache.HostBytes = 0
+		log.Info("no host tier on a decode worker of role decode by default: it would spill in its decode loop for prompts it seldom prefills (--host-cache-bytes N turns it on)")
+	}
+	return o
 }
 
 // fitPool shrinks the decode pool and batch to what e can hold, logging
