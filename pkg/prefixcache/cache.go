@@ -42,7 +42,7 @@ type Options struct {
 	BlockTokens int
 	// HostBytes is the host tier's budget (Host): bytes of KV, the
 	// model's true size, of evicted entries kept in host RAM. 0: no host
-	// tier; Auto: MemAvailable / HostAutoDivisor at New. ≥ Auto. Only
+	// tier; Auto: FreeMemory() / HostAutoDivisor at New. ≥ Auto. Only
 	// with the cache on.
 	HostBytes int64
 }
@@ -58,7 +58,7 @@ func DefaultOptions() Options {
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.MaxTokens, "prefix-cache-tokens", o.MaxTokens, "KV tokens of finished prompts kept in the engine for prefix reuse, LRU; they use only engine memory live sequences do not, and yield it to them on demand (-1: as many as the engine's KV memory holds, the KV pool on decode workers; 0: no prefix cache)")
 	fs.IntVar(&o.MaxEntries, "prefix-cache-entries", o.MaxEntries, "most cached prompts (engine sequences) in the prefix cache")
-	fs.Int64Var(&o.HostBytes, "host-cache-bytes", o.HostBytes, fmt.Sprintf("bytes of host RAM for the prefix cache's host tier: prompts evicted from the engine are copied there and loaded back on a hit, LRU (-1: 1/%d of MemAvailable at start, none on a decode worker of role decode; 0: no host tier; needs the prefix cache)", HostAutoDivisor))
+	fs.Int64Var(&o.HostBytes, "host-cache-bytes", o.HostBytes, fmt.Sprintf("bytes of host RAM for the prefix cache's host tier: prompts evicted from the engine are copied there and loaded back on a hit, LRU (-1: 1/%d of the free memory at start: MemAvailable, or the container's memory limit less its usage when that is less; none on a decode worker of role decode; 0: no host tier; needs the prefix cache)", HostAutoDivisor))
 }
 
 // Enabled reports whether o turns the cache on (a size, or Auto).
@@ -232,7 +232,7 @@ func New(o Options) (*Cache, error) {
 	c := &Cache{o: o, byHash: make(map[kv.Hash][]*entry)}
 	if hb := o.HostBytes; hb != 0 {
 		if hb == Auto {
-			free, err := MemAvailable()
+			free, err := FreeMemory()
 			if err != nil {
 				return nil, fmt.Errorf("%w (set host-cache-bytes)", err)
 			}

@@ -30,7 +30,9 @@
 // # Host tier
 //
 // With Options.HostBytes (--host-cache-bytes; default Auto: a quarter of
-// MemAvailable at start, HostAutoDivisor; 0: off) the cache has a second,
+// the free memory at start, FreeMemory and HostAutoDivisor: MemAvailable,
+// or a container's memory limit less its usage when that is less; 0:
+// off) the cache has a second,
 // host-memory tier (Host): Cache.Free copies the full blocks of every
 // entry evicted from the engine (for the bounds, or to give a live
 // sequence its memory: Trim, Shrink, Reclaim; not superseded or drained

@@ -17,8 +17,8 @@ import (
 )
 
 // HostAutoDivisor sets the default host tier budget (Options.HostBytes
-// Auto): MemAvailable of /proc/meminfo at start, divided by it (a quarter
-// of the free RAM).
+// Auto): FreeMemory at start, divided by it (a quarter of the free RAM,
+// or of the room the memory cgroup's limit leaves).
 const HostAutoDivisor = 4
 
 // HostStats are the host tier's counters (since New) and occupancy.
