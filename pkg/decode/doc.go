@@ -93,9 +93,16 @@
 // always streams the first token itself, as the first token of its first
 // event, also when the prefill worker sampled it (remote prefill) and
 // already reported it in its FirstToken event. Under the coordinator's
-// first-token policy "prefill" the coordinator has sent that token to the
-// client already and drops the first token of this stream; under policy
-// "decode" it forwards it. The token that ends a sequence with "stop" (an
+// first-token policy "prefill" the coordinator has that token from
+// FirstToken, and says so with first_token_from_prefill: the worker still
+// continues the sequence from it (the KV commit's token) but does not
+// stream it, so choice 0's tokens start at position 1, and choice 0's
+// first event (with tokens or the finish, which still comes when the
+// first token ends the choice) carries first_token_omitted; the field is
+// refused with local_prefill and does nothing with generated_tokens. A
+// coordinator that predates the field gets the first token streamed and
+// drops its copy; under policy "decode" the coordinator forwards it. The
+// token that ends a sequence with "stop" (an
 // end-of-generation or stop token) is included as the last token; a
 // client-facing renderer strips it. A recovery call (generated_tokens set)
 // streams only tokens after generated_tokens.

@@ -28,6 +28,9 @@ type outbox struct {
 	finished bool
 	err      error // a gRPC status error, when finished with one
 	notify   chan struct{}
+	// skipFirst: choice 0's next token is not sent (omitFirst); omitted:
+	// it was not, and choice 0's next event says so.
+	skipFirst, omitted bool
 }
 
 // choiceOut is what one choice has pending.
@@ -78,12 +81,28 @@ func (o *outbox) prefixHit(tokens, host int, load time.Duration) {
 	o.signal()
 }
 
+// omitFirst arranges that choice 0's first token is not sent, its caller
+// having it from the prefill worker (first_token_from_prefill), and that
+// choice 0's first event says so (first_token_omitted), also when it
+// carries only the finish.
+func (o *outbox) omitFirst() {
+	o.mu.Lock()
+	o.skipFirst = true
+	o.mu.Unlock()
+}
+
 // token records output token t of choice i, produced in a step of batch
 // sequences, with its log-probability (nil when none was asked). It
 // reports false, recording nothing, when the output waiting would then
 // exceed the outbox's bound: the caller does not read.
 func (o *outbox) token(i int, t int32, lp *pdservev1.TokenLogprob, batch int) bool {
 	o.mu.Lock()
+	if i == 0 && o.skipFirst {
+		o.skipFirst, o.omitted, o.batch = false, true, int32(batch)
+		o.mu.Unlock()
+		o.signal()
+		return true
+	}
 	n := tokenBytes(lp)
 	if o.bytes+n > o.max {
 		o.mu.Unlock()
@@ -175,6 +194,9 @@ func (o *outbox) take() ([]*pdservev1.GenerateResponse, bool, error) {
 			continue
 		}
 		resp := &pdservev1.GenerateResponse{Index: int32(i), Tokens: c.tokens, Logprobs: c.lps, BatchSize: o.batch}
+		if i == 0 && o.omitted {
+			resp.FirstTokenOmitted, o.omitted = true, false
+		}
 		if final {
 			resp.FinishReason, c.sent = c.reason, true
 		}

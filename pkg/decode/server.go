@@ -857,6 +857,9 @@ type genParams struct {
 	promptTop  int
 	caller     string    // grpcauth.Caller of the call
 	hashes     []kv.Hash // the prompt's full blocks, for the prefix cache
+	// omitFirst: the caller delivers choice 0's first token from the
+	// prefill worker (first_token_from_prefill); it is not streamed.
+	omitFirst bool
 }
 
 func (s *Server) validate(req *pdservev1.GenerateRequest) (genParams, error) {
@@ -913,6 +916,11 @@ func (s *Server) validate(req *pdservev1.GenerateRequest) (genParams, error) {
 	if p.promptTop >= 0 && (!p.local || len(p.generated) > 0) {
 		return p, invalid("request %s: prompt_logprobs need local_prefill and no generated tokens", id)
 	}
+	if req.GetFirstTokenFromPrefill() && p.local {
+		return p, invalid("request %s: first_token_from_prefill needs remote KV, not local_prefill", id)
+	}
+	// A recovery streams only tokens after generated_tokens: nothing to omit.
+	p.omitFirst = req.GetFirstTokenFromPrefill() && len(p.generated) == 0
 	if err := checkTokens(s.spec, id, "prompt_tokens", p.prompt); err != nil {
 		return p, err
 	}
@@ -1151,6 +1159,9 @@ func (s *Server) attach(p genParams) (*sequence, error) {
 		q.sampling.Constraint = q.constraint
 	}
 	q.out = newOutbox(p.n, s.o.MaxOutboxBytes)
+	if p.omitFirst {
+		q.out.omitFirst()
+	}
 	s.readyLocked(q)
 	return q, nil
 }

@@ -196,8 +196,19 @@ type GenerateRequest struct {
 	// Tokens already generated for choices 1..n-1 before a recovery, in
 	// order (choice 0's are generated_tokens).
 	GeneratedChoices []*Generated `protobuf:"bytes,12,rep,name=generated_choices,json=generatedChoices,proto3" json:"generated_choices,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// The caller delivers choice 0's first token from the prefill worker's
+	// FirstToken, so this call does not stream it: with remote KV and no
+	// generated tokens, the worker still takes the token from the KV commit
+	// into its sequence, but choice 0's tokens start at output position 1
+	// and its first event says so (GenerateResponse.first_token_omitted);
+	// its finish still comes, also when the first token ends it. Refused
+	// with local_prefill; no effect with generated tokens (a recovery
+	// streams only later tokens anyway). A worker that predates it streams
+	// position 0, and its first event of choice 0 leaves
+	// first_token_omitted unset.
+	FirstTokenFromPrefill bool `protobuf:"varint,13,opt,name=first_token_from_prefill,json=firstTokenFromPrefill,proto3" json:"first_token_from_prefill,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *GenerateRequest) Reset() {
@@ -314,6 +325,13 @@ func (x *GenerateRequest) GetGeneratedChoices() []*Generated {
 	return nil
 }
 
+func (x *GenerateRequest) GetFirstTokenFromPrefill() bool {
+	if x != nil {
+		return x.FirstTokenFromPrefill
+	}
+	return false
+}
+
 type Generated struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Tokens        []int32                `protobuf:"varint,1,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
@@ -365,8 +383,8 @@ type GenerateResponse struct {
 	// The choice (0..n-1) that tokens, logprobs and finish_reason belong to.
 	Index int32 `protobuf:"varint,5,opt,name=index,proto3" json:"index,omitempty"`
 	// One per token when logprobs were asked. With remote prefill the first
-	// token's entry of choice 0 carries only its token: its log-probability
-	// is the prefill worker's (FirstToken.logprob).
+	// token's entry of choice 0 is the prefill worker's, from the KV commit
+	// (KVCommit.first_logprob; only the token when the commit had none).
 	Logprobs []*TokenLogprob `protobuf:"bytes,6,rep,name=logprobs,proto3" json:"logprobs,omitempty"`
 	// The prompt's log-probabilities (tokens 1..len-1), once, in an event of
 	// its own before any token, when prompt_logprobs were asked.
@@ -386,8 +404,12 @@ type GenerateResponse struct {
 	// FirstToken.host_load_nanos); sent with prefix_hit_tokens.
 	HostHitTokens int32 `protobuf:"varint,9,opt,name=host_hit_tokens,json=hostHitTokens,proto3" json:"host_hit_tokens,omitempty"`
 	HostLoadNanos int64 `protobuf:"varint,10,opt,name=host_load_nanos,json=hostLoadNanos,proto3" json:"host_load_nanos,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// Set on the first event of choice 0 of a call that honoured
+	// GenerateRequest.first_token_from_prefill: choice 0's tokens start at
+	// output position 1 (its first token is the prefill worker's).
+	FirstTokenOmitted bool `protobuf:"varint,11,opt,name=first_token_omitted,json=firstTokenOmitted,proto3" json:"first_token_omitted,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *GenerateResponse) Reset() {
@@ -490,6 +512,13 @@ func (x *GenerateResponse) GetHostLoadNanos() int64 {
 	return 0
 }
 
+func (x *GenerateResponse) GetFirstTokenOmitted() bool {
+	if x != nil {
+		return x.FirstTokenOmitted
+	}
+	return false
+}
+
 type CancelRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
@@ -587,7 +616,7 @@ const file_pdserve_v1_decode_proto_rawDesc = "" +
 	"\x06blocks\x18\x01 \x01(\x05R\x06blocks\x12\x1f\n" +
 	"\vblocks_free\x18\x02 \x01(\x05R\n" +
 	"blocksFree\x12*\n" +
-	"\x11prefix_hit_tokens\x18\x03 \x01(\x05R\x0fprefixHitTokens\"\xf9\x03\n" +
+	"\x11prefix_hit_tokens\x18\x03 \x01(\x05R\x0fprefixHitTokens\"\xb2\x04\n" +
 	"\x0fGenerateRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -605,9 +634,10 @@ const file_pdserve_v1_decode_proto_rawDesc = "" +
 	"\blogprobs\x18\n" +
 	" \x01(\v2\x14.pdserve.v1.LogprobsR\blogprobs\x12=\n" +
 	"\x0fprompt_logprobs\x18\v \x01(\v2\x14.pdserve.v1.LogprobsR\x0epromptLogprobs\x12B\n" +
-	"\x11generated_choices\x18\f \x03(\v2\x15.pdserve.v1.GeneratedR\x10generatedChoices\"#\n" +
+	"\x11generated_choices\x18\f \x03(\v2\x15.pdserve.v1.GeneratedR\x10generatedChoices\x127\n" +
+	"\x18first_token_from_prefill\x18\r \x01(\bR\x15firstTokenFromPrefill\"#\n" +
 	"\tGenerated\x12\x16\n" +
-	"\x06tokens\x18\x01 \x03(\x05R\x06tokens\"\xa4\x03\n" +
+	"\x06tokens\x18\x01 \x03(\x05R\x06tokens\"\xd4\x03\n" +
 	"\x10GenerateResponse\x12\x16\n" +
 	"\x06tokens\x18\x01 \x03(\x05R\x06tokens\x12\x14\n" +
 	"\x05index\x18\x05 \x01(\x05R\x05index\x124\n" +
@@ -620,7 +650,8 @@ const file_pdserve_v1_decode_proto_rawDesc = "" +
 	"\x11prefix_hit_tokens\x18\b \x01(\x05R\x0fprefixHitTokens\x12&\n" +
 	"\x0fhost_hit_tokens\x18\t \x01(\x05R\rhostHitTokens\x12&\n" +
 	"\x0fhost_load_nanos\x18\n" +
-	" \x01(\x03R\rhostLoadNanos\".\n" +
+	" \x01(\x03R\rhostLoadNanos\x12.\n" +
+	"\x13first_token_omitted\x18\v \x01(\bR\x11firstTokenOmitted\".\n" +
 	"\rCancelRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\"\x10\n" +
