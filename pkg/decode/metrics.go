@@ -60,7 +60,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		Name: "pdserve_decode_kv_bytes_saved_total",
 		Help: "KV bytes (the model's true size) prefill workers did not send because this worker held the prompt's prefix in its prefix cache.",
 	}, func() float64 { return float64(s.kvSaved.Load()) }))
-	cs = append(cs, prefixcache.Collectors("decode", func() prefixcache.Stats { return s.cache.Stats() }, s.cache.Host() != nil)...)
+	cs = append(cs, prefixcache.Collectors("decode", func() prefixcache.Stats { return s.cache.Stats() }, s.cache.Host() != nil, s.cache.Host().Disk() != nil)...)
 	if err := batching.Register(reg, "decode", cs...); err != nil {
 		return nil, err
 	}

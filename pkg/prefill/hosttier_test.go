@@ -100,3 +100,42 @@ func TestHostTierUnderPressure(t *testing.T) {
 	}
 	t.Logf("cache stats %+v", st)
 }
+
+// TestDiskTierBitExact: with a host tier of one prompt, the prompts it
+// evicts go to the disk tier, and prompts sharing their prefix load it
+// from there: the first token and the KV sent are the engine's without a
+// cache, bit for bit.
+func TestDiskTierBitExact(t *testing.T) {
+	f := &fakeReceiver{}
+	addr := serveReceiver(t, f)
+	o := hostOptions(int64(64 * newEngine(t).Spec().KVBytesPerToken()))
+	o.PrefixCache.DiskDir, o.PrefixCache.DiskBytes = t.TempDir(), 1<<30
+	w := newWorker(t, o, true)
+	base := prompt(70, 3)
+	prefillOne(t, w, f, addr, "base", base, 0)
+	cached := [][]int32{base}
+	for i, tc := range []struct{ n, shared int }{{70, 70}, {60, 48}, {50, 40}} {
+		// Two more prompts: base's blocks go to the host tier, then to
+		// disk.
+		for j := range 2 {
+			p := prompt(40, int32(20+2*i+j))
+			prefillOne(t, w, f, addr, fmt.Sprintf("x%d-%d", i, j), p, 0)
+			cached = append(cached, p)
+		}
+		p := base
+		if tc.shared < tc.n {
+			p = sharing(base, tc.n, tc.shared, int32(i+5))
+		}
+		id := fmt.Sprintf("d%d-%d-%d", i, tc.n, tc.shared)
+		ev, _ := prefillOne(t, w, f, addr, id, p, 0)
+		want := wantHit(p, cached)
+		if got := int(ev.first.GetPrefixHitTokens()); got != want || want == 0 {
+			t.Errorf("%s: prefix_hit_tokens %d, want %d", id, got, want)
+		}
+		cached = append(cached, p)
+	}
+	st := w.s.Stats().PrefixCache
+	if st.Disk.Hits == 0 || st.Disk.Spills == 0 || st.Pinned != 0 {
+		t.Errorf("cache stats %+v: want disk-tier spills and hits", st)
+	}
+}

@@ -63,7 +63,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 			Help: "KV bytes held for requests in flight and retained for Resend.",
 		}, func() float64 { return float64(s.Stats().RetainedBytes) }),
 	)
-	cs = append(cs, prefixcache.Collectors("prefill", func() prefixcache.Stats { return s.cache.Stats() }, s.cache.Host() != nil)...)
+	cs = append(cs, prefixcache.Collectors("prefill", func() prefixcache.Stats { return s.cache.Stats() }, s.cache.Host() != nil, s.cache.Host().Disk() != nil)...)
 	if err := batching.Register(reg, "prefill", cs...); err != nil {
 		return nil, err
 	}

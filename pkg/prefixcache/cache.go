@@ -45,6 +45,12 @@ type Options struct {
 	// tier; Auto: FreeMemory() / HostAutoDivisor at New. ≥ Auto. Only
 	// with the cache on.
 	HostBytes int64
+	// DiskDir and DiskBytes are the disk tier's directory (the cache
+	// makes a directory of its own in it) and byte budget (the model's
+	// true KV size): the host tier's evictions are written there (Disk).
+	// DiskBytes 0: no disk tier; > 0 needs DiskDir and a host tier.
+	DiskDir   string
+	DiskBytes int64
 }
 
 // DefaultOptions returns a cache sized by its worker (Auto), with the
@@ -53,12 +59,15 @@ func DefaultOptions() Options {
 	return Options{MaxTokens: Auto, MaxEntries: DefaultMaxEntries, BlockTokens: DefaultBlockTokens, HostBytes: Auto}
 }
 
-// AddFlags registers --prefix-cache-tokens, --prefix-cache-entries and
-// --host-cache-bytes on fs, with o's values as defaults.
+// AddFlags registers --prefix-cache-tokens, --prefix-cache-entries,
+// --host-cache-bytes, --disk-cache-dir and --disk-cache-bytes on fs, with
+// o's values as defaults.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.MaxTokens, "prefix-cache-tokens", o.MaxTokens, "KV tokens of finished prompts kept in the engine for prefix reuse, LRU; they use only engine memory live sequences do not, and yield it to them on demand (-1: as many as the engine's KV memory holds, the KV pool on decode workers; 0: no prefix cache)")
 	fs.IntVar(&o.MaxEntries, "prefix-cache-entries", o.MaxEntries, "most cached prompts (engine sequences) in the prefix cache")
 	fs.Int64Var(&o.HostBytes, "host-cache-bytes", o.HostBytes, fmt.Sprintf("bytes of host RAM for the prefix cache's host tier: prompts evicted from the engine are copied there and loaded back on a hit, LRU (-1: 1/%d of the free memory at start: MemAvailable, or the container's memory limit less its usage when that is less; none on a decode worker of role decode; 0: no host tier; needs the prefix cache)", HostAutoDivisor))
+	fs.StringVar(&o.DiskDir, "disk-cache-dir", o.DiskDir, "directory (a local disk, e.g. NVMe) for the prefix cache's disk tier: prompts the host tier evicts are written there and loaded back on a hit, LRU; the worker makes a directory of its own in it and removes it when it stops")
+	fs.Int64Var(&o.DiskBytes, "disk-cache-bytes", o.DiskBytes, "bytes of KV (the model's true size) for the disk tier in --disk-cache-dir (0: no disk tier; needs a host tier)")
 }
 
 // Enabled reports whether o turns the cache on (a size, or Auto).
@@ -84,6 +93,15 @@ func (o Options) Validate() error {
 	}
 	if o.HostBytes < Auto {
 		errs = append(errs, fmt.Errorf("host-cache-bytes %d must be -1 (auto), 0 (off) or positive", o.HostBytes))
+	}
+	if o.DiskBytes < 0 {
+		errs = append(errs, fmt.Errorf("disk-cache-bytes %d must be 0 (off) or positive", o.DiskBytes))
+	}
+	if o.DiskBytes > 0 && o.DiskDir == "" {
+		errs = append(errs, errors.New("disk-cache-bytes needs disk-cache-dir"))
+	}
+	if o.DiskBytes > 0 && o.HostBytes == 0 {
+		errs = append(errs, errors.New("disk-cache-bytes needs a host tier (host-cache-bytes not 0)"))
 	}
 	if o.BlockTokens <= 0 {
 		errs = append(errs, fmt.Errorf("prefix cache block tokens %d must be positive", o.BlockTokens))
@@ -133,6 +151,8 @@ type Stats struct {
 	Reclaimable int
 	// Host is the host tier's (zero without one).
 	Host HostStats
+	// Disk is the disk tier's (zero without one).
+	Disk HostStats
 }
 
 // Cache is the index. A nil *Cache is a cache that is off: Acquire
@@ -242,6 +262,13 @@ func New(o Options) (*Cache, error) {
 		}
 		c.host = newHost(hb, o.BlockTokens)
 		c.spill = make(map[engine.SeqID]*entry)
+		if o.DiskBytes > 0 {
+			d, err := newDisk(o.DiskDir, o.DiskBytes, o.BlockTokens)
+			if err != nil {
+				return nil, err
+			}
+			c.host.disk = d
+		}
 	}
 	return c, nil
 }
@@ -262,7 +289,7 @@ func (c *Cache) HostDeeper(hashes []kv.Hash, maxBlocks int) bool {
 		return false
 	}
 	hashes = hashes[:min(len(hashes), max(maxBlocks, 0))]
-	return c.host.Match(hashes) > c.Match(hashes)
+	return max(c.host.Match(hashes), c.host.disk.Match(hashes)) > c.Match(hashes)
 }
 
 // Free frees seqs, sequences the cache returned, on eng, copying into the
@@ -503,11 +530,16 @@ func (c *Cache) Shrink(tokens, entries int) []engine.SeqID {
 
 // Drain drops every unpinned entry and returns their sequences (a worker
 // stopping, or freeing engine room); none goes to the host tier, and the
-// evicted sequences not yet freed with Free will not either.
+// evicted sequences not yet freed with Free will not either. The disk
+// tier is emptied and its directory removed: a worker drains when it
+// stops.
 func (c *Cache) Drain() []engine.SeqID {
 	if c == nil {
 		return nil
 	}
+	// The disk tier goes with the worker: its files are removed (a
+	// failure is counted in its stats).
+	_ = c.host.Disk().clear()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	clear(c.spill)
@@ -611,5 +643,6 @@ func (c *Cache) Stats() Stats {
 	c.mu.Unlock()
 	// After c.mu: both locks stay leaves.
 	st.Host = c.host.Stats()
+	st.Disk = c.host.Disk().Stats()
 	return st
 }

@@ -50,6 +50,18 @@
 // load does not overlap with other work: the worker's scheduler runs it
 // between steps.
 //
+// # Disk tier
+//
+// With Options.DiskBytes (--disk-cache-bytes, 0: off) and DiskDir
+// (--disk-cache-dir, a local disk: the cache makes a directory of its own
+// in it) the host tier writes the entries it evicts for its budget to
+// files there (Disk), under a budget of their own, LRU. Host.Load reads
+// from the disk tier when it holds a prompt's prefix deeper than the host
+// tier; HostDeeper counts both. Loads from disk count in Stats.Disk, and
+// in the workers' host_hit_tokens (loaded, not in engine memory). Drain
+// empties the tier and removes its directory. The router does not see the
+// disk tier: it publishes no KV events.
+//
 // # Digest
 //
 // Digest returns the cached block hashes for heartbeats of a worker that

@@ -74,6 +74,8 @@ type Host struct {
 	st     HostStats
 	// obs is told of every hash byHash gains or loses; nil: nobody.
 	obs Observer
+	// disk takes the entries evicted for the budget; nil: none.
+	disk *Disk
 }
 
 var _ Blocks = (*Host)(nil)
@@ -184,14 +186,21 @@ func (h *Host) Spill(eng engine.Engine, seq engine.SeqID, hashes []kv.Hash) erro
 		}
 	}
 	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.insertLocked(&hostEntry{hashes: hashes, tokens: tokens, layers: layers, bytes: size})
-	return nil
+	evicted := h.insertLocked(&hostEntry{hashes: hashes, tokens: tokens, layers: layers, bytes: size})
+	h.mu.Unlock()
+	var errs []error
+	for _, e := range evicted {
+		if err := h.disk.put(e); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // insertLocked adds e as the most recent entry, drops the entries whose
-// blocks are a prefix of e's, and evicts for the budget.
-func (h *Host) insertLocked(e *hostEntry) {
+// blocks are a prefix of e's, and evicts for the budget; it returns the
+// evicted entries (for the disk tier; nil without one).
+func (h *Host) insertLocked(e *hostEntry) []*hostEntry {
 	n := h.depthLocked(e.hashes)
 	var old []*hostEntry
 	for i := range n {
@@ -215,12 +224,17 @@ func (h *Host) insertLocked(e *hostEntry) {
 		h.st.Superseded++
 		h.dropLocked(o)
 	}
+	var evicted []*hostEntry
 	for el := h.lru.Back(); el != nil && h.bytes > h.budget; {
 		o := el.Value.(*hostEntry)
 		el = el.Prev()
 		h.st.Evictions++
 		h.dropLocked(o)
+		if h.disk != nil {
+			evicted = append(evicted, o)
+		}
 	}
+	return evicted
 }
 
 func (h *Host) dropLocked(e *hostEntry) {
@@ -260,12 +274,17 @@ type HostLoad struct {
 // Load imports into seq, a sequence the engine does not hold yet, the
 // longest prefix of hashes the tier holds, at most maxBlocks blocks, and
 // makes its entry the most recently used; it counts a lookup, and a hit
-// when it loaded at least one block. A miss changes nothing in the engine.
+// when it loaded at least one block. When the disk tier behind it holds
+// a longer prefix, Load reads it from there instead (counted in the disk
+// tier's stats). A miss changes nothing in the engine.
 // Errors: the engine's ImportKV (seq may then hold part of the prefix: the
 // caller frees it).
 func (h *Host) Load(eng engine.Engine, seq engine.SeqID, hashes []kv.Hash, maxBlocks int) (HostLoad, error) {
 	if h == nil {
 		return HostLoad{}, nil
+	}
+	if lim := hashes[:min(len(hashes), max(maxBlocks, 0))]; h.disk.Match(lim) > h.Match(lim) {
+		return h.disk.load(eng, seq, hashes, maxBlocks)
 	}
 	h.mu.Lock()
 	h.st.Lookups++
@@ -314,6 +333,14 @@ func appendPrefix(dst, data []byte, n, m int) []byte {
 	row := len(data) / (2 * n)
 	dst = append(dst, data[:m*row]...)
 	return append(dst, data[n*row:(n+m)*row]...)
+}
+
+// Disk returns the disk tier behind h (nil: none, or a nil tier).
+func (h *Host) Disk() *Disk {
+	if h == nil {
+		return nil
+	}
+	return h.disk
 }
 
 // Stats returns the tier's counters and occupancy (zero for a nil tier).

@@ -13,7 +13,8 @@ import "github.com/prometheus/client_golang/prometheus"
 //	tokens            gauge    KV tokens held by cached sequences
 //	entries           gauge    cached engine sequences
 //
-// and, per tier (label tier="host"; with a host tier only), named
+// and, per tier (label tier="host" with a host tier, tier="disk" with a
+// disk tier), named
 // pdserve_<subsystem>_prefix_cache_tier_*:
 //
 //	lookups_total        counter  prompts looked up in the tier
@@ -26,9 +27,10 @@ import "github.com/prometheus/client_golang/prometheus"
 //	blocks               gauge    distinct blocks held
 //	entries              gauge    entries held
 //
-// Each worker package registers them from its metrics.go; host tells
-// whether the cache has a host tier (Cache.Host not nil).
-func Collectors(subsystem string, stats func() Stats, host bool) []prometheus.Collector {
+// Each worker package registers them from its metrics.go; host and disk
+// tell whether the cache has a host tier (Cache.Host not nil) and a disk
+// tier (Host.Disk not nil).
+func Collectors(subsystem string, stats func() Stats, host, disk bool) []prometheus.Collector {
 	name := func(s string) string { return "pdserve_" + subsystem + "_prefix_cache_" + s }
 	counter := func(n, help string, f func(Stats) uint64) prometheus.Collector {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name(n), Help: help}, func() float64 { return float64(f(stats())) })
@@ -45,17 +47,25 @@ func Collectors(subsystem string, stats func() Stats, host bool) []prometheus.Co
 		gauge("tokens", "KV tokens held by the prefix cache's sequences.", func(s Stats) int { return s.Tokens }),
 		gauge("entries", "Engine sequences held by the prefix cache.", func(s Stats) int { return s.Entries }),
 	}
-	if !host {
-		return cs
+	if host {
+		cs = append(cs, tierCollectors(name, "host", func() HostStats { return stats().Host })...)
 	}
-	tier := prometheus.Labels{"tier": "host"}
+	if host && disk {
+		cs = append(cs, tierCollectors(name, "disk", func() HostStats { return stats().Disk })...)
+	}
+	return cs
+}
+
+// tierCollectors are the collectors of one tier, labelled tier=tierName.
+func tierCollectors(name func(string) string, tierName string, stats func() HostStats) []prometheus.Collector {
+	tier := prometheus.Labels{"tier": tierName}
 	hcounter := func(n, help string, f func(HostStats) float64) prometheus.Collector {
-		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name("tier_" + n), Help: help, ConstLabels: tier}, func() float64 { return f(stats().Host) })
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name("tier_" + n), Help: help, ConstLabels: tier}, func() float64 { return f(stats()) })
 	}
 	hgauge := func(n, help string, f func(HostStats) float64) prometheus.Collector {
-		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name("tier_" + n), Help: help, ConstLabels: tier}, func() float64 { return f(stats().Host) })
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name("tier_" + n), Help: help, ConstLabels: tier}, func() float64 { return f(stats()) })
 	}
-	return append(cs,
+	return []prometheus.Collector{
 		hcounter("lookups_total", "Prompts looked up in the prefix cache tier.", func(s HostStats) float64 { return float64(s.Lookups) }),
 		hcounter("hits_total", "Prefix cache tier loads of at least one block.", func(s HostStats) float64 { return float64(s.Hits) }),
 		hcounter("hit_tokens_total", "Prompt tokens loaded from the prefix cache tier instead of computed.", func(s HostStats) float64 { return float64(s.HitTokens) }),
@@ -65,5 +75,5 @@ func Collectors(subsystem string, stats func() Stats, host bool) []prometheus.Co
 		hgauge("bytes", "KV bytes held by the prefix cache tier (the model's true size).", func(s HostStats) float64 { return float64(s.Bytes) }),
 		hgauge("blocks", "Distinct KV blocks held by the prefix cache tier.", func(s HostStats) float64 { return float64(s.Blocks) }),
 		hgauge("entries", "Entries held by the prefix cache tier.", func(s HostStats) float64 { return float64(s.Entries) }),
-	)
+	}
 }

@@ -360,7 +360,7 @@ func (o Options) LogFields() []zap.Field {
 			zap.Duration("retain_ttl", p.RetainTTL), zap.Int64("max_live_kv_bytes", p.MaxLiveKVBytes),
 			zap.Float64("pace_gbps", o.PaceGbps), zap.Int("kv_conns", o.KVConns),
 			zap.Int("block_tokens", p.PrefixCache.BlockTokens),
-			zap.Int("prefix_cache_tokens", p.PrefixCache.MaxTokens), zap.Int("prefix_cache_entries", p.PrefixCache.MaxEntries), zap.Int64("host_cache_bytes", p.PrefixCache.HostBytes))
+			zap.Int("prefix_cache_tokens", p.PrefixCache.MaxTokens), zap.Int("prefix_cache_entries", p.PrefixCache.MaxEntries), zap.Int64("host_cache_bytes", p.PrefixCache.HostBytes), zap.String("disk_cache_dir", p.PrefixCache.DiskDir), zap.Int64("disk_cache_bytes", p.PrefixCache.DiskBytes))
 	}
 	d := o.Decode
 	f = append(f, d.Budget.LogFields()...)
@@ -368,6 +368,6 @@ func (o Options) LogFields() []zap.Field {
 		zap.Int("kv_blocks", d.KVBlocks), zap.Int("block_tokens", d.BlockTokens), zap.Int("max_batch", d.MaxBatch),
 		zap.Duration("reserve_ttl", d.ReserveTTL),
 		zap.Int("max_reservations_per_caller", d.MaxReservationsPerCaller), zap.Int("max_reserved_tokens_per_caller", d.MaxReservedTokensPerCaller),
-		zap.Int("prefix_cache_tokens", d.PrefixCache.MaxTokens), zap.Int("prefix_cache_entries", d.PrefixCache.MaxEntries), zap.Int64("host_cache_bytes", d.PrefixCache.HostBytes),
+		zap.Int("prefix_cache_tokens", d.PrefixCache.MaxTokens), zap.Int("prefix_cache_entries", d.PrefixCache.MaxEntries), zap.Int64("host_cache_bytes", d.PrefixCache.HostBytes), zap.String("disk_cache_dir", d.PrefixCache.DiskDir), zap.Int64("disk_cache_bytes", d.PrefixCache.DiskBytes),
 		zap.Int("max_outbox_bytes", d.MaxOutboxBytes), zap.Duration("stream_write_timeout", d.StreamWriteTimeout))
 }

@@ -895,7 +895,7 @@ type capacityEngine interface {
 // be copied there in its decode loop (loadtest/results/host-tier/). A
 // colocated worker, and a size asked for, keep theirs.
 func decodeHostTier(role control.Role, o decode.Options, log *zap.Logger) decode.Options {
-	if role == control.RoleDecode && o.PrefixCache.HostBytes == prefixcache.Auto {
+	if role == control.RoleDecode && o.PrefixCache.HostBytes == prefixcache.Auto && o.PrefixCache.DiskBytes == 0 {
 		o.PrefixCache.HostBytes = 0
 		log.Info("no host tier on a decode worker of role decode by default: it would spill in its decode loop for prompts it seldom prefills (--host-cache-bytes N turns it on)")
 	}

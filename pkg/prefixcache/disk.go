@@ -1,0 +1,290 @@
+package prefixcache
+
+import (
+	"container/list"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/kv"
+)
+
+// diskEntry is one host-tier entry written to a file: its layers'
+// canonical KV, concatenated, layerBytes each.
+type diskEntry struct {
+	hashes     []kv.Hash
+	tokens     int
+	layers     int
+	layerBytes int
+	path       string
+	bytes      int64 // tokens × the model's KVBytesPerToken
+	el         *list.Element
+	dropped    bool // no longer in the index
+}
+
+// Disk is the disk tier behind a Host: the entries the host tier evicts
+// for its budget, written to files in a directory of their own (made in
+// Options.DiskDir at New, removed by Cache.Drain) under a byte budget of
+// the model's true KV size, LRU, an entry whose blocks a newer one holds
+// dropped. Host.Load reads from it when it holds a prompt's prefix deeper
+// than the host tier. Its methods are the Host's, which calls them: Spill
+// and Load under the caller's engine lock, the index under a lock of its
+// own (a leaf, never held across file I/O or an engine call). A nil *Disk
+// holds nothing.
+type Disk struct {
+	dir         string
+	budget      int64
+	blockTokens int
+	now         func() time.Time
+
+	mu     sync.Mutex
+	byHash map[kv.Hash][]*diskEntry
+	lru    list.List // of *diskEntry; front = most recently used
+	bytes  int64
+	next   uint64
+	st     HostStats
+}
+
+// newDisk makes a directory of its own in dir for a tier of budget (> 0)
+// bytes.
+func newDisk(dir string, budget int64, blockTokens int) (*Disk, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("prefixcache: disk tier: %w", err)
+	}
+	own, err := os.MkdirTemp(dir, "pdserve-kv-")
+	if err != nil {
+		return nil, fmt.Errorf("prefixcache: disk tier: %w", err)
+	}
+	return &Disk{dir: own, budget: budget, blockTokens: blockTokens, now: time.Now, byHash: make(map[kv.Hash][]*diskEntry)}, nil
+}
+
+// Dir returns the tier's own directory ("" for a nil tier).
+func (d *Disk) Dir() string {
+	if d == nil {
+		return ""
+	}
+	return d.dir
+}
+
+// Match returns how many leading hashes the tier holds, changing nothing.
+func (d *Disk) Match(hashes []kv.Hash) int {
+	if d == nil {
+		return 0
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.depthLocked(hashes)
+}
+
+func (d *Disk) depthLocked(hashes []kv.Hash) int {
+	n := 0
+	for _, x := range hashes {
+		if len(d.byHash[x]) == 0 {
+			break
+		}
+		n++
+	}
+	return n
+}
+
+// put writes e, an entry the host tier evicted, to a file and indexes it
+// as the most recent entry; entries beyond the budget, and those whose
+// blocks e holds, are dropped and their files removed. An entry larger
+// than the budget, or whose blocks the tier holds already, is not
+// written. Errors: the file's (the tier is then unchanged).
+func (d *Disk) put(e *hostEntry) error {
+	if d == nil || e.bytes > d.budget || len(e.layers) == 0 {
+		return nil
+	}
+	d.mu.Lock()
+	if d.depthLocked(e.hashes) == len(e.hashes) {
+		es := d.byHash[e.hashes[len(e.hashes)-1]]
+		d.lru.MoveToFront(es[len(es)-1].el)
+		d.st.SpillsSkipped++
+		d.mu.Unlock()
+		return nil
+	}
+	d.next++
+	path := filepath.Join(d.dir, strconv.FormatUint(d.next, 10)+".kv")
+	d.mu.Unlock()
+	size := 0
+	for _, l := range e.layers {
+		size += len(l)
+	}
+	buf := make([]byte, 0, size)
+	for _, l := range e.layers {
+		if len(l) != len(e.layers[0]) {
+			return fmt.Errorf("prefixcache: disk tier: layers of %d and %d bytes", len(e.layers[0]), len(l))
+		}
+		buf = append(buf, l...)
+	}
+	if err := os.WriteFile(path, buf, 0o600); err != nil {
+		d.mu.Lock()
+		d.st.Failures++
+		d.mu.Unlock()
+		_ = os.Remove(path)
+		return fmt.Errorf("prefixcache: disk tier: %w", err)
+	}
+	de := &diskEntry{hashes: e.hashes, tokens: e.tokens, layers: len(e.layers), layerBytes: len(e.layers[0]), path: path, bytes: e.bytes}
+	d.mu.Lock()
+	gone := d.insertLocked(de)
+	d.mu.Unlock()
+	for _, p := range gone {
+		_ = os.Remove(p) // a file already gone is what Remove would do
+	}
+	return nil
+}
+
+// insertLocked indexes e and returns the files of the entries it drops.
+func (d *Disk) insertLocked(e *diskEntry) []string {
+	n := d.depthLocked(e.hashes)
+	var old []*diskEntry
+	for i := range n {
+		for _, o := range d.byHash[e.hashes[i]] {
+			if len(o.hashes) == i+1 {
+				old = append(old, o)
+			}
+		}
+	}
+	e.el = d.lru.PushFront(e)
+	for _, x := range e.hashes {
+		d.byHash[x] = append(d.byHash[x], e)
+	}
+	d.bytes += e.bytes
+	d.st.Spills++
+	var gone []string
+	for _, o := range old {
+		d.st.Superseded++
+		gone = append(gone, d.dropLocked(o))
+	}
+	for el := d.lru.Back(); el != nil && d.bytes > d.budget; {
+		o := el.Value.(*diskEntry)
+		el = el.Prev()
+		d.st.Evictions++
+		gone = append(gone, d.dropLocked(o))
+	}
+	return gone
+}
+
+func (d *Disk) dropLocked(e *diskEntry) string {
+	d.lru.Remove(e.el)
+	for _, x := range e.hashes {
+		es := d.byHash[x]
+		for i, o := range es {
+			if o == e {
+				es = append(es[:i], es[i+1:]...)
+				break
+			}
+		}
+		if len(es) == 0 {
+			delete(d.byHash, x)
+		} else {
+			d.byHash[x] = es
+		}
+	}
+	d.bytes -= e.bytes
+	e.dropped = true
+	return e.path
+}
+
+// load is Host.Load from the disk tier: the file of the entry holding the
+// longest prefix of hashes (at most maxBlocks blocks) is read and its
+// first blocks imported into seq. The time is the read's and the
+// imports' wall time, plus the engine's modeled host-link time on an
+// engine that models one. Errors: the file's (an entry whose file is
+// gone is dropped) or the engine's.
+func (d *Disk) load(eng engine.Engine, seq engine.SeqID, hashes []kv.Hash, maxBlocks int) (HostLoad, error) {
+	d.mu.Lock()
+	d.st.Lookups++
+	n := d.depthLocked(hashes[:min(len(hashes), max(maxBlocks, 0))])
+	if n == 0 {
+		d.mu.Unlock()
+		return HostLoad{}, nil
+	}
+	es := d.byHash[hashes[n-1]]
+	e := es[len(es)-1]
+	d.lru.MoveToFront(e.el)
+	d.mu.Unlock()
+
+	fail := func(err error) (HostLoad, error) {
+		d.mu.Lock()
+		d.st.Failures++
+		d.mu.Unlock()
+		return HostLoad{}, fmt.Errorf("prefixcache: disk tier: seq %d: %w", seq, err)
+	}
+	t0 := d.now()
+	data, err := os.ReadFile(e.path)
+	if err != nil {
+		d.mu.Lock()
+		if !e.dropped {
+			d.dropLocked(e)
+		}
+		d.mu.Unlock()
+		return fail(err)
+	}
+	if len(data) != e.layers*e.layerBytes {
+		return fail(fmt.Errorf("%s holds %d bytes, want %d", e.path, len(data), e.layers*e.layerBytes))
+	}
+	m := n * d.blockTokens
+	size := e.bytes / int64(e.tokens) * int64(m)
+	var buf []byte
+	for l := range e.layers {
+		layer := data[l*e.layerBytes : (l+1)*e.layerBytes]
+		if m < e.tokens {
+			buf = appendPrefix(buf[:0], layer, e.tokens, m)
+			layer = buf
+		}
+		if err := eng.ImportKV(seq, l, 0, layer); err != nil {
+			return fail(fmt.Errorf("import layer %d: %w", l, err))
+		}
+	}
+	took := d.now().Sub(t0)
+	if hl, ok := eng.(engine.HostLinked); ok {
+		took += hl.ChargeHostLoad(size)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.st.Hits++
+	d.st.HitTokens += uint64(m)
+	d.st.LoadTime += took
+	return HostLoad{Tokens: m, Bytes: size, Took: took}, nil
+}
+
+// clear drops every entry and removes the tier's directory.
+func (d *Disk) clear() error {
+	if d == nil {
+		return nil
+	}
+	d.mu.Lock()
+	for el := d.lru.Front(); el != nil; el = el.Next() {
+		el.Value.(*diskEntry).dropped = true
+	}
+	clear(d.byHash)
+	d.lru.Init()
+	d.bytes = 0
+	d.mu.Unlock()
+	if err := os.RemoveAll(d.dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+		d.mu.Lock()
+		d.st.Failures++
+		d.mu.Unlock()
+		return fmt.Errorf("prefixcache: disk tier: %w", err)
+	}
+	return nil
+}
+
+// Stats returns the tier's counters and occupancy (zero for a nil tier).
+func (d *Disk) Stats() HostStats {
+	if d == nil {
+		return HostStats{}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	st := d.st
+	st.Bytes, st.Blocks, st.Entries = d.bytes, len(d.byHash), d.lru.Len()
+	return st
+}
