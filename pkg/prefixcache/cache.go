@@ -66,7 +66,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.MaxTokens, "prefix-cache-tokens", o.MaxTokens, "KV tokens of finished prompts kept in the engine for prefix reuse, LRU; they use only engine memory live sequences do not, and yield it to them on demand (-1: as many as the engine's KV memory holds, the KV pool on decode workers; 0: no prefix cache)")
 	fs.IntVar(&o.MaxEntries, "prefix-cache-entries", o.MaxEntries, "most cached prompts (engine sequences) in the prefix cache")
 	fs.Int64Var(&o.HostBytes, "host-cache-bytes", o.HostBytes, fmt.Sprintf("bytes of host RAM for the prefix cache's host tier: prompts evicted from the engine are copied there and loaded back on a hit, LRU (-1: 1/%d of the free memory at start: MemAvailable, or the container's memory limit less its usage when that is less; none on a decode worker of role decode; 0: no host tier; needs the prefix cache)", HostAutoDivisor))
-	fs.StringVar(&o.DiskDir, "disk-cache-dir", o.DiskDir, "directory (a local disk, e.g. NVMe) for the prefix cache's disk tier: prompts the host tier evicts are written there and loaded back on a hit, LRU; the worker makes a directory of its own in it and removes it when it stops")
+	fs.StringVar(&o.DiskDir, "disk-cache-dir", o.DiskDir, "directory (a local disk, e.g. NVMe) for the prefix cache's disk tier: prompts the host tier evicts are written there and loaded back on a hit, LRU; the worker makes a directory of its own in it and removes it when it stops, and at start removes those of workers that died without stopping (several workers may share the directory)")
 	fs.Int64Var(&o.DiskBytes, "disk-cache-bytes", o.DiskBytes, "bytes of KV (the model's true size) for the disk tier in --disk-cache-dir (0: no disk tier; needs a host tier)")
 }
 

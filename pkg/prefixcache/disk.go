@@ -7,7 +7,9 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/pdserve/pdserve/pkg/engine"
@@ -38,6 +40,7 @@ type diskEntry struct {
 // holds nothing.
 type Disk struct {
 	dir         string
+	lock        *os.File // dir's lock file (dir + lockSuffix), flocked while the tier lives
 	budget      int64
 	blockTokens int
 	now         func() time.Time
@@ -50,17 +53,79 @@ type Disk struct {
 	st     HostStats
 }
 
+// The disk tier's own directories in Options.DiskDir are diskDirPrefix
+// followed by a random suffix; beside each, the file of the same name
+// with lockSuffix is flocked by its process while its tier lives (the
+// kernel drops the lock when the process dies, however it dies).
+const (
+	diskDirPrefix = "pdserve-kv-"
+	lockSuffix    = ".lock"
+	// staleUnlocked is how old a directory without a lock file must be
+	// before a new tier removes it: one that young may be another
+	// process's, made a moment before its lock.
+	staleUnlocked = time.Minute
+)
+
 // newDisk makes a directory of its own in dir for a tier of budget (> 0)
-// bytes.
+// bytes, after removing the directories of tiers whose process is gone (a
+// worker killed without Drain), so that restarts do not fill the disk;
+// live tiers of other processes sharing dir are left alone.
 func newDisk(dir string, budget int64, blockTokens int) (*Disk, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("prefixcache: disk tier: %w", err)
 	}
-	own, err := os.MkdirTemp(dir, "pdserve-kv-")
+	removeStaleDisks(dir, time.Now())
+	own, err := os.MkdirTemp(dir, diskDirPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("prefixcache: disk tier: %w", err)
 	}
-	return &Disk{dir: own, budget: budget, blockTokens: blockTokens, now: time.Now, byHash: make(map[kv.Hash][]*diskEntry)}, nil
+	lock, err := os.OpenFile(own+lockSuffix, os.O_CREATE|os.O_RDWR, 0o600)
+	if err == nil {
+		if err = syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+			lock.Close()
+		}
+	}
+	if err != nil {
+		os.RemoveAll(own)
+		os.Remove(own + lockSuffix)
+		return nil, fmt.Errorf("prefixcache: disk tier: lock: %w", err)
+	}
+	return &Disk{dir: own, lock: lock, budget: budget, blockTokens: blockTokens, now: time.Now, byHash: make(map[kv.Hash][]*diskEntry)}, nil
+}
+
+// removeStaleDisks removes the tier directories in dir whose lock no
+// process holds, and those without a lock file older than staleUnlocked
+// at now. It is best effort: what it cannot read or remove it leaves.
+func removeStaleDisks(dir string, now time.Time) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, ent := range ents {
+		if !ent.IsDir() || !strings.HasPrefix(ent.Name(), diskDirPrefix) {
+			continue
+		}
+		path := filepath.Join(dir, ent.Name())
+		f, err := os.OpenFile(path+lockSuffix, os.O_RDWR, 0)
+		if errors.Is(err, os.ErrNotExist) {
+			if info, ierr := ent.Info(); ierr == nil && now.Sub(info.ModTime()) > staleUnlocked {
+				os.RemoveAll(path)
+			}
+			continue
+		}
+		if err != nil {
+			continue
+		}
+		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) == nil {
+			// Its process is gone. The lock file goes last, held:
+			// no new tier can take this name meanwhile (MkdirTemp
+			// makes only new directories).
+			if os.RemoveAll(path) == nil {
+				os.Remove(path + lockSuffix)
+			}
+		}
+		f.Close()
+	}
 }
 
 // Dir returns the tier's own directory ("" for a nil tier).
@@ -267,8 +332,17 @@ func (d *Disk) clear() error {
 	clear(d.byHash)
 	d.lru.Init()
 	d.bytes = 0
+	lock := d.lock
+	d.lock = nil
 	d.mu.Unlock()
-	if err := os.RemoveAll(d.dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+	err := os.RemoveAll(d.dir)
+	if lock != nil {
+		if err == nil {
+			os.Remove(d.dir + lockSuffix)
+		}
+		lock.Close() // after the removal: a new tier must not take the directory while it is still there
+	}
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		d.mu.Lock()
 		d.st.Failures++
 		d.mu.Unlock()
