@@ -452,6 +452,7 @@ func (r *run) startDecode(a flow.Generate) flow.Event {
 		RequestId: r.req.ID, PromptTokens: r.req.Prompt, Sampling: r.sampling(),
 		MaxTokens: int32(r.req.MaxTokens), LocalPrefill: a.LocalPrefill, IgnoreEos: r.req.IgnoreEOS,
 		N: int32(max(r.req.N, 1)), Logprobs: wire.Logprobs(r.req.Logprobs),
+		FirstTokenFromPrefill: a.FirstFromPrefill,
 	}
 	if len(a.Generated) > 0 {
 		greq.GeneratedTokens = a.Generated[0]

@@ -49,10 +49,11 @@
 //     tokens the decode worker holds (PrefillRequest.skip_tokens).
 //  3. DecodeService.Generate and PrefillService.Prefill run concurrently.
 //     With first-token policy "prefill" the first token goes to the client
-//     as soon as the prefill worker reports it; the decode stream repeats
-//     it as its first token, and the coordinator drops the duplicate (the
+//     as soon as the prefill worker reports it, and the Generate call asks
+//     the decode worker not to stream it (first_token_from_prefill; the
 //     tokens of a Generate stream are positional: output tokens from its
-//     first on, or from after generated_tokens in a recovery). With policy
+//     first on, from its second with that field, or from after
+//     generated_tokens in a recovery). With policy
 //     "decode" the client gets tokens only from the decode stream, so the
 //     KV transfer is part of TTFT. An end-of-generation token ending a
 //     sequence (EOS or another id of engine.EOGTokens of the
@@ -93,31 +94,49 @@
 //     crosses the wire) and a credential for one push to that worker.
 //   - GenerateRequest: the prompt again (the decode worker keys its
 //     prefix cache on the tokens and prefills them itself when local),
-//     sampling, max_tokens, n, and in a recovery the
+//     sampling, max_tokens, n, first_token_from_prefill where FirstToken
+//     is the first token's source (below), and in a recovery the
 //     tokens each choice already delivered (generated_tokens,
 //     generated_choices).
 //   - PrefillResponse: queued (a budget stamp), first_token (the token the
 //     prefill worker sampled, with its stamps, batch, prefix hit and
 //     log-probability) and kv_done (the decode worker's ack, relayed).
 //   - GenerateResponse: positional tokens of one choice, their
-//     log-probabilities, the finish, the decode worker's stamps.
+//     log-probabilities, the finish, the decode worker's stamps, and on
+//     choice 0's first event first_token_omitted when the worker honoured
+//     first_token_from_prefill.
 //   - ResendResponse: the kv_done of the re-sent KV.
 //
-// The first token is sampled once, by the prefill worker; the decode
-// worker gets it in the KV commit and streams it as output position 0.
-// Its value and log-probability are the prefill worker's: FirstToken is
-// the authoritative message (the decode stream's first entry of
-// logprobs carries only the token), and under policy "prefill" it is
-// what the client gets first. The decode stream's copy stays, as the
-// fallback, because its stream is positional and the coordinator cannot
-// tell the decode worker to skip it when the Generate call opens
-// (FirstToken has not come yet then) without a new GenerateRequest field
-// that old decode workers would ignore; and the fallback is the only
-// source under policy "decode", with local prefill, for a first token
-// that is an end-of-generation id (left to the decode stream, which ends
-// the sequence with it), and after a recovery that prefilled again. The
-// copy is checked against the delivered token (a warning when they
-// differ) and dropped.
+// The first token is sampled once, by the prefill worker, and one path
+// is authoritative for it (package flow, scenarios
+// flow/testdata/firsttoken.txt):
+//
+//   - Policy "prefill", remote prefill, first placement (and a prefill
+//     retry for the same decode worker): FirstToken, with its value and
+//     log-probability. Generate carries first_token_from_prefill, so the
+//     decode worker takes the token from the KV commit into its sequence
+//     but does not stream it: choice 0 starts at position 1, its first
+//     event marked first_token_omitted. The Generate stream's messages
+//     that come before FirstToken wait for it (so the client gets
+//     position 0 first, with FirstToken's log-probability); a Prefill
+//     stream that ends without FirstToken after the decode worker
+//     streamed starts the request over on other workers (nothing reached
+//     the client). A decode worker that predates the field streams
+//     position 0 unmarked: its copy is checked against the delivered
+//     token (a warning when they differ) and dropped, as before.
+//   - An end-of-generation first token (without ignore_eos) is not
+//     delivered from FirstToken: the decode stream's finish ends the
+//     choice with it (with the field, its event has no token, and the
+//     coordinator puts FirstToken's back in front); a worker that does not
+//     end on it makes it output.
+//   - Policy "decode", local prefill (colocated, Reserve's real hit, a
+//     short prompt, prompt log-probabilities) and every recovery: the
+//     decode stream, whose Generate carries no field. A recovery that
+//     prefilled again races the new FirstToken against the new stream as
+//     before (the later copy dropped); one that resumes sends the
+//     delivered tokens (generated_tokens) and the stream starts after
+//     them. The decode stream's first entry of logprobs is the KV
+//     commit's (the prefill worker's) there.
 //
 // The KV ack (kv_done) stays on the prefill stream: the prefill worker
 // needs it anyway (it retains the KV until the ack, for Resend), it
@@ -127,6 +146,7 @@
 // Generate stream would add GenerateResponse fields that old decode
 // workers never send, so the coordinator would read both for a release
 // anyway.
+//
 // # Choices and log-probabilities
 //
 // A request of n choices is one Generate call with n set: the decode

@@ -146,6 +146,17 @@ type Machine struct {
 	waitingRecovery bool
 	failure         error // why the last decode worker failed
 
+	// firstFromPrefill: the current Generate call carries
+	// first_token_from_prefill (FirstToken is the source of position 0).
+	// Until FirstToken comes, its messages wait in early and a clean end
+	// in earlyEnd; firstSeen: choice 0's first event came.
+	firstFromPrefill bool
+	firstSeen        bool
+	early            []*pdservev1.GenerateResponse
+	earlyEnd         bool
+	firstTok         int32                 // FirstToken's token
+	firstLP          []engine.TokenLogprob // and its log-probability, when asked
+
 	acts []Action // the current Step's output
 }
 
@@ -253,7 +264,12 @@ func (m *Machine) step(ev Event) error {
 			// (prefill it again).
 			m.recover()
 			return nil
-		case ev.Err == nil || m.finished():
+		case m.finished():
+			return nil
+		case ev.Err == nil && m.waitingFirst():
+			// Nothing else can tell the decode stream's position 0.
+			return m.onPrefillFailed(status.Errorf(codes.Internal, "prefill worker %s ended the stream without the first token", m.prefill.ID))
+		case ev.Err == nil:
 			return nil
 		}
 		return m.onPrefillFailed(ev.Err)
@@ -261,10 +277,23 @@ func (m *Machine) step(ev Event) error {
 		if ev.Attempt != m.attempt {
 			return nil
 		}
+		if m.waitingFirst() {
+			m.early = append(m.early, ev.Resp)
+			return nil
+		}
 		return m.onGenerate(ev.Resp)
 	case GenerateEnded:
 		if ev.Attempt != m.attempt {
 			return nil
+		}
+		if m.waitingFirst() {
+			if ev.Err == nil {
+				m.earlyEnd = true
+				return nil
+			}
+			// The decode worker failed: what it sent is dropped with it
+			// (none of it reached the client).
+			m.early = nil
 		}
 		return m.onGenerateEnded(ev.Err)
 	case ResendDone:
@@ -470,6 +499,9 @@ func (m *Machine) begin(dec router.Decision, ev Reserved) error {
 		m.prefill = dec.Prefill
 		m.tr.PrefillWorker = dec.Prefill.ID
 		m.startPrefill()
+		// FirstToken is the source of the first token: the decode worker
+		// need not stream it.
+		m.firstFromPrefill = m.cfg.Policy == PolicyPrefill
 	}
 	m.startDecode()
 	return nil
@@ -485,7 +517,9 @@ func (m *Machine) startPrefill() {
 
 func (m *Machine) startDecode() {
 	g := Generate{Worker: m.decode, Attempt: m.attempt, LocalPrefill: !m.remote,
-		PromptLogprobs: m.cfg.PromptLogprobs && m.delivered() == 0 && m.attempt == 0}
+		PromptLogprobs:   m.cfg.PromptLogprobs && m.delivered() == 0 && m.attempt == 0,
+		FirstFromPrefill: m.firstFromPrefill}
+	m.firstSeen, m.early, m.earlyEnd = false, nil, false
 	if m.delivered() > 0 {
 		g.Generated = make([][]int32, len(m.choices))
 		for i, c := range m.choices {
@@ -535,6 +569,14 @@ func (m *Machine) onPrefillFailed(err error) error {
 	switch transfer := wire.IsKVTransferFailed(err); {
 	case transfer && !recoverableTransfer(err):
 		return GRPCError(fmt.Sprintf("kv transfer from prefill worker %s to decode worker %s", m.prefill.ID, m.decode.ID), "KV transfer", err)
+	case !transfer && !m.gotFirst && (len(m.early) > 0 || m.earlyEnd):
+		// The decode worker has the KV (it streams) but not position 0,
+		// which only FirstToken had: nothing reached the client, so the
+		// request starts over on other workers.
+		m.emit(Unreachable{Worker: m.prefill, Prefill: true, Err: err})
+		m.exclude[m.prefill.ID] = true
+		m.abandonDecode()
+		return m.startRecovery(err)
 	case !transfer && !m.gotFirst:
 		// The prefill worker failed before the first token: the decode
 		// worker still waits for the KV, so another prefill worker may
@@ -601,6 +643,7 @@ func (m *Machine) abandonDecode() {
 	m.abandoned = append(m.abandoned, m.decode)
 	m.attempt++
 	m.decodeEnded = true
+	m.firstFromPrefill, m.early, m.earlyEnd = false, nil, false
 }
 
 // startRecovery begins moving the request off a failed decode worker.
@@ -649,6 +692,10 @@ func (m *Machine) recover() {
 func (m *Machine) resume(p *placing) error {
 	m.phase = phaseRunning
 	m.attempt++
+	// A recovery's Generate streams its first token itself: after the
+	// first token went out, it streams only later ones; before, the
+	// decode stream stays the source (see the package coordinator doc).
+	m.firstFromPrefill = false
 	dec := p.dec
 	if p.restart {
 		// No token reached the client (the first comes with the KV), so
@@ -690,11 +737,15 @@ func (m *Machine) onPrefill(resp *pdservev1.PrefillResponse) error {
 		if m.cfg.Logprobs {
 			lps = []engine.TokenLogprob{wire.FromTokenLogprob(ft.GetLogprob())}
 		}
+		m.firstTok, m.firstLP = tok, lps
 		if m.cfg.Policy == PolicyPrefill && len(m.choices[0].out) == 0 && (m.cfg.IgnoreEOS || !m.cfg.EOG[tok]) {
 			// An end-of-generation first token is left to the decode
 			// stream, which ends the request with it.
-			return m.deliver(0, 0, []int32{tok}, lps, "")
+			if err := m.deliver(0, 0, []int32{tok}, lps, ""); err != nil {
+				return err
+			}
 		}
+		return m.flushEarly()
 	case *pdservev1.PrefillResponse_KvDone:
 		m.kvDone = true
 		m.addKV(e.KvDone)
@@ -755,6 +806,20 @@ func (m *Machine) generateTokens(resp *pdservev1.GenerateResponse) error {
 	if m.cfg.Logprobs {
 		if lps = wire.FromTokenLogprobs(resp.GetLogprobs()); len(lps) != len(toks) {
 			return fmt.Errorf("coordinator: decode worker %s sent %d logprobs for %d tokens of request %s", m.decode.ID, len(lps), len(toks), m.cfg.ID)
+		}
+	}
+	if i == 0 && m.firstFromPrefill && !m.firstSeen && (len(toks) > 0 || resp.GetFinishReason() != "") {
+		m.firstSeen = true
+		if resp.GetFirstTokenOmitted() {
+			// The worker honoured first_token_from_prefill: its tokens
+			// start at position 1. Position 0 is FirstToken's, put back
+			// so that the stream reads as positional from 0 (delivered
+			// already, it is skipped; an end-of-generation id ends the
+			// choice or is held as the stream's).
+			toks = slices.Concat([]int32{m.firstTok}, toks)
+			if lps != nil {
+				lps = slices.Concat(m.firstLP, lps)
+			}
 		}
 	}
 	pos := c.pos - len(c.held)
@@ -849,7 +914,32 @@ func (m *Machine) onDelivered(ev Delivered) error {
 	case ev.Err != nil:
 		return ev.Err
 	}
-	return m.finishChoice(after.index, after.finish)
+	if err := m.finishChoice(after.index, after.finish); err != nil {
+		return err
+	}
+	return m.flushEarly()
+}
+
+// waitingFirst reports whether the current Generate stream's messages
+// wait for FirstToken, the source of their position 0.
+func (m *Machine) waitingFirst() bool { return m.firstFromPrefill && !m.gotFirst }
+
+// flushEarly takes the Generate stream's messages and clean end that
+// waited for FirstToken, in order, until one is to be delivered (the
+// rest follow its Delivered).
+func (m *Machine) flushEarly() error {
+	for m.phase == phaseRunning && !m.waitingFirst() && len(m.early) > 0 {
+		resp := m.early[0]
+		m.early = m.early[1:]
+		if err := m.onGenerate(resp); err != nil {
+			return err
+		}
+	}
+	if m.phase == phaseRunning && !m.waitingFirst() && len(m.early) == 0 && m.earlyEnd {
+		m.earlyEnd = false
+		return m.onGenerateEnded(nil)
+	}
+	return nil
 }
 
 // Recoverable reports whether a Generate failure means the decode worker

@@ -284,8 +284,15 @@ func parseEvent(cmd string, a args) (Event, error) {
 		if err != nil {
 			return nil, err
 		}
-		return PrefillMsg{Attempt: attempt, Resp: &pdservev1.PrefillResponse{Event: &pdservev1.PrefillResponse_FirstToken{
-			FirstToken: &pdservev1.FirstToken{Token: int32(tok), PrefixHitTokens: int32(hit)}}}}, nil
+		ft := &pdservev1.FirstToken{Token: int32(tok), PrefixHitTokens: int32(hit)}
+		if v, ok := a["lp"]; ok {
+			f, err := strconv.ParseFloat(v, 32)
+			if err != nil {
+				return nil, fmt.Errorf("lp=%q: %w", v, err)
+			}
+			ft.Logprob = &pdservev1.TokenLogprob{Token: int32(tok), Logprob: float32(f)}
+		}
+		return PrefillMsg{Attempt: attempt, Resp: &pdservev1.PrefillResponse{Event: &pdservev1.PrefillResponse_FirstToken{FirstToken: ft}}}, nil
 	case "kv-done":
 		return PrefillMsg{Attempt: attempt, Resp: &pdservev1.PrefillResponse{Event: &pdservev1.PrefillResponse_KvDone{KvDone: &pdservev1.KVDone{BytesRaw: 100}}}}, nil
 	case "prefill-end":
@@ -299,7 +306,25 @@ func parseEvent(cmd string, a args) (Event, error) {
 		if err != nil {
 			return nil, err
 		}
-		resp := &pdservev1.GenerateResponse{Index: int32(idx), Tokens: toks, FinishReason: a["finish"]}
+		resp := &pdservev1.GenerateResponse{Index: int32(idx), Tokens: toks, FinishReason: a["finish"], FirstTokenOmitted: a.has("omitted")}
+		if v, ok := a["lps"]; ok {
+			// One log-probability per token, comma-separated; "-" is an
+			// entry that carries only the token.
+			for k, f := range strings.Split(v, ",") {
+				lp := &pdservev1.TokenLogprob{}
+				if k < len(toks) {
+					lp.Token = toks[k]
+				}
+				if f != "-" {
+					x, err := strconv.ParseFloat(f, 32)
+					if err != nil {
+						return nil, fmt.Errorf("lps=%q: %w", v, err)
+					}
+					lp.Logprob = float32(x)
+				}
+				resp.Logprobs = append(resp.Logprobs, lp)
+			}
+		}
 		if n, err := a.int("prompt-logprobs", 0); err != nil {
 			return nil, err
 		} else {
@@ -364,6 +389,9 @@ func formatAction(m *Machine, a Action) string {
 		if a.PromptLogprobs {
 			s += " prompt-logprobs"
 		}
+		if a.FirstFromPrefill {
+			s += " first-from-prefill"
+		}
 		return s
 	case Resend:
 		return fmt.Sprintf("resend %s to=%s a=%d", a.Prefill.ID, a.Decode.ID, a.Attempt)
@@ -374,7 +402,17 @@ func formatAction(m *Machine, a Action) string {
 	case Unreachable:
 		return fmt.Sprintf("unreachable %s err=%s", a.Worker.ID, status.Code(a.Err))
 	case Deliver:
-		return fmt.Sprintf("deliver choice=%d %v", a.Index, a.Tokens)
+		s := fmt.Sprintf("deliver choice=%d %v", a.Index, a.Tokens)
+		if a.Logprobs != nil {
+			// Each token's log-probability; a decode stream's first
+			// entry without one would show as 0.
+			lps := make([]string, len(a.Logprobs))
+			for i, lp := range a.Logprobs {
+				lps[i] = strconv.FormatFloat(float64(lp.Logprob), 'g', -1, 32)
+			}
+			s += " lp=[" + strings.Join(lps, " ") + "]"
+		}
+		return s
 	case DeliverPrompt:
 		return fmt.Sprintf("deliver-prompt n=%d", len(a.Logprobs))
 	case Log:

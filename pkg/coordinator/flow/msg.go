@@ -146,6 +146,10 @@ type Generate struct {
 	// generated_tokens and generated_choices); nil before any.
 	Generated      [][]int32
 	PromptLogprobs bool
+	// FirstFromPrefill: the prefill worker's FirstToken is the source of
+	// choice 0's first token, so the decode worker need not stream it
+	// (GenerateRequest.first_token_from_prefill).
+	FirstFromPrefill bool
 }
 
 // Resend asks Prefill to re-send its retained KV to Decode; the result
