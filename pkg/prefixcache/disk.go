@@ -359,6 +359,6 @@ func (d *Disk) Stats() HostStats {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	st := d.st
-	st.Bytes, st.Blocks, st.Entries = d.bytes, len(d.byHash), d.lru.Len()
+	st.Bytes, st.Budget, st.Blocks, st.Entries = d.bytes, d.budget, len(d.byHash), d.lru.Len()
 	return st
 }

@@ -37,6 +37,7 @@ type HostStats struct {
 	// time on an engine that models it, wall time otherwise).
 	LoadTime time.Duration
 	Bytes    int64 // KV bytes held now (the model's true size)
+	Budget   int64 // the tier's byte budget
 	Blocks   int   // distinct block hashes held now
 	Entries  int   // entries held now
 }
@@ -351,7 +352,7 @@ func (h *Host) Stats() HostStats {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	st := h.st
-	st.Bytes, st.Blocks, st.Entries = h.bytes, len(h.byHash), h.lru.Len()
+	st.Bytes, st.Budget, st.Blocks, st.Entries = h.bytes, h.budget, len(h.byHash), h.lru.Len()
 	return st
 }
 

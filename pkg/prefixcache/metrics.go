@@ -73,6 +73,7 @@ func tierCollectors(name func(string) string, tierName string, stats func() Host
 		hcounter("evictions_total", "Prefix cache tier entries evicted for its byte budget.", func(s HostStats) float64 { return float64(s.Evictions) }),
 		hcounter("load_seconds_total", "Time prefix cache tier loads took (the modeled host-link time on the performance-model engine).", func(s HostStats) float64 { return s.LoadTime.Seconds() }),
 		hgauge("bytes", "KV bytes held by the prefix cache tier (the model's true size).", func(s HostStats) float64 { return float64(s.Bytes) }),
+		hgauge("budget_bytes", "The prefix cache tier's byte budget (--host-cache-bytes, --disk-cache-bytes).", func(s HostStats) float64 { return float64(s.Budget) }),
 		hgauge("blocks", "Distinct KV blocks held by the prefix cache tier.", func(s HostStats) float64 { return float64(s.Blocks) }),
 		hgauge("entries", "Entries held by the prefix cache tier.", func(s HostStats) float64 { return float64(s.Entries) }),
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/grpcauth"
+	"github.com/pdserve/pdserve/pkg/prefixcache"
 	"github.com/pdserve/pdserve/pkg/tracing"
 	"github.com/pdserve/pdserve/pkg/workerrun"
 )
@@ -134,6 +135,7 @@ func Start(ctx context.Context, o coordinator.Options, log *zap.Logger, opts ...
 	}
 
 	reg := prometheus.NewRegistry()
+	hostShare := hostTierShare(specs, log)
 	for _, w := range specs {
 		wo := workerrun.NewDecodeOptions()
 		if w.role == control.RolePrefill {
@@ -141,6 +143,12 @@ func Start(ctx context.Context, o coordinator.Options, log *zap.Logger, opts ...
 		}
 		wo.Role, wo.ID = w.role, w.id
 		wo.Decode.BlockTokens, wo.Prefill.PrefixCache.BlockTokens = co.BlockTokens, co.BlockTokens
+		if w.role == control.RolePrefill && wo.Prefill.PrefixCache.HostBytes == prefixcache.Auto {
+			wo.Prefill.PrefixCache.HostBytes = hostShare
+		}
+		if w.role == control.RoleColocated && wo.Decode.PrefixCache.HostBytes == prefixcache.Auto {
+			wo.Decode.PrefixCache.HostBytes = hostShare
+		}
 		wo.GRPCAddr, wo.MetricsAddr, wo.NATSURL = "127.0.0.1:0", "", co.NATSURL
 		wo.NATS = workerNATS(w.id)
 		wo.Engine = o.Engine
@@ -242,6 +250,32 @@ func Run(ctx context.Context, o coordinator.Options, log *zap.Logger, opts ...Op
 type workerSpec struct {
 	role control.Role
 	id   string
+}
+
+// hostTierShare returns the host tier budget of each in-process worker
+// that has one by default (prefill and colocated workers; a decode worker
+// of role decode has none): a worker process's auto host tier is a
+// quarter of the free memory, and the workers here share one process, so
+// they split that quarter instead of taking a quarter each. 0 (no host
+// tier, logged) when the free memory cannot be read.
+func hostTierShare(specs []workerSpec, log *zap.Logger) int64 {
+	n := 0
+	for _, w := range specs {
+		if w.role != control.RoleDecode {
+			n++
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	free, err := prefixcache.FreeMemory()
+	if err != nil {
+		log.Warn("no host tier for the in-process workers", zap.Error(err))
+		return 0
+	}
+	share := max(free/prefixcache.HostAutoDivisor/int64(n), 1)
+	log.Info("in-process workers share the host tier budget", zap.Int("workers", n), zap.Int64("host_cache_bytes_each", share))
+	return share
 }
 
 // workerSpecs returns the workers to start, in order.
