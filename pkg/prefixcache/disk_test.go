@@ -13,6 +13,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/engine/llamacpp"
 	"github.com/pdserve/pdserve/pkg/engine/ref"
+	"github.com/pdserve/pdserve/pkg/engine/sim"
 	"github.com/pdserve/pdserve/pkg/gguf"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 )
@@ -95,6 +96,17 @@ func diskRoundTrip(t *testing.T, eng engine.Engine, kvExact bool) {
 
 func TestDiskTierRef(t *testing.T) {
 	eng, err := ref.New(ref.Options{Preset: "tiny", MaxSeqLen: 512})
+	if err != nil {
+		t.Fatal(err)
+	}
+	diskRoundTrip(t, eng, true)
+}
+
+// TestDiskTierSim: the sim engine's host-tier entries are snapshots
+// (Snapshotter); those the host tier evicts are written to disk as the
+// bytes ExportKV would return, and load back token-exact.
+func TestDiskTierSim(t *testing.T) {
+	eng, err := sim.New(sim.Options{Profile: "h100/llama-3-8b/tp1", TimeScale: 1e-6, PayloadScale: 1.0 / 16})
 	if err != nil {
 		t.Fatal(err)
 	}

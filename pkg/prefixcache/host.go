@@ -43,20 +43,44 @@ type HostStats struct {
 }
 
 // hostEntry is one sequence's full blocks copied out of the engine.
-// Immutable once in the index: Load reads layers without the lock.
+// Immutable once in the index: Load reads layers and snap without the
+// lock.
 type hostEntry struct {
 	hashes []kv.Hash
 	tokens int      // len(hashes) × BlockTokens
-	layers [][]byte // per layer, the canonical KV of tokens [0, tokens)
-	bytes  int64    // tokens × the model's KVBytesPerToken
-	el     *list.Element
+	layers [][]byte // per layer, the canonical KV of tokens [0, tokens); nil with snap
+	// snap is a Snapshotter's copy of tokens [0, tokens) in place of
+	// layers; nil: layers.
+	snap  any
+	bytes int64 // tokens × the model's KVBytesPerToken
+	el    *list.Element
+}
+
+// Snapshotter is an engine that copies a sequence's KV out and back in
+// more cheaply than ExportKV and ImportKV over every layer: the sim engine,
+// whose KV is a function of content keys it holds (a real engine's copy is
+// a DMA of its blocks; the sim engine's ExportKV regenerates the bytes,
+// CPU work a real engine does not do). The host tier keeps a snapshot in
+// place of the layers' bytes; ExportKV after RestoreKV returns what it did
+// before SnapshotKV.
+type Snapshotter interface {
+	// SnapshotKV returns the KV of seq's first tokens tokens, seq
+	// unchanged.
+	SnapshotKV(seq engine.SeqID, tokens int) (any, error)
+	// RestoreKV creates seq, which the engine does not hold, with the
+	// first tokens tokens of snap.
+	RestoreKV(seq engine.SeqID, snap any, tokens int) error
+	// SnapshotLayerKV appends the canonical KV of layer for all of snap's
+	// tokens to dst (what ExportKV returned for them).
+	SnapshotLayerKV(snap any, layer int, dst []byte) ([]byte, error)
 }
 
 // Host is the host-memory tier of a Cache: the full blocks of engine
 // entries the cache evicted, copied out of the engine (ExportKV over every
-// layer) into host RAM under a byte budget, least recently used first out.
-// A prompt whose prefix it holds deeper than the engine tier is loaded back
-// into a new engine sequence (ImportKV) before its prefill continues.
+// layer, or a Snapshotter's snapshot) into host RAM under a byte budget,
+// least recently used first out. A prompt whose prefix it holds deeper
+// than the engine tier is loaded back into a new engine sequence (ImportKV,
+// or RestoreKV) before its prefill continues.
 //
 // A nil *Host is a tier that is off: it holds nothing and Spill does
 // nothing. Spill and Load call the engine they are given: the caller holds
@@ -176,26 +200,64 @@ func (h *Host) Spill(eng engine.Engine, seq engine.SeqID, hashes []kv.Hash) erro
 		return nil
 	}
 	h.mu.Unlock()
-	layers := make([][]byte, spec.Layers)
-	for l := range layers {
+	e := &hostEntry{hashes: hashes, tokens: tokens, bytes: size}
+	fail := func(what string, err error) error {
+		h.mu.Lock()
+		h.st.Failures++
+		h.mu.Unlock()
+		return fmt.Errorf("prefixcache: host tier: %s of seq %d: %w", what, seq, err)
+	}
+	if sn, ok := eng.(Snapshotter); ok {
 		var err error
-		if layers[l], err = eng.ExportKV(seq, l, 0, tokens, nil); err != nil {
-			h.mu.Lock()
-			h.st.Failures++
-			h.mu.Unlock()
-			return fmt.Errorf("prefixcache: host tier: export seq %d layer %d: %w", seq, l, err)
+		if e.snap, err = sn.SnapshotKV(seq, tokens); err != nil {
+			return fail("snapshot", err)
+		}
+	} else {
+		e.layers = make([][]byte, spec.Layers)
+		for l := range e.layers {
+			var err error
+			if e.layers[l], err = eng.ExportKV(seq, l, 0, tokens, nil); err != nil {
+				return fail(fmt.Sprintf("export of layer %d", l), err)
+			}
 		}
 	}
 	h.mu.Lock()
-	evicted := h.insertLocked(&hostEntry{hashes: hashes, tokens: tokens, layers: layers, bytes: size})
+	evicted := h.insertLocked(e)
 	h.mu.Unlock()
 	var errs []error
 	for _, e := range evicted {
+		if e.snap != nil {
+			// The disk tier writes bytes: render the snapshot's.
+			var err error
+			if e, err = rendered(eng, e); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+		}
 		if err := h.disk.put(e); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// rendered returns a copy of e, an entry holding a snapshot, holding its
+// layers' bytes instead (eng: the Snapshotter that took it).
+func rendered(eng engine.Engine, e *hostEntry) (*hostEntry, error) {
+	sn, ok := eng.(Snapshotter)
+	if !ok {
+		return nil, errors.New("prefixcache: host tier: a snapshot entry on an engine that takes none")
+	}
+	r := *e
+	r.snap, r.el = nil, nil
+	r.layers = make([][]byte, eng.Spec().Layers)
+	for l := range r.layers {
+		var err error
+		if r.layers[l], err = sn.SnapshotLayerKV(e.snap, l, nil); err != nil {
+			return nil, fmt.Errorf("prefixcache: host tier: render layer %d for the disk tier: %w", l, err)
+		}
+	}
+	return &r, nil
 }
 
 // insertLocked adds e as the most recent entry, drops the entries whose
@@ -278,8 +340,8 @@ type HostLoad struct {
 // when it loaded at least one block. When the disk tier behind it holds
 // a longer prefix, Load reads it from there instead (counted in the disk
 // tier's stats). A miss changes nothing in the engine.
-// Errors: the engine's ImportKV (seq may then hold part of the prefix: the
-// caller frees it).
+// Errors: the engine's ImportKV or RestoreKV (seq may then hold part of
+// the prefix: the caller frees it).
 func (h *Host) Load(eng engine.Engine, seq engine.SeqID, hashes []kv.Hash, maxBlocks int) (HostLoad, error) {
 	if h == nil {
 		return HostLoad{}, nil
@@ -302,6 +364,18 @@ func (h *Host) Load(eng engine.Engine, seq engine.SeqID, hashes []kv.Hash, maxBl
 	m := n * h.blockTokens
 	size := e.bytes / int64(e.tokens) * int64(m)
 	t0 := h.now()
+	if e.snap != nil {
+		sn, ok := eng.(Snapshotter)
+		if !ok {
+			return HostLoad{}, errors.New("prefixcache: host tier: a snapshot entry on an engine that takes none")
+		}
+		if err := sn.RestoreKV(seq, e.snap, m); err != nil {
+			h.mu.Lock()
+			h.st.Failures++
+			h.mu.Unlock()
+			return HostLoad{}, fmt.Errorf("prefixcache: host tier: restore seq %d: %w", seq, err)
+		}
+	}
 	var buf []byte
 	for l, data := range e.layers {
 		if m < e.tokens {

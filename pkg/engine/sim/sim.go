@@ -615,29 +615,9 @@ func (e *Engine) Fork(src, dst engine.SeqID, n int) error {
 	if n < 0 || n > len(st.keys) {
 		return fmt.Errorf("sim: fork %d tokens of seq %d, which holds %d: %w", n, src, len(st.keys), engine.ErrRange)
 	}
-	d := &seqState{keys: slices.Clone(st.keys[:n:n]), layers: make([]int, e.spec.Layers)}
+	d := &seqState{keys: slices.Clone(st.keys[:n:n]), layers: make([]int, e.spec.Layers), foreign: e.clipForeign(st.foreign, n)}
 	for l := range d.layers {
 		d.layers[l] = n
-	}
-	if st.foreign != nil {
-		row := e.gen.tokenBytes() / 2
-		for l, spans := range st.foreign {
-			for _, sp := range spans {
-				if sp.start >= n {
-					continue
-				}
-				if d.foreign == nil {
-					d.foreign = make([][]span, e.spec.Layers)
-				}
-				// Keep tokens [sp.start, min(sp.end, n)): their K rows,
-				// then their V rows.
-				m, k := min(sp.end, n)-sp.start, sp.end-sp.start
-				data := make([]byte, 0, 2*m*row)
-				data = append(data, sp.data[:m*row]...)
-				data = append(data, sp.data[k*row:(k+m)*row]...)
-				d.foreign[l] = append(d.foreign[l], span{start: sp.start, end: sp.start + m, data: data})
-			}
-		}
 	}
 	e.seqs[dst] = d
 	return nil
