@@ -70,6 +70,7 @@ type Metrics struct {
 	promptTokens, outputTokens                  prometheus.Counter
 	prefixHitTokens, recoveries, prefillRetries prometheus.Counter
 	prefixHitPredicted                          prometheus.Counter
+	prefixTierHitTokens                         *prometheus.CounterVec // by tier: engine, host
 	cost                                        prometheus.Counter
 	inFlight                                    prometheus.Gauge
 	workers                                     *prometheus.GaugeVec
@@ -113,9 +114,11 @@ func New(reg prometheus.Registerer, slo SLO, opts ...Option) *Metrics {
 		outputTokens:       counter("output_tokens_total", "Output tokens handed to clients."),
 		prefixHitTokens:    counter("prefix_hit_tokens_total", "Prompt tokens served from a worker's prefix cache."),
 		prefixHitPredicted: counter("prefix_hit_tokens_predicted_total", "Prompt tokens served from a worker's prefix cache that the router predicted when it chose the worker (the lesser of its estimate and the hit); over prefix_hit_tokens_total, the share of hits routing saw."),
-		recoveries:         counter("decode_recoveries_total", "Requests moved to another decode worker after a failure."),
-		prefillRetries:     counter("prefill_retries_total", "Prefills tried again on another prefill worker after one failed before the first token."),
-		cost:               counter("cost_usd_total", "Cost of the requests in US dollars, by the policy's pricing (no increments without one)."),
+		prefixTierHitTokens: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "pdserve", Name: "prefix_tier_hit_tokens_total",
+			Help: "Prompt tokens served from a worker's prefix cache, by the tier they came from: engine (the engine's memory) or host (loaded from its host tier, or the disk tier behind it); they sum to prefix_hit_tokens_total."}, []string{"tier"}),
+		recoveries:     counter("decode_recoveries_total", "Requests moved to another decode worker after a failure."),
+		prefillRetries: counter("prefill_retries_total", "Prefills tried again on another prefill worker after one failed before the first token."),
+		cost:           counter("cost_usd_total", "Cost of the requests in US dollars, by the policy's pricing (no increments without one)."),
 		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "pdserve", Name: "requests_in_flight",
 			Help: "Requests admitted and not yet finished."}),
 		workers: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "pdserve", Name: "workers",
@@ -127,8 +130,11 @@ func New(reg prometheus.Registerer, slo SLO, opts ...Option) *Metrics {
 	}
 	reg.MustRegister(m.ttft, m.tpot, m.itl, m.e2e, m.queue, m.prefill, m.kvTransfer,
 		m.kvRawBytes, m.kvWireBytes, m.requests, m.promptTokens, m.outputTokens,
-		m.prefixHitTokens, m.prefixHitPredicted, m.recoveries, m.prefillRetries, m.cost, m.inFlight, m.workers, m.cacheRequests,
+		m.prefixHitTokens, m.prefixHitPredicted, m.prefixTierHitTokens, m.recoveries, m.prefillRetries, m.cost, m.inFlight, m.workers, m.cacheRequests,
 		m.streamStalled, m.authReloadErrors)
+	for _, tier := range []string{TierEngine, TierHost} {
+		m.prefixTierHitTokens.WithLabelValues(tier) // both series from the start, at 0
+	}
 	if slo.set() {
 		m.goodput = counter("goodput_requests_total", "Requests finished within every SLO target (ttft and tpot).")
 		m.attainment = newWindow(set.window)
@@ -138,6 +144,12 @@ func New(reg prometheus.Registerer, slo SLO, opts ...Option) *Metrics {
 	}
 	return m
 }
+
+// The tier label values of pdserve_prefix_tier_hit_tokens_total.
+const (
+	TierEngine = "engine"
+	TierHost   = "host"
+)
 
 // ObserveRequest records a request that ended with t.Status. Refused
 // requests (invalid, rejected, unavailable) only count by status; admitted
@@ -187,6 +199,9 @@ func (m *Metrics) ObserveRequest(t *budget.Trace) {
 	m.outputTokens.Add(float64(t.OutputTokens))
 	m.prefixHitTokens.Add(float64(t.PrefixHitTokens))
 	m.prefixHitPredicted.Add(float64(min(t.RoutedPrefixHitTokens, t.PrefixHitTokens)))
+	host := min(max(t.HostHitTokens, 0), t.PrefixHitTokens)
+	m.prefixTierHitTokens.WithLabelValues(TierEngine).Add(float64(t.PrefixHitTokens - host))
+	m.prefixTierHitTokens.WithLabelValues(TierHost).Add(float64(host))
 	m.recoveries.Add(float64(t.Recoveries))
 	m.prefillRetries.Add(float64(t.PrefillRetries))
 	if m.slo.set() {

@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -301,5 +302,38 @@ func TestResponseCacheOff(t *testing.T) {
 	n, err := testutil.GatherAndCount(reg, "pdserve_response_cache_requests_total", "pdserve_response_cache_entries")
 	if err != nil || n != 0 {
 		t.Errorf("%d response cache series (err %v), want 0", n, err)
+	}
+}
+
+// TestPrefixTierHitTokens: the prefix hits split by tier, engine and host
+// (both at 0 before any request), sum to pdserve_prefix_hit_tokens_total;
+// a host part larger than the hit (a bad report) counts as the hit.
+func TestPrefixTierHitTokens(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	m := New(reg, SLO{})
+	names := []string{"pdserve_prefix_hit_tokens_total", "pdserve_prefix_tier_hit_tokens_total"}
+	const head = `
+# HELP pdserve_prefix_hit_tokens_total Prompt tokens served from a worker's prefix cache.
+# TYPE pdserve_prefix_hit_tokens_total counter
+pdserve_prefix_hit_tokens_total %d
+# HELP pdserve_prefix_tier_hit_tokens_total Prompt tokens served from a worker's prefix cache, by the tier they came from: engine (the engine's memory) or host (loaded from its host tier, or the disk tier behind it); they sum to prefix_hit_tokens_total.
+# TYPE pdserve_prefix_tier_hit_tokens_total counter
+pdserve_prefix_tier_hit_tokens_total{tier="engine"} %d
+pdserve_prefix_tier_hit_tokens_total{tier="host"} %d
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(fmt.Sprintf(head, 0, 0, 0)), names...); err != nil {
+		t.Error(err)
+	}
+	for _, tr := range []budget.Trace{
+		{PrefixHitTokens: 512, HostHitTokens: 384}, // 128 from the engine
+		{PrefixHitTokens: 64},                      // all from the engine
+		{PrefixHitTokens: 16, HostHitTokens: 32},   // capped: 16 from host
+		{},
+	} {
+		tr.Status, tr.Arrival = budget.StatusOK, at(0)
+		m.ObserveRequest(&tr)
+	}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(fmt.Sprintf(head, 592, 192, 400)), names...); err != nil {
+		t.Error(err)
 	}
 }
