@@ -53,7 +53,21 @@ type hostEntry struct {
 	// layers; nil: layers.
 	snap  any
 	bytes int64 // tokens × the model's KVBytesPerToken
+	// ready is when its copy out of the engine ends on a SpillLinked
+	// engine (zero: it had when Spill returned).
+	ready time.Time
 	el    *list.Element
+}
+
+// SpillLinked is an engine that models a spill's copy out of the device
+// as a DMA beside its compute instead of taking its time (the sim engine,
+// at its host link's bandwidth): Spill charges the entry's true size
+// (ChargeHostSpill, which returns when the copy ends), and a Load of the
+// entry before then waits for the rest (WaitHostSpill, which returns the
+// wait, charged to the engine's next step).
+type SpillLinked interface {
+	ChargeHostSpill(bytes int64) time.Time
+	WaitHostSpill(ready time.Time) time.Duration
 }
 
 // Snapshotter is an engine that copies a sequence's KV out and back in
@@ -179,7 +193,10 @@ func (h *Host) depthLocked(hashes []kv.Hash) int {
 // must not change), into the tier as its most recently used entry, and
 // evicts least recently used entries beyond the budget. It does not free
 // seq. A sequence larger than the budget alone, or whose blocks an entry
-// holds already (that entry becomes the most recent), is not copied.
+// holds already (that entry becomes the most recent), is not copied. A
+// Snapshotter's sequence is kept as its snapshot, not its layers' bytes;
+// on a SpillLinked engine the copy's modeled time is charged as a DMA
+// beside the engine's steps, not to them.
 // Errors: the engine's (the tier is then unchanged).
 func (h *Host) Spill(eng engine.Engine, seq engine.SeqID, hashes []kv.Hash) error {
 	if h == nil || len(hashes) == 0 {
@@ -220,6 +237,9 @@ func (h *Host) Spill(eng engine.Engine, seq engine.SeqID, hashes []kv.Hash) erro
 				return fail(fmt.Sprintf("export of layer %d", l), err)
 			}
 		}
+	}
+	if sl, ok := eng.(SpillLinked); ok {
+		e.ready = sl.ChargeHostSpill(size)
 	}
 	h.mu.Lock()
 	evicted := h.insertLocked(e)
@@ -329,8 +349,9 @@ type HostLoad struct {
 	// Bytes is its KV size, the model's true size.
 	Bytes int64
 	// Took is the load's time: the engine's modeled host-link time when
-	// it models one (engine.HostLinked, charged to its next step), the
-	// wall time of the imports otherwise.
+	// it models one (engine.HostLinked, charged to its next step, with
+	// the wait for the entry's copy out still under way on a
+	// SpillLinked engine), the wall time of the imports otherwise.
 	Took time.Duration
 }
 
@@ -392,6 +413,10 @@ func (h *Host) Load(eng engine.Engine, seq engine.SeqID, hashes []kv.Hash, maxBl
 	took := h.now().Sub(t0)
 	if hl, ok := eng.(engine.HostLinked); ok {
 		took = hl.ChargeHostLoad(size)
+	}
+	if sl, ok := eng.(SpillLinked); ok && !e.ready.IsZero() {
+		// Its copy out may not have ended: the load waits for it.
+		took += sl.WaitHostSpill(e.ready)
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()

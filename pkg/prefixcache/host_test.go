@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/pdserve/pdserve/internal/repotest"
 	"github.com/pdserve/pdserve/pkg/engine"
@@ -305,5 +306,60 @@ func TestHostTierObserver(t *testing.T) {
 	}
 	if err := c.Free(eng, c.Drain()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// dmaEngine is a ref engine that models spills as a DMA (SpillLinked):
+// every copy out ends at ready, and a load that waits for it waits wait.
+type dmaEngine struct {
+	engine.Engine
+	ready   time.Time
+	wait    time.Duration
+	charged []int64
+	waited  []time.Time
+}
+
+func (d *dmaEngine) ChargeHostSpill(bytes int64) time.Time {
+	d.charged = append(d.charged, bytes)
+	return d.ready
+}
+
+func (d *dmaEngine) WaitHostSpill(ready time.Time) time.Duration {
+	d.waited = append(d.waited, ready)
+	return d.wait
+}
+
+// TestHostTierSpillDMA: on a SpillLinked engine a spill charges its true
+// KV size to the link, and a load of the entry waits for the copy's end,
+// the wait in its Took; the tokens are the cold run's.
+func TestHostTierSpillDMA(t *testing.T) {
+	base, err := ref.New(ref.Options{Preset: "tiny", MaxSeqLen: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng := &dmaEngine{Engine: base, ready: time.Unix(1000, 0), wait: time.Hour}
+	c, err := prefixcache.New(prefixcache.Options{MaxTokens: 1 << 10, MaxEntries: 4, BlockTokens: 16, HostBytes: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := tokens(nil, 50, 0, 1, int32(min(eng.Spec().Vocab, 250)))
+	cold := run(t, eng, 1, p, 0, 3)
+	hashes := c.Hashes(p)
+	if err := c.Host().Spill(eng, 1, hashes); err != nil {
+		t.Fatal(err)
+	}
+	eng.Free(1)
+	if want := []int64{48 * int64(eng.Spec().KVBytesPerToken())}; !slices.Equal(eng.charged, want) {
+		t.Fatalf("spill charged %v bytes, want %v", eng.charged, want)
+	}
+	ld, err := c.Host().Load(eng, 2, hashes, c.MaxHitBlocks(len(p)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ld.Tokens != 48 || ld.Took < time.Hour || !slices.Equal(eng.waited, []time.Time{eng.ready}) {
+		t.Fatalf("load %+v, waited for %v; want 48 tokens, a Took of the hour's wait, one wait for %v", ld, eng.waited, eng.ready)
+	}
+	if got := run(t, eng, 2, p, ld.Tokens, 3); !slices.Equal(got, cold) {
+		t.Errorf("after the load: tokens %v, want the cold run's %v", got, cold)
 	}
 }

@@ -80,6 +80,10 @@ type Engine struct {
 	// hostDebt is the modeled host-link time charged (ChargeHostLoad)
 	// that the next step adds to its own.
 	hostDebt time.Duration
+	// spillBusy is when the device-to-host copies charged so far
+	// (ChargeHostSpill) will have crossed the host link, on the engine's
+	// clock: they queue on it, beside the steps.
+	spillBusy time.Time
 
 	statsMu sync.Mutex
 	stats   Stats
@@ -119,6 +123,11 @@ type Stats struct {
 	// HostLoad is Σ the modeled host-link time charged (ChargeHostLoad),
 	// before TimeScale; the steps that carried it count it in Modeled too.
 	HostLoad time.Duration
+	// HostSpill is Σ the modeled device-to-host time of spills
+	// (ChargeHostSpill), before TimeScale: DMA beside the steps, in no
+	// step's time. HostSpillWait is the part of it loads waited for
+	// (WaitHostSpill), before TimeScale, in the next step's Modeled.
+	HostSpill, HostSpillWait time.Duration
 }
 
 // ErrOptions reports invalid Options (wrapped with detail).

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"github.com/pdserve/pdserve/pkg/engine"
 )
@@ -135,4 +136,49 @@ func (e *Engine) clipForeign(foreign [][]span, n int) [][]span {
 		}
 	}
 	return out
+}
+
+// ChargeHostSpill queues bytes of KV (the model's true size) on the
+// device-to-host direction of the host link (the profile's
+// HostLinkBytesPerSec, PCIe) and returns when they will have crossed it on
+// the engine's clock, after TimeScale: a worker's host tier copied an
+// evicted sequence out. The copy is a DMA beside the compute, as a GPU's
+// copy engine runs it: no step waits for it, but the spills queue behind
+// each other, and a load of the spilled KV before then waits for the rest
+// (WaitHostSpill). bytes ≤ 0 charge nothing (the clock's now).
+func (e *Engine) ChargeHostSpill(bytes int64) time.Time {
+	now := e.clock()
+	if bytes <= 0 {
+		return now
+	}
+	d := time.Duration(float64(bytes) / e.prof.HostLinkBytesPerSec() * float64(time.Second))
+	e.spillBusy = later(now, e.spillBusy).Add(time.Duration(float64(d) * e.timeScale))
+	e.statsMu.Lock()
+	e.stats.HostSpill += d
+	e.statsMu.Unlock()
+	return e.spillBusy
+}
+
+// WaitHostSpill charges the next step the time left until ready (a
+// ChargeHostSpill's answer): a load of spilled KV whose copy out has not
+// finished waits for it. It returns that time as the engine will wait it
+// out (after TimeScale), 0 when ready has passed.
+func (e *Engine) WaitHostSpill(ready time.Time) time.Duration {
+	w := ready.Sub(e.clock())
+	if w <= 0 {
+		return 0
+	}
+	d := time.Duration(float64(w) / e.timeScale)
+	e.hostDebt += d
+	e.statsMu.Lock()
+	e.stats.HostSpillWait += d
+	e.statsMu.Unlock()
+	return w
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
