@@ -29,13 +29,14 @@ def row(name):
                 host_load=tier("load_seconds_total"), host_gib=tier("bytes") / 2**30,
                 spills=tier("spills_total"), evict=tier("evictions_total"),
                 ttft=(r["p50_ttft_ms"], r["p95_ttft_ms"], r["p99_ttft_ms"]), tpot99=r["p99_tpot_ms"],
+                queue=(p.get("p50_queue_ms", 0), p.get("mean_queue_ms", 0)),
                 goodput=r.get("request_goodput") or 0, att=r.get("slo_attainment") or 0,
                 prefill_s=m.get("pdserve_prefill_step_seconds_sum", 0))
 
 
 names = sys.argv[1:] or ["engine-only", "host-4x"]
-print("| run | ok/failed | hit ratio (of ceiling 0.650) | prefill tokens computed | prefill hits engine / host tier | host load s (modeled) | host tier at the end GiB (spills, evictions) | TTFT p50/p95/p99 ms | TPOT p99 ms | goodput req/s (attainment) | prefill GPU-s (Σ step time) |")
-print("|---|---|---|---:|---:|---:|---:|---|---:|---|---:|")
+print("| run | ok/failed | hit ratio (of ceiling 0.650) | prefill tokens computed | prefill hits engine / host tier | host load s (modeled) | host tier at the end GiB (spills, evictions) | TTFT p50/p95/p99 ms | queue p50/mean ms | TPOT p99 ms | goodput req/s (attainment) | prefill GPU-s (Σ step time) |")
+print("|---|---|---|---:|---:|---:|---:|---|---|---:|---|---:|")
 for name in names:
     try:
         x = row(name)
@@ -44,4 +45,4 @@ for name in names:
         continue
     print(f"| {x['name']} | {x['ok']}/{x['failed']} | {x['ratio']:.3f} ({x['ratio'] / CEILING:.2f}) | {x['computed']:,} | "
           f"{x['engine_hit']:,.0f} / {x['host_hit']:,.0f} | {x['host_load']:.2f} | {x['host_gib']:.1f} ({x['spills']:.0f}, {x['evict']:.0f}) | "
-          f"{x['ttft'][0]:.0f} / {x['ttft'][1]:.0f} / {x['ttft'][2]:.0f} | {x['tpot99']:.0f} | {x['goodput']:.2f} ({x['att']:.1%}) | {x['prefill_s']:.1f} |")
+          f"{x['ttft'][0]:.0f} / {x['ttft'][1]:.0f} / {x['ttft'][2]:.0f} | {x['queue'][0]:.0f} / {x['queue'][1]:.0f} | {x['tpot99']:.0f} | {x['goodput']:.2f} ({x['att']:.1%}) | {x['prefill_s']:.1f} |")
