@@ -390,7 +390,7 @@ func (r *run) reserve(a flow.Reserve) flow.Event {
 		req.Prompt = r.req.Prompt // for the worker's prefix cache: it may hold a prefix
 	}
 	res, err := pdservev1.NewDecodeServiceClient(cc).Reserve(ctx, req)
-	ev := flow.Reserved{Hit: int(res.GetPrefixHitTokens()), Err: err, At: r.b.now()}
+	ev := flow.Reserved{Hit: int(res.GetPrefixHitTokens()), Err: err, At: r.b.now(), PromptHeld: res.GetPromptHeld()}
 	if err == nil && a.Ask {
 		ev.Local = r.b.router.Reserved(r.req.ID, len(r.req.Prompt), ev.Hit)
 	}
@@ -453,6 +453,10 @@ func (r *run) startDecode(a flow.Generate) flow.Event {
 		MaxTokens: int32(r.req.MaxTokens), LocalPrefill: a.LocalPrefill, IgnoreEos: r.req.IgnoreEOS,
 		N: int32(max(r.req.N, 1)), Logprobs: wire.Logprobs(r.req.Logprobs),
 		FirstTokenFromPrefill: a.FirstFromPrefill,
+	}
+	if a.OmitPrompt {
+		// The worker holds it from Reserve (prompt_held).
+		greq.PromptTokens = nil
 	}
 	if len(a.Generated) > 0 {
 		greq.GeneratedTokens = a.Generated[0]

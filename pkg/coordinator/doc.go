@@ -85,16 +85,22 @@
 //   - ReserveRequest: the sizes (prompt + max_tokens, n sequences) and, on
 //     a first placement with remote prefill, the prompt, so that the
 //     decode worker can answer the prefix it holds (prefix_hit_tokens,
-//     pinned until the KV arrives). The router revisits local vs remote on
-//     that real hit (Router.Reserved); a recovery's Reserve (Resend) and a
-//     local prefill send no prompt: the whole retained KV comes, or the
-//     worker looks its cache up itself.
+//     pinned until the KV arrives), and keeps it for the Generate call
+//     (ReserveResponse.prompt_held). The router revisits local vs remote on
+//     that real hit (Router.Reserved); a recovery that prefills again
+//     shows it the prompt too; a recovery's Reserve that resumes (Resend)
+//     and a colocated one send no prompt: the whole retained KV comes, or
+//     the worker looks its cache up itself.
 //   - PrefillRequest: the prompt, sampling, the decode worker's id and
 //     address, the codec, skip_tokens (Reserve's hit: only the rest
 //     crosses the wire) and a credential for one push to that worker.
-//   - GenerateRequest: the prompt again (the decode worker keys its
-//     prefix cache on the tokens and prefills them itself when local),
-//     sampling, max_tokens, n, first_token_from_prefill where FirstToken
+//   - GenerateRequest: the prompt (the decode worker keys its prefix
+//     cache on the tokens and prefills them itself when local), unless
+//     the worker's Reserve answered prompt_held: then it takes the one it
+//     was shown, so the prompt crosses the wire twice (Reserve to the
+//     decode worker, Prefill to the prefill worker) rather than three
+//     times; a decode worker that predates prompt_held gets it again.
+//     Then sampling, max_tokens, n, first_token_from_prefill where FirstToken
 //     is the first token's source (below), and in a recovery the
 //     tokens each choice already delivered (generated_tokens,
 //     generated_choices).

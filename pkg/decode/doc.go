@@ -31,7 +31,10 @@
 //     ends the Generate call with INTERNAL, like a failed step; the
 //     coordinator recovers the request as after any decode failure.
 //  3. Generate claims the reservation (or reserves prompt + max_tokens
-//     itself when none exists). With remote KV the sequence joins the batch
+//     itself when none exists). A reservation shown the prompt
+//     (ReserveRequest.prompt) keeps it and says so (prompt_held): the
+//     Generate call may then omit prompt_tokens, and one that carries them
+//     must carry that prompt (INVALID_ARGUMENT otherwise). With remote KV the sequence joins the batch
 //     once the transfer committed; with local_prefill it joins at once and
 //     its prompt is prefilled in chunks inside decode steps. A claimed
 //     request waits for its KV as long as the call lasts, with no timeout

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/batching"
@@ -163,6 +164,9 @@ type reservation struct {
 	// (Tokens 0: none), released once the KV is imported (the runner
 	// takes it over then) or the request ends.
 	hit prefixcache.Hit
+	// resPrompt is the prompt Reserve was shown (ReserveRequest.prompt),
+	// or nil: a Generate call that omits its prompt takes this one.
+	resPrompt []int32
 }
 
 // kvIn is the KV transfer of a remote prefill, written by the KV
@@ -481,7 +485,11 @@ func (s *Server) Reserve(ctx context.Context, req *pdservev1.ReserveRequest) (*p
 		// prefill worker may skip it.
 		q.hit = s.cache.Acquire(s.cache.Hashes(p), s.cache.MaxHitBlocks(len(p)))
 	}
-	return &pdservev1.ReserveResponse{Blocks: int32(len(q.blocks)), BlocksFree: int32(s.freeBlocksLocked()), PrefixHitTokens: int32(q.hit.Tokens)}, nil
+	// Kept for the Generate call, which may then omit it (validated
+	// there, like a prompt it carries).
+	q.reservation.resPrompt = slices.Clone(req.GetPrompt())
+	return &pdservev1.ReserveResponse{Blocks: int32(len(q.blocks)), BlocksFree: int32(s.freeBlocksLocked()), PrefixHitTokens: int32(q.hit.Tokens),
+		PromptHeld: len(q.reservation.resPrompt) > 0}, nil
 }
 
 // needTokens is the KV a request of n choices holds: the prompt once (the
@@ -975,6 +983,13 @@ func (s *Server) Generate(req *pdservev1.GenerateRequest, stream grpc.ServerStre
 		stamps = map[string]int64{"call": s.now().UnixNano()}
 		defer func() { traceSteps(ctx, stamps) }()
 	}
+	if len(req.GetPromptTokens()) == 0 {
+		if prompt := s.reservedPrompt(req.GetRequestId()); prompt != nil {
+			// The reservation holds the prompt (ReserveResponse.prompt_held).
+			req = proto.CloneOf(req)
+			req.PromptTokens = prompt
+		}
+	}
 	p, err := s.validate(req)
 	if err != nil {
 		return err
@@ -1011,6 +1026,17 @@ func (s *Server) Generate(req *pdservev1.GenerateRequest, stream grpc.ServerStre
 			return err
 		}
 	}
+}
+
+// reservedPrompt returns the prompt the reservation of request id was
+// shown (the caller's), or nil.
+func (s *Server) reservedPrompt(id string) []int32 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if q := s.seqs[id]; q != nil {
+		return slices.Clone(q.reservation.resPrompt)
+	}
+	return nil
 }
 
 // traceSteps records the worker's steps of a traced Generate call from
@@ -1141,6 +1167,9 @@ func (s *Server) attach(p genParams) (*sequence, error) {
 		case len(p.hashes) < n || !slices.Equal(p.hashes[:n], q.hit.Hashes):
 			return nil, invalid("request %s: the prompt differs from the one reserved (its cached prefix of %d tokens)", p.id, q.hit.Tokens)
 		}
+	}
+	if q.reservation.resPrompt != nil && !slices.Equal(p.prompt, q.reservation.resPrompt) {
+		return nil, invalid("request %s: the prompt (%d tokens) differs from the one reserved (%d tokens)", p.id, len(p.prompt), len(q.reservation.resPrompt))
 	}
 	q.hashes = p.hashes
 	q.attached = true

@@ -36,7 +36,9 @@ type ReserveRequest struct {
 	// prefix cache and keeps the hit (ReserveResponse.prefix_hit_tokens)
 	// for the request until its KV is imported, so the prefill worker may
 	// send the KV from that token on (PrefillRequest.skip_tokens). The
-	// Generate call must then carry the same prompt.
+	// worker keeps it for the request (ReserveResponse.prompt_held): the
+	// Generate call may then omit prompt_tokens, and one that carries them
+	// must carry the same prompt.
 	Prompt        []int32 `protobuf:"varint,5,rep,packed,name=prompt,proto3" json:"prompt,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -115,8 +117,12 @@ type ReserveResponse struct {
 	// for this request (whole blocks, less than the prompt): the KV stream
 	// may start at this token (KVStreamHeader.start_token) or at 0.
 	PrefixHitTokens int32 `protobuf:"varint,3,opt,name=prefix_hit_tokens,json=prefixHitTokens,proto3" json:"prefix_hit_tokens,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The worker keeps the prompt Reserve was shown (ReserveRequest.prompt)
+	// for the request, so the Generate call may omit prompt_tokens. A worker
+	// that predates it leaves it unset and needs the prompt in Generate.
+	PromptHeld    bool `protobuf:"varint,4,opt,name=prompt_held,json=promptHeld,proto3" json:"prompt_held,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReserveResponse) Reset() {
@@ -170,12 +176,21 @@ func (x *ReserveResponse) GetPrefixHitTokens() int32 {
 	return 0
 }
 
+func (x *ReserveResponse) GetPromptHeld() bool {
+	if x != nil {
+		return x.PromptHeld
+	}
+	return false
+}
+
 type GenerateRequest struct {
-	state        protoimpl.MessageState `protogen:"open.v1"`
-	RequestId    string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	PromptTokens []int32                `protobuf:"varint,2,rep,packed,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
-	Sampling     *Sampling              `protobuf:"bytes,3,opt,name=sampling,proto3" json:"sampling,omitempty"`
-	MaxTokens    int32                  `protobuf:"varint,4,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	RequestId string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// The prompt; empty when the reservation holds it (Reserve was shown it,
+	// ReserveResponse.prompt_held), which it must equal when both are given.
+	PromptTokens []int32   `protobuf:"varint,2,rep,packed,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
+	Sampling     *Sampling `protobuf:"bytes,3,opt,name=sampling,proto3" json:"sampling,omitempty"`
+	MaxTokens    int32     `protobuf:"varint,4,opt,name=max_tokens,json=maxTokens,proto3" json:"max_tokens,omitempty"`
 	// When true the worker prefills the prompt itself; otherwise it waits for
 	// remote KV and the first token carried with it.
 	LocalPrefill bool `protobuf:"varint,5,opt,name=local_prefill,json=localPrefill,proto3" json:"local_prefill,omitempty"`
@@ -611,12 +626,14 @@ const file_pdserve_v1_decode_proto_rawDesc = "" +
 	"\x06tokens\x18\x02 \x01(\x05R\x06tokens\x12\x1c\n" +
 	"\tsequences\x18\x03 \x01(\x05R\tsequences\x12#\n" +
 	"\rprompt_tokens\x18\x04 \x01(\x05R\fpromptTokens\x12\x16\n" +
-	"\x06prompt\x18\x05 \x03(\x05R\x06prompt\"v\n" +
+	"\x06prompt\x18\x05 \x03(\x05R\x06prompt\"\x97\x01\n" +
 	"\x0fReserveResponse\x12\x16\n" +
 	"\x06blocks\x18\x01 \x01(\x05R\x06blocks\x12\x1f\n" +
 	"\vblocks_free\x18\x02 \x01(\x05R\n" +
 	"blocksFree\x12*\n" +
-	"\x11prefix_hit_tokens\x18\x03 \x01(\x05R\x0fprefixHitTokens\"\xb2\x04\n" +
+	"\x11prefix_hit_tokens\x18\x03 \x01(\x05R\x0fprefixHitTokens\x12\x1f\n" +
+	"\vprompt_held\x18\x04 \x01(\bR\n" +
+	"promptHeld\"\xb2\x04\n" +
 	"\x0fGenerateRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +

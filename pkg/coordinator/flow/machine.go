@@ -138,6 +138,7 @@ type Machine struct {
 	attempt       int
 	decode        router.Worker
 	decodeHit     int  // prompt tokens the current decode worker holds in its prefix cache (its Reserve's answer)
+	promptHeld    bool // the current decode worker keeps the prompt its Reserve showed it
 	reserved      bool // the current decode worker holds a reservation or sequence
 	decodeEnded   bool
 	resendPending bool
@@ -430,6 +431,7 @@ func (m *Machine) onReserved(ev Reserved) error {
 	switch code := status.Code(err); {
 	case err == nil:
 		m.decode, m.reserved = w, true
+		m.promptHeld = ev.PromptHeld && !p.decodeOnly && !p.dec.Local
 		m.tr.DecodeWorker = w.ID
 		m.place = nil
 		if p.decodeOnly || p.restart {
@@ -518,7 +520,7 @@ func (m *Machine) startPrefill() {
 func (m *Machine) startDecode() {
 	g := Generate{Worker: m.decode, Attempt: m.attempt, LocalPrefill: !m.remote,
 		PromptLogprobs:   m.cfg.PromptLogprobs && m.delivered() == 0 && m.attempt == 0,
-		FirstFromPrefill: m.firstFromPrefill}
+		FirstFromPrefill: m.firstFromPrefill, OmitPrompt: m.promptHeld}
 	m.firstSeen, m.early, m.earlyEnd = false, nil, false
 	if m.delivered() > 0 {
 		g.Generated = make([][]int32, len(m.choices))

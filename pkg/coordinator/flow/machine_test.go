@@ -272,7 +272,7 @@ func parseEvent(cmd string, a args) (Event, error) {
 		if err != nil {
 			return nil, err
 		}
-		return Reserved{Hit: hit, Err: gerr, Local: a.has("local"), At: at0}, nil
+		return Reserved{Hit: hit, Err: gerr, Local: a.has("local"), At: at0, PromptHeld: a.has("held")}, nil
 	case "prefill-queued":
 		return PrefillMsg{Attempt: attempt, Resp: &pdservev1.PrefillResponse{Event: &pdservev1.PrefillResponse_Queued{Queued: &pdservev1.PrefillQueued{UnixNano: 1}}}}, nil
 	case "prefill-first":
@@ -391,6 +391,9 @@ func formatAction(m *Machine, a Action) string {
 		}
 		if a.FirstFromPrefill {
 			s += " first-from-prefill"
+		}
+		if a.OmitPrompt {
+			s += " no-prompt"
 		}
 		return s
 	case Resend:

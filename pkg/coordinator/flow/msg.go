@@ -34,6 +34,9 @@ type Reserved struct {
 	// At is when the answer came: the budget's routed boundary on the
 	// first placement.
 	At time.Time
+	// PromptHeld: the worker keeps the prompt a Fresh Reserve showed it
+	// (ReserveResponse.prompt_held), so its Generate may omit it.
+	PromptHeld bool
 }
 
 // PrefillMsg is a message of the Prefill stream of attempt Attempt.
@@ -146,6 +149,9 @@ type Generate struct {
 	// generated_tokens and generated_choices); nil before any.
 	Generated      [][]int32
 	PromptLogprobs bool
+	// OmitPrompt: the decode worker holds the prompt from its Reserve
+	// (Reserved.PromptHeld); the call does not send it again.
+	OmitPrompt bool
 	// FirstFromPrefill: the prefill worker's FirstToken is the source of
 	// choice 0's first token, so the decode worker need not stream it
 	// (GenerateRequest.first_token_from_prefill).
