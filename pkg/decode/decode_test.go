@@ -492,9 +492,9 @@ func TestSlowTransferKeepsReservation(t *testing.T) {
 	send(0, 6)
 	poll.WaitFor(t, "first kv imported", func() bool {
 		w.s.mu.Lock()
-		defer w.s.mu.Unlock()
 		q := w.s.seqs["slow"]
-		return q != nil && !q.firstByte.IsZero()
+		w.s.mu.Unlock()
+		return q != nil && !w.s.rx.arrival(q).firstByte.IsZero()
 	})
 	if n := w.s.Stats().KVTransfers; n != 1 {
 		t.Errorf("Stats().KVTransfers mid-transfer = %d, want 1", n)
@@ -586,8 +586,14 @@ func TestTransferChecksReservation(t *testing.T) {
 			if !generateFirst {
 				poll.WaitFor(t, "transfer aborted", func() bool {
 					w.s.mu.Lock()
-					defer w.s.mu.Unlock()
-					return w.s.seqs[id] != nil && w.s.seqs[id].xferErr != nil
+					q := w.s.seqs[id]
+					w.s.mu.Unlock()
+					if q == nil {
+						return false
+					}
+					w.s.rx.mu.Lock()
+					defer w.s.rx.mu.Unlock()
+					return q.xferErr != nil
 				})
 				stream = generate()
 			}

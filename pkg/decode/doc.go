@@ -131,11 +131,25 @@
 // holds an engine sequence (one in the batch) takes it to free that
 // sequence, so it waits for a step in progress. Nothing else takes it: the
 // KV receiver, reservation timers and the ending of requests that hold no
-// engine sequence (reserved, receiving KV, waiting to join) need only mu.
-// mu guards the requests' state the three parties hand each other (a
-// request's end frees its blocks, staging, cache pin and batch slot at
-// once); the receiver takes it at a transfer's begin, first frame, commit
-// and abort only, and stages every frame under the transfer's own staging
-// lock. Lock order: the engine lock, mu, staging. Server methods are safe
-// for concurrent use.
+// engine sequence (reserved, receiving KV, waiting to join) do not.
+//
+// The receiver has a lock of its own, Server.rx.mu: it guards the
+// requests that may receive KV and their transfers (kvIn), and Begin, the
+// first frame's stamp, Commit and Abort take only it; later frames are
+// staged under the transfer's staging lock alone. The service hands the
+// receiver what a transfer may be (rxState.expect at Reserve, the claim
+// of a Generate call in attach's claimKVLocked, the reservation's size)
+// and the request's end (rxState.drop frees the staging), each holding
+// mu; the runner takes the staged KV over under both (importJoining). The
+// receiver hands a committed transfer back (kvArrived: the sequence
+// queues to join) and ends a claimed request whose transfer failed only
+// after releasing rx.mu, through mu.
+//
+// mu still guards the rest, shared by the service and the runner: the
+// reservations, calls and per-caller caps, the batch and its waiting
+// queue, and the requests' end, which frees a request's blocks, cache pin
+// and batch slot at once.
+//
+// Lock order: the engine lock, mu, rx.mu, staging; never the other way
+// round. Server methods are safe for concurrent use.
 package decode

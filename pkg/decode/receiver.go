@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
@@ -19,8 +20,111 @@ import (
 // receiver is the Server's kvtransfer.Receiver. It never takes the engine lock: KV
 // is staged in memory as it arrives, whatever step the scheduler runs, and
 // the scheduler imports it into the engine when the sequence joins the
-// batch (importJoining).
+// batch (importJoining). Its state is Server.rx; it takes Server.mu only
+// after releasing rx.mu, to hand a committed transfer over (kvArrived) or
+// to end a claimed request whose transfer failed.
 type receiver struct{ s *Server }
+
+// rxState is the KV receiver's: the requests that may receive KV and
+// their transfers (kvIn). mu guards reqs and every sequence's kvIn; it is
+// taken after Server.mu (the service and the runner hand over through the
+// methods below, holding Server.mu) and before a staging's lock, never
+// the other way round.
+type rxState struct {
+	mu   sync.Mutex
+	reqs map[string]*sequence // by id, from Reserve (or the claim of a Generate without one) to the request's end
+}
+
+// register makes q a request that may receive KV, unless it ended. The
+// caller holds r.mu.
+func (r *rxState) register(q *sequence) {
+	if r.reqs == nil {
+		r.reqs = make(map[string]*sequence)
+	}
+	if !q.ended {
+		r.reqs[q.id] = q
+	}
+}
+
+// expect hands a new reservation to the receiver: q may receive
+// q.resTokens tokens of KV, starting at 0 or after the prefix pinned for
+// it. The caller holds Server.mu.
+func (r *rxState) expect(q *sequence) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	q.limit, q.hitTokens = q.resTokens, q.hit.Tokens
+	r.register(q)
+}
+
+// drop hands the end of request q to the receiver: no transfer may begin
+// or go on for it, and its staged KV (of an open or a committed transfer)
+// is freed. Idempotent. The caller holds Server.mu.
+func (r *rxState) drop(q *sequence) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	q.ended = true
+	if r.reqs[q.id] == q {
+		delete(r.reqs, q.id)
+	}
+	if q.sink != nil {
+		q.sink.st.free()
+		q.sink = nil
+	}
+	if q.staged != nil {
+		q.staged.free()
+		q.staged = nil
+	}
+}
+
+// receiving reports whether KV is arriving for q (an open transfer).
+func (r *rxState) receiving(q *sequence) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return q.sink != nil
+}
+
+// committed reports whether q's KV was received whole.
+func (r *rxState) committed(q *sequence) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return q.committed
+}
+
+// hasStaged reports whether q holds received KV not yet taken by the
+// runner (importJoining).
+func (r *rxState) hasStaged(q *sequence) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return q.staged != nil
+}
+
+// transfers counts the open transfers.
+func (r *rxState) transfers() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, q := range r.reqs {
+		if q.sink != nil {
+			n++
+		}
+	}
+	return n
+}
+
+// arrived is what the runner reads of q's committed transfer when q
+// joins; it does not change once committed.
+type arrived struct {
+	first             int32
+	firstLP           *pdservev1.TokenLogprob
+	firstByte, kvDone time.Time
+}
+
+// arrival returns q's committed transfer's first token and stamps.
+func (r *rxState) arrival(q *sequence) arrived {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return arrived{first: q.first, firstLP: q.firstLP, firstByte: q.firstByte, kvDone: q.kvDone}
+}
 
 var _ kvtransfer.Receiver = receiver{}
 
@@ -31,28 +135,28 @@ var _ kvtransfer.Receiver = receiver{}
 // count is not the model's or its token bytes are not the engine's.
 func (r receiver) Begin(_ context.Context, h kvtransfer.StreamHeader) (kvtransfer.Sink, error) {
 	s := r.s
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	q := s.seqs[h.RequestID]
+	s.rx.mu.Lock()
+	defer s.rx.mu.Unlock()
+	q := s.rx.reqs[h.RequestID]
 	switch {
-	case q == nil || q.done:
+	case q == nil || q.ended:
 		return nil, status.Errorf(codes.FailedPrecondition, "decode: no reservation for request %s", h.RequestID)
-	case h.Tokens > q.resTokens:
-		return nil, status.Errorf(codes.ResourceExhausted, "decode: transfer of %s has %d tokens, %d reserved", h.RequestID, h.Tokens, q.resTokens)
+	case h.Tokens > q.limit:
+		return nil, status.Errorf(codes.ResourceExhausted, "decode: transfer of %s has %d tokens, %d reserved", h.RequestID, h.Tokens, q.limit)
 	case h.Layers != s.spec.Layers:
 		return nil, status.Errorf(codes.InvalidArgument, "decode: transfer of %s has %d layers, the model %d", h.RequestID, h.Layers, s.spec.Layers)
 	case h.TokenBytes != s.tokenBytes:
 		return nil, status.Errorf(codes.InvalidArgument, "decode: transfer of %s has %d bytes per token and layer, the engine %d", h.RequestID, h.TokenBytes, s.tokenBytes)
-	case q.attached && q.local:
+	case q.claimed && q.claimLocal:
 		return nil, status.Errorf(codes.FailedPrecondition, "decode: request %s prefills locally", h.RequestID)
 	case q.committed:
 		return nil, status.Errorf(codes.FailedPrecondition, "decode: kv of request %s was received already", h.RequestID)
 	case q.sink != nil:
 		return nil, status.Errorf(codes.FailedPrecondition, "decode: kv of request %s is being received", h.RequestID)
-	case q.attached && len(q.prompt) != h.Tokens:
-		return nil, status.Errorf(codes.InvalidArgument, "decode: transfer of %s has %d tokens, the prompt %d", h.RequestID, h.Tokens, len(q.prompt))
-	case h.Start != 0 && h.Start != q.hit.Tokens:
-		return nil, status.Errorf(codes.FailedPrecondition, "decode: transfer of %s starts at token %d; this worker holds %d of its prefix", h.RequestID, h.Start, q.hit.Tokens)
+	case q.claimed && q.claimPrompt != h.Tokens:
+		return nil, status.Errorf(codes.InvalidArgument, "decode: transfer of %s has %d tokens, the prompt %d", h.RequestID, h.Tokens, q.claimPrompt)
+	case h.Start != 0 && h.Start != q.hitTokens:
+		return nil, status.Errorf(codes.FailedPrecondition, "decode: transfer of %s starts at token %d; this worker holds %d of its prefix", h.RequestID, h.Start, q.hitTokens)
 	}
 	q.firstByte = time.Time{}
 	q.xferErr = nil
@@ -75,7 +179,7 @@ func (r receiver) Begin(_ context.Context, h kvtransfer.StreamHeader) (kvtransfe
 type staging struct {
 	s      *Server
 	start  int        // first token held (the header's Start); fixed
-	mu     sync.Mutex // guards layers, ends, bytes and freed; taken after Server.mu, never before
+	mu     sync.Mutex // guards layers, ends, bytes and freed; taken after Server.rx.mu, never before
 	layers [][]byte
 	ends   [][]int // per layer, the end token of each frame, ascending
 	bytes  int64   // capacity allocated, counted in Server.stagedBytes
@@ -155,21 +259,21 @@ func (k *sink) errGone() error {
 }
 
 // Write copies the frame into the transfer's staging buffer; it never
-// waits for a scheduler step, and takes Server.mu only for the first
+// waits for a scheduler step, and takes Server.rx.mu only for the first
 // frame (to stamp it): later frames see the request's end through the
-// staging, which endLocked and Abort free. raw is not kept. Errors:
+// staging, which the end (rxState.drop) and Abort free. raw is not kept. Errors:
 // ABORTED when the request ended, INVALID_ARGUMENT for a frame that does
 // not continue its layer (the kvtransfer server checks frames against the
 // header already).
 func (k *sink) Write(layer, start, end int, raw []byte) error {
 	s, q := k.s, k.q
 	if !k.stamped {
-		s.mu.Lock()
-		gone := q.done || q.sink != k
+		s.rx.mu.Lock()
+		gone := q.ended || q.sink != k
 		if !gone {
 			q.firstByte = s.now()
 		}
-		s.mu.Unlock()
+		s.rx.mu.Unlock()
 		if gone {
 			return k.errGone()
 		}
@@ -193,9 +297,20 @@ func (k *sink) Write(layer, start, end int, raw []byte) error {
 // lacks KV, INVALID_ARGUMENT for a first token outside the vocabulary.
 func (k *sink) Commit(c kvtransfer.Commit) error {
 	s, q := k.s, k.q
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if q.done || q.sink != k {
+	if err := k.commit(c); err != nil {
+		return err
+	}
+	s.kvArrived(q)
+	return nil
+}
+
+// commit is Commit's part under rx.mu: the staging becomes the
+// sequence's.
+func (k *sink) commit(c kvtransfer.Commit) error {
+	s, q := k.s, k.q
+	s.rx.mu.Lock()
+	defer s.rx.mu.Unlock()
+	if q.ended || q.sink != k {
 		return k.errGone()
 	}
 	for l := range k.h.Layers {
@@ -217,8 +332,16 @@ func (k *sink) Commit(c kvtransfer.Commit) error {
 	}
 	q.first, q.firstLP = c.FirstToken, c.FirstLogprob
 	q.kvDone = k.last
-	s.readyLocked(q)
 	return nil
+}
+
+// kvArrived hands q's committed KV to the service and the runner: q
+// queues to join the batch if its Generate call attached (else attach
+// queues it). The caller holds neither mu nor rx.mu.
+func (s *Server) kvArrived(q *sequence) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.readyLocked(q)
 }
 
 // Abort frees the KV staged so far. A Generate call waiting for it ends
@@ -226,11 +349,11 @@ func (k *sink) Commit(c kvtransfer.Commit) error {
 // began in between; the reservation stays until Cancel or its TTL.
 func (k *sink) Abort(err error) {
 	s, q := k.s, k.q
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if q.done || q.sink != k {
-		// Ended (endLocked freed the staging) or committed (the staging
+	s.rx.mu.Lock()
+	if q.ended || q.sink != k {
+		// Ended (drop freed the staging) or committed (the staging
 		// is the sequence's now).
+		s.rx.mu.Unlock()
 		return
 	}
 	k.st.free()
@@ -239,9 +362,13 @@ func (k *sink) Abort(err error) {
 	if err == nil {
 		q.xferErr = errors.New("aborted")
 	}
-	if q.attached {
-		// Nothing of q is in the engine (hasSeq false): no engine lock needed.
-		s.endLocked(q, "", status.Errorf(codes.Aborted, "decode: kv transfer of %s failed: %v", q.id, fmt.Sprint(err)))
+	claimed := q.claimed
+	s.rx.mu.Unlock()
+	if claimed {
+		// Nothing of q is in the engine (its KV never committed, so it
+		// never joined): end takes no engine lock. An attach that claims
+		// q after the unlock sees xferErr and ends it itself.
+		s.end(q, status.Errorf(codes.Aborted, "decode: kv transfer of %s failed: %v", q.id, fmt.Sprint(err)))
 	}
 }
 
@@ -256,6 +383,7 @@ func (pl batcher) importJoining() {
 	var sts []*staging
 	var tokens []int
 	var hits []prefixcache.Hit
+	s.rx.mu.Lock() // the hand-off of the staged KV to the runner
 	for _, q := range s.waiting[:min(len(s.waiting), max(0, s.o.MaxBatch-len(s.active)))] {
 		if q.staged == nil {
 			continue
@@ -268,6 +396,7 @@ func (pl batcher) importJoining() {
 		hits = append(hits, q.hit)
 		q.staged, q.hit = nil, prefixcache.Hit{}
 	}
+	s.rx.mu.Unlock()
 	s.mu.Unlock()
 	if len(qs) == 0 {
 		return

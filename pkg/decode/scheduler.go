@@ -86,7 +86,7 @@ func (pl batcher) plan() runner.Batch[*sequence] {
 	now := s.now()
 	for len(s.waiting) > 0 && s.slotsLocked()+s.waiting[0].n <= s.o.MaxBatch {
 		q := s.waiting[0]
-		if q.staged != nil {
+		if s.rx.hasStaged(q) {
 			// Its KV is not in the engine yet: importJoining brings it
 			// in at the next step boundary.
 			s.sig.Wake()
@@ -234,6 +234,7 @@ func (pl batcher) joinLocked(q *sequence, now time.Time) {
 	m := len(q.generated)
 	q.emitted = m
 	var regen []int32
+	var kv arrived // the transfer's, remote KV only
 	if m > 1 {
 		regen = q.generated[:m-1]
 	}
@@ -247,12 +248,13 @@ func (pl batcher) joinLocked(q *sequence, now time.Time) {
 		q.pending = append(slices.Clone(q.prompt[hit:]), regen...)
 		q.sampleLast = m == 0
 	} else {
+		kv = s.rx.arrival(q)
 		q.pending = slices.Clone(regen)
-		q.out.stamp(StampKVFirstByte, q.firstByte)
-		q.out.stamp(StampKVDone, q.kvDone)
-		if m > 0 && q.generated[0] != q.first {
+		q.out.stamp(StampKVFirstByte, kv.firstByte)
+		q.out.stamp(StampKVDone, kv.kvDone)
+		if m > 0 && q.generated[0] != kv.first {
 			s.log.Warn("recovered request's first token differs from the prefill worker's",
-				zap.String("request_id", q.id), zap.Int32("generated", q.generated[0]), zap.Int32("prefill", q.first))
+				zap.String("request_id", q.id), zap.Int32("generated", q.generated[0]), zap.Int32("prefill", kv.first))
 		}
 	}
 	q.out.stamp(StampJoined, now)
@@ -272,12 +274,12 @@ func (pl batcher) joinLocked(q *sequence, now time.Time) {
 		if q.top >= 0 {
 			// The prefill worker sampled it and sent its log-probability
 			// with the commit.
-			lp = q.firstLP
+			lp = kv.firstLP
 			if lp == nil {
-				lp = &pdservev1.TokenLogprob{Token: q.first}
+				lp = &pdservev1.TokenLogprob{Token: kv.first}
 			}
 		}
-		pl.emitLocked(q, q.first, lp, len(s.active), now)
+		pl.emitLocked(q, kv.first, lp, len(s.active), now)
 	}
 }
 

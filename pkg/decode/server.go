@@ -111,8 +111,13 @@ type Server struct {
 	// joining sequences, planning, running, handing out results); ending
 	// a request that holds an engine sequence takes it (run.LockEngine)
 	// to free that sequence. The KV receiver and the reservation timers
-	// never take it. Taken before mu.
+	// never take it. Taken before mu (see the package doc for the lock
+	// order).
 	run *runner.Runner[*sequence]
+
+	// rx is the KV receiver's state, under its own lock (taken after
+	// mu, never before).
+	rx rxState
 
 	mu      sync.Mutex
 	seqs    map[string]*sequence // every reserved or live request, by id
@@ -139,10 +144,10 @@ func realAfterFunc(d time.Duration, f func()) timer { return time.AfterFunc(d, f
 // its end, or one choice of it. Its state is split by owner, the party
 // that writes it: the service (Reserve, Generate, Cancel, the caps and
 // timers: reservation, call), the KV receiver (kvIn) and the runner
-// (sched). All of it is guarded by Server.mu (the runner reads call and
-// kvIn there when a sequence joins), the engine sequence by the runner's
-// engine lock; done is the request's end, which any of them may cause
-// (endLocked).
+// (sched). kvIn is guarded by Server.rx.mu, the rest by Server.mu (the
+// runner reads call there when a sequence joins), the engine sequence by
+// the runner's engine lock; done is the request's end, which any of them
+// may cause (endLocked).
 type sequence struct {
 	reservation
 	kvIn
@@ -171,8 +176,22 @@ type reservation struct {
 
 // kvIn is the KV transfer of a remote prefill, written by the KV
 // receiver (Begin, Commit, Abort, the first Write); the runner takes
-// staged over when the sequence joins.
+// staged over when the sequence joins. Guarded by Server.rx.mu. The
+// service writes what a transfer may be (limit, hitTokens, the claim) and
+// ended through the hand-offs of rxState; first, firstLP, firstByte,
+// kvDone and kvTokens do not change once committed.
 type kvIn struct {
+	// What the service admits: the reserved tokens, the cached prefix
+	// pinned at Reserve, and, once a Generate call claimed the request,
+	// whether it prefills locally and its prompt's length. ended: the
+	// request ended (no transfer may begin or go on).
+	limit       int
+	hitTokens   int
+	claimed     bool
+	claimLocal  bool
+	claimPrompt int
+	ended       bool
+
 	sink      *sink    // the open transfer, or nil
 	staged    *staging // KV received (committed) and not yet imported, or nil
 	xferErr   error    // why the last transfer failed, until another begins
@@ -396,11 +415,7 @@ func (s *Server) Stats() Stats {
 		PrefixCache:   s.cache.Stats(),
 		KVBytesSaved:  s.kvSaved.Load(),
 	}
-	for _, q := range s.seqs {
-		if q.sink != nil {
-			st.KVTransfers++
-		}
-	}
+	st.KVTransfers = s.rx.transfers()
 	for _, q := range s.active {
 		st.QueuedPrefillTokens += len(q.pending)
 	}
@@ -488,6 +503,7 @@ func (s *Server) Reserve(ctx context.Context, req *pdservev1.ReserveRequest) (*p
 	// Kept for the Generate call, which may then omit it (validated
 	// there, like a prompt it carries).
 	q.reservation.resPrompt = slices.Clone(req.GetPrompt())
+	s.rx.expect(q)
 	return &pdservev1.ReserveResponse{Blocks: int32(len(q.blocks)), BlocksFree: int32(s.freeBlocksLocked()), PrefixHitTokens: int32(q.hit.Tokens),
 		PromptHeld: len(q.reservation.resPrompt) > 0}, nil
 }
@@ -639,7 +655,7 @@ func (s *Server) expire(q *sequence) {
 	defer s.mu.Unlock()
 	switch {
 	case q.done || q.attached:
-	case q.sink != nil:
+	case s.rx.receiving(q):
 		s.armLocked(q)
 	default:
 		s.log.Info("reservation expired", zap.String("request_id", q.id), zap.Int("blocks", len(q.blocks)), zap.Duration("ttl", s.o.ReserveTTL))
@@ -678,14 +694,7 @@ func (s *Server) endLocked(q *sequence, reason string, err error) {
 	}
 	s.cache.Release(q.hit)
 	q.hit = prefixcache.Hit{}
-	if q.sink != nil {
-		q.sink.st.free()
-		q.sink = nil
-	}
-	if q.staged != nil {
-		q.staged.free()
-		q.staged = nil
-	}
+	s.rx.drop(q)
 	if s.seqs[q.id] == q {
 		delete(s.seqs, q.id)
 	}
@@ -1138,17 +1147,10 @@ func (s *Server) attach(p genParams) (*sequence, error) {
 		q.blocks = append(q.blocks, more...)
 		q.resTokens = len(q.blocks) * s.pool.BlockTokens()
 	}
-	if p.local && (q.sink != nil || q.committed) {
-		return nil, status.Errorf(codes.FailedPrecondition, "decode: request %s asks for local prefill but its kv was sent", p.id)
-	}
-	if !p.local && q.committed && q.kvTokens != len(p.prompt) {
-		return nil, invalid("request %s: prompt has %d tokens, the kv received covers %d", p.id, len(p.prompt), q.kvTokens)
-	}
-	if !p.local && q.xferErr != nil {
-		err := status.Errorf(codes.Aborted, "decode: kv transfer of %s failed: %v", p.id, q.xferErr)
-		// The failed transfer freed the engine sequence (hasSeq is
-		// false), so ending q needs no engine lock.
-		s.endLocked(q, "", err)
+	// The claim is handed to the receiver in the critical section that
+	// checks the transfer against the call, so a transfer that aborts
+	// meanwhile either is seen here or sees the claim (and ends q).
+	if err := s.claimKVLocked(q, p); err != nil {
 		return nil, err
 	}
 	if q.ttl != nil {
@@ -1157,19 +1159,10 @@ func (s *Server) attach(p genParams) (*sequence, error) {
 		q.ttl.Stop()
 		q.ttl = nil
 	}
-	if q.hit.Tokens > 0 {
-		n := len(q.hit.Hashes)
-		switch {
-		case p.local:
-			// Local prefill looks the cache up itself when it joins.
-			s.cache.Release(q.hit)
-			q.hit = prefixcache.Hit{}
-		case len(p.hashes) < n || !slices.Equal(p.hashes[:n], q.hit.Hashes):
-			return nil, invalid("request %s: the prompt differs from the one reserved (its cached prefix of %d tokens)", p.id, q.hit.Tokens)
-		}
-	}
-	if q.reservation.resPrompt != nil && !slices.Equal(p.prompt, q.reservation.resPrompt) {
-		return nil, invalid("request %s: the prompt (%d tokens) differs from the one reserved (%d tokens)", p.id, len(p.prompt), len(q.reservation.resPrompt))
+	if q.hit.Tokens > 0 && p.local {
+		// Local prefill looks the cache up itself when it joins.
+		s.cache.Release(q.hit)
+		q.hit = prefixcache.Hit{}
 	}
 	q.hashes = p.hashes
 	q.attached = true
@@ -1193,6 +1186,42 @@ func (s *Server) attach(p genParams) (*sequence, error) {
 	}
 	s.readyLocked(q)
 	return q, nil
+}
+
+// claimKVLocked hands Generate call p's claim of q to the KV receiver,
+// in one critical section of rx.mu with the checks of the call against
+// the transfer: FAILED_PRECONDITION for local prefill when KV was sent or
+// is arriving, INVALID_ARGUMENT when the KV received does not cover the
+// prompt or the prompt differs from the one reserved (its cached prefix,
+// or the prompt Reserve was shown), ABORTED (ending q)
+// when the transfer failed. It also hands over the reservation's size,
+// which attach may have grown. The caller holds mu.
+func (s *Server) claimKVLocked(q *sequence, p genParams) error {
+	s.rx.mu.Lock()
+	s.rx.register(q)
+	q.limit = q.resTokens
+	var err error
+	switch {
+	case p.local && (q.sink != nil || q.committed):
+		err = status.Errorf(codes.FailedPrecondition, "decode: request %s asks for local prefill but its kv was sent", p.id)
+	case !p.local && q.committed && q.kvTokens != len(p.prompt):
+		err = invalid("request %s: prompt has %d tokens, the kv received covers %d", p.id, len(p.prompt), q.kvTokens)
+	case !p.local && q.xferErr != nil:
+		err = status.Errorf(codes.Aborted, "decode: kv transfer of %s failed: %v", p.id, q.xferErr)
+		s.rx.mu.Unlock()
+		// The failed transfer freed the engine sequence (hasSeq is
+		// false), so ending q needs no engine lock.
+		s.endLocked(q, "", err)
+		return err
+	case !p.local && q.hit.Tokens > 0 && (len(p.hashes) < len(q.hit.Hashes) || !slices.Equal(p.hashes[:len(q.hit.Hashes)], q.hit.Hashes)):
+		err = invalid("request %s: the prompt differs from the one reserved (its cached prefix of %d tokens)", p.id, q.hit.Tokens)
+	case q.reservation.resPrompt != nil && !slices.Equal(p.prompt, q.reservation.resPrompt):
+		err = invalid("request %s: the prompt (%d tokens) differs from the one reserved (%d tokens)", p.id, len(p.prompt), len(q.reservation.resPrompt))
+	default:
+		q.claimed, q.claimLocal, q.claimPrompt = true, p.local, len(p.prompt)
+	}
+	s.rx.mu.Unlock()
+	return err
 }
 
 // constrain returns the grammar state of gbnf advanced over generated
@@ -1224,9 +1253,9 @@ func newPenalties(w *engine.Penalties, generated []int32) *engine.Penalties {
 }
 
 // readyLocked queues q to join the batch once it has its Generate call and
-// its KV (or prefills locally).
+// its KV (or prefills locally). The caller holds mu, not rx.mu.
 func (s *Server) readyLocked(q *sequence) {
-	if q.done || q.queued || q.joined || !q.attached || (!q.local && !q.committed) {
+	if q.done || q.queued || q.joined || !q.attached || (!q.local && !s.rx.committed(q)) {
 		return
 	}
 	q.queued = true

@@ -2,6 +2,8 @@ package decode
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"testing"
 
@@ -255,4 +257,153 @@ func TestCancelDuringStagingFreesEverything(t *testing.T) {
 	if n := g.importCalls(); n != 0 {
 		t.Errorf("%d ImportKV calls, want none", n)
 	}
+}
+
+// TestEndRacesTransferAndJoin: requests end (Cancel, the Generate call
+// going away, or the transfer aborting) at every point of their KV's way
+// from the receiver to the batch: before the transfer begins, between its
+// frames, at its commit, while the runner imports it and admits the
+// sequence, and while it decodes. The service, the receiver and the runner
+// hand the request over to each other meanwhile, each under its own lock;
+// under -race, nothing of any request is left once all ended: every pool
+// block is free (cached prompts aside, which are reclaimable), nothing is
+// staged, no transfer is open, and the receiver knows no request.
+func TestEndRacesTransferAndJoin(t *testing.T) {
+	o := smallOptions()
+	w := newWorker(t, o, true)
+	ctx := testCtx(t)
+	total := w.s.Stats().KVBlocksTotal
+	p := prompt(12, 5)
+	e := newEngine(t)
+	out, err := e.Prefill(ctx, []engine.PrefillItem{{Seq: 1, Tokens: p, Last: true}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := e.Spec()
+	type frame struct {
+		layer, start, end int
+		raw               []byte
+	}
+	var frames []frame
+	for _, r := range [][2]int{{0, 4}, {4, 8}, {8, len(p)}} {
+		for l := range spec.Layers {
+			raw, err := e.ExportKV(1, l, r[0], r[1], nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			frames = append(frames, frame{l, r[0], r[1], raw})
+		}
+	}
+	rcv := receiver{w.s}
+	const (
+		byCancel = iota
+		byCall
+		byAbort
+		ways
+	)
+	// at: the end comes after this many frames were written (len(frames):
+	// after them all, before the commit; len(frames)+1: after the commit).
+	var wg sync.WaitGroup
+	for i := range 3 * ways * (len(frames) + 2) {
+		how, at := i%ways, (i/ways)%(len(frames)+2)
+		id := fmt.Sprintf("r%d", i)
+		if i%o.MaxBatch == 0 {
+			wg.Wait() // a batch at a time: the pool holds them all
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := w.s.Reserve(ctx, &pdservev1.ReserveRequest{RequestId: id, Tokens: int32(len(p) + 6)}); err != nil {
+				t.Errorf("%s: reserve: %v", id, err)
+				return
+			}
+			cctx, cancel := context.WithCancel(ctx)
+			defer cancel()
+			stream, err := w.client.Generate(cctx, &pdservev1.GenerateRequest{RequestId: id, PromptTokens: p, MaxTokens: 6, IgnoreEos: true})
+			if err != nil {
+				t.Errorf("%s: generate: %v", id, err)
+				return
+			}
+			called := make(chan error, 1)
+			go func() { _, err := collect(stream); called <- err }()
+			end := func() {
+				switch how {
+				case byCancel:
+					w.s.CancelRequest(id)
+				case byCall:
+					cancel()
+				}
+			}
+			k, err := rcv.Begin(ctx, kvtransfer.StreamHeader{RequestID: id, Codec: "none", Layers: spec.Layers, Tokens: len(p), TokenBytes: spec.KVTokenBytes(), DType: spec.KVDType})
+			if err != nil {
+				t.Errorf("%s: begin: %v", id, err)
+				return
+			}
+			var ended sync.WaitGroup
+			failed := false
+			for j, f := range frames {
+				if j == at && how != byAbort {
+					ended.Add(1)
+					go func() { defer ended.Done(); end() }() // races the frames
+				}
+				if err := k.Write(f.layer, f.start, f.end, f.raw); err != nil {
+					if status.Code(err) != codes.Aborted {
+						t.Errorf("%s: write: %v, want ABORTED after the end", id, err)
+					}
+					k.Abort(err)
+					failed = true
+					break
+				}
+			}
+			commit := func() {
+				if err := k.Commit(kvtransfer.Commit{FirstToken: out[0].Token}); err != nil {
+					if status.Code(err) != codes.Aborted {
+						t.Errorf("%s: commit: %v, want nil or ABORTED", id, err)
+					}
+					k.Abort(err)
+				}
+			}
+			switch {
+			case failed:
+			case how == byAbort:
+				k.Abort(errors.New("prefill gave up"))
+			case at == len(frames):
+				ended.Add(1)
+				go func() { defer ended.Done(); end() }() // races the commit
+				commit()
+			default:
+				// The end raced the frames, or comes after the commit,
+				// racing the import, the admission and the steps.
+				commit()
+			}
+			ended.Wait()
+			// The request ends now at the latest: its caller leaves, and
+			// it is cancelled (a call the worker saw too late to claim
+			// the reservation left it unclaimed; one that came after a
+			// Cancel made a reservation of its own, ended as it sees
+			// its caller gone).
+			end()
+			cancel()
+			<-called
+			w.s.CancelRequest(id)
+		}()
+	}
+	wg.Wait()
+	poll.WaitFor(t, "every request ended and freed", func() bool {
+		st := w.s.Stats()
+		return st.Requests == 0 && st.KVBlocksFree == total && st.StagedKVBytes == 0 && st.KVTransfers == 0 && st.Waiting == 0 && st.Running == 0
+	})
+	w.s.mu.Lock()
+	if n := w.s.pool.Free() + len(w.s.cacheBlocks); n != total {
+		t.Errorf("%d pool blocks free and %d charged to the prefix cache, want %d in all", w.s.pool.Free(), len(w.s.cacheBlocks), total)
+	}
+	if len(w.s.callers) != 0 {
+		t.Errorf("callers still charged: %v", w.s.callers)
+	}
+	w.s.mu.Unlock()
+	w.s.rx.mu.Lock()
+	if len(w.s.rx.reqs) != 0 {
+		t.Errorf("the receiver still knows %d requests", len(w.s.rx.reqs))
+	}
+	w.s.rx.mu.Unlock()
 }
