@@ -45,12 +45,10 @@ type Disk struct {
 	blockTokens int
 	now         func() time.Time
 
-	mu     sync.Mutex
-	byHash map[kv.Hash][]*diskEntry
-	lru    list.List // of *diskEntry; front = most recently used
-	bytes  int64
-	next   uint64
-	st     HostStats
+	mu   sync.Mutex
+	idx  chains[*diskEntry]
+	next uint64
+	st   HostStats
 }
 
 // The disk tier's own directories in Options.DiskDir are diskDirPrefix
@@ -90,7 +88,7 @@ func newDisk(dir string, budget int64, blockTokens int) (*Disk, error) {
 		os.Remove(own + lockSuffix)
 		return nil, fmt.Errorf("prefixcache: disk tier: lock: %w", err)
 	}
-	return &Disk{dir: own, lock: lock, budget: budget, blockTokens: blockTokens, now: time.Now, byHash: make(map[kv.Hash][]*diskEntry)}, nil
+	return &Disk{dir: own, lock: lock, budget: budget, blockTokens: blockTokens, now: time.Now}, nil
 }
 
 // removeStaleDisks removes the tier directories in dir whose lock no
@@ -143,18 +141,7 @@ func (d *Disk) Match(hashes []kv.Hash) int {
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return d.depthLocked(hashes)
-}
-
-func (d *Disk) depthLocked(hashes []kv.Hash) int {
-	n := 0
-	for _, x := range hashes {
-		if len(d.byHash[x]) == 0 {
-			break
-		}
-		n++
-	}
-	return n
+	return d.idx.depth(hashes)
 }
 
 // put writes e, an entry the host tier evicted, to a file and indexes it
@@ -167,9 +154,7 @@ func (d *Disk) put(e *hostEntry) error {
 		return nil
 	}
 	d.mu.Lock()
-	if d.depthLocked(e.hashes) == len(e.hashes) {
-		es := d.byHash[e.hashes[len(e.hashes)-1]]
-		d.lru.MoveToFront(es[len(es)-1].el)
+	if d.idx.held(e.hashes) {
 		d.st.SpillsSkipped++
 		d.mu.Unlock()
 		return nil
@@ -207,52 +192,22 @@ func (d *Disk) put(e *hostEntry) error {
 
 // insertLocked indexes e and returns the files of the entries it drops.
 func (d *Disk) insertLocked(e *diskEntry) []string {
-	n := d.depthLocked(e.hashes)
-	var old []*diskEntry
-	for i := range n {
-		for _, o := range d.byHash[e.hashes[i]] {
-			if len(o.hashes) == i+1 {
-				old = append(old, o)
-			}
-		}
-	}
-	e.el = d.lru.PushFront(e)
-	for _, x := range e.hashes {
-		d.byHash[x] = append(d.byHash[x], e)
-	}
-	d.bytes += e.bytes
 	d.st.Spills++
 	var gone []string
-	for _, o := range old {
-		d.st.Superseded++
-		gone = append(gone, d.dropLocked(o))
-	}
-	for el := d.lru.Back(); el != nil && d.bytes > d.budget; {
-		o := el.Value.(*diskEntry)
-		el = el.Prev()
-		d.st.Evictions++
-		gone = append(gone, d.dropLocked(o))
+	superseded := d.idx.insert(e)
+	d.st.Superseded += uint64(len(superseded))
+	evicted := d.idx.evict(d.budget)
+	d.st.Evictions += uint64(len(evicted))
+	for _, o := range append(superseded, evicted...) {
+		o.dropped = true
+		gone = append(gone, o.path)
 	}
 	return gone
 }
 
+// dropLocked removes e from the index and returns its file's path.
 func (d *Disk) dropLocked(e *diskEntry) string {
-	d.lru.Remove(e.el)
-	for _, x := range e.hashes {
-		es := d.byHash[x]
-		for i, o := range es {
-			if o == e {
-				es = append(es[:i], es[i+1:]...)
-				break
-			}
-		}
-		if len(es) == 0 {
-			delete(d.byHash, x)
-		} else {
-			d.byHash[x] = es
-		}
-	}
-	d.bytes -= e.bytes
+	d.idx.drop(e)
 	e.dropped = true
 	return e.path
 }
@@ -266,14 +221,12 @@ func (d *Disk) dropLocked(e *diskEntry) string {
 func (d *Disk) load(eng engine.Engine, seq engine.SeqID, hashes []kv.Hash, maxBlocks int) (HostLoad, error) {
 	d.mu.Lock()
 	d.st.Lookups++
-	n := d.depthLocked(hashes[:min(len(hashes), max(maxBlocks, 0))])
+	n := d.idx.depth(hashes[:min(len(hashes), max(maxBlocks, 0))])
 	if n == 0 {
 		d.mu.Unlock()
 		return HostLoad{}, nil
 	}
-	es := d.byHash[hashes[n-1]]
-	e := es[len(es)-1]
-	d.lru.MoveToFront(e.el)
+	e := d.idx.newest(hashes[n-1])
 	d.mu.Unlock()
 
 	fail := func(err error) (HostLoad, error) {
@@ -326,12 +279,9 @@ func (d *Disk) clear() error {
 		return nil
 	}
 	d.mu.Lock()
-	for el := d.lru.Front(); el != nil; el = el.Next() {
-		el.Value.(*diskEntry).dropped = true
+	for _, e := range d.idx.reset() {
+		e.dropped = true
 	}
-	clear(d.byHash)
-	d.lru.Init()
-	d.bytes = 0
 	lock := d.lock
 	d.lock = nil
 	d.mu.Unlock()
@@ -359,6 +309,6 @@ func (d *Disk) Stats() HostStats {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	st := d.st
-	st.Bytes, st.Budget, st.Blocks, st.Entries = d.bytes, d.budget, len(d.byHash), d.lru.Len()
+	st.Bytes, st.Budget, st.Blocks, st.Entries = d.idx.bytes, d.budget, d.idx.blocks(), d.idx.entries()
 	return st
 }

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -106,13 +105,9 @@ type Host struct {
 	blockTokens int
 	now         func() time.Time
 
-	mu     sync.Mutex
-	byHash map[kv.Hash][]*hostEntry
-	lru    list.List // of *hostEntry; front = most recently used
-	bytes  int64
-	st     HostStats
-	// obs is told of every hash byHash gains or loses; nil: nobody.
-	obs Observer
+	mu  sync.Mutex
+	idx chains[*hostEntry] // its obs: told of every hash the tier gains or loses
+	st  HostStats
 	// disk takes the entries evicted for the budget; nil: none.
 	disk *Disk
 }
@@ -129,7 +124,7 @@ func (h *Host) SetObserver(o Observer) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.obs = o
+	h.idx.obs = o
 }
 
 // AppendBlocks appends every block hash the tier holds to dst and returns
@@ -144,10 +139,7 @@ func (h *Host) AppendBlocks(dst []uint64, mark func()) []uint64 {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	dst = slices.Grow(dst, len(h.byHash))
-	for x := range h.byHash {
-		dst = append(dst, uint64(x))
-	}
+	dst = h.idx.appendHashes(dst)
 	if mark != nil {
 		mark()
 	}
@@ -156,7 +148,7 @@ func (h *Host) AppendBlocks(dst []uint64, mark func()) []uint64 {
 
 // newHost returns a tier of budget bytes (> 0).
 func newHost(budget int64, blockTokens int) *Host {
-	return &Host{budget: budget, blockTokens: blockTokens, now: time.Now, byHash: make(map[kv.Hash][]*hostEntry)}
+	return &Host{budget: budget, blockTokens: blockTokens, now: time.Now}
 }
 
 // Budget returns the tier's byte budget (0 for a nil tier).
@@ -174,18 +166,7 @@ func (h *Host) Match(hashes []kv.Hash) int {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.depthLocked(hashes)
-}
-
-func (h *Host) depthLocked(hashes []kv.Hash) int {
-	n := 0
-	for _, x := range hashes {
-		if len(h.byHash[x]) == 0 {
-			break
-		}
-		n++
-	}
-	return n
+	return h.idx.depth(hashes)
 }
 
 // Spill copies the first len(hashes) × BlockTokens tokens of engine
@@ -206,12 +187,7 @@ func (h *Host) Spill(eng engine.Engine, seq engine.SeqID, hashes []kv.Hash) erro
 	tokens := len(hashes) * h.blockTokens
 	size := int64(tokens) * int64(spec.KVBytesPerToken())
 	h.mu.Lock()
-	held := h.depthLocked(hashes) == len(hashes)
-	if held {
-		es := h.byHash[hashes[len(hashes)-1]]
-		h.lru.MoveToFront(es[len(es)-1].el)
-	}
-	if held || size > h.budget {
+	if h.idx.held(hashes) || size > h.budget {
 		h.st.SpillsSkipped++
 		h.mu.Unlock()
 		return nil
@@ -284,62 +260,14 @@ func rendered(eng engine.Engine, e *hostEntry) (*hostEntry, error) {
 // blocks are a prefix of e's, and evicts for the budget; it returns the
 // evicted entries (for the disk tier; nil without one).
 func (h *Host) insertLocked(e *hostEntry) []*hostEntry {
-	n := h.depthLocked(e.hashes)
-	var old []*hostEntry
-	for i := range n {
-		for _, o := range h.byHash[e.hashes[i]] {
-			if len(o.hashes) == i+1 {
-				old = append(old, o)
-			}
-		}
-	}
-	e.el = h.lru.PushFront(e)
-	for _, x := range e.hashes {
-		es := h.byHash[x]
-		if len(es) == 0 && h.obs != nil {
-			h.obs.Stored(x)
-		}
-		h.byHash[x] = append(es, e)
-	}
-	h.bytes += e.bytes
 	h.st.Spills++
-	for _, o := range old {
-		h.st.Superseded++
-		h.dropLocked(o)
-	}
-	var evicted []*hostEntry
-	for el := h.lru.Back(); el != nil && h.bytes > h.budget; {
-		o := el.Value.(*hostEntry)
-		el = el.Prev()
-		h.st.Evictions++
-		h.dropLocked(o)
-		if h.disk != nil {
-			evicted = append(evicted, o)
-		}
+	h.st.Superseded += uint64(len(h.idx.insert(e)))
+	evicted := h.idx.evict(h.budget)
+	h.st.Evictions += uint64(len(evicted))
+	if h.disk == nil {
+		return nil
 	}
 	return evicted
-}
-
-func (h *Host) dropLocked(e *hostEntry) {
-	h.lru.Remove(e.el)
-	for _, x := range e.hashes {
-		es := h.byHash[x]
-		for i, o := range es {
-			if o == e {
-				es = append(es[:i], es[i+1:]...)
-				break
-			}
-		}
-		if len(es) == 0 {
-			delete(h.byHash, x)
-			if h.obs != nil {
-				h.obs.Removed(x)
-			}
-		} else {
-			h.byHash[x] = es
-		}
-	}
-	h.bytes -= e.bytes
 }
 
 // HostLoad is what Load brought back.
@@ -372,14 +300,12 @@ func (h *Host) Load(eng engine.Engine, seq engine.SeqID, hashes []kv.Hash, maxBl
 	}
 	h.mu.Lock()
 	h.st.Lookups++
-	n := h.depthLocked(hashes[:min(len(hashes), max(maxBlocks, 0))])
+	n := h.idx.depth(hashes[:min(len(hashes), max(maxBlocks, 0))])
 	if n == 0 {
 		h.mu.Unlock()
 		return HostLoad{}, nil
 	}
-	es := h.byHash[hashes[n-1]]
-	e := es[len(es)-1]
-	h.lru.MoveToFront(e.el)
+	e := h.idx.newest(hashes[n-1])
 	h.mu.Unlock()
 
 	m := n * h.blockTokens
@@ -451,7 +377,7 @@ func (h *Host) Stats() HostStats {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	st := h.st
-	st.Bytes, st.Budget, st.Blocks, st.Entries = h.bytes, h.budget, len(h.byHash), h.lru.Len()
+	st.Bytes, st.Budget, st.Blocks, st.Entries = h.idx.bytes, h.budget, h.idx.blocks(), h.idx.entries()
 	return st
 }
 
