@@ -1,6 +1,7 @@
 package workerrun
 
 import (
+	"errors"
 	"testing"
 
 	"go.uber.org/zap"
@@ -28,5 +29,41 @@ func TestDecodeHostTierDefault(t *testing.T) {
 		if got := decodeHostTier(tc.role, o, zap.NewNop()).PrefixCache.HostBytes; got != tc.wantBytes {
 			t.Errorf("%s, host-cache-bytes %d: %d, want %d", tc.role, tc.asked, got, tc.wantBytes)
 		}
+	}
+}
+
+// TestSizeHostTier: an auto host tier is a quarter of the free memory;
+// where the free memory cannot be read (no /proc, as under a bare chroot)
+// the worker has no host tier instead of failing to start; a size asked
+// for, 0, and a cache that is off are left alone.
+func TestSizeHostTier(t *testing.T) {
+	gib := func() (int64, error) { return 8 << 30, nil }
+	unknown := func() (int64, error) { return 0, errors.New("no /proc/meminfo") }
+	for _, tc := range []struct {
+		name      string
+		asked     int64
+		cacheOff  bool
+		free      func() (int64, error)
+		wantBytes int64
+	}{
+		{"auto", prefixcache.Auto, false, gib, 2 << 30},
+		{"auto, free memory unknown", prefixcache.Auto, false, unknown, 0},
+		{"asked", 1 << 20, false, unknown, 1 << 20},
+		{"off", 0, false, gib, 0},
+		{"cache off", prefixcache.Auto, true, gib, prefixcache.Auto},
+	} {
+		o := prefixcache.DefaultOptions()
+		o.HostBytes = tc.asked
+		if tc.cacheOff {
+			o.MaxTokens = 0
+		}
+		if got := sizeHostTier(o, tc.free, zap.NewNop()).HostBytes; got != tc.wantBytes {
+			t.Errorf("%s: host-cache-bytes %d, want %d", tc.name, got, tc.wantBytes)
+		}
+	}
+	o := prefixcache.DefaultOptions()
+	o.MaxTokens = 64
+	if _, err := prefixcache.New(sizeHostTier(o, unknown, zap.NewNop())); err != nil {
+		t.Errorf("a cache with the free memory unknown: %v, want one without a host tier", err)
 	}
 }

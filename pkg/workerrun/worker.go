@@ -210,6 +210,11 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 	}
 	o.Decode = fitPool(o.Decode, w.eng, w.log)
 	o.Decode = decodeHostTier(o.Role, o.Decode, w.log)
+	if o.Role == control.RolePrefill {
+		o.Prefill.PrefixCache = sizeHostTier(o.Prefill.PrefixCache, prefixcache.FreeMemory, w.log)
+	} else {
+		o.Decode.PrefixCache = sizeHostTier(o.Decode.PrefixCache, prefixcache.FreeMemory, w.log)
+	}
 	if t, ok := w.eng.(transferEngine); ok && o.Role != control.RoleColocated {
 		if err := t.Transferable(); err != nil {
 			return nil, fmt.Errorf("workerrun: a %s worker moves KV between pools, which this model cannot (run it colocated): %w", o.Role, err)
@@ -899,6 +904,26 @@ func decodeHostTier(role control.Role, o decode.Options, log *zap.Logger) decode
 		o.PrefixCache.HostBytes = 0
 		log.Info("no host tier on a decode worker of role decode by default: it would spill in its decode loop for prompts it seldom prefills (--host-cache-bytes N turns it on)")
 	}
+	return o
+}
+
+// sizeHostTier resolves an auto host tier of an enabled prefix cache to
+// its size, logged: a quarter of the memory the process may still use
+// (free: prefixcache.FreeMemory). Where that cannot be read (no /proc, as in a
+// bare chroot) the worker serves without a host tier and says so, rather
+// than not starting for a default.
+func sizeHostTier(o prefixcache.Options, free func() (int64, error), log *zap.Logger) prefixcache.Options {
+	if !o.Enabled() || o.HostBytes != prefixcache.Auto {
+		return o
+	}
+	bytes, err := free()
+	if err != nil {
+		log.Warn("no host tier: the free memory is unknown (--host-cache-bytes N sets one)", zap.Error(err))
+		o.HostBytes = 0
+		return o
+	}
+	o.HostBytes = bytes / prefixcache.HostAutoDivisor
+	log.Info("host tier sized by the free memory", zap.Int64("host_cache_bytes", o.HostBytes), zap.Int64("free_bytes", bytes))
 	return o
 }
 
