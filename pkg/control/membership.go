@@ -25,8 +25,10 @@ type member struct {
 	hb   Heartbeat
 	seen time.Time // when the last heartbeat was observed, observer clock
 	// unreachable: a call to the member failed as if it were gone (see
-	// Unreachable); it is left out of Members until its next heartbeat.
-	unreachable bool
+	// Unreachable), at unreachableAt (observer clock); it is left out of
+	// Members until its next heartbeat observed UnreachableGrace later.
+	unreachable   bool
+	unreachableAt time.Time
 	// admitted: Admit was called for the member's id, role and address.
 	admitted bool
 }
@@ -91,7 +93,13 @@ func (m *Membership) Observe(hb Heartbeat, now time.Time) error {
 	delete(m.refused, hb.ID)
 	old, ok := m.members[hb.ID]
 	admitted := ok && old.admitted && old.hb.Role == hb.Role && old.hb.GRPCAddr == hb.GRPCAddr
-	m.members[hb.ID] = member{hb: hb, seen: now, admitted: admitted}
+	mb := member{hb: hb, seen: now, admitted: admitted}
+	if ok && old.unreachable && old.hb.GRPCAddr == hb.GRPCAddr && now.Sub(old.unreachableAt) < UnreachableGrace {
+		// Sent, most likely, before the call failed: it says nothing
+		// of the worker since.
+		mb.unreachable, mb.unreachableAt = true, old.unreachableAt
+	}
+	m.members[hb.ID] = mb
 	return nil
 }
 
@@ -161,18 +169,27 @@ func (m *Membership) Remove(id string) {
 	delete(m.members, id)
 }
 
-// Unreachable marks id, if it is a member at addr, as unreachable: a call
-// to it failed as if the worker were gone (connection refused or reset),
-// so Members leaves it out until its next heartbeat is observed. A dead
+// UnreachableGrace is how long after a failed call (Unreachable) a
+// heartbeat is taken to have been on its way before the failure: one
+// observed sooner does not bring the member back. Without it, a worker
+// killed just after publishing a heartbeat came back at once and took
+// the next request (a dead worker's last heartbeat arrives within
+// milliseconds; under load, tens of them).
+const UnreachableGrace = 250 * time.Millisecond
+
+// Unreachable marks id, if it is a member at addr, as unreachable at now
+// (observer clock): a call to it failed as if the worker were gone
+// (connection refused or reset), so Members leaves it out until a
+// heartbeat is observed UnreachableGrace or more after now. A dead
 // worker thus stops taking requests at its first failed call rather than
 // when its heartbeat expires; a live one is back within a heartbeat
-// interval. It stays in All and Get, so that cleanup still finds it. A
-// member since re-registered at another address is left alone.
-func (m *Membership) Unreachable(id, addr string) {
+// interval or two. It stays in All and Get, so that cleanup still finds
+// it. A member since re-registered at another address is left alone.
+func (m *Membership) Unreachable(id, addr string, now time.Time) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if mb, ok := m.members[id]; ok && mb.hb.GRPCAddr == addr {
-		mb.unreachable = true
+		mb.unreachable, mb.unreachableAt = true, now // the latest failure counts
 		m.members[id] = mb
 	}
 }

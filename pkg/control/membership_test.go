@@ -110,8 +110,10 @@ func TestMembershipGetAllRemove(t *testing.T) {
 }
 
 // TestMembershipUnreachable: a member marked unreachable leaves Members
-// (not All or Get) until its next heartbeat; a mark for another address
-// (the id re-registered elsewhere) or an unknown id changes nothing.
+// (not All or Get) until its next heartbeat, but for one observed within
+// UnreachableGrace of the failure (sent before it, most likely); a mark
+// for another address (the id re-registered elsewhere) or an unknown id
+// changes nothing.
 func TestMembershipUnreachable(t *testing.T) {
 	t0 := time.Unix(100, 0)
 	m := NewMembership(time.Minute)
@@ -119,9 +121,9 @@ func TestMembershipUnreachable(t *testing.T) {
 	p2 := Heartbeat{ID: "p2", Role: string(RolePrefill), GRPCAddr: "b:1"}
 	m.Observe(p1, t0)
 	m.Observe(p2, t0)
-	m.Unreachable("p1", "a:1")
-	m.Unreachable("p2", "elsewhere:1")
-	m.Unreachable("unknown", "a:1")
+	m.Unreachable("p1", "a:1", t0)
+	m.Unreachable("p2", "elsewhere:1", t0)
+	m.Unreachable("unknown", "a:1", t0)
 	if diff := cmp.Diff([]Heartbeat{p2}, m.Members(RolePrefill)); diff != "" {
 		t.Errorf("Members after Unreachable(p1) (-want +got):\n%s", diff)
 	}
@@ -130,6 +132,10 @@ func TestMembershipUnreachable(t *testing.T) {
 	}
 	if _, ok := m.Get("p1"); !ok {
 		t.Error("Get(p1) after Unreachable: not a member")
+	}
+	m.Observe(p1, t0.Add(UnreachableGrace/5))
+	if diff := cmp.Diff([]Heartbeat{p2}, m.Members(RolePrefill)); diff != "" {
+		t.Errorf("Members after a heartbeat within the grace (-want +got):\n%s", diff)
 	}
 	m.Observe(p1, t0.Add(time.Second))
 	if diff := cmp.Diff([]Heartbeat{p1, p2}, m.Members(RolePrefill)); diff != "" {

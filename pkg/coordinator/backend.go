@@ -101,7 +101,7 @@ func (b *backend) unreachable(role control.Role, w router.Worker, err error) {
 	if status.Code(err) != codes.Unavailable {
 		return
 	}
-	b.members.Unreachable(w.ID, w.Addr)
+	b.members.Unreachable(w.ID, w.Addr, time.Now())
 	b.log.Warn("worker unreachable; routing around it until its next heartbeat", zap.String("role", string(role)),
 		zap.String("worker", w.ID), zap.Error(err))
 }
