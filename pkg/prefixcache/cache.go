@@ -252,11 +252,11 @@ func New(o Options) (*Cache, error) {
 	c := &Cache{o: o, byHash: make(map[kv.Hash][]*entry)}
 	if hb := o.HostBytes; hb != 0 {
 		if hb == Auto {
-			free, err := FreeMemory()
-			if err != nil {
+			var err error
+			if hb, err = AutoHostBytes(); err != nil {
 				return nil, fmt.Errorf("%w (set host-cache-bytes)", err)
 			}
-			if hb = free / HostAutoDivisor; hb == 0 {
+			if hb == 0 {
 				return nil, errors.New("prefixcache: no free memory for an auto host tier (set host-cache-bytes)")
 			}
 		}

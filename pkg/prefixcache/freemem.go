@@ -27,6 +27,17 @@ func FreeMemory() (int64, error) {
 	return free, nil
 }
 
+// AutoHostBytes returns the size of an auto host tier (Options.HostBytes
+// Auto) for a process with one: FreeMemory divided by HostAutoDivisor.
+// Errors: FreeMemory's.
+func AutoHostBytes() (int64, error) {
+	free, err := FreeMemory()
+	if err != nil {
+		return 0, err
+	}
+	return free / HostAutoDivisor, nil
+}
+
 // cgroupRoom returns limit minus usage of the memory cgroup of this
 // process, read from root (the file system's root): cgroup v2's
 // memory.max and memory.current, or v1's memory.limit_in_bytes and

@@ -268,12 +268,12 @@ func hostTierShare(specs []workerSpec, log *zap.Logger) int64 {
 	if n == 0 {
 		return 0
 	}
-	free, err := prefixcache.FreeMemory()
+	auto, err := prefixcache.AutoHostBytes()
 	if err != nil {
 		log.Warn("no host tier for the in-process workers", zap.Error(err))
 		return 0
 	}
-	share := max(free/prefixcache.HostAutoDivisor/int64(n), 1)
+	share := max(auto/int64(n), 1)
 	log.Info("in-process workers share the host tier budget", zap.Int("workers", n), zap.Int64("host_cache_bytes_each", share))
 	return share
 }

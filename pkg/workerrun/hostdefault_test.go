@@ -32,12 +32,12 @@ func TestDecodeHostTierDefault(t *testing.T) {
 	}
 }
 
-// TestSizeHostTier: an auto host tier is a quarter of the free memory;
+// TestSizeHostTier: an auto host tier is AutoHostBytes's size;
 // where the free memory cannot be read (no /proc, as under a bare chroot)
 // the worker has no host tier instead of failing to start; a size asked
 // for, 0, and a cache that is off are left alone.
 func TestSizeHostTier(t *testing.T) {
-	gib := func() (int64, error) { return 8 << 30, nil }
+	gib := func() (int64, error) { return 2 << 30, nil }
 	unknown := func() (int64, error) { return 0, errors.New("no /proc/meminfo") }
 	for _, tc := range []struct {
 		name      string

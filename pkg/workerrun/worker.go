@@ -211,9 +211,9 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 	o.Decode = fitPool(o.Decode, w.eng, w.log)
 	o.Decode = decodeHostTier(o.Role, o.Decode, w.log)
 	if o.Role == control.RolePrefill {
-		o.Prefill.PrefixCache = sizeHostTier(o.Prefill.PrefixCache, prefixcache.FreeMemory, w.log)
+		o.Prefill.PrefixCache = sizeHostTier(o.Prefill.PrefixCache, prefixcache.AutoHostBytes, w.log)
 	} else {
-		o.Decode.PrefixCache = sizeHostTier(o.Decode.PrefixCache, prefixcache.FreeMemory, w.log)
+		o.Decode.PrefixCache = sizeHostTier(o.Decode.PrefixCache, prefixcache.AutoHostBytes, w.log)
 	}
 	if t, ok := w.eng.(transferEngine); ok && o.Role != control.RoleColocated {
 		if err := t.Transferable(); err != nil {
@@ -909,21 +909,21 @@ func decodeHostTier(role control.Role, o decode.Options, log *zap.Logger) decode
 
 // sizeHostTier resolves an auto host tier of an enabled prefix cache to
 // its size, logged: a quarter of the memory the process may still use
-// (free: prefixcache.FreeMemory). Where that cannot be read (no /proc, as in a
+// (auto: prefixcache.AutoHostBytes). Where that cannot be read (no /proc, as in a
 // bare chroot) the worker serves without a host tier and says so, rather
 // than not starting for a default.
-func sizeHostTier(o prefixcache.Options, free func() (int64, error), log *zap.Logger) prefixcache.Options {
+func sizeHostTier(o prefixcache.Options, auto func() (int64, error), log *zap.Logger) prefixcache.Options {
 	if !o.Enabled() || o.HostBytes != prefixcache.Auto {
 		return o
 	}
-	bytes, err := free()
+	bytes, err := auto()
 	if err != nil {
 		log.Warn("no host tier: the free memory is unknown (--host-cache-bytes N sets one)", zap.Error(err))
 		o.HostBytes = 0
 		return o
 	}
-	o.HostBytes = bytes / prefixcache.HostAutoDivisor
-	log.Info("host tier sized by the free memory", zap.Int64("host_cache_bytes", o.HostBytes), zap.Int64("free_bytes", bytes))
+	o.HostBytes = bytes
+	log.Info("host tier sized by the free memory", zap.Int64("host_cache_bytes", bytes))
 	return o
 }
 
