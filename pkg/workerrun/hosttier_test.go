@@ -9,10 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/internal/poll"
 	"github.com/pdserve/pdserve/pkg/control"
-	"github.com/pdserve/pdserve/pkg/kv"
 )
 
 // TestKVEventsHostTier: the blocks a worker's engine tier evicts to its
@@ -36,50 +34,16 @@ func TestKVEventsHostTier(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stop()
-	client := pdservev1.NewDecodeServiceClient(dial(t, w))
-	var all []uint64
-	for i := range 8 {
-		p := prompt(48, int32(200+i))
-		for _, h := range kv.HashBlocks(0, p, o.Decode.BlockTokens) {
-			all = append(all, uint64(h))
-		}
-		stream, err := client.Generate(testCtx(t), &pdservev1.GenerateRequest{RequestId: fmt.Sprint("host-", i),
-			PromptTokens: p, MaxTokens: 1, LocalPrefill: true, IgnoreEos: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := readGenerate(stream, 0); err != nil {
-			t.Fatal(err)
-		}
-	}
+	all := prefillLocal(t, w, o, "host-", 200)
 	if st := w.svc.(decodeService).Stats().PrefixCache; st.Host.Spills == 0 {
 		t.Fatalf("cache stats %+v: want spills to the host tier", st)
 	}
-	view := func(v *control.WorkerBlocks) []uint64 {
-		if v == nil {
-			return nil
-		}
-		var out []uint64
-		for _, h := range all {
-			if v.Has(h) {
-				out = append(out, h)
-			}
-		}
-		slices.Sort(out)
-		return out
-	}
-	held := func() []uint64 {
-		hs := w.svc.hostBlocks().AppendBlocks(nil, nil)
-		slices.Sort(hs)
-		return hs
-	}
 	poll.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
-		if h, i := held(), view(ix.HostBlocks(o.ID)); len(h) == 0 || !slices.Equal(h, i) {
+		if h, i := sortedBlocks(w.svc.hostBlocks()), indexed(ix.HostBlocks(o.ID), all); len(h) == 0 || !slices.Equal(h, i) {
 			return fmt.Errorf("host tier index %x, host tier %x", i, h)
 		}
-		engine := w.svc.prefixBlocks().AppendBlocks(nil, nil)
-		slices.Sort(engine)
-		if i := view(ix.Blocks(o.ID)); !slices.Equal(engine, i) {
+		engine := sortedBlocks(w.svc.prefixBlocks())
+		if i := indexed(ix.Blocks(o.ID), all); !slices.Equal(engine, i) {
 			return fmt.Errorf("engine tier index %x, engine tier %x", i, engine)
 		}
 		return nil

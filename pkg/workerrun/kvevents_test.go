@@ -52,47 +52,13 @@ func TestKVEventsIndexEqualsCache(t *testing.T) {
 	}
 	defer func() { _ = sub.Unsubscribe() }()
 
-	client := pdservev1.NewDecodeServiceClient(dial(t, w))
-	var all []uint64
-	for i := range 8 {
-		p := prompt(48, int32(100+i))
-		for _, h := range kv.HashBlocks(0, p, o.Decode.BlockTokens) {
-			all = append(all, uint64(h))
-		}
-		stream, err := client.Generate(testCtx(t), &pdservev1.GenerateRequest{RequestId: fmt.Sprint("kv-", i),
-			PromptTokens: p, MaxTokens: 1, LocalPrefill: true, IgnoreEos: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := readGenerate(stream, 0); err != nil {
-			t.Fatal(err)
-		}
-	}
+	all := prefillLocal(t, w, o, "kv-", 100)
 	dec := w.svc.(decodeService)
 	if st := dec.Stats().PrefixCache; st.Inserts < 8 || st.Evictions == 0 {
 		t.Fatalf("cache stats %+v: want 8 inserts and evictions", st)
 	}
-	cached := func() []uint64 {
-		hs := w.svc.prefixBlocks().AppendBlocks(nil, nil)
-		slices.Sort(hs)
-		return hs
-	}
-	indexed := func() []uint64 {
-		b := ix.Blocks(o.ID)
-		if b == nil {
-			return nil
-		}
-		var out []uint64
-		for _, h := range all {
-			if b.Has(h) {
-				out = append(out, h)
-			}
-		}
-		slices.Sort(out)
-		return out
-	}
 	poll.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
-		if c, i := cached(), indexed(); len(c) == 0 || !slices.Equal(c, i) {
+		if c, i := sortedBlocks(w.svc.prefixBlocks()), indexed(ix.Blocks(o.ID), all); len(c) == 0 || !slices.Equal(c, i) {
 			return fmt.Errorf("index %x, cache %x", i, c)
 		}
 		return nil
@@ -112,6 +78,54 @@ func TestKVEventsIndexEqualsCache(t *testing.T) {
 	if n := <-digests; n != 0 {
 		t.Errorf("a heartbeat carries a %d-hash digest beside KV events", n)
 	}
+}
+
+// prefillLocal prefills eight 48-token prompts of seeds seed… on
+// colocated worker w (local prefill, one token each), request ids tag…,
+// and returns their block hashes.
+func prefillLocal(t *testing.T, w *Worker, o Options, tag string, seed int32) []uint64 {
+	t.Helper()
+	client := pdservev1.NewDecodeServiceClient(dial(t, w))
+	var all []uint64
+	for i := range 8 {
+		p := prompt(48, seed+int32(i))
+		for _, h := range kv.HashBlocks(0, p, o.Decode.BlockTokens) {
+			all = append(all, uint64(h))
+		}
+		stream, err := client.Generate(testCtx(t), &pdservev1.GenerateRequest{RequestId: fmt.Sprint(tag, i),
+			PromptTokens: p, MaxTokens: 1, LocalPrefill: true, IgnoreEos: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := readGenerate(stream, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return all
+}
+
+// sortedBlocks returns the block hashes b holds, sorted.
+func sortedBlocks(b interface {
+	AppendBlocks([]uint64, func()) []uint64
+}) []uint64 {
+	hs := b.AppendBlocks(nil, nil)
+	slices.Sort(hs)
+	return hs
+}
+
+// indexed returns the hashes of all that v (nil: none) holds, sorted.
+func indexed(v *control.WorkerBlocks, all []uint64) []uint64 {
+	if v == nil {
+		return nil
+	}
+	var out []uint64
+	for _, h := range all {
+		if v.Has(h) {
+			out = append(out, h)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // TestKVEventsOff: without --kv-events the heartbeats carry the digest and
