@@ -119,12 +119,17 @@ func (c *chains[E]) drop(e E) {
 	c.bytes -= e.chainBytes()
 }
 
-// reset empties the index without telling obs, and returns the entries it
-// held, most recent first.
+// reset empties the index, telling obs of every hash it held, and returns
+// the entries it held, most recent first.
 func (c *chains[E]) reset() []E {
 	var all []E
 	for el := c.lru.Front(); el != nil; el = el.Next() {
 		all = append(all, el.Value.(E))
+	}
+	if c.obs != nil {
+		for x := range c.byHash {
+			c.obs.Removed(x)
+		}
 	}
 	clear(c.byHash)
 	c.lru.Init()

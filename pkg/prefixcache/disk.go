@@ -37,7 +37,8 @@ type diskEntry struct {
 // than the host tier. Its methods are the Host's, which calls them: Spill
 // and Load under the caller's engine lock, the index under a lock of its
 // own (a leaf, never held across file I/O or an engine call). A nil *Disk
-// holds nothing.
+// holds nothing. Its blocks are observed (SetObserver) and listed
+// (AppendBlocks) as the Host's are: the worker's disk-tier KV events.
 type Disk struct {
 	dir         string
 	lock        *os.File // dir's lock file (dir + lockSuffix), flocked while the tier lives
@@ -46,9 +47,44 @@ type Disk struct {
 	now         func() time.Time
 
 	mu   sync.Mutex
-	idx  chains[*diskEntry]
+	idx  chains[*diskEntry] // its obs: told of every hash the tier gains or loses
 	next uint64
 	st   HostStats
+}
+
+var _ Blocks = (*Disk)(nil)
+
+// SetObserver makes o (nil: nobody) the tier's observer from now on, as
+// Host.SetObserver does: told of every block hash the tier starts and
+// stops holding (writes, supersessions, evictions, entries whose file is
+// gone, clear), in order, with the tier's lock held (o must return
+// quickly and not call the tier). A no-op on a nil tier.
+func (d *Disk) SetObserver(o Observer) {
+	if d == nil {
+		return
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.idx.obs = o
+}
+
+// AppendBlocks appends every block hash the tier holds to dst and returns
+// it, calling mark (when not nil) under the lock after gathering them, as
+// Host.AppendBlocks does. A nil tier appends nothing.
+func (d *Disk) AppendBlocks(dst []uint64, mark func()) []uint64 {
+	if d == nil {
+		if mark != nil {
+			mark()
+		}
+		return dst
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	dst = d.idx.appendHashes(dst)
+	if mark != nil {
+		mark()
+	}
+	return dst
 }
 
 // The disk tier's own directories in Options.DiskDir are diskDirPrefix
@@ -273,7 +309,8 @@ func (d *Disk) load(eng engine.Engine, seq engine.SeqID, hashes []kv.Hash, maxBl
 	return HostLoad{Tokens: m, Bytes: size, Took: took}, nil
 }
 
-// clear drops every entry and removes the tier's directory.
+// clear drops every entry, telling the observer, and removes the tier's
+// directory.
 func (d *Disk) clear() error {
 	if d == nil {
 		return nil

@@ -154,3 +154,65 @@ func TestDiskTierOptions(t *testing.T) {
 		t.Errorf("no disk budget: disk tier %v, %v; want none", c.Host().Disk(), err)
 	}
 }
+
+// TestDiskTierObserver: replaying the disk tier's reports (writes,
+// supersessions, evictions, Drain) gives its AppendBlocks list, as the
+// host tier's do: the worker's disk-tier KV events.
+func TestDiskTierObserver(t *testing.T) {
+	eng, err := ref.New(ref.Options{Preset: "tiny", MaxSeqLen: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	perToken := int64(eng.Spec().KVBytesPerToken())
+	// One entry in the engine, 64 tokens on the host, 100 on disk: each
+	// prompt pushes the one before it down a tier.
+	c, err := prefixcache.New(prefixcache.Options{MaxTokens: 1 << 10, MaxEntries: 1, BlockTokens: 16,
+		HostBytes: 64 * perToken, DiskDir: t.TempDir(), DiskBytes: 100 * perToken})
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs := setObserver{}
+	disk := c.Host().Disk()
+	disk.SetObserver(obs)
+	check := func(when string) {
+		t.Helper()
+		marked := false
+		got := disk.AppendBlocks(nil, func() { marked = true })
+		want := make([]uint64, 0, len(obs))
+		for h := range obs {
+			want = append(want, uint64(h))
+		}
+		slices.Sort(got)
+		slices.Sort(want)
+		if !marked || !slices.Equal(got, want) {
+			t.Errorf("%s: AppendBlocks %v (marked %v), replayed reports %v", when, got, marked, want)
+		}
+	}
+	base := tokens(nil, 64, 0, 1, 250)
+	prompts := [][]int32{base[:33], tokens(nil, 50, 0, 2, 250), base, tokens(base, 60, 40, 3, 250),
+		tokens(nil, 40, 0, 4, 250), tokens(nil, 50, 0, 5, 250), tokens(nil, 40, 0, 6, 250)}
+	for i, p := range prompts {
+		seq := engine.SeqID(i + 1)
+		run(t, eng, seq, p, 0, 0)
+		if err := c.Free(eng, c.Insert(seq, c.Hashes(p), len(p))); err != nil {
+			t.Fatal(err)
+		}
+		check(fmt.Sprintf("after prompt %d", i))
+	}
+	if st := c.Stats().Disk; st.Spills < 3 || st.Superseded == 0 || st.Evictions == 0 || len(obs) == 0 {
+		t.Errorf("disk stats %+v, %d blocks reported: want writes, a supersession and an eviction", st, len(obs))
+	}
+	if err := c.Free(eng, c.Drain()); err != nil {
+		t.Fatal(err)
+	}
+	check("after Drain")
+	if len(obs) != 0 {
+		t.Errorf("after Drain: %d blocks reported held, want none", len(obs))
+	}
+	var off *prefixcache.Disk
+	off.SetObserver(obs)
+	calls := 0
+	if got := off.AppendBlocks(nil, func() { calls++ }); got != nil || calls != 1 {
+		t.Errorf("nil tier AppendBlocks = %v, mark calls %d; want nil and a call", got, calls)
+	}
+}

@@ -59,8 +59,10 @@
 // from the disk tier when it holds a prompt's prefix deeper than the host
 // tier; HostDeeper counts both. Loads from disk count in Stats.Disk, and
 // in the workers' host_hit_tokens (loaded, not in engine memory). Drain
-// empties the tier and removes its directory. The router does not see the
-// disk tier: it publishes no KV events.
+// empties the tier and removes its directory. Its blocks are observed and
+// listed as the host tier's (Disk.SetObserver, Disk.AppendBlocks): the
+// worker publishes them as KV events of their own, which the router
+// charges at a disk read each.
 //
 // # Digest
 //
