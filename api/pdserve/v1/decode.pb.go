@@ -423,8 +423,11 @@ type GenerateResponse struct {
 	// GenerateRequest.first_token_from_prefill: choice 0's tokens start at
 	// output position 1 (its first token is the prefill worker's).
 	FirstTokenOmitted bool `protobuf:"varint,11,opt,name=first_token_omitted,json=firstTokenOmitted,proto3" json:"first_token_omitted,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Of host_hit_tokens, those read from the disk tier (as
+	// FirstToken.disk_hit_tokens); sent with prefix_hit_tokens.
+	DiskHitTokens int32 `protobuf:"varint,12,opt,name=disk_hit_tokens,json=diskHitTokens,proto3" json:"disk_hit_tokens,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GenerateResponse) Reset() {
@@ -532,6 +535,13 @@ func (x *GenerateResponse) GetFirstTokenOmitted() bool {
 		return x.FirstTokenOmitted
 	}
 	return false
+}
+
+func (x *GenerateResponse) GetDiskHitTokens() int32 {
+	if x != nil {
+		return x.DiskHitTokens
+	}
+	return 0
 }
 
 type CancelRequest struct {
@@ -654,7 +664,7 @@ const file_pdserve_v1_decode_proto_rawDesc = "" +
 	"\x11generated_choices\x18\f \x03(\v2\x15.pdserve.v1.GeneratedR\x10generatedChoices\x127\n" +
 	"\x18first_token_from_prefill\x18\r \x01(\bR\x15firstTokenFromPrefill\"#\n" +
 	"\tGenerated\x12\x16\n" +
-	"\x06tokens\x18\x01 \x03(\x05R\x06tokens\"\xd4\x03\n" +
+	"\x06tokens\x18\x01 \x03(\x05R\x06tokens\"\xfc\x03\n" +
 	"\x10GenerateResponse\x12\x16\n" +
 	"\x06tokens\x18\x01 \x03(\x05R\x06tokens\x12\x14\n" +
 	"\x05index\x18\x05 \x01(\x05R\x05index\x124\n" +
@@ -668,7 +678,8 @@ const file_pdserve_v1_decode_proto_rawDesc = "" +
 	"\x0fhost_hit_tokens\x18\t \x01(\x05R\rhostHitTokens\x12&\n" +
 	"\x0fhost_load_nanos\x18\n" +
 	" \x01(\x03R\rhostLoadNanos\x12.\n" +
-	"\x13first_token_omitted\x18\v \x01(\bR\x11firstTokenOmitted\".\n" +
+	"\x13first_token_omitted\x18\v \x01(\bR\x11firstTokenOmitted\x12&\n" +
+	"\x0fdisk_hit_tokens\x18\f \x01(\x05R\rdiskHitTokens\".\n" +
 	"\rCancelRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\"\x10\n" +

@@ -21,6 +21,261 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// PullRequest asks a worker for a prompt's cached prefix KV.
+type PullRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The puller's request id, at most 255 bytes: the frames carry it.
+	RequestId string `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// The prompt's chained block hashes (pkg/kv HashBlocks from the plain
+	// root), in order; at most 65536.
+	BlockHashes []uint64 `protobuf:"varint,2,rep,packed,name=block_hashes,json=blockHashes,proto3" json:"block_hashes,omitempty"`
+	// Tokens per block; must be the worker's (--block-tokens).
+	BlockTokens int32 `protobuf:"varint,3,opt,name=block_tokens,json=blockTokens,proto3" json:"block_tokens,omitempty"`
+	// The fewest leading blocks worth sending (the puller holds fewer
+	// itself); a worker that holds fewer sends none.
+	MinBlocks int32 `protobuf:"varint,4,opt,name=min_blocks,json=minBlocks,proto3" json:"min_blocks,omitempty"`
+	// The most leading blocks to send (the puller computes at least the
+	// prompt's last token itself); 0: all of block_hashes.
+	MaxBlocks int32 `protobuf:"varint,5,opt,name=max_blocks,json=maxBlocks,proto3" json:"max_blocks,omitempty"`
+	// Codec name of pkg/kv/codec for the frames ("none", "s2", "zstd",
+	// "bf16", ...); empty: "none".
+	Codec         string `protobuf:"bytes,6,opt,name=codec,proto3" json:"codec,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullRequest) Reset() {
+	*x = PullRequest{}
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullRequest) ProtoMessage() {}
+
+func (x *PullRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullRequest.ProtoReflect.Descriptor instead.
+func (*PullRequest) Descriptor() ([]byte, []int) {
+	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *PullRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *PullRequest) GetBlockHashes() []uint64 {
+	if x != nil {
+		return x.BlockHashes
+	}
+	return nil
+}
+
+func (x *PullRequest) GetBlockTokens() int32 {
+	if x != nil {
+		return x.BlockTokens
+	}
+	return 0
+}
+
+func (x *PullRequest) GetMinBlocks() int32 {
+	if x != nil {
+		return x.MinBlocks
+	}
+	return 0
+}
+
+func (x *PullRequest) GetMaxBlocks() int32 {
+	if x != nil {
+		return x.MaxBlocks
+	}
+	return 0
+}
+
+func (x *PullRequest) GetCodec() string {
+	if x != nil {
+		return x.Codec
+	}
+	return ""
+}
+
+// PullResponse is one message of a Pull stream.
+type PullResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*PullResponse_Header
+	//	*PullResponse_Frame
+	Msg           isPullResponse_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullResponse) Reset() {
+	*x = PullResponse{}
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullResponse) ProtoMessage() {}
+
+func (x *PullResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullResponse.ProtoReflect.Descriptor instead.
+func (*PullResponse) Descriptor() ([]byte, []int) {
+	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PullResponse) GetMsg() isPullResponse_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *PullResponse) GetHeader() *PullHeader {
+	if x != nil {
+		if x, ok := x.Msg.(*PullResponse_Header); ok {
+			return x.Header
+		}
+	}
+	return nil
+}
+
+func (x *PullResponse) GetFrame() []byte {
+	if x != nil {
+		if x, ok := x.Msg.(*PullResponse_Frame); ok {
+			return x.Frame
+		}
+	}
+	return nil
+}
+
+type isPullResponse_Msg interface {
+	isPullResponse_Msg()
+}
+
+type PullResponse_Header struct {
+	// First message: what follows.
+	Header *PullHeader `protobuf:"bytes,1,opt,name=header,proto3,oneof"`
+}
+
+type PullResponse_Frame struct {
+	// One pkg/kv/codec frame: one layer of one token range within
+	// [0, header.tokens); every layer's ranges in order and complete.
+	Frame []byte `protobuf:"bytes,2,opt,name=frame,proto3,oneof"`
+}
+
+func (*PullResponse_Header) isPullResponse_Msg() {}
+
+func (*PullResponse_Frame) isPullResponse_Msg() {}
+
+// PullHeader says which prefix a Pull stream carries.
+type PullHeader struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Leading prompt tokens whose KV follows (whole blocks); 0: none (the
+	// worker holds fewer than min_blocks).
+	Tokens int32 `protobuf:"varint,1,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	// Transformer layers, and canonical KV bytes of one token in one layer
+	// as the frames carry it.
+	Layers     int32 `protobuf:"varint,2,opt,name=layers,proto3" json:"layers,omitempty"`
+	TokenBytes int32 `protobuf:"varint,3,opt,name=token_bytes,json=tokenBytes,proto3" json:"token_bytes,omitempty"`
+	// The tier the worker read them from: "engine", "host" or "disk".
+	Tier          string `protobuf:"bytes,4,opt,name=tier,proto3" json:"tier,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullHeader) Reset() {
+	*x = PullHeader{}
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullHeader) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullHeader) ProtoMessage() {}
+
+func (x *PullHeader) ProtoReflect() protoreflect.Message {
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullHeader.ProtoReflect.Descriptor instead.
+func (*PullHeader) Descriptor() ([]byte, []int) {
+	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *PullHeader) GetTokens() int32 {
+	if x != nil {
+		return x.Tokens
+	}
+	return 0
+}
+
+func (x *PullHeader) GetLayers() int32 {
+	if x != nil {
+		return x.Layers
+	}
+	return 0
+}
+
+func (x *PullHeader) GetTokenBytes() int32 {
+	if x != nil {
+		return x.TokenBytes
+	}
+	return 0
+}
+
+func (x *PullHeader) GetTier() string {
+	if x != nil {
+		return x.Tier
+	}
+	return ""
+}
+
 // PushRequest is one message of the Push stream.
 type PushRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -36,7 +291,7 @@ type PushRequest struct {
 
 func (x *PushRequest) Reset() {
 	*x = PushRequest{}
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[0]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -48,7 +303,7 @@ func (x *PushRequest) String() string {
 func (*PushRequest) ProtoMessage() {}
 
 func (x *PushRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[0]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -61,7 +316,7 @@ func (x *PushRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushRequest.ProtoReflect.Descriptor instead.
 func (*PushRequest) Descriptor() ([]byte, []int) {
-	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{0}
+	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *PushRequest) GetMsg() isPushRequest_Msg {
@@ -148,7 +403,7 @@ type KVStreamHeader struct {
 
 func (x *KVStreamHeader) Reset() {
 	*x = KVStreamHeader{}
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[1]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -160,7 +415,7 @@ func (x *KVStreamHeader) String() string {
 func (*KVStreamHeader) ProtoMessage() {}
 
 func (x *KVStreamHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[1]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -173,7 +428,7 @@ func (x *KVStreamHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVStreamHeader.ProtoReflect.Descriptor instead.
 func (*KVStreamHeader) Descriptor() ([]byte, []int) {
-	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{1}
+	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *KVStreamHeader) GetRequestId() string {
@@ -231,7 +486,7 @@ type KVCommit struct {
 
 func (x *KVCommit) Reset() {
 	*x = KVCommit{}
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[2]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -243,7 +498,7 @@ func (x *KVCommit) String() string {
 func (*KVCommit) ProtoMessage() {}
 
 func (x *KVCommit) ProtoReflect() protoreflect.Message {
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[2]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -256,7 +511,7 @@ func (x *KVCommit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVCommit.ProtoReflect.Descriptor instead.
 func (*KVCommit) Descriptor() ([]byte, []int) {
-	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{2}
+	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *KVCommit) GetFirstToken() int32 {
@@ -290,7 +545,7 @@ type PushResponse struct {
 
 func (x *PushResponse) Reset() {
 	*x = PushResponse{}
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[3]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -302,7 +557,7 @@ func (x *PushResponse) String() string {
 func (*PushResponse) ProtoMessage() {}
 
 func (x *PushResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[3]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -315,7 +570,7 @@ func (x *PushResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushResponse.ProtoReflect.Descriptor instead.
 func (*PushResponse) Descriptor() ([]byte, []int) {
-	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{3}
+	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *PushResponse) GetBytesRaw() int64 {
@@ -351,7 +606,28 @@ var File_pdserve_v1_kvtransfer_proto protoreflect.FileDescriptor
 const file_pdserve_v1_kvtransfer_proto_rawDesc = "" +
 	"\n" +
 	"\x1bpdserve/v1/kvtransfer.proto\x12\n" +
-	"pdserve.v1\x1a\x17pdserve/v1/common.proto\"\x92\x01\n" +
+	"pdserve.v1\x1a\x17pdserve/v1/common.proto\"\xc6\x01\n" +
+	"\vPullRequest\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12!\n" +
+	"\fblock_hashes\x18\x02 \x03(\x04R\vblockHashes\x12!\n" +
+	"\fblock_tokens\x18\x03 \x01(\x05R\vblockTokens\x12\x1d\n" +
+	"\n" +
+	"min_blocks\x18\x04 \x01(\x05R\tminBlocks\x12\x1d\n" +
+	"\n" +
+	"max_blocks\x18\x05 \x01(\x05R\tmaxBlocks\x12\x14\n" +
+	"\x05codec\x18\x06 \x01(\tR\x05codec\"_\n" +
+	"\fPullResponse\x120\n" +
+	"\x06header\x18\x01 \x01(\v2\x16.pdserve.v1.PullHeaderH\x00R\x06header\x12\x16\n" +
+	"\x05frame\x18\x02 \x01(\fH\x00R\x05frameB\x05\n" +
+	"\x03msg\"q\n" +
+	"\n" +
+	"PullHeader\x12\x16\n" +
+	"\x06tokens\x18\x01 \x01(\x05R\x06tokens\x12\x16\n" +
+	"\x06layers\x18\x02 \x01(\x05R\x06layers\x12\x1f\n" +
+	"\vtoken_bytes\x18\x03 \x01(\x05R\n" +
+	"tokenBytes\x12\x12\n" +
+	"\x04tier\x18\x04 \x01(\tR\x04tier\"\x92\x01\n" +
 	"\vPushRequest\x124\n" +
 	"\x06header\x18\x01 \x01(\v2\x1a.pdserve.v1.KVStreamHeaderH\x00R\x06header\x12\x16\n" +
 	"\x05frame\x18\x02 \x01(\fH\x00R\x05frame\x12.\n" +
@@ -376,9 +652,10 @@ const file_pdserve_v1_kvtransfer_proto_rawDesc = "" +
 	"\n" +
 	"bytes_wire\x18\x02 \x01(\x03R\tbytesWire\x12/\n" +
 	"\x14first_byte_unix_nano\x18\x03 \x01(\x03R\x11firstByteUnixNano\x12$\n" +
-	"\x0edone_unix_nano\x18\x04 \x01(\x03R\fdoneUnixNano2P\n" +
+	"\x0edone_unix_nano\x18\x04 \x01(\x03R\fdoneUnixNano2\x8d\x01\n" +
 	"\x11KVTransferService\x12;\n" +
-	"\x04Push\x12\x17.pdserve.v1.PushRequest\x1a\x18.pdserve.v1.PushResponse(\x01B5Z3github.com/pdserve/pdserve/api/pdserve/v1;pdservev1b\x06proto3"
+	"\x04Push\x12\x17.pdserve.v1.PushRequest\x1a\x18.pdserve.v1.PushResponse(\x01\x12;\n" +
+	"\x04Pull\x12\x17.pdserve.v1.PullRequest\x1a\x18.pdserve.v1.PullResponse0\x01B5Z3github.com/pdserve/pdserve/api/pdserve/v1;pdservev1b\x06proto3"
 
 var (
 	file_pdserve_v1_kvtransfer_proto_rawDescOnce sync.Once
@@ -392,25 +669,31 @@ func file_pdserve_v1_kvtransfer_proto_rawDescGZIP() []byte {
 	return file_pdserve_v1_kvtransfer_proto_rawDescData
 }
 
-var file_pdserve_v1_kvtransfer_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_pdserve_v1_kvtransfer_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_pdserve_v1_kvtransfer_proto_goTypes = []any{
-	(*PushRequest)(nil),    // 0: pdserve.v1.PushRequest
-	(*KVStreamHeader)(nil), // 1: pdserve.v1.KVStreamHeader
-	(*KVCommit)(nil),       // 2: pdserve.v1.KVCommit
-	(*PushResponse)(nil),   // 3: pdserve.v1.PushResponse
-	(*TokenLogprob)(nil),   // 4: pdserve.v1.TokenLogprob
+	(*PullRequest)(nil),    // 0: pdserve.v1.PullRequest
+	(*PullResponse)(nil),   // 1: pdserve.v1.PullResponse
+	(*PullHeader)(nil),     // 2: pdserve.v1.PullHeader
+	(*PushRequest)(nil),    // 3: pdserve.v1.PushRequest
+	(*KVStreamHeader)(nil), // 4: pdserve.v1.KVStreamHeader
+	(*KVCommit)(nil),       // 5: pdserve.v1.KVCommit
+	(*PushResponse)(nil),   // 6: pdserve.v1.PushResponse
+	(*TokenLogprob)(nil),   // 7: pdserve.v1.TokenLogprob
 }
 var file_pdserve_v1_kvtransfer_proto_depIdxs = []int32{
-	1, // 0: pdserve.v1.PushRequest.header:type_name -> pdserve.v1.KVStreamHeader
-	2, // 1: pdserve.v1.PushRequest.commit:type_name -> pdserve.v1.KVCommit
-	4, // 2: pdserve.v1.KVCommit.first_logprob:type_name -> pdserve.v1.TokenLogprob
-	0, // 3: pdserve.v1.KVTransferService.Push:input_type -> pdserve.v1.PushRequest
-	3, // 4: pdserve.v1.KVTransferService.Push:output_type -> pdserve.v1.PushResponse
-	4, // [4:5] is the sub-list for method output_type
-	3, // [3:4] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	2, // 0: pdserve.v1.PullResponse.header:type_name -> pdserve.v1.PullHeader
+	4, // 1: pdserve.v1.PushRequest.header:type_name -> pdserve.v1.KVStreamHeader
+	5, // 2: pdserve.v1.PushRequest.commit:type_name -> pdserve.v1.KVCommit
+	7, // 3: pdserve.v1.KVCommit.first_logprob:type_name -> pdserve.v1.TokenLogprob
+	3, // 4: pdserve.v1.KVTransferService.Push:input_type -> pdserve.v1.PushRequest
+	0, // 5: pdserve.v1.KVTransferService.Pull:input_type -> pdserve.v1.PullRequest
+	6, // 6: pdserve.v1.KVTransferService.Push:output_type -> pdserve.v1.PushResponse
+	1, // 7: pdserve.v1.KVTransferService.Pull:output_type -> pdserve.v1.PullResponse
+	6, // [6:8] is the sub-list for method output_type
+	4, // [4:6] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_pdserve_v1_kvtransfer_proto_init() }
@@ -419,7 +702,11 @@ func file_pdserve_v1_kvtransfer_proto_init() {
 		return
 	}
 	file_pdserve_v1_common_proto_init()
-	file_pdserve_v1_kvtransfer_proto_msgTypes[0].OneofWrappers = []any{
+	file_pdserve_v1_kvtransfer_proto_msgTypes[1].OneofWrappers = []any{
+		(*PullResponse_Header)(nil),
+		(*PullResponse_Frame)(nil),
+	}
+	file_pdserve_v1_kvtransfer_proto_msgTypes[3].OneofWrappers = []any{
 		(*PushRequest_Header)(nil),
 		(*PushRequest_Frame)(nil),
 		(*PushRequest_Commit)(nil),
@@ -430,7 +717,7 @@ func file_pdserve_v1_kvtransfer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pdserve_v1_kvtransfer_proto_rawDesc), len(file_pdserve_v1_kvtransfer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   4,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

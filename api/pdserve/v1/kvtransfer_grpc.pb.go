@@ -20,6 +20,7 @@ const _ = grpc.SupportPackageIsVersion9
 
 const (
 	KVTransferService_Push_FullMethodName = "/pdserve.v1.KVTransferService/Push"
+	KVTransferService_Pull_FullMethodName = "/pdserve.v1.KVTransferService/Pull"
 )
 
 // KVTransferServiceClient is the client API for KVTransferService service.
@@ -43,6 +44,18 @@ type KVTransferServiceClient interface {
 	// CANCELLED / DEADLINE_EXCEEDED when the call ends early. On any error the
 	// worker frees everything it received.
 	Push(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[PushRequest, PushResponse], error)
+	// Pull streams the KV of the longest prefix of a prompt that this worker
+	// holds in any tier of its prefix cache (engine memory, host memory,
+	// disk), to another worker that would otherwise compute it (a peer
+	// pull): a PullHeader, then frames of pkg/kv/codec (one layer × token
+	// range each, CRC-32C checked by the puller), ending with the stream.
+	// Served by prefill and decode workers; callers need the same role as
+	// Push. Errors: INVALID_ARGUMENT for a bad request (no hashes, too many,
+	// another block size, an unknown codec), CANCELLED / DEADLINE_EXCEEDED
+	// when the call ends early, UNAVAILABLE when the worker is stopping. A
+	// worker that holds fewer than min_blocks of the prefix answers a header
+	// of 0 tokens and ends the stream.
+	Pull(ctx context.Context, in *PullRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[PullResponse], error)
 }
 
 type kVTransferServiceClient struct {
@@ -66,6 +79,25 @@ func (c *kVTransferServiceClient) Push(ctx context.Context, opts ...grpc.CallOpt
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type KVTransferService_PushClient = grpc.ClientStreamingClient[PushRequest, PushResponse]
 
+func (c *kVTransferServiceClient) Pull(ctx context.Context, in *PullRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[PullResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &KVTransferService_ServiceDesc.Streams[1], KVTransferService_Pull_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[PullRequest, PullResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type KVTransferService_PullClient = grpc.ServerStreamingClient[PullResponse]
+
 // KVTransferServiceServer is the server API for KVTransferService service.
 // All implementations must embed UnimplementedKVTransferServiceServer
 // for forward compatibility.
@@ -87,6 +119,18 @@ type KVTransferServiceServer interface {
 	// CANCELLED / DEADLINE_EXCEEDED when the call ends early. On any error the
 	// worker frees everything it received.
 	Push(grpc.ClientStreamingServer[PushRequest, PushResponse]) error
+	// Pull streams the KV of the longest prefix of a prompt that this worker
+	// holds in any tier of its prefix cache (engine memory, host memory,
+	// disk), to another worker that would otherwise compute it (a peer
+	// pull): a PullHeader, then frames of pkg/kv/codec (one layer × token
+	// range each, CRC-32C checked by the puller), ending with the stream.
+	// Served by prefill and decode workers; callers need the same role as
+	// Push. Errors: INVALID_ARGUMENT for a bad request (no hashes, too many,
+	// another block size, an unknown codec), CANCELLED / DEADLINE_EXCEEDED
+	// when the call ends early, UNAVAILABLE when the worker is stopping. A
+	// worker that holds fewer than min_blocks of the prefix answers a header
+	// of 0 tokens and ends the stream.
+	Pull(*PullRequest, grpc.ServerStreamingServer[PullResponse]) error
 	mustEmbedUnimplementedKVTransferServiceServer()
 }
 
@@ -99,6 +143,9 @@ type UnimplementedKVTransferServiceServer struct{}
 
 func (UnimplementedKVTransferServiceServer) Push(grpc.ClientStreamingServer[PushRequest, PushResponse]) error {
 	return status.Error(codes.Unimplemented, "method Push not implemented")
+}
+func (UnimplementedKVTransferServiceServer) Pull(*PullRequest, grpc.ServerStreamingServer[PullResponse]) error {
+	return status.Error(codes.Unimplemented, "method Pull not implemented")
 }
 func (UnimplementedKVTransferServiceServer) mustEmbedUnimplementedKVTransferServiceServer() {}
 func (UnimplementedKVTransferServiceServer) testEmbeddedByValue()                           {}
@@ -128,6 +175,17 @@ func _KVTransferService_Push_Handler(srv interface{}, stream grpc.ServerStream) 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type KVTransferService_PushServer = grpc.ClientStreamingServer[PushRequest, PushResponse]
 
+func _KVTransferService_Pull_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(PullRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(KVTransferServiceServer).Pull(m, &grpc.GenericServerStream[PullRequest, PullResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type KVTransferService_PullServer = grpc.ServerStreamingServer[PullResponse]
+
 // KVTransferService_ServiceDesc is the grpc.ServiceDesc for KVTransferService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -140,6 +198,11 @@ var KVTransferService_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "Push",
 			Handler:       _KVTransferService_Push_Handler,
 			ClientStreams: true,
+		},
+		{
+			StreamName:    "Pull",
+			Handler:       _KVTransferService_Pull_Handler,
+			ServerStreams: true,
 		},
 	},
 	Metadata: "pdserve/v1/kvtransfer.proto",

@@ -46,8 +46,14 @@ type PrefillRequest struct {
 	// (pkg/grpcauth), presented as "pdserve-credential" metadata on it.
 	// Empty without a signing key.
 	DecodeCredential string `protobuf:"bytes,9,opt,name=decode_credential,json=decodeCredential,proto3" json:"decode_credential,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// A worker that holds a longer prefix of the prompt than this one, in
+	// any tier of its prefix cache (the coordinator's index of the KV
+	// events): this worker may pull it (KVTransferService/Pull) instead of
+	// computing it, when its link model says the pull is faster. Unset: no
+	// such worker, or peer pulls are off.
+	Peer          *PeerPrefix `protobuf:"bytes,10,opt,name=peer,proto3" json:"peer,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PrefillRequest) Reset() {
@@ -143,6 +149,98 @@ func (x *PrefillRequest) GetDecodeCredential() string {
 	return ""
 }
 
+func (x *PrefillRequest) GetPeer() *PeerPrefix {
+	if x != nil {
+		return x.Peer
+	}
+	return nil
+}
+
+// PeerPrefix names a worker to pull a prompt's cached prefix from.
+type PeerPrefix struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Its gRPC address, heartbeat id and role ("prefill", "decode",
+	// "colocated"): over TLS the puller refuses a peer whose certificate
+	// does not name that role and id.
+	Addr string `protobuf:"bytes,1,opt,name=addr,proto3" json:"addr,omitempty"`
+	Id   string `protobuf:"bytes,2,opt,name=id,proto3" json:"id,omitempty"`
+	Role string `protobuf:"bytes,3,opt,name=role,proto3" json:"role,omitempty"`
+	// Leading prompt tokens it holds (whole blocks), by the coordinator's
+	// index.
+	Tokens int32 `protobuf:"varint,4,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	// A credential the coordinator signed for one Pull from id by this
+	// worker (pkg/grpcauth), presented as "pdserve-credential" metadata.
+	// Empty without a signing key.
+	Credential    string `protobuf:"bytes,5,opt,name=credential,proto3" json:"credential,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeerPrefix) Reset() {
+	*x = PeerPrefix{}
+	mi := &file_pdserve_v1_prefill_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerPrefix) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerPrefix) ProtoMessage() {}
+
+func (x *PeerPrefix) ProtoReflect() protoreflect.Message {
+	mi := &file_pdserve_v1_prefill_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerPrefix.ProtoReflect.Descriptor instead.
+func (*PeerPrefix) Descriptor() ([]byte, []int) {
+	return file_pdserve_v1_prefill_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PeerPrefix) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+func (x *PeerPrefix) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *PeerPrefix) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *PeerPrefix) GetTokens() int32 {
+	if x != nil {
+		return x.Tokens
+	}
+	return 0
+}
+
+func (x *PeerPrefix) GetCredential() string {
+	if x != nil {
+		return x.Credential
+	}
+	return ""
+}
+
 type PrefillResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Event:
@@ -157,7 +255,7 @@ type PrefillResponse struct {
 
 func (x *PrefillResponse) Reset() {
 	*x = PrefillResponse{}
-	mi := &file_pdserve_v1_prefill_proto_msgTypes[1]
+	mi := &file_pdserve_v1_prefill_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -169,7 +267,7 @@ func (x *PrefillResponse) String() string {
 func (*PrefillResponse) ProtoMessage() {}
 
 func (x *PrefillResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pdserve_v1_prefill_proto_msgTypes[1]
+	mi := &file_pdserve_v1_prefill_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -182,7 +280,7 @@ func (x *PrefillResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrefillResponse.ProtoReflect.Descriptor instead.
 func (*PrefillResponse) Descriptor() ([]byte, []int) {
-	return file_pdserve_v1_prefill_proto_rawDescGZIP(), []int{1}
+	return file_pdserve_v1_prefill_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *PrefillResponse) GetEvent() isPrefillResponse_Event {
@@ -254,7 +352,7 @@ type PrefillQueued struct {
 
 func (x *PrefillQueued) Reset() {
 	*x = PrefillQueued{}
-	mi := &file_pdserve_v1_prefill_proto_msgTypes[2]
+	mi := &file_pdserve_v1_prefill_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -266,7 +364,7 @@ func (x *PrefillQueued) String() string {
 func (*PrefillQueued) ProtoMessage() {}
 
 func (x *PrefillQueued) ProtoReflect() protoreflect.Message {
-	mi := &file_pdserve_v1_prefill_proto_msgTypes[2]
+	mi := &file_pdserve_v1_prefill_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -279,7 +377,7 @@ func (x *PrefillQueued) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PrefillQueued.ProtoReflect.Descriptor instead.
 func (*PrefillQueued) Descriptor() ([]byte, []int) {
-	return file_pdserve_v1_prefill_proto_rawDescGZIP(), []int{2}
+	return file_pdserve_v1_prefill_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *PrefillQueued) GetUnixNano() int64 {
@@ -314,13 +412,21 @@ type FirstToken struct {
 	// host-link time on the performance-model engine (inside the prefill
 	// span), the imports' wall time otherwise (before prefill_start).
 	HostLoadNanos int64 `protobuf:"varint,8,opt,name=host_load_nanos,json=hostLoadNanos,proto3" json:"host_load_nanos,omitempty"`
+	// Of host_hit_tokens, those read from the disk tier behind the host tier.
+	DiskHitTokens int32 `protobuf:"varint,9,opt,name=disk_hit_tokens,json=diskHitTokens,proto3" json:"disk_hit_tokens,omitempty"`
+	// Of prefix_hit_tokens, those pulled from a peer worker
+	// (PrefillRequest.peer) instead of computed, and the time the pull and
+	// import took in nanoseconds (before prefill_start: the pull runs while
+	// the request is queued, the import when it starts).
+	PeerHitTokens int32 `protobuf:"varint,10,opt,name=peer_hit_tokens,json=peerHitTokens,proto3" json:"peer_hit_tokens,omitempty"`
+	PeerLoadNanos int64 `protobuf:"varint,11,opt,name=peer_load_nanos,json=peerLoadNanos,proto3" json:"peer_load_nanos,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *FirstToken) Reset() {
 	*x = FirstToken{}
-	mi := &file_pdserve_v1_prefill_proto_msgTypes[3]
+	mi := &file_pdserve_v1_prefill_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -332,7 +438,7 @@ func (x *FirstToken) String() string {
 func (*FirstToken) ProtoMessage() {}
 
 func (x *FirstToken) ProtoReflect() protoreflect.Message {
-	mi := &file_pdserve_v1_prefill_proto_msgTypes[3]
+	mi := &file_pdserve_v1_prefill_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -345,7 +451,7 @@ func (x *FirstToken) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FirstToken.ProtoReflect.Descriptor instead.
 func (*FirstToken) Descriptor() ([]byte, []int) {
-	return file_pdserve_v1_prefill_proto_rawDescGZIP(), []int{3}
+	return file_pdserve_v1_prefill_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *FirstToken) GetToken() int32 {
@@ -404,6 +510,27 @@ func (x *FirstToken) GetHostLoadNanos() int64 {
 	return 0
 }
 
+func (x *FirstToken) GetDiskHitTokens() int32 {
+	if x != nil {
+		return x.DiskHitTokens
+	}
+	return 0
+}
+
+func (x *FirstToken) GetPeerHitTokens() int32 {
+	if x != nil {
+		return x.PeerHitTokens
+	}
+	return 0
+}
+
+func (x *FirstToken) GetPeerLoadNanos() int64 {
+	if x != nil {
+		return x.PeerLoadNanos
+	}
+	return 0
+}
+
 type KVDone struct {
 	state             protoimpl.MessageState `protogen:"open.v1"`
 	FirstByteUnixNano int64                  `protobuf:"varint,1,opt,name=first_byte_unix_nano,json=firstByteUnixNano,proto3" json:"first_byte_unix_nano,omitempty"`
@@ -423,7 +550,7 @@ type KVDone struct {
 
 func (x *KVDone) Reset() {
 	*x = KVDone{}
-	mi := &file_pdserve_v1_prefill_proto_msgTypes[4]
+	mi := &file_pdserve_v1_prefill_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -435,7 +562,7 @@ func (x *KVDone) String() string {
 func (*KVDone) ProtoMessage() {}
 
 func (x *KVDone) ProtoReflect() protoreflect.Message {
-	mi := &file_pdserve_v1_prefill_proto_msgTypes[4]
+	mi := &file_pdserve_v1_prefill_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -448,7 +575,7 @@ func (x *KVDone) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVDone.ProtoReflect.Descriptor instead.
 func (*KVDone) Descriptor() ([]byte, []int) {
-	return file_pdserve_v1_prefill_proto_rawDescGZIP(), []int{4}
+	return file_pdserve_v1_prefill_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *KVDone) GetFirstByteUnixNano() int64 {
@@ -507,7 +634,7 @@ type ResendRequest struct {
 
 func (x *ResendRequest) Reset() {
 	*x = ResendRequest{}
-	mi := &file_pdserve_v1_prefill_proto_msgTypes[5]
+	mi := &file_pdserve_v1_prefill_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -519,7 +646,7 @@ func (x *ResendRequest) String() string {
 func (*ResendRequest) ProtoMessage() {}
 
 func (x *ResendRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pdserve_v1_prefill_proto_msgTypes[5]
+	mi := &file_pdserve_v1_prefill_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -532,7 +659,7 @@ func (x *ResendRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResendRequest.ProtoReflect.Descriptor instead.
 func (*ResendRequest) Descriptor() ([]byte, []int) {
-	return file_pdserve_v1_prefill_proto_rawDescGZIP(), []int{5}
+	return file_pdserve_v1_prefill_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ResendRequest) GetRequestId() string {
@@ -579,7 +706,7 @@ type ResendResponse struct {
 
 func (x *ResendResponse) Reset() {
 	*x = ResendResponse{}
-	mi := &file_pdserve_v1_prefill_proto_msgTypes[6]
+	mi := &file_pdserve_v1_prefill_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -591,7 +718,7 @@ func (x *ResendResponse) String() string {
 func (*ResendResponse) ProtoMessage() {}
 
 func (x *ResendResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pdserve_v1_prefill_proto_msgTypes[6]
+	mi := &file_pdserve_v1_prefill_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -604,7 +731,7 @@ func (x *ResendResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResendResponse.ProtoReflect.Descriptor instead.
 func (*ResendResponse) Descriptor() ([]byte, []int) {
-	return file_pdserve_v1_prefill_proto_rawDescGZIP(), []int{6}
+	return file_pdserve_v1_prefill_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ResendResponse) GetKvDone() *KVDone {
@@ -623,7 +750,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_pdserve_v1_prefill_proto_msgTypes[7]
+	mi := &file_pdserve_v1_prefill_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -635,7 +762,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pdserve_v1_prefill_proto_msgTypes[7]
+	mi := &file_pdserve_v1_prefill_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -648,7 +775,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_pdserve_v1_prefill_proto_rawDescGZIP(), []int{7}
+	return file_pdserve_v1_prefill_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ReleaseRequest) GetRequestId() string {
@@ -666,7 +793,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_pdserve_v1_prefill_proto_msgTypes[8]
+	mi := &file_pdserve_v1_prefill_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -678,7 +805,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pdserve_v1_prefill_proto_msgTypes[8]
+	mi := &file_pdserve_v1_prefill_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -691,7 +818,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_pdserve_v1_prefill_proto_rawDescGZIP(), []int{8}
+	return file_pdserve_v1_prefill_proto_rawDescGZIP(), []int{9}
 }
 
 var File_pdserve_v1_prefill_proto protoreflect.FileDescriptor
@@ -699,7 +826,7 @@ var File_pdserve_v1_prefill_proto protoreflect.FileDescriptor
 const file_pdserve_v1_prefill_proto_rawDesc = "" +
 	"\n" +
 	"\x18pdserve/v1/prefill.proto\x12\n" +
-	"pdserve.v1\x1a\x17pdserve/v1/common.proto\"\xda\x02\n" +
+	"pdserve.v1\x1a\x17pdserve/v1/common.proto\"\x86\x03\n" +
 	"\x0ePrefillRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -712,7 +839,18 @@ const file_pdserve_v1_prefill_proto_rawDesc = "" +
 	"\vskip_tokens\x18\a \x01(\x05R\n" +
 	"skipTokens\x12\x1b\n" +
 	"\tdecode_id\x18\b \x01(\tR\bdecodeId\x12+\n" +
-	"\x11decode_credential\x18\t \x01(\tR\x10decodeCredential\"\xb9\x01\n" +
+	"\x11decode_credential\x18\t \x01(\tR\x10decodeCredential\x12*\n" +
+	"\x04peer\x18\n" +
+	" \x01(\v2\x16.pdserve.v1.PeerPrefixR\x04peer\"|\n" +
+	"\n" +
+	"PeerPrefix\x12\x12\n" +
+	"\x04addr\x18\x01 \x01(\tR\x04addr\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\tR\x02id\x12\x12\n" +
+	"\x04role\x18\x03 \x01(\tR\x04role\x12\x16\n" +
+	"\x06tokens\x18\x04 \x01(\x05R\x06tokens\x12\x1e\n" +
+	"\n" +
+	"credential\x18\x05 \x01(\tR\n" +
+	"credential\"\xb9\x01\n" +
 	"\x0fPrefillResponse\x123\n" +
 	"\x06queued\x18\x01 \x01(\v2\x19.pdserve.v1.PrefillQueuedH\x00R\x06queued\x129\n" +
 	"\vfirst_token\x18\x02 \x01(\v2\x16.pdserve.v1.FirstTokenH\x00R\n" +
@@ -721,7 +859,7 @@ const file_pdserve_v1_prefill_proto_rawDesc = "" +
 	"\x05event\"S\n" +
 	"\rPrefillQueued\x12\x1b\n" +
 	"\tunix_nano\x18\x01 \x01(\x03R\bunixNano\x12%\n" +
-	"\x0equeue_position\x18\x02 \x01(\x05R\rqueuePosition\"\xdb\x02\n" +
+	"\x0equeue_position\x18\x02 \x01(\x05R\rqueuePosition\"\xd3\x03\n" +
 	"\n" +
 	"FirstToken\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\x05R\x05token\x125\n" +
@@ -732,7 +870,11 @@ const file_pdserve_v1_prefill_proto_rawDesc = "" +
 	"\x11prefix_hit_tokens\x18\x05 \x01(\x05R\x0fprefixHitTokens\x122\n" +
 	"\alogprob\x18\x06 \x01(\v2\x18.pdserve.v1.TokenLogprobR\alogprob\x12&\n" +
 	"\x0fhost_hit_tokens\x18\a \x01(\x05R\rhostHitTokens\x12&\n" +
-	"\x0fhost_load_nanos\x18\b \x01(\x03R\rhostLoadNanos\"\xd4\x01\n" +
+	"\x0fhost_load_nanos\x18\b \x01(\x03R\rhostLoadNanos\x12&\n" +
+	"\x0fdisk_hit_tokens\x18\t \x01(\x05R\rdiskHitTokens\x12&\n" +
+	"\x0fpeer_hit_tokens\x18\n" +
+	" \x01(\x05R\rpeerHitTokens\x12&\n" +
+	"\x0fpeer_load_nanos\x18\v \x01(\x03R\rpeerLoadNanos\"\xd4\x01\n" +
 	"\x06KVDone\x12/\n" +
 	"\x14first_byte_unix_nano\x18\x01 \x01(\x03R\x11firstByteUnixNano\x12$\n" +
 	"\x0edone_unix_nano\x18\x02 \x01(\x03R\fdoneUnixNano\x12\x1b\n" +
@@ -772,40 +914,42 @@ func file_pdserve_v1_prefill_proto_rawDescGZIP() []byte {
 	return file_pdserve_v1_prefill_proto_rawDescData
 }
 
-var file_pdserve_v1_prefill_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_pdserve_v1_prefill_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_pdserve_v1_prefill_proto_goTypes = []any{
 	(*PrefillRequest)(nil),  // 0: pdserve.v1.PrefillRequest
-	(*PrefillResponse)(nil), // 1: pdserve.v1.PrefillResponse
-	(*PrefillQueued)(nil),   // 2: pdserve.v1.PrefillQueued
-	(*FirstToken)(nil),      // 3: pdserve.v1.FirstToken
-	(*KVDone)(nil),          // 4: pdserve.v1.KVDone
-	(*ResendRequest)(nil),   // 5: pdserve.v1.ResendRequest
-	(*ResendResponse)(nil),  // 6: pdserve.v1.ResendResponse
-	(*ReleaseRequest)(nil),  // 7: pdserve.v1.ReleaseRequest
-	(*ReleaseResponse)(nil), // 8: pdserve.v1.ReleaseResponse
-	(*Sampling)(nil),        // 9: pdserve.v1.Sampling
-	(*Logprobs)(nil),        // 10: pdserve.v1.Logprobs
-	(*TokenLogprob)(nil),    // 11: pdserve.v1.TokenLogprob
+	(*PeerPrefix)(nil),      // 1: pdserve.v1.PeerPrefix
+	(*PrefillResponse)(nil), // 2: pdserve.v1.PrefillResponse
+	(*PrefillQueued)(nil),   // 3: pdserve.v1.PrefillQueued
+	(*FirstToken)(nil),      // 4: pdserve.v1.FirstToken
+	(*KVDone)(nil),          // 5: pdserve.v1.KVDone
+	(*ResendRequest)(nil),   // 6: pdserve.v1.ResendRequest
+	(*ResendResponse)(nil),  // 7: pdserve.v1.ResendResponse
+	(*ReleaseRequest)(nil),  // 8: pdserve.v1.ReleaseRequest
+	(*ReleaseResponse)(nil), // 9: pdserve.v1.ReleaseResponse
+	(*Sampling)(nil),        // 10: pdserve.v1.Sampling
+	(*Logprobs)(nil),        // 11: pdserve.v1.Logprobs
+	(*TokenLogprob)(nil),    // 12: pdserve.v1.TokenLogprob
 }
 var file_pdserve_v1_prefill_proto_depIdxs = []int32{
-	9,  // 0: pdserve.v1.PrefillRequest.sampling:type_name -> pdserve.v1.Sampling
-	10, // 1: pdserve.v1.PrefillRequest.logprobs:type_name -> pdserve.v1.Logprobs
-	2,  // 2: pdserve.v1.PrefillResponse.queued:type_name -> pdserve.v1.PrefillQueued
-	3,  // 3: pdserve.v1.PrefillResponse.first_token:type_name -> pdserve.v1.FirstToken
-	4,  // 4: pdserve.v1.PrefillResponse.kv_done:type_name -> pdserve.v1.KVDone
-	11, // 5: pdserve.v1.FirstToken.logprob:type_name -> pdserve.v1.TokenLogprob
-	4,  // 6: pdserve.v1.ResendResponse.kv_done:type_name -> pdserve.v1.KVDone
-	0,  // 7: pdserve.v1.PrefillService.Prefill:input_type -> pdserve.v1.PrefillRequest
-	5,  // 8: pdserve.v1.PrefillService.Resend:input_type -> pdserve.v1.ResendRequest
-	7,  // 9: pdserve.v1.PrefillService.Release:input_type -> pdserve.v1.ReleaseRequest
-	1,  // 10: pdserve.v1.PrefillService.Prefill:output_type -> pdserve.v1.PrefillResponse
-	6,  // 11: pdserve.v1.PrefillService.Resend:output_type -> pdserve.v1.ResendResponse
-	8,  // 12: pdserve.v1.PrefillService.Release:output_type -> pdserve.v1.ReleaseResponse
-	10, // [10:13] is the sub-list for method output_type
-	7,  // [7:10] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	10, // 0: pdserve.v1.PrefillRequest.sampling:type_name -> pdserve.v1.Sampling
+	11, // 1: pdserve.v1.PrefillRequest.logprobs:type_name -> pdserve.v1.Logprobs
+	1,  // 2: pdserve.v1.PrefillRequest.peer:type_name -> pdserve.v1.PeerPrefix
+	3,  // 3: pdserve.v1.PrefillResponse.queued:type_name -> pdserve.v1.PrefillQueued
+	4,  // 4: pdserve.v1.PrefillResponse.first_token:type_name -> pdserve.v1.FirstToken
+	5,  // 5: pdserve.v1.PrefillResponse.kv_done:type_name -> pdserve.v1.KVDone
+	12, // 6: pdserve.v1.FirstToken.logprob:type_name -> pdserve.v1.TokenLogprob
+	5,  // 7: pdserve.v1.ResendResponse.kv_done:type_name -> pdserve.v1.KVDone
+	0,  // 8: pdserve.v1.PrefillService.Prefill:input_type -> pdserve.v1.PrefillRequest
+	6,  // 9: pdserve.v1.PrefillService.Resend:input_type -> pdserve.v1.ResendRequest
+	8,  // 10: pdserve.v1.PrefillService.Release:input_type -> pdserve.v1.ReleaseRequest
+	2,  // 11: pdserve.v1.PrefillService.Prefill:output_type -> pdserve.v1.PrefillResponse
+	7,  // 12: pdserve.v1.PrefillService.Resend:output_type -> pdserve.v1.ResendResponse
+	9,  // 13: pdserve.v1.PrefillService.Release:output_type -> pdserve.v1.ReleaseResponse
+	11, // [11:14] is the sub-list for method output_type
+	8,  // [8:11] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_pdserve_v1_prefill_proto_init() }
@@ -814,7 +958,7 @@ func file_pdserve_v1_prefill_proto_init() {
 		return
 	}
 	file_pdserve_v1_common_proto_init()
-	file_pdserve_v1_prefill_proto_msgTypes[1].OneofWrappers = []any{
+	file_pdserve_v1_prefill_proto_msgTypes[2].OneofWrappers = []any{
 		(*PrefillResponse_Queued)(nil),
 		(*PrefillResponse_FirstToken)(nil),
 		(*PrefillResponse_KvDone)(nil),
@@ -825,7 +969,7 @@ func file_pdserve_v1_prefill_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pdserve_v1_prefill_proto_rawDesc), len(file_pdserve_v1_prefill_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
