@@ -134,7 +134,7 @@ func Permissions(role Role, id string) (*server.Permissions, error) {
 			sub = append(sub, HeartbeatSubject(string(RoleDecode), "*"), HeartbeatSubject(string(RoleColocated), "*"))
 		}
 		return &server.Permissions{
-			Publish:   &server.SubjectPermission{Allow: []string{HeartbeatSubject(string(role), tok), KVSubject(string(role), tok), KVTierSubject(string(role), tok, KVTierHost)}},
+			Publish:   &server.SubjectPermission{Allow: []string{HeartbeatSubject(string(role), tok), KVSubject(string(role), tok), KVTierSubject(string(role), tok, KVTierHost), KVTierSubject(string(role), tok, KVTierDisk)}},
 			Subscribe: &server.SubjectPermission{Allow: sub},
 			Response:  &server.ResponsePermission{MaxMsgs: 1, Expires: commandReplyTTL},
 		}, nil

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -16,7 +17,7 @@ import (
 // batches with a sequence number, and full snapshots, on
 // "pdserve.kv.<role>.<id>" for its engine tier and
 // "pdserve.kv.<role>.<id>.<tier>" for another tier (KVTierHost: host
-// memory), each tier a stream of its own (epoch, sequence, snapshots): a
+// memory, KVTierDisk: disk), each tier a stream of its own (epoch, sequence, snapshots): a
 // block's tier is its stream's. The payload is binary, little-endian:
 //
 //	byte 0      version (1)
@@ -53,9 +54,21 @@ const CmdKVSnapshot = "kv-snapshot"
 // KVSubject returns "pdserve.kv.<role>.<id>".
 func KVSubject(role, id string) string { return kvPrefix + role + "." + id }
 
-// KVTierHost names the host-memory tier of a worker's prefix cache in KV
-// event subjects (KVTierSubject).
-const KVTierHost = "host"
+// Tiers of a worker's prefix cache below its engine memory, as KV event
+// subjects name them (KVTierSubject).
+const (
+	// KVTierHost is the host-memory tier (prefixcache.Host).
+	KVTierHost = "host"
+	// KVTierDisk is the disk tier behind it (prefixcache.Disk).
+	KVTierDisk = "disk"
+)
+
+// kvTiers are the tiers that publish KV events: "" (the engine tier),
+// KVTierHost and KVTierDisk.
+var kvTiers = []string{"", KVTierHost, KVTierDisk}
+
+// validKVTier reports whether tier is one of kvTiers.
+func validKVTier(tier string) bool { return slices.Contains(kvTiers, tier) }
 
 // KVTierSubject returns the subject of tier's KV events of worker id of
 // role: KVSubject for the engine tier (""), "pdserve.kv.<role>.<id>.<tier>"
@@ -155,10 +168,11 @@ func NewKVPublisher(nc *nats.Conn, role, id string, o KVOptions, blocks func(dst
 }
 
 // NewKVTierPublisher is NewKVPublisher for the blocks of one tier of the
-// worker's cache: "" (the engine tier, as NewKVPublisher) or KVTierHost,
-// on KVTierSubject. Errors: as NewKVPublisher's, and an unknown tier.
+// worker's cache: "" (the engine tier, as NewKVPublisher), KVTierHost or
+// KVTierDisk, on KVTierSubject. Errors: as NewKVPublisher's, and an
+// unknown tier.
 func NewKVTierPublisher(nc *nats.Conn, role, id, tier string, o KVOptions, blocks func(dst []uint64, mark func()) []uint64) (*KVPublisher, error) {
-	if tier != "" && tier != KVTierHost {
+	if !validKVTier(tier) {
 		return nil, fmt.Errorf("control: kv events: unknown tier %q", tier)
 	}
 	if err := ValidToken(role); err != nil {

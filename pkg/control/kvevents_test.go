@@ -152,8 +152,20 @@ func TestKVIndexFollowsPublisher(t *testing.T) {
 }
 
 // TestKVIndexHealsLostBatch: over NATS, a batch lost leaves the index
-// wrong and stale; onStale asks for a snapshot once, which heals it.
+// wrong and stale; onStale asks for a snapshot once, which heals it. So
+// for each tier's stream: the engine's, the host's and the disk's.
 func TestKVIndexHealsLostBatch(t *testing.T) {
+	for _, tier := range kvTiers {
+		name := tier
+		if name == "" {
+			name = "engine"
+		}
+		t.Run(name, func(t *testing.T) { healsLostBatch(t, tier) })
+	}
+}
+
+// healsLostBatch is TestKVIndexHealsLostBatch on tier's stream.
+func healsLostBatch(t *testing.T, tier string) {
 	nc := startNATS(t)
 	var mu sync.Mutex
 	var asked []string
@@ -170,7 +182,7 @@ func TestKVIndexHealsLostBatch(t *testing.T) {
 	defer stop()
 	cache := &fakeBlocks{set: map[uint64]bool{}}
 	o := KVOptions{FlushInterval: time.Hour, SnapshotInterval: time.Hour, BatchHashes: 2}
-	if p, err = NewKVPublisher(nc, "prefill", "prefill-0", o, cache.AppendBlocks); err != nil {
+	if p, err = NewKVTierPublisher(nc, "prefill", "prefill-0", tier, o, cache.AppendBlocks); err != nil {
 		t.Fatal(err)
 	}
 	cache.obs = p
@@ -180,7 +192,7 @@ func TestKVIndexHealsLostBatch(t *testing.T) {
 	settled := func(want []uint64, stale bool) {
 		t.Helper()
 		poll.CheckFor(t, 10*time.Second, time.Millisecond, func() error {
-			w := ix.Blocks("prefill-0")
+			w := ix.tierBlocks(tier, "prefill-0")
 			if w == nil {
 				return errors.New("no view")
 			}
@@ -228,7 +240,7 @@ func TestKVIndexHealsLostBatch(t *testing.T) {
 	if len(asked) != 1 {
 		t.Errorf("onStale told %v, want once per gap", asked)
 	}
-	if st := ix.Blocks("prefill-0").State(); st.Gaps != 1 || st.Snapshots != 2 {
+	if st := ix.tierBlocks(tier, "prefill-0").State(); st.Gaps != 1 || st.Snapshots != 2 {
 		t.Errorf("state %+v, want one gap and two snapshots", st)
 	}
 }
@@ -377,8 +389,9 @@ func TestKVOptionsValidate(t *testing.T) {
 }
 
 // TestKVEventPermissions: a decode user cannot publish another worker's
-// KV events (the server drops them, the coordinator's index never hears
-// of it), publishes its own, and a prefill worker cannot read them.
+// KV events of any tier (the server drops them, the coordinator's index
+// never hears of it), publishes its own of every tier (engine, host,
+// disk), and a prefill worker cannot read them.
 func TestKVEventPermissions(t *testing.T) {
 	core, serverLogs := observer.New(zap.DebugLevel)
 	coord := NewNATSUser(RoleCoordinator, "")
@@ -395,19 +408,24 @@ func TestKVEventPermissions(t *testing.T) {
 
 	dcore, dlogs := observer.New(zap.DebugLevel)
 	dnc := connectAs(t, url, d1.ConnOptions(), zap.New(dcore))
-	for _, subj := range []string{KVSubject("decode", "decode-2"), KVSubject("prefill", "decode-1")} {
+	for _, subj := range []string{KVSubject("decode", "decode-2"), KVSubject("prefill", "decode-1"),
+		KVTierSubject("decode", "decode-2", KVTierHost), KVTierSubject("decode", "decode-2", KVTierDisk)} {
 		if err := dnc.Publish(subj, snap(1, 0, 0, 1, 42)); err != nil {
 			t.Fatal(err)
 		}
 		logged(t, dlogs, "nats error", `Permissions Violation for Publish to "`+subj+`"`)
 		logged(t, serverLogs, "Publish Violation", subj)
 	}
-	if err := dnc.Publish(KVSubject("decode", "decode-1"), snap(1, 0, 0, 1, 42)); err != nil {
-		t.Fatal(err)
+	for _, tier := range kvTiers {
+		if err := dnc.Publish(KVTierSubject("decode", "decode-1", tier), snap(1, 0, 0, 1, 42)); err != nil {
+			t.Fatal(err)
+		}
 	}
 	poll.CheckFor(t, 10*time.Second, time.Millisecond, func() error {
-		if w := ix.Blocks("decode-1"); w == nil || !w.Has(42) {
-			return errors.New("decode-1's own snapshot not indexed")
+		for _, tier := range kvTiers {
+			if w := ix.tierBlocks(tier, "decode-1"); w == nil || !w.Has(42) {
+				return fmt.Errorf("decode-1's own snapshot of tier %q not indexed", tier)
+			}
 		}
 		return nil
 	})

@@ -31,10 +31,10 @@ type KVIndex struct {
 	// held; nil: nobody.
 	onStale func(role, id string)
 
-	mu      sync.Mutex
-	workers map[string]*WorkerBlocks
-	// hosts are the workers' host tiers (KVTierHost), by id.
-	hosts map[string]*WorkerBlocks
+	mu sync.Mutex
+	// views are the workers' views by tier (kvTiers: "" the engine
+	// tier, KVTierHost, KVTierDisk), then by id.
+	views map[string]map[string]*WorkerBlocks
 }
 
 // NewKVIndex returns an empty index holding at most maxBlocks (> 0)
@@ -43,7 +43,11 @@ type KVIndex struct {
 // may ask the worker for one (CmdKVSnapshot). It runs on Apply's
 // goroutine and must not block or call the index.
 func NewKVIndex(maxBlocks int, onStale func(role, id string)) *KVIndex {
-	return &KVIndex{maxBlocks: maxBlocks, onStale: onStale, workers: make(map[string]*WorkerBlocks), hosts: make(map[string]*WorkerBlocks)}
+	ix := &KVIndex{maxBlocks: maxBlocks, onStale: onStale, views: make(map[string]map[string]*WorkerBlocks, len(kvTiers))}
+	for _, tier := range kvTiers {
+		ix.views[tier] = make(map[string]*WorkerBlocks)
+	}
+	return ix
 }
 
 // WorkerBlocks is one worker's blocks in a KVIndex. Safe for concurrent
@@ -113,16 +117,21 @@ func (w *WorkerBlocks) State() KVWorkerState {
 // that a snapshot founded: a caller then falls back on what else it
 // knows (the heartbeat's digest). The view stays valid, and current,
 // until the worker is dropped.
-func (ix *KVIndex) Blocks(id string) *WorkerBlocks { return ix.tierBlocks(ix.workers, id) }
+func (ix *KVIndex) Blocks(id string) *WorkerBlocks { return ix.tierBlocks("", id) }
 
 // HostBlocks returns the view of worker id's host tier (KVTierHost), as
 // Blocks does for its engine tier: nil when no snapshot of it founded one
 // (the worker has no host tier, or it was not heard of yet).
-func (ix *KVIndex) HostBlocks(id string) *WorkerBlocks { return ix.tierBlocks(ix.hosts, id) }
+func (ix *KVIndex) HostBlocks(id string) *WorkerBlocks { return ix.tierBlocks(KVTierHost, id) }
 
-func (ix *KVIndex) tierBlocks(m map[string]*WorkerBlocks, id string) *WorkerBlocks {
+// DiskBlocks returns the view of worker id's disk tier (KVTierDisk), as
+// HostBlocks does for its host tier: nil when no snapshot of it founded
+// one (the worker has no disk tier, or it was not heard of yet).
+func (ix *KVIndex) DiskBlocks(id string) *WorkerBlocks { return ix.tierBlocks(KVTierDisk, id) }
+
+func (ix *KVIndex) tierBlocks(tier, id string) *WorkerBlocks {
 	ix.mu.Lock()
-	w := m[id]
+	w := ix.views[tier][id]
 	ix.mu.Unlock()
 	if w == nil {
 		return nil
@@ -139,7 +148,7 @@ func (ix *KVIndex) tierBlocks(m map[string]*WorkerBlocks, id string) *WorkerBloc
 func (ix *KVIndex) Len() int {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	return len(ix.workers)
+	return len(ix.views[""])
 }
 
 // Retain drops the view of every worker that member reported absent at
@@ -148,7 +157,7 @@ func (ix *KVIndex) Len() int {
 func (ix *KVIndex) Retain(member func(id string) bool) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	for _, m := range []map[string]*WorkerBlocks{ix.workers, ix.hosts} {
+	for _, m := range ix.views {
 		for id, w := range m {
 			if member(id) {
 				w.absent = false
@@ -167,8 +176,9 @@ func (ix *KVIndex) Retain(member func(id string) bool) {
 func (ix *KVIndex) Drop(id string) {
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	delete(ix.workers, id)
-	delete(ix.hosts, id)
+	for _, m := range ix.views {
+		delete(m, id)
+	}
 }
 
 // Apply applies one KV payload received from worker id of role (the
@@ -178,16 +188,11 @@ func (ix *KVIndex) Drop(id string) {
 func (ix *KVIndex) Apply(role, id string, data []byte) error { return ix.ApplyTier(role, id, "", data) }
 
 // ApplyTier is Apply for one tier of the worker's cache: "" (the engine
-// tier, as Apply) or KVTierHost. A stale view of either tier tells
-// onStale of the worker (a snapshot it publishes covers both). Errors: as
-// Apply's, and an unknown tier.
+// tier, as Apply), KVTierHost or KVTierDisk. A stale view of any tier
+// tells onStale of the worker (the snapshot it asks for covers every
+// tier). Errors: as Apply's, and an unknown tier.
 func (ix *KVIndex) ApplyTier(role, id, tier string, data []byte) error {
-	views := ix.workers
-	switch tier {
-	case "":
-	case KVTierHost:
-		views = ix.hosts
-	default:
+	if !validKVTier(tier) {
 		return fmt.Errorf("control: kv events of %s: unknown tier %q", id, tier)
 	}
 	m, err := decodeKV(data)
@@ -195,6 +200,7 @@ func (ix *KVIndex) ApplyTier(role, id, tier string, data []byte) error {
 		return fmt.Errorf("control: kv events of %s: %w", id, err)
 	}
 	ix.mu.Lock()
+	views := ix.views[tier]
 	w := views[id]
 	if w == nil {
 		w = &WorkerBlocks{}
@@ -288,14 +294,15 @@ func (w *WorkerBlocks) markStale() bool {
 }
 
 // WatchKV feeds ix with every KV payload published on nc
-// (pdserve.kv.<role>.<id>, and .<tier> after it for a worker's host tier) and calls ix.Retain with m's members every
-// interval (every > 0), so that a worker that left the membership loses
-// its view, until ctx ends or stop is called; then it unsubscribes. A
-// payload that does not decode, or whose subject is not one worker's, is
-// dropped and logged (log; nil: not logged). It returns once the
-// subscription is registered when nc is connected, as Watch does. stop is
-// idempotent and waits for the unsubscription. Errors: subscription or
-// flush errors from nats, wrapped.
+// (pdserve.kv.<role>.<id>, and .<tier> after it for a worker's host and
+// disk tiers) and calls ix.Retain with m's members every interval
+// (every > 0), so that a worker that left the membership loses its view,
+// until ctx ends or stop is called; then it unsubscribes. A payload that
+// does not decode, or whose subject is not one worker's, is dropped and
+// logged (log; nil: not logged). It returns once the subscription is
+// registered when nc is connected, as Watch does. stop is idempotent and
+// waits for the unsubscription. Errors: subscription or flush errors from
+// nats, wrapped.
 func WatchKV(ctx context.Context, nc *nats.Conn, ix *KVIndex, m *Membership, every time.Duration, log *zap.Logger) (stop func(), err error) {
 	if every <= 0 {
 		return nil, fmt.Errorf("control: watch kv events: interval %v must be positive", every)
@@ -306,7 +313,7 @@ func WatchKV(ctx context.Context, nc *nats.Conn, ix *KVIndex, m *Membership, eve
 	sub, err := nc.Subscribe(KVWildcard, func(msg *nats.Msg) {
 		role, id, ok := strings.Cut(strings.TrimPrefix(msg.Subject, kvPrefix), ".")
 		id, tier, _ := strings.Cut(id, ".")
-		if !ok || ValidToken(role) != nil || ValidToken(id) != nil || (tier != "" && tier != KVTierHost) {
+		if !ok || ValidToken(role) != nil || ValidToken(id) != nil || !validKVTier(tier) {
 			log.Warn("kv events refused", zap.String("subject", msg.Subject), zap.String("reason", "not a worker's subject"))
 			return
 		}

@@ -12,10 +12,10 @@ import (
 	"github.com/pdserve/pdserve/internal/poll"
 )
 
-// TestKVIndexHostTier: over NATS, a worker's host tier publishes on its
-// own subject and the index keeps it apart from the engine tier's view;
-// both go with the worker.
-func TestKVIndexHostTier(t *testing.T) {
+// TestKVIndexTiers: over NATS, a worker's host and disk tiers publish on
+// subjects of their own and the index keeps each apart from the engine
+// tier's view; all go with the worker.
+func TestKVIndexTiers(t *testing.T) {
 	nc := startNATS(t)
 	ix := NewKVIndex(DefaultKVIndexMaxBlocks, nil)
 	m := NewMembership(time.Minute)
@@ -27,12 +27,15 @@ func TestKVIndexHostTier(t *testing.T) {
 	if got := KVTierSubject("prefill", "prefill-1", KVTierHost); got != "pdserve.kv.prefill.prefill-1.host" {
 		t.Errorf("host tier subject %q", got)
 	}
-	if _, err := NewKVTierPublisher(nc, "prefill", "prefill-1", "disk", DefaultKVOptions(), nil); err == nil {
+	if got := KVTierSubject("prefill", "prefill-1", KVTierDisk); got != "pdserve.kv.prefill.prefill-1.disk" {
+		t.Errorf("disk tier subject %q", got)
+	}
+	if _, err := NewKVTierPublisher(nc, "prefill", "prefill-1", "tape", DefaultKVOptions(), nil); err == nil {
 		t.Error("a publisher of an unknown tier: no error")
 	}
 	o := KVOptions{FlushInterval: time.Millisecond, SnapshotInterval: time.Hour, BatchHashes: 100}
-	engine, host := &fakeBlocks{set: map[uint64]bool{}}, &fakeBlocks{set: map[uint64]bool{}}
-	for tier, c := range map[string]*fakeBlocks{"": engine, KVTierHost: host} {
+	engine, host, disk := &fakeBlocks{set: map[uint64]bool{}}, &fakeBlocks{set: map[uint64]bool{}}, &fakeBlocks{set: map[uint64]bool{}}
+	for tier, c := range map[string]*fakeBlocks{"": engine, KVTierHost: host, KVTierDisk: disk} {
 		p, err := NewKVTierPublisher(nc, "prefill", "prefill-1", tier, o, c.AppendBlocks)
 		if err != nil {
 			t.Fatal(err)
@@ -46,35 +49,39 @@ func TestKVIndexHostTier(t *testing.T) {
 	for i := range 300 {
 		h := uint64(i + 1)
 		all = append(all, h)
-		if i%3 == 0 {
+		switch i % 3 {
+		case 0:
 			engine.store(h)
-		} else {
+		case 1:
 			host.store(h)
+		default:
+			disk.store(h)
 		}
 		if i%7 == 0 {
 			host.remove(all[i/2])
+			disk.remove(all[i/3])
 		}
 	}
 	poll.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
-		for name, v := range map[string]*WorkerBlocks{"engine": ix.Blocks("prefill-1"), "host": ix.HostBlocks("prefill-1")} {
-			c := engine
-			if name == "host" {
-				c = host
+		for _, tier := range []struct {
+			name  string
+			cache *fakeBlocks
+			view  *WorkerBlocks
+		}{{"engine", engine, ix.Blocks("prefill-1")}, {"host", host, ix.HostBlocks("prefill-1")}, {"disk", disk, ix.DiskBlocks("prefill-1")}} {
+			if tier.view == nil {
+				return fmt.Errorf("no %s view", tier.name)
 			}
-			if v == nil {
-				return fmt.Errorf("no %s view", name)
-			}
-			if diff := cmp.Diff(c.sorted(), blocksOf(v, all), cmpopts.EquateEmpty()); diff != "" {
-				return fmt.Errorf("%s view differs (-cache +index):\n%s", name, diff)
+			if diff := cmp.Diff(tier.cache.sorted(), blocksOf(tier.view, all), cmpopts.EquateEmpty()); diff != "" {
+				return fmt.Errorf("%s view differs (-cache +index):\n%s", tier.name, diff)
 			}
 		}
 		return nil
 	})
-	if err := ix.ApplyTier("prefill", "prefill-1", "disk", nil); err == nil {
+	if err := ix.ApplyTier("prefill", "prefill-1", "tape", nil); err == nil {
 		t.Error("ApplyTier of an unknown tier: no error")
 	}
 	ix.Drop("prefill-1")
-	if ix.Blocks("prefill-1") != nil || ix.HostBlocks("prefill-1") != nil {
+	if ix.Blocks("prefill-1") != nil || ix.HostBlocks("prefill-1") != nil || ix.DiskBlocks("prefill-1") != nil {
 		t.Error("views left after Drop")
 	}
 }

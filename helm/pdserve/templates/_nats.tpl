@@ -93,7 +93,7 @@ authorization {
       user: {{ $user | quote }}
       password: ${{ printf "PDSERVE_NATS_%s_PASSWORD" (upper $user) }}
       permissions: {
-        publish: {allow: [{{ printf "pdserve.hb.%s.*" $role | quote }}, {{ printf "pdserve.kv.%s.*" $role | quote }}, {{ printf "pdserve.kv.%s.*.host" $role | quote }}]}
+        publish: {allow: [{{ printf "pdserve.hb.%s.*" $role | quote }}, {{ printf "pdserve.kv.%s.*" $role | quote }}, {{ printf "pdserve.kv.%s.*.host" $role | quote }}, {{ printf "pdserve.kv.%s.*.disk" $role | quote }}]}
         {{- if eq $role "prefill" }}
         {{- /* the receivers' codec speeds, for the adaptive codec */}}
         subscribe: {allow: [{{ printf "pdserve.cmd.%s.*" $role | quote }}, "pdserve.hb.decode.*", "pdserve.hb.colocated.*"]}
