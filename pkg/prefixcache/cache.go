@@ -153,6 +153,8 @@ type Stats struct {
 	Host HostStats
 	// Disk is the disk tier's (zero without one).
 	Disk HostStats
+	// Peer counts the pulls from peer workers and the exports to them.
+	Peer PeerStats
 }
 
 // Cache is the index. A nil *Cache is a cache that is off: Acquire
@@ -350,26 +352,36 @@ func (c *Cache) MaxHitBlocks(n int) int {
 // when at least one block matched. The hit entry becomes the most recently
 // used. A miss (Tokens 0) needs no Release.
 func (c *Cache) Acquire(hashes []kv.Hash, maxBlocks int) Hit {
+	return c.acquire(hashes, maxBlocks, true)
+}
+
+// acquire is Acquire; a lookup that is not the worker's own (own false:
+// a peer's export) counts nothing and leaves the recency as it is.
+func (c *Cache) acquire(hashes []kv.Hash, maxBlocks int, own bool) Hit {
 	if c == nil {
 		return Hit{}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.st.Lookups++
+	if own {
+		c.st.Lookups++
+	}
 	n := c.depthLocked(hashes[:min(len(hashes), max(maxBlocks, 0))])
 	if n == 0 {
 		return Hit{}
 	}
 	es := c.byHash[hashes[n-1]]
 	e := es[len(es)-1]
-	c.lru.MoveToFront(e.el)
 	if e.pins == 0 {
 		c.pinned++
 		c.pinnedTokens += e.tokens
 	}
 	e.pins++
-	c.st.Hits++
-	c.st.HitTokens += uint64(n * c.o.BlockTokens)
+	if own {
+		c.lru.MoveToFront(e.el)
+		c.st.Hits++
+		c.st.HitTokens += uint64(n * c.o.BlockTokens)
+	}
 	return Hit{Seq: e.seq, Tokens: n * c.o.BlockTokens, Hashes: hashes[:n], e: e}
 }
 

@@ -272,30 +272,18 @@ func (d *Disk) load(eng engine.Engine, seq engine.SeqID, hashes []kv.Hash, maxBl
 		return HostLoad{}, fmt.Errorf("prefixcache: disk tier: seq %d: %w", seq, err)
 	}
 	t0 := d.now()
-	data, err := os.ReadFile(e.path)
+	data, err := d.read(e)
 	if err != nil {
-		d.mu.Lock()
-		if !e.dropped {
-			d.dropLocked(e)
-		}
-		d.mu.Unlock()
 		return fail(err)
-	}
-	if len(data) != e.layers*e.layerBytes {
-		return fail(fmt.Errorf("%s holds %d bytes, want %d", e.path, len(data), e.layers*e.layerBytes))
 	}
 	m := n * d.blockTokens
 	size := e.bytes / int64(e.tokens) * int64(m)
-	var buf []byte
-	for l := range e.layers {
-		layer := data[l*e.layerBytes : (l+1)*e.layerBytes]
-		if m < e.tokens {
-			buf = appendPrefix(buf[:0], layer, e.tokens, m)
-			layer = buf
-		}
-		if err := eng.ImportKV(seq, l, 0, layer); err != nil {
-			return fail(fmt.Errorf("import layer %d: %w", l, err))
-		}
+	layers := make([][]byte, e.layers)
+	for l := range layers {
+		layers[l] = data[l*e.layerBytes : (l+1)*e.layerBytes]
+	}
+	if err := importPrefix(eng, seq, layers, e.tokens, m); err != nil {
+		return fail(err)
 	}
 	took := d.now().Sub(t0)
 	if hl, ok := eng.(engine.HostLinked); ok {

@@ -323,18 +323,11 @@ func (h *Host) Load(eng engine.Engine, seq engine.SeqID, hashes []kv.Hash, maxBl
 			return HostLoad{}, fmt.Errorf("prefixcache: host tier: restore seq %d: %w", seq, err)
 		}
 	}
-	var buf []byte
-	for l, data := range e.layers {
-		if m < e.tokens {
-			buf = appendPrefix(buf[:0], data, e.tokens, m)
-			data = buf
-		}
-		if err := eng.ImportKV(seq, l, 0, data); err != nil {
-			h.mu.Lock()
-			h.st.Failures++
-			h.mu.Unlock()
-			return HostLoad{}, fmt.Errorf("prefixcache: host tier: import seq %d layer %d: %w", seq, l, err)
-		}
+	if err := importPrefix(eng, seq, e.layers, e.tokens, m); err != nil {
+		h.mu.Lock()
+		h.st.Failures++
+		h.mu.Unlock()
+		return HostLoad{}, fmt.Errorf("prefixcache: host tier: seq %d: %w", seq, err)
 	}
 	took := h.now().Sub(t0)
 	if hl, ok := eng.(engine.HostLinked); ok {

@@ -1,0 +1,289 @@
+package prefixcache
+
+import (
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/kv"
+)
+
+// The tiers a prefix is exported from (Exported.Tier, the Pull header's
+// tier).
+const (
+	TierEngine = "engine"
+	TierHost   = "host"
+	TierDisk   = "disk"
+)
+
+// PeerStats count the prefixes a cache's worker pulled from its peers
+// and the prefixes it exported to them.
+type PeerStats struct {
+	Pulls        uint64 // pulls that brought at least one block
+	PullFailures uint64 // pulls that failed (the prompt was computed instead)
+	// PulledTokens and PulledBytes are what those pulls brought (bytes:
+	// the KV's canonical size as received).
+	PulledTokens uint64
+	PulledBytes  uint64
+	// HitTokens is the pulled prompt tokens that started a sequence:
+	// prefill tokens saved.
+	HitTokens uint64
+	PullTime  time.Duration // Σ the pulls' time, the imports' included
+	Exports   uint64        // prefixes copied out for a peer
+	// ExportTokens is their tokens.
+	ExportTokens uint64
+}
+
+// Exported is a cached prefix's KV copied out of one tier for a peer.
+type Exported struct {
+	// Tokens is the prefix: a whole number of blocks, 0 when no tier
+	// held enough of it.
+	Tokens int
+	// Tier is where it was read from: TierEngine, TierHost or TierDisk.
+	Tier string
+	// Layers holds, per layer, the canonical KV of tokens [0, Tokens) as
+	// ExportKV returns it (all K rows, then all V rows).
+	Layers [][]byte
+}
+
+// Export copies out the longest prefix of hashes, at most maxBlocks
+// blocks, that a tier of the cache holds, when it is at least minBlocks
+// (≥ 1) blocks, from the tier holding the most of it (engine memory
+// first on a tie, then the host tier, then the disk tier): for a peer
+// worker that would otherwise compute it. lock takes the worker's engine
+// lock and returns the function that releases it; Export holds it for
+// each engine call only (one layer's ExportKV from the engine tier's
+// pinned entry, or a snapshot's rendering), so that the worker's steps go
+// on between layers. It changes no entry's recency and counts no lookup:
+// a peer's interest is not this worker's. Errors: the engine's, or the
+// disk tier's file; nothing is held afterwards either way.
+func (c *Cache) Export(eng engine.Engine, lock func() func(), hashes []kv.Hash, minBlocks, maxBlocks int) (Exported, error) {
+	if c == nil {
+		return Exported{}, nil
+	}
+	lim := hashes[:min(len(hashes), max(maxBlocks, 0))]
+	ne, nh, nd := c.Match(lim), c.host.Match(lim), c.host.Disk().Match(lim)
+	best := max(ne, nh, nd)
+	if best == 0 || best < minBlocks {
+		return Exported{}, nil
+	}
+	var (
+		x   Exported
+		err error
+	)
+	switch best {
+	case ne:
+		x, err = c.exportEngine(eng, lock, lim[:ne])
+	case nh:
+		x, err = c.host.export(eng, lock, lim[:nh])
+	default:
+		x, err = c.host.disk.export(lim[:nd])
+	}
+	if err != nil || x.Tokens == 0 || x.Tokens < minBlocks*c.o.BlockTokens {
+		return Exported{}, err
+	}
+	c.mu.Lock()
+	c.st.Peer.Exports++
+	c.st.Peer.ExportTokens += uint64(x.Tokens)
+	c.mu.Unlock()
+	return x, nil
+}
+
+// exportEngine copies out the engine tier's longest prefix of hashes:
+// its entry pinned (so that no eviction frees it) while each layer is
+// exported under the engine lock.
+func (c *Cache) exportEngine(eng engine.Engine, lock func() func(), hashes []kv.Hash) (Exported, error) {
+	hit := c.acquire(hashes, len(hashes), false)
+	if hit.Tokens == 0 {
+		return Exported{}, nil // evicted since Match
+	}
+	defer c.Release(hit)
+	x := Exported{Tokens: hit.Tokens, Tier: TierEngine, Layers: make([][]byte, eng.Spec().Layers)}
+	for l := range x.Layers {
+		unlock := lock()
+		data, err := eng.ExportKV(hit.Seq, l, 0, hit.Tokens, nil)
+		unlock()
+		if err != nil {
+			return Exported{}, fmt.Errorf("prefixcache: export layer %d for a peer: %w", l, err)
+		}
+		x.Layers[l] = data
+	}
+	return x, nil
+}
+
+// export copies out the host tier's longest prefix of hashes (its
+// entry's bytes, or its snapshot rendered under the engine lock).
+func (h *Host) export(eng engine.Engine, lock func() func(), hashes []kv.Hash) (Exported, error) {
+	h.mu.Lock()
+	n := h.idx.depth(hashes)
+	if n == 0 {
+		h.mu.Unlock()
+		return Exported{}, nil
+	}
+	e := h.idx.newest(hashes[n-1])
+	h.mu.Unlock()
+	// e is immutable: its layers or snapshot are read without the lock,
+	// also after an eviction dropped it from the index.
+	if e.snap != nil {
+		unlock := lock()
+		r, err := rendered(eng, e)
+		unlock()
+		if err != nil {
+			return Exported{}, err
+		}
+		e = r
+	}
+	m := n * h.blockTokens
+	return Exported{Tokens: m, Tier: TierHost, Layers: prefixLayers(e.layers, e.tokens, m)}, nil
+}
+
+// export copies out the disk tier's longest prefix of hashes from its
+// entry's file. An entry whose file is gone is dropped.
+func (d *Disk) export(hashes []kv.Hash) (Exported, error) {
+	d.mu.Lock()
+	n := d.idx.depth(hashes)
+	if n == 0 {
+		d.mu.Unlock()
+		return Exported{}, nil
+	}
+	e := d.idx.newest(hashes[n-1])
+	d.mu.Unlock()
+	data, err := d.read(e)
+	if err != nil {
+		return Exported{}, fmt.Errorf("prefixcache: disk tier: export for a peer: %w", err)
+	}
+	layers := make([][]byte, e.layers)
+	for l := range layers {
+		layers[l] = data[l*e.layerBytes : (l+1)*e.layerBytes]
+	}
+	m := n * d.blockTokens
+	return Exported{Tokens: m, Tier: TierDisk, Layers: prefixLayers(layers, e.tokens, m)}, nil
+}
+
+// read returns the bytes of e's file, checked for its size; a file that
+// is gone drops e from the index.
+func (d *Disk) read(e *diskEntry) ([]byte, error) {
+	data, err := os.ReadFile(e.path)
+	if err != nil {
+		d.mu.Lock()
+		if !e.dropped {
+			d.dropLocked(e)
+		}
+		d.mu.Unlock()
+		return nil, err
+	}
+	if len(data) != e.layers*e.layerBytes {
+		return nil, fmt.Errorf("%s holds %d bytes, want %d", e.path, len(data), e.layers*e.layerBytes)
+	}
+	return data, nil
+}
+
+// prefixLayers returns layers, each the canonical KV of n tokens, cut to
+// their first m tokens (new slices when m < n; layers itself otherwise).
+func prefixLayers(layers [][]byte, n, m int) [][]byte {
+	if m >= n {
+		return layers
+	}
+	out := make([][]byte, len(layers))
+	for l, data := range layers {
+		out[l] = appendPrefix(nil, data, n, m)
+	}
+	return out
+}
+
+// importPrefix imports into seq, a sequence the engine does not hold yet,
+// the first m tokens of layers (each the canonical KV of n tokens).
+func importPrefix(eng engine.Engine, seq engine.SeqID, layers [][]byte, n, m int) error {
+	var buf []byte
+	for l, data := range layers {
+		if m < n {
+			buf = appendPrefix(buf[:0], data, n, m)
+			data = buf
+		}
+		if err := eng.ImportKV(seq, l, 0, data); err != nil {
+			return fmt.Errorf("import layer %d: %w", l, err)
+		}
+	}
+	return nil
+}
+
+// Pulled is a prompt's prefix KV received from a peer worker
+// (kvtransfer's Pull), to start a sequence from instead of computing it.
+type Pulled struct {
+	// Tokens is the prefix: a whole number of the worker's blocks.
+	Tokens int
+	// Layers holds, per layer, the canonical KV of tokens [0, Tokens).
+	Layers [][]byte
+	// Tier is the tier the peer read it from.
+	Tier string
+	// Took is the time the pull took (the Load's import time is added).
+	Took time.Duration
+}
+
+// Bytes returns the canonical KV bytes p holds.
+func (p *Pulled) Bytes() int64 {
+	var n int64
+	for _, l := range p.Layers {
+		n += int64(len(l))
+	}
+	return n
+}
+
+// NotePull counts a pull's outcome in the cache's PeerStats: p when it
+// brought at least one block, a failure when err is not nil (p is then
+// ignored). A nil cache counts nothing.
+func (c *Cache) NotePull(p *Pulled, err error) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case err != nil:
+		c.st.Peer.PullFailures++
+	case p != nil && p.Tokens > 0:
+		c.st.Peer.Pulls++
+		c.st.Peer.PulledTokens += uint64(p.Tokens)
+		c.st.Peer.PulledBytes += uint64(p.Bytes())
+		c.st.Peer.PullTime += p.Took
+	}
+}
+
+// LoadPulled imports into seq, a sequence the engine does not hold yet,
+// the first min(p.Tokens, maxBlocks × BlockTokens) tokens of p and
+// returns them (0: nothing to load) with the time the pull and the
+// imports took; the tokens count as the cache's peer hit tokens. The
+// caller holds the engine lock. Errors: the engine's ImportKV (seq may
+// then hold part of the prefix: the caller frees it).
+func (c *Cache) LoadPulled(eng engine.Engine, seq engine.SeqID, p *Pulled, maxBlocks int) (int, time.Duration, error) {
+	if c == nil || p == nil {
+		return 0, 0, nil
+	}
+	m := min(p.Tokens, max(maxBlocks, 0)*c.o.BlockTokens)
+	if m <= 0 {
+		return 0, 0, nil
+	}
+	if len(p.Layers) != eng.Spec().Layers {
+		return 0, 0, fmt.Errorf("prefixcache: pulled KV of %d layers for a model of %d", len(p.Layers), eng.Spec().Layers)
+	}
+	t0 := time.Now()
+	if err := importPrefix(eng, seq, p.Layers, p.Tokens, m); err != nil {
+		return 0, 0, fmt.Errorf("prefixcache: pulled prefix of seq %d: %w", seq, err)
+	}
+	took := p.Took + time.Since(t0)
+	c.mu.Lock()
+	c.st.Peer.HitTokens += uint64(m)
+	c.mu.Unlock()
+	return m, took, nil
+}
+
+// PeerDepth returns how many leading blocks of hashes, at most maxBlocks,
+// the cache holds in any tier: a pull of fewer is not worth it.
+func (c *Cache) PeerDepth(hashes []kv.Hash, maxBlocks int) int {
+	if c == nil {
+		return 0
+	}
+	lim := hashes[:min(len(hashes), max(maxBlocks, 0))]
+	return max(c.Match(lim), c.host.Match(lim), c.host.Disk().Match(lim))
+}
