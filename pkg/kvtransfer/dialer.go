@@ -103,9 +103,13 @@ func NewDialer(opts ...DialOption) *Dialer {
 	return d
 }
 
-func (d *Dialer) grpcOptions(id string) []grpc.DialOption {
+func (d *Dialer) grpcOptions(id, role string) []grpc.DialOption {
 	creds := insecure.NewCredentials()
 	switch {
+	case role != "" && d.o.pullTLS != nil:
+		if cfg := d.o.pullTLS(role, id); cfg != nil {
+			creds = credentials.NewTLS(cfg)
+		}
 	case d.o.peerTLS != nil:
 		if cfg := d.o.peerTLS(id); cfg != nil {
 			creds = credentials.NewTLS(cfg)
@@ -134,12 +138,16 @@ func (d *Dialer) grpcOptions(id string) []grpc.DialOption {
 }
 
 // client returns the next client for addr (and the peer id, with
-// WithPeerTLS), creating its connections on first use, and counts a
+// WithPeerTLS; and its role for a pull, role "" for a push, with
+// WithPullTLS), creating its connections on first use, and counts a
 // transfer open on them until release. It closes the connections of other
 // addresses idle for the idle timeout.
-func (d *Dialer) client(addr, id string) (pdservev1.KVTransferServiceClient, *connPool, error) {
+func (d *Dialer) client(addr, id, role string) (pdservev1.KVTransferServiceClient, *connPool, error) {
 	key := addr
-	if d.o.peerTLS != nil {
+	switch {
+	case role != "" && d.o.pullTLS != nil:
+		key = addr + "\x00" + id + "\x00" + role
+	case d.o.peerTLS != nil:
 		key = addr + "\x00" + id
 	}
 	d.mu.Lock()
@@ -154,7 +162,7 @@ func (d *Dialer) client(addr, id string) (pdservev1.KVTransferServiceClient, *co
 	p, ok := d.pools[key]
 	if !ok {
 		p = &connPool{}
-		opts := d.grpcOptions(id)
+		opts := d.grpcOptions(id, role)
 		for range d.o.connsPerAddr {
 			cc, err := grpc.NewClient(addr, opts...)
 			if err != nil {
@@ -236,7 +244,7 @@ func (d *Dialer) Open(ctx context.Context, addr string, h StreamHeader) (*Sender
 		return nil, fmt.Errorf("kvtransfer: open %s: %w", h.RequestID, err)
 	}
 	h.Codec = c.Name()
-	cl, pool, err := d.client(addr, peerID(ctx))
+	cl, pool, err := d.client(addr, peerID(ctx), "")
 	if err != nil {
 		return nil, err
 	}

@@ -27,6 +27,7 @@ type dialOptions struct {
 	linkGbps     float64
 	tls          *tls.Config
 	peerTLS      func(id string) *tls.Config
+	pullTLS      func(role, id string) *tls.Config
 	logger       *zap.Logger
 	maxFrame     int
 	now          func() time.Time
@@ -41,6 +42,7 @@ type serverOptions struct {
 	maxFrame int
 	now      func() time.Time
 	metrics  Metrics
+	pull     PullSource // nil: no pulls served
 }
 
 type dialFunc func(*dialOptions)
@@ -146,6 +148,16 @@ func WithLogger(l *zap.Logger) Option {
 // id. It takes precedence over WithTLS.
 func WithPeerTLS(f func(id string) *tls.Config) DialOption {
 	return dialFunc(func(o *dialOptions) { o.peerTLS = f })
+}
+
+// WithPullTLS makes the TLS configuration of a Pull's connections to a
+// peer worker depend on the peer's role and id (PullRequest.Peer), so that
+// each verifies the certificate names that worker in that role: f returns
+// the configuration for them. Pulls then keep connections per address,
+// id and role. Without it a pull uses WithTLS's configuration (or
+// WithPeerTLS's for the id).
+func WithPullTLS(f func(role, id string) *tls.Config) DialOption {
+	return dialFunc(func(o *dialOptions) { o.pullTLS = f })
 }
 
 type peerIDKey struct{}

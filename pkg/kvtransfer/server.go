@@ -79,7 +79,8 @@ func newServerOptions(opts []ServerOption) serverOptions {
 	return o
 }
 
-// Register serves KVTransferService on s, handing transfers to r, whose
+// Register serves KVTransferService on s, handing transfers to r (nil: a
+// worker that receives none, a prefill worker serving only Pull), whose
 // engine stores KV of dtype (its engine.ModelSpec.KVDType): the server
 // refuses a transfer whose codec cannot code dtype, and any frame of
 // another dtype, with INVALID_ARGUMENT; with a dtype that is not a known
@@ -100,6 +101,9 @@ type server struct {
 // the wire codec hands frames over without a protobuf copy; a client using
 // another content subtype (plain protobuf) is served too, with one copy.
 func (sv *server) Push(stream grpc.ClientStreamingServer[pdservev1.PushRequest, pdservev1.PushResponse]) error {
+	if sv.r == nil {
+		return status.Error(codes.Unimplemented, "kvtransfer: this worker receives no KV pushes")
+	}
 	t := transfer{
 		sv:     sv,
 		stream: stream,
