@@ -22,7 +22,8 @@
 //     - scorers, each in [0, 1]: prefix (share of the prompt's full blocks'
 //     computation the worker saves: free from engine memory, from its
 //     Prefix index, else its PrefixDigest; Config.HostCost each from its
-//     host tier, its HostPrefix index), queue (1 − queued prefill
+//     host tier, its HostPrefix index; Config.DiskCost each from its disk
+//     tier, its DiskPrefix index), queue (1 − queued prefill
 //     tokens / the longest queue), kv (free / total KV blocks), batch (1 −
 //     running batch / the largest); a worker's total is Σ weight × score
 //     (Config.Decode, default DefaultDecodeWeights: prefix 1, kv 1,

@@ -105,6 +105,10 @@ type Config struct {
 	// prefix scorer charges (plugins/prefixoverlap); 0 means
 	// prefixoverlap.DefaultHostCost.
 	HostCost float64
+	// DiskCost is the time a worker takes to read a block from its
+	// prefix cache's disk tier (and load it over the host link) over the
+	// time to compute it; 0 means prefixoverlap.DefaultDiskCost.
+	DiskCost float64
 	// Registerer, when not nil, gets the router's metrics:
 	// pdserve_router_plugin_duration_seconds{profile,plugin,kind} (every
 	// plugin call, timed by the framework) and
@@ -146,7 +150,7 @@ func DefaultProfiles(cfg Config) (decode, prefill Profile) {
 	eligible := []Filter{&draining.Filter{}, &excluded.Filter{}, &modelmatch.Filter{}, &contextlen.Filter{}}
 	scorers := func(w Weights) []WeightedScorer {
 		return []WeightedScorer{
-			{&prefixoverlap.Scorer{HostCost: cfg.HostCost}, w.Prefix}, {&queuedtokens.Scorer{}, w.Queue},
+			{&prefixoverlap.Scorer{HostCost: cfg.HostCost, DiskCost: cfg.DiskCost}, w.Prefix}, {&queuedtokens.Scorer{}, w.Queue},
 			{&kvpressure.Scorer{}, w.KV}, {&batchload.Scorer{}, w.Batch},
 		}
 	}
@@ -287,8 +291,8 @@ func (r *Router) Route(now time.Time, req Request, decode, prefill []Worker, exc
 	in := &Input{Now: now, Profile: ProfileDecode, Request: req, BlockTokens: r.cfg.BlockTokens,
 		Blocks: r.blocksFor(req.PromptTokens + req.MaxTokens), Exclude: exclude}
 
-	// A decode worker loads from its host tier only the prompts it
-	// prefills itself.
+	// A decode worker loads from its host and disk tiers only the
+	// prompts it prefills itself.
 	r.dbuf = r.candidates(r.dbuf[:0], decode, loads, r.cfg.Colocated || req.Local)
 	cs, by := r.decode.filter(in, r.decode.filters, r.dbuf)
 	if len(cs) == 0 {
@@ -332,7 +336,7 @@ func (r *Router) Route(now time.Time, req Request, decode, prefill []Worker, exc
 				ErrNoCapacity, by, known, r.cfg.MaxQueuedPrefillTokens)
 		}
 		pc := cs[r.prefill.checked(r.prefill.pick(in, cs, &r.scores, &r.totals), len(cs))]
-		hit := min(max(pc.PrefixHitBlocks, pc.HostHitBlocks)*r.cfg.BlockTokens, req.PromptTokens)
+		hit := min(max(pc.PrefixHitBlocks, pc.HostHitBlocks, pc.DiskHitBlocks)*r.cfg.BlockTokens, req.PromptTokens)
 		dec.Prefill, dec.PrefixHitTokens = pc.Worker, hit
 		a.prefill, a.prefillTokens = pc.Worker.ID, req.PromptTokens-hit
 	}
@@ -362,7 +366,8 @@ func (p *profile) checked(i, n int) int {
 // candidates appends the candidates of ws to buf: their loads and their
 // prefix hit on the hashes indexed by indexHashes: from Worker.Prefix
 // when set, else from Worker.PrefixDigest; and, when host is set (the
-// worker would load them), their host tier's from Worker.HostPrefix.
+// worker would load them), their host tier's from Worker.HostPrefix and
+// their disk tier's from Worker.DiskPrefix.
 func (r *Router) candidates(buf []Candidate, ws []Worker, loads map[string]Load, host bool) []Candidate {
 	for _, w := range ws {
 		hit := 0
@@ -374,6 +379,9 @@ func (r *Router) candidates(buf []Candidate, ws []Worker, loads map[string]Load,
 		c := Candidate{Worker: w, Load: loads[w.ID], PrefixHitBlocks: hit}
 		if host && w.HostPrefix != nil {
 			c.HostHitBlocks = min(w.HostPrefix.Match(r.hashes), len(r.hashes))
+		}
+		if host && w.DiskPrefix != nil {
+			c.DiskHitBlocks = min(w.DiskPrefix.Match(r.hashes), len(r.hashes))
 		}
 		buf = append(buf, c)
 	}

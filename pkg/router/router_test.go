@@ -202,6 +202,34 @@ func TestRoute(t *testing.T) {
 			want: choice{Decode: "d0", Prefill: "p2", Hit: 48},
 		},
 		{
+			// Equal queues: p2 holds the prefix in its host tier (1 −
+			// 0.08), p1 on its disk tier (1 − 0.85), p0 nowhere.
+			name:   "the host tier beats the disk tier",
+			cfg:    Config{BlockTokens: 16},
+			req:    Request{ID: "r", PromptTokens: 48, PrefixHashes: []uint64{1, 2, 3}},
+			decode: []Worker{{ID: "d0", KVBlocksFree: 10}},
+			prefill: []Worker{
+				{ID: "p0", QueuedPrefillTokens: 50, Prefix: heldBlocks{}},
+				{ID: "p1", QueuedPrefillTokens: 50, Prefix: heldBlocks{}, DiskPrefix: heldBlocks{1: true, 2: true, 3: true}},
+				{ID: "p2", QueuedPrefillTokens: 50, Prefix: heldBlocks{}, HostPrefix: heldBlocks{1: true, 2: true, 3: true}},
+			},
+			want: choice{Decode: "d0", Prefill: "p2", Hit: 48},
+		},
+		{
+			// p1 reads all three blocks from disk: 4 × (1 − 0.85) = 0.6
+			// against p0's queue lead 1 − 50/60 = 0.17. The hit is what
+			// p1 reads.
+			name:   "the disk tier beats recomputing",
+			cfg:    Config{BlockTokens: 16},
+			req:    Request{ID: "r", PromptTokens: 60, PrefixHashes: []uint64{1, 2, 3}},
+			decode: []Worker{{ID: "d0", KVBlocksFree: 10}},
+			prefill: []Worker{
+				{ID: "p0", QueuedPrefillTokens: 50, Prefix: heldBlocks{}},
+				{ID: "p1", QueuedPrefillTokens: 60, Prefix: heldBlocks{}, DiskPrefix: heldBlocks{1: true, 2: true, 3: true}},
+			},
+			want: choice{Decode: "d0", Prefill: "p1", Hit: 48},
+		},
+		{
 			name:    "least-loaded ignores the prefix",
 			cfg:     Config{Decode: LeastLoadedDecodeWeights, Prefill: LeastLoadedPrefillWeights, BlockTokens: 16},
 			req:     Request{ID: "r", PromptTokens: 48, PrefixHashes: []uint64{1, 2, 3}},

@@ -24,6 +24,10 @@ type Worker struct {
 	// events): blocks the worker loads from host RAM instead of
 	// computing them.
 	HostPrefix PrefixMatcher
+	// DiskPrefix, when not nil, knows every block the disk tier behind
+	// the host tier holds (the index of its disk tier's KV events):
+	// blocks the worker reads from disk instead of computing them.
+	DiskPrefix PrefixMatcher
 	Draining   bool
 	// Model is the model the worker serves; empty serves any.
 	Model string
@@ -93,11 +97,18 @@ type Candidate struct {
 	PrefixHitBlocks int
 	// HostHitBlocks is the number of the request's leading blocks the
 	// worker's host tier holds (Worker.HostPrefix; 0 without one, or
-	// where the profile's worker would not load them). The worker serves
-	// max(PrefixHitBlocks, HostHitBlocks) leading blocks without
-	// computing them: PrefixHitBlocks from engine memory, the rest
-	// loaded from host. 0 ≤ HostHitBlocks ≤ len(Request.PrefixHashes).
+	// where the profile's worker would not load them). Without a disk
+	// tier the worker serves max(PrefixHitBlocks, HostHitBlocks) leading
+	// blocks without computing them: PrefixHitBlocks from engine memory,
+	// the rest loaded from host. 0 ≤ HostHitBlocks ≤ len(Request.PrefixHashes).
 	HostHitBlocks int
+	// DiskHitBlocks is the number of the request's leading blocks the
+	// worker's disk tier holds (Worker.DiskPrefix; 0 without one, or
+	// where the profile's worker would not load them, as HostHitBlocks).
+	// The worker serves max(PrefixHitBlocks, HostHitBlocks,
+	// DiskHitBlocks) leading blocks without computing them.
+	// 0 ≤ DiskHitBlocks ≤ len(Request.PrefixHashes).
+	DiskHitBlocks int
 }
 
 // Input is what a plugin knows of one routing cycle of one profile. The

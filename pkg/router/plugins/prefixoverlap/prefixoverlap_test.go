@@ -68,3 +68,45 @@ func TestScoreByTier(t *testing.T) {
 		}
 	}
 }
+
+// TestScoreDiskTier: blocks on the disk tier beyond the engine's and the
+// host's cost DiskCost each, so that a worker holding a prefix in engine
+// memory beats one holding it in host memory, which beats one holding it
+// on disk, which beats one recomputing it.
+func TestScoreDiskTier(t *testing.T) {
+	in := &framework.Input{Request: framework.Request{PrefixHashes: make([]uint64, 10)}}
+	cs := []framework.Candidate{
+		{PrefixHitBlocks: 10}, // engine
+		{HostHitBlocks: 10},   // host
+		{DiskHitBlocks: 10},   // disk
+		{},                    // recompute
+		{PrefixHitBlocks: 2, HostHitBlocks: 5, DiskHitBlocks: 9}, // 2 free, 3 loaded, 4 read, 1 computed
+		{PrefixHitBlocks: 6, HostHitBlocks: 4, DiskHitBlocks: 5}, // the lower tiers hold less than the engine
+		{HostHitBlocks: 3, DiskHitBlocks: 12},                    // clamped
+	}
+	for _, tc := range []struct {
+		name               string
+		hostCost, diskCost float64
+		want               []float64
+	}{
+		{"set", 0.1, 0.5, []float64{1, 0.9, 0.5, 0, 1 - (3*0.1+4*0.5+1)/10, 0.6, 1 - (3*0.1+7*0.5)/10}},
+		{"defaults", 0, 0, []float64{1, 1 - DefaultHostCost, 1 - DefaultDiskCost, 0,
+			1 - (3*DefaultHostCost+4*DefaultDiskCost+1)/10, 0.6, 1 - (3*DefaultHostCost+7*DefaultDiskCost)/10}},
+		{"disk below host counts as host", 0.2, 0.1, []float64{1, 0.8, 0.8, 0, 1 - (3*0.2+4*0.2+1)/10, 0.6, 0.8}},
+		{"slower than computing counts as computing", 0.1, 3, []float64{1, 0.9, 0, 0, 1 - (3*0.1+5)/10, 0.6, 1 - (3*0.1+7)/10}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := make([]float64, len(cs))
+			(&Scorer{HostCost: tc.hostCost, DiskCost: tc.diskCost}).Score(in, cs, got)
+			if diff := cmp.Diff(tc.want, got, cmpopts.EquateApprox(0, 1e-12)); diff != "" {
+				t.Errorf("Score (-want +got):\n%s", diff)
+			}
+		})
+	}
+	// The defaults order the tiers strictly.
+	got := make([]float64, len(cs))
+	(&Scorer{}).Score(in, cs, got)
+	if !(got[0] > got[1] && got[1] > got[2] && got[2] > got[3]) {
+		t.Errorf("default costs: engine %v, host %v, disk %v, recompute %v: want engine > host > disk > recompute", got[0], got[1], got[2], got[3])
+	}
+}
