@@ -125,6 +125,9 @@ func (b *backend) workers(role control.Role) []router.Worker {
 			if v := b.kv.HostBlocks(hb.ID); v != nil {
 				out[i].HostPrefix = v
 			}
+			if v := b.kv.DiskBlocks(hb.ID); v != nil {
+				out[i].DiskPrefix = v
+			}
 		}
 		if b.modelName == "" {
 			// Workers serve the model they report; under --model-name

@@ -66,6 +66,17 @@ type service interface {
 	live() int
 }
 
+// diskBlocks returns the blocks of the disk tier behind host, a host
+// tier's blocks (a *prefixcache.Host), for its own KV events; nil when
+// there is none.
+func diskBlocks(host prefixcache.Blocks) prefixcache.Blocks {
+	h, ok := host.(interface{ Disk() *prefixcache.Disk })
+	if !ok || h.Disk() == nil {
+		return nil
+	}
+	return h.Disk()
+}
+
 type prefillService struct{ *prefill.Server }
 
 func (p prefillService) register(g *grpc.Server)          { p.Register(g) }
@@ -141,6 +152,8 @@ type Worker struct {
 	kvpub *control.KVPublisher
 	// hostpub publishes its host tier's (nil: none).
 	hostpub *control.KVPublisher
+	// diskpub publishes its disk tier's (nil: none).
+	diskpub *control.KVPublisher
 	sub     *nats.Subscription
 	// unwatch stops the prefill worker's watch of the receivers'
 	// heartbeats (nil: none).
@@ -320,6 +333,12 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 				}
 				hb.SetObserver(kvObserver{w.hostpub})
 			}
+			if db := diskBlocks(w.svc.hostBlocks()); db != nil {
+				if w.diskpub, err = control.NewKVTierPublisher(w.nc, string(o.Role), w.id, control.KVTierDisk, ko, db.AppendBlocks); err != nil {
+					return nil, fmt.Errorf("workerrun: %w", err)
+				}
+				db.SetObserver(kvObserver{w.diskpub})
+			}
 		}
 		if w.pre != nil {
 			if err := w.watchReceivers(); err != nil {
@@ -367,6 +386,9 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 	}
 	if w.hostpub != nil {
 		w.goPart("host tier kv events", func() error { return w.hostpub.Run(w.bgCtx) })
+	}
+	if w.diskpub != nil {
+		w.goPart("disk tier kv events", func() error { return w.diskpub.Run(w.bgCtx) })
 	}
 	if w.pre == nil {
 		w.kvDType = w.eng.Spec().KVDType
@@ -682,6 +704,9 @@ func (w *Worker) command(c control.Command) error {
 		w.kvpub.RequestSnapshot()
 		if w.hostpub != nil {
 			w.hostpub.RequestSnapshot()
+		}
+		if w.diskpub != nil {
+			w.diskpub.RequestSnapshot()
 		}
 		return nil
 	case control.CmdResend:
