@@ -119,11 +119,12 @@
 //
 // # Concurrency
 //
-// The worker is three parties: the service (Reserve, Generate, Cancel, the
-// per-caller caps and the reservation timers, server.go), the KV receiver
-// and its staging (receiver.go), and the runner (pkg/runner, under the
-// continuous-batching policy batcher, scheduler.go). A request's state is
-// split by owner (sequence: reservation, call, kvIn, sched).
+// The worker is three parties, each with a lock of its own: the service
+// (Reserve, Generate, Cancel, the per-caller caps and the reservation
+// timers, server.go), the KV receiver and its staging (receiver.go), and
+// the runner (pkg/runner, under the continuous-batching policy batcher,
+// scheduler.go). A request's state is split by owner (sequence:
+// reservation, call, kvIn, sched).
 //
 // The runner owns the engine; its engine lock guards it. The loop holds
 // the engine lock for a whole step (import of the joining sequences' KV,
@@ -133,6 +134,24 @@
 // KV receiver, reservation timers and the ending of requests that hold no
 // engine sequence (reserved, receiving KV, waiting to join) do not.
 //
+// The service's lock, Server.mu, guards the reservations, calls and
+// per-caller caps, and the pool's charge to the prefix cache. The runner's
+// lock, Server.rn.mu, guards the batch, its waiting queue and every
+// sequence's sched; the runner plans and hands out a step's tokens under
+// it alone. The service hands the runner a sequence ready to join
+// (readyLocked, with the cache pin of Reserve), the engine sequences of
+// the cache entries it reclaimed, and a request's end (drop:
+// the engine sequences, batch slot and place in waiting), each holding
+// mu. A request that ends in the runner (finished, failed, its caller
+// not reading) is a hand-off the other way: the runner frees its engine
+// sequences (the prompt's going into the prefix cache) and batch slot
+// under rn.mu, then, still holding the engine lock but not rn.mu, takes
+// mu to hand the service the rest (handOff: blocks, caller charge, cache
+// pin, the call's end, and the cache's pool charge, settled after the
+// blocks went back). A Cancel meanwhile waits for the engine lock (end),
+// so the finish wins as before the split. The prefix cache has its own
+// leaf lock.
+//
 // The receiver has a lock of its own, Server.rx.mu: it guards the
 // requests that may receive KV and their transfers (kvIn), and Begin, the
 // first frame's stamp, Commit and Abort take only it; later frames are
@@ -140,16 +159,12 @@
 // receiver what a transfer may be (rxState.expect at Reserve, the claim
 // of a Generate call in attach's claimKVLocked, the reservation's size)
 // and the request's end (rxState.drop frees the staging), each holding
-// mu; the runner takes the staged KV over under both (importJoining). The
-// receiver hands a committed transfer back (kvArrived: the sequence
+// mu; the runner takes the staged KV over holding rn.mu (importJoining).
+// The receiver hands a committed transfer back (kvArrived: the sequence
 // queues to join) and ends a claimed request whose transfer failed only
 // after releasing rx.mu, through mu.
 //
-// mu still guards the rest, shared by the service and the runner: the
-// reservations, calls and per-caller caps, the batch and its waiting
-// queue, and the requests' end, which frees a request's blocks, cache pin
-// and batch slot at once.
-//
-// Lock order: the engine lock, mu, rx.mu, staging; never the other way
-// round. Server methods are safe for concurrent use.
+// Lock order: the engine lock, mu, rn.mu, rx.mu, staging; never the other
+// way round (the runner takes mu only holding neither rn.mu nor rx.mu).
+// Server methods are safe for concurrent use.
 package decode

@@ -27,9 +27,9 @@ type receiver struct{ s *Server }
 
 // rxState is the KV receiver's: the requests that may receive KV and
 // their transfers (kvIn). mu guards reqs and every sequence's kvIn; it is
-// taken after Server.mu (the service and the runner hand over through the
-// methods below, holding Server.mu) and before a staging's lock, never
-// the other way round.
+// taken after Server.mu and Server.rn.mu (the service hands over through
+// the methods below holding Server.mu, the runner holding Server.rn.mu)
+// and before a staging's lock, never the other way round.
 type rxState struct {
 	mu   sync.Mutex
 	reqs map[string]*sequence // by id, from Reserve (or the claim of a Generate without one) to the request's end
@@ -374,49 +374,49 @@ func (k *sink) Abort(err error) {
 
 // importJoining imports the staged KV of the waiting sequences that join
 // the batch in the coming plan into the engine, one ImportKV per layer. The
-// caller (the scheduler) holds the engine lock, not mu. A sequence whose import fails
-// ends with INTERNAL.
+// caller (the scheduler) holds the engine lock, not rn.mu. A sequence whose
+// import fails ends with INTERNAL (handed to the service by Plan).
 func (pl batcher) importJoining() {
 	s := pl.s
-	s.mu.Lock()
+	s.rn.mu.Lock()
 	var qs []*sequence
 	var sts []*staging
 	var tokens []int
 	var hits []prefixcache.Hit
 	s.rx.mu.Lock() // the hand-off of the staged KV to the runner
-	for _, q := range s.waiting[:min(len(s.waiting), max(0, s.o.MaxBatch-len(s.active)))] {
+	for _, q := range s.rn.waiting[:min(len(s.rn.waiting), max(0, s.o.MaxBatch-len(s.rn.active)))] {
 		if q.staged == nil {
 			continue
 		}
-		s.nextSeq++
-		q.seq, q.hasSeq = s.nextSeq, true
+		s.rn.nextSeq++
+		q.seq, q.hasSeq = s.rn.nextSeq, true
 		qs, sts, tokens = append(qs, q), append(sts, q.staged), append(tokens, q.kvTokens)
 		// The pin passes to this goroutine, which forks the prefix (or
 		// not: a transfer from token 0 carried it) and releases it.
-		hits = append(hits, q.hit)
-		q.staged, q.hit = nil, prefixcache.Hit{}
+		hits = append(hits, q.pin)
+		q.staged, q.pin = nil, prefixcache.Hit{}
 	}
 	s.rx.mu.Unlock()
-	s.mu.Unlock()
+	s.rn.mu.Unlock()
 	if len(qs) == 0 {
 		return
 	}
-	// The sequences cannot end before mu is taken again: ending one that
-	// holds an engine sequence (hasSeq) takes the engine lock, which the caller
-	// holds. sts are no longer reachable from their sequences, so only this
-	// goroutine reads them; q.seq and q.id do not change.
+	// The sequences cannot end before rn.mu is taken again: ending one
+	// that holds an engine sequence (hasSeq) takes the engine lock, which
+	// the caller holds. sts are no longer reachable from their sequences,
+	// so only this goroutine reads them; q.seq and q.id do not change.
 	errs := make([]error, len(qs))
 	for i, q := range qs {
 		errs[i] = pl.importKV(q.id, q.seq, tokens[i], sts[i], hits[i])
 		sts[i].free()
 		s.cache.Release(hits[i])
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.rn.mu.Lock()
+	defer s.rn.mu.Unlock()
 	for i, q := range qs {
 		if errs[i] != nil {
 			s.log.Error("import staged kv", zap.String("request_id", q.id), zap.Error(errs[i]))
-			s.endLocked(q, "", status.Error(codes.Internal, errs[i].Error()))
+			pl.endLocked(q, "", status.Error(codes.Internal, errs[i].Error()), "")
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"slices"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/prefixcache"
 	"github.com/pdserve/pdserve/pkg/runner"
 	"github.com/pdserve/pdserve/pkg/wire"
 )
@@ -31,10 +33,46 @@ func (s *Server) Stop() { s.stop() }
 // whose KV arrived are imported then), every running sequence decodes one
 // token a step, and local prefills take chunks of what is left. Its
 // methods run in the runner's loop, which holds the engine lock; they
-// take Server.mu for the requests' state.
+// take Server.rn.mu for the batch and the sequences' sched, and
+// Server.mu only to hand the requests that ended in the runner to the
+// service (handOff).
 type batcher struct{ s *Server }
 
 var _ runner.Policy[*sequence] = batcher{}
+
+// runState is the runner's: the batch, the sequences waiting to join it,
+// every sequence's sched, and the hand-offs between the runner and the
+// service. mu guards them. It is taken after Server.mu (the service hands
+// over a sequence ready to join, readyLocked, reclaimed prefix cache
+// entries, and the end of a request, drop, holding mu) and before
+// Server.rx.mu; the runner never holds it while it takes Server.mu.
+type runState struct {
+	mu      sync.Mutex
+	waiting []*sequence // ready to join the batch, in order of readiness
+	active  []*sequence // in the batch, in order of joining
+	nextSeq engine.SeqID
+	// reclaimed are the engine sequences of prefix cache entries the
+	// service reclaimed (allocateLocked, chargeCacheLocked), which the
+	// runner frees before its next step's imports (freeReclaimed).
+	reclaimed []engine.SeqID
+	// ended are the requests that ended in the runner (finished, failed,
+	// or their caller stopped reading): their engine sequences and batch
+	// slots are freed, and the service frees the rest at the runner's next
+	// hand-off (handOff), within the same hold of the engine lock. kept:
+	// a sequence went into the prefix cache since the last hand-off; the
+	// service settles the cache's pool charge then.
+	ended []ended
+	kept  bool
+}
+
+// ended is a request the runner ended, for the service to end with reason
+// or err; stall is the reason its caller stopped reading ("": it did not).
+type ended struct {
+	q      *sequence
+	reason string
+	err    error
+	stall  string
+}
 
 // Shutdown ends every request.
 func (pl batcher) Shutdown() {
@@ -45,20 +83,124 @@ func (pl batcher) Shutdown() {
 	for _, q := range s.seqs {
 		s.endLocked(q, "", errStopped)
 	}
-	for _, x := range append(s.cache.Drain(), s.reclaimed...) {
+	s.rn.mu.Lock()
+	x := append(s.cache.Drain(), s.rn.reclaimed...)
+	s.rn.reclaimed = nil
+	s.rn.mu.Unlock()
+	for _, x := range x {
 		s.eng.Free(x)
 	}
-	s.reclaimed = nil
 	s.chargeCacheLocked()
 }
 
 // Plan frees the engine sequences of reclaimed prefix cache entries,
 // imports the KV of the sequences that join now, admits waiting sequences
-// while the batch has room and picks the step's items.
+// while the batch has room and picks the step's items, then hands the
+// requests that ended meanwhile (a failed import, a first token that
+// finishes its request) to the service.
 func (pl batcher) Plan() runner.Batch[*sequence] {
 	pl.freeReclaimed()
 	pl.importJoining()
-	return pl.plan()
+	b := pl.plan()
+	pl.handOff()
+	return b
+}
+
+// handOff hands the requests that ended in the runner since the last
+// hand-off to the service, which frees their blocks, caller charge and
+// cache pin and ends their calls (endLocked), and settles the prefix
+// cache's pool charge after sequences went into the cache, once their
+// requests' blocks went back. The caller holds the engine lock (so a
+// Cancel of such a request waits for it: end), not rn.mu nor mu.
+func (pl batcher) handOff() {
+	s := pl.s
+	s.rn.mu.Lock()
+	es, kept := s.rn.ended, s.rn.kept
+	s.rn.ended, s.rn.kept = nil, false
+	s.rn.mu.Unlock()
+	if len(es) == 0 && !kept {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, e := range es {
+		if e.q.done {
+			continue
+		}
+		s.endLocked(e.q, e.reason, e.err)
+		if e.stall != "" {
+			s.countStalled(e.q, e.stall)
+		}
+	}
+	if kept {
+		s.chargeCacheLocked()
+	}
+}
+
+// endLocked ends q's request in the runner with reason or err: it frees
+// its choices' engine sequences (the root's goes into the prefix cache
+// when the request finished or was cancelled) and batch slots, and
+// queues the rest for the service (handOff). stall is the reason its
+// caller stopped reading, or "". Idempotent. The caller holds the engine
+// lock and rn.mu.
+func (pl batcher) endLocked(q *sequence, reason string, err error, stall string) {
+	s := pl.s
+	q = q.root()
+	if q.dropped {
+		return
+	}
+	if s.dropLocked(q, err == nil || status.Code(err) == codes.Canceled) {
+		s.rn.kept = true
+	}
+	s.rn.ended = append(s.rn.ended, ended{q: q, reason: reason, err: err, stall: stall})
+}
+
+// drop is dropLocked for the service, holding mu (and the engine lock
+// when q holds an engine sequence), not rn.mu.
+func (s *Server) drop(q *sequence, keep bool) (kept bool) {
+	s.rn.mu.Lock()
+	defer s.rn.mu.Unlock()
+	return s.dropLocked(q, keep)
+}
+
+// dropIdle drops root q, as drop does, when it holds no engine sequence
+// and the runner has not ended it, and reports whether it did: then the
+// service may end q without the engine lock. Otherwise q is in the batch,
+// its KV is being imported, or its end is being handed over: the service
+// takes the engine lock to end it. In one critical section of rn.mu, so
+// the runner cannot start q meanwhile.
+func (s *Server) dropIdle(q *sequence) bool {
+	s.rn.mu.Lock()
+	defer s.rn.mu.Unlock()
+	if q.dropped || q.holdsEngine() {
+		return false
+	}
+	s.dropLocked(q, false)
+	return true
+}
+
+// dropLocked frees what the runner holds of root q: each choice's engine
+// sequence (with keep, the root's goes into the prefix cache) and batch
+// slot, its place in waiting, and the cache pin handed to it. It reports
+// whether a sequence went into the cache. Idempotent. The caller holds
+// rn.mu, and the engine lock when q holds an engine sequence.
+func (s *Server) dropLocked(q *sequence, keep bool) (kept bool) {
+	if q.dropped {
+		return false
+	}
+	q.dropped = true
+	for _, c := range append([]*sequence{q}, q.children...) {
+		if s.dropChoiceLocked(c, keep) {
+			kept = true
+		}
+	}
+	if q.queued {
+		s.rn.waiting = slices.DeleteFunc(s.rn.waiting, func(x *sequence) bool { return x == q })
+		q.queued = false
+	}
+	s.cache.Release(q.pin)
+	q.pin = prefixcache.Hit{}
+	return kept
 }
 
 // chunkSizes splits a step's token budget: every running decode takes one
@@ -76,30 +218,93 @@ func chunkSizes(decodes int, pending []int, budget, chunk int) []int {
 	return out
 }
 
+// dropChoiceLocked frees choice c's engine sequence, or, with keep for
+// a root whose prompt KV is complete, hands it to the prefix cache, and
+// takes it out of the batch. It reports whether the sequence went into
+// the cache (the service settles the cache's pool charge). The caller
+// holds rn.mu, and the engine lock when c.hasSeq.
+func (s *Server) dropChoiceLocked(c *sequence, keep bool) (kept bool) {
+	closeGrammar(c.constraint)
+	c.constraint, c.sampling.Constraint = nil, nil
+	if c.hasSeq {
+		if keep && c.parent == nil {
+			kept = s.keepLocked(c)
+		} else {
+			s.eng.Free(c.seq)
+		}
+		c.hasSeq = false
+	}
+	if c.joined {
+		s.rn.active = slices.DeleteFunc(s.rn.active, func(x *sequence) bool { return x == c })
+		c.joined = false
+	}
+	return kept
+}
+
+// keepLocked makes root q's engine sequence a prefix cache entry holding
+// its prompt's full blocks, forking them out when the sequence holds more
+// (output tokens, a partial block), and frees what the cache lets go of;
+// without a cache, or before the prompt's blocks are all computed, it
+// frees the sequence. It reports whether it inserted an entry: its pool
+// charge is the service's to settle (chargeCacheLocked). The caller holds
+// the engine lock and rn.mu.
+func (s *Server) keepLocked(q *sequence) bool {
+	k := len(q.hashes) * s.o.BlockTokens
+	n, err := s.eng.Len(q.seq)
+	if s.cache == nil || k == 0 || err != nil || n < k || k > s.o.PrefixCache.MaxTokens || s.cache.Match(q.hashes) == len(q.hashes) {
+		// Nothing to keep, or nothing the cache would keep (too large, or
+		// an entry holds every block already): no fork to throw away.
+		s.eng.Free(q.seq)
+		return false
+	}
+	seq := q.seq
+	if n > k {
+		s.rn.nextSeq++
+		seq = s.rn.nextSeq
+		err := s.eng.(engine.Forker).Fork(q.seq, seq, k)
+		s.eng.Free(q.seq)
+		if err != nil {
+			s.log.Warn("prefix cache: fork of a finished prompt failed", zap.String("request_id", q.id), zap.Error(err))
+			return false
+		}
+	}
+	s.freeCachedLocked(s.cache.Insert(seq, q.hashes, k))
+	return true
+}
+
+// freeCachedLocked frees engine sequences the prefix cache let go of,
+// those it evicted copied into its host tier first (a failed copy is
+// logged). The caller holds the engine lock.
+func (s *Server) freeCachedLocked(seqs []engine.SeqID) {
+	if err := s.cache.Free(s.eng, seqs); err != nil {
+		s.log.Warn("prefix cache: copy to the host tier failed", zap.Error(err))
+	}
+}
+
 // plan admits waiting sequences while the batch has room (remote ones once
 // importJoining imported their KV) and picks the step's items. The caller
 // holds the engine lock.
 func (pl batcher) plan() runner.Batch[*sequence] {
 	s := pl.s
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.rn.mu.Lock()
+	defer s.rn.mu.Unlock()
 	now := s.now()
-	for len(s.waiting) > 0 && s.slotsLocked()+s.waiting[0].n <= s.o.MaxBatch {
-		q := s.waiting[0]
+	for len(s.rn.waiting) > 0 && s.slotsLocked()+s.rn.waiting[0].n <= s.o.MaxBatch {
+		q := s.rn.waiting[0]
 		if s.rx.hasStaged(q) {
 			// Its KV is not in the engine yet: importJoining brings it
 			// in at the next step boundary.
 			s.sig.Wake()
 			break
 		}
-		s.waiting = slices.Delete(s.waiting, 0, 1)
+		s.rn.waiting = slices.Delete(s.rn.waiting, 0, 1)
 		q.queued = false
 		pl.joinLocked(q, now)
 	}
 	var b runner.Batch[*sequence]
 	var pre []*sequence
 	var pending []int
-	for _, q := range s.active {
+	for _, q := range s.rn.active {
 		if len(q.pending) == 0 {
 			b.Decode = append(b.Decode, engine.DecodeItem{Seq: q.seq, Token: q.next, Sampling: q.sampling})
 			b.DecodeOf = append(b.DecodeOf, q)
@@ -126,10 +331,10 @@ func (pl batcher) plan() runner.Batch[*sequence] {
 }
 
 // slotsLocked is the batch's occupancy: the sequences in it and the
-// choices its requests will fork. The caller holds mu.
+// choices its requests will fork. The caller holds rn.mu.
 func (s *Server) slotsLocked() int {
-	n := len(s.active)
-	for _, q := range s.active {
+	n := len(s.rn.active)
+	for _, q := range s.rn.active {
 		if q.parent == nil && !q.forked {
 			n += q.n - 1
 		}
@@ -140,7 +345,7 @@ func (s *Server) slotsLocked() int {
 // forkLocked starts choices 1..n-1 of root q from its prompt's KV: each
 // forks the KV of the prompt but its last token, which it then computes
 // itself to sample its own first token (or, after a recovery, to replay
-// its generated tokens). The caller holds the engine lock and mu.
+// its generated tokens). The caller holds the engine lock and rn.mu.
 func (pl batcher) forkLocked(q *sequence) error {
 	s := pl.s
 	q.forked = true
@@ -175,12 +380,12 @@ func (pl batcher) forkLocked(q *sequence) error {
 		} else if mask != nil {
 			c.constraint, c.sampling.Constraint = mask, mask
 		}
-		s.nextSeq++
-		if err := f.Fork(q.seq, s.nextSeq, p-1); err != nil {
+		s.rn.nextSeq++
+		if err := f.Fork(q.seq, s.rn.nextSeq, p-1); err != nil {
 			closeGrammar(c.constraint)
 			return fmt.Errorf("decode: fork choice %d of %s: %w", i, q.id, err)
 		}
-		c.seq, c.hasSeq = s.nextSeq, true
+		c.seq, c.hasSeq = s.rn.nextSeq, true
 		c.pending = []int32{q.prompt[p-1]}
 		if m := len(gen); m > 0 {
 			c.pending = append(c.pending, gen[:m-1]...)
@@ -189,7 +394,7 @@ func (pl batcher) forkLocked(q *sequence) error {
 		c.sampleLast = len(gen) == 0
 		c.joined = true
 		q.children = append(q.children, c)
-		s.active = append(s.active, c)
+		s.rn.active = append(s.rn.active, c)
 	}
 	return nil
 }
@@ -226,11 +431,11 @@ func (pl batcher) addPromptLogprobs(q *sequence, rows []float32, n int) {
 // joinLocked puts q in the batch: a local prefill gets its engine sequence
 // and pending prompt; remote KV streams its first token now; a recovery
 // re-prefills the tokens generated before, but the last, which is the next
-// decode input.
+// decode input. The caller holds the engine lock and rn.mu.
 func (pl batcher) joinLocked(q *sequence, now time.Time) {
 	s := pl.s
 	q.joined = true
-	s.active = append(s.active, q)
+	s.rn.active = append(s.rn.active, q)
 	m := len(q.generated)
 	q.emitted = m
 	var regen []int32
@@ -239,8 +444,8 @@ func (pl batcher) joinLocked(q *sequence, now time.Time) {
 		regen = q.generated[:m-1]
 	}
 	if q.local {
-		s.nextSeq++
-		q.seq, q.hasSeq = s.nextSeq, true
+		s.rn.nextSeq++
+		q.seq, q.hasSeq = s.rn.nextSeq, true
 		hit := pl.forkCachedLocked(q)
 		if hit > 0 && q.out != nil {
 			q.out.prefixHit(hit, q.hostHit, q.hostLoad)
@@ -262,7 +467,7 @@ func (pl batcher) joinLocked(q *sequence, now time.Time) {
 		// The prompt's KV is in the engine: the other choices start.
 		if err := pl.forkLocked(q); err != nil {
 			s.log.Error("fork choices", zap.String("request_id", q.id), zap.Error(err))
-			s.endLocked(q, "", status.Error(codes.Internal, err.Error()))
+			pl.endLocked(q, "", status.Error(codes.Internal, err.Error()), "")
 			return
 		}
 	}
@@ -279,7 +484,7 @@ func (pl batcher) joinLocked(q *sequence, now time.Time) {
 				lp = &pdservev1.TokenLogprob{Token: kv.first}
 			}
 		}
-		pl.emitLocked(q, kv.first, lp, len(s.active), now)
+		pl.emitLocked(q, kv.first, lp, len(s.rn.active), now)
 	}
 }
 
@@ -288,7 +493,7 @@ func (pl batcher) joinLocked(q *sequence, now time.Time) {
 // loaded from the host tier when that holds more, and returns its tokens
 // (0: a miss, a request asking for prompt logprobs, which needs every
 // prompt position computed, or a failed fork or load, logged). The caller
-// holds the engine lock and mu.
+// holds the engine lock and rn.mu.
 func (pl batcher) forkCachedLocked(q *sequence) int {
 	s := pl.s
 	if s.cache == nil || q.promptTop >= 0 {
@@ -319,7 +524,8 @@ func (pl batcher) forkCachedLocked(q *sequence) int {
 }
 
 // emitLocked streams token t of q, produced in a step of batch sequences,
-// and ends q when t finishes it. Otherwise t is q's next decode input.
+// and ends q when t finishes it. Otherwise t is q's next decode input. The
+// caller holds the engine lock and rn.mu.
 func (pl batcher) emitLocked(q *sequence, t int32, lp *pdservev1.TokenLogprob, batch int, now time.Time) {
 	s := pl.s
 	q.emitted++
@@ -335,34 +541,64 @@ func (pl batcher) emitLocked(q *sequence, t int32, lp *pdservev1.TokenLogprob, b
 		q.firstStamps = true
 		q.out.stamp(StampFirstToken, now)
 	}
-	root := q
-	if q.parent != nil {
-		root = q.parent
-	}
+	root := q.root()
 	if !root.out.token(q.index, t, lp, batch) {
-		s.stalledLocked(root, reasonOutbox, status.Errorf(codes.ResourceExhausted,
-			"decode: request %s: its caller does not read: over %d bytes of output wait to be sent", root.id, s.o.MaxOutboxBytes))
+		pl.endLocked(root, "", status.Errorf(codes.ResourceExhausted,
+			"decode: request %s: its caller does not read: over %d bytes of output wait to be sent", root.id, s.o.MaxOutboxBytes), reasonOutbox)
 		return
 	}
 	switch {
 	case s.eog[t] && !q.ignoreEOS, q.stop[t]:
-		s.finishChoiceLocked(q, FinishStop)
+		pl.finishChoiceLocked(q, FinishStop)
 	case q.emitted >= q.maxTokens:
-		s.finishChoiceLocked(q, FinishLength)
+		pl.finishChoiceLocked(q, FinishLength)
 	default:
 		q.next = t
 	}
 }
 
+// finishChoiceLocked ends choice c with reason and, once every choice of
+// its request finished, the request. The caller holds the engine lock and
+// rn.mu.
+func (pl batcher) finishChoiceLocked(c *sequence, reason string) {
+	s := pl.s
+	root := c.root()
+	if root.n <= 1 {
+		pl.endLocked(root, reason, nil, "")
+		return
+	}
+	c.choiceDone = true
+	if s.dropChoiceLocked(c, true) {
+		s.rn.kept = true
+	}
+	root.out.choiceDone(c.index, reason)
+	if !root.forked || !root.choiceDone {
+		return
+	}
+	for _, x := range root.children {
+		if !x.choiceDone {
+			return
+		}
+	}
+	pl.endLocked(root, reason, nil, "")
+}
+
 // Done hands out a step's tokens, or its failure to every sequence in
-// it. The runner holds the engine lock, so no sequence of b ends during
-// the step.
+// it, then hands the requests that ended to the service (handOff). The
+// runner holds the engine lock, so the service ends no sequence of b
+// during the step.
 func (pl batcher) Done(ctx context.Context, b runner.Batch[*sequence], res runner.Result) {
+	pl.handOut(ctx, b, res)
+	pl.handOff()
+}
+
+// handOut is Done's part under rn.mu.
+func (pl batcher) handOut(ctx context.Context, b runner.Batch[*sequence], res runner.Result) {
 	s := pl.s
 	start, end, n := res.Start, res.End, b.Size()
 	pOut, dOut, err := res.Prefill, res.Decode, res.Err
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.rn.mu.Lock()
+	defer s.rn.mu.Unlock()
 	if err != nil {
 		st := errStopped
 		if ctx.Err() == nil {
@@ -370,12 +606,12 @@ func (pl batcher) Done(ctx context.Context, b runner.Batch[*sequence], res runne
 			st = status.Errorf(codes.Internal, "decode: step failed: %v", err)
 		}
 		for _, q := range append(slices.Clone(b.PrefillOf), b.DecodeOf...) {
-			s.endLocked(q, "", st)
+			pl.endLocked(q, "", st, "")
 		}
 		return
 	}
 	for i, q := range b.PrefillOf {
-		if q.done || q.choiceDone {
+		if q.over() {
 			continue
 		}
 		root := q.parent == nil
@@ -398,7 +634,7 @@ func (pl batcher) Done(ctx context.Context, b runner.Batch[*sequence], res runne
 			q.out.stamp(StampPrefillEnd, end)
 			if err := pl.forkLocked(q); err != nil {
 				s.log.Error("fork choices", zap.String("request_id", q.id), zap.Error(err))
-				s.endLocked(q, "", status.Error(codes.Internal, err.Error()))
+				pl.endLocked(q, "", status.Error(codes.Internal, err.Error()), "")
 				continue
 			}
 		}
@@ -411,7 +647,7 @@ func (pl batcher) Done(ctx context.Context, b runner.Batch[*sequence], res runne
 		}
 	}
 	for i, q := range b.DecodeOf {
-		if !q.done && !q.choiceDone {
+		if !q.over() {
 			pl.emitLocked(q, dOut[i].Token, pl.logprob(q, dOut[i]), n, end)
 		}
 	}

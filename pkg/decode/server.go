@@ -94,17 +94,18 @@ type Server struct {
 	kvSaved atomic.Int64
 
 	// cache holds finished requests' engine sequences for prefix reuse
-	// (nil: off). Lookups pin entries under mu (Reserve) or the engine lock (local
-	// join); forks, inserts and frees of its sequences happen under
-	// the engine lock. Its tokens share the pool with requests: cacheBlocks are the
-	// pool blocks charged to them now (BlocksFor the cache's tokens, see
-	// chargeCacheLocked), and a request short of blocks reclaims unpinned
-	// entries (allocateLocked). reclaimed are the engine sequences of
-	// entries reclaimed without the engine lock (Reserve holds only mu), freed by
-	// the scheduler before its next step's imports. Guarded by mu.
+	// (nil: off; safe for concurrent use, its lock a leaf). Lookups pin
+	// entries in the service (Reserve) or the runner (local join); forks,
+	// inserts and frees of its sequences are the runner's, under the engine
+	// lock. Its tokens share the pool with requests, and the pool charge is
+	// the service's, guarded by mu: cacheBlocks are the pool blocks charged
+	// to them now (BlocksFor the cache's tokens, see chargeCacheLocked),
+	// settled by the service after the runner inserted entries (handOff),
+	// and a request short of blocks reclaims unpinned entries
+	// (allocateLocked), whose engine sequences it hands to the runner
+	// (rn.reclaimed).
 	cache       *prefixcache.Cache
 	cacheBlocks []kv.BlockID
-	reclaimed   []engine.SeqID
 
 	// run is the batch loop, under the policy batcher. Its engine lock
 	// guards eng: the loop holds it for a whole step (importing the KV of
@@ -115,15 +116,19 @@ type Server struct {
 	// order).
 	run *runner.Runner[*sequence]
 
+	// rn is the runner's state (the batch, its waiting queue, the
+	// sequences' sched), under its own lock (taken after mu, before
+	// rx.mu).
+	rn runState
+
 	// rx is the KV receiver's state, under its own lock (taken after
-	// mu, never before).
+	// mu and rn.mu, never before).
 	rx rxState
 
+	// mu is the service's: it guards the reservations and calls, the
+	// per-caller caps and the pool's charge to the prefix cache.
 	mu      sync.Mutex
 	seqs    map[string]*sequence // every reserved or live request, by id
-	waiting []*sequence          // ready to join the batch, in order of readiness
-	active  []*sequence          // in the batch, in order of joining
-	nextSeq engine.SeqID
 	stopped bool
 	callers map[string]*callerUse // what each caller's requests hold (see Options.MaxReservationsPerCaller)
 }
@@ -144,10 +149,12 @@ func realAfterFunc(d time.Duration, f func()) timer { return time.AfterFunc(d, f
 // its end, or one choice of it. Its state is split by owner, the party
 // that writes it: the service (Reserve, Generate, Cancel, the caps and
 // timers: reservation, call), the KV receiver (kvIn) and the runner
-// (sched). kvIn is guarded by Server.rx.mu, the rest by Server.mu (the
-// runner reads call there when a sequence joins), the engine sequence by
-// the runner's engine lock; done is the request's end, which any of them
-// may cause (endLocked).
+// (sched). reservation, call and done are guarded by Server.mu (call does
+// not change once the sequence is handed to the runner, which reads it
+// then), kvIn by Server.rx.mu, sched by Server.rn.mu, the engine sequence
+// by the runner's engine lock. done is the request's end in the service
+// (endLocked), which any party may cause; the runner's part of it is
+// sched.dropped.
 type sequence struct {
 	reservation
 	kvIn
@@ -158,7 +165,8 @@ type sequence struct {
 
 // reservation is what the service holds for a request from Reserve (or a
 // Generate without one) to its end: pool blocks charged to its caller,
-// the reservation timer, and the prefix cache pin of Reserve.
+// the reservation timer, and the prefix cache pin of Reserve (until the
+// sequence is handed to the runner: sched.pin).
 type reservation struct {
 	id        string
 	blocks    []kv.BlockID
@@ -166,8 +174,9 @@ type reservation struct {
 	ttl       timer  // releases an unclaimed reservation; nil once claimed
 	caller    string // who made the request (grpcauth.Caller); charged with its blocks
 	// hit is the cached prefix pinned at Reserve for the remote KV
-	// (Tokens 0: none), released once the KV is imported (the runner
-	// takes it over then) or the request ends.
+	// (Tokens 0: none), handed to the runner (sched.pin) when the
+	// sequence queues to join the batch, or released when the request
+	// ends before.
 	hit prefixcache.Hit
 	// resPrompt is the prompt Reserve was shown (ReserveRequest.prompt),
 	// or nil: a Generate call that omits its prompt takes this one.
@@ -233,14 +242,21 @@ type call struct {
 	promptTop int // alternatives per prompt token (root, local prefill); -1: none
 }
 
-// sched is the runner's: the engine sequence, the choices it forked, the
-// batch membership, and the generation's progress. queued is the
-// service's and the receiver's too (readyLocked queues the sequence), and
-// the grammar state and penalties are built by the service at attach,
-// then advanced by the runner only.
+// sched is the runner's, guarded by Server.rn.mu: the engine sequence,
+// the choices it forked, the batch membership, and the generation's
+// progress. The service queues the sequence (readyLocked) and drops it at
+// the request's end (drop), under rn.mu, and the grammar state
+// and penalties are built by the service at attach, then advanced by the
+// runner only.
 type sched struct {
 	seq    engine.SeqID
 	hasSeq bool // the engine may hold the sequence: Free it at the end; set only by the runner, holding the engine lock
+	// pin is Reserve's cached prefix (reservation.hit), handed over when
+	// the sequence queued; importJoining takes it, or the drop releases it.
+	pin prefixcache.Hit
+	// dropped: the request ended for the runner (root): its choices'
+	// engine sequences and batch slots are freed, and it never joins.
+	dropped bool
 
 	// hostHit is the local prompt's prefix loaded from the host tier
 	// (0: none), and hostLoad the time the load took.
@@ -405,8 +421,6 @@ func (s *Server) Stats() Stats {
 	st := Stats{
 		KVBlocksFree:  s.freeBlocksLocked(),
 		KVBlocksTotal: s.pool.Total(),
-		Running:       len(s.active),
-		Waiting:       len(s.waiting),
 		Requests:      len(s.seqs),
 		LastBatch:     last,
 		StepTimesMs:   times,
@@ -416,10 +430,13 @@ func (s *Server) Stats() Stats {
 		KVBytesSaved:  s.kvSaved.Load(),
 	}
 	st.KVTransfers = s.rx.transfers()
-	for _, q := range s.active {
+	s.rn.mu.Lock()
+	defer s.rn.mu.Unlock()
+	st.Running, st.Waiting = len(s.rn.active), len(s.rn.waiting)
+	for _, q := range s.rn.active {
 		st.QueuedPrefillTokens += len(q.pending)
 	}
-	for _, q := range s.waiting {
+	for _, q := range s.rn.waiting {
 		if q.local {
 			st.QueuedPrefillTokens += len(q.prompt) + max(len(q.generated)-1, 0)
 		}
@@ -534,14 +551,13 @@ func (s *Server) reserveLocked(id string, tokens int, caller string) (*sequence,
 
 // allocateLocked allocates n pool blocks, reclaiming unpinned prefix
 // cache entries, least recently used first, when the free blocks fall
-// short. The reclaimed entries' engine sequences wait in s.reclaimed for
-// the scheduler. Errors: kv.ErrPoolExhausted when even the reclaimable
+// short. The reclaimed entries' engine sequences go to the runner
+// (handReclaimed). Errors: kv.ErrPoolExhausted when even the reclaimable
 // blocks fall short. The caller holds mu.
 func (s *Server) allocateLocked(n int) ([]kv.BlockID, error) {
 	if short := n - s.pool.Free(); short > 0 && s.cache != nil && short <= s.freeBlocksLocked()-s.pool.Free() {
-		s.reclaimed = append(s.reclaimed, s.cache.Reclaim(short*s.pool.BlockTokens())...)
+		s.handReclaimed(s.cache.Reclaim(short * s.pool.BlockTokens()))
 		s.chargeCacheLocked()
-		s.sig.Wake()
 	}
 	return s.pool.Allocate(n)
 }
@@ -556,7 +572,7 @@ func (s *Server) freeBlocksLocked() int {
 // chargeCacheLocked makes the pool blocks charged to the prefix cache
 // (s.cacheBlocks) BlocksFor its tokens: it releases the surplus after
 // evictions, and takes more after an Insert, reclaiming older entries
-// (to s.reclaimed) when the pool lacks them. The caller holds mu.
+// (handed to the runner) when the pool lacks them. The caller holds mu.
 func (s *Server) chargeCacheLocked() {
 	want := s.pool.BlocksFor(s.cache.Tokens())
 	if n := len(s.cacheBlocks); want < n {
@@ -579,20 +595,32 @@ func (s *Server) chargeCacheLocked() {
 			s.log.Error("prefix cache holds more KV than the pool has free, and every entry is pinned", zap.Int("blocks", want), zap.Int("charged", len(s.cacheBlocks)))
 			return
 		}
-		s.reclaimed = append(s.reclaimed, x...)
-		s.sig.Wake()
+		s.handReclaimed(x)
 		want = s.pool.BlocksFor(s.cache.Tokens())
 	}
+}
+
+// handReclaimed hands the engine sequences of reclaimed prefix cache
+// entries to the runner, which frees them before its next step's imports
+// (freeReclaimed). The caller holds mu.
+func (s *Server) handReclaimed(x []engine.SeqID) {
+	if len(x) == 0 {
+		return
+	}
+	s.rn.mu.Lock()
+	s.rn.reclaimed = append(s.rn.reclaimed, x...)
+	s.rn.mu.Unlock()
+	s.sig.Wake()
 }
 
 // freeReclaimed frees the engine sequences of reclaimed prefix cache
 // entries. The caller holds the engine lock (the scheduler, before importing KV).
 func (pl batcher) freeReclaimed() {
 	s := pl.s
-	s.mu.Lock()
-	x := s.reclaimed
-	s.reclaimed = nil
-	s.mu.Unlock()
+	s.rn.mu.Lock()
+	x := s.rn.reclaimed
+	s.rn.reclaimed = nil
+	s.rn.mu.Unlock()
 	s.freeCachedLocked(x)
 }
 
@@ -663,16 +691,14 @@ func (s *Server) expire(q *sequence) {
 	}
 }
 
-// endLocked frees everything q holds and ends its stream with reason or
-// err. The caller holds mu, and the engine lock unless q holds no engine sequence
-// (hasSeq false). Idempotent.
+// endLocked frees everything root q holds and ends its stream with
+// reason or err: the blocks and caller charge, what the runner holds of
+// it (drop: engine sequences, batch slot, its place in waiting;
+// nothing when the runner ended it and handed it over), the cache pin and
+// the staged KV. The caller holds mu, and the engine lock unless the
+// runner holds no engine sequence of q. Idempotent.
 func (s *Server) endLocked(q *sequence, reason string, err error) {
 	if q.done {
-		return
-	}
-	if q.parent != nil {
-		// A child's failure ends the whole request.
-		s.endLocked(q.parent, reason, err)
 		return
 	}
 	q.done = true
@@ -681,26 +707,21 @@ func (s *Server) endLocked(q *sequence, reason string, err error) {
 		q.ttl = nil
 	}
 	// The blocks go back first: a sequence kept by the prefix cache is
-	// charged blocks of its own (chargeCacheLocked).
+	// charged blocks of its own (chargeCacheLocked, below, or in handOff
+	// when the runner ended q).
 	if err := s.pool.Release(q.blocks); err != nil {
 		s.log.Error("release kv blocks", zap.String("request_id", q.id), zap.Error(err))
 	}
 	s.chargeLocked(q.caller, -1, -len(q.blocks))
 	q.blocks = nil
-	keep := err == nil || status.Code(err) == codes.Canceled
-	for _, c := range append([]*sequence{q}, q.children...) {
-		c.done = true
-		s.dropChoiceLocked(c, keep)
+	if s.drop(q, err == nil || status.Code(err) == codes.Canceled) {
+		s.chargeCacheLocked()
 	}
 	s.cache.Release(q.hit)
 	q.hit = prefixcache.Hit{}
 	s.rx.drop(q)
 	if s.seqs[q.id] == q {
 		delete(s.seqs, q.id)
-	}
-	if q.queued {
-		s.waiting = slices.DeleteFunc(s.waiting, func(x *sequence) bool { return x == q })
-		q.queued = false
 	}
 	if q.out != nil {
 		if err == nil {
@@ -711,95 +732,20 @@ func (s *Server) endLocked(q *sequence, reason string, err error) {
 	s.sig.EndedLocked()
 }
 
-// dropChoiceLocked frees choice c's engine sequence, or, with keep for
-// a root whose prompt KV is complete, hands it to the prefix cache, and
-// takes it out of the batch. The caller holds mu, and the engine lock when
-// c.hasSeq.
-func (s *Server) dropChoiceLocked(c *sequence, keep bool) {
-	closeGrammar(c.constraint)
-	c.constraint, c.sampling.Constraint = nil, nil
-	if c.hasSeq {
-		if keep && c.parent == nil {
-			s.keepLocked(c)
-		} else {
-			s.eng.Free(c.seq)
-		}
-		c.hasSeq = false
+// root returns the request's first choice: q's parent, or q itself.
+func (q *sequence) root() *sequence {
+	if q.parent != nil {
+		return q.parent
 	}
-	if c.joined {
-		s.active = slices.DeleteFunc(s.active, func(x *sequence) bool { return x == c })
-		c.joined = false
-	}
+	return q
 }
 
-// freeCachedLocked frees engine sequences the prefix cache let go of,
-// those it evicted copied into its host tier first (a failed copy is
-// logged). The caller holds the engine lock.
-func (s *Server) freeCachedLocked(seqs []engine.SeqID) {
-	if err := s.cache.Free(s.eng, seqs); err != nil {
-		s.log.Warn("prefix cache: copy to the host tier failed", zap.Error(err))
-	}
-}
-
-// keepLocked makes root q's engine sequence a prefix cache entry holding
-// its prompt's full blocks, forking them out when the sequence holds more
-// (output tokens, a partial block), and frees what the cache lets go of;
-// without a cache, or before the prompt's blocks are all computed, it
-// frees the sequence. The caller holds the engine lock and mu.
-func (s *Server) keepLocked(q *sequence) {
-	k := len(q.hashes) * s.o.BlockTokens
-	n, err := s.eng.Len(q.seq)
-	if s.cache == nil || k == 0 || err != nil || n < k || k > s.o.PrefixCache.MaxTokens || s.cache.Match(q.hashes) == len(q.hashes) {
-		// Nothing to keep, or nothing the cache would keep (too large, or
-		// an entry holds every block already): no fork to throw away.
-		s.eng.Free(q.seq)
-		return
-	}
-	seq := q.seq
-	if n > k {
-		s.nextSeq++
-		seq = s.nextSeq
-		err := s.eng.(engine.Forker).Fork(q.seq, seq, k)
-		s.eng.Free(q.seq)
-		if err != nil {
-			s.log.Warn("prefix cache: fork of a finished prompt failed", zap.String("request_id", q.id), zap.Error(err))
-			return
-		}
-	}
-	s.freeCachedLocked(s.cache.Insert(seq, q.hashes, k))
-	s.chargeCacheLocked()
-}
-
-// finishChoiceLocked ends choice c with reason and, once every choice of
-// its request finished, the request. The caller holds the engine lock and mu.
-func (s *Server) finishChoiceLocked(c *sequence, reason string) {
-	root := c
-	if c.parent != nil {
-		root = c.parent
-	}
-	if root.n <= 1 {
-		s.endLocked(root, reason, nil)
-		return
-	}
-	c.choiceDone = true
-	s.dropChoiceLocked(c, true)
-	if c != root {
-		c.done = true
-	}
-	root.out.choiceDone(c.index, reason)
-	if !root.forked || !root.choiceDone {
-		return
-	}
-	for _, x := range root.children {
-		if !x.choiceDone {
-			return
-		}
-	}
-	s.endLocked(root, reason, nil)
-}
+// over reports whether choice q produces no more tokens: it finished, or
+// its request ended. The caller holds rn.mu.
+func (q *sequence) over() bool { return q.choiceDone || q.root().dropped }
 
 // holdsEngine reports whether q or one of its choices holds an engine
-// sequence. The caller holds mu.
+// sequence. The caller holds rn.mu.
 func (q *sequence) holdsEngine() bool {
 	if q.hasSeq {
 		return true
@@ -812,15 +758,20 @@ func (q *sequence) holdsEngine() bool {
 	return false
 }
 
-// end is endLocked for callers holding no lock. It takes the engine lock only when q
-// holds an engine sequence (then it waits for a step in progress to end): a
-// request that is reserved, waits for or receives its KV, or waits to join
-// ends at once.
+// end is endLocked for callers holding no lock, for root q. It takes the
+// engine lock only when the runner holds an engine sequence of q, or
+// ended q and is handing it over (then it waits for the step in progress,
+// and finds q ended by the runner): a request that is reserved, waits for
+// or receives its KV, or waits to join ends at once.
 func (s *Server) end(q *sequence, err error) {
 	s.mu.Lock()
-	if !q.holdsEngine() {
-		// hasSeq turns true only in the scheduler under the engine lock and mu, so
-		// it stays false while mu is held.
+	if q.done {
+		s.mu.Unlock()
+		return
+	}
+	if s.dropIdle(q) {
+		// The runner dropped q in the critical section that saw it hold no
+		// engine sequence: it will not start it.
 		s.endLocked(q, "", err)
 		s.mu.Unlock()
 		return
@@ -1080,7 +1031,10 @@ func (s *Server) send(stream grpc.ServerStreamingServer[pdservev1.GenerateRespon
 	return stream.Send(resp)
 }
 
-// stalled is stalledLocked for callers holding no lock.
+// stalled cancels root request q, whose caller does not read, with err:
+// it ends q (end), then drops, counts and logs its waiting output
+// (countStalled). The caller holds no lock; the runner cancels such a
+// request itself (emitLocked, then handOff).
 func (s *Server) stalled(q *sequence, reason string, err error) {
 	s.mu.Lock()
 	first := !q.done
@@ -1092,17 +1046,8 @@ func (s *Server) stalled(q *sequence, reason string, err error) {
 	s.countStalled(q, reason)
 }
 
-// stalledLocked cancels root request q, whose caller does not read, with
-// err: it frees everything q holds (endLocked) and the output waiting in
-// its outbox, and counts and logs it. The caller holds mu and the engine lock.
-func (s *Server) stalledLocked(q *sequence, reason string, err error) {
-	if q.done {
-		return
-	}
-	s.endLocked(q, "", err)
-	s.countStalled(q, reason)
-}
-
+// countStalled drops the output waiting in the outbox of root q, whose
+// caller does not read and which ended, and counts and logs it.
 func (s *Server) countStalled(q *sequence, reason string) {
 	pending := q.out.pending()
 	q.out.drop()
@@ -1252,14 +1197,22 @@ func newPenalties(w *engine.Penalties, generated []int32) *engine.Penalties {
 	return p
 }
 
-// readyLocked queues q to join the batch once it has its Generate call and
-// its KV (or prefills locally). The caller holds mu, not rx.mu.
+// readyLocked hands q to the runner, which queues it to join the batch,
+// once it has its Generate call and its KV (or prefills locally); the
+// cache pin of Reserve goes with it. The caller holds mu, not rn.mu nor
+// rx.mu.
 func (s *Server) readyLocked(q *sequence) {
-	if q.done || q.queued || q.joined || !q.attached || (!q.local && !s.rx.committed(q)) {
+	if q.done || !q.attached || (!q.local && !s.rx.committed(q)) {
+		return
+	}
+	s.rn.mu.Lock()
+	defer s.rn.mu.Unlock()
+	if q.queued || q.joined || q.dropped {
 		return
 	}
 	q.queued = true
-	s.waiting = append(s.waiting, q)
+	q.pin, q.hit = q.hit, prefixcache.Hit{}
+	s.rn.waiting = append(s.rn.waiting, q)
 	s.sig.Wake()
 }
 
