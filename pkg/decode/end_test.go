@@ -33,6 +33,9 @@ func TestCancelRacesFinish(t *testing.T) {
 		id := fmt.Sprintf("r%d", i)
 		p := prompt(20, int32(i+1)) // a full block, kept by the prefix cache
 		want := reference(t, p, 4, engine.Sampling{})
+		// The runner starts no step until the test holds mu: the
+		// request cannot end before the test sees it attached.
+		w.s.run.LockEngine()
 		stream, err := w.client.Generate(ctx, &pdservev1.GenerateRequest{RequestId: id, PromptTokens: p, MaxTokens: 4, IgnoreEos: true, LocalPrefill: true})
 		if err != nil {
 			t.Fatal(err)
@@ -47,6 +50,7 @@ func TestCancelRacesFinish(t *testing.T) {
 		cancelled := make(chan bool, 1)
 		cancel := func() { cancelled <- w.s.CancelRequest(id) }
 		w.s.mu.Lock()
+		w.s.run.UnlockEngine()
 		before := i%2 == 0
 		if before {
 			go cancel()
