@@ -361,12 +361,13 @@ func New(eng engine.Engine, o Options, logger *zap.Logger, reg prometheus.Regist
 	return s, nil
 }
 
-// Register registers DecodeService and the KV transfer receiver on g, with
-// the transfer server options opts. The receiver takes KV of the engine's
+// Register registers DecodeService and the KV transfer receiver on g (which
+// also serves peers' pulls of its cached prefixes), with the transfer
+// server options opts. The receiver takes KV of the engine's
 // KV dtype only.
 func (s *Server) Register(g *grpc.Server, opts ...kvtransfer.ServerOption) {
 	pdservev1.RegisterDecodeServiceServer(g, s)
-	kvtransfer.Register(g, receiver{s}, s.spec.KVDType, opts...)
+	kvtransfer.Register(g, receiver{s}, s.spec.KVDType, append(opts, kvtransfer.WithPullSource(s))...)
 }
 
 // Stats is a snapshot of the worker's load, for heartbeats.

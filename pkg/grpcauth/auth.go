@@ -141,6 +141,18 @@ func (a *Auth) PushCredential(decodeID, prefillID string) string {
 	return a.signer.Sign(decodeID, PushMethod, prefillID, PushLifetime)
 }
 
+// PullCredential returns a credential for one pull of a cached prefix
+// from the worker holderID by the worker pullerID, valid for
+// PushLifetime: the coordinator sends it in the Prefill request's peer,
+// as PushCredential for a push. It grants the prefill role on Pull only.
+// "" without a signing key.
+func (a *Auth) PullCredential(holderID, pullerID string) string {
+	if a == nil || a.signer == nil {
+		return ""
+	}
+	return a.signer.Sign(holderID, PullMethod, pullerID, PushLifetime)
+}
+
 // WorkerTLS returns cfg made to refuse, in the handshake, a server whose
 // certificate does not name the worker role and id (see VerifyWorker and
 // the identity templates of Options.WorkerIdentities). Nil for a nil cfg.

@@ -52,6 +52,9 @@ const credPrefix = "pdsv1."
 // PushMethod is the one method a KV-push credential is signed for.
 var PushMethod = "/" + pdservev1.KVTransferService_ServiceDesc.ServiceName + "/Push"
 
+// PullMethod is the one method a peer-pull credential is signed for.
+var PullMethod = "/" + pdservev1.KVTransferService_ServiceDesc.ServiceName + "/Pull"
+
 // Claims are what a signed credential grants: one call of Method on the
 // worker Audience, by Subject, until Expiry. Nonce makes each credential
 // unique; a worker accepts it once.

@@ -168,6 +168,7 @@ type testWorker struct {
 	s      *Server
 	client pdservev1.PrefillServiceClient
 	run    func() // starts the scheduler
+	addr   string // the gRPC server's
 }
 
 func newWorker(t *testing.T, o Options, start bool) *testWorker {
@@ -185,7 +186,7 @@ func newWorkerOn(t *testing.T, eng engine.Engine, o Options, start bool) *testWo
 		t.Fatal(err)
 	}
 	sv := workertest.Serve(t, workertest.Server{Register: s.Register, Run: s.Run, Stop: s.Stop}, start)
-	return &testWorker{s: s, client: pdservev1.NewPrefillServiceClient(sv.Conn), run: sv.Start}
+	return &testWorker{s: s, client: pdservev1.NewPrefillServiceClient(sv.Conn), run: sv.Start, addr: sv.Addr}
 }
 
 func smallOptions() Options {

@@ -53,7 +53,18 @@ type Options struct {
 	// coordinator hashes prompts with for routing: heartbeats carry it,
 	// and a coordinator whose --block-tokens differs refuses the worker.
 	PrefixCache prefixcache.Options
+	// PeerLinkGbps is the link a pull from a peer worker (a prefix the
+	// coordinator says it holds, PrefillRequest.peer) is priced at until
+	// pulls from that peer were measured (--peer-link-gbps, default
+	// DefaultPeerLinkGbps); 0: the worker pulls nothing and computes
+	// every prefix its own cache lacks. ≥ 0.
+	PeerLinkGbps float64
 }
+
+// DefaultPeerLinkGbps is the default PeerLinkGbps: a 100 Gb/s NIC, the
+// smallest of GPU nodes' data links (H100 and H200 nodes usually have
+// 200-400 Gb/s a GPU).
+const DefaultPeerLinkGbps = 100
 
 // liveKVLimit returns the effective MaxLiveKVBytes.
 func (o Options) liveKVLimit() int64 {
@@ -72,11 +83,13 @@ func DefaultOptions() Options {
 		RetainBytes:     1 << 30,
 		RetainTTL:       10 * time.Minute,
 		PrefixCache:     prefixcache.DefaultOptions(),
+		PeerLinkGbps:    DefaultPeerLinkGbps,
 	}
 }
 
 // AddFlags registers --chunk-tokens, --max-batch-tokens (batching.Budget), --codec,
 // --max-live-prefills, --retain-bytes, --retain-ttl, --max-live-kv-bytes,
+// --peer-link-gbps,
 // --block-tokens, --prefix-cache-tokens and --prefix-cache-entries on fs,
 // with o's values as defaults, and --queue-limit, the former name of
 // --max-live-prefills (cliflags.AddRenamed: removed in the next release).
@@ -89,6 +102,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.Int64Var(&o.MaxLiveKVBytes, "max-live-kv-bytes", o.MaxLiveKVBytes, "KV bytes of queued, prefilling and sending requests beyond which new requests get RESOURCE_EXHAUSTED (0: 2 × --retain-bytes)")
 	fs.IntVar(&o.PrefixCache.BlockTokens, "block-tokens", o.PrefixCache.BlockTokens, "tokens per block of the prefix hashes and of prefix reuse: must equal the coordinator's and the decode workers' --block-tokens")
 	o.PrefixCache.AddFlags(fs)
+	fs.Float64Var(&o.PeerLinkGbps, "peer-link-gbps", o.PeerLinkGbps, "Gbit/s a pull of a cached prefix from a peer worker is priced at until pulls from it were measured: a prompt pulls its prefix when that is faster than computing it at this worker's measured prefill throughput (0: never pull)")
 	cliflags.AddRenamed(fs, cliflags.Renamed{Old: "queue-limit", New: "max-live-prefills"})
 }
 
@@ -113,6 +127,9 @@ func (o Options) Validate() error {
 	}
 	if o.RetainTTL <= 0 {
 		errs = append(errs, fmt.Errorf("retain-ttl %v must be positive", o.RetainTTL))
+	}
+	if o.PeerLinkGbps < 0 {
+		errs = append(errs, fmt.Errorf("peer-link-gbps %v must not be negative", o.PeerLinkGbps))
 	}
 	if o.MaxLiveKVBytes < 0 {
 		errs = append(errs, fmt.Errorf("max-live-kv-bytes %d must not be negative", o.MaxLiveKVBytes))

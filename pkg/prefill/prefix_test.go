@@ -54,13 +54,17 @@ func wantHit(p []int32, cached [][]int32) int {
 	return min(best/16, (len(p)-1)/16) * 16
 }
 
-// prefillOne runs one Prefill call and checks its first token and KV
-// against the engine alone, bit-exact; it returns the events and what the
-// receiver got.
-func prefillOne(t *testing.T, w *testWorker, f *fakeReceiver, addr, id string, p []int32, skip int) (events, received) {
+// prefillOne runs one Prefill call (its request changed by each of
+// with) and checks its first token and KV against the engine alone,
+// bit-exact; it returns the events and what the receiver got.
+func prefillOne(t *testing.T, w *testWorker, f *fakeReceiver, addr, id string, p []int32, skip int, with ...func(*pdservev1.PrefillRequest)) (events, received) {
 	t.Helper()
 	first, kv := referenceKV(t, p)
-	stream, err := w.client.Prefill(testCtx(t), &pdservev1.PrefillRequest{RequestId: id, PromptTokens: p, DecodeAddr: addr, SkipTokens: int32(skip)})
+	req := &pdservev1.PrefillRequest{RequestId: id, PromptTokens: p, DecodeAddr: addr, SkipTokens: int32(skip)}
+	for _, f := range with {
+		f(req)
+	}
+	stream, err := w.client.Prefill(testCtx(t), req)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -173,12 +173,19 @@ func (p *fcfs) startLocked(r *request) bool {
 	r.kv = newKVBuf(s.spec.Layers, len(r.prompt))
 	maxHit := s.cache.MaxHitBlocks(len(r.prompt))
 	var hit prefixcache.Hit
-	host := s.cache.HostDeeper(r.hashes, maxHit)
-	if !host {
+	from := fromEngine
+	switch {
+	case r.pulled != nil && min(r.pulled.Tokens/s.cache.BlockTokens(), maxHit) > s.cache.PeerDepth(r.hashes, maxHit):
+		// What the peer sent is more than any tier here holds now.
+		from = fromPeer
+	case s.cache.HostDeeper(r.hashes, maxHit):
+		from = fromHost
+	default:
 		hit = s.cache.Acquire(r.hashes, maxHit)
 	}
 	p.makeRoomLocked(r)
-	frames := p.forkPrefixLocked(r, hit, host)
+	frames := p.forkPrefixLocked(r, hit, from)
+	r.pulled = nil // imported or not, its bytes are not needed any more
 	s.cache.Release(hit)
 	// The hit's entry, pinned while r forked from it, may go now if the
 	// engine's memory needs it.
@@ -257,36 +264,54 @@ func (p *fcfs) makeRoomLocked(r *request) {
 	}
 }
 
+// Where forkPrefixLocked takes a prompt's cached prefix from.
+const (
+	fromEngine = iota // the engine tier's hit
+	fromHost          // the host tier (or the disk tier behind it)
+	fromPeer          // what a peer worker sent (request.pulled)
+)
+
 // forkPrefixLocked starts r's engine sequence from hit, the longest cached
 // prefix of its prompt (whole blocks, at least one token left to compute),
-// or, when host is set, from the host tier's longer one (loaded into it),
-// copies that prefix's KV out of the sequence into r.kv (the decode worker
-// needs the whole prompt's, and Resend does) and returns its frames, to be
-// pushed to the transfer. On a miss, or when the fork, load or export
-// fails (logged; r then prefills from scratch), it does nothing. The
-// caller is the scheduler (it owns the engine), holds mu and the pin of
-// hit.
-func (p *fcfs) forkPrefixLocked(r *request, hit prefixcache.Hit, host bool) []frame {
+// or from the host tier's longer one (from fromHost, loaded into it), or
+// from the prefix a peer sent (fromPeer, imported), copies that prefix's
+// KV out of the sequence into r.kv (the decode worker needs the whole
+// prompt's, and Resend does) and returns its frames, to be pushed to the
+// transfer. On a miss, or when the fork, load or export fails (logged; r
+// then prefills from scratch), it does nothing. The caller is the
+// scheduler (it owns the engine), holds mu and the pin of hit.
+func (p *fcfs) forkPrefixLocked(r *request, hit prefixcache.Hit, from int) []frame {
 	s := p.s
 	n := hit.Tokens
 	fail := func(err error) []frame {
-		s.log.Warn("prefix cache fork failed; prefilling the whole prompt", zap.String("request_id", r.id), zap.Int("prefix_tokens", n), zap.Bool("host_tier", host), zap.Error(err))
+		s.log.Warn("prefix cache fork failed; prefilling the whole prompt", zap.String("request_id", r.id), zap.Int("prefix_tokens", n),
+			zap.Bool("host_tier", from == fromHost), zap.Bool("peer", from == fromPeer), zap.Error(err))
 		p.eng.Free(r.seq)
 		r.kv = newKVBuf(s.spec.Layers, len(r.prompt))
-		r.hostHit, r.hostLoad = 0, 0
+		r.hostHit, r.hostLoad, r.diskHit, r.peerHit, r.peerLoad = 0, 0, 0, 0, 0
 		return nil
 	}
-	if host {
+	switch from {
+	case fromHost:
 		ld, err := s.cache.Host().Load(p.eng, r.seq, r.hashes, s.cache.MaxHitBlocks(len(r.prompt)))
 		if err != nil {
 			return fail(err)
 		}
 		n, r.hostHit, r.hostLoad = ld.Tokens, ld.Tokens, ld.Took
+		if ld.Disk {
+			r.diskHit = ld.Tokens
+		}
+	case fromPeer:
+		m, took, err := s.cache.LoadPulled(p.eng, r.seq, r.pulled, s.cache.MaxHitBlocks(len(r.prompt)))
+		if err != nil {
+			return fail(err)
+		}
+		n, r.peerHit, r.peerLoad = m, m, took
 	}
 	if n == 0 {
 		return nil
 	}
-	if !host {
+	if from == fromEngine {
 		if err := p.eng.(engine.Forker).Fork(hit.Seq, r.seq, n); err != nil {
 			return fail(err)
 		}
@@ -349,6 +374,11 @@ func (p *fcfs) Done(ctx context.Context, b runner.Batch[*request], res runner.Re
 		}
 		return
 	}
+	computed := 0
+	for _, it := range b.Prefill {
+		computed += len(it.Tokens)
+	}
+	s.peers.observeStep(computed, res.End.Sub(res.Start))
 	for i, r := range b.PrefillOf {
 		it := b.Prefill[i]
 		if r.startedAt.IsZero() {
@@ -394,10 +424,14 @@ func (p *fcfs) Done(ctx context.Context, b runner.Batch[*request], res runner.Re
 			PrefixHitTokens:      int32(r.prefixHit),
 			HostHitTokens:        int32(r.hostHit),
 			HostLoadNanos:        r.hostLoad.Nanoseconds(),
+			DiskHitTokens:        int32(r.diskHit),
+			PeerHitTokens:        int32(r.peerHit),
+			PeerLoadNanos:        r.peerLoad.Nanoseconds(),
 			Logprob:              lp,
 		}}
 		s.log.Debug("prompt prefilled", zap.String("request_id", r.id), zap.Int("prompt_tokens", len(r.prompt)),
 			zap.Int("prefix_hit_tokens", r.prefixHit), zap.Int("host_hit_tokens", r.hostHit), zap.Duration("host_load", r.hostLoad),
+			zap.Int("peer_hit_tokens", r.peerHit), zap.Duration("peer_load", r.peerLoad),
 			zap.Int("skip_tokens", r.skip))
 		r.tx.seal(outs[i].Token, lp)
 	}

@@ -62,6 +62,8 @@ type Server struct {
 	// scheduler goroutine, which owns the engine, looks up, forks, inserts
 	// and frees; Stats reads it from any goroutine.
 	cache *prefixcache.Cache
+	// peers prices pulls of a prefix from a peer worker.
+	peers *peerPulls
 
 	// sig wakes the scheduler, and holds draining and the end of each
 	// live request (its ...Locked methods under mu).
@@ -105,8 +107,15 @@ type request struct {
 	prefixHit int // leading prompt tokens forked from the prefix cache
 	// hostHit is the part of prefixHit loaded from the host tier, and
 	// hostLoad the time the load took (prefixcache.HostLoad).
-	hostHit    int
-	hostLoad   time.Duration
+	hostHit  int
+	hostLoad time.Duration
+	diskHit  int // of hostHit, read from the disk tier
+	// pulled is the prefix pulled from a peer before the request was
+	// queued (nil: none); peerHit is the part of prefixHit it gave, and
+	// peerLoad the pull's and import's time.
+	pulled     *prefixcache.Pulled
+	peerHit    int
+	peerLoad   time.Duration
 	startedAt  time.Time
 	prefilled  bool // every chunk ran; the engine sequence is freed
 	cancelled  bool
@@ -156,6 +165,7 @@ func New(eng engine.Engine, dialer *kvtransfer.Dialer, o Options, logger *zap.Lo
 		stop:     stop,
 		live:     make(map[string]*request),
 		retained: newRetainStore(o.RetainBytes),
+		peers:    &peerPulls{gbps: o.PeerLinkGbps, links: kvtransfer.NewLinkStats(kvtransfer.DefaultLinkAlpha)},
 	}
 	// The KV of a token as the engine hands it out: the model's size, or
 	// less for an engine that ships a scaled-down payload and says so
@@ -262,8 +272,13 @@ func (s *Server) SetReceivers(f func(addr string) (kvtransfer.ReceiverSpeeds, bo
 	s.auto.SetReceivers(f)
 }
 
-// Register registers the PrefillService on g.
-func (s *Server) Register(g *grpc.Server) { pdservev1.RegisterPrefillServiceServer(g, s) }
+// Register registers the PrefillService on g, and the KV transfer
+// service for peers' pulls of its cached prefixes (KVTransferService/Pull).
+func (s *Server) Register(g *grpc.Server) {
+	pdservev1.RegisterPrefillServiceServer(g, s)
+	// Peers pull cached prefixes from it; it receives no KV pushes.
+	kvtransfer.Register(g, nil, s.spec.KVDType, kvtransfer.WithPullSource(s), kvtransfer.WithLogger(s.log.Named("kvtransfer")))
+}
 
 // Stats is a snapshot of the worker's load, for heartbeats.
 type Stats struct {
@@ -303,7 +318,8 @@ func (s *Server) HostBlocks() prefixcache.Blocks {
 }
 
 // BlockTokens returns the block size of the worker's prefix hashes
-// (Options.PrefixCache.BlockTokens), also with the cache off.
+// (Options.PrefixCache.BlockTokens), also with the cache off; with
+// ExportPrefix it makes the Server a kvtransfer.PullSource.
 func (s *Server) BlockTokens() int { return s.o.PrefixCache.BlockTokens }
 
 // Stats returns a snapshot of the worker's load.
@@ -364,7 +380,8 @@ func (s *Server) Cancel(id string) bool {
 // reservation) or UNAVAILABLE, marked so that wire.IsKVTransferFailed reports it.
 func (s *Server) Prefill(req *pdservev1.PrefillRequest, stream grpc.ServerStreamingServer[pdservev1.PrefillResponse]) error {
 	ctx := stream.Context()
-	r, pos, err := s.enqueue(req)
+	pulled := s.pullPrefix(ctx, req)
+	r, pos, err := s.enqueue(req, pulled)
 	if err != nil {
 		return err
 	}
@@ -446,7 +463,7 @@ func invalid(format string, args ...any) error {
 
 // enqueue validates req and queues it. It returns the request and its
 // 0-based position in the queue.
-func (s *Server) enqueue(req *pdservev1.PrefillRequest) (*request, int, error) {
+func (s *Server) enqueue(req *pdservev1.PrefillRequest, pulled *prefixcache.Pulled) (*request, int, error) {
 	if err := checkID(req.GetRequestId()); err != nil {
 		return nil, 0, invalid("%v", err)
 	}
@@ -505,6 +522,7 @@ func (s *Server) enqueue(req *pdservev1.PrefillRequest) (*request, int, error) {
 		skip:     int(req.GetSkipTokens()),
 		queuedAt: s.now(),
 		events:   make(chan event, 2),
+		pulled:   pulled,
 	}
 	r.hashes = s.cache.Hashes(r.prompt)
 	s.mu.Lock()

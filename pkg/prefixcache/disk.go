@@ -294,7 +294,7 @@ func (d *Disk) load(eng engine.Engine, seq engine.SeqID, hashes []kv.Hash, maxBl
 	d.st.Hits++
 	d.st.HitTokens += uint64(m)
 	d.st.LoadTime += took
-	return HostLoad{Tokens: m, Bytes: size, Took: took}, nil
+	return HostLoad{Tokens: m, Bytes: size, Took: took, Disk: true}, nil
 }
 
 // clear drops every entry, telling the observer, and removes the tier's

@@ -281,6 +281,9 @@ type HostLoad struct {
 	// the wait for the entry's copy out still under way on a
 	// SpillLinked engine), the wall time of the imports otherwise.
 	Took time.Duration
+	// Disk is set when the prefix was read from the disk tier behind the
+	// host tier.
+	Disk bool
 }
 
 // Load imports into seq, a sequence the engine does not hold yet, the

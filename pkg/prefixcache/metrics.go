@@ -27,6 +27,19 @@ import "github.com/prometheus/client_golang/prometheus"
 //	blocks               gauge    distinct blocks held
 //	entries              gauge    entries held
 //
+// and the pulls of prefixes from peer workers and the exports to them,
+// named pdserve_<subsystem>_prefix_cache_peer_*:
+//
+//	pulls_total          counter  pulls that brought at least one block
+//	pull_failures_total  counter  pulls that failed (the prefix was computed)
+//	pulls_skipped_total  counter  prefixes faster to compute than to pull
+//	pulled_tokens_total  counter  tokens pulled
+//	pulled_bytes_total   counter  KV bytes pulled (as received, decoded)
+//	hit_tokens_total     counter  pulled tokens a prompt started from: prefill tokens saved
+//	pull_seconds_total   counter  time the pulls and their imports took
+//	exports_total        counter  prefixes sent to peers
+//	export_tokens_total  counter  tokens sent to peers
+//
 // Each worker package registers them from its metrics.go; host and disk
 // tell whether the cache has a host tier (Cache.Host not nil) and a disk
 // tier (Host.Disk not nil).
@@ -47,6 +60,20 @@ func Collectors(subsystem string, stats func() Stats, host, disk bool) []prometh
 		gauge("tokens", "KV tokens held by the prefix cache's sequences.", func(s Stats) int { return s.Tokens }),
 		gauge("entries", "Engine sequences held by the prefix cache.", func(s Stats) int { return s.Entries }),
 	}
+	peer := func(n, help string, f func(PeerStats) float64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name("peer_" + n), Help: help}, func() float64 { return f(stats().Peer) })
+	}
+	cs = append(cs,
+		peer("pulls_total", "Pulls of a cached prefix from a peer worker that brought at least one block.", func(s PeerStats) float64 { return float64(s.Pulls) }),
+		peer("pull_failures_total", "Pulls of a cached prefix from a peer worker that failed (the prefix was computed).", func(s PeerStats) float64 { return float64(s.PullFailures) }),
+		peer("pulls_skipped_total", "Prefixes a peer worker held that were faster to compute than to pull.", func(s PeerStats) float64 { return float64(s.PullsSkipped) }),
+		peer("pulled_tokens_total", "Prompt tokens of KV pulled from peer workers.", func(s PeerStats) float64 { return float64(s.PulledTokens) }),
+		peer("pulled_bytes_total", "KV bytes pulled from peer workers (decoded, as received).", func(s PeerStats) float64 { return float64(s.PulledBytes) }),
+		peer("hit_tokens_total", "Pulled prompt tokens a prompt started from instead of computing them (prefill tokens saved).", func(s PeerStats) float64 { return float64(s.HitTokens) }),
+		peer("pull_seconds_total", "Time pulls from peer workers and their imports took.", func(s PeerStats) float64 { return s.PullTime.Seconds() }),
+		peer("exports_total", "Cached prefixes sent to peer workers.", func(s PeerStats) float64 { return float64(s.Exports) }),
+		peer("export_tokens_total", "Prompt tokens of cached KV sent to peer workers.", func(s PeerStats) float64 { return float64(s.ExportTokens) }),
+	)
 	if host {
 		cs = append(cs, tierCollectors(name, "host", func() HostStats { return stats().Host })...)
 	}

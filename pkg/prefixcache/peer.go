@@ -22,6 +22,9 @@ const (
 type PeerStats struct {
 	Pulls        uint64 // pulls that brought at least one block
 	PullFailures uint64 // pulls that failed (the prompt was computed instead)
+	// PullsSkipped counts prefixes a peer held that the link model said
+	// were faster to compute than to pull.
+	PullsSkipped uint64
 	// PulledTokens and PulledBytes are what those pulls brought (bytes:
 	// the KV's canonical size as received).
 	PulledTokens uint64
@@ -248,6 +251,17 @@ func (c *Cache) NotePull(p *Pulled, err error) {
 		c.st.Peer.PulledBytes += uint64(p.Bytes())
 		c.st.Peer.PullTime += p.Took
 	}
+}
+
+// NotePullSkipped counts a pull the worker did not make: computing the
+// prefix was faster.
+func (c *Cache) NotePullSkipped() {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.st.Peer.PullsSkipped++
 }
 
 // LoadPulled imports into seq, a sequence the engine does not hold yet,

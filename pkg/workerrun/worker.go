@@ -268,6 +268,11 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 			dopts = append(dopts, kvtransfer.WithPeerTLS(func(id string) *tls.Config {
 				return auth.WorkerTLS(base, string(control.RoleDecode), id)
 			}))
+			// Nor does a pull go to a peer whose certificate does not name
+			// the role and id the coordinator's index says.
+			dopts = append(dopts, kvtransfer.WithPullTLS(func(role, id string) *tls.Config {
+				return auth.WorkerTLS(base, role, id)
+			}))
 		}
 		w.dialer = kvtransfer.NewDialer(dopts...)
 		if w.pre, err = prefill.New(w.eng, w.dialer, o.Prefill, w.log.Named("prefill"), reg); err != nil {
