@@ -42,6 +42,15 @@ type Trace struct {
 	// Queue).
 	HostHitTokens int
 	HostLoad      time.Duration
+	// DiskHitTokens are the part of HostHitTokens read from the disk tier
+	// behind the host tier.
+	DiskHitTokens int
+	// PeerHitTokens are the part of PrefixHitTokens the worker pulled
+	// from a peer worker's cache instead of computing them (source peer;
+	// the rest were its own), and PeerLoad the time the pull and import
+	// took (inside Queue: the pull runs before the request queues).
+	PeerHitTokens int
+	PeerLoad      time.Duration
 	// DecodePrefixHitTokens are the prompt tokens the decode worker held
 	// in its prefix cache at Reserve: their KV was not sent.
 	DecodePrefixHitTokens int
@@ -123,6 +132,9 @@ type Terms struct {
 	// HostLoad is Trace.HostLoad: of TTFT, the prefix's load from the
 	// worker's host tier.
 	HostLoad time.Duration
+	// PeerLoad is Trace.PeerLoad: of TTFT, the prefix's pull from a peer
+	// worker.
+	PeerLoad time.Duration
 }
 
 // Terms derives the latency terms from the boundaries.
@@ -140,6 +152,7 @@ func (t *Trace) Terms() Terms {
 	s.KVStream = span(t.KVFirstByte, t.KVDone)
 	s.Decode = span(t.FirstToken, t.LastToken)
 	s.HostLoad = max(t.HostLoad, 0)
+	s.PeerLoad = max(t.PeerLoad, 0)
 	return s
 }
 
@@ -168,7 +181,9 @@ type Summary struct {
 	KVTransferMs float64 `json:"kv_transfer_ms"`
 	KVStreamMs   float64 `json:"kv_stream_ms"`
 	// HostLoadMs is Terms.HostLoad; omitted when 0 (no host-tier hit).
-	HostLoadMs      float64 `json:"host_load_ms,omitempty"`
+	HostLoadMs float64 `json:"host_load_ms,omitempty"`
+	// PeerLoadMs is Terms.PeerLoad; omitted when 0 (no pull).
+	PeerLoadMs      float64 `json:"peer_load_ms,omitempty"`
 	DecodeMs        float64 `json:"decode_ms"`
 	E2EMs           float64 `json:"e2e_ms"`
 	PromptTokens    int     `json:"prompt_tokens"`
@@ -180,7 +195,14 @@ type Summary struct {
 	// HostPrefixHitTokens: of prefix_hit_tokens, those loaded from the
 	// worker's host-memory tier (the rest were in engine memory); omitted
 	// when 0.
-	HostPrefixHitTokens int    `json:"host_prefix_hit_tokens,omitempty"`
+	HostPrefixHitTokens int `json:"host_prefix_hit_tokens,omitempty"`
+	// DiskPrefixHitTokens: of host_prefix_hit_tokens, those read from the
+	// disk tier; omitted when 0.
+	DiskPrefixHitTokens int `json:"disk_prefix_hit_tokens,omitempty"`
+	// PeerPrefixHitTokens: of prefix_hit_tokens, those pulled from a peer
+	// worker's cache (the rest were the prefilling worker's own); omitted
+	// when 0.
+	PeerPrefixHitTokens int    `json:"peer_prefix_hit_tokens,omitempty"`
 	BatchSize           int    `json:"batch_size"`
 	KVBytesRaw          int64  `json:"kv_bytes_raw"`
 	KVBytesWire         int64  `json:"kv_bytes_wire"`
@@ -215,6 +237,7 @@ func (t *Trace) Summary() Summary {
 		KVTransferMs:          ms(s.KVTransfer),
 		KVStreamMs:            ms(s.KVStream),
 		HostLoadMs:            ms(s.HostLoad),
+		PeerLoadMs:            ms(s.PeerLoad),
 		DecodeMs:              ms(s.Decode),
 		E2EMs:                 ms(s.E2E),
 		PromptTokens:          t.PromptTokens,
@@ -222,6 +245,8 @@ func (t *Trace) Summary() Summary {
 		PrefixHitTokens:       t.PrefixHitTokens,
 		DecodePrefixHitTokens: t.DecodePrefixHitTokens,
 		HostPrefixHitTokens:   t.HostHitTokens,
+		DiskPrefixHitTokens:   t.DiskHitTokens,
+		PeerPrefixHitTokens:   t.PeerHitTokens,
 		BatchSize:             t.BatchSize,
 		KVBytesRaw:            t.KVBytesRaw,
 		KVBytesWire:           t.KVBytesWire,
@@ -308,6 +333,12 @@ func (t *Trace) Fields() []zap.Field {
 	}
 	if t.HostHitTokens > 0 || t.HostLoad > 0 {
 		f = append(f, zap.Int("host_prefix_hit_tokens", t.HostHitTokens), zap.Duration("host_load", s.HostLoad))
+	}
+	if t.DiskHitTokens > 0 {
+		f = append(f, zap.Int("disk_prefix_hit_tokens", t.DiskHitTokens))
+	}
+	if t.PeerHitTokens > 0 || t.PeerLoad > 0 {
+		f = append(f, zap.Int("peer_prefix_hit_tokens", t.PeerHitTokens), zap.Duration("peer_load", s.PeerLoad))
 	}
 	if len(t.Warnings) > 0 {
 		f = append(f, zap.Strings("warnings", t.Warnings))

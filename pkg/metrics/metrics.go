@@ -115,7 +115,7 @@ func New(reg prometheus.Registerer, slo SLO, opts ...Option) *Metrics {
 		prefixHitTokens:    counter("prefix_hit_tokens_total", "Prompt tokens served from a worker's prefix cache."),
 		prefixHitPredicted: counter("prefix_hit_tokens_predicted_total", "Prompt tokens served from a worker's prefix cache that the router predicted when it chose the worker (the lesser of its estimate and the hit); over prefix_hit_tokens_total, the share of hits routing saw."),
 		prefixTierHitTokens: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "pdserve", Name: "prefix_tier_hit_tokens_total",
-			Help: "Prompt tokens served from a worker's prefix cache, by the tier they came from: engine (the engine's memory) or host (loaded from its host tier, or the disk tier behind it); they sum to prefix_hit_tokens_total."}, []string{"tier"}),
+			Help: "Prompt tokens served from a worker's prefix cache, by where they came from: engine (the prefilling worker's engine memory), host and disk (loaded from its host tier, or the disk tier behind it), peer (pulled from another worker's cache); they sum to prefix_hit_tokens_total."}, []string{"tier"}),
 		recoveries:     counter("decode_recoveries_total", "Requests moved to another decode worker after a failure."),
 		prefillRetries: counter("prefill_retries_total", "Prefills tried again on another prefill worker after one failed before the first token."),
 		cost:           counter("cost_usd_total", "Cost of the requests in US dollars, by the policy's pricing (no increments without one)."),
@@ -132,8 +132,8 @@ func New(reg prometheus.Registerer, slo SLO, opts ...Option) *Metrics {
 		m.kvRawBytes, m.kvWireBytes, m.requests, m.promptTokens, m.outputTokens,
 		m.prefixHitTokens, m.prefixHitPredicted, m.prefixTierHitTokens, m.recoveries, m.prefillRetries, m.cost, m.inFlight, m.workers, m.cacheRequests,
 		m.streamStalled, m.authReloadErrors)
-	for _, tier := range []string{TierEngine, TierHost} {
-		m.prefixTierHitTokens.WithLabelValues(tier) // both series from the start, at 0
+	for _, tier := range []string{TierEngine, TierHost, TierDisk, TierPeer} {
+		m.prefixTierHitTokens.WithLabelValues(tier) // every series from the start, at 0
 	}
 	if slo.set() {
 		m.goodput = counter("goodput_requests_total", "Requests finished within every SLO target (ttft and tpot).")
@@ -145,10 +145,15 @@ func New(reg prometheus.Registerer, slo SLO, opts ...Option) *Metrics {
 	return m
 }
 
-// The tier label values of pdserve_prefix_tier_hit_tokens_total.
+// The tier label values of pdserve_prefix_tier_hit_tokens_total: where
+// the prefilling worker took a prefix hit's tokens from. Engine, host and
+// disk are its own tiers (source own); peer is a pull from another
+// worker's cache, whichever tier there (source peer).
 const (
 	TierEngine = "engine"
 	TierHost   = "host"
+	TierDisk   = "disk"
+	TierPeer   = "peer"
 )
 
 // ObserveRequest records a request that ended with t.Status. Refused
@@ -199,9 +204,13 @@ func (m *Metrics) ObserveRequest(t *budget.Trace) {
 	m.outputTokens.Add(float64(t.OutputTokens))
 	m.prefixHitTokens.Add(float64(t.PrefixHitTokens))
 	m.prefixHitPredicted.Add(float64(min(t.RoutedPrefixHitTokens, t.PrefixHitTokens)))
-	host := min(max(t.HostHitTokens, 0), t.PrefixHitTokens)
-	m.prefixTierHitTokens.WithLabelValues(TierEngine).Add(float64(t.PrefixHitTokens - host))
-	m.prefixTierHitTokens.WithLabelValues(TierHost).Add(float64(host))
+	peer := min(max(t.PeerHitTokens, 0), t.PrefixHitTokens)
+	host := min(max(t.HostHitTokens, 0), t.PrefixHitTokens-peer)
+	disk := min(max(t.DiskHitTokens, 0), host)
+	m.prefixTierHitTokens.WithLabelValues(TierEngine).Add(float64(t.PrefixHitTokens - peer - host))
+	m.prefixTierHitTokens.WithLabelValues(TierHost).Add(float64(host - disk))
+	m.prefixTierHitTokens.WithLabelValues(TierDisk).Add(float64(disk))
+	m.prefixTierHitTokens.WithLabelValues(TierPeer).Add(float64(peer))
 	m.recoveries.Add(float64(t.Recoveries))
 	m.prefillRetries.Add(float64(t.PrefillRetries))
 	if m.slo.set() {

@@ -305,9 +305,10 @@ func TestResponseCacheOff(t *testing.T) {
 	}
 }
 
-// TestPrefixTierHitTokens: the prefix hits split by tier, engine and host
-// (both at 0 before any request), sum to pdserve_prefix_hit_tokens_total;
-// a host part larger than the hit (a bad report) counts as the hit.
+// TestPrefixTierHitTokens: the prefix hits split by where they came from,
+// the worker's engine, host and disk tiers and a peer's cache (every
+// series at 0 before any request), sum to pdserve_prefix_hit_tokens_total;
+// a part larger than the hit (a bad report) counts as what is left of it.
 func TestPrefixTierHitTokens(t *testing.T) {
 	reg := prometheus.NewPedanticRegistry()
 	m := New(reg, SLO{})
@@ -316,24 +317,28 @@ func TestPrefixTierHitTokens(t *testing.T) {
 # HELP pdserve_prefix_hit_tokens_total Prompt tokens served from a worker's prefix cache.
 # TYPE pdserve_prefix_hit_tokens_total counter
 pdserve_prefix_hit_tokens_total %d
-# HELP pdserve_prefix_tier_hit_tokens_total Prompt tokens served from a worker's prefix cache, by the tier they came from: engine (the engine's memory) or host (loaded from its host tier, or the disk tier behind it); they sum to prefix_hit_tokens_total.
+# HELP pdserve_prefix_tier_hit_tokens_total Prompt tokens served from a worker's prefix cache, by where they came from: engine (the prefilling worker's engine memory), host and disk (loaded from its host tier, or the disk tier behind it), peer (pulled from another worker's cache); they sum to prefix_hit_tokens_total.
 # TYPE pdserve_prefix_tier_hit_tokens_total counter
+pdserve_prefix_tier_hit_tokens_total{tier="disk"} %d
 pdserve_prefix_tier_hit_tokens_total{tier="engine"} %d
 pdserve_prefix_tier_hit_tokens_total{tier="host"} %d
+pdserve_prefix_tier_hit_tokens_total{tier="peer"} %d
 `
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(fmt.Sprintf(head, 0, 0, 0)), names...); err != nil {
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(fmt.Sprintf(head, 0, 0, 0, 0, 0)), names...); err != nil {
 		t.Error(err)
 	}
 	for _, tr := range []budget.Trace{
-		{PrefixHitTokens: 512, HostHitTokens: 384}, // 128 from the engine
-		{PrefixHitTokens: 64},                      // all from the engine
-		{PrefixHitTokens: 16, HostHitTokens: 32},   // capped: 16 from host
+		{PrefixHitTokens: 512, HostHitTokens: 384, DiskHitTokens: 128}, // 128 from the engine, 256 host, 128 disk
+		{PrefixHitTokens: 64},                    // all from the engine
+		{PrefixHitTokens: 16, HostHitTokens: 32}, // capped: 16 from host
+		{PrefixHitTokens: 96, PeerHitTokens: 80}, // 80 pulled, 16 own
+		{PrefixHitTokens: 32, PeerHitTokens: 64}, // capped: 32 pulled
 		{},
 	} {
 		tr.Status, tr.Arrival = budget.StatusOK, at(0)
 		m.ObserveRequest(&tr)
 	}
-	if err := testutil.GatherAndCompare(reg, strings.NewReader(fmt.Sprintf(head, 592, 192, 400)), names...); err != nil {
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(fmt.Sprintf(head, 720, 128, 208, 272, 112)), names...); err != nil {
 		t.Error(err)
 	}
 }

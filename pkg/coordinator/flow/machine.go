@@ -491,6 +491,7 @@ func (m *Machine) begin(dec router.Decision, ev Reserved) error {
 	// reports its real hit (FirstToken from a prefill worker,
 	// GenerateResponse from a local one); the metrics compare the two.
 	m.tr.PrefixHitTokens, m.tr.RoutedPrefixHitTokens, m.tr.HostHitTokens, m.tr.HostLoad = 0, dec.PrefixHitTokens, 0, 0
+	m.tr.DiskHitTokens, m.tr.PeerHitTokens, m.tr.PeerLoad = 0, 0, 0
 	switch {
 	case m.cfg.Mode == ModeColocated:
 		m.tr.Mode, m.tr.FirstTokenPolicy = ModeColocated, PolicyDecode
@@ -704,6 +705,7 @@ func (m *Machine) resume(p *placing) error {
 		// the request starts over.
 		m.tr.PrefillStart, m.tr.PrefillEnd, m.tr.KVFirstByte, m.tr.KVDone = time.Time{}, time.Time{}, time.Time{}, time.Time{}
 		m.tr.PrefixHitTokens, m.tr.RoutedPrefixHitTokens, m.tr.HostHitTokens, m.tr.HostLoad = 0, dec.PrefixHitTokens, 0, 0 // reported anew by the worker that prefills now
+		m.tr.DiskHitTokens, m.tr.PeerHitTokens, m.tr.PeerLoad = 0, 0, 0
 		if dec.Local {
 			m.remote = false
 			m.tr.Mode, m.tr.FirstTokenPolicy = "local", PolicyDecode
@@ -734,6 +736,8 @@ func (m *Machine) onPrefill(resp *pdservev1.PrefillResponse) error {
 		m.tr.PrefillBatch = int(ft.GetBatchSize())
 		m.tr.PrefixHitTokens = int(ft.GetPrefixHitTokens())
 		m.tr.HostHitTokens, m.tr.HostLoad = int(ft.GetHostHitTokens()), time.Duration(ft.GetHostLoadNanos())
+		m.tr.DiskHitTokens = int(ft.GetDiskHitTokens())
+		m.tr.PeerHitTokens, m.tr.PeerLoad = int(ft.GetPeerHitTokens()), time.Duration(ft.GetPeerLoadNanos())
 		tok := ft.GetToken()
 		var lps []engine.TokenLogprob
 		if m.cfg.Logprobs {
@@ -787,6 +791,7 @@ func (m *Machine) onGenerate(resp *pdservev1.GenerateResponse) error {
 	if h := resp.GetPrefixHitTokens(); h > 0 && !m.remote {
 		m.tr.PrefixHitTokens = int(h)
 		m.tr.HostHitTokens, m.tr.HostLoad = int(resp.GetHostHitTokens()), time.Duration(resp.GetHostLoadNanos())
+		m.tr.DiskHitTokens = int(resp.GetDiskHitTokens())
 	}
 	if pl := resp.GetPromptLogprobs(); len(pl) > 0 && m.cfg.PromptLogprobs {
 		m.phase, m.after = phaseDelivery, pending{gen: resp}
