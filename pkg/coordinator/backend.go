@@ -211,6 +211,9 @@ type run struct {
 	req  *frontend.Request
 	emit frontend.EmitFunc
 	m    *flow.Machine
+	// hashes are the prompt's blocks for prefix-aware routing (nil
+	// without): a Prefill's peer is found by them.
+	hashes []uint64
 
 	events  chan event
 	live    int // goroutines that still owe an end event
@@ -249,7 +252,7 @@ func (r *run) serve() ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	r.m = m
+	r.m, r.hashes = m, cfg.PrefixHashes
 	ended := r.step(flow.Start{})
 	for !ended {
 		ev := <-r.events
@@ -428,6 +431,9 @@ func (r *run) startPrefill(a flow.Prefill) flow.Event {
 		// prefill worker holds no key, and the credential is worth
 		// nothing elsewhere.
 		DecodeId: a.Decode.ID, DecodeCredential: r.b.auth.PushCredential(a.Decode.ID, a.Worker.ID),
+		// A worker that holds more of the prompt's prefix than this one:
+		// it may pull instead of computing it.
+		Peer: r.b.peerPrefix(a.Worker.ID, r.hashes),
 	}
 	gen := a.Attempt
 	r.spawn(func(ctx context.Context) flow.Event {
