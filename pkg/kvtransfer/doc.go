@@ -11,6 +11,19 @@
 // KVTransferService rather than KVTransfer because buf's STANDARD lint
 // requires the Service suffix.)
 //
+// # Peer pulls
+//
+// Pull (server-streaming) is the other direction: a worker asks a peer
+// for the longest prefix of a prompt's block hashes that the peer's
+// prefix cache holds in any tier (a PullSource, WithPullSource), and the
+// peer answers a PullHeader and frames of whole tokens of the request's
+// codec. Dialer.Pull checks every frame (CRC-32C, request id, dtype,
+// layer, token ranges in order and complete) and the header against the
+// puller's model, and paces like a push. Prefill and decode workers both
+// serve it; a worker registered without a Receiver (a prefill worker)
+// refuses Push with UNIMPLEMENTED. Pull needs the caller's prefill role,
+// as Push does (grpcauth).
+//
 // # No protobuf copy of bulk data
 //
 // Frames are large (up to the max frame bytes, default 1 MiB raw) and

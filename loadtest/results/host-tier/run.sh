@@ -12,6 +12,8 @@
 #        DECODE_FLAGS=--host-cache-bytes=0 run.sh host-4x-prefill --host-cache-bytes 256000000000
 # DECODE_FLAGS: more flags for the decode workers only, after the others
 # (a repeated flag takes its last value), e.g. DECODE_FLAGS=--host-cache-bytes=0.
+# PREFILL_FLAGS: the same for the prefill workers only, e.g.
+# PREFILL_FLAGS="--pace-gbps=100 --peer-link-gbps=0".
 # BIN: directory with coordinator, prefill-worker, decode-worker and
 # loadtest (default: built into a temporary directory). Results go here:
 # NAME.json, NAME.md, NAME.metrics.txt. Ports 28080, 24222, 291xx, 292xx.
@@ -37,7 +39,7 @@ trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait' EXIT
 sleep 1
 for i in 0 1 2 3; do
   "$BIN/prefill-worker" --id prefill-$i --nats-url nats://127.0.0.1:24222 --nats-user prefill --nats-password-file "$auth/prefill.pw" --grpc-addr 127.0.0.1:2910$i \
-    --metrics-addr 127.0.0.1:2920$i "${sim[@]}" --prefix-cache-tokens -1 --log-level warn "${wflags[@]}" 2>>"$auth/workers.log" & pids+=($!)
+    --metrics-addr 127.0.0.1:2920$i "${sim[@]}" --prefix-cache-tokens -1 --log-level warn "${wflags[@]}" ${PREFILL_FLAGS:-} 2>>"$auth/workers.log" & pids+=($!)
 done
 for i in 0 1; do
   "$BIN/decode-worker" --id decode-$i --nats-url nats://127.0.0.1:24222 --nats-user decode --nats-password-file "$auth/decode.pw" --grpc-addr 127.0.0.1:2911$i \
