@@ -5,6 +5,7 @@ import (
 	"time"
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
+	"github.com/pdserve/pdserve/pkg/prefixcache"
 )
 
 // outbox collects what the scheduler produces for one Generate call until
@@ -20,10 +21,9 @@ type outbox struct {
 	prompt     []*pdservev1.TokenLogprob
 	stamps     []*pdservev1.Stamp
 	hit        int32 // a local prefill's prefix cache hit, not yet sent
-	// hostHit and hostLoad are the part of hit loaded from the host tier
-	// and the load's time, sent with it.
-	hostHit  int32
-	hostLoad time.Duration
+	// host is the part of hit loaded from the host tier (and of it from
+	// the disk tier) and the load's time, sent with it.
+	host     prefixcache.HostLoad
 	batch    int32
 	finished bool
 	err      error // a gRPC status error, when finished with one
@@ -72,11 +72,11 @@ func (o *outbox) stamp(name string, t time.Time) {
 }
 
 // prefixHit records the prompt tokens a local prefill took from the prefix
-// cache, for the next event: host of them loaded from its host tier in
-// load.
-func (o *outbox) prefixHit(tokens, host int, load time.Duration) {
+// cache, for the next event: host.Tokens of them loaded from its host tier
+// (or the disk tier behind it).
+func (o *outbox) prefixHit(tokens int, host prefixcache.HostLoad) {
 	o.mu.Lock()
-	o.hit, o.hostHit, o.hostLoad = int32(tokens), int32(host), load
+	o.hit, o.host = int32(tokens), host
 	o.mu.Unlock()
 	o.signal()
 }
@@ -209,8 +209,11 @@ func (o *outbox) take() ([]*pdservev1.GenerateResponse, bool, error) {
 			out = append(out, &pdservev1.GenerateResponse{BatchSize: o.batch})
 		}
 		out[0].Stamps, out[0].PrefixHitTokens = o.stamps, o.hit
-		out[0].HostHitTokens, out[0].HostLoadNanos = o.hostHit, o.hostLoad.Nanoseconds()
-		o.stamps, o.hit, o.hostHit, o.hostLoad = nil, 0, 0, 0
+		out[0].HostHitTokens, out[0].HostLoadNanos = int32(o.host.Tokens), o.host.Took.Nanoseconds()
+		if o.host.Disk {
+			out[0].DiskHitTokens = int32(o.host.Tokens)
+		}
+		o.stamps, o.hit, o.host = nil, 0, prefixcache.HostLoad{}
 	}
 	return out, o.finished, o.err
 }

@@ -448,7 +448,7 @@ func (pl batcher) joinLocked(q *sequence, now time.Time) {
 		q.seq, q.hasSeq = s.rn.nextSeq, true
 		hit := pl.forkCachedLocked(q)
 		if hit > 0 && q.out != nil {
-			q.out.prefixHit(hit, q.hostHit, q.hostLoad)
+			q.out.prefixHit(hit, q.host)
 		}
 		q.pending = append(slices.Clone(q.prompt[hit:]), regen...)
 		q.sampleLast = m == 0
@@ -507,7 +507,7 @@ func (pl batcher) forkCachedLocked(q *sequence) int {
 			s.eng.Free(q.seq)
 			return 0
 		}
-		q.hostHit, q.hostLoad = ld.Tokens, ld.Took
+		q.host = ld
 		return ld.Tokens
 	}
 	hit := s.cache.Acquire(q.hashes, maxHit)

@@ -258,10 +258,9 @@ type sched struct {
 	// engine sequences and batch slots are freed, and it never joins.
 	dropped bool
 
-	// hostHit is the local prompt's prefix loaded from the host tier
-	// (0: none), and hostLoad the time the load took.
-	hostHit  int
-	hostLoad time.Duration
+	// host is the local prompt's prefix loaded from the host tier (or
+	// the disk tier behind it; Tokens 0: none).
+	host prefixcache.HostLoad
 
 	parent     *sequence   // the root (children), nil for a root
 	children   []*sequence // created at the fork (root)

@@ -132,6 +132,10 @@ func TestDiskTierBitExact(t *testing.T) {
 		if got := int(ev.first.GetPrefixHitTokens()); got != want || want == 0 {
 			t.Errorf("%s: prefix_hit_tokens %d, want %d", id, got, want)
 		}
+		if i == 0 && (int(ev.first.GetDiskHitTokens()) != want || ev.first.GetHostHitTokens() != ev.first.GetDiskHitTokens()) {
+			// base's blocks were on disk only.
+			t.Errorf("%s: host_hit_tokens %d, disk_hit_tokens %d; want %d read from disk", id, ev.first.GetHostHitTokens(), ev.first.GetDiskHitTokens(), want)
+		}
 		cached = append(cached, p)
 	}
 	st := w.s.Stats().PrefixCache
