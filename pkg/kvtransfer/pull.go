@@ -170,11 +170,10 @@ type PullRequest struct {
 	Spec engine.ModelSpec
 }
 
-// Pulled is what a pull brought.
+// Pulled is what a pull brought: the peer's prefix (Tokens 0: the peer
+// held too few blocks).
 type Pulled struct {
-	Tokens int      // whole blocks; 0: the peer held too few
-	Tier   string   // the peer's tier
-	Layers [][]byte // per layer, the canonical KV of tokens [0, Tokens)
+	PrefixKV
 	// BytesWire is the frame bytes received.
 	BytesWire int64
 	// Took is the pull's time, the pacing included.
@@ -231,7 +230,7 @@ func (d *Dialer) Pull(ctx context.Context, r PullRequest) (Pulled, error) {
 	case int(h.GetLayers()) != r.Spec.Layers || int(h.GetTokenBytes()) != tb:
 		return fail(fmt.Errorf("%w: %d layers of %d bytes a token, want %d of %d", ErrPullIncomplete, h.GetLayers(), h.GetTokenBytes(), r.Spec.Layers, tb))
 	}
-	p := Pulled{Tokens: n, Tier: h.GetTier(), Layers: make([][]byte, r.Spec.Layers)}
+	p := Pulled{PrefixKV: PrefixKV{Tokens: n, Tier: h.GetTier(), Layers: make([][]byte, r.Spec.Layers)}}
 	next := make([]int, r.Spec.Layers)
 	row := tb / 2
 	var raw []byte

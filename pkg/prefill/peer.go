@@ -90,7 +90,7 @@ func (s *Server) ExportPrefix(_ context.Context, hashes []kv.Hash, minBlocks, ma
 // tokens).
 func (s *Server) pullPrefix(ctx context.Context, req *pdservev1.PrefillRequest) *prefixcache.Pulled {
 	peer := req.GetPeer()
-	if peer == nil || s.cache == nil || s.peers.gbps <= 0 || s.dialer == nil || peer.GetAddr() == "" {
+	if peer == nil || s.cache == nil || s.peers.gbps <= 0 || peer.GetAddr() == "" {
 		return nil
 	}
 	prompt := req.GetPromptTokens()

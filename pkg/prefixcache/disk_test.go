@@ -1,7 +1,6 @@
 package prefixcache_test
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -66,22 +65,8 @@ func diskRoundTrip(t *testing.T, eng engine.Engine, kvExact bool) {
 			if ld.Tokens != tc.want {
 				t.Fatalf("Load = %+v, want %d tokens", ld, tc.want)
 			}
-			got := run(t, eng, warm, p, ld.Tokens, 6)
 			seq++
-			cold := seq
-			if want := run(t, eng, cold, p, 0, 6); !slices.Equal(got, want) {
-				t.Errorf("tokens after a disk load %v, cold run %v", got, want)
-			}
-			if kvExact {
-				gk, wk := exportAll(t, eng, warm, len(p)), exportAll(t, eng, cold, len(p))
-				for l := range gk {
-					if !bytes.Equal(gk[l], wk[l]) {
-						t.Errorf("layer %d: KV after a disk load differs from the cold run's", l)
-					}
-				}
-			}
-			eng.Free(warm)
-			eng.Free(cold)
+			matchesCold(t, eng, warm, seq, p, ld.Tokens, kvExact, "a disk load")
 		})
 	}
 	if st := c.Stats(); st.Disk.Hits != 4 || st.Disk.HitTokens != 64+48+32+48 || st.Host.Hits != 0 {

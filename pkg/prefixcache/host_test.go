@@ -72,6 +72,28 @@ func exportAll(t testing.TB, eng engine.Engine, seq engine.SeqID, n int) [][]byt
 	return kv
 }
 
+// matchesCold runs prompt p in warm, a sequence holding its first from
+// tokens loaded from a cache (what), and again in cold from scratch, and
+// checks that the tokens (and, when kvExact, every layer's KV) are the
+// same; it frees both.
+func matchesCold(t *testing.T, eng engine.Engine, warm, cold engine.SeqID, p []int32, from int, kvExact bool, what string) {
+	t.Helper()
+	got := run(t, eng, warm, p, from, 6)
+	if want := run(t, eng, cold, p, 0, 6); !slices.Equal(got, want) {
+		t.Errorf("tokens after %s %v, cold run %v", what, got, want)
+	}
+	if kvExact {
+		gk, wk := exportAll(t, eng, warm, len(p)), exportAll(t, eng, cold, len(p))
+		for l := range gk {
+			if !bytes.Equal(gk[l], wk[l]) {
+				t.Errorf("layer %d: KV after %s differs from the cold run's", l, what)
+			}
+		}
+	}
+	eng.Free(warm)
+	eng.Free(cold)
+}
+
 // hostRoundTrip caches a prompt, evicts it to the host tier with a second
 // one, and runs prompts sharing its prefix, block-aligned or not: each
 // loads the shared whole blocks from the host, and its tokens (and, when
@@ -125,23 +147,8 @@ func hostRoundTrip(t *testing.T, eng engine.Engine, kvExact bool) {
 			if ld.Tokens != tc.want || ld.Bytes != int64(tc.want*eng.Spec().KVBytesPerToken()) {
 				t.Fatalf("Load = %+v, want %d tokens", ld, tc.want)
 			}
-			got := run(t, eng, warm, p, ld.Tokens, 6)
 			seq++
-			cold := seq
-			want := run(t, eng, cold, p, 0, 6)
-			if !slices.Equal(got, want) {
-				t.Errorf("tokens after a host load %v, cold run %v", got, want)
-			}
-			if kvExact {
-				gk, wk := exportAll(t, eng, warm, len(p)), exportAll(t, eng, cold, len(p))
-				for l := range gk {
-					if !bytes.Equal(gk[l], wk[l]) {
-						t.Errorf("layer %d: KV after a host load differs from the cold run's", l)
-					}
-				}
-			}
-			eng.Free(warm)
-			eng.Free(cold)
+			matchesCold(t, eng, warm, seq, p, ld.Tokens, kvExact, "a host load")
 		})
 	}
 	st := c.Stats().Host

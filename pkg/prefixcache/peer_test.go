@@ -1,10 +1,8 @@
 package prefixcache_test
 
 import (
-	"bytes"
 	"fmt"
 	"path/filepath"
-	"slices"
 	"testing"
 
 	"github.com/pdserve/pdserve/internal/repotest"
@@ -75,22 +73,8 @@ func peerRoundTrip(t *testing.T, holder, puller engine.Engine, kvExact bool) {
 				if err != nil || got != tc.want {
 					t.Fatalf("LoadPulled = %d, %v; want %d tokens", got, err, tc.want)
 				}
-				gotToks := run(t, puller, warm, p, got, 6)
 				pseq++
-				cold := pseq
-				if want := run(t, puller, cold, p, 0, 6); !slices.Equal(gotToks, want) {
-					t.Errorf("tokens after a pull from the %s tier %v, cold run %v", tier, gotToks, want)
-				}
-				if kvExact {
-					gk, wk := exportAll(t, puller, warm, len(p)), exportAll(t, puller, cold, len(p))
-					for l := range gk {
-						if !bytes.Equal(gk[l], wk[l]) {
-							t.Errorf("layer %d: KV after a pull differs from the cold run's", l)
-						}
-					}
-				}
-				puller.Free(warm)
-				puller.Free(cold)
+				matchesCold(t, puller, warm, pseq, p, got, kvExact, "a pull from the "+tier+" tier")
 			})
 		}
 	}
