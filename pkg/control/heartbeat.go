@@ -60,6 +60,14 @@ type Heartbeat struct {
 	// its KV's element type: encode (prefill) or decode (decode,
 	// colocated); empty when it does not say.
 	Codecs []string `json:"codecs,omitempty"`
+	// PeerPullCost is the time the worker takes to pull one token of a
+	// cached prefix's KV from a peer worker over the time it takes to
+	// compute it: its link model (the throughput its pulls achieved, or
+	// the link it assumes, --peer-link-gbps) against its measured prefill
+	// throughput. The router credits the worker with prefixes its peers
+	// hold at that cost. 0 (or absent): it does not pull (pulls off, an
+	// older worker, or no prefill step measured yet).
+	PeerPullCost float64 `json:"peer_pull_cost,omitempty"`
 }
 
 // CodecSpeed is one codec's figures in a heartbeat.

@@ -116,7 +116,7 @@ func (b *backend) workers(role control.Role) []router.Worker {
 			KVBlocksFree: hb.KVBlocksFree, KVBlocksTotal: hb.KVBlocksTotal,
 			QueuedPrefillTokens: hb.QueuedPrefillTokens, RunningBatch: hb.RunningBatch,
 			PrefixDigest: hb.PrefixDigest, Draining: hb.Draining, Time: hb.Time,
-			MaxSeqLen: hb.MaxSeqLen, MaxBatch: hb.MaxBatch,
+			MaxSeqLen: hb.MaxSeqLen, MaxBatch: hb.MaxBatch, PeerPullCost: hb.PeerPullCost,
 		}
 		if b.kv != nil {
 			if v := b.kv.Blocks(hb.ID); v != nil {

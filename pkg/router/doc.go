@@ -23,7 +23,9 @@
 //     computation the worker saves: free from engine memory, from its
 //     Prefix index, else its PrefixDigest; Config.HostCost each from its
 //     host tier, its HostPrefix index; Config.DiskCost each from its disk
-//     tier, its DiskPrefix index), queue (1 − queued prefill
+//     tier, its DiskPrefix index; or, for a worker whose heartbeat says it
+//     pulls, its PeerPullCost each of the deepest prefix any other listed
+//     worker holds in any tier, when that is cheaper), queue (1 − queued prefill
 //     tokens / the longest queue), kv (free / total KV blocks), batch (1 −
 //     running batch / the largest); a worker's total is Σ weight × score
 //     (Config.Decode, default DefaultDecodeWeights: prefix 1, kv 1,
@@ -53,7 +55,10 @@
 // The default weights are prefix-aware: a follow-up whose prompt shares a
 // prefix with an earlier one goes to the prefill worker that still holds
 // it unless 4 × the share of the prompt it holds is less than the other's
-// lead in queue score (at most 1), and to the decode worker holding it
+// lead in queue score (at most 1); where the other pulls prefixes from
+// peers, the holder's lead in prefix score is only its share of the
+// prompt × the other's pull cost (the prefix is pulled, not recomputed),
+// so a busy holder loses the prompt sooner; and to the decode worker holding it
 // unless the share is less than the other's lead in free KV share. Their
 // values are the best of a sweep on the Mooncake trace
 // (loadtest/results/router-weights/: hit ratio, TTFT p95 and goodput,

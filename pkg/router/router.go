@@ -214,6 +214,8 @@ type Router struct {
 	hashIdx        map[uint64]int
 	marks          []bool
 	hashes         []uint64 // the request's, for Worker.Prefix
+	deep           [2]depth // the two deepest holders of the request's prefix
+	served         prefixoverlap.Scorer
 }
 
 // New returns a Router with cfg. It panics if cfg.Registerer refuses the
@@ -224,6 +226,7 @@ func New(cfg Config) *Router {
 		cfg.BlockTokens = 16
 	}
 	r := &Router{cfg: cfg, inflight: make(map[string]assignment), hashIdx: make(map[uint64]int),
+		served: prefixoverlap.Scorer{HostCost: cfg.HostCost, DiskCost: cfg.DiskCost},
 		decider: Decider{LocalPrefillBelowTokens: cfg.LocalPrefillBelowTokens,
 			PrefillQueueLocalTokens: cfg.PrefillQueueLocalTokens, BusyLocalPrefillBelowTokens: cfg.BusyLocalPrefillBelowTokens}}
 	if cfg.Registerer != nil {
@@ -291,8 +294,9 @@ func (r *Router) Route(now time.Time, req Request, decode, prefill []Worker, exc
 	in := &Input{Now: now, Profile: ProfileDecode, Request: req, BlockTokens: r.cfg.BlockTokens,
 		Blocks: r.blocksFor(req.PromptTokens + req.MaxTokens), Exclude: exclude}
 
-	// A decode worker loads from its host and disk tiers only the
-	// prompts it prefills itself.
+	r.deepest(decode, prefill)
+	// A decode worker loads from its host and disk tiers, and pulls from
+	// peers, only the prompts it prefills itself.
 	r.dbuf = r.candidates(r.dbuf[:0], decode, loads, r.cfg.Colocated || req.Local)
 	cs, by := r.decode.filter(in, r.decode.filters, r.dbuf)
 	if len(cs) == 0 {
@@ -336,7 +340,8 @@ func (r *Router) Route(now time.Time, req Request, decode, prefill []Worker, exc
 				ErrNoCapacity, by, known, r.cfg.MaxQueuedPrefillTokens)
 		}
 		pc := cs[r.prefill.checked(r.prefill.pick(in, cs, &r.scores, &r.totals), len(cs))]
-		hit := min(max(pc.PrefixHitBlocks, pc.HostHitBlocks, pc.DiskHitBlocks)*r.cfg.BlockTokens, req.PromptTokens)
+		_, served := r.served.Serve(pc, len(req.PrefixHashes))
+		hit := min(served*r.cfg.BlockTokens, req.PromptTokens)
 		dec.Prefill, dec.PrefixHitTokens = pc.Worker, hit
 		a.prefill, a.prefillTokens = pc.Worker.ID, req.PromptTokens-hit
 	}
@@ -366,26 +371,75 @@ func (p *profile) checked(i, n int) int {
 // candidates appends the candidates of ws to buf: their loads and their
 // prefix hit on the hashes indexed by indexHashes: from Worker.Prefix
 // when set, else from Worker.PrefixDigest; and, when host is set (the
-// worker would load them), their host tier's from Worker.HostPrefix and
-// their disk tier's from Worker.DiskPrefix.
+// worker would load them), their host tier's from Worker.HostPrefix,
+// their disk tier's from Worker.DiskPrefix and, for a worker that pulls,
+// the deepest prefix another worker holds (deepest).
 func (r *Router) candidates(buf []Candidate, ws []Worker, loads map[string]Load, host bool) []Candidate {
 	for _, w := range ws {
-		hit := 0
-		if w.Prefix != nil {
-			hit = min(w.Prefix.Match(r.hashes), len(r.hashes))
-		} else {
-			hit = r.prefixHitBlocks(w.PrefixDigest)
-		}
-		c := Candidate{Worker: w, Load: loads[w.ID], PrefixHitBlocks: hit}
+		c := Candidate{Worker: w, Load: loads[w.ID], PrefixHitBlocks: r.engineHit(w)}
 		if host && w.HostPrefix != nil {
 			c.HostHitBlocks = min(w.HostPrefix.Match(r.hashes), len(r.hashes))
 		}
 		if host && w.DiskPrefix != nil {
 			c.DiskHitBlocks = min(w.DiskPrefix.Match(r.hashes), len(r.hashes))
 		}
+		if host && w.PeerPullCost > 0 {
+			c.PeerHitBlocks = r.deep[0].blocks
+			if r.deep[0].id == w.ID {
+				c.PeerHitBlocks = r.deep[1].blocks
+			}
+		}
 		buf = append(buf, c)
 	}
 	return buf
+}
+
+// engineHit returns the leading hashes (indexed by indexHashes) worker w
+// holds in engine memory: by Worker.Prefix when set, else by
+// Worker.PrefixDigest.
+func (r *Router) engineHit(w Worker) int {
+	if w.Prefix != nil {
+		return min(w.Prefix.Match(r.hashes), len(r.hashes))
+	}
+	return r.prefixHitBlocks(w.PrefixDigest)
+}
+
+// depth is one worker's prefix of the request, in blocks, in any tier.
+type depth struct {
+	id     string
+	blocks int
+}
+
+// deepest sets r.deep to the two workers of the lists holding the
+// longest prefix of the indexed hashes in any tier of their caches
+// (engine, host, disk), deepest first: a candidate's peers are every
+// listed worker but itself, and the deepest of them is r.deep[0], or
+// r.deep[1] when it is r.deep[0]. O(workers × hashes).
+func (r *Router) deepest(lists ...[]Worker) {
+	r.deep = [2]depth{}
+	if len(r.hashes) == 0 {
+		return
+	}
+	for _, ws := range lists {
+		for _, w := range ws {
+			d := depth{id: w.ID, blocks: r.engineHit(w)}
+			if w.HostPrefix != nil {
+				d.blocks = max(d.blocks, min(w.HostPrefix.Match(r.hashes), len(r.hashes)))
+			}
+			if w.DiskPrefix != nil {
+				d.blocks = max(d.blocks, min(w.DiskPrefix.Match(r.hashes), len(r.hashes)))
+			}
+			switch {
+			case d.id == r.deep[0].id || d.id == r.deep[1].id:
+				// Listed twice (a decode worker that is a prefill
+				// candidate too, colocated): the same depth.
+			case d.blocks > r.deep[0].blocks:
+				r.deep[0], r.deep[1] = d, r.deep[0]
+			case d.blocks > r.deep[1].blocks:
+				r.deep[1] = d
+			}
+		}
+	}
 }
 
 // indexHashes prepares prefixHitBlocks for a request's hashes.

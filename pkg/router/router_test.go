@@ -611,3 +611,49 @@ func TestPrefixIndexBeyondDigest(t *testing.T) {
 		t.Errorf("routed to %s with a %d-token hit; want p1 with all %d blocks (%d tokens)", d.Prefill.ID, d.PrefixHitTokens, blocks, blocks*16)
 	}
 }
+
+// TestRoutePullsFromPeer: a prefill worker that pulls prefixes from
+// peers is credited with the deepest prefix any other worker holds, in
+// any tier and any role, at its pull cost, so a busy holder loses the
+// prompt to an idle worker that pulls; one that does not pull is not.
+func TestRoutePullsFromPeer(t *testing.T) {
+	hs := make([]uint64, 10)
+	held := heldBlocks{}
+	for i := range hs {
+		hs[i] = uint64(i + 1)
+		held[hs[i]] = true
+	}
+	req := Request{ID: "r", PromptTokens: 170, PrefixHashes: hs}
+	decode := []Worker{{ID: "d0", KVBlocksFree: 1 << 10}}
+	for _, tc := range []struct {
+		name     string
+		decode   []Worker
+		prefill  []Worker
+		want     string
+		wantHits int
+	}{
+		{"the busy holder keeps it from a worker that does not pull", decode,
+			[]Worker{{ID: "p0", Prefix: held, QueuedPrefillTokens: 10000}, {ID: "p1"}}, "p0", 160},
+		{"an idle worker that pulls takes it from the busy holder", decode,
+			[]Worker{{ID: "p0", Prefix: held, QueuedPrefillTokens: 10000}, {ID: "p1", PeerPullCost: 0.2}}, "p1", 160},
+		{"from the holder's host tier too", decode,
+			[]Worker{{ID: "p0", HostPrefix: held, QueuedPrefillTokens: 10000}, {ID: "p1", PeerPullCost: 0.2}}, "p1", 160},
+		{"a pull slower than computing is not credited", decode,
+			[]Worker{{ID: "p0", Prefix: held, QueuedPrefillTokens: 10000}, {ID: "p1", PeerPullCost: 1.5}}, "p0", 160},
+		{"from a decode worker's cache", []Worker{{ID: "d0", KVBlocksFree: 1 << 10, DiskPrefix: held}},
+			[]Worker{{ID: "p0"}, {ID: "p1", PeerPullCost: 0.2}}, "p1", 160},
+		{"the holder is not its own peer", decode,
+			[]Worker{{ID: "p0", Prefix: heldBlocks{1: true, 2: true}, PeerPullCost: 0.2}, {ID: "p1", PeerPullCost: 0.2}}, "p0", 32},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := New(Config{BlockTokens: 16})
+			d, err := r.Route(at(0), req, tc.decode, tc.prefill, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Prefill.ID != tc.want || d.PrefixHitTokens != tc.wantHits {
+				t.Errorf("routed to %q with a %d-token hit; want %q with %d", d.Prefill.ID, d.PrefixHitTokens, tc.want, tc.wantHits)
+			}
+		})
+	}
+}

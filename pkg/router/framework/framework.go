@@ -28,7 +28,13 @@ type Worker struct {
 	// the host tier holds (the index of its disk tier's KV events):
 	// blocks the worker reads from disk instead of computing them.
 	DiskPrefix PrefixMatcher
-	Draining   bool
+	// PeerPullCost is the time the worker takes to pull one block of a
+	// cached prefix from another worker over the time it takes to compute
+	// it, by its own link model and measured prefill throughput (its
+	// heartbeat's peer_pull_cost); 0: it does not pull (pulls off, an
+	// older worker, or no step measured yet).
+	PeerPullCost float64
+	Draining     bool
 	// Model is the model the worker serves; empty serves any.
 	Model string
 	// MaxSeqLen is the worker's own longest sequence (prompt + output),
@@ -109,6 +115,13 @@ type Candidate struct {
 	// DiskHitBlocks) leading blocks without computing them.
 	// 0 ≤ DiskHitBlocks ≤ len(Request.PrefixHashes).
 	DiskHitBlocks int
+	// PeerHitBlocks is the number of the request's leading blocks the
+	// deepest other worker holds in any tier of its cache, which this
+	// worker may pull instead of computing them (from the token 0: a
+	// pull brings the whole prefix); 0 where the worker does not pull
+	// (Worker.PeerPullCost 0) or would not load them (as HostHitBlocks).
+	// 0 ≤ PeerHitBlocks ≤ len(Request.PrefixHashes).
+	PeerHitBlocks int
 }
 
 // Input is what a plugin knows of one routing cycle of one profile. The

@@ -18,6 +18,14 @@
 // host tier, which scores above one holding it on disk, which scores above
 // one recomputing it.
 //
+// A worker that pulls prefixes from peers (Worker.PeerPullCost > 0) may
+// instead pull the deepest prefix another worker holds in any tier
+// (Candidate.PeerHitBlocks), each block of it costing PeerPullCost, the
+// rest recomputed; its cost is the cheaper of the two ways. So a worker
+// that holds nothing still scores PeerHitBlocks × (1 − PeerPullCost) / n
+// when a peer holds the prefix, and load can send a prompt away from the
+// worker holding its prefix without recomputing it.
+//
 // Each block is charged at the cheapest tier holding it. A worker loads a
 // prefix deeper in a lower tier than in engine memory wholly from that
 // tier (prefixcache.Host.Load), blocks its engine holds included, so the
@@ -67,6 +75,30 @@ func (*Scorer) Name() string { return "prefix" }
 // Score implements framework.Scorer.
 func (s *Scorer) Score(in *framework.Input, cs []framework.Candidate, scores []float64) {
 	n := len(in.Request.PrefixHashes)
+	for i, c := range cs {
+		if n == 0 {
+			scores[i] = 0
+			continue
+		}
+		cost, _ := s.Serve(c, n)
+		scores[i] = max(1-cost/float64(n), 0)
+	}
+}
+
+// Serve returns what serving the leading n blocks of a request's prompt
+// costs candidate c, in units of one block's computation, and how many
+// of them it serves without computing them: from its own tiers (engine
+// free, host HostCost, disk DiskCost a block, the rest computed), or,
+// when that costs less, pulled from the deepest peer
+// (Candidate.PeerHitBlocks at Worker.PeerPullCost a block: a pull
+// brings the whole prefix, the blocks c holds included, as the worker's
+// own choice does) and the rest computed. The worker pulls only when
+// its link model says the pull is faster, so the cost is the cheaper of
+// the two.
+func (s *Scorer) Serve(c framework.Candidate, n int) (cost float64, served int) {
+	if n <= 0 {
+		return 0, 0
+	}
 	hc := s.HostCost
 	if !(hc > 0) {
 		hc = DefaultHostCost
@@ -77,15 +109,15 @@ func (s *Scorer) Score(in *framework.Input, cs []framework.Candidate, scores []f
 		dc = DefaultDiskCost
 	}
 	dc = min(max(dc, hc), 1)
-	for i, c := range cs {
-		if n == 0 {
-			scores[i] = 0
-			continue
+	engine := min(max(c.PrefixHitBlocks, 0), n)
+	host := max(min(c.HostHitBlocks, n)-engine, 0)
+	disk := max(min(c.DiskHitBlocks, n)-engine-host, 0)
+	served = engine + host + disk
+	cost = float64(host)*hc + float64(disk)*dc + float64(n-served)
+	if peer := min(c.PeerHitBlocks, n); peer > served && c.Worker.PeerPullCost > 0 {
+		if pc := float64(peer)*min(c.Worker.PeerPullCost, 1) + float64(n-peer); pc < cost {
+			return pc, peer
 		}
-		engine := min(max(c.PrefixHitBlocks, 0), n)
-		host := max(min(c.HostHitBlocks, n)-engine, 0)
-		disk := max(min(c.DiskHitBlocks, n)-engine-host, 0)
-		cost := float64(host)*hc + float64(disk)*dc + float64(n-engine-host-disk)
-		scores[i] = max(1-cost/float64(n), 0)
 	}
+	return cost, served
 }

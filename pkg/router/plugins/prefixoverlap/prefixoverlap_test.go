@@ -1,6 +1,7 @@
 package prefixoverlap
 
 import (
+	"math"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -108,5 +109,36 @@ func TestScoreDiskTier(t *testing.T) {
 	(&Scorer{}).Score(in, cs, got)
 	if !(got[0] > got[1] && got[1] > got[2] && got[2] > got[3]) {
 		t.Errorf("default costs: engine %v, host %v, disk %v, recompute %v: want engine > host > disk > recompute", got[0], got[1], got[2], got[3])
+	}
+}
+
+func TestScorePeerPull(t *testing.T) {
+	in := &framework.Input{Request: framework.Request{PrefixHashes: make([]uint64, 10)}}
+	pulls := func(cost float64) framework.Worker { return framework.Worker{PeerPullCost: cost} }
+	cs := []framework.Candidate{
+		{Worker: pulls(0.2), PeerHitBlocks: 10},                    // pulls all 10
+		{Worker: pulls(0.2), PrefixHitBlocks: 4, PeerHitBlocks: 8}, // pulls 8 (4 held, brought again), computes 2
+		{Worker: pulls(0.2), PrefixHitBlocks: 8, PeerHitBlocks: 9}, // own engine 8 + 2 computed beats 9 pulled + 1
+		{Worker: pulls(0), PeerHitBlocks: 10},                      // does not pull
+		{Worker: pulls(0.2), HostHitBlocks: 10, PeerHitBlocks: 10}, // own host tier beats the pull
+		{Worker: pulls(3), PeerHitBlocks: 10},                      // a pull slower than computing counts as computing
+		{Worker: pulls(0.2), PeerHitBlocks: 12},                    // clamped
+	}
+	wantCost := []float64{2, 8*0.2 + 2, 2, 10, 10 * DefaultHostCost, 10, 2}
+	wantServed := []int{10, 8, 8, 0, 10, 0, 10}
+	got := make([]float64, len(cs))
+	s := &Scorer{}
+	s.Score(in, cs, got)
+	for i, c := range cs {
+		cost, served := s.Serve(c, 10)
+		if math.Abs(cost-wantCost[i]) > 1e-12 || served != wantServed[i] {
+			t.Errorf("candidate %d: Serve = %v, %d blocks; want %v, %d", i, cost, served, wantCost[i], wantServed[i])
+		}
+		if want := max(1-wantCost[i]/10, 0); math.Abs(got[i]-want) > 1e-12 {
+			t.Errorf("candidate %d: score %v, want %v", i, got[i], want)
+		}
+	}
+	if !(got[4] > got[0] && got[0] > got[3]) {
+		t.Errorf("host tier %v, pull %v, recompute %v: want host > pull > recompute", got[4], got[0], got[3])
 	}
 }
