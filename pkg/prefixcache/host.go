@@ -84,7 +84,9 @@ type Snapshotter interface {
 	// first tokens tokens of snap.
 	RestoreKV(seq engine.SeqID, snap any, tokens int) error
 	// SnapshotLayerKV appends the canonical KV of layer for all of snap's
-	// tokens to dst (what ExportKV returned for them).
+	// tokens to dst (what ExportKV returned for them). It reads only snap
+	// and what the engine never changes, so it is called without the
+	// engine lock, beside the worker's steps.
 	SnapshotLayerKV(snap any, layer int, dst []byte) ([]byte, error)
 }
 

@@ -57,8 +57,9 @@ type Exported struct {
 // worker that would otherwise compute it. lock takes the worker's engine
 // lock and returns the function that releases it; Export holds it for
 // each engine call only (one layer's ExportKV from the engine tier's
-// pinned entry, or a snapshot's rendering), so that the worker's steps go
-// on between layers. It changes no entry's recency and counts no lookup:
+// pinned entry, or one snapshot of it from a Snapshotter), so that the
+// worker's steps go on between layers; a snapshot is rendered without
+// it. It changes no entry's recency and counts no lookup:
 // a peer's interest is not this worker's. Errors: the engine's, or the
 // disk tier's file; nothing is held afterwards either way.
 func (c *Cache) Export(eng engine.Engine, lock func() func(), hashes []kv.Hash, minBlocks, maxBlocks int) (Exported, error) {
@@ -79,7 +80,7 @@ func (c *Cache) Export(eng engine.Engine, lock func() func(), hashes []kv.Hash, 
 	case ne:
 		x, err = c.exportEngine(eng, lock, lim[:ne])
 	case nh:
-		x, err = c.host.export(eng, lock, lim[:nh])
+		x, err = c.host.export(eng, lim[:nh])
 	default:
 		x, err = c.host.disk.export(lim[:nd])
 	}
@@ -95,7 +96,12 @@ func (c *Cache) Export(eng engine.Engine, lock func() func(), hashes []kv.Hash, 
 
 // exportEngine copies out the engine tier's longest prefix of hashes:
 // its entry pinned (so that no eviction frees it) while each layer is
-// exported under the engine lock.
+// exported under the engine lock. A Snapshotter's entry is snapshotted
+// under the lock once and its layers rendered without it: a worker
+// whose engine runs step after step (the sim engine holds the lock for
+// a step's modeled time, as a GPU is busy for it) then makes the peer
+// wait for one step, not one a layer; a GPU's copy out runs beside its
+// compute.
 func (c *Cache) exportEngine(eng engine.Engine, lock func() func(), hashes []kv.Hash) (Exported, error) {
 	hit := c.acquire(hashes, len(hashes), false)
 	if hit.Tokens == 0 {
@@ -103,6 +109,20 @@ func (c *Cache) exportEngine(eng engine.Engine, lock func() func(), hashes []kv.
 	}
 	defer c.Release(hit)
 	x := Exported{Tokens: hit.Tokens, Tier: TierEngine, Layers: make([][]byte, eng.Spec().Layers)}
+	if sn, ok := eng.(Snapshotter); ok {
+		unlock := lock()
+		snap, err := sn.SnapshotKV(hit.Seq, hit.Tokens)
+		unlock()
+		if err != nil {
+			return Exported{}, fmt.Errorf("prefixcache: snapshot for a peer: %w", err)
+		}
+		for l := range x.Layers {
+			if x.Layers[l], err = sn.SnapshotLayerKV(snap, l, nil); err != nil {
+				return Exported{}, fmt.Errorf("prefixcache: render layer %d for a peer: %w", l, err)
+			}
+		}
+		return x, nil
+	}
 	for l := range x.Layers {
 		unlock := lock()
 		data, err := eng.ExportKV(hit.Seq, l, 0, hit.Tokens, nil)
@@ -116,8 +136,8 @@ func (c *Cache) exportEngine(eng engine.Engine, lock func() func(), hashes []kv.
 }
 
 // export copies out the host tier's longest prefix of hashes (its
-// entry's bytes, or its snapshot rendered under the engine lock).
-func (h *Host) export(eng engine.Engine, lock func() func(), hashes []kv.Hash) (Exported, error) {
+// entry's bytes, or its snapshot rendered, which needs no engine lock).
+func (h *Host) export(eng engine.Engine, hashes []kv.Hash) (Exported, error) {
 	h.mu.Lock()
 	n := h.idx.depth(hashes)
 	if n == 0 {
@@ -129,9 +149,7 @@ func (h *Host) export(eng engine.Engine, lock func() func(), hashes []kv.Hash) (
 	// e is immutable: its layers or snapshot are read without the lock,
 	// also after an eviction dropped it from the index.
 	if e.snap != nil {
-		unlock := lock()
 		r, err := rendered(eng, e)
-		unlock()
 		if err != nil {
 			return Exported{}, err
 		}

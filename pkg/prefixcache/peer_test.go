@@ -1,8 +1,11 @@
 package prefixcache_test
 
 import (
+	"bytes"
+	"context"
 	"fmt"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/pdserve/pdserve/internal/repotest"
@@ -134,4 +137,91 @@ func TestPeerExportLlamaCpp(t *testing.T) {
 		t.Skipf("llama.cpp KV export unavailable: %v", err)
 	}
 	peerRoundTrip(t, holder, puller, false)
+}
+
+// TestPeerExportEngineLock: exporting the engine tier for a peer takes
+// the engine lock once a layer on an engine that takes no snapshots,
+// and once in all on a Snapshotter (sim), whose layers are rendered
+// without it while the worker's steps go on (under -race: a step on
+// another sequence runs in every gap the export leaves).
+func TestPeerExportEngineLock(t *testing.T) {
+	newRef := func() engine.Engine {
+		eng, err := ref.New(ref.Options{Preset: "tiny", MaxSeqLen: 512})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return eng
+	}
+	newSim := func() engine.Engine {
+		eng, err := sim.New(sim.Options{Profile: "h100/llama-3-8b/tp1", TimeScale: 1e-6, PayloadScale: 1.0 / 16})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return eng
+	}
+	for _, tc := range []struct {
+		name  string
+		eng   engine.Engine
+		locks func(layers int) int
+	}{
+		{"ref", newRef(), func(layers int) int { return layers }},
+		{"sim", newSim(), func(int) int { return 1 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			eng := tc.eng
+			c, err := prefixcache.New(prefixcache.Options{MaxTokens: 1 << 12, MaxEntries: 4, BlockTokens: 16})
+			if err != nil {
+				t.Fatal(err)
+			}
+			vocab := int32(min(eng.Spec().Vocab, 250))
+			p := tokens(nil, 70, 0, 1, vocab)
+			run(t, eng, 1, p, 0, 0)
+			if err := c.Free(eng, c.Insert(1, c.Hashes(p), len(p))); err != nil {
+				t.Fatal(err)
+			}
+			var (
+				mu    sync.Mutex
+				locks int
+				stop  = make(chan struct{})
+				done  = make(chan struct{})
+			)
+			go func() { // the worker's steps, under its engine lock
+				defer close(done)
+				other := tokens(nil, 20, 0, 9, vocab)
+				for seq := engine.SeqID(10); ; seq++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					mu.Lock()
+					if _, err := eng.Prefill(context.Background(), []engine.PrefillItem{{Seq: seq, Tokens: other, Last: true}}, nil); err != nil {
+						t.Error(err)
+					}
+					eng.Free(seq)
+					mu.Unlock()
+				}
+			}()
+			lock := func() func() {
+				mu.Lock()
+				locks++
+				return mu.Unlock
+			}
+			x, err := c.Export(eng, lock, c.Hashes(p), 1, c.MaxHitBlocks(len(p)))
+			close(stop)
+			<-done
+			if err != nil || x.Tokens != 64 || x.Tier != prefixcache.TierEngine {
+				t.Fatalf("Export = %d tokens from %q, %v; want 64 from the engine tier", x.Tokens, x.Tier, err)
+			}
+			if want := tc.locks(eng.Spec().Layers); locks != want {
+				t.Errorf("the engine lock was taken %d times, want %d", locks, want)
+			}
+			for l, b := range x.Layers {
+				want, err := eng.ExportKV(1, l, 0, 64, nil)
+				if err != nil || !bytes.Equal(b, want) {
+					t.Fatalf("layer %d: the exported KV differs from ExportKV's (%v)", l, err)
+				}
+			}
+		})
+	}
 }

@@ -79,7 +79,9 @@ func (e *Engine) RestoreKV(seq engine.SeqID, snap any, tokens int) error {
 
 // SnapshotLayerKV appends to dst the KV of layer for all of snap's tokens,
 // the bytes ExportKV returned for them (for a tier that writes them out,
-// e.g. to disk). Errors: engine.ErrRange (bad layer), or snap is not a
+// e.g. to disk, or for a peer). It reads only snap and the engine's
+// fixed KV generator, so it is safe to call concurrently with any method,
+// steps included. Errors: engine.ErrRange (bad layer), or snap is not a
 // snapshot of this engine's kind.
 func (e *Engine) SnapshotLayerKV(snap any, layer int, dst []byte) ([]byte, error) {
 	s, err := e.snapshot(snap)
