@@ -104,3 +104,21 @@ func (l *LinkStats) Throughput(addr string) (bytesPerSec float64, samples int) {
 	}
 	return 0, 0
 }
+
+// MeanThroughput returns the mean of the averages of every address
+// observed (wire bytes/s); 0 when none was.
+func (l *LinkStats) MeanThroughput() float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	sum, n := 0.0, 0
+	for _, e := range l.addr {
+		if e.samples > 0 {
+			sum += e.bytesPerSec
+			n++
+		}
+	}
+	if n == 0 {
+		return 0
+	}
+	return sum / float64(n)
+}

@@ -24,11 +24,12 @@ func TestLinkStats(t *testing.T) {
 		obs     []obs
 		want    float64 // bytes/s of "a"
 		samples int
+		mean    float64 // MeanThroughput; 0: want
 	}{
 		{name: "none observed"},
 		{name: "first sample is the estimate", obs: []obs{{"a", 10 * mib, time.Second, false}}, want: 10 * mib, samples: 1},
 		{name: "moving average", obs: []obs{{"a", 10 * mib, time.Second, false}, {"a", 20 * mib, time.Second, false}}, want: 13 * mib, samples: 2},
-		{name: "other addresses apart", obs: []obs{{"a", 10 * mib, time.Second, false}, {"b", 20 * mib, time.Second, false}}, want: 10 * mib, samples: 1},
+		{name: "other addresses apart", obs: []obs{{"a", 10 * mib, time.Second, false}, {"b", 20 * mib, time.Second, false}}, want: 10 * mib, samples: 1, mean: 15 * mib},
 		{name: "small transfers ignored", obs: []obs{{"a", 10 * mib, time.Second, false}, {"a", MinLinkSampleBytes - 1, time.Nanosecond, false}}, want: 10 * mib, samples: 1},
 		{name: "zero time ignored", obs: []obs{{"a", 10 * mib, 0, false}}},
 		{name: "a lower bound does not lower it", obs: []obs{{"a", 10 * mib, time.Second, false}, {"a", 1 * mib, time.Second, true}}, want: 10 * mib, samples: 2},
@@ -43,6 +44,13 @@ func TestLinkStats(t *testing.T) {
 			got, n := l.Throughput("a")
 			if math.Abs(got-tc.want) > 1e-6*tc.want || n != tc.samples {
 				t.Errorf("Throughput(a) = %v over %d samples, want %v over %d", got, n, tc.want, tc.samples)
+			}
+			mean := tc.mean
+			if mean == 0 {
+				mean = tc.want
+			}
+			if got := l.MeanThroughput(); math.Abs(got-mean) > 1e-6*mean {
+				t.Errorf("MeanThroughput() = %v, want %v", got, mean)
 			}
 		})
 	}

@@ -67,6 +67,35 @@ func (p *peerPulls) estimate(addr string, tokens int, bytes int64) (pull, comput
 	return pull, compute
 }
 
+// costRatio returns the time to pull one token of KV (bytesPerToken, its
+// true size) over the time to compute it: over the mean throughput of
+// the peers pulled from so far, or the assumed link while none was,
+// against the measured prefill throughput. 0 when pulls are off or no
+// step was measured yet.
+func (p *peerPulls) costRatio(bytesPerToken int64) float64 {
+	if p.gbps <= 0 || bytesPerToken <= 0 {
+		return 0
+	}
+	bps := p.gbps * 1e9 / 8
+	if m := p.links.MeanThroughput(); m > 0 {
+		bps = m
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return float64(bytesPerToken) / bps * p.rate
+}
+
+// PeerPullCost is the time this worker takes to pull a token of a
+// cached prefix from a peer over the time it takes to compute it, for
+// its heartbeat (control.Heartbeat.PeerPullCost): 0 when it does not
+// pull or has measured no step.
+func (s *Server) PeerPullCost() float64 {
+	if s.cache == nil {
+		return 0
+	}
+	return s.peers.costRatio(int64(s.spec.KVBytesPerToken()))
+}
+
 // ExportPrefix implements kvtransfer.PullSource: a peer's pull of a
 // prefix this worker's cache holds in any tier (prefixcache.Export, the
 // engine lock taken a layer at a time).

@@ -2,6 +2,7 @@ package prefill
 
 import (
 	"fmt"
+	"math"
 	"net"
 	"sync"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
+	"github.com/pdserve/pdserve/pkg/kvtransfer"
 )
 
 // withPeer sets a Prefill request's peer: the worker at addr holding
@@ -152,5 +154,31 @@ func TestPeerPullPeerDies(t *testing.T) {
 	}
 	if st := w.s.Stats().PrefixCache.Peer; st.PullFailures != 2 || st.Pulls != 0 {
 		t.Errorf("peer stats %+v: want 2 failed pulls", st)
+	}
+}
+
+// TestPeerPullCost: the heartbeat's pull cost is a token's true KV size
+// over the link (assumed, then the peers' measured mean) against the
+// measured prefill throughput, and 0 while pulls are off or no step was
+// measured.
+func TestPeerPullCost(t *testing.T) {
+	const bpt = 131072 // llama-3-8b bf16: bytes of KV a token
+	p := &peerPulls{gbps: 100, links: kvtransfer.NewLinkStats(1)}
+	if got := p.costRatio(bpt); got != 0 {
+		t.Errorf("before any step: %v, want 0", got)
+	}
+	p.observeStep(20000, time.Second) // 20k tokens/s: 50 µs a token
+	// 131072 B at 12.5 GB/s is 10.49 µs: 0.2097 of 50 µs.
+	if got, want := p.costRatio(bpt), float64(bpt)/12.5e9*20000; math.Abs(got-want) > 1e-9 {
+		t.Errorf("assumed link: %v, want %v", got, want)
+	}
+	p.links.Observe("peer-a", 1<<30, time.Second, false) // 1 GiB/s measured
+	if got, want := p.costRatio(bpt), float64(bpt)/(1<<30)*20000; math.Abs(got-want) > 1e-9 {
+		t.Errorf("measured link: %v, want %v", got, want)
+	}
+	off := &peerPulls{gbps: 0, links: kvtransfer.NewLinkStats(1)}
+	off.observeStep(20000, time.Second)
+	if got := off.costRatio(bpt); got != 0 {
+		t.Errorf("pulls off: %v, want 0", got)
 	}
 }

@@ -93,6 +93,7 @@ func (p prefillService) fill(hb *control.Heartbeat, digest bool) {
 		hb.PrefixDigest = p.PrefixDigest(prefixcache.DefaultDigestHashes)
 	}
 	hb.BlockTokens = p.BlockTokens()
+	hb.PeerPullCost = p.PeerPullCost()
 }
 
 type decodeService struct {

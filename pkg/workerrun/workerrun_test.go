@@ -118,6 +118,14 @@ func TestSimEngineWorkers(t *testing.T) {
 	if diff := cmp.Diff(want, got.tokens); diff != "" {
 		t.Errorf("tokens (-sim engine alone +disaggregated):\n%s", diff)
 	}
+	// Having measured a step, the prefill worker offers the router its
+	// pull cost (pulls are on by default); the decode worker pulls none.
+	if c := pw.heartbeat().PeerPullCost; !(c > 0) {
+		t.Errorf("prefill heartbeat's peer_pull_cost after a step: %v, want > 0", c)
+	}
+	if c := dw.heartbeat().PeerPullCost; c != 0 {
+		t.Errorf("decode heartbeat's peer_pull_cost: %v, want 0", c)
+	}
 }
 
 func TestColocatedWorkerMatchesEngine(t *testing.T) {
