@@ -222,8 +222,17 @@ type GenerateRequest struct {
 	// position 0, and its first event of choice 0 leaves
 	// first_token_omitted unset.
 	FirstTokenFromPrefill bool `protobuf:"varint,13,opt,name=first_token_from_prefill,json=firstTokenFromPrefill,proto3" json:"first_token_from_prefill,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// With local_prefill: a worker that holds a longer prefix of the prompt
+	// than this one, in any tier of its prefix cache (the coordinator's
+	// index of the KV events): this worker may pull it
+	// (KVTransferService/Pull) before the sequence joins the batch instead
+	// of computing it, when its link model says the pull is faster, as a
+	// prefill worker does with PrefillRequest.peer. Unset: no such worker,
+	// remote KV, prompt_logprobs (every prompt position is computed), or
+	// peer pulls are off.
+	Peer          *PeerPrefix `protobuf:"bytes,14,opt,name=peer,proto3" json:"peer,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GenerateRequest) Reset() {
@@ -347,6 +356,13 @@ func (x *GenerateRequest) GetFirstTokenFromPrefill() bool {
 	return false
 }
 
+func (x *GenerateRequest) GetPeer() *PeerPrefix {
+	if x != nil {
+		return x.Peer
+	}
+	return nil
+}
+
 type Generated struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Tokens        []int32                `protobuf:"varint,1,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
@@ -426,6 +442,13 @@ type GenerateResponse struct {
 	// Of host_hit_tokens, those read from the disk tier (as
 	// FirstToken.disk_hit_tokens); sent with prefix_hit_tokens.
 	DiskHitTokens int32 `protobuf:"varint,12,opt,name=disk_hit_tokens,json=diskHitTokens,proto3" json:"disk_hit_tokens,omitempty"`
+	// Of prefix_hit_tokens, those pulled from a peer worker
+	// (GenerateRequest.peer) instead of computed, and the time the pull and
+	// import took in nanoseconds (as FirstToken.peer_hit_tokens and
+	// peer_load_nanos: the pull runs before the sequence joins the batch,
+	// the import when its prefill starts); sent with prefix_hit_tokens.
+	PeerHitTokens int32 `protobuf:"varint,13,opt,name=peer_hit_tokens,json=peerHitTokens,proto3" json:"peer_hit_tokens,omitempty"`
+	PeerLoadNanos int64 `protobuf:"varint,14,opt,name=peer_load_nanos,json=peerLoadNanos,proto3" json:"peer_load_nanos,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -544,6 +567,20 @@ func (x *GenerateResponse) GetDiskHitTokens() int32 {
 	return 0
 }
 
+func (x *GenerateResponse) GetPeerHitTokens() int32 {
+	if x != nil {
+		return x.PeerHitTokens
+	}
+	return 0
+}
+
+func (x *GenerateResponse) GetPeerLoadNanos() int64 {
+	if x != nil {
+		return x.PeerLoadNanos
+	}
+	return 0
+}
+
 type CancelRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	RequestId     string                 `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
@@ -629,7 +666,7 @@ var File_pdserve_v1_decode_proto protoreflect.FileDescriptor
 const file_pdserve_v1_decode_proto_rawDesc = "" +
 	"\n" +
 	"\x17pdserve/v1/decode.proto\x12\n" +
-	"pdserve.v1\x1a\x17pdserve/v1/common.proto\"\xa2\x01\n" +
+	"pdserve.v1\x1a\x17pdserve/v1/common.proto\x1a\x18pdserve/v1/prefill.proto\"\xa2\x01\n" +
 	"\x0eReserveRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x16\n" +
@@ -643,7 +680,7 @@ const file_pdserve_v1_decode_proto_rawDesc = "" +
 	"blocksFree\x12*\n" +
 	"\x11prefix_hit_tokens\x18\x03 \x01(\x05R\x0fprefixHitTokens\x12\x1f\n" +
 	"\vprompt_held\x18\x04 \x01(\bR\n" +
-	"promptHeld\"\xb2\x04\n" +
+	"promptHeld\"\xde\x04\n" +
 	"\x0fGenerateRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -662,9 +699,10 @@ const file_pdserve_v1_decode_proto_rawDesc = "" +
 	" \x01(\v2\x14.pdserve.v1.LogprobsR\blogprobs\x12=\n" +
 	"\x0fprompt_logprobs\x18\v \x01(\v2\x14.pdserve.v1.LogprobsR\x0epromptLogprobs\x12B\n" +
 	"\x11generated_choices\x18\f \x03(\v2\x15.pdserve.v1.GeneratedR\x10generatedChoices\x127\n" +
-	"\x18first_token_from_prefill\x18\r \x01(\bR\x15firstTokenFromPrefill\"#\n" +
+	"\x18first_token_from_prefill\x18\r \x01(\bR\x15firstTokenFromPrefill\x12*\n" +
+	"\x04peer\x18\x0e \x01(\v2\x16.pdserve.v1.PeerPrefixR\x04peer\"#\n" +
 	"\tGenerated\x12\x16\n" +
-	"\x06tokens\x18\x01 \x03(\x05R\x06tokens\"\xfc\x03\n" +
+	"\x06tokens\x18\x01 \x03(\x05R\x06tokens\"\xcc\x04\n" +
 	"\x10GenerateResponse\x12\x16\n" +
 	"\x06tokens\x18\x01 \x03(\x05R\x06tokens\x12\x14\n" +
 	"\x05index\x18\x05 \x01(\x05R\x05index\x124\n" +
@@ -679,7 +717,9 @@ const file_pdserve_v1_decode_proto_rawDesc = "" +
 	"\x0fhost_load_nanos\x18\n" +
 	" \x01(\x03R\rhostLoadNanos\x12.\n" +
 	"\x13first_token_omitted\x18\v \x01(\bR\x11firstTokenOmitted\x12&\n" +
-	"\x0fdisk_hit_tokens\x18\f \x01(\x05R\rdiskHitTokens\".\n" +
+	"\x0fdisk_hit_tokens\x18\f \x01(\x05R\rdiskHitTokens\x12&\n" +
+	"\x0fpeer_hit_tokens\x18\r \x01(\x05R\rpeerHitTokens\x12&\n" +
+	"\x0fpeer_load_nanos\x18\x0e \x01(\x03R\rpeerLoadNanos\".\n" +
 	"\rCancelRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\"\x10\n" +
@@ -712,28 +752,30 @@ var file_pdserve_v1_decode_proto_goTypes = []any{
 	(*CancelResponse)(nil),   // 6: pdserve.v1.CancelResponse
 	(*Sampling)(nil),         // 7: pdserve.v1.Sampling
 	(*Logprobs)(nil),         // 8: pdserve.v1.Logprobs
-	(*TokenLogprob)(nil),     // 9: pdserve.v1.TokenLogprob
-	(*Stamp)(nil),            // 10: pdserve.v1.Stamp
+	(*PeerPrefix)(nil),       // 9: pdserve.v1.PeerPrefix
+	(*TokenLogprob)(nil),     // 10: pdserve.v1.TokenLogprob
+	(*Stamp)(nil),            // 11: pdserve.v1.Stamp
 }
 var file_pdserve_v1_decode_proto_depIdxs = []int32{
 	7,  // 0: pdserve.v1.GenerateRequest.sampling:type_name -> pdserve.v1.Sampling
 	8,  // 1: pdserve.v1.GenerateRequest.logprobs:type_name -> pdserve.v1.Logprobs
 	8,  // 2: pdserve.v1.GenerateRequest.prompt_logprobs:type_name -> pdserve.v1.Logprobs
 	3,  // 3: pdserve.v1.GenerateRequest.generated_choices:type_name -> pdserve.v1.Generated
-	9,  // 4: pdserve.v1.GenerateResponse.logprobs:type_name -> pdserve.v1.TokenLogprob
-	9,  // 5: pdserve.v1.GenerateResponse.prompt_logprobs:type_name -> pdserve.v1.TokenLogprob
-	10, // 6: pdserve.v1.GenerateResponse.stamps:type_name -> pdserve.v1.Stamp
-	0,  // 7: pdserve.v1.DecodeService.Reserve:input_type -> pdserve.v1.ReserveRequest
-	2,  // 8: pdserve.v1.DecodeService.Generate:input_type -> pdserve.v1.GenerateRequest
-	5,  // 9: pdserve.v1.DecodeService.Cancel:input_type -> pdserve.v1.CancelRequest
-	1,  // 10: pdserve.v1.DecodeService.Reserve:output_type -> pdserve.v1.ReserveResponse
-	4,  // 11: pdserve.v1.DecodeService.Generate:output_type -> pdserve.v1.GenerateResponse
-	6,  // 12: pdserve.v1.DecodeService.Cancel:output_type -> pdserve.v1.CancelResponse
-	10, // [10:13] is the sub-list for method output_type
-	7,  // [7:10] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	9,  // 4: pdserve.v1.GenerateRequest.peer:type_name -> pdserve.v1.PeerPrefix
+	10, // 5: pdserve.v1.GenerateResponse.logprobs:type_name -> pdserve.v1.TokenLogprob
+	10, // 6: pdserve.v1.GenerateResponse.prompt_logprobs:type_name -> pdserve.v1.TokenLogprob
+	11, // 7: pdserve.v1.GenerateResponse.stamps:type_name -> pdserve.v1.Stamp
+	0,  // 8: pdserve.v1.DecodeService.Reserve:input_type -> pdserve.v1.ReserveRequest
+	2,  // 9: pdserve.v1.DecodeService.Generate:input_type -> pdserve.v1.GenerateRequest
+	5,  // 10: pdserve.v1.DecodeService.Cancel:input_type -> pdserve.v1.CancelRequest
+	1,  // 11: pdserve.v1.DecodeService.Reserve:output_type -> pdserve.v1.ReserveResponse
+	4,  // 12: pdserve.v1.DecodeService.Generate:output_type -> pdserve.v1.GenerateResponse
+	6,  // 13: pdserve.v1.DecodeService.Cancel:output_type -> pdserve.v1.CancelResponse
+	11, // [11:14] is the sub-list for method output_type
+	8,  // [8:11] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_pdserve_v1_decode_proto_init() }
@@ -742,6 +784,7 @@ func file_pdserve_v1_decode_proto_init() {
 		return
 	}
 	file_pdserve_v1_common_proto_init()
+	file_pdserve_v1_prefill_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
