@@ -168,6 +168,11 @@ type PullRequest struct {
 	// Spec is the puller's model: the pulled KV must have its layers,
 	// token bytes and dtype.
 	Spec engine.ModelSpec
+	// TokenBytes, when > 0, replaces Spec.KVTokenBytes() as the bytes of
+	// one token in one layer the pulled KV must have: the puller's engine
+	// hands out less than its model's size (the sim engine's scaled
+	// payload). The pacing still charges Spec's true size.
+	TokenBytes int
 }
 
 // Pulled is what a pull brought: the peer's prefix (Tokens 0: the peer
@@ -220,6 +225,9 @@ func (d *Dialer) Pull(ctx context.Context, r PullRequest) (Pulled, error) {
 	}
 	h := first.GetHeader()
 	n, tb := int(h.GetTokens()), r.Spec.KVTokenBytes()
+	if r.TokenBytes > 0 {
+		tb = r.TokenBytes
+	}
 	switch {
 	case h == nil:
 		return fail(fmt.Errorf("%w: no header first", ErrPullIncomplete))

@@ -287,3 +287,41 @@ func TestPullPaced(t *testing.T) {
 		t.Errorf("paced pull took %v, want at least %v", p.Took, min)
 	}
 }
+
+// TestPullScaledPayload: a puller whose engine hands out a scaled-down
+// payload (the sim engine) pulls KV of its own token bytes when it says
+// so (PullRequest.TokenBytes), and is paced by the model's true size;
+// without it that KV is refused as not the model's.
+func TestPullScaledPayload(t *testing.T) {
+	verifyNoLeaks(t)
+	src := newFakeSource(5)
+	tb := pullSpec.KVTokenBytes() / 2 // a payload at half scale
+	for l := range src.layers {
+		src.layers[l] = gaussianBF16(20*tb/2, uint64(l+1))
+	}
+	addr := startServer(t, nil, []ServerOption{WithPullSource(src)})
+	if _, err := pullFrom(t, addr, PullRequest{Hashes: src.hashes, MinBlocks: 1, MaxBlocks: 5}); !errors.Is(err, ErrPullIncomplete) {
+		t.Fatalf("pull of half-scale KV without TokenBytes: %v, want ErrPullIncomplete", err)
+	}
+	var mu sync.Mutex
+	clock := time.Unix(0, 0)
+	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	sleep := func(_ context.Context, d time.Duration) error {
+		mu.Lock()
+		defer mu.Unlock()
+		clock = clock.Add(d)
+		return nil
+	}
+	p, err := pullFrom(t, addr, PullRequest{Hashes: src.hashes, MinBlocks: 1, MaxBlocks: 5, TokenBytes: tb}, WithLinkGbps(0.001), WithClock(now, sleep))
+	if err != nil || p.Tokens != 20 {
+		t.Fatalf("pull with TokenBytes %d: %+v, %v", tb, p, err)
+	}
+	for l, w := range src.layers {
+		if !bytes.Equal(p.Layers[l], w) {
+			t.Errorf("layer %d: pulled KV differs from the source's", l)
+		}
+	}
+	if min := time.Duration(float64(20*pullSpec.KVBytesPerToken()*8) / 1e6 * float64(time.Second)); p.Took < min {
+		t.Errorf("paced pull took %v, want at least %v (the true size)", p.Took, min)
+	}
+}
