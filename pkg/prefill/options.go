@@ -61,10 +61,9 @@ type Options struct {
 	PeerLinkGbps float64
 }
 
-// DefaultPeerLinkGbps is the default PeerLinkGbps: a 100 Gb/s NIC, the
-// smallest of GPU nodes' data links (H100 and H200 nodes usually have
-// 200-400 Gb/s a GPU).
-const DefaultPeerLinkGbps = 100
+// DefaultPeerLinkGbps is the default PeerLinkGbps
+// (prefixcache.DefaultPeerLinkGbps).
+const DefaultPeerLinkGbps = prefixcache.DefaultPeerLinkGbps
 
 // liveKVLimit returns the effective MaxLiveKVBytes.
 func (o Options) liveKVLimit() int64 {

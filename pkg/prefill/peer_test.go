@@ -2,7 +2,6 @@ package prefill
 
 import (
 	"fmt"
-	"math"
 	"net"
 	"sync"
 	"testing"
@@ -13,7 +12,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
-	"github.com/pdserve/pdserve/pkg/kvtransfer"
 )
 
 // withPeer sets a Prefill request's peer: the worker at addr holding
@@ -34,7 +32,7 @@ func TestPeerPullBitExact(t *testing.T) {
 	addr := serveReceiver(t, f)
 	holder := newWorker(t, cachedOptions(1<<12, 8), true)
 	puller := newWorker(t, cachedOptions(1<<12, 8), true)
-	puller.s.peers.always = true
+	puller.s.peers.Always = true
 	base := prompt(70, 3)
 	prefillOne(t, holder, f, addr, "base", base, 0)
 	for i, tc := range []struct{ n, shared int }{{70, 70}, {60, 48}, {50, 40}, {90, 70}} {
@@ -46,7 +44,7 @@ func TestPeerPullBitExact(t *testing.T) {
 		w := puller
 		if i > 0 {
 			w = newWorker(t, cachedOptions(1<<12, 8), true)
-			w.s.peers.always = true
+			w.s.peers.Always = true
 		}
 		ev, _ := prefillOne(t, w, f, addr, id, p, 0, withPeer(holder.addr, 64))
 		if got := ev.first.GetPeerHitTokens(); int(got) != want || ev.first.GetPrefixHitTokens() != got || ev.first.GetPeerLoadNanos() <= 0 {
@@ -78,14 +76,14 @@ func TestPeerPullNotWorthIt(t *testing.T) {
 	prefillOne(t, holder, f, addr, "base", base, 0)
 
 	own := newWorker(t, cachedOptions(1<<12, 8), true)
-	own.s.peers.always = true
+	own.s.peers.Always = true
 	prefillOne(t, own, f, addr, "own-base", base, 0)
 	if ev, _ := prefillOne(t, own, f, addr, "own", base, 0, withPeer(holder.addr, 64)); ev.first.GetPeerHitTokens() != 0 || ev.first.GetPrefixHitTokens() != 64 {
 		t.Errorf("a prefix the worker holds: %+v, want its own hit and no pull", ev.first)
 	}
 
 	slow := newWorker(t, cachedOptions(1<<12, 8), true)
-	slow.s.peers.gbps = 1e-9                               // a link that takes ages
+	slow.s.peers.Gbps = 1e-9                               // a link that takes ages
 	prefillOne(t, slow, f, addr, "warm", prompt(40, 9), 0) // its throughput is measured
 	if ev, _ := prefillOne(t, slow, f, addr, "slow", base, 0, withPeer(holder.addr, 64)); ev.first.GetPeerHitTokens() != 0 || ev.first.GetPrefixHitTokens() != 0 {
 		t.Errorf("a pull slower than computing: %+v, want none", ev.first)
@@ -130,7 +128,7 @@ func TestPeerPullPeerDies(t *testing.T) {
 	f := &fakeReceiver{}
 	addr := serveReceiver(t, f)
 	w := newWorker(t, cachedOptions(1<<12, 8), true)
-	w.s.peers.always = true
+	w.s.peers.Always = true
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -154,31 +152,5 @@ func TestPeerPullPeerDies(t *testing.T) {
 	}
 	if st := w.s.Stats().PrefixCache.Peer; st.PullFailures != 2 || st.Pulls != 0 {
 		t.Errorf("peer stats %+v: want 2 failed pulls", st)
-	}
-}
-
-// TestPeerPullCost: the heartbeat's pull cost is a token's true KV size
-// over the link (assumed, then the peers' measured mean) against the
-// measured prefill throughput, and 0 while pulls are off or no step was
-// measured.
-func TestPeerPullCost(t *testing.T) {
-	const bpt = 131072 // llama-3-8b bf16: bytes of KV a token
-	p := &peerPulls{gbps: 100, links: kvtransfer.NewLinkStats(1)}
-	if got := p.costRatio(bpt); got != 0 {
-		t.Errorf("before any step: %v, want 0", got)
-	}
-	p.observeStep(20000, time.Second) // 20k tokens/s: 50 µs a token
-	// 131072 B at 12.5 GB/s is 10.49 µs: 0.2097 of 50 µs.
-	if got, want := p.costRatio(bpt), float64(bpt)/12.5e9*20000; math.Abs(got-want) > 1e-9 {
-		t.Errorf("assumed link: %v, want %v", got, want)
-	}
-	p.links.Observe("peer-a", 1<<30, time.Second, false) // 1 GiB/s measured
-	if got, want := p.costRatio(bpt), float64(bpt)/(1<<30)*20000; math.Abs(got-want) > 1e-9 {
-		t.Errorf("measured link: %v, want %v", got, want)
-	}
-	off := &peerPulls{gbps: 0, links: kvtransfer.NewLinkStats(1)}
-	off.observeStep(20000, time.Second)
-	if got := off.costRatio(bpt); got != 0 {
-		t.Errorf("pulls off: %v, want 0", got)
 	}
 }

@@ -378,7 +378,7 @@ func (p *fcfs) Done(ctx context.Context, b runner.Batch[*request], res runner.Re
 	for _, it := range b.Prefill {
 		computed += len(it.Tokens)
 	}
-	s.peers.observeStep(computed, res.End.Sub(res.Start))
+	s.peers.ObserveStep(computed, res.End.Sub(res.Start))
 	for i, r := range b.PrefillOf {
 		it := b.Prefill[i]
 		if r.startedAt.IsZero() {

@@ -64,6 +64,17 @@
 // worker publishes them as KV events of their own, which the router
 // charges at a disk read each.
 //
+// # Peer pulls
+//
+// A worker may start a prompt from a prefix a peer worker's cache holds
+// (Export on the peer; Pulled, LoadPulled and PeerDepth here; counted in
+// PeerStats). PullPricer, which both worker roles use, decides whether a
+// pull is worth it: the prefix's true KV size over the link to the peer
+// (measured over past pulls from it, or the assumed --peer-link-gbps)
+// against the worker's prefill throughput measured over its steps, and
+// for how long to wait for it; CostRatio is the same comparison for one
+// token, for heartbeats.
+//
 // # Digest
 //
 // Digest returns the cached block hashes for heartbeats of a worker that
