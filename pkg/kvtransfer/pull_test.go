@@ -267,16 +267,7 @@ func TestPullPaced(t *testing.T) {
 	verifyNoLeaks(t)
 	src := newFakeSource(5)
 	addr := startServer(t, nil, []ServerOption{WithPullSource(src)})
-	// A clock that moves only when the pull sleeps.
-	var mu sync.Mutex
-	clock := time.Unix(0, 0)
-	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
-	sleep := func(_ context.Context, d time.Duration) error {
-		mu.Lock()
-		defer mu.Unlock()
-		clock = clock.Add(d)
-		return nil
-	}
+	now, sleep := sleepClock()
 	p, err := pullFrom(t, addr, PullRequest{Hashes: src.hashes, MinBlocks: 1, MaxBlocks: 5}, WithLinkGbps(0.001), WithClock(now, sleep))
 	if err != nil || p.Tokens != 20 {
 		t.Fatalf("pull: %+v, %v", p, err)
@@ -286,6 +277,21 @@ func TestPullPaced(t *testing.T) {
 	if min := time.Duration(float64(20*pullSpec.KVBytesPerToken()*8) / 1e6 * float64(time.Second)); p.Took < min {
 		t.Errorf("paced pull took %v, want at least %v", p.Took, min)
 	}
+}
+
+// sleepClock returns a clock that moves only when the pull sleeps, and
+// its sleep.
+func sleepClock() (now func() time.Time, sleep func(context.Context, time.Duration) error) {
+	var mu sync.Mutex
+	clock := time.Unix(0, 0)
+	now = func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	sleep = func(_ context.Context, d time.Duration) error {
+		mu.Lock()
+		defer mu.Unlock()
+		clock = clock.Add(d)
+		return nil
+	}
+	return now, sleep
 }
 
 // TestPullScaledPayload: a puller whose engine hands out a scaled-down
@@ -303,15 +309,7 @@ func TestPullScaledPayload(t *testing.T) {
 	if _, err := pullFrom(t, addr, PullRequest{Hashes: src.hashes, MinBlocks: 1, MaxBlocks: 5}); !errors.Is(err, ErrPullIncomplete) {
 		t.Fatalf("pull of half-scale KV without TokenBytes: %v, want ErrPullIncomplete", err)
 	}
-	var mu sync.Mutex
-	clock := time.Unix(0, 0)
-	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
-	sleep := func(_ context.Context, d time.Duration) error {
-		mu.Lock()
-		defer mu.Unlock()
-		clock = clock.Add(d)
-		return nil
-	}
+	now, sleep := sleepClock()
 	p, err := pullFrom(t, addr, PullRequest{Hashes: src.hashes, MinBlocks: 1, MaxBlocks: 5, TokenBytes: tb}, WithLinkGbps(0.001), WithClock(now, sleep))
 	if err != nil || p.Tokens != 20 {
 		t.Fatalf("pull with TokenBytes %d: %+v, %v", tb, p, err)
