@@ -81,6 +81,20 @@
 // the only references: forks are independent of their source, so evicting
 // an entry never touches a sequence in use.
 //
+// A local prefill whose Generate call names a peer (GenerateRequest.peer:
+// a worker holding more of the prompt's prefix, in any tier) pulls that
+// prefix from it (kvtransfer's Pull, with the dialer of WithDialer) after
+// the call claimed its reservation and before the sequence is ready to
+// join the batch, under no lock of the worker, when it saves time as
+// prefixcache.PullPricer prices it (Options.PeerLinkGbps until the link
+// to that peer was measured, against the worker's prefill throughput
+// measured over its local-prefill steps); the pull is given up at the
+// time computing would take. The sequence then starts from the pulled
+// prefix when it is longer than any tier here holds (LoadPulled), and
+// the first event reports it (peer_hit_tokens, peer_load_nanos). A failed
+// pull is logged and counted (PeerStats) and the prompt computed, with the
+// same tokens.
+//
 // Cached KV shares the pool with requests, as vLLM's free block queue
 // does: an entry is charged its blocks while it is cached, and a Reserve
 // (or a Generate growing its reservation) that finds too few free blocks

@@ -60,6 +60,16 @@ type Options struct {
 	// nothing from requests and MaxTokens only caps it. Its blocks are
 	// BlockTokens tokens (its own BlockTokens is ignored).
 	PrefixCache prefixcache.Options
+	// PeerLinkGbps is the link a local prefill's pull from a peer worker
+	// (a prefix the coordinator says it holds, GenerateRequest.peer) is
+	// priced at until pulls from that peer were measured
+	// (--peer-link-gbps, default prefixcache.DefaultPeerLinkGbps): the
+	// pull happens when it is faster than computing the prefix at this
+	// worker's prefill throughput, measured over its local-prefill steps;
+	// 0: the worker pulls nothing and computes every prefix its own cache
+	// lacks. Pulls also need the prefix cache and a dialer (WithDialer).
+	// ≥ 0.
+	PeerLinkGbps float64
 }
 
 // Defaults of the per-caller caps: above what one coordinator needs on a
@@ -93,14 +103,16 @@ func DefaultOptions() Options {
 		MaxOutboxBytes:             DefaultMaxOutboxBytes,
 		StreamWriteTimeout:         DefaultStreamWriteTimeout,
 		PrefixCache:                prefixcache.DefaultOptions(),
+		PeerLinkGbps:               prefixcache.DefaultPeerLinkGbps,
 	}
 }
 
 // AddFlags registers --kv-blocks, --block-tokens, --max-batch,
 // --chunk-tokens, --max-batch-tokens (batching.Budget), --reserve-ttl,
 // --max-reservations-per-caller, --max-reserved-tokens-per-caller,
-// --max-outbox-bytes, --stream-write-timeout, --prefix-cache-tokens and --prefix-cache-entries on fs, with o's values
-// as defaults.
+// --max-outbox-bytes, --stream-write-timeout, --peer-link-gbps and the
+// prefix cache's flags (prefixcache.Options.AddFlags) on fs, with o's
+// values as defaults.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.KVBlocks, "kv-blocks", o.KVBlocks, "KV blocks in the worker's pool")
 	fs.IntVar(&o.BlockTokens, "block-tokens", o.BlockTokens, "tokens per KV block")
@@ -112,6 +124,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.MaxOutboxBytes, "max-outbox-bytes", o.MaxOutboxBytes, "most output bytes (tokens and logprobs) one request may have waiting for a caller that does not read its stream; over it the request is cancelled and freed")
 	fs.DurationVar(&o.StreamWriteTimeout, "stream-write-timeout", o.StreamWriteTimeout, "longest one send of a Generate stream may block on a caller that does not read; then the request is cancelled and freed (0: none)")
 	o.PrefixCache.AddFlags(fs)
+	fs.Float64Var(&o.PeerLinkGbps, "peer-link-gbps", o.PeerLinkGbps, "Gbit/s a local prefill's pull of a cached prefix from a peer worker is priced at until pulls from it were measured: a prompt pulls its prefix when that is faster than computing it at this worker's measured prefill throughput (0: never pull)")
 }
 
 // Validate reports every invalid field in one error.
@@ -143,6 +156,9 @@ func (o Options) Validate() error {
 	}
 	if o.StreamWriteTimeout < 0 {
 		errs = append(errs, fmt.Errorf("stream-write-timeout %v must not be negative", o.StreamWriteTimeout))
+	}
+	if !(o.PeerLinkGbps >= 0) {
+		errs = append(errs, fmt.Errorf("peer-link-gbps %v must not be negative", o.PeerLinkGbps))
 	}
 	pc := o.cacheOptions()
 	if err := pc.Validate(); err != nil {

@@ -23,7 +23,9 @@ type outbox struct {
 	hit        int32 // a local prefill's prefix cache hit, not yet sent
 	// host is the part of hit loaded from the host tier (and of it from
 	// the disk tier) and the load's time, sent with it.
-	host     prefixcache.HostLoad
+	host prefixcache.HostLoad
+	// peer is the part of hit pulled from a peer worker, sent with it.
+	peer     peerLoad
 	batch    int32
 	finished bool
 	err      error // a gRPC status error, when finished with one
@@ -73,10 +75,10 @@ func (o *outbox) stamp(name string, t time.Time) {
 
 // prefixHit records the prompt tokens a local prefill took from the prefix
 // cache, for the next event: host.Tokens of them loaded from its host tier
-// (or the disk tier behind it).
-func (o *outbox) prefixHit(tokens int, host prefixcache.HostLoad) {
+// (or the disk tier behind it), peer.tokens pulled from a peer worker.
+func (o *outbox) prefixHit(tokens int, host prefixcache.HostLoad, peer peerLoad) {
 	o.mu.Lock()
-	o.hit, o.host = int32(tokens), host
+	o.hit, o.host, o.peer = int32(tokens), host, peer
 	o.mu.Unlock()
 	o.signal()
 }
@@ -213,7 +215,8 @@ func (o *outbox) take() ([]*pdservev1.GenerateResponse, bool, error) {
 		if o.host.Disk {
 			out[0].DiskHitTokens = int32(o.host.Tokens)
 		}
-		o.stamps, o.hit, o.host = nil, 0, prefixcache.HostLoad{}
+		out[0].PeerHitTokens, out[0].PeerLoadNanos = int32(o.peer.tokens), o.peer.took.Nanoseconds()
+		o.stamps, o.hit, o.host, o.peer = nil, 0, prefixcache.HostLoad{}, peerLoad{}
 	}
 	return out, o.finished, o.err
 }

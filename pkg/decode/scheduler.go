@@ -448,7 +448,7 @@ func (pl batcher) joinLocked(q *sequence, now time.Time) {
 		q.seq, q.hasSeq = s.rn.nextSeq, true
 		hit := pl.forkCachedLocked(q)
 		if hit > 0 && q.out != nil {
-			q.out.prefixHit(hit, q.host)
+			q.out.prefixHit(hit, q.host, q.peer)
 		}
 		q.pending = append(slices.Clone(q.prompt[hit:]), regen...)
 		q.sampleLast = m == 0
@@ -489,17 +489,32 @@ func (pl batcher) joinLocked(q *sequence, now time.Time) {
 }
 
 // forkCachedLocked starts local-prefill q's new engine sequence from the
-// longest cached prefix of its prompt, forked from the engine tier or
-// loaded from the host tier when that holds more, and returns its tokens
-// (0: a miss, a request asking for prompt logprobs, which needs every
-// prompt position computed, or a failed fork or load, logged). The caller
-// holds the engine lock and rn.mu.
+// longest cached prefix of its prompt: imported from the prefix pulled
+// from a peer (q.pulled) when that is longer than any tier here holds
+// now, else forked from the engine tier or loaded from the host tier
+// when that holds more; it returns its tokens (0: a miss, a request
+// asking for prompt logprobs, which needs every prompt position
+// computed, or a failed fork, load or import, logged). The caller holds
+// the engine lock and rn.mu.
 func (pl batcher) forkCachedLocked(q *sequence) int {
 	s := pl.s
+	pulled := q.pulled
+	q.pulled = nil // imported or not, its bytes are not needed any more
 	if s.cache == nil || q.promptTop >= 0 {
 		return 0
 	}
 	maxHit := s.cache.MaxHitBlocks(len(q.prompt))
+	if pulled != nil && min(pulled.Tokens/s.cache.BlockTokens(), maxHit) > s.cache.PeerDepth(q.hashes, maxHit) {
+		// What the peer sent is more than any tier here holds now.
+		n, took, err := s.cache.LoadPulled(s.eng, q.seq, pulled, maxHit)
+		if err != nil {
+			s.log.Warn("import of a prefix pulled from a peer failed; prefilling the whole prompt", zap.String("request_id", q.id), zap.Error(err))
+			s.eng.Free(q.seq)
+			return 0
+		}
+		q.peer = peerLoad{tokens: n, took: took}
+		return n
+	}
 	if s.cache.HostDeeper(q.hashes, maxHit) {
 		ld, err := s.cache.Host().Load(s.eng, q.seq, q.hashes, maxHit)
 		if err != nil {
@@ -521,6 +536,25 @@ func (pl batcher) forkCachedLocked(q *sequence) int {
 		return 0
 	}
 	return hit.Tokens
+}
+
+// observePrefill adds step b, which took d, to the local-prefill
+// throughput peer pulls are priced against (prefixcache.PullPricer): the
+// prompt tokens it computed over its whole time, decode tokens and all,
+// which is the rate at which this worker computes a prompt beside its
+// batch. Only steps that prefill a local prompt count (a choice's fork or
+// a recovery's replay alone computes too few tokens to measure).
+func (pl batcher) observePrefill(b runner.Batch[*sequence], d time.Duration) {
+	computed, local := 0, false
+	for i, it := range b.Prefill {
+		computed += len(it.Tokens)
+		if q := b.PrefillOf[i]; q.local && q.parent == nil {
+			local = true
+		}
+	}
+	if local {
+		pl.s.peers.ObserveStep(computed, d)
+	}
 }
 
 // emitLocked streams token t of q, produced in a step of batch sequences,
@@ -610,6 +644,7 @@ func (pl batcher) handOut(ctx context.Context, b runner.Batch[*sequence], res ru
 		}
 		return
 	}
+	pl.observePrefill(b, end.Sub(start))
 	for i, q := range b.PrefillOf {
 		if q.over() {
 			continue

@@ -106,6 +106,11 @@ type Server struct {
 	// (rn.reclaimed).
 	cache       *prefixcache.Cache
 	cacheBlocks []kv.BlockID
+	// peers prices a local prefill's pull of its prefix from a peer
+	// worker (GenerateRequest.peer); dialer pulls it (nil: no pulls, see
+	// WithDialer).
+	peers  *prefixcache.PullPricer
+	dialer *kvtransfer.Dialer
 
 	// run is the batch loop, under the policy batcher. Its engine lock
 	// guards eng: the loop holds it for a whole step (importing the KV of
@@ -161,6 +166,10 @@ type sequence struct {
 	call
 	sched
 	done bool
+	// pulling: a local prefill's Generate call is pulling the prompt's
+	// prefix from a peer; the sequence is ready to join the batch only
+	// once the pull ended (pullDone). Guarded by Server.mu.
+	pulling bool
 }
 
 // reservation is what the service holds for a request from Reserve (or a
@@ -261,6 +270,12 @@ type sched struct {
 	// host is the local prompt's prefix loaded from the host tier (or
 	// the disk tier behind it; Tokens 0: none).
 	host prefixcache.HostLoad
+	// pulled is the local prompt's prefix pulled from a peer before the
+	// sequence was ready (nil: none), until the sequence starts
+	// (forkCachedLocked); peer is what of it the sequence started from
+	// (tokens 0: none).
+	pulled *prefixcache.Pulled
+	peer   peerLoad
 
 	parent     *sequence   // the root (children), nil for a root
 	children   []*sequence // created at the fork (root)
@@ -285,10 +300,20 @@ type sched struct {
 	firstStamps bool    // "first_token" was stamped
 }
 
+// Option configures a Server beyond its Options.
+type Option func(*Server)
+
+// WithDialer gives the worker the dialer its local prefills pull a
+// prompt's cached prefix from a peer worker with (GenerateRequest.peer:
+// kvtransfer.Dialer.Pull, with the pull's TLS checks and credential).
+// Without it the worker pulls nothing. The caller closes d after the
+// Server stopped.
+func WithDialer(d *kvtransfer.Dialer) Option { return func(s *Server) { s.dialer = d } }
+
 // New returns a Server running on eng with a pool of o.KVBlocks blocks. reg
 // receives the worker's metrics (nil: none are exported). The scheduler does
 // not run until Run is called.
-func New(eng engine.Engine, o Options, logger *zap.Logger, reg prometheus.Registerer) (*Server, error) {
+func New(eng engine.Engine, o Options, logger *zap.Logger, reg prometheus.Registerer, opts ...Option) (*Server, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
@@ -330,6 +355,10 @@ func New(eng engine.Engine, o Options, logger *zap.Logger, reg prometheus.Regist
 		stop:       stop,
 		seqs:       make(map[string]*sequence),
 		callers:    make(map[string]*callerUse),
+		peers:      prefixcache.NewPullPricer(o.PeerLinkGbps),
+	}
+	for _, opt := range opts {
+		opt(s)
 	}
 	// Auto: the whole pool, since cached blocks yield to requests; an
 	// engine that cannot fork keeps none (a size asked for is an error).
@@ -828,6 +857,12 @@ type genParams struct {
 	// omitFirst: the caller delivers choice 0's first token from the
 	// prefill worker (first_token_from_prefill); it is not streamed.
 	omitFirst bool
+	// peer is a worker holding a longer prefix of a local prompt
+	// (GenerateRequest.peer; nil: none, or not a local prefill); pull:
+	// the call pulls it before the sequence is ready (attach holds it,
+	// pulling).
+	peer *pdservev1.PeerPrefix
+	pull bool
 }
 
 func (s *Server) validate(req *pdservev1.GenerateRequest) (genParams, error) {
@@ -883,6 +918,10 @@ func (s *Server) validate(req *pdservev1.GenerateRequest) (genParams, error) {
 	}
 	if p.promptTop >= 0 && (!p.local || len(p.generated) > 0) {
 		return p, invalid("request %s: prompt_logprobs need local_prefill and no generated tokens", id)
+	}
+	if p.local && p.promptTop < 0 {
+		// Prompt logprobs need every prompt position computed.
+		p.peer = req.GetPeer()
 	}
 	if req.GetFirstTokenFromPrefill() && p.local {
 		return p, invalid("request %s: first_token_from_prefill needs remote KV, not local_prefill", id)
@@ -955,10 +994,17 @@ func (s *Server) Generate(req *pdservev1.GenerateRequest, stream grpc.ServerStre
 		return err
 	}
 	p.caller = grpcauth.Caller(ctx)
+	plan := s.planPull(p)
+	p.pull = plan != nil
 	q, err := s.attach(p)
 	if err != nil {
 		closeGrammar(p.constraint)
 		return err
+	}
+	if plan != nil {
+		// The sequence waits, holding its reservation, until the pull
+		// ended: network I/O under no lock of the worker.
+		s.pullDone(q, s.pullPrefix(ctx, p.id, plan))
 	}
 	for {
 		select {
@@ -1129,6 +1175,7 @@ func (s *Server) attach(p genParams) (*sequence, error) {
 	if p.omitFirst {
 		q.out.omitFirst()
 	}
+	q.pulling = p.pull
 	s.readyLocked(q)
 	return q, nil
 }
@@ -1202,7 +1249,7 @@ func newPenalties(w *engine.Penalties, generated []int32) *engine.Penalties {
 // cache pin of Reserve goes with it. The caller holds mu, not rn.mu nor
 // rx.mu.
 func (s *Server) readyLocked(q *sequence) {
-	if q.done || !q.attached || (!q.local && !s.rx.committed(q)) {
+	if q.done || !q.attached || q.pulling || (!q.local && !s.rx.committed(q)) {
 		return
 	}
 	s.rn.mu.Lock()
