@@ -33,6 +33,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/enginebuild"
 	"github.com/pdserve/pdserve/pkg/grpcauth"
+	"github.com/pdserve/pdserve/pkg/grpcnet"
 	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/kv/codec"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
@@ -281,7 +282,11 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 		}
 		w.svc = prefillService{w.pre}
 	default:
-		d, err := decode.New(w.eng, o.Decode, w.log.Named("decode"), reg)
+		var dopts []decode.Option
+		if w.dialer = decodeDialer(o, tlsCfg, auth, w.log); w.dialer != nil {
+			dopts = append(dopts, decode.WithDialer(w.dialer))
+		}
+		d, err := decode.New(w.eng, o.Decode, w.log.Named("decode"), reg, dopts...)
 		if err != nil {
 			return nil, fmt.Errorf("workerrun: %w", err)
 		}
@@ -923,6 +928,33 @@ type transferEngine interface {
 // pool larger than it would fail steps.
 type capacityEngine interface {
 	KVCapacity() (tokens, seqs int)
+}
+
+// decodeDialer returns the dialer a decode or colocated worker's local
+// prefills pull a prompt's cached prefix from a peer worker with
+// (GenerateRequest.peer), with the gRPC credentials of auth and the
+// pull's credential per call: over TLS only from a peer whose
+// certificate, verified against --tls-ca, names the role and id the
+// coordinator's index says. Nil when the worker does not pull
+// (--peer-link-gbps 0, no prefix cache), or when TLS is on without
+// --tls-ca: no peer could be verified (logged).
+func decodeDialer(o Options, tlsCfg *grpcnet.TLS, auth *grpcauth.Auth, log *zap.Logger) *kvtransfer.Dialer {
+	if o.Decode.PeerLinkGbps <= 0 || o.Decode.PrefixCache.MaxTokens == 0 {
+		return nil
+	}
+	if tlsCfg != nil && o.TLS.CAFile == "" {
+		log.Info("peer pulls off: over TLS a pull verifies the peer's certificate, which needs --tls-ca")
+		return nil
+	}
+	dopts := []kvtransfer.DialOption{kvtransfer.WithConnsPerAddr(1), kvtransfer.WithLogger(log.Named("kvtransfer")),
+		kvtransfer.WithKeepalive(o.Keepalive.ClientParameters()), kvtransfer.WithGRPCDialOptions(auth.DialOptions()...)}
+	if tlsCfg != nil {
+		base := tlsCfg.ClientConfig()
+		dopts = append(dopts, kvtransfer.WithPullTLS(func(role, id string) *tls.Config {
+			return auth.WorkerTLS(base, role, id)
+		}))
+	}
+	return kvtransfer.NewDialer(dopts...)
 }
 
 // decodeHostTier turns the auto host tier of a decode worker of role
