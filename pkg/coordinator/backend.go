@@ -475,6 +475,11 @@ func (r *run) startDecode(a flow.Generate) flow.Event {
 	}
 	if a.PromptLogprobs {
 		greq.PromptLogprobs = wire.Logprobs(r.req.PromptLogprobs)
+	} else if a.LocalPrefill {
+		// A worker that holds more of the prompt's prefix than this one:
+		// its local prefill may pull instead of computing it (prompt
+		// logprobs need every position computed).
+		greq.Peer = r.b.peerPrefix(a.Worker.ID, r.hashes)
 	}
 	attempt := a.Attempt
 	r.decodeAttempt = attempt

@@ -792,6 +792,7 @@ func (m *Machine) onGenerate(resp *pdservev1.GenerateResponse) error {
 		m.tr.PrefixHitTokens = int(h)
 		m.tr.HostHitTokens, m.tr.HostLoad = int(resp.GetHostHitTokens()), time.Duration(resp.GetHostLoadNanos())
 		m.tr.DiskHitTokens = int(resp.GetDiskHitTokens())
+		m.tr.PeerHitTokens, m.tr.PeerLoad = int(resp.GetPeerHitTokens()), time.Duration(resp.GetPeerLoadNanos())
 	}
 	if pl := resp.GetPromptLogprobs(); len(pl) > 0 && m.cfg.PromptLogprobs {
 		m.phase, m.after = phaseDelivery, pending{gen: resp}

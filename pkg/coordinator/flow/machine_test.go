@@ -225,6 +225,11 @@ func runCommand(mp **Machine, trp **budget.Trace, line string) ([]string, error)
 			tr.Mode, tr.FirstTokenPolicy, tr.PrefillWorker, tr.DecodeWorker, tr.Recoveries, tr.PrefillRetries,
 			tr.PrefixHitTokens, tr.RoutedPrefixHitTokens, tr.DecodePrefixHitTokens)}, nil
 	}
+	if cmd == "hits" {
+		tr := *trp
+		return []string{fmt.Sprintf("prefix-hit=%d host-hit=%d disk-hit=%d peer-hit=%d peer-load=%v",
+			tr.PrefixHitTokens, tr.HostHitTokens, tr.DiskHitTokens, tr.PeerHitTokens, tr.PeerLoad)}, nil
+	}
 	ev, err := parseEvent(cmd, a)
 	if err != nil {
 		return nil, err
@@ -307,6 +312,24 @@ func parseEvent(cmd string, a args) (Event, error) {
 			return nil, err
 		}
 		resp := &pdservev1.GenerateResponse{Index: int32(idx), Tokens: toks, FinishReason: a["finish"], FirstTokenOmitted: a.has("omitted")}
+		// A local prefill's prefix hit and its parts by tier: hit, host,
+		// disk and peer tokens, peer-load milliseconds.
+		for _, f := range []struct {
+			name string
+			set  func(int)
+		}{
+			{"hit", func(n int) { resp.PrefixHitTokens = int32(n) }},
+			{"host", func(n int) { resp.HostHitTokens = int32(n) }},
+			{"disk", func(n int) { resp.DiskHitTokens = int32(n) }},
+			{"peer", func(n int) { resp.PeerHitTokens = int32(n) }},
+			{"peer-load", func(n int) { resp.PeerLoadNanos = int64(n) * int64(time.Millisecond) }},
+		} {
+			n, err := a.int(f.name, 0)
+			if err != nil {
+				return nil, err
+			}
+			f.set(n)
+		}
 		if v, ok := a["lps"]; ok {
 			// One log-probability per token, comma-separated; "-" is an
 			// entry that carries only the token.
