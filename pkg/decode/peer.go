@@ -101,6 +101,7 @@ func (s *Server) pullPrefix(ctx context.Context, id string, plan *pullPlan) *pre
 	p, err := s.dialer.Pull(ctx, kvtransfer.PullRequest{
 		RequestID: id, Addr: peer.GetAddr(), ID: peer.GetId(), Role: peer.GetRole(),
 		Hashes: plan.hashes, BlockTokens: s.cache.BlockTokens(), MinBlocks: plan.own + 1, MaxBlocks: plan.maxBlocks, Spec: s.spec,
+		TokenBytes: s.tokenBytes, // the engine's payload: scaled down on sim
 	})
 	if err == nil && p.Tokens == 0 {
 		err = errors.New("the peer no longer holds the prefix")

@@ -20,6 +20,7 @@ import (
 	"github.com/pdserve/pdserve/internal/workertest"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/engine/llamacpp"
+	"github.com/pdserve/pdserve/pkg/engine/sim"
 	"github.com/pdserve/pdserve/pkg/gguf"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
 	"github.com/pdserve/pdserve/pkg/prefill"
@@ -177,6 +178,28 @@ func TestPeerPullLocalBitExact(t *testing.T) {
 	cold := func(p []int32, n int) []int32 { return reference(t, p, n, engine.Sampling{}) }
 	pullBitExact(t, func() engine.Engine { return newEngine(t) }, cachedOptions(1024, 16), cold,
 		[]struct{ n, shared int }{{70, 70}, {60, 48}, {50, 40}, {90, 70}})
+}
+
+// TestPeerPullLocalSim is pullBitExact on the performance-model engine
+// with its KV payload scaled down (1/1024 of the model's true size),
+// against a decode worker without a cache.
+func TestPeerPullLocalSim(t *testing.T) {
+	newSim := func() engine.Engine {
+		eng, err := sim.New(sim.Options{Profile: "h100/llama-3-8b/tp1", TimeScale: 1e-6, PayloadScale: 1.0 / 1024, Seed: 3})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return eng
+	}
+	o := cachedOptions(1024, 16)
+	cold := func(p []int32, n int) []int32 {
+		c := o
+		c.PrefixCache.MaxTokens = 0
+		w := newWorkerOn(t, newSim(), c, true)
+		toks, _ := generatePeer(t, w, "cold", p, n, nil)
+		return toks
+	}
+	pullBitExact(t, newSim, o, cold, []struct{ n, shared int }{{60, 48}, {50, 40}})
 }
 
 // TestPeerPullLocalLlamaCpp is pullBitExact on llama.cpp (a tiny random
