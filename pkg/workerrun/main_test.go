@@ -70,6 +70,7 @@ func TestMainRejectsBadSettings(t *testing.T) {
 		{"bad role", NewDecodeOptions(), []string{"--role=prefill"}, "role \"prefill\" must be decode or colocated"},
 		{"no blocks", NewDecodeOptions(), []string{"--kv-blocks=0"}, "kv-blocks 0"},
 		{"negative peer link", NewDecodeOptions(), []string{"--peer-link-gbps=-1"}, "peer-link-gbps -1 must not be negative"},
+		{"negative pace", NewDecodeOptions(), []string{"--pace-gbps=-1"}, "pace-gbps -1: must not be negative"},
 		{"budget not above batch", NewDecodeOptions(), []string{"--max-batch=64", "--max-batch-tokens=64"}, "must exceed max-batch"},
 		{"bad id", NewDecodeOptions(), []string{"--id=a.b"}, "--id a.b: "},
 		{"bad address", NewDecodeOptions(), []string{"--grpc-addr=9000"}, "worker: --grpc-addr 9000: missing port in address\n"},

@@ -72,7 +72,9 @@ type Options struct {
 	FlagsFile string
 
 	// PaceGbps paces KV transfers as over a link of that many Gbit/s
-	// (--pace-gbps; 0: no pacing). Prefill only.
+	// (--pace-gbps; 0: no pacing): a prefill worker's pushes and pulls, a
+	// decode or colocated worker's pulls for its local prefills (the sim
+	// engine's scaled payload then costs its true size).
 	PaceGbps float64
 	// KVConns is the number of connections per decode worker for KV
 	// transfer. Prefill only. > 0.
@@ -214,10 +216,11 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	if o.Role == control.RolePrefill {
 		o.GRPCAuth.AddWorkerIdentityFlag(fs)
 		o.Prefill.AddFlags(fs)
-		fs.Float64Var(&o.PaceGbps, "pace-gbps", o.PaceGbps, "pace KV transfers as over a link of this many Gbit/s (0: no pacing)")
+		fs.Float64Var(&o.PaceGbps, "pace-gbps", o.PaceGbps, "pace KV transfers (pushes and peer pulls) as over a link of this many Gbit/s (0: no pacing)")
 		fs.IntVar(&o.KVConns, "kv-conns", o.KVConns, "connections per decode worker for KV transfer")
 		cliflags.AddRenamed(fs, cliflags.Renamed{Old: "link-gbps", New: "pace-gbps"})
 	} else {
+		fs.Float64Var(&o.PaceGbps, "pace-gbps", o.PaceGbps, "pace the peer pulls of local prefills as over a link of this many Gbit/s (0: no pacing)")
 		fs.Var(roleValue{&o.Role}, "role", "worker role: decode, or colocated (prefills locally too)")
 		o.Decode.AddFlags(fs)
 	}
@@ -229,6 +232,9 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 // (cliflags.FlagError); cliflags.PrintError prints them a line each.
 func (o Options) Validate() error {
 	var errs []error
+	if o.PaceGbps < 0 {
+		errs = append(errs, cliflags.BadFlag("pace-gbps", fmt.Sprint(o.PaceGbps), errors.New("must not be negative")))
+	}
 	switch o.Role {
 	case control.RolePrefill:
 		if err := o.Prefill.Validate(); err != nil {
@@ -236,9 +242,6 @@ func (o Options) Validate() error {
 		}
 		if o.KVConns <= 0 {
 			errs = append(errs, cliflags.BadFlag("kv-conns", strconv.Itoa(o.KVConns), errors.New("must be positive")))
-		}
-		if o.PaceGbps < 0 {
-			errs = append(errs, cliflags.BadFlag("pace-gbps", fmt.Sprint(o.PaceGbps), errors.New("must not be negative")))
 		}
 	case control.RoleDecode, control.RoleColocated:
 		if err := o.Decode.Validate(); err != nil {
@@ -364,7 +367,7 @@ func (o Options) LogFields() []zap.Field {
 	}
 	d := o.Decode
 	f = append(f, d.Budget.LogFields()...)
-	return append(f,
+	return append(f, zap.Float64("pace_gbps", o.PaceGbps),
 		zap.Int("kv_blocks", d.KVBlocks), zap.Int("block_tokens", d.BlockTokens), zap.Int("max_batch", d.MaxBatch),
 		zap.Duration("reserve_ttl", d.ReserveTTL),
 		zap.Int("max_reservations_per_caller", d.MaxReservationsPerCaller), zap.Int("max_reserved_tokens_per_caller", d.MaxReservedTokensPerCaller),

@@ -68,4 +68,23 @@ func TestPeerPullSimScaledPayload(t *testing.T) {
 	if first.GetPeerHitTokens() != 64 || first.GetPrefixHitTokens() != 64 {
 		t.Errorf("pulled: first token %+v, want 64 peer hit tokens, all of the prefix hit", first)
 	}
+	// The decode worker offers the router a pull cost once it measured a
+	// local prefill of its own (none before).
+	if c := dw.heartbeat().PeerPullCost; c != 0 {
+		t.Errorf("decode heartbeat's peer_pull_cost before a local prefill: %v, want 0", c)
+	}
+	ctx := testCtx(t)
+	if _, err := dc.Reserve(ctx, &pdservev1.ReserveRequest{RequestId: "local", Tokens: int32(len(p) + 4)}); err != nil {
+		t.Fatal(err)
+	}
+	gen, err := dc.Generate(ctx, &pdservev1.GenerateRequest{RequestId: "local", PromptTokens: prompt(80, 7), MaxTokens: 4, IgnoreEos: true, LocalPrefill: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readGenerate(gen, 0); err != nil {
+		t.Fatal(err)
+	}
+	if c := dw.heartbeat().PeerPullCost; !(c > 0) {
+		t.Errorf("decode heartbeat's peer_pull_cost after a local prefill: %v, want > 0", c)
+	}
 }

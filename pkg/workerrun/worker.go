@@ -118,6 +118,7 @@ func (d decodeService) fill(hb *control.Heartbeat, digest bool) {
 		hb.PrefixDigest = d.PrefixDigest(prefixcache.DefaultDigestHashes)
 	}
 	hb.BlockTokens = d.BlockTokens()
+	hb.PeerPullCost = d.PeerPullCost()
 }
 
 // Worker is a started worker. Its methods are safe for concurrent use.
@@ -946,7 +947,7 @@ func decodeDialer(o Options, tlsCfg *grpcnet.TLS, auth *grpcauth.Auth, log *zap.
 		log.Info("peer pulls off: over TLS a pull verifies the peer's certificate, which needs --tls-ca")
 		return nil
 	}
-	dopts := []kvtransfer.DialOption{kvtransfer.WithConnsPerAddr(1), kvtransfer.WithLogger(log.Named("kvtransfer")),
+	dopts := []kvtransfer.DialOption{kvtransfer.WithConnsPerAddr(1), kvtransfer.WithLinkGbps(o.PaceGbps), kvtransfer.WithLogger(log.Named("kvtransfer")),
 		kvtransfer.WithKeepalive(o.Keepalive.ClientParameters()), kvtransfer.WithGRPCDialOptions(auth.DialOptions()...)}
 	if tlsCfg != nil {
 		base := tlsCfg.ClientConfig()
