@@ -475,10 +475,11 @@ func (r *run) startDecode(a flow.Generate) flow.Event {
 	}
 	if a.PromptLogprobs {
 		greq.PromptLogprobs = wire.Logprobs(r.req.PromptLogprobs)
-	} else if a.LocalPrefill {
+	} else if a.LocalPrefill && r.b.auth.DecodePullsAuthorized() {
 		// A worker that holds more of the prompt's prefix than this one:
 		// its local prefill may pull instead of computing it (prompt
-		// logprobs need every position computed).
+		// logprobs need every position computed; a decode worker cannot
+		// prove the prefill role under tokens without a signing key).
 		greq.Peer = r.b.peerPrefix(a.Worker.ID, r.hashes)
 	}
 	attempt := a.Attempt

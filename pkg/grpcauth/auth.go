@@ -153,6 +153,17 @@ func (a *Auth) PullCredential(holderID, pullerID string) string {
 	return a.signer.Sign(holderID, PullMethod, pullerID, PushLifetime)
 }
 
+// DecodePullsAuthorized reports whether a decode worker told to pull a
+// prefix for its local prefill can prove the prefill role that Pull
+// requires: with a signing key (PullCredential grants it), or where the
+// coordinator's calls carry no token (workers that check no token; a
+// certificate allowlist it cannot see may still refuse). A decode worker
+// holds no prefill token, so under tokens without a signing key every
+// such pull would be refused: the coordinator then names no peer.
+func (a *Auth) DecodePullsAuthorized() bool {
+	return a == nil || a.signer != nil || (a.send == "" && a.coord == nil && a.prefill == nil)
+}
+
 // WorkerTLS returns cfg made to refuse, in the handshake, a server whose
 // certificate does not name the worker role and id (see VerifyWorker and
 // the identity templates of Options.WorkerIdentities). Nil for a nil cfg.

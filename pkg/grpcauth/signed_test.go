@@ -215,3 +215,37 @@ func TestSignedOrToken(t *testing.T) {
 		t.Errorf("a bad signed credential does not fall back to the token: Reserve %v, want UNAUTHENTICATED", reserve)
 	}
 }
+
+// TestDecodePullsAuthorized: a decode worker can prove the prefill role on
+// Pull with a signed pull credential, or where no token is configured;
+// under tokens without a signing key it cannot (it holds no prefill
+// token), so the coordinator names no peer to it.
+func TestDecodePullsAuthorized(t *testing.T) {
+	priv, _, err := GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	privFile := filepath.Join(t.TempDir(), "signing.pem")
+	if err := os.WriteFile(privFile, priv, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tokens := writeFile(t, "coord", coordToken)
+	for _, tc := range []struct {
+		name string
+		o    Options
+		want bool
+	}{
+		{"open", Options{}, true},
+		{"signing key", Options{SigningKeyFile: privFile}, true},
+		{"tokens and a signing key", Options{TokenFile: tokens, SigningKeyFile: privFile}, true},
+		{"tokens alone", Options{TokenFile: tokens}, false},
+	} {
+		a, err := tc.o.Load(RoleCoordinator, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if got := a.DecodePullsAuthorized(); got != tc.want {
+			t.Errorf("%s: DecodePullsAuthorized() = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
