@@ -14,6 +14,9 @@
 # (a repeated flag takes its last value), e.g. DECODE_FLAGS=--host-cache-bytes=0.
 # PREFILL_FLAGS: the same for the prefill workers only, e.g.
 # PREFILL_FLAGS="--pace-gbps=100 --peer-link-gbps=0".
+# DECODES: the number of decode workers (default 2; the issue's measure
+# uses 3). POLICY: a coordinator policy file (default: the default policy),
+# e.g. POLICY=loadtest/results/prefix-cache/policy-leastloaded.yaml.
 # BIN: directory with coordinator, prefill-worker, decode-worker and
 # loadtest (default: built into a temporary directory). Results go here:
 # NAME.json, NAME.md, NAME.metrics.txt. Ports 28080, 24222, 291xx, 292xx.
@@ -31,7 +34,8 @@ auth=$(mktemp -d)
 for u in prefill decode; do openssl rand -hex 16 >"$auth/$u.pw"; done
 printf 'users:\n  - {user: prefill, password: %s, role: prefill}\n  - {user: decode, password: %s, role: decode}\n' \
   "$(cat "$auth/prefill.pw")" "$(cat "$auth/decode.pw")" >"$auth/users.yaml"
-echo "# the default policy" >"$auth/policy.yaml"
+if [[ -n ${POLICY:-} ]]; then cp "$POLICY" "$auth/policy.yaml"; else echo "# the default policy" >"$auth/policy.yaml"; fi
+decodes=$(seq 0 $((${DECODES:-2} - 1)))
 pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait' EXIT
 "$BIN/coordinator" --http-addr 127.0.0.1:28080 --nats-listen 127.0.0.1:24222 --policy "$auth/policy.yaml" --nats-auth-file "$auth/users.yaml" \
@@ -41,7 +45,7 @@ for i in 0 1 2 3; do
   "$BIN/prefill-worker" --id prefill-$i --nats-url nats://127.0.0.1:24222 --nats-user prefill --nats-password-file "$auth/prefill.pw" --grpc-addr 127.0.0.1:2910$i \
     --metrics-addr 127.0.0.1:2920$i "${sim[@]}" --prefix-cache-tokens -1 --log-level warn "${wflags[@]}" ${PREFILL_FLAGS:-} 2>>"$auth/workers.log" & pids+=($!)
 done
-for i in 0 1; do
+for i in $decodes; do
   "$BIN/decode-worker" --id decode-$i --nats-url nats://127.0.0.1:24222 --nats-user decode --nats-password-file "$auth/decode.pw" --grpc-addr 127.0.0.1:2911$i \
     --metrics-addr 127.0.0.1:2921$i "${sim[@]}" --kv-blocks 30000 --prefix-cache-tokens -1 --log-level warn "${wflags[@]}" ${DECODE_FLAGS:-} 2>>"$auth/workers.log" & pids+=($!)
 done
@@ -49,5 +53,5 @@ for _ in $(seq 100); do curl -sf 127.0.0.1:28080/readyz >/dev/null && break; sle
 sleep 1 # every worker's first heartbeat
 "$BIN/loadtest" run --base-url http://127.0.0.1:28080 --quiet --seed 1 --goodput ttft:5000 tpot:100 \
   --save-result --result-dir "$out" --result-filename "$name.json" "${tr[@]}" --no-plots | tee "$out/$name.md"
-{ for p in 29200 29201 29202 29203 29210 29211; do curl -s 127.0.0.1:$p/metrics | grep -E '^pdserve_(prefill_prefix_cache|decode_prefix_cache|decode_kv_bytes_saved|prefill_step)' | sed "s/^/$p /"; done
+{ for p in 29200 29201 29202 29203 $(for i in $decodes; do echo 2921$i; done); do curl -s 127.0.0.1:$p/metrics | grep -E '^pdserve_(prefill_prefix_cache|decode_prefix_cache|decode_kv_bytes_saved|prefill_step)' | sed "s/^/$p /"; done
   curl -s 127.0.0.1:28080/metrics | grep -E '^pdserve_(prefix|router_decisions)' | sed 's/^/coord /'; } > "$out/$name.metrics.txt" || true

@@ -2,6 +2,9 @@
 
 usage: python3 loadtest/results/host-tier/summarize.py [NAME...]
 (no NAME: engine-only, host-4x)
+       python3 loadtest/results/host-tier/summarize.py --measure NAME...
+(issue 27's measure table: the first NAME is the base of "prefill GPU-s
+saved", and peer pulls are counted)
 """
 import json, os, sys
 
@@ -31,7 +34,30 @@ def row(name):
                 ttft=(r["p50_ttft_ms"], r["p95_ttft_ms"], r["p99_ttft_ms"]), tpot99=r["p99_tpot_ms"],
                 queue=(p.get("p50_queue_ms", 0), p.get("mean_queue_ms", 0)),
                 goodput=r.get("request_goodput") or 0, att=r.get("slo_attainment") or 0,
-                prefill_s=m.get("pdserve_prefill_step_seconds_sum", 0))
+                prefill_s=m.get("pdserve_prefill_step_seconds_sum", 0),
+                pulls=sum(m.get(f"pdserve_{role}_prefix_cache_peer_pulls_total", 0) for role in ("prefill", "decode")),
+                pull_tokens=sum(m.get(f"pdserve_{role}_prefix_cache_peer_hit_tokens_total", 0) for role in ("prefill", "decode")),
+                pull_skipped=sum(m.get(f"pdserve_{role}_prefix_cache_peer_pulls_skipped_total", 0) for role in ("prefill", "decode")),
+                pull_failed=sum(m.get(f"pdserve_{role}_prefix_cache_peer_pull_failures_total", 0) for role in ("prefill", "decode")),
+                pull_s=sum(m.get(f"pdserve_{role}_prefix_cache_peer_pull_seconds_total", 0) for role in ("prefill", "decode")))
+
+
+def measure(names):
+    """Issue 27's measure table; the first name is the base of the GPU-s saved."""
+    rows = [row(n) for n in names]
+    base = rows[0]["prefill_s"]
+    print("| run | ok/failed | hit ratio (of ceiling 0.650) | TTFT p50/p95/p99 ms | TPOT p99 ms | goodput req/s (attainment, TTFT 5 s, TPOT 100 ms) | prefill GPU-s (saved vs " + names[0] + ") | peer pulls (tokens; skipped, failed; pull s) |")
+    print("|---|---|---|---|---:|---|---|---|")
+    for x in rows:
+        print(f"| {x['name']} | {x['ok']}/{x['failed']} | {x['ratio']:.3f} ({x['ratio'] / CEILING:.2f}) | "
+              f"{x['ttft'][0]:.0f} / {x['ttft'][1]:.0f} / {x['ttft'][2]:.0f} | {x['tpot99']:.0f} | {x['goodput']:.2f} ({x['att']:.1%}) | "
+              f"{x['prefill_s']:.1f} ({base - x['prefill_s']:+.1f}, {(base - x['prefill_s']) / max(base, 1e-9):.0%}) | "
+              f"{x['pulls']:.0f} ({x['pull_tokens']:,.0f}; {x['pull_skipped']:.0f}, {x['pull_failed']:.0f}; {x['pull_s']:.2f}) |")
+
+
+if sys.argv[1:2] == ["--measure"]:
+    measure(sys.argv[2:])
+    sys.exit(0)
 
 
 names = sys.argv[1:] or ["engine-only", "host-4x"]
