@@ -86,7 +86,7 @@
 // prefix from it (kvtransfer's Pull, with the dialer of WithDialer) after
 // the call claimed its reservation and before the sequence is ready to
 // join the batch, under no lock of the worker, when it saves time as
-// prefixcache.PullPricer prices it (Options.PeerLinkGbps until the link
+// kvtransfer.PullPricer prices it (Options.PeerLinkGbps until the link
 // to that peer was measured, against the worker's prefill throughput
 // measured over its local-prefill steps); the pull is given up at the
 // time computing would take. The sequence then starts from the pulled

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/pdserve/pdserve/pkg/batching"
+	"github.com/pdserve/pdserve/pkg/kvtransfer"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 )
 
@@ -63,7 +64,7 @@ type Options struct {
 	// PeerLinkGbps is the link a local prefill's pull from a peer worker
 	// (a prefix the coordinator says it holds, GenerateRequest.peer) is
 	// priced at until pulls from that peer were measured
-	// (--peer-link-gbps, default prefixcache.DefaultPeerLinkGbps): the
+	// (--peer-link-gbps, default kvtransfer.DefaultPeerLinkGbps): the
 	// pull happens when it is faster than computing the prefix at this
 	// worker's prefill throughput, measured over its local-prefill steps;
 	// 0: the worker pulls nothing and computes every prefix its own cache
@@ -103,7 +104,7 @@ func DefaultOptions() Options {
 		MaxOutboxBytes:             DefaultMaxOutboxBytes,
 		StreamWriteTimeout:         DefaultStreamWriteTimeout,
 		PrefixCache:                prefixcache.DefaultOptions(),
-		PeerLinkGbps:               prefixcache.DefaultPeerLinkGbps,
+		PeerLinkGbps:               kvtransfer.DefaultPeerLinkGbps,
 	}
 }
 

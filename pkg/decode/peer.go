@@ -28,7 +28,7 @@ func (s *Server) ExportPrefix(_ context.Context, hashes []kv.Hash, minBlocks, ma
 
 // PeerPullCost is the time this worker takes to pull a token of a
 // cached prefix from a peer over the time its local prefill takes to
-// compute it (prefixcache.PullPricer.CostRatio), for its heartbeat: 0
+// compute it (kvtransfer.PullPricer.CostRatio), for its heartbeat: 0
 // when it does not pull (no prefix cache, no dialer, --peer-link-gbps 0)
 // or has measured no local-prefill step.
 func (s *Server) PeerPullCost() float64 {
@@ -56,7 +56,7 @@ type pullPlan struct {
 }
 
 // planPull decides whether local-prefill call p pulls its prompt's
-// prefix from p.peer, as a prefill worker does (prefixcache.PullPricer):
+// prefix from p.peer, as a prefill worker does (kvtransfer.PullPricer):
 // when the peer holds more of it than any tier of this worker's cache
 // (PeerDepth) and the link model says the pull is faster than computing
 // the blocks this worker lacks. It returns nil when it does not pull

@@ -539,7 +539,7 @@ func (pl batcher) forkCachedLocked(q *sequence) int {
 }
 
 // observePrefill adds step b, which took d, to the local-prefill
-// throughput peer pulls are priced against (prefixcache.PullPricer): the
+// throughput peer pulls are priced against (kvtransfer.PullPricer): the
 // prompt tokens it computed over its whole time, decode tokens and all,
 // which is the rate at which this worker computes a prompt beside its
 // batch. Only steps that prefill a local prompt count (a choice's fork or

@@ -109,7 +109,7 @@ type Server struct {
 	// peers prices a local prefill's pull of its prefix from a peer
 	// worker (GenerateRequest.peer); dialer pulls it (nil: no pulls, see
 	// WithDialer).
-	peers  *prefixcache.PullPricer
+	peers  *kvtransfer.PullPricer
 	dialer *kvtransfer.Dialer
 
 	// run is the batch loop, under the policy batcher. Its engine lock
@@ -355,7 +355,7 @@ func New(eng engine.Engine, o Options, logger *zap.Logger, reg prometheus.Regist
 		stop:       stop,
 		seqs:       make(map[string]*sequence),
 		callers:    make(map[string]*callerUse),
-		peers:      prefixcache.NewPullPricer(o.PeerLinkGbps),
+		peers:      kvtransfer.NewPullPricer(o.PeerLinkGbps),
 	}
 	for _, opt := range opts {
 		opt(s)

@@ -22,7 +22,10 @@
 // puller's model, and paces like a push. Prefill and decode workers both
 // serve it; a worker registered without a Receiver (a prefill worker)
 // refuses Push with UNIMPLEMENTED. Pull needs the caller's prefill role,
-// as Push does (grpcauth).
+// as Push does (grpcauth). PullPricer is the puller's side of the
+// decision: the prefix's true KV size over the link to the peer
+// (LinkStats over past pulls, or the assumed --peer-link-gbps) against
+// the worker's measured prefill throughput.
 //
 // # No protobuf copy of bulk data
 //

@@ -9,6 +9,7 @@ import (
 	"github.com/pdserve/pdserve/internal/cliflags"
 	"github.com/pdserve/pdserve/pkg/batching"
 	"github.com/pdserve/pdserve/pkg/kv/codec"
+	"github.com/pdserve/pdserve/pkg/kvtransfer"
 	"github.com/pdserve/pdserve/pkg/kvtransfer/codecpick"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 )
@@ -62,8 +63,8 @@ type Options struct {
 }
 
 // DefaultPeerLinkGbps is the default PeerLinkGbps
-// (prefixcache.DefaultPeerLinkGbps).
-const DefaultPeerLinkGbps = prefixcache.DefaultPeerLinkGbps
+// (kvtransfer.DefaultPeerLinkGbps).
+const DefaultPeerLinkGbps = kvtransfer.DefaultPeerLinkGbps
 
 // liveKVLimit returns the effective MaxLiveKVBytes.
 func (o Options) liveKVLimit() int64 {

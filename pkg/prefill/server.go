@@ -63,7 +63,7 @@ type Server struct {
 	// and frees; Stats reads it from any goroutine.
 	cache *prefixcache.Cache
 	// peers prices pulls of a prefix from a peer worker.
-	peers *prefixcache.PullPricer
+	peers *kvtransfer.PullPricer
 
 	// sig wakes the scheduler, and holds draining and the end of each
 	// live request (its ...Locked methods under mu).
@@ -165,7 +165,7 @@ func New(eng engine.Engine, dialer *kvtransfer.Dialer, o Options, logger *zap.Lo
 		stop:     stop,
 		live:     make(map[string]*request),
 		retained: newRetainStore(o.RetainBytes),
-		peers:    prefixcache.NewPullPricer(o.PeerLinkGbps),
+		peers:    kvtransfer.NewPullPricer(o.PeerLinkGbps),
 	}
 	// The KV of a token as the engine hands it out: the model's size, or
 	// less for an engine that ships a scaled-down payload and says so

@@ -68,8 +68,8 @@
 //
 // A worker may start a prompt from a prefix a peer worker's cache holds
 // (Export on the peer; Pulled, LoadPulled and PeerDepth here; counted in
-// PeerStats). PullPricer, which both worker roles use, decides whether a
-// pull is worth it: the prefix's true KV size over the link to the peer
+// PeerStats). kvtransfer.PullPricer, which both worker roles use, decides
+// whether a pull is worth it: the prefix's true KV size over the link to the peer
 // (measured over past pulls from it, or the assumed --peer-link-gbps)
 // against the worker's prefill throughput measured over its steps, and
 // for how long to wait for it; CostRatio is the same comparison for one

@@ -1,10 +1,8 @@
-package prefixcache
+package kvtransfer
 
 import (
 	"sync"
 	"time"
-
-	"github.com/pdserve/pdserve/pkg/kvtransfer"
 )
 
 // DefaultPeerLinkGbps is the link a pull from a peer is priced at until
@@ -36,7 +34,7 @@ type PullPricer struct {
 	// the pull itself, on engines far faster than their loopback links.
 	Always bool
 
-	links *kvtransfer.LinkStats // true KV bytes per second of past pulls, by peer address
+	links *LinkStats // true KV bytes per second of past pulls, by peer address
 
 	mu   sync.Mutex
 	rate float64 // prompt tokens computed per second of step time; 0: not measured
@@ -46,7 +44,7 @@ type PullPricer struct {
 // peer until pulls from it were measured (0: pulls off), with nothing
 // measured.
 func NewPullPricer(gbps float64) *PullPricer {
-	return &PullPricer{Gbps: gbps, links: kvtransfer.NewLinkStats(kvtransfer.DefaultLinkAlpha)}
+	return &PullPricer{Gbps: gbps, links: NewLinkStats(DefaultLinkAlpha)}
 }
 
 // On reports whether the worker pulls at all (Gbps > 0). Nil: false.
@@ -70,8 +68,8 @@ func (p *PullPricer) ObserveStep(tokens int, d time.Duration) {
 }
 
 // ObservePull adds a pull from addr that brought bytes of KV (its true
-// size) in d to that link's measure (kvtransfer.LinkStats: a pull of
-// fewer than kvtransfer.MinLinkSampleBytes does not count).
+// size) in d to that link's measure (LinkStats: a pull of
+// fewer than MinLinkSampleBytes does not count).
 func (p *PullPricer) ObservePull(addr string, bytes int64, d time.Duration) {
 	p.links.Observe(addr, bytes, d, false)
 }

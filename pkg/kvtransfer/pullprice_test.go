@@ -1,4 +1,4 @@
-package prefixcache
+package kvtransfer
 
 import (
 	"math"
