@@ -2,15 +2,11 @@ package decode
 
 import (
 	"context"
-	"errors"
 	"time"
 
-	"go.uber.org/zap"
-
-	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
-	"github.com/pdserve/pdserve/pkg/grpcauth"
 	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
+	"github.com/pdserve/pdserve/pkg/peerpull"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 )
 
@@ -28,14 +24,14 @@ func (s *Server) ExportPrefix(_ context.Context, hashes []kv.Hash, minBlocks, ma
 
 // PeerPullCost is the time this worker takes to pull a token of a
 // cached prefix from a peer over the time its local prefill takes to
-// compute it (kvtransfer.PullPricer.CostRatio), for its heartbeat: 0
-// when it does not pull (no prefix cache, no dialer, --peer-link-gbps 0)
-// or has measured no local-prefill step.
-func (s *Server) PeerPullCost() float64 {
-	if s.cache == nil || s.dialer == nil {
-		return 0
-	}
-	return s.peers.CostRatio(int64(s.spec.KVBytesPerToken()))
+// compute it, for its heartbeat: 0 when it does not pull (no prefix
+// cache, no dialer, --peer-link-gbps 0) or has measured no local-prefill
+// step.
+func (s *Server) PeerPullCost() float64 { return s.puller().CostRatio() }
+
+// puller is the worker's side of its local prefills' peer pulls.
+func (s *Server) puller() peerpull.Puller {
+	return peerpull.Puller{Cache: s.cache, Pricer: s.peers, Dialer: s.dialer, Spec: s.spec, Log: s.log, Now: s.now}
 }
 
 // peerLoad is what of a local prompt's prefix a sequence started from a
@@ -45,77 +41,21 @@ type peerLoad struct {
 	took   time.Duration
 }
 
-// pullPlan is a pull a local prefill's Generate call makes before its
-// sequence is ready.
-type pullPlan struct {
-	peer      *pdservev1.PeerPrefix
-	hashes    []kv.Hash
-	own       int           // blocks the worker's tiers hold
-	maxBlocks int           // blocks the prompt may take from a cache
-	giveUp    time.Duration // 0: no limit but the call's
-}
-
 // planPull decides whether local-prefill call p pulls its prompt's
-// prefix from p.peer, as a prefill worker does (kvtransfer.PullPricer):
-// when the peer holds more of it than any tier of this worker's cache
-// (PeerDepth) and the link model says the pull is faster than computing
-// the blocks this worker lacks. It returns nil when it does not pull
-// (counted as skipped when only the price said no). No lock is held.
-func (s *Server) planPull(p genParams) *pullPlan {
-	peer := p.peer
-	if peer == nil || s.cache == nil || s.dialer == nil || !s.peers.On() || peer.GetAddr() == "" {
+// prefix from p.peer, as a prefill worker does (peerpull). Nil: it
+// does not. No lock is held.
+func (s *Server) planPull(p genParams) *peerpull.Plan {
+	if s.cache == nil || p.peer == nil {
 		return nil
 	}
-	maxHit := s.cache.MaxHitBlocks(len(p.prompt))
-	bt := s.cache.BlockTokens()
-	want := min(int(peer.GetTokens())/bt, maxHit)
-	if want <= 0 {
-		return nil
-	}
-	own := s.cache.PeerDepth(p.hashes, maxHit)
-	if want <= own {
-		return nil
-	}
-	worth, giveUp := s.peers.Price(peer.GetAddr(), own, want, bt, int64(s.spec.KVBytesPerToken()))
-	if !worth {
-		s.cache.NotePullSkipped()
-		return nil
-	}
-	return &pullPlan{peer: peer, hashes: p.hashes, own: own, maxBlocks: maxHit, giveUp: giveUp}
+	return s.puller().Plan(p.peer, len(p.prompt), p.hashes)
 }
 
-// pullPrefix pulls plan's prefix of request id's prompt from its peer,
-// given up after plan.giveUp (the time computing it would take) or when
-// ctx ends. It returns nil when the pull failed (logged and counted: the
-// prompt is computed, with the same tokens). No lock is held: it is
-// network I/O.
-func (s *Server) pullPrefix(ctx context.Context, id string, plan *pullPlan) *prefixcache.Pulled {
-	peer := plan.peer
-	if plan.giveUp > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, plan.giveUp)
-		defer cancel()
-	}
-	ctx = grpcauth.CredentialContext(ctx, peer.GetCredential())
-	t0 := s.now()
-	p, err := s.dialer.Pull(ctx, kvtransfer.PullRequest{
-		RequestID: id, Addr: peer.GetAddr(), ID: peer.GetId(), Role: peer.GetRole(),
-		Hashes: plan.hashes, BlockTokens: s.cache.BlockTokens(), MinBlocks: plan.own + 1, MaxBlocks: plan.maxBlocks, Spec: s.spec,
-		TokenBytes: s.tokenBytes, // the engine's payload: scaled down on sim
-	})
-	if err == nil && p.Tokens == 0 {
-		err = errors.New("the peer no longer holds the prefix")
-	}
-	if err != nil {
-		s.cache.NotePull(nil, err)
-		s.log.Info("peer pull failed; computing the prefix", zap.String("request_id", id),
-			zap.String("peer", peer.GetId()), zap.Int("own_blocks", plan.own), zap.Error(err))
-		return nil
-	}
-	s.peers.ObservePull(peer.GetAddr(), int64(p.Tokens)*int64(s.spec.KVBytesPerToken()), p.Took)
-	out := &prefixcache.Pulled{Tokens: p.Tokens, Layers: p.Layers, Tier: p.Tier, Took: s.now().Sub(t0)}
-	s.cache.NotePull(out, nil)
-	return out
+// pullPrefix pulls plan's prefix of request id's prompt (nil when the
+// pull failed: logged and counted, the prompt computed). No lock is
+// held: it is network I/O.
+func (s *Server) pullPrefix(ctx context.Context, id string, plan *peerpull.Plan) *prefixcache.Pulled {
+	return s.puller().Pull(ctx, id, plan, s.tokenBytes) // the engine's payload: scaled down on sim
 }
 
 // pullDone ends root q's pull with pulled (nil: none) and hands q to the
