@@ -404,6 +404,18 @@ func (r *Router) engineHit(w Worker) int {
 	return r.prefixHitBlocks(w.PrefixDigest)
 }
 
+// anyPulls reports whether a worker of the lists pulls from peers.
+func anyPulls(lists [][]Worker) bool {
+	for _, ws := range lists {
+		for _, w := range ws {
+			if w.PeerPullCost > 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // depth is one worker's prefix of the request, in blocks, in any tier.
 type depth struct {
 	id     string
@@ -414,10 +426,12 @@ type depth struct {
 // longest prefix of the indexed hashes in any tier of their caches
 // (engine, host, disk), deepest first: a candidate's peers are every
 // listed worker but itself, and the deepest of them is r.deep[0], or
-// r.deep[1] when it is r.deep[0]. O(workers × hashes).
+// r.deep[1] when it is r.deep[0]. O(workers × hashes), and nothing
+// when no listed worker pulls (PeerPullCost 0: r.deep is then read by
+// no candidate).
 func (r *Router) deepest(lists ...[]Worker) {
 	r.deep = [2]depth{}
-	if len(r.hashes) == 0 {
+	if len(r.hashes) == 0 || !anyPulls(lists) {
 		return
 	}
 	for _, ws := range lists {
