@@ -3,12 +3,14 @@ package workertest
 import (
 	"context"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/engine/ref"
 )
 
@@ -117,4 +119,33 @@ func Serve(t testing.TB, s Server, start bool, opts ...grpc.ServerOption) *Serve
 		w.Start()
 	}
 	return w
+}
+
+// ServeKVTransfer serves srv as the KV-transfer service of a peer on
+// loopback (a fake peer: one that dies mid-pull) until the test ends,
+// and returns its address.
+func ServeKVTransfer(t testing.TB, srv pdservev1.KVTransferServiceServer) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	pdservev1.RegisterKVTransferServiceServer(g, srv)
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = g.Serve(lis) })
+	t.Cleanup(func() { g.Stop(); wg.Wait() })
+	return lis.Addr().String()
+}
+
+// GoneAddr returns a loopback address nothing listens on (a peer that is
+// gone).
+func GoneAddr(t testing.TB) string {
+	t.Helper()
+	gone, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gone.Close()
+	return gone.Addr().String()
 }

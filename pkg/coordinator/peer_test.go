@@ -63,16 +63,25 @@ func TestPeerPullEndToEnd(t *testing.T) {
 	if w, _ := res.Budget["prefill_worker"].(string); w == holder || w == "" {
 		t.Fatalf("second prompt prefilled on %q, want the other prefill worker than %s", w, holder)
 	}
-	if diff := cmp.Diff(newReference(t).generate(t, promptIDs(second), 6, engine.Sampling{}, true), res.Tokens); diff != "" {
+	checkPulled(t, cl, res, second, decodeID, 192)
+}
+
+// checkPulled checks that res, prompt's completion of 6 tokens, has the
+// engine's tokens alone, and that all of its want prefix hit tokens were
+// pulled from peer, in the budget and in the coordinator's tier=peer
+// counter.
+func checkPulled(t *testing.T, cl *cluster, res result, prompt, peer string, want int) {
+	t.Helper()
+	if diff := cmp.Diff(newReference(t).generate(t, promptIDs(prompt), 6, engine.Sampling{}, true), res.Tokens); diff != "" {
 		t.Errorf("tokens (-engine alone +served with a pulled prefix):\n%s", diff)
 	}
 	hit, _ := res.Budget["prefix_hit_tokens"].(float64)
-	peer, _ := res.Budget["peer_prefix_hit_tokens"].(float64)
-	if hit != 192 || peer != 192 {
-		t.Errorf("prefix hit %v tokens, %v of them pulled from %s; want 192, all pulled", hit, peer, decodeID)
+	pulled, _ := res.Budget["peer_prefix_hit_tokens"].(float64)
+	if hit != float64(want) || pulled != float64(want) {
+		t.Errorf("prefix hit %v tokens, %v of them pulled from %s; want %d, all pulled", hit, pulled, peer, want)
 	}
-	if got := tierHits(t, cl, "peer"); got != 192 {
-		t.Errorf("pdserve_prefix_tier_hit_tokens_total{tier=\"peer\"} = %v, want 192", got)
+	if got := tierHits(t, cl, "peer"); got != float64(want) {
+		t.Errorf("pdserve_prefix_tier_hit_tokens_total{tier=\"peer\"} = %v, want %d", got, want)
 	}
 }
 

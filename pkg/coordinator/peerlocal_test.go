@@ -9,10 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-cmp/cmp"
-
 	"github.com/pdserve/pdserve/pkg/coordinator"
-	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 	"github.com/pdserve/pdserve/pkg/workerrun"
@@ -75,15 +72,5 @@ func TestPeerPullLocalEndToEnd(t *testing.T) {
 	if mode, _ := res.Budget["mode"].(string); mode != "local" {
 		t.Fatalf("second prompt's mode %q, want local (budget %v)", mode, res.Budget)
 	}
-	if diff := cmp.Diff(newReference(t).generate(t, promptIDs(second), 6, engine.Sampling{}, true), res.Tokens); diff != "" {
-		t.Errorf("tokens (-engine alone +served with a pulled prefix):\n%s", diff)
-	}
-	hit, _ := res.Budget["prefix_hit_tokens"].(float64)
-	peer, _ := res.Budget["peer_prefix_hit_tokens"].(float64)
-	if hit != 192 || peer != 192 {
-		t.Errorf("prefix hit %v tokens, %v of them pulled from %s; want 192, all pulled", hit, peer, prefillID)
-	}
-	if got := tierHits(t, cl, "peer"); got != 192 {
-		t.Errorf("pdserve_prefix_tier_hit_tokens_total{tier=\"peer\"} = %v, want 192", got)
-	}
+	checkPulled(t, cl, res, second, prefillID, 192)
 }

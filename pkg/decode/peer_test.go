@@ -4,9 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"path/filepath"
-	"sync"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -316,22 +314,9 @@ func (d dyingPeer) Pull(req *pdservev1.PullRequest, stream grpc.ServerStreamingS
 // tokens, the failures counted.
 func TestPeerPullLocalPeerDies(t *testing.T) {
 	w := newPuller(t, newEngine(t), cachedOptions(1024, 16), true)
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer()
-	pdservev1.RegisterKVTransferServiceServer(g, dyingPeer{spec: w.s.spec})
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = g.Serve(lis) })
-	t.Cleanup(func() { g.Stop(); wg.Wait() })
-	gone, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	goneAddr := gone.Addr().String()
-	gone.Close()
-	for i, addr := range []string{lis.Addr().String(), goneAddr} {
+	dying := workertest.ServeKVTransfer(t, dyingPeer{spec: w.s.spec})
+	goneAddr := workertest.GoneAddr(t)
+	for i, addr := range []string{dying, goneAddr} {
 		p := prompt(70, int32(3+i))
 		peer := &pdservev1.PeerPrefix{Addr: addr, Id: "holder", Role: "prefill", Tokens: 64}
 		toks, got := generatePeer(t, w, fmt.Sprintf("dies-%d", i), p, 4, peer)

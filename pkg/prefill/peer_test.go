@@ -2,8 +2,6 @@ package prefill
 
 import (
 	"fmt"
-	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
+	"github.com/pdserve/pdserve/internal/workertest"
 )
 
 // withPeer sets a Prefill request's peer: the worker at addr holding
@@ -129,22 +128,9 @@ func TestPeerPullPeerDies(t *testing.T) {
 	addr := serveReceiver(t, f)
 	w := newWorker(t, cachedOptions(1<<12, 8), true)
 	w.s.peers.Always = true
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer()
-	pdservev1.RegisterKVTransferServiceServer(g, dyingPeer{src: w.s})
-	var wg sync.WaitGroup
-	wg.Go(func() { _ = g.Serve(lis) })
-	t.Cleanup(func() { g.Stop(); wg.Wait() })
-	gone, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	goneAddr := gone.Addr().String()
-	gone.Close()
-	for i, peer := range []string{lis.Addr().String(), goneAddr} {
+	dying := workertest.ServeKVTransfer(t, dyingPeer{src: w.s})
+	goneAddr := workertest.GoneAddr(t)
+	for i, peer := range []string{dying, goneAddr} {
 		p := prompt(70, int32(3+i))
 		if ev, _ := prefillOne(t, w, f, addr, fmt.Sprintf("dies-%d", i), p, 0, withPeer(peer, 64)); ev.first.GetPeerHitTokens() != 0 || ev.first.GetPrefixHitTokens() != 0 {
 			t.Errorf("peer %d: %+v, want the prompt computed", i, ev.first)
