@@ -135,9 +135,14 @@ func (d Dist) Draw(rng *rand.Rand) int {
 }
 
 // FromDists returns n requests whose lengths are drawn from in and out.
-func FromDists(in, out Dist, n int, seed uint64, s Synth) (*Workload, error) {
+// Every prompt starts with the same prefixLen (≥ 0) tokens, as the random
+// dataset's prefix, then its own drawn length: a shared system prompt.
+func FromDists(in, out Dist, prefixLen, n int, seed uint64, s Synth) (*Workload, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("%w: number of prompts %d < 1", ErrBadOption, n)
+	}
+	if prefixLen < 0 {
+		return nil, fmt.Errorf("%w: prefix length %d < 0", ErrBadOption, prefixLen)
 	}
 	if in.Kind == "" || out.Kind == "" {
 		return nil, fmt.Errorf("%w: dist dataset needs input and output length distributions", ErrBadOption)
@@ -147,9 +152,16 @@ func FromDists(in, out Dist, n int, seed uint64, s Synth) (*Workload, error) {
 		Description: fmt.Sprintf("dist in=%s out=%s", in, out),
 		Requests:    make([]Request, n),
 	}
+	var prefix *Prompt
+	if prefixLen > 0 {
+		prefix = &Prompt{}
+		s.Append(prefix, newRand(seed, streamPrefix), prefixLen)
+		w.Description += fmt.Sprintf(" prefix=%d", prefixLen)
+	}
 	for i := range w.Requests {
 		pl, ol := in.Draw(lens), out.Draw(lens)
-		w.Requests[i] = Request{Index: i, PromptLen: pl, OutputLen: ol, recipe: &recipe{synth: s, seed: seed, total: pl}}
+		pl += prefixLen
+		w.Requests[i] = Request{Index: i, PromptLen: pl, OutputLen: ol, recipe: &recipe{synth: s, seed: seed, prefix: prefix, total: pl}}
 	}
 	return w, nil
 }

@@ -24,6 +24,9 @@ type Options struct {
 	Trace    TraceOptions
 	// InputDist and OutputDist are the dist source's length distributions.
 	InputDist, OutputDist Dist
+	// DistPrefixLen is the tokens of a prefix shared by every prompt of
+	// the dist source (≥ 0), before its drawn length.
+	DistPrefixLen int
 }
 
 // Load builds the workload o describes. Errors wrap ErrBadOption,
@@ -36,7 +39,7 @@ func Load(o Options) (*Workload, error) {
 	case "random":
 		return Random(o.Random, o.NumPrompts, o.Seed, o.Synth)
 	case "dist":
-		return FromDists(o.InputDist, o.OutputDist, o.NumPrompts, o.Seed, o.Synth)
+		return FromDists(o.InputDist, o.OutputDist, o.DistPrefixLen, o.NumPrompts, o.Seed, o.Synth)
 	case "sharegpt", "azure", "mooncake":
 	default:
 		return nil, fmt.Errorf("%w: dataset %q: want random, sharegpt, azure, mooncake or dist", ErrBadOption, o.Name)

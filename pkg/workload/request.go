@@ -91,6 +91,37 @@ var (
 	ErrBadOption = errors.New("workload: bad option")
 )
 
+// WithContentSeed returns a copy of w whose synthesised prompt content is
+// drawn from seed instead of the seed w was loaded with: the same lengths,
+// arrivals and shared prefix (the random and dist datasets' prefix keeps
+// its content), other words or token ids everywhere else, Mooncake hash
+// blocks included (requests that share a block within w still share it).
+// Real text (ShareGPT) is unchanged. w is not modified; the copy shares
+// its read-only parts.
+func (w *Workload) WithContentSeed(seed uint64) *Workload {
+	c := *w
+	c.Requests = make([]Request, len(w.Requests))
+	for i, r := range w.Requests {
+		if r.recipe != nil && r.recipe.text == "" {
+			rc := *r.recipe
+			rc.seed = seed
+			r.recipe = &rc
+		}
+		c.Requests[i] = r
+	}
+	return &c
+}
+
+// SharedPrefixLen returns the tokens of the prefix every prompt of w
+// starts with by construction (the random and dist datasets' prefix), 0
+// when none.
+func (w *Workload) SharedPrefixLen() int {
+	if len(w.Requests) == 0 || w.Requests[0].recipe == nil || w.Requests[0].recipe.prefix == nil {
+		return 0
+	}
+	return w.Requests[0].recipe.prefix.Len()
+}
+
 // TotalPromptTokens returns the sum of PromptLen over the requests.
 func (w *Workload) TotalPromptTokens() int {
 	n := 0

@@ -502,3 +502,79 @@ func TestAzureSharedTraces(t *testing.T) {
 		})
 	}
 }
+
+func TestDistPrefix(t *testing.T) {
+	in, _ := ParseDist("uniform:min=20,max=40")
+	out, _ := ParseDist("const:value=4")
+	w, err := FromDists(in, out, 32, 50, 3, Synth{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := w.SharedPrefixLen(); got != 32 {
+		t.Errorf("SharedPrefixLen = %d, want 32", got)
+	}
+	prefix := promptText(&w.Requests[0])[:32]
+	for i, r := range w.Requests {
+		text := promptText(&r)
+		if len(text) != r.PromptLen || r.PromptLen < 52 || r.PromptLen > 72 {
+			t.Errorf("request %d: %d bytes, PromptLen %d, want 32 + [20, 40]", i, len(text), r.PromptLen)
+		}
+		if !strings.HasPrefix(text, prefix) {
+			t.Errorf("request %d does not start with the shared prefix", i)
+		}
+	}
+	if _, err := FromDists(in, out, -1, 5, 3, Synth{}); !errors.Is(err, ErrBadOption) {
+		t.Errorf("prefix -1: err %v, want ErrBadOption", err)
+	}
+}
+
+// WithContentSeed keeps lengths and the shared prefix and changes the rest:
+// the load generator's probes rely on it to send fresh prompts.
+func TestWithContentSeed(t *testing.T) {
+	in, _ := ParseDist("uniform:min=40,max=80")
+	out, _ := ParseDist("const:value=4")
+	w, err := FromDists(in, out, 16, 30, 5, Synth{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := promptText(&w.Requests[3])
+	c := w.WithContentSeed(99)
+	if got := promptText(&w.Requests[3]); got != before {
+		t.Fatal("WithContentSeed modified the original workload")
+	}
+	for i := range w.Requests {
+		a, b := promptText(&w.Requests[i]), promptText(&c.Requests[i])
+		if w.Requests[i].PromptLen != c.Requests[i].PromptLen || w.Requests[i].OutputLen != c.Requests[i].OutputLen || len(a) != len(b) {
+			t.Fatalf("request %d: lengths changed", i)
+		}
+		if a[:16] != b[:16] {
+			t.Errorf("request %d: the shared prefix changed", i)
+		}
+		if a[16:32] == b[16:32] {
+			t.Errorf("request %d: the content after the prefix did not change", i)
+		}
+	}
+	if d := c.WithContentSeed(5); promptText(&d.Requests[7]) != promptText(&w.Requests[7]) {
+		t.Error("the loaded seed does not give the loaded content back")
+	}
+
+	// Mooncake blocks: requests that share a block still share it.
+	rows, err := ParseMooncake(strings.NewReader(`{"timestamp": 0, "input_length": 32, "output_length": 2, "hash_ids": [1, 2]}
+{"timestamp": 1, "input_length": 32, "output_length": 2, "hash_ids": [1, 3]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := FromTrace("mooncake", rows, TraceOptions{BlockSize: 16}, 0, 1, Synth{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mc := m.WithContentSeed(2)
+	a0, a1 := promptText(&mc.Requests[0]), promptText(&mc.Requests[1])
+	if a0[:16] != a1[:16] {
+		t.Error("reseeded requests no longer share their common block")
+	}
+	if a0[:16] == promptText(&m.Requests[0])[:16] {
+		t.Error("the reseeded block has the old content")
+	}
+}
