@@ -258,3 +258,40 @@ func TestConfigValidate(t *testing.T) {
 		})
 	}
 }
+
+// MaxRate of one design agrees with the search's figure for it, meets the
+// target at its answer and not 5 % above it.
+func TestMaxRate(t *testing.T) {
+	cfg := opt13(t)
+	cfg.Requests, cfg.GPUBudget = 100, 3
+	p := mustRun(t, cfg)
+	s := newSearcher(cfg)
+	n := 0
+	for _, cd := range p.Candidates {
+		if cd.Skipped || cd.MaxRate == 0 {
+			continue
+		}
+		n++
+		got, err := MaxRate(t.Context(), cfg, cd.Design)
+		if err != nil {
+			t.Fatalf("MaxRate(%s): %v", cd.Design, err)
+		}
+		if d := got/cd.MaxRate - 1; d < -0.02 || d > 0.02 {
+			t.Errorf("MaxRate(%s) = %.4g, the search found %.4g", cd.Design, got, cd.MaxRate)
+		}
+		if !s.meets(cd.Design, got) || s.meets(cd.Design, got*1.05) {
+			t.Errorf("%s: the target is not crossed within 5%% above %.4g req/s", cd.Design, got)
+		}
+	}
+	if n == 0 {
+		t.Fatal("no candidate to check")
+	}
+	if _, err := MaxRate(t.Context(), cfg, Design{Prefill: 1}); !errors.Is(err, ErrConfig) {
+		t.Errorf("MaxRate of 1P+0D = %v, want ErrConfig", err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if _, err := MaxRate(ctx, cfg, Design{Prefill: 1, Decode: 1}); !errors.Is(err, context.Canceled) {
+		t.Errorf("MaxRate with a cancelled context = %v, want context.Canceled", err)
+	}
+}

@@ -318,3 +318,28 @@ func bestPerGPU(cands []Candidate) (Candidate, bool) {
 func (c Candidate) String() string {
 	return fmt.Sprintf("%s on %d GPUs: %.3g req/s (%.3g per GPU)", c.Design, c.GPUs, c.MaxRate, c.GoodputPerGPU)
 }
+
+// MaxRate returns the highest rate (requests/s, to 1 %) at which design d
+// meets cfg's SLO attainment target, 0 when it never does, searching no
+// other design: the GPU budget does not bound d and cfg.Rate is ignored.
+// A colocated d needs its Chunk (-1 or > 0). Errors wrap ErrConfig, or are
+// ctx's error when it is cancelled between simulations. Deterministic in
+// cfg and d.
+func MaxRate(ctx context.Context, cfg *Config, d Design) (float64, error) {
+	if err := cfg.Validate(); err != nil {
+		return 0, err
+	}
+	switch {
+	case d.Colocated == 0 && (d.Prefill < 1 || d.Decode < 1):
+		return 0, fmt.Errorf("%w: design %s: a disaggregated design needs ≥ 1 prefill and ≥ 1 decode worker", ErrConfig, d)
+	case d.Colocated != 0 && (d.Colocated < 1 || d.Prefill != 0 || d.Decode != 0 || d.Chunk == 0 || d.Chunk < -1):
+		return 0, fmt.Errorf("%w: design %s: a colocated design needs ≥ 1 worker and a chunk budget of -1 or > 0", ErrConfig, d)
+	}
+	s := newSearcher(cfg)
+	s.ctx = ctx
+	r := s.maxRate(d, 0)
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	return r, nil
+}
