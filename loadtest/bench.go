@@ -31,6 +31,39 @@ type bench struct {
 	now func() time.Time
 	// warned records that the short-run warning was printed.
 	warned bool
+	// probes counts the runs so far: the next run's probe index.
+	probes int
+}
+
+// probeSeed is the seed of probe k's prompt content: seed itself for the
+// first probe (so a single run sends what --seed always sent), else a
+// SplitMix64 mix of seed and k, so that every probe of a sweep or
+// comparison sends prompts of its own (the same lengths and arrivals) and
+// none hits KV an earlier probe left, beyond a requested shared prefix.
+func probeSeed(seed uint64, k int) uint64 {
+	if k == 0 {
+		return seed
+	}
+	z := seed + uint64(k)*0x9e3779b97f4a7c15
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9
+	z = (z ^ (z >> 27)) * 0x94d049bb133111eb
+	return z ^ (z >> 31)
+}
+
+// nextProbe returns the workload of the next run and its probe index and
+// content seed: the loaded workload with its content drawn from
+// probeSeed, or as loaded with --same-prompts.
+func (b *bench) nextProbe() (*workload.Workload, int, uint64) {
+	k := b.probes
+	b.probes++
+	if b.o.SamePrompts {
+		return b.wl, k, b.o.Seed
+	}
+	seed := probeSeed(b.o.Seed, k)
+	if seed == b.o.Seed {
+		return b.wl, k, seed
+	}
+	return b.wl.WithContentSeed(seed), k, seed
 }
 
 // minSpan is the offered-load span below which a run is flagged as too
@@ -180,8 +213,9 @@ func (b *bench) run(ctx context.Context, rate float64, title string) (runOut, er
 				rate, n, span.Seconds())
 		}
 	}
+	wl, probe, contentSeed := b.nextProbe()
 	bar := newProgress(b.stderr, o.Quiet, title)
-	res, err := runner.Run(ctx, b.wl.Requests, b.cl.Do, runner.Config{
+	res, err := runner.Run(ctx, wl.Requests, b.cl.Do, runner.Config{
 		Schedule: sched, MaxConcurrency: o.MaxConcurrency, RequestTimeout: o.RequestTimeout, Progress: bar.update,
 	})
 	bar.finish()
@@ -201,6 +235,7 @@ func (b *bench) run(ctx context.Context, rate float64, title string) (runOut, er
 		RequestRate: rate, Burstiness: o.Burstiness, MaxConcurrency: o.MaxConcurrency,
 		Arrival: desc, DatasetName: o.DatasetName, DatasetPath: o.DatasetPath,
 		Workload: b.wl.Description, Notes: b.wl.Notes, Seed: o.Seed, IgnoreEOS: o.IgnoreEOS,
+		Probe: probe, ContentSeed: contentSeed, SamePrompts: o.SamePrompts, SharedPrefix: b.wl.SharedPrefixLen(),
 		TimeScale: o.TimeScale, Interrupted: res.Interrupted, Metadata: o.meta,
 	}
 	if res.Interrupted {

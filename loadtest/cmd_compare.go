@@ -45,7 +45,8 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			"rates on both, each side's highest rate meeting the attainment target, and the two side by\n"+
 			"side at --compare-rate. Without --disagg-url and --coloc-url both deployments are started here\n"+
 			"on the performance-model engine (--profile; --pd-split P:D of the --gpus on the disaggregated\n"+
-			"side, --codec and --link-gbps for its KV transfer), or on llama.cpp (--engine llamacpp\n"+
+			"side, --codec and --link-gbps for its KV transfer; --pd-split auto: the split the planner predicts\n"+
+			"serves the workload best, prefix hits counted), or on llama.cpp (--engine llamacpp\n"+
 			"--model-file FILE.gguf): each worker a process pinned to its cores (--cpus), the disaggregated\n"+
 			"workers splitting them, one colocated worker on all of them; rates per core. Each side's\n"+
 			"crossing of --attainment is bisected until it is known within --rate-tolerance.",
@@ -110,7 +111,15 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		{name: "colocated", mode: deploy.Colocated, url: co.ColocURL, desc: co.ColocDesc, gpus: co.ColocGPUs},
 		{name: "disaggregated", mode: deploy.Disaggregated, url: co.DisaggURL, desc: co.DisaggDesc, gpus: co.DisaggGPUs},
 	}
-	// Check both local specs before starting anything.
+	// The split (the planner's with auto) and both local specs are
+	// settled before anything starts.
+	split, err := splitChoice(ctx, d, o, so.Target, co.DisaggURL)
+	if err != nil {
+		return err
+	}
+	if split != nil {
+		fmt.Fprintf(stderr, "%s\n", split.Text())
+	}
 	specs := map[string]deploy.Spec{}
 	for _, sd := range defs {
 		if sd.url != "" {
@@ -144,7 +153,7 @@ func cmdCompare(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	sides[0], sides[1] = sides[1], sides[0]
 	meta := sides[0].meta
 	meta.Arrival = arrivalKind(o)
-	cmp := report.Comparison{Meta: meta, Target: so.Target, SLO: o.slo, CommonRate: common}
+	cmp := report.Comparison{Meta: meta, Target: so.Target, SLO: o.slo, CommonRate: common, Split: split}
 	var probes [][]report.Object
 	var ats []report.Object
 	var cdfRuns []namedRun

@@ -51,7 +51,7 @@ func (d *deployFlags) addFlags(fs *flag.FlagSet) {
 	fs.StringVar(&d.Preset, "preset", d.Preset, "local ref deployments: model preset")
 	fs.Float64Var(&d.PayloadScale, "payload-scale", d.PayloadScale, "local sim deployments: fraction of the true KV bytes actually moved, in (0, 1]; transfers are still paced for the true size")
 	fs.IntVar(&d.GPUs, "gpus", d.GPUs, "GPUs of the deployment (local: workers × tp; for rates per GPU)")
-	fs.StringVar(&d.Split, "pd-split", d.Split, "local disaggregated deployment: prefill:decode workers, e.g. 2:1 (P+D workers × tp = --gpus)")
+	fs.StringVar(&d.Split, "pd-split", d.Split, "local disaggregated deployment: prefill:decode workers, e.g. 2:1 (P+D workers × tp = --gpus); compare also takes auto: the split the planner predicts serves the workload best")
 	fs.StringVar(&d.Codec, "codec", d.Codec, "local disaggregated deployment: KV codec (none, s2, zstd, bf16, fp8, int8)")
 	fs.Float64Var(&d.LinkGbps, "link-gbps", d.LinkGbps, "local disaggregated deployment: KV link bandwidth in Gbit/s (0: unpaced)")
 	fs.StringVar(&d.Policy, "first-token-policy", d.Policy, "local disaggregated deployment: prefill (KV transfer in the first gap) or decode (in TTFT)")

@@ -51,6 +51,9 @@ type benchOptions struct {
 	// RepeatFraction in [0, 1) makes that share of the requests exact
 	// repeats of earlier ones (seeded by Seed): a response cache workload.
 	RepeatFraction float64
+	// SamePrompts sends the same prompt content on every probe of a sweep
+	// or comparison instead of content drawn per probe (probeSeed).
+	SamePrompts bool
 	// Arrivals.
 	RequestRate    float64
 	Burstiness     float64
@@ -134,7 +137,7 @@ func (o *benchOptions) addFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.RandomInputLen, "random-input-len", o.RandomInputLen, "random dataset: mean prompt tokens (after the prefix)")
 	fs.IntVar(&o.RandomOutputLen, "random-output-len", o.RandomOutputLen, "random dataset: mean output tokens")
 	fs.Float64Var(&o.RandomRangeRatio, "random-range-ratio", o.RandomRangeRatio, "random dataset: lengths uniform in [len·(1−r), len·(1+r)], r in [0, 1)")
-	fs.IntVar(&o.RandomPrefixLen, "random-prefix-len", o.RandomPrefixLen, "random dataset: tokens of a prefix shared by every prompt")
+	fs.IntVar(&o.RandomPrefixLen, "random-prefix-len", o.RandomPrefixLen, "random and dist datasets: tokens of a prefix shared by every prompt (and every probe), before its own tokens")
 	fs.IntVar(&o.ShareGPTOutputLen, "sharegpt-output-len", o.ShareGPTOutputLen, "sharegpt: fixed output length (0: the reference completion's length)")
 	fs.StringVar(&o.InputLenDist, "input-len-dist", o.InputLenDist, "dist dataset: prompt length distribution, e.g. lognormal:mean=755,std=400,max=4096")
 	fs.StringVar(&o.OutputLenDist, "output-len-dist", o.OutputLenDist, "dist dataset: output length distribution, e.g. exponential:mean=200,max=2048")
@@ -147,7 +150,8 @@ func (o *benchOptions) addFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&o.RequestRate, "request-rate", o.RequestRate, "requests per second (inf: all at once; with --max-concurrency, a fixed concurrency)")
 	fs.Float64Var(&o.Burstiness, "burstiness", o.Burstiness, "gamma shape of inter-arrival times: 1 = Poisson, < 1 burstier, > 1 more regular")
 	fs.IntVar(&o.MaxConcurrency, "max-concurrency", o.MaxConcurrency, "most requests in flight (0: no limit)")
-	fs.Uint64Var(&o.Seed, "seed", o.Seed, "seed for lengths, prompt content and arrivals")
+	fs.Uint64Var(&o.Seed, "seed", o.Seed, "seed for lengths, prompt content and arrivals (sweep, compare: the content of probe k > 0 is drawn from a seed derived from it and k)")
+	fs.BoolVar(&o.SamePrompts, "same-prompts", o.SamePrompts, "sweep, compare: send the same prompts on every probe, so that probes after the first hit a prefix cache the earlier ones warmed (default: each probe its own content, the same lengths and arrivals)")
 
 	fs.StringVar(&o.Goodput, "goodput", o.Goodput, `SLOs of a good request, "KEY:MS ..." with keys ttft, tpot, e2el (e.g. --goodput ttft:300 tpot:50)`)
 	fs.StringVar(&o.PercentileMetrics, "percentile-metrics", o.PercentileMetrics, "metrics to report: comma-separated ttft, ttfo, tpot, itl, e2el (ttfo only when reasoning is streamed)")
@@ -298,7 +302,14 @@ func (o *benchOptions) workloadOptions() error {
 		ShareGPT: workload.ShareGPTOptions{OutputLen: o.ShareGPTOutputLen},
 		Trace:    workload.TraceOptions{Skip: o.TraceSkip, BlockSize: o.MooncakeBlockSize},
 	}
+	switch {
+	case o.RandomPrefixLen < 0:
+		return fmt.Errorf("--random-prefix-len %d: want ≥ 0", o.RandomPrefixLen)
+	case o.RandomPrefixLen > 0 && o.DatasetName != "random" && o.DatasetName != "dist":
+		return fmt.Errorf("--random-prefix-len: only the random and dist datasets take a shared prefix (%s has its own prompts)", o.DatasetName)
+	}
 	if o.DatasetName == "dist" {
+		o.wl.DistPrefixLen = o.RandomPrefixLen
 		if o.wl.InputDist, err = workload.ParseDist(o.InputLenDist); err != nil {
 			return err
 		}

@@ -60,6 +60,26 @@ func (b *Budget) CacheHitRate() (float64, bool) {
 	return float64(b.CacheHits) / float64(b.CacheLookups), true
 }
 
+// PrefixHitRatio returns the share of the prompt tokens of the requests
+// with a budget that the serving workers took from a prefix cache
+// (prefix_hit_tokens over prompt_tokens, summed over requests), and false
+// when the budgets reported no prompt tokens or no hit count.
+func (b *Budget) PrefixHitRatio() (float64, bool) {
+	if b == nil {
+		return 0, false
+	}
+	hit, okh := b.Means["prefix_hit_tokens"]
+	prompt, okp := b.Means["prompt_tokens"]
+	if !okh || !okp || !(prompt > 0) {
+		return 0, false
+	}
+	return hit / prompt, true
+}
+
+// PrefixHitRatio is the run's Budget.PrefixHitRatio; false without a
+// budget.
+func (s Summary) PrefixHitRatio() (float64, bool) { return s.Budget.PrefixHitRatio() }
+
 // summed reports whether a budget number is a total worth summing.
 func summed(k string) bool {
 	return strings.Contains(k, "bytes") || k == "cost_usd" || k == "gpu_seconds"

@@ -81,6 +81,60 @@ type Comparison struct {
 	Target     float64 // attainment target in (0, 1]
 	SLO        metrics.SLO
 	CommonRate float64 // requests per second of the At runs
+	// Split is how the disaggregated side's P:D split was chosen; nil
+	// when no split is known (deployments given by URL).
+	Split *SplitChoice
+}
+
+// SplitChoice is the disaggregated side's prefill:decode split and what
+// the planner says of it.
+type SplitChoice struct {
+	// Ran is the split that ran, "P:D".
+	Ran string
+	// Auto: the planner chose Ran (--pd-split auto).
+	Auto bool
+	// Planner is the split the planner picks for the workload at the
+	// same worker count, "" when it was not consulted (Why says why).
+	Planner string
+	Why     string
+	// Predicted holds the planner's predicted max rate (req/s) of every
+	// split it weighed, in order of prefill workers.
+	Predicted []SplitRate
+	// Cached says what prefix caching the planner counted, e.g. "a
+	// 512-token prefix shared by every prompt, 42% of the prompt tokens".
+	Cached string
+}
+
+// SplitRate is one split's predicted max rate.
+type SplitRate struct {
+	Split   string  // "P:D"
+	MaxRate float64 // req/s; 0 when it never meets the SLO
+}
+
+// Text states the split: which ran, who chose it, and a label when the
+// planner would choose another.
+func (c SplitChoice) Text() string {
+	var preds []string
+	for _, p := range c.Predicted {
+		preds = append(preds, fmt.Sprintf("%s %.3g req/s", p.Split, p.MaxRate))
+	}
+	pred := ""
+	if len(preds) > 0 {
+		pred = " (the planner's predicted max rates: " + strings.Join(preds, ", ")
+		if c.Cached != "" {
+			pred += "; prefix caches simulated on " + c.Cached
+		}
+		pred += ")"
+	}
+	switch {
+	case c.Auto:
+		return fmt.Sprintf("P:D split %s, chosen by the planner for this workload (--pd-split auto)%s.", c.Ran, pred)
+	case c.Planner == "":
+		return fmt.Sprintf("P:D split %s, as given; the planner was not consulted (%s).", c.Ran, c.Why)
+	case c.Planner == c.Ran:
+		return fmt.Sprintf("P:D split %s, as given; the planner picks the same split for this workload%s.", c.Ran, pred)
+	}
+	return fmt.Sprintf("**P:D split %s, as given: a split the planner would not choose** (it picks %s for this workload%s); the disaggregated side's figures are those of that split, not of disaggregation at its best.", c.Ran, c.Planner, pred)
 }
 
 // unit returns the sides' common unit, "unit" when they differ.
@@ -105,6 +159,10 @@ func (c Comparison) Markdown(w io.Writer) error {
 	fmt.Fprintf(&b, "Same workload and SLOs on both: %s; arrivals %s; seed %d; prompts %s (tokenizer %s), ignore_eos %v. ",
 		m.Workload, m.Arrival, m.Seed, m.Format, m.Tokenizer, m.IgnoreEOS)
 	fmt.Fprintf(&b, "A request is good when it meets every SLO (%s ms); target: %s of requests good.\n\n", c.SLO, pct(c.Target))
+	fmt.Fprintf(&b, "%s\n\n", PromptsText(m))
+	if c.Split != nil {
+		fmt.Fprintf(&b, "%s\n\n", c.Split.Text())
+	}
 
 	b.WriteString("| |")
 	for _, s := range c.Sides {
@@ -187,6 +245,13 @@ func (c Comparison) Markdown(w io.Writer) error {
 		}
 		return strings.Join(ps, ", ")
 	})
+	row("Prefix hit ratio by probe (req/s: prompt tokens served from a prefix cache)", func(s Side) string {
+		var ps []string
+		for _, p := range s.Sweep.Points {
+			ps = append(ps, fmt.Sprintf("%.3g: %s", p.Rate, HitText(p.Summary)))
+		}
+		return strings.Join(ps, ", ")
+	})
 	row("Failures at the first failing rate", func(s Side) string {
 		p, ok := s.failPoint()
 		if !ok {
@@ -253,6 +318,7 @@ func (c Comparison) Markdown(w io.Writer) error {
 			return f2(s.RequestGoodput / float64(max(sd.GPUs, 1)))
 		})
 		at("SLO attainment", func(s metrics.Summary) string { return pct(s.Attainment) })
+		at("Prefix hit ratio", HitText)
 		at("Failed requests", func(s metrics.Summary) string {
 			if s.Failed == 0 {
 				return "0"
@@ -339,6 +405,33 @@ func (c Comparison) Result(probes [][]Object, at []Object) Object {
 	o.Add("workload", m.Workload)
 	o.Add("arrival", m.Arrival)
 	o.Add("seed", m.Seed)
+	o.Add("prompts", PromptsText(m))
+	o.Add("shared_prefix_tokens", m.SharedPrefix)
+	if c.Split != nil {
+		var sp Object
+		sp.Add("ran", c.Split.Ran)
+		sp.Add("auto", c.Split.Auto)
+		if c.Split.Planner != "" {
+			sp.Add("planner", c.Split.Planner)
+			sp.Add("planner_agrees", c.Split.Planner == c.Split.Ran)
+		} else {
+			sp.Add("planner", nil)
+			sp.Add("not_consulted", c.Split.Why)
+		}
+		var preds []Object
+		for _, p := range c.Split.Predicted {
+			var po Object
+			po.Add("split", p.Split)
+			po.Add("max_rate", p.MaxRate)
+			preds = append(preds, po)
+		}
+		sp.Add("predicted", preds)
+		if c.Split.Cached != "" {
+			sp.Add("prefix_cache", c.Split.Cached)
+		}
+		sp.Add("text", c.Split.Text())
+		o.Add("pd_split", sp)
+	}
 	o.Add("goodput_slos_ms", c.SLO.Map())
 	o.Add("attainment_target", c.Target)
 	o.Add("common_rate", c.CommonRate)
@@ -356,6 +449,18 @@ func (c Comparison) Result(probes [][]Object, at []Object) Object {
 		if p, ok := s.failPoint(); ok {
 			so.Add("failures_at_fail_rate", FailuresJSON(p.Summary.Failures))
 		}
+		var hits []any
+		for _, p := range s.Sweep.Points {
+			var h Object
+			h.Add("rate", p.Rate)
+			if r, ok := p.Summary.PrefixHitRatio(); ok {
+				h.Add("prefix_hit_ratio", r)
+			} else {
+				h.Add("prefix_hit_ratio", nil)
+			}
+			hits = append(hits, h)
+		}
+		so.Add("prefix_hit_ratio_by_probe", hits)
 		if i < len(probes) {
 			so.Add("probes", probes[i])
 		}

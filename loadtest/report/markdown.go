@@ -30,7 +30,11 @@ func Markdown(w io.Writer, m Meta, s metrics.Summary) error {
 	row("Endpoint", fmt.Sprintf("%s%s (model %s)", m.BaseURL, m.Endpoint, m.Model))
 	row("Workload", m.Workload)
 	row("Arrivals", m.Arrival)
-	row("Prompts", fmt.Sprintf("%s, tokenizer %s, ignore_eos %v, seed %d", m.Format, m.Tokenizer, m.IgnoreEOS, m.Seed))
+	prompts := fmt.Sprintf("%s, tokenizer %s, ignore_eos %v, seed %d", m.Format, m.Tokenizer, m.IgnoreEOS, m.Seed)
+	if m.ContentSeed != m.Seed {
+		prompts += fmt.Sprintf(", content seed %d (probe %d)", m.ContentSeed, m.Probe)
+	}
+	row("Prompts", prompts)
 	if m.TimeScale != 1 && m.TimeScale > 0 {
 		row("Time scale", fmt.Sprintf("%g (times below are modelled: wall times ÷ %g)", m.TimeScale, m.TimeScale))
 	}
@@ -49,6 +53,13 @@ func Markdown(w io.Writer, m Meta, s metrics.Summary) error {
 	if s.SLO.Set() {
 		row(fmt.Sprintf("Request goodput (req/s), SLOs %s ms", s.SLO), f2(s.RequestGoodput))
 		row("SLO attainment", pct(s.Attainment))
+	}
+	if _, ok := s.PrefixHitRatio(); ok {
+		hits := HitText(s) + " of the prompt tokens served from a prefix cache"
+		if m.SharedPrefix > 0 {
+			hits += fmt.Sprintf(" (every prompt shares a %d-token prefix)", m.SharedPrefix)
+		}
+		row("Prefix hit ratio", hits)
 	}
 	row("Output token throughput (tok/s)", f2(s.OutputThroughput))
 	row("Total token throughput (tok/s)", f2(s.TotalTokenThroughput))

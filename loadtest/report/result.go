@@ -40,7 +40,17 @@ type Meta struct {
 	Workload    string   // the workload's description
 	Notes       []string // adjustments the loaders or the run made
 	Seed        uint64
-	IgnoreEOS   bool
+	// Probe is the run's index among the runs of one sweep or comparison
+	// side (0 for a single run); ContentSeed the seed its prompt content
+	// was drawn from (Seed for probe 0, one derived from Seed and Probe
+	// after it, Seed on every probe with SamePrompts).
+	Probe       int
+	ContentSeed uint64
+	SamePrompts bool
+	// SharedPrefix is the tokens of the prefix every prompt starts with by
+	// request (--random-prefix-len), 0 when none.
+	SharedPrefix int
+	IgnoreEOS    bool
 	// TimeScale is the performance-model engine's time scale the times
 	// were divided by (1 when none).
 	TimeScale float64
@@ -124,6 +134,17 @@ func Result(m Meta, s metrics.Summary, outs []client.Outcome, detailed bool) Obj
 		o.Add("data_attribution", a)
 	}
 	o.Add("seed", m.Seed)
+	o.Add("probe", m.Probe)
+	o.Add("content_seed", m.ContentSeed)
+	if m.SamePrompts {
+		o.Add("same_prompts", true)
+	}
+	o.Add("shared_prefix_tokens", m.SharedPrefix)
+	if r, ok := s.PrefixHitRatio(); ok {
+		o.Add("prefix_hit_ratio", r)
+	} else {
+		o.Add("prefix_hit_ratio", nil)
+	}
 	o.Add("time_scale", m.TimeScale)
 	o.Add("percentiles", s.Percentiles)
 	o.Add("output_len_mismatches", outputMismatches(outs))

@@ -45,7 +45,7 @@ func SweepMarkdown(w io.Writer, m Meta, res sweep.Result, target float64, slo me
 	}
 	fmt.Fprintf(&b, "## %s\n\n", title)
 	fmt.Fprintf(&b, "Endpoint %s%s (model %s); workload %s; arrivals %s; seed %d; %s.\n", m.BaseURL, m.Endpoint, m.Model, m.Workload, m.Arrival, m.Seed, Count(gpus, unit))
-	fmt.Fprintf(&b, "A request is good when it meets every SLO (%s ms); target: %s of requests good.\n\n", slo, pct(target))
+	fmt.Fprintf(&b, "A request is good when it meets every SLO (%s ms); target: %s of requests good. %s\n\n", slo, pct(target), PromptsText(m))
 	sweepTable(&b, res)
 	b.WriteString("\n")
 	b.WriteString(MaxRateSentence(res, target, gpus, unit))
@@ -55,6 +55,31 @@ func SweepMarkdown(w io.Writer, m Meta, res sweep.Result, target float64, slo me
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// HitText writes a run's prefix hit ratio (the share of its prompt tokens
+// served from a prefix cache, see metrics.Summary.PrefixHitRatio), "n/a"
+// when the server reported none.
+func HitText(s metrics.Summary) string {
+	r, ok := s.PrefixHitRatio()
+	if !ok {
+		return "n/a"
+	}
+	return pct(r)
+}
+
+// PromptsText says how the prompts of a sweep's probes were drawn, from
+// the Meta of one of them.
+func PromptsText(m Meta) string {
+	prefix := ""
+	if m.SharedPrefix > 0 {
+		prefix = fmt.Sprintf(", beyond the %d-token prefix every prompt shares (--random-prefix-len)", m.SharedPrefix)
+	}
+	if m.SamePrompts {
+		return fmt.Sprintf("**Every probe sent the same prompts** (--same-prompts, seed %d): probes after the first may hit KV the earlier ones left%s; the prefix hits show how much.", m.Seed, prefix)
+	}
+	return fmt.Sprintf("Every probe sent prompts of its own: the lengths and arrivals of seed %d, the content drawn from a seed derived from %d and the probe's index (the first probe: %d itself; content_seed in each probe's JSON), so no probe can hit KV an earlier one left%s.",
+		m.Seed, m.Seed, m.Seed, prefix)
 }
 
 // UnitName returns unit, or "GPU" when it is empty.
@@ -94,8 +119,8 @@ func sweepTable(b *strings.Builder, res sweep.Result) {
 	}
 	p := ColumnPercentile(res.Points[0].Summary.Percentiles)
 	pn := metrics.PercentileName(p)
-	fmt.Fprintf(b, "| rate (req/s) | attainment | goodput (req/s) | throughput (req/s) | %s TTFT (ms) | %s TPOT (ms) | failed | |\n", pn, pn)
-	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---|\n")
+	fmt.Fprintf(b, "| rate (req/s) | attainment | goodput (req/s) | throughput (req/s) | %s TTFT (ms) | %s TPOT (ms) | prefix hits | failed | |\n", pn, pn)
+	b.WriteString("|---:|---:|---:|---:|---:|---:|---:|---:|---|\n")
 	for _, pt := range res.Points {
 		s := pt.Summary
 		verdict := "fail"
@@ -112,8 +137,8 @@ func sweepTable(b *strings.Builder, res sweep.Result) {
 		if r := s.TopFailure(); r != "" {
 			failed += " (" + r + ")"
 		}
-		fmt.Fprintf(b, "| %.3g | %s | %s | %s | %s | %s | %s | %s |\n", pt.Rate, pct(s.Attainment), f2(s.RequestGoodput),
-			f2(s.RequestThroughput), metricAt(s, "ttft", p), metricAt(s, "tpot", p), failed, verdict)
+		fmt.Fprintf(b, "| %.3g | %s | %s | %s | %s | %s | %s | %s | %s |\n", pt.Rate, pct(s.Attainment), f2(s.RequestGoodput),
+			f2(s.RequestThroughput), metricAt(s, "ttft", p), metricAt(s, "tpot", p), HitText(s), failed, verdict)
 	}
 }
 
