@@ -97,11 +97,16 @@ deploy() {
   sleep 1 # every worker's first heartbeat
 }
 
-# measure MODE RATE: one loadtest run (Poisson arrivals, seed 1), then its
-# predictions (predict).
+# measure MODE RATE: one loadtest run (Poisson arrivals), then its
+# predictions (predict). The deployment serves every rate of a mode, so
+# each run takes a seed of its own (1, 2, ...): with the same seed a run
+# would replay the prompts of the one before onto the workers' warm prefix
+# caches. (The saved runs predate prefix caching: mean_prefix_hit_tokens 0.)
+seed=0
 measure() {
   local mode=$1 rate=$2 name="$1-${2}qps"
-  "$BIN/loadtest" run --base-url http://127.0.0.1:18090 --quiet --seed 1 \
+  seed=$((seed + 1))
+  "$BIN/loadtest" run --base-url http://127.0.0.1:18090 --quiet --seed $seed \
     --dataset-name random --random-input-len $IN --random-output-len $OUT --random-range-ratio 0 \
     --prompt-format tokens --tokenizer approx --num-prompts "$N" --request-rate "$rate" \
     --goodput ttft:$TTFT tpot:$TPOT --save-result --save-detailed --result-dir $out --result-filename "measured-$name.json" >/dev/null
