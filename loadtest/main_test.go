@@ -89,6 +89,10 @@ func TestUsageErrors(t *testing.T) {
 		{"sweep", "--goodput", "ttft:1", "--request-rates", "0"},
 		{"regress"},
 		{"compare", "--goodput", "ttft:1", "--request-rates", "1", "--pd-split", "2:2"},
+		{"run", "--random-prefix-len", "-1"},
+		{"run", "--dataset-name", "azure", "--dataset-path", "../data/azure-llm-2023/AzureLLMInferenceTrace_conv.csv", "--random-prefix-len", "16"},
+		{"compare", "--goodput", "ttft:1", "--request-rates", "1", "--pd-split", "auto"}, // no TPOT SLO to plan on
+		{"compare", "--goodput", "ttft:1", "tpot:1", "--request-rates", "1", "--pd-split", "auto", "--disagg-url", "http://127.0.0.1:1", "--coloc-url", "http://127.0.0.1:1"},
 	} {
 		t.Run(strings.Join(args, " "), func(t *testing.T) {
 			code, _, stderr := runCLI(t, args...)

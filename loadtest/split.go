@@ -149,6 +149,7 @@ func splitChoice(ctx context.Context, d *deployFlags, o *benchOptions, target fl
 		return nil, err
 	}
 	c, err := planSplit(ctx, d, o, target, wl)
+	why := strings.TrimPrefix(fmt.Sprint(err), errNoPlan.Error()+": ")
 	switch {
 	case err == nil:
 		c.Auto = auto
@@ -156,9 +157,9 @@ func splitChoice(ctx context.Context, d *deployFlags, o *benchOptions, target fl
 			d.Split = c.Planner
 		}
 	case errors.Is(err, errNoPlan) && !auto:
-		c.Why = strings.TrimPrefix(err.Error(), errNoPlan.Error()+": ")
+		c.Why = why
 	case errors.Is(err, errNoPlan):
-		return nil, fmt.Errorf("%w: --pd-split auto: %v", errUsage, err)
+		return nil, fmt.Errorf("%w: --pd-split auto: %s", errUsage, why)
 	default:
 		return nil, err
 	}
