@@ -284,3 +284,21 @@ func TestComparisonCrossings(t *testing.T) {
 		t.Errorf("comparison JSON %s", data)
 	}
 }
+
+// The report says how the probes' prompts were drawn, and labels the
+// cases where probes may hit KV an earlier one left.
+func TestPromptsText(t *testing.T) {
+	for _, tt := range []struct {
+		m    Meta
+		want string
+	}{
+		{Meta{Seed: 3, DatasetName: "dist"}, "Every probe sent prompts of its own: the lengths and arrivals of seed 3"},
+		{Meta{Seed: 3, DatasetName: "dist", SharedPrefix: 512}, "beyond the 512-token prefix every prompt shares"},
+		{Meta{Seed: 3, DatasetName: "random", SamePrompts: true}, "**Every probe sent the same prompts** (--same-prompts, seed 3)"},
+		{Meta{Seed: 3, DatasetName: "sharegpt"}, "**Every probe sent the same ShareGPT texts**"},
+	} {
+		if got := PromptsText(tt.m); !strings.Contains(got, tt.want) {
+			t.Errorf("%+v: %q, want it to contain %q", tt.m, got, tt.want)
+		}
+	}
+}

@@ -75,6 +75,9 @@ func PromptsText(m Meta) string {
 	if m.SharedPrefix > 0 {
 		prefix = fmt.Sprintf(", beyond the %d-token prefix every prompt shares (--random-prefix-len)", m.SharedPrefix)
 	}
+	if m.DatasetName == "sharegpt" {
+		return "**Every probe sent the same ShareGPT texts** (real text has no seed to redraw): probes after the first may hit KV the earlier ones left; the prefix hits show how much."
+	}
 	if m.SamePrompts {
 		return fmt.Sprintf("**Every probe sent the same prompts** (--same-prompts, seed %d): probes after the first may hit KV the earlier ones left%s; the prefix hits show how much.", m.Seed, prefix)
 	}
