@@ -61,7 +61,7 @@ type Options struct {
 	CacheSweep        bool
 	// Design, when set, evaluates that one design at Rate instead of
 	// searching: "P:D" or "PP+DD" (e.g. "2P+1D") disaggregated, "NC"
-	// colocated (chunk budget from --chunk-tokens).
+	// colocated (step budget from --max-batch-tokens).
 	Design string
 }
 
@@ -113,10 +113,10 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Policy, "first-token-policy", o.Policy, "first token from the prefill worker (prefill, the coordinator's default: kv_transfer in the first inter-token gap) or the decode worker (decode: kv_transfer in TTFT)")
 	fs.DurationVar(&o.Ingress, "ingress", o.Ingress, "coordinator time before a request reaches the prefill queue")
 	fs.IntVar(&o.GPUBudget, "gpu-budget", o.GPUBudget, "most GPUs a design may use (0: 16); with CPU profiles (coordinator profile on a CPU) the most cores, a worker taking its profile's threads (0: the logical CPUs of the machine the profile was measured on)")
-	fs.StringVar(&o.GPUCost, "gpu-cost", o.GPUCost, "USD per GPU-hour (per core-hour for CPU profiles): one price, or GPU=PRICE pairs such as a100-80g=1.9,h100=3.5 (the profile's gpu field: cpu for a CPU profile)")
+	fs.StringVar(&o.GPUCost, "gpu-cost-per-hour", o.GPUCost, "USD per GPU-hour (per core-hour for CPU profiles): one price, or GPU=PRICE pairs such as a100-80g=1.9,h100=3.5 (the profile's gpu field: cpu for a CPU profile)")
 	fs.IntVar(&o.Limits.MaxDecodeBatch, "max-decode-batch", 0, "fix the decode batch limit (0 = derive from the TPOT SLO)")
 	fs.IntVar(&o.Limits.MaxPrefillTokens, "max-prefill-tokens", 0, "fix the prefill tokens per step (0 = derive from the TTFT SLO)")
-	fs.IntVar(&o.Limits.ChunkTokens, "chunk-tokens", 0, "fix the colocated token budget per step (0 = search, -1 = no chunked prefill)")
+	fs.IntVar(&o.Limits.ChunkTokens, "max-batch-tokens", 0, "fix the colocated workers' token budget per step, summed over the batch, as their --max-batch-tokens (0 = search, -1 = no chunked prefill)")
 	fs.IntVar(&o.Requests, "requests", o.Requests, "requests per simulation (more for large designs, to reach a steady state)")
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "seed of the simulated requests")
 	fs.StringVar(&o.Output, "output", o.Output, "table or json")
@@ -126,8 +126,15 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&o.HostLinkGbps, "host-link-gbps", o.HostLinkGbps, "host-to-GPU bandwidth host-tier hits load over, Gb/s (default: PCIe Gen5 x16, about 64 GB/s per direction, as on H100 and H200)")
 	fs.StringVar(&o.PrefixRouting, "prefix-routing", o.PrefixRouting, "how the simulated router places prompts when caches are simulated: prefix (the router's default prefill weights) or least-loaded")
 	fs.BoolVar(&o.CacheSweep, "cache-sweep", o.CacheSweep, "with a workload that names its blocks, also plan each prefix-cache size (0, ¼, ½, 1× the engine tier; 1× plus 1, 2, 4× of it in host memory) and print what each buys")
-	fs.StringVar(&o.Design, "design", o.Design, "predict one design at --rate instead of searching: P:D or 2P+1D (disaggregated), or 3C (colocated, needs --chunk-tokens)")
+	fs.StringVar(&o.Design, "design", o.Design, "predict one design at --rate instead of searching: P:D or 2P+1D (disaggregated), or 3C (colocated, needs --max-batch-tokens)")
+	cliflags.AddRenamed(fs, Renamed...)
 }
+
+// Renamed are plan's former flag names: --chunk-tokens was the per-step
+// budget the workers call --max-batch-tokens (theirs, --chunk-tokens, is
+// the chunk of one sequence), --gpu-cost the price the coordinator calls
+// --gpu-cost-per-hour. Run warns on stderr when given one.
+var Renamed = []cliflags.Renamed{{Old: "chunk-tokens", New: "max-batch-tokens"}, {Old: "gpu-cost", New: "gpu-cost-per-hour"}}
 
 // ParseDesign reads a design: "P:D" or "PP+DD" (e.g. "2P+1D") for a
 // disaggregated one, "NC" for N colocated workers with a step budget of
@@ -160,7 +167,7 @@ func ParseDesign(s string, chunk int) (planner.Design, error) {
 		return planner.Design{}, bad
 	}
 	if chunk == 0 {
-		return planner.Design{}, fmt.Errorf("%w: --design %q: a colocated design needs --chunk-tokens (-1 or > 0)", errUsage, s)
+		return planner.Design{}, fmt.Errorf("%w: --design %q: a colocated design needs --max-batch-tokens (-1 or > 0)", errUsage, s)
 	}
 	return planner.Design{Colocated: c, Chunk: chunk}, nil
 }
@@ -229,7 +236,7 @@ func (o *Options) Configs() ([]*planner.Config, error) {
 	}
 	cost, err := parseCost(o.GPUCost)
 	if err != nil {
-		return nil, fmt.Errorf("%w: --gpu-cost: %w", errUsage, err)
+		return nil, fmt.Errorf("%w: --gpu-cost-per-hour: %w", errUsage, err)
 	}
 	w, err := planner.LoadWorkload(o.Workload, planner.LoadOptions{Samples: o.Samples, Seed: o.Seed})
 	if err != nil {
@@ -279,11 +286,11 @@ func (o *Options) Configs() ([]*planner.Config, error) {
 			},
 		}
 		if c.GPUCostPerHour, err = cost.of(p.GPU); err != nil {
-			return nil, fmt.Errorf("%w: --gpu-cost: %w", errUsage, err)
+			return nil, fmt.Errorf("%w: --gpu-cost-per-hour: %w", errUsage, err)
 		}
 		if dec != nil {
 			if c.DecodeGPUCostPerHour, err = cost.of(dec.GPU); err != nil {
-				return nil, fmt.Errorf("%w: --gpu-cost: %w", errUsage, err)
+				return nil, fmt.Errorf("%w: --gpu-cost-per-hour: %w", errUsage, err)
 			}
 		}
 		if err := c.Validate(); err != nil {
@@ -358,7 +365,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			"`coordinator profiles` lists the profiles.\n\n"+
 			"Examples:\n"+
 			"  coordinator plan --profile h100/llama-3-8b/tp1 --workload fixed:512/64 --slo-ttft 500ms --slo-tpot 50ms --rate 20\n"+
-			"  coordinator plan --profile a100-80g/opt-13b/tp1,h100/llama-3-8b/tp1 --gpu-cost a100-80g=1.9,h100=3.5 \\\n"+
+			"  coordinator plan --profile a100-80g/opt-13b/tp1,h100/llama-3-8b/tp1 --gpu-cost-per-hour a100-80g=1.9,h100=3.5 \\\n"+
 			"    --workload trace.csv --slo-ttft 250ms --slo-tpot 100ms --codec zstd --link-gbps 25 --plot plan.png\n"+
 			"  coordinator plan --profile h100/llama-3-8b/tp1 --workload fixed:512/64 --slo-ttft 500ms --slo-tpot 50ms \\\n"+
 			"    --design 2P+1D --rate 10\n\nFlags:\n")
@@ -366,6 +373,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if code, ok := cliflags.Parse(fs, args, stdout, stderr); !ok {
 		return code
+	}
+	for _, r := range cliflags.RenamedGiven(fs) {
+		fmt.Fprintf(stderr, "coordinator plan: %s\n", r.Deprecation())
 	}
 	cfgs, err := o.Configs()
 	if err != nil {
