@@ -56,9 +56,13 @@ type Options struct {
 	// planner.SweepCache too.
 	PrefixCacheTokens int64
 	HostCacheTokens   int64
-	HostLinkGbps      float64
-	PrefixRouting     string
-	CacheSweep        bool
+	// HostCacheBytes sizes the host tier as the workers do
+	// (--host-cache-bytes: bytes of true KV); Configs turns it into tokens
+	// by the prefill profile's KV bytes per token. 0: HostCacheTokens.
+	HostCacheBytes int64
+	HostLinkGbps   float64
+	PrefixRouting  string
+	CacheSweep     bool
 	// Design, when set, evaluates that one design at Rate instead of
 	// searching: "P:D" or "PP+DD" (e.g. "2P+1D") disaggregated, "NC"
 	// colocated (step budget from --max-batch-tokens).
@@ -123,6 +127,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Plot, "plot", o.Plot, "write a PNG of goodput per GPU against the P:D ratio to this file")
 	fs.Int64Var(&o.PrefixCacheTokens, "prefix-cache-tokens", o.PrefixCacheTokens, "each prefill (colocated) worker's engine-memory prefix cache, tokens, simulated when the workload names its prompts' blocks (a Mooncake trace's hash_ids): -1 = the profile's KV memory (the workers' default), 0 = none")
 	fs.Int64Var(&o.HostCacheTokens, "host-cache-tokens", o.HostCacheTokens, "each worker's host-memory prefix-cache tier, tokens (blocks the engine tier evicts; a hit loads over --host-link-gbps)")
+	fs.Int64Var(&o.HostCacheBytes, "host-cache-bytes", o.HostCacheBytes, "each worker's host-memory prefix-cache tier in bytes of true KV, as the workers' --host-cache-bytes (planned as tokens by the profile's KV bytes per token; instead of --host-cache-tokens)")
 	fs.Float64Var(&o.HostLinkGbps, "host-link-gbps", o.HostLinkGbps, "host-to-GPU bandwidth host-tier hits load over, Gb/s (default: PCIe Gen5 x16, about 64 GB/s per direction, as on H100 and H200)")
 	fs.StringVar(&o.PrefixRouting, "prefix-routing", o.PrefixRouting, "how the simulated router places prompts when caches are simulated: prefix (the router's default prefill weights) or least-loaded")
 	fs.BoolVar(&o.CacheSweep, "cache-sweep", o.CacheSweep, "with a workload that names its blocks, also plan each prefix-cache size (0, ¼, ½, 1× the engine tier; 1× plus 1, 2, 4× of it in host memory) and print what each buys")
@@ -135,6 +140,16 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 // the chunk of one sequence), --gpu-cost the price the coordinator calls
 // --gpu-cost-per-hour. Run warns on stderr when given one.
 var Renamed = []cliflags.Renamed{{Old: "chunk-tokens", New: "max-batch-tokens"}, {Old: "gpu-cost", New: "gpu-cost-per-hour"}}
+
+// hostTokens is the host tier of each worker of profile p, tokens:
+// HostCacheBytes over p's KV bytes per token when given, else
+// HostCacheTokens.
+func hostTokens(o *Options, p *perfmodel.Profile) int64 {
+	if o.HostCacheBytes > 0 {
+		return o.HostCacheBytes / max(p.KVBytesPerToken(), 1)
+	}
+	return o.HostCacheTokens
+}
 
 // ParseDesign reads a design: "P:D" or "PP+DD" (e.g. "2P+1D") for a
 // disaggregated one, "NC" for N colocated workers with a step budget of
@@ -200,6 +215,10 @@ func (o *Options) Configs() ([]*planner.Config, error) {
 		return nil, bad("--prefix-cache-tokens %d: want ≥ 0, or -1 for the profile's KV memory", o.PrefixCacheTokens)
 	case o.HostCacheTokens < 0:
 		return nil, bad("--host-cache-tokens %d must be ≥ 0", o.HostCacheTokens)
+	case o.HostCacheBytes < 0:
+		return nil, bad("--host-cache-bytes %d must be ≥ 0", o.HostCacheBytes)
+	case o.HostCacheBytes > 0 && o.HostCacheTokens > 0:
+		return nil, bad("--host-cache-bytes and --host-cache-tokens both size the host tier: give one")
 	case !(o.HostLinkGbps > 0) || math.IsInf(o.HostLinkGbps, 0):
 		return nil, bad("--host-link-gbps %v must be finite and > 0", o.HostLinkGbps)
 	case o.PrefixRouting != string(planner.RoutePrefix) && o.PrefixRouting != string(planner.RouteLeastLoaded):
@@ -281,7 +300,7 @@ func (o *Options) Configs() ([]*planner.Config, error) {
 			Requests:        o.Requests,
 			Seed:            o.Seed,
 			Cache: planner.Cache{
-				EngineTokens: o.PrefixCacheTokens, HostTokens: o.HostCacheTokens,
+				EngineTokens: o.PrefixCacheTokens, HostTokens: hostTokens(o, p),
 				HostLinkBytesPerSec: o.HostLinkGbps * 1e9 / 8, Routing: planner.Routing(o.PrefixRouting),
 			},
 		}

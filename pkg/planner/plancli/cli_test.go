@@ -16,6 +16,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/pdserve/pdserve/internal/cliflags"
+	"github.com/pdserve/pdserve/pkg/perfmodel"
 	"github.com/pdserve/pdserve/pkg/planner"
 )
 
@@ -338,5 +339,29 @@ func TestPlanRenamedFlags(t *testing.T) {
 	code, _, errs := run(t, args...)
 	if code != 2 || !strings.Contains(errs, "flag --chunk-tokens is deprecated, use --max-batch-tokens") || !strings.Contains(errs, "needs --max-batch-tokens") {
 		t.Errorf("exit %d, stderr %q; want 2, a deprecation and the error naming --max-batch-tokens", code, errs)
+	}
+}
+
+// TestPlanHostCacheBytes: --host-cache-bytes sizes the host tier as the
+// workers' flag does, in bytes of true KV, planned as that many tokens of
+// the profile's KV; it and --host-cache-tokens are one setting.
+func TestPlanHostCacheBytes(t *testing.T) {
+	o := DefaultOptions()
+	o.Profiles, o.Workload, o.SLOTTFT, o.SLOTPOT = []string{"h100/llama-3-8b/tp1"}, "fixed:64/8", time.Second, time.Second
+	p, err := perfmodel.Load("h100/llama-3-8b/tp1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.HostCacheBytes = 3000 * p.KVBytesPerToken()
+	cfgs, err := o.Configs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfgs[0].Cache.HostTokens; got != 3000 {
+		t.Errorf("--host-cache-bytes %d: host tier %d tokens, want 3000", o.HostCacheBytes, got)
+	}
+	o.HostCacheTokens = 10
+	if _, err := o.Configs(); err == nil || !strings.Contains(err.Error(), "give one") {
+		t.Errorf("both host tier flags: %v, want an error", err)
 	}
 }
