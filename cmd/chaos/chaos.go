@@ -14,12 +14,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/pdserve/pdserve/internal/netlab"
+	"github.com/pdserve/pdserve/pkg/coordinator"
 )
 
 var errSkip = errors.New("network namespaces not allowed")
@@ -683,7 +685,7 @@ func (o *opts) start(ctx context.Context, l load) (*cluster, error) {
 	if l.queueLimit > 0 {
 		coordArgs = append(coordArgs, "--max-admitted-requests", strconv.Itoa(l.queueLimit))
 	}
-	coordArgs = append(coordArgs, o.engineFlags...)
+	coordArgs = append(coordArgs, coordinatorFlags(o.engineFlags)...)
 	if err := c.startProc(ctx, "coordinator", "coord", filepath.Join(o.bin, "coordinator"), coordArgs...); err != nil {
 		return c, err
 	}
@@ -814,4 +816,23 @@ func contains(xs []string, x string) bool {
 		}
 	}
 	return false
+}
+
+// coordinatorFlags are the engine flags of --engine-flags that the
+// coordinator reads outside --standalone (--engine, --model, --llama-*:
+// its tokenizer): it refuses the workers' (coordinator.WorkerOnlyFlags).
+// args are "--name value", "--name=value" or a bare boolean "--name".
+func coordinatorFlags(args []string) []string {
+	var out []string
+	for i := 0; i < len(args); i++ {
+		name, _, inline := strings.Cut(strings.TrimLeft(args[i], "-"), "=")
+		if !slices.Contains(coordinator.WorkerOnlyFlags, name) {
+			out = append(out, args[i])
+			continue
+		}
+		if !inline && name != "no-repack" && i+1 < len(args) && !strings.HasPrefix(args[i+1], "-") {
+			i++ // its value
+		}
+	}
+	return out
 }

@@ -30,13 +30,12 @@ func pdserveCmd(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	fs.SetOutput(stderr)
 	outDir := fs.String("out-dir", "bin/images", "directory of the tarballs, NAME.tar each, and of images.txt (NAME REF DIGEST BYTES per line)")
 	only := fs.String("only", "", "comma-separated images to build (default all: "+strings.Join(ociimage.PdserveImageNames, ",")+")")
-	root := fs.String("root", ".", "the module root (go.mod, helm/pdserve/Chart.yaml, third_party/llama)")
+	root := fs.String("root", ".", "the module root (go.mod, LICENSE, helm/pdserve/Chart.yaml, third_party/llama)")
 	binDir := fs.String("bin-dir", "", "take the binaries from this directory instead of building them (coordinator, prefill-worker, decode-worker, loadtest)")
 	registry := fs.String("registry", "ghcr.io/pdserve", "repository prefix of the image names (the chart's image.registry default)")
 	version := fs.String("version", "", "tag and org.opencontainers.image.version (default: appVersion of helm/pdserve/Chart.yaml)")
 	revision := fs.String("revision", "", "org.opencontainers.image.revision (default: git HEAD)")
 	source := fs.String("source", "https://github.com/pdserve/pdserve", "org.opencontainers.image.source")
-	license := fs.String("license", "", "pdserve's licence (SPDX) for org.opencontainers.image.licenses, joined with the third-party parts' (default NOASSERTION: the repository declares none)")
 	sde := fs.String("source-date-epoch", os.Getenv("SOURCE_DATE_EPOCH"), "seconds since 1970 for every timestamp (default $SOURCE_DATE_EPOCH, else HEAD's commit time)")
 	cache := fs.String("cache", "", "directory of downloaded packages and of compressed layers kept for reuse (the least recently used go beyond 2 GiB) (default $XDG_CACHE_HOME/pdserve or ~/.cache/pdserve)")
 	fs.Usage = func() {
@@ -118,7 +117,7 @@ Flags:
 		return fail(err)
 	}
 	o := ociimage.PdserveOptions{
-		Registry: *registry, Version: *version, Revision: rev, Source: *source, License: *license,
+		Registry: *registry, Version: *version, Revision: rev, Source: *source, LicenseFile: filepath.Join(*root, "LICENSE"),
 		BinDir: *binDir, LlamaCPULib: filepath.Join(*root, "third_party", "llama", "lib"),
 		LlamaLicense: filepath.Join(*root, "third_party", "llama", "src", "LICENSE"),
 		CacheDir:     *cache, Created: created, Logf: logf,

@@ -1,6 +1,9 @@
 // Package layering holds no code: its test asserts the import layers of
 // pdserve's packages with the go tool (go list), so that an import running
-// back up the layers fails the build's tests instead of going unnoticed.
+// back up the layers fails the build's tests instead of going unnoticed. A
+// rule counts what a package links (go list -deps: its imports, theirs, and
+// so on), not only what it imports, and covers the packages under it too
+// (pkg/coordinator's covers pkg/coordinator/flow).
 //
 // The rules (TestLayering): the coordinator stands beside the workers, not
 // above them — pkg/coordinator links no worker package (prefill, decode,

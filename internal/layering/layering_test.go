@@ -66,15 +66,51 @@ func strip(paths []string) []string {
 	return out
 }
 
+// rule says what a package, and every package under it, must not link.
+type rule struct {
+	pkg    string
+	direct bool     // only pkg itself, and only its direct imports count, not what they link
+	not    []string // packages it must not link (or import)
+}
+
+// pattern is the go list pattern of the packages r covers.
+func (r rule) pattern() string {
+	if r.direct {
+		return r.pkg
+	}
+	return r.pkg + "/..."
+}
+
+// violations returns "P links Q" (or "P imports Q" for a direct rule) for
+// each package P that r covers in infos and each Q of r.not that P links,
+// sorted; and false when infos holds no package r covers.
+func violations(infos map[string]pkgInfo, r rule) (bad []string, found bool) {
+	for p, info := range infos {
+		if p != r.pkg && (r.direct || !strings.HasPrefix(p, r.pkg+"/")) {
+			continue
+		}
+		found = true
+		got, what := info.deps, "links"
+		if r.direct {
+			got, what = info.imports, "imports"
+		}
+		for _, q := range r.not {
+			if slices.Contains(got, q) {
+				bad = append(bad, p+" "+what+" "+q)
+			}
+		}
+	}
+	slices.Sort(bad)
+	return bad, found
+}
+
 // TestLayering: no package links, or imports, what lies above it or beside
-// it in another role (see the package doc).
+// it in another role (see the package doc). A rule covers the package and
+// every package under it, and counts what they link (go list's Deps, the
+// packages of go list -deps), not only what they import.
 func TestLayering(t *testing.T) {
 	workers := []string{"pkg/prefill", "pkg/decode", "pkg/workerrun", "pkg/enginebuild"}
-	rules := []struct {
-		pkg    string
-		direct bool     // only direct imports count, not what they link
-		not    []string // packages it must not link (or import)
-	}{
+	rules := []rule{
 		{pkg: "pkg/coordinator", not: append(slices.Clone(workers), "pkg/kvtransfer", "pkg/engine/sim", "pkg/standalone", "pkg/coordinatorrun")},
 		{pkg: "pkg/coordinatorrun", direct: true, not: workers},
 		{pkg: "pkg/frontend", not: []string{"pkg/coordinator", "pkg/engine/ref", "pkg/engine/sim", "pkg/engine/llamacpp", "pkg/enginecfg"}},
@@ -90,24 +126,46 @@ func TestLayering(t *testing.T) {
 	}
 	var pkgs []string
 	for _, r := range rules {
-		pkgs = append(pkgs, r.pkg)
+		pkgs = append(pkgs, r.pattern())
 	}
 	infos := list(t, pkgs...)
-	for _, tc := range rules {
-		t.Run(tc.pkg, func(t *testing.T) {
-			info, ok := infos[tc.pkg]
-			if !ok {
-				t.Fatalf("go list did not report %s", tc.pkg)
+	for _, r := range rules {
+		t.Run(r.pkg, func(t *testing.T) {
+			bad, found := violations(infos, r)
+			if !found {
+				t.Fatalf("go list did not report %s", r.pkg)
 			}
-			got, what := info.deps, "links"
-			if tc.direct {
-				got, what = info.imports, "imports"
-			}
-			for _, p := range tc.not {
-				if slices.Contains(got, p) {
-					t.Errorf("%s %s %s", tc.pkg, what, p)
-				}
+			for _, b := range bad {
+				t.Error(b)
 			}
 		})
+	}
+}
+
+// TestViolationsCountLinks: a rule sees a package linked through another
+// (A imports B, B imports C: A links C) and one linked by a package under
+// the rule's; a direct rule sees only its package's imports.
+func TestViolationsCountLinks(t *testing.T) {
+	infos := map[string]pkgInfo{
+		"pkg/a":     {imports: []string{"pkg/b"}, deps: []string{"pkg/b", "pkg/c"}},
+		"pkg/a/sub": {imports: []string{"pkg/d"}, deps: []string{"pkg/d"}},
+		"pkg/ab":    {imports: []string{"pkg/c"}, deps: []string{"pkg/c"}},
+		"pkg/b":     {imports: []string{"pkg/c"}, deps: []string{"pkg/c"}},
+	}
+	for _, tc := range []struct {
+		r    rule
+		want []string
+	}{
+		{rule{pkg: "pkg/a", not: []string{"pkg/c", "pkg/d"}}, []string{"pkg/a links pkg/c", "pkg/a/sub links pkg/d"}},
+		{rule{pkg: "pkg/a", direct: true, not: []string{"pkg/c", "pkg/d"}}, nil},
+		{rule{pkg: "pkg/a", direct: true, not: []string{"pkg/b"}}, []string{"pkg/a imports pkg/b"}},
+	} {
+		got, found := violations(infos, tc.r)
+		if !found || !slices.Equal(got, tc.want) {
+			t.Errorf("violations(%+v) = %q, %v; want %q, true", tc.r, got, found, tc.want)
+		}
+	}
+	if _, found := violations(infos, rule{pkg: "pkg/x"}); found {
+		t.Errorf("violations found pkg/x in %v", infos)
 	}
 }

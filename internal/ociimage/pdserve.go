@@ -31,8 +31,9 @@ type PdserveOptions struct {
 	Revision string
 	// Source is org.opencontainers.image.source.
 	Source string
-	// License is pdserve's own licence (SPDX); "" says NOASSERTION.
-	License string
+	// LicenseFile is pdserve's LICENSE (the repository root's), copied
+	// into every image as /usr/share/doc/pdserve/LICENSE.
+	LicenseFile string
 	// BinDir holds the binaries coordinator, prefill-worker, decode-worker
 	// and loadtest (CGO_ENABLED=0, -trimpath).
 	BinDir string
@@ -63,6 +64,11 @@ type PdserveImage struct {
 // installed, or a package that cannot be fetched (see ErrFetch).
 var ErrMissingPart = errors.New("ociimage: missing part")
 
+// PdserveLicense is pdserve's licence (SPDX), the repository's LICENSE: it
+// leads every image's org.opencontainers.image.licenses, joined by AND with
+// the licences of the third-party parts the image holds.
+const PdserveLicense = "Apache-2.0"
+
 // PdserveImage returns the spec of the named image (see
 // PdserveImageNames). What each holds, above the glibc base, runs as
 // 65532:65532 and writes nothing outside /tmp and /home/nonroot:
@@ -81,8 +87,10 @@ var ErrMissingPart = errors.New("ociimage: missing part")
 //	                refuses to start (--llama-device cpu overrides);
 //	                libcuda.so.1 comes from the node's driver
 //
-// Each binary, the llama.cpp directory and the CUDA runtime is a layer of
-// its own, so images that share one share its digest. Errors wrap
+// Each image holds pdserve's LICENSE in /usr/share/doc/pdserve, and its
+// org.opencontainers.image.licenses label is PdserveLicense AND the
+// licences of its third-party parts. Each binary, the llama.cpp directory,
+// the CUDA runtime and the LICENSE is a layer of its own, so images that share one share its digest. Errors wrap
 // ErrMissingPart or ErrFetch.
 func (o PdserveOptions) PdserveImage(ctx context.Context, base *Tree, name string) (*PdserveImage, error) {
 	labels := map[string]string{
@@ -102,6 +110,11 @@ func (o PdserveOptions) PdserveImage(ctx context.Context, base *Tree, name strin
 		Created: o.Created,
 		Layers:  []Layer{{Tree: base, CreatedBy: "pdserve glibc base (" + BaseDescription() + ")"}},
 	}}
+	lt := NewTree()
+	if err := lt.AddHost(o.LicenseFile, "/usr/share/doc/pdserve/LICENSE", AddOptions{}); err != nil {
+		return nil, fmt.Errorf("%w: %s: pdserve's licence: %v", ErrMissingPart, name, err)
+	}
+	img.Spec.Layers = append(img.Spec.Layers, Layer{Tree: lt, CreatedBy: "COPY LICENSE /usr/share/doc/pdserve/"})
 	third := []string{"LGPL-2.1-or-later", "GPL-3.0-or-later WITH GCC-exception-3.1", "MPL-2.0"} // glibc; libstdc++, libgcc; CA certificates
 	bin := func(file, dst string) error {
 		src := filepath.Join(o.BinDir, file)
@@ -193,11 +206,7 @@ func (o PdserveOptions) PdserveImage(ctx context.Context, base *Tree, name strin
 		return nil, fmt.Errorf("ociimage: no pdserve image %q (images: %s)", name, strings.Join(PdserveImageNames, ", "))
 	}
 	img.Spec.Env = env
-	lic := "NOASSERTION"
-	if o.License != "" {
-		lic = strings.Join(append([]string{o.License}, third...), " AND ")
-	}
-	labels["org.opencontainers.image.licenses"] = lic
+	labels["org.opencontainers.image.licenses"] = strings.Join(append([]string{PdserveLicense}, third...), " AND ")
 	img.Spec.Labels = labels
 	return img, nil
 }

@@ -2,6 +2,7 @@ package ociimage
 
 import (
 	"context"
+	"errors"
 	"maps"
 	"os"
 	"os/exec"
@@ -207,6 +208,44 @@ func serveUntilStarted(t *testing.T, r *runner, args []string) {
 	}
 }
 
+// TestPdserveImageLicense: an image carries the repository's LICENSE and
+// a licences label led by PdserveLicense, never NOASSERTION; without the
+// LICENSE it is not built.
+func TestPdserveImageLicense(t *testing.T) {
+	root := repotest.Root(t)
+	bin := t.TempDir()
+	if err := os.WriteFile(filepath.Join(bin, "loadtest"), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	o := PdserveOptions{Registry: "r", Version: "v", Source: "s", BinDir: bin, LicenseFile: filepath.Join(root, "LICENSE")}
+	img, err := o.PdserveImage(context.Background(), NewTree(), "loadtest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "Apache-2.0 AND LGPL-2.1-or-later AND GPL-3.0-or-later WITH GCC-exception-3.1 AND MPL-2.0"
+	if got := img.Spec.Labels["org.opencontainers.image.licenses"]; got != want {
+		t.Errorf("licenses label %q, want %q", got, want)
+	}
+	var has bool
+	for _, l := range img.Spec.Layers {
+		has = has || l.Tree.Has("/usr/share/doc/pdserve/LICENSE")
+	}
+	if !has {
+		t.Errorf("no layer holds /usr/share/doc/pdserve/LICENSE")
+	}
+	lic, err := os.ReadFile(o.LicenseFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(lic), "Apache License") || !strings.Contains(string(lic), "Version 2.0, January 2004") {
+		t.Errorf("%s is not the Apache License 2.0", o.LicenseFile)
+	}
+	o.LicenseFile = filepath.Join(t.TempDir(), "LICENSE")
+	if _, err := o.PdserveImage(context.Background(), NewTree(), "loadtest"); !errors.Is(err, ErrMissingPart) {
+		t.Errorf("without a LICENSE: %v, want ErrMissingPart", err)
+	}
+}
+
 type errString string
 
 func (e errString) Error() string { return string(e) }
@@ -229,6 +268,9 @@ func checkPdserveConfig(t *testing.T, n, ref, version string, img v1.Image) {
 		if c.Labels["org.opencontainers.image."+l] == "" {
 			t.Errorf("no label org.opencontainers.image.%s: %v", l, c.Labels)
 		}
+	}
+	if lic := c.Labels["org.opencontainers.image.licenses"]; !strings.HasPrefix(lic, PdserveLicense+" AND ") {
+		t.Errorf("label org.opencontainers.image.licenses %q, want %s AND the third-party parts'", lic, PdserveLicense)
 	}
 	if c.Labels["org.opencontainers.image.version"] != version || c.Labels["org.opencontainers.image.title"] != n {
 		t.Errorf("labels %v: want version %s, title %s", c.Labels, version, n)

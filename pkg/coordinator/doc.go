@@ -34,19 +34,21 @@
 //
 //  1. Admission (the frontend, before the body is read): at most
 //     Policy.Limits.QueueLimit requests at once; one more gets 429.
-//  2. Routing: the router picks a decode worker among those serving the
-//     request's model (every worker under --model-name), the coordinator
-//     calls DecodeService.Reserve(prompt + n × max_tokens) on it (a full
-//     worker is skipped and the next one tried, and so is one that fails,
-//     at most 3; when every one is full: 429; when none exists: 503),
-//     then the router decides remote or local
-//     prefill and picks the prefill worker. The router decides on its
+//  2. Routing: in one Router.Route call, before any Reserve, the router
+//     picks a decode worker among those serving the request's model (every
+//     worker under --model-name), decides remote or local prefill and, for
+//     remote, picks the prefill worker. Then the coordinator calls
+//     DecodeService.Reserve(prompt + n × max_tokens) on the decode worker
+//     (a full worker is excluded and the request routed again, decode and
+//     prefill worker both, and so is one that fails, at most 3; when every
+//     one is full: 429; when none exists: 503). The router decides on its
 //     estimate of the decode worker's prefix cache; a remote decision is
 //     revisited on Reserve's answer (the prompt tokens the worker really
 //     holds, pinned until the KV arrives): when the rest is shorter than
 //     --local-prefill-tokens the prompt prefills on the decode worker
-//     (Router.Reserved), and otherwise the prefill worker skips the
-//     tokens the decode worker holds (PrefillRequest.skip_tokens).
+//     (Router.Reserved drops the chosen prefill worker), and otherwise the
+//     prefill worker skips the tokens the decode worker holds
+//     (PrefillRequest.skip_tokens).
 //  3. DecodeService.Generate and PrefillService.Prefill run concurrently.
 //     With first-token policy "prefill" the first token goes to the client
 //     as soon as the prefill worker reports it, and the Generate call asks

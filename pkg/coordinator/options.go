@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -158,8 +159,8 @@ type Options struct {
 	HTTPWriteTimeout time.Duration
 	// LogLevel is debug, info, warn or error (used by coordinatorrun.Main's logger).
 	LogLevel string
-	// PolicyFile is the YAML policy file (pkg/config; --policy, formerly
-	// --config); empty: defaults.
+	// PolicyFile is the YAML policy file (pkg/config; --policy); empty:
+	// defaults.
 	PolicyFile string
 	// Engine selects the standalone workers' engine (--engine, --preset,
 	// --seed, --engine-threads, --profile, --time-scale, --model, …).
@@ -292,7 +293,30 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	o.Engine.AddFlags(fs)
 	o.Auth.addFlags(fs)
 	o.Tracing.AddFlags(fs)
-	cliflags.AddRenamed(fs, cliflags.Renamed{Old: "queue-limit", New: "max-admitted-requests"}, cliflags.Renamed{Old: "config", New: "policy"})
+	cliflags.AddRenamed(fs, cliflags.Renamed{Old: "queue-limit", New: "max-admitted-requests"})
+}
+
+// WorkerOnlyFlags are the coordinator's flags that only its standalone
+// workers read: without --standalone, Validate refuses them, naming them.
+// Of the engine flags the coordinator itself reads --engine, --model and
+// --llama-lib, --llama-cpu-variant, --llama-device (with --engine
+// llamacpp it loads the model's tokenizer and chat template).
+var WorkerOnlyFlags = []string{"prefill-workers", "decode-workers", "preset", "seed", "engine-threads", "profile", "time-scale",
+	"payload-scale", "gpu-layers", "ctx-size", "kv-type", "max-seqs", "no-repack"}
+
+// workerOnlyGiven returns the WorkerOnlyFlags given (FlagsSet) without
+// --standalone, in WorkerOnlyFlags' order.
+func (o Options) workerOnlyGiven() []string {
+	if o.Standalone {
+		return nil
+	}
+	var given []string
+	for _, f := range WorkerOnlyFlags {
+		if o.FlagsSet[f] {
+			given = append(given, f)
+		}
+	}
+	return given
 }
 
 // SetFlags records in FlagsSet the flags fs was given (call it after
@@ -443,6 +467,9 @@ func (o Options) Validate() error {
 	}
 	if _, err := zapcore.ParseLevel(o.LogLevel); err != nil || o.LogLevel == "" {
 		bad("log-level %q must be debug, info, warn or error", o.LogLevel)
+	}
+	if given := o.workerOnlyGiven(); len(given) > 0 {
+		errs = append(errs, fmt.Errorf("--%s: worker flags, read only with --standalone (give them to the workers)", strings.Join(given, ", --")))
 	}
 	if o.Standalone {
 		if o.DecodeWorkers <= 0 {

@@ -97,7 +97,7 @@ var helpGroups = []cliflags.Group{
 // program name: a subcommand name and its arguments, or the serve flags.
 // --help and --version print to stdout; errors before the logger exists
 // go to stderr, one line per problem (cliflags.PrintError). A former name
-// of a flag (--queue-limit, --config) works as its flag does, with one
+// of a flag (--queue-limit) works as its flag does, with one
 // warning logged at start. It returns the exit code: 0 after a clean
 // stop, --help or --version, 2 for bad flags, settings or policy file, 1
 // when serving failed.

@@ -12,9 +12,9 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 )
 
-// TestRenamedFlags: the coordinator's former flag names (--queue-limit,
-// --config) set their flags' values, as the effective configuration logs
-// them, and log one deprecation warning each at start.
+// TestRenamedFlags: the coordinator's former flag name --queue-limit sets
+// --max-admitted-requests, as the effective configuration logs it, and
+// logs one deprecation warning at start.
 func TestRenamedFlags(t *testing.T) {
 	policy := filepath.Join(t.TempDir(), "policy.yaml")
 	if err := os.WriteFile(policy, []byte("limits: {queue_limit: 9, max_tokens_cap: 40}\n"), 0o600); err != nil {
@@ -28,8 +28,8 @@ func TestRenamedFlags(t *testing.T) {
 	}{
 		{"new names", []string{"--policy", policy, "--max-admitted-requests=3"}, 3, nil},
 		{"the policy's", []string{"--policy", policy}, 9, nil},
-		{"former names", []string{"--config", policy, "--queue-limit=3"}, 3,
-			[]string{"flag --config is deprecated, use --policy", "flag --queue-limit is deprecated, use --max-admitted-requests"}},
+		{"former name", []string{"--policy", policy, "--queue-limit=3"}, 3,
+			[]string{"flag --queue-limit is deprecated, use --max-admitted-requests"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			core, logs := observer.New(zap.InfoLevel)

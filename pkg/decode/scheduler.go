@@ -32,10 +32,15 @@ func (s *Server) Stop() { s.stop() }
 // sequences join the batch at each step boundary while it has room (those
 // whose KV arrived are imported then), every running sequence decodes one
 // token a step, and local prefills take chunks of what is left. Its
-// methods run in the runner's loop, which holds the engine lock; they
-// take Server.rn.mu for the batch and the sequences' sched, and
-// Server.mu only to hand the requests that ended in the runner to the
-// service (handOff).
+// methods run in the runner's goroutine, which holds the engine lock
+// across each Plan, step and Done and across Shutdown. They take
+// Server.rn.mu for the batch and the sequences' sched. They take
+// Server.mu in two places only: handOff, at the end of every Plan and
+// every Done, and then only when a request ended in the runner or a
+// sequence went into the prefix cache since the last hand-off (it
+// releases rn.mu first, so the runner never holds rn.mu while it waits
+// for Server.mu); and Shutdown, which holds Server.mu throughout and takes
+// rn.mu inside it.
 type batcher struct{ s *Server }
 
 var _ runner.Policy[*sequence] = batcher{}

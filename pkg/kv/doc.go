@@ -1,12 +1,13 @@
-// Package kv does the bookkeeping of a worker's paged KV cache: which
-// fixed-size token blocks are free or in use and by how many holders
-// (Pool), which blocks hold the KV of which request (Reservations), and
-// which blocks hold an already computed prompt prefix (PrefixCache, keyed by
-// the chained block hashes of HashBlocks).
+// Package kv names a worker's paged KV cache: fixed-size token blocks
+// counted by a Pool (which blocks are free or in use, and by how many
+// holders; the decode worker's reservations draw on one), and the chained
+// block hashes of HashBlocks that identify a prompt prefix across
+// processes (the prefix caches of package prefixcache, heartbeats and the
+// router key on them).
 //
-// The KV bytes themselves live in the engine; this package only accounts
-// for them, so that a worker can never promise more KV memory than it has.
-// Every type here is safe for concurrent use.
+// The KV bytes themselves live in the engine; a Pool only accounts for
+// them, so that a worker can never promise more KV memory than it has.
+// Pool is safe for concurrent use.
 //
 // # Prefix hashes
 //

@@ -143,20 +143,6 @@ func (p *Pool) Release(ids []BlockID) error {
 	return nil
 }
 
-// releaseIfSole drops the last reference of id and frees it when id holds
-// exactly one reference, and reports whether it did. The prefix cache uses it
-// to evict a block nobody but the cache holds.
-func (p *Pool) releaseIfSole(id BlockID) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if id < 0 || int(id) >= len(p.refs) || p.refs[id] != 1 {
-		return false
-	}
-	p.refs[id] = 0
-	p.free = append(p.free, id)
-	return true
-}
-
 // refCount returns the reference count of id (0 when free or unknown).
 func (p *Pool) refCount(id BlockID) int {
 	p.mu.Lock()

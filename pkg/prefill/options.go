@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/pdserve/pdserve/internal/cliflags"
 	"github.com/pdserve/pdserve/pkg/batching"
 	"github.com/pdserve/pdserve/pkg/kv/codec"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
@@ -91,8 +90,7 @@ func DefaultOptions() Options {
 // --max-live-prefills, --retain-bytes, --retain-ttl, --max-live-kv-bytes,
 // --peer-link-gbps,
 // --block-tokens, --prefix-cache-tokens and --prefix-cache-entries on fs,
-// with o's values as defaults, and --queue-limit, the former name of
-// --max-live-prefills (cliflags.AddRenamed: removed in the next release).
+// with o's values as defaults.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	o.Budget.AddFlags(fs)
 	fs.StringVar(&o.Codec, "codec", o.Codec, "KV codec when a request names none: none, s2, zstd, bf16 (also f16: lossless byte planes of bf16 or f16 KV), fp8 or int8 (bf16, fp8 and int8 need bf16 or f16 KV); auto chooses per transfer the lossless codec that delivers soonest (from a codec self-benchmark at start, the link throughput measured per decode worker and its decode speed), auto-lossy the same with fp8 and int8 allowed")
@@ -103,7 +101,6 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.PrefixCache.BlockTokens, "block-tokens", o.PrefixCache.BlockTokens, "tokens per block of the prefix hashes and of prefix reuse: must equal the coordinator's and the decode workers' --block-tokens")
 	o.PrefixCache.AddFlags(fs)
 	fs.Float64Var(&o.PeerLinkGbps, "peer-link-gbps", o.PeerLinkGbps, "Gbit/s a pull of a cached prefix from a peer worker is priced at until pulls from it were measured: a prompt pulls its prefix when that is faster than computing it at this worker's measured prefill throughput (0: never pull)")
-	cliflags.AddRenamed(fs, cliflags.Renamed{Old: "queue-limit", New: "max-live-prefills"})
 }
 
 // Validate reports every invalid field in one error.

@@ -191,10 +191,11 @@ func (v roleValue) Set(s string) error {
 // --retain-bytes, --pace-gbps, --kv-conns. Decode and colocated: --role,
 // --kv-blocks, --block-tokens, --max-batch, --chunk-tokens,
 // --max-batch-tokens, --reserve-ttl, --max-reservations-per-caller,
-// --max-reserved-tokens-per-caller. The former names, until the next
-// release (cliflags.AddRenamed): --config (--flags-file) on every worker,
-// --link-gbps (--pace-gbps) and --queue-limit (--max-live-prefills) on
-// prefill workers.
+// --max-reserved-tokens-per-caller. The former name, until the next
+// release (cliflags.AddRenamed): --config (--flags-file) on every worker.
+// The prefill worker's former --link-gbps (--pace-gbps) and --queue-limit
+// (--max-live-prefills) are gone: those names mean the planner's link
+// bandwidth and the coordinator's admission limit.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.ID, "id", o.ID, "worker id in heartbeats and on the command subject (default <role>-<random hex>)")
 	fs.StringVar(&o.GRPCAddr, "grpc-addr", o.GRPCAddr, "gRPC listen address, host:port (the default listens on loopback only; :9000 listens on every interface)")
@@ -218,7 +219,6 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 		o.Prefill.AddFlags(fs)
 		fs.Float64Var(&o.PaceGbps, "pace-gbps", o.PaceGbps, "pace KV transfers (pushes and peer pulls) as over a link of this many Gbit/s (0: no pacing)")
 		fs.IntVar(&o.KVConns, "kv-conns", o.KVConns, "connections per decode worker for KV transfer")
-		cliflags.AddRenamed(fs, cliflags.Renamed{Old: "link-gbps", New: "pace-gbps"})
 	} else {
 		fs.Float64Var(&o.PaceGbps, "pace-gbps", o.PaceGbps, "pace the peer pulls of local prefills as over a link of this many Gbit/s (0: no pacing)")
 		fs.Var(roleValue{&o.Role}, "role", "worker role: decode, or colocated (prefills locally too)")

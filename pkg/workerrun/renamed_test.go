@@ -3,6 +3,7 @@ package workerrun
 import (
 	"bytes"
 	"context"
+	"flag"
 	"os"
 	"path/filepath"
 	"strings"
@@ -11,13 +12,18 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/pdserve/pdserve/internal/cliflags"
 )
 
-// TestRenamedFlags: the workers' former flag names (--queue-limit,
-// --link-gbps, --config), on the command line or as keys of the flags
-// file, set their flags' values (as the effective configuration logs
-// them) and log one deprecation warning each at start; a former name
-// and its flag given different values is an error naming both.
+// TestRenamedFlags: the workers' former flag name --config sets
+// --flags-file (as the effective configuration logs the file's values)
+// and logs one deprecation warning at start; former names in the flags
+// file (a synthetic flag set here: the workers have none left) set their
+// flags and are returned for their warnings; a former name and its flag
+// given different values is an error naming both. The prefill worker's
+// former --queue-limit and --link-gbps are gone: other binaries give those
+// names other meanings (TestFlagVocabulary).
 func TestRenamedFlags(t *testing.T) {
 	dir := t.TempDir()
 	file := func(name, yaml string) string {
@@ -27,8 +33,20 @@ func TestRenamedFlags(t *testing.T) {
 		}
 		return path
 	}
-	old := file("old.yaml", "queue-limit: 9\nlink-gbps: 3\n")
-	both := file("both.yaml", "queue-limit: 9\nmax-live-prefills: 8\n")
+	vals := file("vals.yaml", "max-live-prefills: 9\npace-gbps: 3\n")
+	gone := file("gone.yaml", "queue-limit: 9\n")
+	t.Run("former keys in a flags file", func(t *testing.T) {
+		fs := flag.NewFlagSet("w", flag.ContinueOnError)
+		n := fs.Int("new", 0, "")
+		cliflags.AddRenamed(fs, cliflags.Renamed{Old: "old", New: "new"})
+		renamed, err := ApplyFlagsFile(fs, file("old.yaml", "old: 4\n"))
+		if err != nil || *n != 4 || len(renamed) != 1 || renamed[0].Old != "old" {
+			t.Errorf("ApplyFlagsFile = %v, %v; --new %d; want [old→new], nil, 4", renamed, err, *n)
+		}
+		if _, err := ApplyFlagsFile(fs, file("both.yaml", "old: 4\nnew: 5\n")); err == nil || !strings.Contains(err.Error(), "the same flag (--new) with two values") {
+			t.Errorf("former key and its flag disagreeing: %v", err)
+		}
+	})
 	type warning struct{ Msg, File string }
 	for _, tc := range []struct {
 		name     string
@@ -40,18 +58,17 @@ func TestRenamedFlags(t *testing.T) {
 		stderr   string // exit 2: the whole stderr
 	}{
 		{name: "new names", args: []string{"--max-live-prefills=7", "--pace-gbps=2.5"}, live: 7, pace: 2.5},
-		{name: "former names", args: []string{"--queue-limit=7", "--link-gbps=2.5"}, live: 7, pace: 2.5,
-			warnings: []warning{{"flag --link-gbps is deprecated, use --pace-gbps", ""}, {"flag --queue-limit is deprecated, use --max-live-prefills", ""}}},
-		{name: "former keys in the flags file, given by its former name", args: []string{"--config=" + old}, live: 9, pace: 3,
-			warnings: []warning{{"flag --config is deprecated, use --flags-file", ""},
-				{"flag --link-gbps is deprecated, use --pace-gbps", old}, {"flag --queue-limit is deprecated, use --max-live-prefills", old}}},
-		{name: "the command line wins over a former key", args: []string{"--flags-file=" + old, "--max-live-prefills=5", "--link-gbps=1"}, live: 5, pace: 1,
-			warnings: []warning{{"flag --link-gbps is deprecated, use --pace-gbps", ""},
-				{"flag --link-gbps is deprecated, use --pace-gbps", old}, {"flag --queue-limit is deprecated, use --max-live-prefills", old}}},
-		{name: "both names disagree", args: []string{"--queue-limit=3", "--max-live-prefills=4"}, code: 2,
-			stderr: "prefill-worker: --queue-limit 3 and --max-live-prefills 4: --queue-limit is the former name of --max-live-prefills; give one\n"},
-		{name: "both keys disagree", args: []string{"--flags-file=" + both}, code: 2,
-			stderr: "prefill-worker: --flags-file " + both + ": max-live-prefills 8 and queue-limit 9: the same flag (--max-live-prefills) with two values\n"},
+		{name: "the flags file by its former name", args: []string{"--config=" + vals}, live: 9, pace: 3,
+			warnings: []warning{{"flag --config is deprecated, use --flags-file", ""}}},
+		{name: "the command line wins over the file", args: []string{"--flags-file=" + vals, "--max-live-prefills=5"}, live: 5, pace: 3},
+		{name: "both names disagree", args: []string{"--config=a.yaml", "--flags-file=b.yaml"}, code: 2,
+			stderr: "prefill-worker: --config a.yaml and --flags-file b.yaml: --config is the former name of --flags-file; give one\n"},
+		{name: "queue-limit is gone", args: []string{"--queue-limit=3"}, code: 2,
+			stderr: "prefill-worker: flag provided but not defined: -queue-limit\nRun 'prefill-worker --help' for usage.\n"},
+		{name: "link-gbps is gone", args: []string{"--link-gbps=3"}, code: 2,
+			stderr: "prefill-worker: flag provided but not defined: -link-gbps\nRun 'prefill-worker --help' for usage.\n"},
+		{name: "queue-limit is gone from the flags file", args: []string{"--flags-file=" + gone}, code: 2,
+			stderr: "prefill-worker: --flags-file " + gone + ": unknown flag \"queue-limit\"\n"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			core, logs := observer.New(zap.InfoLevel)

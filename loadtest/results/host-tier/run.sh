@@ -39,7 +39,7 @@ decodes=$(seq 0 $((${DECODES:-2} - 1)))
 pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait' EXIT
 "$BIN/coordinator" --http-addr 127.0.0.1:28080 --nats-listen 127.0.0.1:24222 --policy "$auth/policy.yaml" --nats-auth-file "$auth/users.yaml" \
-  --log-level warn "${sim[@]}" 2>"$auth/coordinator.log" & pids+=($!)
+  --log-level warn --engine sim 2>"$auth/coordinator.log" & pids+=($!)
 sleep 1
 for i in 0 1 2 3; do
   "$BIN/prefill-worker" --id prefill-$i --nats-url nats://127.0.0.1:24222 --nats-user prefill --nats-password-file "$auth/prefill.pw" --grpc-addr 127.0.0.1:2910$i \

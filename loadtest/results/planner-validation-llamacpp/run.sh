@@ -81,7 +81,7 @@ deploy() {
   printf 'users:\n  - {user: prefill, password: %s, role: prefill}\n  - {user: decode, password: %s, role: %s}\n' \
     "$(cat "$auth/prefill.pw")" "$(cat "$auth/decode.pw")" "$([[ $mode == colocated ]] && echo colocated || echo decode)" >"$auth/users.yaml"
   "$BIN/coordinator" --http-addr 127.0.0.1:18090 --nats-listen 127.0.0.1:14232 --nats-auth-file "$auth/users.yaml" \
-    --mode "$([[ $mode == colocated ]] && echo colocated || echo disaggregated)" "${llama[@]}" --log-level warn 2>"$auth/coordinator.log" & pids+=($!)
+    --mode "$([[ $mode == colocated ]] && echo colocated || echo disaggregated)" --engine llamacpp --model "$model" --log-level warn 2>"$auth/coordinator.log" & pids+=($!)
   sleep 1
   local nats=(--nats-url nats://127.0.0.1:14232 --log-level warn)
   if [[ $mode == colocated ]]; then
@@ -121,7 +121,7 @@ measure() {
 predict() {
   local mode=$1 rate=$2 name="$1-${2}qps"
   local design=(--design 1P+1D --profile $out/profile-t1.json)
-  [[ $mode == colocated ]] && design=(--design 1C --chunk-tokens 512 --profile $out/profile-t1.json --colocated-profile $out/profile-t2.json)
+  [[ $mode == colocated ]] && design=(--design 1C --max-batch-tokens 512 --profile $out/profile-t1.json --colocated-profile $out/profile-t2.json)
   local actual n
   read -r actual n < <(python3 -c 'import json,sys; t=sorted(json.load(open(sys.argv[1]))["start_times"]); print((len(t)-1)/(t[-1]-t[0]), len(t))' $out/measured-$name.json)
   "$BIN/coordinator" plan "${design[@]}" "${plan[@]}" --workload $out/measured-$name.json --rate "$actual" --requests "$n" --output json >$out/predicted-$name.json
@@ -142,7 +142,7 @@ for s in "${steps[@]}"; do
     1p1d) deploy 1p1d; for r in ${RATES_1P1D:-0.6 0.8 1.0 1.2 1.4}; do measure 1p1d "$r"; done; stop ;;
     colocated) deploy colocated; for r in ${RATES_COLOCATED:-0.6 0.8 1.0 1.2 1.4}; do measure colocated "$r"; done; stop ;;
     plan) "$BIN/coordinator" plan --profile $out/profile-t1.json --colocated-profile $out/profile-t2.json --gpu-budget 2 \
-            "${plan[@]}" --chunk-tokens 512 --workload fixed:$IN/$OUT --output json >$out/plan-budget2.json ;;
+            "${plan[@]}" --max-batch-tokens 512 --workload fixed:$IN/$OUT --output json >$out/plan-budget2.json ;;
     refit) refit ;;
     repredict) repredict ;;
     *) echo "unknown step $s (want profile, 1p1d, colocated, plan, refit or repredict)" >&2; exit 2 ;;

@@ -30,7 +30,7 @@ read -ra wflags <<<"${WORKER_FLAGS:-}"
 pids=()
 trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait' EXIT
 "$BIN/coordinator" --http-addr 127.0.0.1:18080 --nats-listen 127.0.0.1:14222 --policy "$policy" --nats-auth-file "$auth/users.yaml" \
-  --log-level warn "${sim[@]}" "${cflags[@]}" 2>"$auth/coordinator.log" & pids+=($!)
+  --log-level warn --engine sim "${cflags[@]}" 2>"$auth/coordinator.log" & pids+=($!)
 sleep 1
 for i in 0 1 2 3; do
   "$BIN/prefill-worker" --id prefill-$i --nats-url nats://127.0.0.1:14222 --nats-user prefill --nats-password-file "$auth/prefill.pw" --grpc-addr 127.0.0.1:1910$i \

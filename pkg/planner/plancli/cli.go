@@ -56,12 +56,16 @@ type Options struct {
 	// planner.SweepCache too.
 	PrefixCacheTokens int64
 	HostCacheTokens   int64
-	HostLinkGbps      float64
-	PrefixRouting     string
-	CacheSweep        bool
+	// HostCacheBytes sizes the host tier as the workers do
+	// (--host-cache-bytes: bytes of true KV); Configs turns it into tokens
+	// by the prefill profile's KV bytes per token. 0: HostCacheTokens.
+	HostCacheBytes int64
+	HostLinkGbps   float64
+	PrefixRouting  string
+	CacheSweep     bool
 	// Design, when set, evaluates that one design at Rate instead of
 	// searching: "P:D" or "PP+DD" (e.g. "2P+1D") disaggregated, "NC"
-	// colocated (chunk budget from --chunk-tokens).
+	// colocated (step budget from --max-batch-tokens).
 	Design string
 }
 
@@ -113,20 +117,38 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.Policy, "first-token-policy", o.Policy, "first token from the prefill worker (prefill, the coordinator's default: kv_transfer in the first inter-token gap) or the decode worker (decode: kv_transfer in TTFT)")
 	fs.DurationVar(&o.Ingress, "ingress", o.Ingress, "coordinator time before a request reaches the prefill queue")
 	fs.IntVar(&o.GPUBudget, "gpu-budget", o.GPUBudget, "most GPUs a design may use (0: 16); with CPU profiles (coordinator profile on a CPU) the most cores, a worker taking its profile's threads (0: the logical CPUs of the machine the profile was measured on)")
-	fs.StringVar(&o.GPUCost, "gpu-cost", o.GPUCost, "USD per GPU-hour (per core-hour for CPU profiles): one price, or GPU=PRICE pairs such as a100-80g=1.9,h100=3.5 (the profile's gpu field: cpu for a CPU profile)")
+	fs.StringVar(&o.GPUCost, "gpu-cost-per-hour", o.GPUCost, "USD per GPU-hour (per core-hour for CPU profiles): one price, or GPU=PRICE pairs such as a100-80g=1.9,h100=3.5 (the profile's gpu field: cpu for a CPU profile)")
 	fs.IntVar(&o.Limits.MaxDecodeBatch, "max-decode-batch", 0, "fix the decode batch limit (0 = derive from the TPOT SLO)")
 	fs.IntVar(&o.Limits.MaxPrefillTokens, "max-prefill-tokens", 0, "fix the prefill tokens per step (0 = derive from the TTFT SLO)")
-	fs.IntVar(&o.Limits.ChunkTokens, "chunk-tokens", 0, "fix the colocated token budget per step (0 = search, -1 = no chunked prefill)")
+	fs.IntVar(&o.Limits.ChunkTokens, "max-batch-tokens", 0, "fix the colocated workers' token budget per step, summed over the batch, as their --max-batch-tokens (0 = search, -1 = no chunked prefill)")
 	fs.IntVar(&o.Requests, "requests", o.Requests, "requests per simulation (more for large designs, to reach a steady state)")
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "seed of the simulated requests")
 	fs.StringVar(&o.Output, "output", o.Output, "table or json")
 	fs.StringVar(&o.Plot, "plot", o.Plot, "write a PNG of goodput per GPU against the P:D ratio to this file")
 	fs.Int64Var(&o.PrefixCacheTokens, "prefix-cache-tokens", o.PrefixCacheTokens, "each prefill (colocated) worker's engine-memory prefix cache, tokens, simulated when the workload names its prompts' blocks (a Mooncake trace's hash_ids): -1 = the profile's KV memory (the workers' default), 0 = none")
 	fs.Int64Var(&o.HostCacheTokens, "host-cache-tokens", o.HostCacheTokens, "each worker's host-memory prefix-cache tier, tokens (blocks the engine tier evicts; a hit loads over --host-link-gbps)")
+	fs.Int64Var(&o.HostCacheBytes, "host-cache-bytes", o.HostCacheBytes, "each worker's host-memory prefix-cache tier in bytes of true KV, as the workers' --host-cache-bytes (planned as tokens by the profile's KV bytes per token; instead of --host-cache-tokens)")
 	fs.Float64Var(&o.HostLinkGbps, "host-link-gbps", o.HostLinkGbps, "host-to-GPU bandwidth host-tier hits load over, Gb/s (default: PCIe Gen5 x16, about 64 GB/s per direction, as on H100 and H200)")
 	fs.StringVar(&o.PrefixRouting, "prefix-routing", o.PrefixRouting, "how the simulated router places prompts when caches are simulated: prefix (the router's default prefill weights) or least-loaded")
 	fs.BoolVar(&o.CacheSweep, "cache-sweep", o.CacheSweep, "with a workload that names its blocks, also plan each prefix-cache size (0, ¼, ½, 1× the engine tier; 1× plus 1, 2, 4× of it in host memory) and print what each buys")
-	fs.StringVar(&o.Design, "design", o.Design, "predict one design at --rate instead of searching: P:D or 2P+1D (disaggregated), or 3C (colocated, needs --chunk-tokens)")
+	fs.StringVar(&o.Design, "design", o.Design, "predict one design at --rate instead of searching: P:D or 2P+1D (disaggregated), or 3C (colocated, needs --max-batch-tokens)")
+	cliflags.AddRenamed(fs, Renamed...)
+}
+
+// Renamed are plan's former flag names: --chunk-tokens was the per-step
+// budget the workers call --max-batch-tokens (theirs, --chunk-tokens, is
+// the chunk of one sequence), --gpu-cost the price the coordinator calls
+// --gpu-cost-per-hour. Run warns on stderr when given one.
+var Renamed = []cliflags.Renamed{{Old: "chunk-tokens", New: "max-batch-tokens"}, {Old: "gpu-cost", New: "gpu-cost-per-hour"}}
+
+// hostTokens is the host tier of each worker of profile p, tokens:
+// HostCacheBytes over p's KV bytes per token when given, else
+// HostCacheTokens.
+func hostTokens(o *Options, p *perfmodel.Profile) int64 {
+	if o.HostCacheBytes > 0 {
+		return o.HostCacheBytes / max(p.KVBytesPerToken(), 1)
+	}
+	return o.HostCacheTokens
 }
 
 // ParseDesign reads a design: "P:D" or "PP+DD" (e.g. "2P+1D") for a
@@ -160,7 +182,7 @@ func ParseDesign(s string, chunk int) (planner.Design, error) {
 		return planner.Design{}, bad
 	}
 	if chunk == 0 {
-		return planner.Design{}, fmt.Errorf("%w: --design %q: a colocated design needs --chunk-tokens (-1 or > 0)", errUsage, s)
+		return planner.Design{}, fmt.Errorf("%w: --design %q: a colocated design needs --max-batch-tokens (-1 or > 0)", errUsage, s)
 	}
 	return planner.Design{Colocated: c, Chunk: chunk}, nil
 }
@@ -193,6 +215,10 @@ func (o *Options) Configs() ([]*planner.Config, error) {
 		return nil, bad("--prefix-cache-tokens %d: want ≥ 0, or -1 for the profile's KV memory", o.PrefixCacheTokens)
 	case o.HostCacheTokens < 0:
 		return nil, bad("--host-cache-tokens %d must be ≥ 0", o.HostCacheTokens)
+	case o.HostCacheBytes < 0:
+		return nil, bad("--host-cache-bytes %d must be ≥ 0", o.HostCacheBytes)
+	case o.HostCacheBytes > 0 && o.HostCacheTokens > 0:
+		return nil, bad("--host-cache-bytes and --host-cache-tokens both size the host tier: give one")
 	case !(o.HostLinkGbps > 0) || math.IsInf(o.HostLinkGbps, 0):
 		return nil, bad("--host-link-gbps %v must be finite and > 0", o.HostLinkGbps)
 	case o.PrefixRouting != string(planner.RoutePrefix) && o.PrefixRouting != string(planner.RouteLeastLoaded):
@@ -229,7 +255,7 @@ func (o *Options) Configs() ([]*planner.Config, error) {
 	}
 	cost, err := parseCost(o.GPUCost)
 	if err != nil {
-		return nil, fmt.Errorf("%w: --gpu-cost: %w", errUsage, err)
+		return nil, fmt.Errorf("%w: --gpu-cost-per-hour: %w", errUsage, err)
 	}
 	w, err := planner.LoadWorkload(o.Workload, planner.LoadOptions{Samples: o.Samples, Seed: o.Seed})
 	if err != nil {
@@ -274,16 +300,16 @@ func (o *Options) Configs() ([]*planner.Config, error) {
 			Requests:        o.Requests,
 			Seed:            o.Seed,
 			Cache: planner.Cache{
-				EngineTokens: o.PrefixCacheTokens, HostTokens: o.HostCacheTokens,
+				EngineTokens: o.PrefixCacheTokens, HostTokens: hostTokens(o, p),
 				HostLinkBytesPerSec: o.HostLinkGbps * 1e9 / 8, Routing: planner.Routing(o.PrefixRouting),
 			},
 		}
 		if c.GPUCostPerHour, err = cost.of(p.GPU); err != nil {
-			return nil, fmt.Errorf("%w: --gpu-cost: %w", errUsage, err)
+			return nil, fmt.Errorf("%w: --gpu-cost-per-hour: %w", errUsage, err)
 		}
 		if dec != nil {
 			if c.DecodeGPUCostPerHour, err = cost.of(dec.GPU); err != nil {
-				return nil, fmt.Errorf("%w: --gpu-cost: %w", errUsage, err)
+				return nil, fmt.Errorf("%w: --gpu-cost-per-hour: %w", errUsage, err)
 			}
 		}
 		if err := c.Validate(); err != nil {
@@ -358,7 +384,7 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			"`coordinator profiles` lists the profiles.\n\n"+
 			"Examples:\n"+
 			"  coordinator plan --profile h100/llama-3-8b/tp1 --workload fixed:512/64 --slo-ttft 500ms --slo-tpot 50ms --rate 20\n"+
-			"  coordinator plan --profile a100-80g/opt-13b/tp1,h100/llama-3-8b/tp1 --gpu-cost a100-80g=1.9,h100=3.5 \\\n"+
+			"  coordinator plan --profile a100-80g/opt-13b/tp1,h100/llama-3-8b/tp1 --gpu-cost-per-hour a100-80g=1.9,h100=3.5 \\\n"+
 			"    --workload trace.csv --slo-ttft 250ms --slo-tpot 100ms --codec zstd --link-gbps 25 --plot plan.png\n"+
 			"  coordinator plan --profile h100/llama-3-8b/tp1 --workload fixed:512/64 --slo-ttft 500ms --slo-tpot 50ms \\\n"+
 			"    --design 2P+1D --rate 10\n\nFlags:\n")
@@ -366,6 +392,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if code, ok := cliflags.Parse(fs, args, stdout, stderr); !ok {
 		return code
+	}
+	for _, r := range cliflags.RenamedGiven(fs) {
+		fmt.Fprintf(stderr, "coordinator plan: %s\n", r.Deprecation())
 	}
 	cfgs, err := o.Configs()
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"image/png"
 	"os"
 	"path/filepath"
@@ -14,13 +15,15 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/pdserve/pdserve/internal/cliflags"
+	"github.com/pdserve/pdserve/pkg/perfmodel"
 	"github.com/pdserve/pdserve/pkg/planner"
 )
 
 // base are quick flags: a small budget and few simulated requests.
 var base = []string{
 	"--profile", "a100-80g/opt-13b/tp1", "--workload", "fixed:512/64",
-	"--slo-ttft", "400ms", "--slo-tpot", "40ms", "--gpu-budget", "4", "--requests", "100", "--chunk-tokens", "512",
+	"--slo-ttft", "400ms", "--slo-tpot", "40ms", "--gpu-budget", "4", "--requests", "100", "--max-batch-tokens", "512",
 }
 
 func run(t *testing.T, args ...string) (code int, stdout, stderr string) {
@@ -81,9 +84,9 @@ func TestPlanJSONAndPlot(t *testing.T) {
 
 func TestPlanWhatIf(t *testing.T) {
 	args := []string{
-		"--profile", "a100-80g/llama-3-8b/tp1,h100/llama-3-8b/tp1", "--gpu-cost", "a100-80g=1.5,h100=3",
+		"--profile", "a100-80g/llama-3-8b/tp1,h100/llama-3-8b/tp1", "--gpu-cost-per-hour", "a100-80g=1.5,h100=3",
 		"--workload", "fixed:1024/128", "--slo-ttft", "500ms", "--slo-tpot", "50ms",
-		"--gpu-budget", "3", "--requests", "100", "--chunk-tokens", "512", "--output", "json",
+		"--gpu-budget", "3", "--requests", "100", "--max-batch-tokens", "512", "--output", "json",
 	}
 	code, out, errs := run(t, args...)
 	if code != 0 {
@@ -132,8 +135,8 @@ func TestPlanBadFlags(t *testing.T) {
 		{"unknown codec", append(base, "--codec", "lz4"), "unknown codec"},
 		{"unknown profile", append(without("--profile"), "--profile", "tpu/opt-13b/tp1"), "unknown profile"},
 		{"bad workload", append(without("--workload"), "--workload", "fixed:1"), "fixed:IN/OUT"},
-		{"bad cost", append(base, "--gpu-cost", "h100=x"), "--gpu-cost"},
-		{"cost missing a GPU", append(base, "--gpu-cost", "h100=3"), "no price for GPU a100-80g"},
+		{"bad cost", append(base, "--gpu-cost-per-hour", "h100=x"), "--gpu-cost-per-hour"},
+		{"cost missing a GPU", append(base, "--gpu-cost-per-hour", "h100=3"), "no price for GPU a100-80g"},
 		{"small budget", append(base, "--gpu-budget", "1"), "GPU budget 1"},
 		{"decode profile of another model", append(base, "--decode-profile", "a100-80g/opt-66b/tp2"), "differs"},
 		{"prefix cache below -1", append(base, "--prefix-cache-tokens", "-2"), "--prefix-cache-tokens -2"},
@@ -272,7 +275,7 @@ func TestPlanDesignBadFlags(t *testing.T) {
 		{"no rate", []string{"--design", "1:1"}, "--design needs --rate"},
 		{"garbage", []string{"--design", "two", "--rate", "1"}, "want P:D"},
 		{"zero workers", []string{"--design", "0:1", "--rate", "1"}, "want P:D"},
-		{"colocated without chunk", []string{"--design", "2C", "--rate", "1", "--chunk-tokens", "0"}, "needs --chunk-tokens"},
+		{"colocated without chunk", []string{"--design", "2C", "--rate", "1", "--max-batch-tokens", "0"}, "needs --max-batch-tokens"},
 		{"plot", []string{"--design", "1:1", "--rate", "1", "--plot", "x.png"}, "no plot"},
 		{"what-if", []string{"--design", "1:1", "--rate", "1", "--profile", "a100-80g/opt-13b/tp2"}, "one --profile"},
 	}
@@ -316,5 +319,49 @@ func TestPlanCacheSweep(t *testing.T) {
 				t.Errorf("sweep %v, want %v:\n%s", got, tt.sweep, out)
 			}
 		})
+	}
+}
+
+// TestPlanRenamedFlags: the former names --chunk-tokens and --gpu-cost set
+// --max-batch-tokens and --gpu-cost-per-hour, and plan warns of them.
+func TestPlanRenamedFlags(t *testing.T) {
+	o := DefaultOptions()
+	fs := flag.NewFlagSet("plan", flag.ContinueOnError)
+	o.AddFlags(fs)
+	var stdout, stderr bytes.Buffer
+	if code, ok := cliflags.Parse(fs, []string{"--chunk-tokens", "384", "--gpu-cost", "3.5"}, &stdout, &stderr); !ok {
+		t.Fatalf("parse: %d %s", code, stderr.String())
+	}
+	if o.Limits.ChunkTokens != 384 || o.GPUCost != "3.5" {
+		t.Errorf("--chunk-tokens 384 --gpu-cost 3.5 gave the step budget %d and price %q", o.Limits.ChunkTokens, o.GPUCost)
+	}
+	args := append(slices.Clone(base[:len(base)-2]), "--chunk-tokens", "0", "--design", "2C", "--rate", "1")
+	code, _, errs := run(t, args...)
+	if code != 2 || !strings.Contains(errs, "flag --chunk-tokens is deprecated, use --max-batch-tokens") || !strings.Contains(errs, "needs --max-batch-tokens") {
+		t.Errorf("exit %d, stderr %q; want 2, a deprecation and the error naming --max-batch-tokens", code, errs)
+	}
+}
+
+// TestPlanHostCacheBytes: --host-cache-bytes sizes the host tier as the
+// workers' flag does, in bytes of true KV, planned as that many tokens of
+// the profile's KV; it and --host-cache-tokens are one setting.
+func TestPlanHostCacheBytes(t *testing.T) {
+	o := DefaultOptions()
+	o.Profiles, o.Workload, o.SLOTTFT, o.SLOTPOT = []string{"h100/llama-3-8b/tp1"}, "fixed:64/8", time.Second, time.Second
+	p, err := perfmodel.Load("h100/llama-3-8b/tp1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.HostCacheBytes = 3000 * p.KVBytesPerToken()
+	cfgs, err := o.Configs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfgs[0].Cache.HostTokens; got != 3000 {
+		t.Errorf("--host-cache-bytes %d: host tier %d tokens, want 3000", o.HostCacheBytes, got)
+	}
+	o.HostCacheTokens = 10
+	if _, err := o.Configs(); err == nil || !strings.Contains(err.Error(), "give one") {
+		t.Errorf("both host tier flags: %v, want an error", err)
 	}
 }

@@ -60,7 +60,7 @@ func TestCodecsProfileRoundTrip(t *testing.T) {
 // Range warnings go to stderr as well as into the report.
 func TestPlanWarnsOnStderr(t *testing.T) {
 	args := []string{"--profile", "h200/llama-3-8b/tp1", "--workload", "fixed:512/64",
-		"--slo-ttft", "400ms", "--slo-tpot", "40ms", "--gpu-budget", "2", "--requests", "100", "--chunk-tokens", "512"}
+		"--slo-ttft", "400ms", "--slo-tpot", "40ms", "--gpu-budget", "2", "--requests", "100", "--max-batch-tokens", "512"}
 	code, stdout, stderr := run(t, args...)
 	if code != 0 {
 		t.Fatalf("exit %d, stderr %s", code, stderr)

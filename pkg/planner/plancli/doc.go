@@ -5,7 +5,7 @@
 // --profile takes an embedded name or a profile .json file, such as one
 // `coordinator profile` measured. With CPU profiles the budget
 // (--gpu-budget, by default the cores of the machine the profile was
-// measured on) and the price (--gpu-cost, per core-hour) count cores, each
+// measured on) and the price (--gpu-cost-per-hour, per core-hour) count cores, each
 // worker taking its profile's threads; --colocated-profile gives the
 // colocated workers another profile (another thread count), so that a
 // plan on two cores weighs 1P+1D at one thread each against one colocated
