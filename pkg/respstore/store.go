@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -86,19 +87,56 @@ type Record struct {
 
 // Store is the bucket. Safe for concurrent use.
 type Store struct {
-	kv  jetstream.KeyValue
 	lim Limits
 	now func() time.Time
+	nc  *nats.Conn
+
+	mu sync.Mutex
+	kv jetstream.KeyValue // nil until the bucket is open
 }
 
-// Open creates or updates the bucket on nc's JetStream with lim and
-// returns its Store. Errors: invalid limits; JetStream's (not enabled,
-// no permission, the account's limits).
-func Open(ctx context.Context, nc *nats.Conn, lim Limits) (*Store, error) {
+// Subjects are the NATS subjects a client of the bucket publishes to
+// (the JetStream API of its stream and its keys): the coordinator's NATS
+// permissions.
+func Subjects() []string {
+	const stream = "KV_" + Bucket
+	return []string{"$JS.API.INFO", "$JS.API.STREAM.INFO." + stream, "$JS.API.STREAM.CREATE." + stream, "$JS.API.STREAM.UPDATE." + stream,
+		"$JS.API.STREAM.MSG.GET." + stream, "$JS.API.DIRECT.GET." + stream, "$JS.API.DIRECT.GET." + stream + ".>", "$KV." + Bucket + ".>"}
+}
+
+// New returns the Store of the bucket on nc's JetStream with lim; the
+// bucket is created or updated by the first call that needs it, and
+// again by each call while that fails (a NATS server not up yet).
+// Errors: invalid limits.
+func New(nc *nats.Conn, lim Limits) (*Store, error) {
 	if err := lim.Validate(); err != nil {
 		return nil, err
 	}
-	js, err := jetstream.New(nc)
+	return &Store{nc: nc, lim: lim, now: time.Now}, nil
+}
+
+// Open is New and the bucket opened at once. Errors: New's;
+// JetStream's (not enabled, no permission, the account's limits).
+func Open(ctx context.Context, nc *nats.Conn, lim Limits) (*Store, error) {
+	s, err := New(nc, lim)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := s.bucket(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// bucket returns the open bucket, opening it first when needed.
+func (s *Store) bucket(ctx context.Context) (jetstream.KeyValue, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.kv != nil {
+		return s.kv, nil
+	}
+	lim := s.lim
+	js, err := jetstream.New(s.nc)
 	if err != nil {
 		return nil, fmt.Errorf("respstore: jetstream: %w", err)
 	}
@@ -111,7 +149,8 @@ func Open(ctx context.Context, nc *nats.Conn, lim Limits) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("respstore: bucket %s: %w", Bucket, err)
 	}
-	return &Store{kv: kv, lim: lim, now: time.Now}, nil
+	s.kv = kv
+	return kv, nil
 }
 
 // validToken matches an owner or id: what a key's token may hold.
@@ -149,19 +188,23 @@ func (s *Store) Put(ctx context.Context, owner string, rec Record) error {
 	if len(val) > int(s.lim.MaxValueBytes) {
 		return fmt.Errorf("%w: %d bytes, over %d", ErrTooLarge, len(val), s.lim.MaxValueBytes)
 	}
-	if _, err := s.kv.Put(ctx, k, val); err != nil {
+	kv, err := s.bucket(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := kv.Put(ctx, k, val); err != nil {
 		return fmt.Errorf("respstore: put %s: %w", rec.ID, err)
 	}
-	evicted, err := s.updateIndex(ctx, owner, func(idx []indexEntry) []indexEntry {
+	evicted, err := s.updateIndex(ctx, kv, owner, func(idx []indexEntry) []indexEntry {
 		return append(idx, indexEntry{ID: rec.ID, Bytes: int64(len(val)), At: s.now().UnixNano()})
 	})
 	if err != nil {
-		_ = s.kv.Delete(context.WithoutCancel(ctx), k)
+		_ = kv.Delete(context.WithoutCancel(ctx), k)
 		return fmt.Errorf("respstore: put %s: index: %w", rec.ID, err)
 	}
 	for _, id := range evicted {
 		if ek, err := key(owner, id); err == nil {
-			_ = s.kv.Delete(ctx, ek) // gone already, or dropped by the TTL
+			_ = kv.Delete(ctx, ek) // gone already, or dropped by the TTL
 		}
 	}
 	return nil
@@ -170,12 +213,12 @@ func (s *Store) Put(ctx context.Context, owner string, rec Record) error {
 // updateIndex applies change to owner's index, drops entries older than
 // the TTL, and evicts the oldest beyond the owner's bounds, under
 // compare-and-set; it returns the evicted ids.
-func (s *Store) updateIndex(ctx context.Context, owner string, change func([]indexEntry) []indexEntry) ([]string, error) {
+func (s *Store) updateIndex(ctx context.Context, kv jetstream.KeyValue, owner string, change func([]indexEntry) []indexEntry) ([]string, error) {
 	ik := owner + ".index"
 	for range casTries {
 		var idx []indexEntry
 		var rev uint64
-		e, err := s.kv.Get(ctx, ik)
+		e, err := kv.Get(ctx, ik)
 		switch {
 		case errors.Is(err, jetstream.ErrKeyNotFound):
 		case err != nil:
@@ -204,9 +247,9 @@ func (s *Store) updateIndex(ctx context.Context, owner string, change func([]ind
 			return nil, err
 		}
 		if rev == 0 {
-			_, err = s.kv.Create(ctx, ik, val)
+			_, err = kv.Create(ctx, ik, val)
 		} else {
-			_, err = s.kv.Update(ctx, ik, val, rev)
+			_, err = kv.Update(ctx, ik, val, rev)
 		}
 		if err == nil {
 			return evicted, nil
@@ -236,7 +279,11 @@ func (s *Store) Get(ctx context.Context, owner, id string) (*Record, error) {
 	if err != nil {
 		return nil, err
 	}
-	e, err := s.kv.Get(ctx, k)
+	kv, err := s.bucket(ctx)
+	if err != nil {
+		return nil, err
+	}
+	e, err := kv.Get(ctx, k)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):
 		return nil, ErrNotFound
@@ -256,10 +303,14 @@ func (s *Store) Delete(ctx context.Context, owner, id string) error {
 		return err
 	}
 	k, _ := key(owner, id)
-	if err := s.kv.Purge(ctx, k); err != nil {
+	kv, err := s.bucket(ctx)
+	if err != nil {
+		return err
+	}
+	if err := kv.Purge(ctx, k); err != nil {
 		return fmt.Errorf("respstore: delete %s: %w", id, err)
 	}
-	_, err := s.updateIndex(ctx, owner, func(idx []indexEntry) []indexEntry {
+	_, err = s.updateIndex(ctx, kv, owner, func(idx []indexEntry) []indexEntry {
 		return slices.DeleteFunc(idx, func(x indexEntry) bool { return x.ID == id })
 	})
 	if err != nil {
