@@ -91,14 +91,23 @@ func (f *inflight) cancel(id, owner string) bool {
 	return false
 }
 
-// responses serves RouteResponses: POST creates a response.
+// responses serves RouteResponses: POST creates a response, GET with
+// an Upgrade opens a WebSocket (respws.go).
 func (s *Server) responses(w http.ResponseWriter, r *http.Request) {
-	s.createResponse(w, r, nil)
+	switch {
+	case isUpgrade(r):
+		s.responsesWS(w, r)
+	case r.Method == http.MethodPost:
+		s.createResponse(w, r, nil, nil)
+	default:
+		w.Header().Set("Allow", "POST, GET (WebSocket)")
+		writeError(w, &apiError{status: http.StatusMethodNotAllowed, Message: r.Method + " not allowed on " + r.URL.Path + "; use POST, or GET with a WebSocket upgrade", Type: "invalid_request_error"}, 0)
+	}
 }
 
-// createResponse runs POST /v1/responses (or a WebSocket response.create,
-// whose events go to emit instead of SSE; nil for HTTP).
-func (s *Server) createResponse(w http.ResponseWriter, r *http.Request, emit func(typ string, ev map[string]any) error) {
+// createResponse runs POST /v1/responses, or a WebSocket's
+// response.create (sock not nil), whose events go to emit instead of SSE.
+func (s *Server) createResponse(w http.ResponseWriter, r *http.Request, emit func(typ string, ev map[string]any) error, sock *wsSocket) {
 	id := "resp_" + newID()
 	cl := clientOf(r)
 	owner := cl.owner()
@@ -114,7 +123,14 @@ func (s *Server) createResponse(w http.ResponseWriter, r *http.Request, emit fun
 	var rq *respRequest
 	transform := func(data []byte, cl client) ([]byte, *apiError) {
 		var aerr *apiError
-		rq, aerr = parseResponses(data, func(prev string) ([]chatMsg, *apiError) { return s.conversation(ctx, owner, prev) })
+		rq, aerr = parseResponses(data, func(prev string) ([]chatMsg, *apiError) {
+			if sock != nil {
+				if conv, ok := sock.conversation(prev); ok {
+					return conv, nil // the socket's own: also with store false
+				}
+			}
+			return s.conversation(ctx, owner, prev)
+		})
 		if aerr != nil {
 			return nil, aerr
 		}
@@ -129,12 +145,17 @@ func (s *Server) createResponse(w http.ResponseWriter, r *http.Request, emit fun
 		rw.run = newRespRun(rq, id, created)
 		switch {
 		case emit != nil: // a WebSocket's: always events
-			rw.run.emit, rw.stream = emit, true
+			rw.run.emit, rw.stream, rw.ws = emit, true, true
 		case rq.stream:
 			rw.run.emit, rw.stream = rw.sse, true
 		}
-		if rq.store {
-			rw.onEnd = func(run *respRun) { s.storeResponse(ctx, owner, rq, run) }
+		rw.onEnd = func(run *respRun) {
+			if sock != nil {
+				sock.remember(run.resp.ID, conversationOf(rq, run))
+			}
+			if rq.store {
+				s.storeResponse(ctx, owner, rq, run)
+			}
 		}
 		return rq.chat, nil
 	}
@@ -232,19 +253,7 @@ func (s *Server) loadResponse(ctx context.Context, owner, id, param string) (*re
 // continuation goes on from. A failure is logged: the client has its
 // response; a later read of it gets 404.
 func (s *Server) storeResponse(ctx context.Context, owner string, rq *respRequest, run *respRun) {
-	conv := append(append([]chatMsg{}, rq.history...), rq.input...)
-	out := chatMsg{Role: "assistant"}
-	for _, it := range run.items {
-		switch it.kind {
-		case itemReasoning:
-			out.Reasoning += it.text.String()
-		case itemMessage:
-			out.Content += it.text.String()
-		case itemCall:
-			out.ToolCalls = append(out.ToolCalls, chatToolCall{ID: it.callID, Type: "function", Function: toolFunction{Name: it.name, Arguments: it.text.String()}})
-		}
-	}
-	conv = append(conv, out)
+	conv := conversationOf(rq, run)
 	resp, err1 := json.Marshal(run.snapshot())
 	input, err2 := json.Marshal(rq.items)
 	cv, err3 := json.Marshal(conv)
@@ -257,6 +266,25 @@ func (s *Server) storeResponse(ctx context.Context, owner string, rq *respReques
 	if err := s.o.Responses.Put(ctx, owner, respstore.Record{ID: run.resp.ID, CreatedAt: run.resp.CreatedAt, Response: resp, Input: input, Conversation: cv}); err != nil {
 		s.o.Logger.Warn("response not stored", zap.String("response_id", run.resp.ID), zap.Error(err))
 	}
+}
+
+// conversationOf returns the conversation a continuation of run goes on
+// from: the earlier turns, this request's input and run's output
+// (without instructions, which a continuation does not carry over).
+func conversationOf(rq *respRequest, run *respRun) []chatMsg {
+	conv := append(append([]chatMsg{}, rq.history...), rq.input...)
+	out := chatMsg{Role: "assistant"}
+	for _, it := range run.items {
+		switch it.kind {
+		case itemReasoning:
+			out.Reasoning += it.text.String()
+		case itemMessage:
+			out.Content += it.text.String()
+		case itemCall:
+			out.ToolCalls = append(out.ToolCalls, chatToolCall{ID: it.callID, Type: "function", Function: toolFunction{Name: it.name, Arguments: it.text.String()}})
+		}
+	}
+	return append(conv, out)
 }
 
 // responseByID serves GET and DELETE /v1/responses/{id}, GET

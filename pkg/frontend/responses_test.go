@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/coder/websocket"
 	"github.com/google/go-cmp/cmp"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
@@ -410,5 +411,128 @@ func TestResponsesJSONSchema(t *testing.T) {
 	f := m["text"].(map[string]any)["format"].(map[string]any)
 	if f["type"] != "json_schema" || f["name"] != "out" {
 		t.Errorf("text.format echo %v", f)
+	}
+}
+
+// wsDial opens a Responses WebSocket with key.
+func wsDial(t *testing.T, ts *testServer, key string) (*websocket.Conn, *http.Response, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	h := http.Header{}
+	if key != "" {
+		h.Set("Authorization", "Bearer "+key)
+	}
+	c, resp, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(ts.URL, "http")+RouteResponses, &websocket.DialOptions{HTTPHeader: h})
+	if err == nil {
+		t.Cleanup(func() { _ = c.CloseNow() })
+	}
+	return c, resp, err
+}
+
+// wsUntilEnd reads events until a response's last one (or an error)
+// and returns them.
+func wsUntilEnd(t *testing.T, c *websocket.Conn) []map[string]any {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var out []map[string]any
+	for {
+		_, data, err := c.Read(ctx)
+		if err != nil {
+			t.Fatalf("read: %v (after %d events)", err, len(out))
+		}
+		var ev map[string]any
+		if err := json.Unmarshal(data, &ev); err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, ev)
+		switch ev["type"] {
+		case "response.completed", "response.incomplete", "response.failed", "error":
+			return out
+		}
+	}
+}
+
+// TestResponsesWebSocket: WebSocket mode authenticates the upgrade,
+// runs response.create events in sequence with stream_id echoed,
+// continues with previous_response_id from the socket's own state (store
+// false) and refuses another key's response; a closed socket cancels
+// its generation. Fails without the socket's conversation state (the
+// continuation is then a 404 error event).
+func TestResponsesWebSocket(t *testing.T) {
+	ts, last := respServer(t)
+	if _, resp, err := wsDial(t, ts, ""); err == nil || resp == nil || resp.StatusCode != 401 {
+		t.Fatalf("upgrade without a key: %v %v", resp, err)
+	}
+	c, _, err := wsDial(t, ts, keyTeamA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	send := func(c *websocket.Conn, v string) {
+		if err := c.Write(ctx, websocket.MessageText, []byte(v)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(c, `{"type":"response.create","stream_id":"lane-1","store":false,"input":`+sayInput("FIRST-ANSWER")+`}`)
+	evs := wsUntilEnd(t, c)
+	end := evs[len(evs)-1]
+	if end["type"] != "response.completed" {
+		t.Fatalf("first response ended with %v", end)
+	}
+	for i, ev := range evs {
+		if ev["stream_id"] != "lane-1" || ev["sequence_number"] != float64(i) {
+			t.Errorf("event %d: stream_id %v sequence_number %v", i, ev["stream_id"], ev["sequence_number"])
+		}
+	}
+	id := end["response"].(map[string]any)["id"].(string)
+	send(c, `{"type":"response.create","previous_response_id":"`+id+`","store":false,"input":`+sayInput("second")+`}`)
+	evs = wsUntilEnd(t, c)
+	if end := evs[len(evs)-1]; end["type"] != "response.completed" {
+		t.Fatalf("continuation ended with %v", end)
+	}
+	if p := (tokenizer.Bytes{}).Decode(last().Prompt); !strings.Contains(p, "FIRST-ANSWER") {
+		t.Errorf("the continuation's prompt lacks the first turn: %q", p)
+	}
+	// Another key's socket: not its response.
+	cb, _, err := wsDial(t, ts, keyTeamB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	send(cb, `{"type":"response.create","previous_response_id":"`+id+`","input":"x"}`)
+	evs = wsUntilEnd(t, cb)
+	if e := evs[len(evs)-1]; e["type"] != "error" || e["status"] != 404.0 {
+		t.Errorf("another key's continuation: %v", e)
+	}
+	send(cb, `{"type":"response.cancel"}`)
+	if e := wsUntilEnd(t, cb); e[0]["type"] != "error" {
+		t.Errorf("an unknown event type: %v", e)
+	}
+}
+
+// TestResponsesWebSocketClose: closing the socket cancels its
+// generation.
+func TestResponsesWebSocketClose(t *testing.T) {
+	started, cancelled := make(chan struct{}), make(chan struct{})
+	ts := newTestServer(t, &fakeBackend{complete: func(ctx context.Context, req *Request, emit EmitFunc) ([]string, error) {
+		close(started)
+		<-ctx.Done()
+		close(cancelled)
+		return nil, ctx.Err()
+	}}, nil)
+	c, _, err := wsDial(t, ts, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Write(context.Background(), websocket.MessageText, []byte(`{"type":"response.create","input":"hi"}`)); err != nil {
+		t.Fatal(err)
+	}
+	<-started
+	_ = c.CloseNow()
+	select {
+	case <-cancelled:
+	case <-time.After(10 * time.Second):
+		t.Fatal("closing the socket did not cancel the generation")
 	}
 }

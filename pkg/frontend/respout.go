@@ -422,6 +422,7 @@ type respWriter struct {
 	rc     *http.ResponseController
 	run    *respRun
 	stream bool
+	ws     bool // events go to a WebSocket, not to w
 	now    func() int64
 	tokens func(string) int
 
@@ -443,7 +444,9 @@ func (x *respWriter) WriteHeader(code int) {
 	}
 	x.status = code
 	if code == http.StatusOK && x.stream {
-		x.w.WriteHeader(code)
+		if !x.ws {
+			x.w.WriteHeader(code)
+		}
 		x.err = x.run.start()
 	}
 }
@@ -528,7 +531,7 @@ func (x *respWriter) FlushError() error {
 	if x.err != nil {
 		return x.err
 	}
-	if !x.stream || x.status != http.StatusOK {
+	if !x.stream || x.ws || x.status != http.StatusOK {
 		return nil
 	}
 	return x.rc.Flush()

@@ -295,7 +295,7 @@ func New(o Options) (*Server, error) {
 	}
 	s.mux.HandleFunc(RouteCompletions, s.method(http.MethodPost, s.completions))
 	s.mux.HandleFunc(RouteChat, s.method(http.MethodPost, s.completions))
-	s.mux.HandleFunc(RouteResponses, s.method(http.MethodPost, s.responses))
+	s.mux.HandleFunc(RouteResponses, s.responses)
 	s.mux.HandleFunc(RouteResponses+"/", s.responseByID)
 	s.mux.HandleFunc(RouteModels, s.method(http.MethodGet, s.models))
 	s.mux.HandleFunc("/healthz", s.method(http.MethodGet, func(w http.ResponseWriter, _ *http.Request) {
