@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -380,11 +381,10 @@ func (s *Server) inputItems(w http.ResponseWriter, r *http.Request, rec *respsto
 		return x.ID
 	}
 	if after := q.Get("after"); after != "" {
-		for i, it := range items {
-			if idOf(it) == after {
-				items = items[i+1:]
-				break
-			}
+		i := slices.IndexFunc(items, func(it json.RawMessage) bool { return idOf(it) == after })
+		items = items[i+1:] // none after an id that is not there
+		if i < 0 {
+			items = nil
 		}
 	}
 	more := len(items) > limit
