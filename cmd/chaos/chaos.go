@@ -774,7 +774,7 @@ func (c *cluster) held(ctx context.Context, dead []string) (int, int64) {
 			continue
 		}
 		m := scrape(c, ctx, u)
-		blocks += int(m["pdserve_kv_blocks_total"] - m["pdserve_kv_blocks_free"])
+		blocks += int(m["pdserve_kv_blocks_capacity"] - m["pdserve_kv_blocks_free"])
 		bytes += int64(m["pdserve_prefill_retained_bytes"])
 	}
 	return blocks, bytes

@@ -104,7 +104,7 @@ func TestStalledHTTPClient(t *testing.T) {
 		})
 	})
 	poll.CheckFor(t, 10*time.Second, 20*time.Millisecond, func() error {
-		free, total := gauge(t, d.Registry(), "pdserve_kv_blocks_free"), gauge(t, d.Registry(), "pdserve_kv_blocks_total")
+		free, total := gauge(t, d.Registry(), "pdserve_kv_blocks_free"), gauge(t, d.Registry(), "pdserve_kv_blocks_capacity")
 		if running := gauge(t, d.Registry(), "pdserve_decode_running"); free != total || running != 0 {
 			return fmt.Errorf("decode worker: %v running, %v of %v blocks free", running, free, total)
 		}

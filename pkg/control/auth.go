@@ -12,6 +12,8 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/pdserve/pdserve/pkg/respstore"
 )
 
 // Roles that name NATS permissions only; they are not worker roles and
@@ -121,7 +123,7 @@ func Permissions(role Role, id string) (*server.Permissions, error) {
 			}, nil
 		}
 		return &server.Permissions{
-			Publish:   &server.SubjectPermission{Allow: []string{commandPrefix + ">", PlanSubject}},
+			Publish:   &server.SubjectPermission{Allow: append([]string{commandPrefix + ">", PlanSubject}, respstore.Subjects()...)},
 			Subscribe: &server.SubjectPermission{Allow: []string{HeartbeatWildcard, KVWildcard, PlanSubject, inboxWildcard}},
 		}, nil
 	case RolePrefill, RoleDecode, RoleColocated:

@@ -31,6 +31,18 @@ type embeddedConfig struct {
 	users []NATSUser
 	auth  bool
 	log   *zap.Logger
+	// jsDir and jsMax: JetStream's store directory and its bound on
+	// memory and on disk (bytes); jsDir "" without JetStream.
+	jsDir string
+	jsMax int64
+}
+
+// WithJetStream enables JetStream (the stored responses' key-value
+// bucket, pkg/respstore), its files in dir (which the caller made and
+// removes after the server stopped), bounded to maxBytes of memory and
+// as many on disk.
+func WithJetStream(dir string, maxBytes int64) EmbeddedOption {
+	return func(c *embeddedConfig) { c.jsDir, c.jsMax = dir, maxBytes }
 }
 
 // WithUsers makes the server require credentials: only users log in,
@@ -50,7 +62,8 @@ func WithLogger(log *zap.Logger) EmbeddedOption {
 
 // StartEmbedded runs a nats-server in this process, listening on addr
 // ("host:port"; port -1 picks a free one, e.g. "127.0.0.1:-1"; port 0 is
-// the NATS default, 4222), without signal handlers or JetStream, logging
+// the NATS default, 4222), without signal handlers, with JetStream only
+// WithJetStream, logging
 // only with WithLogger, requiring credentials only WithUsers. It listens
 // in plaintext: for NATS across machines with TLS, run a nats-server of
 // your own. It returns once the server accepts connections, with its
@@ -78,6 +91,10 @@ func StartEmbedded(addr string, opts ...EmbeddedOption) (*server.Server, string,
 		Port:   port,
 		NoLog:  cfg.log == nil,
 		NoSigs: true,
+	}
+	if cfg.jsDir != "" {
+		sopts.JetStream, sopts.StoreDir = true, cfg.jsDir
+		sopts.JetStreamMaxMemory, sopts.JetStreamMaxStore = cfg.jsMax, cfg.jsMax
 	}
 	if cfg.auth {
 		if len(cfg.users) == 0 {

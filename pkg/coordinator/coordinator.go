@@ -28,6 +28,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/grpcauth"
 	"github.com/pdserve/pdserve/pkg/grpcnet"
 	"github.com/pdserve/pdserve/pkg/metrics"
+	"github.com/pdserve/pdserve/pkg/respstore"
 	"github.com/pdserve/pdserve/pkg/router"
 	"github.com/pdserve/pdserve/pkg/tokenizer"
 	"github.com/pdserve/pdserve/pkg/tracing"
@@ -48,6 +49,7 @@ type Coordinator struct {
 	reg *prometheus.Registry
 
 	ns      *server.Server // embedded NATS, or nil
+	jsDir   string         // the embedded NATS server's JetStream directory, "" when none
 	natsURL string
 	nc      *nats.Conn
 	ncDone  chan struct{} // closed when nc closed
@@ -212,13 +214,17 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 		}
 		chatTemplate = string(b)
 	}
+	responses, err := respstore.New(c.nc, o.Responses)
+	if err != nil {
+		return c, fmt.Errorf("coordinator: %w", err)
+	}
 	fe, err := frontend.New(frontend.Options{
 		Backend: observed(c.backend, o.Extensions), Tokenizer: tok, Policy: o.Policy,
 		Models: c.Models, Ready: c.Ready, Metrics: m, Gatherer: c.reg,
 		Logger: log.Named("request"), RetryAfter: o.RetryAfter,
 		MaxInFlight: o.Policy.Limits.QueueLimit, MaxBodyBytes: o.MaxBodyBytes, BodyIdleTimeout: o.HTTPBodyIdleTimeout,
 		BodyTimeout: o.HTTPBodyTimeout, WriteTimeout: o.HTTPWriteTimeout, MaxInFlightBodyBytes: o.MaxInFlightBodyBytes, MaxChoices: c.maxChoices,
-		APIKeys: au.keys, MetricsToken: au.token, ChatTemplate: chatTemplate, TracerProvider: tp,
+		APIKeys: au.keys, MetricsToken: au.token, ChatTemplate: chatTemplate, TracerProvider: tp, Responses: responses,
 	})
 	if err != nil {
 		return c, fmt.Errorf("coordinator: %w", err)
@@ -265,7 +271,11 @@ func (c *Coordinator) startEmbeddedNATS() (control.ConnOptions, error) {
 	}
 	users = append(users, fromFile...)
 	users = append(users, o.NATSUsers...)
-	if c.ns, c.natsURL, err = control.StartEmbedded(o.NATSListenAddr(), control.WithUsers(users), control.WithLogger(c.log.Named("nats-server"))); err != nil {
+	if c.jsDir, err = os.MkdirTemp("", "pdserve-nats-"); err != nil {
+		return control.ConnOptions{}, fmt.Errorf("coordinator: jetstream directory: %w", err)
+	}
+	if c.ns, c.natsURL, err = control.StartEmbedded(o.NATSListenAddr(), control.WithUsers(users), control.WithLogger(c.log.Named("nats-server")),
+		control.WithJetStream(c.jsDir, o.Responses.MaxBytes)); err != nil {
 		return control.ConnOptions{}, fmt.Errorf("coordinator: %w", err)
 	}
 	c.log.Info("embedded NATS server started", zap.String("url", c.natsURL), zap.Int("users_from_file", len(fromFile)))
@@ -474,6 +484,11 @@ func (c *Coordinator) closeAll(ctx context.Context) error {
 	if c.ns != nil {
 		c.ns.Shutdown()
 		c.ns.WaitForShutdown()
+	}
+	if c.jsDir != "" {
+		if err := os.RemoveAll(c.jsDir); err != nil {
+			errs = append(errs, fmt.Errorf("coordinator: jetstream directory: %w", err))
+		}
 	}
 	c.conns.closeAll()
 	if c.closeTok != nil {

@@ -416,7 +416,7 @@ func idleExcept(t *testing.T, cl *cluster, dead string) error {
 			continue
 		}
 		free, _ := gauge(t, cl.c.Registry(), "pdserve_kv_blocks_free", w.ID())
-		total, _ := gauge(t, cl.c.Registry(), "pdserve_kv_blocks_total", w.ID())
+		total, _ := gauge(t, cl.c.Registry(), "pdserve_kv_blocks_capacity", w.ID())
 		if free != total {
 			return fmt.Errorf("decode worker %s has %v of %v KV blocks free", w.ID(), free, total)
 		}

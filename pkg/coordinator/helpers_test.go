@@ -238,7 +238,7 @@ func (cl *cluster) idle(t *testing.T) error {
 			continue
 		}
 		free, ok1 := gauge(t, cl.c.Registry(), "pdserve_kv_blocks_free", w.ID())
-		total, ok2 := gauge(t, cl.c.Registry(), "pdserve_kv_blocks_total", w.ID())
+		total, ok2 := gauge(t, cl.c.Registry(), "pdserve_kv_blocks_capacity", w.ID())
 		if !ok1 || !ok2 || free != total {
 			return fmt.Errorf("decode worker %s has %v of %v KV blocks free", w.ID(), free, total)
 		}

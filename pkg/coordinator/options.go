@@ -25,6 +25,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/kv/codec"
 	"github.com/pdserve/pdserve/pkg/kvtransfer/codecpick"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
+	"github.com/pdserve/pdserve/pkg/respstore"
 	"github.com/pdserve/pdserve/pkg/tracing"
 )
 
@@ -157,6 +158,13 @@ type Options struct {
 	// cancelled and freed on every worker, counted in
 	// pdserve_stream_stalled_cancels_total.
 	HTTPWriteTimeout time.Duration
+	// Responses bounds the stored responses of the Responses API, kept in
+	// the JetStream key-value bucket of pkg/respstore on the control
+	// plane's NATS (the embedded server enables JetStream for it; a
+	// server at NATSURL must have it): their TTL, the bucket's bytes, a
+	// response's bytes, an API key's count and bytes, the bucket's
+	// replicas and storage.
+	Responses respstore.Limits
 	// LogLevel is debug, info, warn or error (used by coordinatorrun.Main's logger).
 	LogLevel string
 	// PolicyFile is the YAML policy file (pkg/config; --policy); empty:
@@ -251,6 +259,7 @@ func DefaultOptions() Options {
 		HTTPWriteTimeout:      30 * time.Second,
 		HTTPReadHeaderTimeout: 10 * time.Second,
 		HTTPBodyIdleTimeout:   30 * time.Second,
+		Responses:             respstore.DefaultLimits(),
 	}
 }
 
@@ -285,6 +294,12 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.HTTPBodyIdleTimeout, "http-body-idle-timeout", o.HTTPBodyIdleTimeout, "how long a request body may make no progress before the request gets 408 (response streams are not bounded)")
 	fs.DurationVar(&o.HTTPBodyTimeout, "http-body-timeout", o.HTTPBodyTimeout, "how long a whole request body may take to arrive before the request gets 408, however steadily it trickles")
 	fs.DurationVar(&o.HTTPWriteTimeout, "http-write-timeout", o.HTTPWriteTimeout, "how long one write of a response may block on a client that does not read before the request is cancelled and freed")
+	fs.DurationVar(&o.Responses.TTL, "responses-ttl", o.Responses.TTL, "how long a stored response of /v1/responses is kept (the NATS key-value bucket's max age)")
+	fs.Int64Var(&o.Responses.MaxBytes, "responses-max-bytes", o.Responses.MaxBytes, "bytes of all stored responses together (the bucket's bound; the embedded NATS server's JetStream is given as many)")
+	fs.IntVar(&o.Responses.MaxPerOwner, "responses-max-per-key", o.Responses.MaxPerOwner, "stored responses an API key keeps; its oldest are evicted beyond")
+	fs.Int64Var(&o.Responses.MaxBytesPerOwner, "responses-max-bytes-per-key", o.Responses.MaxBytesPerOwner, "bytes of stored responses an API key keeps; its oldest are evicted beyond")
+	fs.IntVar(&o.Responses.Replicas, "responses-replicas", o.Responses.Replicas, "replicas of the stored responses' bucket in a NATS cluster, 1..5")
+	fs.BoolVar(&o.Responses.Memory, "responses-in-memory", o.Responses.Memory, "keep the stored responses' bucket in the NATS server's memory (false: on its disk)")
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "log level: debug, info, warn or error")
 	fs.StringVar(&o.PolicyFile, "policy", o.PolicyFile, "YAML policy file: SLOs, prompt-token budgets per API key and route, limits, routing")
 	o.TLS.AddFlags(fs)
@@ -434,6 +449,9 @@ func (o Options) Validate() error {
 	}
 	if o.MaxTokensCap < 0 || o.MaxAdmittedRequests < 0 || o.LocalPrefillTokens < 0 {
 		bad("max-tokens-cap, max-admitted-requests and local-prefill-tokens must not be negative")
+	}
+	if err := o.Responses.Validate(); err != nil {
+		bad("--responses-*: %v", err)
 	}
 	if o.ResponseCacheEntries < 0 {
 		bad("response-cache-entries %d must not be negative (0: off)", o.ResponseCacheEntries)

@@ -292,3 +292,50 @@ func ptrText(s *string) string {
 	}
 	return strconv.Quote(*s)
 }
+
+// TestOpenAISDKResponses drives the Responses API of a standalone server
+// with the official OpenAI Node SDK: responses.create with a forced tool
+// call, responses.stream continuing it with previous_response_id (events
+// numbered in order, the first turn's KV reused), retrieve, input items,
+// delete, and a refused parameter.
+func TestOpenAISDKResponses(t *testing.T) {
+	node, sdk := sdkDir(t)
+	cl := startCluster(t, clusterOpts{mode: coordinator.ModeColocated})
+	outb := runSDK(t, node, sdk, cl.url, "testdata/openai_sdk_responses.mjs")
+	var out struct {
+		Create struct {
+			Status, Object, Name string
+			Types                []string
+			Args                 map[string]any
+		}
+		Stream struct {
+			First, Last, Status string
+			Ordered, Prev       bool
+			Cached              int
+		}
+		Stored struct {
+			Same  bool
+			Items []string
+			After string
+		}
+		Refused struct {
+			Status int
+			Param  string
+		}
+	}
+	if err := json.Unmarshal(outb, &out); err != nil {
+		t.Fatalf("%v: %s", err, outb)
+	}
+	if c := out.Create; c.Status != "completed" || c.Object != "response" || c.Name != "flag" || len(c.Types) != 1 || c.Types[0] != "function_call" || c.Args == nil {
+		t.Errorf("create: %+v", c)
+	}
+	if s := out.Stream; s.First != "response.created" || (s.Last != "response.completed" && s.Last != "response.incomplete") || !s.Ordered || !s.Prev || s.Cached <= 0 {
+		t.Errorf("stream: %+v", s)
+	}
+	if s := out.Stored; !s.Same || len(s.Items) != 1 || s.Items[0] != "function_call_output" || s.After != "NotFoundError 404" {
+		t.Errorf("stored: %+v", s)
+	}
+	if r := out.Refused; r.Status != 400 || r.Param != "background" {
+		t.Errorf("refused: %+v", r)
+	}
+}

@@ -17,7 +17,7 @@ import (
 //	pdserve_decode_queue_length      gauge      sequences ready to join, waiting for a slot
 //	pdserve_decode_kv_transfers      gauge      requests whose KV is arriving now
 //	pdserve_kv_blocks_free           gauge      free KV blocks of the pool
-//	pdserve_kv_blocks_total          gauge      KV blocks of the pool
+//	pdserve_kv_blocks_capacity       gauge      KV blocks of the pool (not a counter: no _total)
 //	pdserve_decode_kv_bytes_saved_total counter KV bytes (true size) prefill workers did not send: this worker held the prefix
 //	pdserve_decode_stream_stalled_cancels_total counter requests cancelled because their caller did not read, by reason: outbox (over --max-outbox-bytes waiting), write_timeout (a send blocked for --stream-write-timeout)
 //	pdserve_decode_prefix_cache_*               the prefix cache's (prefixcache.Collectors)
@@ -54,7 +54,7 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		gauge("pdserve_decode_queue_length", "Sequences ready to join the batch, waiting for a slot.", func(st Stats) int { return st.Waiting }),
 		gauge("pdserve_decode_kv_transfers", "Requests whose KV is arriving now (an open transfer).", func(st Stats) int { return st.KVTransfers }),
 		gauge("pdserve_kv_blocks_free", "Free KV blocks of the worker's pool.", func(st Stats) int { return st.KVBlocksFree }),
-		gauge("pdserve_kv_blocks_total", "KV blocks of the worker's pool.", func(st Stats) int { return st.KVBlocksTotal }),
+		gauge("pdserve_kv_blocks_capacity", "KV blocks of the worker's pool.", func(st Stats) int { return st.KVBlocksTotal }),
 	)
 	cs = append(cs, prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "pdserve_decode_kv_bytes_saved_total",

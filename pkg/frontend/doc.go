@@ -369,4 +369,21 @@
 // the limit, before any worker is asked.
 //
 // A Server is safe for concurrent use.
+//
+// # Responses API
+//
+// POST /v1/responses (responses.go, respout.go, respapi.go) validates
+// OpenAI's ResponseCreateParams (refusing, by name, what pdserve cannot
+// do), turns the request into a chat completions body (instructions, the
+// stored conversation of previous_response_id, the input items) and runs
+// it on the chat path (serve with a bodyTransform), so admission, API
+// keys, rate limits, tools, grammars, the reasoning parser and the budget
+// are the chat path's. A respWriter turns the chat reply into a Response
+// object, or, streamed, each chat chunk into the Responses API's events
+// as it comes (so a client that does not read stalls the generation as
+// on chat). Stored responses live in a ResponseStore (pkg/respstore,
+// NATS JetStream key-value), owned by the SHA-256 of the API key that
+// made them: another key gets 404. GET /v1/responses with a WebSocket
+// upgrade (respws.go) runs response.create events on the same path.
+// docs/api.md is the user guide.
 package frontend

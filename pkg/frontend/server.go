@@ -151,6 +151,11 @@ type Options struct {
 	// Now is the clock of the budget traces; nil means time.Now. Body
 	// deadlines use the wall clock.
 	Now func() time.Time
+	// Responses keeps the stored responses of the Responses API
+	// (pkg/respstore on NATS JetStream); nil: none are kept (a request's
+	// store true is answered with store false, previous_response_id with
+	// 404).
+	Responses ResponseStore
 	// RetryAfter is sent with 429 and 503; ≤ 0 means 1 s.
 	RetryAfter time.Duration
 	// MaxBodyBytes bounds a request body; a larger one gets 413. ≤ 0
@@ -239,6 +244,9 @@ type Server struct {
 	tmpl     *chattmpl.Template
 	tmplBOS  string
 
+	// inflight are the Responses API's responses in flight here.
+	inflight inflight
+
 	mu       sync.Mutex
 	inFlight int // admitted completion requests (prompts), ≤ o.MaxInFlight
 	// bodyBytes is what request bodies hold of MaxInFlightBodyBytes.
@@ -287,6 +295,8 @@ func New(o Options) (*Server, error) {
 	}
 	s.mux.HandleFunc(RouteCompletions, s.method(http.MethodPost, s.completions))
 	s.mux.HandleFunc(RouteChat, s.method(http.MethodPost, s.completions))
+	s.mux.HandleFunc(RouteResponses, s.responses)
+	s.mux.HandleFunc(RouteResponses+"/", s.responseByID)
 	s.mux.HandleFunc(RouteModels, s.method(http.MethodGet, s.models))
 	s.mux.HandleFunc("/healthz", s.method(http.MethodGet, func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -409,13 +419,23 @@ func (s *Server) queueFull() *apiError {
 }
 
 func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
-	arrival := s.o.Now()
 	chat := r.URL.Path == RouteChat
 	prefix := "cmpl-"
 	if chat {
 		prefix = "chatcmpl-"
 	}
-	id := prefix + newID()
+	s.serve(w, r, chat, prefix+newID(), nil)
+}
+
+// bodyTransform turns the body of another API (the Responses API) into
+// a chat completions body, or refuses it. cl is the request's client.
+type bodyTransform func(data []byte, cl client) ([]byte, *apiError)
+
+// serve runs a completion request of id: admission, rate limits, the
+// body (transformed by transform, when not nil, into a chat body), the
+// prompt's checks and the call.
+func (s *Server) serve(w http.ResponseWriter, r *http.Request, chat bool, id string, transform bodyTransform) {
+	arrival := s.o.Now()
 	tr := &budget.Trace{RequestID: id, Arrival: arrival}
 	w.Header().Set("X-Request-Id", id)
 	if s.o.TracerProvider != nil {
@@ -496,6 +516,12 @@ func (s *Server) completions(w http.ResponseWriter, r *http.Request) {
 	if aerr != nil {
 		refuse(aerr)
 		return
+	}
+	if transform != nil {
+		if data, aerr = transform(data, cl); aerr != nil {
+			refuse(aerr)
+			return
+		}
 	}
 	pl, aerr := s.prepare(data, chat, cl, tr)
 	data = nil // the prompts are parsed; let a large body go

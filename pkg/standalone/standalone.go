@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -31,6 +32,7 @@ type Server struct {
 
 	log     *zap.Logger
 	ns      *server.Server // embedded NATS, or nil
+	jsDir   string         // its JetStream directory, "" when none
 	workers []*workerrun.Worker
 	// tracer exports the spans of the coordinator and the workers; nil
 	// when Options.TracerProvider was given. Shut down last.
@@ -122,7 +124,11 @@ func Start(ctx context.Context, o coordinator.Options, log *zap.Logger, opts ...
 		}
 		users = append(users, fromFile...)
 		users = append(users, o.NATSUsers...)
-		if s.ns, co.NATSURL, err = control.StartEmbedded(o.NATSListenAddr(), control.WithUsers(users), control.WithLogger(log.Named("nats-server"))); err != nil {
+		if s.jsDir, err = os.MkdirTemp("", "pdserve-nats-"); err != nil {
+			return s, fmt.Errorf("standalone: jetstream directory: %w", err)
+		}
+		if s.ns, co.NATSURL, err = control.StartEmbedded(o.NATSListenAddr(), control.WithUsers(users), control.WithLogger(log.Named("nats-server")),
+			control.WithJetStream(s.jsDir, o.Responses.MaxBytes)); err != nil {
 			return s, fmt.Errorf("standalone: %w", err)
 		}
 		log.Info("embedded NATS server started", zap.String("url", co.NATSURL), zap.Int("users_from_file", len(fromFile)),
@@ -208,6 +214,9 @@ func (s *Server) closeAll(ctx context.Context) error {
 	if s.ns != nil {
 		s.ns.Shutdown()
 		s.ns.WaitForShutdown()
+	}
+	if s.jsDir != "" {
+		_ = os.RemoveAll(s.jsDir) // a temporary directory of JetStream's (memory-only) bucket
 	}
 	errs = append(errs, s.tracer.Shutdown(ctx))
 	return errors.Join(errs...)

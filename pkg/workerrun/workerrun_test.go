@@ -388,7 +388,7 @@ func TestRecoveryAfterDecodeWorkerDies(t *testing.T) {
 	}
 	workers := map[string]bool{}
 	for _, mf := range mfs {
-		if mf.GetName() != "pdserve_kv_blocks_total" {
+		if mf.GetName() != "pdserve_kv_blocks_capacity" {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
@@ -400,7 +400,7 @@ func TestRecoveryAfterDecodeWorkerDies(t *testing.T) {
 		}
 	}
 	if !workers[d2.ID()] {
-		t.Errorf("pdserve_kv_blocks_total labelled by worker: %v, want %s", workers, d2.ID())
+		t.Errorf("pdserve_kv_blocks_capacity labelled by worker: %v, want %s", workers, d2.ID())
 	}
 }
 
@@ -449,7 +449,7 @@ func TestHeartbeatsAndDrainCommand(t *testing.T) {
 		t.Errorf("heartbeat (-want +got):\n%s", diff)
 	}
 	metrics := httpGet(t, "http://"+w.MetricsAddr()+"/metrics")
-	for _, name := range []string{"pdserve_kv_blocks_free 64", "pdserve_kv_blocks_total 64", "pdserve_decode_step_seconds_bucket", "go_goroutines"} {
+	for _, name := range []string{"pdserve_kv_blocks_free 64", "pdserve_kv_blocks_capacity 64", "pdserve_decode_step_seconds_bucket", "go_goroutines"} {
 		if !strings.Contains(metrics, name) {
 			t.Errorf("/metrics lacks %q", name)
 		}
