@@ -135,7 +135,7 @@ func TestOptions(t *testing.T) {
 // TestFlagsCanSayZero: a policy flag given on the command line overrides
 // the policy file at any value, 0 and false included; one not given
 // leaves the file's value; --max-admitted-requests 0 is refused, naming
-// the flag. The former names (--config, --queue-limit) do the same.
+// the flag. The former name --queue-limit does the same.
 func TestFlagsCanSayZero(t *testing.T) {
 	policy := filepath.Join(t.TempDir(), "policy.yaml")
 	if err := os.WriteFile(policy, []byte("limits: {max_tokens_cap: 100, default_max_tokens: 50, queue_limit: 9}\n"+
@@ -173,7 +173,7 @@ func TestFlagsCanSayZero(t *testing.T) {
 			got{0, 50, 9, 0, 0, false}},
 		{"values given", []string{"--max-tokens-cap=20", "--max-admitted-requests=3", "--local-prefill-tokens=11", "--response-cache-entries=4"},
 			got{20, 20, 3, 11, 4, true}},
-		{"former names", []string{"--config", policy, "--queue-limit=3"}, got{100, 50, 3, 7, 10, true}},
+		{"former name", []string{"--queue-limit=3"}, got{100, 50, 3, 7, 10, true}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o, err := complete(t, tc.args...)
