@@ -12,10 +12,12 @@ import (
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/grammar"
 )
 
-// MaxGrammarBytes bounds the GBNF text a request carries.
-const MaxGrammarBytes = 1 << 20
+// MaxGrammarBytes bounds the GBNF text a request carries: pkg/grammar's
+// bound, which the frontend refuses with a 400 before a request is sent.
+const MaxGrammarBytes = grammar.MaxBytes
 
 // maxPenalty bounds presence_penalty and frequency_penalty (OpenAI's range).
 const maxPenalty = 2
