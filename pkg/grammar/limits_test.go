@@ -176,8 +176,8 @@ func TestFromSchemaLimits(t *testing.T) {
 	}
 	// A repetition that would expand past the states is refused while
 	// parsing, before it is built.
-	if _, err := Parse(`root ::= "`+strings.Repeat("ab", 100)+`"{1000}`, "root"); !errors.As(err, new(*LimitError)) {
-		t.Errorf("Parse of a repetition of 200,000 states: %v", err)
+	if _, err := Parse(`root ::= "`+strings.Repeat("ab", 300)+`"{1000}`, "root"); !errors.As(err, new(*LimitError)) {
+		t.Errorf("Parse of a repetition of 600,000 states: %v", err)
 	}
 }
 

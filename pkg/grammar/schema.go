@@ -81,7 +81,7 @@ var DefaultLimits = Limits{
 	Properties:   2048,
 	Depth:        32,
 	Rules:        16384,
-	States:       131072,
+	States:       262144,
 }
 
 // MaxBytes bounds a grammar's GBNF text, as requests carry it to the

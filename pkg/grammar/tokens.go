@@ -154,6 +154,15 @@ type TokenMask struct {
 	m  *Matcher
 	v  *Vocab
 	cs []cand // Mask's candidates, reused
+	// allowed is the state after the token Allows last allowed, so that
+	// accepting that token (a sampler checks a token, then its worker
+	// accepts it) walks the stacks once; valid until the state moves.
+	allowed struct {
+		ok     bool
+		id     int32
+		stacks [][]pos
+		part   partial
+	}
 }
 
 var _ engine.GrammarState = (*TokenMask)(nil)
@@ -199,6 +208,12 @@ func (t *TokenMask) Accept(tokens ...int32) error {
 		if id < 0 || int(id) >= len(t.v.pieces) || len(t.v.pieces[id]) == 0 {
 			return fmt.Errorf("%w: token %d has no text", ErrRejected, id)
 		}
+		if a := &t.allowed; a.ok && a.id == id {
+			t.m.stacks, t.m.part = a.stacks, a.part
+			a.ok, a.stacks = false, nil
+			continue
+		}
+		t.allowed.ok, t.allowed.stacks = false, nil
 		if err := t.m.Accept(t.v.pieces[id]); err != nil {
 			return err
 		}
@@ -217,7 +232,16 @@ func (t *TokenMask) Allows(id int32) bool {
 	if t.isEOG(id) {
 		return t.m.Complete()
 	}
-	return t.m.Allows(t.v.pieces[id])
+	text := t.v.pieces[id]
+	if len(text) == 0 || text[0] == 0 {
+		return false
+	}
+	st, part := t.m.walk(text, t.m.stacks, t.m.part)
+	if st == nil {
+		return false
+	}
+	t.allowed.ok, t.allowed.id, t.allowed.stacks, t.allowed.part = true, id, st, part
+	return true
 }
 
 var _ engine.TokenChecker = (*TokenMask)(nil)
