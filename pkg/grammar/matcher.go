@@ -107,7 +107,9 @@ func (m *Matcher) step(stacks [][]pos, r rune) ([][]pos, error) {
 		if !m.g.rules[top.rule][top.alt][top.i].matches(r) {
 			continue
 		}
-		next := append(slices.Clone(st[:len(st)-1]), pos{top.rule, top.alt, top.i + 1})
+		next := make([]pos, len(st)) // one allocation: st with its top advanced
+		copy(next, st)
+		next[len(st)-1].i++
 		if err := m.g.expand(next, &out); err != nil {
 			return nil, err
 		}

@@ -68,9 +68,9 @@ func (g *Grammar) reject(d *decoded, stacks [][]pos, cs []cand) []cand {
 // candidate with; past it, the stacks sort candidates out one by one.
 const maxPrefilterTops = 32
 
-// prefilter splits cs into the candidates some stack's top allows (or
-// that are at their end, which the stacks decide) and those whose next
-// code point no top allows, which every stack refuses: sorted out once
+// prefilter splits cs into the candidates some stack's top allows and
+// those whose next code point (or unfinished sequence) no top allows,
+// which every stack refuses: sorted out once
 // for each distinct top, instead of once for each stack (an enum of many
 // strings sharing a prefix keeps as many stacks, all with the same top).
 // keep reuses cs's array.
@@ -90,7 +90,16 @@ func (g *Grammar) prefilter(d *decoded, stacks [][]pos, cs []cand) (keep, out []
 	}
 	keep = cs[:0:0]
 	for _, c := range cs {
-		if c.at == d.start[c.id+1] || slices.ContainsFunc(tops, func(t elem) bool { return t.matches(d.cps[c.at]) }) {
+		var ok bool
+		if c.at == d.start[c.id+1] {
+			// At its end: allowed unless it leaves a sequence unfinished
+			// that no top can finish (a byte of a multi-byte character).
+			p := d.part[c.id]
+			ok = p.remain == 0 || slices.ContainsFunc(tops, func(t elem) bool { return t.matchesPartial(p) })
+		} else {
+			ok = slices.ContainsFunc(tops, func(t elem) bool { return t.matches(d.cps[c.at]) })
+		}
+		if ok {
 			keep = append(keep, c)
 		} else {
 			out = append(out, c)
