@@ -3,13 +3,16 @@ package decode
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/grammar"
+	"github.com/pdserve/pdserve/pkg/wire"
 )
 
 // A grammar in the request's sampling constrains every token the worker
@@ -70,4 +73,96 @@ func TestGrammarConstrainsGeneration(t *testing.T) {
 			t.Errorf("%s: %v, want InvalidArgument", tc.name, err)
 		}
 	}
+}
+
+// overflowSchema is a schema within grammar.DefaultLimits whose matcher
+// cannot go on once an object of it opens: an anyOf of three objects of
+// 1,500 optional properties each holds 4,500 parse stacks after "{", over
+// the matcher's bound, so its mask allows no token there.
+func overflowSchema() string {
+	var b strings.Builder
+	b.WriteString(`{"anyOf":[`)
+	for o := range 3 {
+		if o > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(`{"type":"object","properties":{`)
+		for i := range 1500 {
+			if i > 0 {
+				b.WriteByte(',')
+			}
+			fmt.Fprintf(&b, `"o%dp%d":{"type":"null"}`, o, i)
+		}
+		b.WriteString(`}}`)
+	}
+	b.WriteString(`]}`)
+	return b.String()
+}
+
+// A grammar that allows no token ends its request with an error, and the
+// token sampled under the empty mask never reaches the caller (issue 39
+// §1): at the first token (the colocated path: local prefill), and in the
+// middle of the output, after tokens the grammar allowed were sent. On
+// the old code the worker logged the refusal and streamed token 0 (a NUL
+// byte) until max_tokens.
+func TestGrammarAllowingNoTokenEndsTheRequest(t *testing.T) {
+	first, err := grammar.FromSchema([]byte(overflowSchema()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	later, err := grammar.FromSchema([]byte(`{"type":"object","properties":{"a":` + overflowSchema() + `},"required":["a"]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := newWorker(t, smallOptions(), true)
+	tok := newEngine(t).Tokenizer()
+	for i, tc := range []struct {
+		name, gbnf string
+		n          int32
+		minTokens  int // sent before the error
+	}{
+		{"first token", first, 1, 0},
+		{"first token, n 3", first, 3, 0},
+		{"after the object opened", later, 1, len(`{"a":`)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := testCtx(t)
+			stream, err := w.client.Generate(ctx, &pdservev1.GenerateRequest{RequestId: fmt.Sprint("none", i), PromptTokens: prompt(9, 3), MaxTokens: 64, N: tc.n, LocalPrefill: true,
+				Sampling: &pdservev1.Sampling{Grammar: tc.gbnf, Temperature: 1, Seed: 7}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := collect(stream)
+			if status.Code(err) != codes.FailedPrecondition || !wire.IsGrammarRefused(err) || !strings.Contains(err.Error(), "grammar allows no token") {
+				t.Fatalf("after %q (finish %q): %v; want FailedPrecondition naming the grammar", tok.Decode(got.tokens), got.reason, err)
+			}
+			if len(got.tokens) < tc.minTokens {
+				t.Errorf("%d tokens %q sent before the error, want at least %d", len(got.tokens), tok.Decode(got.tokens), tc.minTokens)
+			}
+			if tc.n == 1 {
+				g, err := grammar.Parse(tc.gbnf, "root")
+				if err != nil {
+					t.Fatal(err)
+				}
+				m, err := g.Matcher()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := m.Accept([]byte(tok.Decode(got.tokens))); err != nil {
+					t.Errorf("tokens sent %q: %v", tok.Decode(got.tokens), err)
+				}
+			}
+		})
+	}
+	checkFor(t, 5*time.Second, func() error {
+		w.s.mu.Lock()
+		defer w.s.mu.Unlock()
+		if n := len(w.s.seqs); n != 0 {
+			return fmt.Errorf("%d requests still held", n)
+		}
+		if free := w.s.freeBlocksLocked(); free != smallOptions().KVBlocks {
+			return fmt.Errorf("%d of %d KV blocks free", free, smallOptions().KVBlocks)
+		}
+		return nil
+	})
 }

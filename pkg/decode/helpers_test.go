@@ -59,13 +59,13 @@ type testWorker struct {
 // newWorker starts a Server. With start false the caller starts the
 // scheduler with run(), so that requests can pile up first. edit, when
 // given, changes the Server before it serves (e.g. a fake clock).
-func newWorker(t *testing.T, o Options, start bool, edit ...func(*Server)) *testWorker {
+func newWorker(t testing.TB, o Options, start bool, edit ...func(*Server)) *testWorker {
 	t.Helper()
 	return newWorkerOn(t, newEngine(t), o, start, edit...)
 }
 
 // newWorkerOn is newWorker on engine eng.
-func newWorkerOn(t *testing.T, eng engine.Engine, o Options, start bool, edit ...func(*Server)) *testWorker {
+func newWorkerOn(t testing.TB, eng engine.Engine, o Options, start bool, edit ...func(*Server)) *testWorker {
 	t.Helper()
 	s, err := New(eng, o, zaptest.NewLogger(t), nil)
 	if err != nil {

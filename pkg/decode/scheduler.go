@@ -194,6 +194,10 @@ func (s *Server) dropLocked(q *sequence, keep bool) (kept bool) {
 		return false
 	}
 	q.dropped = true
+	for _, st := range q.forkStates {
+		closeGrammar(st)
+	}
+	q.forkStates = nil
 	for _, c := range append([]*sequence{q}, q.children...) {
 		if s.dropChoiceLocked(c, keep) {
 			kept = true
@@ -380,10 +384,10 @@ func (pl batcher) forkLocked(q *sequence) error {
 		c.penalties = newPenalties(q.sampling.Penalties, gen)
 		c.sampling.Penalties = c.penalties
 		c.constraint, c.sampling.Constraint = nil, nil
-		if mask, err := s.constrain(q.sampling.Grammar, gen); err != nil {
-			return fmt.Errorf("decode: grammar of choice %d of %s: %w", i, q.id, err)
-		} else if mask != nil {
-			c.constraint, c.sampling.Constraint = mask, mask
+		if len(q.forkStates) > 0 {
+			// Built when the request arrived (Server.constrain).
+			c.constraint, c.sampling.Constraint = q.forkStates[0], q.forkStates[0]
+			q.forkStates = q.forkStates[1:]
 		}
 		s.rn.nextSeq++
 		if err := f.Fork(q.seq, s.rn.nextSeq, p-1); err != nil {
@@ -567,15 +571,19 @@ func (pl batcher) observePrefill(b runner.Batch[*sequence], d time.Duration) {
 // caller holds the engine lock and rn.mu.
 func (pl batcher) emitLocked(q *sequence, t int32, lp *pdservev1.TokenLogprob, batch int, now time.Time) {
 	s := pl.s
-	q.emitted++
-	q.penalties.Add(t)
 	if q.constraint != nil {
 		// t was sampled under the mask, so only a mask that allowed no
-		// token at all (then t is 0) can refuse it.
+		// token at all (the engine then picks token 0) can refuse it:
+		// the grammar cannot go on. The request ends with an error, and
+		// t is never sent.
 		if err := q.constraint.Accept(t); err != nil {
-			s.log.Warn("grammar refused the sampled token", zap.String("request_id", q.id), zap.Int32("token", t), zap.Error(err))
+			s.log.Warn("grammar allows no token; ending the request", zap.String("request_id", q.id), zap.Int("choice", q.index), zap.Int32("token", t), zap.Error(err))
+			pl.endLocked(q.root(), "", grammarRefused(q.id, q.index, err), "")
+			return
 		}
 	}
+	q.emitted++
+	q.penalties.Add(t)
 	if !q.firstStamps {
 		q.firstStamps = true
 		q.out.stamp(StampFirstToken, now)
@@ -594,6 +602,14 @@ func (pl batcher) emitLocked(q *sequence, t int32, lp *pdservev1.TokenLogprob, b
 	default:
 		q.next = t
 	}
+}
+
+// grammarRefused is the error of a request whose choice's grammar allows
+// no token (cause: its state's refusal of the token sampled anyway):
+// FAILED_PRECONDITION marked by wire.GrammarRefusedStatus, which the
+// coordinator does not take for a worker's failure, and maps to HTTP 500.
+func grammarRefused(id string, choice int, cause error) error {
+	return wire.GrammarRefusedStatus("decode: request %s: choice %d: the grammar allows no token here (%v)", id, choice, cause)
 }
 
 // finishChoiceLocked ends choice c with reason and, once every choice of

@@ -289,6 +289,11 @@ type sched struct {
 	// advanced over every token it emits, closed when the choice is
 	// dropped; nil when unconstrained.
 	constraint engine.GrammarState
+	// forkStates are the grammar states of choices 1..n-1 (root),
+	// built with the request's one compiled grammar when it arrived, off
+	// the engine loop; the fork takes each, and dropLocked closes those
+	// it did not.
+	forkStates []engine.GrammarState
 
 	queued      bool    // in waiting
 	joined      bool    // in active
@@ -850,6 +855,9 @@ type genParams struct {
 	n          int
 	genChoices [][]int32
 	constraint engine.GrammarState // the grammar advanced over generated, or nil; attach takes it
+	// forkStates are choices 1..n-1's grammar states (nil: no grammar);
+	// attach takes them.
+	forkStates []engine.GrammarState
 	top        int
 	promptTop  int
 	caller     string    // grpcauth.Caller of the call
@@ -943,19 +951,53 @@ func (s *Server) validate(req *pdservev1.GenerateRequest) (genParams, error) {
 	if p.sampling, err = wire.FromSampling(req.GetSampling()); err != nil {
 		return p, invalid("request %s: %v", id, err)
 	}
-	if p.constraint, err = s.constrain(p.sampling.Grammar, p.generated); err != nil {
-		return p, invalid("request %s: %v", id, err)
-	}
-	for i, g := range p.genChoices {
-		c, err := s.constrain(p.sampling.Grammar, g)
-		if err != nil {
-			closeGrammar(p.constraint)
-			return p, invalid("request %s: choice %d: %v", id, i+1, err)
-		}
-		closeGrammar(c) // each choice builds its own when it forks
+	if err := s.constrain(&p); err != nil {
+		return p, err
 	}
 	p.hashes = s.cache.Hashes(p.prompt)
 	return p, nil
+}
+
+// constrain compiles p's grammar once and builds every choice's state
+// from it, advanced over the tokens the choice holds (prefill's first
+// token, or those generated before a failover): here, in the call's
+// goroutine, never on the engine loop, which only takes the states.
+// Nothing when p has no grammar. Errors: INVALID_ARGUMENT naming the
+// grammar's fault (a limit, its syntax, a refused generated token).
+func (s *Server) constrain(p *genParams) error {
+	if p.sampling.Grammar == "" {
+		return nil
+	}
+	c, err := s.grammars.Compile(p.sampling.Grammar)
+	if err != nil {
+		return invalid("request %s: %v", p.id, err)
+	}
+	if p.constraint, err = c.State(p.generated); err != nil {
+		return invalid("request %s: %v", p.id, err)
+	}
+	for i := 1; i < p.n; i++ {
+		var gen []int32
+		if len(p.genChoices) > 0 {
+			gen = p.genChoices[i-1]
+		}
+		st, err := c.State(gen)
+		if err != nil {
+			p.closeGrammars()
+			return invalid("request %s: choice %d: %v", p.id, i, err)
+		}
+		p.forkStates = append(p.forkStates, st)
+	}
+	return nil
+}
+
+// closeGrammars closes the grammar states p holds (when attach did not
+// take them).
+func (p *genParams) closeGrammars() {
+	closeGrammar(p.constraint)
+	for _, st := range p.forkStates {
+		closeGrammar(st)
+	}
+	p.constraint, p.forkStates = nil, nil
 }
 
 // checkTokens reports a token of toks outside the vocabulary.
@@ -998,7 +1040,7 @@ func (s *Server) Generate(req *pdservev1.GenerateRequest, stream grpc.ServerStre
 	p.pull = plan != nil
 	q, err := s.attach(p)
 	if err != nil {
-		closeGrammar(p.constraint)
+		p.closeGrammars()
 		return err
 	}
 	if plan != nil {
@@ -1167,7 +1209,7 @@ func (s *Server) attach(p genParams) (*sequence, error) {
 	q.n, q.genChoices, q.top, q.promptTop = p.n, p.genChoices, p.top, p.promptTop
 	q.penalties = newPenalties(q.sampling.Penalties, q.generated)
 	q.sampling.Penalties = q.penalties
-	q.constraint = p.constraint
+	q.constraint, q.forkStates = p.constraint, p.forkStates
 	if q.constraint != nil {
 		q.sampling.Constraint = q.constraint
 	}
@@ -1214,16 +1256,6 @@ func (s *Server) claimKVLocked(q *sequence, p genParams) error {
 	}
 	s.rx.mu.Unlock()
 	return err
-}
-
-// constrain returns the grammar state of gbnf advanced over generated
-// (the tokens a sequence holds before this worker samples: prefill's first
-// token, or those generated before a failover), or nil when gbnf is "".
-func (s *Server) constrain(gbnf string, generated []int32) (engine.GrammarState, error) {
-	if gbnf == "" {
-		return nil, nil
-	}
-	return s.grammars.Constrain(gbnf, generated)
 }
 
 // closeGrammar closes c when it is not nil.

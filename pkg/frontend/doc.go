@@ -35,7 +35,11 @@
 // pkg/grammar) that the workers decode under, so the output is a prefix of
 // a valid document; one cut by max_tokens ends with finish_reason
 // "length" and truncated JSON, as OpenAI's does. Schema keywords pkg/grammar
-// does not support are refused with a 400 unsupported_value naming them.
+// does not support are refused with a 400 unsupported_value naming them;
+// a schema (or tools' grammar) over one of pkg/grammar's limits with a
+// 400 schema_too_large naming the limit, without Retry-After. A grammar
+// that allows no token ends the request with an error (a 500, or an
+// error event on a stream), never with the token it refused.
 //
 // On chat, tools ([{"type":"function","function":{name, description,
 // parameters, strict}}]), tool_choice ("none", "auto" (the default with

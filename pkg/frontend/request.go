@@ -482,13 +482,23 @@ func responseFormat(raw json.RawMessage) (string, *apiError) {
 	}
 	g, err := grammar.FromSchema(schema)
 	var u *grammar.UnsupportedError
+	var le *grammar.LimitError
 	switch {
 	case errors.As(err, &u):
 		return "", unsupported("response_format", "response_format.json_schema.schema: keyword %s at %q is not supported", u.Keyword, "#"+u.Path)
+	case errors.As(err, &le):
+		return "", schemaLimit("response_format.json_schema.schema", "response_format.json_schema.schema", le)
 	case err != nil:
 		return "", badRequest("response_format.json_schema.schema", "invalid_value", "response_format.json_schema.schema must be a JSON Schema object")
 	}
 	return g, nil
+}
+
+// schemaLimit is the 400 of a schema (or the grammar it makes) over one
+// of pkg/grammar's limits, naming it: a permanent refusal, so no
+// Retry-After. what names the schema in the message.
+func schemaLimit(param, what string, le *grammar.LimitError) *apiError {
+	return badRequest(param, "schema_too_large", "%s: over the limit of %d %s at %q", what, le.Max, le.Limit, "#"+le.Path)
 }
 
 // validSchemaName reports whether name is OpenAI's json_schema name:

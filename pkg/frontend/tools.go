@@ -289,9 +289,18 @@ func toolGrammar(p *params, f chattmpl.Format) (string, *apiError) {
 		return "", nil
 	}
 	g, err := chattmpl.Grammar(f, p.tools, names, p.parallel)
+	if err == nil {
+		// The tools' schemas together, and the call syntax around them.
+		_, err = grammar.Check(g, grammar.Limits{})
+	}
 	var se *chattmpl.ToolSchemaError
 	var u *grammar.UnsupportedError
+	var le *grammar.LimitError
 	switch {
+	case errors.As(err, &le) && errors.As(err, &se):
+		return "", schemaLimit("tools", "tools: function "+se.Tool+": parameters", le)
+	case errors.As(err, &le):
+		return "", schemaLimit("tools", "tools: the grammar of the tool calls", le)
 	case errors.As(err, &u) && errors.As(err, &se):
 		return "", unsupported("tools", "tools: function %s: parameters keyword %s at %q is not supported with tool_choice %q", se.Tool, u.Keyword, "#"+u.Path, p.toolChoice)
 	case errors.As(err, &se):

@@ -1,11 +1,5 @@
 package grammar
 
-import (
-	"bytes"
-	"encoding/json"
-	"fmt"
-)
-
 // SchemaSet builds one grammar of several JSON Schemas (the arguments of
 // a request's tools): Add returns the rule expression of each schema's
 // instances, Rules the rules they need, and the caller writes the root
@@ -19,15 +13,10 @@ type SchemaSet struct {
 // Add translates schema as FromSchema does and returns the expression
 // (a rule name or a group) matching its instances. Errors: an
 // *UnsupportedError naming a keyword, a schema that is not JSON, a
-// schema too large.
+// *LimitError (the limits other than SchemaBytes count over every schema
+// added).
 func (s *SchemaSet) Add(schema []byte) (string, error) {
-	var v any
-	d := json.NewDecoder(bytes.NewReader(schema))
-	d.UseNumber()
-	if err := d.Decode(&v); err != nil {
-		return "", fmt.Errorf("grammar: schema is not JSON: %w", err)
-	}
-	return s.c.visit(v, "")
+	return s.c.add(schema)
 }
 
 // Rules returns the rules the expressions Add returned refer to, the

@@ -18,12 +18,27 @@
 // with \n \r \t \\ \" \xHH \uHHHH \UHHHHHHHH escapes, character classes
 // `[a-z]` and `[^"\\]`, `.`, groups, and the postfix operators `*`, `+`,
 // `?` and `{m}`, `{m,}`, `{m,n}`; comments start with `#`. Left-recursive
-// grammars are refused when a stack would grow past MaxDepth.
+// grammars are refused when a stack would grow past MaxDepth. A reference
+// that ends its alternative is a tail call: the stack keeps no position
+// after it (as llama.cpp's advance_stack), so chains of rules, such as an
+// object's optional properties, keep stacks shallow.
+//
+// Every grammar is bounded before it is built in full: MaxBytes of text,
+// and DefaultLimits' rules and states (Check). A schema is bounded while
+// it is translated: its bytes, the bytes of its const and enum values and
+// property names, the alternatives of one anyOf or enum (identical ones
+// merged), the properties of one object, and its nesting; each over its
+// limit is a *LimitError naming it. Workers compile a request's grammar
+// once (Source.Compile), where the request arrives, and take each
+// choice's state from it (Compiled.State).
 //
 // FromSchema translates a subset of JSON Schema into GBNF (no maintained
 // Go library does this; it follows llama.cpp's json-schema-to-grammar, and
 // refuses every keyword it does not support with an *UnsupportedError
-// naming it); JSONObject is the grammar of any JSON object.
+// naming it); JSONObject is the grammar of any JSON object. Its numbers
+// are bounded (15 integral digits, 16 fraction digits, a two-digit
+// exponent) so that every one is finite as an IEEE double, which
+// llama.cpp's are not.
 //
 // A Grammar is immutable and safe for concurrent use; a Matcher is not.
 package grammar

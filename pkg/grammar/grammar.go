@@ -50,8 +50,15 @@ type Grammar struct {
 
 // Parse parses GBNF text whose start rule is root. Errors wrap ErrSyntax
 // and name the position or the undefined rule.
+// A grammar of more than DefaultLimits.States elements (after
+// repetitions are expanded) is refused with a *LimitError as soon as
+// parsing reaches it.
 func Parse(text, root string) (*Grammar, error) {
-	p := &parser{s: text, g: &Grammar{names: map[string]int{}}}
+	return parse(text, root, DefaultLimits.States)
+}
+
+func parse(text, root string, maxStates int) (*Grammar, error) {
+	p := &parser{s: text, g: &Grammar{names: map[string]int{}}, left: maxStates, max: maxStates}
 	if err := p.parse(); err != nil {
 		return nil, err
 	}
@@ -68,11 +75,40 @@ func Parse(text, root string) (*Grammar, error) {
 	return p.g, nil
 }
 
+// Check parses gbnf (root rule "root") as Parse does and checks it
+// against MaxBytes and lim's Rules and States (zero: DefaultLimits'):
+// what a worker compiles per request, bounded before it is built in
+// full. Errors: a *LimitError naming the limit, ErrSyntax.
+func Check(gbnf string, lim Limits) (*Grammar, error) {
+	lim = lim.orDefault()
+	if len(gbnf) > MaxBytes {
+		return nil, &LimitError{Limit: "grammar bytes", Max: MaxBytes}
+	}
+	g, err := parse(gbnf, "root", lim.States)
+	if err != nil {
+		return nil, err
+	}
+	if len(g.rules) > lim.Rules {
+		return nil, &LimitError{Limit: "rules", Max: lim.Rules}
+	}
+	return g, nil
+}
+
 type parser struct {
-	s   string
-	i   int
-	g   *Grammar
-	gen int
+	s    string
+	i    int
+	g    *Grammar
+	gen  int
+	left int // elements (states) the grammar may still add
+	max  int
+}
+
+// spend counts n more elements against the parser's budget of states.
+func (p *parser) spend(n int) error {
+	if p.left -= n; p.left < 0 {
+		return &LimitError{Limit: "states", Max: p.max}
+	}
+	return nil
 }
 
 func (p *parser) errf(format string, a ...any) error {
@@ -198,6 +234,11 @@ func (p *parser) alternatives(depth int) ([][]elem, error) {
 }
 
 func (p *parser) primary(seq []elem, depth int) ([]elem, error) {
+	if c := p.s[p.i]; c != '"' {
+		if err := p.spend(1); err != nil { // one class or reference
+			return nil, err
+		}
+	}
 	switch c := p.s[p.i]; {
 	case c == '"':
 		p.i++
@@ -211,6 +252,9 @@ func (p *parser) primary(seq []elem, depth int) ([]elem, error) {
 			}
 			r, err := p.char()
 			if err != nil {
+				return nil, err
+			}
+			if err := p.spend(1); err != nil {
 				return nil, err
 			}
 			seq = append(seq, elem{ref: -1, ranges: []rng{{r, r}}})
@@ -335,6 +379,17 @@ func (p *parser) postfix(seq []elem, start int) ([]elem, error) {
 					}
 				}
 			}
+		}
+		// An upper bound of what the copies add: minN of last, and a rule
+		// of last with a reference per optional one.
+		extra := minN * len(last)
+		if maxN < 0 {
+			extra += len(last) + 2
+		} else {
+			extra += (maxN - minN) * (len(last) + 2)
+		}
+		if err := p.spend(extra); err != nil {
+			return nil, err
 		}
 		for range minN {
 			seq = append(seq, last...)

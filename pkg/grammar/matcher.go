@@ -57,7 +57,15 @@ func (g *Grammar) expand(st []pos, out *[][]pos) error {
 	if len(*out) > maxStacks {
 		return fmt.Errorf("grammar: more than %d parse stacks", maxStacks)
 	}
-	rest := append(slices.Clone(st[:len(st)-1]), pos{top.rule, top.alt, top.i + 1})
+	// The position after the reference is kept only when elements follow
+	// it: a reference that ends its alternative is a tail call (llama.cpp's
+	// advance_stack pushes no end of sequence either), so a chain of them,
+	// such as the optional properties of an object, does not deepen the
+	// stack.
+	rest := slices.Clone(st[:len(st)-1])
+	if int(top.i)+1 < len(g.rules[top.rule][top.alt]) {
+		rest = append(rest, pos{top.rule, top.alt, top.i + 1})
+	}
 	for a := range g.rules[e.ref] {
 		if err := g.expand(append(slices.Clone(rest), pos{int32(e.ref), int32(a), 0}), out); err != nil {
 			return err
@@ -99,7 +107,9 @@ func (m *Matcher) step(stacks [][]pos, r rune) ([][]pos, error) {
 		if !m.g.rules[top.rule][top.alt][top.i].matches(r) {
 			continue
 		}
-		next := append(slices.Clone(st[:len(st)-1]), pos{top.rule, top.alt, top.i + 1})
+		next := make([]pos, len(st)) // one allocation: st with its top advanced
+		copy(next, st)
+		next[len(st)-1].i++
 		if err := m.g.expand(next, &out); err != nil {
 			return nil, err
 		}

@@ -1,6 +1,9 @@
 package grammar
 
-import "math"
+import (
+	"math"
+	"slices"
+)
 
 // decoded is a vocabulary's token texts as code points, each continuing
 // one unfinished sequence: token id's code points are cps[start[id]:
@@ -44,6 +47,13 @@ func (g *Grammar) reject(d *decoded, stacks [][]pos, cs []cand) []cand {
 	if len(stacks) == 0 {
 		return cs
 	}
+	var out []cand
+	if len(stacks) > 1 {
+		cs, out = g.prefilter(d, stacks, cs)
+		if len(cs) == 0 {
+			return out
+		}
+	}
 	rej := g.rejectStack(d, stacks[0], cs)
 	for _, st := range stacks[1:] {
 		if len(rej) == 0 {
@@ -51,7 +61,51 @@ func (g *Grammar) reject(d *decoded, stacks [][]pos, cs []cand) []cand {
 		}
 		rej = g.rejectStack(d, st, rej)
 	}
-	return rej
+	return append(out, rej...)
+}
+
+// maxPrefilterTops bounds the distinct stack tops prefilter compares a
+// candidate with; past it, the stacks sort candidates out one by one.
+const maxPrefilterTops = 32
+
+// prefilter splits cs into the candidates some stack's top allows and
+// those whose next code point (or unfinished sequence) no top allows,
+// which every stack refuses: sorted out once
+// for each distinct top, instead of once for each stack (an enum of many
+// strings sharing a prefix keeps as many stacks, all with the same top).
+// keep reuses cs's array.
+func (g *Grammar) prefilter(d *decoded, stacks [][]pos, cs []cand) (keep, out []cand) {
+	var tops []elem
+	for _, st := range stacks {
+		if len(st) == 0 {
+			continue
+		}
+		e := g.top(st)
+		if !slices.ContainsFunc(tops, func(t elem) bool { return t.negate == e.negate && slices.Equal(t.ranges, e.ranges) }) {
+			if len(tops) == maxPrefilterTops {
+				return cs, nil
+			}
+			tops = append(tops, e)
+		}
+	}
+	keep = cs[:0:0]
+	for _, c := range cs {
+		var ok bool
+		if c.at == d.start[c.id+1] {
+			// At its end: allowed unless it leaves a sequence unfinished
+			// that no top can finish (a byte of a multi-byte character).
+			p := d.part[c.id]
+			ok = p.remain == 0 || slices.ContainsFunc(tops, func(t elem) bool { return t.matchesPartial(p) })
+		} else {
+			ok = slices.ContainsFunc(tops, func(t elem) bool { return t.matches(d.cps[c.at]) })
+		}
+		if ok {
+			keep = append(keep, c)
+		} else {
+			out = append(out, c)
+		}
+	}
+	return keep, out
 }
 
 func (g *Grammar) rejectStack(d *decoded, st []pos, cs []cand) []cand {
@@ -78,7 +132,10 @@ func (g *Grammar) rejectStack(d *decoded, st []pos, cs []cand) []cand {
 			rej = append(rej, c)
 		}
 	}
-	if len(next) == 0 {
+	if len(next) == 0 || !slices.ContainsFunc(next, func(c cand) bool { return c.at < d.start[c.id+1] || d.part[c.id].remain != 0 }) {
+		// Every candidate that matched ended with a whole code point: the
+		// stack allows it without expanding further (Accept's expansion
+		// still checks the stack's bounds).
 		return rej
 	}
 	top := st[len(st)-1]

@@ -3,7 +3,6 @@ package grammar
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -18,12 +17,18 @@ array ::= "[" space ( value ( "," space value )* )? "]" space
 `
 
 // primitives are the rules every generated grammar shares, as llama.cpp's
-// json-schema-to-grammar writes them.
+// json-schema-to-grammar writes them, except that numbers are bounded so
+// that every one is finite as an IEEE double and every integer exact in
+// one (what JavaScript's JSON.parse and zod's .int(), Go's encoding/json
+// and Python's json read): at most 15 integral digits (below 2^53), 16
+// fraction digits, and an exponent of at most two digits, so the largest
+// magnitude is under 1e115. llama.cpp's exponent takes up to 16 digits,
+// and 46E87236 is Infinity to every one of those parsers.
 const primitives = `space ::= | " " | "\n" [ \t]{0,20}
 char ::= [^"\\\x7F\x00-\x1F] | [\\] (["\\/bfnrt] | "u" [0-9a-fA-F]{4})
 string ::= "\"" char* "\"" space
-integral-part ::= [0] | [1-9] [0-9]{0,15}
-number ::= ("-"? integral-part) ("." [0-9]+)? ([eE] [-+]? [0-9]+)? space
+integral-part ::= [0] | [1-9] [0-9]{0,14}
+number ::= ("-"? integral-part) ("." [0-9]{1,16})? ([eE] [-+]? [0-9]{1,2})? space
 integer ::= ("-"? integral-part) space
 boolean ::= ("true" | "false") space
 null ::= "null" space
@@ -43,8 +48,69 @@ func (e *UnsupportedError) Error() string {
 // annotations are keywords that do not constrain instances.
 var annotations = []string{"$schema", "$id", "$comment", "title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly"}
 
-// maxSchemaRules bounds the grammar a schema may produce.
-const maxSchemaRules = 4096
+// Limits bound what a schema may make: each is checked while the schema
+// is translated, before the grammar grows past it, and a schema over one
+// gets a *LimitError naming it. Zero fields take DefaultLimits' values.
+type Limits struct {
+	// SchemaBytes bounds the schema's JSON text.
+	SchemaBytes int
+	// LiteralBytes bounds the JSON text of every const and enum value and
+	// property name of the schema, together (OpenAI's structured outputs
+	// allow 120,000 characters of them).
+	LiteralBytes int
+	// Alternatives bounds one anyOf, enum or type list, after identical
+	// alternatives are merged.
+	Alternatives int
+	// Properties bounds the properties of one object.
+	Properties int
+	// Depth bounds the nesting of subschemas.
+	Depth int
+	// Rules and States bound the grammar: its rules, and its elements
+	// (character classes and rule references, the positions a parse stack
+	// holds), as Check counts them. Its text is bounded by MaxBytes.
+	Rules, States int
+}
+
+// DefaultLimits are the limits of FromSchema and SchemaSet. A schema
+// within them translates in milliseconds to a grammar under MaxBytes, and
+// its matcher's stacks stay shallow (see Matcher).
+var DefaultLimits = Limits{
+	SchemaBytes:  256 << 10,
+	LiteralBytes: 120_000,
+	Alternatives: 1024,
+	Properties:   2048,
+	Depth:        32,
+	Rules:        16384,
+	States:       262144,
+}
+
+// MaxBytes bounds a grammar's GBNF text, as requests carry it to the
+// workers.
+const MaxBytes = 1 << 20
+
+func (l Limits) orDefault() Limits {
+	d := DefaultLimits
+	for _, f := range []struct{ v, def *int }{
+		{&l.SchemaBytes, &d.SchemaBytes}, {&l.LiteralBytes, &d.LiteralBytes}, {&l.Alternatives, &d.Alternatives},
+		{&l.Properties, &d.Properties}, {&l.Depth, &d.Depth}, {&l.Rules, &d.Rules}, {&l.States, &d.States},
+	} {
+		if *f.v <= 0 {
+			*f.v = *f.def
+		}
+	}
+	return l
+}
+
+// LimitError is a schema or grammar over one of its Limits (or MaxBytes).
+type LimitError struct {
+	Limit string // "schema bytes", "literal bytes", "alternatives", "properties", "depth", "rules", "states", "grammar bytes"
+	Max   int
+	Path  string // JSON pointer of the schema where it was passed; "" is the root, or a grammar
+}
+
+func (e *LimitError) Error() string {
+	return fmt.Sprintf("grammar: over the limit of %d %s (at %q)", e.Max, e.Limit, "#"+e.Path)
+}
 
 // FromSchema returns a GBNF grammar (root rule "root") whose sentences
 // are the JSON texts that validate against schema, for this subset of
@@ -55,40 +121,98 @@ const maxSchemaRules = 4096
 // generated required first, then optional, each group in the order of
 // properties. Any other keyword is refused with an *UnsupportedError.
 // Errors also report a schema that is not JSON.
+//
+// The schema must lie within DefaultLimits (else a *LimitError), and so
+// must the grammar (Check): a grammar over MaxBytes, or over the limits
+// of rules and states, is refused here rather than by the workers.
 func FromSchema(schema []byte) (string, error) {
-	c := &converter{}
+	c := &converter{lim: DefaultLimits}
+	root, err := c.add(schema)
+	if err != nil {
+		return "", err
+	}
+	g := primitives + "root ::= " + root + "\n" + c.rules.String()
+	if _, err := Check(g, c.lim); err != nil {
+		return "", err
+	}
+	return g, nil
+}
+
+type converter struct {
+	lim      Limits
+	rules    strings.Builder
+	n        int
+	literals int  // bytes of const and enum values and property names
+	hasValue bool // the any-JSON rules are written
+}
+
+// add decodes one schema and returns its expression.
+func (c *converter) add(schema []byte) (string, error) {
+	c.lim = c.lim.orDefault()
+	if len(schema) > c.lim.SchemaBytes {
+		return "", &LimitError{Limit: "schema bytes", Max: c.lim.SchemaBytes}
+	}
 	var s any
 	d := json.NewDecoder(bytes.NewReader(schema))
 	d.UseNumber()
 	if err := d.Decode(&s); err != nil {
 		return "", fmt.Errorf("grammar: schema is not JSON: %w", err)
 	}
-	root, err := c.visit(s, "")
-	if err != nil {
-		return "", err
-	}
-	return primitives + "root ::= " + root + "\n" + c.rules.String(), nil
-}
-
-type converter struct {
-	rules strings.Builder
-	n     int
+	return c.visit(s, "", 0)
 }
 
 func (c *converter) rule(body string) (string, error) {
-	if c.n++; c.n > maxSchemaRules {
-		return "", errors.New("grammar: schema too large")
+	if c.n++; c.n > c.lim.Rules {
+		return "", &LimitError{Limit: "rules", Max: c.lim.Rules}
+	}
+	if c.rules.Len()+len(body) > MaxBytes {
+		return "", &LimitError{Limit: "grammar bytes", Max: MaxBytes}
 	}
 	name := fmt.Sprintf("r%d", c.n)
 	fmt.Fprintf(&c.rules, "%s ::= %s\n", name, body)
 	return name, nil
 }
 
-// literal returns the GBNF literal of v's JSON text followed by space.
-func literal(v any) (string, error) {
-	b, err := json.Marshal(v)
+// literal returns the GBNF literal of v's JSON text, counted against the
+// literal bytes of the schema.
+func (c *converter) literal(v any, path string) (string, error) {
+	q, n, err := literal(v)
 	if err != nil {
 		return "", err
+	}
+	if c.literals += n; c.literals > c.lim.LiteralBytes {
+		return "", &LimitError{Limit: "literal bytes", Max: c.lim.LiteralBytes, Path: path}
+	}
+	return q, nil
+}
+
+// alternatives joins exprs as a group, identical ones merged (an anyOf
+// of 4,096 copies of one schema is one alternative, not 4,096 parse
+// stacks). Errors: a *LimitError over Alternatives.
+func (c *converter) alternatives(exprs []string, path string) (string, error) {
+	seen := make(map[string]bool, len(exprs))
+	out := exprs[:0:0]
+	for _, e := range exprs {
+		if !seen[e] {
+			seen[e] = true
+			out = append(out, e)
+		}
+	}
+	if len(out) > c.lim.Alternatives {
+		return "", &LimitError{Limit: "alternatives", Max: c.lim.Alternatives, Path: path}
+	}
+	if len(out) == 1 {
+		return out[0], nil
+	}
+	return "(" + strings.Join(out, " | ") + ")", nil
+}
+
+// literal returns the GBNF literal of v's JSON text followed by space,
+// and the length of that JSON text.
+func literal(v any) (string, int, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return "", 0, err
 	}
 	var q strings.Builder
 	q.WriteByte('"')
@@ -104,10 +228,13 @@ func literal(v any) (string, error) {
 		}
 	}
 	q.WriteString(`" space`)
-	return q.String(), nil
+	return q.String(), len(b), nil
 }
 
-func (c *converter) visit(s any, path string) (string, error) {
+func (c *converter) visit(s any, path string, depth int) (string, error) {
+	if depth > c.lim.Depth {
+		return "", &LimitError{Limit: "depth", Max: c.lim.Depth, Path: path}
+	}
 	switch s := s.(type) {
 	case bool:
 		if s {
@@ -115,22 +242,23 @@ func (c *converter) visit(s any, path string) (string, error) {
 		}
 		return "", &UnsupportedError{Keyword: "false (a schema no instance matches)", Path: path}
 	case map[string]any:
-		return c.object(s, path)
+		return c.object(s, path, depth)
 	}
 	return "", &UnsupportedError{Keyword: "a schema that is not an object", Path: path}
 }
 
 // needValue makes sure the any-JSON rules exist once.
 func (c *converter) needValue() error {
-	if strings.Contains(c.rules.String(), "\nvalue ::=") || strings.HasPrefix(c.rules.String(), "value ::=") {
+	if c.hasValue {
 		return nil
 	}
+	c.hasValue = true
 	_, after, _ := strings.Cut(JSONObject, "root ::= object\n")
 	c.rules.WriteString(after)
 	return nil
 }
 
-func (c *converter) object(s map[string]any, path string) (string, error) {
+func (c *converter) object(s map[string]any, path string, depth int) (string, error) {
 	keys := make([]string, 0, len(s))
 	for k := range s {
 		keys = append(keys, k)
@@ -149,35 +277,43 @@ func (c *converter) object(s map[string]any, path string) (string, error) {
 		}
 	}
 	if v, ok := s["const"]; ok {
-		return literal(v)
+		return c.literal(v, path)
 	}
 	if v, ok := s["enum"]; ok {
 		vals, ok := v.([]any)
 		if !ok || len(vals) == 0 {
 			return "", &UnsupportedError{Keyword: "enum that is not a non-empty array", Path: path}
 		}
+		if len(vals) > c.lim.Alternatives {
+			return "", &LimitError{Limit: "alternatives", Max: c.lim.Alternatives, Path: path}
+		}
 		alts := make([]string, len(vals))
 		for i, v := range vals {
 			var err error
-			if alts[i], err = literal(v); err != nil {
+			if alts[i], err = c.literal(v, path); err != nil {
 				return "", err
 			}
 		}
-		return "(" + strings.Join(alts, " | ") + ")", nil
+		return c.alternatives(alts, path)
 	}
 	if v, ok := s["anyOf"]; ok {
 		subs, ok := v.([]any)
 		if !ok || len(subs) == 0 {
 			return "", &UnsupportedError{Keyword: "anyOf that is not a non-empty array", Path: path}
 		}
+		if len(subs) > c.lim.Alternatives*4 {
+			// Not even merging identical ones can bring it under the limit
+			// cheaply: refuse before translating them all.
+			return "", &LimitError{Limit: "alternatives", Max: c.lim.Alternatives, Path: path}
+		}
 		alts := make([]string, len(subs))
 		for i, sub := range subs {
 			var err error
-			if alts[i], err = c.visit(sub, fmt.Sprintf("%s/anyOf/%d", path, i)); err != nil {
+			if alts[i], err = c.visit(sub, fmt.Sprintf("%s/anyOf/%d", path, i), depth+1); err != nil {
 				return "", err
 			}
 		}
-		return "(" + strings.Join(alts, " | ") + ")", nil
+		return c.alternatives(alts, path)
 	}
 	var types []string
 	switch t := s["type"].(type) {
@@ -210,9 +346,9 @@ func (c *converter) object(s map[string]any, path string) (string, error) {
 		case "string", "number", "integer", "boolean", "null":
 			alt = t
 		case "object":
-			alt, err = c.props(s, path)
+			alt, err = c.props(s, path, depth)
 		case "array":
-			alt, err = c.array(s, path)
+			alt, err = c.array(s, path, depth)
 		default:
 			err = &UnsupportedError{Keyword: fmt.Sprintf("type %q", t), Path: path}
 		}
@@ -221,13 +357,16 @@ func (c *converter) object(s map[string]any, path string) (string, error) {
 		}
 		alts = append(alts, alt)
 	}
-	return "(" + strings.Join(alts, " | ") + ")", nil
+	return c.alternatives(alts, path)
 }
 
-func (c *converter) props(s map[string]any, path string) (string, error) {
+func (c *converter) props(s map[string]any, path string, depth int) (string, error) {
 	props, _ := s["properties"].(map[string]any)
 	if _, ok := s["properties"]; ok && props == nil {
 		return "", &UnsupportedError{Keyword: "properties that is not an object", Path: path}
+	}
+	if len(props) > c.lim.Properties {
+		return "", &LimitError{Limit: "properties", Max: c.lim.Properties, Path: path}
 	}
 	var required []string
 	if v, ok := s["required"]; ok {
@@ -249,11 +388,11 @@ func (c *converter) props(s map[string]any, path string) (string, error) {
 	}
 	slices.Sort(names) // JSON objects carry no order; keep output deterministic
 	kv := func(name string) (string, error) {
-		key, err := literal(name)
+		key, err := c.literal(name, path)
 		if err != nil {
 			return "", err
 		}
-		val, err := c.visit(props[name], path+"/properties/"+name)
+		val, err := c.visit(props[name], path+"/properties/"+name, depth+1)
 		if err != nil {
 			return "", err
 		}
@@ -271,12 +410,21 @@ func (c *converter) props(s map[string]any, path string) (string, error) {
 			opt = append(opt, r)
 		}
 	}
-	// tail(i) is a non-empty, comma-separated, in-order selection of opt[i:].
+	// tail(i) is a non-empty, comma-separated, in-order selection of
+	// opt[i:]: opt[i] then rest(i+1), or tail(i+1); rest(i) is nothing or
+	// a comma and tail(i). Every reference to the next rule ends its
+	// alternative (a tail call, which the matcher does not stack), so the
+	// grammar grows by three rules a property and its parse stacks by one
+	// a property that may come next, never deeper.
 	tail := ""
 	for i := len(opt) - 1; i >= 0; i-- {
 		body := opt[i]
 		if tail != "" {
-			body = fmt.Sprintf(`%s ( "," space %s )? | %s`, opt[i], tail, tail)
+			rest, err := c.rule(`"," space ` + tail + ` |`)
+			if err != nil {
+				return "", err
+			}
+			body = fmt.Sprintf(`%s %s | %s`, opt[i], rest, tail)
 		}
 		var err error
 		if tail, err = c.rule(body); err != nil {
@@ -293,11 +441,11 @@ func (c *converter) props(s map[string]any, path string) (string, error) {
 	return c.rule(`"{" space ` + inner + ` "}" space`)
 }
 
-func (c *converter) array(s map[string]any, path string) (string, error) {
+func (c *converter) array(s map[string]any, path string, depth int) (string, error) {
 	item := "value"
 	if v, ok := s["items"]; ok {
 		var err error
-		if item, err = c.visit(v, path+"/items"); err != nil {
+		if item, err = c.visit(v, path+"/items", depth+1); err != nil {
 			return "", err
 		}
 	} else if err := c.needValue(); err != nil {

@@ -45,22 +45,55 @@ func ForEngine(eng engine.Engine) *Source {
 // chooses tokens without logits), ErrSyntax, ErrRejected, the engine's
 // refusal.
 func (s *Source) Constrain(gbnf string, generated []int32) (engine.GrammarState, error) {
+	c, err := s.Compile(gbnf)
+	if err != nil {
+		return nil, err
+	}
+	return c.State(generated)
+}
+
+// Compiled is a grammar checked and parsed once for a request, from which
+// each of its choices takes its own state (State). Compile it where the
+// request arrives, not on the engine loop: its cost grows with the
+// grammar, bounded by MaxBytes and DefaultLimits' rules and states, where
+// a State costs the grammar's first expansion and the tokens it is
+// advanced over. Immutable; safe for concurrent use.
+type Compiled struct {
+	src  *Source
+	gbnf string
+	g    *Grammar
+}
+
+// Compile parses gbnf (root rule "root") within MaxBytes and
+// DefaultLimits (Check) and checks that its start expands within the
+// matcher's bounds. Errors: ErrNoLogits (the engine chooses tokens
+// without logits), a *LimitError, ErrSyntax, the matcher's bound.
+func (s *Source) Compile(gbnf string) (*Compiled, error) {
 	if _, ok := s.eng.(engine.LogitFree); ok {
 		return nil, ErrNoLogits
 	}
-	g, err := Parse(gbnf, "root")
+	g, err := Check(gbnf, Limits{})
 	if err != nil {
 		return nil, err
 	}
 	if _, err := g.Matcher(); err != nil {
 		return nil, err
 	}
+	return &Compiled{src: s, gbnf: gbnf, g: g}, nil
+}
+
+// State returns a new state of c advanced over generated (the tokens a
+// sequence already holds, from prefill's first token or before a
+// failover); the caller closes it. Errors: ErrRejected, the engine's
+// refusal.
+func (c *Compiled) State(generated []int32) (engine.GrammarState, error) {
 	var st engine.GrammarState
-	if gs, ok := s.eng.(engine.GrammarSampler); ok {
-		if st, err = gs.NewGrammar(gbnf); err != nil {
+	var err error
+	if gs, ok := c.src.eng.(engine.GrammarSampler); ok {
+		if st, err = gs.NewGrammar(c.gbnf); err != nil {
 			return nil, err
 		}
-	} else if st, err = s.vocab().Mask(g); err != nil {
+	} else if st, err = c.src.vocab().Mask(c.g); err != nil {
 		return nil, err
 	}
 	if err := st.Accept(generated...); err != nil {
@@ -121,6 +154,15 @@ type TokenMask struct {
 	m  *Matcher
 	v  *Vocab
 	cs []cand // Mask's candidates, reused
+	// allowed is the state after the token Allows last allowed, so that
+	// accepting that token (a sampler checks a token, then its worker
+	// accepts it) walks the stacks once; valid until the state moves.
+	allowed struct {
+		ok     bool
+		id     int32
+		stacks [][]pos
+		part   partial
+	}
 }
 
 var _ engine.GrammarState = (*TokenMask)(nil)
@@ -166,6 +208,12 @@ func (t *TokenMask) Accept(tokens ...int32) error {
 		if id < 0 || int(id) >= len(t.v.pieces) || len(t.v.pieces[id]) == 0 {
 			return fmt.Errorf("%w: token %d has no text", ErrRejected, id)
 		}
+		if a := &t.allowed; a.ok && a.id == id {
+			t.m.stacks, t.m.part = a.stacks, a.part
+			a.ok, a.stacks = false, nil
+			continue
+		}
+		t.allowed.ok, t.allowed.stacks = false, nil
 		if err := t.m.Accept(t.v.pieces[id]); err != nil {
 			return err
 		}
@@ -184,7 +232,16 @@ func (t *TokenMask) Allows(id int32) bool {
 	if t.isEOG(id) {
 		return t.m.Complete()
 	}
-	return t.m.Allows(t.v.pieces[id])
+	text := t.v.pieces[id]
+	if len(text) == 0 || text[0] == 0 {
+		return false
+	}
+	st, part := t.m.walk(text, t.m.stacks, t.m.part)
+	if st == nil {
+		return false
+	}
+	t.allowed.ok, t.allowed.id, t.allowed.stacks, t.allowed.part = true, id, st, part
+	return true
 }
 
 var _ engine.TokenChecker = (*TokenMask)(nil)

@@ -391,6 +391,12 @@ func (p *fcfs) Done(ctx context.Context, b runner.Batch[*request], res runner.Re
 		if !it.Last {
 			continue
 		}
+		var refused error
+		if r.grammar != nil {
+			// The token was sampled under the grammar's mask: only a mask
+			// that allowed no token at all refuses it. It is never sent.
+			refused = r.grammar.Accept(outs[i].Token)
+		}
 		r.closeGrammar()
 		var lp *pdservev1.TokenLogprob
 		if r.top >= 0 {
@@ -408,6 +414,13 @@ func (p *fcfs) Done(ctx context.Context, b runner.Batch[*request], res runner.Re
 		}
 		if !r.kv.complete() {
 			err := status.Errorf(codes.Internal, "prefill: engine handed out incomplete kv for %s", r.id)
+			r.tx.abort(err)
+			s.endLocked(r, event{err: err})
+			continue
+		}
+		if refused != nil {
+			s.log.Warn("grammar allows no first token; ending the request", zap.String("request_id", r.id), zap.Int32("token", outs[i].Token), zap.Error(refused))
+			err := wire.GrammarRefusedStatus("prefill: request %s: the grammar allows no first token (%v)", r.id, refused)
 			r.tx.abort(err)
 			s.endLocked(r, event{err: err})
 			continue

@@ -57,3 +57,35 @@ func IsKVTransferFailed(err error) bool {
 	}
 	return false
 }
+
+// ErrorReasonGrammar marks (in an errdetails.ErrorInfo of domain
+// ErrorDomain) the status of a Prefill or Generate call that ended because
+// the request's grammar allows no token: every worker would end it the
+// same way, so the coordinator ends the request instead of moving it.
+const ErrorReasonGrammar = "GRAMMAR_ALLOWS_NO_TOKEN"
+
+// GrammarRefusedStatus returns the FAILED_PRECONDITION status of a
+// request whose grammar allows no token (fmt.Sprintf(format, args...)
+// says which), marked so that IsGrammarRefused reports it.
+func GrammarRefusedStatus(format string, args ...any) error {
+	st := status.Newf(codes.FailedPrecondition, format, args...)
+	if dst, err := st.WithDetails(&errdetails.ErrorInfo{Reason: ErrorReasonGrammar, Domain: ErrorDomain}); err == nil {
+		st = dst
+	}
+	return st.Err()
+}
+
+// IsGrammarRefused reports whether err (a gRPC status error, possibly
+// wrapped) was made by GrammarRefusedStatus.
+func IsGrammarRefused(err error) bool {
+	st, ok := status.FromError(err)
+	if !ok {
+		return false
+	}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == ErrorDomain && info.GetReason() == ErrorReasonGrammar {
+			return true
+		}
+	}
+	return false
+}

@@ -2,7 +2,9 @@
 // the pdserve.v1 protobuf messages that carry them between the
 // coordinator and the workers: sampling settings and log-probabilities;
 // and it reads and writes the status details of the API's errors: the
-// mark of a failed KV transfer (KVTransferFailedStatus, IsKVTransferFailed).
+// mark of a failed KV transfer (KVTransferFailedStatus, IsKVTransferFailed)
+// and of a grammar that allows no token (GrammarRefusedStatus,
+// IsGrammarRefused).
 // It holds no state; every function is safe for concurrent use.
 package wire
 
@@ -12,10 +14,12 @@ import (
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/grammar"
 )
 
-// MaxGrammarBytes bounds the GBNF text a request carries.
-const MaxGrammarBytes = 1 << 20
+// MaxGrammarBytes bounds the GBNF text a request carries: pkg/grammar's
+// bound, which the frontend refuses with a 400 before a request is sent.
+const MaxGrammarBytes = grammar.MaxBytes
 
 // maxPenalty bounds presence_penalty and frequency_penalty (OpenAI's range).
 const maxPenalty = 2

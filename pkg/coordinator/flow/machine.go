@@ -552,7 +552,8 @@ func (m *Machine) onGenerateEnded(err error) error {
 	case err == nil:
 		// Nothing reached the client: another worker may serve it.
 		err = status.Errorf(codes.Internal, "decode worker %s ended the stream without a token or a finish reason", m.decode.ID)
-	case !Recoverable(err) && m.delivered() > 0:
+	case !Recoverable(err) && m.delivered() > 0, wire.IsGrammarRefused(err):
+		// A grammar that allows no token ends the request on any worker.
 		return GRPCError(fmt.Sprintf("generate on decode worker %s", m.decode.ID), "decode", err)
 	}
 	m.emit(Unreachable{Worker: m.decode, Err: err})
@@ -570,6 +571,9 @@ func (m *Machine) onGenerateEnded(err error) error {
 func (m *Machine) onPrefillFailed(err error) error {
 	m.log(zapcore.DebugLevel, "prefill stream failed", zap.String("worker", m.prefill.ID), zap.Error(err))
 	switch transfer := wire.IsKVTransferFailed(err); {
+	case wire.IsGrammarRefused(err):
+		// The request's grammar allows no first token: so on any worker.
+		return GRPCError(fmt.Sprintf("prefill on worker %s", m.prefill.ID), "prefill", err)
 	case transfer && !recoverableTransfer(err):
 		return GRPCError(fmt.Sprintf("kv transfer from prefill worker %s to decode worker %s", m.prefill.ID, m.decode.ID), "KV transfer", err)
 	case !transfer && !m.gotFirst && (len(m.early) > 0 || m.earlyEnd):

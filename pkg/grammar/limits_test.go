@@ -1,0 +1,243 @@
+package grammar
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// optionalProps is an object schema of n optional properties of type t.
+func optionalProps(n int, t string) string {
+	var b strings.Builder
+	b.WriteString(`{"type":"object","properties":{`)
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `"p%d":{"type":%q}`, i, t)
+	}
+	b.WriteString(`}}`)
+	return b.String()
+}
+
+// anyOf is a schema of n alternatives, alt(i) each.
+func anyOf(n int, alt func(i int) string) string {
+	parts := make([]string, n)
+	for i := range parts {
+		parts[i] = alt(i)
+	}
+	return `{"anyOf":[` + strings.Join(parts, ",") + `]}`
+}
+
+// maxDepth is the depth of m's deepest parse stack.
+func (m *Matcher) maxDepth() int {
+	d := 0
+	for _, st := range m.stacks {
+		d = max(d, len(st))
+	}
+	return d
+}
+
+// Optional properties compile to a grammar whose size grows linearly and
+// whose parse stacks stay shallow (issue 40 §4): 1,100 of them passed
+// MaxDepth on the old grammar (the chain of optional rules stacked one
+// position a property), and the matcher allowed nothing, which the
+// workers turned into NUL bytes; 2,048 passed the old rule bound.
+func TestOptionalPropertiesAreLinear(t *testing.T) {
+	size := map[int]int{}
+	for _, n := range []int{1000, 1100, 2000, 2048} {
+		g, err := FromSchema([]byte(optionalProps(n, "integer")))
+		if err != nil {
+			t.Fatalf("%d optional properties: %v", n, err)
+		}
+		size[n] = len(g)
+		m := matcher(t, g)
+		// The last property alone, then the first and the last.
+		for _, text := range []string{fmt.Sprintf(`{"p%d": 7}`, n-1), fmt.Sprintf(`{"p0": 1, "p%d": 2}`, n-1), `{}`} {
+			mm := matcher(t, g)
+			if err := mm.Accept([]byte(text)); err != nil || !mm.Complete() {
+				t.Errorf("%d optional properties: %s refused: %v", n, text, err)
+			}
+		}
+		if err := m.Accept([]byte(`{`)); err != nil {
+			t.Fatal(err)
+		}
+		if d := m.maxDepth(); d > 8 {
+			t.Errorf("%d optional properties: parse stacks %d deep after {, want a depth that does not grow with them", n, d)
+		}
+		if bad := `{"p1": 1, "p0": 2}`; matcher(t, g).Accept([]byte(bad)) == nil {
+			t.Errorf("%d optional properties: out of order %s accepted", n, bad)
+		}
+	}
+	if r := float64(size[2000]) / float64(size[1000]); r > 2.2 {
+		t.Errorf("grammar of 2,000 optional properties is %.2f times that of 1,000, want linear growth", r)
+	}
+}
+
+func matcher(t *testing.T, gbnf string) *Matcher {
+	t.Helper()
+	g, err := Parse(gbnf, "root")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := g.Matcher()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// Long anyOf lists: identical alternatives merge into one (4,096 copies
+// of one string schema were 4,096 parse stacks, past the matcher's bound
+// inside the string, and 1,367 already returned """… with 200); distinct
+// ones past the limit are refused naming it.
+func TestLongAnyOf(t *testing.T) {
+	for _, n := range []int{1367, 4096} {
+		g, err := FromSchema([]byte(anyOf(n, func(int) string { return `{"type":"string"}` })))
+		if err != nil {
+			t.Fatalf("%d identical alternatives: %v", n, err)
+		}
+		m := matcher(t, g)
+		if err := m.Accept([]byte(`"some text"`)); err != nil || !m.Complete() {
+			t.Errorf("%d identical alternatives: a string refused: %v", n, err)
+		}
+	}
+	g, err := FromSchema([]byte(anyOf(1000, func(i int) string { return fmt.Sprintf(`{"const":"v%d"}`, i) })))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := matcher(t, g); m.Accept([]byte(`"v999"`)) != nil || !m.Complete() {
+		t.Error(`1,000 distinct alternatives: "v999" refused`)
+	}
+	_, err = FromSchema([]byte(anyOf(1367, func(i int) string { return fmt.Sprintf(`{"const":"v%d"}`, i) })))
+	var le *LimitError
+	if !errors.As(err, &le) || le.Limit != "alternatives" {
+		t.Errorf("1,367 distinct alternatives: %v, want the alternatives limit", err)
+	}
+}
+
+// Each limit is checked as the schema is translated and named in a
+// *LimitError.
+func TestFromSchemaLimits(t *testing.T) {
+	big := strings.Repeat("x", 100_000)
+	for _, tc := range []struct{ name, schema, limit, path string }{
+		{"schema bytes", `{"description":"` + strings.Repeat("d", 300<<10) + `"}`, "schema bytes", ""},
+		{"const bytes", `{"type":"object","properties":{"a":{"const":"` + big + `"},"b":{"const":"` + big + `"}}}`, "literal bytes", "/properties/b"},
+		{"enum bytes", `{"enum":["` + big + `","` + big + `"]}`, "literal bytes", ""},
+		{"enum alternatives", `{"enum":[` + strings.TrimSuffix(strings.Repeat(`1,`, 2000), ",") + `]}`, "alternatives", ""},
+		{"type list", `{"type":["string","number","integer","boolean","null","object","array"]}`, "", ""},
+		{"properties", optionalProps(3000, "null"), "properties", ""},
+		{"depth", strings.Repeat(`{"type":"array","items":`, 40) + `{}` + strings.Repeat(`}`, 40), "depth", strings.Repeat("/items", 33)},
+		{"nested arrays", `{"type":"object","properties":{` + strings.TrimSuffix(strings.Repeat(`"a":{"type":"array","items":{"type":"array","items":{"type":"array","items":{"type":"array","items":{"type":"array"}}}}},`, 1), ",") + `}}`, "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := FromSchema([]byte(tc.schema))
+			if tc.limit == "" {
+				if err != nil {
+					t.Fatalf("within the limits: %v", err)
+				}
+				return
+			}
+			var le *LimitError
+			if !errors.As(err, &le) || le.Limit != tc.limit || le.Path != tc.path {
+				t.Fatalf("%v, want the %s limit at %q", err, tc.limit, tc.path)
+			}
+			if !strings.Contains(err.Error(), tc.limit) {
+				t.Errorf("%q does not name the limit %q", err, tc.limit)
+			}
+		})
+	}
+	// Rules and states: checked on the grammar, by Check and FromSchema.
+	many := anyOf(1000, func(i int) string { return fmt.Sprintf(`{"type":"array","items":{"const":%d},"minItems":2}`, i) })
+	g, err := FromSchema([]byte(many))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		lim   Limits
+		limit string
+	}{{Limits{Rules: 100}, "rules"}, {Limits{States: 1000}, "states"}} {
+		_, err := Check(g, tc.lim)
+		var le *LimitError
+		if !errors.As(err, &le) || le.Limit != tc.limit {
+			t.Errorf("Check with %+v: %v, want the %s limit", tc.lim, err, tc.limit)
+		}
+	}
+	if _, err := Check(g, Limits{}); err != nil {
+		t.Errorf("Check with the default limits: %v", err)
+	}
+	if _, err := Check(strings.Repeat(" ", MaxBytes+1)+`root ::= "a"`, Limits{}); !errors.As(err, new(*LimitError)) {
+		t.Errorf("Check of a grammar over MaxBytes: %v", err)
+	}
+	// A repetition that would expand past the states is refused while
+	// parsing, before it is built.
+	if _, err := Parse(`root ::= "`+strings.Repeat("ab", 300)+`"{1000}`, "root"); !errors.As(err, new(*LimitError)) {
+		t.Errorf("Parse of a repetition of 600,000 states: %v", err)
+	}
+}
+
+// Every number and integer the grammar allows is finite as an IEEE
+// double, and every integer exact (issue 40 §4): random sentences of the
+// number and integer rules, each drawn character by character from what
+// the matcher allows, parse with strconv and encoding/json. llama.cpp's
+// rule (and the old one here) allowed 46E87236, which is +Inf.
+func TestNumbersAreFinite(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(1, 2))
+	const alphabet = "0123456789-+.eE"
+	for _, schema := range []string{`{"type":"number"}`, `{"type":"integer"}`} {
+		g, err := FromSchema([]byte(schema))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, bad := range []string{"46E87236", "1e309", "1.5e100", "12345678901234567"} {
+			if m := matcher(t, g); m.Accept([]byte(bad)) == nil && m.Complete() {
+				t.Errorf("%s: %s accepted", schema, bad)
+			}
+		}
+		longest := 0
+		for range 500 {
+			m := matcher(t, g)
+			var text []byte
+			for {
+				var next []byte
+				for i := range len(alphabet) {
+					if m.Allows([]byte{alphabet[i]}) {
+						next = append(next, alphabet[i])
+					}
+				}
+				// Stop where the sentence may end, with probability 1/8.
+				if len(next) == 0 || m.Complete() && rnd.IntN(8) == 0 {
+					break
+				}
+				c := next[rnd.IntN(len(next))]
+				if err := m.Accept([]byte{c}); err != nil {
+					t.Fatal(err)
+				}
+				text = append(text, c)
+			}
+			if !m.Complete() {
+				t.Fatalf("%s: %q is a dead end", schema, text)
+			}
+			longest = max(longest, len(text))
+			f, err := strconv.ParseFloat(string(text), 64)
+			if err != nil || math.IsInf(f, 0) || math.IsNaN(f) {
+				t.Fatalf("%s: %q parses to %v, %v", schema, text, f, err)
+			}
+			var v any
+			if err := json.Unmarshal(text, &v); err != nil {
+				t.Fatalf("%s: %q: %v", schema, text, err)
+			}
+			if schema == `{"type":"integer"}` && math.Abs(f) >= 1<<53 {
+				t.Fatalf("%s: %q is not exact as a double", schema, text)
+			}
+		}
+		if longest < 20 && schema == `{"type":"number"}` {
+			t.Errorf("%s: longest draw %d characters, the draws do not reach the bounds", schema, longest)
+		}
+	}
+}
