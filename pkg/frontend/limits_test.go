@@ -7,9 +7,11 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -384,7 +386,7 @@ func readStatusLine(c net.Conn) (string, error) {
 func TestStalledClient(t *testing.T) {
 	ended := make(chan error, 1)
 	big := strings.Repeat("y", 1000)
-	ts := newTestServer(t, &fakeBackend{complete: func(ctx context.Context, req *Request, emit EmitFunc) ([]string, error) {
+	ts := newTestServerConfig(t, &fakeBackend{complete: func(ctx context.Context, req *Request, emit EmitFunc) ([]string, error) {
 		ids := (tokenizer.Bytes{}).Encode(big)
 		for {
 			if err := emit(Output{Tokens: ids}); err != nil {
@@ -395,13 +397,32 @@ func TestStalledClient(t *testing.T) {
 	}}, func(o *Options) {
 		o.WriteTimeout = 200 * time.Millisecond
 		o.Policy.Limits.MaxTokensCap = 0
+	}, func(ts *httptest.Server) {
+		// Small socket buffers on both ends, so that the server's writes
+		// block after a few KiB whatever the CPU's speed: with the kernel's
+		// autotuned loopback buffers (MiBs) filling them took most of the
+		// test's time on a loaded machine.
+		ts.Config.ConnState = func(c net.Conn, st http.ConnState) {
+			if tc, ok := c.(*net.TCPConn); ok && st == http.StateNew {
+				_ = tc.SetWriteBuffer(4096)
+			}
+		}
 	})
-	c, err := net.DialTCP("tcp", nil, ts.Listener.Addr().(*net.TCPAddr))
+	d := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		if err := rc.Control(func(fd uintptr) {
+			// Before connect, so that the advertised window stays small.
+			serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
+		}); err != nil {
+			return err
+		}
+		return serr
+	}}
+	c, err := d.Dial("tcp", ts.Listener.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	_ = c.SetReadBuffer(4096)
 	body := `{"prompt":"a","max_tokens":1000,"stream":true}`
 	fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", RouteCompletions, len(body), body)
 	select {

@@ -83,6 +83,13 @@ type testServer struct {
 
 func newTestServer(t *testing.T, b Backend, edit func(*Options)) *testServer {
 	t.Helper()
+	return newTestServerConfig(t, b, edit, nil)
+}
+
+// newTestServerConfig is newTestServer with setup, when not nil, given
+// the unstarted httptest server (its http.Server's hooks) before it starts.
+func newTestServerConfig(t *testing.T, b Backend, edit func(*Options), setup func(*httptest.Server)) *testServer {
+	t.Helper()
 	reg := prometheus.NewRegistry()
 	pol := config.Default()
 	pol.Limits.MaxTokensCap = 64
@@ -102,7 +109,11 @@ func newTestServer(t *testing.T, b Backend, edit func(*Options)) *testServer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts := httptest.NewServer(s)
+	ts := httptest.NewUnstartedServer(s)
+	if setup != nil {
+		setup(ts)
+	}
+	ts.Start()
 	t.Cleanup(ts.Close)
 	return &testServer{Server: ts, srv: s, reg: reg}
 }
