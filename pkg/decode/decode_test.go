@@ -356,8 +356,8 @@ func TestCancelFreesEverything(t *testing.T) {
 func TestReserve(t *testing.T) {
 	o := smallOptions()
 	o.KVBlocks = 4
-	o.ReserveTTL = 50 * time.Millisecond
-	w := newWorker(t, o, true)
+	var ft fakeTimers // the TTL passes when the test says, not when a loaded machine lets it
+	w := newWorker(t, o, true, ft.install)
 	ctx := testCtx(t)
 	resp, err := w.client.Reserve(ctx, &pdservev1.ReserveRequest{RequestId: "a", Tokens: 40})
 	if err != nil {
@@ -383,6 +383,9 @@ func TestReserve(t *testing.T) {
 		t.Errorf("generate over capacity: %v, want RESOURCE_EXHAUSTED", err)
 	}
 	// Nobody claims "a": its TTL gives the blocks back.
+	if n := ft.fire(); n != 1 {
+		t.Fatalf("%d reservation timers fired, want 1", n)
+	}
 	poll.WaitFor(t, "reservation expiry", func() bool { return w.s.Stats().KVBlocksFree == 4 })
 
 	// A Generate call waiting for KV that never comes waits until its
