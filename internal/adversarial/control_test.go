@@ -188,7 +188,9 @@ func TestForgedWorkerIDs(t *testing.T) {
 		publish(t, nc, control.KVSubject(hb.Role, id), snapshotPart(uint64(i+1), 0, 0, 1, hs...))
 	}
 	a.marker(t, nc, control.RoleDecode, a.decode.ID(), 0x5eed)
-	refused := func() float64 { return counter(t, a.Registry(), "pdserve_coordinator_heartbeats_pending_refused_total") }
+	refused := func() float64 {
+		return counter(t, a.Registry(), "pdserve_coordinator_heartbeats_pending_refused_total")
+	}
 	poll.CheckFor(t, 20*time.Second, 10*time.Millisecond, func() error {
 		if n := len(a.Membership().All()) - 2 + int(refused()); n < forged {
 			return fmt.Errorf("%d of %d forged heartbeats handled", n, forged)
