@@ -17,6 +17,14 @@
 //     without Retry-After; an emptied key file revoking every key and a
 //     deleted one keeping the last good keys, counted.
 //
+// And those of "Trust III" on the control plane (control_test.go): a
+// 34-byte KV snapshot part announcing 2^24 parts refused without
+// allocating; heartbeats and KV events under forged ids (a role's shared
+// credential) bounded by the ids awaiting admission and never indexed; a
+// worker flooding its KV subject not costing another worker an event;
+// a heartbeat naming an address outside --worker-networks refused, never
+// dialed.
+//
 // The heap is sampled with runtime/metrics every millisecond; the bounds
 // are generous (several times what the code needs) yet an order of
 // magnitude under what the unfixed code took.

@@ -43,7 +43,18 @@
 // gap marks the worker's view stale, asks the worker for a snapshot
 // (once per gap) and heals at the snapshot; a new epoch (a restarted
 // worker) starts over; a worker gone from the membership loses its view.
-// Memory: one entry per block the caches hold.
+//
+// The index is bounded whatever the workers send (KVIndexOptions): only
+// admitted ids are indexed (with RequireAdmission, those the coordinator
+// verified: by certificate under TLS), others' payloads are dropped
+// unread; a snapshot's parts are checked against the worker's cap and
+// memory grows only as hashes arrive; one worker's views hold at most
+// WorkerMaxBytes (the rest left out), all workers' MaxBytes (beyond it
+// the worker holding the most gives way), at KVIndexEntryBytes a block.
+// WatchKV sorts payloads into one bounded queue per worker, so a worker
+// that floods its subject loses its own payloads, never another's.
+// Membership's MaxPending bounds the ids awaiting admission, so that
+// heartbeats under forged ids grow no state without bound.
 //
 // # Authentication and permissions
 //

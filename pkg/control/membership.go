@@ -1,6 +1,7 @@
 package control
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -15,10 +16,16 @@ type Membership struct {
 	ttl   time.Duration
 	admit bool                     // members need Admit before Members and Models list them
 	check func(hb Heartbeat) error // refuses heartbeats; nil: none
+	// maxPending bounds the members not admitted yet (with admit); 0:
+	// no bound.
+	maxPending int
 
 	mu      sync.Mutex
 	members map[string]member
 	refused map[string]string // id → the reason its last heartbeat was refused
+	// pendingRefused counts heartbeats of new ids refused for a full
+	// pending set.
+	pendingRefused uint64
 }
 
 type member struct {
@@ -41,6 +48,22 @@ type MembershipOption func(*Membership)
 // heartbeat (the coordinator's authenticated health call). A member
 // whose role or address changes needs admitting again.
 func RequireAdmission() MembershipOption { return func(m *Membership) { m.admit = true } }
+
+// DefaultMaxPending is the coordinator's bound on members not admitted
+// yet: workers starting at once, far more than a rollout starts.
+const DefaultMaxPending = 256
+
+// MaxPending bounds the members that are not admitted yet (with
+// RequireAdmission) to n (> 0): a heartbeat of a new id beyond it is
+// refused (ErrPendingFull) until some are admitted or expire, so that
+// heartbeats under forged ids, which a role's shared credential allows,
+// cannot grow the membership without bound. Admitted members are never
+// refused for it. PendingRefused counts the refusals.
+func MaxPending(n int) MembershipOption { return func(m *Membership) { m.maxPending = n } }
+
+// ErrPendingFull: a heartbeat of a new id while MaxPending members await
+// admission; wrapped with ErrRefused.
+var ErrPendingFull = errors.New("control: too many workers awaiting admission")
 
 // WithCheck makes Observe refuse heartbeats for which check returns an
 // error (limits that contradict the observer's configuration): a refused
@@ -90,8 +113,17 @@ func (m *Membership) Observe(hb Heartbeat, now time.Time) error {
 		m.refused[hb.ID] = cerr.Error()
 		return fmt.Errorf("%w: %s %s: %w", ErrRefused, hb.Role, hb.ID, cerr)
 	}
-	delete(m.refused, hb.ID)
 	old, ok := m.members[hb.ID]
+	if !ok && m.admit && m.maxPending > 0 && m.pendingLocked() >= m.maxPending {
+		m.pendingRefused++
+		const reason = "pending"
+		if m.refused[hb.ID] == reason {
+			return nil
+		}
+		m.refused[hb.ID] = reason
+		return fmt.Errorf("%w: %s %s: %w (%d)", ErrRefused, hb.Role, hb.ID, ErrPendingFull, m.maxPending)
+	}
+	delete(m.refused, hb.ID)
 	admitted := ok && old.admitted && old.hb.Role == hb.Role && old.hb.GRPCAddr == hb.GRPCAddr
 	mb := member{hb: hb, seen: now, admitted: admitted}
 	if ok && old.unreachable && old.hb.GRPCAddr == hb.GRPCAddr && now.Sub(old.unreachableAt) < UnreachableGrace {
@@ -101,6 +133,24 @@ func (m *Membership) Observe(hb Heartbeat, now time.Time) error {
 	}
 	m.members[hb.ID] = mb
 	return nil
+}
+
+// pendingLocked returns how many members are not admitted.
+func (m *Membership) pendingLocked() int {
+	n := 0
+	for _, mb := range m.members {
+		if !mb.admitted {
+			n++
+		}
+	}
+	return n
+}
+
+// PendingRefused returns how many heartbeats MaxPending refused.
+func (m *Membership) PendingRefused() uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.pendingRefused
 }
 
 // Admit admits id, if it is a member of role at addr (see
@@ -283,4 +333,17 @@ func MinSeqLen(a, b int) int {
 		return a
 	}
 	return min(a, b)
+}
+
+// Admitted returns the role of id and true when id is a live member that
+// counts: admitted, or any member without RequireAdmission (draining and
+// unreachable ones included).
+func (m *Membership) Admitted(id string) (role string, ok bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	mb, ok := m.members[id]
+	if !ok || m.admit && !mb.admitted {
+		return "", false
+	}
+	return mb.hb.Role, true
 }

@@ -24,6 +24,9 @@ const (
 	admitEvery   = 50 * time.Millisecond
 	probeTimeout = 5 * time.Second
 	probeBackoff = time.Second
+	// probeBackoffMax caps the backoff, which doubles at each failure
+	// of the same peer.
+	probeBackoffMax = 30 * time.Second
 )
 
 // Reasons a heartbeat is refused, the label of
@@ -34,6 +37,7 @@ const (
 	refusedBlockTokens = "block_tokens" // a block size other than --block-tokens
 	refusedCodec       = "codec"        // cannot code --codec on its KV
 	refusedModel       = "model"        // no model name
+	refusedNetwork     = "network"      // a grpc_addr outside --worker-networks
 )
 
 // refusal is one reason checkHeartbeat refuses a heartbeat.
@@ -98,6 +102,11 @@ func (o Options) checkHeartbeat(hb control.Heartbeat) error {
 	if hb.Model == "" && o.ModelName == "" {
 		bad(refusedModel, "no model name (and no --model-name)")
 	}
+	if ns, err := parseNetworks(o.workerNetworks()); err == nil {
+		if err := ns.checkLiteral(hb.GRPCAddr); err != nil {
+			bad(refusedNetwork, "%w: the coordinator does not dial it", err)
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -107,9 +116,9 @@ func (o Options) checkHeartbeat(hb control.Heartbeat) error {
 func countingCheck(check func(control.Heartbeat) error, reg prometheus.Registerer) func(control.Heartbeat) error {
 	refused := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pdserve_coordinator_heartbeats_refused_total",
-		Help: "Worker heartbeats the coordinator refused, by reason: role, limits, block_tokens, codec, model (a refused worker is not routed to; its heartbeats go on being refused and counted).",
+		Help: "Worker heartbeats the coordinator refused, by reason: role, limits, block_tokens, codec, model, network (a refused worker is not routed to; its heartbeats go on being refused and counted).",
 	}, []string{"reason"})
-	for _, r := range []string{refusedRole, refusedLimits, refusedBlockTokens, refusedCodec, refusedModel} {
+	for _, r := range []string{refusedRole, refusedLimits, refusedBlockTokens, refusedCodec, refusedModel, refusedNetwork} {
 		refused.WithLabelValues(r)
 	}
 	reg.MustRegister(refused)
@@ -146,11 +155,15 @@ type admitter struct {
 	inFlight map[string]bool      // peer keys probed now
 	retryAt  map[string]time.Time // peer key → not before
 	failure  map[string]string    // peer key → the last failure logged
+	backoff  map[string]time.Duration
+	// onAdmit is called for each member admitted (nil: none); it must
+	// not block.
+	onAdmit func(id, role string)
 }
 
 func newAdmitter(m *control.Membership, cs *conns, verified bool, log *zap.Logger) *admitter {
 	return &admitter{members: m, conns: cs, log: log, verified: verified,
-		inFlight: map[string]bool{}, retryAt: map[string]time.Time{}, failure: map[string]string{}}
+		inFlight: map[string]bool{}, retryAt: map[string]time.Time{}, failure: map[string]string{}, backoff: map[string]time.Duration{}}
 }
 
 // run probes pending members until ctx ends.
@@ -188,6 +201,7 @@ func (a *admitter) round(ctx context.Context, wg *sync.WaitGroup, now time.Time)
 		if !live[k] && !a.inFlight[k] {
 			delete(a.retryAt, k)
 			delete(a.failure, k)
+			delete(a.backoff, k)
 		}
 	}
 }
@@ -198,7 +212,9 @@ func (a *admitter) probe(ctx context.Context, p peer, model string) {
 	a.mu.Lock()
 	delete(a.inFlight, p.key())
 	if err != nil {
-		a.retryAt[p.key()] = time.Now().Add(probeBackoff)
+		b := min(max(2*a.backoff[p.key()], probeBackoff), probeBackoffMax)
+		a.backoff[p.key()] = b
+		a.retryAt[p.key()] = time.Now().Add(b)
 		first := a.failure[p.key()] != err.Error()
 		a.failure[p.key()] = err.Error()
 		a.mu.Unlock()
@@ -210,8 +226,12 @@ func (a *admitter) probe(ctx context.Context, p peer, model string) {
 	}
 	delete(a.retryAt, p.key())
 	delete(a.failure, p.key())
+	delete(a.backoff, p.key())
 	a.mu.Unlock()
 	if a.members.Admit(p.id, p.role, p.addr) {
+		if a.onAdmit != nil {
+			a.onAdmit(p.id, p.role)
+		}
 		if a.verified {
 			a.log.Info("worker admitted: certificate verified", zap.String("worker", p.id), zap.String("role", p.role),
 				zap.String("addr", p.addr), zap.String("model", model))

@@ -39,6 +39,10 @@ func TestCheckHeartbeatShape(t *testing.T) {
 		{"auto", "auto-lossy", "", good, "", ""},
 		{"no codecs said", "fp8", "", with(func(hb *control.Heartbeat) { hb.Codecs = nil }), "", ""},
 		{"colocated: no transfers", "fp8", ModeColocated, with(func(hb *control.Heartbeat) { hb.Role = string(control.RoleColocated) }), "", ""},
+		{"a pod address", "", "", with(func(hb *control.Heartbeat) { hb.GRPCAddr = "10.244.0.7:50051" }), "", ""},
+		{"a host name: checked when dialed", "", "", with(func(hb *control.Heartbeat) { hb.GRPCAddr = "decode-0.decode:50051" }), "", ""},
+		{"a public address", "", "", with(func(hb *control.Heartbeat) { hb.GRPCAddr = "203.0.113.9:50051" }), refusedNetwork, "outside --worker-networks"},
+		{"the metadata service", "", "", with(func(hb *control.Heartbeat) { hb.GRPCAddr = "169.254.169.254:80" }), refusedNetwork, "outside --worker-networks"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -53,7 +57,7 @@ func TestCheckHeartbeatShape(t *testing.T) {
 			if (err != nil) != (tc.reason != "") || (err != nil && !strings.Contains(err.Error(), tc.want)) {
 				t.Fatalf("check: %v, want a refusal saying %q (reason %q)", err, tc.want, tc.reason)
 			}
-			for _, r := range []string{refusedRole, refusedLimits, refusedBlockTokens, refusedCodec, refusedModel} {
+			for _, r := range []string{refusedRole, refusedLimits, refusedBlockTokens, refusedCodec, refusedModel, refusedNetwork} {
 				want := 0.0
 				if r == tc.reason {
 					want = 1

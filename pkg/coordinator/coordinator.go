@@ -112,6 +112,10 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 	if tlsCfg != nil && len(gauth.WorkerIdentities()) == 0 {
 		log.Warn("gRPC TLS: --tls-worker-identity is empty: any certificate the CA signed is taken for any worker")
 	}
+	nets, err := parseNetworks(o.workerNetworks())
+	if err != nil {
+		return nil, fmt.Errorf("coordinator: worker-networks: %w", err)
+	}
 	tp := o.TracerProvider
 	var tracer *tracing.Provider
 	if tp == nil {
@@ -121,7 +125,7 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 		tp = tracer.TracerProvider()
 	}
 	c = &Coordinator{o: o, log: log, reg: o.Registry, serveErr: make(chan error, 1), gauth: gauth, tracer: tracer,
-		conns: newConns(workerDialer(tlsCfg, gauth, append(o.Keepalive.DialOptions(), tracing.DialOptions(tp)...)))}
+		conns: newConns(workerDialer(tlsCfg, gauth, append(append(o.Keepalive.DialOptions(), grpc.WithContextDialer(nets.dial)), tracing.DialOptions(tp)...)))}
 	if c.reg == nil {
 		c.reg = prometheus.NewRegistry()
 	}
@@ -149,7 +153,13 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 		return c, fmt.Errorf("coordinator: %w", err)
 	}
 	c.ncDone = ncDone
-	c.members = control.NewMembership(o.HeartbeatTTL, control.RequireAdmission(), control.WithCheck(countingCheck(o.checkHeartbeat, c.reg)))
+	c.members = control.NewMembership(o.HeartbeatTTL, control.RequireAdmission(), control.MaxPending(control.DefaultMaxPending),
+		control.WithCheck(countingCheck(o.checkHeartbeat, c.reg)))
+	members := c.members
+	c.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+		Name: "pdserve_coordinator_heartbeats_pending_refused_total",
+		Help: fmt.Sprintf("Heartbeats of new worker ids refused while %d workers awaited admission.", control.DefaultMaxPending),
+	}, func() float64 { return float64(members.PendingRefused()) }))
 	if c.stopW, err = control.Watch(ctx, c.nc, c.members, time.Now, max(o.HeartbeatTTL/4, 10*time.Millisecond),
 		control.WatchLogger(log.Named("membership"))); err != nil {
 		return c, fmt.Errorf("coordinator: %w", err)
@@ -186,12 +196,16 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 		// Every cached block of every worker, from their KV events;
 		// workers without them route on their heartbeats' digests.
 		c.kvAsk = make(chan [2]string, kvAskQueue)
-		c.kv = control.NewKVIndex(control.DefaultKVIndexMaxBlocks, func(role, id string) {
-			select {
-			case c.kvAsk <- [2]string{role, id}:
-			default: // asked of many already: the periodic snapshot heals it
-			}
-		})
+		kvo := o.kvIndexOptions()
+		kvo.Admitted = func(role, id string) bool {
+			r, ok := members.Admitted(id)
+			return ok && r == role
+		}
+		kvo.OnStale = c.askSnapshot
+		if c.kv, err = control.NewKVIndexWith(kvo); err != nil {
+			return c, fmt.Errorf("coordinator: %w", err)
+		}
+		registerKVIndexMetrics(c.reg, c.kv)
 		if c.stopKV, err = control.WatchKV(ctx, c.nc, c.kv, c.members, max(o.HeartbeatTTL/4, 10*time.Millisecond), log.Named("kvevents")); err != nil {
 			return c, fmt.Errorf("coordinator: %w", err)
 		}
@@ -248,7 +262,12 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 	if c.kvAsk != nil {
 		c.wg.Go(func() { c.askSnapshots(bg) })
 	}
-	c.wg.Go(func() { newAdmitter(c.members, c.conns, tlsCfg != nil, log.Named("admission")).run(bg, &c.wg) })
+	adm := newAdmitter(c.members, c.conns, tlsCfg != nil, log.Named("admission"))
+	if c.kvAsk != nil {
+		// Its KV events before admission were dropped: a snapshot now.
+		adm.onAdmit = func(id, role string) { c.askSnapshot(role, id) }
+	}
+	c.wg.Go(func() { adm.run(bg, &c.wg) })
 	for _, e := range o.Extensions {
 		c.wg.Go(func() { e.Run(bg) })
 	}
@@ -351,6 +370,51 @@ func (c *Coordinator) askSnapshots(ctx context.Context) {
 			}
 			cancel()
 		}
+	}
+}
+
+// askSnapshot queues a CmdKVSnapshot to worker id of role; never blocks.
+func (c *Coordinator) askSnapshot(role, id string) {
+	select {
+	case c.kvAsk <- [2]string{role, id}:
+	default: // asked of many already: the periodic snapshot heals it
+	}
+}
+
+// registerKVIndexMetrics registers ix's gauge and counters with reg.
+func registerKVIndexMetrics(reg prometheus.Registerer, ix *control.KVIndex) {
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "pdserve_coordinator_kv_index_bytes",
+		Help: "Memory the index of the workers' KV events holds, bytes (control.KVIndexEntryBytes a block), under --kv-index-max-bytes.",
+	}, func() float64 { return float64(ix.Stats().Bytes) }))
+	blocks := []struct {
+		reason string
+		v      func(control.KVIndexStats) uint64
+	}{
+		{"evicted", func(s control.KVIndexStats) uint64 { return s.Evicted }},
+		{"left_out", func(s control.KVIndexStats) uint64 { return s.LeftOut }},
+	}
+	for _, b := range blocks {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "pdserve_coordinator_kv_index_blocks_dropped_total",
+			Help:        "Blocks the KV events index did not keep: evicted (taken from the worker holding the most, at --kv-index-max-bytes), left_out (their worker at --kv-index-worker-max-bytes, or holding the most at the global cap).",
+			ConstLabels: prometheus.Labels{"reason": b.reason},
+		}, func() float64 { return float64(b.v(ix.Stats())) }))
+	}
+	msgs := []struct {
+		reason string
+		v      func(control.KVIndexStats) uint64
+	}{
+		{"not_admitted", func(s control.KVIndexStats) uint64 { return s.NotAdmitted }},
+		{"invalid", func(s control.KVIndexStats) uint64 { return s.Refused }},
+		{"queue_full", func(s control.KVIndexStats) uint64 { return s.QueueFull }},
+	}
+	for _, m := range msgs {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "pdserve_coordinator_kv_events_dropped_total",
+			Help:        "KV event payloads the coordinator dropped: not_admitted (an id not admitted), invalid (does not decode or breaks a limit), queue_full (its worker's queue was full: it publishes faster than they are applied).",
+			ConstLabels: prometheus.Labels{"reason": m.reason},
+		}, func() float64 { return float64(m.v(ix.Stats())) }))
 	}
 }
 

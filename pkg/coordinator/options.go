@@ -121,6 +121,18 @@ type Options struct {
 	FlagsSet map[string]bool
 	// HeartbeatTTL: a worker not heard from for this long leaves.
 	HeartbeatTTL time.Duration
+	// WorkerNetworks lists the networks (CIDR prefixes, comma-separated)
+	// the coordinator dials workers in (--worker-networks): a heartbeat
+	// whose grpc_addr is an IP outside them is refused, and a host name
+	// is dialed only at an address inside them. Empty: loopback
+	// standalone (StandaloneWorkerNetworks), else the private ranges and
+	// loopback (DefaultWorkerNetworks).
+	WorkerNetworks string
+	// KVIndexMaxBytes and KVIndexWorkerMaxBytes cap the memory of the
+	// index of the workers' KV events, all workers together and one
+	// worker (--kv-index-max-bytes, --kv-index-worker-max-bytes; see
+	// control.KVIndexOptions). > 0; the first >= the second.
+	KVIndexMaxBytes, KVIndexWorkerMaxBytes int64
 	// ModelName is the model name served; empty serves the names the
 	// workers report.
 	ModelName string
@@ -238,20 +250,22 @@ const DefaultMaxInFlightBodyBytes = 256 << 20
 // DefaultOptions returns the flag defaults.
 func DefaultOptions() Options {
 	return Options{
-		HTTPAddr:         "127.0.0.1:8080",
-		PrefillWorkers:   1,
-		DecodeWorkers:    1,
-		Mode:             ModeDisaggregated,
-		FirstTokenPolicy: PolicyPrefill,
-		BlockTokens:      prefixcache.DefaultBlockTokens,
-		HeartbeatTTL:     5 * time.Second,
-		ShutdownTimeout:  30 * time.Second,
-		RetryAfter:       time.Second,
-		LogLevel:         "info",
-		Engine:           enginecfg.DefaultOptions(),
-		Auth:             AuthOptions{ReloadInterval: DefaultAuthReloadInterval},
-		Policy:           config.Default(),
-		Tracing:          tracing.NewOptions("pdserve-coordinator"),
+		HTTPAddr:              "127.0.0.1:8080",
+		PrefillWorkers:        1,
+		DecodeWorkers:         1,
+		Mode:                  ModeDisaggregated,
+		FirstTokenPolicy:      PolicyPrefill,
+		BlockTokens:           prefixcache.DefaultBlockTokens,
+		HeartbeatTTL:          5 * time.Second,
+		KVIndexMaxBytes:       control.DefaultKVIndexMaxBytes,
+		KVIndexWorkerMaxBytes: control.DefaultKVIndexWorkerMaxBytes,
+		ShutdownTimeout:       30 * time.Second,
+		RetryAfter:            time.Second,
+		LogLevel:              "info",
+		Engine:                enginecfg.DefaultOptions(),
+		Auth:                  AuthOptions{ReloadInterval: DefaultAuthReloadInterval},
+		Policy:                config.Default(),
+		Tracing:               tracing.NewOptions("pdserve-coordinator"),
 
 		MaxBodyBytes:          DefaultMaxBodyBytes,
 		MaxInFlightBodyBytes:  DefaultMaxInFlightBodyBytes,
@@ -283,6 +297,9 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.LocalPrefillTokens, "local-prefill-tokens", o.LocalPrefillTokens, "disaggregated mode: prompts with fewer uncached tokens prefill on the decode worker, 0: never (not given: routing.local_prefill_below_tokens of --policy, else never)")
 	fs.IntVar(&o.ResponseCacheEntries, "response-cache-entries", o.ResponseCacheEntries, "cache this many completed responses of greedy or seeded requests and replay identical ones without a worker, 0: off (not given: response_cache.entries of --policy, else off; ttl and max_bytes from --policy)")
 	fs.DurationVar(&o.HeartbeatTTL, "heartbeat-ttl", o.HeartbeatTTL, "a worker not heard from for this long leaves the membership")
+	fs.StringVar(&o.WorkerNetworks, "worker-networks", o.WorkerNetworks, "networks (comma-separated CIDR prefixes) the coordinator dials workers in: a heartbeat whose gRPC address is outside them is refused, a host name is dialed only at an address inside them (empty: loopback with --standalone, else "+DefaultWorkerNetworks+")")
+	fs.Int64Var(&o.KVIndexMaxBytes, "kv-index-max-bytes", o.KVIndexMaxBytes, "memory cap of the index of every worker's KV events together, bytes; beyond it the worker holding the most blocks loses some (counted in pdserve_coordinator_kv_index_blocks_dropped_total)")
+	fs.Int64Var(&o.KVIndexWorkerMaxBytes, "kv-index-worker-max-bytes", o.KVIndexWorkerMaxBytes, "memory cap of one worker's share of the KV events index, bytes; its blocks beyond it are left out, and it bounds the parts of a snapshot")
 	fs.StringVar(&o.ModelName, "model-name", o.ModelName, "model name served in the API (empty: the names the workers report)")
 	fs.DurationVar(&o.ShutdownTimeout, "shutdown-timeout", o.ShutdownTimeout, "how long a graceful stop waits for requests in flight")
 	fs.DurationVar(&o.RetryAfter, "retry-after", o.RetryAfter, "Retry-After sent with 429 and 503 responses")
@@ -459,6 +476,12 @@ func (o Options) Validate() error {
 	if o.HeartbeatTTL <= 0 {
 		bad("heartbeat-ttl %v must be positive", o.HeartbeatTTL)
 	}
+	if _, err := parseNetworks(o.workerNetworks()); err != nil {
+		errs = append(errs, cliflags.BadFlag("worker-networks", o.WorkerNetworks, err))
+	}
+	if err := o.kvIndexOptions().Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	if o.ShutdownTimeout <= 0 {
 		bad("shutdown-timeout %v must be positive", o.ShutdownTimeout)
 	}
@@ -542,6 +565,9 @@ func (o Options) LogFields() []zap.Field {
 		zap.Int("block_tokens", o.BlockTokens),
 		zap.String("first_token_policy", o.FirstTokenPolicy),
 		zap.Duration("heartbeat_ttl", o.HeartbeatTTL),
+		zap.String("worker_networks", o.workerNetworks()),
+		zap.Int64("kv_index_max_bytes", o.KVIndexMaxBytes),
+		zap.Int64("kv_index_worker_max_bytes", o.KVIndexWorkerMaxBytes),
 		zap.String("model_name", o.ModelName),
 		zap.Duration("shutdown_timeout", o.ShutdownTimeout),
 		zap.Duration("retry_after", o.RetryAfter),
@@ -591,4 +617,20 @@ func (o Options) LogFields() []zap.Field {
 		f = append(f, o.Engine.LogFields()...)
 	}
 	return f
+}
+
+// workerNetworks returns WorkerNetworks, or its default for the mode.
+func (o Options) workerNetworks() string {
+	switch {
+	case o.WorkerNetworks != "":
+		return o.WorkerNetworks
+	case o.Standalone:
+		return StandaloneWorkerNetworks
+	}
+	return DefaultWorkerNetworks
+}
+
+// kvIndexOptions returns the KV index's caps.
+func (o Options) kvIndexOptions() control.KVIndexOptions {
+	return control.KVIndexOptions{MaxBytes: o.KVIndexMaxBytes, WorkerMaxBytes: o.KVIndexWorkerMaxBytes}
 }
