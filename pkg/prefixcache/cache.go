@@ -385,6 +385,37 @@ func (c *Cache) acquire(hashes []kv.Hash, maxBlocks int, own bool) Hit {
 	return Hit{Seq: e.seq, Tokens: n * c.o.BlockTokens, Hashes: hashes[:n], e: e}
 }
 
+// Source returns what Acquire(hashes, maxBlocks) would pin, changing
+// nothing: the KV tokens its entry holds in the engine (0 on a miss) and
+// whether the entry is pinned already. A worker counts them in the
+// footprint of a fork from it: the entry stays beside the fork while it
+// is copied.
+func (c *Cache) Source(hashes []kv.Hash, maxBlocks int) (tokens int, pinned bool) {
+	if c == nil {
+		return 0, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := c.depthLocked(hashes[:min(len(hashes), max(maxBlocks, 0))])
+	if n == 0 {
+		return 0, false
+	}
+	es := c.byHash[hashes[n-1]]
+	e := es[len(es)-1]
+	return e.tokens, e.pins > 0
+}
+
+// Pinned returns the KV tokens and the number of the pinned entries: what
+// no eviction can give back now (0, 0 for a nil cache).
+func (c *Cache) Pinned() (tokens, entries int) {
+	if c == nil {
+		return 0, 0
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.pinnedTokens, c.pinned
+}
+
 // Match returns how many leading hashes are cached, changing nothing (no
 // pin, no counters, no recency).
 func (c *Cache) Match(hashes []kv.Hash) int {

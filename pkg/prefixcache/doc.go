@@ -22,7 +22,9 @@
 //     llamacpp shares cells by reference), so evicting an entry after a fork
 //     never touches a sequence in use: pins only span the time between a
 //     lookup and its Fork (a step on the prefill worker; Reserve to the KV
-//     import on the decode worker).
+//     import on the decode worker), or a peer's Export, which takes its
+//     pin under the worker's engine lock (so that a scheduler holding it
+//     sees every pin it must count: Pinned, Source).
 //   - Hits are whole blocks and leave at least one prompt token to compute
 //     (the engine must run the last prompt token to sample the first output
 //     token): Acquire is given that cap.

@@ -103,14 +103,19 @@ func (c *Cache) Export(eng engine.Engine, lock func() func(), hashes []kv.Hash, 
 // wait for one step, not one a layer; a GPU's copy out runs beside its
 // compute.
 func (c *Cache) exportEngine(eng engine.Engine, lock func() func(), hashes []kv.Hash) (Exported, error) {
+	// The pin is taken under the engine lock: the worker's scheduler,
+	// which holds it while it decides what the engine's memory holds,
+	// sees no entry pinned behind its back (a pin it did not count would
+	// keep an entry it evicts for a new request's room).
+	unlock := lock()
 	hit := c.acquire(hashes, len(hashes), false)
 	if hit.Tokens == 0 {
+		unlock()
 		return Exported{}, nil // evicted since Match
 	}
 	defer c.Release(hit)
 	x := Exported{Tokens: hit.Tokens, Tier: TierEngine, Layers: make([][]byte, eng.Spec().Layers)}
 	if sn, ok := eng.(Snapshotter); ok {
-		unlock := lock()
 		snap, err := sn.SnapshotKV(hit.Seq, hit.Tokens)
 		unlock()
 		if err != nil {
@@ -124,7 +129,9 @@ func (c *Cache) exportEngine(eng engine.Engine, lock func() func(), hashes []kv.
 		return x, nil
 	}
 	for l := range x.Layers {
-		unlock := lock()
+		if l > 0 {
+			unlock = lock()
+		}
 		data, err := eng.ExportKV(hit.Seq, l, 0, hit.Tokens, nil)
 		unlock()
 		if err != nil {
