@@ -166,7 +166,8 @@ func engineMemoryProperty(t *testing.T, seed uint64, steps int, exporting bool) 
 			}
 			id := fmt.Sprintf("r%d", i)
 			req := &pdservev1.PrefillRequest{RequestId: id, PromptTokens: p, DecodeAddr: addr}
-			if _, _, err := s.enqueue(req, pl); err != nil {
+			disk := s.cache.ReadDisk(context.Background(), s.cache.Hashes(p), s.cache.MaxHitBlocks(len(p)))
+			if _, _, err := s.enqueue(req, pl, disk); err != nil {
 				t.Fatalf("%s: enqueue: %v", op, err)
 			}
 			ids = append(ids, id)

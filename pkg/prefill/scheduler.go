@@ -185,7 +185,7 @@ func (p *fcfs) startLocked(r *request) bool {
 	case r.pulled != nil && min(r.pulled.Tokens/s.cache.BlockTokens(), maxHit) > s.cache.PeerDepth(r.hashes, maxHit):
 		// What the peer sent is more than any tier here holds now.
 		from = fromPeer
-	case s.cache.HostDeeper(r.hashes, maxHit):
+	case s.cache.HostDeeper(r.hashes, maxHit, r.disk):
 		from = fromHost
 	default:
 		// The entry r forks from stays in the engine, pinned, while the
@@ -213,7 +213,7 @@ func (p *fcfs) startLocked(r *request) bool {
 	r.kv = newKVBuf(s.spec.Layers, len(r.prompt))
 	p.makeRoomLocked(r)
 	frames := p.forkPrefixLocked(r, hit, from)
-	r.pulled = nil // imported or not, its bytes are not needed any more
+	r.pulled, r.disk = nil, nil // imported or not, their bytes are not needed any more
 	s.cache.Release(hit)
 	// The hit's entry, pinned while r forked from it, may go now if the
 	// engine's memory needs it.
@@ -300,7 +300,8 @@ const (
 
 // forkPrefixLocked starts r's engine sequence from hit, the longest cached
 // prefix of its prompt (whole blocks, at least one token left to compute),
-// or from the host tier's longer one (from fromHost, loaded into it), or
+// or from the host tier's longer one (from fromHost, loaded into it; or
+// the disk tier's, read before r was queued: r.disk), or
 // from the prefix a peer sent (fromPeer, imported), copies that prefix's
 // KV out of the sequence into r.kv (the decode worker needs the whole
 // prompt's, and Resend does) and returns its frames, to be pushed to the
@@ -320,7 +321,7 @@ func (p *fcfs) forkPrefixLocked(r *request, hit prefixcache.Hit, from int) []fra
 	}
 	switch from {
 	case fromHost:
-		ld, err := s.cache.Host().Load(p.eng, r.seq, r.hashes, s.cache.MaxHitBlocks(len(r.prompt)))
+		ld, err := s.cache.Host().Load(p.eng, r.seq, r.hashes, s.cache.MaxHitBlocks(len(r.prompt)), r.disk)
 		if err != nil {
 			return fail(err)
 		}

@@ -2,6 +2,7 @@ package prefixcache
 
 import (
 	"container/list"
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -283,15 +284,42 @@ func (c *Cache) Host() *Host {
 	return c.host
 }
 
-// HostDeeper reports whether the host tier holds a longer prefix of
-// hashes, within maxBlocks, than the engine tier: the prompt should Load
-// from the host instead of Acquire. Changes nothing.
-func (c *Cache) HostDeeper(hashes []kv.Hash, maxBlocks int) bool {
+// HostDeeper reports whether the host tier, or disk (the disk tier's
+// entry ReadDisk read; nil: none), holds a longer prefix of hashes,
+// within maxBlocks, than the engine tier: the prompt should Load from the
+// host instead of Acquire. Changes nothing.
+func (c *Cache) HostDeeper(hashes []kv.Hash, maxBlocks int, disk *DiskRead) bool {
 	if c == nil || c.host == nil {
 		return false
 	}
 	hashes = hashes[:min(len(hashes), max(maxBlocks, 0))]
-	return max(c.host.Match(hashes), c.host.disk.Match(hashes)) > c.Match(hashes)
+	if c.host.disk == nil {
+		disk = nil
+	}
+	return max(c.host.Match(hashes), disk.depth(hashes)) > c.Match(hashes)
+}
+
+// ReadDisk reads the disk tier's entry holding the longest prefix of
+// hashes, at most maxBlocks blocks, when the disk tier holds more of it
+// than the engine and host tiers, for Host.Load to import: the worker
+// calls it before its request reaches the engine's loop, so that no file
+// is read under the engine lock. The read gives up after DiskReadTimeout
+// or when ctx ends. It returns nil when there is nothing to read, or the
+// read failed: the prompt is then computed. A bad file (not a regular
+// file of the entry's size, or one that fails its checksum) drops its
+// entry, counted in Stats.Disk.BadEntries; other failures count in
+// Stats.Disk.Failures.
+func (c *Cache) ReadDisk(ctx context.Context, hashes []kv.Hash, maxBlocks int) *DiskRead {
+	d := c.Host().Disk()
+	if d == nil {
+		return nil
+	}
+	lim := hashes[:min(len(hashes), max(maxBlocks, 0))]
+	if d.Match(lim) <= max(c.Match(lim), c.host.Match(lim)) {
+		return nil
+	}
+	r, _ := d.readEntry(ctx, lim, len(lim)) // counted in its stats
+	return r
 }
 
 // Free frees seqs, sequences the cache returned, on eng, copying into the
