@@ -44,6 +44,13 @@ type deployment struct {
 // the test's log at warn).
 func start(t *testing.T, log *zap.Logger, edit func(*coordinator.Options)) *deployment {
 	t.Helper()
+	return startWorkers(t, log, edit, nil)
+}
+
+// startWorkers is start with each worker's options edited by worker too
+// (nil: none).
+func startWorkers(t *testing.T, log *zap.Logger, edit func(*coordinator.Options), worker func(*workerrun.Options)) *deployment {
+	t.Helper()
 	o := coordinator.DefaultOptions()
 	o.HTTPAddr, o.Standalone = "127.0.0.1:0", true
 	if edit != nil {
@@ -56,7 +63,12 @@ func start(t *testing.T, log *zap.Logger, edit func(*coordinator.Options)) *depl
 		log = zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
 	}
 	s, err := standalone.Start(context.Background(), o, log,
-		standalone.WithWorkerOptions(func(wo *workerrun.Options) { wo.HeartbeatInterval = 20 * time.Millisecond }))
+		standalone.WithWorkerOptions(func(wo *workerrun.Options) {
+			wo.HeartbeatInterval = 20 * time.Millisecond
+			if worker != nil {
+				worker(wo)
+			}
+		}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -507,8 +507,8 @@ func (pl batcher) joinLocked(q *sequence, now time.Time) {
 // the engine lock and rn.mu.
 func (pl batcher) forkCachedLocked(q *sequence) int {
 	s := pl.s
-	pulled := q.pulled
-	q.pulled = nil // imported or not, its bytes are not needed any more
+	pulled, disk := q.pulled, q.disk
+	q.pulled, q.disk = nil, nil // imported or not, their bytes are not needed any more
 	if s.cache == nil || q.promptTop >= 0 {
 		return 0
 	}
@@ -524,8 +524,8 @@ func (pl batcher) forkCachedLocked(q *sequence) int {
 		q.peer = peerLoad{tokens: n, took: took}
 		return n
 	}
-	if s.cache.HostDeeper(q.hashes, maxHit) {
-		ld, err := s.cache.Host().Load(s.eng, q.seq, q.hashes, maxHit)
+	if s.cache.HostDeeper(q.hashes, maxHit, disk) {
+		ld, err := s.cache.Host().Load(s.eng, q.seq, q.hashes, maxHit, disk)
 		if err != nil {
 			s.log.Warn("prefix cache host-tier load failed; prefilling the whole prompt", zap.String("request_id", q.id), zap.Error(err))
 			s.eng.Free(q.seq)

@@ -276,6 +276,10 @@ type sched struct {
 	// (tokens 0: none).
 	pulled *prefixcache.Pulled
 	peer   peerLoad
+	// disk is the local prompt's prefix the disk tier held deeper than
+	// the other tiers, read from its file in Generate, off the engine
+	// lock (nil: none), until the sequence starts (forkCachedLocked).
+	disk *prefixcache.DiskRead
 
 	parent     *sequence   // the root (children), nil for a root
 	children   []*sequence // created at the fork (root)
@@ -871,6 +875,9 @@ type genParams struct {
 	// pulling).
 	peer *pdservev1.PeerPrefix
 	pull bool
+	// disk is a local prompt's prefix read from the disk tier (nil:
+	// none; see sequence.disk).
+	disk *prefixcache.DiskRead
 }
 
 func (s *Server) validate(req *pdservev1.GenerateRequest) (genParams, error) {
@@ -1038,6 +1045,11 @@ func (s *Server) Generate(req *pdservev1.GenerateRequest, stream grpc.ServerStre
 	p.caller = grpcauth.Caller(ctx)
 	plan := s.planPull(p)
 	p.pull = plan != nil
+	if p.local && p.promptTop < 0 {
+		// A file the disk tier holds is read here, not under the engine
+		// lock where the prefix is imported.
+		p.disk = s.cache.ReadDisk(ctx, p.hashes, s.cache.MaxHitBlocks(len(p.prompt)))
+	}
 	q, err := s.attach(p)
 	if err != nil {
 		p.closeGrammars()
@@ -1198,6 +1210,7 @@ func (s *Server) attach(p genParams) (*sequence, error) {
 		q.hit = prefixcache.Hit{}
 	}
 	q.hashes = p.hashes
+	q.disk = p.disk
 	q.attached = true
 	q.local = p.local
 	q.prompt = p.prompt

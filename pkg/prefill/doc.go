@@ -47,10 +47,17 @@
 // the ref engine --retain-bytes of the model's KV; 0 turns it off, a
 // positive value caps it). A prompt's engine sequence is kept as a
 // pkg/prefixcache entry when its last chunk ran, instead of freed. The
-// cache lives in the memory live sequences do not use: when a request
-// starts, the least recently used unpinned entries are evicted until the
-// live sequences, the new prompt and the cache fit the engine's memory
-// and a sequence slot is free. A new request whose prompt shares k full blocks
+// cache lives in the memory live sequences do not use. Engine memory is
+// one decision, taken when a request starts: it starts only when its
+// whole footprint (its prompt, which a fork, a host- or disk-tier load or
+// a peer pull fills in part) fits beside the live requests' prompts and
+// the pinned cache entries (the fork's source, which stays beside the
+// fork while it is copied, and entries a peer's export holds); then the
+// least recently used unpinned entries are evicted until the live
+// sequences, the new prompt and the cache fit the engine's memory and a
+// sequence slot is free. A fork whose source does not fit waits for the
+// live requests, or, with none live, is not made (the prompt is
+// computed). A new request whose prompt shares k full blocks
 // (16 tokens) with an entry starts with a Fork of those k × 16 tokens (at
 // most all but one prompt token) and prefills only the rest; the forked
 // prefix's KV is exported into the request's KV buffer first, so the
@@ -60,7 +67,8 @@
 // stream start at that token (StreamHeader.Start): earlier frames are not
 // sent, a frame across it is cut. Forks are independent of their source,
 // so evicting an entry never touches a request's sequence; an entry is
-// pinned only between its lookup and its fork, inside one scheduler call.
+// pinned between its lookup and its fork, inside one scheduler call, or
+// by a peer's export, which pins it under the engine lock.
 //
 // # Adaptive codec
 //

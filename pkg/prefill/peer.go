@@ -30,6 +30,9 @@ func (s *Server) ExportPrefix(_ context.Context, hashes []kv.Hash, minBlocks, ma
 		return s.run.UnlockEngine
 	}
 	x, err := s.cache.Export(s.fcfs.eng, lock, hashes, minBlocks, maxBlocks)
+	// The entry it pinned is unpinned now: a request waiting for the
+	// engine memory it held may start.
+	s.sig.Wake()
 	return kvtransfer.PrefixKV{Tokens: x.Tokens, Tier: x.Tier, Layers: x.Layers}, err
 }
 

@@ -156,36 +156,64 @@ func (p *fcfs) onKV(b runner.Batch[*request]) engine.KVFunc {
 }
 
 // startLocked gives r an engine sequence, a KV buffer charged to the
-// retention bound and a sender goroutine. It reports false when the bound
-// has no room for r yet.
+// retention bound and a sender goroutine. It reports false when r waits:
+// the engine's memory or the retention bound has no room for it yet.
+//
+// Engine memory is one decision, taken here before anything is
+// allocated (startFits): r starts only when its whole footprint fits
+// beside the live requests' sequences and the prefix cache entries that
+// cannot be evicted (pinned: the entry r forks from, which stays in the
+// engine while the fork copies it, and entries a peer's export holds).
+// Its footprint is its prompt, whichever way it starts: a fork, a host-
+// or disk-tier load and a peer pull put at most its prompt's tokens into
+// its own sequence. When the fork's source does not fit beside r, r
+// waits for the live requests, or, with none live, starts without the
+// fork (the entry may then be evicted for r's memory).
 func (p *fcfs) startLocked(r *request) bool {
 	s := p.s
-	if !p.engineRoomLocked(r) {
+	tokens, seqs := p.withLiveLocked(r)
+	if !p.startFits(tokens, seqs) && (seqs > 1 || p.pinnedLocked()) {
+		// Pinned entries go when their export ends (ExportPrefix wakes
+		// the scheduler then). A request alone, with nothing pinned,
+		// always starts: the engine then refuses only a prompt larger
+		// than its whole memory.
 		return false
+	}
+	maxHit := s.cache.MaxHitBlocks(len(r.prompt))
+	from, fork := fromEngine, false
+	switch {
+	case r.pulled != nil && min(r.pulled.Tokens/s.cache.BlockTokens(), maxHit) > s.cache.PeerDepth(r.hashes, maxHit):
+		// What the peer sent is more than any tier here holds now.
+		from = fromPeer
+	case s.cache.HostDeeper(r.hashes, maxHit, r.disk):
+		from = fromHost
+	default:
+		// The entry r forks from stays in the engine, pinned, while the
+		// fork copies it: it is part of r's footprint.
+		src, pinned := s.cache.Source(r.hashes, maxHit)
+		fork = true // a miss too: Acquire counts the lookup
+		if src > 0 && !pinned && !p.startFits(tokens+src, seqs+1) {
+			if seqs > 1 {
+				return false // the live requests free memory as they finish
+			}
+			fork = false // it never fits: r computes its whole prompt
+		}
 	}
 	need := int64(len(r.prompt)) * int64(s.spec.Layers) * int64(s.tokenBytes)
 	if !s.retained.makeRoom(need) {
 		return false
 	}
+	var hit prefixcache.Hit
+	if fork {
+		hit = s.cache.Acquire(r.hashes, maxHit)
+	}
 	p.nextSeq++
 	r.seq = p.nextSeq
 	r.started = true
 	r.kv = newKVBuf(s.spec.Layers, len(r.prompt))
-	maxHit := s.cache.MaxHitBlocks(len(r.prompt))
-	var hit prefixcache.Hit
-	from := fromEngine
-	switch {
-	case r.pulled != nil && min(r.pulled.Tokens/s.cache.BlockTokens(), maxHit) > s.cache.PeerDepth(r.hashes, maxHit):
-		// What the peer sent is more than any tier here holds now.
-		from = fromPeer
-	case s.cache.HostDeeper(r.hashes, maxHit):
-		from = fromHost
-	default:
-		hit = s.cache.Acquire(r.hashes, maxHit)
-	}
 	p.makeRoomLocked(r)
 	frames := p.forkPrefixLocked(r, hit, from)
-	r.pulled = nil // imported or not, its bytes are not needed any more
+	r.pulled, r.disk = nil, nil // imported or not, their bytes are not needed any more
 	s.cache.Release(hit)
 	// The hit's entry, pinned while r forked from it, may go now if the
 	// engine's memory needs it.
@@ -203,25 +231,24 @@ func (p *fcfs) startLocked(r *request) bool {
 	return true
 }
 
-// engineRoomLocked reports whether the engine's KV memory holds r's whole
-// prompt beside the sequences of the live requests (started, not yet
-// prefilled), whatever the prefix cache holds (makeRoomLocked evicts it as
-// needed). When it does not, r waits, and every later request with it
-// (FCFS), until live requests finish: started anyway, the step that
-// prefills them all would overflow the engine and fail every request in
-// it. A request with none live beside it always starts (the engine then
-// refuses only a prompt larger than its whole memory). The caller holds
-// mu; r is not started.
-func (p *fcfs) engineRoomLocked(r *request) bool {
+// startFits reports whether the engine's KV memory holds tokens and seqs
+// (the live requests' whole prompts and sequences, a starting request's
+// included: withLiveLocked) beside the prefix cache entries that are
+// pinned now; makeRoomLocked evicts the others as needed. The caller
+// holds mu.
+func (p *fcfs) startFits(tokens, seqs int) bool {
 	s := p.s
 	if s.memTokens <= 0 && s.memSeqs <= 0 {
 		return true
 	}
-	tokens, seqs := p.withLiveLocked(r)
-	if seqs == 1 {
-		return true
-	}
-	return (s.memTokens <= 0 || tokens <= s.memTokens) && (s.memSeqs <= 0 || seqs <= s.memSeqs)
+	pinnedTokens, pinned := s.cache.Pinned()
+	return (s.memTokens <= 0 || tokens+pinnedTokens <= s.memTokens) && (s.memSeqs <= 0 || seqs+pinned <= s.memSeqs)
+}
+
+// pinnedLocked reports whether some prefix cache entry is pinned now.
+func (p *fcfs) pinnedLocked() bool {
+	_, n := p.s.cache.Pinned()
+	return n > 0
 }
 
 // withLiveLocked returns the engine memory r's whole prompt and the live
@@ -273,7 +300,8 @@ const (
 
 // forkPrefixLocked starts r's engine sequence from hit, the longest cached
 // prefix of its prompt (whole blocks, at least one token left to compute),
-// or from the host tier's longer one (from fromHost, loaded into it), or
+// or from the host tier's longer one (from fromHost, loaded into it; or
+// the disk tier's, read before r was queued: r.disk), or
 // from the prefix a peer sent (fromPeer, imported), copies that prefix's
 // KV out of the sequence into r.kv (the decode worker needs the whole
 // prompt's, and Resend does) and returns its frames, to be pushed to the
@@ -293,7 +321,7 @@ func (p *fcfs) forkPrefixLocked(r *request, hit prefixcache.Hit, from int) []fra
 	}
 	switch from {
 	case fromHost:
-		ld, err := s.cache.Host().Load(p.eng, r.seq, r.hashes, s.cache.MaxHitBlocks(len(r.prompt)))
+		ld, err := s.cache.Host().Load(p.eng, r.seq, r.hashes, s.cache.MaxHitBlocks(len(r.prompt)), r.disk)
 		if err != nil {
 			return fail(err)
 		}

@@ -113,7 +113,11 @@ type request struct {
 	// pulled is the prefix pulled from a peer before the request was
 	// queued (nil: none); peerHit is the part of prefixHit it gave, and
 	// peerLoad the pull's and import's time.
-	pulled     *prefixcache.Pulled
+	pulled *prefixcache.Pulled
+	// disk is the prefix the disk tier held deeper than the other tiers,
+	// read from its file before the request was queued, off the engine
+	// lock (nil: none); imported, or not, when the request starts.
+	disk       *prefixcache.DiskRead
 	peerHit    int
 	peerLoad   time.Duration
 	startedAt  time.Time
@@ -381,7 +385,10 @@ func (s *Server) Cancel(id string) bool {
 func (s *Server) Prefill(req *pdservev1.PrefillRequest, stream grpc.ServerStreamingServer[pdservev1.PrefillResponse]) error {
 	ctx := stream.Context()
 	pulled := s.pullPrefix(ctx, req)
-	r, pos, err := s.enqueue(req, pulled)
+	// A file the disk tier holds is read here, not under the engine lock
+	// where the prefix is imported.
+	disk := s.cache.ReadDisk(ctx, s.cache.Hashes(req.GetPromptTokens()), s.cache.MaxHitBlocks(len(req.GetPromptTokens())))
+	r, pos, err := s.enqueue(req, pulled, disk)
 	if err != nil {
 		return err
 	}
@@ -461,9 +468,10 @@ func invalid(format string, args ...any) error {
 	return status.Errorf(codes.InvalidArgument, "prefill: "+format, args...)
 }
 
-// enqueue validates req and queues it. It returns the request and its
-// 0-based position in the queue.
-func (s *Server) enqueue(req *pdservev1.PrefillRequest, pulled *prefixcache.Pulled) (*request, int, error) {
+// enqueue validates req and queues it, with the prefix pulled from a peer
+// and the one read from the disk tier (either nil: none). It returns the
+// request and its 0-based position in the queue.
+func (s *Server) enqueue(req *pdservev1.PrefillRequest, pulled *prefixcache.Pulled, disk *prefixcache.DiskRead) (*request, int, error) {
 	if err := checkID(req.GetRequestId()); err != nil {
 		return nil, 0, invalid("%v", err)
 	}
@@ -523,6 +531,7 @@ func (s *Server) enqueue(req *pdservev1.PrefillRequest, pulled *prefixcache.Pull
 		queuedAt: s.now(),
 		events:   make(chan event, 2),
 		pulled:   pulled,
+		disk:     disk,
 	}
 	r.hashes = s.cache.Hashes(r.prompt)
 	s.mu.Lock()

@@ -2,6 +2,7 @@ package prefixcache
 
 import (
 	"container/list"
+	"context"
 	"errors"
 	"flag"
 	"fmt"
@@ -283,15 +284,42 @@ func (c *Cache) Host() *Host {
 	return c.host
 }
 
-// HostDeeper reports whether the host tier holds a longer prefix of
-// hashes, within maxBlocks, than the engine tier: the prompt should Load
-// from the host instead of Acquire. Changes nothing.
-func (c *Cache) HostDeeper(hashes []kv.Hash, maxBlocks int) bool {
+// HostDeeper reports whether the host tier, or disk (the disk tier's
+// entry ReadDisk read; nil: none), holds a longer prefix of hashes,
+// within maxBlocks, than the engine tier: the prompt should Load from the
+// host instead of Acquire. Changes nothing.
+func (c *Cache) HostDeeper(hashes []kv.Hash, maxBlocks int, disk *DiskRead) bool {
 	if c == nil || c.host == nil {
 		return false
 	}
 	hashes = hashes[:min(len(hashes), max(maxBlocks, 0))]
-	return max(c.host.Match(hashes), c.host.disk.Match(hashes)) > c.Match(hashes)
+	if c.host.disk == nil {
+		disk = nil
+	}
+	return max(c.host.Match(hashes), disk.depth(hashes)) > c.Match(hashes)
+}
+
+// ReadDisk reads the disk tier's entry holding the longest prefix of
+// hashes, at most maxBlocks blocks, when the disk tier holds more of it
+// than the engine and host tiers, for Host.Load to import: the worker
+// calls it before its request reaches the engine's loop, so that no file
+// is read under the engine lock. The read gives up after DiskReadTimeout
+// or when ctx ends. It returns nil when there is nothing to read, or the
+// read failed: the prompt is then computed. A bad file (not a regular
+// file of the entry's size, or one that fails its checksum) drops its
+// entry, counted in Stats.Disk.BadEntries; other failures count in
+// Stats.Disk.Failures.
+func (c *Cache) ReadDisk(ctx context.Context, hashes []kv.Hash, maxBlocks int) *DiskRead {
+	d := c.Host().Disk()
+	if d == nil {
+		return nil
+	}
+	lim := hashes[:min(len(hashes), max(maxBlocks, 0))]
+	if d.Match(lim) <= max(c.Match(lim), c.host.Match(lim)) {
+		return nil
+	}
+	r, _ := d.readEntry(ctx, lim, len(lim)) // counted in its stats
+	return r
 }
 
 // Free frees seqs, sequences the cache returned, on eng, copying into the
@@ -383,6 +411,37 @@ func (c *Cache) acquire(hashes []kv.Hash, maxBlocks int, own bool) Hit {
 		c.st.HitTokens += uint64(n * c.o.BlockTokens)
 	}
 	return Hit{Seq: e.seq, Tokens: n * c.o.BlockTokens, Hashes: hashes[:n], e: e}
+}
+
+// Source returns what Acquire(hashes, maxBlocks) would pin, changing
+// nothing: the KV tokens its entry holds in the engine (0 on a miss) and
+// whether the entry is pinned already. A worker counts them in the
+// footprint of a fork from it: the entry stays beside the fork while it
+// is copied.
+func (c *Cache) Source(hashes []kv.Hash, maxBlocks int) (tokens int, pinned bool) {
+	if c == nil {
+		return 0, false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := c.depthLocked(hashes[:min(len(hashes), max(maxBlocks, 0))])
+	if n == 0 {
+		return 0, false
+	}
+	es := c.byHash[hashes[n-1]]
+	e := es[len(es)-1]
+	return e.tokens, e.pins > 0
+}
+
+// Pinned returns the KV tokens and the number of the pinned entries: what
+// no eviction can give back now (0, 0 for a nil cache).
+func (c *Cache) Pinned() (tokens, entries int) {
+	if c == nil {
+		return 0, 0
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.pinnedTokens, c.pinned
 }
 
 // Match returns how many leading hashes are cached, changing nothing (no

@@ -1,6 +1,7 @@
 package prefixcache_test
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -53,12 +54,17 @@ func diskRoundTrip(t *testing.T, eng engine.Engine, kvExact bool) {
 		t.Run(fmt.Sprintf("n%d-shared%d", tc.n, tc.shared), func(t *testing.T) {
 			p := tokens(base, tc.n, tc.shared, int32(tc.n+tc.shared), vocab)
 			hashes, maxHit := c.Hashes(p), c.MaxHitBlocks(len(p))
-			if !c.HostDeeper(hashes, maxHit) {
-				t.Fatal("HostDeeper = false with the prefix on disk")
+			if c.HostDeeper(hashes, maxHit, nil) {
+				t.Fatal("HostDeeper = true with the prefix on disk only, not read")
+			}
+			// Read off the engine lock, imported under it.
+			r := c.ReadDisk(context.Background(), hashes, maxHit)
+			if !c.HostDeeper(hashes, maxHit, r) {
+				t.Fatal("HostDeeper = false with the prefix read from disk")
 			}
 			seq++
 			warm := seq
-			ld, err := c.Host().Load(eng, warm, hashes, maxHit)
+			ld, err := c.Host().Load(eng, warm, hashes, maxHit, r)
 			if err != nil {
 				t.Fatal(err)
 			}

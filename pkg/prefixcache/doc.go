@@ -22,7 +22,9 @@
 //     llamacpp shares cells by reference), so evicting an entry after a fork
 //     never touches a sequence in use: pins only span the time between a
 //     lookup and its Fork (a step on the prefill worker; Reserve to the KV
-//     import on the decode worker).
+//     import on the decode worker), or a peer's Export, which takes its
+//     pin under the worker's engine lock (so that a scheduler holding it
+//     sees every pin it must count: Pinned, Source).
 //   - Hits are whole blocks and leave at least one prompt token to compute
 //     (the engine must run the last prompt token to sample the first output
 //     token): Acquire is given that cap.
@@ -55,10 +57,23 @@
 // With Options.DiskBytes (--disk-cache-bytes, 0: off) and DiskDir
 // (--disk-cache-dir, a local disk: the cache makes a directory of its own
 // in it) the host tier writes the entries it evicts for its budget to
-// files there (Disk), under a budget of their own, LRU. Host.Load reads
-// from the disk tier when it holds a prompt's prefix deeper than the host
-// tier; HostDeeper counts both. Loads from disk count in Stats.Disk, and
-// in the workers' host_hit_tokens (loaded, not in engine memory). Drain
+// files there (Disk), under a budget of their own, LRU. The engine lock
+// is never held across file I/O: a worker reads a prompt's prefix from
+// the disk tier before the request reaches its engine loop (ReadDisk,
+// when the disk tier holds more of it than the engine and host tiers;
+// given up after DiskReadTimeout), and Host.Load imports that read
+// (HostDeeper counts it beside the host tier). The tier does not trust
+// its files: each starts with a header naming its entry (tokens, layers,
+// blocks, the last block's chain hash) and a CRC-32C of the header, the
+// entry's block hashes and the KV; a file is opened without following a
+// symbolic link and without blocking, and must be a regular file of the
+// entry's size (fstat after the open). A file that fails any check drops
+// its entry, is removed and counted (Stats.Disk.BadEntries, the
+// bad_entries_total metric), and the prefix is computed. The checksum
+// detects, it does not authenticate; a MAC under a per-deployment secret
+// would take its place in a format of its own magic. Loads from disk
+// count in Stats.Disk, and in the workers' host_hit_tokens (loaded, not
+// in engine memory). Drain
 // empties the tier and removes its directory. Its blocks are observed and
 // listed as the host tier's (Disk.SetObserver, Disk.AppendBlocks): the
 // worker publishes them as KV events of their own, which the router

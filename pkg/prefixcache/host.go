@@ -31,7 +31,11 @@ type HostStats struct {
 	SpillsSkipped uint64
 	Evictions     uint64 // entries dropped for the budget
 	Superseded    uint64 // entries dropped for a newer one holding their blocks and more
-	Failures      uint64 // exports or imports the engine refused
+	Failures      uint64 // exports or imports the engine refused, files that could not be written or read
+	// BadEntries counts disk-tier entries dropped for a bad file: not a
+	// regular file, of the wrong size, or failing its checksum (their
+	// prefixes were computed instead). 0 for the host tier.
+	BadEntries uint64
 	// LoadTime is Σ the time loads took (the engine's modeled host-link
 	// time on an engine that models it, wall time otherwise).
 	LoadTime time.Duration
@@ -291,17 +295,18 @@ type HostLoad struct {
 // Load imports into seq, a sequence the engine does not hold yet, the
 // longest prefix of hashes the tier holds, at most maxBlocks blocks, and
 // makes its entry the most recently used; it counts a lookup, and a hit
-// when it loaded at least one block. When the disk tier behind it holds
-// a longer prefix, Load reads it from there instead (counted in the disk
-// tier's stats). A miss changes nothing in the engine.
+// when it loaded at least one block. When disk, the disk tier's entry
+// read off the engine lock (Cache.ReadDisk; nil: none), holds a longer
+// prefix, Load imports it instead (counted in the disk tier's stats): it
+// reads no file itself. A miss changes nothing in the engine.
 // Errors: the engine's ImportKV or RestoreKV (seq may then hold part of
 // the prefix: the caller frees it).
-func (h *Host) Load(eng engine.Engine, seq engine.SeqID, hashes []kv.Hash, maxBlocks int) (HostLoad, error) {
+func (h *Host) Load(eng engine.Engine, seq engine.SeqID, hashes []kv.Hash, maxBlocks int, disk *DiskRead) (HostLoad, error) {
 	if h == nil {
 		return HostLoad{}, nil
 	}
-	if lim := hashes[:min(len(hashes), max(maxBlocks, 0))]; h.disk.Match(lim) > h.Match(lim) {
-		return h.disk.load(eng, seq, hashes, maxBlocks)
+	if lim := hashes[:min(len(hashes), max(maxBlocks, 0))]; h.disk != nil && disk.depth(lim) > h.Match(lim) {
+		return h.disk.loadRead(eng, seq, disk, hashes, maxBlocks)
 	}
 	h.mu.Lock()
 	h.st.Lookups++

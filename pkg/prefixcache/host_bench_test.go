@@ -73,8 +73,8 @@ func BenchmarkHostTierMultiTurnLlamaCpp(b *testing.B) {
 						maxHit := c.MaxHitBlocks(len(p))
 						t0 := time.Now()
 						n := 0
-						if c.HostDeeper(hashes, maxHit) {
-							ld, err := c.Host().Load(eng, seq, hashes, maxHit)
+						if c.HostDeeper(hashes, maxHit, nil) {
+							ld, err := c.Host().Load(eng, seq, hashes, maxHit, nil)
 							if err != nil {
 								b.Fatal(err)
 							}

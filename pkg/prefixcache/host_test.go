@@ -135,12 +135,12 @@ func hostRoundTrip(t *testing.T, eng engine.Engine, kvExact bool) {
 			p := tokens(base, tc.n, tc.shared, int32(tc.n+tc.shared), vocab)
 			hashes := c.Hashes(p)
 			maxHit := c.MaxHitBlocks(len(p))
-			if got := c.HostDeeper(hashes, maxHit); got != (tc.want > 0) {
+			if got := c.HostDeeper(hashes, maxHit, nil); got != (tc.want > 0) {
 				t.Errorf("HostDeeper = %v, want %v", got, tc.want > 0)
 			}
 			seq++
 			warm := seq
-			ld, err := c.Host().Load(eng, warm, hashes, maxHit)
+			ld, err := c.Host().Load(eng, warm, hashes, maxHit, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -239,7 +239,7 @@ func TestHostTierEvictionUnderPressure(t *testing.T) {
 				p := tokens(nil, 50, 0, seed, 250)
 				hashes := c.Hashes(p)
 				engMu.Lock()
-				ld, err := c.Host().Load(eng, seq, hashes, c.MaxHitBlocks(len(p)))
+				ld, err := c.Host().Load(eng, seq, hashes, c.MaxHitBlocks(len(p)), nil)
 				if err != nil {
 					t.Error(err)
 				}
@@ -359,7 +359,7 @@ func TestHostTierSpillDMA(t *testing.T) {
 	if want := []int64{48 * int64(eng.Spec().KVBytesPerToken())}; !slices.Equal(eng.charged, want) {
 		t.Fatalf("spill charged %v bytes, want %v", eng.charged, want)
 	}
-	ld, err := c.Host().Load(eng, 2, hashes, c.MaxHitBlocks(len(p)))
+	ld, err := c.Host().Load(eng, 2, hashes, c.MaxHitBlocks(len(p)), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

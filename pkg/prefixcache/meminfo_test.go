@@ -29,7 +29,7 @@ func TestHostOptions(t *testing.T) {
 	}
 	o.HostBytes = 0
 	c, err := New(o)
-	if err != nil || c.Host() != nil || c.HostDeeper(nil, 1) {
+	if err != nil || c.Host() != nil || c.HostDeeper(nil, 1, nil) {
 		t.Errorf("HostBytes 0: host tier %v, %v; want none", c.Host(), err)
 	}
 	o.HostBytes = 1 << 20

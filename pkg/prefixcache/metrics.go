@@ -22,6 +22,7 @@ import "github.com/prometheus/client_golang/prometheus"
 //	hit_tokens_total     counter  prompt tokens loaded: prefill tokens saved
 //	spills_total         counter  engine entries copied in
 //	evictions_total      counter  entries evicted for the byte budget
+//	bad_entries_total    counter  disk tier only: entries dropped for a bad file (wrong type, size or checksum)
 //	load_seconds_total   counter  time loads took (modeled on the sim engine)
 //	bytes                gauge    KV bytes held (the model's true size)
 //	blocks               gauge    distinct blocks held
@@ -92,7 +93,7 @@ func tierCollectors(name func(string) string, tierName string, stats func() Host
 	hgauge := func(n, help string, f func(HostStats) float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name("tier_" + n), Help: help, ConstLabels: tier}, func() float64 { return f(stats()) })
 	}
-	return []prometheus.Collector{
+	cs := []prometheus.Collector{
 		hcounter("lookups_total", "Prompts looked up in the prefix cache tier.", func(s HostStats) float64 { return float64(s.Lookups) }),
 		hcounter("hits_total", "Prefix cache tier loads of at least one block.", func(s HostStats) float64 { return float64(s.Hits) }),
 		hcounter("hit_tokens_total", "Prompt tokens loaded from the prefix cache tier instead of computed.", func(s HostStats) float64 { return float64(s.HitTokens) }),
@@ -104,4 +105,8 @@ func tierCollectors(name func(string) string, tierName string, stats func() Host
 		hgauge("blocks", "Distinct KV blocks held by the prefix cache tier.", func(s HostStats) float64 { return float64(s.Blocks) }),
 		hgauge("entries", "Entries held by the prefix cache tier.", func(s HostStats) float64 { return float64(s.Entries) }),
 	}
+	if tierName == "disk" {
+		cs = append(cs, hcounter("bad_entries_total", "Disk tier entries dropped for a bad file: not a regular file, the wrong size or a failed checksum (their prefixes were computed).", func(s HostStats) float64 { return float64(s.BadEntries) }))
+	}
+	return cs
 }

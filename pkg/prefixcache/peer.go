@@ -1,8 +1,8 @@
 package prefixcache
 
 import (
+	"context"
 	"fmt"
-	"os"
 	"time"
 
 	"github.com/pdserve/pdserve/pkg/engine"
@@ -103,14 +103,19 @@ func (c *Cache) Export(eng engine.Engine, lock func() func(), hashes []kv.Hash, 
 // wait for one step, not one a layer; a GPU's copy out runs beside its
 // compute.
 func (c *Cache) exportEngine(eng engine.Engine, lock func() func(), hashes []kv.Hash) (Exported, error) {
+	// The pin is taken under the engine lock: the worker's scheduler,
+	// which holds it while it decides what the engine's memory holds,
+	// sees no entry pinned behind its back (a pin it did not count would
+	// keep an entry it evicts for a new request's room).
+	unlock := lock()
 	hit := c.acquire(hashes, len(hashes), false)
 	if hit.Tokens == 0 {
+		unlock()
 		return Exported{}, nil // evicted since Match
 	}
 	defer c.Release(hit)
 	x := Exported{Tokens: hit.Tokens, Tier: TierEngine, Layers: make([][]byte, eng.Spec().Layers)}
 	if sn, ok := eng.(Snapshotter); ok {
-		unlock := lock()
 		snap, err := sn.SnapshotKV(hit.Seq, hit.Tokens)
 		unlock()
 		if err != nil {
@@ -124,7 +129,9 @@ func (c *Cache) exportEngine(eng engine.Engine, lock func() func(), hashes []kv.
 		return x, nil
 	}
 	for l := range x.Layers {
-		unlock := lock()
+		if l > 0 {
+			unlock = lock()
+		}
 		data, err := eng.ExportKV(hit.Seq, l, 0, hit.Tokens, nil)
 		unlock()
 		if err != nil {
@@ -160,7 +167,8 @@ func (h *Host) export(eng engine.Engine, hashes []kv.Hash) (Exported, error) {
 }
 
 // export copies out the disk tier's longest prefix of hashes from its
-// entry's file. An entry whose file is gone is dropped.
+// entry's file, read and checked as for a load (readEntry): a bad entry
+// is dropped and counted, an entry whose file is gone dropped.
 func (d *Disk) export(hashes []kv.Hash) (Exported, error) {
 	d.mu.Lock()
 	n := d.idx.depth(hashes)
@@ -168,36 +176,16 @@ func (d *Disk) export(hashes []kv.Hash) (Exported, error) {
 		d.mu.Unlock()
 		return Exported{}, nil
 	}
-	e := d.idx.newest(hashes[n-1])
 	d.mu.Unlock()
-	data, err := d.read(e)
+	r, err := d.readEntry(context.Background(), hashes, n)
 	if err != nil {
 		return Exported{}, fmt.Errorf("prefixcache: disk tier: export for a peer: %w", err)
 	}
-	layers := make([][]byte, e.layers)
-	for l := range layers {
-		layers[l] = data[l*e.layerBytes : (l+1)*e.layerBytes]
+	if r == nil {
+		return Exported{}, nil // dropped since the lookup
 	}
-	m := n * d.blockTokens
-	return Exported{Tokens: m, Tier: TierDisk, Layers: prefixLayers(layers, e.tokens, m)}, nil
-}
-
-// read returns the bytes of e's file, checked for its size; a file that
-// is gone drops e from the index.
-func (d *Disk) read(e *diskEntry) ([]byte, error) {
-	data, err := os.ReadFile(e.path)
-	if err != nil {
-		d.mu.Lock()
-		if !e.dropped {
-			d.dropLocked(e)
-		}
-		d.mu.Unlock()
-		return nil, err
-	}
-	if len(data) != e.layers*e.layerBytes {
-		return nil, fmt.Errorf("%s holds %d bytes, want %d", e.path, len(data), e.layers*e.layerBytes)
-	}
-	return data, nil
+	m := min(n, r.depth(hashes)) * d.blockTokens
+	return Exported{Tokens: m, Tier: TierDisk, Layers: prefixLayers(r.layers, r.tokens, m)}, nil
 }
 
 // prefixLayers returns layers, each the canonical KV of n tokens, cut to

@@ -43,7 +43,7 @@ func BenchmarkHostSpillSim(b *testing.B) {
 		hs := append([]kv.Hash{kv.Hash(1 << 40)}, hashes[1:]...)
 		for i := range b.N {
 			seq := engine.SeqID(100 + i)
-			if _, err := c.Host().Load(eng, seq, hs, len(hs)); err != nil {
+			if _, err := c.Host().Load(eng, seq, hs, len(hs), nil); err != nil {
 				b.Fatal(err)
 			}
 			eng.Free(seq)
