@@ -544,7 +544,7 @@ func (s *Server) Reserve(ctx context.Context, req *pdservev1.ReserveRequest) (*p
 	if p := req.GetPrompt(); s.cache != nil && len(p) > 0 {
 		// Pinned until the KV is imported or the request ends, so the
 		// prefill worker may skip it.
-		q.hit = s.cache.Acquire(s.cache.Hashes(p), s.cache.MaxHitBlocks(len(p)))
+		q.hit = s.cache.Acquire(s.cache.Hashes(kv.Hash(req.GetPrefixRoot()), p), s.cache.MaxHitBlocks(len(p)))
 	}
 	// Kept for the Generate call, which may then omit it (validated
 	// there, like a prompt it carries).
@@ -954,7 +954,7 @@ func (s *Server) validate(req *pdservev1.GenerateRequest) (genParams, error) {
 		}
 		closeGrammar(c) // each choice builds its own when it forks
 	}
-	p.hashes = s.cache.Hashes(p.prompt)
+	p.hashes = s.cache.Hashes(kv.Hash(req.GetPrefixRoot()), p.prompt)
 	return p, nil
 }
 

@@ -524,7 +524,7 @@ func (s *Server) enqueue(req *pdservev1.PrefillRequest, pulled *prefixcache.Pull
 		events:   make(chan event, 2),
 		pulled:   pulled,
 	}
-	r.hashes = s.cache.Hashes(r.prompt)
+	r.hashes = s.cache.Hashes(kv.Hash(req.GetPrefixRoot()), r.prompt)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {

@@ -262,7 +262,7 @@ func (d *Disk) load(eng engine.Engine, seq engine.SeqID, hashes []kv.Hash, maxBl
 		d.mu.Unlock()
 		return HostLoad{}, nil
 	}
-	e := d.idx.newest(hashes[n-1])
+	e := d.idx.newest(hashes[:n])
 	d.mu.Unlock()
 
 	fail := func(err error) (HostLoad, error) {

@@ -144,7 +144,7 @@ func (h *Host) export(eng engine.Engine, hashes []kv.Hash) (Exported, error) {
 		h.mu.Unlock()
 		return Exported{}, nil
 	}
-	e := h.idx.newest(hashes[n-1])
+	e := h.idx.newest(hashes[:n])
 	h.mu.Unlock()
 	// e is immutable: its layers or snapshot are read without the lock,
 	// also after an eviction dropped it from the index.
@@ -168,7 +168,7 @@ func (d *Disk) export(hashes []kv.Hash) (Exported, error) {
 		d.mu.Unlock()
 		return Exported{}, nil
 	}
-	e := d.idx.newest(hashes[n-1])
+	e := d.idx.newest(hashes[:n])
 	d.mu.Unlock()
 	data, err := d.read(e)
 	if err != nil {
