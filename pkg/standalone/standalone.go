@@ -167,7 +167,7 @@ func Start(ctx context.Context, o coordinator.Options, log *zap.Logger, opts ...
 		wo.HashKey = o.HashKey
 		// Only this process's workers join an embedded NATS without
 		// users from a file: they may pull from each other unverified.
-		wo.PeersInProcess = o.NATSURL == "" && o.NATSAuthFile == "" && len(o.NATSUsers) == 0
+		wo.PeersInProcess = o.NATSURL == "" && o.NATSAuthFile == "" && !workerUsers(o.NATSUsers)
 		wo.TracerProvider = tp
 		if set.worker != nil {
 			set.worker(&wo)
@@ -311,6 +311,17 @@ func workerSpecs(o coordinator.Options) []workerSpec {
 func withReconnectWait(c control.ConnOptions, d time.Duration) control.ConnOptions {
 	c.ReconnectWait = d
 	return c
+}
+
+// workerUsers reports whether users holds a NATS user that may publish
+// as a worker (any role but observer, which publishes nothing).
+func workerUsers(users []control.NATSUser) bool {
+	for _, u := range users {
+		if u.Role != control.RoleObserver {
+			return true
+		}
+	}
+	return false
 }
 
 // generatedGRPCAuth returns o with an Ed25519 key pair generated for
