@@ -45,7 +45,7 @@ var binaries = map[string]binaryFlags{
 		po.AddFlags(fs) // the binary's flags: coordinatorrun registers both
 		return fs, func(files mountedFiles, tmp string) error {
 			if err := localize(files, tmp, map[string]*string{"policy": &o.PolicyFile, "model": &o.Engine.Model,
-				"api-keys": &o.Auth.APIKeysFile, "metrics-token-file": &o.Auth.MetricsTokenFile}); err != nil {
+				"api-keys": &o.Auth.APIKeysFile, "metrics-token-file": &o.Auth.MetricsTokenFile, "kv-hash-key-file": &o.KVHashKeyFile}); err != nil {
 				return err
 			}
 			if err := localizeTLS(files, tmp, &o.TLS); err != nil {
@@ -65,7 +65,7 @@ var binaries = map[string]binaryFlags{
 		fs := flag.NewFlagSet("prefill-worker", flag.ContinueOnError)
 		o.AddFlags(fs)
 		return fs, func(files mountedFiles, tmp string) error {
-			if err := localize(files, tmp, map[string]*string{"model": &o.Engine.Model}); err != nil {
+			if err := localize(files, tmp, map[string]*string{"model": &o.Engine.Model, "kv-hash-key-file": &o.KVHashKeyFile}); err != nil {
 				return err
 			}
 			if err := localizeTLS(files, tmp, &o.TLS); err != nil {
@@ -82,7 +82,7 @@ var binaries = map[string]binaryFlags{
 		fs := flag.NewFlagSet("decode-worker", flag.ContinueOnError)
 		o.AddFlags(fs)
 		return fs, func(files mountedFiles, tmp string) error {
-			if err := localize(files, tmp, map[string]*string{"model": &o.Engine.Model}); err != nil {
+			if err := localize(files, tmp, map[string]*string{"model": &o.Engine.Model, "kv-hash-key-file": &o.KVHashKeyFile}); err != nil {
 				return err
 			}
 			if err := localizeTLS(files, tmp, &o.TLS); err != nil {

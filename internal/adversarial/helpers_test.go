@@ -85,7 +85,7 @@ func startWorkers(t *testing.T, log *zap.Logger, edit func(*coordinator.Options)
 	return &deployment{Server: s, url: "http://" + s.HTTPAddr()}
 }
 
-// keyFile writes a key file of lines ("KEY name=N tpm=T"), returning its
+// keyFile writes a key file of lines ("KEY name=N tpm=T tenant=X"), returning its
 // path.
 func keyFile(t *testing.T, lines ...string) string {
 	t.Helper()
@@ -99,7 +99,7 @@ func writeKeys(t *testing.T, path string, lines ...string) {
 	var b strings.Builder
 	for _, l := range lines {
 		f := strings.Fields(l)
-		name, tpm := "", 0
+		name, tpm, tenant := "", 0, ""
 		for _, kv := range f[1:] {
 			k, v, _ := strings.Cut(kv, "=")
 			switch k {
@@ -107,12 +107,15 @@ func writeKeys(t *testing.T, path string, lines ...string) {
 				name = v
 			case "tpm":
 				tpm = atoi(t, v)
+			case "tenant":
+				tenant = " tenant=" + v
 			}
 		}
 		line, err := apikey.FormatLine(f[0], name, 0, tpm)
 		if err != nil {
 			t.Fatal(err)
 		}
+		line += tenant
 		b.WriteString(line + "\n")
 	}
 	tmp := path + ".tmp"

@@ -58,12 +58,14 @@ func TestParse(t *testing.T) {
 			file: "# keys\n\n" + hexA + " tpm=200000 name=team-a rpm=600 # trailing comment\r\n   \n",
 			want: []Entry{{Digest: hashA, Name: "team-a", RPM: 600, TPM: 200000, Line: 3}},
 		},
+		{name: "tenant", file: hexA + " tenant=public name=a", want: []Entry{{Digest: hashA, Name: "a", Tenant: "public", Line: 1}}},
+		{name: "bad tenant", file: hexA + " tenant=a/b", wantErr: ErrInvalid, wantText: "tenant must be"},
 		{name: "upper-case prefix", file: strings.ToUpper(hexA[:7]) + strings.ToUpper(hexA[7:]), wantErr: ErrPlaintext, wantText: "line 1"},
 		{name: "upper-case hex", file: HashPrefix + strings.ToUpper(hexA[7:]), want: []Entry{{Digest: hashA, Line: 1}}},
 		{name: "plaintext key", file: "# ok\n" + hexA + "\n" + keyB + " name=b\n", wantErr: ErrPlaintext, wantText: "line 3"},
 		{name: "short hash", file: hexA[:40], wantErr: ErrInvalid, wantText: "line 1: invalid: sha256: must be followed by 64 hex digits, not 33"},
 		{name: "not hex", file: hexA[:70] + "zz", wantErr: ErrInvalid, wantText: "line 1"},
-		{name: "unknown field", file: hexA + " " + keyB, wantErr: ErrInvalid, wantText: "line 1: invalid: field 2 must be name=, rpm= or tpm="},
+		{name: "unknown field", file: hexA + " " + keyB, wantErr: ErrInvalid, wantText: "line 1: invalid: field 2 must be name=, tenant=, rpm= or tpm="},
 		{name: "field twice", file: hexA + " rpm=1 rpm=2", wantErr: ErrInvalid, wantText: "rpm= given twice"},
 		{name: "zero limit", file: hexA + " rpm=0", wantErr: ErrInvalid, wantText: "rpm must be an integer in [1, 100000000]"},
 		{name: "limit too large", file: hexA + " tpm=100000001", wantErr: ErrInvalid, wantText: "tpm must be"},
@@ -491,5 +493,32 @@ func TestEmptyFileRevokes(t *testing.T) {
 	empty, err := Load(path)
 	if err != nil || empty.Len() != 0 || empty.Authenticate(keyA) != nil {
 		t.Fatalf("Load of an empty file = %v, %d keys", err, empty.Len())
+	}
+}
+
+// TestTenant: each key is a partition of its own unless the file names a
+// tenant, which keys share; two keys with one name (a rotation) are still
+// apart. Fails if the partition were the name.
+func TestTenant(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys")
+	keyC := "sk-cccccccccccccccccccc"
+	la, lb, lc := line(t, keyA, "x", 0, 0), line(t, keyB, "x", 0, 0), line(t, keyC, "", 0, 0)
+	writeFile(t, path, la+"\n"+lb+"\n"+lc+" tenant=shared\n"+strings.Fields(line(t, "sk-dddddddddddddddddddd", "", 0, 0))[0]+" tenant=shared\n")
+	ks, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, b, c, d := ks.Authenticate(keyA), ks.Authenticate(keyB), ks.Authenticate(keyC), ks.Authenticate("sk-dddddddddddddddddddd")
+	if a == nil || b == nil || c == nil || d == nil {
+		t.Fatal("a key did not authenticate")
+	}
+	if a.Tenant() == b.Tenant() {
+		t.Errorf("two keys of one name share the partition %q", a.Tenant())
+	}
+	if c.Tenant() != d.Tenant() || c.Tenant() != "tenant:shared" {
+		t.Errorf("keys naming tenant=shared: partitions %q and %q, want tenant:shared", c.Tenant(), d.Tenant())
+	}
+	if a.Tenant() == c.Tenant() {
+		t.Error("a key without tenant= shares a named tenant's partition")
 	}
 }

@@ -26,6 +26,11 @@
 //     configured). Several keys may share a name (a rotation); their limits
 //     stay apart. Without a name a key is "sha256:" and the first 8 hex
 //     digits of its hash.
+//   - tenant=NAME: 1 to 64 of the same characters: the key's prefix-cache
+//     partition (Key.Tenant), shared with every key naming the same
+//     tenant. Without it each key is a partition of its own: a cached
+//     prefix, and the prefix_hit_tokens a response reports, are never
+//     shared between keys unless the file says so.
 //   - rpm=N: at most N requests a minute, 1 ≤ N ≤ MaxLimit.
 //   - tpm=N: at most N tokens a minute, 1 ≤ N ≤ MaxLimit (the frontend
 //     counts a request's prompt tokens plus n × max_tokens at admission and

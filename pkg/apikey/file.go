@@ -35,6 +35,9 @@ type Entry struct {
 	Digest [sha256.Size]byte
 	// Name is the line's name=, or "" when it has none (see Label).
 	Name string
+	// Tenant is the line's tenant=, or "": the key's prefix-cache
+	// partition is then its own (see Key.Tenant).
+	Tenant string
 	// RPM and TPM are the requests and tokens a minute the key may use,
 	// 1..MaxLimit; 0: no limit.
 	RPM, TPM int
@@ -172,8 +175,8 @@ func parseLine(fields []string) (Entry, error) {
 	for j, f := range fields[1:] {
 		k, v, ok := strings.Cut(f, "=")
 		switch {
-		case !ok || (k != "name" && k != "rpm" && k != "tpm"):
-			return e, fmt.Errorf("%w: field %d must be name=, rpm= or tpm=", ErrInvalid, j+2)
+		case !ok || (k != "name" && k != "rpm" && k != "tpm" && k != "tenant"):
+			return e, fmt.Errorf("%w: field %d must be name=, tenant=, rpm= or tpm=", ErrInvalid, j+2)
 		case set[k]:
 			return e, fmt.Errorf("%w: %s= given twice", ErrInvalid, k)
 		}
@@ -183,6 +186,13 @@ func parseLine(fields []string) (Entry, error) {
 				return e, fmt.Errorf("%w: name must be 1 to 64 of A-Z a-z 0-9 . _ - @", ErrInvalid)
 			}
 			e.Name = v
+			continue
+		}
+		if k == "tenant" {
+			if !validName(v) {
+				return e, fmt.Errorf("%w: tenant must be 1 to 64 of A-Z a-z 0-9 . _ - @", ErrInvalid)
+			}
+			e.Tenant = v
 			continue
 		}
 		n, err := strconv.Atoi(v)

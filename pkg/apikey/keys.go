@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -23,7 +24,22 @@ type Key struct {
 	// Prefix is the first 8 hex digits of the key's SHA-256, for logs.
 	Prefix string
 	digest [sha256.Size]byte
+	tenant string
 	lim    *limiter
+}
+
+// Tenant returns the key's prefix-cache partition: "tenant:" and the key
+// file's tenant=, which keys naming the same tenant share (an explicit
+// shared namespace, e.g. for a public system prompt), else "key:" and the
+// key's digest in hex, a partition of its own. Requests of different
+// partitions never hit each other's cached prefixes, so a hit tells a
+// client nothing of what another asked. Secret: it is hashed into the
+// cache's chain root, never logged.
+func (k *Key) Tenant() string {
+	if k.tenant != "" {
+		return "tenant:" + k.tenant
+	}
+	return "key:" + hex.EncodeToString(k.digest[:])
 }
 
 // Digest returns the SHA-256 of the key: what tells one key from
@@ -149,7 +165,7 @@ func (k *Keys) reload(force bool) (bool, error) {
 			}
 			lim.configure(e.RPM, e.TPM)
 			set.digests = append(set.digests, e.Digest)
-			set.keys = append(set.keys, &Key{Name: e.Label(), Prefix: DigestPrefix(e.Digest), digest: e.Digest, lim: lim})
+			set.keys = append(set.keys, &Key{Name: e.Label(), Prefix: DigestPrefix(e.Digest), digest: e.Digest, tenant: e.Tenant, lim: lim})
 		}
 		k.cur.Store(set)
 		return nil

@@ -68,6 +68,16 @@ type Heartbeat struct {
 	// hold at that cost. 0 (or absent): it does not pull (pulls off, an
 	// older worker, or no prefill step measured yet).
 	PeerPullCost float64 `json:"peer_pull_cost,omitempty"`
+	// HashKeyID names the key of the worker's block hashes
+	// (kv.HashKey.ID, not the key): the coordinator refuses a worker
+	// whose differs from its own, as its cached prefixes would never
+	// match. Empty: public hashes.
+	HashKeyID string `json:"hash_key_id,omitempty"`
+	// BootEpoch is random at the worker's start (16 hex digits): the
+	// coordinator binds the credentials it signs for the worker to it,
+	// so that one used before a restart is refused after it. Empty from a
+	// worker without a verify key.
+	BootEpoch string `json:"boot_epoch,omitempty"`
 }
 
 // CodecSpeed is one codec's figures in a heartbeat.

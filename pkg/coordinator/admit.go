@@ -38,6 +38,7 @@ const (
 	refusedCodec       = "codec"        // cannot code --codec on its KV
 	refusedModel       = "model"        // no model name
 	refusedNetwork     = "network"      // a grpc_addr outside --worker-networks
+	refusedHashKey     = "kv_hash_key"  // block hashes under another key
 )
 
 // refusal is one reason checkHeartbeat refuses a heartbeat.
@@ -53,7 +54,7 @@ func (r refusal) Error() string { return r.err.Error() }
 // blocks than the pool has, a decode worker without KV blocks, a context
 // shorter than one KV block, a role this mode does not use, a block size
 // other than --block-tokens (prefix hashes and the KV room estimate would
-// be wrong), or KV that --codec cannot code. It is the Membership's
+// be wrong), block hashes under another --kv-hash-key-file, or KV that --codec cannot code. It is the Membership's
 // check (control.WithCheck): a refused worker is removed and logged once
 // per reason. The error joins one refusal per reason.
 func (o Options) checkHeartbeat(hb control.Heartbeat) error {
@@ -94,6 +95,16 @@ func (o Options) checkHeartbeat(hb control.Heartbeat) error {
 		bad(refusedBlockTokens, "block_tokens %d differs from the coordinator's --block-tokens %d: give every worker and the coordinator the same --block-tokens",
 			hb.BlockTokens, o.BlockTokens)
 	}
+	if id := o.HashKey.ID(); hb.HashKeyID != id {
+		show := func(id string) string {
+			if id == "" {
+				return "no key (public hashes)"
+			}
+			return "key " + id
+		}
+		bad(refusedHashKey, "its KV block hashes are keyed with %s, the coordinator's with %s: give every worker and the coordinator the same --kv-hash-key-file",
+			show(hb.HashKeyID), show(id))
+	}
 	if auto, _ := codecpick.AutoName(o.Codec); o.Codec != "" && !auto && o.Mode == ModeDisaggregated && len(hb.Codecs) > 0 {
 		if c, err := codec.ByName(o.Codec); err == nil && !slices.Contains(hb.Codecs, c.Name()) {
 			bad(refusedCodec, "its KV cannot be coded with --codec %s (it takes %s)", o.Codec, strings.Join(hb.Codecs, ", "))
@@ -116,9 +127,9 @@ func (o Options) checkHeartbeat(hb control.Heartbeat) error {
 func countingCheck(check func(control.Heartbeat) error, reg prometheus.Registerer) func(control.Heartbeat) error {
 	refused := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pdserve_coordinator_heartbeats_refused_total",
-		Help: "Worker heartbeats the coordinator refused, by reason: role, limits, block_tokens, codec, model, network (a refused worker is not routed to; its heartbeats go on being refused and counted).",
+		Help: "Worker heartbeats the coordinator refused, by reason: role, limits, block_tokens, codec, model, network, kv_hash_key (a refused worker is not routed to; its heartbeats go on being refused and counted).",
 	}, []string{"reason"})
-	for _, r := range []string{refusedRole, refusedLimits, refusedBlockTokens, refusedCodec, refusedModel, refusedNetwork} {
+	for _, r := range []string{refusedRole, refusedLimits, refusedBlockTokens, refusedCodec, refusedModel, refusedNetwork, refusedHashKey} {
 		refused.WithLabelValues(r)
 	}
 	reg.MustRegister(refused)

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pdserve/pdserve/pkg/control"
+	"github.com/pdserve/pdserve/pkg/kv"
 )
 
 // TestCheckHeartbeatShape: a heartbeat whose block size differs from
@@ -43,6 +44,7 @@ func TestCheckHeartbeatShape(t *testing.T) {
 		{"a host name: checked when dialed", "", "", with(func(hb *control.Heartbeat) { hb.GRPCAddr = "decode-0.decode:50051" }), "", ""},
 		{"a public address", "", "", with(func(hb *control.Heartbeat) { hb.GRPCAddr = "203.0.113.9:50051" }), refusedNetwork, "outside --worker-networks"},
 		{"the metadata service", "", "", with(func(hb *control.Heartbeat) { hb.GRPCAddr = "169.254.169.254:80" }), refusedNetwork, "outside --worker-networks"},
+		{"another hash key", "", "", with(func(hb *control.Heartbeat) { hb.HashKeyID = "0123456789abcdef" }), refusedHashKey, "keyed with key 0123456789abcdef, the coordinator's with no key"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -57,7 +59,7 @@ func TestCheckHeartbeatShape(t *testing.T) {
 			if (err != nil) != (tc.reason != "") || (err != nil && !strings.Contains(err.Error(), tc.want)) {
 				t.Fatalf("check: %v, want a refusal saying %q (reason %q)", err, tc.want, tc.reason)
 			}
-			for _, r := range []string{refusedRole, refusedLimits, refusedBlockTokens, refusedCodec, refusedModel, refusedNetwork} {
+			for _, r := range []string{refusedRole, refusedLimits, refusedBlockTokens, refusedCodec, refusedModel, refusedNetwork, refusedHashKey} {
 				want := 0.0
 				if r == tc.reason {
 					want = 1
@@ -104,5 +106,22 @@ func TestCodecValidatedAtStart(t *testing.T) {
 	o.BlockTokens = 0
 	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "block-tokens") {
 		t.Errorf("--block-tokens 0: Validate %v, want an error naming it", err)
+	}
+}
+
+// TestCheckHeartbeatHashKey: a keyed coordinator refuses a worker that
+// hashes publicly or under another key, and takes one of its own key.
+func TestCheckHeartbeatHashKey(t *testing.T) {
+	o := DefaultOptions()
+	o.HashKey = kv.GenerateHashKey()
+	hb := control.Heartbeat{ID: "d1", Role: string(control.RoleDecode), Model: "m", KVBlocksTotal: 8, KVBlocksFree: 8}
+	for _, tc := range []struct {
+		name, id string
+		ok       bool
+	}{{"same key", o.HashKey.ID(), true}, {"public hashes", "", false}, {"another key", kv.GenerateHashKey().ID(), false}} {
+		hb.HashKeyID = tc.id
+		if err := o.checkHeartbeat(hb); (err == nil) != tc.ok {
+			t.Errorf("%s: check = %v, want ok %v", tc.name, err, tc.ok)
+		}
 	}
 }

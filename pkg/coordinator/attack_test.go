@@ -149,7 +149,7 @@ func TestStolenRolePasswordCapturesNothing(t *testing.T) {
 	f := newForger(t, cl.c.NATSURL(), decodeUser, decodePassword)
 	forged := func(id, addr string, maxSeqLen int) control.Heartbeat {
 		return control.Heartbeat{ID: id, Role: string(control.RoleDecode), GRPCAddr: addr, Model: real.Model, MaxSeqLen: maxSeqLen,
-			KVBlocksFree: 1 << 20, KVBlocksTotal: 1 << 20}
+			KVBlocksFree: 1 << 20, KVBlocksTotal: 1 << 20, HashKeyID: clusterHashKey.ID()}
 	}
 	f.beat(t, forged("decode--evil", evil.addr, real.MaxSeqLen))
 	f.beat(t, forged("decode--tiny", evil.addr, 1))
@@ -249,7 +249,7 @@ func TestForgedWorkerOverTLSIsNeverAdmitted(t *testing.T) {
 	}
 	f := newForger(t, cl.c.NATSURL(), decodeUser, decodePassword)
 	f.beat(t, control.Heartbeat{ID: "decode--evil", Role: string(control.RoleDecode), GRPCAddr: evil.addr, Model: "evil-model",
-		MaxSeqLen: real.MaxSeqLen, KVBlocksFree: 1 << 20, KVBlocksTotal: 1 << 20})
+		MaxSeqLen: real.MaxSeqLen, KVBlocksFree: 1 << 20, KVBlocksTotal: 1 << 20, HashKeyID: clusterHashKey.ID()})
 	waitFor(t, 10*time.Second, func() error {
 		if _, ok := cl.c.Membership().Get("decode--evil"); !ok {
 			return errors.New("decode--evil's heartbeat not observed yet")

@@ -50,9 +50,13 @@ type backend struct {
 	// only.
 	eog map[int32]bool
 	// prefixBlockTokens > 0 hashes each prompt's full blocks of that many
-	// tokens (kv.HashBlocks from the plain root, as workers publish their
-	// prefix digests) for prefix-aware routing; 0 skips it.
+	// tokens (hashKey's chain from the request's partition root, as
+	// workers publish their prefix digests) for prefix-aware routing; 0
+	// skips it.
 	prefixBlockTokens int
+	// hashKey keys the block hashes and the partition roots
+	// (--kv-hash-key-file), as the workers' must.
+	hashKey kv.HashKey
 	// kv is every worker's cached blocks from their KV events (nil: none);
 	// a worker it has no view of routes on its heartbeat's digest.
 	kv *control.KVIndex
@@ -214,6 +218,9 @@ type run struct {
 	// hashes are the prompt's blocks for prefix-aware routing (nil
 	// without): a Prefill's peer is found by them.
 	hashes []uint64
+	// root is the root of the prompt's block hash chain, its tenant's
+	// partition, sent to every worker that hashes the prompt.
+	root kv.Hash
 
 	events  chan event
 	live    int // goroutines that still owe an end event
@@ -241,8 +248,10 @@ func (r *run) serve() ([]string, error) {
 		Mode: r.b.mode, Policy: r.b.policy, IgnoreEOS: r.req.IgnoreEOS, EOG: r.b.eog,
 		Logprobs: r.req.Logprobs >= 0, PromptLogprobs: r.req.PromptLogprobs >= 0, Trace: r.req.Trace,
 	}
+	// The request's partition of every prefix cache: its tenant's root.
+	r.root = r.b.hashKey.Root(r.req.Tenant)
 	if n := r.b.prefixBlockTokens; n > 0 {
-		hs := kv.HashBlocks(0, r.req.Prompt, n)
+		hs := r.b.hashKey.Blocks(r.root, r.req.Prompt, n)
 		cfg.PrefixHashes = make([]uint64, len(hs))
 		for i, h := range hs {
 			cfg.PrefixHashes[i] = uint64(h)
@@ -391,6 +400,7 @@ func (r *run) reserve(a flow.Reserve) flow.Event {
 	req := &pdservev1.ReserveRequest{
 		RequestId: r.req.ID, Tokens: int32(len(r.req.Prompt) + r.req.MaxTokens),
 		Sequences: int32(max(r.req.N, 1)), PromptTokens: int32(len(r.req.Prompt)),
+		PrefixRoot: uint64(r.root),
 	}
 	if a.Fresh {
 		req.Prompt = r.req.Prompt // for the worker's prefix cache: it may hold a prefix
@@ -426,7 +436,7 @@ func (r *run) startPrefill(a flow.Prefill) flow.Event {
 	preq := &pdservev1.PrefillRequest{
 		RequestId: r.req.ID, PromptTokens: r.req.Prompt, Sampling: r.sampling(),
 		DecodeAddr: a.Decode.Addr, Codec: r.b.codec, Logprobs: wire.Logprobs(r.req.Logprobs),
-		SkipTokens: int32(a.SkipTokens),
+		SkipTokens: int32(a.SkipTokens), PrefixRoot: uint64(r.root),
 		// One KV push to this decode worker by this prefill worker: the
 		// prefill worker holds no key, and the credential is worth
 		// nothing elsewhere.
@@ -461,7 +471,7 @@ func (r *run) startDecode(a flow.Generate) flow.Event {
 		RequestId: r.req.ID, PromptTokens: r.req.Prompt, Sampling: r.sampling(),
 		MaxTokens: int32(r.req.MaxTokens), LocalPrefill: a.LocalPrefill, IgnoreEos: r.req.IgnoreEOS,
 		N: int32(max(r.req.N, 1)), Logprobs: wire.Logprobs(r.req.Logprobs),
-		FirstTokenFromPrefill: a.FirstFromPrefill,
+		FirstTokenFromPrefill: a.FirstFromPrefill, PrefixRoot: uint64(r.root),
 	}
 	if a.OmitPrompt {
 		// The worker holds it from Reserve (prompt_held).

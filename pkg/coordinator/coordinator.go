@@ -190,6 +190,7 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 		log: log, members: c.members, conns: c.conns, auth: gauth, metrics: m, now: time.Now,
 		pricing: o.Policy.Pricing.Resolve(),
 		router:  newRouter(o, c.reg),
+		hashKey: o.HashKey,
 	}
 	if o.Policy.Routing.PrefixAware(o.Mode == ModeColocated) {
 		c.backend.prefixBlockTokens = o.BlockTokens

@@ -24,6 +24,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/enginebuild"
 	"github.com/pdserve/pdserve/pkg/enginecfg"
+	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/plannerhost"
 	"github.com/pdserve/pdserve/pkg/standalone"
 	"github.com/pdserve/pdserve/pkg/workerrun"
@@ -96,6 +97,10 @@ type clusterOpts struct {
 
 // startCluster starts a standalone coordinator on loopback with the tiny
 // ref engine and waits until every worker has joined.
+// clusterHashKey keys the block hashes of every cluster (startCluster):
+// tests compute the hashes workers publish with it.
+var clusterHashKey = kv.GenerateHashKey()
+
 func startCluster(t *testing.T, co clusterOpts) *cluster {
 	t.Helper()
 	if co.mode == "" {
@@ -139,6 +144,7 @@ func startCluster(t *testing.T, co clusterOpts) *cluster {
 			co.worker(wo)
 		}
 	}
+	o.HashKey = clusterHashKey
 	if co.edit != nil {
 		co.edit(&o)
 	}

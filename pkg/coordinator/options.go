@@ -22,6 +22,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/enginecfg"
 	"github.com/pdserve/pdserve/pkg/grpcauth"
 	"github.com/pdserve/pdserve/pkg/grpcnet"
+	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/kv/codec"
 	"github.com/pdserve/pdserve/pkg/kvtransfer/codecpick"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
@@ -210,6 +211,16 @@ type Options struct {
 	// Auth authenticates the API's clients (--api-keys,
 	// --metrics-token-file, --auth-reload-interval; see auth.go).
 	Auth AuthOptions
+	// KVHashKeyFile holds the deployment's secret that keys the prompts'
+	// block hashes (--kv-hash-key-file; kv.LoadHashKey): every worker
+	// must have the same (its heartbeat's hash_key_id), one that differs
+	// is refused. Empty: HashKey as set in code (package standalone
+	// generates one), else public hashes, which anyone can compute from
+	// known text (logged at start).
+	KVHashKeyFile string
+	// HashKey is the key of the block hashes: read from KVHashKeyFile by
+	// Complete, or set in code. Not a flag.
+	HashKey kv.HashKey
 
 	// Policy is the effective serving policy, set by Complete. Not a flag.
 	Policy config.Policy
@@ -289,6 +300,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.PrefillWorkers, "prefill-workers", o.PrefillWorkers, "standalone: prefill workers to start (disaggregated mode)")
 	fs.IntVar(&o.DecodeWorkers, "decode-workers", o.DecodeWorkers, "standalone: decode workers to start (colocated workers in colocated mode)")
 	fs.StringVar(&o.Mode, "mode", o.Mode, "serving mode: disaggregated (prefill and decode workers) or colocated")
+	fs.StringVar(&o.KVHashKeyFile, "kv-hash-key-file", o.KVHashKeyFile, "file holding the deployment's secret (at least 32 bytes, e.g. openssl rand -hex 32) that keys the prompts' KV block hashes, so that nobody can compute them from known text; every worker and the coordinator must have the same (a worker whose heartbeat's key id differs is refused); empty: public hashes, logged at start (standalone: a key generated at start)")
 	fs.IntVar(&o.BlockTokens, "block-tokens", o.BlockTokens, "tokens per block of the prompt prefix hashes and the KV room estimate: every worker's --block-tokens must be the same (a worker whose heartbeat differs is refused)")
 	fs.StringVar(&o.Codec, "codec", o.Codec, "KV codec for transfers: none, s2, zstd, bf16, fp8 or int8; auto (the lossless one that delivers soonest on the measured link, chosen per transfer by the prefill worker) or auto-lossy (fp8 and int8 too) (empty: the prefill worker's default)")
 	fs.StringVar(&o.FirstTokenPolicy, "first-token-policy", o.FirstTokenPolicy, "first token to the client from the prefill worker at once (prefill: KV transfer in the first inter-token gap) or from the decode worker (decode: KV transfer in TTFT)")
@@ -424,6 +436,13 @@ func (o *Options) Complete() error {
 	}
 	if err := o.Auth.complete(&p); err != nil {
 		return fmt.Errorf("coordinator: %w", err)
+	}
+	if o.KVHashKeyFile != "" {
+		k, err := kv.LoadHashKey(o.KVHashKeyFile)
+		if err != nil {
+			return fmt.Errorf("coordinator: %w", err)
+		}
+		o.HashKey = k
 	}
 	o.Policy = p
 	return nil
@@ -563,6 +582,8 @@ func (o Options) LogFields() []zap.Field {
 		zap.String("mode", o.Mode),
 		zap.String("codec", o.Codec),
 		zap.Int("block_tokens", o.BlockTokens),
+		zap.String("kv_hash_key_file", o.KVHashKeyFile),
+		zap.String("kv_hash_key_id", o.HashKey.ID()),
 		zap.String("first_token_policy", o.FirstTokenPolicy),
 		zap.Duration("heartbeat_ttl", o.HeartbeatTTL),
 		zap.String("worker_networks", o.workerNetworks()),

@@ -50,8 +50,9 @@ func (b *backend) peerPrefix(worker string, hashes []uint64) *pdservev1.PeerPref
 	}
 	return &pdservev1.PeerPrefix{
 		Addr: best.GRPCAddr, Id: best.ID, Role: best.Role, Tokens: int32(bestN * b.prefixBlockTokens),
-		// One pull from this peer by this worker: the puller holds no
-		// key, and the credential is worth nothing elsewhere.
-		Credential: b.auth.PullCredential(best.ID, worker),
+		// One pull from this peer, in its present start, by this
+		// worker, of exactly this prompt's chain: the puller holds no
+		// key, and the credential reads nothing else.
+		Credential: b.auth.PullCredential(best.ID, best.BootEpoch, worker, hashes),
 	}
 }

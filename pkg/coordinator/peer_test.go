@@ -10,7 +10,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/pdserve/pdserve/pkg/engine"
-	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 	"github.com/pdserve/pdserve/pkg/workerrun"
 )
@@ -32,7 +31,7 @@ func TestPeerPullEndToEnd(t *testing.T) {
 	ctx := context.Background()
 	res := complete(ctx, t, cl.url, request{Prompt: first, MaxTokens: 4, IgnoreEOS: true})
 	holder, _ := res.Budget["prefill_worker"].(string)
-	last := uint64(kv.HashBlocks(0, promptIDs(first), prefixcache.DefaultBlockTokens)[11])
+	last := uint64(clusterHashKey.Blocks(0, promptIDs(first), prefixcache.DefaultBlockTokens)[11])
 	var decodeID string
 	waitFor(t, 10*time.Second, func() error {
 		for _, w := range cl.c.Workers() {

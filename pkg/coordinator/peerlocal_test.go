@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/pdserve/pdserve/pkg/coordinator"
-	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 	"github.com/pdserve/pdserve/pkg/workerrun"
 )
@@ -43,7 +42,7 @@ func TestPeerPullLocalEndToEnd(t *testing.T) {
 	if prefillID == "" || holder == "" {
 		t.Fatalf("first prompt's budget %v: want it prefilled on the prefill worker", res.Budget)
 	}
-	last := uint64(kv.HashBlocks(0, promptIDs(first), prefixcache.DefaultBlockTokens)[11])
+	last := uint64(clusterHashKey.Blocks(0, promptIDs(first), prefixcache.DefaultBlockTokens)[11])
 	waitFor(t, 10*time.Second, func() error {
 		for _, id := range []string{prefillID, holder} {
 			if v := cl.c.KVIndex().Blocks(id); v == nil || !v.Has(last) {

@@ -15,7 +15,6 @@ import (
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/engine"
-	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 	"github.com/pdserve/pdserve/pkg/workerrun"
 )
@@ -95,7 +94,7 @@ func TestPrefixHitAtReserveDecidesLocal(t *testing.T) {
 	// The prefill worker's cache of the first prompt reaches the router
 	// (its KV events are on): the router's estimate for the second prompt
 	// is that worker's 192-token hit.
-	last := uint64(kv.HashBlocks(0, promptIDs(first), prefixcache.DefaultBlockTokens)[11])
+	last := uint64(clusterHashKey.Blocks(0, promptIDs(first), prefixcache.DefaultBlockTokens)[11])
 	waitFor(t, 10*time.Second, func() error {
 		for _, w := range cl.c.Workers() {
 			if v := cl.c.KVIndex().Blocks(w.ID()); v != nil && v.Has(last) {
@@ -142,7 +141,7 @@ func TestKVEventsPredictHits(t *testing.T) {
 	first, second := shared+"first question?", shared+"another one!"
 	ctx := context.Background()
 	complete(ctx, t, cl.url, request{Prompt: first, MaxTokens: 4, IgnoreEOS: true})
-	last := uint64(kv.HashBlocks(0, promptIDs(first), prefixcache.DefaultBlockTokens)[11])
+	last := uint64(clusterHashKey.Blocks(0, promptIDs(first), prefixcache.DefaultBlockTokens)[11])
 	waitFor(t, 10*time.Second, func() error {
 		for _, w := range cl.c.Workers() {
 			if v := cl.c.KVIndex().Blocks(w.ID()); v == nil || !v.Has(last) {

@@ -32,6 +32,7 @@ func TestWorkerShapeRefused(t *testing.T) {
 		wo.HeartbeatInterval = 20 * time.Millisecond
 		wo.Engine.Preset = "tiny"
 		wo.Decode.BlockTokens = blockTokens
+		wo.HashKey = clusterHashKey // the deployment's: only the block size differs
 		w, err := workerrun.Start(context.Background(), wo, testLogger(t))
 		if err != nil {
 			t.Fatal(err)

@@ -236,7 +236,7 @@ func TestPrefixCacheDisconnect(t *testing.T) {
 	if st.Entries < before.Entries || st.Pinned != 0 || st.Hits != before.Hits+2 {
 		t.Errorf("cache after the disconnects %+v, before %+v: want the entries kept, unpinned", st, before)
 	}
-	if h := w.s.cache.Match(w.s.cache.Hashes(base)); h != 2 {
+	if h := w.s.cache.Match(w.s.cache.Hashes(0, base)); h != 2 {
 		t.Errorf("the warm prompt's blocks: %d cached, want 2", h)
 	}
 }
@@ -280,7 +280,7 @@ func TestPrefixCacheYieldsToRequests(t *testing.T) {
 		p := prompt(641, int32(40+i)) // 40 full blocks each
 		generateLocal(t, w, fmt.Sprintf("warm%d", i), p, 2)
 		idle(t, w)
-		h := w.s.cache.Acquire(w.s.cache.Hashes(p), 40)
+		h := w.s.cache.Acquire(w.s.cache.Hashes(0, p), 40)
 		if h.Tokens != 640 {
 			t.Fatalf("warm%d: %d tokens cached, want 640", i, h.Tokens)
 		}
@@ -315,7 +315,7 @@ func TestPrefixCacheYieldsToRequests(t *testing.T) {
 			return errors.Is(err, engine.ErrUnknownSeq)
 		})
 	}
-	if n := w.s.cache.Match(w.s.cache.Hashes(prompts[4])); n != 40 {
+	if n := w.s.cache.Match(w.s.cache.Hashes(0, prompts[4])); n != 40 {
 		t.Errorf("newest prompt: %d blocks cached, want 40", n)
 	}
 	// Pinning the newest entry takes 41 blocks: 8 free, so warm3 goes too.

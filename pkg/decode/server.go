@@ -553,7 +553,7 @@ func (s *Server) Reserve(ctx context.Context, req *pdservev1.ReserveRequest) (*p
 	if p := req.GetPrompt(); s.cache != nil && len(p) > 0 {
 		// Pinned until the KV is imported or the request ends, so the
 		// prefill worker may skip it.
-		q.hit = s.cache.Acquire(s.cache.Hashes(p), s.cache.MaxHitBlocks(len(p)))
+		q.hit = s.cache.Acquire(s.cache.Hashes(kv.Hash(req.GetPrefixRoot()), p), s.cache.MaxHitBlocks(len(p)))
 	}
 	// Kept for the Generate call, which may then omit it (validated
 	// there, like a prompt it carries).
@@ -961,7 +961,7 @@ func (s *Server) validate(req *pdservev1.GenerateRequest) (genParams, error) {
 	if err := s.constrain(&p); err != nil {
 		return p, err
 	}
-	p.hashes = s.cache.Hashes(p.prompt)
+	p.hashes = s.cache.Hashes(kv.Hash(req.GetPrefixRoot()), p.prompt)
 	return p, nil
 }
 

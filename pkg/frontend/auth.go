@@ -106,6 +106,14 @@ func (c client) budget(b config.Budgets, route string) (int, string) {
 	return b.Budget(route, c.raw)
 }
 
+// tenant returns the client's prefix-cache partition (Request.Tenant).
+func (c client) tenant() string {
+	if c.key == nil {
+		return ""
+	}
+	return c.key.Tenant()
+}
+
 // fields returns the request log's fields of the client: the key's name.
 func (c client) fields() []zap.Field {
 	if c.key == nil {

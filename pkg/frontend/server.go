@@ -67,6 +67,13 @@ type Request struct {
 	// token after the first, with that many alternatives (echo with
 	// logprobs); -1: none.
 	PromptLogprobs int
+	// Tenant is the request's prefix-cache partition: its API key's
+	// (apikey.Key.Tenant: the key itself, or the tenant= its line
+	// names); "" without API keys, one partition for every client. The
+	// Backend roots the prompt's block hashes in it, so that a request
+	// hits, and reports, only its own partition's cached prefixes.
+	// Secret: never logged.
+	Tenant string
 	// Trace is the request's budget, with Arrival, RequestID, Model and
 	// PromptTokens set. The Backend fills worker boundaries and facts; the
 	// frontend records tokens, the status and the finish. Owned by the
@@ -898,6 +905,7 @@ func (s *Server) prepare(data []byte, chat bool, cl client, tr *budget.Trace) (*
 		req := &Request{
 			ID: tr.RequestID, Route: route, Model: model, Prompt: t.ids, MaxTokens: maxTokens, N: p.n,
 			Sampling: p.sampling, IgnoreEOS: p.ignoreEOS, Logprobs: p.logprobs, PromptLogprobs: -1, Trace: tr,
+			Tenant: cl.tenant(),
 		}
 		if !p.seeded {
 			req.Sampling.Seed = newSeed()

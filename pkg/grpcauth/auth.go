@@ -6,6 +6,7 @@ import (
 	"crypto/subtle"
 	"crypto/tls"
 	"crypto/x509"
+	"fmt"
 	"net"
 	"strings"
 
@@ -142,16 +143,37 @@ func (a *Auth) PushCredential(decodeID, prefillID string) string {
 }
 
 // PullCredential returns a credential for one pull of a cached prefix
-// from the worker holderID by the worker pullerID, valid for
-// PushLifetime: the coordinator sends it in the Prefill request's peer,
-// as PushCredential for a push. It grants the prefill role on Pull only.
-// "" without a signing key.
-func (a *Auth) PullCredential(holderID, pullerID string) string {
+// from the worker holderID, in its start holderEpoch (its heartbeat's
+// boot_epoch), by the worker pullerID, of exactly the block hashes chain,
+// valid for PushLifetime: the coordinator sends it in the Prefill
+// request's peer, as PushCredential for a push. It grants the prefill role
+// on Pull only, for that chain only (CheckPull), and not after the
+// holder restarted. "" without a signing key.
+func (a *Auth) PullCredential(holderID, holderEpoch, pullerID string, chain []uint64) string {
 	if a == nil || a.signer == nil {
 		return ""
 	}
-	return a.signer.Sign(holderID, PullMethod, pullerID, PushLifetime)
+	return a.signer.SignClaims(Claims{Audience: holderID, Epoch: holderEpoch, Method: PullMethod, Subject: pullerID, Chain: ChainDigest(chain)}, PushLifetime)
 }
+
+// CheckPull returns nil when the Pull call of ctx may read the block
+// hashes it asks for: its signed credential names exactly that chain
+// (ChainDigest). A call admitted without a signed credential (a token,
+// a certificate, or an open worker) is not bound to a chain: nil.
+// Errors: ErrWrongChain, wrapped.
+func CheckPull(ctx context.Context, hashes []uint64) error {
+	c, ok := ctx.Value(claimsKey{}).(Claims)
+	if !ok {
+		return nil
+	}
+	if c.Chain == "" || c.Chain != ChainDigest(hashes) {
+		return fmt.Errorf("%w (%d block hashes asked)", ErrWrongChain, len(hashes))
+	}
+	return nil
+}
+
+// claimsKey is the context key of a call's verified signed credential.
+type claimsKey struct{}
 
 // DecodePullsAuthorized reports whether a decode worker told to pull a
 // prefix for its local prefill can prove the prefill role that Pull
@@ -282,6 +304,7 @@ func (a *Auth) authorize(ctx context.Context, method string) (context.Context, e
 				return ctx, a.refuse(ctx, method, codes.PermissionDenied, "a signed credential of role "+role.String(), need)
 			}
 			id, signed = "signed:"+c.Subject, true
+			ctx = context.WithValue(ctx, claimsKey{}, c)
 		case a.coord == nil:
 			return ctx, a.refuse(ctx, method, codes.Unauthenticated, "no signed credential", need)
 		}

@@ -68,6 +68,10 @@ type Options struct {
 	// Self is the worker's own id, the audience of the credentials it
 	// accepts. Not a flag: workerrun sets it.
 	Self string
+	// Epoch is the worker's boot epoch (NewEpoch, in its heartbeats):
+	// credentials bound to another are refused, pull credentials without
+	// one too. Not a flag: set in code.
+	Epoch string
 
 	// Token and PrefillToken, when not empty, are the tokens themselves,
 	// used instead of the files: components started in one process
@@ -268,7 +272,7 @@ func (o Options) load(present Role) (*Auth, error) {
 		pub = k
 	}
 	if pub != nil {
-		a.verifier = NewVerifier(pub, o.Self, nil)
+		a.verifier = NewVerifierAt(pub, o.Self, o.Epoch, nil)
 	}
 	a.workerIDs = o.WorkerIdentities
 	if a.workerIDs == nil {

@@ -5,8 +5,10 @@ import (
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/x509"
 	"encoding/base64"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
@@ -70,6 +72,33 @@ type Claims struct {
 	ExpiryMs int64 `json:"exp"`
 	// Nonce is 16 random bytes, hex.
 	Nonce string `json:"n"`
+	// Epoch, when set, is the audience's boot epoch (its heartbeat's
+	// boot_epoch): the worker refuses it after a restart, so that "once"
+	// holds across restarts. A pull credential always has one.
+	Epoch string `json:"ep,omitempty"`
+	// Chain, for a pull credential, is ChainDigest of the exact block
+	// hashes the puller may ask for: the holder serves that chain and no
+	// other prefix.
+	Chain string `json:"chn,omitempty"`
+}
+
+// ChainDigest returns the digest a pull credential names of a prompt's
+// block hashes: SHA-256 of each as 8 bytes little-endian, in order, hex.
+func ChainDigest(hashes []uint64) string {
+	h := sha256.New()
+	var b [8]byte
+	for _, x := range hashes {
+		binary.LittleEndian.PutUint64(b[:], x)
+		h.Write(b[:])
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// NewEpoch returns a new boot epoch: 16 random hex digits.
+func NewEpoch() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b) // crypto/rand.Read never fails
+	return hex.EncodeToString(b)
 }
 
 // Errors of Verifier.Verify, wrapped; match with errors.Is.
@@ -85,6 +114,12 @@ var (
 	ErrExpired = errors.New("grpcauth: credential expired")
 	// ErrReplayed: presented before.
 	ErrReplayed = errors.New("grpcauth: credential already used")
+	// ErrWrongEpoch: signed for an earlier start of the worker (or, for
+	// a pull, for no start at all).
+	ErrWrongEpoch = errors.New("grpcauth: credential signed for another start of this worker")
+	// ErrWrongChain: a pull of hashes other than the chain the
+	// credential names, or a pull credential naming none.
+	ErrWrongChain = errors.New("grpcauth: pull of a prefix the credential does not name")
 )
 
 // Signer signs credentials with the coordinator's Ed25519 private key.
@@ -105,9 +140,15 @@ func NewSigner(key ed25519.PrivateKey, now func() time.Time) *Signer {
 // Sign returns a credential for one call of method on the worker aud by
 // sub, valid for lifetime from now.
 func (s *Signer) Sign(aud, method, sub string, lifetime time.Duration) string {
+	return s.SignClaims(Claims{Audience: aud, Method: method, Subject: sub}, lifetime)
+}
+
+// SignClaims returns a credential of c (its Audience, Method, Subject,
+// Epoch and Chain) with a new nonce, valid for lifetime from now.
+func (s *Signer) SignClaims(c Claims, lifetime time.Duration) string {
 	n := make([]byte, 16)
 	_, _ = rand.Read(n) // crypto/rand.Read never fails
-	c := Claims{Audience: aud, Method: method, Subject: sub, ExpiryMs: s.now().Add(lifetime).UnixMilli(), Nonce: hex.EncodeToString(n)}
+	c.ExpiryMs, c.Nonce = s.now().Add(lifetime).UnixMilli(), hex.EncodeToString(n)
 	body, _ := json.Marshal(c) // plain strings and an int: never fails
 	payload := credPrefix + base64.RawURLEncoding.EncodeToString(body)
 	sig := ed25519.Sign(s.key, []byte(payload))
@@ -119,9 +160,10 @@ func (s *Signer) Sign(aud, method, sub string, lifetime time.Duration) string {
 // accepted until it expires, and accepts none twice. Safe for concurrent
 // use.
 type Verifier struct {
-	pub  ed25519.PublicKey
-	self string
-	now  func() time.Time
+	pub   ed25519.PublicKey
+	self  string
+	epoch string // this start's boot epoch; "" refuses every credential bound to one
+	now   func() time.Time
 
 	mu   sync.Mutex
 	seen map[string]time.Time // nonce → when it may be forgotten
@@ -131,15 +173,25 @@ type Verifier struct {
 // NewVerifier returns a Verifier of pub for the worker self; now nil is
 // time.Now.
 func NewVerifier(pub ed25519.PublicKey, self string, now func() time.Time) *Verifier {
+	return NewVerifierAt(pub, self, "", now)
+}
+
+// NewVerifierAt is NewVerifier for the start epoch of the worker (its
+// heartbeat's boot_epoch): it refuses credentials bound to another
+// epoch, so that one used before a restart is not accepted after it.
+func NewVerifierAt(pub ed25519.PublicKey, self, epoch string, now func() time.Time) *Verifier {
 	if now == nil {
 		now = time.Now
 	}
-	return &Verifier{pub: pub, self: self, now: now, seen: make(map[string]time.Time)}
+	return &Verifier{pub: pub, self: self, epoch: epoch, now: now, seen: make(map[string]time.Time)}
 }
 
-// Verify checks cred for a call of method and returns its claims.
-// Errors: ErrBadCredential, ErrWrongAudience, ErrWrongMethod, ErrExpired,
-// ErrReplayed, wrapped (the text names no secret).
+// Verify checks cred for a call of method and returns its claims. A
+// credential bound to an epoch must name this start's; a pull
+// credential must be bound to one and name a chain (which the Pull
+// handler checks, CheckPull). Errors: ErrBadCredential, ErrWrongAudience,
+// ErrWrongMethod, ErrWrongEpoch, ErrWrongChain, ErrExpired, ErrReplayed,
+// wrapped (the text names no secret).
 func (v *Verifier) Verify(cred, method string) (Claims, error) {
 	var c Claims
 	if len(cred) > maxTokenBytes || !strings.HasPrefix(cred, credPrefix) {
@@ -171,6 +223,10 @@ func (v *Verifier) Verify(cred, method string) (Claims, error) {
 		return c, fmt.Errorf("%w at %s", ErrExpired, exp.UTC().Format(time.RFC3339))
 	case exp.After(now.Add(PushLifetime + ClockSkew)):
 		return c, fmt.Errorf("%w: valid until %s, longer than any credential", ErrExpired, exp.UTC().Format(time.RFC3339))
+	case (c.Epoch != "" || method == PullMethod) && c.Epoch != v.epoch:
+		return c, ErrWrongEpoch
+	case method == PullMethod && c.Chain == "":
+		return c, fmt.Errorf("%w: it names no chain", ErrWrongChain)
 	}
 	return c, v.once(c.Nonce, exp.Add(ClockSkew), now)
 }

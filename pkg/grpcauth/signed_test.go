@@ -1,6 +1,7 @@
 package grpcauth
 
 import (
+	"context"
 	"crypto/ed25519"
 	"crypto/rand"
 	"errors"
@@ -247,5 +248,64 @@ func TestDecodePullsAuthorized(t *testing.T) {
 		if got := a.DecodePullsAuthorized(); got != tc.want {
 			t.Errorf("%s: DecodePullsAuthorized() = %v, want %v", tc.name, got, tc.want)
 		}
+	}
+}
+
+// TestVerifyPullBinding: a pull credential is bound to the holder's start
+// (a restarted holder, a new epoch, refuses it: issue 38 finding 9) and
+// must name a chain; a call credential bound to an epoch is refused by
+// another start too.
+func TestVerifyPullBinding(t *testing.T) {
+	pub, priv := newKeys(t)
+	now := time.Unix(1_000_000, 0)
+	clock := func() time.Time { return now }
+	s := NewSigner(priv, clock)
+	chain := ChainDigest([]uint64{1, 2, 3})
+	pull := func(epoch, chain string) string {
+		return s.SignClaims(Claims{Audience: "decode-0", Epoch: epoch, Method: PullMethod, Subject: "prefill-0", Chain: chain}, PushLifetime)
+	}
+	for _, tc := range []struct {
+		name, cred, epoch string
+		want              error
+	}{
+		{"this start", pull("e1", chain), "e1", nil},
+		{"after a restart", pull("e1", chain), "e2", ErrWrongEpoch},
+		{"no epoch", pull("", chain), "e1", ErrWrongEpoch},
+		{"no chain", pull("e1", ""), "e1", ErrWrongChain},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := NewVerifierAt(pub, "decode-0", tc.epoch, clock).Verify(tc.cred, PullMethod)
+			if !errors.Is(err, tc.want) || (tc.want == nil) != (err == nil) {
+				t.Errorf("Verify = %v, want %v", err, tc.want)
+			}
+		})
+	}
+	call := s.SignClaims(Claims{Audience: "decode-0", Epoch: "e1", Method: reserveMethod, Subject: SubjectCoordinator}, CallLifetime)
+	if _, err := NewVerifierAt(pub, "decode-0", "e2", clock).Verify(call, reserveMethod); !errors.Is(err, ErrWrongEpoch) {
+		t.Errorf("a call credential of another start: %v, want ErrWrongEpoch", err)
+	}
+}
+
+// TestCheckPull: a pull with a signed credential reads exactly the chain
+// it names; not a prefix of it, not another prompt's (issue 38 finding 3).
+func TestCheckPull(t *testing.T) {
+	chain := []uint64{11, 22, 33}
+	ctx := context.WithValue(context.Background(), claimsKey{}, Claims{Method: PullMethod, Chain: ChainDigest(chain)})
+	for _, tc := range []struct {
+		name   string
+		hashes []uint64
+		ok     bool
+	}{
+		{"the chain", chain, true},
+		{"a prefix", chain[:2], false},
+		{"another prompt", []uint64{44, 55, 66}, false},
+		{"longer", []uint64{11, 22, 33, 44}, false},
+	} {
+		if err := CheckPull(ctx, tc.hashes); (err == nil) != tc.ok || (err != nil && !errors.Is(err, ErrWrongChain)) {
+			t.Errorf("%s: CheckPull = %v, want ok %v", tc.name, err, tc.ok)
+		}
+	}
+	if err := CheckPull(context.Background(), []uint64{1}); err != nil {
+		t.Errorf("a call without a signed credential: %v", err)
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/grpcauth"
 	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/kv/codec"
 )
@@ -85,6 +86,11 @@ func (sv *server) pull(req *pdservev1.PullRequest, stream grpc.ServerStreamingSe
 		return status.Errorf(codes.FailedPrecondition, "kvtransfer: pull %s: blocks of %d tokens, this worker's are %d", id, req.GetBlockTokens(), src.BlockTokens())
 	case req.GetMinBlocks() < 0 || req.GetMaxBlocks() < 0:
 		return errInvalid("pull %s: negative min_blocks or max_blocks", id)
+	}
+	// A signed pull credential reads the one chain it names: not another
+	// prompt's prefix, not a forged run of hashes.
+	if err := grpcauth.CheckPull(stream.Context(), hs); err != nil {
+		return status.Errorf(codes.PermissionDenied, "kvtransfer: pull %s: %v", id, err)
 	}
 	name := req.GetCodec()
 	if name == "" {
@@ -183,6 +189,10 @@ type Pulled struct {
 	BytesWire int64
 	// Took is the pull's time, the pacing included.
 	Took time.Duration
+	// FirstByte is the time to the peer's header: the pull's fixed cost
+	// (dial, credential, the peer's lookup), which PullPricer charges
+	// every pull.
+	FirstByte time.Duration
 }
 
 // Pull asks the worker at r.Addr for its longest cached prefix of
@@ -223,6 +233,7 @@ func (d *Dialer) Pull(ctx context.Context, r PullRequest) (Pulled, error) {
 	if err != nil {
 		return fail(err)
 	}
+	firstByte := d.o.now().Sub(t0)
 	h := first.GetHeader()
 	n, tb := int(h.GetTokens()), r.Spec.KVTokenBytes()
 	if r.TokenBytes > 0 {
@@ -238,7 +249,7 @@ func (d *Dialer) Pull(ctx context.Context, r PullRequest) (Pulled, error) {
 	case int(h.GetLayers()) != r.Spec.Layers || int(h.GetTokenBytes()) != tb:
 		return fail(fmt.Errorf("%w: %d layers of %d bytes a token, want %d of %d", ErrPullIncomplete, h.GetLayers(), h.GetTokenBytes(), r.Spec.Layers, tb))
 	}
-	p := Pulled{PrefixKV: PrefixKV{Tokens: n, Tier: h.GetTier(), Layers: make([][]byte, r.Spec.Layers)}}
+	p := Pulled{PrefixKV: PrefixKV{Tokens: n, Tier: h.GetTier(), Layers: make([][]byte, r.Spec.Layers)}, FirstByte: firstByte}
 	next := make([]int, r.Spec.Layers)
 	row := tb / 2
 	var raw []byte

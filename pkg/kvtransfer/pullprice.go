@@ -15,6 +15,12 @@ const DefaultPeerLinkGbps = 100
 // average pulls are priced against.
 const rateAlpha = 0.2
 
+// DefaultPullFixed is a pull's fixed cost (dialing, the credential's
+// check, the peer's first byte) assumed of a peer until a pull from it
+// was measured: a gRPC stream's round trips on a data-center network.
+// Measured pulls replace it (ObservePull's first byte).
+const DefaultPullFixed = time.Millisecond
+
 // minPullWait is the least time a pull is given before it is given up,
 // however fast computing the prefix would be: a pull's round trips.
 const minPullWait = 50 * time.Millisecond
@@ -38,6 +44,9 @@ type PullPricer struct {
 
 	mu   sync.Mutex
 	rate float64 // prompt tokens computed per second of step time; 0: not measured
+	// fixed is each peer's measured fixed cost of a pull (a moving
+	// average of the time to the first byte), by address.
+	fixed map[string]time.Duration
 }
 
 // NewPullPricer returns a pricer assuming a link of gbps Gbit/s to a
@@ -69,14 +78,34 @@ func (p *PullPricer) ObserveStep(tokens int, d time.Duration) {
 
 // ObservePull adds a pull from addr that brought bytes of KV (its true
 // size) in d to that link's measure (LinkStats: a pull of
-// fewer than MinLinkSampleBytes does not count).
-func (p *PullPricer) ObservePull(addr string, bytes int64, d time.Duration) {
+// fewer than MinLinkSampleBytes does not count), and its time to the
+// first byte (dial, credential, the peer's header; ≤ d) to the peer's
+// fixed cost, which every pull pays however few its bytes.
+func (p *PullPricer) ObservePull(addr string, bytes int64, d, firstByte time.Duration) {
 	p.links.Observe(addr, bytes, d, false)
+	if firstByte < 0 || firstByte > d {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.fixed == nil {
+		p.fixed = make(map[string]time.Duration)
+	}
+	if f, ok := p.fixed[addr]; ok {
+		p.fixed[addr] = f + time.Duration(rateAlpha*float64(firstByte-f))
+	} else if len(p.fixed) < maxFixedPeers {
+		p.fixed[addr] = firstByte
+	}
 }
 
+// maxFixedPeers bounds the peers whose fixed cost is kept.
+const maxFixedPeers = 4096
+
 // Estimate returns how long pulling tokens of KV (bytes: its true size)
-// from addr and computing them would take: the pull over what past pulls
-// from addr achieved, or Gbps; compute is 0 while no step was measured.
+// from addr and computing them would take: the pull's fixed cost (the
+// first byte of past pulls from addr, or DefaultPullFixed) plus its
+// bytes over what past pulls from addr achieved, or Gbps; compute is 0
+// while no step was measured.
 // With Gbps 0 pull is 0 too: nothing is pulled.
 func (p *PullPricer) Estimate(addr string, tokens int, bytes int64) (pull, compute time.Duration) {
 	if p.Gbps <= 0 {
@@ -89,6 +118,11 @@ func (p *PullPricer) Estimate(addr string, tokens int, bytes int64) (pull, compu
 	pull = time.Duration(float64(bytes) / bps * float64(time.Second))
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if f, ok := p.fixed[addr]; ok {
+		pull += f
+	} else {
+		pull += DefaultPullFixed
+	}
 	if p.rate > 0 {
 		compute = time.Duration(float64(tokens) / p.rate * float64(time.Second))
 	}

@@ -76,7 +76,7 @@ func TestPullPricer(t *testing.T) {
 				p.ObserveStep(s[0], time.Duration(s[1])*ms)
 			}
 			for _, x := range tc.pulls {
-				p.ObservePull(x.addr, x.bytes, x.d)
+				p.ObservePull(x.addr, x.bytes, x.d, 0)
 			}
 			for _, x := range tc.prices {
 				worth, giveUp := p.Price(x.addr, x.own, x.want, bt, tokenBytes)
@@ -110,7 +110,7 @@ func TestPullPricerCostRatio(t *testing.T) {
 	if got, want := p.CostRatio(bpt), float64(bpt)/12.5e9*20000; math.Abs(got-want) > 1e-9 {
 		t.Errorf("assumed link: %v, want %v", got, want)
 	}
-	p.ObservePull("peer-a", 1<<30, time.Second) // 1 GiB/s measured
+	p.ObservePull("peer-a", 1<<30, time.Second, 0) // 1 GiB/s measured
 	if got, want := p.CostRatio(bpt), float64(bpt)/(1<<30)*20000; math.Abs(got-want) > 1e-9 {
 		t.Errorf("measured link: %v, want %v", got, want)
 	}
@@ -118,5 +118,30 @@ func TestPullPricerCostRatio(t *testing.T) {
 	off.ObserveStep(20000, time.Second)
 	if got := off.CostRatio(bpt); got != 0 {
 		t.Errorf("pulls off: %v, want 0", got)
+	}
+}
+
+// TestPullPricerFixedCost: a pull pays its fixed cost (the first byte of
+// past pulls) however few its bytes. Issue 38: pulls of one 512-token
+// block took 62-125 ms where computing took about 17 ms; priced on bytes
+// alone over a fast link they looked worth it. Fails without the fixed
+// term.
+func TestPullPricerFixedCost(t *testing.T) {
+	const tokenBytes = 131072 // llama-3-8b bf16
+	p := NewPullPricer(100)
+	p.ObserveStep(30000, time.Second) // 512 tokens in about 17 ms
+	if worth, _ := p.Price("a", 0, 32, 16, tokenBytes); !worth {
+		t.Fatal("an unmeasured peer over 100 Gb/s: 512 tokens should be worth pulling")
+	}
+	// A pull of 512 tokens took 90 ms, 80 of them before the first byte.
+	p.ObservePull("a", 512*tokenBytes, 90*time.Millisecond, 80*time.Millisecond)
+	if worth, _ := p.Price("a", 0, 32, 16, tokenBytes); worth {
+		t.Error("a peer whose pulls cost 80 ms before their first byte is still worth pulling 17 ms of prefill from")
+	}
+	if pull, _ := p.Estimate("a", 512, 512*tokenBytes); pull < 80*time.Millisecond {
+		t.Errorf("Estimate = %v, want at least the 80 ms fixed cost", pull)
+	}
+	if worth, _ := p.Price("b", 0, 32, 16, tokenBytes); !worth {
+		t.Error("another peer's fixed cost priced this one")
 	}
 }

@@ -100,7 +100,7 @@ func (p Puller) Pull(ctx context.Context, id string, plan *Plan, tokenBytes int)
 			zap.String("peer", peer.GetId()), zap.Int("own_blocks", plan.own), zap.Error(err))
 		return nil
 	}
-	p.Pricer.ObservePull(peer.GetAddr(), int64(got.Tokens)*int64(p.Spec.KVBytesPerToken()), got.Took)
+	p.Pricer.ObservePull(peer.GetAddr(), int64(got.Tokens)*int64(p.Spec.KVBytesPerToken()), got.Took, got.FirstByte)
 	out := &prefixcache.Pulled{Tokens: got.Tokens, Layers: got.Layers, Tier: got.Tier, Took: p.Now().Sub(t0)}
 	p.Cache.NotePull(out, nil)
 	return out

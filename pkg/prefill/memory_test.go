@@ -166,7 +166,7 @@ func engineMemoryProperty(t *testing.T, seed uint64, steps int, exporting bool) 
 			}
 			id := fmt.Sprintf("r%d", i)
 			req := &pdservev1.PrefillRequest{RequestId: id, PromptTokens: p, DecodeAddr: addr}
-			disk := s.cache.ReadDisk(context.Background(), s.cache.Hashes(p), s.cache.MaxHitBlocks(len(p)))
+			disk := s.cache.ReadDisk(context.Background(), s.cache.Hashes(0, p), s.cache.MaxHitBlocks(len(p)))
 			if _, _, err := s.enqueue(req, pl, disk); err != nil {
 				t.Fatalf("%s: enqueue: %v", op, err)
 			}
@@ -185,7 +185,7 @@ func engineMemoryProperty(t *testing.T, seed uint64, steps int, exporting bool) 
 				step(op + " (during an export)")
 				return func() {}
 			}
-			if _, err := s.cache.Export(eng, lock, s.cache.Hashes(bases[b]), 1, 6); err != nil {
+			if _, err := s.cache.Export(eng, lock, s.cache.Hashes(0, bases[b]), 1, 6); err != nil {
 				failsd++
 			}
 			exports++

@@ -47,7 +47,7 @@ func (s *Server) pullPrefix(ctx context.Context, req *pdservev1.PrefillRequest) 
 		return nil
 	}
 	pl := s.puller()
-	plan := pl.Plan(req.GetPeer(), len(prompt), s.cache.Hashes(prompt))
+	plan := pl.Plan(req.GetPeer(), len(prompt), s.cache.Hashes(kv.Hash(req.GetPrefixRoot()), prompt))
 	if plan == nil {
 		return nil
 	}

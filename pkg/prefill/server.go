@@ -387,7 +387,7 @@ func (s *Server) Prefill(req *pdservev1.PrefillRequest, stream grpc.ServerStream
 	pulled := s.pullPrefix(ctx, req)
 	// A file the disk tier holds is read here, not under the engine lock
 	// where the prefix is imported.
-	disk := s.cache.ReadDisk(ctx, s.cache.Hashes(req.GetPromptTokens()), s.cache.MaxHitBlocks(len(req.GetPromptTokens())))
+	disk := s.cache.ReadDisk(ctx, s.cache.Hashes(kv.Hash(req.GetPrefixRoot()), req.GetPromptTokens()), s.cache.MaxHitBlocks(len(req.GetPromptTokens())))
 	r, pos, err := s.enqueue(req, pulled, disk)
 	if err != nil {
 		return err
@@ -533,7 +533,7 @@ func (s *Server) enqueue(req *pdservev1.PrefillRequest, pulled *prefixcache.Pull
 		pulled:   pulled,
 		disk:     disk,
 	}
-	r.hashes = s.cache.Hashes(r.prompt)
+	r.hashes = s.cache.Hashes(kv.Hash(req.GetPrefixRoot()), r.prompt)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {

@@ -52,6 +52,10 @@ type Options struct {
 	// DiskBytes 0: no disk tier; > 0 needs DiskDir and a host tier.
 	DiskDir   string
 	DiskBytes int64
+	// HashKey keys the block hashes (Hashes): the deployment's secret,
+	// the same as the coordinator's (--kv-hash-key-file). The zero key
+	// hashes publicly (kv.HashBlocks). Not a flag of this package.
+	HashKey kv.HashKey
 }
 
 // DefaultOptions returns a cache sized by its worker (Auto), with the
@@ -356,14 +360,15 @@ func (c *Cache) BlockTokens() int {
 	return c.o.BlockTokens
 }
 
-// Hashes returns the chained hashes of the full blocks of tokens (from the
-// plain root, as the coordinator hashes prompts), or nil for a nil cache.
-// The caller owns the slice.
-func (c *Cache) Hashes(tokens []int32) []kv.Hash {
+// Hashes returns the chained hashes of the full blocks of tokens under
+// the cache's HashKey from root (the request's partition, kv.HashKey.Root
+// of its tenant, as the coordinator hashes prompts), or nil for a nil
+// cache. The caller owns the slice.
+func (c *Cache) Hashes(root kv.Hash, tokens []int32) []kv.Hash {
 	if c == nil {
 		return nil
 	}
-	return kv.HashBlocks(0, tokens, c.o.BlockTokens)
+	return c.o.HashKey.Blocks(root, tokens, c.o.BlockTokens)
 }
 
 // MaxHitBlocks returns the most blocks a prompt of n tokens may take from
@@ -394,12 +399,10 @@ func (c *Cache) acquire(hashes []kv.Hash, maxBlocks int, own bool) Hit {
 	if own {
 		c.st.Lookups++
 	}
-	n := c.depthLocked(hashes[:min(len(hashes), max(maxBlocks, 0))])
+	n, e := chainMatch(c.byHash, (*entry).chain, hashes[:min(len(hashes), max(maxBlocks, 0))])
 	if n == 0 {
 		return Hit{}
 	}
-	es := c.byHash[hashes[n-1]]
-	e := es[len(es)-1]
 	if e.pins == 0 {
 		c.pinned++
 		c.pinnedTokens += e.tokens
@@ -455,19 +458,15 @@ func (c *Cache) Match(hashes []kv.Hash) int {
 	return c.depthLocked(hashes)
 }
 
-// depthLocked returns how many leading hashes some entry holds. A chain
-// hash identifies its whole prefix, so the entries holding hashes[i] hold
-// every earlier one: the first miss ends the match.
+// depthLocked returns how many leading hashes some entry holds as the
+// leading blocks of its chain (chainMatch): the hashes must be the
+// entry's chain, not merely each held somewhere.
 func (c *Cache) depthLocked(hashes []kv.Hash) int {
-	n := 0
-	for _, h := range hashes {
-		if len(c.byHash[h]) == 0 {
-			break
-		}
-		n++
-	}
+	n, _ := chainMatch(c.byHash, (*entry).chain, hashes)
 	return n
 }
+
+func (e *entry) chain() []kv.Hash { return e.hashes }
 
 // Release unpins the entry of h; a miss is a no-op. It never evicts (the
 // caller may not hold the engine lock): the next Insert or Trim restores
@@ -503,16 +502,15 @@ func (c *Cache) Insert(seq engine.SeqID, hashes []kv.Hash, tokens int) []engine.
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	n := c.depthLocked(hashes)
+	n, held := chainMatch(c.byHash, (*entry).chain, hashes)
 	if n == len(hashes) {
-		es := c.byHash[hashes[n-1]]
-		c.lru.MoveToFront(es[len(es)-1].el)
+		c.lru.MoveToFront(held.el)
 		return []engine.SeqID{seq}
 	}
 	var old []*entry
 	for i := range n {
 		for _, e := range c.byHash[hashes[i]] {
-			if len(e.hashes) == i+1 && e.pins == 0 {
+			if len(e.hashes) == i+1 && e.pins == 0 && slices.Equal(e.hashes, hashes[:i+1]) {
 				old = append(old, e)
 			}
 		}

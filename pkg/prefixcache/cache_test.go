@@ -87,10 +87,10 @@ func TestShrink(t *testing.T) {
 	c := newCache(t, 1000, 10)
 	for i := range 4 {
 		p := toks(8, 0, int32(i+1))
-		c.Insert(engine.SeqID(i+1), c.Hashes(p), len(p))
+		c.Insert(engine.SeqID(i+1), c.Hashes(0, p), len(p))
 	}
 	// Recency, oldest first: 1, 2, 3, 4. Pin 1.
-	h := c.Acquire(c.Hashes(toks(8, 0, 1)), 2)
+	h := c.Acquire(c.Hashes(0, toks(8, 0, 1)), 2)
 	if h.Tokens != 8 {
 		t.Fatalf("Acquire hit %d tokens, want 8", h.Tokens)
 	}
@@ -114,7 +114,7 @@ func TestShrink(t *testing.T) {
 func TestAcquirePartialChains(t *testing.T) {
 	c := newCache(t, 1000, 10)
 	base := toks(22, 22, 0) // 5 full blocks of 4 and 2 tokens
-	if free := c.Insert(1, c.Hashes(base), len(base)); len(free) != 0 {
+	if free := c.Insert(1, c.Hashes(0, base), len(base)); len(free) != 0 {
 		t.Fatalf("Insert freed %v", free)
 	}
 	for _, tc := range []struct {
@@ -134,7 +134,7 @@ func TestAcquirePartialChains(t *testing.T) {
 		{"cap 0", base, 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := c.Acquire(c.Hashes(tc.prompt), tc.maxBlocks)
+			h := c.Acquire(c.Hashes(0, tc.prompt), tc.maxBlocks)
 			defer c.Release(h)
 			if h.Tokens != tc.want {
 				t.Fatalf("hit %d tokens, want %d", h.Tokens, tc.want)
@@ -170,9 +170,9 @@ func TestLRUBounds(t *testing.T) {
 			var freed []engine.SeqID
 			for i, s := range tc.inserts {
 				if i == len(tc.inserts)-1 && tc.touch != 0 {
-					c.Release(c.Acquire(c.Hashes(toks(8, 0, tc.touch)), 9))
+					c.Release(c.Acquire(c.Hashes(0, toks(8, 0, tc.touch)), 9))
 				}
-				freed = append(freed, c.Insert(engine.SeqID(s), c.Hashes(toks(8, 0, s)), 8)...)
+				freed = append(freed, c.Insert(engine.SeqID(s), c.Hashes(0, toks(8, 0, s)), 8)...)
 			}
 			if diff := cmp.Diff(tc.wantFreed, freed); diff != "" {
 				t.Errorf("freed (-want +got):\n%s", diff)
@@ -188,23 +188,23 @@ func TestLRUBounds(t *testing.T) {
 // is pinned: every other entry goes, the pinned one stays until released.
 func TestPinnedNeverEvicted(t *testing.T) {
 	c := newCache(t, 16, 2)
-	c.Insert(1, c.Hashes(toks(8, 8, 0)), 8)
-	h := c.Acquire(c.Hashes(toks(12, 8, 9)), 9)
+	c.Insert(1, c.Hashes(0, toks(8, 8, 0)), 8)
+	h := c.Acquire(c.Hashes(0, toks(12, 8, 9)), 9)
 	if h.Seq != 1 || h.Tokens != 8 {
 		t.Fatalf("hit %+v", h)
 	}
 	var freed []engine.SeqID
 	for s := int32(2); s < 6; s++ {
-		freed = append(freed, c.Insert(engine.SeqID(s), c.Hashes(toks(8, 0, s)), 8)...)
+		freed = append(freed, c.Insert(engine.SeqID(s), c.Hashes(0, toks(8, 0, s)), 8)...)
 	}
 	if slices.Contains(freed, 1) {
 		t.Fatalf("pinned entry freed: %v", freed)
 	}
-	if got := c.Match(c.Hashes(toks(8, 8, 0))); got != 2 {
+	if got := c.Match(c.Hashes(0, toks(8, 8, 0))); got != 2 {
 		t.Fatalf("pinned entry matched %d blocks", got)
 	}
 	c.Release(h)
-	freed = c.Insert(6, c.Hashes(toks(8, 0, 6)), 8)
+	freed = c.Insert(6, c.Hashes(0, toks(8, 0, 6)), 8)
 	if !slices.Contains(freed, 1) {
 		t.Errorf("released entry kept past the bounds: freed %v", freed)
 	}
@@ -214,18 +214,18 @@ func TestSupersedeAndDuplicate(t *testing.T) {
 	c := newCache(t, 1000, 10)
 	short := toks(8, 8, 0)
 	long := toks(16, 8, 1)
-	c.Insert(1, c.Hashes(short), 8)
-	if got := c.Insert(2, c.Hashes(short), 9); !slices.Equal(got, []engine.SeqID{2}) {
+	c.Insert(1, c.Hashes(0, short), 8)
+	if got := c.Insert(2, c.Hashes(0, short), 9); !slices.Equal(got, []engine.SeqID{2}) {
 		t.Errorf("duplicate Insert freed %v, want the new sequence", got)
 	}
-	if got := c.Insert(3, c.Hashes(long), 16); !slices.Equal(got, []engine.SeqID{1}) {
+	if got := c.Insert(3, c.Hashes(0, long), 16); !slices.Equal(got, []engine.SeqID{1}) {
 		t.Errorf("longer Insert freed %v, want the superseded entry", got)
 	}
 	// A branch sharing the first blocks keeps the other branch.
-	if got := c.Insert(4, c.Hashes(toks(16, 8, 2)), 16); len(got) != 0 {
+	if got := c.Insert(4, c.Hashes(0, toks(16, 8, 2)), 16); len(got) != 0 {
 		t.Errorf("branch Insert freed %v", got)
 	}
-	if h := c.Acquire(c.Hashes(short), 9); h.Tokens != 8 {
+	if h := c.Acquire(c.Hashes(0, short), 9); h.Tokens != 8 {
 		t.Errorf("shared prefix hit %d", h.Tokens)
 	} else {
 		c.Release(h)
@@ -248,9 +248,9 @@ func TestSupersedeAndDuplicate(t *testing.T) {
 func TestDigest(t *testing.T) {
 	c := newCache(t, 1<<20, 1000)
 	a, b := toks(12, 4, 1), toks(12, 4, 2)
-	c.Insert(1, c.Hashes(a), 12)
-	c.Insert(2, c.Hashes(b), 12) // most recent
-	ha, hb := c.Hashes(a), c.Hashes(b)
+	c.Insert(1, c.Hashes(0, a), 12)
+	c.Insert(2, c.Hashes(0, b), 12) // most recent
+	ha, hb := c.Hashes(0, a), c.Hashes(0, b)
 	want := []uint64{uint64(hb[0]), uint64(hb[1]), uint64(hb[2]), uint64(ha[1]), uint64(ha[2])}
 	if diff := cmp.Diff(want, c.Digest(10)); diff != "" {
 		t.Errorf("digest (-want +got):\n%s", diff)
@@ -282,7 +282,7 @@ func BenchmarkDigest(b *testing.B) {
 	c, _ := New(Options{MaxTokens: 1 << 30, MaxEntries: 1 << 20, BlockTokens: 16})
 	for s := range int32(64) {
 		p := toks(64*16, 0, s+1)
-		c.Insert(engine.SeqID(s+1), c.Hashes(p), len(p))
+		c.Insert(engine.SeqID(s+1), c.Hashes(0, p), len(p))
 	}
 	b.ReportAllocs()
 	for b.Loop() {

@@ -27,34 +27,60 @@ type chains[E chainEntry] struct {
 	obs    Observer
 }
 
-// depth returns how many leading hashes the index holds.
-func (c *chains[E]) depth(hashes []kv.Hash) int {
+// chainMatch returns how many leading hashes some entry holds as the
+// leading blocks of its own chain, and the newest such entry (byHash
+// lists the entries holding each hash in insertion order); 0 and the zero
+// E when none. An entry matches only where its chain equals hashes block
+// by block from the root: a hash held somewhere else in a chain, sent
+// again, or sent out of order matches nothing beyond the true chain.
+func chainMatch[E any](byHash map[kv.Hash][]E, chainOf func(E) []kv.Hash, hashes []kv.Hash) (int, E) {
 	n := 0
 	for _, x := range hashes {
-		if len(c.byHash[x]) == 0 {
+		if len(byHash[x]) == 0 {
 			break
 		}
 		n++
 	}
+	// Every hash of a true match of k blocks is held, so k ≤ n; the
+	// newest entry holding hashes[k-1] at its place k-1 with the same
+	// blocks before it is the match (the first one tried, normally).
+	for k := n; k > 0; k-- {
+		es := byHash[hashes[k-1]]
+		for j := len(es) - 1; j >= 0; j-- {
+			ch := chainOf(es[j])
+			if len(ch) >= k && ch[k-1] == hashes[k-1] && slices.Equal(ch[:k], hashes[:k]) {
+				return k, es[j]
+			}
+		}
+	}
+	var zero E
+	return 0, zero
+}
+
+// depth returns how many leading hashes the index holds as a chain
+// (chainMatch).
+func (c *chains[E]) depth(hashes []kv.Hash) int {
+	n, _ := chainMatch(c.byHash, E.chainHashes, hashes)
 	return n
 }
 
-// newest returns the latest entry holding x, which the index holds, and
-// makes it the most recently used.
-func (c *chains[E]) newest(x kv.Hash) E {
-	es := c.byHash[x]
-	e := es[len(es)-1]
+// newest returns the latest entry whose chain begins with prefix, which
+// the index holds (depth(prefix) == len(prefix) > 0), and makes it the
+// most recently used.
+func (c *chains[E]) newest(prefix []kv.Hash) E {
+	_, e := chainMatch(c.byHash, E.chainHashes, prefix)
 	c.lru.MoveToFront(*e.chainElem())
 	return e
 }
 
-// held reports whether the index holds all of hashes (not empty), making
-// the newest entry holding the last one the most recently used if so.
+// held reports whether the index holds all of hashes (not empty) as a
+// chain, making the newest entry holding them the most recently used if
+// so.
 func (c *chains[E]) held(hashes []kv.Hash) bool {
 	if c.depth(hashes) != len(hashes) {
 		return false
 	}
-	c.newest(hashes[len(hashes)-1])
+	c.newest(hashes)
 	return true
 }
 
@@ -64,7 +90,7 @@ func (c *chains[E]) insert(e E) (superseded []E) {
 	hashes := e.chainHashes()
 	for i := range c.depth(hashes) {
 		for _, o := range c.byHash[hashes[i]] {
-			if len(o.chainHashes()) == i+1 {
+			if len(o.chainHashes()) == i+1 && slices.Equal(o.chainHashes(), hashes[:i+1]) {
 				superseded = append(superseded, o)
 			}
 		}

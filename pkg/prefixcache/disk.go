@@ -307,7 +307,7 @@ func (d *Disk) readEntry(ctx context.Context, hashes []kv.Hash, maxBlocks int) (
 		d.mu.Unlock()
 		return nil, nil
 	}
-	e := d.idx.newest(hashes[n-1])
+	e := d.idx.newest(hashes[:n])
 	d.mu.Unlock()
 	t0 := d.now()
 	payload, err := d.read(ctx, e)

@@ -40,7 +40,7 @@ func diskRoundTrip(t *testing.T, eng engine.Engine, kvExact bool) {
 	for i, p := range [][]int32{base, tokens(nil, 40, 0, 2, vocab), tokens(nil, 40, 0, 3, vocab)} {
 		seq := engine.SeqID(i + 1)
 		run(t, eng, seq, p, 0, 0)
-		free(c.Insert(seq, c.Hashes(p), len(p)))
+		free(c.Insert(seq, c.Hashes(0, p), len(p)))
 	}
 	st := c.Stats()
 	if st.Disk.Spills != 1 || st.Disk.Entries != 1 || st.Disk.Blocks != 4 || st.Host.Evictions != 1 {
@@ -53,7 +53,7 @@ func diskRoundTrip(t *testing.T, eng engine.Engine, kvExact bool) {
 	for _, tc := range []struct{ n, shared, want int }{{70, 70, 64}, {60, 48, 48}, {50, 40, 32}, {64, 64, 48}} {
 		t.Run(fmt.Sprintf("n%d-shared%d", tc.n, tc.shared), func(t *testing.T) {
 			p := tokens(base, tc.n, tc.shared, int32(tc.n+tc.shared), vocab)
-			hashes, maxHit := c.Hashes(p), c.MaxHitBlocks(len(p))
+			hashes, maxHit := c.Hashes(0, p), c.MaxHitBlocks(len(p))
 			if c.HostDeeper(hashes, maxHit, nil) {
 				t.Fatal("HostDeeper = true with the prefix on disk only, not read")
 			}
@@ -185,7 +185,7 @@ func TestDiskTierObserver(t *testing.T) {
 	for i, p := range prompts {
 		seq := engine.SeqID(i + 1)
 		run(t, eng, seq, p, 0, 0)
-		if err := c.Free(eng, c.Insert(seq, c.Hashes(p), len(p))); err != nil {
+		if err := c.Free(eng, c.Insert(seq, c.Hashes(0, p), len(p))); err != nil {
 			t.Fatal(err)
 		}
 		check(fmt.Sprintf("after prompt %d", i))

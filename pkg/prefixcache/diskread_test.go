@@ -38,12 +38,12 @@ func TestDiskReadGivesUp(t *testing.T) {
 		if _, err := eng.Prefill(context.Background(), []engine.PrefillItem{{Seq: seq, Tokens: p, Last: true}}, nil); err != nil {
 			t.Fatal(err)
 		}
-		if err := c.Free(eng, c.Insert(seq, c.Hashes(p), len(p))); err != nil {
+		if err := c.Free(eng, c.Insert(seq, c.Hashes(0, p), len(p))); err != nil {
 			t.Fatal(err)
 		}
 	}
 	d := c.Host().Disk()
-	hashes := c.Hashes(prompts[0])
+	hashes := c.Hashes(0, prompts[0])
 	if d.Match(hashes) != 2 {
 		t.Fatalf("disk tier %+v: want the first prompt's two blocks", d.Stats())
 	}

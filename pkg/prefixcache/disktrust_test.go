@@ -30,7 +30,7 @@ func onDisk(t *testing.T, eng engine.Engine) (c *prefixcache.Cache, base []int32
 	for i, p := range [][]int32{base, twin, tokens(nil, 40, 0, 2, 250), tokens(nil, 40, 0, 3, 250)} {
 		seq := engine.SeqID(i + 1)
 		run(t, eng, seq, p, 0, 0)
-		if err := c.Free(eng, c.Insert(seq, c.Hashes(p), len(p))); err != nil {
+		if err := c.Free(eng, c.Insert(seq, c.Hashes(0, p), len(p))); err != nil {
 			t.Fatal(err)
 		}
 		if i == 2 {
@@ -145,7 +145,7 @@ func TestDiskTierBadFiles(t *testing.T) {
 			defer func() { _ = c.Free(eng, c.Drain()) }()
 			tc.spoil(t, file, twin)
 			p := tokens(base, 60, 48, 9, 250)
-			hashes, maxHit := c.Hashes(p), c.MaxHitBlocks(len(p))
+			hashes, maxHit := c.Hashes(0, p), c.MaxHitBlocks(len(p))
 			r := c.ReadDisk(context.Background(), hashes, maxHit)
 			st := c.Stats().Disk
 			if tc.name == "intact" {
@@ -170,7 +170,7 @@ func TestDiskTierBadFiles(t *testing.T) {
 				t.Errorf("Load = %+v, %v; want a miss", ld, err)
 			}
 			// The twin's entry is intact.
-			if r := c.ReadDisk(context.Background(), c.Hashes(tokens(nil, 70, 0, 5, 250)), 4); r == nil {
+			if r := c.ReadDisk(context.Background(), c.Hashes(0, tokens(nil, 70, 0, 5, 250)), 4); r == nil {
 				t.Error("the intact twin entry was not read")
 			}
 		})
@@ -207,7 +207,7 @@ func TestDiskTierFileFormat(t *testing.T) {
 	if err := os.WriteFile(file, data, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if r := c.ReadDisk(context.Background(), c.Hashes(base), 4); r != nil || c.Stats().Disk.BadEntries != 1 {
+	if r := c.ReadDisk(context.Background(), c.Hashes(0, base), 4); r != nil || c.Stats().Disk.BadEntries != 1 {
 		t.Errorf("a wrong checksum field: read %v, %+v; want a bad entry", r != nil, c.Stats().Disk)
 	}
 }

@@ -315,7 +315,7 @@ func (h *Host) Load(eng engine.Engine, seq engine.SeqID, hashes []kv.Hash, maxBl
 		h.mu.Unlock()
 		return HostLoad{}, nil
 	}
-	e := h.idx.newest(hashes[n-1])
+	e := h.idx.newest(hashes[:n])
 	h.mu.Unlock()
 
 	m := n * h.blockTokens

@@ -69,7 +69,7 @@ func BenchmarkHostTierMultiTurnLlamaCpp(b *testing.B) {
 					for s := range sessions {
 						p := prompts[s][k]
 						seq++
-						hashes := c.Hashes(p)
+						hashes := c.Hashes(0, p)
 						maxHit := c.MaxHitBlocks(len(p))
 						t0 := time.Now()
 						n := 0

@@ -113,10 +113,10 @@ func hostRoundTrip(t *testing.T, eng engine.Engine, kvExact bool) {
 	}
 	base := tokens(nil, 70, 0, 1, vocab)
 	run(t, eng, 1, base, 0, 0)
-	free(c.Insert(1, c.Hashes(base), len(base)))
+	free(c.Insert(1, c.Hashes(0, base), len(base)))
 	other := tokens(nil, 40, 0, 2, vocab)
 	run(t, eng, 2, other, 0, 0)
-	free(c.Insert(2, c.Hashes(other), len(other)))
+	free(c.Insert(2, c.Hashes(0, other), len(other)))
 	if _, err := eng.Len(1); !errors.Is(err, engine.ErrUnknownSeq) {
 		t.Fatalf("evicted seq 1 still in the engine: %v", err)
 	}
@@ -133,7 +133,7 @@ func hostRoundTrip(t *testing.T, eng engine.Engine, kvExact bool) {
 	} {
 		t.Run(fmt.Sprintf("n%d-shared%d", tc.n, tc.shared), func(t *testing.T) {
 			p := tokens(base, tc.n, tc.shared, int32(tc.n+tc.shared), vocab)
-			hashes := c.Hashes(p)
+			hashes := c.Hashes(0, p)
 			maxHit := c.MaxHitBlocks(len(p))
 			if got := c.HostDeeper(hashes, maxHit, nil); got != (tc.want > 0) {
 				t.Errorf("HostDeeper = %v, want %v", got, tc.want > 0)
@@ -237,7 +237,7 @@ func TestHostTierEvictionUnderPressure(t *testing.T) {
 					seed = int32(10 + 10*w + i)
 				}
 				p := tokens(nil, 50, 0, seed, 250)
-				hashes := c.Hashes(p)
+				hashes := c.Hashes(0, p)
 				engMu.Lock()
 				ld, err := c.Host().Load(eng, seq, hashes, c.MaxHitBlocks(len(p)), nil)
 				if err != nil {
@@ -292,7 +292,7 @@ func TestHostTierObserver(t *testing.T) {
 	for i, p := range [][]int32{base[:33], tokens(nil, 50, 0, 2, 250), base, tokens(base, 60, 40, 3, 250), tokens(nil, 40, 0, 4, 250)} {
 		seq := engine.SeqID(i + 1)
 		run(t, eng, seq, p, 0, 0)
-		if err := c.Free(eng, c.Insert(seq, c.Hashes(p), len(p))); err != nil {
+		if err := c.Free(eng, c.Insert(seq, c.Hashes(0, p), len(p))); err != nil {
 			t.Fatal(err)
 		}
 		var got []uint64
@@ -351,7 +351,7 @@ func TestHostTierSpillDMA(t *testing.T) {
 	}
 	p := tokens(nil, 50, 0, 1, int32(min(eng.Spec().Vocab, 250)))
 	cold := run(t, eng, 1, p, 0, 3)
-	hashes := c.Hashes(p)
+	hashes := c.Hashes(0, p)
 	if err := c.Host().Spill(eng, 1, hashes); err != nil {
 		t.Fatal(err)
 	}

@@ -151,7 +151,7 @@ func (h *Host) export(eng engine.Engine, hashes []kv.Hash) (Exported, error) {
 		h.mu.Unlock()
 		return Exported{}, nil
 	}
-	e := h.idx.newest(hashes[n-1])
+	e := h.idx.newest(hashes[:n])
 	h.mu.Unlock()
 	// e is immutable: its layers or snapshot are read without the lock,
 	// also after an eviction dropped it from the index.

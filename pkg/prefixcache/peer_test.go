@@ -43,7 +43,7 @@ func peerRoundTrip(t *testing.T, holder, puller engine.Engine, kvExact bool) {
 		t.Helper()
 		seq++
 		run(t, holder, seq, p, 0, 0)
-		if err := hc.Free(holder, hc.Insert(seq, hc.Hashes(p), len(p))); err != nil {
+		if err := hc.Free(holder, hc.Insert(seq, hc.Hashes(0, p), len(p))); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -55,7 +55,7 @@ func peerRoundTrip(t *testing.T, holder, puller engine.Engine, kvExact bool) {
 		for _, tc := range []struct{ n, shared, want int }{{70, 70, 64}, {60, 48, 48}, {50, 40, 32}, {30, 10, 0}} {
 			t.Run(fmt.Sprintf("%s/n%d-shared%d", tier, tc.n, tc.shared), func(t *testing.T) {
 				p := tokens(base, tc.n, tc.shared, int32(tc.n+tc.shared), vocab)
-				hashes, maxHit := pc.Hashes(p), pc.MaxHitBlocks(len(p))
+				hashes, maxHit := pc.Hashes(0, p), pc.MaxHitBlocks(len(p))
 				x, err := hc.Export(holder, noLock, hashes, 1, maxHit)
 				if err != nil {
 					t.Fatal(err)
@@ -176,7 +176,7 @@ func TestPeerExportEngineLock(t *testing.T) {
 			vocab := int32(min(eng.Spec().Vocab, 250))
 			p := tokens(nil, 70, 0, 1, vocab)
 			run(t, eng, 1, p, 0, 0)
-			if err := c.Free(eng, c.Insert(1, c.Hashes(p), len(p))); err != nil {
+			if err := c.Free(eng, c.Insert(1, c.Hashes(0, p), len(p))); err != nil {
 				t.Fatal(err)
 			}
 			var (
@@ -207,7 +207,7 @@ func TestPeerExportEngineLock(t *testing.T) {
 				locks++
 				return mu.Unlock
 			}
-			x, err := c.Export(eng, lock, c.Hashes(p), 1, c.MaxHitBlocks(len(p)))
+			x, err := c.Export(eng, lock, c.Hashes(0, p), 1, c.MaxHitBlocks(len(p)))
 			close(stop)
 			<-done
 			if err != nil || x.Tokens != 64 || x.Tier != prefixcache.TierEngine {

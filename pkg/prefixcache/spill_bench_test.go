@@ -29,7 +29,7 @@ func BenchmarkHostSpillSim(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	hashes := c.Hashes(p)
+	hashes := c.Hashes(0, p)
 	b.Run("spill", func(b *testing.B) {
 		for i := range b.N {
 			// A distinct first hash each time: the tier never holds it yet.

@@ -19,6 +19,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/grpcauth"
+	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 	"github.com/pdserve/pdserve/pkg/tracing"
 	"github.com/pdserve/pdserve/pkg/workerrun"
@@ -95,6 +96,11 @@ func Start(ctx context.Context, o coordinator.Options, log *zap.Logger, opts ...
 		// only they hold the embedded server's generated NATS users.
 		o.GRPCAuth.WorkerIdentities = []string{}
 	}
+	if !o.HashKey.Keyed() {
+		// The processes of one server share a key generated now: nobody
+		// outside computes a prompt's block hashes.
+		o.HashKey = kv.GenerateHashKey()
+	}
 	specs := workerSpecs(o)
 	// One trace exporter for the process: the coordinator's spans and its
 	// workers' go out together.
@@ -164,6 +170,10 @@ func Start(ctx context.Context, o coordinator.Options, log *zap.Logger, opts ...
 		wo.GRPCAuth = grpcauth.Options{TokenFile: o.GRPCAuth.TokenFile, Token: o.GRPCAuth.Token, PrefillToken: o.GRPCAuth.PrefillToken,
 			VerifyKey: o.GRPCAuth.VerifyKey, WorkerIdentities: o.GRPCAuth.WorkerIdentities}
 		wo.Keepalive = o.Keepalive
+		wo.HashKey = o.HashKey
+		// Only this process's workers join an embedded NATS without
+		// users from a file: they may pull from each other unverified.
+		wo.PeersInProcess = o.NATSURL == "" && o.NATSAuthFile == "" && !workerUsers(o.NATSUsers)
 		wo.TracerProvider = tp
 		if set.worker != nil {
 			set.worker(&wo)
@@ -310,6 +320,17 @@ func workerSpecs(o coordinator.Options) []workerSpec {
 func withReconnectWait(c control.ConnOptions, d time.Duration) control.ConnOptions {
 	c.ReconnectWait = d
 	return c
+}
+
+// workerUsers reports whether users holds a NATS user that may publish
+// as a worker (any role but observer, which publishes nothing).
+func workerUsers(users []control.NATSUser) bool {
+	for _, u := range users {
+		if u.Role != control.RoleObserver {
+			return true
+		}
+	}
+	return false
 }
 
 // generatedGRPCAuth returns o with an Ed25519 key pair generated for

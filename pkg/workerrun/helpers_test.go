@@ -59,6 +59,9 @@ func testOptions(role control.Role, natsURL string) Options {
 	o.MetricsAddr = "127.0.0.1:0"
 	o.NATSURL = natsURL
 	o.HeartbeatInterval = 20 * time.Millisecond
+	// The tests' workers are this process's, over plaintext: they may
+	// pull from each other (TestPullsUnverified covers the rule).
+	o.PeersInProcess = true
 	o.DrainTimeout = 10 * time.Second
 	o.KVConns = 1
 	o.Engine.Threads = 1

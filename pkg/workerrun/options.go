@@ -20,6 +20,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/enginecfg"
 	"github.com/pdserve/pdserve/pkg/grpcauth"
 	"github.com/pdserve/pdserve/pkg/grpcnet"
+	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/prefill"
 	"github.com/pdserve/pdserve/pkg/tracing"
 )
@@ -91,6 +92,20 @@ type Options struct {
 	// decode peers' certificates (--tls-worker-identity). Empty: anyone
 	// (the worker warns at start). See grpcauth.
 	GRPCAuth grpcauth.Options
+	// PeersInProcess says that every peer this worker may pull KV from is
+	// a worker of its own process (package standalone sets it when its
+	// NATS admits no other worker): their identity needs no TLS. Without
+	// it, peer pulls need TLS that verifies each peer's role and id, and
+	// are off otherwise (logged at start). Not a flag.
+	PeersInProcess bool
+	// KVHashKeyFile holds the deployment's secret that keys the block
+	// hashes of the prefix cache (--kv-hash-key-file, the coordinator's
+	// flag of the same name and meaning; kv.LoadHashKey). Empty: HashKey
+	// as set in code, else public hashes (warned at start).
+	KVHashKeyFile string
+	// HashKey is the key of the block hashes, read from KVHashKeyFile at
+	// Start or set in code (package standalone). Not a flag.
+	HashKey kv.HashKey
 	// Keepalive pings the worker's gRPC connections, served and dialed
 	// (--grpc-keepalive-time, --grpc-keepalive-timeout). Zero: defaults.
 	Keepalive grpcnet.KeepaliveOptions
@@ -211,6 +226,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.FlagsFile, "flags-file", o.FlagsFile, "YAML file of flag values, keys are flag names without dashes; command-line flags win")
 	o.TLS.AddFlags(fs)
 	o.GRPCAuth.AddFlags(fs, true)
+	fs.StringVar(&o.KVHashKeyFile, "kv-hash-key-file", o.KVHashKeyFile, "file holding the deployment's secret (at least 32 bytes, e.g. openssl rand -hex 32) that keys the prompts' KV block hashes, so that nobody can compute them from known text; every worker and the coordinator must have the same (a worker whose heartbeat's key id differs is refused); empty: public hashes, warned at start")
 	o.Keepalive.AddFlags(fs)
 	o.Engine.AddFlags(fs)
 	o.Tracing.AddFlags(fs)
@@ -334,6 +350,7 @@ func (o Options) LogFields() []zap.Field {
 	f := []zap.Field{
 		zap.String("role", string(o.Role)),
 		zap.String("id", o.ID),
+		zap.String("kv_hash_key_file", o.KVHashKeyFile),
 		zap.String("grpc_addr", o.GRPCAddr),
 		zap.String("advertise_addr", o.AdvertiseAddr),
 		zap.String("metrics_addr", o.MetricsAddr),

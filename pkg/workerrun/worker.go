@@ -123,12 +123,17 @@ func (d decodeService) fill(hb *control.Heartbeat, digest bool) {
 
 // Worker is a started worker. Its methods are safe for concurrent use.
 type Worker struct {
-	o      Options
-	log    *zap.Logger
-	id     string
-	addr   string // advertised gRPC address
-	lis    net.Listener
-	model  string
+	o     Options
+	log   *zap.Logger
+	id    string
+	addr  string // advertised gRPC address
+	lis   net.Listener
+	model string
+	// hashKeyID is o.HashKey.ID(), for the heartbeats.
+	hashKeyID string
+	// epoch is this start's boot epoch (grpcauth.NewEpoch), for the
+	// heartbeats.
+	epoch  string
 	eng    engine.Engine
 	ownEng bool
 	svc    service
@@ -224,6 +229,16 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 			w.codecs = append(w.codecs, c.Name())
 		}
 	}
+	if o.KVHashKeyFile != "" {
+		if o.HashKey, err = kv.LoadHashKey(o.KVHashKeyFile); err != nil {
+			return nil, fmt.Errorf("workerrun: %w", err)
+		}
+	}
+	o.Prefill.PrefixCache.HashKey, o.Decode.PrefixCache.HashKey = o.HashKey, o.HashKey
+	w.hashKeyID = o.HashKey.ID()
+	if !o.HashKey.Keyed() && (o.Prefill.PrefixCache.Enabled() || o.Decode.PrefixCache.Enabled()) {
+		w.log.Warn("KV block hashes are public: anyone can compute a prompt's hashes from its text and claim or ask for its cached KV by them; give every process the same --kv-hash-key-file")
+	}
 	o.Decode = fitPool(o.Decode, w.eng, w.log)
 	o.Decode = decodeHostTier(o.Role, o.Decode, w.log)
 	if o.Role == control.RolePrefill {
@@ -245,7 +260,17 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 	if err != nil {
 		return nil, fmt.Errorf("workerrun: %w", err)
 	}
+	if reason := o.pullsUnverified(tlsCfg != nil); reason != "" && (o.Prefill.PeerLinkGbps > 0 || o.Decode.PeerLinkGbps > 0) {
+		// A peer whose identity is not verified could serve anything as a
+		// prompt's KV: it would be used, cached and passed on as computed.
+		o.Prefill.PeerLinkGbps, o.Decode.PeerLinkGbps = 0, 0
+		w.log.Warn("peer pulls are off: "+reason, zap.String("kv_security", "peer KV is not verified"))
+	}
 	o.GRPCAuth.Self = o.ID
+	// This start's epoch: credentials signed for an earlier one are
+	// refused, so a pull credential is single use across restarts.
+	o.GRPCAuth.Epoch = grpcauth.NewEpoch()
+	w.epoch = o.GRPCAuth.Epoch
 	auth, err := o.GRPCAuth.Load(o.authSends(), w.log.Named("grpcauth"))
 	if err != nil {
 		return nil, fmt.Errorf("workerrun: %w", err)
@@ -552,6 +577,27 @@ func (w *Worker) ID() string { return w.id }
 // Role returns the worker's role.
 func (w *Worker) Role() control.Role { return w.o.Role }
 
+// pullsUnverified returns why this worker cannot verify the peers it
+// would pull KV from ("" when it can): plaintext gRPC, or TLS that takes
+// any certificate of the CA as any worker (an empty
+// --tls-worker-identity). Workers of one process (PeersInProcess) need
+// no proof.
+func (o Options) pullsUnverified(tls bool) string {
+	switch {
+	case o.PeersInProcess:
+		return ""
+	case !tls:
+		return "gRPC is plaintext, so a peer's identity cannot be verified (a fake peer claiming a prompt's blocks would serve its KV); serve gRPC over TLS (--tls-cert, --tls-key, --tls-ca) to pull"
+	case o.GRPCAuth.WorkerIdentities != nil && len(o.GRPCAuth.WorkerIdentities) == 0:
+		return "--tls-worker-identity is empty, so any certificate of the CA passes for any peer; name the peers' identities to pull"
+	}
+	return ""
+}
+
+// BootEpoch returns this start's epoch (its heartbeats' boot_epoch):
+// the credentials the coordinator signs for it name it.
+func (w *Worker) BootEpoch() string { return w.epoch }
+
 // Addr returns the gRPC address others dial (the advertised address).
 func (w *Worker) Addr() string { return w.addr }
 
@@ -623,6 +669,7 @@ func (w *Worker) heartbeat() control.Heartbeat {
 	}
 	hb.MaxSeqLen = w.maxSeqLen
 	hb.Codecs = w.codecs
+	hb.HashKeyID, hb.BootEpoch = w.hashKeyID, w.epoch
 	w.svc.fill(&hb, w.kvpub == nil)
 	if sp := w.codecSpeeds.Load(); sp != nil {
 		hb.CodecSpeeds, hb.CodecCores = *sp, runtime.GOMAXPROCS(0)

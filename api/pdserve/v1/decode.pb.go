@@ -39,7 +39,10 @@ type ReserveRequest struct {
 	// worker keeps it for the request (ReserveResponse.prompt_held): the
 	// Generate call may then omit prompt_tokens, and one that carries them
 	// must carry the same prompt.
-	Prompt        []int32 `protobuf:"varint,5,rep,packed,name=prompt,proto3" json:"prompt,omitempty"`
+	Prompt []int32 `protobuf:"varint,5,rep,packed,name=prompt,proto3" json:"prompt,omitempty"`
+	// The root of the prompt's block hash chain, as
+	// PrefillRequest.prefix_root: the prefix cache lookup of prompt.
+	PrefixRoot    uint64 `protobuf:"varint,6,opt,name=prefix_root,json=prefixRoot,proto3" json:"prefix_root,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -107,6 +110,13 @@ func (x *ReserveRequest) GetPrompt() []int32 {
 		return x.Prompt
 	}
 	return nil
+}
+
+func (x *ReserveRequest) GetPrefixRoot() uint64 {
+	if x != nil {
+		return x.PrefixRoot
+	}
+	return 0
 }
 
 type ReserveResponse struct {
@@ -230,7 +240,11 @@ type GenerateRequest struct {
 	// prefill worker does with PrefillRequest.peer. Unset: no such worker,
 	// remote KV, prompt_logprobs (every prompt position is computed), or
 	// peer pulls are off.
-	Peer          *PeerPrefix `protobuf:"bytes,14,opt,name=peer,proto3" json:"peer,omitempty"`
+	Peer *PeerPrefix `protobuf:"bytes,14,opt,name=peer,proto3" json:"peer,omitempty"`
+	// The root of the prompt's block hash chain, as
+	// PrefillRequest.prefix_root: the prefix cache lookups and inserts of
+	// this prompt.
+	PrefixRoot    uint64 `protobuf:"varint,15,opt,name=prefix_root,json=prefixRoot,proto3" json:"prefix_root,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -361,6 +375,13 @@ func (x *GenerateRequest) GetPeer() *PeerPrefix {
 		return x.Peer
 	}
 	return nil
+}
+
+func (x *GenerateRequest) GetPrefixRoot() uint64 {
+	if x != nil {
+		return x.PrefixRoot
+	}
+	return 0
 }
 
 type Generated struct {
@@ -666,21 +687,23 @@ var File_pdserve_v1_decode_proto protoreflect.FileDescriptor
 const file_pdserve_v1_decode_proto_rawDesc = "" +
 	"\n" +
 	"\x17pdserve/v1/decode.proto\x12\n" +
-	"pdserve.v1\x1a\x17pdserve/v1/common.proto\x1a\x18pdserve/v1/prefill.proto\"\xa2\x01\n" +
+	"pdserve.v1\x1a\x17pdserve/v1/common.proto\x1a\x18pdserve/v1/prefill.proto\"\xc3\x01\n" +
 	"\x0eReserveRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12\x16\n" +
 	"\x06tokens\x18\x02 \x01(\x05R\x06tokens\x12\x1c\n" +
 	"\tsequences\x18\x03 \x01(\x05R\tsequences\x12#\n" +
 	"\rprompt_tokens\x18\x04 \x01(\x05R\fpromptTokens\x12\x16\n" +
-	"\x06prompt\x18\x05 \x03(\x05R\x06prompt\"\x97\x01\n" +
+	"\x06prompt\x18\x05 \x03(\x05R\x06prompt\x12\x1f\n" +
+	"\vprefix_root\x18\x06 \x01(\x04R\n" +
+	"prefixRoot\"\x97\x01\n" +
 	"\x0fReserveResponse\x12\x16\n" +
 	"\x06blocks\x18\x01 \x01(\x05R\x06blocks\x12\x1f\n" +
 	"\vblocks_free\x18\x02 \x01(\x05R\n" +
 	"blocksFree\x12*\n" +
 	"\x11prefix_hit_tokens\x18\x03 \x01(\x05R\x0fprefixHitTokens\x12\x1f\n" +
 	"\vprompt_held\x18\x04 \x01(\bR\n" +
-	"promptHeld\"\xde\x04\n" +
+	"promptHeld\"\xff\x04\n" +
 	"\x0fGenerateRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -700,7 +723,9 @@ const file_pdserve_v1_decode_proto_rawDesc = "" +
 	"\x0fprompt_logprobs\x18\v \x01(\v2\x14.pdserve.v1.LogprobsR\x0epromptLogprobs\x12B\n" +
 	"\x11generated_choices\x18\f \x03(\v2\x15.pdserve.v1.GeneratedR\x10generatedChoices\x127\n" +
 	"\x18first_token_from_prefill\x18\r \x01(\bR\x15firstTokenFromPrefill\x12*\n" +
-	"\x04peer\x18\x0e \x01(\v2\x16.pdserve.v1.PeerPrefixR\x04peer\"#\n" +
+	"\x04peer\x18\x0e \x01(\v2\x16.pdserve.v1.PeerPrefixR\x04peer\x12\x1f\n" +
+	"\vprefix_root\x18\x0f \x01(\x04R\n" +
+	"prefixRoot\"#\n" +
 	"\tGenerated\x12\x16\n" +
 	"\x06tokens\x18\x01 \x03(\x05R\x06tokens\"\xcc\x04\n" +
 	"\x10GenerateResponse\x12\x16\n" +

@@ -26,8 +26,10 @@ type PullRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The puller's request id, at most 255 bytes: the frames carry it.
 	RequestId string `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	// The prompt's chained block hashes (pkg/kv HashBlocks from the plain
-	// root), in order; at most 65536.
+	// The prompt's chained block hashes (pkg/kv HashKey.Blocks under the
+	// deployment's key, from the request's partition root), in order; at
+	// most 65536. With signed credentials they must be the exact chain the
+	// credential names (its digest).
 	BlockHashes []uint64 `protobuf:"varint,2,rep,packed,name=block_hashes,json=blockHashes,proto3" json:"block_hashes,omitempty"`
 	// Tokens per block; must be the worker's (--block-tokens).
 	BlockTokens int32 `protobuf:"varint,3,opt,name=block_tokens,json=blockTokens,proto3" json:"block_tokens,omitempty"`

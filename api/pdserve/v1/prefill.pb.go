@@ -51,7 +51,12 @@ type PrefillRequest struct {
 	// events): this worker may pull it (KVTransferService/Pull) instead of
 	// computing it, when its link model says the pull is faster. Unset: no
 	// such worker, or peer pulls are off.
-	Peer          *PeerPrefix `protobuf:"bytes,10,opt,name=peer,proto3" json:"peer,omitempty"`
+	Peer *PeerPrefix `protobuf:"bytes,10,opt,name=peer,proto3" json:"peer,omitempty"`
+	// The root of the prompt's block hash chain (pkg/kv HashKey.Root of the
+	// request's cache partition, its tenant): the worker hashes the prompt
+	// from it, so that its prefix cache hits only prompts of the same
+	// partition. 0: the plain root (the partition of an open API).
+	PrefixRoot    uint64 `protobuf:"varint,11,opt,name=prefix_root,json=prefixRoot,proto3" json:"prefix_root,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -154,6 +159,13 @@ func (x *PrefillRequest) GetPeer() *PeerPrefix {
 		return x.Peer
 	}
 	return nil
+}
+
+func (x *PrefillRequest) GetPrefixRoot() uint64 {
+	if x != nil {
+		return x.PrefixRoot
+	}
+	return 0
 }
 
 // PeerPrefix names a worker to pull a prompt's cached prefix from.
@@ -826,7 +838,7 @@ var File_pdserve_v1_prefill_proto protoreflect.FileDescriptor
 const file_pdserve_v1_prefill_proto_rawDesc = "" +
 	"\n" +
 	"\x18pdserve/v1/prefill.proto\x12\n" +
-	"pdserve.v1\x1a\x17pdserve/v1/common.proto\"\x86\x03\n" +
+	"pdserve.v1\x1a\x17pdserve/v1/common.proto\"\xa7\x03\n" +
 	"\x0ePrefillRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -841,7 +853,9 @@ const file_pdserve_v1_prefill_proto_rawDesc = "" +
 	"\tdecode_id\x18\b \x01(\tR\bdecodeId\x12+\n" +
 	"\x11decode_credential\x18\t \x01(\tR\x10decodeCredential\x12*\n" +
 	"\x04peer\x18\n" +
-	" \x01(\v2\x16.pdserve.v1.PeerPrefixR\x04peer\"|\n" +
+	" \x01(\v2\x16.pdserve.v1.PeerPrefixR\x04peer\x12\x1f\n" +
+	"\vprefix_root\x18\v \x01(\x04R\n" +
+	"prefixRoot\"|\n" +
 	"\n" +
 	"PeerPrefix\x12\x12\n" +
 	"\x04addr\x18\x01 \x01(\tR\x04addr\x12\x0e\n" +

@@ -32,6 +32,7 @@ preStop sleep, less 5 s to exit. */}}
 {{- $args = concat $args (list "--tls-cert=/etc/pdserve/tls/tls.crt" "--tls-key=/etc/pdserve/tls/tls.key" "--tls-ca=/etc/pdserve/tls/ca.crt" (printf "--tls-server-name=%s" $root.Values.tls.serverName)) }}
 {{- end }}
 {{- $args = concat $args (include "pdserve.grpcAuthArgs" (dict "root" $root "role" $component) | fromYamlArray) }}
+{{- $args = concat $args (include "pdserve.kvHashKeyArgs" $root | fromYamlArray) }}
 {{- $args = concat $args $pool.extraArgs }}
 {{- $gpus := int64 $pool.gpus }}
 {{- $gpuResource := $root.Values.gpuResource }}
@@ -176,6 +177,9 @@ spec:
             {{- with include "pdserve.grpcTokenMount" $root | trim }}
             {{- . | nindent 12 }}
             {{- end }}
+            {{- with include "pdserve.kvHashKeyMount" $root | trim }}
+            {{- . | nindent 12 }}
+            {{- end }}
             {{- with include "pdserve.modelMount" $root | trim }}
             {{- . | nindent 12 }}
             {{- end }}
@@ -195,6 +199,9 @@ spec:
             secretName: {{ include "pdserve.tlsSecret" (dict "root" $root "role" $component) }}
         {{- end }}
         {{- with include "pdserve.grpcTokenVolume" (dict "root" $root "role" $component) | trim }}
+        {{- . | nindent 8 }}
+        {{- end }}
+        {{- with include "pdserve.kvHashKeyVolume" $root | trim }}
         {{- . | nindent 8 }}
         {{- end }}
 ---
