@@ -116,3 +116,17 @@ k8s-status:
 # rules, mounts, cgroups and the state (logs stay in .pdserve/k8s/logs).
 k8s-down:
 	$(GO) run ./cmd/k8slab down $(K8S_FLAGS)
+
+# gpu-bundle prepares .gpu/ (ignored by git), the folder scripts/gpu-check.sh
+# needs on a GPU node besides the working tree: the static coordinator,
+# mkgguf and gpucheck binaries and the pinned llama.cpp source pruned to
+# ggml (CPU, CUDA), llama and common; it prints its size and fails when it
+# and the tracked tree reach 64 MiB. gpu-dryrun runs the check with --cpu
+# (the CPU backend built from that source, a tiny model) under its Go test;
+# needs cmake and ninja (or make) and a C++ compiler. See docs/gpu.md.
+.PHONY: gpu-bundle gpu-dryrun
+gpu-bundle: llama
+	bash scripts/gpu-bundle.sh
+
+gpu-dryrun: llama
+	PDSERVE_GPU_DRYRUN=1 $(GO) test -count=1 -timeout 90m -v -run 'TestGPUCheckDryRun$$' ./internal/gpucheck/
