@@ -19,6 +19,7 @@ var Meanings = map[string]string{
 	"gpu-budget":          "most GPUs (cores, with CPU profiles) the two pools may use together",
 	"gpu-cost-per-hour":   "USD per GPU-hour (per core-hour with CPU profiles)",
 	"host-cache-bytes":    "bytes of true KV in a worker's host-memory prefix-cache tier",
+	"kv-hash-key-file":    "file holding the deployment's secret that keys the prompts' KV block hashes; the same file for the coordinator and every worker",
 	"kv-blocks":           "KV blocks in a decode or colocated worker's pool",
 	"link-gbps":           "bandwidth of the KV link between the pools, per worker and direction, Gbit/s: the planner models it, local deployments (loadtest, chaos) emulate it",
 	"llama-lib":           "directory of llama.cpp's shared libraries",
