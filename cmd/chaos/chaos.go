@@ -681,7 +681,8 @@ func (o *opts) start(ctx context.Context, l load) (*cluster, error) {
 	c.coordURL = "http://" + net.JoinHostPort(c.addr["coord"], "8080")
 	coordArgs := []string{"--http-addr", net.JoinHostPort(c.addr["coord"], "8080"),
 		"--nats-url", natsURL, "--nats-user", "coordinator", "--nats-password-file", filepath.Join(o.tmp, "coordinator.pw"),
-		"--nats-reconnect-wait", "250ms", "--log-level", "warn"}
+		"--nats-reconnect-wait", "250ms", "--log-level", "warn",
+		"--worker-networks", netlab.LabNet.String()} // the workers' addresses: not the default private ranges
 	if l.queueLimit > 0 {
 		coordArgs = append(coordArgs, "--max-admitted-requests", strconv.Itoa(l.queueLimit))
 	}

@@ -82,8 +82,9 @@ func (s Shape) String() string {
 	return fmt.Sprintf("rate %s delay %s loss %g%%", rateArg(s.RateBitsPerSec), s.Delay, s.LossPercent)
 }
 
-// labNet is the block every address comes from: 198.18.0.0/15.
-var labNet = netip.MustParsePrefix("198.18.0.0/15")
+// LabNet is the block every address comes from: 198.18.0.0/15 (a
+// coordinator in the lab is given it as --worker-networks).
+var LabNet = netip.MustParsePrefix("198.18.0.0/15")
 
 // New returns an empty Lab after deleting the namespaces of Labs whose
 // process is gone (Sweep). Errors: ErrUnsupported, wrapped with why.
@@ -167,11 +168,11 @@ func (l *Lab) Connect(ctx context.Context, a, b *Namespace, s Shape) (*Link, err
 		return nil, ErrClosed
 	}
 	i := len(l.links)
-	if (i+1)*4 > 1<<(32-labNet.Bits()) {
+	if (i+1)*4 > 1<<(32-LabNet.Bits()) {
 		l.mu.Unlock()
 		return nil, errors.New("netlab: connect: out of addresses")
 	}
-	base := labNet.Addr().As4()
+	base := LabNet.Addr().As4()
 	off := uint32(base[0])<<24 | uint32(base[1])<<16 | uint32(base[2])<<8 | uint32(base[3])
 	off += uint32(i) * 4
 	addr := func(k uint32) netip.Addr {

@@ -124,8 +124,8 @@ func TestLabShapedLink(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !labNet.Contains(k.AddrA) || !labNet.Contains(k.AddrB) {
-		t.Fatalf("addresses %v, %v outside %v", k.AddrA, k.AddrB, labNet)
+	if !LabNet.Contains(k.AddrA) || !LabNet.Contains(k.AddrB) {
+		t.Fatalf("addresses %v, %v outside %v", k.AddrA, k.AddrB, LabNet)
 	}
 
 	// The veths live only inside the namespaces.
@@ -298,8 +298,8 @@ func TestSwitch(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !labNet.Contains(k.AddrA) {
-			t.Fatalf("address %v outside %v", k.AddrA, labNet)
+		if !LabNet.Contains(k.AddrA) {
+			t.Fatalf("address %v outside %v", k.AddrA, LabNet)
 		}
 		links = append(links, k)
 	}
