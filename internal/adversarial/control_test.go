@@ -176,7 +176,7 @@ func TestForgedWorkerIDs(t *testing.T) {
 	for i := range forged {
 		id := fmt.Sprint("forged-", i)
 		hb := control.Heartbeat{ID: id, Role: string(control.RoleDecode), GRPCAddr: "127.0.0.1:1", Model: real.Model, MaxSeqLen: real.MaxSeqLen,
-			KVBlocksFree: 8, KVBlocksTotal: 8, BlockTokens: real.BlockTokens, Time: time.Now()}
+			KVBlocksFree: 8, KVBlocksTotal: 8, BlockTokens: real.BlockTokens, HashKeyID: real.HashKeyID, Time: time.Now()}
 		data, err := json.Marshal(hb)
 		if err != nil {
 			t.Fatal(err)
@@ -271,7 +271,7 @@ func (a *attacked) fakeWorker(t *testing.T, nc *nats.Conn, id string) string {
 	t.Cleanup(srv.Stop)
 	real, _ := a.Membership().Get(a.decode.ID())
 	hb := control.Heartbeat{ID: id, Role: string(control.RoleDecode), GRPCAddr: lis.Addr().String(), Model: real.Model, MaxSeqLen: real.MaxSeqLen,
-		KVBlocksFree: 0, KVBlocksTotal: 8, BlockTokens: real.BlockTokens}
+		KVBlocksFree: 0, KVBlocksTotal: 8, BlockTokens: real.BlockTokens, HashKeyID: real.HashKeyID}
 	done := make(chan struct{})
 	stopped := make(chan struct{})
 	t.Cleanup(func() { close(done); <-stopped })
@@ -330,7 +330,7 @@ func TestDialOutsideWorkerNetworks(t *testing.T) {
 	real, _ := a.Membership().Get(a.decode.ID())
 	send := func(id, addr string) {
 		hb := control.Heartbeat{ID: id, Role: string(control.RoleDecode), GRPCAddr: addr, Model: real.Model, MaxSeqLen: real.MaxSeqLen,
-			KVBlocksFree: 8, KVBlocksTotal: 8, BlockTokens: real.BlockTokens, Time: time.Now()}
+			KVBlocksFree: 8, KVBlocksTotal: 8, BlockTokens: real.BlockTokens, HashKeyID: real.HashKeyID, Time: time.Now()}
 		data, err := json.Marshal(hb)
 		if err != nil {
 			t.Fatal(err)

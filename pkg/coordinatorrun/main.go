@@ -80,7 +80,7 @@ func tableCommand(name, summary string, write func(io.Writer) error) func(contex
 // helpGroups are the sections of the coordinator's --help, by concern.
 var helpGroups = []cliflags.Group{
 	{Title: "OpenAI API (HTTP)", Flags: []string{"http-*", "max-body-bytes", "max-inflight-body-bytes", "max-tokens-cap", "max-admitted-requests",
-		"retry-after", "model-name", "chat-template-file", "response-cache-*", "api-keys", "metrics-token-file", "auth-reload-interval", "shutdown-timeout"}},
+		"retry-after", "model-name", "chat-template-file", "response-cache-*", "responses-*", "api-keys", "metrics-token-file", "auth-reload-interval", "shutdown-timeout"}},
 	{Title: "Routing and serving", Flags: []string{"mode", "first-token-policy", "local-prefill-tokens", "block-tokens", "kv-hash-key-file", "codec", "heartbeat-ttl", "policy",
 		"worker-networks", "kv-index-*"}},
 	{Title: "Standalone workers and their engine", Flags: []string{"standalone", "prefill-workers", "decode-workers", "engine", "engine-threads",

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"sync"
@@ -114,6 +115,12 @@ func Start(ctx context.Context, o coordinator.Options, log *zap.Logger, opts ...
 
 	co := o // the coordinator's options
 	co.Standalone = false
+	// The worker-only flags given are the workers' started here: the
+	// coordinator, now without Standalone, would refuse them as given to it.
+	co.FlagsSet = maps.Clone(o.FlagsSet)
+	for _, f := range coordinator.WorkerOnlyFlags {
+		delete(co.FlagsSet, f)
+	}
 	workerNATS := func(string) control.ConnOptions { return o.NATS }
 	if o.NATSURL == "" {
 		self := control.NewNATSUser(control.RoleCoordinator, "")
