@@ -166,8 +166,9 @@ func engineMemoryProperty(t *testing.T, seed uint64, steps int, exporting bool) 
 			}
 			id := fmt.Sprintf("r%d", i)
 			req := &pdservev1.PrefillRequest{RequestId: id, PromptTokens: p, DecodeAddr: addr}
-			disk := s.cache.ReadDisk(context.Background(), s.cache.Hashes(0, p), s.cache.MaxHitBlocks(len(p)))
-			if _, _, err := s.enqueue(req, pl, disk); err != nil {
+			hashes := s.cache.Hashes(0, p)
+			disk := s.cache.ReadDisk(context.Background(), hashes, s.cache.MaxHitBlocks(len(p)))
+			if _, _, err := s.enqueue(req, hashes, pl, disk); err != nil {
 				t.Fatalf("%s: enqueue: %v", op, err)
 			}
 			ids = append(ids, id)

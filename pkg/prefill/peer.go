@@ -41,13 +41,13 @@ func (s *Server) ExportPrefix(_ context.Context, hashes []kv.Hash, minBlocks, ma
 // link model says the pull is faster than computing it (peerpull). It
 // returns nil when it does not pull, or the pull failed (logged and
 // counted: the prompt is computed, with the same tokens).
-func (s *Server) pullPrefix(ctx context.Context, req *pdservev1.PrefillRequest) *prefixcache.Pulled {
+func (s *Server) pullPrefix(ctx context.Context, req *pdservev1.PrefillRequest, hashes []kv.Hash) *prefixcache.Pulled {
 	prompt := req.GetPromptTokens()
 	if s.cache == nil || req.GetPeer() == nil {
 		return nil
 	}
 	pl := s.puller()
-	plan := pl.Plan(req.GetPeer(), len(prompt), s.cache.Hashes(kv.Hash(req.GetPrefixRoot()), prompt))
+	plan := pl.Plan(req.GetPeer(), len(prompt), hashes)
 	if plan == nil {
 		return nil
 	}

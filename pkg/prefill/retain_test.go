@@ -132,7 +132,8 @@ func TestAdmissionWaitsForRetentionRoom(t *testing.T) {
 	o.RetainBytes = one + one/2 // room for one 10-token prompt, not two
 	w := newWorker(t, o, false)
 	for _, id := range []string{"a", "b"} {
-		if _, _, err := w.s.enqueue(&pdservev1.PrefillRequest{RequestId: id, PromptTokens: prompt(10, 1), DecodeAddr: "127.0.0.1:1"}, nil, nil); err != nil {
+		p := prompt(10, 1)
+		if _, _, err := w.s.enqueue(&pdservev1.PrefillRequest{RequestId: id, PromptTokens: p, DecodeAddr: "127.0.0.1:1"}, w.s.cache.Hashes(0, p), nil, nil); err != nil {
 			t.Fatal(err)
 		}
 	}

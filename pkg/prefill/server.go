@@ -384,11 +384,14 @@ func (s *Server) Cancel(id string) bool {
 // reservation) or UNAVAILABLE, marked so that wire.IsKVTransferFailed reports it.
 func (s *Server) Prefill(req *pdservev1.PrefillRequest, stream grpc.ServerStreamingServer[pdservev1.PrefillResponse]) error {
 	ctx := stream.Context()
-	pulled := s.pullPrefix(ctx, req)
+	// The prompt's block hashes (keyed SHA-256, rooted in its tenant),
+	// computed once for the pull, the disk read and the queue.
+	hashes := s.cache.Hashes(kv.Hash(req.GetPrefixRoot()), req.GetPromptTokens())
+	pulled := s.pullPrefix(ctx, req, hashes)
 	// A file the disk tier holds is read here, not under the engine lock
 	// where the prefix is imported.
-	disk := s.cache.ReadDisk(ctx, s.cache.Hashes(kv.Hash(req.GetPrefixRoot()), req.GetPromptTokens()), s.cache.MaxHitBlocks(len(req.GetPromptTokens())))
-	r, pos, err := s.enqueue(req, pulled, disk)
+	disk := s.cache.ReadDisk(ctx, hashes, s.cache.MaxHitBlocks(len(req.GetPromptTokens())))
+	r, pos, err := s.enqueue(req, hashes, pulled, disk)
 	if err != nil {
 		return err
 	}
@@ -471,7 +474,7 @@ func invalid(format string, args ...any) error {
 // enqueue validates req and queues it, with the prefix pulled from a peer
 // and the one read from the disk tier (either nil: none). It returns the
 // request and its 0-based position in the queue.
-func (s *Server) enqueue(req *pdservev1.PrefillRequest, pulled *prefixcache.Pulled, disk *prefixcache.DiskRead) (*request, int, error) {
+func (s *Server) enqueue(req *pdservev1.PrefillRequest, hashes []kv.Hash, pulled *prefixcache.Pulled, disk *prefixcache.DiskRead) (*request, int, error) {
 	if err := checkID(req.GetRequestId()); err != nil {
 		return nil, 0, invalid("%v", err)
 	}
@@ -533,7 +536,7 @@ func (s *Server) enqueue(req *pdservev1.PrefillRequest, pulled *prefixcache.Pull
 		pulled:   pulled,
 		disk:     disk,
 	}
-	r.hashes = s.cache.Hashes(kv.Hash(req.GetPrefixRoot()), r.prompt)
+	r.hashes = hashes
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
