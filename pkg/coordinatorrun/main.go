@@ -51,6 +51,10 @@ func Subcommands() []Subcommand {
 			Run: func(_ context.Context, args []string, stdout, stderr io.Writer) int {
 				return Keygen(args, stdout, stderr)
 			}},
+		{Name: "secrets", Summary: "write a deployment's secrets, each worker's its own: mTLS certificates, NATS users, the gRPC key pair, the KV hash key (secrets --help)",
+			Run: func(_ context.Context, args []string, stdout, stderr io.Writer) int {
+				return Secrets(args, stdout, stderr)
+			}},
 		{Name: "hash-key", Summary: "read an API key on stdin and print its line for the --api-keys file (hash-key --help)",
 			Run: func(_ context.Context, args []string, stdout, stderr io.Writer) int {
 				return HashKey(args, os.Stdin, stdout, stderr)
