@@ -76,6 +76,10 @@ type Trace struct {
 	// cannot be cached).
 	Cache string
 
+	// Objective is the request's latency objective and, when it named a
+	// tier alias, the tier's choice; zero when neither applies.
+	Objective Objective
+
 	// ITLs are the gaps between successive token deliveries to the client
 	// (a delivery may carry several tokens). Appended by Tokens.
 	ITLs []time.Duration
@@ -217,6 +221,12 @@ type Summary struct {
 	PrefillRetries   int    `json:"prefill_retries,omitempty"`
 	// Cache repeats Trace.Cache: "hit" or "miss", absent when not looked up.
 	Cache string `json:"cache,omitempty"`
+	// The objective's fields (Objective), each absent when unset.
+	Priority        string  `json:"priority,omitempty"`
+	TTFTBudgetMs    float64 `json:"ttft_budget_ms,omitempty"`
+	Tier            string  `json:"tier,omitempty"`
+	TierFallback    string  `json:"tier_fallback,omitempty"`
+	PredictedTTFTMs float64 `json:"predicted_ttft_ms,omitempty"`
 
 	CostUSD            *float64 `json:"cost_usd,omitempty"`
 	CostUSDPer1kTokens *float64 `json:"cost_usd_per_1k_tokens,omitempty"`
@@ -260,6 +270,11 @@ func (t *Trace) Summary() Summary {
 		PrefillRetries:        t.PrefillRetries,
 		Cache:                 t.Cache,
 		Warnings:              slices.Clone(t.Warnings),
+		Priority:              t.Objective.Priority,
+		TTFTBudgetMs:          ms(t.Objective.TTFTBudget),
+		Tier:                  t.Objective.Tier,
+		TierFallback:          t.Objective.TierFallback,
+		PredictedTTFTMs:       ms(t.Objective.PredictedTTFT),
 	}
 	if c, ok := t.Cost(); ok {
 		sum.CostUSD = ptr(roundSig(c.USD))
@@ -288,6 +303,11 @@ func (t *Trace) Fields() []zap.Field {
 		zap.String("status", t.Status),
 		zap.String("finish_reason", t.FinishReason),
 		zap.String("model", t.Model),
+		zap.String("tier", t.Objective.Tier),
+		zap.String("tier_fallback", t.Objective.TierFallback),
+		zap.String("priority", t.Objective.Priority),
+		zap.Float64("ttft_budget_ms", ms(t.Objective.TTFTBudget)),
+		zap.Float64("predicted_ttft_ms", ms(t.Objective.PredictedTTFT)),
 		zap.String("mode", t.Mode),
 		zap.String("first_token_policy", t.FirstTokenPolicy),
 		zap.Int("prompt_tokens", t.PromptTokens),
@@ -380,3 +400,20 @@ const (
 	CacheHit  = "hit"
 	CacheMiss = "miss"
 )
+
+// Objective is a request's latency objective (config.Objective) and, for
+// a request that named a tier alias, what the tier chose (package tiers).
+type Objective struct {
+	// Priority is "interactive" or "batch"; "" when no objective applied.
+	Priority string
+	// TTFTBudget is the time to first token asked; 0: none.
+	TTFTBudget time.Duration
+	// Tier is the alias the request named, "" when it named a model.
+	Tier string
+	// TierFallback is why the tier's first model did not serve (down,
+	// shedding, over_budget); "" when it did.
+	TierFallback string
+	// PredictedTTFT is the chosen model's predicted TTFT; 0 when
+	// unmeasured or no tier.
+	PredictedTTFT time.Duration
+}

@@ -29,6 +29,11 @@ type Policy struct {
 	Pricing       Pricing       `yaml:"pricing"`
 	Auth          Auth          `yaml:"auth"`
 	ResponseCache ResponseCache `yaml:"response_cache"`
+	// Tiers are the model aliases clients may request, by alias
+	// (objectives.go).
+	Tiers map[string]Tier `yaml:"tiers"`
+	// Objectives are the requests' TTFT budgets and priorities.
+	Objectives Objectives `yaml:"objectives"`
 }
 
 // Auth names the files that authenticate clients (package apikey). Both
@@ -185,6 +190,12 @@ func (p Policy) Validate() error {
 		return err
 	}
 	if err := p.ResponseCache.validate(); err != nil {
+		return err
+	}
+	if err := validateTiers(p.Tiers); err != nil {
+		return err
+	}
+	if err := p.Objectives.validate(); err != nil {
 		return err
 	}
 	return p.Pricing.validate()

@@ -45,4 +45,12 @@
 //	  # or, instead of a GPU price, prices per 1000 tokens:
 //	  # prompt_usd_per_1k_tokens: 0.0005
 //	  # output_usd_per_1k_tokens: 0.0015
+//	tiers:                # optional: model aliases clients request (package tiers)
+//	  chat:
+//	    models: [llama-3-8b-q4, llama-3-70b] # the first predicted to meet the budget serves
+//	objectives:           # optional: TTFT budgets and priorities (Objectives)
+//	  default: {ttft_budget_ms: 1000, priority: interactive}
+//	  api_keys:
+//	    nightly: {priority: batch}
+//	  batch_share: 0.5    # of queue_limit that batch requests may hold
 package config

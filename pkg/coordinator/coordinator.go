@@ -240,6 +240,7 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 		MaxInFlight: o.Policy.Limits.QueueLimit, MaxBodyBytes: o.MaxBodyBytes, BodyIdleTimeout: o.HTTPBodyIdleTimeout,
 		BodyTimeout: o.HTTPBodyTimeout, WriteTimeout: o.HTTPWriteTimeout, MaxInFlightBodyBytes: o.MaxInFlightBodyBytes, MaxChoices: c.maxChoices,
 		APIKeys: au.keys, MetricsToken: au.token, ChatTemplate: chatTemplate, TracerProvider: tp, Responses: responses,
+		Tiers: newTierChooser(c, c.reg),
 	})
 	if err != nil {
 		return c, fmt.Errorf("coordinator: %w", err)

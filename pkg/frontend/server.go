@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"mime"
 	"net"
@@ -163,6 +164,10 @@ type Options struct {
 	// store true is answered with store false, previous_response_id with
 	// 404).
 	Responses ResponseStore
+	// Tiers chooses the model of a request naming one of Policy.Tiers'
+	// aliases; nil: the aliases are not served (a request naming one gets
+	// model_not_found).
+	Tiers Tiers
 	// RetryAfter is sent with 429 and 503; ≤ 0 means 1 s.
 	RetryAfter time.Duration
 	// MaxBodyBytes bounds a request body; a larger one gets 413. ≤ 0
@@ -256,6 +261,8 @@ type Server struct {
 
 	mu       sync.Mutex
 	inFlight int // admitted completion requests (prompts), ≤ o.MaxInFlight
+	// batchInFlight are those of batch priority, ≤ batchLimit().
+	batchInFlight int
 	// bodyBytes is what request bodies hold of MaxInFlightBodyBytes.
 	bodyBytes int64
 }
@@ -365,29 +372,60 @@ func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
 		Object string  `json:"object"`
 		Data   []model `json:"data"`
 	}{Object: "list", Data: []model{}}
-	for _, m := range s.o.Models() {
+	served := s.o.Models()
+	for _, m := range served {
 		list.Data = append(list.Data, model{ID: m.Name, Object: "model", OwnedBy: "pdserve", MaxModelLen: m.MaxModelLen})
+	}
+	// Tier aliases with a model served now, as long as the longest
+	// context of those.
+	if s.o.Tiers != nil {
+		for _, alias := range slices.Sorted(maps.Keys(s.o.Policy.Tiers)) {
+			n, ok := 0, false
+			for _, m := range served {
+				if m.Name == alias {
+					ok = false // a served model's name is not an alias
+					break
+				}
+				if slices.Contains(s.o.Policy.Tiers[alias].Models, m.Name) {
+					n, ok = max(n, m.MaxModelLen), true
+				}
+			}
+			if ok {
+				list.Data = append(list.Data, model{ID: alias, Object: "model", OwnedBy: "pdserve-tier", MaxModelLen: n})
+			}
+		}
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(list)
 }
 
-// admit takes k in-flight slots, all or none, and reports whether it did.
-func (s *Server) admit(k int) bool {
+// admit takes k in-flight slots, all or none, or returns the 429 of why not;
+// batch slots only within batchLimit, so that under load batch requests
+// are refused first and interactive ones last.
+func (s *Server) admit(k int, batch bool) *apiError {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.o.MaxInFlight > 0 && s.inFlight+k > s.o.MaxInFlight {
-		return false
+		return s.queueFull()
+	}
+	if batch && s.o.MaxInFlight > 0 && s.batchInFlight+k > s.batchLimit() {
+		return s.batchFull()
 	}
 	s.inFlight += k
-	return true
+	if batch {
+		s.batchInFlight += k
+	}
+	return nil
 }
 
 // release gives back k slots taken by admit.
-func (s *Server) release(k int) {
+func (s *Server) release(k int, batch bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.inFlight -= k
+	if batch {
+		s.batchInFlight -= k
+	}
 }
 
 // takeBody takes n bytes of the body budget, all or none, and reports
@@ -486,15 +524,27 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, chat bool, id str
 			return
 		}
 	}
+	route := RouteCompletions
+	if chat {
+		route = RouteChat
+	}
+	obj, aerr := s.objective(r, cl, route)
+	if aerr != nil {
+		w.Header().Set("Connection", "close") // the body stays unread
+		refuse(aerr)
+		return
+	}
+	tr.Objective = obj
+	batch := obj.Priority == config.PriorityBatch
 	// Admission comes before the body is read: a full server holds no
 	// more bodies than MaxInFlight.
-	if !s.admit(1) {
+	if aerr := s.admit(1, batch); aerr != nil {
 		w.Header().Set("Connection", "close") // the body stays unread
-		refuse(s.queueFull())
+		refuse(aerr)
 		return
 	}
 	held := 1
-	defer func() { s.release(held) }()
+	defer func() { s.release(held, batch) }()
 	// The body's bytes, from now until the response ends.
 	var bodyHeld int64
 	defer func() { s.giveBody(bodyHeld) }()
@@ -537,8 +587,8 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, chat bool, id str
 		return
 	}
 	if extra := len(pl.reqs) - 1; extra > 0 {
-		if !s.admit(extra) {
-			refuse(s.queueFull())
+		if aerr := s.admit(extra, batch); aerr != nil {
+			refuse(aerr)
 			return
 		}
 		held += extra
@@ -826,11 +876,18 @@ func (s *Server) prepare(data []byte, chat bool, cl client, tr *budget.Trace) (*
 		model = models[0].Name
 	}
 	i := slices.IndexFunc(models, func(m Model) bool { return m.Name == model })
-	if i < 0 {
+	maxLen := 0 // 0 when unknown
+	// A tier alias (not a served model's name) is resolved to one of its
+	// models once the prompt's tokens are known.
+	var tierModels []string
+	if i >= 0 {
+		maxLen = models[i].MaxModelLen
+	} else if t, ok := s.o.Policy.Tiers[model]; ok && s.o.Tiers != nil {
+		tierModels = t.Models
+	} else {
 		return nil, &apiError{status: http.StatusNotFound, Message: fmt.Sprintf("The model `%s` does not exist or you do not have access to it.", model),
 			Type: "invalid_request_error", Param: ptr("model"), Code: ptr("model_not_found")}
 	}
-	maxLen := models[i].MaxModelLen // 0 when unknown
 	tr.Model = model
 	if s.o.MaxChoices != nil {
 		if mc := s.o.MaxChoices(); mc > 0 && p.n > mc {
@@ -888,6 +945,15 @@ func (s *Server) prepare(data []byte, chat bool, cl client, tr *budget.Trace) (*
 	for _, t := range prompts {
 		tr.PromptTokens += len(t.ids)
 	}
+	if tierModels != nil {
+		if model, aerr = s.chooseTier(model, tierModels, tr); aerr != nil {
+			return nil, aerr
+		}
+		tr.Model, pl.model = model, model
+		if j := slices.IndexFunc(models, func(m Model) bool { return m.Name == model }); j >= 0 {
+			maxLen = models[j].MaxModelLen
+		}
+	}
 
 	limit, surface := cl.budget(s.o.Policy.Budgets, route)
 	for i, t := range prompts {
@@ -918,7 +984,7 @@ func (s *Server) prepare(data []byte, chat bool, cl client, tr *budget.Trace) (*
 		}
 		if len(prompts) > 1 {
 			req.ID = fmt.Sprintf("%s-%d", tr.RequestID, i)
-			req.Trace = &budget.Trace{RequestID: req.ID, Arrival: tr.Arrival, TraceID: tr.TraceID, Model: model, PromptTokens: len(t.ids)}
+			req.Trace = &budget.Trace{RequestID: req.ID, Arrival: tr.Arrival, TraceID: tr.TraceID, Model: model, PromptTokens: len(t.ids), Objective: tr.Objective}
 		}
 		pl.reqs = append(pl.reqs, req)
 		pl.echo = append(pl.echo, t.echo)
@@ -989,6 +1055,9 @@ func (s *Server) finish(tr *budget.Trace, aerr *apiError, extra ...zap.Field) {
 	fields = append(fields, extra...)
 	s.o.Logger.Info("request", fields...)
 	s.o.Metrics.ObserveRequest(tr)
+	if s.o.Tiers != nil {
+		s.o.Tiers.Observe(tr)
+	}
 }
 
 // apiKey returns the key of an Authorization: Bearer header, "" when none.
