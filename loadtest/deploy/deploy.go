@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pdserve/pdserve/loadtest/report"
+	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/enginecfg"
 	"github.com/pdserve/pdserve/pkg/perfmodel"
@@ -67,6 +68,12 @@ type Spec struct {
 	PolicyFile string
 	// ModelName is the served model name ("" = the engine's).
 	ModelName string
+	// TierProfile, with TierPrefillWorkers and TierDecodeWorkers, adds a
+	// second pool of sim workers serving another profile's model beside
+	// the first (its workers numbered after the first pool's), for a
+	// policy whose tiers list both models. "": one pool.
+	TierProfile                           string
+	TierPrefillWorkers, TierDecodeWorkers int
 
 	// Model is the llamacpp engine's GGUF file.
 	Model string
@@ -144,6 +151,14 @@ func (s Spec) Options() (coordinator.Options, error) {
 	o.Standalone = true
 	o.Mode = s.Mode
 	o.PrefillWorkers, o.DecodeWorkers = s.PrefillWorkers, s.DecodeWorkers
+	if s.TierProfile != "" {
+		if s.engine() != enginecfg.Sim || s.ModelName != "" || s.TierPrefillWorkers < 0 || s.TierDecodeWorkers <= 0 ||
+			(s.Mode == Disaggregated) != (s.TierPrefillWorkers > 0) {
+			return o, fmt.Errorf("%w: a second pool (tier profile %s) needs the sim engine, no model name, and workers of each role its mode needs", ErrSpec, s.TierProfile)
+		}
+		o.PrefillWorkers += s.TierPrefillWorkers
+		o.DecodeWorkers += s.TierDecodeWorkers
+	}
 	o.Codec = s.Codec
 	if s.FirstTokenPolicy != "" {
 		o.FirstTokenPolicy = s.FirstTokenPolicy
@@ -204,6 +219,19 @@ func (s Spec) workerOptions(w *workerrun.Options) {
 	}
 	if s.Codec != "" {
 		w.Prefill.Codec = s.Codec
+	}
+	if s.TierProfile != "" {
+		// Workers are numbered ROLE-i in each role; the first pool's come
+		// first.
+		first := s.DecodeWorkers
+		if w.Role == control.RolePrefill {
+			first = s.PrefillWorkers
+		}
+		if i := strings.LastIndexByte(w.ID, '-'); i >= 0 {
+			if n, err := strconv.Atoi(w.ID[i+1:]); err == nil && n >= first {
+				w.Engine.Profile = s.TierProfile
+			}
+		}
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 
 	"github.com/pdserve/pdserve/pkg/budget"
 	"github.com/pdserve/pdserve/pkg/control"
+	"github.com/pdserve/pdserve/pkg/router"
 	"github.com/pdserve/pdserve/pkg/tiers"
 )
 
@@ -26,42 +27,49 @@ func newTierChooser(c *Coordinator, reg prometheus.Registerer) *tierChooser {
 // live is model's state from the admitted, non-draining workers: up when
 // it has a worker of every role a request needs (prefill and decode, or
 // colocated in colocated mode), shedding when every worker that would
-// prefill it is at the routing policy's max_queued_prefill_tokens.
+// prefill it is at the routing policy's max_queued_prefill_tokens. Queued
+// prefill tokens are the router's estimates: a worker's heartbeat plus
+// what was routed to it since (router.Loads), so that a burst between two
+// heartbeats counts against the model it went to.
 func (t *tierChooser) live(model string) tiers.Live {
-	c := t.c
+	b := t.c.backend
 	prefillRole, decodeRole := control.RolePrefill, control.RoleDecode
-	if c.o.Mode == ModeColocated {
+	if t.c.o.Mode == ModeColocated {
 		prefillRole, decodeRole = control.RoleColocated, control.RoleColocated
 	}
-	serves := func(hb control.Heartbeat) bool {
-		if c.o.ModelName != "" { // every worker serves under --model-name
-			return model == c.o.ModelName
+	serves := func(w router.Worker) bool {
+		if t.c.o.ModelName != "" { // every worker serves under --model-name
+			return model == t.c.o.ModelName
 		}
-		return hb.Model == model
+		return w.Model == model
 	}
-	var l tiers.Live
 	decode := 0
-	for _, hb := range c.members.Members(decodeRole) {
-		if serves(hb) {
+	for _, w := range b.workers(decodeRole) {
+		if serves(w) {
 			decode++
 		}
 	}
-	limit := c.o.Policy.Routing.MaxQueuedPrefillTokens
-	prefill, full := 0, 0
-	for _, hb := range c.members.Members(prefillRole) {
-		if !serves(hb) {
-			continue
+	var prefill []router.Worker
+	for _, w := range b.workers(prefillRole) {
+		if serves(w) {
+			prefill = append(prefill, w)
 		}
-		if prefill == 0 || hb.QueuedPrefillTokens < l.QueuedPrefillTokens {
-			l.QueuedPrefillTokens = hb.QueuedPrefillTokens
+	}
+	var l tiers.Live
+	loads := b.router.Loads(prefill)
+	limit := t.c.o.Policy.Routing.MaxQueuedPrefillTokens
+	full := 0
+	for i, w := range prefill {
+		q := loads[w.ID].QueuedPrefillTokens
+		if i == 0 || q < l.QueuedPrefillTokens {
+			l.QueuedPrefillTokens = q
 		}
-		prefill++
-		if limit > 0 && hb.QueuedPrefillTokens >= limit {
+		if limit > 0 && q >= limit {
 			full++
 		}
 	}
-	l.Up = prefill > 0 && decode > 0
-	l.Shedding = l.Up && full == prefill
+	l.Up = len(prefill) > 0 && decode > 0
+	l.Shedding = l.Up && full == len(prefill)
 	return l
 }
 

@@ -541,6 +541,15 @@ func (r *Router) InFlight() int {
 	return len(r.inflight)
 }
 
+// Loads returns the estimated load of every listed worker by id: its
+// snapshot with the assignments made after it (see "Determinism and load
+// between heartbeats" in the package doc).
+func (r *Router) Loads(lists ...[]Worker) map[string]Load {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.loads(lists...)
+}
+
 // loads returns the load of every listed worker by id, in one pass over
 // the assignments: O(workers + assignments).
 func (r *Router) loads(lists ...[]Worker) map[string]Load {
