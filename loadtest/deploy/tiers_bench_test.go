@@ -31,7 +31,7 @@ type tierRun struct {
 	byModel        map[string]int
 	// failures counts the failed requests by status (0: no response).
 	failures map[int]int
-	ttfts          []float64
+	ttfts    []float64
 }
 
 func (r tierRun) share(n int) float64 { return float64(r.within) / float64(n) }
