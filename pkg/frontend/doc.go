@@ -72,7 +72,11 @@
 // when nothing else was said, finish_reason "tool_calls"; streamed, each
 // call is a delta {index, id, type, function {name, arguments ""}} then
 // one {index, function {arguments}}, as OpenAI sends them. A call that
-// does not parse stays content. tool_choice "required" (any of the
+// does not parse stays content, except one cut by max_tokens: as
+// OpenAI's, it is in tool_calls as far as it goes (its name when written
+// whole, else ""; its arguments' text as cut) with finish_reason
+// "length" (on the Responses API a function_call item with status
+// "incomplete"). tool_choice "required" (any of the
 // tools) and a named function decode under a grammar of the call syntax
 // around the tools' parameter schemas (pkg/grammar; keywords it does not
 // support are a 400 unsupported_value on tools), so even random weights

@@ -576,7 +576,7 @@ func (x *respWriter) whole() (*respRun, error) {
 				_ = r.content(*m.Content)
 			}
 			for i, tc := range m.ToolCalls {
-				_ = r.call(toolCall{Index: i, ID: tc.ID, Type: tc.Type, Function: tc.Function})
+				_ = r.call(toolCall{Index: i, ID: tc.ID, Type: tc.Type, Function: toolFunction(tc.Function)})
 			}
 		}
 		if ch.FinishReason != nil {
