@@ -57,12 +57,20 @@ type msgRequest struct {
 // msgError is the 400 of the Messages API about param: its message
 // names it, as Anthropic's do ("max_tokens: Field required").
 func msgError(param, format string, a ...any) *apiError {
-	return badRequest(param, "invalid_request_error", "%s: %s", param, fmt.Sprintf(format, a...))
+	return badRequest(param, "invalid_request_error", "%s", named(param, fmt.Sprintf(format, a...)))
 }
 
 // msgUnsupported is the 400 of a parameter pdserve cannot do as asked.
 func msgUnsupported(param, format string, a ...any) *apiError {
-	return unsupported(param, "%s: %s", param, fmt.Sprintf(format, a...))
+	return unsupported(param, "%s", named(param, fmt.Sprintf(format, a...)))
+}
+
+// named returns msg led by "param: " unless it starts with param.
+func named(param, msg string) string {
+	if strings.HasPrefix(msg, param) {
+		return msg
+	}
+	return param + ": " + msg
 }
 
 // parseMessages validates a Messages API body and turns it into a chat

@@ -3,9 +3,9 @@ package frontend
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -18,28 +18,14 @@ import (
 // requests a minute); last returns the last request's prompt.
 func msgServer(t *testing.T) (*testServer, func() string) {
 	t.Helper()
-	var mu sync.Mutex
-	var last string
-	b := sayBackend()
-	inner := b.complete
-	b.complete = func(ctx context.Context, req *Request, emit EmitFunc) ([]string, error) {
-		p := (tokenizer.Bytes{}).Decode(req.Prompt)
-		mu.Lock()
-		last = p
-		mu.Unlock()
-		if i := strings.LastIndex(p, "say:"); i >= 0 {
-			cp := *req
-			cp.Prompt = (tokenizer.Bytes{}).Encode(p[i:])
-			req = &cp
-		}
-		return inner(ctx, req, emit)
-	}
+	b, lastReq := sayLastBackend()
+	last := func() string { return (tokenizer.Bytes{}).Decode(lastReq().Prompt) }
 	keys := loadKeys(t, keyFile(t, keyTeamA+" name=team-a rpm=3", keyTeamB+" name=team-b"))
 	ts := newTestServer(t, b, func(o *Options) {
 		roomForTools(o)
 		o.APIKeys = keys
 	})
-	return ts, func() string { mu.Lock(); defer mu.Unlock(); return last }
+	return ts, last
 }
 
 // msgBody is a Messages API body whose user turn asks for reply.
@@ -385,5 +371,36 @@ func TestPartialObject(t *testing.T) {
 		if !json.Valid([]byte(got)) {
 			t.Errorf("partialObject(%q) = %s: not JSON", in, got)
 		}
+	}
+}
+
+// TestMessagesErrorMidStream: a failure after the stream began ends it
+// with Anthropic's error event (api_error, no internal text), after the
+// text already sent; before any output it is a whole error response.
+func TestMessagesErrorMidStream(t *testing.T) {
+	ts := newTestServer(t, &fakeBackend{complete: func(ctx context.Context, req *Request, emit EmitFunc) ([]string, error) {
+		if err := emit(Output{Tokens: []int32{'a'}}); err != nil {
+			return nil, err
+		}
+		return nil, errors.New("decode worker d0 failed and no KV is retained")
+	}}, nil)
+	body := `{"model":"tiny","max_tokens":5,"stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	evs := msgEvents(t, ts.post(t, RouteMessages, body))
+	types, _ := streamShape(evs)
+	if diff := cmp.Diff([]string{"message_start", "ping", "content_block_start:text", "content_block_delta", "error"}, types); diff != "" {
+		t.Fatalf("events (-want +got):\n%s", diff)
+	}
+	e := evs[len(evs)-1]["error"].(map[string]any)
+	if e["type"] != "api_error" || strings.Contains(e["message"].(string), "KV") {
+		t.Errorf("error event %v, want a generic api_error", e)
+	}
+
+	ts2 := newTestServer(t, &fakeBackend{complete: func(ctx context.Context, req *Request, emit EmitFunc) ([]string, error) {
+		return nil, errors.New("no KV")
+	}}, nil)
+	resp := ts2.post(t, RouteMessages, body)
+	m := decodeJSON(t, resp.Body)
+	if resp.StatusCode != http.StatusInternalServerError || m["type"] != "error" || m["error"].(map[string]any)["type"] != "api_error" || !strings.HasPrefix(m["request_id"].(string), "msg_") {
+		t.Errorf("status %d body %v, want a 500 api_error", resp.StatusCode, m)
 	}
 }
