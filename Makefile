@@ -40,6 +40,7 @@ images: llama
 # (needs npm; a no-op once installed).
 sdk:
 	bash scripts/install-openai-sdk.sh
+	bash scripts/install-anthropic-sdk.sh
 
 vet:
 	$(GO) vet ./...

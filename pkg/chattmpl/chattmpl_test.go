@@ -225,6 +225,45 @@ func TestParser(t *testing.T) {
 	}
 }
 
+// TestParserCut: a reply cut by its token limit inside a tool call hands
+// the call out as far as it goes (Cut), not as content; Flush keeps it
+// content.
+func TestParserCut(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		format Format
+		text   string
+		want   Delta
+	}{
+		{"name cut", FormatHermes, "<tool_call>\n{\"name\": \"get_weat",
+			Delta{Cut: &ToolCall{}}},
+		{"arguments cut", FormatHermes, "Sure.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Par",
+			Delta{Content: "Sure.\n", Cut: &ToolCall{Name: "get_weather", Arguments: `{"city": "Par`}}},
+		{"before the arguments", FormatHermes, "<tool_call>\n{\"name\": \"a\", ",
+			Delta{Cut: &ToolCall{Name: "a"}}},
+		{"whole call, close tag cut", FormatHermes, "<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_",
+			Delta{Calls: []ToolCall{{Name: "a", Arguments: `{}`}}}},
+		{"second call cut", FormatHermes, "<tool_call>{\"name\": \"a\", \"arguments\": {}}</tool_call>\n<tool_call>{\"name\": \"b\", \"arguments\": {\"n\": [1,",
+			Delta{Calls: []ToolCall{{Name: "a", Arguments: `{}`}}, Cut: &ToolCall{Name: "b", Arguments: `{"n": [1,`}}},
+		{"text cut is text", FormatHermes, "It is sun", Delta{Content: "It is sun"}},
+		{"llama3 cut", FormatLlama3, `{"name": "a", "parameters": {}}; {"name": "b", "parameters": {"x": "y`,
+			Delta{Calls: []ToolCall{{Name: "a", Arguments: `{}`}}, Cut: &ToolCall{Name: "b", Arguments: `{"x": "y`}}},
+		{"llama3 broken json is content", FormatLlama3, `{"name" 1`, Delta{Content: `{"name" 1`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := NewParser(tc.format, true, false)
+			got := p.Push(tc.text)
+			got.add(p.Cut())
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("Cut (-want +got):\n%s", diff)
+			}
+			if d := pushAll(NewParser(tc.format, true, false), tc.text, 1); d.Cut != nil {
+				t.Errorf("Flush handed out a cut call: %+v", d.Cut)
+			}
+		})
+	}
+}
+
 // TestParserHoldsOnlyMarkup: text that cannot be markup is handed out at
 // once, a partial tag is held.
 func TestParserHoldsOnlyMarkup(t *testing.T) {

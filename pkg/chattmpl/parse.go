@@ -3,6 +3,7 @@ package chattmpl
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"strings"
 )
 
@@ -19,12 +20,19 @@ type Delta struct {
 	Content   string
 	Reasoning string
 	Calls     []ToolCall
+	// Cut is the call the reply ended inside, from Cut only (the reply was
+	// cut by its token limit): its name when the name was written whole,
+	// else "", and its arguments' JSON text as far as it goes.
+	Cut *ToolCall
 }
 
 func (d *Delta) add(o Delta) {
 	d.Content += o.Content
 	d.Reasoning += o.Reasoning
 	d.Calls = append(d.Calls, o.Calls...)
+	if o.Cut != nil {
+		d.Cut = o.Cut
+	}
 }
 
 // parser states
@@ -83,7 +91,14 @@ func (p *Parser) Push(text string) Delta {
 
 // Flush returns whatever is held back: the reply ended. A tool call that
 // does not parse is handed out as content, as it was written.
-func (p *Parser) Flush() Delta {
+func (p *Parser) Flush() Delta { return p.flush(false) }
+
+// Cut is Flush for a reply cut by its token limit: a tool call it ended
+// inside is handed out as Delta.Cut, as far as it goes, as OpenAI hands
+// out a call cut by max_tokens, instead of as content.
+func (p *Parser) Cut() Delta { return p.flush(true) }
+
+func (p *Parser) flush(cut bool) Delta {
 	var d Delta
 	for p.step(&d, true) {
 	}
@@ -93,15 +108,29 @@ func (p *Parser) Flush() Delta {
 	case stReasoning:
 		d.Reasoning += p.pending
 	case stCall:
-		if c, ok := parseCall(p.pending, "arguments"); ok {
+		body := p.pending
+		if cut {
+			body = body[:len(body)-heldPrefix(body, callClose)]
+		}
+		c, ok := parseCall(body, "arguments")
+		switch {
+		case ok:
 			d.Calls = append(d.Calls, c)
-		} else {
+		case cut:
+			c := partialCall(body, "arguments")
+			d.Cut = &c
+		default:
 			d.Content += callOpen + p.pending
 		}
 	case stJSON:
-		if calls, ok := parseJSONCalls(p.pending); ok {
+		calls, rest, ok := jsonCalls(p.pending)
+		switch {
+		case ok && rest == "":
 			d.Calls = append(d.Calls, calls...)
-		} else {
+		case ok && cut:
+			c := partialCall(rest, "parameters")
+			d.Calls, d.Cut = append(d.Calls, calls...), &c
+		default:
 			d.Content += p.pending
 		}
 	}
@@ -231,11 +260,13 @@ func callOf(obj map[string]json.RawMessage, argsKey string) (ToolCall, bool) {
 	return ToolCall{Name: name, Arguments: args}, true
 }
 
-// parseJSONCalls parses a Llama 3 reply that is one or more JSON calls
-// ({"name", "parameters"}), separated by ";" or whitespace.
-func parseJSONCalls(text string) ([]ToolCall, bool) {
-	var calls []ToolCall
-	rest := text
+// jsonCalls parses a Llama 3 reply that is one or more JSON calls
+// ({"name", "parameters"}), separated by ";" or whitespace. ok: the
+// reply is calls, rest "" when all of them are whole; else rest is the
+// text of the last, which does not end (a reply cut inside it). A reply
+// with anything else is not calls.
+func jsonCalls(text string) (calls []ToolCall, rest string, ok bool) {
+	rest = text
 	for {
 		rest = strings.TrimLeft(rest, " \t\r\n")
 		if len(calls) > 0 && strings.HasPrefix(rest, ";") {
@@ -247,14 +278,56 @@ func parseJSONCalls(text string) ([]ToolCall, bool) {
 		dec := json.NewDecoder(strings.NewReader(rest))
 		var obj map[string]json.RawMessage
 		if err := dec.Decode(&obj); err != nil {
-			return nil, false
+			var se *json.SyntaxError
+			if errors.As(err, &se) || !strings.HasPrefix(rest, "{") {
+				return nil, "", false
+			}
+			return calls, rest, true // io.ErrUnexpectedEOF: it does not end
 		}
 		c, ok := callOf(obj, "parameters")
 		if !ok {
-			return nil, false
+			return nil, "", false
 		}
 		calls = append(calls, c)
 		rest = rest[dec.InputOffset():]
 	}
-	return calls, len(calls) > 0
+	return calls, "", len(calls) > 0
+}
+
+// partialCall reads what a call's JSON that does not end, {"name": …,
+// argsKey: {…, holds: the name when its string is whole, and the text of
+// the arguments as far as they go (compact JSON when they are whole).
+func partialCall(text, argsKey string) ToolCall {
+	var c ToolCall
+	dec := json.NewDecoder(strings.NewReader(text))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return c
+	}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return c
+		}
+		key, _ := t.(string)
+		args := key == argsKey || key == "arguments"
+		off := dec.InputOffset()
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			if args {
+				rest := strings.TrimLeft(text[off:], " \t\r\n")
+				c.Arguments = strings.TrimLeft(strings.TrimPrefix(rest, ":"), " \t\r\n")
+			}
+			return c
+		}
+		switch {
+		case key == "name":
+			_ = json.Unmarshal(raw, &c.Name)
+		case args:
+			var buf bytes.Buffer
+			if json.Compact(&buf, raw) == nil {
+				c.Arguments = buf.String()
+			}
+		}
+	}
+	return c
 }

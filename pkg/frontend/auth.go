@@ -18,6 +18,9 @@ import (
 const (
 	msgNoKey  = "You didn't provide an API key. You need to provide your API key in an Authorization header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
 	msgBadKey = "Incorrect API key provided. Ask the operator of this server for a valid key."
+	// The Messages API's, as Anthropic words them.
+	msgNoKeyAnthropic  = "x-api-key header is required"
+	msgBadKeyAnthropic = "invalid x-api-key"
 )
 
 // keyCtx is the context key of a request's *apikey.Key.
@@ -38,7 +41,7 @@ func authenticates(path string) bool { return path == "/v1" || strings.HasPrefix
 // authenticate returns r with its key in its context, or writes the 401
 // and logs the refusal and returns nil.
 func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) *http.Request {
-	presented, given := bearer(r)
+	presented, given := credentials(r)
 	if k := s.o.APIKeys.Authenticate(presented); given && k != nil {
 		return r.WithContext(context.WithValue(r.Context(), keyCtx{}, k))
 	}
@@ -55,7 +58,16 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) *http.Requ
 	if r.ContentLength != 0 {
 		w.Header().Set("Connection", "close") // the body stays unread
 	}
-	writeError(w, &apiError{status: http.StatusUnauthorized, Message: msg, Type: "invalid_request_error", Code: ptr("invalid_api_key")}, 0)
+	aerr := &apiError{status: http.StatusUnauthorized, Message: msg, Type: "invalid_request_error", Code: ptr("invalid_api_key")}
+	if r.URL.Path == RouteMessages {
+		aerr.Message = msgBadKeyAnthropic
+		if !given {
+			aerr.Message = msgNoKeyAnthropic
+		}
+		s.writeMsgError(w, aerr, "")
+		return nil
+	}
+	writeError(w, aerr, 0)
 	return nil
 }
 
@@ -77,6 +89,17 @@ func (s *Server) metricsAuth(h http.Handler) http.Handler {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="metrics"`)
 		http.Error(w, "unauthorized: /metrics needs Authorization: Bearer with the metrics token", http.StatusUnauthorized)
 	})
+}
+
+// credentials returns the API key r presents, as "Authorization: Bearer"
+// or, as Anthropic's clients send it, "x-api-key", and whether it
+// presents one.
+func credentials(r *http.Request) (string, bool) {
+	if k, ok := bearer(r); ok {
+		return k, true
+	}
+	k := strings.TrimSpace(r.Header.Get("x-api-key"))
+	return k, k != ""
 }
 
 // bearer returns the credentials of an "Authorization: Bearer" header

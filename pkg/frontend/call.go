@@ -205,6 +205,15 @@ func (c *call) finish(pr *promptRun, j int) string {
 	return reason
 }
 
+// end returns how choice j of pr ended, for parseText: cut when by
+// max_tokens.
+func (c *call) end(pr *promptRun, j int) int {
+	if c.finish(pr, j) == "length" {
+		return cut
+	}
+	return ended
+}
+
 // parsed is a piece of a chat reply: answer text, reasoning, tool calls.
 type parsed struct {
 	content, reasoning string
@@ -214,11 +223,18 @@ type parsed struct {
 // visible reports whether d holds output that is not reasoning (TTFO).
 func (d parsed) visible() bool { return d.content != "" || len(d.calls) > 0 }
 
-// parseText runs text of ch through its chat parser (end: the reply
-// ended, flush what is held) and records the calls; on
+// Ends of a chat reply, for parseText.
+const (
+	more = iota // more text may come
+	ended
+	cut // ended by max_tokens: a call cut short is a call, as far as it goes
+)
+
+// parseText runs text of ch through its chat parser (end: whether the
+// reply ended, and how; held text is flushed) and records the calls; on
 // /v1/completions it is all content. With parallel_tool_calls false a
 // choice ends at its first call (stopped is then true).
-func (c *call) parseText(ch *choiceState, text string, end bool) (d parsed, stopped bool) {
+func (c *call) parseText(ch *choiceState, text string, end int) (d parsed, stopped bool) {
 	switch {
 	case ch.callEnded:
 		return parsed{}, false
@@ -226,11 +242,18 @@ func (c *call) parseText(ch *choiceState, text string, end bool) (d parsed, stop
 		return parsed{content: text}, false
 	}
 	pd := ch.parse.Push(text)
-	if end {
-		f := ch.parse.Flush()
+	if end != more {
+		flush := ch.parse.Flush
+		if end == cut {
+			flush = ch.parse.Cut
+		}
+		f := flush()
 		pd.Content += f.Content
 		pd.Reasoning += f.Reasoning
 		pd.Calls = append(pd.Calls, f.Calls...)
+		if f.Cut != nil {
+			pd.Calls = append(pd.Calls, *f.Cut)
+		}
 	}
 	d = parsed{content: pd.Content, reasoning: pd.Reasoning}
 	for _, tc := range pd.Calls {
@@ -243,8 +266,9 @@ func (c *call) parseText(ch *choiceState, text string, end bool) (d parsed, stop
 	}
 	ch.reasoning.WriteString(d.reasoning)
 	if !c.plan.p.parallel && len(ch.calls) > 0 {
-		ch.stopped, ch.callEnded = true, true
-		return d, !end
+		// Cut by max_tokens, the choice keeps finish "length".
+		ch.stopped, ch.callEnded = end != cut, true
+		return d, end == more
 	}
 	return d, false
 }
@@ -302,7 +326,7 @@ func (c *call) emitter(pr *promptRun) EmitFunc {
 			}
 		}
 		stopped = ch.stopped
-		d, callStop := c.parseText(ch, text, false)
+		d, callStop := c.parseText(ch, text, more)
 		stopped = stopped || callStop
 		var err error
 		if c.plan.p.stream {
@@ -457,7 +481,7 @@ func (c *call) complete(w http.ResponseWriter) error {
 		for _, pr := range c.prompts {
 			for j, ch := range pr.choices {
 				text := c.begin(pr, ch)
-				d, _ := c.parseText(ch, text+ch.text.flush(), true)
+				d, _ := c.parseText(ch, text+ch.text.flush(), c.end(pr, j))
 				ch.out.WriteString(d.content)
 				if d.visible() {
 					pr.req.Trace.Output(c.s.o.Now())
@@ -471,7 +495,7 @@ func (c *call) complete(w http.ResponseWriter) error {
 					content := ch.out.String()
 					m := &message{Role: "assistant", Content: &content}
 					for _, tc := range ch.calls {
-						m.ToolCalls = append(m.ToolCalls, messageCall{ID: tc.ID, Type: tc.Type, Function: tc.Function})
+						m.ToolCalls = append(m.ToolCalls, messageCall{ID: tc.ID, Type: tc.Type, Function: namedFunction(tc.Function)})
 					}
 					if len(ch.calls) > 0 && strings.TrimSpace(content) == "" {
 						m.Content = nil // as OpenAI sends a reply of calls only
@@ -498,7 +522,7 @@ func (c *call) complete(w http.ResponseWriter) error {
 	}
 	for i, pr := range c.prompts {
 		for j, ch := range pr.choices {
-			d, _ := c.parseText(ch, c.begin(pr, ch)+ch.text.flush(), true)
+			d, _ := c.parseText(ch, c.begin(pr, ch)+ch.text.flush(), c.end(pr, j))
 			if d.visible() {
 				pr.req.Trace.Output(c.s.o.Now())
 			}

@@ -72,7 +72,11 @@
 // when nothing else was said, finish_reason "tool_calls"; streamed, each
 // call is a delta {index, id, type, function {name, arguments ""}} then
 // one {index, function {arguments}}, as OpenAI sends them. A call that
-// does not parse stays content. tool_choice "required" (any of the
+// does not parse stays content, except one cut by max_tokens: as
+// OpenAI's, it is in tool_calls as far as it goes (its name when written
+// whole, else ""; its arguments' text as cut) with finish_reason
+// "length" (on the Responses API a function_call item with status
+// "incomplete"). tool_choice "required" (any of the
 // tools) and a named function decode under a grammar of the call syntax
 // around the tools' parameter schemas (pkg/grammar; keywords it does not
 // support are a 400 unsupported_value on tools), so even random weights
@@ -296,7 +300,7 @@
 // With Options.APIKeys (the coordinator's --api-keys; package apikey)
 // every request to /v1/ (completions, chat, models, and unknown /v1/
 // paths) must carry one of its keys as "Authorization: Bearer KEY" (the
-// scheme in any case), checked before anything else of the request, its
+// scheme in any case) or "x-api-key: KEY" (Anthropic's), checked before anything else of the request, its
 // body unread. Without one it gets 401 in OpenAI's shape, type
 // "invalid_request_error", code "invalid_api_key", message OpenAI's "You
 // didn't provide an API key. …" when the request carries none, else
@@ -382,7 +386,7 @@
 // stored conversation of previous_response_id, the input items) and runs
 // it on the chat path (serve with a bodyTransform), so admission, API
 // keys, rate limits, tools, grammars, the reasoning parser and the budget
-// are the chat path's. A respWriter turns the chat reply into a Response
+// are the chat path's. A chatTap turns the chat reply into a Response
 // object, or, streamed, each chat chunk into the Responses API's events
 // as it comes (so a client that does not read stalls the generation as
 // on chat). Stored responses live in a ResponseStore (pkg/respstore,
@@ -390,4 +394,25 @@
 // made them: another key gets 404. GET /v1/responses with a WebSocket
 // upgrade (respws.go) runs response.create events on the same path.
 // docs/api.md is the user guide.
+//
+// # Messages API
+//
+// POST /v1/messages (messages.go, msgout.go) is Anthropic's Messages API
+// on the chat path in the same way: parseMessages validates the body
+// (model and max_tokens required; system, stop_sequences, temperature
+// [0, 1], top_p, metadata.user_id, client tools with input_schema,
+// tool_choice auto/any/tool/none with disable_parallel_tool_use,
+// cache_control accepted as a no-op since prefixes are cached anyway,
+// thinking only "disabled"; top_k, server tools, images, documents,
+// containers, MCP servers and the like refused with a 400 naming them)
+// and turns it into a chat body; a chatTap turns the reply into a
+// Message (text, thinking and tool_use blocks, stop_reason end_turn,
+// max_tokens, stop_sequence with the sequence, or tool_use; usage with
+// the prefix-cache hits as cache_read_input_tokens) or into the
+// message_start, ping, content_block_start/delta/stop, message_delta and
+// message_stop events. Errors are Anthropic's {"type":"error","error":
+// {"type","message"},"request_id"}, the parameter named in the message;
+// a full server or no worker is 529 overloaded_error. API keys are read
+// from x-api-key too (on every route); the anthropic-version header is
+// accepted, whatever its value.
 package frontend

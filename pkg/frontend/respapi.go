@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
 	"slices"
 	"strconv"
@@ -119,8 +118,9 @@ func (s *Server) createResponse(w http.ResponseWriter, r *http.Request, emit fun
 	defer s.inflight.remove(id)
 	r = r.WithContext(ctx)
 
-	rw := &respWriter{w: w, rc: http.NewResponseController(w), now: func() int64 { return s.o.Now().Unix() },
-		tokens: func(t string) int { return len(s.o.Tokenizer.Encode(t)) }}
+	rw := &chatTap{w: w, rc: http.NewResponseController(w)}
+	sink := &respSink{now: func() int64 { return s.o.Now().Unix() }, tokens: func(t string) int { return len(s.o.Tokenizer.Encode(t)) }}
+	rw.sink = sink
 	var rq *respRequest
 	transform := func(data []byte, cl client) ([]byte, *apiError) {
 		var aerr *apiError
@@ -143,14 +143,14 @@ func (s *Server) createResponse(w http.ResponseWriter, r *http.Request, emit fun
 				rq.model = ms[0].Name
 			}
 		}
-		rw.run = newRespRun(rq, id, created)
+		sink.respRun = newRespRun(rq, id, created)
 		switch {
 		case emit != nil: // a WebSocket's: always events
-			rw.run.emit, rw.stream, rw.ws = emit, true, true
+			sink.emit, rw.stream, rw.ws = emit, true, true
 		case rq.stream:
-			rw.run.emit, rw.stream = rw.sse, true
+			sink.emit, rw.stream = rw.sse, true
 		}
-		rw.onEnd = func(run *respRun) {
+		sink.onEnd = func(run *respRun) {
 			if sock != nil {
 				sock.remember(run.resp.ID, conversationOf(rq, run))
 			}
@@ -168,11 +168,12 @@ func (s *Server) createResponse(w http.ResponseWriter, r *http.Request, emit fun
 	case rw.status != http.StatusOK:
 		s.writeRespError(w, rw)
 	case !rw.stream:
-		run, err := rw.whole()
-		if err != nil {
+		sink.onEnd = nil
+		if err := rw.whole(); err != nil {
 			writeError(w, &apiError{status: http.StatusInternalServerError, Message: "The response could not be built.", Type: "server_error"}, 0)
 			return
 		}
+		run := sink.respRun
 		if rq.store {
 			s.storeResponse(ctx, owner, rq, run)
 		}
@@ -182,27 +183,9 @@ func (s *Server) createResponse(w http.ResponseWriter, r *http.Request, emit fun
 	}
 }
 
-// sse writes one event of a streamed response.
-func (x *respWriter) sse(typ string, ev map[string]any) error {
-	data, err := json.Marshal(ev)
-	if err != nil {
-		return fmt.Errorf("frontend: encode event: %w", err)
-	}
-	buf := make([]byte, 0, len(data)+len(typ)+20)
-	buf = append(buf, "event: "...)
-	buf = append(buf, typ...)
-	buf = append(buf, "\ndata: "...)
-	buf = append(buf, data...)
-	buf = append(buf, "\n\n"...)
-	if _, err := x.w.Write(buf); err != nil {
-		return fmt.Errorf("frontend: write event: %w", err)
-	}
-	return x.rc.Flush()
-}
-
 // writeRespError sends the chat path's error of rw as the Responses
 // API's: its param named as this API names it.
-func (s *Server) writeRespError(w http.ResponseWriter, rw *respWriter) {
+func (s *Server) writeRespError(w http.ResponseWriter, rw *chatTap) {
 	var body struct {
 		Error *apiError `json:"error"`
 	}

@@ -48,9 +48,9 @@ type message struct {
 
 // messageCall is a tool call of a whole response: id, type, function.
 type messageCall struct {
-	ID       string       `json:"id"`
-	Type     string       `json:"type"`
-	Function toolFunction `json:"function"`
+	ID       string        `json:"id"`
+	Type     string        `json:"type"`
+	Function namedFunction `json:"function"`
 }
 
 // toolCall is one tool call of a message, or a stream delta of one:
@@ -65,6 +65,28 @@ type toolCall struct {
 
 type toolFunction struct {
 	Name      string `json:"name,omitempty"`
+	Arguments string `json:"arguments"`
+}
+
+// MarshalJSON writes a call's first delta, or a whole call (they have an
+// id), with its name even when it is "" (a call cut by max_tokens before
+// its name was whole); a later delta without it.
+func (tc toolCall) MarshalJSON() ([]byte, error) {
+	type plain toolCall
+	if tc.ID == "" {
+		return json.Marshal(plain(tc))
+	}
+	return json.Marshal(struct {
+		Index    int           `json:"index"`
+		ID       string        `json:"id"`
+		Type     string        `json:"type,omitempty"`
+		Function namedFunction `json:"function"`
+	}{tc.Index, tc.ID, tc.Type, namedFunction(tc.Function)})
+}
+
+// namedFunction is a call's function with its name always written.
+type namedFunction struct {
+	Name      string `json:"name"`
 	Arguments string `json:"arguments"`
 }
 

@@ -50,17 +50,17 @@ func jetStreamStore(t *testing.T) *respstore.Store {
 
 // respServer is a frontend with the say backend (it writes the reply the
 // last "say:" of the prompt asks for), API keys A and B and a store.
-func respServer(t *testing.T) (*testServer, func() *Request) {
-	t.Helper()
+// sayLastBackend is sayBackend for conversations: the last "say:" of the
+// prompt is this turn's. last returns the last request.
+func sayLastBackend() (b *fakeBackend, last func() *Request) {
 	var mu sync.Mutex
-	var last *Request
-	b := sayBackend()
+	var lastReq *Request
+	b = sayBackend()
 	inner := b.complete
 	b.complete = func(ctx context.Context, req *Request, emit EmitFunc) ([]string, error) {
 		mu.Lock()
-		last = req
+		lastReq = req
 		mu.Unlock()
-		// The last "say:" of the conversation is this turn's.
 		p := (tokenizer.Bytes{}).Decode(req.Prompt)
 		if i := strings.LastIndex(p, "say:"); i >= 0 {
 			cp := *req
@@ -69,6 +69,12 @@ func respServer(t *testing.T) (*testServer, func() *Request) {
 		}
 		return inner(ctx, req, emit)
 	}
+	return b, func() *Request { mu.Lock(); defer mu.Unlock(); return lastReq }
+}
+
+func respServer(t *testing.T) (*testServer, func() *Request) {
+	t.Helper()
+	b, last := sayLastBackend()
 	keys := loadKeys(t, keyFile(t, keyTeamA+" name=team-a", keyTeamB+" name=team-b"))
 	ts := newTestServer(t, b, func(o *Options) {
 		o.Policy.Budgets.Default, o.Policy.Budgets.Routes = 8000, nil
@@ -77,7 +83,7 @@ func respServer(t *testing.T) (*testServer, func() *Request) {
 		o.APIKeys = keys
 		o.Responses = jetStreamStore(t)
 	})
-	return ts, func() *Request { mu.Lock(); defer mu.Unlock(); return last }
+	return ts, last
 }
 
 func sayInput(reply string) string {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 )
@@ -400,7 +401,7 @@ func (r *respRun) fail(e *apiError) error {
 	return r.send("response.failed", map[string]any{"response": r.snapshot()})
 }
 
-// chunk is a chat stream chunk as the Responses API reads it.
+// chatChunk is a chat stream chunk as a chatTap reads it.
 type chatChunk struct {
 	Choices []struct {
 		Delta        *delta  `json:"delta"`
@@ -411,34 +412,49 @@ type chatChunk struct {
 	Error   *apiError       `json:"error"`
 }
 
-// respWriter is the http.ResponseWriter the chat path writes a
-// Responses API request's completion to: streamed, it turns each chat
-// chunk into events at once (a slow client slows the chat path, whose
-// write deadline still applies); whole, and for an error, it keeps the
-// body for finish. Not safe for concurrent use (the chat path
-// serializes its writes).
-type respWriter struct {
+// chatSink turns the chat completion of one choice into another API's
+// output (the Responses API's, the Messages API's) as a chatTap reads it.
+type chatSink interface {
+	// start sends a stream's first events.
+	start() error
+	reasoning(s string) error
+	content(s string) error
+	// answer is the whole answer text of a reply that was not streamed
+	// ("" too, when the reply has no tool calls).
+	answer(s string) error
+	// call adds a tool call delta: its head (id, name), then arguments.
+	call(tc toolCall) error
+	finished(reason string)
+	// end sends the last events (or builds the whole output).
+	end(u *usage, pd *pdserveSummary) error
+	// fail ends a stream with an error.
+	fail(e *apiError) error
+}
+
+// chatTap is the http.ResponseWriter the chat path writes a request of
+// another API to (Server.serve): streamed, it turns each chat chunk
+// into the sink's events at once (a slow client slows the chat path,
+// whose write deadline still applies); whole, and for an error, it keeps
+// the body for whole or for the caller. Not safe for concurrent use (the
+// chat path serializes its writes).
+type chatTap struct {
 	w      http.ResponseWriter // the client's; its headers are shared
 	rc     *http.ResponseController
-	run    *respRun
+	sink   chatSink
 	stream bool
 	ws     bool // events go to a WebSocket, not to w
-	now    func() int64
-	tokens func(string) int
+	// onCall, when not nil, is handed the chat call before it runs.
+	onCall func(*call)
 
 	status  int
 	body    bytes.Buffer // a whole response or an error
 	pending []byte       // stream bytes not yet a whole event
 	err     error        // the error the client's writer returned
-	ended   bool         // the response's last event was sent
-	// onEnd is called with the final Response of a stream (completed or
-	// incomplete) before its last event is sent.
-	onEnd func(*respRun)
 }
 
-func (x *respWriter) Header() http.Header { return x.w.Header() }
+func (x *chatTap) Header() http.Header { return x.w.Header() }
 
-func (x *respWriter) WriteHeader(code int) {
+func (x *chatTap) WriteHeader(code int) {
 	if x.status != 0 {
 		return
 	}
@@ -447,11 +463,11 @@ func (x *respWriter) WriteHeader(code int) {
 		if !x.ws {
 			x.w.WriteHeader(code)
 		}
-		x.err = x.run.start()
+		x.err = x.sink.start()
 	}
 }
 
-func (x *respWriter) Write(p []byte) (int, error) {
+func (x *chatTap) Write(p []byte) (int, error) {
 	if x.status == 0 {
 		x.WriteHeader(http.StatusOK)
 	}
@@ -481,16 +497,21 @@ func (x *respWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// observe hands c to onCall (Server.serve calls it).
+func (x *chatTap) observe(c *call) {
+	if x.onCall != nil {
+		x.onCall(c)
+	}
+}
+
 // event handles one chat stream chunk.
-func (x *respWriter) event(data []byte) error {
+func (x *chatTap) event(data []byte) error {
 	var c chatChunk
 	if err := json.Unmarshal(data, &c); err != nil {
-		return errors.New("frontend: responses: a chat chunk does not parse")
+		return errors.New("frontend: a chat chunk does not parse")
 	}
-	r := x.run
+	r := x.sink
 	if c.Error != nil {
-		x.ended = true
-		c.Error.Param = mapParam(c.Error.Param)
 		return r.fail(c.Error)
 	}
 	for _, ch := range c.Choices {
@@ -512,22 +533,35 @@ func (x *respWriter) event(data []byte) error {
 			}
 		}
 		if ch.FinishReason != nil {
-			r.finish = *ch.FinishReason
+			r.finished(*ch.FinishReason)
 		}
 	}
 	if c.Usage != nil {
-		x.ended = true
-		return x.endRun(c.Usage, c.PDServe)
+		return r.end(c.Usage, c.PDServe)
 	}
 	return nil
 }
 
-func (x *respWriter) endRun(u *usage, pd *pdserveSummary) error {
-	return x.run.end(u, pd, x.now(), x.tokens, x.onEnd)
+// sse writes one event of a stream: its type and its data.
+func (x *chatTap) sse(typ string, ev map[string]any) error {
+	data, err := json.Marshal(ev)
+	if err != nil {
+		return fmt.Errorf("frontend: encode event: %w", err)
+	}
+	buf := make([]byte, 0, len(data)+len(typ)+20)
+	buf = append(buf, "event: "...)
+	buf = append(buf, typ...)
+	buf = append(buf, "\ndata: "...)
+	buf = append(buf, data...)
+	buf = append(buf, "\n\n"...)
+	if _, err := x.w.Write(buf); err != nil {
+		return fmt.Errorf("frontend: write event: %w", err)
+	}
+	return x.rc.Flush()
 }
 
 // FlushError flushes the client's writer (streamed).
-func (x *respWriter) FlushError() error {
+func (x *chatTap) FlushError() error {
 	if x.err != nil {
 		return x.err
 	}
@@ -539,7 +573,7 @@ func (x *respWriter) FlushError() error {
 
 // Unwrap lets a ResponseController reach the client's writer (write
 // deadlines).
-func (x *respWriter) Unwrap() http.ResponseWriter { return x.w }
+func (x *chatTap) Unwrap() http.ResponseWriter { return x.w }
 
 func mapParam(p *string) *string {
 	if p == nil {
@@ -548,8 +582,9 @@ func mapParam(p *string) *string {
 	return ptr(respParam(*p))
 }
 
-// whole builds the Response of a whole (not streamed) chat completion.
-func (x *respWriter) whole() (*respRun, error) {
+// whole feeds the sink the whole (not streamed) chat completion the chat
+// path wrote.
+func (x *chatTap) whole() error {
 	var c completion
 	var raw struct {
 		Choices []struct {
@@ -558,31 +593,58 @@ func (x *respWriter) whole() (*respRun, error) {
 		} `json:"choices"`
 	}
 	if err := json.Unmarshal(x.body.Bytes(), &c); err != nil {
-		return nil, err
+		return err
 	}
 	if err := json.Unmarshal(x.body.Bytes(), &raw); err != nil {
-		return nil, err
+		return err
 	}
-	r := x.run
+	r := x.sink
 	for _, ch := range raw.Choices {
 		if m := ch.Message; m != nil {
 			if m.Reasoning != nil {
 				_ = r.reasoning(*m.Reasoning)
 			}
 			if m.Content != nil && (*m.Content != "" || len(m.ToolCalls) == 0) {
-				if *m.Content == "" {
-					_, _ = r.open(itemMessage, nil) // an empty answer is an empty message
-				}
-				_ = r.content(*m.Content)
+				_ = r.answer(*m.Content)
 			}
 			for i, tc := range m.ToolCalls {
-				_ = r.call(toolCall{Index: i, ID: tc.ID, Type: tc.Type, Function: tc.Function})
+				_ = r.call(toolCall{Index: i, ID: tc.ID, Type: tc.Type, Function: toolFunction(tc.Function)})
 			}
 		}
 		if ch.FinishReason != nil {
-			r.finish = *ch.FinishReason
+			r.finished(*ch.FinishReason)
 		}
 	}
-	_ = r.end(c.Usage, c.PDServe, x.now(), x.tokens, nil)
-	return r, nil
+	return r.end(c.Usage, c.PDServe)
+}
+
+// respSink is a respRun as a chatSink.
+type respSink struct {
+	*respRun
+	now    func() int64
+	tokens func(string) int
+	// onEnd is called with the final Response of a stream (completed or
+	// incomplete) before its last event is sent.
+	onEnd func(*respRun)
+}
+
+var _ chatSink = (*respSink)(nil)
+
+func (x *respSink) finished(reason string) { x.finish = reason }
+
+func (x *respSink) answer(s string) error {
+	if s == "" {
+		_, err := x.open(itemMessage, nil) // an empty answer is an empty message
+		return err
+	}
+	return x.content(s)
+}
+
+func (x *respSink) fail(e *apiError) error {
+	e.Param = mapParam(e.Param)
+	return x.respRun.fail(e)
+}
+
+func (x *respSink) end(u *usage, pd *pdserveSummary) error {
+	return x.respRun.end(u, pd, x.now(), x.tokens, x.onEnd)
 }

@@ -311,6 +311,7 @@ func New(o Options) (*Server, error) {
 	s.mux.HandleFunc(RouteChat, s.method(http.MethodPost, s.completions))
 	s.mux.HandleFunc(RouteResponses, s.responses)
 	s.mux.HandleFunc(RouteResponses+"/", s.responseByID)
+	s.mux.HandleFunc(RouteMessages, s.messages)
 	s.mux.HandleFunc(RouteModels, s.method(http.MethodGet, s.models))
 	s.mux.HandleFunc("/healthz", s.method(http.MethodGet, func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -480,6 +481,8 @@ type bodyTransform func(data []byte, cl client) ([]byte, *apiError)
 // body (transformed by transform, when not nil, into a chat body), the
 // prompt's checks and the call.
 func (s *Server) serve(w http.ResponseWriter, r *http.Request, chat bool, id string, transform bodyTransform) {
+	// A chatTap sees the call (its prompt's tokens, its stop strings).
+	obs, _ := w.(interface{ observe(*call) })
 	arrival := s.o.Now()
 	tr := &budget.Trace{RequestID: id, Arrival: arrival}
 	w.Header().Set("X-Request-Id", id)
@@ -606,7 +609,11 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, chat bool, id str
 		}
 		pl.tokensTaken = asked // given back in part by call.run
 	}
-	newCall(s, pl, id, arrival.Unix(), w).run(r.Context(), w)
+	c := newCall(s, pl, id, arrival.Unix(), w)
+	if obs != nil {
+		obs.observe(c)
+	}
+	c.run(r.Context(), w)
 }
 
 // checkContentType accepts application/json, with any parameters, and a
@@ -1060,9 +1067,10 @@ func (s *Server) finish(tr *budget.Trace, aerr *apiError, extra ...zap.Field) {
 	}
 }
 
-// apiKey returns the key of an Authorization: Bearer header, "" when none.
+// apiKey returns the key of an Authorization: Bearer or x-api-key
+// header, "" when none.
 func apiKey(r *http.Request) string {
-	k, _ := bearer(r)
+	k, _ := credentials(r)
 	return k
 }
 

@@ -15,6 +15,8 @@ type textStream struct {
 	stops   []string
 	pending []byte // decoded, not yet handed out
 	stopped bool
+	// matched is the stop string that stopped the stream, "" when none.
+	matched string
 }
 
 // push adds the bytes of ids and returns the text that is now final. When
@@ -27,9 +29,9 @@ func (s *textStream) push(ids []int32) (text string, stopped bool) {
 	for _, id := range ids {
 		s.pending = append(s.pending, s.decode(id)...)
 	}
-	if i := s.firstStop(); i >= 0 {
+	if i, stop := s.firstStop(); i >= 0 {
 		text = string(s.pending[:i])
-		s.pending, s.stopped = nil, true
+		s.pending, s.stopped, s.matched = nil, true, stop
 		return text, true
 	}
 	n := len(s.pending) - s.stopPrefixLen()
@@ -46,16 +48,17 @@ func (s *textStream) flush() string {
 	return text
 }
 
-// firstStop returns the index of the earliest stop string in pending, or -1.
-func (s *textStream) firstStop() int {
-	best := -1
+// firstStop returns the index of the earliest stop string in pending, or
+// -1, and that string.
+func (s *textStream) firstStop() (int, string) {
+	best, which := -1, ""
 	p := string(s.pending)
 	for _, stop := range s.stops {
 		if i := strings.Index(p, stop); i >= 0 && (best < 0 || i < best) {
-			best = i
+			best, which = i, stop
 		}
 	}
-	return best
+	return best, which
 }
 
 // stopPrefixLen returns the length of the longest suffix of pending that is
