@@ -37,10 +37,11 @@ func TestFromSchema(t *testing.T) {
 		invalid      []string
 	}{
 		{
-			name:    "object with required and optional properties",
-			schema:  `{"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"},"tags":{"type":"array","items":{"type":"string"}},"ok":{"type":"boolean"}},"required":["name","age"],"additionalProperties":false}`,
-			valid:   []string{`{"age": 3, "name": "x"}`, `{"age": -1, "name": "", "ok": true}`, `{"age": 0, "name": "n", "ok": false, "tags": ["a", "b"]}`, `{"age": 0, "name": "n", "tags": []}`},
-			invalid: []string{`{"name": "x"}`, `{"age": 1.5, "name": "x"}`, `{"age": 1, "name": "x",}`, `{"age": 1, "name": "x", "extra": 1}`, `{"age": 1, "name": 2}`},
+			name:   "object with required and optional properties",
+			schema: `{"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"},"tags":{"type":"array","items":{"type":"string"}},"ok":{"type":"boolean"}},"required":["name","age"],"additionalProperties":false}`,
+			// In the order of properties, required first (llama.cpp's order).
+			valid:   []string{`{"name": "x", "age": 3}`, `{"name": "", "age": -1, "ok": true}`, `{"name": "n", "age": 0, "tags": ["a", "b"], "ok": false}`, `{ "name" : "n", "age": 0, "tags": [ ] }`},
+			invalid: []string{`{"name": "x"}`, `{"age": 3, "name": "x"}`, `{"name": "x", "age": 1.5}`, `{"name": "x", "age": 1,}`, `{"name": "x", "age": 1, "extra": 1}`, `{"name": 2, "age": 1}`, `{"name": "n", "age": 0, "ok": false, "tags": []}`},
 		},
 		{
 			name:    "only optional properties",
@@ -88,15 +89,19 @@ func TestFromSchema(t *testing.T) {
 
 func TestFromSchemaRefusals(t *testing.T) {
 	for _, tc := range []struct{ schema, keyword, path string }{
-		{`{"type":"string","pattern":"^a"}`, "pattern", ""},
-		{`{"type":"object","properties":{"a":{"type":"string","format":"date"}}}`, "format", "/properties/a"},
-		{`{"$ref":"#/$defs/x"}`, "$ref", ""},
-		{`{"oneOf":[{"type":"string"}]}`, "oneOf", ""},
-		{`{"type":"integer","minimum":0}`, "minimum", ""},
-		{`{"type":"object","additionalProperties":true}`, "additionalProperties other than false", ""},
+		{`{"type":"string","pattern":"^(a$"}`, `pattern "^(a$" (unbalanced parentheses)`, ""},
+		{`{"type":"object","properties":{"a":{"type":"string","pattern":"^a**[$"}}}`, `pattern "^a**[$" (unterminated character class)`, "/properties/a"},
+		{`{"$ref":"#/$defs/x"}`, `$ref "#/$defs/x", which points to nothing in the schema`, ""},
+		{`{"$ref":"other.json#/x"}`, `$ref "other.json#/x" (only local ones: # and #/...)`, ""},
+		{`{"$ref":"#"}`, "$ref (a recursion that consumes no text)", ""},
+		{`{"type":"object","properties":{"a":{"$ref":"#"}},"required":["a"]}`, "$ref (a recursion with no end: no finite instance)", ""},
+		{`{"oneOf":[]}`, "oneOf that is not a non-empty array", ""},
+		{`{"type":"integer","minimum":5,"exclusiveMaximum":5}`, "minimum above maximum (no integer in the range)", ""},
 		{`{"type":"date"}`, `type "date"`, ""},
-		{`{"type":"array","items":{"minLength":1}}`, "minLength", "/items"},
-		{`{"anyOf":[{"type":"string"},{"not":{}}]}`, "not", "/anyOf/1"},
+		{`{"type":123}`, "type that is not a string or list", ""},
+		{`{"type":"array","items":{"type":"string","minLength":-1}}`, "minLength -1 (want a non-negative integer)", "/items"},
+		{`{"type":"array","items":{},"minItems":3,"maxItems":2}`, "maxItems below minItems", ""},
+		{`{"anyOf":[{"type":"string"},false]}`, "false (a schema no instance matches)", "/anyOf/1"},
 	} {
 		_, err := FromSchema([]byte(tc.schema))
 		var u *UnsupportedError
@@ -133,7 +138,7 @@ func TestSchemaSetComposes(t *testing.T) {
 			t.Errorf("%s: accepted %v, want %v", text, got, want)
 		}
 	}
-	if _, err := set.Add([]byte(`{"type":"string","pattern":"a+"}`)); err == nil {
-		t.Error("pattern accepted")
+	if _, err := set.Add([]byte(`{"type":"string","pattern":"^(a+$"}`)); err == nil {
+		t.Error("invalid pattern accepted")
 	}
 }
