@@ -15,23 +15,28 @@ const maxSafe = 1<<53 - 1
 // llama.cpp's build_min_max_int with both bounds. Callers clamp lo and hi
 // to ±maxSafe (an absent bound is that bound) and check lo <= hi, so
 // every integer allowed is exact as a double; the grammar has at most a
-// few hundred elements.
-func intRange(lo, hi int64) string {
+// few hundred elements. negZero allows "-0" where the range holds 0, as
+// llama.cpp's does when the schema gives a negative minimum.
+func intRange(lo, hi int64, negZero bool) string {
 	var out strings.Builder
-	minMaxInt(lo, hi, &out)
+	minMaxInt(lo, hi, negZero, &out)
 	return "(" + out.String() + ")"
 }
 
-func minMaxInt(lo, hi int64, out *strings.Builder) {
+func minMaxInt(lo, hi int64, negZero bool, out *strings.Builder) {
 	if lo < 0 && hi < 0 {
 		out.WriteString(`"-" (`)
-		minMaxInt(-hi, -lo, out)
+		minMaxInt(-hi, -lo, false, out)
 		out.WriteString(")")
 		return
 	}
 	if lo < 0 {
 		out.WriteString(`"-" (`)
-		minMaxInt(0, -lo, out)
+		if negZero {
+			minMaxInt(0, -lo, false, out)
+		} else {
+			minMaxInt(1, -lo, false, out)
+		}
 		out.WriteString(") | ")
 		lo = 0
 	}

@@ -310,13 +310,13 @@ func repetition(item string, lo, hi int, sep string) string {
 // dotClass is a pattern's ".": any character but a line break, as
 // llama.cpp's, less the characters a JSON string cannot hold unescaped
 // (", \ and the controls), so that the string stays JSON.
-const dotClass = `[^"\\\x7F\x00-\x1F]`
+const dotClass = `[^"\\\x00-\x1F]`
 
 // jsonSafeClass keeps a negated class of a pattern from matching the
 // characters a JSON string cannot hold unescaped.
 func jsonSafeClass(cls string) string {
 	if strings.HasPrefix(cls, "[^") {
-		return `[^"\\\x7F\x00-\x1F` + cls[2:]
+		return `[^"\\\x00-\x1F` + cls[2:]
 	}
 	return cls
 }

@@ -520,6 +520,7 @@ func (c *converter) bounds(s *object, minK, maxK, path string) (int, int, error)
 // ±maxSafe.
 func (c *converter) integer(s *object, path string) (string, error) {
 	lo, hi := float64(-maxSafe), float64(maxSafe)
+	hasMin := s.has("minimum") || s.has("exclusiveMinimum")
 	for _, k := range []string{"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"} {
 		v, ok := s.get(k)
 		if !ok {
@@ -545,7 +546,7 @@ func (c *converter) integer(s *object, path string) (string, error) {
 	if lo > hi {
 		return "", &UnsupportedError{Keyword: "minimum above maximum (no integer in the range)", Path: path}
 	}
-	return c.rule(intRange(int64(lo), int64(hi)))
+	return c.rule(intRange(int64(lo), int64(hi), hasMin && lo < 0))
 }
 
 func (c *converter) pattern(v any, path string) (string, error) {
@@ -694,7 +695,8 @@ func (c *converter) objectRule(props []prop, required map[string]bool, ap any, p
 // notStrings is the GBNF of a JSON string that is none of names (the key
 // of an additional property), over a trie of their JSON text: llama.cpp's
 // _not_strings, with every character a JSON string may hold (its
-// negated classes let through " and \ unescaped).
+// negated classes let through " and \ unescaped, and read the backslash
+// of an escape as a character).
 func notStrings(names []string) string {
 	type node struct {
 		children map[rune]*node
@@ -738,7 +740,7 @@ func notStrings(names []string) string {
 			}
 		}
 		if len(n.order) > 0 {
-			out.WriteString(` | ( [^"\\\x7F\x00-\x1F` + rejects.String() + `] | [\\] (["\\bfnrt] | "u" [0-9a-fA-F]{4}) ) char*`)
+			out.WriteString(` | ( [^"\\\x00-\x1F` + rejects.String() + `] | [\\] (["\\bfnrt] | "u" [0-9a-fA-F]{4}) ) char*`)
 		}
 	}
 	visit(root)
