@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // errPatternUnsupported is a valid regular expression with no GBNF
@@ -138,11 +139,19 @@ func patternRule(pattern string, rule func(string) (string, error)) (string, err
 				for i < n && sub[i] != ']' {
 					if sub[i] == '\\' {
 						l := gbnfEscapeLen(sub, i)
-						if l == 0 {
+						switch {
+						case l > 0:
+							cls += sub[i : i+l]
+							i += l
+						case i+1 < n && classShorthand[sub[i+1]] != "":
+							cls += classShorthand[sub[i+1]]
+							i += 2
+						case i+1 < n && isPunct(sub[i+1]):
+							cls += fmt.Sprintf(`\x%02X`, sub[i+1])
+							i += 2
+						default:
 							return litOrRule{}, fmt.Errorf("%w: escape %s in a character class", errPatternUnsupported, sub[i:min(i+2, n)])
 						}
-						cls += sub[i : i+l]
-						i += l
 					} else {
 						cls += sub[i : i+1]
 						i++
@@ -153,6 +162,9 @@ func patternRule(pattern string, rule func(string) (string, error)) (string, err
 				}
 				i++
 				seq = append(seq, litOrRule{s: jsonSafeClass(cls + "]")})
+			case c == '\\' && i+1 < n && shorthand[sub[i+1]] != "":
+				seq = append(seq, litOrRule{s: shorthand[sub[i+1]]})
+				i += 2
 			case c == '|':
 				seq = append(seq, litOrRule{s: "|"})
 				i++
@@ -197,26 +209,31 @@ func patternRule(pattern string, rule func(string) (string, error)) (string, err
 						if i == n-1 {
 							return litOrRule{}, errors.New("trailing backslash")
 						}
-						if next := sub[i+1]; strings.IndexByte(escapedInRegexps, next) >= 0 {
+						next := sub[i+1]
+						if strings.IndexByte(escapedInRegexps, next) >= 0 {
 							lit += sub[i+1 : i+2]
 							i += 2
 							continue
 						}
-						l := gbnfEscapeLen(sub, i)
-						if l == 0 {
-							return litOrRule{}, fmt.Errorf("%w: escape %s", errPatternUnsupported, sub[i:i+2])
+						if shorthand[next] != "" {
+							break // a class of its own
 						}
-						lit += sub[i : i+l]
-						i += l
-						continue
-					case sub[i] == '"':
-						lit += `\"`
-						i++
-						continue
+						if l := gbnfEscapeLen(sub, i); l > 0 {
+							lit += jsonChar(unescape(sub[i : i+l]))
+							i += l
+							continue
+						}
+						if isPunct(next) {
+							lit += jsonChar(rune(next))
+							i += 2
+							continue
+						}
+						return litOrRule{}, fmt.Errorf("%w: escape %s", errPatternUnsupported, sub[i:i+2])
 					case strings.IndexByte(nonLiteral, sub[i]) < 0 &&
 						(i == n-1 || lit == "" || sub[i+1] == '.' || strings.IndexByte(nonLiteral, sub[i+1]) < 0):
-						lit += sub[i : i+1]
-						i++
+						r, size := utf8.DecodeRuneInString(sub[i:])
+						lit += jsonChar(r)
+						i += size
 						continue
 					}
 					break
@@ -319,4 +336,67 @@ func jsonSafeClass(cls string) string {
 		return `[^"\\\x00-\x1F` + cls[2:]
 	}
 	return cls
+}
+
+// Beyond llama.cpp, which gives up on them (any string): the shorthands
+// \d \w \s and their negations, as classes of JSON text (\s as a space
+// or the escape of a tab, line feed, carriage return or form feed), and
+// an escaped punctuation character, which stands for itself (\- \/ \' in
+// zod's email pattern).
+var shorthand = map[byte]string{
+	'd': `[0-9]`,
+	'w': `[0-9A-Za-z_]`,
+	's': `( " " | "\\" [tnrf] )`,
+	'D': `[^"\\\x00-\x1F0-9]`,
+	'W': `[^"\\\x00-\x1F0-9A-Za-z_]`,
+	'S': `[^"\\\x00-\x20]`,
+}
+
+// classShorthand are the shorthands inside a class.
+var classShorthand = map[byte]string{'d': `0-9`, 'w': `0-9A-Za-z_`, 's': ` `}
+
+func isPunct(c byte) bool {
+	return c > 0x20 && c < 0x7F && !(c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z')
+}
+
+// unescape returns the character of a GBNF escape (gbnfEscapeLen).
+func unescape(e string) rune {
+	switch e[1] {
+	case 't':
+		return '\t'
+	case 'r':
+		return '\r'
+	case 'n':
+		return '\n'
+	case 'x', 'u', 'U':
+		v, _ := strconv.ParseUint(e[2:], 16, 32)
+		return rune(v)
+	}
+	return rune(e[1])
+}
+
+// jsonChar is the GBNF literal text of r as a JSON string writes it:
+// unlike llama.cpp, which writes " \ and controls raw (not JSON), a
+// pattern's " is \" in the string, and a line feed \n.
+func jsonChar(r rune) string {
+	switch r {
+	case '"':
+		return `\\\"`
+	case '\\':
+		return `\\\\`
+	case '\n':
+		return `\\n`
+	case '\r':
+		return `\\r`
+	case '\t':
+		return `\\t`
+	case '\b':
+		return `\\b`
+	case '\f':
+		return `\\f`
+	}
+	if r < 0x20 {
+		return fmt.Sprintf(`\\u%04x`, r)
+	}
+	return string(r)
 }
