@@ -177,6 +177,9 @@ type converter struct {
 
 	doc  any               // the schema being added, which $ref points into
 	refs map[string]string // $ref → its rule
+
+	memo    map[string]string // rule body → its rule
+	memoLog []string          // the bodies of memo, in the order added
 }
 
 // add decodes one schema and returns its expression.
@@ -209,11 +212,21 @@ func (c *converter) define(name, body string) error {
 	return nil
 }
 
+// rule returns the rule of body: one rule per distinct body (every
+// zod .int() of a schema shares one range).
 func (c *converter) rule(body string) (string, error) {
+	if name, ok := c.memo[body]; ok {
+		return name, nil
+	}
 	name, err := c.reserve()
 	if err != nil {
 		return "", err
 	}
+	if c.memo == nil {
+		c.memo = map[string]string{}
+	}
+	c.memo[body] = name
+	c.memoLog = append(c.memoLog, body)
 	return name, c.define(name, body)
 }
 
@@ -555,13 +568,17 @@ func (c *converter) pattern(v any, path string) (string, error) {
 		return "", &UnsupportedError{Keyword: "pattern that is not a string", Path: path}
 	}
 	// The rules of a pattern given up on are taken back.
-	n, size := c.n, c.rules.Len()
+	n, size, memoed := c.n, c.rules.Len(), len(c.memoLog)
 	body, err := patternRule(p, c.rule)
 	var le *LimitError
 	switch {
 	case errors.Is(err, errPatternUnsupported):
 		c.n = n
 		c.rules.Truncate(size)
+		for _, b := range c.memoLog[memoed:] {
+			delete(c.memo, b)
+		}
+		c.memoLog = c.memoLog[:memoed]
 		return "string", nil
 	case errors.As(err, &le):
 		le.Path = path
