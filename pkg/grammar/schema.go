@@ -116,7 +116,7 @@ func (l Limits) orDefault() Limits {
 
 // LimitError is a schema or grammar over one of its Limits (or MaxBytes).
 type LimitError struct {
-	Limit string // "schema bytes", "literal bytes", "alternatives", "properties", "depth", "rules", "states", "grammar bytes"
+	Limit string // "schema bytes", "literal bytes", "alternatives", "properties", "depth", "repetitions", "rules", "states", "grammar bytes"
 	Max   int
 	Path  string // JSON pointer of the schema where it was passed; "" is the root, or a grammar
 }

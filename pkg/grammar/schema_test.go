@@ -1,7 +1,11 @@
 package grammar
 
 import (
+	"encoding/json"
 	"errors"
+	"math/rand/v2"
+	"regexp"
+	"strings"
 	"testing"
 )
 
@@ -140,5 +144,49 @@ func TestSchemaSetComposes(t *testing.T) {
 	}
 	if _, err := set.Add([]byte(`{"type":"string","pattern":"^(a+$"}`)); err == nil {
 		t.Error("invalid pattern accepted")
+	}
+}
+
+// Every string a pattern's grammar allows is a JSON string whose value
+// matches the pattern (Go's regexp judges): llama.cpp's rules write " \
+// and controls raw, so ^"$ gave """, which no parser reads. Sentences are
+// drawn from the grammar, near misses it accepts are checked too.
+func TestPatternsStayJSON(t *testing.T) {
+	for _, p := range []string{
+		`^"$`, `^a\\b$`, `^\d{3}-\w+$`, `^[^a-c]{2,4}$`, `^.{1,5}$`, `^x\sy$`, `^(?:ab|c\.d)+$`,
+		`^[A-Za-z0-9_'+\-]+@[a-z\-]+\.[a-z]{2,}$`, `^\S+\D$`, `^é[東-東]\t$`,
+	} {
+		schema, _ := json.Marshal(map[string]any{"type": "string", "pattern": p})
+		gbnf, err := FromSchema(schema)
+		if err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		if strings.Contains(gbnf, "root ::= string") {
+			t.Fatalf("%s: translated as any string", p)
+		}
+		g, err := Parse(gbnf, "root")
+		if err != nil {
+			t.Fatal(err)
+		}
+		re := regexp.MustCompile(p)
+		rnd := rand.New(rand.NewPCG(5, uint64(len(p))))
+		s := newSampler(g, rnd)
+		for range 50 {
+			text, ok := s.sentence()
+			if !ok {
+				continue
+			}
+			for _, x := range append(nearMisses(text, rnd, 3), text) {
+				if x != text && !member(g, x) {
+					continue
+				}
+				var v string
+				if err := json.Unmarshal([]byte(x), &v); err != nil {
+					t.Errorf("%s: %q is not a JSON string: %v", p, x, err)
+				} else if !re.MatchString(v) {
+					t.Errorf("%s: %q does not match", p, v)
+				}
+			}
+		}
 	}
 }
