@@ -169,7 +169,7 @@ func patternRule(pattern string, rule func(string) (string, error)) (string, err
 				seq = append(seq, litOrRule{s: "|"})
 				i++
 			case c == '*' || c == '+' || c == '?':
-				if len(seq) == 0 {
+				if len(seq) == 0 || seq[len(seq)-1] == (litOrRule{s: "|"}) {
 					return litOrRule{}, errors.New("nothing to repeat")
 				}
 				seq[len(seq)-1] = litOrRule{s: seq[len(seq)-1].rule() + string(c)}
@@ -185,7 +185,7 @@ func patternRule(pattern string, rule func(string) (string, error)) (string, err
 				if err != nil {
 					return litOrRule{}, err
 				}
-				if len(seq) == 0 {
+				if len(seq) == 0 || seq[len(seq)-1] == (litOrRule{s: "|"}) {
 					return litOrRule{}, errors.New("nothing to repeat")
 				}
 				last := seq[len(seq)-1]
@@ -200,7 +200,11 @@ func patternRule(pattern string, rule func(string) (string, error)) (string, err
 					}
 					item = id
 				}
-				seq[len(seq)-1] = litOrRule{s: repetition(item, lo, hi, "")}
+				r := repetition(item, lo, hi, "")
+				if r == "" { // {0}: nothing, which a quantifier may still follow
+					r = `""`
+				}
+				seq[len(seq)-1] = litOrRule{s: r}
 			default:
 				lit := ""
 				for i < n {
