@@ -46,7 +46,7 @@ func (o *object) with(k string, v any) *object {
 func decodeOrdered(data []byte) (any, error) {
 	d := json.NewDecoder(bytes.NewReader(data))
 	d.UseNumber()
-	v, err := decodeValue(d)
+	v, err := decodeValue(d, 0)
 	if err != nil {
 		return nil, err
 	}
@@ -56,7 +56,14 @@ func decodeOrdered(data []byte) (any, error) {
 	return v, nil
 }
 
-func decodeValue(d *json.Decoder) (any, error) {
+// maxNesting bounds the nesting of a decoded JSON text (encoding/json's
+// own bound), so that decoding recurses no deeper.
+const maxNesting = 10000
+
+func decodeValue(d *json.Decoder, depth int) (any, error) {
+	if depth > maxNesting {
+		return nil, fmt.Errorf("nested deeper than %d", maxNesting)
+	}
 	t, err := d.Token()
 	if err != nil {
 		return nil, err
@@ -70,7 +77,7 @@ func decodeValue(d *json.Decoder) (any, error) {
 				return nil, err
 			}
 			k, _ := kt.(string)
-			v, err := decodeValue(d)
+			v, err := decodeValue(d, depth+1)
 			if err != nil {
 				return nil, err
 			}
@@ -86,7 +93,7 @@ func decodeValue(d *json.Decoder) (any, error) {
 	case json.Delim('['):
 		a := []any{}
 		for d.More() {
-			v, err := decodeValue(d)
+			v, err := decodeValue(d, depth+1)
 			if err != nil {
 				return nil, err
 			}

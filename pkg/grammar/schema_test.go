@@ -116,6 +116,17 @@ func TestFromSchemaRefusals(t *testing.T) {
 	if _, err := FromSchema([]byte(`{`)); err == nil {
 		t.Errorf("FromSchema of broken JSON succeeded")
 	}
+	if _, err := FromSchema([]byte(strings.Repeat("[", 20000) + strings.Repeat("]", 20000))); err == nil || !strings.Contains(err.Error(), "nested deeper") {
+		t.Errorf("FromSchema of JSON nested 20,000 deep: %v", err)
+	}
+	// Properties keep the order written; a repeated name its first place.
+	g, err := FromSchema([]byte(`{"properties":{"z":{"const":1},"a":{"const":2},"z":{"const":3}},"required":["z","a"]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !accepts(t, g, `{"z":3,"a":2}`) || accepts(t, g, `{"a":2,"z":3}`) || accepts(t, g, `{"z":1,"a":2}`) {
+		t.Errorf("properties not in the order written, or the repeated one not the last value:\n%s", g)
+	}
 }
 
 func TestSchemaSetComposes(t *testing.T) {
