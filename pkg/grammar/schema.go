@@ -688,7 +688,9 @@ func (c *converter) objectRule(props []prop, required map[string]bool, ap any, p
 		case opt[i] == additional:
 			body += ` ( "," space ` + additional + ` )*`
 		case tail != "":
-			rest, err := c.rule(`"," space ` + tail + ` |`)
+			// The empty alternative first: llama.cpp's GBNF parser reads a
+			// line that ends in "|" as going on with the next rule's name.
+			rest, err := c.rule(`| "," space ` + tail)
 			if err != nil {
 				return "", err
 			}

@@ -201,3 +201,27 @@ func TestPatternsStayJSON(t *testing.T) {
 		}
 	}
 }
+
+// No rule of a generated grammar ends with an empty alternative ("a |"):
+// llama.cpp's GBNF parser, which the llamacpp engine compiles the same
+// text with, reads past the line's end into the next rule's name and
+// refuses the grammar (two optional properties made one; llama.cpp's
+// sampler and the Go mask were checked to agree on the corpus's
+// grammars with pkg/engine/llamacpp's TestGrammarMatchesGoMask).
+func TestNoTrailingEmptyAlternative(t *testing.T) {
+	for _, schema := range []string{
+		optionalProps(5, "integer"),
+		`{"type":"object","properties":{"v":{"type":"integer"},"w":{"type":"null"}},"additionalProperties":{"type":"string","maxLength":3}}`,
+		`{"type":"array","items":{"type":"string","pattern":"^a{0}b?(c|)$"},"maxItems":3}`,
+	} {
+		g, err := FromSchema([]byte(schema))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(g, "\n") {
+			if strings.HasSuffix(strings.TrimSpace(line), "|") {
+				t.Errorf("%s: rule %q ends with an empty alternative", schema, line)
+			}
+		}
+	}
+}
