@@ -337,11 +337,11 @@ func TestGrammar(t *testing.T) {
 			}
 		})
 	}
-	bad := Tool{Name: "bad", Parameters: json.RawMessage(`{"type":"string","pattern":"x"}`)}
+	bad := Tool{Name: "bad", Parameters: json.RawMessage(`{"type":"string","pattern":"^(x$"}`)}
 	_, err := Grammar(FormatHermes, []Tool{bad}, []string{"bad"}, false)
 	var se *ToolSchemaError
 	var ue *grammar.UnsupportedError
-	if !errors.As(err, &se) || se.Tool != "bad" || !errors.As(err, &ue) || ue.Keyword != "pattern" {
+	if !errors.As(err, &se) || se.Tool != "bad" || !errors.As(err, &ue) || !strings.HasPrefix(ue.Keyword, "pattern") {
 		t.Errorf("unsupported schema: %v, want a ToolSchemaError naming the tool and pattern", err)
 	}
 }

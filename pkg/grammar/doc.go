@@ -32,13 +32,21 @@
 // once (Source.Compile), where the request arrives, and take each
 // choice's state from it (Compiled.State).
 //
-// FromSchema translates a subset of JSON Schema into GBNF (no maintained
-// Go library does this; it follows llama.cpp's json-schema-to-grammar, and
-// refuses every keyword it does not support with an *UnsupportedError
-// naming it); JSONObject is the grammar of any JSON object. Its numbers
+// FromSchema translates JSON Schema into GBNF as llama.cpp's
+// json-schema-to-grammar of the pinned release does, for every schema it
+// accepts and with the same language (TestLlamaCases runs the two in
+// lockstep over llama.cpp's own cases; no maintained Go library does
+// this): properties in the order written, $ref recursion, allOf, integer
+// ranges as digit grammars, string lengths, anchored patterns, formats.
+// It refuses, with an *UnsupportedError naming it, what has no grammar
+// (a type that is not a JSON type, a $ref that does not resolve, an
+// invalid pattern, a recursion with no end). It departs from llama.cpp
+// where llama.cpp's grammar allows what clients cannot read: its numbers
 // are bounded (15 integral digits, 16 fraction digits, a two-digit
-// exponent) so that every one is finite as an IEEE double, which
-// llama.cpp's are not.
+// exponent) so that every one is finite as an IEEE double, integer
+// ranges lie within ±(2^53-1), and strings stay JSON strings. JSONObject
+// is the grammar of any JSON object. Parse refuses left recursion
+// (ErrLeftRecursion), which a matcher would expand without end.
 //
 // A Grammar is immutable and safe for concurrent use; a Matcher is not.
 package grammar

@@ -18,6 +18,19 @@ const maxStacks = 4096
 // ErrSyntax is wrapped by Parse's errors.
 var ErrSyntax = errors.New("grammar: syntax error")
 
+// ErrLeftRecursion is wrapped (with ErrSyntax) by Parse's error for a
+// grammar where a rule can reach itself before consuming a character: a
+// matcher would expand it without end.
+var ErrLeftRecursion = errors.New("left recursion")
+
+// ErrNoSentence is Check's error for a grammar whose root derives no
+// finite text (a recursion with no way out): nothing could ever end it.
+var ErrNoSentence = errors.New("grammar: the root rule derives no finite text")
+
+// maxRepeat bounds the counts of a repetition {m,n}; the states a
+// repetition expands to are bounded by the grammar's limits.
+const maxRepeat = 1 << 14
+
 // ErrRejected is returned by Matcher.Accept for text the grammar forbids.
 var ErrRejected = errors.New("grammar: text not allowed here")
 
@@ -72,7 +85,111 @@ func parse(text, root string, maxStates int) (*Grammar, error) {
 		return nil, fmt.Errorf("%w: no root rule %q", ErrSyntax, root)
 	}
 	p.g.root = id
+	if err := p.g.checkLeftRecursion(); err != nil {
+		return nil, err
+	}
 	return p.g, nil
+}
+
+// derives returns which rules derive some text made of nothing but
+// classes (classes true: productive rules) or nothing at all (classes
+// false: nullable rules), in time linear in the grammar: each
+// alternative counts the references it still waits for.
+func (g *Grammar) derives(classes bool) []bool {
+	done := make([]bool, len(g.rules))
+	type altRef struct{ rule, alt int }
+	waiting := map[int][]altRef{} // rule → the alternatives that reference it, once a reference
+	pending := make([][]int, len(g.rules))
+	var queue []int
+	for r, alts := range g.rules {
+		pending[r] = make([]int, len(alts))
+		for a, alt := range alts {
+			for _, e := range alt {
+				if e.ref < 0 {
+					if !classes {
+						pending[r][a] = -1 << 30 // never empty
+						break
+					}
+					continue
+				}
+				pending[r][a]++
+				waiting[e.ref] = append(waiting[e.ref], altRef{r, a})
+			}
+			if pending[r][a] == 0 && !done[r] {
+				done[r] = true
+				queue = append(queue, r)
+			}
+		}
+	}
+	for len(queue) > 0 {
+		r := queue[0]
+		queue = queue[1:]
+		for _, w := range waiting[r] {
+			if pending[w.rule][w.alt]--; pending[w.rule][w.alt] == 0 && !done[w.rule] {
+				done[w.rule] = true
+				queue = append(queue, w.rule)
+			}
+		}
+	}
+	return done
+}
+
+func (g *Grammar) nullable() []bool { return g.derives(false) }
+
+// checkLeftRecursion refuses a rule that can reach itself through the
+// references that start its alternatives (after nullable ones).
+func (g *Grammar) checkLeftRecursion() error {
+	null := g.nullable()
+	const (
+		white = iota
+		grey
+		black
+	)
+	color := make([]byte, len(g.rules))
+	var visit func(r int) error
+	visit = func(r int) error {
+		color[r] = grey
+		for _, alt := range g.rules[r] {
+			for _, e := range alt {
+				if e.ref < 0 {
+					break
+				}
+				switch color[e.ref] {
+				case grey:
+					return fmt.Errorf("%w: %w through rule %q", ErrSyntax, ErrLeftRecursion, g.name(e.ref))
+				case white:
+					if err := visit(e.ref); err != nil {
+						return err
+					}
+				}
+				if !null[e.ref] {
+					break
+				}
+			}
+		}
+		color[r] = black
+		return nil
+	}
+	for r := range g.rules {
+		if color[r] == white {
+			if err := visit(r); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// productive reports whether rule r derives some finite text.
+func (g *Grammar) productive(r int) bool { return g.derives(true)[r] }
+
+func (g *Grammar) name(id int) string {
+	for n, i := range g.names {
+		if i == id {
+			return strings.TrimPrefix(n, "\x00")
+		}
+	}
+	return ""
 }
 
 // Check parses gbnf (root rule "root") as Parse does and checks it
@@ -90,6 +207,9 @@ func Check(gbnf string, lim Limits) (*Grammar, error) {
 	}
 	if len(g.rules) > lim.Rules {
 		return nil, &LimitError{Limit: "rules", Max: lim.Rules}
+	}
+	if !g.productive(g.root) {
+		return nil, ErrNoSentence
 	}
 	return g, nil
 }
@@ -367,14 +487,14 @@ func (p *parser) postfix(seq []elem, start int) ([]elem, error) {
 			p.i += end + 1
 			lo, hi, comma := strings.Cut(spec, ",")
 			var err error
-			if minN, err = strconv.Atoi(strings.TrimSpace(lo)); err != nil || minN < 0 || minN > MaxDepth {
+			if minN, err = strconv.Atoi(strings.TrimSpace(lo)); err != nil || minN < 0 || minN > maxRepeat {
 				return nil, p.errf("bad repetition {%s}", spec)
 			}
 			maxN = minN
 			if comma {
 				maxN = -1
 				if h := strings.TrimSpace(hi); h != "" {
-					if maxN, err = strconv.Atoi(h); err != nil || maxN < minN || maxN > MaxDepth {
+					if maxN, err = strconv.Atoi(h); err != nil || maxN < minN || maxN > maxRepeat {
 						return nil, p.errf("bad repetition {%s}", spec)
 					}
 				}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -189,18 +190,37 @@ func TestFromSchemaLimits(t *testing.T) {
 func TestNumbersAreFinite(t *testing.T) {
 	rnd := rand.New(rand.NewPCG(1, 2))
 	const alphabet = "0123456789-+.eE"
-	for _, schema := range []string{`{"type":"number"}`, `{"type":"integer"}`} {
+	integers := map[string]bool{`{"type":"integer"}`: true}
+	for _, s := range []string{
+		// zod 4's .int(), .int().nonnegative(), .int().positive(), .int().max(-3)
+		`{"type":"integer","minimum":-9007199254740991,"maximum":9007199254740991}`,
+		`{"type":"integer","minimum":0}`,
+		`{"type":"integer","exclusiveMinimum":0,"maximum":9007199254740991}`,
+		`{"type":"integer","maximum":-3}`,
+		`{"type":"integer","minimum":-1e300,"maximum":1e300}`,
+	} {
+		integers[s] = true
+	}
+	schemas := []string{`{"type":"number"}`}
+	for s := range integers {
+		schemas = append(schemas, s)
+	}
+	slices.Sort(schemas)
+	for _, schema := range schemas {
 		g, err := FromSchema([]byte(schema))
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, bad := range []string{"46E87236", "1e309", "1.5e100", "12345678901234567"} {
+		for _, bad := range []string{"46E87236", "1e309", "1.5e100", "12345678901234567", "9007199254740992", "-9007199254740992"} {
 			if m := matcher(t, g); m.Accept([]byte(bad)) == nil && m.Complete() {
 				t.Errorf("%s: %s accepted", schema, bad)
 			}
 		}
-		longest := 0
-		for range 500 {
+		longest, draws := 0, 500
+		if integers[schema] {
+			draws = 150
+		}
+		for range draws {
 			m := matcher(t, g)
 			var text []byte
 			for {
@@ -232,12 +252,109 @@ func TestNumbersAreFinite(t *testing.T) {
 			if err := json.Unmarshal(text, &v); err != nil {
 				t.Fatalf("%s: %q: %v", schema, text, err)
 			}
-			if schema == `{"type":"integer"}` && math.Abs(f) >= 1<<53 {
-				t.Fatalf("%s: %q is not exact as a double", schema, text)
+			if integers[schema] {
+				n, err := strconv.ParseInt(string(text), 10, 64)
+				if err != nil || n > maxSafe || n < -maxSafe {
+					t.Fatalf("%s: %q is not an integer exact as a double: %v", schema, text, err)
+				}
+				var lim struct{ Minimum, Maximum, ExclusiveMinimum *float64 }
+				if err := json.Unmarshal([]byte(schema), &lim); err != nil {
+					t.Fatal(err)
+				}
+				if lim.Minimum != nil && float64(n) < *lim.Minimum || lim.Maximum != nil && float64(n) > *lim.Maximum || lim.ExclusiveMinimum != nil && float64(n) <= *lim.ExclusiveMinimum {
+					t.Fatalf("%s: %q is out of the range", schema, text)
+				}
 			}
+		}
+		if longest < 16 && strings.Contains(schema, "9007199254740991") {
+			t.Errorf("%s: longest draw %d characters, the draws do not reach the bounds", schema, longest)
 		}
 		if longest < 20 && schema == `{"type":"number"}` {
 			t.Errorf("%s: longest draw %d characters, the draws do not reach the bounds", schema, longest)
 		}
+	}
+}
+
+// Recursion ($ref cycles) and integer ranges stay within the limits: a
+// $ref is translated once however often it is used, so a schema cannot
+// multiply itself through references; a chain of references deeper than
+// the depth limit is refused naming it; an integer range is at most a few
+// hundred elements, so properties of ranges reach the states limit only
+// past what the properties limit allows.
+func TestRefsAndRangesWithinLimits(t *testing.T) {
+	// 14 definitions each using the next one twice: 2^14 copies if
+	// references were expanded.
+	var defs []string
+	for i := range 14 {
+		defs = append(defs, fmt.Sprintf(`"d%d":{"type":"object","properties":{"a":{"$ref":"#/$defs/d%d"},"b":{"$ref":"#/$defs/d%d"}}}`, i, i+1, i+1))
+	}
+	defs = append(defs, `"d14":{"type":"integer","minimum":-9007199254740991,"maximum":9007199254740991}`)
+	g, err := FromSchema([]byte(`{"$ref":"#/$defs/d0","$defs":{` + strings.Join(defs, ",") + `}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(g) > 20_000 {
+		t.Errorf("14 definitions used twice each: a grammar of %d bytes, want each translated once", len(g))
+	}
+	if m := matcher(t, g); m.Accept([]byte(`{"a": {"b": {}}, "b": {}}`)) != nil || !m.Complete() {
+		t.Error("an instance of the referenced definitions refused")
+	}
+
+	// A chain of 40 distinct references passes the depth limit.
+	defs = defs[:0]
+	for i := range 40 {
+		defs = append(defs, fmt.Sprintf(`"d%d":{"type":"array","items":{"$ref":"#/$defs/d%d"}}`, i, i+1))
+	}
+	defs = append(defs, `"d40":{"type":"null"}`)
+	_, err = FromSchema([]byte(`{"$ref":"#/$defs/d0","$defs":{` + strings.Join(defs, ",") + `}}`))
+	var le *LimitError
+	if !errors.As(err, &le) || le.Limit != "depth" {
+		t.Errorf("a chain of 40 references: %v, want the depth limit", err)
+	}
+
+	// Recursion: a tree of any depth, one rule for the cycle.
+	tree := `{"type":"object","properties":{"v":{"type":"integer","minimum":1,"maximum":999},"kids":{"type":"array","items":{"$ref":"#"}}},"required":["v","kids"]}`
+	g, err = FromSchema([]byte(tree))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deep := strings.Repeat(`{"v": 7, "kids": [`, 50) + `{"v": 999, "kids": []}` + strings.Repeat(`]}`, 50)
+	if m := matcher(t, g); m.Accept([]byte(deep)) != nil || !m.Complete() {
+		t.Error("a tree 50 deep refused")
+	}
+	if m := matcher(t, g); m.Accept([]byte(`{"v": 1000, "kids": []}`)) == nil && m.Complete() {
+		t.Error("v 1000 accepted, over the maximum 999")
+	}
+
+	// 2,048 properties of zod's .int(): one range rule for all of them.
+	var props []string
+	for i := range 2048 {
+		props = append(props, fmt.Sprintf(`"p%d":{"type":"integer","minimum":-9007199254740991,"maximum":9007199254740991}`, i))
+	}
+	g, err = FromSchema([]byte(`{"type":"object","properties":{` + strings.Join(props, ",") + `}}`))
+	if err != nil {
+		t.Fatalf("2,048 zod .int() properties: %v", err)
+	}
+	if m := matcher(t, g); m.Accept([]byte(`{"p0": -9007199254740991, "p2047": 9007199254740991}`)) != nil || !m.Complete() {
+		t.Error("2,048 zod .int() properties: the bounds refused")
+	}
+
+	// 2,048 properties of distinct ranges: within the limits or refused
+	// naming one, never a grammar past them.
+	props = props[:0]
+	for i := range 2048 {
+		props = append(props, fmt.Sprintf(`"p%d":{"type":"integer","minimum":%d,"maximum":9007199254740991}`, i, -i*7919))
+	}
+	g, err = FromSchema([]byte(`{"type":"object","properties":{` + strings.Join(props, ",") + `}}`))
+	switch {
+	case errors.As(err, &le):
+		t.Logf("2,048 integer ranges: refused over the %s limit", le.Limit)
+	case err != nil:
+		t.Fatal(err)
+	default:
+		if _, err := Check(g, Limits{}); err != nil {
+			t.Fatalf("a grammar FromSchema returned fails Check: %v", err)
+		}
+		t.Logf("2,048 integer ranges: a grammar of %d bytes", len(g))
 	}
 }

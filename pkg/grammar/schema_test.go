@@ -1,7 +1,11 @@
 package grammar
 
 import (
+	"encoding/json"
 	"errors"
+	"math/rand/v2"
+	"regexp"
+	"strings"
 	"testing"
 )
 
@@ -37,10 +41,11 @@ func TestFromSchema(t *testing.T) {
 		invalid      []string
 	}{
 		{
-			name:    "object with required and optional properties",
-			schema:  `{"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"},"tags":{"type":"array","items":{"type":"string"}},"ok":{"type":"boolean"}},"required":["name","age"],"additionalProperties":false}`,
-			valid:   []string{`{"age": 3, "name": "x"}`, `{"age": -1, "name": "", "ok": true}`, `{"age": 0, "name": "n", "ok": false, "tags": ["a", "b"]}`, `{"age": 0, "name": "n", "tags": []}`},
-			invalid: []string{`{"name": "x"}`, `{"age": 1.5, "name": "x"}`, `{"age": 1, "name": "x",}`, `{"age": 1, "name": "x", "extra": 1}`, `{"age": 1, "name": 2}`},
+			name:   "object with required and optional properties",
+			schema: `{"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"},"tags":{"type":"array","items":{"type":"string"}},"ok":{"type":"boolean"}},"required":["name","age"],"additionalProperties":false}`,
+			// In the order of properties, required first (llama.cpp's order).
+			valid:   []string{`{"name": "x", "age": 3}`, `{"name": "", "age": -1, "ok": true}`, `{"name": "n", "age": 0, "tags": ["a", "b"], "ok": false}`, `{ "name" : "n", "age": 0, "tags": [ ] }`},
+			invalid: []string{`{"name": "x"}`, `{"age": 3, "name": "x"}`, `{"name": "x", "age": 1.5}`, `{"name": "x", "age": 1,}`, `{"name": "x", "age": 1, "extra": 1}`, `{"name": 2, "age": 1}`, `{"name": "n", "age": 0, "ok": false, "tags": []}`},
 		},
 		{
 			name:    "only optional properties",
@@ -88,15 +93,19 @@ func TestFromSchema(t *testing.T) {
 
 func TestFromSchemaRefusals(t *testing.T) {
 	for _, tc := range []struct{ schema, keyword, path string }{
-		{`{"type":"string","pattern":"^a"}`, "pattern", ""},
-		{`{"type":"object","properties":{"a":{"type":"string","format":"date"}}}`, "format", "/properties/a"},
-		{`{"$ref":"#/$defs/x"}`, "$ref", ""},
-		{`{"oneOf":[{"type":"string"}]}`, "oneOf", ""},
-		{`{"type":"integer","minimum":0}`, "minimum", ""},
-		{`{"type":"object","additionalProperties":true}`, "additionalProperties other than false", ""},
+		{`{"type":"string","pattern":"^(a$"}`, `pattern "^(a$" (unbalanced parentheses)`, ""},
+		{`{"type":"object","properties":{"a":{"type":"string","pattern":"^a**[$"}}}`, `pattern "^a**[$" (unterminated character class)`, "/properties/a"},
+		{`{"$ref":"#/$defs/x"}`, `$ref "#/$defs/x", which points to nothing in the schema`, ""},
+		{`{"$ref":"other.json#/x"}`, `$ref "other.json#/x" (only local ones: # and #/...)`, ""},
+		{`{"$ref":"#"}`, "$ref (a recursion that consumes no text)", ""},
+		{`{"type":"object","properties":{"a":{"$ref":"#"}},"required":["a"]}`, "$ref (a recursion with no end: no finite instance)", ""},
+		{`{"oneOf":[]}`, "oneOf that is not a non-empty array", ""},
+		{`{"type":"integer","minimum":5,"exclusiveMaximum":5}`, "minimum above maximum (no integer in the range)", ""},
 		{`{"type":"date"}`, `type "date"`, ""},
-		{`{"type":"array","items":{"minLength":1}}`, "minLength", "/items"},
-		{`{"anyOf":[{"type":"string"},{"not":{}}]}`, "not", "/anyOf/1"},
+		{`{"type":123}`, "type that is not a string or list", ""},
+		{`{"type":"array","items":{"type":"string","minLength":-1}}`, "minLength -1 (want a non-negative integer)", "/items"},
+		{`{"type":"array","items":{},"minItems":3,"maxItems":2}`, "maxItems below minItems", ""},
+		{`{"anyOf":[{"type":"string"},false]}`, "false (a schema no instance matches)", "/anyOf/1"},
 	} {
 		_, err := FromSchema([]byte(tc.schema))
 		var u *UnsupportedError
@@ -106,6 +115,17 @@ func TestFromSchemaRefusals(t *testing.T) {
 	}
 	if _, err := FromSchema([]byte(`{`)); err == nil {
 		t.Errorf("FromSchema of broken JSON succeeded")
+	}
+	if _, err := FromSchema([]byte(strings.Repeat("[", 20000) + strings.Repeat("]", 20000))); err == nil || !strings.Contains(err.Error(), "nested deeper") {
+		t.Errorf("FromSchema of JSON nested 20,000 deep: %v", err)
+	}
+	// Properties keep the order written; a repeated name its first place.
+	g, err := FromSchema([]byte(`{"properties":{"z":{"const":1},"a":{"const":2},"z":{"const":3}},"required":["z","a"]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !accepts(t, g, `{"z":3,"a":2}`) || accepts(t, g, `{"a":2,"z":3}`) || accepts(t, g, `{"z":1,"a":2}`) {
+		t.Errorf("properties not in the order written, or the repeated one not the last value:\n%s", g)
 	}
 }
 
@@ -133,7 +153,75 @@ func TestSchemaSetComposes(t *testing.T) {
 			t.Errorf("%s: accepted %v, want %v", text, got, want)
 		}
 	}
-	if _, err := set.Add([]byte(`{"type":"string","pattern":"a+"}`)); err == nil {
-		t.Error("pattern accepted")
+	if _, err := set.Add([]byte(`{"type":"string","pattern":"^(a+$"}`)); err == nil {
+		t.Error("invalid pattern accepted")
+	}
+}
+
+// Every string a pattern's grammar allows is a JSON string whose value
+// matches the pattern (Go's regexp judges): llama.cpp's rules write " \
+// and controls raw, so ^"$ gave """, which no parser reads. Sentences are
+// drawn from the grammar, near misses it accepts are checked too.
+func TestPatternsStayJSON(t *testing.T) {
+	for _, p := range []string{
+		`^"$`, `^a\\b$`, `^\d{3}-\w+$`, `^[^a-c]{2,4}$`, `^.{1,5}$`, `^x\sy$`, `^(?:ab|c\.d)+$`,
+		`^[A-Za-z0-9_'+\-]+@[a-z\-]+\.[a-z]{2,}$`, `^\S+\D$`, `^é[東-東]\t$`,
+	} {
+		schema, _ := json.Marshal(map[string]any{"type": "string", "pattern": p})
+		gbnf, err := FromSchema(schema)
+		if err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		if strings.Contains(gbnf, "root ::= string") {
+			t.Fatalf("%s: translated as any string", p)
+		}
+		g, err := Parse(gbnf, "root")
+		if err != nil {
+			t.Fatal(err)
+		}
+		re := regexp.MustCompile(p)
+		rnd := rand.New(rand.NewPCG(5, uint64(len(p))))
+		s := newSampler(g, rnd)
+		for range 50 {
+			text, ok := s.sentence()
+			if !ok {
+				continue
+			}
+			for _, x := range append(nearMisses(text, rnd, 3), text) {
+				if x != text && !member(g, x) {
+					continue
+				}
+				var v string
+				if err := json.Unmarshal([]byte(x), &v); err != nil {
+					t.Errorf("%s: %q is not a JSON string: %v", p, x, err)
+				} else if !re.MatchString(v) {
+					t.Errorf("%s: %q does not match", p, v)
+				}
+			}
+		}
+	}
+}
+
+// No rule of a generated grammar ends with an empty alternative ("a |"):
+// llama.cpp's GBNF parser, which the llamacpp engine compiles the same
+// text with, reads past the line's end into the next rule's name and
+// refuses the grammar (two optional properties made one; llama.cpp's
+// sampler and the Go mask were checked to agree on the corpus's
+// grammars with pkg/engine/llamacpp's TestGrammarMatchesGoMask).
+func TestNoTrailingEmptyAlternative(t *testing.T) {
+	for _, schema := range []string{
+		optionalProps(5, "integer"),
+		`{"type":"object","properties":{"v":{"type":"integer"},"w":{"type":"null"}},"additionalProperties":{"type":"string","maxLength":3}}`,
+		`{"type":"array","items":{"type":"string","pattern":"^a{0}b?(c|)$"},"maxItems":3}`,
+	} {
+		g, err := FromSchema([]byte(schema))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(g, "\n") {
+			if strings.HasSuffix(strings.TrimSpace(line), "|") {
+				t.Errorf("%s: rule %q ends with an empty alternative", schema, line)
+			}
+		}
 	}
 }
