@@ -6,6 +6,14 @@
 // KV data plane (Pull), counting both in the worker's prefix cache.
 // A pull that fails is logged and counted, and the prompt is computed,
 // with the same tokens.
+//
+// Pulled KV is tagged with its peer (prefixcache.Pulled.Source). With a
+// Check, sampled blocks of each pull are recomputed here and compared
+// (Verify): a pull that matches is Verified, and its KV may be cached,
+// exported and advertised as the worker's own, tagged with the peer; one
+// that does not is dropped (the prompt is computed here), counted, and
+// its peer is no longer pulled from (Trust). Without a check, pulled KV
+// is unverified: it serves its own request only.
 package peerpull
 
 import (
@@ -33,6 +41,15 @@ type Puller struct {
 	Spec   engine.ModelSpec       // the puller's model
 	Log    *zap.Logger            // not nil
 	Now    func() time.Time       // not nil
+	// Check spot-checks pulls (nil or off: pulled KV is unverified).
+	Check *Check
+	// Trust holds the peers that failed a spot check, which Plan skips
+	// (nil: none is skipped).
+	Trust *Trust
+	// Distrusted, when set, is called once for a peer that failed a spot
+	// check, after Trust marked it (the worker drops the entries it
+	// cached from it: prefixcache.Cache.DropSource).
+	Distrusted func(peer string)
 }
 
 // Plan is a pull a request makes before its prompt is computed.
@@ -42,6 +59,17 @@ type Plan struct {
 	own       int           // blocks the worker's tiers hold
 	maxBlocks int           // blocks the prompt may take from a cache
 	giveUp    time.Duration // 0: no limit but the caller's
+	prompt    []int32       // for the spot check; nil: none (PlanPrompt)
+}
+
+// PlanPrompt is Plan of prompt, which the pull's spot check (Check)
+// recomputes blocks of; a Plan made without it is never checked.
+func (p Puller) PlanPrompt(peer *pdservev1.PeerPrefix, prompt []int32, hashes []kv.Hash) *Plan {
+	pl := p.Plan(peer, len(prompt), hashes)
+	if pl != nil {
+		pl.prompt = prompt
+	}
+	return pl
 }
 
 // Plan decides whether a prompt of promptLen tokens (its block hashes
@@ -52,6 +80,10 @@ type Plan struct {
 // price said no). No lock is held.
 func (p Puller) Plan(peer *pdservev1.PeerPrefix, promptLen int, hashes []kv.Hash) *Plan {
 	if peer == nil || p.Cache == nil || p.Dialer == nil || !p.Pricer.On() || peer.GetAddr() == "" || promptLen >= p.Spec.MaxSeqLen {
+		return nil
+	}
+	if p.Trust != nil && !p.Trust.Trusted(peer.GetId()) {
+		// It sent KV that failed a spot check: the prompt is computed.
 		return nil
 	}
 	maxHit := p.Cache.MaxHitBlocks(promptLen)
@@ -75,18 +107,25 @@ func (p Puller) Plan(peer *pdservev1.PeerPrefix, promptLen int, hashes []kv.Hash
 // Pull pulls plan's prefix of request id's prompt from its peer,
 // checking the KV against tokenBytes (the bytes of a token in a layer
 // the worker's engine hands out: scaled down on sim), given up after the
-// time computing it would take or when ctx ends. It returns nil when the
-// pull failed (logged and counted). No lock is held: it is network I/O.
+// time computing it would take or when ctx ends, then spot-checks it
+// with Check when the plan has its prompt (PlanPrompt): the check takes
+// the engine lock for its prefill. It returns nil when the pull failed or
+// its check did not match (logged and counted); what it returns is
+// tagged with the peer, and Verified when checked. No lock is held
+// during the transfer: it is network I/O.
 func (p Puller) Pull(ctx context.Context, id string, plan *Plan, tokenBytes int) *prefixcache.Pulled {
 	peer := plan.peer
+	// The give-up time bounds the transfer; the spot check after it is
+	// bounded by ctx alone (a prefill of a few blocks here).
+	pctx := ctx
 	if plan.giveUp > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, plan.giveUp)
+		pctx, cancel = context.WithTimeout(ctx, plan.giveUp)
 		defer cancel()
 	}
-	ctx = grpcauth.CredentialContext(ctx, peer.GetCredential())
+	pctx = grpcauth.CredentialContext(pctx, peer.GetCredential())
 	t0 := p.Now()
-	got, err := p.Dialer.Pull(ctx, kvtransfer.PullRequest{
+	got, err := p.Dialer.Pull(pctx, kvtransfer.PullRequest{
 		RequestID: id, Addr: peer.GetAddr(), ID: peer.GetId(), Role: peer.GetRole(),
 		Hashes: plan.hashes, BlockTokens: p.Cache.BlockTokens(), MinBlocks: plan.own + 1, MaxBlocks: plan.maxBlocks,
 		Spec: p.Spec, TokenBytes: tokenBytes,
@@ -101,9 +140,49 @@ func (p Puller) Pull(ctx context.Context, id string, plan *Plan, tokenBytes int)
 		return nil
 	}
 	p.Pricer.ObservePull(peer.GetAddr(), int64(got.Tokens)*int64(p.Spec.KVBytesPerToken()), got.Took, got.FirstByte)
-	out := &prefixcache.Pulled{Tokens: got.Tokens, Layers: got.Layers, Tier: got.Tier, Took: p.Now().Sub(t0)}
+	out := &prefixcache.Pulled{Tokens: got.Tokens, Layers: got.Layers, Tier: got.Tier, Took: p.Now().Sub(t0), Source: peer.GetId()}
+	if p.Check.On() && plan.prompt != nil {
+		if err := p.check(ctx, id, plan, out); err != nil {
+			p.Cache.NotePull(nil, err)
+			return nil
+		}
+	}
 	p.Cache.NotePull(out, nil)
 	return out
+}
+
+// check spot-checks out, pulled for plan (Check): nil when its sampled
+// blocks match (out is then Verified), else the reason the pull is
+// dropped. A mismatch distrusts the peer (logged, counted, Distrusted
+// called once); an engine failure does not.
+func (p Puller) check(ctx context.Context, id string, plan *Plan, out *prefixcache.Pulled) error {
+	bt := p.Cache.BlockTokens()
+	n := out.Tokens / bt * bt
+	if n <= 0 {
+		return errors.New("the peer sent less than a block")
+	}
+	blocks := SampleBlocks(n/bt, p.Check.Blocks, p.Check.IntN)
+	t0 := p.Now()
+	ok, recomputed, err := Verify(ctx, p.Check.Engine, p.Check.Lock, plan.prompt, out.Layers, out.Tokens, bt, blocks)
+	took := p.Now().Sub(t0)
+	out.Took += took
+	if err != nil {
+		p.Log.Warn("spot check of a peer pull failed to run; computing the prefix", zap.String("request_id", id),
+			zap.String("peer", out.Source), zap.Error(err))
+		return err
+	}
+	p.Cache.NoteCheck(ok, recomputed, took)
+	if ok {
+		out.Verified = true
+		return nil
+	}
+	if p.Trust != nil && p.Trust.Distrust(out.Source, p.Now()) && p.Distrusted != nil {
+		p.Distrusted(out.Source)
+	}
+	p.Log.Warn("a peer's pulled KV failed the spot check: dropped, the prefix computed here, the peer no longer pulled from",
+		zap.String("request_id", id), zap.String("peer", out.Source), zap.String("peer_addr", plan.peer.GetAddr()),
+		zap.Int("pulled_tokens", out.Tokens), zap.Ints("blocks_checked", blocks))
+	return errPoisoned
 }
 
 // CostRatio is the time the worker takes to pull a token of a cached

@@ -18,6 +18,7 @@ import (
 //	pdserve_prefill_retained_bytes          gauge      KV bytes held (in flight and retained)
 //	pdserve_prefill_kv_raw_bytes_total      counter    canonical KV bytes sent, by codec
 //	pdserve_prefill_kv_wire_bytes_total     counter    KV bytes on the wire, by codec
+//	pdserve_prefill_peers_untrusted         gauge      peers whose pulled KV failed a spot check (no longer pulled from)
 //	pdserve_prefill_prefix_cache_*                     the prefix cache's (prefixcache.Collectors)
 //
 // A nil *metrics records nothing.
@@ -62,6 +63,10 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 			Name: "pdserve_prefill_retained_bytes",
 			Help: "KV bytes held for requests in flight and retained for Resend.",
 		}, func() float64 { return float64(s.Stats().RetainedBytes) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "pdserve_prefill_peers_untrusted",
+			Help: "Peer workers whose pulled KV failed a spot check; they are no longer pulled from.",
+		}, func() float64 { return float64(s.UntrustedPeers()) }),
 	)
 	cs = append(cs, prefixcache.Collectors("prefill", func() prefixcache.Stats { return s.cache.Stats() }, s.cache.Host() != nil, s.cache.Host().Disk() != nil)...)
 	if err := batching.Register(reg, "prefill", cs...); err != nil {

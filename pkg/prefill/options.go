@@ -10,6 +10,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/kv/codec"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
 	"github.com/pdserve/pdserve/pkg/kvtransfer/codecpick"
+	"github.com/pdserve/pdserve/pkg/peerpull"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 )
 
@@ -59,6 +60,14 @@ type Options struct {
 	// DefaultPeerLinkGbps); 0: the worker pulls nothing and computes
 	// every prefix its own cache lacks. ≥ 0.
 	PeerLinkGbps float64
+	// PeerPullVerifyBlocks is how many blocks of each pull are recomputed
+	// here and compared with what the peer sent (peerpull.Check: the
+	// pulled chain's last block, then random others): a pull that does
+	// not match is dropped, its prompt computed here, and the peer not
+	// pulled from again (--peer-pull-verify-blocks, default
+	// peerpull.DefaultCheckBlocks). 0: no check; pulled KV then serves its
+	// own request only and is never cached, exported or advertised. ≥ 0.
+	PeerPullVerifyBlocks int
 }
 
 // DefaultPeerLinkGbps is the default PeerLinkGbps
@@ -83,12 +92,14 @@ func DefaultOptions() Options {
 		RetainTTL:       10 * time.Minute,
 		PrefixCache:     prefixcache.DefaultOptions(),
 		PeerLinkGbps:    DefaultPeerLinkGbps,
+
+		PeerPullVerifyBlocks: peerpull.DefaultCheckBlocks,
 	}
 }
 
 // AddFlags registers --chunk-tokens, --max-batch-tokens (batching.Budget), --codec,
 // --max-live-prefills, --retain-bytes, --retain-ttl, --max-live-kv-bytes,
-// --peer-link-gbps,
+// --peer-link-gbps, --peer-pull-verify-blocks,
 // --block-tokens, --prefix-cache-tokens and --prefix-cache-entries on fs,
 // with o's values as defaults.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
@@ -101,6 +112,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.PrefixCache.BlockTokens, "block-tokens", o.PrefixCache.BlockTokens, "tokens per block of the prefix hashes and of prefix reuse: must equal the coordinator's and the decode workers' --block-tokens")
 	o.PrefixCache.AddFlags(fs)
 	fs.Float64Var(&o.PeerLinkGbps, "peer-link-gbps", o.PeerLinkGbps, "Gbit/s a pull of a cached prefix from a peer worker is priced at until pulls from it were measured: a prompt pulls its prefix when that is faster than computing it at this worker's measured prefill throughput (0: never pull)")
+	fs.IntVar(&o.PeerPullVerifyBlocks, "peer-pull-verify-blocks", o.PeerPullVerifyBlocks, "blocks of each prefix pulled from a peer that are recomputed here and compared with what it sent (its last block, then random others): a mismatch drops the pulled KV, computes the prompt here and stops pulling from that peer; a verified pull is cached and may be served to peers, tagged with its source (0: no check: pulled KV serves its own request only, never cached, exported or advertised)")
 }
 
 // Validate reports every invalid field in one error.
@@ -127,6 +139,9 @@ func (o Options) Validate() error {
 	}
 	if o.PeerLinkGbps < 0 {
 		errs = append(errs, fmt.Errorf("peer-link-gbps %v must not be negative", o.PeerLinkGbps))
+	}
+	if o.PeerPullVerifyBlocks < 0 {
+		errs = append(errs, fmt.Errorf("peer-pull-verify-blocks %d must not be negative", o.PeerPullVerifyBlocks))
 	}
 	if o.MaxLiveKVBytes < 0 {
 		errs = append(errs, fmt.Errorf("max-live-kv-bytes %d must not be negative", o.MaxLiveKVBytes))

@@ -3,6 +3,8 @@ package prefill
 import (
 	"context"
 
+	"go.uber.org/zap"
+
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
@@ -16,20 +18,45 @@ import (
 // pull or has measured no step.
 func (s *Server) PeerPullCost() float64 { return s.puller().CostRatio() }
 
-// puller is the worker's side of peer pulls.
+// puller is the worker's side of peer pulls, spot-checked on its engine
+// (Options.PeerPullVerifyBlocks).
 func (s *Server) puller() peerpull.Puller {
-	return peerpull.Puller{Cache: s.cache, Pricer: s.peers, Dialer: s.dialer, Spec: s.spec, Log: s.log, Now: s.now}
+	return peerpull.Puller{
+		Cache: s.cache, Pricer: s.peers, Dialer: s.dialer, Spec: s.spec, Log: s.log, Now: s.now,
+		Check:      &peerpull.Check{Blocks: s.o.PeerPullVerifyBlocks, Engine: s.fcfs.eng, Lock: s.lockEngine},
+		Trust:      &s.trust,
+		Distrusted: s.purgeSource,
+	}
 }
+
+// lockEngine takes the engine lock (the scheduler's steps wait) and
+// returns its release.
+func (s *Server) lockEngine() func() {
+	s.run.LockEngine()
+	return s.run.UnlockEngine
+}
+
+// purgeSource drops what the prefix cache holds from peer, which failed a
+// spot check: the entries tagged with it in the engine and host tiers
+// (pinned ones stay until the bounds evict them).
+func (s *Server) purgeSource(peer string) {
+	unlock := s.lockEngine()
+	seqs := s.cache.DropSource(peer)
+	s.fcfs.freeSeqs(seqs)
+	unlock()
+	s.sig.Wake()
+	s.log.Warn("peer untrusted: dropped the prefix cache entries pulled from it", zap.String("peer", peer), zap.Int("engine_entries", len(seqs)))
+}
+
+// UntrustedPeers returns how many peers failed a spot check of the KV
+// pulled from them (no longer pulled from), for metrics.
+func (s *Server) UntrustedPeers() int { return s.trust.Untrusted() }
 
 // ExportPrefix implements kvtransfer.PullSource: a peer's pull of a
 // prefix this worker's cache holds in any tier (prefixcache.Export, the
 // engine lock taken a layer at a time).
 func (s *Server) ExportPrefix(_ context.Context, hashes []kv.Hash, minBlocks, maxBlocks int) (kvtransfer.PrefixKV, error) {
-	lock := func() func() {
-		s.run.LockEngine()
-		return s.run.UnlockEngine
-	}
-	x, err := s.cache.Export(s.fcfs.eng, lock, hashes, minBlocks, maxBlocks)
+	x, err := s.cache.Export(s.fcfs.eng, s.lockEngine, hashes, minBlocks, maxBlocks)
 	// The entry it pinned is unpinned now: a request waiting for the
 	// engine memory it held may start.
 	s.sig.Wake()
@@ -47,7 +74,7 @@ func (s *Server) pullPrefix(ctx context.Context, req *pdservev1.PrefillRequest, 
 		return nil
 	}
 	pl := s.puller()
-	plan := pl.Plan(req.GetPeer(), len(prompt), hashes)
+	plan := pl.PlanPrompt(req.GetPeer(), prompt, hashes)
 	if plan == nil {
 		return nil
 	}

@@ -317,6 +317,7 @@ func (p *fcfs) forkPrefixLocked(r *request, hit prefixcache.Hit, from int) []fra
 		p.eng.Free(r.seq)
 		r.kv = newKVBuf(s.spec.Layers, len(r.prompt))
 		r.hostHit, r.hostLoad, r.diskHit, r.peerHit, r.peerLoad = 0, 0, 0, 0, 0
+		r.source, r.unverified = "", false
 		return nil
 	}
 	switch from {
@@ -325,7 +326,7 @@ func (p *fcfs) forkPrefixLocked(r *request, hit prefixcache.Hit, from int) []fra
 		if err != nil {
 			return fail(err)
 		}
-		n, r.hostHit, r.hostLoad = ld.Tokens, ld.Tokens, ld.Took
+		n, r.hostHit, r.hostLoad, r.source = ld.Tokens, ld.Tokens, ld.Took, ld.Source
 		if ld.Disk {
 			r.diskHit = ld.Tokens
 		}
@@ -335,6 +336,7 @@ func (p *fcfs) forkPrefixLocked(r *request, hit prefixcache.Hit, from int) []fra
 			return fail(err)
 		}
 		n, r.peerHit, r.peerLoad = m, m, took
+		r.source, r.unverified = r.pulled.Source, !r.pulled.Verified
 	}
 	if n == 0 {
 		return nil
@@ -343,6 +345,7 @@ func (p *fcfs) forkPrefixLocked(r *request, hit prefixcache.Hit, from int) []fra
 		if err := p.eng.(engine.Forker).Fork(hit.Seq, r.seq, n); err != nil {
 			return fail(err)
 		}
+		r.source = hit.Source
 	}
 	var frames []frame
 	var buf []byte
@@ -433,8 +436,16 @@ func (p *fcfs) Done(ctx context.Context, b runner.Batch[*request], res runner.Re
 			lp = wire.TokenLogprob(l)
 		}
 		// The sequence holds the whole prompt now: it becomes a prefix
-		// cache entry (or is freed, and so are the entries it evicts).
-		p.freeSeqs(s.cache.Insert(r.seq, r.hashes, len(r.prompt)))
+		// cache entry tagged with where its prefix came from (or is
+		// freed, and so are the entries it evicts). One that started
+		// from unverified pulled KV served r only: it is freed, so that
+		// the worker never exports or advertises it as its own.
+		if r.unverified {
+			s.cache.NoteUnverified()
+			p.freeSeqs([]engine.SeqID{r.seq})
+		} else {
+			p.freeSeqs(s.cache.InsertFrom(r.seq, r.hashes, len(r.prompt), r.source))
+		}
 		r.prefilled = true
 		s.removeLocked(r)
 		if r.cancelled {

@@ -23,6 +23,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/kv/codec"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
 	"github.com/pdserve/pdserve/pkg/kvtransfer/codecpick"
+	"github.com/pdserve/pdserve/pkg/peerpull"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 	"github.com/pdserve/pdserve/pkg/runner"
 	"github.com/pdserve/pdserve/pkg/tracing"
@@ -64,6 +65,8 @@ type Server struct {
 	cache *prefixcache.Cache
 	// peers prices pulls of a prefix from a peer worker.
 	peers *kvtransfer.PullPricer
+	// trust holds the peers whose pulled KV failed a spot check.
+	trust peerpull.Trust
 
 	// sig wakes the scheduler, and holds draining and the end of each
 	// live request (its ...Locked methods under mu).
@@ -117,7 +120,14 @@ type request struct {
 	// disk is the prefix the disk tier held deeper than the other tiers,
 	// read from its file before the request was queued, off the engine
 	// lock (nil: none); imported, or not, when the request starts.
-	disk       *prefixcache.DiskRead
+	disk *prefixcache.DiskRead
+	// source is the provenance of the prefix r started from: "" computed
+	// here, else the peer it was pulled from (directly, or through a
+	// cache entry of such a pull); unverified is set when that pull was
+	// not spot-checked: r's sequence then serves r only and is never
+	// cached (so never exported nor advertised).
+	source     string
+	unverified bool
 	peerHit    int
 	peerLoad   time.Duration
 	startedAt  time.Time

@@ -124,6 +124,10 @@ type entry struct {
 	tokens int       // KV tokens the sequence holds
 	pins   int
 	el     *list.Element
+	// source is where the prefix of its KV came from: "" computed here,
+	// else the verified identity of the peer it was pulled from (a
+	// spot-checked pull, or a fork of one): see InsertFrom.
+	source string
 }
 
 // Hit is the result of Acquire. A hit (Tokens > 0) pins its entry until
@@ -136,6 +140,9 @@ type Hit struct {
 	Tokens int
 	// Hashes are the hit blocks' hashes (aliasing the lookup's slice).
 	Hashes []kv.Hash
+	// Source is the entry's provenance (see InsertFrom): a sequence
+	// forked from it carries it on.
+	Source string
 	e      *entry
 }
 
@@ -341,7 +348,7 @@ func (c *Cache) Free(eng engine.Engine, seqs []engine.SeqID) error {
 			delete(c.spill, q)
 			c.mu.Unlock()
 			if e != nil {
-				if err := c.host.Spill(eng, q, e.hashes); err != nil {
+				if err := c.host.spill(eng, q, e.hashes, e.source); err != nil {
 					errs = append(errs, err)
 				}
 			}
@@ -413,7 +420,7 @@ func (c *Cache) acquire(hashes []kv.Hash, maxBlocks int, own bool) Hit {
 		c.st.Hits++
 		c.st.HitTokens += uint64(n * c.o.BlockTokens)
 	}
-	return Hit{Seq: e.seq, Tokens: n * c.o.BlockTokens, Hashes: hashes[:n], e: e}
+	return Hit{Seq: e.seq, Tokens: n * c.o.BlockTokens, Hashes: hashes[:n], Source: e.source, e: e}
 }
 
 // Source returns what Acquire(hashes, maxBlocks) would pin, changing
@@ -497,6 +504,18 @@ func (c *Cache) Release(h Hit) {
 // entries it supersedes (their blocks are a prefix of its own); and the
 // least recently used unpinned entries beyond the bounds.
 func (c *Cache) Insert(seq engine.SeqID, hashes []kv.Hash, tokens int) []engine.SeqID {
+	return c.InsertFrom(seq, hashes, tokens, "")
+}
+
+// InsertFrom is Insert of a sequence whose KV is tagged with source: ""
+// when this worker computed all of it, else the verified identity of the
+// peer its prefix was pulled from (a pull the worker's spot check passed,
+// or a sequence forked or loaded from such an entry: Hit.Source,
+// HostLoad.Source). The tag goes with the entry into the host tier, and
+// DropSource removes the entries of a peer found untrusted later. Pulled
+// KV that was not verified must not be inserted at all: the caller frees
+// it (the worker exports and advertises what its cache holds).
+func (c *Cache) InsertFrom(seq engine.SeqID, hashes []kv.Hash, tokens int, source string) []engine.SeqID {
 	if c == nil || len(hashes) == 0 || tokens > c.o.MaxTokens || tokens < len(hashes)*c.o.BlockTokens {
 		return []engine.SeqID{seq}
 	}
@@ -515,7 +534,7 @@ func (c *Cache) Insert(seq engine.SeqID, hashes []kv.Hash, tokens int) []engine.
 			}
 		}
 	}
-	e := &entry{seq: seq, hashes: hashes, tokens: tokens}
+	e := &entry{seq: seq, hashes: hashes, tokens: tokens, source: source}
 	e.el = c.lru.PushFront(e)
 	for _, h := range hashes {
 		es := c.byHash[h]
@@ -620,6 +639,36 @@ func (c *Cache) Drain() []engine.SeqID {
 			free = append(free, c.dropLocked(e))
 		}
 	}
+	return free
+}
+
+// DropSource drops every unpinned entry whose KV came from source (a
+// peer's identity, not ""), in the engine and host tiers, and returns the
+// engine sequences for the caller to Free under its engine lock (none is
+// copied to the host tier): a peer whose pulled KV failed a spot check
+// is no longer trusted for what it sent before. The entries dropped count
+// in Stats.Peer.Purged. A pinned entry stays (its fork or export is under
+// way) until the bounds evict it.
+func (c *Cache) DropSource(source string) []engine.SeqID {
+	if c == nil || source == "" {
+		return nil
+	}
+	c.mu.Lock()
+	var free []engine.SeqID
+	for el := c.lru.Front(); el != nil; {
+		e := el.Value.(*entry)
+		el = el.Next()
+		if e.source == source && e.pins == 0 {
+			free = append(free, c.dropLocked(e))
+		}
+	}
+	c.st.Peer.Purged += uint64(len(free))
+	c.mu.Unlock()
+	// After c.mu: both locks stay leaves.
+	n := c.host.dropSource(source)
+	c.mu.Lock()
+	c.st.Peer.Purged += uint64(n)
+	c.mu.Unlock()
 	return free
 }
 

@@ -90,6 +90,16 @@
 // for how long to wait for it; CostRatio is the same comparison for one
 // token, for heartbeats.
 //
+// Provenance: an entry is tagged with where its KV came from (InsertFrom:
+// "" computed here, else the peer a spot-checked pull came from, which a
+// fork, Hit.Source, or a host-tier load, HostLoad.Source, carries on).
+// The host tier keeps the tag; the disk tier, whose files hold none,
+// takes only untagged entries (a tagged one the host tier evicts is
+// dropped). DropSource removes a peer's entries from both tiers when it
+// fails a later spot check (Stats.Peer.Purged). Pulled KV that was not
+// verified is never inserted: the worker's KV events, digest and exports
+// come from what the cache holds.
+//
 // # Digest
 //
 // Digest returns the cached block hashes for heartbeats of a worker that

@@ -60,6 +60,9 @@ type hostEntry struct {
 	// engine (zero: it had when Spill returned).
 	ready time.Time
 	el    *list.Element
+	// source is the engine entry's provenance (entry.source): "" computed
+	// by this worker, else the peer a verified pull came from.
+	source string
 }
 
 // SpillLinked is an engine that models a spill's copy out of the device
@@ -186,6 +189,14 @@ func (h *Host) Match(hashes []kv.Hash) int {
 // beside the engine's steps, not to them.
 // Errors: the engine's (the tier is then unchanged).
 func (h *Host) Spill(eng engine.Engine, seq engine.SeqID, hashes []kv.Hash) error {
+	return h.spill(eng, seq, hashes, "")
+}
+
+// spill is Spill of an entry tagged with source (entry.source). An entry
+// of a peer's KV stays in host memory and is dropped when the tier evicts
+// it: the disk tier's files hold no provenance, so they hold only KV this
+// worker computed.
+func (h *Host) spill(eng engine.Engine, seq engine.SeqID, hashes []kv.Hash, source string) error {
 	if h == nil || len(hashes) == 0 {
 		return nil
 	}
@@ -199,7 +210,7 @@ func (h *Host) Spill(eng engine.Engine, seq engine.SeqID, hashes []kv.Hash) erro
 		return nil
 	}
 	h.mu.Unlock()
-	e := &hostEntry{hashes: hashes, tokens: tokens, bytes: size}
+	e := &hostEntry{hashes: hashes, tokens: tokens, bytes: size, source: source}
 	fail := func(what string, err error) error {
 		h.mu.Lock()
 		h.st.Failures++
@@ -228,6 +239,9 @@ func (h *Host) Spill(eng engine.Engine, seq engine.SeqID, hashes []kv.Hash) erro
 	h.mu.Unlock()
 	var errs []error
 	for _, e := range evicted {
+		if e.source != "" {
+			continue // a peer's KV: not written to disk (spill)
+		}
 		if e.snap != nil {
 			// The disk tier writes bytes: render the snapshot's.
 			var err error
@@ -290,6 +304,10 @@ type HostLoad struct {
 	// Disk is set when the prefix was read from the disk tier behind the
 	// host tier.
 	Disk bool
+	// Source is the entry's provenance (Cache.InsertFrom): "" computed
+	// here, else the peer a verified pull came from; the disk tier holds
+	// only the former.
+	Source string
 }
 
 // Load imports into seq, a sequence the engine does not hold yet, the
@@ -352,7 +370,28 @@ func (h *Host) Load(eng engine.Engine, seq engine.SeqID, hashes []kv.Hash, maxBl
 	h.st.Hits++
 	h.st.HitTokens += uint64(m)
 	h.st.LoadTime += took
-	return HostLoad{Tokens: m, Bytes: size, Took: took}, nil
+	return HostLoad{Tokens: m, Bytes: size, Took: took, Source: e.source}, nil
+}
+
+// dropSource drops every entry of the tier whose KV came from source
+// (Cache.DropSource) and returns how many it dropped. A nil tier drops
+// nothing.
+func (h *Host) dropSource(source string) int {
+	if h == nil {
+		return 0
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var drop []*hostEntry
+	for el := h.idx.lru.Front(); el != nil; el = el.Next() {
+		if e := el.Value.(*hostEntry); e.source == source {
+			drop = append(drop, e)
+		}
+	}
+	for _, e := range drop {
+		h.idx.drop(e)
+	}
+	return len(drop)
 }
 
 // appendPrefix appends to dst the first m of the n tokens of one layer's

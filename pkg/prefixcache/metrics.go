@@ -40,6 +40,12 @@ import "github.com/prometheus/client_golang/prometheus"
 //	pull_seconds_total   counter  time the pulls and their imports took
 //	exports_total        counter  prefixes sent to peers
 //	export_tokens_total  counter  tokens sent to peers
+//	verified_total       counter  pulls whose spot check matched
+//	rejected_total       counter  pulls whose spot check did not match (dropped, computed here)
+//	unverified_total     counter  pulled prefixes used unchecked for their request only, not cached
+//	check_tokens_total   counter  prompt tokens the spot checks recomputed
+//	check_seconds_total  counter  time the spot checks took
+//	purged_total         counter  cached entries dropped when their peer failed a spot check
 //
 // Each worker package registers them from its metrics.go; host and disk
 // tell whether the cache has a host tier (Cache.Host not nil) and a disk
@@ -74,6 +80,12 @@ func Collectors(subsystem string, stats func() Stats, host, disk bool) []prometh
 		peer("pull_seconds_total", "Time pulls from peer workers and their imports took.", func(s PeerStats) float64 { return s.PullTime.Seconds() }),
 		peer("exports_total", "Cached prefixes sent to peer workers.", func(s PeerStats) float64 { return float64(s.Exports) }),
 		peer("export_tokens_total", "Prompt tokens of cached KV sent to peer workers.", func(s PeerStats) float64 { return float64(s.ExportTokens) }),
+		peer("verified_total", "Pulls from peer workers whose spot check (sampled blocks recomputed here) matched.", func(s PeerStats) float64 { return float64(s.Verified) }),
+		peer("rejected_total", "Pulls from peer workers whose spot check did not match: the KV was dropped and the prompt computed here.", func(s PeerStats) float64 { return float64(s.Rejected) }),
+		peer("unverified_total", "Pulled prefixes used unchecked for their own request only, never cached.", func(s PeerStats) float64 { return float64(s.Unverified) }),
+		peer("check_tokens_total", "Prompt tokens recomputed by spot checks of pulled KV.", func(s PeerStats) float64 { return float64(s.CheckTokens) }),
+		peer("check_seconds_total", "Time spot checks of pulled KV took.", func(s PeerStats) float64 { return s.CheckTime.Seconds() }),
+		peer("purged_total", "Cached entries dropped because the peer they were pulled from failed a later spot check.", func(s PeerStats) float64 { return float64(s.Purged) }),
 	)
 	if host {
 		cs = append(cs, tierCollectors(name, "host", func() HostStats { return stats().Host })...)

@@ -36,6 +36,25 @@ type PeerStats struct {
 	Exports   uint64        // prefixes copied out for a peer
 	// ExportTokens is their tokens.
 	ExportTokens uint64
+	// Verified counts pulls whose spot check (a sampled block recomputed
+	// here) matched: their KV may be cached, exported and advertised,
+	// tagged with its peer (InsertFrom).
+	Verified uint64
+	// Rejected counts pulls whose spot check did not match: their KV was
+	// dropped, the prompt computed here, the peer no longer pulled from.
+	Rejected uint64
+	// Unverified counts pulled prefixes used, unchecked, for their own
+	// request only: never cached, so never exported nor advertised.
+	Unverified uint64
+	// CheckTokens is the prompt tokens the spot checks recomputed, and
+	// CheckTime the time they took (imports and prefill, under the
+	// engine lock).
+	CheckTokens uint64
+	CheckTime   time.Duration
+	// Purged counts cached entries (engine and host tiers) dropped
+	// because the peer they came from failed a later spot check
+	// (DropSource).
+	Purged uint64
 }
 
 // Exported is a cached prefix's KV copied out of one tier for a peer.
@@ -228,6 +247,13 @@ type Pulled struct {
 	Tier string
 	// Took is the time the pull took (the Load's import time is added).
 	Took time.Duration
+	// Source is the verified identity of the peer it came from (its
+	// heartbeat id, which the TLS handshake of the pull checked).
+	Source string
+	// Verified is set when a spot check recomputed sampled blocks of it
+	// here and they matched. Unverified KV serves its own request only:
+	// the worker never caches, exports or advertises it.
+	Verified bool
 }
 
 // Bytes returns the canonical KV bytes p holds.
@@ -257,6 +283,34 @@ func (c *Cache) NotePull(p *Pulled, err error) {
 		c.st.Peer.PulledBytes += uint64(p.Bytes())
 		c.st.Peer.PullTime += p.Took
 	}
+}
+
+// NoteCheck counts a spot check of a pull: ok when its blocks matched,
+// the tokens it recomputed and the time it took.
+func (c *Cache) NoteCheck(ok bool, tokens int, took time.Duration) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if ok {
+		c.st.Peer.Verified++
+	} else {
+		c.st.Peer.Rejected++
+	}
+	c.st.Peer.CheckTokens += uint64(tokens)
+	c.st.Peer.CheckTime += took
+}
+
+// NoteUnverified counts a pulled prefix that served its request unchecked
+// and was not cached.
+func (c *Cache) NoteUnverified() {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.st.Peer.Unverified++
 }
 
 // NotePullSkipped counts a pull the worker did not make: computing the
