@@ -201,7 +201,8 @@ func (x *respWriter) sse(typ string, ev map[string]any) error {
 }
 
 // writeRespError sends the chat path's error of rw as the Responses
-// API's: its param named as this API names it.
+// API's: its param, and the parameters its message names, as this API
+// names them.
 func (s *Server) writeRespError(w http.ResponseWriter, rw *respWriter) {
 	var body struct {
 		Error *apiError `json:"error"`
@@ -211,7 +212,7 @@ func (s *Server) writeRespError(w http.ResponseWriter, rw *respWriter) {
 		_, _ = w.Write(rw.body.Bytes())
 		return
 	}
-	body.Error.Param = mapParam(body.Error.Param)
+	mapError(body.Error)
 	w.WriteHeader(rw.status)
 	_ = json.NewEncoder(w).Encode(body)
 }

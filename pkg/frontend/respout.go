@@ -490,7 +490,7 @@ func (x *respWriter) event(data []byte) error {
 	r := x.run
 	if c.Error != nil {
 		x.ended = true
-		c.Error.Param = mapParam(c.Error.Param)
+		mapError(c.Error)
 		return r.fail(c.Error)
 	}
 	for _, ch := range c.Choices {
@@ -541,11 +541,23 @@ func (x *respWriter) FlushError() error {
 // deadlines).
 func (x *respWriter) Unwrap() http.ResponseWriter { return x.w }
 
-func mapParam(p *string) *string {
-	if p == nil {
-		return nil
+// respNames rewrites chat's parameter names in an error message as the
+// Responses API names them (the param itself goes through respParam).
+var respNames = strings.NewReplacer(
+	"response_format.json_schema.", "text.format.",
+	"response_format", "text.format",
+	"max_completion_tokens", "max_output_tokens",
+	"max_tokens", "max_output_tokens",
+	"room for the messages", "room for the input",
+)
+
+// mapError names the parameter of a chat path's error, and the
+// parameters its message names, as the Responses API does.
+func mapError(e *apiError) {
+	if e.Param != nil {
+		e.Param = ptr(respParam(*e.Param))
 	}
-	return ptr(respParam(*p))
+	e.Message = respNames.Replace(e.Message)
 }
 
 // whole builds the Response of a whole (not streamed) chat completion.
