@@ -366,3 +366,226 @@ func TestOpenAISDKResponses(t *testing.T) {
 		t.Errorf("refused: %+v", r)
 	}
 }
+
+// smallCluster is the standalone server of the SDK tests that send tools
+// and agent prompts: the small preset (README: tiny's 1,024 byte tokens
+// cannot hold a tool's preamble and a reply).
+func smallCluster(t *testing.T) *cluster {
+	return startCluster(t, clusterOpts{edit: func(o *coordinator.Options) { o.Engine.Preset = "small" }})
+}
+
+// structured is what the scripts print of an object decoded under the
+// schema of their zod type Weather (openai_sdk7.mjs): the object, and
+// whether zod accepted it and every number in it is a finite double.
+type structured struct {
+	Parsed        map[string]any
+	Object        map[string]any
+	Output        map[string]any
+	Valid, Finite bool
+	Issues        []string
+	Error         json.RawMessage
+}
+
+// check fails the test unless s holds an object that zod accepted, with
+// finite numbers and days an integer (the .int() of the schema).
+func (s structured) check(t *testing.T, name string) {
+	t.Helper()
+	obj := s.Parsed
+	if obj == nil {
+		obj = s.Object
+	}
+	if obj == nil {
+		obj = s.Output
+	}
+	if len(s.Error) > 0 || obj == nil || !s.Valid || !s.Finite || len(s.Issues) > 0 {
+		t.Errorf("%s: object %v, valid %v, finite %v, issues %q, error %s; want an object the zod schema accepts", name, obj, s.Valid, s.Finite, s.Issues, s.Error)
+		return
+	}
+	d, ok := obj["days"].(float64)
+	if !ok || math.IsInf(d, 0) || (os.Getenv("PDSERVE_SDK_INT") != "0" && d != math.Trunc(d)) {
+		t.Errorf("%s: days %v, want a finite integer", name, obj["days"])
+	}
+	switch obj["city"] {
+	case "Oslo", "Paris", "Rome":
+	default:
+		t.Errorf("%s: city %v, want one of the enum", name, obj["city"])
+	}
+}
+
+// respUsage is a Responses API usage object.
+type respUsage struct {
+	Input_tokens         int
+	Output_tokens        int
+	Total_tokens         int
+	Input_tokens_details struct{ Cached_tokens int }
+}
+
+// TestOpenAISDK7 drives the Responses API with the OpenAI Node SDK 7 over
+// HTTP and WebSocket mode, and chat.completions.parse, with a zod 4 schema
+// that has .int() (its minimum/maximum): responses.parse (create with
+// zodTextFormat), create with instructions, responses.stream (its helper's
+// final response and events numbered in order), the SDK's ResponsesWS
+// socket with ResponsesWebSocketSession lanes (a continuation with
+// previous_response_id on the socket, two stream_id lanes at once, a
+// structured answer, an error event on its lane naming the parameter).
+//
+// PDSERVE_SDK_INT=0 runs the scripts with days a plain number, for a
+// server that refuses the range keywords .int() writes.
+func TestOpenAISDK7(t *testing.T) {
+	sdk := sdkDir(t)
+	cl := smallCluster(t)
+	outb := runSDK(t, sdk, cl.url, "testdata/openai_sdk7.mjs", "PDSERVE_MODEL=small")
+	type resp struct {
+		ID, Status, Prev string
+		Usage            respUsage
+	}
+	var out struct {
+		Create struct {
+			structured
+			Status, Object, ID string
+			Types              []string
+			Usage              respUsage
+		}
+		Plain struct {
+			Status, ID, Text, Role, Incomplete string
+			Types                              []string
+			Usage                              respUsage
+		}
+		Stream struct {
+			First, Last, Deltas, Text, Status, ID string
+			Types                                 []string
+			Ordered                               bool
+		}
+		WS struct {
+			First, Cont, LaneA, LaneB resp
+			Structured                structured
+			Refused                   struct {
+				Name, Param, Type, Stream_id string
+				Status                       int
+			}
+			Streams map[string][]string
+			Events  int
+		}
+		Parse struct {
+			structured
+			Finish, Content string
+		}
+	}
+	if err := json.Unmarshal(outb, &out); err != nil {
+		t.Fatalf("node output %q: %v", outb, err)
+	}
+	c := out.Create
+	c.check(t, "responses.parse")
+	if c.Status != "completed" || c.Object != "response" || !strings.HasPrefix(c.ID, "resp_") || !slices.Equal(c.Types, []string{"message"}) || c.Usage.Output_tokens < 1 {
+		t.Errorf("responses.parse: %+v", c)
+	}
+	p := out.Plain
+	if p.Status != "incomplete" || p.Incomplete != "max_output_tokens" || p.Role != "assistant" || !slices.Equal(p.Types, []string{"message"}) ||
+		p.Usage.Output_tokens != 6 || p.Usage.Total_tokens != p.Usage.Input_tokens+6 {
+		t.Errorf("responses.create: %+v; want a message cut at 6 output tokens", p)
+	}
+	s := out.Stream
+	if s.First != "response.created" || s.Last != "response.incomplete" || !s.Ordered || s.Deltas != s.Text || s.Text == "" || s.Status != "incomplete" ||
+		!slices.Contains(s.Types, "response.output_text.delta") || !slices.Contains(s.Types, "response.output_item.done") {
+		t.Errorf("responses.stream: %+v", s)
+	}
+	w := out.WS
+	for name, r := range map[string]resp{"first": w.First, "continuation": w.Cont, "lane-a": w.LaneA, "lane-b": w.LaneB} {
+		if !strings.HasPrefix(r.ID, "resp_") || r.Status != "incomplete" || r.Usage.Output_tokens < 1 {
+			t.Errorf("websocket %s: %+v", name, r)
+		}
+	}
+	// The continuation's prompt holds the first turn's, whose KV it reuses.
+	if w.Cont.Prev != w.First.ID || w.Cont.Usage.Input_tokens <= w.First.Usage.Input_tokens+w.First.Usage.Output_tokens || w.Cont.Usage.Input_tokens_details.Cached_tokens < w.First.Usage.Input_tokens/2 {
+		t.Errorf("websocket continuation %+v of %+v: want previous_response_id, the first turn in the prompt and its KV reused", w.Cont, w.First)
+	}
+	if w.LaneB.Prev != w.Cont.ID || w.LaneB.Usage.Input_tokens <= w.Cont.Usage.Input_tokens {
+		t.Errorf("lane-b %+v: want a continuation of %s", w.LaneB, w.Cont.ID)
+	}
+	w.Structured.check(t, "websocket text.format")
+	if r := w.Refused; r.Name != "WebSocketError" || r.Status != 400 || r.Param != "max_output_tokens" || r.Type != "error" || r.Stream_id != "lane-bad" {
+		t.Errorf("websocket error event: %+v; want a 400 naming max_output_tokens on lane-bad", r)
+	}
+	// Each lane's events carry its stream_id, the default lane's none.
+	for _, lane := range []string{"", "lane-a", "lane-b"} {
+		ev := w.Streams[lane]
+		if len(ev) < 3 || ev[0] != "response.created" || !slices.Contains(ev, "response.incomplete") {
+			t.Errorf("events of lane %q: %v", lane, ev)
+		}
+	}
+	if ev := w.Streams["lane-bad"]; !slices.Equal(ev, []string{"error"}) {
+		t.Errorf("events of lane-bad: %v, want one error", ev)
+	}
+	ps := out.Parse
+	ps.check(t, "chat.completions.parse")
+	if ps.Finish != "stop" {
+		t.Errorf("chat.completions.parse: finish %q, content %q", ps.Finish, ps.Content)
+	}
+}
+
+// TestAgentsSDK runs an agent of the OpenAI Agents SDK (@openai/agents)
+// on each of its OpenAI models: the default (the Responses API over HTTP),
+// OpenAIResponsesWSModel (the Responses API in WebSocket mode) and
+// OpenAIChatCompletionsModel. Each has a function tool its first turn must
+// call (tool_choice required with the output type's json_schema) and a zod
+// output type with .int(): the run calls the tool, sends its result back,
+// and ends with a final output the schema accepts.
+func TestAgentsSDK(t *testing.T) {
+	sdk := sdkDir(t)
+	cl := smallCluster(t)
+	outb := runSDK(t, sdk, cl.url, "testdata/agents_sdk.mjs", "PDSERVE_MODEL=small")
+	type agentRun struct {
+		structured
+		Items     []string
+		Calls     []string
+		Responses int
+		Sockets   []struct {
+			Path, Scheme string
+			Creates      int
+		}
+	}
+	var out struct{ Responses, Websocket, Chat agentRun }
+	if err := json.Unmarshal(outb, &out); err != nil {
+		t.Fatalf("node output %q: %v", outb, err)
+	}
+	for name, r := range map[string]agentRun{"responses": out.Responses, "websocket": out.Websocket, "chat": out.Chat} {
+		r.check(t, name)
+		if len(r.Items) < 3 || r.Items[0] != "tool_call_item" || r.Items[1] != "tool_call_output_item" || r.Items[len(r.Items)-1] != "message_output_item" ||
+			len(r.Calls) < 1 || r.Responses != len(r.Calls)+1 {
+			t.Errorf("%s agent: items %v, tool calls %q, %d model responses; want a tool call, its output, then the final message", name, r.Items, r.Calls, r.Responses)
+		}
+		for _, c := range r.Calls {
+			if c != "Oslo" && c != "Paris" && c != "Rome" {
+				t.Errorf("%s agent: tool called with city %q", name, c)
+			}
+		}
+	}
+	// The WebSocket model's turns are response.create events on one socket.
+	if s := out.Websocket.Sockets; len(s) != 1 || s[0].Path != "/v1/responses" || s[0].Scheme != "ws:" || s[0].Creates != out.Websocket.Responses {
+		t.Errorf("websocket agent's sockets %+v; want one on /v1/responses carrying its %d turns", s, out.Websocket.Responses)
+	}
+}
+
+// TestAISDK runs the AI SDK's generateObject with the zod schema of
+// TestAgentsSDK through @ai-sdk/openai (the Responses API) and
+// @ai-sdk/openai-compatible (chat completions with json_schema).
+func TestAISDK(t *testing.T) {
+	sdk := sdkDir(t)
+	cl := smallCluster(t)
+	outb := runSDK(t, sdk, cl.url, "testdata/ai_sdk.mjs", "PDSERVE_MODEL=small")
+	type object struct {
+		structured
+		Finish string
+		Usage  struct{ InputTokens, OutputTokens int }
+	}
+	var out struct{ Responses, Chat object }
+	if err := json.Unmarshal(outb, &out); err != nil {
+		t.Fatalf("node output %q: %v", outb, err)
+	}
+	for name, r := range map[string]object{"@ai-sdk/openai": out.Responses, "@ai-sdk/openai-compatible": out.Chat} {
+		r.check(t, name)
+		if r.Finish != "stop" || r.Usage.InputTokens < 1 || r.Usage.OutputTokens < 1 {
+			t.Errorf("%s: finish %q, usage %+v", name, r.Finish, r.Usage)
+		}
+	}
+}
