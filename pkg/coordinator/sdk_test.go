@@ -69,7 +69,9 @@ func runSDK(t *testing.T, sdk nodeSDK, url, script string, env ...string) []byte
 	if err := os.WriteFile(copied, src, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	// A hang guard: the agent loops on the small preset take minutes
+	// under -race on a loaded 2-core machine.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, sdk.node, copied)
 	cmd.Dir = dir
@@ -369,7 +371,8 @@ func TestOpenAISDKResponses(t *testing.T) {
 
 // smallCluster is the standalone server of the SDK tests that send tools
 // and agent prompts: the small preset (README: tiny's 1,024 byte tokens
-// cannot hold a tool's preamble and a reply).
+// cannot hold a tool's preamble and a reply). The others run on tiny,
+// several times faster under -race.
 func smallCluster(t *testing.T) *cluster {
 	return startCluster(t, clusterOpts{edit: func(o *coordinator.Options) { o.Engine.Preset = "small" }})
 }
@@ -433,8 +436,8 @@ type respUsage struct {
 // server that refuses the range keywords .int() writes.
 func TestOpenAISDK7(t *testing.T) {
 	sdk := sdkDir(t)
-	cl := smallCluster(t)
-	outb := runSDK(t, sdk, cl.url, "testdata/openai_sdk7.mjs", "PDSERVE_MODEL=small")
+	cl := startCluster(t, clusterOpts{})
+	outb := runSDK(t, sdk, cl.url, "testdata/openai_sdk7.mjs")
 	type resp struct {
 		ID, Status, Prev string
 		Usage            respUsage
@@ -571,8 +574,8 @@ func TestAgentsSDK(t *testing.T) {
 // @ai-sdk/openai-compatible (chat completions with json_schema).
 func TestAISDK(t *testing.T) {
 	sdk := sdkDir(t)
-	cl := smallCluster(t)
-	outb := runSDK(t, sdk, cl.url, "testdata/ai_sdk.mjs", "PDSERVE_MODEL=small")
+	cl := startCluster(t, clusterOpts{})
+	outb := runSDK(t, sdk, cl.url, "testdata/ai_sdk.mjs")
 	type object struct {
 		structured
 		Finish string
