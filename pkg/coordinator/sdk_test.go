@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdserve/pdserve/internal/repotest"
 	"github.com/pdserve/pdserve/pkg/coordinator"
 )
 
@@ -69,8 +70,8 @@ func runSDK(t *testing.T, sdk nodeSDK, url, script string, env ...string) []byte
 	if err := os.WriteFile(copied, src, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	// A hang guard: the agent loops on the small preset take minutes
-	// under -race on a loaded 2-core machine.
+	// A hang guard: the agent loops on the small preset take minutes on
+	// a loaded 2-core machine.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, sdk.node, copied)
@@ -369,12 +370,33 @@ func TestOpenAISDKResponses(t *testing.T) {
 	}
 }
 
-// smallCluster is the standalone server of the SDK tests that send tools
-// and agent prompts: the small preset (README: tiny's 1,024 byte tokens
-// cannot hold a tool's preamble and a reply). The others run on tiny,
-// several times faster under -race.
-func smallCluster(t *testing.T) *cluster {
-	return startCluster(t, clusterOpts{edit: func(o *coordinator.Options) { o.Engine.Preset = "small" }})
+// smallServer starts `coordinator --standalone --preset small`, the
+// built-in model for tool and agent prompts (README: tiny's 1,024 byte
+// tokens cannot hold a tool's preamble and a reply), as a process built
+// without the race detector: its 28 M parameters decode too slowly under
+// -race for an agent loop (minutes per turn on a loaded 2-core machine).
+// The server's code under -race is the in-process tests' (tiny) concern;
+// this one checks what a client sees. It returns the server's URL.
+func smallServer(t *testing.T) string {
+	t.Helper()
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("the go tool is not on PATH, cannot build the coordinator: %v", err)
+	}
+	bin := t.TempDir()
+	build := exec.Command(goTool, "build", "-o", bin+string(os.PathSeparator), "./cmd/coordinator")
+	build.Dir = repotest.Root(t)
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	port := freePort(t)
+	p := startProc(t, ctx, filepath.Join(bin, "coordinator"), "coordinator", "--standalone", "--preset", "small",
+		"--http-addr", "127.0.0.1:"+strconv.Itoa(port), "--log-level", "warn")
+	t.Cleanup(func() { p.stop(t) })
+	waitHTTP(t, p, port, "/readyz")
+	return "http://127.0.0.1:" + strconv.Itoa(port)
 }
 
 // structured is what the scripts print of an object decoded under the
@@ -529,14 +551,14 @@ func TestOpenAISDK7(t *testing.T) {
 // TestAgentsSDK runs an agent of the OpenAI Agents SDK (@openai/agents)
 // on each of its OpenAI models: the default (the Responses API over HTTP),
 // OpenAIResponsesWSModel (the Responses API in WebSocket mode) and
-// OpenAIChatCompletionsModel. Each has a function tool its first turn must
+// OpenAIChatCompletionsModel, against the small preset (smallServer).
+// Each has a function tool its first turn must
 // call (tool_choice required with the output type's json_schema) and a zod
 // output type with .int(): the run calls the tool, sends its result back,
 // and ends with a final output the schema accepts.
 func TestAgentsSDK(t *testing.T) {
 	sdk := sdkDir(t)
-	cl := smallCluster(t)
-	outb := runSDK(t, sdk, cl.url, "testdata/agents_sdk.mjs", "PDSERVE_MODEL=small")
+	outb := runSDK(t, sdk, smallServer(t), "testdata/agents_sdk.mjs", "PDSERVE_MODEL=small")
 	type agentRun struct {
 		structured
 		Items     []string
