@@ -502,7 +502,7 @@ func TestOpenAISDK7(t *testing.T) {
 	c := out.Create
 	c.check(t, "responses.parse")
 	if c.Status != "completed" || c.Object != "response" || !strings.HasPrefix(c.ID, "resp_") || !slices.Equal(c.Types, []string{"message"}) || c.Usage.Output_tokens < 1 {
-		t.Errorf("responses.parse: %+v", c)
+		t.Errorf("responses.parse: status %q object %q id %q output %v usage %+v", c.Status, c.Object, c.ID, c.Types, c.Usage)
 	}
 	p := out.Plain
 	if p.Status != "incomplete" || p.Incomplete != "max_output_tokens" || p.Role != "assistant" || !slices.Equal(p.Types, []string{"message"}) ||
