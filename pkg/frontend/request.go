@@ -369,7 +369,11 @@ func (b *completionBody) validate(chat bool) (*params, *apiError) {
 
 // toolParams sets p's tools, tool_choice and parallel_tool_calls.
 // tool_choice "required" or a named function is decoded under a grammar
-// of its own, so it cannot be combined with a response_format grammar.
+// of the call (server.go, toolGrammar), which replaces a JSON
+// response_format's: as with OpenAI, the format governs the reply's text,
+// and a forced call has none (the format's schema was still checked).
+// Agent frameworks send both: the output type's schema on every turn,
+// a forced tool choice on the first.
 func (b *completionBody) toolParams(p *params) *apiError {
 	var aerr *apiError
 	if p.tools, aerr = toolsOf(b.Tools); aerr != nil {
@@ -381,8 +385,8 @@ func (b *completionBody) toolParams(p *params) *apiError {
 	if b.ParallelToolCalls != nil {
 		p.parallel = *b.ParallelToolCalls
 	}
-	if (p.toolChoice == choiceRequired || p.toolChoice == choiceFunction) && p.sampling.Grammar != "" {
-		return unsupported("tool_choice", "tool_choice %q cannot be combined with a response_format of JSON: both constrain the reply", p.toolChoice)
+	if p.toolChoice == choiceRequired || p.toolChoice == choiceFunction {
+		p.sampling.Grammar = ""
 	}
 	return nil
 }

@@ -184,7 +184,8 @@ func (s *Server) createResponse(w http.ResponseWriter, r *http.Request, emit fun
 }
 
 // writeRespError sends the chat path's error of rw as the Responses
-// API's: its param named as this API names it.
+// API's: its param, and the parameters its message names, as this API
+// names them.
 func (s *Server) writeRespError(w http.ResponseWriter, rw *chatTap) {
 	var body struct {
 		Error *apiError `json:"error"`
@@ -194,7 +195,7 @@ func (s *Server) writeRespError(w http.ResponseWriter, rw *chatTap) {
 		_, _ = w.Write(rw.body.Bytes())
 		return
 	}
-	body.Error.Param = mapParam(body.Error.Param)
+	mapError(body.Error)
 	w.WriteHeader(rw.status)
 	_ = json.NewEncoder(w).Encode(body)
 }

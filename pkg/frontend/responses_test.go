@@ -391,6 +391,9 @@ func TestResponsesRefusals(t *testing.T) {
 		{`{"input":[{"role":"user","content":[{"type":"input_image","image_url":"http://x"}]}]}`, "input[0].content[0].type"},
 		{`{"input":"x","text":{"format":{"type":"json_schema","name":"n","schema":{"type":"object"},"bogus":1}}}`, "text.format.bogus"},
 		{`{"input":"x","max_output_tokens":999999}`, "max_output_tokens"},
+		{`{"input":"x","max_output_tokens":-1}`, "max_output_tokens"},
+		{`{"input":"x","text":{"format":{"type":"json_schema","name":"n","schema":5}}}`, "text.format"},
+		{`{"input":"x","text":{"format":{"type":"json_schema","name":"n","schema":{"type":"object","not":{}}}}}`, "text.format"},
 		{`{"input":"x","tool_choice":{"type":"file_search"}}`, "tool_choice.type"},
 		{`{"input":"x","conversation":"conv_1"}`, "conversation"},
 		{`{}`, "input"},
@@ -400,6 +403,14 @@ func TestResponsesRefusals(t *testing.T) {
 		e, _ := m["error"].(map[string]any)
 		if r.StatusCode != 400 || e == nil || e["param"] != tc.param {
 			t.Errorf("%s: %d %v, want 400 naming %s", tc.body, r.StatusCode, m, tc.param)
+		}
+		// The message names the parameters as this API does, never as
+		// the chat path it runs on.
+		msg, _ := e["message"].(string)
+		for _, chat := range []string{"response_format", "max_completion_tokens", "max_tokens", "messages"} {
+			if strings.Contains(msg, chat) {
+				t.Errorf("%s: message %q names chat's %s", tc.body, msg, chat)
+			}
 		}
 	}
 }

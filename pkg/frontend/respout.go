@@ -575,11 +575,23 @@ func (x *chatTap) FlushError() error {
 // deadlines).
 func (x *chatTap) Unwrap() http.ResponseWriter { return x.w }
 
-func mapParam(p *string) *string {
-	if p == nil {
-		return nil
+// respNames rewrites chat's parameter names in an error message as the
+// Responses API names them (the param itself goes through respParam).
+var respNames = strings.NewReplacer(
+	"response_format.json_schema.", "text.format.",
+	"response_format", "text.format",
+	"max_completion_tokens", "max_output_tokens",
+	"max_tokens", "max_output_tokens",
+	"room for the messages", "room for the input",
+)
+
+// mapError names the parameter of a chat path's error, and the
+// parameters its message names, as the Responses API does.
+func mapError(e *apiError) {
+	if e.Param != nil {
+		e.Param = ptr(respParam(*e.Param))
 	}
-	return ptr(respParam(*p))
+	e.Message = respNames.Replace(e.Message)
 }
 
 // whole feeds the sink the whole (not streamed) chat completion the chat
@@ -641,7 +653,7 @@ func (x *respSink) answer(s string) error {
 }
 
 func (x *respSink) fail(e *apiError) error {
-	e.Param = mapParam(e.Param)
+	mapError(e)
 	return x.respRun.fail(e)
 }
 

@@ -1,8 +1,8 @@
 // Drives a pdserve server with the official OpenAI Node SDK and prints one
-// JSON object with what each case saw; TestOpenAISDK checks it. Run with
-// node, NODE_PATH unused: the SDK is imported from OPENAI_SDK (the path of
-// its package directory), the server from OPENAI_BASE_URL.
-const { default: OpenAI, BadRequestError, NotFoundError } = await import(process.env.OPENAI_SDK + '/index.mjs');
+// JSON object with what each case saw; TestOpenAISDK checks it. runSDK
+// runs it with the pinned Node.js beside the installed packages (make
+// sdk); the server is OPENAI_BASE_URL.
+import OpenAI, { BadRequestError, NotFoundError } from 'openai';
 
 const client = new OpenAI({ baseURL: process.env.OPENAI_BASE_URL, apiKey: 'unused', maxRetries: 0, timeout: 60_000 });
 const model = process.env.PDSERVE_MODEL;

@@ -1,7 +1,7 @@
 // Reasoning through the official OpenAI Node SDK; prints one JSON object
 // that TestOpenAISDKReasoning checks. Environment as openai_sdk.mjs, and
 // PDSERVE_RAW_PROMPT: the chat below as the template renders it.
-const { default: OpenAI } = await import(process.env.OPENAI_SDK + '/index.mjs');
+import OpenAI from 'openai';
 
 const client = new OpenAI({ baseURL: process.env.OPENAI_BASE_URL, apiKey: 'unused', maxRetries: 0, timeout: 60_000 });
 const model = process.env.PDSERVE_MODEL;

@@ -1,6 +1,6 @@
 // The Responses API through the official OpenAI Node SDK; prints one JSON
 // object that TestOpenAISDKResponses checks. Environment as openai_sdk.mjs.
-const { default: OpenAI } = await import(process.env.OPENAI_SDK + '/index.mjs');
+import OpenAI from 'openai';
 
 const client = new OpenAI({ baseURL: process.env.OPENAI_BASE_URL, apiKey: 'unused', maxRetries: 0, timeout: 60_000 });
 const model = process.env.PDSERVE_MODEL;
