@@ -808,7 +808,8 @@ func (m *Machine) onGenerate(resp Tokens) error {
 		m.tr.setHits(resp.Hits)
 	}
 	if len(resp.PromptLogprobs) > 0 && m.cfg.PromptLogprobs {
-		m.phase, m.after = phaseDelivery, pending{gen: &resp}
+		rest := resp // only here on the heap: resp stays on the stack
+		m.phase, m.after = phaseDelivery, pending{gen: &rest}
 		m.emit(DeliverPrompt{Logprobs: resp.PromptLogprobs})
 		return nil
 	}
