@@ -11,5 +11,7 @@
 // engine; coordinatorrun imports no worker package itself (standalone mode
 // does, in package standalone); the workers link no coordinator package;
 // the frontend links no engine implementation; the tokenizer and the
-// sampling types link no engine at all.
+// sampling types link no engine at all; the request flow's core
+// (pkg/coordinator/flow) links neither the frontend, the protobuf API
+// (api/...), the wire helpers nor gRPC: its shell converts at the edge.
 package layering

@@ -10,8 +10,6 @@ import (
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/budget"
@@ -98,11 +96,12 @@ func (b *backend) conn(role control.Role, w router.Worker) (*grpc.ClientConn, er
 }
 
 // unreachable takes w out of routing until its next heartbeat when err
-// says the call could not reach it (UNAVAILABLE: refused, reset, or the
-// worker is shutting down), so that requests stop going to a dead worker
-// at once instead of each failing there until its heartbeat expires.
-func (b *backend) unreachable(role control.Role, w router.Worker, err error) {
-	if status.Code(err) != codes.Unavailable {
+// says the call could not reach it (flow.CodeUnavailable: refused, reset,
+// or the worker is shutting down), so that requests stop going to a dead
+// worker at once instead of each failing there until its heartbeat
+// expires.
+func (b *backend) unreachable(role control.Role, w router.Worker, err *flow.CallError) {
+	if err == nil || err.Code != flow.CodeUnavailable {
 		return
 	}
 	b.members.Unreachable(w.ID, w.Addr, time.Now())
@@ -165,7 +164,7 @@ func (b *backend) Complete(ctx context.Context, req *frontend.Request, emit fron
 	r := &run{b: b, ctx: ctx, qctx: qctx, req: req, emit: emit, events: make(chan event)}
 	finish, err := r.serve()
 	if err != nil {
-		return nil, err
+		return nil, clientError(err, req)
 	}
 	return finish, nil
 }
@@ -216,13 +215,16 @@ type run struct {
 	emit frontend.EmitFunc
 	m    *flow.Machine
 	// hashes are the prompt's blocks for prefix-aware routing (nil
-	// without): a Prefill's peer is found by them.
+	// without): a pull's credential is bound to them.
 	hashes []uint64
 	// root is the root of the prompt's block hash chain, its tenant's
 	// partition, sent to every worker that hashes the prompt.
 	root kv.Hash
 
-	events  chan event
+	events chan event
+	// queue holds the events to step before the next one from events:
+	// the answers of synchronous actions (and Aborts), in order.
+	queue   []flow.Event
 	live    int // goroutines that still owe an end event
 	cancels []context.CancelFunc
 	// cancelDecode ends the Generate call of decode attempt decodeAttempt.
@@ -242,11 +244,18 @@ type event struct {
 }
 
 // serve runs the request to its end and returns each choice's finish.
+//
+// It is the Machine's only caller, and never re-enters it: it steps one
+// event, performs the actions the Step returned in order, queues the
+// answer of a synchronous one (or the Abort of one it could not
+// perform, which skips the rest of that Step's actions, as the Machine
+// ends the request on it), and steps the queue before it waits for the
+// calls' next event.
 func (r *run) serve() ([]string, error) {
 	cfg := flow.Config{
 		ID: r.req.ID, Model: r.req.Model, PromptTokens: len(r.req.Prompt), MaxTokens: r.req.MaxTokens, N: max(r.req.N, 1),
 		Mode: r.b.mode, Policy: r.b.policy, IgnoreEOS: r.req.IgnoreEOS, EOG: r.b.eog,
-		Logprobs: r.req.Logprobs >= 0, PromptLogprobs: r.req.PromptLogprobs >= 0, Trace: r.req.Trace,
+		Logprobs: r.req.Logprobs >= 0, PromptLogprobs: r.req.PromptLogprobs >= 0,
 	}
 	// The request's partition of every prefix cache: its tenant's root.
 	r.root = r.b.hashKey.Root(r.req.Tenant)
@@ -262,42 +271,44 @@ func (r *run) serve() ([]string, error) {
 		return nil, err
 	}
 	r.m, r.hashes = m, cfg.PrefixHashes
-	ended := r.step(flow.Start{})
-	for !ended {
+	r.queue = append(r.queue, flow.Start{})
+	for {
+		for len(r.queue) > 0 {
+			ev := r.queue[0]
+			r.queue = r.queue[1:]
+			if r.step(ev) {
+				return r.m.Finish(), r.m.Err()
+			}
+		}
 		ev := <-r.events
 		if ev.end {
 			r.live--
 		}
-		ended = r.step(ev.ev)
+		r.queue = append(r.queue, ev.ev)
 	}
-	return r.m.Finish(), r.m.Err()
 }
 
-// step feeds ev to the Machine, and performs what it returns. It reports
+// step feeds ev to the Machine and performs what it returns. It reports
 // whether the request ended. The Machine hears that the client left
 // before the first event after it did.
 func (r *run) step(ev flow.Event) bool {
 	if !r.gone && r.ctx.Err() != nil {
 		r.gone = true
-		if r.perform(r.m.Step(flow.ClientGone{Err: r.ctx.Err()})) {
-			return true
-		}
+		// ev waits until the Machine heard it.
+		r.queue = append([]flow.Event{ev}, r.queue...)
+		ev = flow.ClientGone{Err: r.ctx.Err()}
 	}
-	return r.perform(r.m.Step(ev))
-}
-
-// perform performs acts in order, stepping the result of a synchronous
-// one (or an Abort for one it could not perform) at once. It reports
-// whether the request ended.
-func (r *run) perform(acts []flow.Action) bool {
-	for _, a := range acts {
+	for _, a := range r.m.Step(ev) {
 		switch a.(type) {
 		case flow.Finish, flow.Fail:
 			r.end()
 			return true
 		}
-		if ev := r.do(a); ev != nil && r.step(ev) {
-			return true
+		if ans := r.do(a); ans != nil {
+			// A synchronous action is a Step's last; an Abort ends the
+			// request, so the rest of its actions are moot.
+			r.queue = append([]flow.Event{ans}, r.queue...)
+			return false
 		}
 	}
 	return false
@@ -318,14 +329,26 @@ func (r *run) do(a flow.Action) flow.Event {
 		if a.Prefill {
 			prefills = r.b.workers(control.RolePrefill)
 		}
+		req := a.Req
+		if len(req.PrefixHashes) > 0 {
+			// Every worker that keeps prompts may be the peer a
+			// prefilling worker pulls the prompt's prefix from.
+			for _, role := range peerRoles {
+				req.Peers = append(req.Peers, r.b.workers(role)...)
+			}
+		}
 		start := r.b.now()
-		dec, err := r.b.router.Route(start, a.Req, decodes, prefills, a.Exclude)
+		dec, err := r.b.router.Route(start, req, decodes, prefills, a.Exclude)
 		if a.Trace {
 			tracing.Route(r.traceCtx(a.Queue), start, r.b.now(), err)
 		}
 		return flow.Routed{Decision: dec, Err: err}
 	case flow.Reserve:
 		return r.reserve(a)
+	case flow.Revised:
+		r.b.router.Revised(r.req.ID)
+	case flow.Record:
+		a.Budget.Apply(r.req.Trace)
 	case flow.Prefill:
 		return r.startPrefill(a)
 	case flow.Generate:
@@ -347,9 +370,9 @@ func (r *run) do(a flow.Action) flow.Event {
 		}
 		r.b.unreachable(role, a.Worker, a.Err)
 	case flow.Deliver:
-		return flow.Delivered{Err: r.emit(frontend.Output{Index: a.Index, Tokens: a.Tokens, Logprobs: a.Logprobs})}
+		return delivered(r.emit(frontend.Output{Index: a.Index, Tokens: a.Tokens, Logprobs: a.Logprobs}))
 	case flow.DeliverPrompt:
-		return flow.Delivered{Err: r.emit(frontend.Output{Prompt: true, Logprobs: a.Logprobs})}
+		return delivered(r.emit(frontend.Output{Prompt: true, Logprobs: a.Logprobs}))
 	case flow.Log:
 		if ce := r.b.log.Check(a.Level, a.Msg); ce != nil {
 			ce.Write(a.Fields...)
@@ -393,7 +416,7 @@ func (r *run) traceCtx(queue bool) context.Context {
 func (r *run) reserve(a flow.Reserve) flow.Event {
 	cc, err := r.b.conn(r.decodeRole(), a.Worker)
 	if err != nil {
-		return flow.Reserved{Err: status.Error(codes.Unavailable, err.Error()), At: r.b.now()}
+		return flow.Reserved{Err: &flow.CallError{Code: flow.CodeUnavailable, Err: err}, At: r.b.now()}
 	}
 	ctx, cancel := context.WithTimeout(r.traceCtx(a.Queue), rpcTimeout)
 	defer cancel()
@@ -406,11 +429,7 @@ func (r *run) reserve(a flow.Reserve) flow.Event {
 		req.Prompt = r.req.Prompt // for the worker's prefix cache: it may hold a prefix
 	}
 	res, err := pdservev1.NewDecodeServiceClient(cc).Reserve(ctx, req)
-	ev := flow.Reserved{Hit: int(res.GetPrefixHitTokens()), Err: err, At: r.b.now(), PromptHeld: res.GetPromptHeld()}
-	if err == nil && a.Ask {
-		ev.Local = r.b.router.Reserved(r.req.ID, len(r.req.Prompt), ev.Hit)
-	}
-	return ev
+	return flow.Reserved{Hit: int(res.GetPrefixHitTokens()), Err: callError(err), At: r.b.now(), PromptHeld: res.GetPromptHeld()}
 }
 
 func (r *run) sampling() *pdservev1.Sampling { return wire.Sampling(r.req.Sampling) }
@@ -443,7 +462,7 @@ func (r *run) startPrefill(a flow.Prefill) flow.Event {
 		DecodeId: a.Decode.ID, DecodeCredential: r.b.auth.PushCredential(a.Decode.ID, a.Worker.ID),
 		// A worker that holds more of the prompt's prefix than this one:
 		// it may pull instead of computing it.
-		Peer: r.b.peerPrefix(a.Worker.ID, r.hashes),
+		Peer: r.b.pullPrefix(a.Worker.ID, a.Peer, r.hashes),
 	}
 	gen := a.Attempt
 	r.spawn(func(ctx context.Context) flow.Event {
@@ -451,13 +470,15 @@ func (r *run) startPrefill(a flow.Prefill) flow.Event {
 		for err == nil {
 			var resp *pdservev1.PrefillResponse
 			if resp, err = stream.Recv(); err == nil {
-				r.events <- event{ev: flow.PrefillMsg{Attempt: gen, Resp: resp}}
+				if ev := prefillEvent(gen, resp); ev != nil {
+					r.events <- event{ev: ev}
+				}
 			}
 		}
 		if errors.Is(err, io.EOF) {
 			err = nil
 		}
-		return flow.PrefillEnded{Attempt: gen, Err: err}
+		return flow.PrefillEnded{Attempt: gen, Err: callError(err)}
 	})
 	return nil
 }
@@ -490,7 +511,7 @@ func (r *run) startDecode(a flow.Generate) flow.Event {
 		// its local prefill may pull instead of computing it (prompt
 		// logprobs need every position computed; a decode worker cannot
 		// prove the prefill role under tokens without a signing key).
-		greq.Peer = r.b.peerPrefix(a.Worker.ID, r.hashes)
+		greq.Peer = r.b.pullPrefix(a.Worker.ID, a.Peer, r.hashes)
 	}
 	attempt := a.Attempt
 	r.decodeAttempt = attempt
@@ -499,13 +520,13 @@ func (r *run) startDecode(a flow.Generate) flow.Event {
 		for err == nil {
 			var resp *pdservev1.GenerateResponse
 			if resp, err = stream.Recv(); err == nil {
-				r.events <- event{ev: flow.GenerateMsg{Attempt: attempt, Resp: resp}}
+				r.events <- event{ev: tokensEvent(attempt, resp)}
 			}
 		}
 		if errors.Is(err, io.EOF) {
 			err = nil
 		}
-		return flow.GenerateEnded{Attempt: attempt, Err: err}
+		return flow.GenerateEnded{Attempt: attempt, Err: callError(err)}
 	})
 	return nil
 }
@@ -527,7 +548,12 @@ func (r *run) startResend(a flow.Resend) error {
 	attempt := a.Attempt
 	r.spawn(func(ctx context.Context) flow.Event {
 		resp, err := pdservev1.NewPrefillServiceClient(cc).Resend(ctx, rreq)
-		return flow.ResendDone{Attempt: attempt, Resp: resp, Err: err}
+		ev := flow.ResendDone{Attempt: attempt, Err: callError(err)}
+		if kd := resp.GetKvDone(); kd != nil {
+			kv := kvReport(kd)
+			ev.KV = &kv
+		}
+		return ev
 	})
 	return nil
 }

@@ -34,21 +34,25 @@
 //
 //  1. Admission (the frontend, before the body is read): at most
 //     Policy.Limits.QueueLimit requests at once; one more gets 429.
-//  2. Routing: in one Router.Route call, before any Reserve, the router
-//     picks a decode worker among those serving the request's model (every
-//     worker under --model-name), decides remote or local prefill and, for
-//     remote, picks the prefill worker. Then the coordinator calls
+//  2. Routing: one Router.Route call, before any Reserve, makes the whole
+//     decision: it picks a decode worker among those serving the request's
+//     model (every worker under --model-name), decides remote or local
+//     prefill, for remote picks the prefill worker, and names the peer the
+//     worker that prefills may pull the prompt's prefix from (the deepest
+//     holder among every live worker that keeps prompts; see package
+//     router). Then the coordinator calls
 //     DecodeService.Reserve(prompt + n × max_tokens) on the decode worker
 //     (a full worker is excluded and the request routed again, decode and
 //     prefill worker both, and so is one that fails, at most 3; when every
 //     one is full: 429; when none exists: 503). The router decides on its
-//     estimate of the decode worker's prefix cache; a remote decision is
-//     revisited on Reserve's answer (the prompt tokens the worker really
-//     holds, pinned until the KV arrives): when the rest is shorter than
-//     --local-prefill-tokens the prompt prefills on the decode worker
-//     (Router.Reserved drops the chosen prefill worker), and otherwise the
-//     prefill worker skips the tokens the decode worker holds
-//     (PrefillRequest.skip_tokens).
+//     estimate of the decode worker's prefix cache; the flow revises a
+//     remote decision on Reserve's answer (the prompt tokens the worker
+//     really holds, pinned until the KV arrives) with the pure
+//     router.Revise: when the rest is shorter than --local-prefill-tokens
+//     the prompt prefills on the decode worker, with the decode worker's
+//     pull (Router.Revised drops the chosen prefill worker's queued
+//     tokens), and otherwise the prefill worker skips the tokens the
+//     decode worker holds (PrefillRequest.skip_tokens).
 //  3. DecodeService.Generate and PrefillService.Prefill run concurrently.
 //     With first-token policy "prefill" the first token goes to the client
 //     as soon as the prefill worker reports it, and the Generate call asks
@@ -77,10 +81,21 @@
 // Reserve's, each message and end of the Prefill and Generate streams,
 // Resend's result, the client's writes and departure), actions out
 // (Route, Reserve, Prefill, Generate, Resend, Cancel, Release, Deliver,
-// Fail...). backend.go is its shell: it performs the actions (router and
-// gRPC calls, writes to the client) from one goroutine per request, with
-// one goroutine per open call feeding events back. Its scenarios,
-// flow/testdata/*.txt, walk every recovery path step by step.
+// Record, Fail...). The flow speaks only its own Go types: it links no
+// protobuf, gRPC or frontend package (internal/layering checks it).
+// backend.go is its shell and edge.go its edge: the shell converts each
+// worker message to a flow event and each call's gRPC status to a
+// flow.CallError (its code's class, a failed KV transfer, a refused
+// grammar), applies the flow's budget records to the request's trace,
+// performs the other actions (router and gRPC calls, writes to the
+// client) from one goroutine per request, with one goroutine per open
+// call feeding events back, and maps a flow.Failure to the client's
+// error (below). The shell never re-enters the Machine: it steps one
+// event, performs that Step's actions in order, queues the answer of a
+// synchronous action (Route, Reserve, Deliver: always a Step's last),
+// and steps the queue before it waits for the calls' next event. Its
+// scenarios, flow/testdata/*.txt, walk every recovery path and every
+// protocol violation step by step.
 //
 // # What each message carries, and why
 //
@@ -88,14 +103,16 @@
 //     a first placement with remote prefill, the prompt, so that the
 //     decode worker can answer the prefix it holds (prefix_hit_tokens,
 //     pinned until the KV arrives), and keeps it for the Generate call
-//     (ReserveResponse.prompt_held). The router revisits local vs remote on
-//     that real hit (Router.Reserved); a recovery that prefills again
+//     (ReserveResponse.prompt_held). The flow revisits local vs remote on
+//     that real hit (router.Revise); a recovery that prefills again
 //     shows it the prompt too; a recovery's Reserve that resumes (Resend)
 //     and a colocated one send no prompt: the whole retained KV comes, or
 //     the worker looks its cache up itself.
 //   - PrefillRequest: the prompt, sampling, the decode worker's id and
 //     address, the codec, skip_tokens (Reserve's hit: only the rest
-//     crosses the wire) and a credential for one push to that worker.
+//     crosses the wire), a credential for one push to that worker, and
+//     the router's pull (peer: a worker holding more of the prompt's
+//     prefix, with a credential for one pull of this prompt's chain).
 //   - GenerateRequest: the prompt (the decode worker keys its prefix
 //     cache on the tokens and prefills them itself when local), unless
 //     the worker's Reserve answered prompt_held: then it takes the one it
@@ -172,10 +189,15 @@
 //
 // # Errors
 //
-// No worker's error text reaches a client: worker gRPC codes map to a
-// frontend.Error of the kind (INVALID_ARGUMENT 400, RESOURCE_EXHAUSTED
-// 429, UNAVAILABLE 503) with a message of the coordinator's own; the
-// worker's status is kept for the request log. Other failures are a 500
+// No worker's error text reaches a client. The flow ends a request it
+// fails with a flow.Failure{Kind, Part, Cause}; edge.go (clientError)
+// alone maps its Kind to a frontend.Error with a message of the
+// coordinator's own: a worker's refusal by its code's class (invalid:
+// INVALID_ARGUMENT, OUT_OF_RANGE 400; full: RESOURCE_EXHAUSTED 429;
+// unavailable 503), no decode worker with KV room 429, every prefill
+// queue full 429, no worker for the model 503, a failed recovery 503.
+// The Cause (the worker's status) is kept for the request log. Other
+// failures (a protocol violation, a worker's other refusal) are a 500
 // whose message names only the request id.
 //
 // # Decode-worker failure

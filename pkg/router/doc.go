@@ -4,7 +4,10 @@
 //
 // # A request's path
 //
-// Route(now, req, decode, prefill, exclude) runs:
+// Route(now, req, decode, prefill, exclude) makes the request's whole
+// routing decision (Decision): the decode worker, local or remote
+// prefill, the prefill worker, the predicted prefix hit, and the peer the
+// worker that prefills may pull the prompt's prefix from. It runs:
 //
 //  1. The decode profile over the decode (or colocated) workers:
 //     - filters draining, excluded, model, context (plugins/draining,
@@ -24,8 +27,9 @@
 //     Prefix index, else its PrefixDigest; Config.HostCost each from its
 //     host tier, its HostPrefix index; Config.DiskCost each from its disk
 //     tier, its DiskPrefix index; or, for a worker whose heartbeat says it
-//     pulls, its PeerPullCost each of the deepest prefix any other listed
-//     worker holds in any tier, when that is cheaper), queue (1 − queued prefill
+//     pulls, its PeerPullCost each of the deepest prefix any other peer
+//     (Request.Peers, else the listed workers) holds in any tier, when
+//     that is cheaper), queue (1 − queued prefill
 //     tokens / the longest queue), kv (free / total KV blocks), batch (1 −
 //     running batch / the largest); a worker's total is Σ weight × score
 //     (Config.Decode, default DefaultDecodeWeights: prefix 1, kv 1,
@@ -39,9 +43,11 @@
 //     prefill worker has PrefillQueueLocalTokens or more queued. Colocated
 //     mode and Request.Local always prefill locally; Request.DecodeOnly
 //     stops after step 1.
-//     The coordinator asks again once the decode worker's Reserve
-//     answers its real hit (Router.Reserved): rule 1 on that hit may turn
-//     a remote decision local, never the other way.
+//     Once the decode worker's Reserve answers its real hit, the pure
+//     function Revise applies rule 1 to that hit (Decision.ShortBelow):
+//     it may turn a remote decision local, never the other way; the
+//     caller tells the Router with Revised (the prefill worker's queue
+//     no longer counts the prompt; placement "local_reserved").
 //  3. For a remote prefill, the prefill profile over the prefill workers:
 //     the same eligibility filters (none left: ErrNoPrefillWorkers), the
 //     Decider's busy rule, the capacity filter queuelimit
@@ -49,6 +55,15 @@
 //     ErrNoCapacity), the scorers prefix, queue and batch (Config.Prefill,
 //     default DefaultPrefillWeights: prefix 4, queue 1; prefill workers
 //     report no KV) and the picker.
+//  4. The pulls: the deepest holder of the prompt's prefix in any tier
+//     (engine, host, disk) among the peers (Request.Peers: every live
+//     worker that keeps prompts, whatever its role; nil: the decode and
+//     prefill workers given), other than the worker that would pull, when
+//     it holds more than that worker and has an address: Decision.Peer
+//     for the worker that prefills, Decision.LocalPeer for the decode
+//     worker (what Revise puts in Peer). The scorers' peer credit and the
+//     pulls come from the same search. The pulling worker decides by its
+//     own link model whether to pull.
 //
 // # Policies
 //

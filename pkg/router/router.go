@@ -165,7 +165,8 @@ func DefaultProfiles(cfg Config) (decode, prefill Profile) {
 	return decode, prefill
 }
 
-// Decision is where a request goes.
+// Decision is where a request goes: the whole routing decision of one
+// placement.
 type Decision struct {
 	Decode Worker
 	// Local: the decode worker prefills the prompt itself; Prefill is zero.
@@ -174,6 +175,42 @@ type Decision struct {
 	// PrefixHitTokens is the predicted prefix-cache hit on the worker that
 	// prefills (tokens).
 	PrefixHitTokens int
+	// Peer is the pull the worker that prefills (Prefill; Decode when
+	// Local or for a DecodeOnly request) may make of the prompt's prefix
+	// instead of computing it; zero: none.
+	Peer Pull
+	// LocalPeer is the pull the decode worker would make if it prefilled
+	// (Peer when Local): what Revise puts in Peer.
+	LocalPeer Pull
+	// ShortBelow is Decider rule 1's threshold (tokens; 0: off) that
+	// Revise applies to the decode worker's real hit.
+	ShortBelow int
+}
+
+// Pull is a prefix pull: From holds the prompt's first Tokens tokens (its
+// leading full blocks, in any tier of its cache: engine, host, disk),
+// more than the worker that would pull holds itself. From.ID "": none.
+type Pull struct {
+	From   Worker
+	Tokens int
+}
+
+// Revise revisits a remote-prefill decision once its decode worker's
+// Reserve answered its real prefix hit: hitTokens of the request's
+// promptTokens are cached there. The router decided on its estimate (the
+// KV-event index or a digest, which lag); when the real uncached rest is
+// short by Decider rule 1 (dec.ShortBelow), the prompt prefills on the
+// decode worker instead: Revise returns dec with Local set, Prefill and
+// the predicted hit cleared (the estimate was of the prefill worker's
+// cache) and Peer the decode worker's (dec.LocalPeer), and true.
+// Otherwise, or for a decision already local, it returns dec and false.
+// It is pure; the caller tells the Router with Revised.
+func Revise(dec Decision, promptTokens, hitTokens int) (Decision, bool) {
+	if dec.Local || dec.Prefill.ID == "" || !(Decider{LocalPrefillBelowTokens: dec.ShortBelow}).Short(promptTokens-hitTokens) {
+		return dec, false
+	}
+	dec.Local, dec.Prefill, dec.PrefixHitTokens, dec.Peer = true, Worker{}, 0, dec.LocalPeer
+	return dec, true
 }
 
 // Placements, the values of pdserve_router_decisions_total's label.
@@ -294,7 +331,11 @@ func (r *Router) Route(now time.Time, req Request, decode, prefill []Worker, exc
 	in := &Input{Now: now, Profile: ProfileDecode, Request: req, BlockTokens: r.cfg.BlockTokens,
 		Blocks: r.blocksFor(req.PromptTokens + req.MaxTokens), Exclude: exclude}
 
-	r.deepest(decode, prefill)
+	if req.Peers != nil {
+		r.deepest(req.Peers)
+	} else {
+		r.deepest(decode, prefill)
+	}
 	// A decode worker loads from its host and disk tiers, and pulls from
 	// peers, only the prompts it prefills itself.
 	r.dbuf = r.candidates(r.dbuf[:0], decode, loads, r.cfg.Colocated || req.Local)
@@ -306,7 +347,7 @@ func (r *Router) Route(now time.Time, req Request, decode, prefill []Worker, exc
 		return Decision{}, fmt.Errorf("%w: decode filter %s left none", ErrNoCapacity, by)
 	}
 	dc := cs[r.decode.checked(r.decode.pick(in, cs, &r.scores, &r.totals), len(cs))]
-	dec := Decision{Decode: dc.Worker}
+	dec := Decision{Decode: dc.Worker, ShortBelow: r.cfg.LocalPrefillBelowTokens, LocalPeer: r.pullFor(dc.Worker)}
 	a := assignment{at: now, decode: dc.Worker.ID, blocks: in.Blocks}
 
 	hitDecode := dc.PrefixHitBlocks * r.cfg.BlockTokens
@@ -314,11 +355,11 @@ func (r *Router) Route(now time.Time, req Request, decode, prefill []Worker, exc
 	placement := PlacementRemote
 	switch {
 	case req.DecodeOnly:
-		placement = PlacementDecodeOnly
+		placement, dec.Peer = PlacementDecodeOnly, dec.LocalPeer
 	case r.cfg.Colocated, req.Local:
-		placement, dec.Local, dec.PrefixHitTokens = PlacementLocal, true, hitDecode
+		placement, dec.Local, dec.PrefixHitTokens, dec.Peer = PlacementLocal, true, hitDecode, dec.LocalPeer
 	case r.decider.Short(uncached):
-		placement, dec.Local, dec.PrefixHitTokens = PlacementLocalShort, true, hitDecode
+		placement, dec.Local, dec.PrefixHitTokens, dec.Peer = PlacementLocalShort, true, hitDecode, dec.LocalPeer
 	default:
 		in.Profile = ProfilePrefill
 		r.pbuf = r.candidates(r.pbuf[:0], prefill, loads, true)
@@ -331,7 +372,7 @@ func (r *Router) Route(now time.Time, req Request, decode, prefill []Worker, exc
 			r.queued = append(r.queued, c.Load.QueuedPrefillTokens)
 		}
 		if r.decider.Busy(uncached, r.queued) {
-			placement, dec.Local, dec.PrefixHitTokens = PlacementLocalBusy, true, hitDecode
+			placement, dec.Local, dec.PrefixHitTokens, dec.Peer = PlacementLocalBusy, true, hitDecode, dec.LocalPeer
 			break
 		}
 		known := len(cs)
@@ -342,7 +383,7 @@ func (r *Router) Route(now time.Time, req Request, decode, prefill []Worker, exc
 		pc := cs[r.prefill.checked(r.prefill.pick(in, cs, &r.scores, &r.totals), len(cs))]
 		_, served := r.served.Serve(pc, len(req.PrefixHashes))
 		hit := min(served*r.cfg.BlockTokens, req.PromptTokens)
-		dec.Prefill, dec.PrefixHitTokens = pc.Worker, hit
+		dec.Prefill, dec.PrefixHitTokens, dec.Peer = pc.Worker, hit, r.pullFor(pc.Worker)
 		a.prefill, a.prefillTokens = pc.Worker.ID, req.PromptTokens-hit
 	}
 	if r.decisions != nil {
@@ -384,10 +425,7 @@ func (r *Router) candidates(buf []Candidate, ws []Worker, loads map[string]Load,
 			c.DiskHitBlocks = min(w.DiskPrefix.Match(r.hashes), len(r.hashes))
 		}
 		if host && w.PeerPullCost > 0 {
-			c.PeerHitBlocks = r.deep[0].blocks
-			if r.deep[0].id == w.ID {
-				c.PeerHitBlocks = r.deep[1].blocks
-			}
+			c.PeerHitBlocks = r.peerOf(w.ID).blocks
 		}
 		buf = append(buf, c)
 	}
@@ -404,47 +442,43 @@ func (r *Router) engineHit(w Worker) int {
 	return r.prefixHitBlocks(w.PrefixDigest)
 }
 
-// anyPulls reports whether a worker of the lists pulls from peers.
-func anyPulls(lists [][]Worker) bool {
-	for _, ws := range lists {
-		for _, w := range ws {
-			if w.PeerPullCost > 0 {
-				return true
-			}
-		}
-	}
-	return false
-}
-
 // depth is one worker's prefix of the request, in blocks, in any tier.
 type depth struct {
-	id     string
+	w      Worker
 	blocks int
 }
 
+// depthOf returns the leading blocks of the indexed hashes w holds in any
+// tier of its cache (engine, host, disk).
+func (r *Router) depthOf(w Worker) int {
+	n := r.engineHit(w)
+	if w.HostPrefix != nil {
+		n = max(n, min(w.HostPrefix.Match(r.hashes), len(r.hashes)))
+	}
+	if w.DiskPrefix != nil {
+		n = max(n, min(w.DiskPrefix.Match(r.hashes), len(r.hashes)))
+	}
+	return n
+}
+
 // deepest sets r.deep to the two workers of the lists holding the
-// longest prefix of the indexed hashes in any tier of their caches
-// (engine, host, disk), deepest first: a candidate's peers are every
-// listed worker but itself, and the deepest of them is r.deep[0], or
-// r.deep[1] when it is r.deep[0]. O(workers × hashes), and nothing
-// when no listed worker pulls (PeerPullCost 0: r.deep is then read by
-// no candidate).
+// longest prefix of the indexed hashes in any tier of their caches,
+// deepest first: a worker's peers are every listed worker but itself,
+// and the deepest of them is r.deep[0], or r.deep[1] when it is
+// r.deep[0]. It is the one search of a prompt's holders: the scorers'
+// Candidate.PeerHitBlocks and the decision's pulls (pullFor) read it.
+// O(workers × hashes).
 func (r *Router) deepest(lists ...[]Worker) {
 	r.deep = [2]depth{}
-	if len(r.hashes) == 0 || !anyPulls(lists) {
+	if len(r.hashes) == 0 {
 		return
 	}
 	for _, ws := range lists {
 		for _, w := range ws {
-			d := depth{id: w.ID, blocks: r.engineHit(w)}
-			if w.HostPrefix != nil {
-				d.blocks = max(d.blocks, min(w.HostPrefix.Match(r.hashes), len(r.hashes)))
-			}
-			if w.DiskPrefix != nil {
-				d.blocks = max(d.blocks, min(w.DiskPrefix.Match(r.hashes), len(r.hashes)))
-			}
+			d := depth{w: w, blocks: r.depthOf(w)}
 			switch {
-			case d.id == r.deep[0].id || d.id == r.deep[1].id:
+			case d.blocks == 0:
+			case d.w.ID == r.deep[0].w.ID || d.w.ID == r.deep[1].w.ID:
 				// Listed twice (a decode worker that is a prefill
 				// candidate too, colocated): the same depth.
 			case d.blocks > r.deep[0].blocks:
@@ -454,6 +488,26 @@ func (r *Router) deepest(lists ...[]Worker) {
 			}
 		}
 	}
+}
+
+// peerOf returns the deepest holder of the request's prefix other than
+// the worker id (zero: none).
+func (r *Router) peerOf(id string) depth {
+	if r.deep[0].w.ID == id {
+		return r.deep[1]
+	}
+	return r.deep[0]
+}
+
+// pullFor returns the pull w may make of the request's prefix: from the
+// deepest other holder, when it holds more than w does and has an
+// address; zero otherwise.
+func (r *Router) pullFor(w Worker) Pull {
+	p := r.peerOf(w.ID)
+	if p.w.ID == "" || p.w.Addr == "" || p.blocks <= r.depthOf(w) {
+		return Pull{}
+	}
+	return Pull{From: p.w, Tokens: p.blocks * r.cfg.BlockTokens}
 }
 
 // indexHashes prepares prefixHitBlocks for a request's hashes.
@@ -502,28 +556,22 @@ func (r *Router) PrefillDone(requestID string) {
 	}
 }
 
-// Reserved revisits a remote-prefill decision once the chosen decode
-// worker's Reserve answered its real prefix hit: hitTokens of the
-// request's promptTokens are cached there. The router decided on its
-// estimate (the KV-event index or a digest, which lag); when the real
-// uncached rest is short by Decider rule 1, Reserved drops the request's
-// prefill assignment, counts pdserve_router_decisions_total{placement=
-// "local_reserved"} and returns true: the caller prefills on the decode
-// worker instead. Otherwise, or for an unknown id or one already local,
-// it changes nothing and returns false.
-func (r *Router) Reserved(requestID string, promptTokens, hitTokens int) bool {
+// Revised records that requestID's decision was revised by Revise onto
+// its decode worker: it drops the request's prefill assignment and counts
+// pdserve_router_decisions_total{placement="local_reserved"}. An unknown
+// id, or one whose prefill is already dropped, changes nothing.
+func (r *Router) Revised(requestID string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	a, ok := r.inflight[requestID]
-	if !ok || a.prefill == "" || !r.decider.Short(promptTokens-hitTokens) {
-		return false
+	if !ok || a.prefill == "" {
+		return
 	}
 	a.prefill, a.prefillTokens = "", 0
 	r.inflight[requestID] = a
 	if r.decisions != nil {
 		r.decisions.WithLabelValues(PlacementLocalReserved).Inc()
 	}
-	return true
 }
 
 // Done forgets the assignment of a request that ended (or whose routing is

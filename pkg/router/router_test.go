@@ -533,17 +533,18 @@ func TestFullBatchLosesThePrefix(t *testing.T) {
 	}
 }
 
-// TestReservedRevisitsRemote: a prompt routed remote on a stale digest (the
+// TestReviseRevisitsRemote: a prompt routed remote on a stale digest (the
 // decode worker seemed to hold nothing) turns local when the decode
 // worker's Reserve answers a hit that leaves fewer uncached tokens than
 // LocalPrefillBelowTokens; its prefill worker's queue no longer counts it.
-// A hit that leaves too many stays remote, and unknown or local requests
-// are left alone.
-func TestReservedRevisitsRemote(t *testing.T) {
+// A hit that leaves too many stays remote; a local decision is not
+// revised, and Revised counts a request once and ignores unknown ids.
+func TestReviseRevisitsRemote(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	r := New(Config{BlockTokens: 16, LocalPrefillBelowTokens: 64, Registerer: reg})
 	decode := []Worker{{ID: "d0", KVBlocksFree: 100, Time: at(0)}}
 	prefill := []Worker{{ID: "p0", Time: at(0)}, {ID: "p1", Time: at(0)}}
+	decs := map[string]Decision{}
 	for _, id := range []string{"a", "b"} {
 		d, err := r.Route(at(1), Request{ID: id, PromptTokens: 512}, decode, prefill, nil)
 		if err != nil {
@@ -552,16 +553,21 @@ func TestReservedRevisitsRemote(t *testing.T) {
 		if d.Local {
 			t.Fatalf("%s: routed local, want remote (no hit known)", id)
 		}
+		decs[id] = d
 	}
-	if r.Reserved("a", 512, 512-100) {
-		t.Error("Reserved(a, 100 uncached): true, want false (64 is the threshold)")
+	if _, local := Revise(decs["a"], 512, 512-100); local {
+		t.Error("Revise(a, 100 uncached): local, want remote (64 is the threshold)")
 	}
-	if !r.Reserved("b", 512, 512-63) {
-		t.Error("Reserved(b, 63 uncached): false, want true")
+	b, local := Revise(decs["b"], 512, 512-63)
+	if !local || !b.Local || b.Prefill.ID != "" || b.Decode.ID != "d0" || b.PrefixHitTokens != 0 {
+		t.Errorf("Revise(b, 63 uncached) = %+v, %t; want local on d0, no prefill worker, no predicted hit", b, local)
 	}
-	if r.Reserved("b", 512, 512) || r.Reserved("unknown", 512, 512) {
-		t.Error("Reserved on a request already local or unknown: true, want false")
+	r.Revised("b")
+	if _, again := Revise(b, 512, 512); again {
+		t.Error("Revise of a decision already local: revised again")
 	}
+	r.Revised("b")       // already dropped: not counted twice
+	r.Revised("unknown") // ignored
 	// b's 512 tokens no longer count on its prefill worker: the next
 	// prompt goes where a's queue is not, by the queue scorer.
 	loads := r.loads(decode, prefill)
@@ -655,5 +661,63 @@ func TestRoutePullsFromPeer(t *testing.T) {
 				t.Errorf("routed to %q with a %d-token hit; want %q with %d", d.Prefill.ID, d.PrefixHitTokens, tc.want, tc.wantHits)
 			}
 		})
+	}
+}
+
+// TestDecisionPeer: the decision names the pull of the worker that
+// prefills (the prefill worker, or the decode worker when local): from
+// the deepest other holder of the prompt's prefix in any tier, among
+// Request.Peers when given (any role), only when it holds more than the
+// puller and has an address. LocalPeer is the decode worker's, which
+// Revise puts in Peer.
+func TestDecisionPeer(t *testing.T) {
+	hs := make([]uint64, 10)
+	held, two := heldBlocks{}, heldBlocks{1: true, 2: true}
+	for i := range hs {
+		hs[i] = uint64(i + 1)
+		held[hs[i]] = true
+	}
+	d0 := Worker{ID: "d0", Addr: "d0:1", KVBlocksFree: 1 << 10, Prefix: two}
+	p0 := Worker{ID: "p0", Addr: "p0:1"}
+	c0 := Worker{ID: "c0", Addr: "c0:1", HostPrefix: held} // a colocated worker: a peer, never a candidate here
+	type pulls struct{ Peer, PeerTokens, Local, LocalTokens any }
+	for _, tc := range []struct {
+		name  string
+		req   Request
+		peers []Worker
+		want  pulls
+	}{
+		{"remote: the prefill worker pulls from the deepest, the decode worker's pull is kept",
+			Request{}, []Worker{d0, p0, c0}, pulls{"c0", 160, "c0", 160}},
+		{"without Peers the lists are the peers: the decode worker holds more than the prefill worker",
+			Request{}, nil, pulls{"d0", 32, "", 0}},
+		{"local: the decode worker's pull is the peer",
+			Request{Local: true}, []Worker{d0, p0, c0}, pulls{"c0", 160, "c0", 160}},
+		{"a holder without an address is no peer",
+			Request{}, []Worker{d0, p0, {ID: "c0", HostPrefix: held}}, pulls{"", 0, "", 0}},
+		{"decode only: the decode worker's pull",
+			Request{DecodeOnly: true}, []Worker{d0, p0, c0}, pulls{"c0", 160, "c0", 160}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := tc.req
+			req.ID, req.PromptTokens, req.PrefixHashes, req.Peers = "r", 170, hs, tc.peers
+			d, err := New(Config{BlockTokens: 16}).Route(at(0), req, []Worker{d0}, []Worker{p0}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := pulls{d.Peer.From.ID, d.Peer.Tokens, d.LocalPeer.From.ID, d.LocalPeer.Tokens}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("pulls (-want +got):\n%s", diff)
+			}
+		})
+	}
+	// Revise moves the decode worker's pull into Peer.
+	d, err := New(Config{BlockTokens: 16, LocalPrefillBelowTokens: 64}).Route(at(0),
+		Request{ID: "r", PromptTokens: 170, PrefixHashes: hs, Peers: []Worker{d0, p0, c0}}, []Worker{d0}, []Worker{p0}, nil)
+	if err != nil || d.Local {
+		t.Fatalf("Route = %+v, %v; want remote", d, err)
+	}
+	if l, ok := Revise(d, 170, 160); !ok || l.Peer.From.ID != "c0" || l.Peer.Tokens != d.LocalPeer.Tokens {
+		t.Errorf("Revise on a 160-token hit: %+v, %t; want local with the decode worker's pull", l.Peer, ok)
 	}
 }

@@ -9,15 +9,9 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
-	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
-	"github.com/pdserve/pdserve/pkg/budget"
 	"github.com/pdserve/pdserve/pkg/engine"
-	"github.com/pdserve/pdserve/pkg/frontend"
 	"github.com/pdserve/pdserve/pkg/router"
-	"github.com/pdserve/pdserve/pkg/wire"
 )
 
 // MaxRecoveries bounds the decode-worker failovers of one request, the
@@ -52,10 +46,6 @@ type Config struct {
 	EOG            map[int32]bool
 	Logprobs       bool // the client asked for tokens' log-probabilities
 	PromptLogprobs bool // ... and the prompt's (local prefill only)
-	// Trace is the request's budget trace: the Machine records the
-	// workers, modes, stamps and counts in it. The caller's; the Machine
-	// writes it only inside Step.
-	Trace *budget.Trace
 }
 
 // choice is the flow's state of one choice of a request.
@@ -95,26 +85,28 @@ type placing struct {
 	restart    bool // recovery that prefills the prompt again
 	full       int
 	failed     int
-	lastErr    error // the last worker's failure, when one failed
+	lastErr    *CallError // the last worker's failure, when one failed
 	// retry, when set, is the prefill failure this routing looks for
 	// another prefill worker after (for the same decode worker).
-	retry error
+	retry *CallError
 	dec   router.Decision
 }
 
 // pending is what follows a Delivered answer.
 type pending struct {
-	gen    *pdservev1.GenerateResponse // its tokens still to deliver (after the prompt's log-probabilities)
-	index  int                         // the choice a Deliver was for
-	finish string                      // the finish to set on choice index
+	gen    *Tokens // its tokens still to deliver (after the prompt's log-probabilities)
+	index  int     // the choice a Deliver was for
+	finish string  // the finish to set on choice index
 }
 
 // Machine is one request's flow. Not safe for concurrent use.
 type Machine struct {
-	cfg   Config
-	tr    *budget.Trace
-	phase phase
-	err   error // the request's failure once ended
+	cfg Config
+	// tr is the flow's part of the budget; sent is the last one a Record
+	// carried.
+	tr, sent Budget
+	phase    phase
+	err      error // the request's failure once ended
 
 	choices []choice
 	// stoppedEarly: a stop string ended a choice before its worker did,
@@ -128,7 +120,8 @@ type Machine struct {
 	remote         bool // KV from a prefill worker
 	prefillRetries int  // prefill workers tried again after a failure before the first token
 	prefill        router.Worker
-	prefillGen     int // prefill attempt: > 0 once the prompt was prefilled again after a failure
+	prefillPeer    router.Pull // the pull the prefill worker may make
+	prefillGen     int         // prefill attempt: > 0 once the prompt was prefilled again after a failure
 	prefillEnded   bool
 	gotFirst       bool            // the prefill worker reported the first token: its KV is complete
 	kvDone         bool            // the prefill worker reported the decode worker's ack of the KV
@@ -137,9 +130,10 @@ type Machine struct {
 
 	attempt       int
 	decode        router.Worker
-	decodeHit     int  // prompt tokens the current decode worker holds in its prefix cache (its Reserve's answer)
-	promptHeld    bool // the current decode worker keeps the prompt its Reserve showed it
-	reserved      bool // the current decode worker holds a reservation or sequence
+	decodePeer    router.Pull // the pull the decode worker's local prefill may make
+	decodeHit     int         // prompt tokens the current decode worker holds in its prefix cache (its Reserve's answer)
+	promptHeld    bool        // the current decode worker keeps the prompt its Reserve showed it
+	reserved      bool        // the current decode worker holds a reservation or sequence
 	decodeEnded   bool
 	resendPending bool
 
@@ -153,7 +147,7 @@ type Machine struct {
 	// in earlyEnd; firstSeen: choice 0's first event came.
 	firstFromPrefill bool
 	firstSeen        bool
-	early            []*pdservev1.GenerateResponse
+	early            []Tokens
 	earlyEnd         bool
 	firstTok         int32                 // FirstToken's token
 	firstLP          []engine.TokenLogprob // and its log-probability, when asked
@@ -165,8 +159,6 @@ type Machine struct {
 // a Config it cannot run.
 func NewMachine(cfg Config) (*Machine, error) {
 	switch {
-	case cfg.Trace == nil:
-		return nil, errors.New("flow: Config.Trace is nil")
 	case cfg.Mode != ModeDisaggregated && cfg.Mode != ModeColocated:
 		return nil, fmt.Errorf("flow: mode %q is neither %q nor %q", cfg.Mode, ModeDisaggregated, ModeColocated)
 	case cfg.Policy != PolicyPrefill && cfg.Policy != PolicyDecode:
@@ -174,7 +166,7 @@ func NewMachine(cfg Config) (*Machine, error) {
 	case cfg.PromptTokens < 0 || cfg.MaxTokens < 0:
 		return nil, fmt.Errorf("flow: negative size (prompt %d, max_tokens %d)", cfg.PromptTokens, cfg.MaxTokens)
 	}
-	return &Machine{cfg: cfg, tr: cfg.Trace, choices: make([]choice, max(cfg.N, 1)), exclude: map[string]bool{}}, nil
+	return &Machine{cfg: cfg, choices: make([]choice, max(cfg.N, 1)), exclude: map[string]bool{}}, nil
 }
 
 // Done reports whether the request ended.
@@ -205,10 +197,26 @@ func (m *Machine) Step(ev Event) []Action {
 	} else if m.phase == phaseRunning && (m.done() || (m.stoppedEarly && m.finished())) {
 		m.end(nil)
 	}
+	m.record()
 	return m.acts
 }
 
-func (m *Machine) emit(a Action) { m.acts = append(m.acts, a) }
+// emit appends a to the Step's actions, after a Record of the budget when
+// it changed (so that the caller's trace is current when it performs a).
+func (m *Machine) emit(a Action) {
+	if _, ok := a.(Log); !ok {
+		m.record()
+	}
+	m.acts = append(m.acts, a)
+}
+
+// record emits a Record when the budget changed since the last.
+func (m *Machine) record() {
+	if m.tr != m.sent {
+		m.sent = m.tr
+		m.acts = append(m.acts, Record{Budget: m.tr})
+	}
+}
 
 func (m *Machine) log(level zapcore.Level, msg string, fields ...zap.Field) {
 	m.emit(Log{Level: level, Msg: msg, Fields: append([]zap.Field{zap.String("request_id", m.cfg.ID)}, fields...)})
@@ -246,11 +254,22 @@ func (m *Machine) step(ev Event) error {
 		return fmt.Errorf("flow: request %s: %T while delivering", m.cfg.ID, ev)
 	}
 	switch ev := ev.(type) {
-	case PrefillMsg:
+	case PrefillQueued:
+		if ev.Attempt == m.prefillGen {
+			setOnce(&m.tr.PrefillQueued, ev.At)
+		}
+		return nil
+	case FirstToken:
 		if ev.Attempt != m.prefillGen {
 			return nil
 		}
-		return m.onPrefill(ev.Resp)
+		return m.onFirstToken(ev)
+	case KVDone:
+		if ev.Attempt == m.prefillGen {
+			m.kvDone = true
+			m.addKV(&ev.KV)
+		}
+		return nil
 	case PrefillEnded:
 		if ev.Attempt != m.prefillGen {
 			return nil
@@ -269,20 +288,21 @@ func (m *Machine) step(ev Event) error {
 			return nil
 		case ev.Err == nil && m.waitingFirst():
 			// Nothing else can tell the decode stream's position 0.
-			return m.onPrefillFailed(status.Errorf(codes.Internal, "prefill worker %s ended the stream without the first token", m.prefill.ID))
+			return m.onPrefillFailed(&CallError{Code: CodeBroken,
+				Err: fmt.Errorf("prefill worker %s ended the stream without the first token", m.prefill.ID)})
 		case ev.Err == nil:
 			return nil
 		}
 		return m.onPrefillFailed(ev.Err)
-	case GenerateMsg:
+	case Tokens:
 		if ev.Attempt != m.attempt {
 			return nil
 		}
 		if m.waitingFirst() {
-			m.early = append(m.early, ev.Resp)
+			m.early = append(m.early, ev)
 			return nil
 		}
-		return m.onGenerate(ev.Resp)
+		return m.onGenerate(ev)
 	case GenerateEnded:
 		if ev.Attempt != m.attempt {
 			return nil
@@ -306,7 +326,7 @@ func (m *Machine) step(ev Event) error {
 			if m.gone != nil {
 				return m.gone
 			}
-			if !m.finished() && wire.IsKVTransferFailed(ev.Err) && recoverableTransfer(ev.Err) {
+			if !m.finished() && ev.Err.Transfer && ev.Err.recoverableTransfer() {
 				// The new decode worker could not take the KV either:
 				// move on to another one.
 				m.abandonDecode()
@@ -315,7 +335,7 @@ func (m *Machine) step(ev Event) error {
 			return fmt.Errorf("coordinator: decode worker failed (%v) and prefill worker %s could not re-send the KV of %s: %w",
 				m.failure, m.prefill.ID, m.cfg.ID, ev.Err)
 		}
-		m.addKV(ev.Resp.GetKvDone())
+		m.addKV(ev.KV)
 		return nil
 	}
 	return fmt.Errorf("flow: request %s: unexpected %T", m.cfg.ID, ev)
@@ -383,7 +403,10 @@ func (m *Machine) startPlacing(p *placing) {
 	m.phase, m.place = phasePlacing, p
 	req := m.routerRequest()
 	req.DecodeOnly, req.Local = p.decodeOnly, m.cfg.PromptLogprobs
-	if !p.decodeOnly {
+	if !p.decodeOnly || !m.remote {
+		// The prompt's blocks, where the decision's worker prefills: a
+		// decode-only recovery of a remote prefill takes the whole KV
+		// from the prefill worker.
 		req.PrefixHashes = m.cfg.PrefixHashes
 	}
 	m.emit(Route{Req: req, Exclude: maps.Clone(m.exclude), Prefill: m.cfg.Mode == ModeDisaggregated && !p.decodeOnly,
@@ -398,23 +421,20 @@ func (m *Machine) onRouted(ev Routed) error {
 	}
 	switch {
 	case errors.Is(err, router.ErrNoDecodeWorkers) && p.lastErr != nil && p.full == 0:
-		return m.placeFailed(GRPCError(fmt.Sprintf("reserve on decode workers (%d failed)", p.failed), "decode", p.lastErr))
+		return m.placeFailed(callFailure(fmt.Sprintf("reserve on decode workers (%d failed)", p.failed), "decode", p.lastErr))
 	case errors.Is(err, router.ErrNoDecodeWorkers) && p.full > 0:
-		return m.placeFailed(frontend.NewError(frontend.ErrOverloaded, "overloaded", "",
-			"No decode worker has free KV cache for %d tokens now; retry later.", m.cfg.PromptTokens+m.cfg.MaxTokens*len(m.choices)))
+		return m.placeFailed(&Failure{Kind: KindNoKVRoom, Part: "decode", Cause: fmt.Errorf("coordinator: request %s: every decode worker was full for %d tokens (%d refused): %w",
+			m.cfg.ID, m.cfg.PromptTokens+m.cfg.MaxTokens*len(m.choices), p.full, err)})
 	case errors.Is(err, router.ErrNoCapacity):
-		return m.placeFailed(fmt.Errorf("%w: %w", frontend.NewError(frontend.ErrOverloaded, "overloaded", "",
-			"Every prefill worker's queue is full; retry later."), err))
+		return m.placeFailed(&Failure{Kind: KindQueuesFull, Part: "prefill", Cause: err})
 	case err != nil:
-		return m.placeFailed(fmt.Errorf("%w: %w", frontend.NewError(frontend.ErrUnavailable, "no_workers", "",
-			"No worker serving model %q can take the request now; retry later.", m.cfg.Model), err))
+		return m.placeFailed(&Failure{Kind: KindNoWorkers, Cause: err})
 	}
 	if p.decodeOnly {
 		m.emit(PrefillDone{})
 	}
 	fresh := !p.decodeOnly && !p.dec.Local
-	m.emit(Reserve{Worker: p.dec.Decode, Fresh: fresh, Queue: !p.decodeOnly,
-		Ask: m.cfg.Mode == ModeDisaggregated && !p.decodeOnly && !p.restart && !p.dec.Local})
+	m.emit(Reserve{Worker: p.dec.Decode, Fresh: fresh, Queue: !p.decodeOnly})
 	return nil
 }
 
@@ -428,7 +448,7 @@ func (m *Machine) onReserved(ev Reserved) error {
 		m.decodeHit = ev.Hit
 	}
 	m.tr.DecodePrefixHitTokens = m.decodeHit
-	switch code := status.Code(err); {
+	switch {
 	case err == nil:
 		m.decode, m.reserved = w, true
 		m.promptHeld = ev.PromptHeld && !p.decodeOnly && !p.dec.Local
@@ -437,16 +457,25 @@ func (m *Machine) onReserved(ev Reserved) error {
 		if p.decodeOnly || p.restart {
 			return m.resume(p)
 		}
-		return m.begin(p.dec, ev)
+		dec := p.dec
+		if m.cfg.Mode == ModeDisaggregated {
+			// The router decided on its estimate of the decode worker's
+			// cache; Reserve answered the real hit.
+			var revised bool
+			if dec, revised = router.Revise(dec, m.cfg.PromptTokens, ev.Hit); revised {
+				m.emit(Revised{})
+			}
+		}
+		return m.begin(dec, ev.At)
 	case m.gone != nil:
 		// The reservation may have been made: the end cancels it.
 		m.decode, m.reserved = w, true
 		return m.placeFailed(m.gone)
-	case code == codes.ResourceExhausted:
+	case err.Code == CodeFull:
 		p.full++
 		m.exclude[w.ID] = true
 	case p.failed >= MaxRecoveries:
-		return m.placeFailed(GRPCError(fmt.Sprintf("reserve on decode worker %s (after %d failed)", w.ID, p.failed), "decode", err))
+		return m.placeFailed(callFailure(fmt.Sprintf("reserve on decode worker %s (after %d failed)", w.ID, p.failed), "decode", err))
 	default:
 		// Whatever the failure (gone, refused, a worker that is not
 		// one), nothing reached the client: try another worker, a
@@ -468,23 +497,16 @@ func (m *Machine) placeFailed(err error) error {
 	if !p.decodeOnly && !p.restart {
 		return err
 	}
-	return fmt.Errorf("coordinator: request %s: %v; no other decode worker could take it: %v: %w", m.cfg.ID, m.failure, err,
-		frontend.NewError(frontend.ErrUnavailable, "decode_failed", "", "The decode worker serving the request failed and no other decode worker could take it; retry later."))
+	return &Failure{Kind: KindNotRecovered, Part: "decode",
+		Cause: fmt.Errorf("coordinator: request %s: %v; no other decode worker could take it: %v", m.cfg.ID, m.failure, err)}
 }
 
-// begin starts the calls of the first placement.
-func (m *Machine) begin(dec router.Decision, ev Reserved) error {
+// begin starts the calls of the first placement, as decided (and
+// revised on Reserve's real hit: a local prefill then looks the cache up
+// again and releases the reservation's pin), routed at.
+func (m *Machine) begin(dec router.Decision, at time.Time) error {
 	m.phase = phaseRunning
-	m.tr.Routed = ev.At
-	if ev.Local {
-		// Routed remote on the router's estimate of the decode worker's
-		// cache; its Reserve answered the real hit, which leaves a short
-		// prompt: it prefills there (Generate with local_prefill, which
-		// looks the cache up again and releases the reservation's pin).
-		// The router's estimate was of the prefill worker's cache:
-		// none of the decode worker's hit counts as predicted.
-		dec.Local, dec.Prefill, dec.PrefixHitTokens = true, router.Worker{}, 0
-	}
+	m.tr.Routed = at
 	m.remote = !dec.Local
 	// The router's estimate (dec.PrefixHitTokens, from the KV-event index
 	// or heartbeat digests) is not the budget's: the worker that prefills
@@ -495,11 +517,13 @@ func (m *Machine) begin(dec router.Decision, ev Reserved) error {
 	switch {
 	case m.cfg.Mode == ModeColocated:
 		m.tr.Mode, m.tr.FirstTokenPolicy = ModeColocated, PolicyDecode
+		m.decodePeer = dec.Peer
 	case dec.Local:
 		m.tr.Mode, m.tr.FirstTokenPolicy = "local", PolicyDecode
+		m.decodePeer = dec.Peer
 	default:
 		m.tr.Mode, m.tr.FirstTokenPolicy = ModeDisaggregated, m.cfg.Policy
-		m.prefill = dec.Prefill
+		m.prefill, m.prefillPeer = dec.Prefill, dec.Peer
 		m.tr.PrefillWorker = dec.Prefill.ID
 		m.startPrefill()
 		// FirstToken is the source of the first token: the decode worker
@@ -515,13 +539,16 @@ func (m *Machine) startPrefill() {
 		m.prefilledOn = append(m.prefilledOn, m.prefill)
 	}
 	m.prefillEnded, m.gotFirst, m.kvDone = false, false, false
-	m.emit(Prefill{Worker: m.prefill, Decode: m.decode, SkipTokens: m.decodeHit, Attempt: m.prefillGen})
+	m.emit(Prefill{Worker: m.prefill, Decode: m.decode, SkipTokens: m.decodeHit, Attempt: m.prefillGen, Peer: m.prefillPeer})
 }
 
 func (m *Machine) startDecode() {
 	g := Generate{Worker: m.decode, Attempt: m.attempt, LocalPrefill: !m.remote,
 		PromptLogprobs:   m.cfg.PromptLogprobs && m.delivered() == 0 && m.attempt == 0,
 		FirstFromPrefill: m.firstFromPrefill, OmitPrompt: m.promptHeld}
+	if !m.remote {
+		g.Peer = m.decodePeer
+	}
 	m.firstSeen, m.early, m.earlyEnd = false, nil, false
 	if m.delivered() > 0 {
 		g.Generated = make([][]int32, len(m.choices))
@@ -537,7 +564,7 @@ func (m *Machine) startDecode() {
 	m.emit(g)
 }
 
-func (m *Machine) onGenerateEnded(err error) error {
+func (m *Machine) onGenerateEnded(err *CallError) error {
 	m.decodeEnded = true
 	switch {
 	case m.finished():
@@ -551,10 +578,10 @@ func (m *Machine) onGenerateEnded(err error) error {
 		return fmt.Errorf("coordinator: decode worker %s ended request %s without a finish reason", m.decode.ID, m.cfg.ID)
 	case err == nil:
 		// Nothing reached the client: another worker may serve it.
-		err = status.Errorf(codes.Internal, "decode worker %s ended the stream without a token or a finish reason", m.decode.ID)
-	case !Recoverable(err) && m.delivered() > 0, wire.IsGrammarRefused(err):
+		err = &CallError{Code: CodeBroken, Err: fmt.Errorf("decode worker %s ended the stream without a token or a finish reason", m.decode.ID)}
+	case !err.recoverable() && m.delivered() > 0, err.Grammar:
 		// A grammar that allows no token ends the request on any worker.
-		return GRPCError(fmt.Sprintf("generate on decode worker %s", m.decode.ID), "decode", err)
+		return callFailure(fmt.Sprintf("generate on decode worker %s", m.decode.ID), "decode", err)
 	}
 	m.emit(Unreachable{Worker: m.decode, Err: err})
 	return m.startRecovery(err)
@@ -568,14 +595,14 @@ func (m *Machine) onGenerateEnded(err error) error {
 // first token but before the decode worker acknowledged the KV. Any other
 // failure before the first token is the prefill worker's: another prefill
 // worker is tried for the same decode worker, a bounded number of times.
-func (m *Machine) onPrefillFailed(err error) error {
+func (m *Machine) onPrefillFailed(err *CallError) error {
 	m.log(zapcore.DebugLevel, "prefill stream failed", zap.String("worker", m.prefill.ID), zap.Error(err))
-	switch transfer := wire.IsKVTransferFailed(err); {
-	case wire.IsGrammarRefused(err):
+	switch transfer := err.Transfer; {
+	case err.Grammar:
 		// The request's grammar allows no first token: so on any worker.
-		return GRPCError(fmt.Sprintf("prefill on worker %s", m.prefill.ID), "prefill", err)
-	case transfer && !recoverableTransfer(err):
-		return GRPCError(fmt.Sprintf("kv transfer from prefill worker %s to decode worker %s", m.prefill.ID, m.decode.ID), "KV transfer", err)
+		return callFailure(fmt.Sprintf("prefill on worker %s", m.prefill.ID), "prefill", err)
+	case transfer && !err.recoverableTransfer():
+		return callFailure(fmt.Sprintf("kv transfer from prefill worker %s to decode worker %s", m.prefill.ID, m.decode.ID), "KV transfer", err)
 	case !transfer && !m.gotFirst && (len(m.early) > 0 || m.earlyEnd):
 		// The decode worker has the KV (it streams) but not position 0,
 		// which only FirstToken had: nothing reached the client, so the
@@ -595,7 +622,7 @@ func (m *Machine) onPrefillFailed(err error) error {
 		}
 		m.log(zapcore.WarnLevel, "no other prefill worker can take the request",
 			zap.Error(fmt.Errorf("%d prefill retries used up", m.prefillRetries)))
-		return GRPCError(fmt.Sprintf("prefill on worker %s", m.prefill.ID), "prefill", err)
+		return callFailure(fmt.Sprintf("prefill on worker %s", m.prefill.ID), "prefill", err)
 	case !transfer && m.kvDone:
 		// The decode worker has the KV; its stream tells the rest.
 		return nil
@@ -607,12 +634,14 @@ func (m *Machine) onPrefillFailed(err error) error {
 // retryPrefill routes the prompt to another prefill worker (the failed
 // one and earlier ones excluded) for the same decode worker, whose
 // Generate call keeps waiting for the KV; onPrefillRetry takes the answer.
-func (m *Machine) retryPrefill(cause error) {
+func (m *Machine) retryPrefill(cause *CallError) {
 	exclude := maps.Clone(m.exclude)
 	exclude[m.prefill.ID] = true
 	d := m.decode
 	m.phase, m.place = phasePlacing, &placing{retry: cause}
-	m.emit(Route{Req: m.routerRequest(), Exclude: exclude, Prefill: true, Decode: &d})
+	req := m.routerRequest()
+	req.PrefixHashes = m.cfg.PrefixHashes
+	m.emit(Route{Req: req, Exclude: exclude, Prefill: true, Decode: &d})
 }
 
 // onPrefillRetry takes the router's answer for another prefill worker.
@@ -624,14 +653,14 @@ func (m *Machine) onPrefillRetry(ev Routed) error {
 	}
 	if err != nil {
 		m.log(zapcore.WarnLevel, "no other prefill worker can take the request", zap.Error(err))
-		return GRPCError(fmt.Sprintf("prefill on worker %s", m.prefill.ID), "prefill", p.retry)
+		return callFailure(fmt.Sprintf("prefill on worker %s", m.prefill.ID), "prefill", p.retry)
 	}
 	m.exclude[m.prefill.ID] = true
 	m.prefillRetries++
 	m.tr.PrefillRetries++
 	m.log(zapcore.WarnLevel, "prefill worker failed before the first token; retrying on another",
 		zap.String("worker", m.prefill.ID), zap.String("retry_on", dec.Prefill.ID), zap.Error(p.retry))
-	m.prefill, m.tr.PrefillWorker = dec.Prefill, dec.Prefill.ID
+	m.prefill, m.prefillPeer, m.tr.PrefillWorker = dec.Prefill, dec.Peer, dec.Prefill.ID
 	m.tr.PrefillQueued, m.tr.PrefillStart, m.tr.PrefillEnd = time.Time{}, time.Time{}, time.Time{}
 	m.prefillGen++
 	m.startPrefill()
@@ -654,18 +683,18 @@ func (m *Machine) abandonDecode() {
 }
 
 // startRecovery begins moving the request off a failed decode worker.
-func (m *Machine) startRecovery(cause error) error {
+func (m *Machine) startRecovery(cause *CallError) error {
 	m.failure = fmt.Errorf("decode worker %s: %w", m.decode.ID, cause)
 	m.reserved = false
 	m.exclude[m.decode.ID] = true
 	m.tr.Recoveries++
-	if m.tr.Recoveries > MaxRecoveries && !Recoverable(cause) {
+	if m.tr.Recoveries > MaxRecoveries && !cause.recoverable() {
 		// The workers refused the request itself: say so, as for one.
-		return GRPCError(fmt.Sprintf("generate on decode worker %s (after %d failovers)", m.decode.ID, MaxRecoveries), "decode", cause)
+		return callFailure(fmt.Sprintf("generate on decode worker %s (after %d failovers)", m.decode.ID, MaxRecoveries), "decode", cause)
 	}
 	if m.tr.Recoveries > MaxRecoveries {
-		return fmt.Errorf("coordinator: request %s: giving up after %d decode failures: %v: %w", m.cfg.ID, MaxRecoveries, m.failure,
-			frontend.NewError(frontend.ErrUnavailable, "decode_failed", "", "The request failed on %d decode workers in turn; retry later.", MaxRecoveries+1))
+		return &Failure{Kind: KindDecodeFailed, Part: "decode",
+			Cause: fmt.Errorf("coordinator: request %s: giving up after %d decode failures: %v", m.cfg.ID, MaxRecoveries, m.failure)}
 	}
 	m.log(zapcore.WarnLevel, "decode worker failed; recovering the request",
 		zap.String("worker", m.decode.ID), zap.Int("tokens_sent", m.delivered()), zap.Error(cause))
@@ -714,10 +743,14 @@ func (m *Machine) resume(p *placing) error {
 			m.remote = false
 			m.tr.Mode, m.tr.FirstTokenPolicy = "local", PolicyDecode
 		} else {
-			m.prefill, m.tr.PrefillWorker = dec.Prefill, dec.Prefill.ID
+			m.prefill, m.prefillPeer, m.tr.PrefillWorker = dec.Prefill, dec.Peer, dec.Prefill.ID
 			m.prefillGen++
 			m.startPrefill()
 		}
+	}
+	if !m.remote {
+		// The new decode worker prefills: its own pull.
+		m.decodePeer = dec.Peer
 	}
 	m.startDecode()
 	if m.remote && !p.restart {
@@ -727,102 +760,79 @@ func (m *Machine) resume(p *placing) error {
 	return nil
 }
 
-func (m *Machine) onPrefill(resp *pdservev1.PrefillResponse) error {
-	switch e := resp.GetEvent().(type) {
-	case *pdservev1.PrefillResponse_Queued:
-		setOnce(&m.tr.PrefillQueued, e.Queued.GetUnixNano())
-	case *pdservev1.PrefillResponse_FirstToken:
-		ft := e.FirstToken
-		m.gotFirst = true
-		m.emit(PrefillDone{})
-		setOnce(&m.tr.PrefillStart, ft.GetPrefillStartUnixNano())
-		setOnce(&m.tr.PrefillEnd, ft.GetPrefillEndUnixNano())
-		m.tr.PrefillBatch = int(ft.GetBatchSize())
-		m.tr.PrefixHitTokens = int(ft.GetPrefixHitTokens())
-		m.tr.HostHitTokens, m.tr.HostLoad = int(ft.GetHostHitTokens()), time.Duration(ft.GetHostLoadNanos())
-		m.tr.DiskHitTokens = int(ft.GetDiskHitTokens())
-		m.tr.PeerHitTokens, m.tr.PeerLoad = int(ft.GetPeerHitTokens()), time.Duration(ft.GetPeerLoadNanos())
-		tok := ft.GetToken()
-		var lps []engine.TokenLogprob
-		if m.cfg.Logprobs {
-			lps = []engine.TokenLogprob{wire.FromTokenLogprob(ft.GetLogprob())}
-		}
-		m.firstTok, m.firstLP = tok, lps
-		if m.cfg.Policy == PolicyPrefill && len(m.choices[0].out) == 0 && (m.cfg.IgnoreEOS || !m.cfg.EOG[tok]) {
-			// An end-of-generation first token is left to the decode
-			// stream, which ends the request with it.
-			if err := m.deliver(0, 0, []int32{tok}, lps, ""); err != nil {
-				return err
-			}
-		}
-		return m.flushEarly()
-	case *pdservev1.PrefillResponse_KvDone:
-		m.kvDone = true
-		m.addKV(e.KvDone)
+func (m *Machine) onFirstToken(ft FirstToken) error {
+	m.gotFirst = true
+	m.emit(PrefillDone{})
+	setOnce(&m.tr.PrefillStart, ft.Start)
+	setOnce(&m.tr.PrefillEnd, ft.End)
+	m.tr.PrefillBatch = ft.Batch
+	m.tr.setHits(ft.Hits)
+	tok := ft.Token
+	var lps []engine.TokenLogprob
+	if m.cfg.Logprobs {
+		lps = []engine.TokenLogprob{ft.Logprob}
 	}
-	return nil
+	m.firstTok, m.firstLP = tok, lps
+	if m.cfg.Policy == PolicyPrefill && len(m.choices[0].out) == 0 && (m.cfg.IgnoreEOS || !m.cfg.EOG[tok]) {
+		// An end-of-generation first token is left to the decode
+		// stream, which ends the request with it.
+		if err := m.deliver(0, 0, []int32{tok}, lps, ""); err != nil {
+			return err
+		}
+	}
+	return m.flushEarly()
 }
 
-func (m *Machine) addKV(kd *pdservev1.KVDone) {
+func (m *Machine) addKV(kd *KV) {
 	if kd == nil {
 		return
 	}
-	setOnce(&m.tr.KVFirstByte, kd.GetFirstByteUnixNano())
-	setOnce(&m.tr.KVDone, kd.GetDoneUnixNano())
-	m.tr.KVBytesRaw += kd.GetBytesRaw()
-	m.tr.KVBytesWire += kd.GetBytesWire()
-	if kd.GetCodec() != "" {
-		m.tr.Codec, m.tr.CodecReason = kd.GetCodec(), kd.GetCodecReason()
+	setOnce(&m.tr.KVFirstByte, kd.FirstByte)
+	setOnce(&m.tr.KVDone, kd.Done)
+	m.tr.KVBytesRaw += kd.BytesRaw
+	m.tr.KVBytesWire += kd.BytesWire
+	if kd.Codec != "" {
+		m.tr.Codec, m.tr.CodecReason = kd.Codec, kd.CodecReason
 	}
 }
 
-func (m *Machine) onGenerate(resp *pdservev1.GenerateResponse) error {
-	for _, s := range resp.GetStamps() {
-		switch s.GetName() {
-		case "kv_first_byte":
-			setOnce(&m.tr.KVFirstByte, s.GetUnixNano())
-		case "kv_done":
-			setOnce(&m.tr.KVDone, s.GetUnixNano())
-		case "prefill_start":
-			setOnce(&m.tr.PrefillStart, s.GetUnixNano())
-		case "prefill_end":
-			setOnce(&m.tr.PrefillEnd, s.GetUnixNano())
-		case "decode_joined":
-			setOnce(&m.tr.DecodeJoined, s.GetUnixNano())
-		}
+func (m *Machine) onGenerate(resp Tokens) error {
+	st := resp.Stamps
+	setOnce(&m.tr.KVFirstByte, st.KVFirstByte)
+	setOnce(&m.tr.KVDone, st.KVDone)
+	setOnce(&m.tr.PrefillStart, st.PrefillStart)
+	setOnce(&m.tr.PrefillEnd, st.PrefillEnd)
+	setOnce(&m.tr.DecodeJoined, st.DecodeJoined)
+	m.tr.BatchSize = max(m.tr.BatchSize, resp.Batch)
+	if resp.Hits.Prefix > 0 && !m.remote {
+		m.tr.setHits(resp.Hits)
 	}
-	m.tr.BatchSize = max(m.tr.BatchSize, int(resp.GetBatchSize()))
-	if h := resp.GetPrefixHitTokens(); h > 0 && !m.remote {
-		m.tr.PrefixHitTokens = int(h)
-		m.tr.HostHitTokens, m.tr.HostLoad = int(resp.GetHostHitTokens()), time.Duration(resp.GetHostLoadNanos())
-		m.tr.DiskHitTokens = int(resp.GetDiskHitTokens())
-		m.tr.PeerHitTokens, m.tr.PeerLoad = int(resp.GetPeerHitTokens()), time.Duration(resp.GetPeerLoadNanos())
-	}
-	if pl := resp.GetPromptLogprobs(); len(pl) > 0 && m.cfg.PromptLogprobs {
-		m.phase, m.after = phaseDelivery, pending{gen: resp}
-		m.emit(DeliverPrompt{Logprobs: wire.FromTokenLogprobs(pl)})
+	if len(resp.PromptLogprobs) > 0 && m.cfg.PromptLogprobs {
+		rest := resp // only here on the heap: resp stays on the stack
+		m.phase, m.after = phaseDelivery, pending{gen: &rest}
+		m.emit(DeliverPrompt{Logprobs: resp.PromptLogprobs})
 		return nil
 	}
 	return m.generateTokens(resp)
 }
 
-// generateTokens takes the tokens and finish of a GenerateResponse.
-func (m *Machine) generateTokens(resp *pdservev1.GenerateResponse) error {
-	i := int(resp.GetIndex())
+// generateTokens takes the tokens and finish of a Tokens message.
+func (m *Machine) generateTokens(resp Tokens) error {
+	i := resp.Index
 	if i < 0 || i >= len(m.choices) {
 		return fmt.Errorf("coordinator: decode worker %s sent choice %d of request %s, which has %d", m.decode.ID, i, m.cfg.ID, len(m.choices))
 	}
 	c := &m.choices[i]
-	toks := resp.GetTokens()
+	toks := resp.Tokens
 	var lps []engine.TokenLogprob
 	if m.cfg.Logprobs {
-		if lps = wire.FromTokenLogprobs(resp.GetLogprobs()); len(lps) != len(toks) {
+		if lps = resp.Logprobs; len(lps) != len(toks) {
 			return fmt.Errorf("coordinator: decode worker %s sent %d logprobs for %d tokens of request %s", m.decode.ID, len(lps), len(toks), m.cfg.ID)
 		}
 	}
-	if i == 0 && m.firstFromPrefill && !m.firstSeen && (len(toks) > 0 || resp.GetFinishReason() != "") {
+	if i == 0 && m.firstFromPrefill && !m.firstSeen && (len(toks) > 0 || resp.Finish != "") {
 		m.firstSeen = true
-		if resp.GetFirstTokenOmitted() {
+		if resp.FirstTokenOmitted {
 			// The worker honoured first_token_from_prefill: its tokens
 			// start at position 1. Position 0 is FirstToken's, put back
 			// so that the stream reads as positional from 0 (delivered
@@ -843,7 +853,7 @@ func (m *Machine) generateTokens(resp *pdservev1.GenerateResponse) error {
 		}
 		c.heldLP = nil
 	}
-	finish := resp.GetFinishReason()
+	finish := resp.Finish
 	if n := len(toks); n > 0 && !m.cfg.IgnoreEOS && m.cfg.EOG[toks[n-1]] {
 		// Without ignore_eos an end-of-generation token ends the
 		// sequence with "stop", as its last token; the client never sees
@@ -914,10 +924,10 @@ func (m *Machine) onDelivered(ev Delivered) error {
 		if ev.Err != nil {
 			return ev.Err
 		}
-		return m.generateTokens(after.gen)
+		return m.generateTokens(*after.gen)
 	}
 	switch {
-	case errors.Is(ev.Err, frontend.ErrStopped):
+	case ev.Stopped:
 		// Only this choice ends (the worker's later tokens of it are
 		// dropped); once every choice has, the request ends, its calls
 		// are cancelled and the workers free it.
@@ -952,50 +962,4 @@ func (m *Machine) flushEarly() error {
 		return m.onGenerateEnded(nil)
 	}
 	return nil
-}
-
-// Recoverable reports whether a Generate failure means the decode worker
-// (or the KV transfer to it) failed, so that another worker may finish the
-// request.
-func Recoverable(err error) bool {
-	switch status.Code(err) {
-	case codes.Unavailable, codes.Canceled, codes.Aborted, codes.Internal, codes.Unknown, codes.DeadlineExceeded:
-		return true
-	}
-	return false
-}
-
-// recoverableTransfer reports whether a failed KV transfer (a status
-// wire.IsKVTransferFailed reports) may succeed to another decode worker:
-// the worker was gone or unreachable, lost the request (no reservation),
-// or broke off. A transfer the worker refused as malformed or too big
-// would fail anywhere.
-func recoverableTransfer(err error) bool {
-	return Recoverable(err) || status.Code(err) == codes.FailedPrecondition
-}
-
-// GRPCError wraps a worker's error (of the operation op, for the log)
-// with a client-facing frontend.Error of the kind its code maps to; part
-// names the worker's part for the client ("prefill", "decode", "KV
-// transfer"). No worker text or address reaches the client.
-func GRPCError(op, part string, err error) error {
-	var fe error
-	switch status.Code(err) {
-	case codes.InvalidArgument, codes.OutOfRange:
-		fe = frontend.NewError(frontend.ErrInvalid, "invalid_request", "", "The %s worker cannot serve the request as asked.", part)
-	case codes.ResourceExhausted:
-		fe = frontend.NewError(frontend.ErrOverloaded, "overloaded", "", "The %s workers have no room for the request now (queue full); retry later.", part)
-	case codes.Unavailable:
-		fe = frontend.NewError(frontend.ErrUnavailable, "unavailable", "", "The %s worker is unavailable; retry later.", part)
-	default:
-		return fmt.Errorf("coordinator: %s: %w", op, err)
-	}
-	return fmt.Errorf("coordinator: %s: %v: %w", op, err, fe)
-}
-
-// setOnce sets *t from Unix nanoseconds unless it is set or ns is 0.
-func setOnce(t *time.Time, ns int64) {
-	if t.IsZero() && ns != 0 {
-		*t = time.Unix(0, ns)
-	}
 }

@@ -12,14 +12,9 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
-	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/budget"
-	"github.com/pdserve/pdserve/pkg/frontend"
+	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/router"
-	"github.com/pdserve/pdserve/pkg/wire"
 )
 
 var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testdata/*.txt from the Machine's")
@@ -30,6 +25,8 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of testda
 // comments. `new` starts a request (a Machine); every other command is an
 // event stepped into it, and its output is the actions the Step returned,
 // one a line (see formatAction), then "(done)" once the request ended.
+// The test is the Machine's shell: it applies the Record actions to the
+// request's budget trace (not printed; `trace` and `hits` show it).
 // -rewrite regenerates the expected output.
 func TestScenarios(t *testing.T) {
 	files, err := filepath.Glob("testdata/*.txt")
@@ -163,20 +160,17 @@ func worker(name string) router.Worker {
 	return router.Worker{ID: name, Addr: name + ":7000"}
 }
 
-// grpcErr is err=CODE (a status of that code, e.g. Unavailable) or, with
-// transfer, the prefill worker's failed KV transfer of that code.
-func grpcErr(a args) (error, error) {
+// callErr is err=CODE (a CallError of that Code, by its name, e.g.
+// unavailable), with transfer the prefill worker's failed KV transfer
+// of that code, with grammar a grammar that allows no token.
+func callErr(a args) (*CallError, error) {
 	name, ok := a["err"]
 	if !ok {
 		return nil, nil
 	}
-	for c := codes.OK; c <= codes.Unauthenticated; c++ {
+	for c := CodeBroken; c <= CodeRefused; c++ {
 		if c.String() == name {
-			err := status.Error(c, "scripted "+name)
-			if a.has("transfer") {
-				err = wire.KVTransferFailedStatus("req-1", "d:7000", err)
-			}
-			return err, nil
+			return &CallError{Code: c, Transfer: a.has("transfer"), Grammar: a.has("grammar"), Err: errors.New("scripted " + name)}, nil
 		}
 	}
 	return nil, fmt.Errorf("unknown code %q", name)
@@ -197,8 +191,7 @@ func runCommand(mp **Machine, trp **budget.Trace, line string) ([]string, error)
 			return nil, err
 		}
 		cfg := Config{ID: "req-1", Model: "m", PromptTokens: 32, MaxTokens: 4, N: n, Mode: ModeDisaggregated, Policy: PolicyPrefill,
-			IgnoreEOS: a.has("ignore-eos"), EOG: map[int32]bool{}, Logprobs: a.has("logprobs"), PromptLogprobs: a.has("prompt-logprobs"),
-			Trace: &budget.Trace{}}
+			IgnoreEOS: a.has("ignore-eos"), EOG: map[int32]bool{}, Logprobs: a.has("logprobs"), PromptLogprobs: a.has("prompt-logprobs")}
 		if v, ok := a["mode"]; ok {
 			cfg.Mode = v
 		}
@@ -212,7 +205,7 @@ func runCommand(mp **Machine, trp **budget.Trace, line string) ([]string, error)
 		if err != nil {
 			return []string{"error: " + err.Error()}, nil
 		}
-		*mp, *trp = m, cfg.Trace
+		*mp, *trp = m, &budget.Trace{}
 		return nil, nil
 	}
 	m := *mp
@@ -236,6 +229,10 @@ func runCommand(mp **Machine, trp **budget.Trace, line string) ([]string, error)
 	}
 	var out []string
 	for _, act := range m.Step(ev) {
+		if r, ok := act.(Record); ok {
+			r.Budget.Apply(*trp)
+			continue
+		}
 		out = append(out, formatAction(m, act))
 	}
 	if m.Done() {
@@ -249,7 +246,7 @@ func parseEvent(cmd string, a args) (Event, error) {
 	if err != nil {
 		return nil, err
 	}
-	gerr, err := grpcErr(a)
+	cerr, err := callErr(a)
 	if err != nil {
 		return nil, err
 	}
@@ -261,7 +258,20 @@ func parseEvent(cmd string, a args) (Event, error) {
 		if err != nil {
 			return nil, err
 		}
-		ev := Routed{Decision: router.Decision{Decode: worker(a["decode"]), Prefill: worker(a["prefill"]), Local: a["prefill"] == "", PrefixHitTokens: hit}}
+		short, err := a.int("short", 0)
+		if err != nil {
+			return nil, err
+		}
+		// peer: the pull of the worker that prefills; local-peer: the
+		// decode worker's (16 tokens each).
+		ev := Routed{Decision: router.Decision{Decode: worker(a["decode"]), Prefill: worker(a["prefill"]), Local: a["prefill"] == "", PrefixHitTokens: hit,
+			ShortBelow: short}}
+		if v := a["peer"]; v != "" {
+			ev.Decision.Peer = router.Pull{From: worker(v), Tokens: 16}
+		}
+		if v := a["local-peer"]; v != "" {
+			ev.Decision.LocalPeer = router.Pull{From: worker(v), Tokens: 16}
+		}
 		switch a["fail"] {
 		case "":
 		case "no-decode":
@@ -277,9 +287,9 @@ func parseEvent(cmd string, a args) (Event, error) {
 		if err != nil {
 			return nil, err
 		}
-		return Reserved{Hit: hit, Err: gerr, Local: a.has("local"), At: at0, PromptHeld: a.has("held")}, nil
+		return Reserved{Hit: hit, Err: cerr, At: at0, PromptHeld: a.has("held")}, nil
 	case "prefill-queued":
-		return PrefillMsg{Attempt: attempt, Resp: &pdservev1.PrefillResponse{Event: &pdservev1.PrefillResponse_Queued{Queued: &pdservev1.PrefillQueued{UnixNano: 1}}}}, nil
+		return PrefillQueued{Attempt: attempt, At: time.Unix(0, 1)}, nil
 	case "prefill-first":
 		tok, err := a.int("tok", 7)
 		if err != nil {
@@ -289,19 +299,19 @@ func parseEvent(cmd string, a args) (Event, error) {
 		if err != nil {
 			return nil, err
 		}
-		ft := &pdservev1.FirstToken{Token: int32(tok), PrefixHitTokens: int32(hit)}
+		ft := FirstToken{Attempt: attempt, Token: int32(tok), Hits: Hits{Prefix: hit}}
 		if v, ok := a["lp"]; ok {
 			f, err := strconv.ParseFloat(v, 32)
 			if err != nil {
 				return nil, fmt.Errorf("lp=%q: %w", v, err)
 			}
-			ft.Logprob = &pdservev1.TokenLogprob{Token: int32(tok), Logprob: float32(f)}
+			ft.Logprob = engine.TokenLogprob{Token: int32(tok), Logprob: float32(f)}
 		}
-		return PrefillMsg{Attempt: attempt, Resp: &pdservev1.PrefillResponse{Event: &pdservev1.PrefillResponse_FirstToken{FirstToken: ft}}}, nil
+		return ft, nil
 	case "kv-done":
-		return PrefillMsg{Attempt: attempt, Resp: &pdservev1.PrefillResponse{Event: &pdservev1.PrefillResponse_KvDone{KvDone: &pdservev1.KVDone{BytesRaw: 100}}}}, nil
+		return KVDone{Attempt: attempt, KV: KV{BytesRaw: 100}}, nil
 	case "prefill-end":
-		return PrefillEnded{Attempt: attempt, Err: gerr}, nil
+		return PrefillEnded{Attempt: attempt, Err: cerr}, nil
 	case "gen":
 		toks, err := a.tokens("toks")
 		if err != nil {
@@ -311,18 +321,18 @@ func parseEvent(cmd string, a args) (Event, error) {
 		if err != nil {
 			return nil, err
 		}
-		resp := &pdservev1.GenerateResponse{Index: int32(idx), Tokens: toks, FinishReason: a["finish"], FirstTokenOmitted: a.has("omitted")}
+		resp := Tokens{Attempt: attempt, Index: idx, Tokens: toks, Finish: a["finish"], FirstTokenOmitted: a.has("omitted")}
 		// A local prefill's prefix hit and its parts by tier: hit, host,
 		// disk and peer tokens, peer-load milliseconds.
 		for _, f := range []struct {
 			name string
 			set  func(int)
 		}{
-			{"hit", func(n int) { resp.PrefixHitTokens = int32(n) }},
-			{"host", func(n int) { resp.HostHitTokens = int32(n) }},
-			{"disk", func(n int) { resp.DiskHitTokens = int32(n) }},
-			{"peer", func(n int) { resp.PeerHitTokens = int32(n) }},
-			{"peer-load", func(n int) { resp.PeerLoadNanos = int64(n) * int64(time.Millisecond) }},
+			{"hit", func(n int) { resp.Hits.Prefix = n }},
+			{"host", func(n int) { resp.Hits.Host = n }},
+			{"disk", func(n int) { resp.Hits.Disk = n }},
+			{"peer", func(n int) { resp.Hits.Peer = n }},
+			{"peer-load", func(n int) { resp.Hits.PeerLoad = time.Duration(n) * time.Millisecond }},
 		} {
 			n, err := a.int(f.name, 0)
 			if err != nil {
@@ -334,7 +344,7 @@ func parseEvent(cmd string, a args) (Event, error) {
 			// One log-probability per token, comma-separated; "-" is an
 			// entry that carries only the token.
 			for k, f := range strings.Split(v, ",") {
-				lp := &pdservev1.TokenLogprob{}
+				lp := engine.TokenLogprob{}
 				if k < len(toks) {
 					lp.Token = toks[k]
 				}
@@ -352,18 +362,18 @@ func parseEvent(cmd string, a args) (Event, error) {
 			return nil, err
 		} else {
 			for range n {
-				resp.PromptLogprobs = append(resp.PromptLogprobs, &pdservev1.TokenLogprob{})
+				resp.PromptLogprobs = append(resp.PromptLogprobs, engine.TokenLogprob{})
 			}
 		}
-		return GenerateMsg{Attempt: attempt, Resp: resp}, nil
+		return resp, nil
 	case "gen-end":
-		return GenerateEnded{Attempt: attempt, Err: gerr}, nil
+		return GenerateEnded{Attempt: attempt, Err: cerr}, nil
 	case "resend":
-		return ResendDone{Attempt: attempt, Err: gerr, Resp: &pdservev1.ResendResponse{}}, nil
+		return ResendDone{Attempt: attempt, Err: cerr}, nil
 	case "delivered":
 		switch {
 		case a.has("stopped"):
-			return Delivered{Err: frontend.ErrStopped}, nil
+			return Delivered{Stopped: true}, nil
 		case a.has("fail"):
 			return Delivered{Err: errors.New(a["fail"])}, nil
 		}
@@ -401,11 +411,20 @@ func formatAction(m *Machine, a Action) string {
 		return fmt.Sprintf("route decode=%s prefill=%t decode-only=%t local=%t trace=%s exclude=%s",
 			decode, a.Prefill, a.Req.DecodeOnly, a.Req.Local, trace, names(ex))
 	case Reserve:
-		return fmt.Sprintf("reserve %s fresh=%t ask=%t queue=%t", a.Worker.ID, a.Fresh, a.Ask, a.Queue)
+		return fmt.Sprintf("reserve %s fresh=%t queue=%t", a.Worker.ID, a.Fresh, a.Queue)
+	case Revised:
+		return "revised"
 	case Prefill:
-		return fmt.Sprintf("prefill %s to=%s skip=%d a=%d", a.Worker.ID, a.Decode.ID, a.SkipTokens, a.Attempt)
+		s := fmt.Sprintf("prefill %s to=%s skip=%d a=%d", a.Worker.ID, a.Decode.ID, a.SkipTokens, a.Attempt)
+		if a.Peer.From.ID != "" {
+			s += " peer=" + a.Peer.From.ID
+		}
+		return s
 	case Generate:
 		s := fmt.Sprintf("generate %s a=%d local=%t", a.Worker.ID, a.Attempt, a.LocalPrefill)
+		if a.Peer.From.ID != "" {
+			s += " peer=" + a.Peer.From.ID
+		}
 		if a.Generated != nil {
 			s += fmt.Sprintf(" generated=%v", a.Generated)
 		}
@@ -426,7 +445,7 @@ func formatAction(m *Machine, a Action) string {
 	case PrefillDone:
 		return "prefill-done"
 	case Unreachable:
-		return fmt.Sprintf("unreachable %s err=%s", a.Worker.ID, status.Code(a.Err))
+		return fmt.Sprintf("unreachable %s err=%s", a.Worker.ID, a.Err.Code)
 	case Deliver:
 		s := fmt.Sprintf("deliver choice=%d %v", a.Index, a.Tokens)
 		if a.Logprobs != nil {
@@ -453,9 +472,13 @@ func formatAction(m *Machine, a Action) string {
 		return fmt.Sprintf("finish %v", m.Finish())
 	case Fail:
 		s := "fail: " + a.Err.Error()
-		var fe *frontend.Error
-		if errors.As(a.Err, &fe) {
-			s += fmt.Sprintf(" (client: %s)", fe.Code)
+		var f *Failure
+		if errors.As(a.Err, &f) {
+			s += fmt.Sprintf(" (client: %s", f.Kind)
+			if f.Part != "" {
+				s += ", " + f.Part
+			}
+			s += ")"
 		}
 		return s
 	}

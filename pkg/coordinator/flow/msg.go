@@ -3,14 +3,15 @@ package flow
 import (
 	"time"
 
-	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/router"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 )
 
-// Event is an input of Machine.Step: one of the types below.
+// Event is an input of Machine.Step: one of the types below. Events are
+// the flow's own Go types: the shell converts the workers' messages and
+// statuses to them.
 type Event interface{ event() }
 
 // Start begins the request: the first routing.
@@ -19,7 +20,7 @@ type Start struct{}
 // Routed is the router's answer to a Route action.
 type Routed struct {
 	Decision router.Decision
-	Err      error
+	Err      error // one of router's errors (ErrNoDecodeWorkers, ...), wrapped
 }
 
 // Reserved is the answer of DecodeService.Reserve to a Reserve action.
@@ -27,10 +28,7 @@ type Reserved struct {
 	// Hit is the prompt tokens the worker holds in its prefix cache
 	// (ReserveResponse.prefix_hit_tokens); only read for a Fresh Reserve.
 	Hit int
-	Err error
-	// Local: the router, asked on the real hit (Reserve.Ask), moves the
-	// prefill onto the decode worker (router.Router.Reserved).
-	Local bool
+	Err *CallError
 	// At is when the answer came: the budget's routed boundary on the
 	// first placement.
 	At time.Time
@@ -39,44 +37,105 @@ type Reserved struct {
 	PromptHeld bool
 }
 
-// PrefillMsg is a message of the Prefill stream of attempt Attempt.
-type PrefillMsg struct {
+// Hits is a prefix hit of the worker that prefilled, by tier: Prefix
+// tokens in all, Host, Disk and Peer tokens of them loaded from its host
+// tier, read from its disk tier and pulled from a peer.
+type Hits struct {
+	Prefix, Host, Disk, Peer int
+	HostLoad, PeerLoad       time.Duration
+}
+
+// KV is a KV transfer's report (KVDone): its stamps (zero: not said),
+// sizes and codec.
+type KV struct {
+	FirstByte, Done     time.Time
+	BytesRaw, BytesWire int64
+	Codec, CodecReason  string // Codec "": not said
+}
+
+// PrefillQueued says the prefill worker queued the prompt (attempt
+// Attempt) at At.
+type PrefillQueued struct {
 	Attempt int
-	Resp    *pdservev1.PrefillResponse
+	At      time.Time
+}
+
+// FirstToken is the prefill worker's first token (attempt Attempt): its
+// value, its log-probability (read when Config.Logprobs), the prefill's
+// stamps, batch size and prefix hit.
+type FirstToken struct {
+	Attempt    int
+	Token      int32
+	Logprob    engine.TokenLogprob
+	Start, End time.Time
+	Batch      int
+	Hits       Hits
+}
+
+// KVDone relays the decode worker's acknowledgement of the KV of the
+// Prefill stream of attempt Attempt.
+type KVDone struct {
+	Attempt int
+	KV      KV
 }
 
 // PrefillEnded says the Prefill stream of attempt Attempt ended; Err is
 // nil when it ended cleanly.
 type PrefillEnded struct {
 	Attempt int
-	Err     error
+	Err     *CallError
 }
 
-// GenerateMsg is a message of the Generate stream of decode attempt
-// Attempt.
-type GenerateMsg struct {
-	Attempt int
-	Resp    *pdservev1.GenerateResponse
+// Stamps are the decode worker's budget stamps of a GenerateResponse
+// (zero: not in this message).
+type Stamps struct {
+	KVFirstByte, KVDone, PrefillStart, PrefillEnd, DecodeJoined time.Time
+}
+
+// Tokens is a message of the Generate stream of decode attempt Attempt:
+// choice Index's positional tokens (see the package coordinator doc),
+// their log-probabilities (one a token when Config.Logprobs), the
+// choice's finish ("" while it runs), and what the worker reports.
+type Tokens struct {
+	Attempt  int
+	Index    int
+	Tokens   []int32
+	Logprobs []engine.TokenLogprob
+	Finish   string
+	// FirstTokenOmitted: choice 0's first event, the worker honoured
+	// Generate.FirstFromPrefill (its tokens start at position 1).
+	FirstTokenOmitted bool
+	Stamps            Stamps
+	Batch             int  // the worker's running batch
+	Hits              Hits // a local prefill's prefix hit (Prefix 0: none)
+	// PromptLogprobs are the prompt's log-probabilities (a local prefill
+	// asked for them); nil: none in this message.
+	PromptLogprobs []engine.TokenLogprob
 }
 
 // GenerateEnded says the Generate stream of decode attempt Attempt ended;
 // Err is nil when it ended cleanly.
 type GenerateEnded struct {
 	Attempt int
-	Err     error
+	Err     *CallError
 }
 
-// ResendDone is the result of the Resend call of decode attempt Attempt.
+// ResendDone is the result of the Resend call of decode attempt Attempt:
+// the re-sent KV's report (nil: none), or Err.
 type ResendDone struct {
 	Attempt int
-	Resp    *pdservev1.ResendResponse
-	Err     error
+	KV      *KV
+	Err     *CallError
 }
 
-// Delivered is the result of a Deliver or DeliverPrompt action: nil,
-// frontend.ErrStopped (a stop string ended the choice), or the error that
-// ends the request.
-type Delivered struct{ Err error }
+// Delivered is the result of a Deliver or DeliverPrompt action. Stopped:
+// a stop string ended the choice (the client has what it asked for);
+// otherwise Err, when not nil, ends the request (the shell's error,
+// passed through unchanged).
+type Delivered struct {
+	Stopped bool
+	Err     error
+}
 
 // ClientGone says the client's context ended with Err.
 type ClientGone struct{ Err error }
@@ -89,9 +148,11 @@ type Abort struct{ Err error }
 func (Start) event()         {}
 func (Routed) event()        {}
 func (Reserved) event()      {}
-func (PrefillMsg) event()    {}
+func (PrefillQueued) event() {}
+func (FirstToken) event()    {}
+func (KVDone) event()        {}
 func (PrefillEnded) event()  {}
-func (GenerateMsg) event()   {}
+func (Tokens) event()        {}
 func (GenerateEnded) event() {}
 func (ResendDone) event()    {}
 func (Delivered) event()     {}
@@ -125,26 +186,36 @@ type Reserve struct {
 	// Fresh: the KV comes from a new Prefill; the worker is shown the
 	// prompt and answers the prefix it holds.
 	Fresh bool
-	// Ask: on success, ask the router whether the real hit makes the
-	// prefill local (Reserved.Local).
-	Ask   bool
 	Queue bool // traced under the queue span
 }
 
+// Revised tells the router that the decision it made for the request
+// was revised on the decode worker's real prefix hit: the prefill moved
+// onto the decode worker (router.Router.Revised drops the prefill
+// worker's assignment and counts the placement).
+type Revised struct{}
+
 // Prefill opens PrefillService.Prefill; its messages and end come back
-// as PrefillMsg and PrefillEnded of Attempt.
+// as PrefillQueued, FirstToken, KVDone and PrefillEnded of Attempt.
 type Prefill struct {
 	Worker, Decode router.Worker
 	SkipTokens     int // prompt tokens the decode worker holds already
 	Attempt        int
+	// Peer is the worker Worker may pull the prompt's prefix from (the
+	// router's Decision.Peer); zero: none.
+	Peer router.Pull
 }
 
 // Generate opens DecodeService.Generate; its messages and end come back
-// as GenerateMsg and GenerateEnded of Attempt.
+// as Tokens and GenerateEnded of Attempt.
 type Generate struct {
 	Worker       router.Worker
 	Attempt      int
 	LocalPrefill bool
+	// Peer is the worker a local prefill may pull the prompt's prefix
+	// from (the router's decision); zero: none, and always without
+	// LocalPrefill.
+	Peer router.Pull
 	// Generated is each choice's tokens the client has (a recovery's
 	// generated_tokens and generated_choices); nil before any.
 	Generated      [][]int32
@@ -173,13 +244,14 @@ type CancelGenerate struct{ Attempt int }
 // (router.Router.PrefillDone).
 type PrefillDone struct{}
 
-// Unreachable reports a call to Worker (of the decode side, or the
-// prefill side when Prefill) that failed with Err: the caller takes it
-// out of routing when Err says it could not be reached.
+// Unreachable reports that Worker (of the decode side, or the prefill
+// side when Prefill) could not be reached (Err's Code is
+// CodeUnavailable): the caller takes it out of routing until its next
+// heartbeat.
 type Unreachable struct {
 	Worker  router.Worker
 	Prefill bool
-	Err     error
+	Err     *CallError
 }
 
 // Deliver hands choice Index's Tokens (with Logprobs when asked) to the
@@ -193,6 +265,13 @@ type Deliver struct {
 // DeliverPrompt hands the prompt's log-probabilities to the client
 // (synchronous: answer Delivered).
 type DeliverPrompt struct{ Logprobs []engine.TokenLogprob }
+
+// Record is the flow's part of the request's budget as it stands: the
+// caller applies it (Budget.Apply) to the request's trace. The Machine
+// emits one whenever its part changed, before the next action that is
+// not a Log and at the end of a Step, so the trace is current whenever
+// the caller performs an action.
+type Record struct{ Budget Budget }
 
 // Log is a line for the request's log (its fields name the request).
 type Log struct {
@@ -214,11 +293,15 @@ type Release struct{ Worker router.Worker }
 // Finish ends the request successfully: Machine.Finish has the reasons.
 type Finish struct{}
 
-// Fail ends the request with Err.
+// Fail ends the request with Err: a *Failure (errors.As) for the
+// failures the flow tells the client of, the error of a ClientGone,
+// Abort or Delivered event unchanged, or another error (an internal
+// one: a worker that broke the protocol).
 type Fail struct{ Err error }
 
 func (Route) action()          {}
 func (Reserve) action()        {}
+func (Revised) action()        {}
 func (Prefill) action()        {}
 func (Generate) action()       {}
 func (Resend) action()         {}
@@ -227,6 +310,7 @@ func (PrefillDone) action()    {}
 func (Unreachable) action()    {}
 func (Deliver) action()        {}
 func (DeliverPrompt) action()  {}
+func (Record) action()         {}
 func (Log) action()            {}
 func (Stop) action()           {}
 func (Cancel) action()         {}

@@ -79,6 +79,11 @@ type Request struct {
 	// max_tokens of one choice): only workers whose MaxSeqLen fits it (or
 	// is unknown) may take it.
 	SeqTokens int
+	// Peers, when not nil, are the workers a prefilling worker may pull
+	// the prompt's prefix from (every live worker that keeps prompts,
+	// whatever its role); nil: the decode and prefill workers given to
+	// Route. Read only.
+	Peers []Worker
 }
 
 // Load is a worker's load as the router estimates it: its snapshot's
