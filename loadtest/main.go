@@ -31,6 +31,8 @@ Commands:
   regress   a run (or a saved result) against a baseline result; exits 1 when
             TTFT or TPOT at the chosen statistic drifts beyond the limit
   check     one completion, its reply checked (the chart's helm test)
+  agentloop concurrent agent loops, one tool call per turn: continued over the
+            Responses API's WebSocket vs the whole conversation resent over HTTP
 
 Run "go run ./loadtest COMMAND -h" for a command's flags, "--version" for the
 version. See loadtest/README.md.
@@ -64,6 +66,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = cmdRegress(ctx, rest, stdout, stderr)
 	case "check":
 		err = cmdCheck(ctx, rest, stdout, stderr)
+	case "agentloop":
+		err = cmdAgentLoop(ctx, rest, stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return exitOK
