@@ -89,7 +89,9 @@ func cmdAgentLoop(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	ao.Model, ao.APIKey, ao.Temperature, ao.Seed, ao.TurnTimeout = o.Model, o.APIKey, o.Temperature, o.Seed, o.RequestTimeout
-	if err := ao.Validate(); err != nil && !strings.Contains(err.Error(), "no base URL") {
+	check := ao
+	check.BaseURL = "set below" // the rest is checked before anything starts
+	if err := check.Validate(); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
 	var trs []string
@@ -213,14 +215,14 @@ func writeAgentReport(w io.Writer, r *agentResult, trs []string) {
 	both := r.Ratios != nil
 	fmt.Fprint(w, "| turn |")
 	for _, tr := range trs {
-		fmt.Fprintf(w, " %s TTFT p50 (ms) | %s server TTFT p50 | %s prompt tok | %s hit tok p50 | %s same worker | %s request bytes |", tr, tr, tr, tr, tr, tr)
+		fmt.Fprintf(w, " %s TTFT p50 (ms) | %s server TTFT p50 | %s prompt tok | %s hit tok p50 | %s decode hit p50 | %s same worker | %s request bytes |", tr, tr, tr, tr, tr, tr, tr)
 	}
 	if both {
 		fmt.Fprint(w, " TTFT ws/http | server TTFT ws/http |")
 	}
 	fmt.Fprint(w, "\n|---|")
 	for range trs {
-		fmt.Fprint(w, "---|---|---|---|---|---|")
+		fmt.Fprint(w, "---|---|---|---|---|---|---|")
 	}
 	if both {
 		fmt.Fprint(w, "---|---|")
@@ -231,11 +233,11 @@ func writeAgentReport(w io.Writer, r *agentResult, trs []string) {
 		for _, tr := range trs {
 			ps := r.Transports[tr].PerTurn
 			if k >= len(ps) {
-				fmt.Fprint(w, " | | | | | |")
+				fmt.Fprint(w, " | | | | | | |")
 				continue
 			}
 			p := ps[k]
-			fmt.Fprintf(w, " %.1f | %.1f | %.0f | %.0f | %d/%d | %.0f |", p.TTFTMs.P50, p.ServerTTFTMsP50, p.PromptTokensP50, p.PrefixHitTokensP50, p.SameWorker, p.Loops, p.RequestBytesP50)
+			fmt.Fprintf(w, " %.1f | %.1f | %.0f | %.0f | %.0f | %d/%d | %.0f |", p.TTFTMs.P50, p.ServerTTFTMsP50, p.PromptTokensP50, p.PrefixHitTokensP50, p.DecodeHitTokensP50, p.SameWorker, p.Loops, p.RequestBytesP50)
 		}
 		if both && k < len(r.Ratios.TTFTP50PerTurn) {
 			fmt.Fprintf(w, " %.2f | %.2f |", r.Ratios.TTFTP50PerTurn[k], r.Ratios.ServerTTFTP50PerTurn[k])

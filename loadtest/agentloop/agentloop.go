@@ -65,8 +65,11 @@ type Turn struct {
 	ServerTTFTMs    float64 `json:"server_ttft_ms"`
 	PromptTokens    int     `json:"prompt_tokens"`
 	PrefixHitTokens int     `json:"prefix_hit_tokens"`
-	OutputTokens    int     `json:"output_tokens"`
-	Worker          string  `json:"worker"`
+	// DecodePrefixHitTokens are the prompt tokens whose KV the decode
+	// worker held already (disaggregated: not sent again).
+	DecodePrefixHitTokens int    `json:"decode_prefix_hit_tokens"`
+	OutputTokens          int    `json:"output_tokens"`
+	Worker                string `json:"worker"`
 	// Mode is where the prompt was prefilled (the budget's mode:
 	// disaggregated, local, colocated).
 	Mode string `json:"mode"`
@@ -242,6 +245,7 @@ type budget struct {
 	OutputTokens    int     `json:"output_tokens"`
 	PrefixHitTokens int     `json:"prefix_hit_tokens"`
 	DecodeWorker    string  `json:"decode_worker"`
+	DecodeHit       int     `json:"decode_prefix_hit_tokens"`
 	Mode            string  `json:"mode"`
 	QueueMs         float64 `json:"queue_ms"`
 	PrefillMs       float64 `json:"prefill_ms"`
@@ -249,7 +253,7 @@ type budget struct {
 
 func (b *budget) fill(t *Turn) {
 	t.ServerTTFTMs, t.PromptTokens, t.OutputTokens, t.PrefixHitTokens, t.Worker = b.TTFTMs, b.PromptTokens, b.OutputTokens, b.PrefixHitTokens, b.DecodeWorker
-	t.Mode, t.QueueMs, t.PrefillMs = b.Mode, b.QueueMs, b.PrefillMs
+	t.Mode, t.QueueMs, t.PrefillMs, t.DecodePrefixHitTokens = b.Mode, b.QueueMs, b.PrefillMs, b.DecodeHit
 }
 
 // wsConv is a loop over the Responses API's WebSocket mode.
@@ -499,6 +503,8 @@ type TurnStats struct {
 	LatencyMsP50       float64 `json:"latency_ms_p50"`
 	PromptTokensP50    float64 `json:"prompt_tokens_p50"`
 	PrefixHitTokensP50 float64 `json:"prefix_hit_tokens_p50"`
+	// DecodeHitTokensP50: the decode worker's hit (disaggregated).
+	DecodeHitTokensP50 float64 `json:"decode_prefix_hit_tokens_p50"`
 	RequestBytesP50    float64 `json:"request_bytes_p50"`
 	// SameWorker counts the loops whose turn ran on the worker of their
 	// turn before (turn 1: 0).
@@ -533,7 +539,7 @@ func Summarize(loops []Loop, turns int) Summary {
 	s.E2EMsP50, s.E2EMsMean = median(e2e), mean(e2e)
 	for k := range turns {
 		ts := TurnStats{Turn: k + 1}
-		var ttft, sttft, lat, prompt, hit, rb []float64
+		var ttft, sttft, lat, prompt, hit, dhit, rb []float64
 		for _, l := range loops {
 			if k >= len(l.Turns) {
 				continue
@@ -542,6 +548,7 @@ func Summarize(loops []Loop, turns int) Summary {
 			ts.Loops++
 			ttft, sttft, lat = append(ttft, t.TTFTMs), append(sttft, t.ServerTTFTMs), append(lat, t.LatencyMs)
 			prompt, hit, rb = append(prompt, float64(t.PromptTokens)), append(hit, float64(t.PrefixHitTokens)), append(rb, float64(t.RequestBytes))
+			dhit = append(dhit, float64(t.DecodePrefixHitTokens))
 			if k > 0 && t.Worker != "" && t.Worker == l.Turns[k-1].Worker {
 				ts.SameWorker++
 			}
@@ -549,6 +556,7 @@ func Summarize(loops []Loop, turns int) Summary {
 		ts.TTFTMs.P50, ts.TTFTMs.Mean = median(ttft), mean(ttft)
 		ts.ServerTTFTMsP50, ts.LatencyMsP50 = median(sttft), median(lat)
 		ts.PromptTokensP50, ts.PrefixHitTokensP50, ts.RequestBytesP50 = median(prompt), median(hit), median(rb)
+		ts.DecodeHitTokensP50 = median(dhit)
 		s.PerTurn = append(s.PerTurn, ts)
 	}
 	return s
