@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/pdserve/pdserve/loadtest/agentloop"
 )
 
 // TestAgentLoopCommand: agentloop starts a fresh sim deployment per
@@ -39,7 +41,11 @@ func TestAgentLoopCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var res agentResult
+	var res struct {
+		Transports map[string]agentloop.Summary `json:"transports"`
+		Ratios     *agentRatios                 `json:"ratios_ws_over_http"`
+		Raw        map[string][]agentloop.Loop  `json:"loops_detail"`
+	}
 	if err := json.Unmarshal(data, &res); err != nil {
 		t.Fatal(err)
 	}
