@@ -34,6 +34,8 @@ Commands:
   prefix-hits
             a Mooncake trace's prefix-cache hit ratio with its requests spread
             over tenants whose caches are apart (offline, no server)
+  agentloop concurrent agent loops, one tool call per turn: continued over the
+            Responses API's WebSocket vs the whole conversation resent over HTTP
 
 Run "go run ./loadtest COMMAND -h" for a command's flags, "--version" for the
 version. See loadtest/README.md.
@@ -69,6 +71,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = cmdCheck(ctx, rest, stdout, stderr)
 	case "prefix-hits":
 		err = cmdPrefixHits(ctx, rest, stdout, stderr)
+	case "agentloop":
+		err = cmdAgentLoop(ctx, rest, stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return exitOK

@@ -3,6 +3,7 @@ package chattmpl
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -370,4 +371,84 @@ func TestGenericKeepsSystem(t *testing.T) {
 	if !strings.Contains(out[0].Content, `{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city"`) {
 		t.Errorf("tools not described in order:\n%s", out[0].Content)
 	}
+}
+
+// TestAgentLoopKeepsPromptPrefix: in an agent loop (a user task, then
+// tool calls and their results, each turn continuing the last), every
+// turn's prompt starts with the previous turn's prompt, as rendered
+// with the generation prompt, and then the previous turn's reply, so
+// that a worker's cached KV of the previous prompt is the new prompt's
+// prefix. Qwen3's keeps each turn's reasoning while no new user message
+// comes. It fails for a template that renders a turn differently once
+// more messages follow (a generation prompt that is not the start of the
+// assistant turn, tools moved to the last user message, a dropped
+// reasoning block).
+func TestAgentLoopKeepsPromptPrefix(t *testing.T) {
+	loop := func(k int, reasoning bool) []Message {
+		msgs := []Message{{Role: "system", Content: "You are an agent."}, {Role: "user", Content: "Weather in three cities?"}}
+		for i := range k {
+			id := fmt.Sprintf("call_%d", i)
+			a := Message{Role: "assistant", ToolCalls: []ToolCall{{ID: id, Name: "get_weather", Arguments: fmt.Sprintf(`{"city": "c%d"}`, i)}}}
+			if reasoning {
+				a.Reasoning = fmt.Sprintf("Next city %d.", i)
+			}
+			msgs = append(msgs, a, Message{Role: "tool", ToolCallID: id, Content: fmt.Sprintf("sunny, %d", 20+i)})
+		}
+		return msgs
+	}
+	// prefixKept returns how the prompts of a 4-turn loop leave the
+	// previous turn's, nil when none does.
+	prefixKept := func(tm *Template, reasoning bool) error {
+		prev := ""
+		for k := range 4 {
+			out, err := tm.Render(loop(k, reasoning), []Tool{weatherTool}, true)
+			if err != nil {
+				return err
+			}
+			if !strings.HasPrefix(out, prev) {
+				n := 0
+				for n < len(prev) && n < len(out) && prev[n] == out[n] {
+					n++
+				}
+				return fmt.Errorf("turn %d's prompt leaves turn %d's at byte %d of %d:\nprevious: …%q\nnew:      …%q", k+1, k, n, len(prev), prev[max(0, n-40):], out[max(0, n-40):min(len(out), n+40)])
+			}
+			if k > 0 && !strings.Contains(out[len(prev):], fmt.Sprintf("c%d", k-1)) {
+				return fmt.Errorf("turn %d: the previous turn's call does not follow the previous prompt: %q", k+1, out[len(prev):])
+			}
+			prev = out
+		}
+		return nil
+	}
+	check := func(t *testing.T, tm *Template, reasoning bool) {
+		t.Helper()
+		if err := prefixKept(tm, reasoning); err != nil {
+			t.Error(err)
+		}
+	}
+	// The check itself: a template whose generation prompt is not how it
+	// renders the assistant's turn breaks the prefix.
+	bad, err := Compile(`{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<reply>{% endif %}`, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if prefixKept(bad, false) == nil {
+		t.Error("a template whose generation prompt differs from its assistant turn passes the check")
+	}
+	for _, file := range []string{"qwen3.jinja", "llama3.2.jinja"} {
+		t.Run(file, func(t *testing.T) {
+			tm := testdataTemplate(t, file)
+			check(t, tm, tm.Thinks())
+		})
+	}
+	t.Run("bundled", func(t *testing.T) {
+		for name, src := range bundled(t, "ggml-vocab-qwen2.gguf", "ggml-vocab-qwen35.gguf", "ggml-vocab-phi-3.gguf", "ggml-vocab-command-r.gguf") {
+			t.Run(name, func(t *testing.T) {
+				tm, err := Compile(src, "<s>", "</s>")
+				if err != nil {
+					t.Fatal(err)
+				}
+				check(t, tm, tm.Thinks())
+			})
+		}
+	})
 }

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"path/filepath"
@@ -120,5 +121,70 @@ func TestResponsesAgentLoop(t *testing.T) {
 	}
 	if code, b := httpGet(t, cl.url+"/v1/responses/"+r2["id"].(string), authKeyA); code != 200 || !strings.Contains(b, id) {
 		t.Errorf("GET turn 2: %d %s", code, b)
+	}
+}
+
+// TestResponsesContinuationRoutesToPrefix: with two colocated workers, a
+// continuation by previous_response_id is routed to the worker that ran
+// the previous turn and starts from its cached KV: the previous turn's
+// prompt, rendered again as the start of the longer conversation, is the
+// new prompt's prefix to the last full block (turn 1's output is not in
+// the cache: a worker keeps a finished request's prompt blocks). It fails
+// when the continuation's prompt does not start with the previous turn's
+// tokens (the history rendered differently, or not at all: hit 0), or
+// when the router sends the turn to the other worker.
+func TestResponsesContinuationRoutesToPrefix(t *testing.T) {
+	checkNoLeaks(t)
+	cl := startCluster(t, clusterOpts{mode: coordinator.ModeColocated, decode: 2})
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	tools := []any{map[string]any{"type": "function", "name": "step", "parameters": json.RawMessage(`{"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]}`)}}
+	const instructions = "You run a loop of tool calls, one per turn, until told to stop."
+	turn := func(body map[string]any) (resp map[string]any, pd map[string]any) {
+		t.Helper()
+		body["tools"], body["tool_choice"], body["parallel_tool_calls"], body["instructions"] = tools, "required", false, instructions
+		body["temperature"], body["max_output_tokens"] = 0, 120
+		code, b := postAs(ctx, t, cl.url+"/v1/responses", "", body)
+		if code != 200 {
+			t.Fatalf("%d %s", code, b)
+		}
+		if err := json.Unmarshal(b, &resp); err != nil {
+			t.Fatal(err)
+		}
+		out, _ := resp["output"].([]any)
+		if len(out) != 1 || out[0].(map[string]any)["type"] != "function_call" {
+			t.Fatalf("want one function_call: %s", b)
+		}
+		pd, _ = resp["pdserve"].(map[string]any)
+		if pd == nil {
+			t.Fatalf("no pdserve budget: %s", b)
+		}
+		return resp, pd
+	}
+	prev, pd := turn(map[string]any{"input": "count"})
+	for i := 2; i <= 3; i++ {
+		in := int(prev["usage"].(map[string]any)["input_tokens"].(float64))
+		worker, _ := pd["decode_worker"].(string)
+		full := in / 16 * 16 // the previous prompt's full blocks of 16 tokens
+		// The router learns the worker's cache from its KV events: wait
+		// until they are indexed, so that the route is not left to chance.
+		waitFor(t, 10*time.Second, func() error {
+			if v := cl.c.KVIndex().Blocks(worker); v == nil || v.State().Blocks < full/16 {
+				return fmt.Errorf("%s's cache of turn %d is not indexed", worker, i-1)
+			}
+			return nil
+		})
+		call := prev["output"].([]any)[0].(map[string]any)
+		var npd map[string]any
+		prev, npd = turn(map[string]any{"previous_response_id": prev["id"],
+			"input": []any{map[string]any{"type": "function_call_output", "call_id": call["call_id"], "output": fmt.Sprintf("step %d done", i-1)}}})
+		hit, _ := npd["prefix_hit_tokens"].(float64)
+		if int(hit) < full {
+			t.Errorf("turn %d: prefix hit %v tokens, want turn %d's %d-token prompt to its last full block (%d)", i, hit, i-1, in, full)
+		}
+		if npd["decode_worker"] != worker || npd["peer_prefix_hit_tokens"] != nil {
+			t.Errorf("turn %d ran on %v (pulled %v tokens from a peer), want %s, which holds turn %d", i, npd["decode_worker"], npd["peer_prefix_hit_tokens"], worker, i-1)
+		}
+		pd = npd
 	}
 }

@@ -170,8 +170,9 @@ type (
 const MaxTopLogprobs = sampling.MaxTopLogprobs
 
 // LogitFree is implemented by engines that choose tokens without
-// computing logits (the performance-model engine): they cannot honour
-// Sampling.Constraint, and workers refuse a grammar on them.
+// computing logits and cannot honour Sampling.Constraint: workers refuse
+// a grammar on them. (The performance-model engine computes no logits
+// but masks a stand-in for them, so it follows grammars.)
 type LogitFree interface {
 	LogitFree()
 }

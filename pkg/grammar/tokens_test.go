@@ -101,13 +101,23 @@ func TestTokenMaskAcceptRebuilds(t *testing.T) {
 	}
 }
 
+// logitFree is an engine that chooses tokens without logits.
+type logitFree struct{ engine.Engine }
+
+func (logitFree) LogitFree() {}
+
 func TestForEngine(t *testing.T) {
 	s, err := sim.New(sim.Options{Profile: "h100/llama-3-8b/tp1", TimeScale: 0.001, PayloadScale: 0.01, Seed: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := grammar.ForEngine(s).Constrain(grammar.JSONObject, nil); !errors.Is(err, grammar.ErrNoLogits) {
-		t.Errorf("sim engine: %v, want ErrNoLogits", err)
+	if _, err := grammar.ForEngine(logitFree{s}).Constrain(grammar.JSONObject, nil); !errors.Is(err, grammar.ErrNoLogits) {
+		t.Errorf("an engine without logits: %v, want ErrNoLogits", err)
+	}
+	if st, err := grammar.ForEngine(s).Constrain(grammar.JSONObject, nil); err != nil {
+		t.Errorf("sim engine (it follows grammars): %v", err)
+	} else {
+		st.Close()
 	}
 	e, err := ref.New(ref.Options{Preset: "tiny"})
 	if err != nil {

@@ -14,7 +14,11 @@
 //     locally or imported from another engine, or forked from another
 //     sequence (engine.Forker). The engine computes no logits:
 //     Output.Logits and Output.AllLogits are always nil, and
-//     Sampling.TopP and Sampling.Penalties are not modelled.
+//     Sampling.TopP and Sampling.Penalties are not modelled. A grammar
+//     (Sampling.Constraint: structured output, forced tool calls) is
+//     followed: the engine masks a hash-drawn stand-in for logits with it
+//     and takes the best id allowed, EOS included, so that tool-calling
+//     and agent workloads run on the performance model too.
 //   - KV: the model's true layer count, KV heads and head dim, so blocks
 //     have the true byte size, filled with synthetic bf16 values of
 //     realistic statistics (codecs see realistic data). Options.PayloadScale

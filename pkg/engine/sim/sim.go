@@ -216,10 +216,6 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 // tokenizer's vocabulary.
 func (e *Engine) Spec() engine.ModelSpec { return e.spec }
 
-// LogitFree implements engine.LogitFree: tokens come from a hash, not
-// logits, so grammars are refused.
-func (e *Engine) LogitFree() {}
-
 // Tokenizer returns the byte-level tokenizer.
 func (e *Engine) Tokenizer() engine.Tokenizer { return tokenizer.Bytes{} }
 
@@ -368,7 +364,7 @@ func (e *Engine) step(ctx context.Context, prefill []engine.PrefillItem, decode 
 		}
 		pOut[i] = engine.Output{Seq: it.Seq}
 		if it.Last {
-			pOut[i].Token, pOut[i].Sampled = sampleToken(st.keys[len(st.keys)-1], len(st.keys), it.Sampling), true
+			pOut[i].Token, pOut[i].Sampled = sampleToken(st.keys[len(st.keys)-1], len(st.keys), it.Sampling, e.spec.Vocab), true
 		}
 		e.pending[i] = pendingItem{}
 	}
@@ -385,7 +381,7 @@ func (e *Engine) step(ctx context.Context, prefill []engine.PrefillItem, decode 
 		for l := range st.layers {
 			st.layers[l]++
 		}
-		dOut[i] = engine.Output{Seq: it.Seq, Token: sampleToken(st.keys[len(st.keys)-1], len(st.keys), it.Sampling), Sampled: true}
+		dOut[i] = engine.Output{Seq: it.Seq, Token: sampleToken(st.keys[len(st.keys)-1], len(st.keys), it.Sampling, e.spec.Vocab), Sampled: true}
 	}
 
 	e.statsMu.Lock()

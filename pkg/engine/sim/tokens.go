@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"math"
+
 	"github.com/pdserve/pdserve/pkg/engine"
 )
 
@@ -68,13 +70,17 @@ var text = func() [128]byte {
 }()
 
 // sampleToken returns the token that follows a prefix with last key key,
-// at position pos, under s. Greedy sampling (Temperature ≤ 0) depends on
-// (key, pos) only. With Temperature T > 0 the greedy token is kept with
-// probability 1/(1+T) and otherwise replaced by a draw, both decided by
-// engine.Uniform(s.Seed, pos), the value every engine draws at that
-// position. TopP and Penalties are not modelled. The result is a printable byte id, never
-// EOS: output lengths are set by the request's token budget.
-func sampleToken(key uint64, pos int, s engine.Sampling) int32 {
+// at position pos, under s, from a vocabulary of vocab ids. Greedy
+// sampling (Temperature ≤ 0) depends on (key, pos) only. With Temperature
+// T > 0 the greedy token is kept with probability 1/(1+T) and otherwise
+// replaced by a draw, both decided by engine.Uniform(s.Seed, pos), the
+// value every engine draws at that position. TopP and Penalties are not
+// modelled. Without a constraint the result is a printable byte id, never
+// EOS: output lengths are set by the request's token budget. With
+// s.Constraint (a grammar) it is that byte when the constraint allows it,
+// else the allowed id (EOS included) first in an order drawn from the
+// same hash (constrained).
+func sampleToken(key uint64, pos int, s engine.Sampling, vocab int) int32 {
 	h := mix(key ^ uint64(pos)*gamma)
 	if s.Temperature > 0 {
 		u := engine.Uniform(s.Seed, pos)
@@ -82,5 +88,34 @@ func sampleToken(key uint64, pos int, s engine.Sampling) int32 {
 			h = mix(h ^ uint64(u*(1<<53)))
 		}
 	}
-	return int32(text[h&127])
+	tok := int32(text[h&127])
+	if s.Constraint == nil {
+		return tok
+	}
+	return constrained(h, tok, s.Constraint, vocab)
+}
+
+// constrained returns tok when c allows it, else the id c allows whose
+// score, a hash of h and the id, is highest: a deterministic stand-in for
+// the logits a model masks. When c allows nothing it returns tok (the
+// worker's grammar state then refuses it).
+func constrained(h uint64, tok int32, c engine.Constraint, vocab int) int32 {
+	scores := make([]float32, vocab)
+	for i := range scores {
+		scores[i] = float32(mix(h^uint64(i+1)*gamma) >> 41) // < 2^23: exact, and below tok's
+	}
+	if int(tok) < vocab {
+		scores[tok] = 1 << 23
+	}
+	c.Mask(scores)
+	best := -1
+	for i, v := range scores {
+		if !math.IsInf(float64(v), -1) && (best < 0 || v > scores[best]) {
+			best = i
+		}
+	}
+	if best < 0 {
+		return tok
+	}
+	return int32(best)
 }
