@@ -358,3 +358,80 @@ func TestRefsAndRangesWithinLimits(t *testing.T) {
 		t.Logf("2,048 integer ranges: a grammar of %d bytes", len(g))
 	}
 }
+
+// A number's bounds are a grammar (beyond llama.cpp, which ignores them):
+// random walks of each schema's grammar end in numbers inside the range;
+// numbers just outside it are refused; bounds the grammar cannot hold, and
+// keywords no grammar here enforces, are refused naming them, never
+// ignored.
+func TestNumberBounds(t *testing.T) {
+	rnd := rand.New(rand.NewPCG(3, 4))
+	const alphabet = "0123456789-+.eE"
+	for _, tc := range []struct {
+		schema string
+		in     func(float64) bool
+		out    []string
+	}{
+		{`{"type":"number","minimum":0,"maximum":1}`, func(v float64) bool { return v >= 0 && v <= 1 }, []string{"-0.5", "1.5", "2", "1.0001"}},
+		{`{"type":"number","exclusiveMinimum":0,"exclusiveMaximum":10}`, func(v float64) bool { return v > 0 && v < 10 }, []string{"0", "10", "10.5", "-1"}},
+		{`{"type":"number","minimum":2.5}`, func(v float64) bool { return v >= 2.5 }, []string{"2", "2.4", "-3", "1e9"}},
+		{`{"type":"number","maximum":100}`, func(v float64) bool { return v <= 100 }, []string{"101", "100.5", "1e3"}},
+	} {
+		g, err := FromSchema([]byte(tc.schema))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.schema, err)
+		}
+		for _, bad := range tc.out {
+			if m := matcher(t, g); m.Accept([]byte(bad)) == nil && m.Complete() {
+				t.Errorf("%s: %s accepted", tc.schema, bad)
+			}
+		}
+		complete := 0
+		for range 300 {
+			m := matcher(t, g)
+			var text []byte
+			for len(text) < 64 {
+				var next []byte
+				for i := range len(alphabet) {
+					if m.Allows([]byte{alphabet[i]}) {
+						next = append(next, alphabet[i])
+					}
+				}
+				if len(next) == 0 || m.Complete() && rnd.IntN(4) == 0 {
+					break
+				}
+				b := next[rnd.IntN(len(next))]
+				if err := m.Accept([]byte{b}); err != nil {
+					t.Fatal(err)
+				}
+				text = append(text, b)
+			}
+			if !m.Complete() {
+				continue // the walk stopped early; nothing to check
+			}
+			complete++
+			v, err := strconv.ParseFloat(string(text), 64)
+			if err != nil || !tc.in(v) || math.IsInf(v, 0) {
+				t.Errorf("%s: drew %q (%v, %v), outside the range", tc.schema, text, v, err)
+			}
+		}
+		if complete < 100 {
+			t.Errorf("%s: %d of 300 walks ended in a number, too few to check", tc.schema, complete)
+		}
+	}
+	for _, s := range []string{
+		`{"type":"number","minimum":-1,"maximum":1}`,
+		`{"type":"number","maximum":-1}`,
+		`{"minimum":0}`,
+		`{"type":"string","not":{"const":"a"}}`,
+		`{"type":"number","multipleOf":2}`,
+		`{"type":"array","items":{"type":"integer"},"uniqueItems":true}`,
+		`{"type":"object","properties":{"a":{"type":"string"}},"if":{"required":["a"]},"then":{"required":["b"]}}`,
+		`{"type":"object","patternProperties":{"^x":{"type":"integer"}}}`,
+	} {
+		var ue *UnsupportedError
+		if _, err := FromSchema([]byte(s)); !errors.As(err, &ue) {
+			t.Errorf("%s: %v, want an UnsupportedError naming the keyword", s, err)
+		}
+	}
+}

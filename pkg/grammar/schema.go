@@ -58,6 +58,36 @@ func (e *UnsupportedError) Error() string {
 	return fmt.Sprintf("grammar: JSON Schema keyword %s (at %q) is not supported", e.Keyword, "#"+e.Path)
 }
 
+// unenforceable are keywords that constrain instances in ways no grammar
+// here enforces. llama.cpp's converter accepts and ignores them; pdserve
+// refuses them, so that no response is sent as valid under a schema it
+// was not held to.
+var unenforceable = []string{"not", "if", "then", "else", "multipleOf", "uniqueItems", "minProperties", "maxProperties",
+	"patternProperties", "propertyNames", "contains", "minContains", "maxContains", "dependentRequired", "dependentSchemas",
+	"dependencies", "unevaluatedProperties", "unevaluatedItems"}
+
+// unenforced returns the UnsupportedError of the first keyword of s that
+// its grammar would not enforce: one of unenforceable, or a numeric bound
+// on a schema not typed integer (integer bounds are digit grammars; a
+// number's are not).
+func unenforced(s *object, path string) error {
+	for _, k := range unenforceable {
+		if s.has(k) {
+			return &UnsupportedError{Keyword: k, Path: path}
+		}
+	}
+	typ, _ := s.get("type")
+	if _, list := typ.([]any); list || typ == "integer" || typ == "number" {
+		return nil // a list is checked type by type; number and integer bounds are grammars
+	}
+	for _, k := range []string{"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"} {
+		if s.has(k) {
+			return &UnsupportedError{Keyword: k + " (without type integer or number)", Path: path}
+		}
+	}
+	return nil
+}
+
 // annotations are keywords that do not constrain instances.
 var annotations = []string{"$schema", "$id", "$comment", "title", "description", "default", "examples", "deprecated", "readOnly", "writeOnly"}
 
@@ -302,6 +332,9 @@ func (c *converter) visit(s any, path string, depth int) (string, error) {
 // schema translates one schema object, its keywords taken in llama.cpp's
 // order of precedence (visit in json-schema-to-grammar.cpp).
 func (c *converter) schema(s *object, path string, depth int) (string, error) {
+	if err := unenforced(s, path); err != nil {
+		return "", err
+	}
 	if ref, ok := s.get("$ref"); ok {
 		return c.ref(ref, path, depth)
 	}
@@ -375,6 +408,9 @@ func (c *converter) schema(s *object, path string, depth int) (string, error) {
 	if tn == "integer" && (s.has("minimum") || s.has("maximum") || s.has("exclusiveMinimum") || s.has("exclusiveMaximum")) {
 		return c.integer(s, path)
 	}
+	if tn == "number" && (s.has("minimum") || s.has("maximum") || s.has("exclusiveMinimum") || s.has("exclusiveMaximum")) {
+		return c.number(s, path)
+	}
 	if len(s.keys) == 0 || tn == "object" {
 		return "object", nil
 	}
@@ -386,6 +422,86 @@ func (c *converter) schema(s *object, path string, depth int) (string, error) {
 		return tn, nil
 	}
 	return "", &UnsupportedError{Keyword: fmt.Sprintf("type %q", tn), Path: path}
+}
+
+// number translates a number with bounds, beyond llama.cpp (which
+// ignores them): a range whose lower bound is at least 0, or that has
+// only an upper bound of at least 0, as the numbers of the range written
+// without an exponent: an integer part within the range (a digit
+// grammar), optionally a fraction of at most 15 digits ending in a
+// non-zero one where the integer part + 1 still fits under the upper
+// bound. The grammar is sound (every number it allows is in the range)
+// but not complete (e.g. 0.7 for a minimum of 0.5 is left out, and no
+// exponent is written). Other bounds (a negative minimum, a negative
+// maximum) are refused.
+func (c *converter) number(s *object, path string) (string, error) {
+	lo, hi := math.Inf(-1), math.Inf(1)
+	loX, hiX := false, false
+	for _, k := range []string{"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"} {
+		v, ok := s.get(k)
+		if !ok {
+			continue
+		}
+		n, isNum := v.(json.Number)
+		f, err := n.Float64()
+		if !isNum || err != nil || math.IsInf(f, 0) {
+			return "", &UnsupportedError{Keyword: fmt.Sprintf("%s %v (want a number)", k, v), Path: path}
+		}
+		switch k {
+		case "minimum":
+			if f > lo || f == lo && loX {
+				lo, loX = f, false
+			}
+		case "exclusiveMinimum":
+			if f >= lo {
+				lo, loX = f, true
+			}
+		case "maximum":
+			if f < hi || f == hi && hiX {
+				hi, hiX = f, false
+			}
+		case "exclusiveMaximum":
+			if f <= hi {
+				hi, hiX = f, true
+			}
+		}
+	}
+	neg := false
+	switch {
+	case lo >= 0:
+	case math.IsInf(lo, -1) && hi >= 0:
+		neg, lo, loX = true, 0, false // every negative number, then [0, hi]
+	default:
+		return "", &UnsupportedError{Keyword: "minimum below 0 or maximum below 0 on a number (an integer's is supported)", Path: path}
+	}
+	hi = min(hi, maxSafe)
+	// Integers in the range.
+	iLo, iHi := math.Ceil(lo), math.Floor(hi)
+	if loX && iLo == lo {
+		iLo++
+	}
+	if hiX && iHi == hi {
+		iHi--
+	}
+	// Integer parts that take any fraction: I.F > I >= lo, and I + 1 <= hi.
+	fLo, fHi := math.Ceil(lo), math.Floor(hi)-1
+	if hi-math.Floor(hi) > 0 {
+		fHi = math.Floor(hi) - 1
+	}
+	var alts []string
+	if iLo <= iHi && iLo <= maxSafe {
+		alts = append(alts, "("+intRange(int64(iLo), int64(iHi), false)+")")
+	}
+	if fLo <= fHi && fLo <= maxSafe {
+		alts = append(alts, "("+intRange(int64(fLo), int64(fHi), false)+`) "." [0-9]{0,14} [1-9]`)
+	}
+	if neg {
+		alts = append(alts, `"-" ([1-9] [0-9]{0,15} | ("0" | [1-9] [0-9]{0,15}) "." [0-9]{0,14} [1-9])`)
+	}
+	if len(alts) == 0 {
+		return "", &UnsupportedError{Keyword: "minimum above maximum (no number written without an exponent in the range)", Path: path}
+	}
+	return c.rule(strings.Join(alts, " | "))
 }
 
 // ref resolves a local $ref ("#" or a JSON pointer "#/...") to one rule
