@@ -340,10 +340,13 @@ func (c *Coordinator) housekeep(ctx context.Context, m *metrics.Metrics) {
 		case <-t.C:
 		}
 		keep := make(map[string]bool)
+		live := make(map[string]bool)
 		counts := map[control.Role]int{control.RolePrefill: 0, control.RoleDecode: 0, control.RoleColocated: 0}
 		for _, hb := range c.members.All() {
 			keep[peer{id: hb.ID, role: hb.Role, addr: hb.GRPCAddr}.key()] = true
+			live[hb.ID] = true
 		}
+		c.backend.router.Retain(live)
 		for role := range counts {
 			counts[role] = len(c.members.Members(role))
 		}

@@ -232,6 +232,34 @@ type assignment struct {
 	blocks        int
 	prefill       string // "" when local or prefill done
 	prefillTokens int
+	// prefilledOn is the prefill worker chosen (kept when prefill ends),
+	// and hashes the request's leading block hashes (at most
+	// recentMaxHashes): on Done both workers are taken to hold them
+	// (recent) until their KV events can say so.
+	prefilledOn string
+	hashes      []uint64
+}
+
+// Recent prompts: a request that ended leaves its prompt's blocks in its
+// workers' caches, which the workers' KV events (or digests) report only
+// at their next publication, tens of milliseconds later. An agent's next
+// turn, or a client's follow-up, often comes sooner and would find the
+// router blind to the prefix it was built on. So Done records the ended
+// request's block hashes as held by its decode (and prefill) worker, for
+// recentTTL after the request was routed, at most recentPerWorker prompts
+// a worker, and the engine-memory hit of a worker is the larger of what
+// its index says and these. A guess that turned out wrong (the worker
+// evicted the prompt) costs one route; Reserve stays the authority.
+const (
+	recentTTL       = 10 * time.Second
+	recentPerWorker = 16
+	recentMaxHashes = 4096
+)
+
+// recentPrompt is an ended request's prompt, by its block hashes.
+type recentPrompt struct {
+	at     time.Time
+	hashes []uint64
 }
 
 // Router chooses workers; see the package doc.
@@ -243,7 +271,9 @@ type Router struct {
 	decisions       *prometheus.CounterVec
 
 	mu       sync.Mutex
-	inflight map[string]assignment // by request id
+	inflight map[string]assignment     // by request id
+	recent   map[string][]recentPrompt // by worker id, oldest first
+	now      time.Time                 // Route's, for recent; under mu
 	// Scratch buffers of Route, under mu.
 	dbuf, pbuf     []Candidate
 	scores, totals []float64
@@ -262,7 +292,7 @@ func New(cfg Config) *Router {
 	if cfg.BlockTokens <= 0 {
 		cfg.BlockTokens = 16
 	}
-	r := &Router{cfg: cfg, inflight: make(map[string]assignment), hashIdx: make(map[uint64]int),
+	r := &Router{cfg: cfg, inflight: make(map[string]assignment), recent: make(map[string][]recentPrompt), hashIdx: make(map[uint64]int),
 		served: prefixoverlap.Scorer{HostCost: cfg.HostCost, DiskCost: cfg.DiskCost},
 		decider: Decider{LocalPrefillBelowTokens: cfg.LocalPrefillBelowTokens,
 			PrefillQueueLocalTokens: cfg.PrefillQueueLocalTokens, BusyLocalPrefillBelowTokens: cfg.BusyLocalPrefillBelowTokens}}
@@ -326,6 +356,7 @@ func (r *Router) Route(now time.Time, req Request, decode, prefill []Worker, exc
 	delete(r.inflight, req.ID)
 
 	loads := r.loads(decode, prefill)
+	r.now = now
 	r.indexHashes(req.PrefixHashes)
 	defer func() { r.hashes = nil }() // the caller's slice is not kept
 	in := &Input{Now: now, Profile: ProfileDecode, Request: req, BlockTokens: r.cfg.BlockTokens,
@@ -349,6 +380,9 @@ func (r *Router) Route(now time.Time, req Request, decode, prefill []Worker, exc
 	dc := cs[r.decode.checked(r.decode.pick(in, cs, &r.scores, &r.totals), len(cs))]
 	dec := Decision{Decode: dc.Worker, ShortBelow: r.cfg.LocalPrefillBelowTokens, LocalPeer: r.pullFor(dc.Worker)}
 	a := assignment{at: now, decode: dc.Worker.ID, blocks: in.Blocks}
+	if n := min(len(req.PrefixHashes), recentMaxHashes); n > 0 {
+		a.hashes = append([]uint64(nil), req.PrefixHashes[:n]...)
+	}
 
 	hitDecode := dc.PrefixHitBlocks * r.cfg.BlockTokens
 	uncached := req.PromptTokens - hitDecode
@@ -384,7 +418,7 @@ func (r *Router) Route(now time.Time, req Request, decode, prefill []Worker, exc
 		_, served := r.served.Serve(pc, len(req.PrefixHashes))
 		hit := min(served*r.cfg.BlockTokens, req.PromptTokens)
 		dec.Prefill, dec.PrefixHitTokens, dec.Peer = pc.Worker, hit, r.pullFor(pc.Worker)
-		a.prefill, a.prefillTokens = pc.Worker.ID, req.PromptTokens-hit
+		a.prefill, a.prefillTokens, a.prefilledOn = pc.Worker.ID, req.PromptTokens-hit, pc.Worker.ID
 	}
 	if r.decisions != nil {
 		r.decisions.WithLabelValues(placement).Inc()
@@ -436,10 +470,61 @@ func (r *Router) candidates(buf []Candidate, ws []Worker, loads map[string]Load,
 // holds in engine memory: by Worker.Prefix when set, else by
 // Worker.PrefixDigest.
 func (r *Router) engineHit(w Worker) int {
+	var n int
 	if w.Prefix != nil {
-		return min(w.Prefix.Match(r.hashes), len(r.hashes))
+		n = min(w.Prefix.Match(r.hashes), len(r.hashes))
+	} else {
+		n = r.prefixHitBlocks(w.PrefixDigest)
 	}
-	return r.prefixHitBlocks(w.PrefixDigest)
+	return max(n, r.recentHit(w.ID))
+}
+
+// recentHit returns the leading hashes of the request that a prompt
+// recently ended on worker id shares (see recentTTL).
+func (r *Router) recentHit(id string) int {
+	best := 0
+	for _, p := range r.recent[id] {
+		if r.now.Sub(p.at) > recentTTL {
+			continue
+		}
+		n := 0
+		for n < len(p.hashes) && n < len(r.hashes) && p.hashes[n] == r.hashes[n] {
+			n++
+		}
+		best = max(best, n)
+	}
+	return best
+}
+
+// remember records a's prompt as held by worker id (Done).
+func (r *Router) remember(id string, a assignment) {
+	if id == "" || len(a.hashes) == 0 {
+		return
+	}
+	l := r.recent[id]
+	// Drop what has expired (by the newest time known, the ended
+	// request's), then the oldest beyond the bound.
+	k := 0
+	for k < len(l) && a.at.Sub(l[k].at) > recentTTL {
+		k++
+	}
+	l = append(l[k:], recentPrompt{at: a.at, hashes: a.hashes})
+	if len(l) > recentPerWorker {
+		l = l[len(l)-recentPerWorker:]
+	}
+	r.recent[id] = l
+}
+
+// Retain drops what Done remembered of the workers not in live (ids of
+// the live members): a worker that left takes its recent prompts along.
+func (r *Router) Retain(live map[string]bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for id := range r.recent {
+		if !live[id] {
+			delete(r.recent, id)
+		}
+	}
 }
 
 // depth is one worker's prefix of the request, in blocks, in any tier.
@@ -579,6 +664,12 @@ func (r *Router) Revised(requestID string) {
 func (r *Router) Done(requestID string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if a, ok := r.inflight[requestID]; ok {
+		r.remember(a.decode, a)
+		if a.prefilledOn != a.decode {
+			r.remember(a.prefilledOn, a)
+		}
+	}
 	delete(r.inflight, requestID)
 }
 

@@ -721,3 +721,46 @@ func TestDecisionPeer(t *testing.T) {
 		t.Errorf("Revise on a 160-token hit: %+v, %t; want local with the decode worker's pull", l.Peer, ok)
 	}
 }
+
+// A request that ended leaves its prompt with its workers: the next
+// request built on it goes to them although no KV event or digest says
+// so yet, for recentTTL, and not to a worker that left (Retain).
+func TestRecentPrompts(t *testing.T) {
+	r := New(Config{})
+	prompt := []uint64{11, 12, 13, 14}
+	turn2 := append(append([]uint64(nil), prompt...), 15, 16)
+	// Equal workers: d1 and p1 only by excluding d0/p0 the first time.
+	decode := []Worker{{ID: "d0", KVBlocksFree: 100, Time: at(0)}, {ID: "d1", KVBlocksFree: 100, Time: at(0)}}
+	prefill := []Worker{{ID: "p0", Time: at(0)}, {ID: "p1", Time: at(0)}}
+	route := func(ms int, id string, hashes []uint64, exclude map[string]bool) choice {
+		t.Helper()
+		d, err := r.Route(at(ms), Request{ID: id, PromptTokens: 16 * len(hashes), MaxTokens: 8, PrefixHashes: hashes}, decode, prefill, exclude)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return summarise(d)
+	}
+	first, err := r.Route(at(0), Request{ID: "t1", PromptTokens: 64, MaxTokens: 8, PrefixHashes: prompt}, decode,
+		[]Worker{{ID: "p1", Time: at(0)}}, map[string]bool{"d0": true})
+	if err != nil || first.Decode.ID != "d1" || first.Prefill.ID != "p1" {
+		t.Fatalf("first turn: %+v, %v", summarise(first), err)
+	}
+	// In flight: no claim yet (its KV is not stored until it ends).
+	if got := route(10, "x", turn2, nil); got.Decode != "d0" || got.Hit != 0 {
+		t.Errorf("while the first turn runs: %+v, want d0 and no hit", got)
+	}
+	r.Done("t1")
+	if got := route(100, "t2", turn2, nil); got.Decode != "d1" || got.Prefill != "p1" || got.Hit != 64 {
+		t.Errorf("next turn: %+v, want d1 and p1 with the first turn's 64 tokens", got)
+	}
+	r.Done("t2")
+	r.Done("x")
+	if got := route(100+int(recentTTL/time.Millisecond)+1, "late", []uint64{11, 12, 99}, nil); got.Hit != 0 {
+		t.Errorf("after recentTTL: %+v, want no hit", got)
+	}
+	r.Done("late")
+	r.Retain(map[string]bool{"d0": true, "p0": true})
+	if len(r.recent["d1"])+len(r.recent["p1"]) != 0 || len(r.recent["d0"]) == 0 {
+		t.Errorf("after d1 and p1 left, remembered: %v", r.recent)
+	}
+}
