@@ -265,8 +265,9 @@ type Config struct {
 // peer's pull and an import, all inside its own sequences) fits beside
 // the live requests' footprints and the prefix cache's engine sequences
 // (evicting unpinned entries, least recently used first, as needed).
-// Otherwise it waits for live requests to end; a request alone starts
-// anyway, and the engine refuses what it cannot hold.
+// Otherwise it waits for live requests to end and pins to go; a request
+// that finds the engine empty starts anyway, and the engine refuses what
+// it cannot hold.
 type Batch struct {
 	cfg  Config
 	run  *runner.Runner[*seq]

@@ -355,8 +355,8 @@ func footprint(q *seq) int { return q.n * (len(q.prompt) + q.maxTokens) }
 // makeRoom reports whether root q may start now: its footprint fits in
 // the engine's memory beside the live requests and the prefix cache's
 // sequences, once unpinned cache entries are evicted (least recently used
-// first) as needed; or it is alone (nothing live, and every cache entry
-// left pinned).
+// first) as needed; or the engine holds nothing else (then the engine
+// refuses what it cannot hold).
 func (b *Batch) makeRoom(q *seq) bool {
 	need := footprint(q)
 	for !b.fits(need, q.n) {
@@ -369,8 +369,11 @@ func (b *Batch) makeRoom(q *seq) bool {
 		}
 		x := b.cfg.Cache.Shrink(st, ss)
 		if len(x) == 0 {
-			_, pinned := b.cfg.Cache.Pinned()
-			return b.liveSeqs == 0 && pinned == len(b.cached)
+			// What is left is live, pinned (an import or a Reserve's
+			// pin), or reclaimed by the service and not yet handed here
+			// (Reclaimed wakes the loop): wait, unless the engine holds
+			// nothing else.
+			return b.liveSeqs == 0 && len(b.cached) == 0
 		}
 		b.cacheChanged = true
 		b.freeCached(x)
