@@ -157,8 +157,11 @@
 // message, and the batch reports every end (batch.End, to Server.ended,
 // which takes mu from the loop holding no lock of its own). Tokens,
 // stamps and prompt logprobs go from the batch to each call's outbox
-// (its own leaf lock), which the call's handler drains. No lock is held
-// across a call into another party but these leaves.
+// (its own leaf lock), which the call's handler drains. The batch holds no
+// lock when it reports; the receiver takes mu only after releasing rx.mu.
+// One nesting is left: the service hands the receiver what a transfer
+// may be and a request's end (rxState.expect, the claim, rxState.drop)
+// holding mu, and those take rx.mu.
 //
 // Server methods are safe for concurrent use.
 package decode
