@@ -1100,8 +1100,8 @@ func (s *Server) countStalled(q *sequence, reason string) {
 		zap.String("caller", q.caller), zap.Int("pending_bytes", pending))
 }
 
-// attach binds a Generate call to its reservation (or a new one) and queues
-// it when it is ready to join the batch.
+// attach binds a Generate call to its reservation (or a new one) and
+// hands it to the batch (handLocked), unless a peer pull is under way.
 func (s *Server) attach(p genParams) (*sequence, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
