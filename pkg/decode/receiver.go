@@ -265,21 +265,16 @@ func (k *sink) Write(layer, start, end int, raw []byte) error {
 	return nil
 }
 
-// Commit hands the staged KV to the sequence and makes it ready to join the
-// batch; the batch imports it into the engine when it joins. Returning
+// Commit hands the staged KV to the batch (batch.Arrived, or in the Join
+// of the Generate call that claims the request); the batch imports it
+// into the engine when the sequence joins. Returning
 // nil acknowledges the transfer: the KV is received and held here, so the
 // prefill worker may drop its copy (it keeps it for Resend until Release
 // anyway). Errors: ABORTED when the request ended, INTERNAL when a layer
 // lacks KV, INVALID_ARGUMENT for a first token outside the vocabulary.
-func (k *sink) Commit(c kvtransfer.Commit) error {
-	s, q := k.s, k.q
-	_ = s
-	_ = q
-	return k.commit(c)
-}
+func (k *sink) Commit(c kvtransfer.Commit) error { return k.commit(c) }
 
-// commit is Commit's part under rx.mu: the staging becomes the
-// sequence's.
+// commit is Commit, under rx.mu.
 func (k *sink) commit(c kvtransfer.Commit) error {
 	s, q := k.s, k.q
 	s.rx.mu.Lock()

@@ -160,7 +160,6 @@ type sequence struct {
 	// attached: a Generate call claimed the request; out is its outbox,
 	// shared with the batch from the Join on.
 	attached bool
-	local    bool
 	out      *outbox
 	// join is the request for the batch, built at attach, until it is
 	// handed over (handed: the batch owns it and reports its end; the
@@ -1155,7 +1154,6 @@ func (s *Server) attach(p genParams) (*sequence, error) {
 		q.hit = prefixcache.Hit{}
 	}
 	q.attached = true
-	q.local = p.local
 	q.out = newOutbox(p.n, s.o.MaxOutboxBytes)
 	if p.omitFirst {
 		q.out.omitFirst()
