@@ -238,8 +238,8 @@ func slicesIndex(s []int32, v int32) int {
 }
 
 func TestContinuousBatching(t *testing.T) {
-	// The batch starts only once every request was handed to it, so the
-	// first step holds all of them whatever the timing.
+	// The scheduler starts only once every request waits, so the first
+	// step holds all of them whatever the timing.
 	o := smallOptions()
 	o.MaxBatchTokens = 64
 	w := newWorker(t, o, false)
@@ -263,17 +263,7 @@ func TestContinuousBatching(t *testing.T) {
 			results[i], errs[i] = collect(stream)
 		}()
 	}
-	poll.WaitFor(t, "all requests handed to the batch", func() bool {
-		w.s.mu.Lock()
-		defer w.s.mu.Unlock()
-		handed := 0
-		for _, q := range w.s.seqs {
-			if q.handed {
-				handed++
-			}
-		}
-		return handed == n
-	})
+	poll.WaitFor(t, "all requests waiting", func() bool { return w.s.Stats().Waiting == n })
 	w.run()
 	wg.Wait()
 	for i := range n {

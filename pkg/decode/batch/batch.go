@@ -199,7 +199,7 @@ type End struct {
 // Load is the batch's occupancy at its last step boundary.
 type Load struct {
 	Running             int // sequences in the batch
-	Waiting             int // requests ready to join, waiting for room
+	Waiting             int // requests ready to join, waiting for room (see Batch.Load)
 	QueuedPrefillTokens int // local prefill tokens not yet computed
 	// EngineTokens and EngineSeqs are the engine memory the batch has
 	// committed: the live requests' footprints and the prefix cache's
@@ -273,6 +273,10 @@ type Batch struct {
 	run  *runner.Runner[*seq]
 	box  *batching.Mailbox[Msg]
 	load atomic.Pointer[Load]
+	// posted counts the messages posted and not yet published as taken
+	// that make a request ready to join (a local Join, a remote one with
+	// its KV, an Arrived): Load counts them as waiting.
+	posted atomic.Int64
 
 	// The loop's alone.
 	joins   map[uint64]*seq // every joined root, until its end is reported
@@ -288,6 +292,7 @@ type Batch struct {
 	liveTokens, liveSeqs int
 	ends                 []End
 	endCount             uint64
+	taken                int64 // ready messages taken since the last publish
 	cacheChanged         bool
 }
 
@@ -318,16 +323,32 @@ func New(cfg Config) *Batch {
 
 // Post hands m to the batch, which takes it at its next step boundary.
 // Safe from any goroutine, under any lock: it never waits for the loop.
-func (b *Batch) Post(m Msg) { b.box.Post(m) }
+func (b *Batch) Post(m Msg) {
+	if m.readies() {
+		b.posted.Add(1)
+	}
+	b.box.Post(m)
+}
+
+// readies reports whether m makes a request ready to join.
+func (m Msg) readies() bool {
+	return m.join != nil && (m.join.Local || m.join.KV != nil) || m.kv != nil
+}
 
 // Run runs the loop until ctx or Config.Stopped ends, then reports every
 // request it holds as Stopped and frees the engine's sequences. It
 // returns nil after a stop, or an error when Run was called before.
 func (b *Batch) Run(ctx context.Context) error { return b.run.Run(ctx) }
 
-// Load returns the occupancy at the last step boundary. Safe from any
+// Load returns the occupancy at the last step boundary, counting as
+// waiting too the requests whose Join (and KV) were posted since (for a
+// moment at a boundary, some may be counted twice). Safe from any
 // goroutine.
-func (b *Batch) Load() Load { return *b.load.Load() }
+func (b *Batch) Load() Load {
+	ld := *b.load.Load()
+	ld.Waiting += int(b.posted.Load())
+	return ld
+}
 
 // Steps returns the recent step times in milliseconds (a copy) and the
 // last step's size. Safe from any goroutine.

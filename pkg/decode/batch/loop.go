@@ -130,6 +130,7 @@ func (p policy) Shutdown() {
 		x.free()
 		delete(b.arrived, k)
 	}
+	b.report()
 }
 
 // report hands the ends to the service and publishes the load.
@@ -144,6 +145,8 @@ func (b *Batch) report() {
 		}
 	}
 	b.load.Store(&ld)
+	b.posted.Add(-b.taken)
+	b.taken = 0
 	if len(b.ends) == 0 && !b.cacheChanged {
 		return
 	}
@@ -157,6 +160,9 @@ func (b *Batch) report() {
 // drain takes the posted messages.
 func (b *Batch) drain() {
 	for _, m := range b.box.Take() {
+		if m.readies() {
+			b.taken++
+		}
 		switch {
 		case m.join != nil:
 			b.join(m.join)
