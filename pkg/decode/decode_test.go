@@ -61,30 +61,6 @@ func pushKVLogprob(t *testing.T, addr, id string, p []int32, chunk int, lp *pdse
 	return out[0].Token
 }
 
-func TestChunkSizes(t *testing.T) {
-	tests := []struct {
-		name          string
-		decodes       int
-		pending       []int
-		budget, chunk int
-		want          []int
-	}{
-		{"decode only", 3, nil, 16, 8, []int{}},
-		{"chunk caps", 0, []int{20}, 64, 8, []int{8}},
-		{"budget shared in order", 2, []int{10, 10, 10}, 16, 8, []int{8, 6, 0}},
-		{"short tail", 1, []int{3, 20}, 16, 8, []int{3, 8}},
-		{"decodes eat the budget", 16, []int{5}, 16, 8, []int{0}},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			got := chunkSizes(tc.decodes, tc.pending, tc.budget, tc.chunk)
-			if diff := cmp.Diff(tc.want, got); diff != "" {
-				t.Errorf("chunkSizes (-want +got):\n%s", diff)
-			}
-		})
-	}
-}
-
 func TestColocatedMatchesEngine(t *testing.T) {
 	w := newWorker(t, smallOptions(), true)
 	tests := []struct {
@@ -497,7 +473,12 @@ func TestSlowTransferKeepsReservation(t *testing.T) {
 		w.s.mu.Lock()
 		q := w.s.seqs["slow"]
 		w.s.mu.Unlock()
-		return q != nil && !w.s.rx.arrival(q).firstByte.IsZero()
+		if q == nil {
+			return false
+		}
+		w.s.rx.mu.Lock()
+		defer w.s.rx.mu.Unlock()
+		return !q.firstByte.IsZero()
 	})
 	if n := w.s.Stats().KVTransfers; n != 1 {
 		t.Errorf("Stats().KVTransfers mid-transfer = %d, want 1", n)

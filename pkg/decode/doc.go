@@ -2,9 +2,9 @@
 // colocated worker): it serves pdserve.v1.DecodeService and the KV transfer
 // receiver on one gRPC server, reserves KV blocks in a kv.Pool, imports the
 // KV a prefill worker streams into the engine as it arrives, and runs a
-// continuous-batching scheduler that decodes every running sequence each
-// step and mixes local prefill chunks into the same steps under a token
-// budget (Sarathi-style).
+// continuous batch (pkg/decode/batch) that decodes every running sequence
+// each step and mixes local prefill chunks into the same steps under a
+// token budget (Sarathi-style).
 //
 // # Request life
 //
@@ -18,14 +18,14 @@
 //     the header needs more tokens than reserved, INVALID_ARGUMENT when its
 //     layers or bytes per token are not the engine's). Every frame is
 //     copied into a staging buffer of the request as it arrives, without
-//     waiting for the scheduler (the receiver never takes the engine lock,
+//     waiting for the batch (the receiver never waits for a step,
 //     as a GPU's KV arrives by DMA while it computes); the buffer is bounded
 //     by the header, itself bounded by the reservation. The commit carries
 //     the first token the prefill worker sampled; once every frame is
 //     staged the worker acknowledges the transfer: the ack means "received
 //     and held here", after which the prefill worker may drop its copy (it
 //     keeps it anyway, for Resend, until the coordinator's Release). The
-//     scheduler imports the staged KV into the engine (engine.ImportKV,
+//     batch imports the staged KV into the engine (engine.ImportKV,
 //     frame by frame) at the step boundary right before the sequence joins
 //     the batch, and frees the staging. An import that fails after the ack
 //     ends the Generate call with INTERNAL, like a failed step; the
@@ -50,7 +50,7 @@
 //
 // # A caller that does not read
 //
-// The scheduler never blocks on a Generate call: each call's output waits
+// The batch never blocks on a Generate call: each call's output waits
 // in its outbox until the call's handler sends it. A caller that stops
 // reading (its stream window full) would make that output grow without
 // bound, so two limits end such a request: its waiting output may not
@@ -101,7 +101,8 @@
 // reclaims unpinned entries, least recently used first, before it fails
 // with RESOURCE_EXHAUSTED. KVBlocksFree in heartbeats and ReserveResponse
 // counts the unpinned entries' blocks as free. The reclaimed engine
-// sequences are freed by the scheduler before its next step imports KV.
+// sequences are freed by the batch before anything joins at its next
+// step boundary.
 //
 // # The token stream and the first token
 //
@@ -133,52 +134,34 @@
 //
 // # Concurrency
 //
-// The worker is three parties, each with a lock of its own: the service
-// (Reserve, Generate, Cancel, the per-caller caps and the reservation
-// timers, server.go), the KV receiver and its staging (receiver.go), and
-// the runner (pkg/runner, under the continuous-batching policy batcher,
-// scheduler.go). A request's state is split by owner (sequence:
-// reservation, call, kvIn, sched).
+// The worker is a service and a batch (ollama's runner; etcd raft's
+// Ready/Advance). The batch (pkg/decode/batch) is continuous batching
+// over the engine, run by one goroutine (Run): it owns every sequence
+// (engine sequences, choices, pending prompt, grammar states, progress),
+// the prefix cache's engine sequences and the engine's memory, and takes
+// no lock. It imports engine, prefixcache, grammar and runner, never grpc
+// or api: the service maps its Go types to the wire.
 //
-// The runner owns the engine; its engine lock guards it. The loop holds
-// the engine lock for a whole step (import of the joining sequences' KV,
-// planning, the engine call, handing out tokens); ending a request that
-// holds an engine sequence (one in the batch) takes it to free that
-// sequence, so it waits for a step in progress. Nothing else takes it: the
-// KV receiver, reservation timers and the ending of requests that hold no
-// engine sequence (reserved, receiving KV, waiting to join) do not.
+// The service (Reserve, Generate, Cancel, the per-caller caps and the
+// reservation timers, server.go) holds the reservations, calls and
+// outboxes under its one lock, Server.mu. The KV receiver (receiver.go)
+// holds the transfers under its one lock, Server.rx.mu (a transfer's
+// staging buffer has a leaf lock of its own, so that frames are staged
+// without it). Neither touches a sequence of the batch: they talk to it
+// by messages (batch.Join when a Generate call claimed its request and
+// no peer pull is under way, batch.Arrived when a claimed request's KV
+// was received whole, batch.Cancel when a request ends in the service,
+// batch.Reclaimed with the engine sequences of reclaimed prefix cache
+// entries), posted to its mailbox, a leaf, and taken at each step
+// boundary. A request handed to the batch ends only there: a Cancel is a
+// message, and the batch reports every end (batch.End, to Server.ended,
+// which takes mu from the loop holding no lock of its own). Tokens,
+// stamps and prompt logprobs go from the batch to each call's outbox
+// (its own leaf lock), which the call's handler drains. The batch holds no
+// lock when it reports; the receiver takes mu only after releasing rx.mu.
+// One nesting is left: the service hands the receiver what a transfer
+// may be and a request's end (rxState.expect, the claim, rxState.drop)
+// holding mu, and those take rx.mu.
 //
-// The service's lock, Server.mu, guards the reservations, calls and
-// per-caller caps, and the pool's charge to the prefix cache. The runner's
-// lock, Server.rn.mu, guards the batch, its waiting queue and every
-// sequence's sched; the runner plans and hands out a step's tokens under
-// it alone. The service hands the runner a sequence ready to join
-// (readyLocked, with the cache pin of Reserve), the engine sequences of
-// the cache entries it reclaimed, and a request's end (drop:
-// the engine sequences, batch slot and place in waiting), each holding
-// mu. A request that ends in the runner (finished, failed, its caller
-// not reading) is a hand-off the other way: the runner frees its engine
-// sequences (the prompt's going into the prefix cache) and batch slot
-// under rn.mu, then, still holding the engine lock but not rn.mu, takes
-// mu to hand the service the rest (handOff: blocks, caller charge, cache
-// pin, the call's end, and the cache's pool charge, settled after the
-// blocks went back). A Cancel meanwhile waits for the engine lock (end),
-// so the finish wins as before the split. The prefix cache has its own
-// leaf lock.
-//
-// The receiver has a lock of its own, Server.rx.mu: it guards the
-// requests that may receive KV and their transfers (kvIn), and Begin, the
-// first frame's stamp, Commit and Abort take only it; later frames are
-// staged under the transfer's staging lock alone. The service hands the
-// receiver what a transfer may be (rxState.expect at Reserve, the claim
-// of a Generate call in attach's claimKVLocked, the reservation's size)
-// and the request's end (rxState.drop frees the staging), each holding
-// mu; the runner takes the staged KV over holding rn.mu (importJoining).
-// The receiver hands a committed transfer back (kvArrived: the sequence
-// queues to join) and ends a claimed request whose transfer failed only
-// after releasing rx.mu, through mu.
-//
-// Lock order: the engine lock, mu, rn.mu, rx.mu, staging; never the other
-// way round (the runner takes mu only holding neither rn.mu nor rx.mu).
 // Server methods are safe for concurrent use.
 package decode

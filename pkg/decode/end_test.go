@@ -12,18 +12,18 @@ import (
 )
 
 // TestCancelRacesFinish: a Cancel comes while a request finishes, in the
-// window between the runner's part of its end (the last token out, the
+// window between the batch's part of its end (the last token out, the
 // engine sequence kept by the prefix cache, the batch slot freed) and the
 // service's (blocks, caller charge, the cache's pool charge, the call's
-// end), which the runner hands over afterwards. The test holds the
-// service's lock (Server.mu) meanwhile: the runner prefills and decodes
-// the request to its end without it, and waits for it only at the
-// hand-off. The Cancel is issued before the runner ends the request
-// (it waits for Server.mu, queued ahead of the hand-off) or after (queued
-// behind it). Either way the finish wins, as a Cancel during the step
-// would see it: the call ends with "length" and every token, and nothing
-// of the request is left: every pool block is free or charged to the
-// prefix cache, whose entries are unpinned, and no caller is charged.
+// end), which the batch reports afterwards. The test holds the service's
+// lock (Server.mu) meanwhile: the batch prefills and decodes the request
+// to its end without it, and waits for it only at the report. The Cancel
+// is issued before the batch ends the request (it waits for Server.mu,
+// queued ahead of the report) or after (queued behind it). Either way the
+// finish wins, as a Cancel during the step would see it: the call ends
+// with "length" and every token, and nothing of the request is left:
+// every pool block is free or charged to the prefix cache, whose entries
+// are unpinned, and no caller is charged.
 func TestCancelRacesFinish(t *testing.T) {
 	w := newWorker(t, smallOptions(), true)
 	ctx := testCtx(t)
@@ -33,9 +33,9 @@ func TestCancelRacesFinish(t *testing.T) {
 		id := fmt.Sprintf("r%d", i)
 		p := prompt(20, int32(i+1)) // a full block, kept by the prefix cache
 		want := reference(t, p, 4, engine.Sampling{})
-		// The runner starts no step until the test holds mu: the
+		// The batch starts no step until the test holds mu: the
 		// request cannot end before the test sees it attached.
-		w.s.run.LockEngine()
+		w.s.b.LockEngine()
 		stream, err := w.client.Generate(ctx, &pdservev1.GenerateRequest{RequestId: id, PromptTokens: p, MaxTokens: 4, IgnoreEos: true, LocalPrefill: true})
 		if err != nil {
 			t.Fatal(err)
@@ -50,15 +50,13 @@ func TestCancelRacesFinish(t *testing.T) {
 		cancelled := make(chan bool, 1)
 		cancel := func() { cancelled <- w.s.CancelRequest(id) }
 		w.s.mu.Lock()
-		w.s.run.UnlockEngine()
+		w.s.b.UnlockEngine()
 		before := i%2 == 0
 		if before {
 			go cancel()
 		}
-		poll.WaitFor(t, "the runner ended the request", func() bool {
-			w.s.rn.mu.Lock()
-			defer w.s.rn.mu.Unlock()
-			return q.dropped
+		poll.WaitFor(t, "the batch ended the request", func() bool {
+			return w.s.b.Load().Ended == uint64(i+1)
 		})
 		if q.done {
 			t.Errorf("%s: the service ended the request while the test held its lock", id)

@@ -92,14 +92,11 @@ func BenchmarkGrammarNeighbour(b *testing.B) {
 		}()
 		// Its choices are in the batch before the neighbour starts.
 		for deadline := time.Now().Add(30 * time.Second); ; {
-			w.s.rn.mu.Lock()
-			n := 0
-			for _, q := range w.s.rn.active {
-				if strings.HasPrefix(q.id, name) && len(q.pending) == 0 {
-					n++
-				}
+			ld := w.s.b.Load()
+			n := ld.Running
+			if ld.QueuedPrefillTokens > 0 {
+				n = 0
 			}
-			w.s.rn.mu.Unlock()
 			if n >= o.MaxBatch-1 {
 				break
 			}

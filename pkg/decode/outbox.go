@@ -5,11 +5,14 @@ import (
 	"time"
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
+	"github.com/pdserve/pdserve/pkg/decode/batch"
+	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
+	"github.com/pdserve/pdserve/pkg/wire"
 )
 
-// outbox collects what the scheduler produces for one Generate call until
-// its handler sends it. The scheduler never blocks on a slow client: tokens
+// outbox collects what the batch produces for one Generate call until
+// its handler sends it. The batch never blocks on a slow client: tokens
 // that pile up go out together in one event per choice. Safe for
 // concurrent use.
 type outbox struct {
@@ -25,7 +28,7 @@ type outbox struct {
 	// the disk tier) and the load's time, sent with it.
 	host prefixcache.HostLoad
 	// peer is the part of hit pulled from a peer worker, sent with it.
-	peer     peerLoad
+	peer     batch.PeerLoad
 	batch    int32
 	finished bool
 	err      error // a gRPC status error, when finished with one
@@ -65,6 +68,9 @@ func (o *outbox) signal() {
 	}
 }
 
+// Stamp records a named timestamp for the next event.
+func (o *outbox) Stamp(name string, t time.Time) { o.stamp(name, t) }
+
 // stamp records a named timestamp for the next event.
 func (o *outbox) stamp(name string, t time.Time) {
 	o.mu.Lock()
@@ -73,10 +79,10 @@ func (o *outbox) stamp(name string, t time.Time) {
 	o.signal()
 }
 
-// prefixHit records the prompt tokens a local prefill took from the prefix
+// PrefixHit records the prompt tokens a local prefill took from the prefix
 // cache, for the next event: host.Tokens of them loaded from its host tier
-// (or the disk tier behind it), peer.tokens pulled from a peer worker.
-func (o *outbox) prefixHit(tokens int, host prefixcache.HostLoad, peer peerLoad) {
+// (or the disk tier behind it), peer.Tokens pulled from a peer worker.
+func (o *outbox) PrefixHit(tokens int, host prefixcache.HostLoad, peer batch.PeerLoad) {
 	o.mu.Lock()
 	o.hit, o.host, o.peer = int32(tokens), host, peer
 	o.mu.Unlock()
@@ -93,11 +99,15 @@ func (o *outbox) omitFirst() {
 	o.mu.Unlock()
 }
 
-// token records output token t of choice i, produced in a step of batch
+// Token records output token t of choice i, produced in a step of batch
 // sequences, with its log-probability (nil when none was asked). It
 // reports false, recording nothing, when the output waiting would then
 // exceed the outbox's bound: the caller does not read.
-func (o *outbox) token(i int, t int32, lp *pdservev1.TokenLogprob, batch int) bool {
+func (o *outbox) Token(i int, t int32, elp *engine.TokenLogprob, batch int) bool {
+	var lp *pdservev1.TokenLogprob
+	if elp != nil {
+		lp = wire.TokenLogprob(*elp)
+	}
 	o.mu.Lock()
 	if i == 0 && o.skipFirst {
 		o.skipFirst, o.omitted, o.batch = false, true, int32(batch)
@@ -141,17 +151,21 @@ func (o *outbox) drop() {
 	o.signal()
 }
 
-// promptLogprobs records the prompt's log-probabilities, sent before any
+// PromptLogprobs records the prompt's log-probabilities, sent before any
 // token.
-func (o *outbox) promptLogprobs(lps []*pdservev1.TokenLogprob) {
+func (o *outbox) PromptLogprobs(lps []engine.TokenLogprob) {
+	m := wire.TokenLogprobs(lps)
+	if m == nil {
+		m = []*pdservev1.TokenLogprob{}
+	}
 	o.mu.Lock()
-	o.prompt = lps
+	o.prompt = m
 	o.mu.Unlock()
 	o.signal()
 }
 
-// choiceDone ends choice i with reason; only the first call counts.
-func (o *outbox) choiceDone(i int, reason string) {
+// ChoiceDone ends choice i with reason; only the first call counts.
+func (o *outbox) ChoiceDone(i int, reason string) {
 	o.mu.Lock()
 	if o.choices[i].reason == "" {
 		o.choices[i].reason = reason
@@ -215,8 +229,10 @@ func (o *outbox) take() ([]*pdservev1.GenerateResponse, bool, error) {
 		if o.host.Disk {
 			out[0].DiskHitTokens = int32(o.host.Tokens)
 		}
-		out[0].PeerHitTokens, out[0].PeerLoadNanos = int32(o.peer.tokens), o.peer.took.Nanoseconds()
-		o.stamps, o.hit, o.host, o.peer = nil, 0, prefixcache.HostLoad{}, peerLoad{}
+		out[0].PeerHitTokens, out[0].PeerLoadNanos = int32(o.peer.Tokens), o.peer.Took.Nanoseconds()
+		o.stamps, o.hit, o.host, o.peer = nil, 0, prefixcache.HostLoad{}, batch.PeerLoad{}
 	}
 	return out, o.finished, o.err
 }
+
+var _ batch.Outbox = (*outbox)(nil)

@@ -2,7 +2,6 @@ package decode
 
 import (
 	"context"
-	"time"
 
 	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
@@ -12,11 +11,12 @@ import (
 
 // ExportPrefix implements kvtransfer.PullSource (with BlockTokens): a
 // peer worker's pull of a prefix this worker's prefix cache holds in any
-// tier (prefixcache.Export, the engine lock taken a layer at a time).
+// tier (prefixcache.Export, the batch's engine held still a layer at a
+// time: Batch.LockEngine).
 func (s *Server) ExportPrefix(_ context.Context, hashes []kv.Hash, minBlocks, maxBlocks int) (kvtransfer.PrefixKV, error) {
 	lock := func() func() {
-		s.run.LockEngine()
-		return s.run.UnlockEngine
+		s.b.LockEngine()
+		return s.b.UnlockEngine
 	}
 	x, err := s.cache.Export(s.eng, lock, hashes, minBlocks, maxBlocks)
 	return kvtransfer.PrefixKV{Tokens: x.Tokens, Tier: x.Tier, Layers: x.Layers}, err
@@ -32,13 +32,6 @@ func (s *Server) PeerPullCost() float64 { return s.puller().CostRatio() }
 // puller is the worker's side of its local prefills' peer pulls.
 func (s *Server) puller() peerpull.Puller {
 	return peerpull.Puller{Cache: s.cache, Pricer: s.peers, Dialer: s.dialer, Spec: s.spec, Log: s.log, Now: s.now}
-}
-
-// peerLoad is what of a local prompt's prefix a sequence started from a
-// peer's pull: tokens, and the pull's and import's time.
-type peerLoad struct {
-	tokens int
-	took   time.Duration
 }
 
 // planPull decides whether local-prefill call p pulls its prompt's
@@ -58,18 +51,16 @@ func (s *Server) pullPrefix(ctx context.Context, id string, plan *peerpull.Plan)
 	return s.puller().Pull(ctx, id, plan, s.tokenBytes) // the engine's payload: scaled down on sim
 }
 
-// pullDone ends root q's pull with pulled (nil: none) and hands q to the
-// runner (readyLocked), which imports pulled when the sequence starts
-// (forkCachedLocked). A request that ended meanwhile drops it.
+// pullDone ends q's pull with pulled (nil: none) and hands q to the
+// batch (handLocked), which imports pulled when the sequence starts. A
+// request that ended meanwhile drops it.
 func (s *Server) pullDone(q *sequence, pulled *prefixcache.Pulled) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	q.pulling = false
-	if q.done {
+	if q.done || q.join == nil {
 		return
 	}
-	s.rn.mu.Lock()
-	q.pulled = pulled
-	s.rn.mu.Unlock()
-	s.readyLocked(q)
+	q.join.Pulled = pulled
+	s.handLocked(q)
 }

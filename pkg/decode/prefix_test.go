@@ -309,8 +309,8 @@ func TestPrefixCacheYieldsToRequests(t *testing.T) {
 	}
 	for i, seq := range seqs[:3] {
 		poll.WaitFor(t, fmt.Sprintf("warm%d's engine sequence freed", i), func() bool {
-			w.s.run.LockEngine()
-			defer w.s.run.UnlockEngine()
+			w.s.b.LockEngine()
+			defer w.s.b.UnlockEngine()
 			_, err := w.s.eng.Len(seq)
 			return errors.Is(err, engine.ErrUnknownSeq)
 		})

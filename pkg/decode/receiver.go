@@ -7,29 +7,27 @@ import (
 	"sync"
 	"time"
 
-	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
-	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/decode/batch"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
-	"github.com/pdserve/pdserve/pkg/prefixcache"
+	"github.com/pdserve/pdserve/pkg/wire"
 )
 
-// receiver is the Server's kvtransfer.Receiver. It never takes the engine lock: KV
-// is staged in memory as it arrives, whatever step the scheduler runs, and
-// the scheduler imports it into the engine when the sequence joins the
-// batch (importJoining). Its state is Server.rx; it takes Server.mu only
-// after releasing rx.mu, to hand a committed transfer over (kvArrived) or
-// to end a claimed request whose transfer failed.
+// receiver is the Server's kvtransfer.Receiver. It never waits for the
+// batch: KV is staged in memory as it arrives, whatever step the batch
+// runs, and goes to the batch once committed and claimed (batch.Arrived,
+// or in the Join), which imports it into the engine when the sequence
+// joins. Its state is Server.rx; it takes Server.mu only after releasing
+// rx.mu, to end a claimed request whose transfer failed.
 type receiver struct{ s *Server }
 
 // rxState is the KV receiver's: the requests that may receive KV and
-// their transfers (kvIn). mu guards reqs and every sequence's kvIn; it is
-// taken after Server.mu and Server.rn.mu (the service hands over through
-// the methods below holding Server.mu, the runner holding Server.rn.mu)
-// and before a staging's lock, never the other way round.
+// their transfers (kvIn). mu, the receiver's one lock, guards reqs and
+// every sequence's kvIn. The service hands it what a transfer may be
+// (expect, the claim) and a request's end (drop) holding Server.mu; the
+// receiver never takes Server.mu holding mu.
 type rxState struct {
 	mu   sync.Mutex
 	reqs map[string]*sequence // by id, from Reserve (or the claim of a Generate without one) to the request's end
@@ -57,8 +55,8 @@ func (r *rxState) expect(q *sequence) {
 }
 
 // drop hands the end of request q to the receiver: no transfer may begin
-// or go on for it, and its staged KV (of an open or a committed transfer)
-// is freed. Idempotent. The caller holds Server.mu.
+// or go on for it, and the KV of an open transfer, or of a committed one
+// no Generate call claimed, is freed (a claimed one's is the batch's). Idempotent. The caller holds Server.mu.
 func (r *rxState) drop(q *sequence) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -70,9 +68,9 @@ func (r *rxState) drop(q *sequence) {
 		q.sink.st.free()
 		q.sink = nil
 	}
-	if q.staged != nil {
-		q.staged.free()
-		q.staged = nil
+	if q.held != nil {
+		q.held.Free()
+		q.held = nil
 	}
 }
 
@@ -81,21 +79,6 @@ func (r *rxState) receiving(q *sequence) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return q.sink != nil
-}
-
-// committed reports whether q's KV was received whole.
-func (r *rxState) committed(q *sequence) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return q.committed
-}
-
-// hasStaged reports whether q holds received KV not yet taken by the
-// runner (importJoining).
-func (r *rxState) hasStaged(q *sequence) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return q.staged != nil
 }
 
 // transfers counts the open transfers.
@@ -109,21 +92,6 @@ func (r *rxState) transfers() int {
 		}
 	}
 	return n
-}
-
-// arrived is what the runner reads of q's committed transfer when q
-// joins; it does not change once committed.
-type arrived struct {
-	first             int32
-	firstLP           *pdservev1.TokenLogprob
-	firstByte, kvDone time.Time
-}
-
-// arrival returns q's committed transfer's first token and stamps.
-func (r *rxState) arrival(q *sequence) arrived {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return arrived{first: q.first, firstLP: q.firstLP, firstByte: q.firstByte, kvDone: q.kvDone}
 }
 
 var _ kvtransfer.Receiver = receiver{}
@@ -169,7 +137,7 @@ func (r receiver) Begin(_ context.Context, h kvtransfer.StreamHeader) (kvtransfe
 // [start, start+len/TokenBytes) of it, the frames' bytes back to back;
 // start is the header's, the prefix before it comes from the prefix
 // cache), from its
-// first frame until the scheduler imported it into the engine or the
+// first frame until the batch imported it into the engine or the
 // request ended. Frame boundaries are kept: a frame's canonical bytes are
 // laid out for its own token range (K of every token, then V), so the
 // frames are imported one by one, as sent. Its size is bounded by the
@@ -227,6 +195,14 @@ func (g *staging) held(layer int) int {
 	return len(g.layers[layer])
 }
 
+// handOver returns the staged KV for the batch, which frees it (KV.Free)
+// after its import. The sink writes no more to it.
+func (g *staging) handOver() *batch.KV {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return &batch.KV{Start: g.start, Layers: g.layers, Ends: g.ends, Free: g.free}
+}
+
 // free drops the buffers. Idempotent; safe for concurrent use.
 func (g *staging) free() {
 	g.mu.Lock()
@@ -259,7 +235,7 @@ func (k *sink) errGone() error {
 }
 
 // Write copies the frame into the transfer's staging buffer; it never
-// waits for a scheduler step, and takes Server.rx.mu only for the first
+// waits for a batch step, and takes Server.rx.mu only for the first
 // frame (to stamp it): later frames see the request's end through the
 // staging, which the end (rxState.drop) and Abort free. raw is not kept. Errors:
 // ABORTED when the request ended, INVALID_ARGUMENT for a frame that does
@@ -289,23 +265,16 @@ func (k *sink) Write(layer, start, end int, raw []byte) error {
 	return nil
 }
 
-// Commit hands the staged KV to the sequence and makes it ready to join the
-// batch; the scheduler imports it into the engine when it joins. Returning
+// Commit hands the staged KV to the batch (batch.Arrived, or in the Join
+// of the Generate call that claims the request); the batch imports it
+// into the engine when the sequence joins. Returning
 // nil acknowledges the transfer: the KV is received and held here, so the
 // prefill worker may drop its copy (it keeps it for Resend until Release
 // anyway). Errors: ABORTED when the request ended, INTERNAL when a layer
 // lacks KV, INVALID_ARGUMENT for a first token outside the vocabulary.
-func (k *sink) Commit(c kvtransfer.Commit) error {
-	s, q := k.s, k.q
-	if err := k.commit(c); err != nil {
-		return err
-	}
-	s.kvArrived(q)
-	return nil
-}
+func (k *sink) Commit(c kvtransfer.Commit) error { return k.commit(c) }
 
-// commit is Commit's part under rx.mu: the staging becomes the
-// sequence's.
+// commit is Commit, under rx.mu.
 func (k *sink) commit(c kvtransfer.Commit) error {
 	s, q := k.s, k.q
 	s.rx.mu.Lock()
@@ -322,7 +291,6 @@ func (k *sink) commit(c kvtransfer.Commit) error {
 		return status.Errorf(codes.InvalidArgument, "decode: first token %d of %s outside the vocabulary", c.FirstToken, q.id)
 	}
 	q.sink = nil
-	q.staged = k.st
 	// An unclaimed reservation keeps its TTL: received KV does not keep it
 	// alive when no Generate call comes for it.
 	q.committed = true
@@ -330,18 +298,23 @@ func (k *sink) commit(c kvtransfer.Commit) error {
 	if k.h.Start > 0 {
 		s.kvSaved.Add(int64(k.h.Start) * int64(s.spec.KVBytesPerToken()))
 	}
-	q.first, q.firstLP = c.FirstToken, c.FirstLogprob
-	q.kvDone = k.last
+	x := k.st.handOver()
+	x.Tokens, x.First, x.FirstByte, x.Done = k.h.Tokens, c.FirstToken, q.firstByte, k.last
+	if c.FirstLogprob != nil {
+		lp := wire.FromTokenLogprob(c.FirstLogprob)
+		x.FirstLP = &lp
+	}
+	if !q.claimed {
+		// Held here until a Generate call claims it (and hands it to the
+		// batch in its Join) or the request ends (drop frees it).
+		q.held = x
+		return nil
+	}
+	// Claimed: the service handed, or is handing, the request to the
+	// batch. Posted under rx.mu, so that it reaches the batch before the
+	// Cancel of the request's end (posted after drop, under rx.mu too).
+	s.b.Post(batch.Arrived(q.key, x))
 	return nil
-}
-
-// kvArrived hands q's committed KV to the service and the runner: q
-// queues to join the batch if its Generate call attached (else attach
-// queues it). The caller holds neither mu nor rx.mu.
-func (s *Server) kvArrived(q *sequence) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.readyLocked(q)
 }
 
 // Abort frees the KV staged so far. A Generate call waiting for it ends
@@ -365,87 +338,8 @@ func (k *sink) Abort(err error) {
 	claimed := q.claimed
 	s.rx.mu.Unlock()
 	if claimed {
-		// Nothing of q is in the engine (its KV never committed, so it
-		// never joined): end takes no engine lock. An attach that claims
-		// q after the unlock sees xferErr and ends it itself.
+		// Its KV never committed, so it never joined the batch. An attach
+		// that claims q after the unlock sees xferErr and ends it itself.
 		s.end(q, status.Errorf(codes.Aborted, "decode: kv transfer of %s failed: %v", q.id, fmt.Sprint(err)))
 	}
-}
-
-// importJoining imports the staged KV of the waiting sequences that join
-// the batch in the coming plan into the engine, one ImportKV per layer. The
-// caller (the scheduler) holds the engine lock, not rn.mu. A sequence whose
-// import fails ends with INTERNAL (handed to the service by Plan).
-func (pl batcher) importJoining() {
-	s := pl.s
-	s.rn.mu.Lock()
-	var qs []*sequence
-	var sts []*staging
-	var tokens []int
-	var hits []prefixcache.Hit
-	s.rx.mu.Lock() // the hand-off of the staged KV to the runner
-	for _, q := range s.rn.waiting[:min(len(s.rn.waiting), max(0, s.o.MaxBatch-len(s.rn.active)))] {
-		if q.staged == nil {
-			continue
-		}
-		s.rn.nextSeq++
-		q.seq, q.hasSeq = s.rn.nextSeq, true
-		qs, sts, tokens = append(qs, q), append(sts, q.staged), append(tokens, q.kvTokens)
-		// The pin passes to this goroutine, which forks the prefix (or
-		// not: a transfer from token 0 carried it) and releases it.
-		hits = append(hits, q.pin)
-		q.staged, q.pin = nil, prefixcache.Hit{}
-	}
-	s.rx.mu.Unlock()
-	s.rn.mu.Unlock()
-	if len(qs) == 0 {
-		return
-	}
-	// The sequences cannot end before rn.mu is taken again: ending one
-	// that holds an engine sequence (hasSeq) takes the engine lock, which
-	// the caller holds. sts are no longer reachable from their sequences,
-	// so only this goroutine reads them; q.seq and q.id do not change.
-	errs := make([]error, len(qs))
-	for i, q := range qs {
-		errs[i] = pl.importKV(q.id, q.seq, tokens[i], sts[i], hits[i])
-		sts[i].free()
-		s.cache.Release(hits[i])
-	}
-	s.rn.mu.Lock()
-	defer s.rn.mu.Unlock()
-	for i, q := range qs {
-		if errs[i] != nil {
-			s.log.Error("import staged kv", zap.String("request_id", q.id), zap.Error(errs[i]))
-			pl.endLocked(q, "", status.Error(codes.Internal, errs[i].Error()), "")
-		}
-	}
-}
-
-// importKV imports st, tokens tokens of KV of request id, into engine
-// sequence seq, frame by frame, after forking the st.start tokens before
-// it from hit, the pinned prefix cache entry. The caller holds the engine lock.
-func (pl batcher) importKV(id string, seq engine.SeqID, tokens int, st *staging, hit prefixcache.Hit) error {
-	s := pl.s
-	if st.start > 0 {
-		if hit.Tokens < st.start {
-			return fmt.Errorf("decode: kv of %s starts at token %d, the cached prefix holds %d", id, st.start, hit.Tokens)
-		}
-		if err := s.eng.(engine.Forker).Fork(hit.Seq, seq, st.start); err != nil {
-			return fmt.Errorf("decode: fork the cached prefix of %s: %w", id, err)
-		}
-	}
-	tb := s.tokenBytes
-	for l, data := range st.layers {
-		start, off := st.start, st.start
-		for _, end := range st.ends[l] {
-			if err := s.eng.ImportKV(seq, l, start, data[(start-off)*tb:(end-off)*tb]); err != nil {
-				return fmt.Errorf("decode: import kv of %s layer %d [%d, %d): %w", id, l, start, end, err)
-			}
-			start = end
-		}
-	}
-	if n, err := s.eng.Len(seq); err != nil || n != tokens {
-		return fmt.Errorf("decode: kv of %s holds %d tokens after the import, want %d (%v)", id, n, tokens, err)
-	}
-	return nil
 }

@@ -18,42 +18,42 @@ import (
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/batching"
+	"github.com/pdserve/pdserve/pkg/decode/batch"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/grammar"
 	"github.com/pdserve/pdserve/pkg/grpcauth"
 	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
-	"github.com/pdserve/pdserve/pkg/runner"
 	"github.com/pdserve/pdserve/pkg/tracing"
 	"github.com/pdserve/pdserve/pkg/wire"
 )
 
 // Finish reasons of the last GenerateResponse.
 const (
-	FinishLength = "length" // max_tokens reached
-	FinishStop   = "stop"   // an end-of-generation token (unless ignore_eos) or a stop token
+	FinishLength = batch.FinishLength // max_tokens reached
+	FinishStop   = batch.FinishStop   // an end-of-generation token (unless ignore_eos) or a stop token
 )
 
 // Stamp names of GenerateResponse events.
 const (
-	StampKVFirstByte  = "kv_first_byte"
-	StampKVDone       = "kv_done"
-	StampPrefillStart = "prefill_start"
-	StampPrefillEnd   = "prefill_end"
-	StampJoined       = "decode_joined"
-	StampFirstToken   = "first_token"
+	StampKVFirstByte  = batch.StampKVFirstByte
+	StampKVDone       = batch.StampKVDone
+	StampPrefillStart = batch.StampPrefillStart
+	StampPrefillEnd   = batch.StampPrefillEnd
+	StampJoined       = batch.StampJoined
+	StampFirstToken   = batch.StampFirstToken
 	StampLastToken    = "last_token"
 )
 
 const maxRequestID = 255 // longest request id a KV frame can carry
 
-// errStopped fails requests still live when the scheduler stops.
+// errStopped fails requests still live when the batch stops.
 var errStopped = status.Error(codes.Unavailable, "decode: worker stopping")
 
 // Server is a decode (or colocated) worker. Create it with New, register it
 // on a gRPC server with Register (DecodeService and the KV transfer
-// receiver), and run the scheduler with Run.
+// receiver), and run the batch with Run.
 type Server struct {
 	pdservev1.UnimplementedDecodeServiceServer
 
@@ -74,7 +74,7 @@ type Server struct {
 	// a fake). It must not call f synchronously.
 	afterFunc func(d time.Duration, f func()) timer
 
-	// sig wakes the scheduler, and holds draining and the end of each
+	// sig wakes the batch, and holds draining and the end of each
 	// request (its ...Locked methods under mu).
 	sig     *batching.Signals
 	baseCtx context.Context
@@ -95,15 +95,14 @@ type Server struct {
 
 	// cache holds finished requests' engine sequences for prefix reuse
 	// (nil: off; safe for concurrent use, its lock a leaf). Lookups pin
-	// entries in the service (Reserve) or the runner (local join); forks,
-	// inserts and frees of its sequences are the runner's, under the engine
-	// lock. Its tokens share the pool with requests, and the pool charge is
-	// the service's, guarded by mu: cacheBlocks are the pool blocks charged
-	// to them now (BlocksFor the cache's tokens, see chargeCacheLocked),
-	// settled by the service after the runner inserted entries (handOff),
-	// and a request short of blocks reclaims unpinned entries
-	// (allocateLocked), whose engine sequences it hands to the runner
-	// (rn.reclaimed).
+	// entries in the service (Reserve) or the batch (local join); forks,
+	// inserts and frees of its sequences are the batch's. Its tokens
+	// share the pool with requests, and the pool charge is the service's,
+	// guarded by mu: cacheBlocks are the pool blocks charged to them now
+	// (BlocksFor the cache's tokens, see chargeCacheLocked), settled by the
+	// service after the batch inserted entries (ended), and a request
+	// short of blocks reclaims unpinned entries (allocateLocked), whose
+	// engine sequences it hands to the batch (batch.Reclaimed).
 	cache       *prefixcache.Cache
 	cacheBlocks []kv.BlockID
 	// peers prices a local prefill's pull of its prefix from a peer
@@ -112,29 +111,24 @@ type Server struct {
 	peers  *kvtransfer.PullPricer
 	dialer *kvtransfer.Dialer
 
-	// run is the batch loop, under the policy batcher. Its engine lock
-	// guards eng: the loop holds it for a whole step (importing the KV of
-	// joining sequences, planning, running, handing out results); ending
-	// a request that holds an engine sequence takes it (run.LockEngine)
-	// to free that sequence. The KV receiver and the reservation timers
-	// never take it. Taken before mu (see the package doc for the lock
-	// order).
-	run *runner.Runner[*sequence]
+	// b is the batch: continuous batching over the engine, run by its
+	// own goroutine (Run), which owns every sequence and the engine's
+	// memory. The service and the KV receiver hand it messages (Post:
+	// Join, Arrived, Cancel, Reclaimed) and hear back through each
+	// call's outbox and ended.
+	b *batch.Batch
 
-	// rn is the runner's state (the batch, its waiting queue, the
-	// sequences' sched), under its own lock (taken after mu, before
-	// rx.mu).
-	rn runState
-
-	// rx is the KV receiver's state, under its own lock (taken after
-	// mu and rn.mu, never before).
+	// rx is the KV receiver's state, under its own lock.
 	rx rxState
 
 	// mu is the service's: it guards the reservations and calls, the
-	// per-caller caps and the pool's charge to the prefix cache.
+	// per-caller caps and the pool's charge to the prefix cache. It is
+	// never held across a call into the batch (which only Post reaches,
+	// a leaf) nor waited for by the batch's loop but in ended.
 	mu      sync.Mutex
 	seqs    map[string]*sequence // every reserved or live request, by id
 	stopped bool
+	keys    uint64                // the last sequence.key given
 	callers map[string]*callerUse // what each caller's requests hold (see Options.MaxReservationsPerCaller)
 }
 
@@ -150,32 +144,41 @@ type timer interface{ Stop() bool }
 
 func realAfterFunc(d time.Duration, f func()) timer { return time.AfterFunc(d, f) }
 
-// sequence is one request on this worker, from Reserve (or Generate) to
-// its end, or one choice of it. Its state is split by owner, the party
-// that writes it: the service (Reserve, Generate, Cancel, the caps and
-// timers: reservation, call), the KV receiver (kvIn) and the runner
-// (sched). reservation, call and done are guarded by Server.mu (call does
-// not change once the sequence is handed to the runner, which reads it
-// then), kvIn by Server.rx.mu, sched by Server.rn.mu, the engine sequence
-// by the runner's engine lock. done is the request's end in the service
-// (endLocked), which any party may cause; the runner's part of it is
-// sched.dropped.
+// sequence is one request on this worker as the service and the KV
+// receiver see it, from Reserve (or Generate) to its end. The service
+// writes reservation, done, pulling, handed and the call's fields under
+// Server.mu; the KV receiver writes kvIn under Server.rx.mu. What the
+// request is in the batch (its engine sequences, choices, progress) is the
+// batch's alone, handed over in the Join.
 type sequence struct {
 	reservation
 	kvIn
-	call
-	sched
+	// key names the request in the batch's messages: unique for the
+	// worker's life.
+	key  uint64
 	done bool
+	// attached: a Generate call claimed the request; out is its outbox,
+	// shared with the batch from the Join on.
+	attached bool
+	out      *outbox
+	// join is the request for the batch, built at attach, until it is
+	// handed over (handed: the batch owns it and reports its end; the
+	// service ends it only through a Cancel message then).
+	join   *batch.Request
+	handed bool
+	// cancelling: a Cancel was posted for the handed request. stalled:
+	// it was cancelled because its caller does not read (counted).
+	cancelling, stalled bool
 	// pulling: a local prefill's Generate call is pulling the prompt's
-	// prefix from a peer; the sequence is ready to join the batch only
-	// once the pull ended (pullDone). Guarded by Server.mu.
+	// prefix from a peer; it is handed to the batch only once the pull
+	// ended (pullDone).
 	pulling bool
 }
 
 // reservation is what the service holds for a request from Reserve (or a
 // Generate without one) to its end: pool blocks charged to its caller,
 // the reservation timer, and the prefix cache pin of Reserve (until the
-// sequence is handed to the runner: sched.pin).
+// request is handed to the batch, in its Join).
 type reservation struct {
 	id        string
 	blocks    []kv.BlockID
@@ -183,9 +186,8 @@ type reservation struct {
 	ttl       timer  // releases an unclaimed reservation; nil once claimed
 	caller    string // who made the request (grpcauth.Caller); charged with its blocks
 	// hit is the cached prefix pinned at Reserve for the remote KV
-	// (Tokens 0: none), handed to the runner (sched.pin) when the
-	// sequence queues to join the batch, or released when the request
-	// ends before.
+	// (Tokens 0: none), handed to the batch in the Join, or released
+	// when the request ends before.
 	hit prefixcache.Hit
 	// resPrompt is the prompt Reserve was shown (ReserveRequest.prompt),
 	// or nil: a Generate call that omits its prompt takes this one.
@@ -193,11 +195,10 @@ type reservation struct {
 }
 
 // kvIn is the KV transfer of a remote prefill, written by the KV
-// receiver (Begin, Commit, Abort, the first Write); the runner takes
-// staged over when the sequence joins. Guarded by Server.rx.mu. The
-// service writes what a transfer may be (limit, hitTokens, the claim) and
-// ended through the hand-offs of rxState; first, firstLP, firstByte,
-// kvDone and kvTokens do not change once committed.
+// receiver (Begin, Commit, Abort, the first Write). Guarded by
+// Server.rx.mu. The service writes what a transfer may be (limit,
+// hitTokens, the claim) and ended through the hand-offs of rxState. The
+// committed KV itself goes to the batch (Arrived).
 type kvIn struct {
 	// What the service admits: the reserved tokens, the cached prefix
 	// pinned at Reserve, and, once a Generate call claimed the request,
@@ -210,103 +211,16 @@ type kvIn struct {
 	claimPrompt int
 	ended       bool
 
-	sink      *sink    // the open transfer, or nil
-	staged    *staging // KV received (committed) and not yet imported, or nil
-	xferErr   error    // why the last transfer failed, until another begins
+	sink *sink // the open transfer, or nil
+	// held is the KV of a committed transfer until a Generate call
+	// claims the request (it goes to the batch in the Join), or nil. A
+	// transfer committed after the claim goes to the batch at once
+	// (Arrived).
+	held      *batch.KV
+	xferErr   error // why the last transfer failed, until another begins
 	committed bool
 	kvTokens  int
-	first     int32                   // first token from the commit
-	firstLP   *pdservev1.TokenLogprob // its log-probability from the commit, or nil
 	firstByte time.Time
-	kvDone    time.Time
-}
-
-// call is the Generate call's request, set once by the service when the
-// call attaches (the runner sets a choice's copy when it forks); read
-// only afterwards.
-type call struct {
-	attached  bool
-	local     bool
-	prompt    []int32
-	sampling  engine.Sampling
-	maxTokens int
-	ignoreEOS bool
-	stop      map[int32]bool
-	generated []int32 // tokens streamed before a recovery
-	out       *outbox // shared by every choice of the request
-	// hashes are the prompt's full blocks, for the prefix cache (nil when
-	// it is off).
-	hashes []kv.Hash
-
-	// Choices (n > 1). The request's first choice (index 0, the root)
-	// holds the reservation, the transfer and the outbox; the others
-	// (children) are forked from its prompt KV once that is in the engine
-	// and hold only their engine sequence. Only roots are in seqs and
-	// waiting; children are in active.
-	index      int
-	n          int       // choices (root)
-	genChoices [][]int32 // tokens generated before a recovery, choices 1..n-1 (root)
-
-	top       int // alternatives per output token; -1: no logprobs
-	promptTop int // alternatives per prompt token (root, local prefill); -1: none
-}
-
-// sched is the runner's, guarded by Server.rn.mu: the engine sequence,
-// the choices it forked, the batch membership, and the generation's
-// progress. The service queues the sequence (readyLocked) and drops it at
-// the request's end (drop), under rn.mu, and the grammar state
-// and penalties are built by the service at attach, then advanced by the
-// runner only.
-type sched struct {
-	seq    engine.SeqID
-	hasSeq bool // the engine may hold the sequence: Free it at the end; set only by the runner, holding the engine lock
-	// pin is Reserve's cached prefix (reservation.hit), handed over when
-	// the sequence queued; importJoining takes it, or the drop releases it.
-	pin prefixcache.Hit
-	// dropped: the request ended for the runner (root): its choices'
-	// engine sequences and batch slots are freed, and it never joins.
-	dropped bool
-
-	// host is the local prompt's prefix loaded from the host tier (or
-	// the disk tier behind it; Tokens 0: none).
-	host prefixcache.HostLoad
-	// pulled is the local prompt's prefix pulled from a peer before the
-	// sequence was ready (nil: none), until the sequence starts
-	// (forkCachedLocked); peer is what of it the sequence started from
-	// (tokens 0: none).
-	pulled *prefixcache.Pulled
-	peer   peerLoad
-	// disk is the local prompt's prefix the disk tier held deeper than
-	// the other tiers, read from its file in Generate, off the engine
-	// lock (nil: none), until the sequence starts (forkCachedLocked).
-	disk *prefixcache.DiskRead
-
-	parent     *sequence   // the root (children), nil for a root
-	children   []*sequence // created at the fork (root)
-	forked     bool        // the children were created (root)
-	choiceDone bool        // this choice finished; its engine sequence is freed
-
-	promptLPs []*pdservev1.TokenLogprob
-	filled    int               // tokens of pending already prefilled (for prompt logprobs)
-	penalties *engine.Penalties // the choice's penalty counts, or nil
-	// constraint is the choice's grammar state (structured output),
-	// advanced over every token it emits, closed when the choice is
-	// dropped; nil when unconstrained.
-	constraint engine.GrammarState
-	// forkStates are the grammar states of choices 1..n-1 (root),
-	// built with the request's one compiled grammar when it arrived, off
-	// the engine loop; the fork takes each, and dropLocked closes those
-	// it did not.
-	forkStates []engine.GrammarState
-
-	queued      bool    // in waiting
-	joined      bool    // in active
-	pending     []int32 // tokens still to prefill locally
-	sampleLast  bool    // the last pending chunk samples the first output token
-	prefilling  bool    // a local prefill chunk ran already
-	next        int32   // next decode input, once pending is empty
-	emitted     int     // output tokens so far, generated ones included
-	firstStamps bool    // "first_token" was stamped
 }
 
 // Option configures a Server beyond its Options.
@@ -320,7 +234,7 @@ type Option func(*Server)
 func WithDialer(d *kvtransfer.Dialer) Option { return func(s *Server) { s.dialer = d } }
 
 // New returns a Server running on eng with a pool of o.KVBlocks blocks. reg
-// receives the worker's metrics (nil: none are exported). The scheduler does
+// receives the worker's metrics (nil: none are exported). The batch does
 // not run until Run is called.
 func New(eng engine.Engine, o Options, logger *zap.Logger, reg prometheus.Registerer, opts ...Option) (*Server, error) {
 	if err := o.Validate(); err != nil {
@@ -389,11 +303,26 @@ func New(eng engine.Engine, o Options, logger *zap.Logger, reg prometheus.Regist
 		stop()
 		return nil, err
 	}
-	s.run = runner.New(eng, runner.Policy[*sequence](batcher{s}), s.sig, runner.Options{
-		Role:    "decode",
-		Stopped: ctx,
-		Observe: s.m.observeStep,
-		Now:     func() time.Time { return s.now() },
+	memTokens, memSeqs := engineMemory(eng)
+	s.b = batch.New(batch.Config{
+		Engine:         eng,
+		Cache:          s.cache,
+		EOG:            eog,
+		MaxBatch:       o.MaxBatch,
+		MaxBatchTokens: o.MaxBatchTokens,
+		ChunkTokens:    o.ChunkTokens,
+		CacheMaxTokens: s.o.PrefixCache.MaxTokens,
+		TokenBytes:     tokenBytes,
+		MemTokens:      memTokens,
+		MemSeqs:        memSeqs,
+		Signals:        s.sig,
+		Stopped:        ctx,
+		Observe:        s.m.observeStep,
+		ObservePrefill: s.peers.ObserveStep,
+		Report:         s.ended,
+		Stop:           s.stopping,
+		Log:            logger,
+		Now:            func() time.Time { return s.now() },
 	})
 	return s, nil
 }
@@ -455,30 +384,23 @@ func (s *Server) HostBlocks() prefixcache.Blocks {
 func (s *Server) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	times, last := s.run.Steps()
+	times, last := s.b.Steps()
+	ld := s.b.Load()
 	st := Stats{
-		KVBlocksFree:  s.freeBlocksLocked(),
-		KVBlocksTotal: s.pool.Total(),
-		Requests:      len(s.seqs),
-		LastBatch:     last,
-		StepTimesMs:   times,
-		StagedKVBytes: s.stagedBytes.Load(),
-		Draining:      s.sig.DrainingLocked(),
-		PrefixCache:   s.cache.Stats(),
-		KVBytesSaved:  s.kvSaved.Load(),
+		KVBlocksFree:        s.freeBlocksLocked(),
+		KVBlocksTotal:       s.pool.Total(),
+		Requests:            len(s.seqs),
+		LastBatch:           last,
+		StepTimesMs:         times,
+		StagedKVBytes:       s.stagedBytes.Load(),
+		Draining:            s.sig.DrainingLocked(),
+		PrefixCache:         s.cache.Stats(),
+		KVBytesSaved:        s.kvSaved.Load(),
+		Running:             ld.Running,
+		Waiting:             ld.Waiting,
+		QueuedPrefillTokens: ld.QueuedPrefillTokens,
 	}
 	st.KVTransfers = s.rx.transfers()
-	s.rn.mu.Lock()
-	defer s.rn.mu.Unlock()
-	st.Running, st.Waiting = len(s.rn.active), len(s.rn.waiting)
-	for _, q := range s.rn.active {
-		st.QueuedPrefillTokens += len(q.pending)
-	}
-	for _, q := range s.rn.waiting {
-		if q.local {
-			st.QueuedPrefillTokens += len(q.prompt) + max(len(q.generated)-1, 0)
-		}
-	}
 	return st
 }
 
@@ -581,7 +503,8 @@ func (s *Server) reserveLocked(id string, tokens int, caller string) (*sequence,
 		}
 		return nil, status.Errorf(codes.Internal, "decode: reserve %d tokens for %s: %v", tokens, id, err)
 	}
-	q := &sequence{reservation: reservation{id: id, blocks: blocks, resTokens: n * s.pool.BlockTokens(), caller: caller}}
+	s.keys++
+	q := &sequence{key: s.keys, reservation: reservation{id: id, blocks: blocks, resTokens: n * s.pool.BlockTokens(), caller: caller}}
 	s.chargeLocked(caller, 1, len(blocks))
 	s.seqs[id] = q
 	return q, nil
@@ -589,7 +512,7 @@ func (s *Server) reserveLocked(id string, tokens int, caller string) (*sequence,
 
 // allocateLocked allocates n pool blocks, reclaiming unpinned prefix
 // cache entries, least recently used first, when the free blocks fall
-// short. The reclaimed entries' engine sequences go to the runner
+// short. The reclaimed entries' engine sequences go to the batch
 // (handReclaimed). Errors: kv.ErrPoolExhausted when even the reclaimable
 // blocks fall short. The caller holds mu.
 func (s *Server) allocateLocked(n int) ([]kv.BlockID, error) {
@@ -610,7 +533,7 @@ func (s *Server) freeBlocksLocked() int {
 // chargeCacheLocked makes the pool blocks charged to the prefix cache
 // (s.cacheBlocks) BlocksFor its tokens: it releases the surplus after
 // evictions, and takes more after an Insert, reclaiming older entries
-// (handed to the runner) when the pool lacks them. The caller holds mu.
+// (handed to the batch) when the pool lacks them. The caller holds mu.
 func (s *Server) chargeCacheLocked() {
 	want := s.pool.BlocksFor(s.cache.Tokens())
 	if n := len(s.cacheBlocks); want < n {
@@ -639,27 +562,12 @@ func (s *Server) chargeCacheLocked() {
 }
 
 // handReclaimed hands the engine sequences of reclaimed prefix cache
-// entries to the runner, which frees them before its next step's imports
-// (freeReclaimed). The caller holds mu.
+// entries to the batch, which frees them before anything joins. The
+// caller holds mu.
 func (s *Server) handReclaimed(x []engine.SeqID) {
-	if len(x) == 0 {
-		return
+	if len(x) > 0 {
+		s.b.Post(batch.Reclaimed(x))
 	}
-	s.rn.mu.Lock()
-	s.rn.reclaimed = append(s.rn.reclaimed, x...)
-	s.rn.mu.Unlock()
-	s.sig.Wake()
-}
-
-// freeReclaimed frees the engine sequences of reclaimed prefix cache
-// entries. The caller holds the engine lock (the scheduler, before importing KV).
-func (pl batcher) freeReclaimed() {
-	s := pl.s
-	s.rn.mu.Lock()
-	x := s.rn.reclaimed
-	s.rn.reclaimed = nil
-	s.rn.mu.Unlock()
-	s.freeCachedLocked(x)
 }
 
 // checkCapsLocked fails with RESOURCE_EXHAUSTED when caller would hold
@@ -714,8 +622,8 @@ func (s *Server) armLocked(q *sequence) {
 // long as the call lasts, since a prompt may queue at the prefill worker
 // for any time the coordinator accepts.
 //
-// An unclaimed reservation holds no engine sequence (the scheduler creates
-// it when the sequence joins the batch), so expire takes no engine lock.
+// An unclaimed reservation was never handed to the batch, so expire
+// ends it in the service alone.
 func (s *Server) expire(q *sequence) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -729,12 +637,12 @@ func (s *Server) expire(q *sequence) {
 	}
 }
 
-// endLocked frees everything root q holds and ends its stream with
-// reason or err: the blocks and caller charge, what the runner holds of
-// it (drop: engine sequences, batch slot, its place in waiting;
-// nothing when the runner ended it and handed it over), the cache pin and
-// the staged KV. The caller holds mu, and the engine lock unless the
-// runner holds no engine sequence of q. Idempotent.
+// endLocked frees everything q holds in the service and ends its stream
+// with reason or err: the blocks and caller charge, the cache pin and
+// the transfer. A request never handed to the batch also has its KV
+// there (Arrived) freed. For a handed request it is called only with the
+// batch's End (ended): the batch holds nothing of it any more. The
+// caller holds mu. Idempotent.
 func (s *Server) endLocked(q *sequence, reason string, err error) {
 	if q.done {
 		return
@@ -745,19 +653,26 @@ func (s *Server) endLocked(q *sequence, reason string, err error) {
 		q.ttl = nil
 	}
 	// The blocks go back first: a sequence kept by the prefix cache is
-	// charged blocks of its own (chargeCacheLocked, below, or in handOff
-	// when the runner ended q).
+	// charged blocks of its own (chargeCacheLocked, in ended).
 	if err := s.pool.Release(q.blocks); err != nil {
 		s.log.Error("release kv blocks", zap.String("request_id", q.id), zap.Error(err))
 	}
 	s.chargeLocked(q.caller, -1, -len(q.blocks))
 	q.blocks = nil
-	if s.drop(q, err == nil || status.Code(err) == codes.Canceled) {
-		s.chargeCacheLocked()
-	}
 	s.cache.Release(q.hit)
 	q.hit = prefixcache.Hit{}
+	if q.join != nil {
+		closeGrammar(q.join.Constraint)
+		for _, st := range q.join.ForkStates {
+			closeGrammar(st)
+		}
+		q.join = nil
+	}
 	s.rx.drop(q)
+	if !q.handed {
+		// KV may have arrived at the batch for it.
+		s.b.Post(batch.Cancel(q.key, nil, false))
+	}
 	if s.seqs[q.id] == q {
 		delete(s.seqs, q.id)
 	}
@@ -770,56 +685,80 @@ func (s *Server) endLocked(q *sequence, reason string, err error) {
 	s.sig.EndedLocked()
 }
 
-// root returns the request's first choice: q's parent, or q itself.
-func (q *sequence) root() *sequence {
-	if q.parent != nil {
-		return q.parent
-	}
-	return q
-}
-
-// over reports whether choice q produces no more tokens: it finished, or
-// its request ended. The caller holds rn.mu.
-func (q *sequence) over() bool { return q.choiceDone || q.root().dropped }
-
-// holdsEngine reports whether q or one of its choices holds an engine
-// sequence. The caller holds rn.mu.
-func (q *sequence) holdsEngine() bool {
-	if q.hasSeq {
-		return true
-	}
-	for _, c := range q.children {
-		if c.hasSeq {
-			return true
-		}
-	}
-	return false
-}
-
-// end is endLocked for callers holding no lock, for root q. It takes the
-// engine lock only when the runner holds an engine sequence of q, or
-// ended q and is handing it over (then it waits for the step in progress,
-// and finds q ended by the runner): a request that is reserved, waits for
-// or receives its KV, or waits to join ends at once.
-func (s *Server) end(q *sequence, err error) {
-	s.mu.Lock()
-	if q.done {
-		s.mu.Unlock()
-		return
-	}
-	if s.dropIdle(q) {
-		// The runner dropped q in the critical section that saw it hold no
-		// engine sequence: it will not start it.
-		s.endLocked(q, "", err)
-		s.mu.Unlock()
-		return
-	}
-	s.mu.Unlock()
-	s.run.LockEngine()
-	defer s.run.UnlockEngine()
+// ended is the batch's report (batch.Config.Report): the requests that
+// ended there, which the service ends with their reason or error, and
+// whether the prefix cache's tokens changed (its pool charge is settled
+// after the blocks went back). The batch holds nothing of them any more.
+func (s *Server) ended(es []batch.End, cacheChanged bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.endLocked(q, "", err)
+	for _, e := range es {
+		q := s.seqs[e.ID]
+		if q == nil || q.key != e.Key || q.done {
+			continue
+		}
+		switch e.Kind {
+		case batch.Finished:
+			s.endLocked(q, e.Reason, nil)
+		case batch.Cancelled:
+			s.endLocked(q, "", e.Err)
+		case batch.Failed:
+			s.endLocked(q, "", status.Error(codes.Internal, e.Err.Error()))
+		case batch.Refused:
+			s.endLocked(q, "", grammarRefused(q.id, e.Choice, e.Err))
+		case batch.Stalled:
+			s.endLocked(q, "", status.Errorf(codes.ResourceExhausted,
+				"decode: request %s: its caller does not read: over %d bytes of output wait to be sent", q.id, s.o.MaxOutboxBytes))
+			s.countStalled(q, reasonOutbox)
+		default:
+			s.endLocked(q, "", errStopped)
+		}
+	}
+	if cacheChanged {
+		s.chargeCacheLocked()
+	}
+}
+
+// stopping is the batch's Stop hook: the worker refuses new requests,
+// and ends those never handed to the batch (it reports the others).
+func (s *Server) stopping() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stopped = true
+	for _, q := range s.seqs {
+		if !q.handed {
+			s.endLocked(q, "", errStopped)
+		}
+	}
+}
+
+// grammarRefused is the error of a request whose choice's grammar allows
+// no token (cause: its state's refusal of the token sampled anyway):
+// FAILED_PRECONDITION marked by wire.GrammarRefusedStatus, which the
+// coordinator does not take for a worker's failure, and maps to HTTP 500.
+func grammarRefused(id string, choice int, cause error) error {
+	return wire.GrammarRefusedStatus("decode: request %s: choice %d: the grammar allows no token here (%v)", id, choice, cause)
+}
+
+// end ends q with err, holding no lock: at once when the batch does not
+// hold it; otherwise through a Cancel message, the batch reporting the
+// end at its next step boundary (or its own end, had it ended q first).
+func (s *Server) end(q *sequence, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.endOrCancelLocked(q, err)
+}
+
+// endOrCancelLocked is end for a caller holding mu.
+func (s *Server) endOrCancelLocked(q *sequence, err error) {
+	switch {
+	case q.done:
+	case !q.handed:
+		s.endLocked(q, "", err)
+	case !q.cancelling:
+		q.cancelling = true
+		s.b.Post(batch.Cancel(q.key, err, err == nil || status.Code(err) == codes.Canceled))
+	}
 }
 
 // Cancel implements DecodeService.Cancel: it ends the request, frees its
@@ -1133,22 +1072,26 @@ func (s *Server) send(stream grpc.ServerStreamingServer[pdservev1.GenerateRespon
 
 // stalled cancels root request q, whose caller does not read, with err:
 // it ends q (end), then drops, counts and logs its waiting output
-// (countStalled). The caller holds no lock; the runner cancels such a
-// request itself (emitLocked, then handOff).
+// (countStalled). The caller holds no lock; the batch cancels such a
+// request itself (an outbox over its bound: batch.Stalled).
 func (s *Server) stalled(q *sequence, reason string, err error) {
 	s.mu.Lock()
-	first := !q.done
-	s.mu.Unlock()
-	if !first {
+	defer s.mu.Unlock()
+	if q.done || q.stalled {
 		return // it ended meanwhile
 	}
-	s.end(q, err)
+	s.endOrCancelLocked(q, err)
 	s.countStalled(q, reason)
 }
 
 // countStalled drops the output waiting in the outbox of root q, whose
-// caller does not read and which ended, and counts and logs it.
+// caller does not read and which ends, and counts and logs it, once. The
+// caller holds mu.
 func (s *Server) countStalled(q *sequence, reason string) {
+	if q.stalled {
+		return
+	}
+	q.stalled = true
 	pending := q.out.pending()
 	q.out.drop()
 	s.m.stalled(reason)
@@ -1156,8 +1099,8 @@ func (s *Server) countStalled(q *sequence, reason string) {
 		zap.String("caller", q.caller), zap.Int("pending_bytes", pending))
 }
 
-// attach binds a Generate call to its reservation (or a new one) and queues
-// it when it is ready to join the batch.
+// attach binds a Generate call to its reservation (or a new one) and
+// hands it to the batch (handLocked), unless a peer pull is under way.
 func (s *Server) attach(p genParams) (*sequence, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -1195,7 +1138,8 @@ func (s *Server) attach(p genParams) (*sequence, error) {
 	// The claim is handed to the receiver in the critical section that
 	// checks the transfer against the call, so a transfer that aborts
 	// meanwhile either is seen here or sees the claim (and ends q).
-	if err := s.claimKVLocked(q, p); err != nil {
+	held, err := s.claimKVLocked(q, p)
+	if err != nil {
 		return nil, err
 	}
 	if q.ttl != nil {
@@ -1209,29 +1153,19 @@ func (s *Server) attach(p genParams) (*sequence, error) {
 		s.cache.Release(q.hit)
 		q.hit = prefixcache.Hit{}
 	}
-	q.hashes = p.hashes
-	q.disk = p.disk
 	q.attached = true
-	q.local = p.local
-	q.prompt = p.prompt
-	q.sampling = p.sampling
-	q.maxTokens = p.maxTokens
-	q.ignoreEOS = p.ignoreEOS
-	q.stop = p.stop
-	q.generated = p.generated
-	q.n, q.genChoices, q.top, q.promptTop = p.n, p.genChoices, p.top, p.promptTop
-	q.penalties = newPenalties(q.sampling.Penalties, q.generated)
-	q.sampling.Penalties = q.penalties
-	q.constraint, q.forkStates = p.constraint, p.forkStates
-	if q.constraint != nil {
-		q.sampling.Constraint = q.constraint
-	}
 	q.out = newOutbox(p.n, s.o.MaxOutboxBytes)
 	if p.omitFirst {
 		q.out.omitFirst()
 	}
+	q.join = &batch.Request{
+		Key: q.key, ID: q.id, Local: p.local, Prompt: p.prompt, Sampling: p.sampling, MaxTokens: p.maxTokens,
+		IgnoreEOS: p.ignoreEOS, Stop: p.stop, Generated: p.generated, N: p.n, GenChoices: p.genChoices,
+		Top: p.top, PromptTop: p.promptTop, Hashes: p.hashes, Constraint: p.constraint, ForkStates: p.forkStates,
+		Disk: p.disk, KV: held, Out: q.out,
+	}
 	q.pulling = p.pull
-	s.readyLocked(q)
+	s.handLocked(q)
 	return q, nil
 }
 
@@ -1242,8 +1176,9 @@ func (s *Server) attach(p genParams) (*sequence, error) {
 // prompt or the prompt differs from the one reserved (its cached prefix,
 // or the prompt Reserve was shown), ABORTED (ending q)
 // when the transfer failed. It also hands over the reservation's size,
-// which attach may have grown. The caller holds mu.
-func (s *Server) claimKVLocked(q *sequence, p genParams) error {
+// which attach may have grown, and returns the KV received before the
+// claim (nil: none yet), for the Join. The caller holds mu.
+func (s *Server) claimKVLocked(q *sequence, p genParams) (*batch.KV, error) {
 	s.rx.mu.Lock()
 	s.rx.register(q)
 	q.limit = q.resTokens
@@ -1256,10 +1191,9 @@ func (s *Server) claimKVLocked(q *sequence, p genParams) error {
 	case !p.local && q.xferErr != nil:
 		err = status.Errorf(codes.Aborted, "decode: kv transfer of %s failed: %v", p.id, q.xferErr)
 		s.rx.mu.Unlock()
-		// The failed transfer freed the engine sequence (hasSeq is
-		// false), so ending q needs no engine lock.
+		// Not handed to the batch yet: the service ends it.
 		s.endLocked(q, "", err)
-		return err
+		return nil, err
 	case !p.local && q.hit.Tokens > 0 && (len(p.hashes) < len(q.hit.Hashes) || !slices.Equal(p.hashes[:len(q.hit.Hashes)], q.hit.Hashes)):
 		err = invalid("request %s: the prompt differs from the one reserved (its cached prefix of %d tokens)", p.id, q.hit.Tokens)
 	case q.reservation.resPrompt != nil && !slices.Equal(p.prompt, q.reservation.resPrompt):
@@ -1267,8 +1201,14 @@ func (s *Server) claimKVLocked(q *sequence, p genParams) error {
 	default:
 		q.claimed, q.claimLocal, q.claimPrompt = true, p.local, len(p.prompt)
 	}
+	held := q.held
+	if err == nil {
+		q.held = nil
+	} else {
+		held = nil
+	}
 	s.rx.mu.Unlock()
-	return err
+	return held, err
 }
 
 // closeGrammar closes c when it is not nil.
@@ -1278,34 +1218,18 @@ func closeGrammar(c engine.GrammarState) {
 	}
 }
 
-// newPenalties returns penalty counts with the weights of w (nil: none)
-// holding generated.
-func newPenalties(w *engine.Penalties, generated []int32) *engine.Penalties {
-	if w == nil {
-		return nil
-	}
-	p := &engine.Penalties{Presence: w.Presence, Frequency: w.Frequency}
-	p.Add(generated...)
-	return p
-}
-
-// readyLocked hands q to the runner, which queues it to join the batch,
-// once it has its Generate call and its KV (or prefills locally); the
-// cache pin of Reserve goes with it. The caller holds mu, not rn.mu nor
-// rx.mu.
-func (s *Server) readyLocked(q *sequence) {
-	if q.done || !q.attached || q.pulling || (!q.local && !s.rx.committed(q)) {
+// handLocked hands q to the batch (Join), with the cache pin of Reserve,
+// once it has its Generate call and no pull is under way; remote KV
+// joins the batch once it arrived there too. The caller holds mu.
+func (s *Server) handLocked(q *sequence) {
+	if q.done || q.handed || q.join == nil || q.pulling {
 		return
 	}
-	s.rn.mu.Lock()
-	defer s.rn.mu.Unlock()
-	if q.queued || q.joined || q.dropped {
-		return
-	}
-	q.queued = true
-	q.pin, q.hit = q.hit, prefixcache.Hit{}
-	s.rn.waiting = append(s.rn.waiting, q)
-	s.sig.Wake()
+	r := q.join
+	q.join = nil
+	r.Pin, q.hit = q.hit, prefixcache.Hit{}
+	q.handed = true
+	s.b.Post(batch.Join(r))
 }
 
 // MaxBatch returns the most sequences one step runs (Options.MaxBatch):
@@ -1315,3 +1239,28 @@ func (s *Server) MaxBatch() int { return s.o.MaxBatch }
 // BlockTokens returns the tokens of one KV block of the pool, the block
 // of the prefix hashes too.
 func (s *Server) BlockTokens() int { return s.o.BlockTokens }
+
+// capacityEngine is an engine whose KV memory is fixed when it is built
+// (llamacpp: the cells of its context and its sequence slots).
+type capacityEngine interface {
+	KVCapacity() (tokens, seqs int)
+}
+
+// poolEngine is an engine that models a device's KV memory (sim: the
+// profile's GPU memory beside the weights), in tokens.
+type poolEngine interface {
+	KVPoolTokens() int
+}
+
+// engineMemory returns eng's KV memory in tokens and sequence slots (0:
+// no bound): its fixed capacity, or the memory it models; an engine
+// without either (ref: the Go heap) has no bound but the pool's.
+func engineMemory(eng engine.Engine) (tokens, seqs int) {
+	switch e := eng.(type) {
+	case capacityEngine:
+		return e.KVCapacity()
+	case poolEngine:
+		return e.KVPoolTokens(), 0
+	}
+	return 0, 0
+}

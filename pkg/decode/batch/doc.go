@@ -1,0 +1,19 @@
+// Package batch is the decode worker's batch: continuous batching over
+// one engine (ollama's runner; etcd raft's Ready/Advance). Requests join
+// at step boundaries while the batch has room, remote KV imported then
+// and local prompts prefilled in chunks beside the decodes (Sarathi);
+// every running sequence decodes one token a step; a finished request's
+// prompt goes into the prefix cache.
+//
+// A Batch owns every per-sequence field and the engine's memory and is
+// touched only by its loop goroutine (Run), without a lock. The worker's
+// service and KV receiver reach it only by messages posted to its mailbox
+// (Join, Arrived, Cancel, Reclaimed), which the loop takes at each step
+// boundary; results go back through each request's Outbox and the
+// Config.Report of the requests that ended. A request handed over by Join
+// is ended by the batch alone, which reports it exactly once.
+//
+// It imports engine, prefixcache, grammar (through the engine's grammar
+// states), kv and runner, never grpc or the api: errors come back as
+// kinds (End.Kind), which the service maps to status codes.
+package batch
