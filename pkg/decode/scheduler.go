@@ -106,6 +106,7 @@ func (pl batcher) Shutdown() {
 func (pl batcher) Plan() runner.Batch[*sequence] {
 	pl.freeReclaimed()
 	pl.importJoining()
+	pl.waitGrammars()
 	b := pl.plan()
 	pl.handOff()
 	return b
@@ -315,6 +316,9 @@ func (pl batcher) plan() runner.Batch[*sequence] {
 	var pending []int
 	for _, q := range s.rn.active {
 		if len(q.pending) == 0 {
+			if !grammarReady(q.constraint) {
+				continue // it sits this step out (grammargate.go)
+			}
 			b.Decode = append(b.Decode, engine.DecodeItem{Seq: q.seq, Token: q.next, Sampling: q.sampling})
 			b.DecodeOf = append(b.DecodeOf, q)
 			continue

@@ -121,6 +121,10 @@ type Server struct {
 	// order).
 	run *runner.Runner[*sequence]
 
+	// offload computes the grammar states of the batch's choices off the
+	// engine loop (grammargate.go).
+	offload *grammar.Offload
+
 	// rn is the runner's state (the batch, its waiting queue, the
 	// sequences' sched), under its own lock (taken after mu, before
 	// rx.mu).
@@ -389,6 +393,7 @@ func New(eng engine.Engine, o Options, logger *zap.Logger, reg prometheus.Regist
 		stop()
 		return nil, err
 	}
+	s.offload = grammar.NewOffload(grammarWorkers(), s.sig.Wake)
 	s.run = runner.New(eng, runner.Policy[*sequence](batcher{s}), s.sig, runner.Options{
 		Role:    "decode",
 		Stopped: ctx,
@@ -958,7 +963,7 @@ func (s *Server) validate(req *pdservev1.GenerateRequest) (genParams, error) {
 	if p.sampling, err = wire.FromSampling(req.GetSampling()); err != nil {
 		return p, invalid("request %s: %v", id, err)
 	}
-	if err := s.constrain(&p); err != nil {
+	if err := s.constrain(&p, req.GetPrefixRoot()); err != nil {
 		return p, err
 	}
 	p.hashes = s.cache.Hashes(kv.Hash(req.GetPrefixRoot()), p.prompt)
@@ -970,8 +975,10 @@ func (s *Server) validate(req *pdservev1.GenerateRequest) (genParams, error) {
 // token, or those generated before a failover): here, in the call's
 // goroutine, never on the engine loop, which only takes the states.
 // Nothing when p has no grammar. Errors: INVALID_ARGUMENT naming the
-// grammar's fault (a limit, its syntax, a refused generated token).
-func (s *Server) constrain(p *genParams) error {
+// grammar's fault (a limit, its syntax, a refused generated token). The
+// states' later work runs on s.offload under the request's tenant (root,
+// its prefix_root).
+func (s *Server) constrain(p *genParams, root uint64) error {
 	if p.sampling.Grammar == "" {
 		return nil
 	}
@@ -979,7 +986,7 @@ func (s *Server) constrain(p *genParams) error {
 	if err != nil {
 		return invalid("request %s: %v", p.id, err)
 	}
-	if p.constraint, err = c.State(p.generated); err != nil {
+	if p.constraint, err = c.Offloaded(s.offload, root, p.generated); err != nil {
 		return invalid("request %s: %v", p.id, err)
 	}
 	for i := 1; i < p.n; i++ {
@@ -987,7 +994,7 @@ func (s *Server) constrain(p *genParams) error {
 		if len(p.genChoices) > 0 {
 			gen = p.genChoices[i-1]
 		}
-		st, err := c.State(gen)
+		st, err := c.Offloaded(s.offload, root, gen)
 		if err != nil {
 			p.closeGrammars()
 			return invalid("request %s: choice %d: %v", p.id, i, err)
