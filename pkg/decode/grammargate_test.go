@@ -6,9 +6,13 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/grammar"
@@ -96,5 +100,37 @@ func TestGrammarSitsOut(t *testing.T) {
 	r := <-done
 	if r.err != nil || !slices.Equal(r.tokens, want) {
 		t.Errorf("held: %v, %v; want %v as when free", r.tokens, r.err, want)
+	}
+}
+
+// A grammar over a compile budget is refused in the call, INVALID_ARGUMENT
+// naming the limit (the coordinator's 400), before anything reaches the
+// batch: here a start state over grammar.MaxStateBytes (100 nested rules
+// over 4,000 alternatives).
+func TestGrammarOverCompileBudget(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("root ::= r0\n")
+	for i := range 100 {
+		fmt.Fprintf(&b, "r%d ::= r%d \"x\"\n", i, i+1)
+	}
+	b.WriteString("r100 ::= ")
+	for i := range 4000 {
+		if i > 0 {
+			b.WriteString(" | ")
+		}
+		fmt.Fprintf(&b, "[\\u%04x]", 0x100+i)
+	}
+	w := newWorker(t, smallOptions(), true)
+	stream, err := w.client.Generate(testCtx(t), &pdservev1.GenerateRequest{RequestId: "big", PromptTokens: prompt(9, 3), MaxTokens: 8, N: 4, LocalPrefill: true, Sampling: &pdservev1.Sampling{Grammar: b.String()}})
+	if err == nil {
+		_, err = collect(stream)
+	}
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "state bytes") {
+		t.Fatalf("%v, want InvalidArgument naming the state bytes limit", err)
+	}
+	w.s.mu.Lock()
+	defer w.s.mu.Unlock()
+	if n := len(w.s.seqs); n != 0 {
+		t.Errorf("%d requests held after the refusal", n)
 	}
 }
