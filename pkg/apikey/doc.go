@@ -34,7 +34,8 @@
 //   - rpm=N: at most N requests a minute, 1 ≤ N ≤ MaxLimit.
 //   - tpm=N: at most N tokens a minute, 1 ≤ N ≤ MaxLimit (the frontend
 //     counts a request's prompt tokens plus n × max_tokens at admission and
-//     returns what it did not generate at the end).
+//     returns what it did not generate at the end; a grammar adds n ×
+//     grammar.CostTokens, kept).
 //
 // A key may appear only once. A file without keys (empty, or only
 // comments) is valid and refuses every request: emptying the file revokes

@@ -118,6 +118,10 @@ type Server struct {
 	// call's outbox and ended.
 	b *batch.Batch
 
+	// offload computes the grammar states of the batch's choices off the
+	// engine loop (batch.Config.Grammars).
+	offload *grammar.Offload
+
 	// rx is the KV receiver's state, under its own lock.
 	rx rxState
 
@@ -304,7 +308,9 @@ func New(eng engine.Engine, o Options, logger *zap.Logger, reg prometheus.Regist
 		return nil, err
 	}
 	memTokens, memSeqs := engineMemory(eng)
+	s.offload = grammar.NewOffload(grammarWorkers(), s.sig.Wake)
 	s.b = batch.New(batch.Config{
+		Grammars:       s.offload,
 		Engine:         eng,
 		Cache:          s.cache,
 		EOG:            eog,
@@ -897,7 +903,7 @@ func (s *Server) validate(req *pdservev1.GenerateRequest) (genParams, error) {
 	if p.sampling, err = wire.FromSampling(req.GetSampling()); err != nil {
 		return p, invalid("request %s: %v", id, err)
 	}
-	if err := s.constrain(&p); err != nil {
+	if err := s.constrain(&p, req.GetPrefixRoot()); err != nil {
 		return p, err
 	}
 	p.hashes = s.cache.Hashes(kv.Hash(req.GetPrefixRoot()), p.prompt)
@@ -909,8 +915,10 @@ func (s *Server) validate(req *pdservev1.GenerateRequest) (genParams, error) {
 // token, or those generated before a failover): here, in the call's
 // goroutine, never on the engine loop, which only takes the states.
 // Nothing when p has no grammar. Errors: INVALID_ARGUMENT naming the
-// grammar's fault (a limit, its syntax, a refused generated token).
-func (s *Server) constrain(p *genParams) error {
+// grammar's fault (a limit, its syntax, a refused generated token). The
+// states' later work runs on s.offload under the request's tenant (root,
+// its prefix_root).
+func (s *Server) constrain(p *genParams, root uint64) error {
 	if p.sampling.Grammar == "" {
 		return nil
 	}
@@ -918,7 +926,7 @@ func (s *Server) constrain(p *genParams) error {
 	if err != nil {
 		return invalid("request %s: %v", p.id, err)
 	}
-	if p.constraint, err = c.State(p.generated); err != nil {
+	if p.constraint, err = c.Offloaded(s.offload, root, p.generated); err != nil {
 		return invalid("request %s: %v", p.id, err)
 	}
 	for i := 1; i < p.n; i++ {
@@ -926,7 +934,7 @@ func (s *Server) constrain(p *genParams) error {
 		if len(p.genChoices) > 0 {
 			gen = p.genChoices[i-1]
 		}
-		st, err := c.State(gen)
+		st, err := c.Offloaded(s.offload, root, gen)
 		if err != nil {
 			p.closeGrammars()
 			return invalid("request %s: choice %d: %v", p.id, i, err)

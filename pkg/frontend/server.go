@@ -29,6 +29,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/chattmpl"
 	"github.com/pdserve/pdserve/pkg/config"
 	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/grammar"
 	"github.com/pdserve/pdserve/pkg/metrics"
 	"github.com/pdserve/pdserve/pkg/sampling"
 	"github.com/pdserve/pdserve/pkg/tracing"
@@ -825,15 +826,27 @@ type plan struct {
 }
 
 // tokens returns the most tokens the request may use: every prompt's
-// tokens and n × max_tokens each.
+// tokens and n × max_tokens each, and its grammar's cost (grammarTokens).
 //
 // It cannot overflow: prepare bounds each prompt and its max_tokens to
 // MaxSequenceTokens, N to maxN and the prompts to the batch limit; it
 // saturates all the same.
 func (pl *plan) tokens() int {
-	n := 0
+	n := pl.grammarTokens()
 	for _, r := range pl.reqs {
 		n = satAdd(n, satAdd(len(r.Prompt), satMul(r.N, r.MaxTokens)))
+	}
+	return n
+}
+
+// grammarTokens is what the request's grammar costs against the key's
+// tokens a minute: grammar.CostTokens for each choice of each prompt
+// decoded under it. It is charged whatever the output: tokens and used
+// both count it, so it is never given back.
+func (pl *plan) grammarTokens() int {
+	n := 0
+	for _, r := range pl.reqs {
+		n = satAdd(n, satMul(r.N, grammar.CostTokens(r.Sampling.Grammar)))
 	}
 	return n
 }
@@ -854,10 +867,10 @@ func satMul(a, b int) int {
 	return a * b
 }
 
-// used returns the tokens the request used: every prompt's tokens and the
-// output tokens delivered. Call it once the request ended.
+// used returns the tokens the request used: every prompt's tokens, the
+// output tokens delivered, and its grammar's cost. Call it once the request ended.
 func (pl *plan) used() int {
-	n := 0
+	n := pl.grammarTokens()
 	for _, r := range pl.reqs {
 		n += len(r.Prompt) + r.Trace.OutputTokens
 	}

@@ -29,8 +29,18 @@
 // property names, the alternatives of one anyOf or enum (identical ones
 // merged), the properties of one object, and its nesting; each over its
 // limit is a *LimitError naming it. Workers compile a request's grammar
-// once (Source.Compile), where the request arrives, and take each
-// choice's state from it (Compiled.State).
+// once (Source.Compile), where the request arrives, within CompileTime
+// and MaxStateBytes (each a *LimitError), and take each choice's state
+// from it (Compiled.State).
+//
+// A batch loop takes Compiled.Offloaded states instead: a token's
+// acceptance is a check of the state's mask, and the state after it and
+// its mask are computed on an Offload (a few goroutines taking tenants in
+// turn) while the state reports not Ready; the loop leaves it out of its
+// steps until it is. The states of a compiled grammar are shared by its
+// choices (a table bounded by CacheBytes): choices that reach the same
+// state compute its mask once. CostTokens is a grammar's price against a
+// key's rate limit.
 //
 // FromSchema translates JSON Schema into GBNF as llama.cpp's
 // json-schema-to-grammar of the pinned release does, for every schema it

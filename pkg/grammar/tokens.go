@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"time"
 
 	"github.com/pdserve/pdserve/pkg/engine"
 )
@@ -53,33 +54,71 @@ func (s *Source) Constrain(gbnf string, generated []int32) (engine.GrammarState,
 }
 
 // Compiled is a grammar checked and parsed once for a request, from which
-// each of its choices takes its own state (State). Compile it where the
-// request arrives, not on the engine loop: its cost grows with the
-// grammar, bounded by MaxBytes and DefaultLimits' rules and states, where
-// a State costs the grammar's first expansion and the tokens it is
-// advanced over. Immutable; safe for concurrent use.
+// each of its choices takes its own state (State, Offloaded). Compile it
+// where the request arrives, not on the engine loop: its cost grows with
+// the grammar, bounded by MaxBytes, DefaultLimits' rules and states,
+// MaxStateBytes and CompileTime, where a State costs the grammar's first
+// expansion and the tokens it is advanced over. Safe for concurrent use
+// (its table of states, which its Offloaded states fill, is the only part
+// that changes).
 type Compiled struct {
-	src  *Source
-	gbnf string
-	g    *Grammar
+	src   *Source
+	gbnf  string
+	g     *Grammar
+	start *node  // the start state and its mask (the Go mask only)
+	table *table // the states its Offloaded choices share
 }
 
+// CompileTime bounds Compile: parsing, the start state's expansion and
+// (for the Go mask) its mask. A grammar that takes longer is refused
+// with a *LimitError ("compile milliseconds"). The costliest schema
+// within DefaultLimits took 0.8-2.1 s (parse and start mask) on a 2-core
+// machine at a load average of 13, and up to 6 s under the race
+// detector: the budget is a backstop above what a grammar within the
+// limits takes, not a limit such a grammar meets under load.
+const CompileTime = 10 * time.Second
+
 // Compile parses gbnf (root rule "root") within MaxBytes and
-// DefaultLimits (Check) and checks that its start expands within the
-// matcher's bounds. Errors: ErrNoLogits (the engine chooses tokens
+// DefaultLimits (Check), checks that its start expands within the
+// matcher's bounds and MaxStateBytes, and, for engines without a grammar
+// sampler of their own, computes its start state's mask; all of it
+// within CompileTime. Errors: ErrNoLogits (the engine chooses tokens
 // without logits), a *LimitError, ErrSyntax, the matcher's bound.
 func (s *Source) Compile(gbnf string) (*Compiled, error) {
+	return s.compile(gbnf, CompileTime)
+}
+
+func (s *Source) compile(gbnf string, budget time.Duration) (*Compiled, error) {
 	if _, ok := s.eng.(engine.LogitFree); ok {
 		return nil, ErrNoLogits
 	}
+	start := time.Now()
+	late := func() bool { return time.Since(start) > budget }
+	over := &LimitError{Limit: "compile milliseconds", Max: int(budget.Milliseconds())}
 	g, err := Check(gbnf, Limits{})
 	if err != nil {
 		return nil, err
 	}
-	if _, err := g.Matcher(); err != nil {
+	m, err := g.Matcher()
+	if err != nil {
 		return nil, err
 	}
-	return &Compiled{src: s, gbnf: gbnf, g: g}, nil
+	if stateBytes(m.stacks) > MaxStateBytes {
+		return nil, &LimitError{Limit: "state bytes", Max: MaxStateBytes}
+	}
+	if late() {
+		return nil, over
+	}
+	c := &Compiled{src: s, gbnf: gbnf, g: g, table: &table{nodes: map[string]*node{}}}
+	if _, ok := s.eng.(engine.GrammarSampler); ok {
+		return c, nil
+	}
+	if c.start, err = s.vocab().build(g, c.table, m.stacks, m.part, late); errors.Is(err, errDeadline) {
+		return nil, over
+	} else if err != nil {
+		return nil, err
+	}
+	return c, nil
 }
 
 // State returns a new state of c advanced over generated (the tokens a
@@ -100,6 +139,25 @@ func (c *Compiled) State(generated []int32) (engine.GrammarState, error) {
 		st.Close()
 		return nil, err
 	}
+	return st, nil
+}
+
+// Offloaded returns a new state of c, as State does, whose work runs on o
+// under key (the request's tenant: o takes keys in turn) and whose
+// states are shared with every other state c gives: an *Offloaded, or,
+// for an engine with a grammar sampler of its own, State's. It is
+// advanced over generated here, in the caller. Errors: ErrRejected, the
+// engine's refusal.
+func (c *Compiled) Offloaded(o *Offload, key uint64, generated []int32) (engine.GrammarState, error) {
+	if c.start == nil {
+		return c.State(generated)
+	}
+	st := &Offloaded{c: c, key: key, cur: c.start}
+	// Without o, Accept computes every state here.
+	if err := st.Accept(generated...); err != nil {
+		return nil, err
+	}
+	st.o = o
 	return st, nil
 }
 

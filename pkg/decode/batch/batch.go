@@ -2,6 +2,7 @@ package batch
 
 import (
 	"context"
+	"github.com/pdserve/pdserve/pkg/grammar"
 	"sync/atomic"
 	"time"
 
@@ -248,6 +249,9 @@ type Config struct {
 	Stop func()
 	Log  *zap.Logger
 	Now  func() time.Time
+	// Grammars computes the choices' grammar states off the loop (nil:
+	// states computed in place are always ready; see grammargate.go).
+	Grammars *grammar.Offload
 }
 
 // Batch is the decode worker's continuous batching: requests join at

@@ -98,6 +98,7 @@ var _ runner.Policy[*seq] = policy{}
 func (p policy) Plan() runner.Batch[*seq] {
 	b := p.b
 	b.drain()
+	b.waitGrammars()
 	rb := b.plan()
 	b.report()
 	return rb
@@ -408,6 +409,9 @@ func (b *Batch) plan() runner.Batch[*seq] {
 	var pending []int
 	for _, q := range b.active {
 		if len(q.pending) == 0 {
+			if !grammarReady(q.constraint) {
+				continue // it sits this step out (grammargate.go)
+			}
 			rb.Decode = append(rb.Decode, engine.DecodeItem{Seq: q.eseq, Token: q.next, Sampling: q.sampling})
 			rb.DecodeOf = append(rb.DecodeOf, q)
 			continue
