@@ -424,6 +424,32 @@ func (c *converter) schema(s *object, path string, depth int) (string, error) {
 	return "", &UnsupportedError{Keyword: fmt.Sprintf("type %q", tn), Path: path}
 }
 
+// bound is one of a schema's numeric bounds: its keyword and value.
+type bound struct {
+	k string
+	v float64
+}
+
+// numericBounds returns the minimum, exclusiveMinimum, maximum and
+// exclusiveMaximum s gives, in that order; an UnsupportedError for one
+// that is not a finite number.
+func numericBounds(s *object, path string) ([]bound, error) {
+	var out []bound
+	for _, k := range []string{"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"} {
+		v, ok := s.get(k)
+		if !ok {
+			continue
+		}
+		n, isNum := v.(json.Number)
+		f, err := n.Float64()
+		if !isNum || err != nil || math.IsInf(f, 0) {
+			return nil, &UnsupportedError{Keyword: fmt.Sprintf("%s %v (want a number)", k, v), Path: path}
+		}
+		out = append(out, bound{k, f})
+	}
+	return out, nil
+}
+
 // number translates a number with bounds, beyond llama.cpp (which
 // ignores them): a range whose lower bound is at least 0, or that has
 // only an upper bound of at least 0, as the numbers of the range written
@@ -437,16 +463,12 @@ func (c *converter) schema(s *object, path string, depth int) (string, error) {
 func (c *converter) number(s *object, path string) (string, error) {
 	lo, hi := math.Inf(-1), math.Inf(1)
 	loX, hiX := false, false
-	for _, k := range []string{"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"} {
-		v, ok := s.get(k)
-		if !ok {
-			continue
-		}
-		n, isNum := v.(json.Number)
-		f, err := n.Float64()
-		if !isNum || err != nil || math.IsInf(f, 0) {
-			return "", &UnsupportedError{Keyword: fmt.Sprintf("%s %v (want a number)", k, v), Path: path}
-		}
+	bs, err := numericBounds(s, path)
+	if err != nil {
+		return "", err
+	}
+	for _, b := range bs {
+		k, f := b.k, b.v
 		switch k {
 		case "minimum":
 			if f > lo || f == lo && loX {
@@ -650,16 +672,12 @@ func (c *converter) bounds(s *object, minK, maxK, path string) (int, int, error)
 func (c *converter) integer(s *object, path string) (string, error) {
 	lo, hi := float64(-maxSafe), float64(maxSafe)
 	hasMin := s.has("minimum") || s.has("exclusiveMinimum")
-	for _, k := range []string{"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"} {
-		v, ok := s.get(k)
-		if !ok {
-			continue
-		}
-		n, isNum := v.(json.Number)
-		f, err := n.Float64()
-		if !isNum || err != nil || math.IsInf(f, 0) {
-			return "", &UnsupportedError{Keyword: fmt.Sprintf("%s %v (want a number)", k, v), Path: path}
-		}
+	bs, err := numericBounds(s, path)
+	if err != nil {
+		return "", err
+	}
+	for _, b := range bs {
+		k, f := b.k, b.v
 		switch k {
 		case "minimum":
 			lo = max(lo, math.Ceil(f))
