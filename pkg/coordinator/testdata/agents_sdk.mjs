@@ -42,7 +42,9 @@ async function agentRun(name, agentModel) {
     tools: [getWeather], outputType: Weather,
     // The first turn must call the tool; then (resetToolChoice) the
     // choice is the model's, under the output type's schema.
-    modelSettings: { toolChoice: 'required', temperature: 0, maxTokens: 400 },
+    // One call a turn (parallelToolCalls false), so the run's shape is
+    // known on random weights: the server holds the model to it.
+    modelSettings: { toolChoice: 'required', parallelToolCalls: false, temperature: 0, maxTokens: 400 },
   });
   try {
     const r = await run(agent, 'What is the weather in Oslo?', { maxTurns: 4 });
