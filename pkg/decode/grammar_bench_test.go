@@ -15,6 +15,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
+	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/engine/sim"
 	"github.com/pdserve/pdserve/pkg/grammar"
 )
 
@@ -44,7 +46,25 @@ func worstSchema() string {
 // is one of each.
 //
 //	go test -run '^$' -bench GrammarNeighbour -benchtime 20x ./pkg/decode/
-func BenchmarkGrammarNeighbour(b *testing.B) {
+func BenchmarkGrammarNeighbour(b *testing.B) { grammarNeighbour(b, newEngine(b)) }
+
+// BenchmarkGrammarNeighbourSim is BenchmarkGrammarNeighbour on the
+// performance-model engine (h100/llama-3-8b/tp1, real time): its steps
+// take the GPU's modeled time, so the neighbour's latency beside a batch
+// is a GPU's, and what the grammar adds is this host's CPU work alone (on
+// the reference engine the batch's own arithmetic on the CPU already
+// slows the neighbour many times).
+//
+//	go test -run '^$' -bench GrammarNeighbourSim -benchtime 20x ./pkg/decode/
+func BenchmarkGrammarNeighbourSim(b *testing.B) {
+	e, err := sim.New(sim.Options{Profile: "h100/llama-3-8b/tp1"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	grammarNeighbour(b, e)
+}
+
+func grammarNeighbour(b *testing.B, eng engine.Engine) {
 	gbnf, err := grammar.FromSchema([]byte(worstSchema()))
 	if err != nil {
 		b.Fatal(err)
@@ -53,7 +73,7 @@ func BenchmarkGrammarNeighbour(b *testing.B) {
 	o.MaxBatch = 17
 	o.KVBlocks = 1024
 	o.MaxBatchTokens = 64
-	w := newWorker(b, o, true)
+	w := newWorkerOn(b, eng, o, true)
 	p := prompt(24, 5)
 	neighbour := func(id string) time.Duration {
 		start := time.Now()
