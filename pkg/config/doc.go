@@ -35,6 +35,7 @@
 //	    prefill: {prefix: 4, queue: 1, batch: 0}
 //	  # least-loaded: prefix 0 in both profiles (LeastLoadedYAML)
 //	  picker: maxscore                # or roundrobin: in turn by worker id, no weights set
+//	  recent_prompt_ms: 10000         # an ended prompt counts as held by its workers this long (0: off)
 //	auth:                 # optional: authenticated clients (package apikey); none by default
 //	  api_keys_file: keys.txt         # sha256:<hex> [name=…] [rpm=…] [tpm=…] per line; relative to this file
 //	  metrics_token_file: metrics.tok # the bearer token /metrics requires

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -42,6 +43,20 @@ type Routing struct {
 	// scoring against). With roundrobin no weight may be set, since none
 	// would change anything.
 	Picker string `yaml:"picker"`
+	// RecentPromptMs is how long, in milliseconds, an ended request's
+	// prompt counts as held by its decode and prefill workers before their
+	// KV events or digests report it (router.Config.RecentTTL), so that
+	// an agent's next turn finds the workers that hold its conversation.
+	// nil: router.DefaultRecentTTL; 0: off.
+	RecentPromptMs *int `yaml:"recent_prompt_ms"`
+}
+
+// RecentTTL is RecentPromptMs as the router takes it.
+func (r Routing) RecentTTL() time.Duration {
+	if r.RecentPromptMs == nil {
+		return router.DefaultRecentTTL
+	}
+	return time.Duration(*r.RecentPromptMs) * time.Millisecond
 }
 
 // Pickers, the values of Routing.Picker: package router's.
@@ -173,6 +188,7 @@ func (r Routing) validate() error {
 		{"max_queued_prefill_tokens", r.MaxQueuedPrefillTokens},
 		{"prefill_queue_local_tokens", r.PrefillQueueLocalTokens},
 		{"busy_local_prefill_below_tokens", r.BusyLocalPrefillBelowTokens},
+		{"recent_prompt_ms", int(r.RecentTTL() / time.Millisecond)},
 	} {
 		if v.n < 0 {
 			return bad("%s must be ≥ 0, got %d", v.name, v.n)

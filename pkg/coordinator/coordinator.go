@@ -623,6 +623,7 @@ func newRouter(o Options, reg prometheus.Registerer) *router.Router {
 	return router.New(router.Config{
 		BlockTokens:                 o.BlockTokens,
 		Colocated:                   o.Mode == ModeColocated,
+		RecentTTL:                   rt.RecentTTL(),
 		LocalPrefillBelowTokens:     rt.LocalPrefillBelowTokens,
 		PrefillQueueLocalTokens:     rt.PrefillQueueLocalTokens,
 		BusyLocalPrefillBelowTokens: rt.BusyLocalPrefillBelowTokens,

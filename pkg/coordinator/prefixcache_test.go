@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -76,8 +78,16 @@ func TestPrefixCacheEndToEnd(t *testing.T) {
 func TestPrefixHitAtReserveDecidesLocal(t *testing.T) {
 	shared := strings.Repeat("a shared system prompt. ", 8) // 192 bytes: 12 blocks of 16
 	first, second := shared+"first question?", shared+"another one!"
+	// The router must not know the decode worker holds the first prompt:
+	// no recent prompts (router.Config.RecentTTL) either.
+	policy := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(policy, []byte("routing:\n  recent_prompt_ms: 0\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	cl := startCluster(t, clusterOpts{
-		edit: func(o *coordinator.Options) { o.LocalPrefillTokens, o.HeartbeatTTL = 32, 30*time.Second },
+		edit: func(o *coordinator.Options) {
+			o.LocalPrefillTokens, o.HeartbeatTTL, o.PolicyFile = 32, 30*time.Second, policy
+		},
 		worker: func(wo *workerrun.Options) {
 			wo.Prefill.PrefixCache.MaxTokens = 4096
 			wo.Decode.PrefixCache.MaxTokens = 4096

@@ -68,6 +68,10 @@ var (
 type Config struct {
 	// Colocated: every request prefills on its decode (colocated) worker.
 	Colocated bool
+	// RecentTTL is how long an ended request's prompt counts as held by
+	// its workers before their KV events or digests say so ("Recent
+	// prompts"); ≤ 0: not at all.
+	RecentTTL time.Duration
 	// LocalPrefillBelowTokens: in disaggregated mode, a prompt whose
 	// uncached tokens (prompt minus the decode worker's prefix-cache hit)
 	// are fewer than this prefills on the decode worker. 0 = never.
@@ -246,14 +250,15 @@ type assignment struct {
 // turn, or a client's follow-up, often comes sooner and would find the
 // router blind to the prefix it was built on. So Done records the ended
 // request's block hashes as held by its decode (and prefill) worker, for
-// recentTTL after the request was routed, at most recentPerWorker prompts
+// Config.RecentTTL after the request was routed (DefaultRecentTTL is the
+// coordinator's default), at most recentPerWorker prompts
 // a worker, and the engine-memory hit of a worker is the larger of what
 // its index says and these. A guess that turned out wrong (the worker
 // evicted the prompt) costs one route; Reserve stays the authority.
 const (
-	recentTTL       = 10 * time.Second
-	recentPerWorker = 16
-	recentMaxHashes = 4096
+	DefaultRecentTTL = 10 * time.Second
+	recentPerWorker  = 16
+	recentMaxHashes  = 4096
 )
 
 // recentPrompt is an ended request's prompt, by its block hashes.
@@ -484,7 +489,7 @@ func (r *Router) engineHit(w Worker) int {
 func (r *Router) recentHit(id string) int {
 	best := 0
 	for _, p := range r.recent[id] {
-		if r.now.Sub(p.at) > recentTTL {
+		if r.now.Sub(p.at) > r.cfg.RecentTTL {
 			continue
 		}
 		n := 0
@@ -498,14 +503,14 @@ func (r *Router) recentHit(id string) int {
 
 // remember records a's prompt as held by worker id (Done).
 func (r *Router) remember(id string, a assignment) {
-	if id == "" || len(a.hashes) == 0 {
+	if id == "" || len(a.hashes) == 0 || r.cfg.RecentTTL <= 0 {
 		return
 	}
 	l := r.recent[id]
 	// Drop what has expired (by the newest time known, the ended
 	// request's), then the oldest beyond the bound.
 	k := 0
-	for k < len(l) && a.at.Sub(l[k].at) > recentTTL {
+	for k < len(l) && a.at.Sub(l[k].at) > r.cfg.RecentTTL {
 		k++
 	}
 	l = append(l[k:], recentPrompt{at: a.at, hashes: a.hashes})

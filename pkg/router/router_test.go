@@ -726,7 +726,7 @@ func TestDecisionPeer(t *testing.T) {
 // request built on it goes to them although no KV event or digest says
 // so yet, for recentTTL, and not to a worker that left (Retain).
 func TestRecentPrompts(t *testing.T) {
-	r := New(Config{})
+	r := New(Config{RecentTTL: DefaultRecentTTL})
 	prompt := []uint64{11, 12, 13, 14}
 	turn2 := append(append([]uint64(nil), prompt...), 15, 16)
 	// Equal workers: d1 and p1 only by excluding d0/p0 the first time.
@@ -755,12 +755,20 @@ func TestRecentPrompts(t *testing.T) {
 	}
 	r.Done("t2")
 	r.Done("x")
-	if got := route(100+int(recentTTL/time.Millisecond)+1, "late", []uint64{11, 12, 99}, nil); got.Hit != 0 {
+	if got := route(100+int(DefaultRecentTTL/time.Millisecond)+1, "late", []uint64{11, 12, 99}, nil); got.Hit != 0 {
 		t.Errorf("after recentTTL: %+v, want no hit", got)
 	}
 	r.Done("late")
 	r.Retain(map[string]bool{"d0": true, "p0": true})
 	if len(r.recent["d1"])+len(r.recent["p1"]) != 0 || len(r.recent["d0"]) == 0 {
 		t.Errorf("after d1 and p1 left, remembered: %v", r.recent)
+	}
+	off := New(Config{})
+	if _, err := off.Route(at(0), Request{ID: "t1", PromptTokens: 64, MaxTokens: 8, PrefixHashes: prompt}, decode, prefill, map[string]bool{"d0": true}); err != nil {
+		t.Fatal(err)
+	}
+	off.Done("t1")
+	if d, err := off.Route(at(100), Request{ID: "t2", PromptTokens: 96, MaxTokens: 8, PrefixHashes: turn2}, decode, prefill, nil); err != nil || d.Decode.ID != "d0" || d.PrefixHitTokens != 0 {
+		t.Errorf("RecentTTL 0: %+v, %v; want d0 and no hit", summarise(d), err)
 	}
 }
