@@ -26,7 +26,7 @@ var helpGroups = []cliflags.Group{
 		"ctx-size", "gpu-layers", "kv-type", "max-seqs", "llama-*", "no-repack"}},
 	{Title: "KV, batching and transfer", Flags: []string{"block-tokens", "kv-blocks", "max-batch", "chunk-tokens", "max-batch-tokens",
 		"reserve-ttl", "max-reservations-per-caller", "max-reserved-tokens-per-caller", "max-outbox-bytes", "stream-write-timeout",
-		"prefix-cache-*", "host-cache-*", "disk-cache-*", "codec", "max-live-prefills", "retain-*", "max-live-kv-bytes", "kv-conns", "pace-gbps", "peer-link-gbps", "kv-hash-key-file"}},
+		"prefix-cache-*", "host-cache-*", "disk-cache-*", "codec", "max-live-prefills", "retain-*", "max-live-kv-bytes", "kv-conns", "pace-gbps", "peer-link-gbps", "peer-pull-verify-blocks", "kv-hash-key-file"}},
 	{Title: "NATS (control plane)", Flags: []string{"nats-*", "kv-events", "kv-snapshot-interval"}},
 	{Title: "gRPC between components (TLS, credentials, keepalive)", Flags: []string{"tls-*", "grpc-*"}},
 	{Title: "Tracing (OpenTelemetry)", Flags: []string{"otel-*"}},

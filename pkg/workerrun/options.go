@@ -380,7 +380,7 @@ func (o Options) LogFields() []zap.Field {
 			zap.Duration("retain_ttl", p.RetainTTL), zap.Int64("max_live_kv_bytes", p.MaxLiveKVBytes),
 			zap.Float64("pace_gbps", o.PaceGbps), zap.Int("kv_conns", o.KVConns),
 			zap.Int("block_tokens", p.PrefixCache.BlockTokens),
-			zap.Int("prefix_cache_tokens", p.PrefixCache.MaxTokens), zap.Int("prefix_cache_entries", p.PrefixCache.MaxEntries), zap.Int64("host_cache_bytes", p.PrefixCache.HostBytes), zap.Float64("peer_link_gbps", p.PeerLinkGbps), zap.String("disk_cache_dir", p.PrefixCache.DiskDir), zap.Int64("disk_cache_bytes", p.PrefixCache.DiskBytes))
+			zap.Int("prefix_cache_tokens", p.PrefixCache.MaxTokens), zap.Int("prefix_cache_entries", p.PrefixCache.MaxEntries), zap.Int64("host_cache_bytes", p.PrefixCache.HostBytes), zap.Float64("peer_link_gbps", p.PeerLinkGbps), zap.Int("peer_pull_verify_blocks", p.PeerPullVerifyBlocks), zap.String("disk_cache_dir", p.PrefixCache.DiskDir), zap.Int64("disk_cache_bytes", p.PrefixCache.DiskBytes))
 	}
 	d := o.Decode
 	f = append(f, d.Budget.LogFields()...)
