@@ -181,9 +181,9 @@ func Grammar(f Format, tools []Tool, names []string, parallel bool) (string, err
 		}
 		switch f {
 		case FormatHermes:
-			alts = append(alts, gbnfLiteral(`{"name": `+quote(name)+`, "arguments": `)+" "+args+` "}"`)
+			alts = append(alts, grammar.Literal(`{"name": `+quote(name)+`, "arguments": `)+" "+args+` "}"`)
 		case FormatLlama3:
-			alts = append(alts, gbnfLiteral(`{"name": `+quote(name)+`, "parameters": `)+" "+args+` "}"`)
+			alts = append(alts, grammar.Literal(`{"name": `+quote(name)+`, "parameters": `)+" "+args+` "}"`)
 		default:
 			return "", ErrUnknownFormat
 		}
@@ -223,25 +223,4 @@ func indexTool(tools []Tool, name string) int {
 		}
 	}
 	return -1
-}
-
-// gbnfLiteral quotes s as a GBNF string literal.
-func gbnfLiteral(s string) string {
-	var q strings.Builder
-	q.WriteByte('"')
-	for _, ch := range s {
-		switch {
-		case ch == '"' || ch == '\\':
-			q.WriteByte('\\')
-			q.WriteRune(ch)
-		case ch == '\n':
-			q.WriteString(`\n`)
-		case ch < 0x20:
-			fmt.Fprintf(&q, "\\x%02X", ch)
-		default:
-			q.WriteRune(ch)
-		}
-	}
-	q.WriteByte('"')
-	return q.String()
 }

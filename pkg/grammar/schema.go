@@ -270,11 +270,12 @@ func (c *converter) literal(v any, path string) (string, error) {
 	if c.literals += b.Len(); c.literals > c.lim.LiteralBytes {
 		return "", &LimitError{Limit: "literal bytes", Max: c.lim.LiteralBytes, Path: path}
 	}
-	return gbnfLiteral(b.String()), nil
+	return Literal(b.String()), nil
 }
 
-// gbnfLiteral quotes s as a GBNF string literal.
-func gbnfLiteral(s string) string {
+// Literal quotes s as a GBNF string literal (package chattmpl's tool
+// grammars use it too).
+func Literal(s string) string {
 	var q strings.Builder
 	q.WriteByte('"')
 	for _, ch := range s {
@@ -282,6 +283,8 @@ func gbnfLiteral(s string) string {
 		case ch == '"' || ch == '\\':
 			q.WriteByte('\\')
 			q.WriteRune(ch)
+		case ch == '\n':
+			q.WriteString(`\n`)
 		case ch < 0x20:
 			fmt.Fprintf(&q, "\\x%02X", ch)
 		default:
