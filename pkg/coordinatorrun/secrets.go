@@ -44,7 +44,9 @@ var workerIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$`)
 // secret a deployment of processes started apart needs, each worker's its
 // own:
 //
-//   - ca.crt (every process's --tls-ca) and ca.key (kept to issue more);
+//   - ca.crt (every process's --tls-ca) and ca.key (mode 0600: a
+//     certificate for a worker added later is signed with it, e.g. by
+//     openssl x509 -req -CA ca.crt -CAkey ca.key; keep it off the nodes);
 //   - coordinator.crt/.key, naming spiffe://pdserve/coordinator;
 //   - ID.crt/.key per worker, naming spiffe://pdserve/ROLE and
 //     spiffe://pdserve/ROLE/ID and the DNS name pdserve-worker;
