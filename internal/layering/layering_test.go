@@ -133,6 +133,8 @@ func TestLayering(t *testing.T) {
 		// The decode worker's batch speaks Go types only: the service
 		// maps them to the wire.
 		{pkg: "pkg/decode/batch", not: []string{"api/...", "google.golang.org/grpc/...", "pkg/wire", "pkg/kvtransfer", "pkg/grpcauth"}},
+		// So does the prefill worker's.
+		{pkg: "pkg/prefill/batch", not: []string{"api/...", "google.golang.org/grpc/...", "pkg/wire", "pkg/kvtransfer", "pkg/grpcauth"}},
 		{pkg: "pkg/workerrun", not: []string{"pkg/coordinator", "pkg/coordinatorrun", "pkg/standalone", "pkg/frontend", "pkg/router"}},
 		{pkg: "pkg/kvtransfer", not: []string{"pkg/coordinator", "pkg/prefill", "pkg/decode", "pkg/workerrun"}},
 		{pkg: "pkg/grpcnet", not: []string{"pkg/coordinator", "pkg/workerrun", "pkg/kvtransfer", "pkg/engine"}},
