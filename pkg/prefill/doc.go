@@ -1,6 +1,6 @@
 // Package prefill is the prefill worker: it serves pdserve.v1.PrefillService,
-// runs a first-come-first-served scheduler that packs queued prompts into
-// chunked prefill steps under a token budget, and streams each request's KV
+// runs a first-come-first-served batch (pkg/prefill/batch) that packs
+// queued prompts into chunked prefill steps under a token budget, and streams each request's KV
 // to the decode worker that reserved blocks for it while the prompt is still
 // being computed.
 //
@@ -12,11 +12,11 @@
 // Options.MaxLivePrefills requests are live or when the prompt's KV would take
 // the live requests' KV beyond Options.MaxLiveKVBytes (see Retention): a
 // request is refused up front rather than left to wait in a queue that
-// cannot drain in time. Every scheduler step takes requests in arrival order
+// cannot drain in time. Every step of the batch takes requests in arrival order
 // and gives each at most Options.ChunkTokens of its remaining prompt until
 // Options.MaxBatchTokens tokens are used; the engine runs the step as one
 // batch. The engine hands out every layer's KV of every chunk through its
-// KVFunc; the scheduler copies it once into the request's KV buffer and
+// KVFunc; the batch hands it to the request, which copies it once into the request's KV buffer and
 // queues a reference to it for the request's sender goroutine, which encodes
 // and sends it over a kvtransfer stream. The engine therefore never waits on
 // the network: the queue holds only (layer, token range) references into the
@@ -67,7 +67,7 @@
 // stream start at that token (StreamHeader.Start): earlier frames are not
 // sent, a frame across it is cut. Forks are independent of their source,
 // so evicting an entry never touches a request's sequence; an entry is
-// pinned between its lookup and its fork, inside one scheduler call, or
+// pinned between its lookup and its fork, inside one call of the batch, or
 // by a peer's export, which pins it under the engine lock.
 //
 // # Adaptive codec
@@ -109,8 +109,30 @@
 //
 // # Concurrency
 //
-// One goroutine (Run: the pkg/runner loop under the FCFS policy fcfs) owns
-// the engine. Server methods are safe for concurrent use; the gRPC handlers
-// and the sender goroutines talk to the scheduler through a mutex-guarded
-// state and a wake-up channel (batching.Signals).
+// The worker is a service and a batch (ollama's runner; etcd raft's
+// Ready/Advance). The batch (pkg/prefill/batch) is FCFS chunked prefill
+// over the engine, run by one goroutine (Run): it owns every request's
+// prefill state (engine sequence, progress, prefix hits, grammar state),
+// the prefix cache's engine sequences and the engine's memory, and takes
+// no lock. It imports engine, prefixcache, kv and runner, never grpc or
+// api: the service maps its Go types to the wire.
+//
+// The service (the PrefillService handlers, the retained KV, the sender
+// goroutines, the expiry ticker) holds the live requests, the retention
+// store and each request's KV buffer and transfer under its one lock,
+// Server.mu. It talks to the batch only by messages posted to its
+// mailbox, a leaf (batch.Join when a Prefill call is queued, batch.Cancel
+// when a request the batch holds ends in the service: cancelled, its
+// transfer failed, the worker stopping; batch.Purge when a peer failed a
+// spot check), taken at each step boundary. The batch answers through
+// each request, its batch.Outbox (outbox.go: Start charges the retention
+// bound and starts the sender, Prefix and KV copy KV into the buffer and
+// push it to the transfer, End hands over the first token or the
+// failure); those take mu from the loop, holding no lock of the batch,
+// and never wait for it. A transfer has a leaf lock of its own. No lock
+// is held across a call into another party, so there is no lock order to
+// keep. Peers' exports of cached prefixes and spot checks of pulled KV
+// read the engine between steps (batch.LockEngine).
+//
+// Server methods are safe for concurrent use.
 package prefill

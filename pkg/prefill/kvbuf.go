@@ -17,7 +17,7 @@ type frame struct {
 // Each chunk is stored as the engine handed it out, in the canonical layout
 // of its own token range (all K of the range, then all V), at byte offset
 // start × tokenBytes of its layer's buffer; so the buffer is sent again
-// (Resend) with the same chunk boundaries, never re-sliced. The scheduler writes it (put); a frame's bytes are read by sender
+// (Resend) with the same chunk boundaries, never re-sliced. The batch's loop writes it (put, through the request's Outbox); a frame's bytes are read by sender
 // goroutines only after put returned and the frame was handed over through a
 // mutex, and they are never written again, so readers need no lock.
 type kvBuf struct {
@@ -77,4 +77,12 @@ func (b *kvBuf) complete() bool {
 		}
 	}
 	return true
+}
+
+// reset forgets every chunk put, before any frame was handed out (a
+// prefix the batch could not take: it computes the whole prompt).
+func (b *kvBuf) reset() {
+	clear(b.data)
+	clear(b.filled)
+	b.frames, b.tokenBytes = nil, 0
 }

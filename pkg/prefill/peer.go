@@ -3,12 +3,11 @@ package prefill
 import (
 	"context"
 
-	"go.uber.org/zap"
-
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
 	"github.com/pdserve/pdserve/pkg/peerpull"
+	"github.com/pdserve/pdserve/pkg/prefill/batch"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 )
 
@@ -23,30 +22,24 @@ func (s *Server) PeerPullCost() float64 { return s.puller().CostRatio() }
 func (s *Server) puller() peerpull.Puller {
 	return peerpull.Puller{
 		Cache: s.cache, Pricer: s.peers, Dialer: s.dialer, Spec: s.spec, Log: s.log, Now: s.now,
-		Check:      &peerpull.Check{Blocks: s.o.PeerPullVerifyBlocks, Engine: s.fcfs.eng, Lock: s.lockEngine},
+		Check:      &peerpull.Check{Blocks: s.o.PeerPullVerifyBlocks, Engine: s.eng, Lock: s.lockEngine},
 		Trust:      &s.trust,
 		Distrusted: s.purgeSource,
 	}
 }
 
-// lockEngine takes the engine lock (the scheduler's steps wait) and
-// returns its release.
+// lockEngine takes the engine lock (the batch's steps wait) and returns
+// its release.
 func (s *Server) lockEngine() func() {
-	s.run.LockEngine()
-	return s.run.UnlockEngine
+	s.b.LockEngine()
+	return s.b.UnlockEngine
 }
 
-// purgeSource drops what the prefix cache holds from peer, which failed a
-// spot check: the entries tagged with it in the engine and host tiers
-// (pinned ones stay until the bounds evict them).
-func (s *Server) purgeSource(peer string) {
-	unlock := s.lockEngine()
-	seqs := s.cache.DropSource(peer)
-	s.fcfs.freeSeqs(seqs)
-	unlock()
-	s.sig.Wake()
-	s.log.Warn("peer untrusted: dropped the prefix cache entries pulled from it", zap.String("peer", peer), zap.Int("engine_entries", len(seqs)))
-}
+// purgeSource has the batch drop what the prefix cache holds from peer,
+// which failed a spot check: the entries tagged with it in the engine and
+// host tiers (pinned ones stay until the bounds evict them), before it
+// takes any request posted later.
+func (s *Server) purgeSource(peer string) { s.b.Post(batch.Purge(peer)) }
 
 // UntrustedPeers returns how many peers failed a spot check of the KV
 // pulled from them (no longer pulled from), for metrics.
@@ -56,7 +49,7 @@ func (s *Server) UntrustedPeers() int { return s.trust.Untrusted() }
 // prefix this worker's cache holds in any tier (prefixcache.Export, the
 // engine lock taken a layer at a time).
 func (s *Server) ExportPrefix(_ context.Context, hashes []kv.Hash, minBlocks, maxBlocks int) (kvtransfer.PrefixKV, error) {
-	x, err := s.cache.Export(s.fcfs.eng, s.lockEngine, hashes, minBlocks, maxBlocks)
+	x, err := s.cache.Export(s.eng, s.lockEngine, hashes, minBlocks, maxBlocks)
 	// The entry it pinned is unpinned now: a request waiting for the
 	// engine memory it held may start.
 	s.sig.Wake()

@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
+	"github.com/pdserve/pdserve/pkg/prefill/batch"
 )
 
 func TestRetainStoreLRU(t *testing.T) {
@@ -124,6 +125,10 @@ func TestRetainedKVExpiresWithoutRelease(t *testing.T) {
 	}
 }
 
+// TestAdmissionWaitsForRetentionRoom: the batch asks the service to start
+// a request (Outbox.Start) only once the engine holds it; the service
+// then says Wait while the retention bound has no room for its KV. Fails
+// if Start ignores the bound (makeRoom).
 func TestAdmissionWaitsForRetentionRoom(t *testing.T) {
 	o := smallOptions()
 	o.MaxBatchTokens = 64
@@ -131,20 +136,27 @@ func TestAdmissionWaitsForRetentionRoom(t *testing.T) {
 	one := int64(10 * spec.Layers * spec.KVTokenBytes())
 	o.RetainBytes = one + one/2 // room for one 10-token prompt, not two
 	w := newWorker(t, o, false)
+	var rs []*request
 	for _, id := range []string{"a", "b"} {
 		p := prompt(10, 1)
-		if _, _, err := w.s.enqueue(&pdservev1.PrefillRequest{RequestId: id, PromptTokens: p, DecodeAddr: "127.0.0.1:1"}, w.s.cache.Hashes(0, p), nil, nil); err != nil {
+		r, _, err := w.s.enqueue(&pdservev1.PrefillRequest{RequestId: id, PromptTokens: p, DecodeAddr: "127.0.0.1:1"}, w.s.cache.Hashes(0, p), nil, nil)
+		if err != nil {
 			t.Fatal(err)
 		}
+		rs = append(rs, r)
 	}
-	b := w.s.fcfs.Plan()
-	if len(b.PrefillOf) != 1 || b.PrefillOf[0].id != "a" {
-		t.Fatalf("planned %d requests, want only the first (a)", len(b.PrefillOf))
+	if a := rs[0].Start(); a != batch.Go {
+		t.Fatalf("start a: %v, want Go", a)
 	}
-	for _, id := range []string{"a", "b"} {
-		w.s.mu.Lock()
-		r := w.s.live[id]
-		w.s.mu.Unlock()
+	if a := rs[1].Start(); a != batch.Wait {
+		t.Errorf("start b beside a: %v, want Wait", a)
+	}
+	for _, r := range rs {
 		w.s.cancel(r, context.Canceled)
 	}
+	if a := rs[1].Start(); a != batch.Gone {
+		t.Errorf("start b once cancelled: %v, want Gone", a)
+	}
+	w.s.Stop()
+	w.s.xfers.Wait()
 }

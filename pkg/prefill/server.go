@@ -24,8 +24,8 @@ import (
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
 	"github.com/pdserve/pdserve/pkg/kvtransfer/codecpick"
 	"github.com/pdserve/pdserve/pkg/peerpull"
+	"github.com/pdserve/pdserve/pkg/prefill/batch"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
-	"github.com/pdserve/pdserve/pkg/runner"
 	"github.com/pdserve/pdserve/pkg/tracing"
 	"github.com/pdserve/pdserve/pkg/wire"
 )
@@ -33,19 +33,22 @@ import (
 // maxRequestID is the longest request id a KV frame can carry.
 const maxRequestID = 255
 
-// errStopped fails requests still live when the scheduler stops.
+// errStopped fails requests still live when the batch stops.
 var errStopped = status.Error(codes.Unavailable, "prefill: worker stopping")
 
-// Server is a prefill worker: the PrefillService handlers and the scheduler
-// that runs them on one engine. Create it with New, register it on a gRPC
-// server with Register, and run the scheduler with Run.
+// Server is a prefill worker: the PrefillService handlers (the service)
+// and the batch that prefills their prompts on one engine. Create it with
+// New, register it on a gRPC server with Register, and run the batch with
+// Run.
 type Server struct {
 	pdservev1.UnimplementedPrefillServiceServer
 
 	spec engine.ModelSpec
-	// run is the batch loop; it owns the engine, under the policy fcfs.
-	run  *runner.Runner[*request]
-	fcfs *fcfs
+	eng  engine.Engine
+	// b is the batch (FCFS chunked prefill); it owns the engine, the
+	// requests' engine sequences and the prefix cache's. The service
+	// posts it messages and hears back through each request (its Outbox).
+	b *batch.Batch
 	// grammars makes the grammar states of structured output (the
 	// engine's own sampler, or the Go mask).
 	grammars *grammar.Source
@@ -55,93 +58,67 @@ type Server struct {
 	log      *zap.Logger
 	m        *metrics
 	now      func() time.Time
-	// memTokens and memSeqs are the engine's KV memory, in tokens and
-	// sequences (0: no bound), which live sequences and the prefix cache
-	// share: the cache gives way when a request starts (see startLocked).
-	memTokens, memSeqs int
 	// cache holds finished prompts' engine sequences (nil: off). Only the
-	// scheduler goroutine, which owns the engine, looks up, forks, inserts
-	// and frees; Stats reads it from any goroutine.
+	// batch's loop, which owns the engine, looks up, forks, inserts and
+	// frees them; peers' exports read them under the engine lock; the
+	// handlers hash prompts and read the disk tier; Stats reads it from
+	// any goroutine.
 	cache *prefixcache.Cache
 	// peers prices pulls of a prefix from a peer worker.
 	peers *kvtransfer.PullPricer
 	// trust holds the peers whose pulled KV failed a spot check.
 	trust peerpull.Trust
 
-	// sig wakes the scheduler, and holds draining and the end of each
+	// sig wakes the batch's loop, and holds draining and the end of each
 	// live request (its ...Locked methods under mu).
 	sig     *batching.Signals
 	baseCtx context.Context
 	stop    context.CancelFunc
 	xfers   sync.WaitGroup // sender goroutines
 
+	// mu is the service's one lock: it guards what follows and the
+	// requests' fields below their line. It is never held across a call
+	// into the batch but Post (the mailbox, a leaf), nor while waiting
+	// for the loop.
 	mu         sync.Mutex
-	queue      []*request          // queued and prefilling, in arrival order
 	live       map[string]*request // every request whose Prefill call has not ended
+	nextKey    uint64              // the last batch.Request.Key given
+	queued     int                 // live requests in the batch (inBatch)
 	retained   *retainStore
 	tokenBytes int   // bytes of one token in one layer the engine hands out; > 0 (see New)
 	liveKV     int64 // Σ kvBytes of the live requests
 	stopped    bool
 }
 
-// request is one Prefill call. Fields below the line are guarded by
-// Server.mu.
+// request is one Prefill call, and the batch's Outbox of it (outbox.go).
+// Fields below the line are guarded by Server.mu.
 type request struct {
+	s        *Server
+	key      uint64 // batch.Request.Key
 	id       string
-	prompt   []int32
-	sampling engine.Sampling
-	// grammar is sampling.Constraint (structured output), closed once
-	// the first token is sampled or the request ends; nil without one.
-	grammar  engine.GrammarState
-	top      int // logprob alternatives of the first token; -1: no logprob
+	prompt   []int32 // the batch's Request.Prompt: read only
+	top      int     // logprob alternatives of the first token; -1: no logprob
 	addr     string
 	decodeID string // the decode worker's heartbeat id (may be empty)
 	cred     string // the push credential for it (may be empty)
 	codec    string
-	skip     int       // the KV stream starts at this token (the decode worker's prefix hit)
-	hashes   []kv.Hash // the prompt's full blocks, for the prefix cache (nil when it is off)
+	skip     int // the KV stream starts at this token (the decode worker's prefix hit)
 	queuedAt time.Time
 	kvBytes  int64      // KV estimate charged to Server.liveKV while live
 	events   chan event // capacity 2: at most one first token and one end
+	learnt   bool       // the batch's loop only: tokenBytes learnt from kv
 
-	started   bool // has an engine sequence, a kvBuf and a transfer
-	seq       engine.SeqID
-	done      int // prompt tokens prefilled, the cached prefix included
-	prefixHit int // leading prompt tokens forked from the prefix cache
-	// hostHit is the part of prefixHit loaded from the host tier, and
-	// hostLoad the time the load took (prefixcache.HostLoad).
-	hostHit  int
-	hostLoad time.Duration
-	diskHit  int // of hostHit, read from the disk tier
-	// pulled is the prefix pulled from a peer before the request was
-	// queued (nil: none); peerHit is the part of prefixHit it gave, and
-	// peerLoad the pull's and import's time.
-	pulled *prefixcache.Pulled
-	// disk is the prefix the disk tier held deeper than the other tiers,
-	// read from its file before the request was queued, off the engine
-	// lock (nil: none); imported, or not, when the request starts.
-	disk *prefixcache.DiskRead
-	// source is the provenance of the prefix r started from: "" computed
-	// here, else the peer it was pulled from (directly, or through a
-	// cache entry of such a pull); unverified is set when that pull was
-	// not spot-checked: r's sequence then serves r only and is never
-	// cached (so never exported nor advertised).
-	source     string
-	unverified bool
-	peerHit    int
-	peerLoad   time.Duration
-	startedAt  time.Time
-	prefilled  bool // every chunk ran; the engine sequence is freed
-	cancelled  bool
-	ended      bool // the end event was sent; no longer live
-	kv         *kvBuf
-	tx         *transfer
-	ret        *retained
-	firstToken int32
+	inBatch bool // joined the batch, not yet ended there (Outbox.End)
+	ended   bool // the end event was sent; no longer live
+	// kv, tx and ret are set when the batch starts the request
+	// (Outbox.Start); the loop reads kv and tx without mu after that.
+	kv  *kvBuf
+	tx  *transfer
+	ret *retained
 }
 
-// event goes from the scheduler or a sender goroutine to the request's
-// handler. Exactly one of the fields is set.
+// event goes from the batch (through the request's Outbox) or a sender
+// goroutine to the request's handler. Exactly one of the fields is set.
 type event struct {
 	first *pdservev1.FirstToken
 	done  *pdservev1.KVDone
@@ -150,7 +127,7 @@ type event struct {
 
 // New returns a Server running on eng and sending KV through dialer (the
 // Server does not close it). reg receives the worker's metrics (nil: none
-// are exported). The scheduler does not run until Run is called.
+// are exported). The batch does not run until Run is called.
 func New(eng engine.Engine, dialer *kvtransfer.Dialer, o Options, logger *zap.Logger, reg prometheus.Registerer) (*Server, error) {
 	if err := o.Validate(); err != nil {
 		return nil, err
@@ -188,16 +165,16 @@ func New(eng engine.Engine, dialer *kvtransfer.Dialer, o Options, logger *zap.Lo
 	if e, ok := eng.(interface{ KVTokenBytes() int }); ok && e.KVTokenBytes() > 0 {
 		s.tokenBytes = e.KVTokenBytes()
 	}
-	s.memTokens, s.memSeqs = engineMemory(eng, o.RetainBytes)
+	memTokens, memSeqs := engineMemory(eng, o.RetainBytes)
 	_, forks := eng.(engine.Forker)
-	auto := s.memTokens
+	auto := memTokens
 	if !forks {
 		auto = 0 // Auto keeps nothing on an engine that cannot fork
 	}
 	s.o.PrefixCache = o.PrefixCache.Resolve(auto)
-	if pc := &s.o.PrefixCache; pc.Enabled() && s.memSeqs > 0 && pc.MaxEntries > s.memSeqs-1 {
+	if pc := &s.o.PrefixCache; pc.Enabled() && memSeqs > 0 && pc.MaxEntries > memSeqs-1 {
 		// Cached prompts hold sequence slots; one stays for a request.
-		pc.MaxEntries = s.memSeqs - 1
+		pc.MaxEntries = memSeqs - 1
 		if pc.MaxEntries <= 0 {
 			pc.MaxTokens = 0
 		}
@@ -217,14 +194,21 @@ func New(eng engine.Engine, dialer *kvtransfer.Dialer, o Options, logger *zap.Lo
 	}
 	s.m = m
 	s.auto = kvtransfer.NewCodecChooser(spec.KVDType)
-	s.fcfs = &fcfs{s: s, eng: eng}
-	s.run = runner.New(eng, runner.Policy[*request](s.fcfs), s.sig, runner.Options{
-		Role:        "prefill",
-		PrefillOnly: true,
-		Stopped:     ctx,
-		Observe:     s.m.observeStep,
-		Beside:      s.expireRetained,
-		Now:         func() time.Time { return s.now() },
+	s.eng = eng
+	s.b = batch.New(batch.Config{
+		Engine:         eng,
+		Cache:          s.cache,
+		MaxBatchTokens: o.MaxBatchTokens,
+		ChunkTokens:    o.ChunkTokens,
+		MemTokens:      memTokens,
+		MemSeqs:        memSeqs,
+		Signals:        s.sig,
+		Stopped:        ctx,
+		Observe:        s.m.observeStep,
+		ObservePrefill: s.peers.ObserveStep,
+		Stop:           s.stopping,
+		Log:            logger,
+		Now:            func() time.Time { return s.now() },
 	})
 	if auto, _ := codecpick.AutoName(o.Codec); auto {
 		// The default chooses per transfer: benchmark the codecs now, not
@@ -338,21 +322,20 @@ func (s *Server) BlockTokens() int { return s.o.PrefixCache.BlockTokens }
 
 // Stats returns a snapshot of the worker's load.
 func (s *Server) Stats() Stats {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	times, last := s.run.Steps()
+	times, last := s.b.Steps()
+	ld := s.b.Load()
 	st := Stats{
-		QueuedRequests: len(s.queue),
-		Live:           len(s.live),
-		LastBatch:      last,
-		RetainedBytes:  s.retained.total,
-		StepTimesMs:    times,
-		Draining:       s.sig.DrainingLocked(),
-		PrefixCache:    s.cache.Stats(),
+		QueuedPrefillTokens: ld.QueuedPrefillTokens,
+		LastBatch:           last,
+		StepTimesMs:         times,
+		PrefixCache:         s.cache.Stats(),
 	}
-	for _, r := range s.queue {
-		st.QueuedPrefillTokens += len(r.prompt) - r.done
-	}
+	s.mu.Lock()
+	st.QueuedRequests = s.queued
+	st.Live = len(s.live)
+	st.RetainedBytes = s.retained.total
+	st.Draining = s.sig.DrainingLocked()
+	s.mu.Unlock()
 	return st
 }
 
@@ -531,10 +514,9 @@ func (s *Server) enqueue(req *pdservev1.PrefillRequest, hashes []kv.Hash, pulled
 		return nil, 0, invalid("request %s: skip_tokens %d outside [0, %d)", req.GetRequestId(), skip, len(req.GetPromptTokens()))
 	}
 	r := &request{
+		s:        s,
 		id:       req.GetRequestId(),
-		grammar:  gs,
 		prompt:   slices.Clone(req.GetPromptTokens()),
-		sampling: sampling,
 		top:      top,
 		addr:     req.GetDecodeAddr(),
 		decodeID: req.GetDecodeId(),
@@ -543,10 +525,7 @@ func (s *Server) enqueue(req *pdservev1.PrefillRequest, hashes []kv.Hash, pulled
 		skip:     int(req.GetSkipTokens()),
 		queuedAt: s.now(),
 		events:   make(chan event, 2),
-		pulled:   pulled,
-		disk:     disk,
 	}
-	r.hashes = hashes
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	switch {
@@ -566,46 +545,54 @@ func (s *Server) enqueue(req *pdservev1.PrefillRequest, hashes []kv.Hash, pulled
 	s.retained.drop(r.id)
 	s.live[r.id] = r
 	s.liveKV += r.kvBytes
-	s.queue = append(s.queue, r)
+	s.nextKey++
+	r.key = s.nextKey
+	pos := s.queued
+	// Posted under mu, so that no Join follows the batch's Stop
+	// (stopping): the mailbox is a leaf.
+	s.b.Post(batch.Join(&batch.Request{
+		Key: r.key, ID: r.id, Prompt: r.prompt, Sampling: sampling, Grammar: gs,
+		Hashes: hashes, Pulled: pulled, Disk: disk, Out: r,
+	}))
+	r.inBatch = true
+	s.queued++
 	queued = true
-	s.sig.Wake()
-	return r, len(s.queue) - 1, nil
+	return r, pos, nil
 }
 
-// endLocked sends r's last event and forgets it. Idempotent.
+// endLocked sends r's last event, takes it out of the batch if it is
+// there (batch.Cancel) and forgets it. Idempotent.
 func (s *Server) endLocked(r *request, ev event) {
 	if r.ended {
 		return
 	}
 	r.ended = true
-	r.closeGrammar()
+	if r.inBatch {
+		// The batch frees its sequence at the next step boundary.
+		s.b.Post(batch.Cancel(r.key))
+		s.leftBatchLocked(r)
+	}
 	r.events <- ev
 	delete(s.live, r.id)
 	s.liveKV -= r.kvBytes
 	s.sig.EndedLocked()
 }
 
-// closeGrammar closes r's grammar state once its first token is sampled,
-// or when it ends (a step that still masks with a closed state allows
-// nothing, and the request is over). The caller holds mu. Idempotent.
-func (r *request) closeGrammar() {
-	if r.grammar != nil {
-		r.grammar.Close()
-		r.grammar, r.sampling.Constraint = nil, nil
+// leftBatchLocked notes that r is no longer in the batch.
+func (s *Server) leftBatchLocked(r *request) {
+	if r.inBatch {
+		r.inBatch = false
+		s.queued--
 	}
 }
 
-// cancel stops r: out of the queue (its engine sequence is freed by the
-// scheduler at the next step boundary), transfer aborted, KV dropped.
+// cancel stops r: out of the batch (its engine sequence is freed at the
+// next step boundary: batch.Cancel), transfer aborted, KV dropped.
 func (s *Server) cancel(r *request, cause error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if r.ended {
 		return
-	}
-	r.cancelled = true
-	if !r.started {
-		s.removeLocked(r)
 	}
 	if r.tx != nil {
 		r.tx.abort(cause)
@@ -615,13 +602,6 @@ func (s *Server) cancel(r *request, cause error) {
 	}
 	s.endLocked(r, event{err: cause})
 	s.sig.Wake()
-}
-
-// removeLocked takes r out of the queue.
-func (s *Server) removeLocked(r *request) {
-	if i := slices.Index(s.queue, r); i >= 0 {
-		s.queue = slices.Delete(s.queue, i, i+1)
-	}
 }
 
 // Resend implements PrefillService.Resend: it sends the KV retained for

@@ -12,7 +12,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
 )
 
-// transfer streams one request's KV to one decode worker. The scheduler
+// transfer streams one request's KV to one decode worker. The batch
 // pushes frames as the engine computes them and seals it with the first
 // token; run, on its own goroutine, opens the stream at the first frame,
 // sends frames in order and commits after the last. push, seal and abort
