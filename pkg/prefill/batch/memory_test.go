@@ -80,6 +80,7 @@ type sink struct {
 	prompt    int
 	filled    []int // tokens handed out per layer
 	cancelled bool  // the service ended it (a Cancel was posted)
+	waits     int   // Starts to answer Wait (the service's retention bound) before Go
 	ends      int
 	end       End
 }
@@ -87,6 +88,10 @@ type sink struct {
 func (k *sink) Start() Admit {
 	if k.cancelled {
 		return Gone
+	}
+	if k.waits > 0 {
+		k.waits--
+		return Wait
 	}
 	return Go
 }
@@ -125,19 +130,19 @@ func (k *sink) End(e End) {
 // host and disk tiers) step by step against an engine of 320 tokens in 8
 // sequences, from seeded random operations: arrivals of prompts sharing
 // prefixes (forks, tier loads), some with a prefix pulled from a peer,
-// cancels, and peers' exports that hold a cache entry pinned across
+// some the service makes wait (Outbox.Start), cancels, and peers' exports that hold a cache entry pinned across
 // steps. After every engine call and every step the engine holds at most
 // its memory. The operations are a function of the seed: the batch runs
 // on this goroutine.
 //
 // It fails when the start decision leaves out the fork's footprint (in
 // start, b.fits(tokens, seqs+1) instead of b.fits(tokens+src, seqs+1)):
-// seeds 0 and 2 fail ("seed 2, step 681: engine overcommitted after
-// fork: 361 tokens in 4 sequences, over 320 in 8").
+// seeds 0 and 2 fail ("seed 0, step 216: engine overcommitted after
+// fork: 323 tokens in 4 sequences, over 320 in 8").
 func TestEngineMemoryProperty(t *testing.T) {
 	for seed := range uint64(4) {
 		// Odd seeds run without exports: the forks and loads alone.
-		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) { engineMemoryProperty(t, seed, 3000, seed%2 == 0) })
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) { engineMemoryProperty(t, seed, 2000, seed%2 == 0) })
 	}
 }
 
@@ -228,6 +233,9 @@ func engineMemoryProperty(t *testing.T, seed uint64, steps int, exporting bool) 
 			key++
 			hashes := cache.Hashes(0, pr)
 			k := &sink{t: t, id: fmt.Sprint("r", key), prompt: len(pr), filled: make([]int, spec.Layers)}
+			if rng.IntN(4) == 0 {
+				k.waits = 1 + rng.IntN(3)
+			}
 			sinks[key], live[key] = k, true
 			b.Post(Join(&Request{
 				Key: key, ID: k.id, Prompt: pr, Hashes: hashes, Pulled: pl, Out: k,
