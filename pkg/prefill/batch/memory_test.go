@@ -137,11 +137,11 @@ func (k *sink) End(e End) {
 //
 // It fails when the start decision leaves out the fork's footprint (in
 // start, b.fits(tokens, seqs+1) instead of b.fits(tokens+src, seqs+1)):
-// seeds 0 and 2 fail ("seed 0, step 216: engine overcommitted after
-// fork: 323 tokens in 4 sequences, over 320 in 8").
+// "seed 0, step 216: engine overcommitted after fork: 323 tokens in 4
+// sequences, over 320 in 8".
 func TestEngineMemoryProperty(t *testing.T) {
-	for seed := range uint64(4) {
-		// Odd seeds run without exports: the forks and loads alone.
+	for seed := range uint64(2) {
+		// Seed 1 runs without exports: the forks and loads alone.
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) { engineMemoryProperty(t, seed, 2000, seed%2 == 0) })
 	}
 }
