@@ -74,6 +74,11 @@ check "template llamacpp-cpu, model downloaded into an emptyDir" helm template p
 	--output-dir "$out/llamacpp-download"
 check "template gpu-two-pools on AMD GPUs (gpuResource=amd.com/gpu)" renders_gpu amd.com/gpu \
 	-f "$chart/ci/gpu-two-pools-values.yaml" --set gpuResource=amd.com/gpu
+# The two regions of docs/regions.md (not in ci/ until the coordinator
+# has the --region flags that helm/charttest checks every ci release for).
+for f in helm/testdata/regions/*-values.yaml; do
+	check "template region $(basename "$f" -values.yaml)" helm template pd "$chart" -n pdserve --kube-version "$kube" -f "$f" --output-dir "$out/region-$(basename "$f" -values.yaml)"
+done
 for f in helm/testdata/bad/*.yaml; do
 	check "schema rejects $(basename "$f" .yaml)" rejects helm template pd "$chart" --kube-version "$kube" -f "$f"
 done

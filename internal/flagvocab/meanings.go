@@ -27,6 +27,7 @@ var Meanings = map[string]string{
 	"max-batch":           "most sequences in one step of a decode or colocated worker (coordinator profile: the largest it measures)",
 	"max-batch-tokens":    "token budget of one step, summed over the batch (coordinator plan: of the colocated workers it plans; 0 searches)",
 	"max-seqs":            "llamacpp engine: sequences a worker holds at once",
+	"policy":              "the coordinator's policy file (YAML: SLOs, limits, budgets, tiers, objectives); coordinator plan plans the models of its tiers",
 	"model-name":          "the model's name: served in the API (coordinator), the model part of a profile's name (coordinator profile); default the model's own",
 	"nats-url":            "NATS URL of the control plane",
 	"no-repack":           "llamacpp engine: keep the weights in their file layout",

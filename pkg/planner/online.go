@@ -21,6 +21,9 @@ import (
 
 // Observation is one finished request as the coordinator measured it.
 type Observation struct {
+	// Model is the served model that answered the request (budget.Trace's
+	// Model; for a tier alias, the tier's model that served it).
+	Model        string
 	Arrival      time.Time
 	PromptTokens int // ≥ 1
 	OutputTokens int // ≥ 1
@@ -51,6 +54,7 @@ type Observation struct {
 func ObservationFromTrace(t *budget.Trace) Observation {
 	terms := t.Terms()
 	return Observation{
+		Model:            t.Model,
 		Arrival:          t.Arrival,
 		PromptTokens:     t.PromptTokens,
 		OutputTokens:     t.OutputTokens,
@@ -75,6 +79,10 @@ type Actuator interface {
 // OnlineConfig configures NewOnline. Zero durations and factors take the
 // defaults in brackets.
 type OnlineConfig struct {
+	// Model, when set, is the served model whose pools this Online sizes
+	// (one Online per model of the policy's tiers): it is named in every
+	// Decision. The caller hands it only that model's observations.
+	Model string
 	// Base is the planning config: profiles, SLO, link, codec, policy,
 	// costs, GPU budget, limits, seed. Its Workload, Rate and Scale are
 	// replaced by what is observed; Requests 0 means 400 here.
@@ -116,6 +124,10 @@ type OnlineConfig struct {
 // on control.PlanSubject.
 type Decision struct {
 	Time time.Time `json:"time"`
+	// Model is the served model whose pools the decision sizes
+	// (OnlineConfig.Model); omitted when the planner sizes the one pair of
+	// pools of every model.
+	Model string `json:"model,omitempty"`
 	// PrefillReplicas and DecodeReplicas are the desired replicas after
 	// this decision; Previous* before it; Current* the live ones.
 	PrefillReplicas  int     `json:"prefill_replicas"`
@@ -309,7 +321,7 @@ func (o *Online) Tick(now time.Time) (Decision, bool) {
 	cfg.Rate = planned
 	s := newSearcher(&cfg)
 	d := Decision{
-		Time: now, CurrentPrefill: curP, CurrentDecode: curD, PreviousPrefill: desP, PreviousDecode: desD,
+		Time: now, Model: o.cfg.Model, CurrentPrefill: curP, CurrentDecode: curD, PreviousPrefill: desP, PreviousDecode: desD,
 		ObservedRate: rate, PlannedRate: planned, Burstiness: w.Burstiness, Observations: len(obs),
 		Scale: cfg.Scale, FirstTokenPolicy: cfg.policy(),
 	}

@@ -287,14 +287,14 @@ func TestNewOnlineErrors(t *testing.T) {
 
 func TestObservationFromTrace(t *testing.T) {
 	tr := &budget.Trace{
-		Mode: "disaggregated", FirstTokenPolicy: "prefill",
+		Model: "llama-3-8b", Mode: "disaggregated", FirstTokenPolicy: "prefill",
 		Arrival: t0, PrefillStart: t0.Add(10 * time.Millisecond), PrefillEnd: t0.Add(80 * time.Millisecond),
 		KVFirstByte: t0.Add(15 * time.Millisecond), KVDone: t0.Add(90 * time.Millisecond),
 		FirstToken: t0.Add(81 * time.Millisecond), LastToken: t0.Add(81*time.Millisecond + 9*20*time.Millisecond),
 		PromptTokens: 512, OutputTokens: 10, PrefillBatch: 2, BatchSize: 7, KVBytesRaw: 1 << 20,
 	}
 	want := Observation{
-		Arrival: t0, PromptTokens: 512, OutputTokens: 10, Disaggregated: true,
+		Model: "llama-3-8b", Arrival: t0, PromptTokens: 512, OutputTokens: 10, Disaggregated: true,
 		Prefill: 70 * time.Millisecond, PrefillBatch: 2, TPOT: 20 * time.Millisecond, DecodeBatch: 7,
 		KVStream: 75 * time.Millisecond, KVTransfer: 10 * time.Millisecond, KVBytesRaw: 1 << 20, FirstTokenPolicy: "prefill",
 	}
@@ -346,7 +346,7 @@ func TestOnlineRunPublishes(t *testing.T) {
 
 	cfg := onlineConfig(t)
 	act := &fakeActuator{}
-	cfg.Publish, cfg.Actuator = nc.Publish, act
+	cfg.Publish, cfg.Actuator, cfg.Model = nc.Publish, act, "llama-3-8b"
 	cfg.Current = func() (int, int) { return 0, 0 }
 	o, err := NewOnline(cfg, nil)
 	if err != nil {
@@ -377,6 +377,9 @@ func TestOnlineRunPublishes(t *testing.T) {
 	}
 	if !got[0].Changed || got[1].Changed {
 		t.Errorf("published changed = %v, %v; want true, false", got[0].Changed, got[1].Changed)
+	}
+	if got[0].Model != cfg.Model || got[1].Model != cfg.Model {
+		t.Errorf("published models %q, %q; want the Online's %q", got[0].Model, got[1].Model, cfg.Model)
 	}
 	want := [][2]int{{got[0].PrefillReplicas, got[0].DecodeReplicas}}
 	poll.CheckFor(t, 5*time.Second, 10*time.Millisecond, func() error {

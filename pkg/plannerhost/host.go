@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -54,6 +55,12 @@ type Options struct {
 	// DecodeProfile is the decode workers' profile when it differs (same
 	// model, e.g. another GPU or tensor-parallel degree); empty: Profile.
 	DecodeProfile string
+	// ModelProfiles are the profiles of the served models of the policy's
+	// tiers, by model (--planner-model-profile MODEL=PROFILE); a model of
+	// the tiers not named here is planned with Profile (and
+	// DecodeProfile). Only with tiers in the policy: then the planner
+	// plans each served model of the tiers apart (see Host).
+	ModelProfiles map[string]string
 	// Codec is the KV codec the planner models; empty: the coordinator's
 	// --codec, else
 	// none.
@@ -117,6 +124,20 @@ func (p *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&p.Mode, "planner", p.Mode, "online planner: auto (log when a profile is known, the mode is disaggregated and the policy sets slo.ttft_ms and slo.tpot_ms; else off), off, log (publish and log the desired replicas) or kubernetes (also scale the prefill and decode Deployments)")
 	fs.StringVar(&p.Profile, "planner-profile", p.Profile, "performance-model profile of the workers the planner sizes, GPU/MODEL/tpN or a profile .json file (empty: --profile in standalone sim mode)")
 	fs.StringVar(&p.DecodeProfile, "planner-decode-profile", p.DecodeProfile, "profile of the decode workers when it differs from --planner-profile (same model)")
+	fs.Func("planner-model-profile", "MODEL=PROFILE: profile of a served model of the policy's tiers, whose pools the planner plans apart (repeatable; a model of the tiers not named: --planner-profile)", func(v string) error {
+		model, prof, ok := strings.Cut(v, "=")
+		if !ok || model == "" || prof == "" {
+			return fmt.Errorf("want MODEL=PROFILE, got %q", v)
+		}
+		if _, dup := p.ModelProfiles[model]; dup {
+			return fmt.Errorf("model %s given twice", model)
+		}
+		if p.ModelProfiles == nil {
+			p.ModelProfiles = map[string]string{}
+		}
+		p.ModelProfiles[model] = prof
+		return nil
+	})
 	fs.StringVar(&p.Codec, "planner-codec", p.Codec, "KV codec the planner models: "+strings.Join(planner.CodecNames(), ", ")+" (empty: --codec, else none)")
 	fs.StringVar(&p.CodecProfile, "planner-codec-profile", p.CodecProfile, "codec ratios and per-core speeds the planner models: builtin, a file written by `coordinator codecs --out` on the workers' hardware, or self (measure this machine at start)")
 	fs.DurationVar(&p.Interval, "planner-interval", p.Interval, "time between re-plans")
@@ -140,7 +161,7 @@ func (p Options) Effective(co coordinator.Options) (mode, why string) {
 		return p.Mode, ""
 	}
 	switch {
-	case p.profile(co) == "":
+	case p.profile(co) == "" && len(p.ModelProfiles) == 0:
 		return Off, "no --planner-profile (and not standalone with the sim engine)"
 	case co.Mode != coordinator.ModeDisaggregated:
 		return Off, "colocated mode: the planner sizes disaggregated pools"
@@ -187,8 +208,22 @@ func (p Options) Validate(co coordinator.Options) error {
 	if co.Mode != coordinator.ModeDisaggregated {
 		bad("planner %s: the online planner sizes prefill and decode pools; use --planner=off in %s mode", mode, co.Mode)
 	}
-	if p.profile(co) == "" {
+	models := tierModels(co)
+	if len(models) == 0 && p.profile(co) == "" {
 		bad("planner %s needs --planner-profile (standalone with the sim engine: --profile)", mode)
+	}
+	for _, m := range models {
+		if p.ModelProfiles[m] == "" && p.profile(co) == "" {
+			bad("planner %s: model %s of the policy's tiers has no profile: --planner-model-profile=%s=PROFILE or --planner-profile", mode, m, m)
+		}
+	}
+	for _, m := range sortedKeys(p.ModelProfiles) {
+		if !slices.Contains(models, m) {
+			bad("planner-model-profile %s: no tier of the policy serves model %s", m, m)
+		}
+	}
+	if mode == Kubernetes && len(models) > 0 {
+		bad("planner kubernetes scales one prefill and one decode Deployment; with tiers in the policy it plans each model's pools apart: use --planner=log")
 	}
 	if co.Policy.SLO.TTFTMs <= 0 || co.Policy.SLO.TPOTMs <= 0 {
 		bad("planner %s needs slo.ttft_ms and slo.tpot_ms > 0 in the --policy file", mode)
@@ -209,9 +244,11 @@ func (p Options) Validate(co coordinator.Options) error {
 		return invalid(errs)
 	}
 	// The planner's own checks: profile, codec, link, cost, GPU budget.
-	cfg, err := p.onlineConfig(co)
-	if err == nil {
-		_, err = planner.NewOnline(cfg, nil)
+	cfgs, err := p.onlineConfigs(co)
+	for _, cfg := range cfgs {
+		if err == nil {
+			_, err = planner.NewOnline(cfg, nil)
+		}
 	}
 	if err != nil {
 		errs = append(errs, err)
@@ -237,6 +274,7 @@ func (p Options) LogFields(co coordinator.Options) []zap.Field {
 		zap.String("planner", mode),
 		zap.String("planner_profile", p.profile(co)),
 		zap.String("planner_decode_profile", p.DecodeProfile),
+		zap.Any("planner_model_profiles", p.ModelProfiles),
 		zap.String("planner_codec", p.codec(co)),
 		zap.String("planner_codec_profile", p.CodecProfile),
 		zap.Duration("planner_interval", p.Interval),
@@ -258,18 +296,70 @@ func (p Options) LogFields(co coordinator.Options) []zap.Field {
 	return f
 }
 
-// onlineConfig builds the planner's configuration from the options,
-// with the coordinator's co,
-// without Publish, Actuator, Current and Log. Errors: an unknown profile
-// or codec.
-func (p Options) onlineConfig(co coordinator.Options) (planner.OnlineConfig, error) {
-	prof, err := perfmodel.Resolve(p.profile(co))
+// tierModels returns the distinct served models of co's policy's tiers,
+// sorted; none without tiers.
+func tierModels(co coordinator.Options) []string {
+	var out []string
+	for _, t := range co.Policy.Tiers {
+		for _, m := range t.Models {
+			if !slices.Contains(out, m) {
+				out = append(out, m)
+			}
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func sortedKeys(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// onlineConfigs builds the planners' configurations from the options,
+// with the coordinator's co, without Publish, Actuator, Current and Log:
+// without tiers in the policy one, for the pools of every model (Model
+// ""); with tiers one per served model of the tiers, sorted by model,
+// each with its model's profile. Errors: an unknown profile or codec.
+func (p Options) onlineConfigs(co coordinator.Options) ([]planner.OnlineConfig, error) {
+	models := tierModels(co)
+	if len(models) == 0 {
+		cfg, err := p.onlineConfig(co, "", p.profile(co), p.DecodeProfile)
+		if err != nil {
+			return nil, err
+		}
+		return []planner.OnlineConfig{cfg}, nil
+	}
+	var out []planner.OnlineConfig
+	for _, m := range models {
+		prof, dec, flag := p.ModelProfiles[m], "", "planner-model-profile "+m
+		if prof == "" {
+			prof, dec, flag = p.profile(co), p.DecodeProfile, "planner-profile"
+		}
+		cfg, err := p.onlineConfig(co, m, prof, dec)
+		if err != nil {
+			return nil, fmt.Errorf("%s (model %s): %w", flag, m, err)
+		}
+		out = append(out, cfg)
+	}
+	return out, nil
+}
+
+// onlineConfig builds the configuration of the planner of model's pools
+// ("" for every model's) with the profiles profile and decodeProfile
+// (""; profile). Errors: an unknown profile or codec.
+func (p Options) onlineConfig(co coordinator.Options, model, profile, decodeProfile string) (planner.OnlineConfig, error) {
+	prof, err := perfmodel.Resolve(profile)
 	if err != nil {
 		return planner.OnlineConfig{}, fmt.Errorf("planner-profile: %w", err)
 	}
 	var dec *perfmodel.Profile
-	if p.DecodeProfile != "" {
-		if dec, err = perfmodel.Resolve(p.DecodeProfile); err != nil {
+	if decodeProfile != "" {
+		if dec, err = perfmodel.Resolve(decodeProfile); err != nil {
 			return planner.OnlineConfig{}, fmt.Errorf("planner-decode-profile: %w", err)
 		}
 		if dec.Model != prof.Model {
@@ -290,6 +380,7 @@ func (p Options) onlineConfig(co coordinator.Options) (planner.OnlineConfig, err
 		budget = planner.DefaultBudget(prof)
 	}
 	return planner.OnlineConfig{
+		Model: model,
 		Base: planner.Config{
 			Prefill: prof,
 			Decode:  dec,
@@ -319,14 +410,23 @@ func (p Options) onlineConfig(co coordinator.Options) (planner.OnlineConfig, err
 // re-plans every interval, publishes each planner.Decision on
 // control.PlanSubject and hands it to the actuator (log, or the
 // Kubernetes Deployments). Its methods are safe for concurrent use.
+//
+// Without tiers in the policy one planner sizes the prefill and decode
+// pools from every request. With tiers, each served model of the tiers
+// has its own pools (its workers report the model) and its own planner:
+// it observes only the requests that model served (budget.Trace's Model,
+// the tier's model that answered), counts only that model's workers as
+// current replicas, plans with that model's profile, and publishes
+// decisions naming the model; its gauges carry a label model. A request
+// served by a model of no tier is planned by none. The actuator is then
+// log only.
 type Host struct {
-	mode   string
-	cfg    planner.OnlineConfig
-	kube   kubernetes.Interface // Options.KubeClient
-	ko     actuator.KubernetesOptions
-	ticks  <-chan time.Time // nil: a ticker of every
-	every  time.Duration
-	online *planner.Online // set by Attach
+	mode  string
+	plans []*plan              // one without tiers (model ""), else one per model
+	kube  kubernetes.Interface // Options.KubeClient
+	ko    actuator.KubernetesOptions
+	ticks <-chan time.Time // nil: a ticker of every
+	every time.Duration
 
 	// With the Kubernetes actuator, set by Attach:
 	kact    *actuator.Kubernetes
@@ -355,31 +455,79 @@ func New(p Options, co coordinator.Options, log *zap.Logger) (*Host, error) {
 		log.Named("planner").Info("online planner off", zap.String("reason", why))
 		return nil, nil
 	}
-	cfg, err := p.onlineConfig(co)
+	cfgs, err := p.onlineConfigs(co)
 	if err != nil {
 		return nil, fmt.Errorf("planner: %w", err)
 	}
-	return &Host{
-		mode: mode, cfg: cfg, kube: p.KubeClient, ticks: p.Ticks, every: max(cfg.Interval/10, 10*time.Millisecond),
+	h := &Host{
+		mode: mode, kube: p.KubeClient, ticks: p.Ticks, every: max(cfgs[0].Interval/10, 10*time.Millisecond),
 		ko: actuator.KubernetesOptions{Namespace: p.Namespace, PrefillDeployment: p.PrefillDeployment, DecodeDeployment: p.DecodeDeployment},
-	}, nil
+	}
+	for _, cfg := range cfgs {
+		h.plans = append(h.plans, &plan{cfg: cfg})
+	}
+	return h, nil
+}
+
+// plan is the planner of one model's pools ("" : every model's).
+type plan struct {
+	cfg    planner.OnlineConfig
+	online *planner.Online // set by Attach
+}
+
+// Models returns the served models planned apart, sorted; none without
+// tiers in the policy.
+func (p *Host) Models() []string {
+	var out []string
+	for _, pl := range p.plans {
+		if pl.cfg.Model != "" {
+			out = append(out, pl.cfg.Model)
+		}
+	}
+	return out
+}
+
+// plan returns the planner of model's pools: without tiers the one
+// planner, whatever the model; with tiers nil for a model of no tier.
+func (p *Host) plan(model string) *plan {
+	if len(p.plans) == 1 && p.plans[0].cfg.Model == "" {
+		return p.plans[0]
+	}
+	for _, pl := range p.plans {
+		if pl.cfg.Model == model {
+			return pl
+		}
+	}
+	return nil
 }
 
 // Base returns the planner's starting point: the configuration it plans
-// from before any observation corrects it (profile, SLO, link, budget).
-// The profiles are shared: do not modify them.
-func (p *Host) Base() planner.Config { return p.cfg.Base }
+// from before any observation corrects it (profile, SLO, link, budget);
+// with tiers, that of the first model (see BaseFor). The profiles are
+// shared: do not modify them.
+func (p *Host) Base() planner.Config { return p.plans[0].cfg.Base }
+
+// BaseFor returns the starting point of model's planner (with tiers; ""
+// without), and whether there is one.
+func (p *Host) BaseFor(model string) (planner.Config, bool) {
+	for _, pl := range p.plans {
+		if pl.cfg.Model == model {
+			return pl.cfg.Base, true
+		}
+	}
+	return planner.Config{}, false
+}
 
 // Attach implements coordinator.Extension: it builds the actuator and the
-// planner, registering its gauges on h.Registerer. Errors: the
-// actuator's (Kubernetes outside a cluster) and registration errors.
+// planners, registering their gauges on h.Registerer (with tiers, each
+// model's with the label model). Errors: the actuator's (Kubernetes
+// outside a cluster) and registration errors.
 func (p *Host) Attach(h coordinator.Host) error {
 	log := h.Log.Named("planner")
-	cfg := p.cfg
-	var err error
-	switch p.mode {
-	case Kubernetes:
+	var act planner.Actuator = actuator.NewLog(log)
+	if p.mode == Kubernetes {
 		var k *actuator.Kubernetes
+		var err error
 		if p.kube != nil {
 			k, err = actuator.NewKubernetes(p.kube, p.ko)
 		} else {
@@ -406,13 +554,31 @@ func (p *Host) Attach(h coordinator.Host) error {
 		for _, role := range []control.Role{control.RolePrefill, control.RoleDecode} {
 			p.unsched.WithLabelValues(string(role)).Set(0)
 		}
-		cfg.Actuator = countingActuator{k, p.errs.WithLabelValues("scale")}
-	default:
-		cfg.Actuator = actuator.NewLog(log)
+		act = countingActuator{k, p.errs.WithLabelValues("scale")}
 	}
+	for _, pl := range p.plans {
+		if err := pl.attach(h, log, act, p.mode); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// attach builds pl's planner in the coordinator h, with the actuator act
+// of mode (without tiers; with tiers a log actuator of its own).
+func (pl *plan) attach(h coordinator.Host, log *zap.Logger, act planner.Actuator, mode string) error {
+	cfg := pl.cfg
+	reg := h.Registerer
+	model := cfg.Model
+	if model != "" {
+		reg = prometheus.WrapRegistererWith(prometheus.Labels{"model": model}, reg)
+		log = log.With(zap.String("model", model))
+		act, mode = actuator.NewLog(log), Log
+	}
+	cfg.Actuator = act
 	cost := costGauge(cfg.Base)
 	if cost != nil {
-		if err := h.Registerer.Register(cost); err != nil {
+		if err := reg.Register(cost); err != nil {
 			return fmt.Errorf("coordinator: planner: register metrics: %w", err)
 		}
 	}
@@ -431,17 +597,33 @@ func (p *Host) Attach(h coordinator.Host) error {
 		return h.Publish(subject, data)
 	}
 	cfg.Current = func() (prefill, decode int) {
-		return len(h.Members.Members(control.RolePrefill)), len(h.Members.Members(control.RoleDecode))
+		return countModel(h.Members.Members(control.RolePrefill), model), countModel(h.Members.Members(control.RoleDecode), model)
 	}
 	cfg.Log = log
-	if online, err = planner.NewOnline(cfg, h.Registerer); err != nil {
+	var err error
+	if online, err = planner.NewOnline(cfg, reg); err != nil {
 		return fmt.Errorf("coordinator: %w", err)
 	}
-	p.online = online
-	log.Info("online planner on", zap.String("actuator", p.mode), zap.String("profile", cfg.Base.Prefill.Name),
+	pl.online = online
+	log.Info("online planner on", zap.String("actuator", mode), zap.String("profile", cfg.Base.Prefill.Name),
 		zap.Int("budget", cfg.Base.GPUBudget), zap.String("budget_unit", cfg.Base.Prefill.UnitName()),
 		zap.Duration("interval", cfg.Interval), zap.Duration("window", cfg.Window))
 	return nil
+}
+
+// countModel counts the workers of members serving model; all of them
+// for "".
+func countModel(members []control.Heartbeat, model string) int {
+	if model == "" {
+		return len(members)
+	}
+	n := 0
+	for _, hb := range members {
+		if hb.Model == model {
+			n++
+		}
+	}
+	return n
 }
 
 // costGauge returns the gauge of the desired pools' cost, or nil without
@@ -455,9 +637,12 @@ func costGauge(base planner.Config) prometheus.Gauge {
 }
 
 // ObserveTrace implements coordinator.Extension: the trace of a completed
-// request becomes an observation of the planner.
+// request becomes an observation of the planner of the model that served
+// it (with tiers, none for a model of no tier).
 func (p *Host) ObserveTrace(t *budget.Trace) {
-	p.online.Observe(planner.ObservationFromTrace(t))
+	if pl := p.plan(t.Model); pl != nil {
+		pl.online.Observe(planner.ObservationFromTrace(t))
+	}
 }
 
 // Run implements coordinator.Extension: it re-plans until ctx ends; with
@@ -472,7 +657,7 @@ func (p *Host) Run(ctx context.Context) {
 	var wg sync.WaitGroup
 	if p.kact != nil {
 		wg.Go(func() {
-			t := time.NewTicker(p.cfg.Interval)
+			t := time.NewTicker(p.plans[0].cfg.Interval)
 			defer t.Stop()
 			for {
 				select {
@@ -484,8 +669,27 @@ func (p *Host) Run(ctx context.Context) {
 			}
 		})
 	}
-	_ = p.online.Run(ctx, ticks) // returns nil when ctx ends
-	wg.Wait()
+	// Every tick goes to each planner, in order.
+	chans := make([]chan time.Time, len(p.plans))
+	for i, pl := range p.plans {
+		chans[i] = make(chan time.Time)
+		wg.Go(func() { _ = pl.online.Run(ctx, chans[i]) }) // returns nil when ctx ends
+	}
+	defer wg.Wait()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-ticks:
+			for _, c := range chans {
+				select {
+				case c <- now:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
+	}
 }
 
 // CheckPods looks for pods of the two worker Deployments that the
@@ -561,5 +765,21 @@ func (c countingActuator) Scale(ctx context.Context, prefill, decode int) error 
 }
 
 // Online returns the running planner; nil before the coordinator's Start
-// attached it.
-func (p *Host) Online() *planner.Online { return p.online }
+// attached it, and with tiers in the policy (see OnlineFor).
+func (p *Host) Online() *planner.Online {
+	if len(p.plans) == 1 && p.plans[0].cfg.Model == "" {
+		return p.plans[0].online
+	}
+	return nil
+}
+
+// OnlineFor returns the running planner of model's pools (with tiers in
+// the policy); nil for a model of no tier and before Start.
+func (p *Host) OnlineFor(model string) *planner.Online {
+	for _, pl := range p.plans {
+		if pl.cfg.Model == model && model != "" {
+			return pl.online
+		}
+	}
+	return nil
+}

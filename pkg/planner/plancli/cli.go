@@ -6,13 +6,16 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/pdserve/pdserve/internal/cliflags"
+	"github.com/pdserve/pdserve/pkg/config"
 	"github.com/pdserve/pdserve/pkg/kvtransfer/codecpick"
 	"github.com/pdserve/pdserve/pkg/perfmodel"
 	"github.com/pdserve/pdserve/pkg/planner"
@@ -63,6 +66,15 @@ type Options struct {
 	HostLinkGbps   float64
 	PrefixRouting  string
 	CacheSweep     bool
+	// PolicyFile, when set, is a coordinator policy whose tiers name the
+	// served models to plan: each model is planned apart, with its
+	// profile from ModelProfiles and its rate from ModelRates (per-tier
+	// planning; Profiles and Rate are then not used).
+	PolicyFile string
+	// ModelProfiles and ModelRates are each tier model's profile and
+	// request rate, req/s (0 or absent: the highest goodput per GPU).
+	ModelProfiles map[string]string
+	ModelRates    map[string]float64
 	// Design, when set, evaluates that one design at Rate instead of
 	// searching: "P:D" or "PP+DD" (e.g. "2P+1D") disaggregated, "NC"
 	// colocated (step budget from --max-batch-tokens).
@@ -131,6 +143,36 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&o.HostLinkGbps, "host-link-gbps", o.HostLinkGbps, "host-to-GPU bandwidth host-tier hits load over, Gb/s (default: PCIe Gen5 x16, about 64 GB/s per direction, as on H100 and H200)")
 	fs.StringVar(&o.PrefixRouting, "prefix-routing", o.PrefixRouting, "how the simulated router places prompts when caches are simulated: prefix (the router's default prefill weights) or least-loaded")
 	fs.BoolVar(&o.CacheSweep, "cache-sweep", o.CacheSweep, "with a workload that names its blocks, also plan each prefix-cache size (0, ¼, ½, 1× the engine tier; 1× plus 1, 2, 4× of it in host memory) and print what each buys")
+	fs.StringVar(&o.PolicyFile, "policy", o.PolicyFile, "a coordinator policy file whose tiers name the served models: plan each model of the tiers apart, with --model-profile and --model-rate instead of --profile and --rate")
+	fs.Func("model-profile", "MODEL=PROFILE: the profile of a model of the --policy tiers (repeatable, one per model)", func(v string) error {
+		m, prof, ok := strings.Cut(v, "=")
+		if !ok || m == "" || prof == "" {
+			return fmt.Errorf("want MODEL=PROFILE, got %q", v)
+		}
+		if _, dup := o.ModelProfiles[m]; dup {
+			return fmt.Errorf("model %s given twice", m)
+		}
+		if o.ModelProfiles == nil {
+			o.ModelProfiles = map[string]string{}
+		}
+		o.ModelProfiles[m] = prof
+		return nil
+	})
+	fs.Func("model-rate", "MODEL=RATE: the request rate, req/s, a model of the --policy tiers serves (repeatable; absent: the highest goodput per GPU)", func(v string) error {
+		m, r, ok := strings.Cut(v, "=")
+		rate, err := strconv.ParseFloat(r, 64)
+		if !ok || m == "" || err != nil || !(rate >= 0) || math.IsInf(rate, 0) {
+			return fmt.Errorf("want MODEL=RATE with a rate ≥ 0, got %q", v)
+		}
+		if _, dup := o.ModelRates[m]; dup {
+			return fmt.Errorf("model %s given twice", m)
+		}
+		if o.ModelRates == nil {
+			o.ModelRates = map[string]float64{}
+		}
+		o.ModelRates[m] = rate
+		return nil
+	})
 	fs.StringVar(&o.Design, "design", o.Design, "predict one design at --rate instead of searching: P:D or 2P+1D (disaggregated), or 3C (colocated, needs --max-batch-tokens)")
 	cliflags.AddRenamed(fs, Renamed...)
 }
@@ -396,6 +438,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	for _, r := range cliflags.RenamedGiven(fs) {
 		fmt.Fprintf(stderr, "coordinator plan: %s\n", r.Deprecation())
 	}
+	if o.PolicyFile != "" || len(o.ModelProfiles) > 0 || len(o.ModelRates) > 0 {
+		return runTiers(ctx, o, stdout, stderr)
+	}
 	cfgs, err := o.Configs()
 	if err != nil {
 		fmt.Fprintf(stderr, "coordinator plan: %v\n", strings.TrimPrefix(err.Error(), errUsage.Error()+": "))
@@ -505,4 +550,98 @@ func writePNG(name string, plans []*planner.Plan) (err error) {
 		}
 	}()
 	return planner.WritePNG(f, plans...)
+}
+
+// runTiers plans each served model of the --policy tiers apart, from its
+// own profile and rate, and prints one plan per model (table output), in
+// the models' order.
+func runTiers(ctx context.Context, o Options, stdout, stderr io.Writer) int {
+	usage := func(format string, a ...any) int {
+		fmt.Fprintf(stderr, "coordinator plan: "+format+"\n", a...)
+		return 2
+	}
+	switch {
+	case o.PolicyFile == "":
+		return usage("--model-profile and --model-rate plan the models of a policy's tiers: give --policy")
+	case len(o.Profiles) > 0 || o.Rate != 0 || o.DecodeProfile != "" || o.ColocatedProfile != "":
+		return usage("with --policy each tier model's profile and rate are --model-profile and --model-rate, not --profile, --decode-profile, --colocated-profile or --rate")
+	case o.Design != "" || o.Plot != "":
+		return usage("--design and --plot plan one profile: not with --policy")
+	case o.Output != "table":
+		return usage("--output %s: with --policy the plans are printed as tables, one per model", o.Output)
+	}
+	pol, err := config.Load(o.PolicyFile)
+	if err != nil {
+		return usage("--policy: %v", err)
+	}
+	var models []string
+	tierOf := map[string][]string{}
+	for _, name := range slices.Sorted(maps.Keys(pol.Tiers)) {
+		for _, m := range pol.Tiers[name].Models {
+			if !slices.Contains(models, m) {
+				models = append(models, m)
+			}
+			tierOf[m] = append(tierOf[m], name)
+		}
+	}
+	if len(models) == 0 {
+		return usage("--policy %s names no tiers", o.PolicyFile)
+	}
+	for _, m := range slices.Sorted(maps.Keys(o.ModelProfiles)) {
+		if !slices.Contains(models, m) {
+			return usage("--model-profile %s: no tier of the policy serves model %s", m, m)
+		}
+	}
+	for _, m := range slices.Sorted(maps.Keys(o.ModelRates)) {
+		if !slices.Contains(models, m) {
+			return usage("--model-rate %s: no tier of the policy serves model %s", m, m)
+		}
+	}
+	slices.Sort(models)
+	code := 0
+	for _, m := range models {
+		prof, ok := o.ModelProfiles[m]
+		if !ok {
+			return usage("model %s of the policy's tiers has no --model-profile %s=PROFILE", m, m)
+		}
+		mo := o
+		mo.Profiles, mo.Rate = []string{prof}, o.ModelRates[m]
+		cfgs, err := mo.Configs()
+		if err != nil {
+			return usage("model %s: %v", m, strings.TrimPrefix(err.Error(), errUsage.Error()+": "))
+		}
+		p, err := planner.Run(ctx, cfgs[0])
+		switch {
+		case errors.Is(err, planner.ErrInfeasible):
+			fmt.Fprintf(stderr, "coordinator plan: model %s (%s): %v\n", m, prof, err)
+			code = 1
+		case err != nil:
+			fmt.Fprintf(stderr, "coordinator plan: %v\n", err)
+			return 1
+		}
+		if o.CacheSweep {
+			if p.CacheSweep, err = planner.SweepCache(ctx, cfgs[0]); err != nil {
+				fmt.Fprintf(stderr, "coordinator plan: %v\n", err)
+				return 1
+			}
+		}
+		fmt.Fprintf(stdout, "== model %s (tier %s), %s, rate %s ==\n", m, strings.Join(tierOf[m], ", "), prof, rateText(mo.Rate))
+		if err := planner.WriteTable(stdout, p); err != nil {
+			fmt.Fprintf(stderr, "coordinator plan: %v\n", err)
+			return 1
+		}
+		for _, w := range p.Warnings {
+			fmt.Fprintf(stderr, "coordinator plan: model %s: warning: %s\n", m, w)
+		}
+	}
+	return code
+}
+
+// rateText describes a planned rate: req/s, or the search for the
+// highest goodput per GPU.
+func rateText(r float64) string {
+	if r == 0 {
+		return "highest goodput per GPU"
+	}
+	return strconv.FormatFloat(r, 'g', -1, 64) + " req/s"
 }

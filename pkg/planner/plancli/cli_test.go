@@ -365,3 +365,59 @@ func TestPlanHostCacheBytes(t *testing.T) {
 		t.Errorf("both host tier flags: %v, want an error", err)
 	}
 }
+
+// TestPlanTiers: with --policy naming tiers, plan plans each served model
+// of the tiers apart, with its own profile and rate, in model order; bad
+// combinations are refused naming the flag.
+func TestPlanTiers(t *testing.T) {
+	policy := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(policy, []byte("tiers:\n  chat: {models: [opt-13b, llama-3-8b]}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	noTiers := filepath.Join(t.TempDir(), "policy.yaml")
+	if err := os.WriteFile(noTiers, []byte("slo: {ttft_ms: 400, tpot_ms: 40}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	quick := base[2:] // base without --profile
+	tiered := append(slices.Clone(quick), "--policy", policy,
+		"--model-profile", "opt-13b=a100-80g/opt-13b/tp1", "--model-profile", "llama-3-8b=h100/llama-3-8b/tp1", "--model-rate", "opt-13b=2")
+	code, out, errs := run(t, tiered...)
+	if code != 0 {
+		t.Fatalf("exit %d, stderr %s", code, errs)
+	}
+	want := []string{
+		"== model llama-3-8b (tier chat), h100/llama-3-8b/tp1, rate highest goodput per GPU ==", "pdserve plan: h100/llama-3-8b/tp1",
+		"== model opt-13b (tier chat), a100-80g/opt-13b/tp1, rate 2 req/s ==", "pdserve plan: a100-80g/opt-13b/tp1",
+	}
+	at := 0
+	for _, s := range want {
+		i := strings.Index(out[at:], s)
+		if i < 0 {
+			t.Fatalf("output lacks %q after offset %d:\n%s", s, at, out)
+		}
+		at += i + len(s)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"a model without a profile", append(slices.Clone(quick), "--policy", policy, "--model-profile", "opt-13b=a100-80g/opt-13b/tp1"), "model llama-3-8b of the policy's tiers has no --model-profile"},
+		{"a profile of a model of no tier", append(slices.Clone(tiered), "--model-profile", "mistral=h100/llama-3-8b/tp1"), "no tier of the policy serves model mistral"},
+		{"a rate of a model of no tier", append(slices.Clone(tiered), "--model-rate", "mistral=1"), "--model-rate mistral"},
+		{"--profile with --policy", append(slices.Clone(tiered), "--profile", "h100/llama-3-8b/tp1"), "not --profile"},
+		{"--rate with --policy", append(slices.Clone(tiered), "--rate", "3"), "not --profile"},
+		{"json", append(slices.Clone(tiered), "--output", "json"), "--output json"},
+		{"model flags without --policy", append(slices.Clone(base), "--model-rate", "opt-13b=2"), "give --policy"},
+		{"a policy without tiers", append(slices.Clone(quick), "--policy", noTiers, "--model-profile", "opt-13b=a100-80g/opt-13b/tp1"), "names no tiers"},
+		{"a bad rate", append(slices.Clone(tiered), "--model-rate", "llama-3-8b=-1"), "want MODEL=RATE"},
+		{"a profile twice", append(slices.Clone(tiered), "--model-profile", "opt-13b=h100/llama-3-8b/tp1"), "given twice"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, errs := run(t, tc.args...)
+			if code != 2 || !strings.Contains(errs, tc.want) {
+				t.Errorf("exit %d, stderr %q; want 2 and %q", code, errs, tc.want)
+			}
+		})
+	}
+}
