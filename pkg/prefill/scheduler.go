@@ -485,6 +485,7 @@ func (p *fcfs) Done(ctx context.Context, b runner.Batch[*request], res runner.Re
 			zap.Int("prefix_hit_tokens", r.prefixHit), zap.Int("host_hit_tokens", r.hostHit), zap.Duration("host_load", r.hostLoad),
 			zap.Int("peer_hit_tokens", r.peerHit), zap.Duration("peer_load", r.peerLoad),
 			zap.Int("skip_tokens", r.skip))
+		r.kv.prov = provenance(r.source, r.unverified)
 		r.tx.seal(outs[i].Token, lp)
 	}
 }
