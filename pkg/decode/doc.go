@@ -95,6 +95,19 @@
 // pull is logged and counted (PeerStats) and the prompt computed, with the
 // same tokens.
 //
+// Pulled KV is tagged with its peer and spot-checked as a prefill
+// worker's is (the one pkg/peerpull; --peer-pull-verify-blocks, default
+// 1: the pulled chain's last block recomputed here from the blocks
+// before it, under the batch's engine lock). A pull that does not match
+// is dropped and the prompt computed; its peer is no longer pulled from,
+// and the entries cached from it before are dropped (PeerStats.Purged,
+// pdserve_decode_peers_untrusted). A verified pull's sequence becomes a
+// cache entry tagged with the peer, like a fork or load of such an
+// entry; an unchecked one (--peer-pull-verify-blocks 0) serves its own
+// request only: never cached, so never exported nor advertised in KV
+// events. The same holds for remote KV whose push says it was pulled by
+// its sender unverified (KVCommit.provenance PULLED_UNVERIFIED).
+//
 // Cached KV shares the pool with requests, as vLLM's free block queue
 // does: an entry is charged its blocks while it is cached, and a Reserve
 // (or a Generate growing its reservation) that finds too few free blocks

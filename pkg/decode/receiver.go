@@ -300,6 +300,8 @@ func (k *sink) commit(c kvtransfer.Commit) error {
 	}
 	x := k.st.handOver()
 	x.Tokens, x.First, x.FirstByte, x.Done = k.h.Tokens, c.FirstToken, q.firstByte, k.last
+	// KV its sender pulled and did not check is never cached here.
+	x.Unverified = c.Unverified()
 	if c.FirstLogprob != nil {
 		lp := wire.FromTokenLogprob(c.FirstLogprob)
 		x.FirstLP = &lp

@@ -24,6 +24,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/grpcauth"
 	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
+	"github.com/pdserve/pdserve/pkg/peerpull"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 	"github.com/pdserve/pdserve/pkg/tracing"
 	"github.com/pdserve/pdserve/pkg/wire"
@@ -110,6 +111,9 @@ type Server struct {
 	// WithDialer).
 	peers  *kvtransfer.PullPricer
 	dialer *kvtransfer.Dialer
+	// trust holds the peers whose pulled KV failed a spot check: no
+	// longer pulled from (its own lock, a leaf).
+	trust peerpull.Trust
 
 	// b is the batch: continuous batching over the engine, run by its
 	// own goroutine (Run), which owns every sequence and the engine's
