@@ -60,7 +60,7 @@ func (s *Server) purgeSource(peer string) {
 	s.mu.Lock()
 	s.handReclaimed(seqs)
 	s.chargeCacheLocked()
-	s.mu.Unlock()
+	s.unlock()
 	s.log.Warn("peer untrusted: dropped the prefix cache entries pulled from it", zap.String("peer", peer), zap.Int("engine_entries", len(seqs)))
 }
 
@@ -90,7 +90,7 @@ func (s *Server) pullPrefix(ctx context.Context, id string, plan *peerpull.Plan)
 // request that ended meanwhile drops it.
 func (s *Server) pullDone(q *sequence, pulled *prefixcache.Pulled) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	q.pulling = false
 	if q.done || q.join == nil {
 		return
