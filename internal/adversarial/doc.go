@@ -23,7 +23,9 @@
 // credential) bounded by the ids awaiting admission and never indexed; a
 // worker flooding its KV subject not costing another worker an event;
 // a heartbeat naming an address outside --worker-networks refused, never
-// dialed.
+// dialed. And on KV provenance (decodepull_test.go): a fake peer's
+// random KV pulled by a decode worker caught by its spot check, nothing
+// of it cached; a push its sender marks pulled-unverified not cached.
 //
 // The heap is sampled with runtime/metrics every millisecond; the bounds
 // are generous (several times what the code needs) yet an order of

@@ -95,6 +95,19 @@
 // pull is logged and counted (PeerStats) and the prompt computed, with the
 // same tokens.
 //
+// Pulled KV is tagged with its peer and spot-checked as a prefill
+// worker's is (the one pkg/peerpull; --peer-pull-verify-blocks, default
+// 1: the pulled chain's last block recomputed here from the blocks
+// before it, under the batch's engine lock). A pull that does not match
+// is dropped and the prompt computed; its peer is no longer pulled from,
+// and the entries cached from it before are dropped (PeerStats.Purged,
+// pdserve_decode_peers_untrusted). A verified pull's sequence becomes a
+// cache entry tagged with the peer, like a fork or load of such an
+// entry; an unchecked one (--peer-pull-verify-blocks 0) serves its own
+// request only: never cached, so never exported nor advertised in KV
+// events. The same holds for remote KV whose push says it was pulled by
+// its sender unverified (KVCommit.provenance PULLED_UNVERIFIED).
+//
 // Cached KV shares the pool with requests, as vLLM's free block queue
 // does: an entry is charged its blocks while it is cached, and a Reserve
 // (or a Generate growing its reservation) that finds too few free blocks
@@ -145,23 +158,27 @@
 // The service (Reserve, Generate, Cancel, the per-caller caps and the
 // reservation timers, server.go) holds the reservations, calls and
 // outboxes under its one lock, Server.mu. The KV receiver (receiver.go)
-// holds the transfers under its one lock, Server.rx.mu (a transfer's
-// staging buffer has a leaf lock of its own, so that frames are staged
-// without it). Neither touches a sequence of the batch: they talk to it
-// by messages (batch.Join when a Generate call claimed its request and
-// no peer pull is under way, batch.Arrived when a claimed request's KV
-// was received whole, batch.Cancel when a request ends in the service,
-// batch.Reclaimed with the engine sequences of reclaimed prefix cache
-// entries), posted to its mailbox, a leaf, and taken at each step
-// boundary. A request handed to the batch ends only there: a Cancel is a
-// message, and the batch reports every end (batch.End, to Server.ended,
-// which takes mu from the loop holding no lock of its own). Tokens,
-// stamps and prompt logprobs go from the batch to each call's outbox
-// (its own leaf lock), which the call's handler drains. The batch holds no
-// lock when it reports; the receiver takes mu only after releasing rx.mu.
-// One nesting is left: the service hands the receiver what a transfer
-// may be and a request's end (rxState.expect, the claim, rxState.drop)
-// holding mu, and those take rx.mu.
+// holds the transfers under its one lock, Server.rx.mu. Neither is held
+// across a call into the other party: the service hands the receiver
+// what a transfer may be (rxState.expect, the claim) after releasing mu,
+// and a request's end (rxState.drop) as it releases it (Server.unlock);
+// the receiver ends a request in the service (Server.end) after
+// releasing rx.mu. Neither touches a sequence of the batch: they talk to
+// it by messages (batch.Join when a Generate call claimed its request
+// and no peer pull is under way, batch.Arrived when a claimed request's
+// KV was received whole, batch.Cancel when a request ends in the
+// service, batch.Reclaimed with the engine sequences of reclaimed or
+// purged prefix cache entries), posted to its mailbox and taken at each
+// step boundary. A request handed to the batch ends only there: a Cancel
+// is a message, and the batch reports every end (batch.End, to
+// Server.ended, which takes mu from the loop holding no lock of its
+// own). Tokens, stamps and prompt logprobs go from the batch to each
+// call's outbox, which the call's handler drains.
+//
+// The other locks are leaves of one object each, never held across a
+// call out of it: the batch's mailbox, an outbox, a transfer's staging
+// buffer (frames are staged under it, not under rx.mu), the prefix
+// cache and the KV pool. So no lock order is left to keep.
 //
 // Server methods are safe for concurrent use.
 package decode

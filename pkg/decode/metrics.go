@@ -20,6 +20,7 @@ import (
 //	pdserve_kv_blocks_capacity       gauge      KV blocks of the pool (not a counter: no _total)
 //	pdserve_decode_kv_bytes_saved_total counter KV bytes (true size) prefill workers did not send: this worker held the prefix
 //	pdserve_decode_stream_stalled_cancels_total counter requests cancelled because their caller did not read, by reason: outbox (over --max-outbox-bytes waiting), write_timeout (a send blocked for --stream-write-timeout)
+//	pdserve_decode_peers_untrusted              gauge   peers whose pulled KV failed a spot check (no longer pulled from)
 //	pdserve_decode_prefix_cache_*               the prefix cache's (prefixcache.Collectors)
 //
 // A nil *metrics records nothing.
@@ -60,6 +61,10 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 		Name: "pdserve_decode_kv_bytes_saved_total",
 		Help: "KV bytes (the model's true size) prefill workers did not send because this worker held the prompt's prefix in its prefix cache.",
 	}, func() float64 { return float64(s.kvSaved.Load()) }))
+	cs = append(cs, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "pdserve_decode_peers_untrusted",
+		Help: "Peer workers whose pulled KV failed a spot check; they are no longer pulled from.",
+	}, func() float64 { return float64(s.UntrustedPeers()) }))
 	cs = append(cs, prefixcache.Collectors("decode", func() prefixcache.Stats { return s.cache.Stats() }, s.cache.Host() != nil, s.cache.Host().Disk() != nil)...)
 	if err := batching.Register(reg, "decode", cs...); err != nil {
 		return nil, err

@@ -8,6 +8,7 @@ import (
 
 	"github.com/pdserve/pdserve/pkg/batching"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
+	"github.com/pdserve/pdserve/pkg/peerpull"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 )
 
@@ -71,6 +72,15 @@ type Options struct {
 	// lacks. Pulls also need the prefix cache and a dialer (WithDialer).
 	// ≥ 0.
 	PeerLinkGbps float64
+	// PeerPullVerifyBlocks is how many blocks of each pull are recomputed
+	// here and compared with what the peer sent (peerpull.Check: the
+	// pulled chain's last block, then random others): a pull that does
+	// not match is dropped, its prompt computed here, the entries cached
+	// from that peer dropped, and the peer not pulled from again
+	// (--peer-pull-verify-blocks, default peerpull.DefaultCheckBlocks).
+	// 0: no check; pulled KV then serves its own request only and is
+	// never cached, exported or advertised. ≥ 0.
+	PeerPullVerifyBlocks int
 }
 
 // Defaults of the per-caller caps: above what one coordinator needs on a
@@ -105,13 +115,15 @@ func DefaultOptions() Options {
 		StreamWriteTimeout:         DefaultStreamWriteTimeout,
 		PrefixCache:                prefixcache.DefaultOptions(),
 		PeerLinkGbps:               kvtransfer.DefaultPeerLinkGbps,
+		PeerPullVerifyBlocks:       peerpull.DefaultCheckBlocks,
 	}
 }
 
 // AddFlags registers --kv-blocks, --block-tokens, --max-batch,
 // --chunk-tokens, --max-batch-tokens (batching.Budget), --reserve-ttl,
 // --max-reservations-per-caller, --max-reserved-tokens-per-caller,
-// --max-outbox-bytes, --stream-write-timeout, --peer-link-gbps and the
+// --max-outbox-bytes, --stream-write-timeout, --peer-link-gbps,
+// --peer-pull-verify-blocks and the
 // prefix cache's flags (prefixcache.Options.AddFlags) on fs, with o's
 // values as defaults.
 func (o *Options) AddFlags(fs *flag.FlagSet) {
@@ -126,6 +138,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&o.StreamWriteTimeout, "stream-write-timeout", o.StreamWriteTimeout, "longest one send of a Generate stream may block on a caller that does not read; then the request is cancelled and freed (0: none)")
 	o.PrefixCache.AddFlags(fs)
 	fs.Float64Var(&o.PeerLinkGbps, "peer-link-gbps", o.PeerLinkGbps, "Gbit/s a local prefill's pull of a cached prefix from a peer worker is priced at until pulls from it were measured: a prompt pulls its prefix when that is faster than computing it at this worker's measured prefill throughput (0: never pull)")
+	fs.IntVar(&o.PeerPullVerifyBlocks, "peer-pull-verify-blocks", o.PeerPullVerifyBlocks, "blocks of each prefix a local prefill pulled from a peer that are recomputed here and compared with what it sent (its last block, then random others): a mismatch drops the pulled KV, computes the prompt here and stops pulling from that peer; a verified pull is cached and may be served to peers, tagged with its source (0: no check: pulled KV serves its own request only, never cached, exported or advertised)")
 }
 
 // Validate reports every invalid field in one error.
@@ -160,6 +173,9 @@ func (o Options) Validate() error {
 	}
 	if !(o.PeerLinkGbps >= 0) {
 		errs = append(errs, fmt.Errorf("peer-link-gbps %v must not be negative", o.PeerLinkGbps))
+	}
+	if o.PeerPullVerifyBlocks < 0 {
+		errs = append(errs, fmt.Errorf("peer-pull-verify-blocks %d must not be negative", o.PeerPullVerifyBlocks))
 	}
 	pc := o.cacheOptions()
 	if err := pc.Validate(); err != nil {

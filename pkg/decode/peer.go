@@ -3,6 +3,8 @@ package decode
 import (
 	"context"
 
+	"go.uber.org/zap"
+
 	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
 	"github.com/pdserve/pdserve/pkg/peerpull"
@@ -29,19 +31,51 @@ func (s *Server) ExportPrefix(_ context.Context, hashes []kv.Hash, minBlocks, ma
 // step.
 func (s *Server) PeerPullCost() float64 { return s.puller().CostRatio() }
 
-// puller is the worker's side of its local prefills' peer pulls.
+// puller is the worker's side of its local prefills' peer pulls,
+// spot-checked on its engine (Options.PeerPullVerifyBlocks), as a
+// prefill worker's are: the same peerpull.Puller.
 func (s *Server) puller() peerpull.Puller {
-	return peerpull.Puller{Cache: s.cache, Pricer: s.peers, Dialer: s.dialer, Spec: s.spec, Log: s.log, Now: s.now}
+	return peerpull.Puller{
+		Cache: s.cache, Pricer: s.peers, Dialer: s.dialer, Spec: s.spec, Log: s.log, Now: s.now,
+		Check:      &peerpull.Check{Blocks: s.o.PeerPullVerifyBlocks, Engine: s.eng, Lock: s.lockEngine},
+		Trust:      &s.trust,
+		Distrusted: s.purgeSource,
+	}
 }
 
+// lockEngine holds the batch's engine still (its loop waits at the next
+// step) and returns the release.
+func (s *Server) lockEngine() func() {
+	s.b.LockEngine()
+	return s.b.UnlockEngine
+}
+
+// purgeSource drops what the prefix cache holds from peer, which failed a
+// spot check: the entries tagged with it in the engine and host tiers
+// (pinned ones stay until the bounds evict them). Their engine sequences
+// go to the batch to free (batch.Reclaimed), and the pool blocks charged
+// for them go back. The caller holds no lock.
+func (s *Server) purgeSource(peer string) {
+	seqs := s.cache.DropSource(peer)
+	s.mu.Lock()
+	s.handReclaimed(seqs)
+	s.chargeCacheLocked()
+	s.unlock()
+	s.log.Warn("peer untrusted: dropped the prefix cache entries pulled from it", zap.String("peer", peer), zap.Int("engine_entries", len(seqs)))
+}
+
+// UntrustedPeers returns how many peers failed a spot check of the KV
+// pulled from them (no longer pulled from), for metrics.
+func (s *Server) UntrustedPeers() int { return s.trust.Untrusted() }
+
 // planPull decides whether local-prefill call p pulls its prompt's
-// prefix from p.peer, as a prefill worker does (peerpull). Nil: it
-// does not. No lock is held.
+// prefix from p.peer, as a prefill worker does (peerpull), with the
+// prompt for the pull's spot check. Nil: it does not. No lock is held.
 func (s *Server) planPull(p genParams) *peerpull.Plan {
 	if s.cache == nil || p.peer == nil {
 		return nil
 	}
-	return s.puller().Plan(p.peer, len(p.prompt), p.hashes)
+	return s.puller().PlanPrompt(p.peer, p.prompt, p.hashes)
 }
 
 // pullPrefix pulls plan's prefix of request id's prompt (nil when the
@@ -56,7 +90,7 @@ func (s *Server) pullPrefix(ctx context.Context, id string, plan *peerpull.Plan)
 // request that ended meanwhile drops it.
 func (s *Server) pullDone(q *sequence, pulled *prefixcache.Pulled) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	q.pulling = false
 	if q.done || q.join == nil {
 		return

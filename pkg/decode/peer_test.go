@@ -36,7 +36,7 @@ type holder struct {
 
 // newHolder starts a prefill worker with a prefix cache on eng, sending
 // its KV to a decode worker on sinkEng.
-func newHolder(t *testing.T, eng, sinkEng engine.Engine) *holder {
+func newHolder(t testing.TB, eng, sinkEng engine.Engine) *holder {
 	t.Helper()
 	d := kvtransfer.NewDialer(kvtransfer.WithConnsPerAddr(1))
 	t.Cleanup(func() { _ = d.Close() }) // after the Server stopped
@@ -55,7 +55,7 @@ func newHolder(t *testing.T, eng, sinkEng engine.Engine) *holder {
 
 // hold prefills p on the holder, its KV sent to the sink, which
 // generates one token: the holder's prefix cache then holds p's blocks.
-func (h *holder) hold(t *testing.T, id string, p []int32) {
+func (h *holder) hold(t testing.TB, id string, p []int32) {
 	t.Helper()
 	ctx := testCtx(t)
 	if _, err := h.sink.client.Reserve(ctx, &pdservev1.ReserveRequest{RequestId: id, Tokens: int32(len(p) + 1)}); err != nil {
@@ -88,7 +88,7 @@ func (h *holder) peer(tokens int) *pdservev1.PeerPrefix {
 
 // newPuller starts a decode worker on eng with a prefix cache and a
 // dialer to pull prefixes with; always makes every pull worth it.
-func newPuller(t *testing.T, eng engine.Engine, o Options, always bool) *testWorker {
+func newPuller(t testing.TB, eng engine.Engine, o Options, always bool) *testWorker {
 	t.Helper()
 	d := kvtransfer.NewDialer(kvtransfer.WithConnsPerAddr(1))
 	t.Cleanup(func() { _ = d.Close() }) // after the Server stopped
@@ -106,7 +106,7 @@ type hits struct {
 
 // generatePeer runs one local-prefill Generate call naming peer and
 // returns its tokens and prefix hits.
-func generatePeer(t *testing.T, w *testWorker, id string, p []int32, maxTokens int, peer *pdservev1.PeerPrefix) ([]int32, hits) {
+func generatePeer(t testing.TB, w *testWorker, id string, p []int32, maxTokens int, peer *pdservev1.PeerPrefix) ([]int32, hits) {
 	t.Helper()
 	stream, err := w.client.Generate(testCtx(t), &pdservev1.GenerateRequest{RequestId: id, PromptTokens: p, MaxTokens: int32(maxTokens),
 		LocalPrefill: true, IgnoreEos: true, Peer: peer})
@@ -153,8 +153,8 @@ func pullBitExact(t *testing.T, newEng func() engine.Engine, o Options, cold fun
 		if got.peer != int32(want) || got.prefix != got.peer || got.peerLoad <= 0 {
 			t.Errorf("%s: hits %+v: want %d peer hit tokens, all of the prefix hit, and a load time", id, got, want)
 		}
-		if st := w.s.Stats().PrefixCache.Peer; st.Pulls != 1 || st.HitTokens != uint64(want) || st.PullFailures != 0 {
-			t.Errorf("%s: puller's peer stats %+v, want 1 pull of %d tokens", id, st, want)
+		if st := w.s.Stats().PrefixCache.Peer; st.Pulls != 1 || st.HitTokens != uint64(want) || st.PullFailures != 0 || st.Verified != 1 || st.Rejected != 0 {
+			t.Errorf("%s: puller's peer stats %+v, want 1 pull of %d tokens, verified by the spot check", id, st, want)
 		}
 		// Pulled once, the prompt is the puller's own now.
 		toks, got = generatePeer(t, w, id+"-again", p, 6, h.peer(64))

@@ -25,52 +25,66 @@ type receiver struct{ s *Server }
 
 // rxState is the KV receiver's: the requests that may receive KV and
 // their transfers (kvIn). mu, the receiver's one lock, guards reqs and
-// every sequence's kvIn. The service hands it what a transfer may be
-// (expect, the claim) and a request's end (drop) holding Server.mu; the
-// receiver never takes Server.mu holding mu.
+// every sequence's kvIn; it is never held across a call into the
+// service, nor into a transfer's staging. The service hands it what a
+// transfer may be (expect, the claim) and a request's end (drop)
+// holding no lock of its own, and the receiver takes Server.mu only
+// holding no lock.
 type rxState struct {
 	mu   sync.Mutex
 	reqs map[string]*sequence // by id, from Reserve (or the claim of a Generate without one) to the request's end
 }
 
-// register makes q a request that may receive KV, unless it ended. The
-// caller holds r.mu.
+// register makes q a request that may receive KV, unless it ended or a
+// later request of its id is registered (the service hands the receiver
+// a request's end after releasing its lock, so a new request of the id
+// may come first). The caller holds r.mu.
 func (r *rxState) register(q *sequence) {
 	if r.reqs == nil {
 		r.reqs = make(map[string]*sequence)
 	}
-	if !q.ended {
+	if cur := r.reqs[q.id]; !q.ended && (cur == nil || cur.key < q.key) {
 		r.reqs[q.id] = q
 	}
 }
 
-// expect hands a new reservation to the receiver: q may receive
-// q.resTokens tokens of KV, starting at 0 or after the prefix pinned for
-// it. The caller holds Server.mu.
-func (r *rxState) expect(q *sequence) {
+// expect hands a new reservation to the receiver: q may receive limit
+// tokens of KV, starting at 0 or after the hit tokens pinned for it.
+// A Generate call that claimed q already (claimKV) set the limit, maybe
+// grown. The caller holds no lock.
+func (r *rxState) expect(q *sequence, limit, hit int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	q.limit, q.hitTokens = q.resTokens, q.hit.Tokens
+	if !q.claimed {
+		q.limit = limit
+	}
+	q.hitTokens = hit
 	r.register(q)
 }
 
 // drop hands the end of request q to the receiver: no transfer may begin
 // or go on for it, and the KV of an open transfer, or of a committed one
-// no Generate call claimed, is freed (a claimed one's is the batch's). Idempotent. The caller holds Server.mu.
+// no Generate call claimed, is freed (a claimed one's is the batch's),
+// after mu. Idempotent. The caller holds no lock (Server.unlock).
 func (r *rxState) drop(q *sequence) {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	q.ended = true
 	if r.reqs[q.id] == q {
 		delete(r.reqs, q.id)
 	}
+	var st *staging
 	if q.sink != nil {
-		q.sink.st.free()
+		st = q.sink.st
 		q.sink = nil
 	}
-	if q.held != nil {
-		q.held.Free()
-		q.held = nil
+	held := q.held
+	q.held = nil
+	r.mu.Unlock()
+	if st != nil {
+		st.free()
+	}
+	if held != nil && held.Free != nil {
+		held.Free()
 	}
 }
 
@@ -147,7 +161,7 @@ func (r receiver) Begin(_ context.Context, h kvtransfer.StreamHeader) (kvtransfe
 type staging struct {
 	s      *Server
 	start  int        // first token held (the header's Start); fixed
-	mu     sync.Mutex // guards layers, ends, bytes and freed; taken after Server.rx.mu, never before
+	mu     sync.Mutex // guards layers, ends, bytes and freed; a leaf: taken holding no other lock
 	layers [][]byte
 	ends   [][]int // per layer, the end token of each frame, ascending
 	bytes  int64   // capacity allocated, counted in Server.stagedBytes
@@ -185,22 +199,22 @@ func (g *staging) add(h kvtransfer.StreamHeader, layer, start, end int, raw []by
 	return nil
 }
 
-// held returns the bytes held for layer (0 once freed).
-func (g *staging) held(layer int) int {
+// handOver returns the staged KV of h for the batch, which frees it
+// (KV.Free) after its import, once every layer holds all of it. The
+// sink writes no more to it. Errors: errFreed once the staging was
+// freed, INTERNAL when a layer lacks KV.
+func (g *staging) handOver(h kvtransfer.StreamHeader) (*batch.KV, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.freed {
-		return 0
+		return nil, errFreed
 	}
-	return len(g.layers[layer])
-}
-
-// handOver returns the staged KV for the batch, which frees it (KV.Free)
-// after its import. The sink writes no more to it.
-func (g *staging) handOver() *batch.KV {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return &batch.KV{Start: g.start, Layers: g.layers, Ends: g.ends, Free: g.free}
+	for l := range h.Layers {
+		if n := len(g.layers[l]); n != (h.Tokens-h.Start)*h.TokenBytes {
+			return nil, status.Errorf(codes.Internal, "decode: kv of %s layer %d holds %d bytes after the transfer, want %d", h.RequestID, l, n, (h.Tokens-h.Start)*h.TokenBytes)
+		}
+	}
+	return &batch.KV{Start: g.start, Layers: g.layers, Ends: g.ends, Free: g.free}, nil
 }
 
 // free drops the buffers. Idempotent; safe for concurrent use.
@@ -274,18 +288,24 @@ func (k *sink) Write(layer, start, end int, raw []byte) error {
 // lacks KV, INVALID_ARGUMENT for a first token outside the vocabulary.
 func (k *sink) Commit(c kvtransfer.Commit) error { return k.commit(c) }
 
-// commit is Commit, under rx.mu.
+// commit is Commit: the staging is handed over (its lock), then the
+// transfer committed under rx.mu.
 func (k *sink) commit(c kvtransfer.Commit) error {
 	s, q := k.s, k.q
+	// Write, Commit and Abort of a transfer come one at a time: nothing
+	// is staged meanwhile; only the request's end may free the staging.
+	x, err := k.st.handOver(k.h)
+	switch {
+	case errors.Is(err, errFreed):
+		return k.errGone()
+	case err != nil:
+		return err
+	}
 	s.rx.mu.Lock()
 	defer s.rx.mu.Unlock()
 	if q.ended || q.sink != k {
+		// Ended meanwhile: drop freed (or frees) the staging.
 		return k.errGone()
-	}
-	for l := range k.h.Layers {
-		if n := k.st.held(l); n != (k.h.Tokens-k.h.Start)*k.h.TokenBytes {
-			return status.Errorf(codes.Internal, "decode: kv of %s layer %d holds %d bytes after the transfer, want %d", q.id, l, n, (k.h.Tokens-k.h.Start)*k.h.TokenBytes)
-		}
 	}
 	if c.FirstToken < 0 || int(c.FirstToken) >= s.spec.Vocab {
 		return status.Errorf(codes.InvalidArgument, "decode: first token %d of %s outside the vocabulary", c.FirstToken, q.id)
@@ -298,8 +318,9 @@ func (k *sink) commit(c kvtransfer.Commit) error {
 	if k.h.Start > 0 {
 		s.kvSaved.Add(int64(k.h.Start) * int64(s.spec.KVBytesPerToken()))
 	}
-	x := k.st.handOver()
 	x.Tokens, x.First, x.FirstByte, x.Done = k.h.Tokens, c.FirstToken, q.firstByte, k.last
+	// KV its sender pulled and did not check is never cached here.
+	x.Unverified = c.Unverified()
 	if c.FirstLogprob != nil {
 		lp := wire.FromTokenLogprob(c.FirstLogprob)
 		x.FirstLP = &lp
@@ -312,7 +333,7 @@ func (k *sink) commit(c kvtransfer.Commit) error {
 	}
 	// Claimed: the service handed, or is handing, the request to the
 	// batch. Posted under rx.mu, so that it reaches the batch before the
-	// Cancel of the request's end (posted after drop, under rx.mu too).
+	// Cancel of the request's end (posted after drop: Server.unlock).
 	s.b.Post(batch.Arrived(q.key, x))
 	return nil
 }
@@ -329,7 +350,6 @@ func (k *sink) Abort(err error) {
 		s.rx.mu.Unlock()
 		return
 	}
-	k.st.free()
 	q.sink = nil
 	q.xferErr = err
 	if err == nil {
@@ -337,6 +357,7 @@ func (k *sink) Abort(err error) {
 	}
 	claimed := q.claimed
 	s.rx.mu.Unlock()
+	k.st.free()
 	if claimed {
 		// Its KV never committed, so it never joined the batch. An attach
 		// that claims q after the unlock sees xferErr and ends it itself.

@@ -24,6 +24,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/grpcauth"
 	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
+	"github.com/pdserve/pdserve/pkg/peerpull"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 	"github.com/pdserve/pdserve/pkg/tracing"
 	"github.com/pdserve/pdserve/pkg/wire"
@@ -110,6 +111,9 @@ type Server struct {
 	// WithDialer).
 	peers  *kvtransfer.PullPricer
 	dialer *kvtransfer.Dialer
+	// trust holds the peers whose pulled KV failed a spot check: no
+	// longer pulled from (its own lock, a leaf).
+	trust peerpull.Trust
 
 	// b is the batch: continuous batching over the engine, run by its
 	// own goroutine (Run), which owns every sequence and the engine's
@@ -127,13 +131,42 @@ type Server struct {
 
 	// mu is the service's: it guards the reservations and calls, the
 	// per-caller caps and the pool's charge to the prefix cache. It is
-	// never held across a call into the batch (which only Post reaches,
-	// a leaf) nor waited for by the batch's loop but in ended.
+	// never held across a call into the KV receiver nor the batch (which
+	// only Post reaches, a leaf), nor waited for by the batch's loop but
+	// in ended. Its holders release it with unlock, which then hands the
+	// requests that ended under it (ends) to the receiver.
 	mu      sync.Mutex
+	ends    []ended
 	seqs    map[string]*sequence // every reserved or live request, by id
 	stopped bool
 	keys    uint64                // the last sequence.key given
 	callers map[string]*callerUse // what each caller's requests hold (see Options.MaxReservationsPerCaller)
+}
+
+// ended is a request that ended in the service, for unlock to hand to
+// the KV receiver; cancel: it was never handed to the batch, which may
+// hold KV that arrived for it.
+type ended struct {
+	q      *sequence
+	cancel bool
+}
+
+// unlock releases mu, then hands each request that ended while it was
+// held to the KV receiver (rxState.drop: no transfer may begin or go on
+// for it) and, when it was never handed to the batch, posts a Cancel
+// that frees KV that arrived there for it: in that order, so that a
+// transfer committed before the drop posted its KV (under rx.mu) before
+// the Cancel. Every holder of mu releases it with unlock.
+func (s *Server) unlock() {
+	es := s.ends
+	s.ends = nil
+	s.mu.Unlock()
+	for _, e := range es {
+		s.rx.drop(e.q)
+		if e.cancel {
+			s.b.Post(batch.Cancel(e.q.key, nil, false))
+		}
+	}
 }
 
 // callerUse is what one caller's live requests hold. Guarded by
@@ -388,8 +421,15 @@ func (s *Server) HostBlocks() prefixcache.Blocks {
 
 // Stats returns a snapshot of the worker's load.
 func (s *Server) Stats() Stats {
+	st := s.stats()
+	st.KVTransfers = s.rx.transfers()
+	return st
+}
+
+// stats is Stats but for the receiver's part.
+func (s *Server) stats() Stats {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	times, last := s.b.Steps()
 	ld := s.b.Load()
 	st := Stats{
@@ -406,7 +446,6 @@ func (s *Server) Stats() Stats {
 		Waiting:             ld.Waiting,
 		QueuedPrefillTokens: ld.QueuedPrefillTokens,
 	}
-	st.KVTransfers = s.rx.transfers()
 	return st
 }
 
@@ -415,7 +454,7 @@ func (s *Server) Stats() Stats {
 func (s *Server) SetDraining(d bool) {
 	s.mu.Lock()
 	s.sig.SetDrainingLocked(d)
-	s.mu.Unlock()
+	s.unlock()
 }
 
 // WaitIdle blocks until no request is reserved or live, or ctx ends
@@ -459,23 +498,35 @@ func (s *Server) Reserve(ctx context.Context, req *pdservev1.ReserveRequest) (*p
 		}
 		tokens = needTokens(prompt, tokens-prompt, n)
 	}
+	q, resp, err := s.reserve(ctx, req, tokens)
+	if err != nil {
+		return nil, err
+	}
+	// The receiver hears of it after mu (the transfer may begin once the
+	// caller has the answer).
+	s.rx.expect(q, int(resp.GetBlocks())*s.pool.BlockTokens(), int(resp.GetPrefixHitTokens()))
+	return resp, nil
+}
+
+// reserve is Reserve's part under mu: request req of tokens reserved.
+func (s *Server) reserve(ctx context.Context, req *pdservev1.ReserveRequest, tokens int) (*sequence, *pdservev1.ReserveResponse, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	if err := ctx.Err(); err != nil {
 		// The caller gave up (a worker that was stopped, or slow to take
 		// the call, sees it late): a reservation now would wait for a
 		// Generate that never comes until its TTL.
-		return nil, status.FromContextError(err).Err()
+		return nil, nil, status.FromContextError(err).Err()
 	}
 	if s.stopped || s.sig.DrainingLocked() {
-		return nil, status.Error(codes.Unavailable, "decode: worker is draining")
+		return nil, nil, status.Error(codes.Unavailable, "decode: worker is draining")
 	}
 	if s.seqs[req.GetRequestId()] != nil {
-		return nil, status.Errorf(codes.AlreadyExists, "decode: request %s already holds a reservation", req.GetRequestId())
+		return nil, nil, status.Errorf(codes.AlreadyExists, "decode: request %s already holds a reservation", req.GetRequestId())
 	}
 	q, err := s.reserveLocked(req.GetRequestId(), tokens, grpcauth.Caller(ctx))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	s.armLocked(q)
 	if p := req.GetPrompt(); s.cache != nil && len(p) > 0 {
@@ -486,8 +537,7 @@ func (s *Server) Reserve(ctx context.Context, req *pdservev1.ReserveRequest) (*p
 	// Kept for the Generate call, which may then omit it (validated
 	// there, like a prompt it carries).
 	q.reservation.resPrompt = slices.Clone(req.GetPrompt())
-	s.rx.expect(q)
-	return &pdservev1.ReserveResponse{Blocks: int32(len(q.blocks)), BlocksFree: int32(s.freeBlocksLocked()), PrefixHitTokens: int32(q.hit.Tokens),
+	return q, &pdservev1.ReserveResponse{Blocks: int32(len(q.blocks)), BlocksFree: int32(s.freeBlocksLocked()), PrefixHitTokens: int32(q.hit.Tokens),
 		PromptHeld: len(q.reservation.resPrompt) > 0}, nil
 }
 
@@ -631,11 +681,14 @@ func (s *Server) armLocked(q *sequence) {
 // An unclaimed reservation was never handed to the batch, so expire
 // ends it in the service alone.
 func (s *Server) expire(q *sequence) {
+	// Asked before mu: a transfer that begins right after is ended with
+	// the reservation, as if the TTL had fired a moment earlier.
+	receiving := s.rx.receiving(q)
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	switch {
 	case q.done || q.attached:
-	case s.rx.receiving(q):
+	case receiving:
 		s.armLocked(q)
 	default:
 		s.log.Info("reservation expired", zap.String("request_id", q.id), zap.Int("blocks", len(q.blocks)), zap.Duration("ttl", s.o.ReserveTTL))
@@ -674,11 +727,9 @@ func (s *Server) endLocked(q *sequence, reason string, err error) {
 		}
 		q.join = nil
 	}
-	s.rx.drop(q)
-	if !q.handed {
-		// KV may have arrived at the batch for it.
-		s.b.Post(batch.Cancel(q.key, nil, false))
-	}
+	// The receiver hears of the end when mu is released (unlock); KV
+	// may have arrived at the batch for a request never handed to it.
+	s.ends = append(s.ends, ended{q: q, cancel: !q.handed})
 	if s.seqs[q.id] == q {
 		delete(s.seqs, q.id)
 	}
@@ -697,7 +748,7 @@ func (s *Server) endLocked(q *sequence, reason string, err error) {
 // after the blocks went back). The batch holds nothing of them any more.
 func (s *Server) ended(es []batch.End, cacheChanged bool) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	for _, e := range es {
 		q := s.seqs[e.ID]
 		if q == nil || q.key != e.Key || q.done {
@@ -729,7 +780,7 @@ func (s *Server) ended(es []batch.End, cacheChanged bool) {
 // and ends those never handed to the batch (it reports the others).
 func (s *Server) stopping() {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	s.stopped = true
 	for _, q := range s.seqs {
 		if !q.handed {
@@ -751,7 +802,7 @@ func grammarRefused(id string, choice int, cause error) error {
 // end at its next step boundary (or its own end, had it ended q first).
 func (s *Server) end(q *sequence, err error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	s.endOrCancelLocked(q, err)
 }
 
@@ -783,7 +834,7 @@ func (s *Server) Cancel(_ context.Context, req *pdservev1.CancelRequest) (*pdser
 func (s *Server) CancelRequest(id string) bool {
 	s.mu.Lock()
 	q := s.seqs[id]
-	s.mu.Unlock()
+	s.unlock()
 	if q == nil {
 		return false
 	}
@@ -1039,7 +1090,7 @@ func (s *Server) Generate(req *pdservev1.GenerateRequest, stream grpc.ServerStre
 // shown (the caller's), or nil.
 func (s *Server) reservedPrompt(id string) []int32 {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	if q := s.seqs[id]; q != nil {
 		return slices.Clone(q.reservation.resPrompt)
 	}
@@ -1084,7 +1135,7 @@ func (s *Server) send(stream grpc.ServerStreamingServer[pdservev1.GenerateRespon
 // request itself (an outbox over its bound: batch.Stalled).
 func (s *Server) stalled(q *sequence, reason string, err error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	if q.done || q.stalled {
 		return // it ended meanwhile
 	}
@@ -1109,46 +1160,101 @@ func (s *Server) countStalled(q *sequence, reason string) {
 
 // attach binds a Generate call to its reservation (or a new one) and
 // hands it to the batch (handLocked), unless a peer pull is under way.
+// It claims the request under mu, then hands the claim to the KV
+// receiver holding no lock of the service (claimKV), then completes it
+// under mu again (attached). A request that ended in between (a
+// Cancel, an aborted transfer) finished the call's outbox with its
+// error, which the call then reads.
 func (s *Server) attach(p genParams) (*sequence, error) {
+	q, limit, err := s.claim(p)
+	if err != nil {
+		return nil, err
+	}
+	held, abort, err := s.claimKV(q, p, limit)
+	return s.attached(q, p, held, abort, err)
+}
+
+// claim is attach's first part, under mu: it finds or makes p's
+// reservation, grows it to p's need, checks p's prompt against what
+// Reserve was shown, and marks it attached with the call's outbox, so
+// that no other call claims it. It returns the tokens reserved.
+func (s *Server) claim(p genParams) (*sequence, int, error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
+	defer s.unlock()
 	if s.stopped {
-		return nil, errStopped
+		return nil, 0, errStopped
 	}
 	need := needTokens(len(p.prompt), p.maxTokens, p.n)
 	q := s.seqs[p.id]
 	switch {
 	case q == nil && s.sig.DrainingLocked():
-		return nil, status.Error(codes.Unavailable, "decode: worker is draining")
+		return nil, 0, status.Error(codes.Unavailable, "decode: worker is draining")
 	case q == nil:
 		var err error
 		if q, err = s.reserveLocked(p.id, need, p.caller); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 	case q.attached:
-		return nil, status.Errorf(codes.AlreadyExists, "decode: request %s already has a Generate call", p.id)
+		return nil, 0, status.Errorf(codes.AlreadyExists, "decode: request %s already has a Generate call", p.id)
 	}
 	if q.resTokens < need {
 		// Grow a reservation made for fewer tokens, charged to whoever
 		// made it.
 		grow := s.pool.BlocksFor(need) - len(q.blocks)
 		if err := s.checkCapsLocked(q.caller, p.id, 0, grow); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		more, err := s.allocateLocked(grow)
 		if err != nil {
-			return nil, status.Errorf(codes.ResourceExhausted, "decode: request %s reserved %d tokens, needs %d: %v", p.id, q.resTokens, need, err)
+			return nil, 0, status.Errorf(codes.ResourceExhausted, "decode: request %s reserved %d tokens, needs %d: %v", p.id, q.resTokens, need, err)
 		}
 		s.chargeLocked(q.caller, 0, len(more))
 		q.blocks = append(q.blocks, more...)
 		q.resTokens = len(q.blocks) * s.pool.BlockTokens()
 	}
-	// The claim is handed to the receiver in the critical section that
-	// checks the transfer against the call, so a transfer that aborts
-	// meanwhile either is seen here or sees the claim (and ends q).
-	held, err := s.claimKVLocked(q, p)
-	if err != nil {
+	switch {
+	case !p.local && q.hit.Tokens > 0 && (len(p.hashes) < len(q.hit.Hashes) || !slices.Equal(p.hashes[:len(q.hit.Hashes)], q.hit.Hashes)):
+		return nil, 0, invalid("request %s: the prompt differs from the one reserved (its cached prefix of %d tokens)", p.id, q.hit.Tokens)
+	case q.reservation.resPrompt != nil && !slices.Equal(p.prompt, q.reservation.resPrompt):
+		return nil, 0, invalid("request %s: the prompt (%d tokens) differs from the one reserved (%d tokens)", p.id, len(p.prompt), len(q.reservation.resPrompt))
+	}
+	q.attached = true
+	q.out = newOutbox(p.n, s.o.MaxOutboxBytes)
+	if p.omitFirst {
+		q.out.omitFirst()
+	}
+	return q, q.resTokens, nil
+}
+
+// attached is attach's last part, under mu, after the receiver took the
+// claim (claimKV: held is the KV received before it; err its refusal,
+// abort when the transfer failed, which ends q). A refused claim leaves
+// the reservation to another call, with a new TTL.
+func (s *Server) attached(q *sequence, p genParams, held *batch.KV, abort bool, err error) (*sequence, error) {
+	s.mu.Lock()
+	defer s.unlock()
+	switch {
+	case abort:
+		// Not handed to the batch yet: the service ends it.
+		s.endLocked(q, "", err)
 		return nil, err
+	case err != nil:
+		if q.done {
+			return nil, err
+		}
+		q.attached, q.out = false, nil
+		if q.ttl != nil {
+			q.ttl.Stop()
+			s.armLocked(q)
+		}
+		return nil, err
+	case q.done:
+		// It ended since claim: its outbox holds the error.
+		if held != nil && held.Free != nil {
+			held.Free()
+		}
+		p.closeGrammars()
+		return q, nil
 	}
 	if q.ttl != nil {
 		// Claimed: from now on the call bounds the request, also while it
@@ -1161,11 +1267,6 @@ func (s *Server) attach(p genParams) (*sequence, error) {
 		s.cache.Release(q.hit)
 		q.hit = prefixcache.Hit{}
 	}
-	q.attached = true
-	q.out = newOutbox(p.n, s.o.MaxOutboxBytes)
-	if p.omitFirst {
-		q.out.omitFirst()
-	}
 	q.join = &batch.Request{
 		Key: q.key, ID: q.id, Local: p.local, Prompt: p.prompt, Sampling: p.sampling, MaxTokens: p.maxTokens,
 		IgnoreEOS: p.ignoreEOS, Stop: p.stop, Generated: p.generated, N: p.n, GenChoices: p.genChoices,
@@ -1177,46 +1278,31 @@ func (s *Server) attach(p genParams) (*sequence, error) {
 	return q, nil
 }
 
-// claimKVLocked hands Generate call p's claim of q to the KV receiver,
-// in one critical section of rx.mu with the checks of the call against
-// the transfer: FAILED_PRECONDITION for local prefill when KV was sent or
+// claimKV hands Generate call p's claim of q to the KV receiver, in one
+// critical section of rx.mu with the checks of the call against the
+// transfer: FAILED_PRECONDITION for local prefill when KV was sent or
 // is arriving, INVALID_ARGUMENT when the KV received does not cover the
-// prompt or the prompt differs from the one reserved (its cached prefix,
-// or the prompt Reserve was shown), ABORTED (ending q)
-// when the transfer failed. It also hands over the reservation's size,
-// which attach may have grown, and returns the KV received before the
-// claim (nil: none yet), for the Join. The caller holds mu.
-func (s *Server) claimKVLocked(q *sequence, p genParams) (*batch.KV, error) {
+// prompt, ABORTED (abort: q is to be ended) when the transfer failed.
+// It also hands over the reservation's size (limit tokens), which claim
+// may have grown, and returns the KV received before the claim (nil:
+// none yet), for the Join. The caller holds no lock: a transfer that
+// aborts meanwhile either is seen here or sees the claim (and ends q).
+func (s *Server) claimKV(q *sequence, p genParams, limit int) (held *batch.KV, abort bool, err error) {
 	s.rx.mu.Lock()
+	defer s.rx.mu.Unlock()
 	s.rx.register(q)
-	q.limit = q.resTokens
-	var err error
+	q.limit = limit
 	switch {
 	case p.local && (q.sink != nil || q.committed):
-		err = status.Errorf(codes.FailedPrecondition, "decode: request %s asks for local prefill but its kv was sent", p.id)
+		return nil, false, status.Errorf(codes.FailedPrecondition, "decode: request %s asks for local prefill but its kv was sent", p.id)
 	case !p.local && q.committed && q.kvTokens != len(p.prompt):
-		err = invalid("request %s: prompt has %d tokens, the kv received covers %d", p.id, len(p.prompt), q.kvTokens)
+		return nil, false, invalid("request %s: prompt has %d tokens, the kv received covers %d", p.id, len(p.prompt), q.kvTokens)
 	case !p.local && q.xferErr != nil:
-		err = status.Errorf(codes.Aborted, "decode: kv transfer of %s failed: %v", p.id, q.xferErr)
-		s.rx.mu.Unlock()
-		// Not handed to the batch yet: the service ends it.
-		s.endLocked(q, "", err)
-		return nil, err
-	case !p.local && q.hit.Tokens > 0 && (len(p.hashes) < len(q.hit.Hashes) || !slices.Equal(p.hashes[:len(q.hit.Hashes)], q.hit.Hashes)):
-		err = invalid("request %s: the prompt differs from the one reserved (its cached prefix of %d tokens)", p.id, q.hit.Tokens)
-	case q.reservation.resPrompt != nil && !slices.Equal(p.prompt, q.reservation.resPrompt):
-		err = invalid("request %s: the prompt (%d tokens) differs from the one reserved (%d tokens)", p.id, len(p.prompt), len(q.reservation.resPrompt))
-	default:
-		q.claimed, q.claimLocal, q.claimPrompt = true, p.local, len(p.prompt)
+		return nil, true, status.Errorf(codes.Aborted, "decode: kv transfer of %s failed: %v", p.id, q.xferErr)
 	}
-	held := q.held
-	if err == nil {
-		q.held = nil
-	} else {
-		held = nil
-	}
-	s.rx.mu.Unlock()
-	return held, err
+	q.claimed, q.claimLocal, q.claimPrompt = true, p.local, len(p.prompt)
+	held, q.held = q.held, nil
+	return held, false, nil
 }
 
 // closeGrammar closes c when it is not nil.

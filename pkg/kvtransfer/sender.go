@@ -217,7 +217,7 @@ func (s *Sender) Commit(ctx context.Context, c Commit) (Ack, error) {
 }
 
 func (s *Sender) commit(c Commit) (Ack, error) {
-	req := &pdservev1.PushRequest{Msg: &pdservev1.PushRequest_Commit{Commit: &pdservev1.KVCommit{FirstToken: c.FirstToken, FirstLogprob: c.FirstLogprob}}}
+	req := &pdservev1.PushRequest{Msg: &pdservev1.PushRequest_Commit{Commit: &pdservev1.KVCommit{FirstToken: c.FirstToken, FirstLogprob: c.FirstLogprob, Provenance: c.Provenance}}}
 	if err := s.stream.SendMsg(req); err != nil {
 		return Ack{}, s.streamErr(err)
 	}

@@ -255,7 +255,7 @@ func (t *transfer) run() (err error) {
 				return err
 			}
 		case t.msg.commit != nil:
-			ack, err := t.commit(Commit{FirstToken: t.msg.commit.GetFirstToken(), FirstLogprob: t.msg.commit.GetFirstLogprob()})
+			ack, err := t.commit(Commit{FirstToken: t.msg.commit.GetFirstToken(), FirstLogprob: t.msg.commit.GetFirstLogprob(), Provenance: t.msg.commit.GetProvenance()})
 			if err != nil {
 				return err
 			}

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/internal/poll"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/kv/codec"
@@ -129,7 +130,9 @@ func testRoundTripEveryCodec(t *testing.T, dt engine.DType) {
 			if err := sendAll(s, kv, chunk); err != nil {
 				t.Fatal(err)
 			}
-			ack, err := s.Commit(context.Background(), Commit{FirstToken: 42})
+			// The provenance crosses the wire with the first token.
+			commit := Commit{FirstToken: 42, Provenance: pdservev1.KVProvenance_KV_PROVENANCE_PULLED_UNVERIFIED}
+			ack, err := s.Commit(context.Background(), commit)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -139,7 +142,7 @@ func testRoundTripEveryCodec(t *testing.T, dt engine.DType) {
 			if violation != nil {
 				t.Fatal(violation)
 			}
-			if diff := cmp.Diff([]Commit{{FirstToken: 42}}, commits); diff != "" || aborts != 0 {
+			if diff := cmp.Diff([]Commit{commit}, commits); diff != "" || aborts != 0 {
 				t.Fatalf("commits (-want +got):\n%s aborts %d", diff, aborts)
 			}
 			want := expectedKV(t, c, h, kv, chunk, maxFrame)

@@ -79,6 +79,16 @@ type Commit struct {
 	// FirstLogprob is FirstToken's log-probability, or nil when the
 	// request asked for none.
 	FirstLogprob *pdservev1.TokenLogprob
+	// Provenance says where the pushed KV came from (UNSPECIFIED, from a
+	// sender that predates it, reads as COMPUTED): a receiver caches none
+	// of KV pulled by the sender and not verified (Unverified).
+	Provenance pdservev1.KVProvenance
+}
+
+// Unverified reports whether c's KV was, in part, pulled by its sender
+// from a peer without a spot check: it serves its own request only.
+func (c Commit) Unverified() bool {
+	return c.Provenance == pdservev1.KVProvenance_KV_PROVENANCE_PULLED_UNVERIFIED
 }
 
 // Ack is the receiver's answer once all KV was imported.

@@ -62,6 +62,7 @@ type received struct {
 	frames    int
 	first     int32
 	firstLP   *pdservev1.TokenLogprob
+	prov      pdservev1.KVProvenance // the commit's
 	committed bool
 	aborted   bool
 }
@@ -116,7 +117,7 @@ func (s *fakeSink) Write(layer, start, end int, raw []byte) error {
 func (s *fakeSink) Commit(c kvtransfer.Commit) error {
 	s.f.mu.Lock()
 	defer s.f.mu.Unlock()
-	s.r.first, s.r.firstLP, s.r.committed = c.FirstToken, c.FirstLogprob, true
+	s.r.first, s.r.firstLP, s.r.prov, s.r.committed = c.FirstToken, c.FirstLogprob, c.Provenance, true
 	return nil
 }
 

@@ -3,6 +3,7 @@ package prefill
 import (
 	"fmt"
 
+	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/engine"
 )
 
@@ -27,6 +28,21 @@ type kvBuf struct {
 	data       [][]byte // data[l] has tokens × tokenBytes bytes once layer l got its first chunk
 	filled     []int    // tokens written per layer
 	frames     []frame  // every chunk in the order the engine produced it; read by Resend after the prefill completed
+	// prov is where the KV came from, for the commit of each push of it
+	// (kvtransfer.Commit.Provenance): set before the transfer is sealed.
+	prov pdservev1.KVProvenance
+}
+
+// provenance is the KV provenance of a prompt whose prefix came from
+// source ("": computed here) and was pulled unverified or not.
+func provenance(source string, unverified bool) pdservev1.KVProvenance {
+	switch {
+	case unverified:
+		return pdservev1.KVProvenance_KV_PROVENANCE_PULLED_UNVERIFIED
+	case source != "":
+		return pdservev1.KVProvenance_KV_PROVENANCE_PULLED_VERIFIED
+	}
+	return pdservev1.KVProvenance_KV_PROVENANCE_COMPUTED
 }
 
 func newKVBuf(layers, tokens int) *kvBuf {

@@ -214,6 +214,7 @@ func (r *request) End(e batch.End) {
 		zap.Int("prefix_hit_tokens", h.Prefix), zap.Int("host_hit_tokens", h.Host), zap.Duration("host_load", h.HostLoad),
 		zap.Int("peer_hit_tokens", h.Peer), zap.Duration("peer_load", h.PeerLoad),
 		zap.Int("skip_tokens", r.skip))
+	r.kv.prov = provenance(e.Source, e.Unverified)
 	r.tx.seal(e.Token, lp)
 }
 

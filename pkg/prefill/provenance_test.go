@@ -157,6 +157,10 @@ func TestUnverifiedPullNotReexported(t *testing.T) {
 	if st.Entries != 0 || st.Peer.Unverified != 1 || st.Peer.Verified != 0 || st.Peer.CheckTokens != 0 {
 		t.Errorf("puller's cache %+v: want no entry, 1 unverified pull, no check", st)
 	}
+	// The push says so, and the decode worker caches none of it.
+	if got, _ := f.get("mid"); got.prov != pdservev1.KVProvenance_KV_PROVENANCE_PULLED_UNVERIFIED {
+		t.Errorf("push of unverified pulled KV committed with provenance %v, want PULLED_UNVERIFIED", got.prov)
+	}
 	if bl := mid.s.PrefixBlocks().AppendBlocks(nil, nil); len(bl) != 0 {
 		t.Errorf("puller advertises %d blocks of unverified KV, want none", len(bl))
 	}
@@ -197,6 +201,11 @@ func TestVerifiedPullTaggedAndPurged(t *testing.T) {
 	}
 	if st := w.s.Stats().PrefixCache; st.Entries != 2 || st.Peer.Verified != 1 {
 		t.Fatalf("after a verified pull: %+v, want 2 entries, 1 verified pull", st)
+	}
+	for id, want := range map[string]pdservev1.KVProvenance{"own": pdservev1.KVProvenance_KV_PROVENANCE_COMPUTED, "pulled": pdservev1.KVProvenance_KV_PROVENANCE_PULLED_VERIFIED} {
+		if got, _ := f.get(id); got.prov != want {
+			t.Errorf("push of %s committed with provenance %v, want %v", id, got.prov, want)
+		}
 	}
 	third := newWorker(t, cachedOptions(1<<12, 8), true)
 	third.s.peers.Always = true

@@ -184,7 +184,7 @@ func (t *transfer) run(d *kvtransfer.Dialer) (res transferResult) {
 			if snd == nil {
 				return transferResult{err: fmt.Errorf("prefill: transfer of %s sealed without kv", t.hdr.RequestID)}
 			}
-			ack, err := snd.Commit(t.ctx, kvtransfer.Commit{FirstToken: first, FirstLogprob: firstLP})
+			ack, err := snd.Commit(t.ctx, kvtransfer.Commit{FirstToken: first, FirstLogprob: firstLP, Provenance: t.kv.prov})
 			if err != nil {
 				return transferResult{err: t.cause(fmt.Errorf("prefill: commit kv to %s: %w", t.addr, err))}
 			}

@@ -22,7 +22,7 @@ import (
 var (
 	commonFlags  = []string{"nats-url", "nats-user", "nats-password-file", "log-level", "metrics-addr", "engine", "preset", "profile", "time-scale", "flags-file", "grpc-addr", "advertise-addr", "id", "heartbeat-interval", "tls-cert", "tls-key", "tls-ca", "tls-server-name"}
 	prefillFlags = []string{"chunk-tokens", "max-batch-tokens", "codec", "max-live-prefills", "pace-gbps", "kv-conns", "retain-bytes", "peer-link-gbps"}
-	decodeFlags  = []string{"role", "kv-blocks", "block-tokens", "max-batch", "chunk-tokens", "max-batch-tokens", "peer-link-gbps"}
+	decodeFlags  = []string{"role", "kv-blocks", "block-tokens", "max-batch", "chunk-tokens", "max-batch-tokens", "peer-link-gbps", "peer-pull-verify-blocks"}
 )
 
 func TestHelpListsEveryFlag(t *testing.T) {
@@ -70,6 +70,7 @@ func TestMainRejectsBadSettings(t *testing.T) {
 		{"bad role", NewDecodeOptions(), []string{"--role=prefill"}, "role \"prefill\" must be decode or colocated"},
 		{"no blocks", NewDecodeOptions(), []string{"--kv-blocks=0"}, "kv-blocks 0"},
 		{"negative peer link", NewDecodeOptions(), []string{"--peer-link-gbps=-1"}, "peer-link-gbps -1 must not be negative"},
+		{"negative pull check", NewDecodeOptions(), []string{"--peer-pull-verify-blocks=-1"}, "peer-pull-verify-blocks -1 must not be negative"},
 		{"negative pace", NewDecodeOptions(), []string{"--pace-gbps=-1"}, "pace-gbps -1: must not be negative"},
 		{"budget not above batch", NewDecodeOptions(), []string{"--max-batch=64", "--max-batch-tokens=64"}, "must exceed max-batch"},
 		{"bad id", NewDecodeOptions(), []string{"--id=a.b"}, "--id a.b: "},

@@ -389,6 +389,6 @@ func (o Options) LogFields() []zap.Field {
 		zap.Duration("reserve_ttl", d.ReserveTTL),
 		zap.Int("max_reservations_per_caller", d.MaxReservationsPerCaller), zap.Int("max_reserved_tokens_per_caller", d.MaxReservedTokensPerCaller),
 		zap.Int("prefix_cache_tokens", d.PrefixCache.MaxTokens), zap.Int("prefix_cache_entries", d.PrefixCache.MaxEntries), zap.Int64("host_cache_bytes", d.PrefixCache.HostBytes), zap.String("disk_cache_dir", d.PrefixCache.DiskDir), zap.Int64("disk_cache_bytes", d.PrefixCache.DiskBytes),
-		zap.Float64("peer_link_gbps", d.PeerLinkGbps),
+		zap.Float64("peer_link_gbps", d.PeerLinkGbps), zap.Int("peer_pull_verify_blocks", d.PeerPullVerifyBlocks),
 		zap.Int("max_outbox_bytes", d.MaxOutboxBytes), zap.Duration("stream_write_timeout", d.StreamWriteTimeout))
 }

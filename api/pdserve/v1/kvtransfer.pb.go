@@ -21,6 +21,63 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// KVProvenance is where a push's KV came from.
+type KVProvenance int32
+
+const (
+	// A sender that predates the field: as COMPUTED.
+	KVProvenance_KV_PROVENANCE_UNSPECIFIED KVProvenance = 0
+	// The sender computed all of it (or holds it from its own computation).
+	KVProvenance_KV_PROVENANCE_COMPUTED KVProvenance = 1
+	// Part of it was pulled from a peer and passed the sender's spot check.
+	KVProvenance_KV_PROVENANCE_PULLED_VERIFIED KVProvenance = 2
+	// Part of it was pulled from a peer and not checked.
+	KVProvenance_KV_PROVENANCE_PULLED_UNVERIFIED KVProvenance = 3
+)
+
+// Enum value maps for KVProvenance.
+var (
+	KVProvenance_name = map[int32]string{
+		0: "KV_PROVENANCE_UNSPECIFIED",
+		1: "KV_PROVENANCE_COMPUTED",
+		2: "KV_PROVENANCE_PULLED_VERIFIED",
+		3: "KV_PROVENANCE_PULLED_UNVERIFIED",
+	}
+	KVProvenance_value = map[string]int32{
+		"KV_PROVENANCE_UNSPECIFIED":       0,
+		"KV_PROVENANCE_COMPUTED":          1,
+		"KV_PROVENANCE_PULLED_VERIFIED":   2,
+		"KV_PROVENANCE_PULLED_UNVERIFIED": 3,
+	}
+)
+
+func (x KVProvenance) Enum() *KVProvenance {
+	p := new(KVProvenance)
+	*p = x
+	return p
+}
+
+func (x KVProvenance) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (KVProvenance) Descriptor() protoreflect.EnumDescriptor {
+	return file_pdserve_v1_kvtransfer_proto_enumTypes[0].Descriptor()
+}
+
+func (KVProvenance) Type() protoreflect.EnumType {
+	return &file_pdserve_v1_kvtransfer_proto_enumTypes[0]
+}
+
+func (x KVProvenance) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use KVProvenance.Descriptor instead.
+func (KVProvenance) EnumDescriptor() ([]byte, []int) {
+	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{0}
+}
+
 // PullRequest asks a worker for a prompt's cached prefix KV.
 type PullRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -481,7 +538,11 @@ type KVCommit struct {
 	// The token the prefill worker sampled after the prompt.
 	FirstToken int32 `protobuf:"varint,1,opt,name=first_token,json=firstToken,proto3" json:"first_token,omitempty"`
 	// Its log-probability, when the request asked for logprobs.
-	FirstLogprob  *TokenLogprob `protobuf:"bytes,2,opt,name=first_logprob,json=firstLogprob,proto3" json:"first_logprob,omitempty"`
+	FirstLogprob *TokenLogprob `protobuf:"bytes,2,opt,name=first_logprob,json=firstLogprob,proto3" json:"first_logprob,omitempty"`
+	// Where the pushed KV came from. The receiver caches (prefix cache, KV
+	// events) none of a push marked KV_PROVENANCE_PULLED_UNVERIFIED: that
+	// KV serves its own request only.
+	Provenance    KVProvenance `protobuf:"varint,3,opt,name=provenance,proto3,enum=pdserve.v1.KVProvenance" json:"provenance,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -528,6 +589,13 @@ func (x *KVCommit) GetFirstLogprob() *TokenLogprob {
 		return x.FirstLogprob
 	}
 	return nil
+}
+
+func (x *KVCommit) GetProvenance() KVProvenance {
+	if x != nil {
+		return x.Provenance
+	}
+	return KVProvenance_KV_PROVENANCE_UNSPECIFIED
 }
 
 // PushResponse acknowledges a committed transfer: all KV was imported.
@@ -644,17 +712,25 @@ const file_pdserve_v1_kvtransfer_proto_rawDesc = "" +
 	"\vtoken_bytes\x18\x05 \x01(\x05R\n" +
 	"tokenBytes\x12\x1f\n" +
 	"\vstart_token\x18\x06 \x01(\x05R\n" +
-	"startToken\"j\n" +
+	"startToken\"\xa4\x01\n" +
 	"\bKVCommit\x12\x1f\n" +
 	"\vfirst_token\x18\x01 \x01(\x05R\n" +
 	"firstToken\x12=\n" +
-	"\rfirst_logprob\x18\x02 \x01(\v2\x18.pdserve.v1.TokenLogprobR\ffirstLogprob\"\xa1\x01\n" +
+	"\rfirst_logprob\x18\x02 \x01(\v2\x18.pdserve.v1.TokenLogprobR\ffirstLogprob\x128\n" +
+	"\n" +
+	"provenance\x18\x03 \x01(\x0e2\x18.pdserve.v1.KVProvenanceR\n" +
+	"provenance\"\xa1\x01\n" +
 	"\fPushResponse\x12\x1b\n" +
 	"\tbytes_raw\x18\x01 \x01(\x03R\bbytesRaw\x12\x1d\n" +
 	"\n" +
 	"bytes_wire\x18\x02 \x01(\x03R\tbytesWire\x12/\n" +
 	"\x14first_byte_unix_nano\x18\x03 \x01(\x03R\x11firstByteUnixNano\x12$\n" +
-	"\x0edone_unix_nano\x18\x04 \x01(\x03R\fdoneUnixNano2\x8d\x01\n" +
+	"\x0edone_unix_nano\x18\x04 \x01(\x03R\fdoneUnixNano*\x91\x01\n" +
+	"\fKVProvenance\x12\x1d\n" +
+	"\x19KV_PROVENANCE_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16KV_PROVENANCE_COMPUTED\x10\x01\x12!\n" +
+	"\x1dKV_PROVENANCE_PULLED_VERIFIED\x10\x02\x12#\n" +
+	"\x1fKV_PROVENANCE_PULLED_UNVERIFIED\x10\x032\x8d\x01\n" +
 	"\x11KVTransferService\x12;\n" +
 	"\x04Push\x12\x17.pdserve.v1.PushRequest\x1a\x18.pdserve.v1.PushResponse(\x01\x12;\n" +
 	"\x04Pull\x12\x17.pdserve.v1.PullRequest\x1a\x18.pdserve.v1.PullResponse0\x01B5Z3github.com/pdserve/pdserve/api/pdserve/v1;pdservev1b\x06proto3"
@@ -671,31 +747,34 @@ func file_pdserve_v1_kvtransfer_proto_rawDescGZIP() []byte {
 	return file_pdserve_v1_kvtransfer_proto_rawDescData
 }
 
+var file_pdserve_v1_kvtransfer_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_pdserve_v1_kvtransfer_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_pdserve_v1_kvtransfer_proto_goTypes = []any{
-	(*PullRequest)(nil),    // 0: pdserve.v1.PullRequest
-	(*PullResponse)(nil),   // 1: pdserve.v1.PullResponse
-	(*PullHeader)(nil),     // 2: pdserve.v1.PullHeader
-	(*PushRequest)(nil),    // 3: pdserve.v1.PushRequest
-	(*KVStreamHeader)(nil), // 4: pdserve.v1.KVStreamHeader
-	(*KVCommit)(nil),       // 5: pdserve.v1.KVCommit
-	(*PushResponse)(nil),   // 6: pdserve.v1.PushResponse
-	(*TokenLogprob)(nil),   // 7: pdserve.v1.TokenLogprob
+	(KVProvenance)(0),      // 0: pdserve.v1.KVProvenance
+	(*PullRequest)(nil),    // 1: pdserve.v1.PullRequest
+	(*PullResponse)(nil),   // 2: pdserve.v1.PullResponse
+	(*PullHeader)(nil),     // 3: pdserve.v1.PullHeader
+	(*PushRequest)(nil),    // 4: pdserve.v1.PushRequest
+	(*KVStreamHeader)(nil), // 5: pdserve.v1.KVStreamHeader
+	(*KVCommit)(nil),       // 6: pdserve.v1.KVCommit
+	(*PushResponse)(nil),   // 7: pdserve.v1.PushResponse
+	(*TokenLogprob)(nil),   // 8: pdserve.v1.TokenLogprob
 }
 var file_pdserve_v1_kvtransfer_proto_depIdxs = []int32{
-	2, // 0: pdserve.v1.PullResponse.header:type_name -> pdserve.v1.PullHeader
-	4, // 1: pdserve.v1.PushRequest.header:type_name -> pdserve.v1.KVStreamHeader
-	5, // 2: pdserve.v1.PushRequest.commit:type_name -> pdserve.v1.KVCommit
-	7, // 3: pdserve.v1.KVCommit.first_logprob:type_name -> pdserve.v1.TokenLogprob
-	3, // 4: pdserve.v1.KVTransferService.Push:input_type -> pdserve.v1.PushRequest
-	0, // 5: pdserve.v1.KVTransferService.Pull:input_type -> pdserve.v1.PullRequest
-	6, // 6: pdserve.v1.KVTransferService.Push:output_type -> pdserve.v1.PushResponse
-	1, // 7: pdserve.v1.KVTransferService.Pull:output_type -> pdserve.v1.PullResponse
-	6, // [6:8] is the sub-list for method output_type
-	4, // [4:6] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	3, // 0: pdserve.v1.PullResponse.header:type_name -> pdserve.v1.PullHeader
+	5, // 1: pdserve.v1.PushRequest.header:type_name -> pdserve.v1.KVStreamHeader
+	6, // 2: pdserve.v1.PushRequest.commit:type_name -> pdserve.v1.KVCommit
+	8, // 3: pdserve.v1.KVCommit.first_logprob:type_name -> pdserve.v1.TokenLogprob
+	0, // 4: pdserve.v1.KVCommit.provenance:type_name -> pdserve.v1.KVProvenance
+	4, // 5: pdserve.v1.KVTransferService.Push:input_type -> pdserve.v1.PushRequest
+	1, // 6: pdserve.v1.KVTransferService.Pull:input_type -> pdserve.v1.PullRequest
+	7, // 7: pdserve.v1.KVTransferService.Push:output_type -> pdserve.v1.PushResponse
+	2, // 8: pdserve.v1.KVTransferService.Pull:output_type -> pdserve.v1.PullResponse
+	7, // [7:9] is the sub-list for method output_type
+	5, // [5:7] is the sub-list for method input_type
+	5, // [5:5] is the sub-list for extension type_name
+	5, // [5:5] is the sub-list for extension extendee
+	0, // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_pdserve_v1_kvtransfer_proto_init() }
@@ -718,13 +797,14 @@ func file_pdserve_v1_kvtransfer_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pdserve_v1_kvtransfer_proto_rawDesc), len(file_pdserve_v1_kvtransfer_proto_rawDesc)),
-			NumEnums:      0,
+			NumEnums:      1,
 			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
 		GoTypes:           file_pdserve_v1_kvtransfer_proto_goTypes,
 		DependencyIndexes: file_pdserve_v1_kvtransfer_proto_depIdxs,
+		EnumInfos:         file_pdserve_v1_kvtransfer_proto_enumTypes,
 		MessageInfos:      file_pdserve_v1_kvtransfer_proto_msgTypes,
 	}.Build()
 	File_pdserve_v1_kvtransfer_proto = out.File

@@ -122,6 +122,11 @@ type KV struct {
 	// FirstByte and Done are when the first frame arrived and the last
 	// was staged.
 	FirstByte, Done time.Time
+	// Unverified: the sender pulled part of this KV from a peer and did
+	// not check it (the push's provenance). The sequence serves its own
+	// request only: it never becomes a prefix cache entry, so the worker
+	// neither advertises nor exports it.
+	Unverified bool
 	// Free releases the buffers' accounting (nil: nothing to do).
 	Free func()
 }

@@ -56,6 +56,14 @@ type seq struct {
 	peer   PeerLoad
 	disk   *prefixcache.DiskRead
 
+	// source is the provenance of the prompt KV root q started from: ""
+	// computed here (or pushed as computed), else the peer its prefix was
+	// pulled from (directly, or through a cache entry of such a pull);
+	// unverified is set when that pull, or the push's sender's pull, was
+	// not checked: the sequence then serves q only and is never cached.
+	source     string
+	unverified bool
+
 	parent     *seq
 	children   []*seq
 	forked     bool // the children were created (root)
@@ -303,6 +311,12 @@ func (b *Batch) dropChoice(c *seq, keep bool) {
 // now, it frees the sequence.
 func (b *Batch) keep(q *seq) {
 	c := b.cfg.Cache
+	if q.unverified {
+		// Pulled KV nobody checked: it served q only.
+		c.NoteUnverified()
+		b.cfg.Engine.Free(q.eseq)
+		return
+	}
 	k := len(q.hashes) * c.BlockTokens()
 	n, err := b.cfg.Engine.Len(q.eseq)
 	if c == nil || k == 0 || err != nil || n < k || k > b.cfg.CacheMaxTokens || c.Match(q.hashes) == len(q.hashes) {
@@ -327,7 +341,7 @@ func (b *Batch) keep(q *seq) {
 	b.cached[s] = k
 	b.cachedTokens += k
 	b.cacheChanged = true
-	b.freeCached(c.Insert(s, q.hashes, k))
+	b.freeCached(c.InsertFrom(s, q.hashes, k, q.source))
 }
 
 // freeCached frees engine sequences the prefix cache let go of (those it
@@ -537,7 +551,9 @@ func (b *Batch) start(q *seq, now time.Time) {
 // forking the x.Start tokens before it from q's pinned prefix.
 func (b *Batch) importKV(q *seq, x *KV) error {
 	eng := b.cfg.Engine
+	q.unverified = x.Unverified
 	if x.Start > 0 {
+		q.source = q.pin.Source
 		if q.pin.Tokens < x.Start {
 			return fmt.Errorf("decode: kv of %s starts at token %d, the cached prefix holds %d", q.id, x.Start, q.pin.Tokens)
 		}
@@ -585,6 +601,7 @@ func (b *Batch) forkCached(q *seq) int {
 			return 0
 		}
 		q.peer = PeerLoad{Tokens: n, Took: took}
+		q.source, q.unverified = pulled.Source, !pulled.Verified
 		return n
 	}
 	if c.HostDeeper(q.hashes, maxHit, disk) {
@@ -595,6 +612,7 @@ func (b *Batch) forkCached(q *seq) int {
 			return 0
 		}
 		q.host = ld
+		q.source = ld.Source
 		return ld.Tokens
 	}
 	hit := c.Acquire(q.hashes, maxHit)
@@ -607,6 +625,7 @@ func (b *Batch) forkCached(q *seq) int {
 		eng.Free(q.eseq)
 		return 0
 	}
+	q.source = hit.Source
 	return hit.Tokens
 }
 

@@ -114,6 +114,12 @@ type End struct {
 	Start, Done time.Time
 	Batch       int
 	Hits        Hits
+	// Source is the peer the prompt's prefix came from ("" when computed
+	// here or from this worker's own cache of its own KV); Unverified is
+	// set when that prefix was pulled without passing the spot check
+	// (Prefilled only: the service marks the KV push's provenance).
+	Source     string
+	Unverified bool
 }
 
 // Msg is a message to the batch: Join, Cancel or Purge.

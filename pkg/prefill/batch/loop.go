@@ -392,7 +392,7 @@ func (p policy) Done(ctx context.Context, rb runner.Batch[*seq], res runner.Resu
 		}
 		q.started = false
 		b.remove(q)
-		e := End{Kind: Prefilled, Token: out.Token, Logits: out.Logits, Start: q.startedAt, Done: res.End, Batch: len(rb.Prefill), Hits: q.hits}
+		e := End{Kind: Prefilled, Token: out.Token, Logits: out.Logits, Start: q.startedAt, Done: res.End, Batch: len(rb.Prefill), Hits: q.hits, Source: q.source, Unverified: q.unverified}
 		if refused != nil {
 			e.Kind, e.Err = Refused, refused
 		}
