@@ -310,7 +310,9 @@ func TestRoleCommandOnlyFromCoordinator(t *testing.T) {
 // role (as prefill: a 512-token prompt whose KV goes to a fixed decode
 // worker; as decode: a 512-token prompt prefilled locally), to its first
 // token. ns/op is the whole, command to first token; s_visible the
-// command to the heartbeat of the new role.
+// command to the heartbeat of the new role; s_baseline_first_token the
+// first token of the decode role's request on the fixed decode worker
+// (the request's own time, the third of three).
 //
 //	go test -run '^$' -bench BenchmarkRoleChangeSim -benchtime 20x ./pkg/workerrun/
 func BenchmarkRoleChangeSim(b *testing.B) {
@@ -339,6 +341,26 @@ func BenchmarkRoleChangeSim(b *testing.B) {
 	dc := pdservev1.NewDecodeServiceClient(dial(b, d))
 	ctx := testCtx(b)
 	p := prompt(512, 5)
+	// The same request on a worker that changed nothing, as the floor.
+	var baseline time.Duration
+	for i := range 3 {
+		id := fmt.Sprint("base-", i)
+		t0 := time.Now()
+		if _, err := dc.Reserve(ctx, &pdservev1.ReserveRequest{RequestId: id, Tokens: int32(len(p) + 2)}); err != nil {
+			b.Fatal(err)
+		}
+		gen, err := dc.Generate(ctx, &pdservev1.GenerateRequest{RequestId: id, PromptTokens: p, MaxTokens: 2, IgnoreEos: true, LocalPrefill: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := readGenerate(gen, 1); err != nil {
+			b.Fatal(err)
+		}
+		baseline = time.Since(t0)
+		if _, err := readGenerate(gen, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
 	var visible time.Duration
 	b.ResetTimer()
 	for i := range b.N {
@@ -394,4 +416,5 @@ func BenchmarkRoleChangeSim(b *testing.B) {
 		b.StartTimer()
 	}
 	b.ReportMetric(visible.Seconds()/float64(b.N), "s_visible")
+	b.ReportMetric(baseline.Seconds(), "s_baseline_first_token")
 }
