@@ -1,10 +1,12 @@
 package plannerhost
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -84,6 +86,13 @@ type Options struct {
 	// 0: planner.DefaultBudget (16 GPUs; a CPU profile: the logical CPUs
 	// it was measured on).
 	GPUBudget int
+	// Roles moves elastic workers (those whose heartbeats say elastic)
+	// between prefill and decode before the total changes
+	// (planner.RoleOptions): at most one move per RoleDwell, for a
+	// predicted attainment gain of RoleMinGain or more.
+	Roles       bool
+	RoleDwell   time.Duration
+	RoleMinGain float64
 	// Namespace, PrefillDeployment and DecodeDeployment name the
 	// Deployments Kubernetes scales (required with it).
 	Namespace, PrefillDeployment, DecodeDeployment string
@@ -108,6 +117,8 @@ func DefaultOptions() Options {
 		MinObservations: 50,
 		LinkGbps:        100,
 		CodecProfile:    planner.CodecProfileBuiltin,
+		RoleDwell:       2 * time.Minute,
+		RoleMinGain:     0.02,
 	}
 }
 
@@ -125,6 +136,9 @@ func (p *Options) AddFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&p.Headroom, "planner-headroom", p.Headroom, "plan for the observed request rate × (1 + headroom); > 0")
 	fs.Float64Var(&p.Hysteresis, "planner-hysteresis", p.Hysteresis, "scale down only to pools that meet the SLO at the observed rate × (1 + headroom + hysteresis); > 0")
 	fs.IntVar(&p.MinObservations, "planner-min-observations", p.MinObservations, "fewest finished requests in the window to re-plan on (≥ 2)")
+	fs.BoolVar(&p.Roles, "planner-roles", p.Roles, "move elastic workers between prefill and decode as the mix changes, before changing their total")
+	fs.DurationVar(&p.RoleDwell, "planner-role-dwell", p.RoleDwell, "with --planner-roles: least time between two role moves")
+	fs.Float64Var(&p.RoleMinGain, "planner-role-min-gain", p.RoleMinGain, "with --planner-roles: least predicted SLO attainment gain (a fraction) of a role move")
 	fs.StringVar(&p.Namespace, "planner-namespace", p.Namespace, "kubernetes planner: namespace of the worker Deployments")
 	fs.StringVar(&p.PrefillDeployment, "planner-prefill-deployment", p.PrefillDeployment, "kubernetes planner: name of the prefill worker Deployment")
 	fs.StringVar(&p.DecodeDeployment, "planner-decode-deployment", p.DecodeDeployment, "kubernetes planner: name of the decode worker Deployment")
@@ -245,6 +259,9 @@ func (p Options) LogFields(co coordinator.Options) []zap.Field {
 		zap.Float64("planner_headroom", p.Headroom),
 		zap.Float64("planner_hysteresis", p.Hysteresis),
 		zap.Int("planner_min_observations", p.MinObservations),
+		zap.Bool("planner_roles", p.Roles),
+		zap.Duration("planner_role_dwell", p.RoleDwell),
+		zap.Float64("planner_role_min_gain", p.RoleMinGain),
 		zap.Float64("slo_attainment", co.Policy.SLO.AttainmentOrDefault()),
 		zap.Float64("link_gbps", p.LinkGbps),
 		zap.Float64("gpu_cost_per_hour", p.GPUCostPerHour),
@@ -311,6 +328,7 @@ func (p Options) onlineConfig(co coordinator.Options) (planner.OnlineConfig, err
 		Headroom:        p.Headroom,
 		Hysteresis:      p.Hysteresis,
 		MinObservations: p.MinObservations,
+		Roles:           planner.RoleOptions{Enabled: p.Roles, MinDwell: p.RoleDwell, MinGain: p.RoleMinGain},
 	}, nil
 }
 
@@ -434,6 +452,9 @@ func (p *Host) Attach(h coordinator.Host) error {
 		return len(h.Members.Members(control.RolePrefill)), len(h.Members.Members(control.RoleDecode))
 	}
 	cfg.Log = log
+	if cfg.Roles.Enabled {
+		cfg.RoleActuator = roleMover{members: h.Members, command: h.Command, log: log}
+	}
 	if online, err = planner.NewOnline(cfg, h.Registerer); err != nil {
 		return fmt.Errorf("coordinator: %w", err)
 	}
@@ -563,3 +584,45 @@ func (c countingActuator) Scale(ctx context.Context, prefill, decode int) error 
 // Online returns the running planner; nil before the coordinator's Start
 // attached it.
 func (p *Host) Online() *planner.Online { return p.online }
+
+// roleCommandTimeout bounds one role command's reply (the worker replies
+// once it accepted the move; the change runs in the background).
+const roleCommandTimeout = 5 * time.Second
+
+// roleMover is the planner's RoleActuator: it sends control.CmdRole to
+// elastic workers of the old role, the least loaded first.
+type roleMover struct {
+	members *control.Membership
+	command func(ctx context.Context, role, id string, c control.Command) error
+	log     *zap.Logger
+}
+
+// MoveRoles implements planner.RoleActuator. Errors: fewer elastic
+// workers of role from than n (those there are move), and the
+// commands' errors, joined.
+func (m roleMover) MoveRoles(ctx context.Context, from, to string, n int) error {
+	var cands []control.Heartbeat
+	for _, hb := range m.members.Members(control.Role(from)) {
+		if hb.Elastic && !hb.Draining {
+			cands = append(cands, hb)
+		}
+	}
+	slices.SortFunc(cands, func(a, b control.Heartbeat) int {
+		return cmp.Or(cmp.Compare(a.RunningBatch+a.QueuedPrefillTokens, b.RunningBatch+b.QueuedPrefillTokens), strings.Compare(a.ID, b.ID))
+	})
+	var errs []error
+	if len(cands) < n {
+		errs = append(errs, fmt.Errorf("planner: %d elastic %s workers to move to %s, want %d", len(cands), from, to, n))
+	}
+	for _, hb := range cands[:min(n, len(cands))] {
+		cctx, cancel := context.WithTimeout(ctx, roleCommandTimeout)
+		err := m.command(cctx, from, hb.ID, control.Command{Kind: control.CmdRole, Arg: to})
+		cancel()
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		m.log.Info("worker moved", zap.String("worker", hb.ID), zap.String("from", from), zap.String("to", to))
+	}
+	return errors.Join(errs...)
+}
