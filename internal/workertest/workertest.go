@@ -50,7 +50,7 @@ func Ctx(t testing.TB) context.Context {
 // functions so that either worker's fits.
 type Server struct {
 	// Register registers the Server's services on g.
-	Register func(g *grpc.Server)
+	Register func(g grpc.ServiceRegistrar)
 	// Run runs the scheduler until Stop; an error fails the test.
 	Run func(ctx context.Context) error
 	// Stop ends Run, and the Server's work.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -24,6 +25,10 @@ const (
 	// RoleObserver reads heartbeats and plans and publishes nothing
 	// (dashboards, `nats sub`).
 	RoleObserver Role = "observer"
+	// RoleElastic is a worker that may change role at run time
+	// (CmdRole): it has the permissions of prefill, decode and colocated
+	// workers for its id.
+	RoleElastic Role = "elastic"
 )
 
 // inboxWildcard is where nats.go's request/reply replies arrive.
@@ -45,7 +50,8 @@ type NATSUser struct {
 	// NKey is the user's public NKey ("U..."), instead of User and
 	// Password; the client holds the seed (--nats-nkey-seed-file).
 	NKey string `yaml:"nkey,omitempty"`
-	// Role is coordinator, observer, prefill, decode or colocated.
+	// Role is coordinator, observer, prefill, decode, colocated or
+	// elastic (a worker that may take each of the three worker roles).
 	Role Role `yaml:"role"`
 	// ID is the one worker id this user may publish heartbeats as and
 	// take commands for. Empty for a worker role: any id of the role (a
@@ -100,6 +106,7 @@ func randomHex(n int) string {
 //	             subscribe pdserve.cmd.<role>.<id>;
 //	             reply once to each command received, within a minute
 //	prefill      also subscribe pdserve.hb.decode.*, pdserve.hb.colocated.*
+//	elastic      the union of prefill's, decode's and colocated's, for its id
 //
 // where <id> is "*" for a shared user. A prefill worker reads the
 // heartbeats of the workers it sends KV to for their codec speeds (the
@@ -140,8 +147,27 @@ func Permissions(role Role, id string) (*server.Permissions, error) {
 			Subscribe: &server.SubjectPermission{Allow: sub},
 			Response:  &server.ResponsePermission{MaxMsgs: 1, Expires: commandReplyTTL},
 		}, nil
+	case RoleElastic:
+		p := &server.Permissions{
+			Publish:   &server.SubjectPermission{},
+			Subscribe: &server.SubjectPermission{},
+			Response:  &server.ResponsePermission{MaxMsgs: 1, Expires: commandReplyTTL},
+		}
+		for _, r := range []Role{RolePrefill, RoleDecode, RoleColocated} {
+			rp, err := Permissions(r, id)
+			if err != nil {
+				return nil, err
+			}
+			p.Publish.Allow = append(p.Publish.Allow, rp.Publish.Allow...)
+			for _, s := range rp.Subscribe.Allow {
+				if !slices.Contains(p.Subscribe.Allow, s) {
+					p.Subscribe.Allow = append(p.Subscribe.Allow, s)
+				}
+			}
+		}
+		return p, nil
 	}
-	return nil, fmt.Errorf("control: unknown NATS role %q (want coordinator, observer, prefill, decode or colocated)", role)
+	return nil, fmt.Errorf("control: unknown NATS role %q (want coordinator, observer, prefill, decode, colocated or elastic)", role)
 }
 
 // ValidateUsers reports every invalid user in one error: neither or both

@@ -162,8 +162,9 @@ func TestNATSPermissions(t *testing.T) {
 	d2 := NewNATSUser(RoleDecode, "decode-2")
 	shared := NewNATSUser(RoleDecode, "")
 	p0 := NewNATSUser(RolePrefill, "prefill-0")
+	e0 := NewNATSUser(RoleElastic, "elastic-0")
 	obs := NATSUser{NKey: testNKeyPublic, Role: RoleObserver}
-	url := startAuthNATS(t, []NATSUser{coord, d1, d2, shared, p0, obs}, zap.New(core))
+	url := startAuthNATS(t, []NATSUser{coord, d1, d2, shared, p0, e0, obs}, zap.New(core))
 
 	watchCore, watchLogs := observer.New(zap.DebugLevel)
 	cnc := connectAs(t, url, coord.ConnOptions(), nil)
@@ -206,6 +207,11 @@ func TestNATSPermissions(t *testing.T) {
 			`Permissions Violation for Publish to "pdserve.cmd.decode.decode-2"`, "", false},
 		{"worker plan", d1, PlanSubject, []byte(`{}`), `Permissions Violation for Publish to "pdserve.plan"`, "", false},
 		{"own heartbeat", d1, HeartbeatSubject("decode", "decode-1"), beat("decode-1", "decode"), "", "decode-1", true},
+		{"elastic worker heartbeat under another id", e0, HeartbeatSubject("decode", "decode-2"), beat("decode-2", "decode"),
+			`Permissions Violation for Publish to "pdserve.hb.decode.decode-2"`, "decode-2", false},
+		{"elastic worker role command", e0, CommandSubject("decode", "decode-2"), []byte(`{"kind":"role","arg":"prefill"}`),
+			`Permissions Violation for Publish to "pdserve.cmd.decode.decode-2"`, "", false},
+		{"elastic worker heartbeat as prefill", e0, HeartbeatSubject("prefill", "elastic-0"), beat("elastic-0", "prefill"), "", "elastic-0", true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -261,6 +267,29 @@ func TestNATSPermissions(t *testing.T) {
 	}
 	if c := <-got; c.Kind != CmdDrain {
 		t.Errorf("decode-2 got %+v", c)
+	}
+
+	// An elastic worker takes its commands in every worker role and
+	// publishes its heartbeats in each: the coordinator sees its new role.
+	enc := connectAs(t, url, e0.ConnOptions(), nil)
+	for _, role := range []string{"decode", "colocated", "prefill"} {
+		sub, err := HandleCommands(enc, role, "elastic-0", func(Command) error { return nil })
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := SendCommand(ctx, cnc, role, "elastic-0", Command{Kind: CmdRole, Arg: "decode"}); err != nil {
+			t.Errorf("command to the elastic worker as %s: %v", role, err)
+		}
+		_ = sub.Unsubscribe()
+		if err := enc.Publish(HeartbeatSubject(role, "elastic-0"), beat("elastic-0", role)); err != nil {
+			t.Fatal(err)
+		}
+		poll.CheckFor(t, 10*time.Second, time.Millisecond, func() error {
+			if hb, ok := m.Get("elastic-0"); !ok || hb.Role != role {
+				return fmt.Errorf("elastic-0 not a member as %s (%+v)", role, hb)
+			}
+			return nil
+		})
 	}
 
 	// A credential the decode replicas share may publish any decode id

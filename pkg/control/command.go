@@ -14,6 +14,11 @@ const (
 	CmdDrain  = "drain"  // stop taking new requests, finish the running ones
 	CmdCancel = "cancel" // cancel RequestID and free its KV
 	CmdResend = "resend" // re-send RequestID's retained KV to the decode worker at Arg
+	// CmdRole moves the worker to the role in Arg (prefill, decode or
+	// colocated): it drains its current role and starts the new one with
+	// its engine still loaded. Only workers started elastic take it, and
+	// only with a NATS user of RoleElastic.
+	CmdRole = "role"
 )
 
 // Command is an order to one worker, sent on "pdserve.cmd.<role>.<id>".

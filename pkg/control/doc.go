@@ -68,6 +68,8 @@
 //	             one reply per command received, within a minute
 //	prefill      also subscribe pdserve.hb.decode.*, pdserve.hb.colocated.*
 //	             (the receivers' codec speeds, Heartbeat.CodecSpeeds)
+//	elastic      a worker that changes role (CmdRole): prefill's, decode's
+//	             and colocated's permissions together, for its id
 //
 // Only the coordinator publishes commands and plans. A worker user with an
 // id (the standalone coordinator generates one per worker, per start, with

@@ -39,6 +39,7 @@ type Heartbeat struct {
 	StepTimesMs         []float64 `json:"step_times_ms"`         // recent step times, milliseconds, oldest first
 	PrefixDigest        []uint64  `json:"prefix_digest"`         // hashes of cached prefix blocks (kv.HashBlocks), at most 4096; empty from a worker that publishes KV events
 	Draining            bool      `json:"draining"`              // takes no new requests
+	Elastic             bool      `json:"elastic,omitempty"`     // takes role commands (CmdRole)
 	Time                time.Time `json:"time"`                  // when the worker took it, worker clock
 
 	// CodecSpeeds are the worker's KV codec speeds from its self-benchmark

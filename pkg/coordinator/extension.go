@@ -54,11 +54,17 @@ type Host struct {
 	Registerer prometheus.Registerer
 	// Log is the coordinator's logger.
 	Log *zap.Logger
+	// Command sends a command to the worker of role and id and waits for
+	// its reply (control.SendCommand on the coordinator's connection).
+	Command func(ctx context.Context, role, id string, c control.Command) error
 }
 
 // attachExtensions attaches o.Extensions. Errors: the first Attach error.
 func (c *Coordinator) attachExtensions() error {
-	h := Host{Publish: c.nc.Publish, Members: c.members, Registerer: c.reg, Log: c.log}
+	h := Host{Publish: c.nc.Publish, Members: c.members, Registerer: c.reg, Log: c.log,
+		Command: func(ctx context.Context, role, id string, cmd control.Command) error {
+			return control.SendCommand(ctx, c.nc, role, id, cmd)
+		}}
 	for _, e := range c.o.Extensions {
 		if err := e.Attach(h); err != nil {
 			return err

@@ -74,7 +74,7 @@ func newWorkerOn(t testing.TB, eng engine.Engine, o Options, start bool, edit ..
 	for _, f := range edit {
 		f(s)
 	}
-	register := func(g *grpc.Server) { s.Register(g) }
+	register := func(g grpc.ServiceRegistrar) { s.Register(g) }
 	sv := workertest.Serve(t, workertest.Server{Register: register, Run: s.Run, Stop: s.Stop}, start, kvtransfer.GRPCServerOptions()...)
 	return &testWorker{s: s, addr: sv.Addr, client: pdservev1.NewDecodeServiceClient(sv.Conn), run: sv.Start}
 }

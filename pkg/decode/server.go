@@ -370,7 +370,7 @@ func New(eng engine.Engine, o Options, logger *zap.Logger, reg prometheus.Regist
 // also serves peers' pulls of its cached prefixes), with the transfer
 // server options opts. The receiver takes KV of the engine's
 // KV dtype only.
-func (s *Server) Register(g *grpc.Server, opts ...kvtransfer.ServerOption) {
+func (s *Server) Register(g grpc.ServiceRegistrar, opts ...kvtransfer.ServerOption) {
 	pdservev1.RegisterDecodeServiceServer(g, s)
 	kvtransfer.Register(g, receiver{s}, s.spec.KVDType, append(opts, kvtransfer.WithPullSource(s))...)
 }

@@ -120,6 +120,18 @@
 // with a cooldown, a stabilization count and scale-down hysteresis so that
 // it does not flap.
 //
+// With OnlineConfig.Roles (elastic workers, which change role without
+// reloading their model) it first moves workers between the pools at
+// their total: each re-plan simulates every split of the live workers at
+// the planned rate and moves to the best one when its predicted
+// attainment gain is at least MinGain and the last move is MinDwell old,
+// never leaving a role without a worker (Decision.Roles, the RoleActuator,
+// pdserve_planner_role_moves_total and pdserve_planner_role_attainment).
+// A target of the same total is left to the moves; the total changes only
+// when the load or the budget asks for another. One window after a move,
+// its decision carries the attainment measured over the window before it
+// and the window since (RoleEffect).
+//
 // Everything but Online.Run is deterministic and takes time as an input.
 // Config, Workload and Plan values are not modified by the functions that
 // read them; Online is safe for concurrent use.

@@ -47,6 +47,9 @@ type Observation struct {
 	// FirstTokenPolicy is "prefill" or "decode" ("" means the Online's
 	// configured policy).
 	FirstTokenPolicy string
+	// TTFT is the request's time to first token (0: unknown), for the
+	// measured attainment of role moves.
+	TTFT time.Duration
 }
 
 // ObservationFromTrace returns the observation of a finished request's
@@ -67,6 +70,7 @@ func ObservationFromTrace(t *budget.Trace) Observation {
 		KVTransfer:       terms.KVTransfer,
 		KVBytesRaw:       t.KVBytesRaw,
 		FirstTokenPolicy: t.FirstTokenPolicy,
+		TTFT:             terms.TTFT,
 	}
 }
 
@@ -118,6 +122,11 @@ type OnlineConfig struct {
 	Current func() (prefill, decode int)
 	// Log receives Run's errors and decisions; nil means no logging.
 	Log *zap.Logger
+	// Roles moves live workers between the pools (elastic workers)
+	// before the total changes; RoleActuator, when set, is called by Run
+	// for each move.
+	Roles        RoleOptions
+	RoleActuator RoleActuator
 }
 
 // Decision is the result of one re-plan. It is the JSON payload published
@@ -153,6 +162,13 @@ type Decision struct {
 	// Warnings: the observed workload leaves the range the profiles were
 	// measured over (as Plan.Warnings), at the desired design.
 	Warnings []string `json:"warnings,omitempty"`
+	// Roles is the decision on the live workers' roles (with
+	// OnlineConfig.Roles; nil without it or before the pools are known).
+	// A move sets the desired replicas to the split after it, with
+	// Changed false: Changed reports a change of the total, which the
+	// actuator scales; with role moves on, a target of the same total is
+	// left to them (Reason "roles").
+	Roles *RoleDecision `json:"roles,omitempty"`
 }
 
 // Reasons a Decision gives.
@@ -165,6 +181,7 @@ const (
 	ReasonHysteresis = "hysteresis"
 	ReasonStabilize  = "stabilizing" // the new design has not been asked for long enough
 	ReasonSaturated  = "saturated"   // nothing within the budget meets the SLO: the largest design
+	ReasonRoles      = "roles"       // role moves change the split at the same total
 )
 
 // Online re-plans the pools from observed traffic. Observe, SetCurrent
@@ -185,10 +202,18 @@ type Online struct {
 	// guarded by planning
 	lastTarget Design
 	streak     int
+	// lastMove is the time of the last role move and effect the move
+	// whose measured effect is due one window after it; guarded by
+	// planning.
+	lastMove time.Time
+	effect   *RoleEffect
 
 	replicas *prometheus.GaugeVec
 	rate     prometheus.Gauge
 	scale    *prometheus.GaugeVec
+	// role moves
+	moves      *prometheus.CounterVec
+	roleAttain *prometheus.GaugeVec
 }
 
 // NewOnline returns an Online with cfg, registering its gauges on reg
@@ -221,6 +246,11 @@ func NewOnline(cfg OnlineConfig, reg prometheus.Registerer) (*Online, error) {
 	if cfg.Base.Requests == 0 {
 		cfg.Base.Requests = 400
 	}
+	if cfg.Roles.Enabled {
+		if err := cfg.Roles.defaults(); err != nil {
+			return nil, err
+		}
+	}
 	if cfg.Window < 0 || cfg.Interval < 0 || cfg.Cooldown < 0 || !(cfg.Headroom >= 0) || !(cfg.Hysteresis >= 0) || cfg.MinObservations < 2 || cfg.Stabilization < 1 {
 		return nil, fmt.Errorf("%w: online window, interval, cooldown, headroom and hysteresis must be ≥ 0, min observations ≥ 2, stabilization ≥ 1", ErrConfig)
 	}
@@ -236,8 +266,12 @@ func NewOnline(cfg OnlineConfig, reg prometheus.Registerer) (*Online, error) {
 		Help: "Request rate the planner observed over its window, requests per second."})
 	o.scale = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "pdserve", Name: "planner_model_correction",
 		Help: "Observed over predicted time of a model term, by which the planner corrects the performance model."}, []string{"term"})
+	o.moves = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "pdserve", Name: "planner_role_moves_total",
+		Help: "Workers the planner moved between roles, by old and new role."}, []string{"from", "to"})
+	o.roleAttain = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "pdserve", Name: "planner_role_attainment",
+		Help: "SLO attainment around role moves: predicted for the current and the best split (kind=predicted_before|predicted_after), measured over the window (measured), and measured over the window before and after the last move (effect_before|effect_after)."}, []string{"kind"})
 	if reg != nil {
-		for _, c := range []prometheus.Collector{o.replicas, o.rate, o.scale} {
+		for _, c := range []prometheus.Collector{o.replicas, o.rate, o.scale, o.moves, o.roleAttain} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("planner: register metrics: %w", err)
 			}
@@ -339,10 +373,33 @@ func (o *Online) Tick(now time.Time) (Decision, bool) {
 	if desP == 0 && desD == 0 && curP > 0 && curD > 0 {
 		desP, desD = curP, curD // first decision: compare with what runs
 	}
+	var rd *RoleDecision
+	if o.cfg.Roles.Enabled && curP > 0 && curD > 0 {
+		r := s.planRoles(o.cfg.Roles, curP, curD, planned, now, o.lastMove)
+		r.Measured = measuredAttainment(obs, cfg.SLO)
+		if e := o.effect; e != nil && now.Sub(e.Moved) >= o.cfg.Window {
+			e.AfterMeasured, r.Effect, o.effect = r.Measured, e, nil
+			o.roleAttain.WithLabelValues("effect_before").Set(e.BeforeMeasured)
+			o.roleAttain.WithLabelValues("effect_after").Set(e.AfterMeasured)
+		}
+		if r.Changed {
+			o.moves.WithLabelValues(r.From, r.To).Add(float64(r.Moved))
+			o.lastMove = now
+			o.effect = &RoleEffect{Moved: now, From: r.From, To: r.To, N: r.Moved, BeforeMeasured: r.Measured, Predicted: r.PredictedGain}
+		}
+		o.roleAttain.WithLabelValues("predicted_before").Set(r.PredictedBefore)
+		o.roleAttain.WithLabelValues("predicted_after").Set(r.PredictedAfter)
+		o.roleAttain.WithLabelValues("measured").Set(r.Measured)
+		rd, d.Roles = &r, &r
+	}
 	next := Design{Prefill: desP, Decode: desD}
 	switch {
 	case desP == 0 || desD == 0:
 		next, d.Reason = target, cmp.Or(d.Reason, ReasonInitial)
+	case rd != nil && rd.Changed:
+		next, d.Reason = Design{Prefill: rd.Prefill, Decode: rd.Decode}, ReasonRoles
+	case rd != nil && target.Prefill+target.Decode == next.Prefill+next.Decode && target != next:
+		d.Reason = ReasonRoles
 	case target == next:
 		d.Reason = cmp.Or(d.Reason, ReasonUnchanged)
 	case !lastChange.IsZero() && now.Sub(lastChange) < o.cfg.Cooldown:
@@ -360,14 +417,14 @@ func (o *Online) Tick(now time.Time) (Decision, bool) {
 	}
 	d.PrefillReplicas, d.DecodeReplicas = next.Prefill, next.Decode
 	d.GPUs = s.gpus(next)
-	d.Changed = next != Design{Prefill: desP, Decode: desD}
+	d.Changed = next != Design{Prefill: desP, Decode: desD} && (rd == nil || !rd.Changed)
 	r := s.sim.run(next, planned, false)
 	d.Attainment = r.Attainment
 	d.PredictedTTFTMs, d.PredictedTPOTMs = ms(r.TTFT.At), ms(r.TPOT.At)
 	d.Warnings, _ = rangeWarnings(&cfg, s.sim.st, nil, &Prediction{Steps: r.Steps}, nil, true, false)
 
 	o.mu.Lock()
-	if d.Changed || (o.desP == 0 && o.desD == 0) {
+	if d.Changed || (o.desP == 0 && o.desD == 0) || (rd != nil && rd.Changed) {
 		if d.Changed {
 			o.lastChange = now
 		}
@@ -420,6 +477,25 @@ func (o *Online) Run(ctx context.Context, ticks <-chan time.Time) error {
 				}
 				if err != nil {
 					log.Warn("planner: publish decision", zap.Error(err))
+				}
+			}
+			if r := d.Roles; r != nil {
+				f := []zap.Field{zap.Bool("changed", r.Changed), zap.String("reason", r.Reason), zap.Int("prefill", r.Prefill), zap.Int("decode", r.Decode),
+					zap.Float64("predicted_before", r.PredictedBefore), zap.Float64("predicted_after", r.PredictedAfter),
+					zap.Float64("predicted_gain", r.PredictedGain), zap.Float64("measured_attainment", r.Measured)}
+				if r.Changed {
+					f = append(f, zap.Int("moved", r.Moved), zap.String("from", r.From), zap.String("to", r.To))
+				}
+				if e := r.Effect; e != nil {
+					f = append(f, zap.Time("effect_of_move_at", e.Moved), zap.Float64("effect_measured_before", e.BeforeMeasured), zap.Float64("effect_measured_after", e.AfterMeasured))
+				}
+				log.Info("planner role decision", f...)
+				if r.Changed {
+					if o.cfg.RoleActuator != nil {
+						if err := o.cfg.RoleActuator.MoveRoles(ctx, r.From, r.To, r.Moved); err != nil && !errors.Is(err, context.Canceled) {
+							log.Warn("planner: move roles", zap.Error(err))
+						}
+					}
 				}
 			}
 			if d.Changed && o.cfg.Actuator != nil {

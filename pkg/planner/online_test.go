@@ -297,6 +297,7 @@ func TestObservationFromTrace(t *testing.T) {
 		Model: "llama-3-8b", Arrival: t0, PromptTokens: 512, OutputTokens: 10, Disaggregated: true,
 		Prefill: 70 * time.Millisecond, PrefillBatch: 2, TPOT: 20 * time.Millisecond, DecodeBatch: 7,
 		KVStream: 75 * time.Millisecond, KVTransfer: 10 * time.Millisecond, KVBytesRaw: 1 << 20, FirstTokenPolicy: "prefill",
+		TTFT: 81 * time.Millisecond,
 	}
 	if diff := cmp.Diff(want, ObservationFromTrace(tr)); diff != "" {
 		t.Errorf("ObservationFromTrace (-want +got):\n%s", diff)

@@ -5,7 +5,11 @@
 // interval publishes a planner.Decision on control.PlanSubject and sets
 // pdserve_pool_replicas{role,kind="desired|current"} (current: live
 // workers), and the actuator logs the change (log) or scales the
-// Deployments (kubernetes, package planner/actuator). The default, auto,
+// Deployments (kubernetes, package planner/actuator). With --planner-roles
+// it also moves elastic workers (their heartbeats say elastic) between
+// prefill and decode (planner.RoleOptions: --planner-role-dwell,
+// --planner-role-min-gain), sending control.CmdRole to the least loaded
+// workers of the old role. The default, auto,
 // runs it with the log actuator when it has a profile (--planner-profile,
 // or --profile in standalone sim mode), disaggregated mode and the
 // policy's TTFT and TPOT targets, and else not.

@@ -1,6 +1,7 @@
 package plannerhost
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -91,6 +92,13 @@ type Options struct {
 	// 0: planner.DefaultBudget (16 GPUs; a CPU profile: the logical CPUs
 	// it was measured on).
 	GPUBudget int
+	// Roles moves elastic workers (those whose heartbeats say elastic)
+	// between prefill and decode before the total changes
+	// (planner.RoleOptions): at most one move per RoleDwell, for a
+	// predicted attainment gain of RoleMinGain or more.
+	Roles       bool
+	RoleDwell   time.Duration
+	RoleMinGain float64
 	// Namespace, PrefillDeployment and DecodeDeployment name the
 	// Deployments Kubernetes scales (required with it).
 	Namespace, PrefillDeployment, DecodeDeployment string
@@ -115,6 +123,8 @@ func DefaultOptions() Options {
 		MinObservations: 50,
 		LinkGbps:        100,
 		CodecProfile:    planner.CodecProfileBuiltin,
+		RoleDwell:       2 * time.Minute,
+		RoleMinGain:     0.02,
 	}
 }
 
@@ -146,6 +156,9 @@ func (p *Options) AddFlags(fs *flag.FlagSet) {
 	fs.Float64Var(&p.Headroom, "planner-headroom", p.Headroom, "plan for the observed request rate × (1 + headroom); > 0")
 	fs.Float64Var(&p.Hysteresis, "planner-hysteresis", p.Hysteresis, "scale down only to pools that meet the SLO at the observed rate × (1 + headroom + hysteresis); > 0")
 	fs.IntVar(&p.MinObservations, "planner-min-observations", p.MinObservations, "fewest finished requests in the window to re-plan on (≥ 2)")
+	fs.BoolVar(&p.Roles, "planner-roles", p.Roles, "move elastic workers between prefill and decode as the mix changes, before changing their total")
+	fs.DurationVar(&p.RoleDwell, "planner-role-dwell", p.RoleDwell, "with --planner-roles: least time between two role moves")
+	fs.Float64Var(&p.RoleMinGain, "planner-role-min-gain", p.RoleMinGain, "with --planner-roles: least predicted SLO attainment gain (a fraction) of a role move")
 	fs.StringVar(&p.Namespace, "planner-namespace", p.Namespace, "kubernetes planner: namespace of the worker Deployments")
 	fs.StringVar(&p.PrefillDeployment, "planner-prefill-deployment", p.PrefillDeployment, "kubernetes planner: name of the prefill worker Deployment")
 	fs.StringVar(&p.DecodeDeployment, "planner-decode-deployment", p.DecodeDeployment, "kubernetes planner: name of the decode worker Deployment")
@@ -283,6 +296,9 @@ func (p Options) LogFields(co coordinator.Options) []zap.Field {
 		zap.Float64("planner_headroom", p.Headroom),
 		zap.Float64("planner_hysteresis", p.Hysteresis),
 		zap.Int("planner_min_observations", p.MinObservations),
+		zap.Bool("planner_roles", p.Roles),
+		zap.Duration("planner_role_dwell", p.RoleDwell),
+		zap.Float64("planner_role_min_gain", p.RoleMinGain),
 		zap.Float64("slo_attainment", co.Policy.SLO.AttainmentOrDefault()),
 		zap.Float64("link_gbps", p.LinkGbps),
 		zap.Float64("gpu_cost_per_hour", p.GPUCostPerHour),
@@ -402,6 +418,7 @@ func (p Options) onlineConfig(co coordinator.Options, model, profile, decodeProf
 		Headroom:        p.Headroom,
 		Hysteresis:      p.Hysteresis,
 		MinObservations: p.MinObservations,
+		Roles:           planner.RoleOptions{Enabled: p.Roles, MinDwell: p.RoleDwell, MinGain: p.RoleMinGain},
 	}, nil
 }
 
@@ -600,6 +617,9 @@ func (pl *plan) attach(h coordinator.Host, log *zap.Logger, act planner.Actuator
 		return countModel(h.Members.Members(control.RolePrefill), model), countModel(h.Members.Members(control.RoleDecode), model)
 	}
 	cfg.Log = log
+	if cfg.Roles.Enabled {
+		cfg.RoleActuator = roleMover{members: h.Members, command: h.Command, model: model, log: log}
+	}
 	var err error
 	if online, err = planner.NewOnline(cfg, reg); err != nil {
 		return fmt.Errorf("coordinator: %w", err)
@@ -782,4 +802,47 @@ func (p *Host) OnlineFor(model string) *planner.Online {
 		}
 	}
 	return nil
+}
+
+// roleCommandTimeout bounds one role command's reply (the worker replies
+// once it accepted the move; the change runs in the background).
+const roleCommandTimeout = 5 * time.Second
+
+// roleMover is the planner's RoleActuator: it sends control.CmdRole to
+// elastic workers of the old role, the least loaded first.
+type roleMover struct {
+	members *control.Membership
+	command func(ctx context.Context, role, id string, c control.Command) error
+	model   string // "" for every worker; else only this model's (a tier's plan)
+	log     *zap.Logger
+}
+
+// MoveRoles implements planner.RoleActuator. Errors: fewer elastic
+// workers of role from than n (those there are move), and the
+// commands' errors, joined.
+func (m roleMover) MoveRoles(ctx context.Context, from, to string, n int) error {
+	var cands []control.Heartbeat
+	for _, hb := range m.members.Members(control.Role(from)) {
+		if hb.Elastic && !hb.Draining && (m.model == "" || hb.Model == m.model) {
+			cands = append(cands, hb)
+		}
+	}
+	slices.SortFunc(cands, func(a, b control.Heartbeat) int {
+		return cmp.Or(cmp.Compare(a.RunningBatch+a.QueuedPrefillTokens, b.RunningBatch+b.QueuedPrefillTokens), strings.Compare(a.ID, b.ID))
+	})
+	var errs []error
+	if len(cands) < n {
+		errs = append(errs, fmt.Errorf("planner: %d elastic %s workers to move to %s, want %d", len(cands), from, to, n))
+	}
+	for _, hb := range cands[:min(n, len(cands))] {
+		cctx, cancel := context.WithTimeout(ctx, roleCommandTimeout)
+		err := m.command(cctx, from, hb.ID, control.Command{Kind: control.CmdRole, Arg: to})
+		cancel()
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		m.log.Info("worker moved", zap.String("worker", hb.ID), zap.String("from", from), zap.String("to", to))
+	}
+	return errors.Join(errs...)
 }

@@ -272,7 +272,7 @@ func (s *Server) SetReceivers(f func(addr string) (kvtransfer.ReceiverSpeeds, bo
 
 // Register registers the PrefillService on g, and the KV transfer
 // service for peers' pulls of its cached prefixes (KVTransferService/Pull).
-func (s *Server) Register(g *grpc.Server) {
+func (s *Server) Register(g grpc.ServiceRegistrar) {
 	pdservev1.RegisterPrefillServiceServer(g, s)
 	// Peers pull cached prefixes from it; it receives no KV pushes.
 	kvtransfer.Register(g, nil, s.spec.KVDType, kvtransfer.WithPullSource(s), kvtransfer.WithLogger(s.log.Named("kvtransfer")))

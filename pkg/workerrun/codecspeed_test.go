@@ -28,11 +28,11 @@ func TestReceiverCodecSpeedsReachPrefill(t *testing.T) {
 	po := testOptions(control.RolePrefill, url)
 	po.ID, po.NATS = "prefill-0", passwordFile(t, pu)
 	p := startWorker(t, po)
-	if p.receivers == nil {
+	if p.cur().receivers == nil {
 		t.Fatal("prefill worker watches no receivers")
 	}
 	poll.CheckFor(t, 60*time.Second, 5*time.Millisecond, func() error {
-		r, ok := receiverSpeeds(p.receivers, d.Addr())
+		r, ok := receiverSpeeds(p.cur().receivers, d.Addr())
 		if !ok {
 			return errors.New("no codec speeds of the decode worker yet")
 		}
@@ -46,10 +46,10 @@ func TestReceiverCodecSpeedsReachPrefill(t *testing.T) {
 		}
 		return nil
 	})
-	if _, ok := receiverSpeeds(p.receivers, "10.0.0.1:1"); ok {
+	if _, ok := receiverSpeeds(p.cur().receivers, "10.0.0.1:1"); ok {
 		t.Error("speeds for an address no worker has")
 	}
-	if d.receivers != nil {
+	if d.cur().receivers != nil {
 		t.Error("a decode worker watches receivers")
 	}
 }

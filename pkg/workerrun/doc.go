@@ -96,4 +96,29 @@
 // worker at Arg, started in the background; the reply only says it was
 // accepted). On an authenticated server only the coordinator's user may
 // publish there.
+//
+// # Elastic workers
+//
+// A worker started with Options.Elastic also takes "role" (Arg: prefill,
+// decode or colocated; ChangeRole): it changes role without reloading its
+// model. The old role drains first: its heartbeats say draining at once,
+// new work for it fails with UNAVAILABLE (the coordinator retries it on
+// another worker), prefills in progress finish and deliver their KV and
+// running decode sequences finish, for at most DrainTimeout. Then its
+// server stops (freeing its KV and prefix cache in the engine) and the
+// new role's server starts on the same engine, gRPC listener and NATS
+// connection; the next heartbeat, on the new role's subject, carries
+// the new role, and the command subscription moves to it. The gRPC server
+// serves the services of every role from the start (grpc takes no
+// registration once it serves) and hands each call to the current
+// role's server; another role's calls get UNAVAILABLE. Its logs carry
+// the role it has now; pdserve_worker_role{role} is 1 for it,
+// pdserve_worker_role_changes_total{from,to} counts the changes and
+// pdserve_worker_role_change_first_request_seconds{role} is the time from
+// the command to the first call served in the new role. Its NATS user
+// has control.RoleElastic's permissions (every worker role's subjects
+// for its id); its gRPC credentials must be those of a prefill worker
+// too, since it sends KV as one. Not done yet: the prefix cache is not
+// handed to the new role (it starts empty), and running sequences are
+// finished, not migrated.
 package workerrun

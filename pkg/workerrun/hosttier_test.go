@@ -36,14 +36,14 @@ func TestKVEventsHostTier(t *testing.T) {
 	}
 	defer stop()
 	all := prefillLocal(t, w, o, "host-", 200)
-	if st := w.svc.(decodeService).Stats().PrefixCache; st.Host.Spills == 0 {
+	if st := w.cur().svc.(decodeService).Stats().PrefixCache; st.Host.Spills == 0 {
 		t.Fatalf("cache stats %+v: want spills to the host tier", st)
 	}
 	poll.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
-		if h, i := sortedBlocks(w.svc.hostBlocks()), indexed(ix.HostBlocks(o.ID), all); len(h) == 0 || !slices.Equal(h, i) {
+		if h, i := sortedBlocks(w.cur().svc.hostBlocks()), indexed(ix.HostBlocks(o.ID), all); len(h) == 0 || !slices.Equal(h, i) {
 			return fmt.Errorf("host tier index %x, host tier %x", i, h)
 		}
-		engine := sortedBlocks(w.svc.prefixBlocks())
+		engine := sortedBlocks(w.cur().svc.prefixBlocks())
 		if i := indexed(ix.Blocks(o.ID), all); !slices.Equal(engine, i) {
 			return fmt.Errorf("engine tier index %x, engine tier %x", i, engine)
 		}
@@ -81,10 +81,10 @@ func TestKVEventsDiskTier(t *testing.T) {
 	}
 	defer stop()
 	all := prefillLocal(t, w, o, "disk-", 300)
-	if st := w.svc.(decodeService).Stats().PrefixCache; st.Disk.Spills == 0 {
+	if st := w.cur().svc.(decodeService).Stats().PrefixCache; st.Disk.Spills == 0 {
 		t.Fatalf("cache stats %+v: want spills to the disk tier", st)
 	}
-	disk := diskBlocks(w.svc.hostBlocks())
+	disk := diskBlocks(w.cur().svc.hostBlocks())
 	if disk == nil {
 		t.Fatal("no disk tier blocks")
 	}
@@ -94,8 +94,8 @@ func TestKVEventsDiskTier(t *testing.T) {
 			cache []uint64
 			view  *control.WorkerBlocks
 		}{
-			{"engine", sortedBlocks(w.svc.prefixBlocks()), ix.Blocks(o.ID)},
-			{"host", sortedBlocks(w.svc.hostBlocks()), ix.HostBlocks(o.ID)},
+			{"engine", sortedBlocks(w.cur().svc.prefixBlocks()), ix.Blocks(o.ID)},
+			{"host", sortedBlocks(w.cur().svc.hostBlocks()), ix.HostBlocks(o.ID)},
 			{"disk", sortedBlocks(disk), ix.DiskBlocks(o.ID)},
 		} {
 			if i := indexed(tier.view, all); len(tier.cache) == 0 || !slices.Equal(tier.cache, i) {

@@ -53,12 +53,12 @@ func TestKVEventsIndexEqualsCache(t *testing.T) {
 	defer func() { _ = sub.Unsubscribe() }()
 
 	all := prefillLocal(t, w, o, "kv-", 100)
-	dec := w.svc.(decodeService)
+	dec := w.cur().svc.(decodeService)
 	if st := dec.Stats().PrefixCache; st.Inserts < 8 || st.Evictions == 0 {
 		t.Fatalf("cache stats %+v: want 8 inserts and evictions", st)
 	}
 	poll.CheckFor(t, 10*time.Second, 5*time.Millisecond, func() error {
-		if c, i := sortedBlocks(w.svc.prefixBlocks()), indexed(ix.Blocks(o.ID), all); len(c) == 0 || !slices.Equal(c, i) {
+		if c, i := sortedBlocks(w.cur().svc.prefixBlocks()), indexed(ix.Blocks(o.ID), all); len(c) == 0 || !slices.Equal(c, i) {
 			return fmt.Errorf("index %x, cache %x", i, c)
 		}
 		return nil

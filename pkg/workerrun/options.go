@@ -131,6 +131,14 @@ type Options struct {
 	// EngineOverride, when set, is used instead of building an engine from
 	// Engine; the worker does not close it. Not a flag.
 	EngineOverride engine.Engine
+	// Elastic lets the coordinator move the worker between prefill,
+	// decode and colocated at run time (control.CmdRole, ChangeRole)
+	// with its model loaded: the gRPC server serves every role's services
+	// (another role's fail with UNAVAILABLE), both Prefill and Decode
+	// options must be valid, and its NATS user needs
+	// control.RoleElastic's permissions, and its gRPC credentials those
+	// of a prefill worker (it sends KV as one). Not a flag.
+	Elastic bool
 }
 
 func commonOptions(role control.Role) Options {
@@ -252,16 +260,19 @@ func (o Options) Validate() error {
 		errs = append(errs, cliflags.BadFlag("pace-gbps", fmt.Sprint(o.PaceGbps), errors.New("must not be negative")))
 	}
 	switch o.Role {
-	case control.RolePrefill:
-		if err := o.Prefill.Validate(); err != nil {
-			errs = append(errs, err)
+	case control.RolePrefill, control.RoleDecode, control.RoleColocated:
+		if o.Role == control.RolePrefill || o.Elastic {
+			if err := o.Prefill.Validate(); err != nil {
+				errs = append(errs, err)
+			}
+			if o.KVConns <= 0 {
+				errs = append(errs, cliflags.BadFlag("kv-conns", strconv.Itoa(o.KVConns), errors.New("must be positive")))
+			}
 		}
-		if o.KVConns <= 0 {
-			errs = append(errs, cliflags.BadFlag("kv-conns", strconv.Itoa(o.KVConns), errors.New("must be positive")))
-		}
-	case control.RoleDecode, control.RoleColocated:
-		if err := o.Decode.Validate(); err != nil {
-			errs = append(errs, err)
+		if o.Role != control.RolePrefill || o.Elastic {
+			if err := o.Decode.Validate(); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	default:
 		errs = append(errs, cliflags.BadFlag("role", string(o.Role), errors.New("must be prefill, decode or colocated")))
@@ -330,7 +341,7 @@ func (o Options) Validate() error {
 // tlsUse is what the worker does over gRPC: every worker serves; a
 // prefill worker also dials decode workers for KV transfers.
 func (o Options) tlsUse() grpcnet.TLSUse {
-	if o.Role == control.RolePrefill {
+	if o.Role == control.RolePrefill || o.Elastic {
 		return grpcnet.TLSServe | grpcnet.TLSDial
 	}
 	return grpcnet.TLSServe
@@ -339,7 +350,7 @@ func (o Options) tlsUse() grpcnet.TLSUse {
 // authSends is the role whose token the worker sends: a prefill worker
 // sends the prefill token on KV pushes; other workers send none.
 func (o Options) authSends() grpcauth.Role {
-	if o.Role == control.RolePrefill {
+	if o.Role == control.RolePrefill || o.Elastic {
 		return grpcauth.RolePrefill
 	}
 	return 0

@@ -20,7 +20,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -52,7 +51,7 @@ const (
 
 // service is what the worker runs: a prefill or decode server.
 type service interface {
-	register(g *grpc.Server)
+	register(g grpc.ServiceRegistrar)
 	Run(ctx context.Context) error
 	Stop()
 	SetDraining(bool)
@@ -80,7 +79,7 @@ func diskBlocks(host prefixcache.Blocks) prefixcache.Blocks {
 
 type prefillService struct{ *prefill.Server }
 
-func (p prefillService) register(g *grpc.Server)          { p.Register(g) }
+func (p prefillService) register(g grpc.ServiceRegistrar) { p.Register(g) }
 func (p prefillService) cancel(id string) bool            { return p.Cancel(id) }
 func (p prefillService) live() int                        { return p.Stats().Live }
 func (p prefillService) prefixBlocks() prefixcache.Blocks { return p.PrefixBlocks() }
@@ -102,7 +101,7 @@ type decodeService struct {
 	opts []kvtransfer.ServerOption
 }
 
-func (d decodeService) register(g *grpc.Server)          { d.Register(g, d.opts...) }
+func (d decodeService) register(g grpc.ServiceRegistrar) { d.Register(g, d.opts...) }
 func (d decodeService) cancel(id string) bool            { return d.CancelRequest(id) }
 func (d decodeService) live() int                        { return d.Stats().Requests }
 func (d decodeService) prefixBlocks() prefixcache.Blocks { return d.PrefixBlocks() }
@@ -136,9 +135,26 @@ type Worker struct {
 	epoch  string
 	eng    engine.Engine
 	ownEng bool
-	svc    service
-	pre    *prefill.Server // nil on decode workers
-	dialer *kvtransfer.Dialer
+	// rr is the role the worker serves now (see roleRun); a role change
+	// replaces it.
+	rr atomic.Pointer[roleRun]
+	// base is the logger without the role, which each roleRun's log adds.
+	base *zap.Logger
+	// reg is where the worker's metrics go; each role's server registers
+	// through its own roleRun.reg on an elastic worker.
+	reg    prometheus.Registerer
+	tlsCfg *grpcnet.TLS
+	auth   *grpcauth.Auth
+	// mux serves the role services of an elastic worker (nil: not
+	// elastic, the role's server is registered on grpc directly).
+	mux *roleMux
+	// roleMu serializes role changes and the stop.
+	roleMu sync.Mutex
+	// changing is set while a role change drains the old role.
+	changing atomic.Bool
+	// benched: the codec self-benchmark has started (once per worker).
+	benched atomic.Bool
+	rm      *roleMetrics // nil unless elastic
 	// tracer is the trace exporter built from Options.Tracing, nil when
 	// Options.TracerProvider was given; closeAll flushes and stops it.
 	tracer *tracing.Provider
@@ -155,18 +171,6 @@ type Worker struct {
 	nc     *nats.Conn
 	ncDone chan struct{} // closed when nc closed
 	pub    *control.Publisher
-	// kvpub publishes the prefix cache's KV events (nil: none; the
-	// heartbeats carry the digest then).
-	kvpub *control.KVPublisher
-	// hostpub publishes its host tier's (nil: none).
-	hostpub *control.KVPublisher
-	// diskpub publishes its disk tier's (nil: none).
-	diskpub *control.KVPublisher
-	sub     *nats.Subscription
-	// unwatch stops the prefill worker's watch of the receivers'
-	// heartbeats (nil: none).
-	unwatch   func()
-	receivers *control.Membership // what unwatch watches
 	// kvDType is the engine's KV dtype, which decode and colocated workers
 	// benchmark the codecs on; codecSpeeds their figures once measured.
 	kvDType     engine.DType
@@ -185,7 +189,6 @@ type Worker struct {
 
 	stopOnce sync.Once
 	stopErr  error
-	schedOut chan struct{} // closed when the scheduler returned
 }
 
 // Start builds and starts a worker; it returns once every listener is open
@@ -205,8 +208,9 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 	if o.ID == "" {
 		o.ID = string(o.Role) + "-" + randomHex(4)
 	}
-	w := &Worker{o: o, id: o.ID, done: make(chan struct{}), schedOut: make(chan struct{})}
-	w.log = logger.With(zap.String("worker", o.ID), zap.String("role", string(o.Role)))
+	w := &Worker{id: o.ID, done: make(chan struct{})}
+	w.base = logger.With(zap.String("worker", o.ID))
+	log := w.base.With(zap.String("role", string(o.Role)))
 	w.bgCtx, w.bgCancel = context.WithCancel(context.Background())
 	defer func() {
 		if err != nil {
@@ -217,7 +221,7 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 	if o.EngineOverride != nil {
 		w.eng = o.EngineOverride
 	} else {
-		enginebuild.SetLogger(w.log)
+		enginebuild.SetLogger(log)
 		if w.eng, err = enginebuild.Build(o.Engine); err != nil {
 			return nil, fmt.Errorf("workerrun: %w", err)
 		}
@@ -237,45 +241,36 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 	o.Prefill.PrefixCache.HashKey, o.Decode.PrefixCache.HashKey = o.HashKey, o.HashKey
 	w.hashKeyID = o.HashKey.ID()
 	if !o.HashKey.Keyed() && (o.Prefill.PrefixCache.Enabled() || o.Decode.PrefixCache.Enabled()) {
-		w.log.Warn("KV block hashes are public: anyone can compute a prompt's hashes from its text and claim or ask for its cached KV by them; give every process the same --kv-hash-key-file")
+		log.Warn("KV block hashes are public: anyone can compute a prompt's hashes from its text and claim or ask for its cached KV by them; give every process the same --kv-hash-key-file")
 	}
-	o.Decode = fitPool(o.Decode, w.eng, w.log)
-	o.Decode = decodeHostTier(o.Role, o.Decode, w.log)
-	if o.Role == control.RolePrefill {
-		o.Prefill.PrefixCache = sizeHostTier(o.Prefill.PrefixCache, prefixcache.AutoHostBytes, w.log)
-	} else {
-		o.Decode.PrefixCache = sizeHostTier(o.Decode.PrefixCache, prefixcache.AutoHostBytes, w.log)
-	}
-	if t, ok := w.eng.(transferEngine); ok && o.Role != control.RoleColocated {
-		if err := t.Transferable(); err != nil {
-			return nil, fmt.Errorf("workerrun: a %s worker moves KV between pools, which this model cannot (run it colocated): %w", o.Role, err)
-		}
-	}
+	o.Decode = fitPool(o.Decode, w.eng, log)
 
-	reg, gatherer := w.registry()
+	reg, gatherer := registry(o, w.id)
+	w.reg = reg
 	if err := registerEngineMetrics(reg, w.eng); err != nil {
 		return nil, err
 	}
-	tlsCfg, err := o.TLS.Load(o.tlsUse(), w.log.Named("tls"))
+	tlsCfg, err := o.TLS.Load(o.tlsUse(), log.Named("tls"))
 	if err != nil {
 		return nil, fmt.Errorf("workerrun: %w", err)
 	}
+	w.tlsCfg = tlsCfg
 	if reason := o.pullsUnverified(tlsCfg != nil); reason != "" && (o.Prefill.PeerLinkGbps > 0 || o.Decode.PeerLinkGbps > 0) {
 		// A peer whose identity is not verified could serve anything as a
 		// prompt's KV: it would be used, cached and passed on as computed.
 		o.Prefill.PeerLinkGbps, o.Decode.PeerLinkGbps = 0, 0
-		w.log.Warn("peer pulls are off: "+reason, zap.String("kv_security", "peer KV is not verified"))
+		log.Warn("peer pulls are off: "+reason, zap.String("kv_security", "peer KV is not verified"))
 	}
 	o.GRPCAuth.Self = o.ID
 	// This start's epoch: credentials signed for an earlier one are
 	// refused, so a pull credential is single use across restarts.
 	o.GRPCAuth.Epoch = grpcauth.NewEpoch()
 	w.epoch = o.GRPCAuth.Epoch
-	auth, err := o.GRPCAuth.Load(o.authSends(), w.log.Named("grpcauth"))
-	if err != nil {
+	if w.auth, err = o.GRPCAuth.Load(o.authSends(), log.Named("grpcauth")); err != nil {
 		return nil, fmt.Errorf("workerrun: %w", err)
 	}
-	w.warnOpen(auth)
+	w.o = o
+	w.warnOpen(w.auth, log)
 	tp := o.TracerProvider
 	if tp == nil {
 		if w.tracer, err = tracing.New(ctx, o.Tracing); err != nil {
@@ -283,43 +278,22 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 		}
 		tp = w.tracer.TracerProvider()
 	}
-	gopts := append(auth.ServerOptions(), o.Keepalive.ServerOptions()...)
+	gopts := append(w.auth.ServerOptions(), o.Keepalive.ServerOptions()...)
 	gopts = append(gopts, tracing.ServerOptions(tp)...)
-	switch o.Role {
-	case control.RolePrefill:
-		dopts := []kvtransfer.DialOption{kvtransfer.WithConnsPerAddr(o.KVConns), kvtransfer.WithLinkGbps(o.PaceGbps), kvtransfer.WithLogger(w.log.Named("kvtransfer")),
-			kvtransfer.WithKeepalive(o.Keepalive.ClientParameters()), kvtransfer.WithGRPCDialOptions(auth.DialOptions()...)}
-		if tlsCfg != nil {
-			// Nothing, the KV included, goes to a decode worker whose
-			// certificate does not name it.
-			base := tlsCfg.ClientConfig()
-			dopts = append(dopts, kvtransfer.WithPeerTLS(func(id string) *tls.Config {
-				return auth.WorkerTLS(base, string(control.RoleDecode), id)
-			}))
-			// Nor does a pull go to a peer whose certificate does not name
-			// the role and id the coordinator's index says.
-			dopts = append(dopts, kvtransfer.WithPullTLS(func(role, id string) *tls.Config {
-				return auth.WorkerTLS(base, role, id)
-			}))
-		}
-		w.dialer = kvtransfer.NewDialer(dopts...)
-		if w.pre, err = prefill.New(w.eng, w.dialer, o.Prefill, w.log.Named("prefill"), reg); err != nil {
-			return nil, fmt.Errorf("workerrun: %w", err)
-		}
-		w.svc = prefillService{w.pre}
-	default:
-		var dopts []decode.Option
-		if w.dialer = decodeDialer(o, tlsCfg, auth, w.log); w.dialer != nil {
-			dopts = append(dopts, decode.WithDialer(w.dialer))
-		}
-		d, err := decode.New(w.eng, o.Decode, w.log.Named("decode"), reg, dopts...)
-		if err != nil {
-			return nil, fmt.Errorf("workerrun: %w", err)
-		}
-		kopts := []kvtransfer.ServerOption{kvtransfer.WithLogger(w.log.Named("kvtransfer"))}
-		gopts = append(gopts, kvtransfer.GRPCServerOptions(kopts...)...)
-		w.svc = decodeService{Server: d, opts: kopts}
+	if o.Role != control.RolePrefill || o.Elastic {
+		gopts = append(gopts, kvtransfer.GRPCServerOptions(kvServerOptions(log)...)...)
 	}
+	if o.Elastic {
+		if w.rm, err = newRoleMetrics(reg); err != nil {
+			return nil, err
+		}
+		w.mux = &roleMux{first: w.firstInRole}
+	}
+	rr, err := w.buildRole(o.Role)
+	if err != nil {
+		return nil, err
+	}
+	w.rr.Store(rr)
 
 	if w.lis, err = net.Listen("tcp", o.GRPCAddr); err != nil {
 		return nil, fmt.Errorf("workerrun: grpc listen: %w", err)
@@ -328,11 +302,14 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 		return nil, err
 	}
 	w.grpc = grpc.NewServer(append(gopts, grpc.Creds(tlsCfg.ServerCredentials()))...)
-	w.svc.register(w.grpc)
+	if w.mux != nil {
+		w.mux.install(w.grpc)
+	} else {
+		rr.svc.register(w.grpc)
+	}
 	w.health = health.NewServer()
 	healthpb.RegisterHealthServer(w.grpc, w.health)
 	w.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	w.health.SetServingStatus(serviceName(o.Role), healthpb.HealthCheckResponse_SERVING)
 
 	if o.MetricsAddr != "" {
 		if w.mlis, err = net.Listen("tcp", o.MetricsAddr); err != nil {
@@ -345,7 +322,7 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 		w.ncDone = make(chan struct{})
 		// Connect returns at once; without a NATS server yet, it retries
 		// in the background and the worker stays not ready until then.
-		w.nc, err = o.NATS.Connect(o.NATSURL, "pdserve-"+o.ID, w.log.Named("nats"),
+		w.nc, err = o.NATS.Connect(o.NATSURL, "pdserve-"+o.ID, w.base.Named("nats"),
 			nats.DrainTimeout(natsStopTimeout),
 			nats.ClosedHandler(func(*nats.Conn) { close(w.ncDone) }),
 		)
@@ -353,53 +330,25 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 			w.ncDone = nil
 			return nil, fmt.Errorf("workerrun: %w", err)
 		}
-		if w.sub, err = control.HandleCommands(w.nc, string(o.Role), w.id, w.command); err != nil {
-			return nil, fmt.Errorf("workerrun: %w", err)
-		}
 		w.pub = control.NewPublisher(w.nc, o.HeartbeatInterval, w.heartbeat)
-		if pb := w.svc.prefixBlocks(); o.KVEvents && pb != nil {
-			ko := control.DefaultKVOptions()
-			ko.SnapshotInterval = o.KVSnapshotInterval
-			if w.kvpub, err = control.NewKVPublisher(w.nc, string(o.Role), w.id, ko, pb.AppendBlocks); err != nil {
-				return nil, fmt.Errorf("workerrun: %w", err)
-			}
-			pb.SetObserver(kvObserver{w.kvpub})
-			if hb := w.svc.hostBlocks(); hb != nil {
-				if w.hostpub, err = control.NewKVTierPublisher(w.nc, string(o.Role), w.id, control.KVTierHost, ko, hb.AppendBlocks); err != nil {
-					return nil, fmt.Errorf("workerrun: %w", err)
-				}
-				hb.SetObserver(kvObserver{w.hostpub})
-			}
-			if db := diskBlocks(w.svc.hostBlocks()); db != nil {
-				if w.diskpub, err = control.NewKVTierPublisher(w.nc, string(o.Role), w.id, control.KVTierDisk, ko, db.AppendBlocks); err != nil {
-					return nil, fmt.Errorf("workerrun: %w", err)
-				}
-				db.SetObserver(kvObserver{w.diskpub})
-			}
-		}
-		if w.pre != nil {
-			if err := w.watchReceivers(); err != nil {
-				return nil, err
-			}
-		}
+	}
+	if err := w.connectRole(rr); err != nil {
+		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("workerrun: start: %w", err)
 	}
 	if w.nc == nil {
-		w.log.Warn("no NATS URL: the worker publishes no heartbeats and takes no commands")
+		log.Warn("no NATS URL: the worker publishes no heartbeats and takes no commands")
 	} else if remote := remoteNATS(o.NATSURL); isLoopback(w.addr) && remote != "" {
-		w.log.Warn("the worker advertises a loopback gRPC address on a NATS server of another host: "+
+		log.Warn("the worker advertises a loopback gRPC address on a NATS server of another host: "+
 			"a coordinator or prefill worker on another host cannot dial it; give --grpc-addr (e.g. :9000, every interface) "+
 			"or --advertise-addr (the address others dial)",
 			zap.String("advertise_addr", w.addr), zap.String("nats_host", remote))
 	}
 
 	// Everything is set up: start the goroutines.
-	w.goPart("scheduler", func() error {
-		defer close(w.schedOut)
-		return w.svc.Run(w.bgCtx)
-	})
+	w.runRole(rr)
 	w.goPart("grpc", func() error {
 		// A stop that comes before Serve started is a stop, not a failure.
 		if err := w.grpc.Serve(w.lis); !errors.Is(err, grpc.ErrServerStopped) {
@@ -418,37 +367,20 @@ func Start(ctx context.Context, o Options, logger *zap.Logger) (_ *Worker, err e
 	if w.pub != nil {
 		w.goPart("heartbeat", func() error { return w.pub.Run(w.bgCtx) })
 	}
-	if w.kvpub != nil {
-		w.goPart("kv events", func() error { return w.kvpub.Run(w.bgCtx) })
-	}
-	if w.hostpub != nil {
-		w.goPart("host tier kv events", func() error { return w.hostpub.Run(w.bgCtx) })
-	}
-	if w.diskpub != nil {
-		w.goPart("disk tier kv events", func() error { return w.diskpub.Run(w.bgCtx) })
-	}
-	if w.pre == nil {
-		w.kvDType = w.eng.Spec().KVDType
-		w.wg.Add(1)
-		go func() {
-			defer w.wg.Done()
-			w.benchCodecs()
-		}()
-	}
-	w.log.Info("worker started", zap.String("grpc_addr", w.lis.Addr().String()), zap.String("advertise_addr", w.addr),
-		zap.String("metrics_addr", w.MetricsAddr()), zap.String("model", w.model), zap.Bool("tls", o.TLS.Enabled()))
+	log.Info("worker started", zap.String("grpc_addr", w.lis.Addr().String()), zap.String("advertise_addr", w.addr),
+		zap.String("metrics_addr", w.MetricsAddr()), zap.String("model", w.model), zap.Bool("tls", o.TLS.Enabled()), zap.Bool("elastic", o.Elastic))
 	return w, nil
 }
 
 // warnOpen warns when the gRPC server lets in more than the coordinator
 // and the prefill workers.
-func (w *Worker) warnOpen(a *grpcauth.Auth) {
+func (w *Worker) warnOpen(a *grpcauth.Auth, log *zap.Logger) {
 	mutual := w.o.TLS.CAFile != "" && w.o.TLS.CertFile != ""
 	switch {
 	case !a.Tokens() && !a.Verifies() && !mutual:
-		w.log.Warn("gRPC is open: without --grpc-verify-key, --grpc-token-file or mutual TLS (--tls-cert, --tls-key, --tls-ca) anyone who reaches this port may call every method")
+		log.Warn("gRPC is open: without --grpc-verify-key, --grpc-token-file or mutual TLS (--tls-cert, --tls-key, --tls-ca) anyone who reaches this port may call every method")
 	case !a.Tokens() && !a.Verifies() && !a.Identities():
-		w.log.Warn("gRPC roles are not checked: any certificate the CA signs may call every method; set --tls-allow-coordinator and --tls-allow-prefill, or --grpc-verify-key")
+		log.Warn("gRPC roles are not checked: any certificate the CA signs may call every method; set --tls-allow-coordinator and --tls-allow-prefill, or --grpc-verify-key")
 	}
 }
 
@@ -457,18 +389,6 @@ func serviceName(r control.Role) string {
 		return pdservev1.PrefillService_ServiceDesc.ServiceName
 	}
 	return pdservev1.DecodeService_ServiceDesc.ServiceName
-}
-
-// registry returns where the worker's metrics go and what /metrics serves.
-func (w *Worker) registry() (prometheus.Registerer, prometheus.Gatherer) {
-	if w.o.Registerer != nil {
-		reg := prometheus.WrapRegistererWith(prometheus.Labels{"worker": w.id}, w.o.Registerer)
-		g, _ := w.o.Registerer.(prometheus.Gatherer)
-		return reg, g
-	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	return reg, reg
 }
 
 func (w *Worker) httpHandler(g prometheus.Gatherer) http.Handler {
@@ -574,8 +494,8 @@ func (w *Worker) fail(err error) {
 // ID returns the worker's id.
 func (w *Worker) ID() string { return w.id }
 
-// Role returns the worker's role.
-func (w *Worker) Role() control.Role { return w.o.Role }
+// Role returns the worker's role now (see ChangeRole).
+func (w *Worker) Role() control.Role { return w.cur().role }
 
 // pullsUnverified returns why this worker cannot verify the peers it
 // would pull KV from ("" when it can): plaintext gRPC, or TLS that takes
@@ -648,29 +568,29 @@ func (w *Worker) Drain() {
 	if w.draining.Swap(true) {
 		return
 	}
-	w.svc.SetDraining(true)
+	w.cur().svc.SetDraining(true)
 	w.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
-	if w.pub != nil {
-		if err := w.pub.Publish(); err != nil {
-			w.log.Warn("publish draining heartbeat", zap.Error(err))
-		}
-	}
-	w.log.Info("worker draining")
+	w.publishNow()
+	w.logger().Info("worker draining")
 }
 
 // heartbeat is the Publisher's snapshot.
 func (w *Worker) heartbeat() control.Heartbeat {
+	rr := w.cur()
 	hb := control.Heartbeat{
 		ID:       w.id,
-		Role:     string(w.o.Role),
+		Role:     string(rr.role),
 		GRPCAddr: w.addr,
 		Model:    w.model,
-		Draining: w.draining.Load(),
+		// A role change drains the old role: the router sends it nothing
+		// more until the heartbeat of the new role.
+		Draining: w.draining.Load() || w.changing.Load(),
+		Elastic:  w.mux != nil,
 	}
 	hb.MaxSeqLen = w.maxSeqLen
 	hb.Codecs = w.codecs
 	hb.HashKeyID, hb.BootEpoch = w.hashKeyID, w.epoch
-	w.svc.fill(&hb, w.kvpub == nil)
+	rr.svc.fill(&hb, rr.kvpub == nil)
 	if sp := w.codecSpeeds.Load(); sp != nil {
 		hb.CodecSpeeds, hb.CodecCores = *sp, runtime.GOMAXPROCS(0)
 	}
@@ -685,14 +605,14 @@ func (w *Worker) benchCodecs() {
 	sp, err := codec.SelfBench(w.bgCtx, w.kvDType, codec.DefaultBenchBudget)
 	if err != nil {
 		if w.bgCtx.Err() == nil {
-			w.log.Warn("codec self-benchmark failed; heartbeats carry no codec speeds", zap.Error(err))
+			w.logger().Warn("codec self-benchmark failed; heartbeats carry no codec speeds", zap.Error(err))
 		}
 		return
 	}
 	out := make([]control.CodecSpeed, 0, len(sp.Codecs))
 	for _, c := range sp.Codecs {
 		out = append(out, control.CodecSpeed{Codec: c.Codec, EncodeBytesPerSec: c.EncodeBytesPerSec, DecodeBytesPerSec: c.DecodeBytesPerSec, Ratio: c.Ratio})
-		w.log.Info("codec self-benchmark", zap.String("codec", c.Codec), zap.Stringer("dtype", sp.DType),
+		w.logger().Info("codec self-benchmark", zap.String("codec", c.Codec), zap.Stringer("dtype", sp.DType),
 			zap.Float64("encode_mb_per_s_per_core", c.EncodeBytesPerSec/1e6), zap.Float64("decode_mb_per_s_per_core", c.DecodeBytesPerSec/1e6),
 			zap.Float64("ratio", c.Ratio), zap.Bool("cpu_time", sp.CPUTime))
 	}
@@ -706,15 +626,15 @@ const receiverTTLBeats = 10
 // watchReceivers makes a prefill worker read the heartbeats of decode and
 // colocated workers (its NATS permissions allow those) and hand their
 // codec speeds to its codec choice, by gRPC address.
-func (w *Worker) watchReceivers() error {
+func (w *Worker) watchReceivers(rr *roleRun) error {
 	m := control.NewMembership(receiverTTLBeats * w.o.HeartbeatInterval)
-	stop, err := control.Watch(w.bgCtx, w.nc, m, time.Now, w.o.HeartbeatInterval,
-		control.WatchRoles(control.RoleDecode, control.RoleColocated), control.WatchLogger(w.log.Named("watch")))
+	stop, err := control.Watch(rr.ctx, w.nc, m, time.Now, w.o.HeartbeatInterval,
+		control.WatchRoles(control.RoleDecode, control.RoleColocated), control.WatchLogger(rr.log.Named("watch")))
 	if err != nil {
 		return fmt.Errorf("workerrun: watch receivers: %w", err)
 	}
-	w.unwatch, w.receivers = stop, m
-	w.pre.SetReceivers(func(addr string) (kvtransfer.ReceiverSpeeds, bool) { return receiverSpeeds(m, addr) })
+	rr.unwatch, rr.receivers = stop, m
+	rr.pre.SetReceivers(func(addr string) (kvtransfer.ReceiverSpeeds, bool) { return receiverSpeeds(m, addr) })
 	return nil
 }
 
@@ -744,6 +664,7 @@ func (o kvObserver) Removed(h kv.Hash) { o.p.Removed(uint64(h)) }
 
 // command handles one control-plane command.
 func (w *Worker) command(c control.Command) error {
+	rr := w.cur()
 	switch c.Kind {
 	case control.CmdDrain:
 		w.Drain()
@@ -752,24 +673,25 @@ func (w *Worker) command(c control.Command) error {
 		if c.RequestID == "" {
 			return errors.New("cancel: request id is empty")
 		}
-		if !w.svc.cancel(c.RequestID) {
-			w.log.Debug("cancel command for an unknown request", zap.String("request_id", c.RequestID))
+		if !rr.svc.cancel(c.RequestID) {
+			w.logger().Debug("cancel command for an unknown request", zap.String("request_id", c.RequestID))
 		}
 		return nil
 	case control.CmdKVSnapshot:
-		if w.kvpub == nil {
+		if rr.kvpub == nil {
 			return fmt.Errorf("kv snapshot: worker %s publishes no KV events", w.id)
 		}
-		w.kvpub.RequestSnapshot()
-		if w.hostpub != nil {
-			w.hostpub.RequestSnapshot()
+		rr.kvpub.RequestSnapshot()
+		if rr.hostpub != nil {
+			rr.hostpub.RequestSnapshot()
 		}
-		if w.diskpub != nil {
-			w.diskpub.RequestSnapshot()
+		if rr.diskpub != nil {
+			rr.diskpub.RequestSnapshot()
 		}
 		return nil
 	case control.CmdResend:
-		if w.pre == nil {
+		pre := rr.pre
+		if pre == nil {
 			return fmt.Errorf("resend: worker %s is not a prefill worker", w.id)
 		}
 		if c.RequestID == "" || c.Arg == "" {
@@ -780,13 +702,15 @@ func (w *Worker) command(c control.Command) error {
 			defer w.bg.Done()
 			ctx, cancel := context.WithTimeout(w.bgCtx, resendTimeout)
 			defer cancel()
-			if _, err := w.pre.Resend(ctx, &pdservev1.ResendRequest{RequestId: c.RequestID, DecodeAddr: c.Arg}); err != nil {
-				w.log.Warn("resend command failed", zap.String("request_id", c.RequestID), zap.String("decode_addr", c.Arg), zap.Error(err))
+			if _, err := pre.Resend(ctx, &pdservev1.ResendRequest{RequestId: c.RequestID, DecodeAddr: c.Arg}); err != nil {
+				w.logger().Warn("resend command failed", zap.String("request_id", c.RequestID), zap.String("decode_addr", c.Arg), zap.Error(err))
 				return
 			}
-			w.log.Info("kv re-sent by command", zap.String("request_id", c.RequestID), zap.String("decode_addr", c.Arg))
+			w.logger().Info("kv re-sent by command", zap.String("request_id", c.RequestID), zap.String("decode_addr", c.Arg))
 		}()
 		return nil
+	case control.CmdRole:
+		return w.roleCommand(c)
 	}
 	return fmt.Errorf("unknown command kind %q", c.Kind)
 }
@@ -813,22 +737,27 @@ func (w *Worker) Kill() error {
 
 func (w *Worker) stop(ctx context.Context, graceful bool) error {
 	var errs []error
+	if !graceful {
+		// Break the calls in flight, a role change's drain included.
+		w.draining.Store(true)
+		w.grpc.Stop()
+	}
+	w.roleMu.Lock() // a role change waits, then finds the worker stopping
+	rr := w.cur()
 	if graceful {
 		w.Drain()
 		dctx, cancel := context.WithTimeout(ctx, w.o.DrainTimeout)
-		if err := w.svc.WaitIdle(dctx); err != nil {
-			w.log.Warn("drain timed out; failing the requests left", zap.Int("requests", w.svc.live()), zap.Duration("drain_timeout", w.o.DrainTimeout))
+		if err := rr.svc.WaitIdle(dctx); err != nil {
+			rr.log.Warn("drain timed out; failing the requests left", zap.Int("requests", rr.svc.live()), zap.Duration("drain_timeout", w.o.DrainTimeout))
 		}
 		cancel()
 	} else {
-		w.draining.Store(true)
-		w.svc.SetDraining(true)
-		w.grpc.Stop()
+		rr.svc.SetDraining(true)
 	}
 	// Stop the scheduler (it fails what is left) and background work.
 	w.bgCancel()
-	w.svc.Stop()
-	<-w.schedOut
+	w.stopRole(rr)
+	w.roleMu.Unlock() // before the wait: a role command's goroutine may be waiting for it
 	w.bg.Wait()
 	if graceful {
 		stopped := make(chan struct{})
@@ -842,14 +771,11 @@ func (w *Worker) stop(ctx context.Context, graceful bool) error {
 		case <-ctx.Done():
 			w.grpc.Stop()
 		case <-t.C:
-			w.log.Warn("grpc graceful stop timed out; forcing")
+			rr.log.Warn("grpc graceful stop timed out; forcing")
 			w.grpc.Stop()
 		}
 		t.Stop()
 		<-stopped
-	}
-	if w.unwatch != nil {
-		w.unwatch()
 	}
 	if err := w.closeNATS(graceful); err != nil {
 		errs = append(errs, err)
@@ -870,7 +796,7 @@ func (w *Worker) stop(ctx context.Context, graceful bool) error {
 	if err := w.Err(); err != nil {
 		errs = append([]error{err}, errs...)
 	}
-	w.log.Info("worker stopped", zap.Bool("graceful", graceful))
+	rr.log.Info("worker stopped", zap.Bool("graceful", graceful))
 	return errors.Join(errs...)
 }
 
@@ -911,8 +837,9 @@ func (w *Worker) closeAll() {
 	if w.bgCancel != nil {
 		w.bgCancel()
 	}
-	if w.unwatch != nil {
-		w.unwatch() // idempotent
+	rr := w.cur()
+	if rr != nil && rr.unwatch != nil {
+		rr.unwatch() // idempotent
 	}
 	if w.nc != nil && !w.nc.IsClosed() {
 		w.nc.Close()
@@ -923,11 +850,11 @@ func (w *Worker) closeAll() {
 	if w.mlis != nil {
 		_ = w.mlis.Close()
 	}
-	if w.dialer != nil {
-		_ = w.dialer.Close()
-	}
-	if w.svc != nil {
-		w.svc.Stop()
+	if rr != nil {
+		if rr.dialer != nil {
+			_ = rr.dialer.Close()
+		}
+		rr.svc.Stop()
 	}
 	if w.ownEng && w.eng != nil {
 		enginebuild.Close(w.eng)
@@ -935,7 +862,7 @@ func (w *Worker) closeAll() {
 	if w.tracer != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), traceFlushTimeout)
 		if err := w.tracer.Shutdown(ctx); err != nil {
-			w.log.Warn("trace export did not finish", zap.Error(err))
+			w.logger().Warn("trace export did not finish", zap.Error(err))
 		}
 		cancel()
 		w.tracer = nil

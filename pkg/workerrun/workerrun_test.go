@@ -162,7 +162,7 @@ func TestConcurrentRequestsBatch(t *testing.T) {
 	dw := startWorker(t, do)
 	pc := pdservev1.NewPrefillServiceClient(dial(t, pw))
 	dc := pdservev1.NewDecodeServiceClient(dial(t, dw))
-	ds := dw.svc.(decodeService)
+	ds := dw.cur().svc.(decodeService)
 	ctx := testCtx(t)
 	const n = 3
 	prompts := make([][]int32, n)
@@ -228,7 +228,7 @@ func TestCancelFreesBothWorkers(t *testing.T) {
 	dw := startWorker(t, testOptions(control.RoleDecode, url))
 	pc := pdservev1.NewPrefillServiceClient(dial(t, pw))
 	dc := pdservev1.NewDecodeServiceClient(dial(t, dw))
-	ds := dw.svc.(decodeService)
+	ds := dw.cur().svc.(decodeService)
 	total := ds.Stats().KVBlocksTotal
 
 	// Cancel while the KV is being transferred (the decode worker holds the
@@ -261,7 +261,7 @@ func TestCancelFreesBothWorkers(t *testing.T) {
 		return st.KVBlocksFree == total && st.Requests == 0 && st.StagedKVBytes == 0
 	})
 	pgated.open()
-	ps := pw.svc.(prefillService)
+	ps := pw.cur().svc.(prefillService)
 	poll.WaitFor(t, "prefill worker idle", func() bool {
 		st := ps.Stats()
 		_, _, live := pgated.counts()

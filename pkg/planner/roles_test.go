@@ -1,0 +1,126 @@
+package planner
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// mixObs is a request of in/out tokens as the model times it alone, with
+// a TTFT of ttft.
+func mixObs(arrival time.Time, in, out int, ttft time.Duration) Observation {
+	return Observation{Arrival: arrival, PromptTokens: in, OutputTokens: out, TTFT: ttft, TPOT: 10 * time.Millisecond}
+}
+
+// recordMoves is a RoleActuator that records its calls.
+type recordMoves struct {
+	mu    sync.Mutex
+	calls []string
+}
+
+func (r *recordMoves) MoveRoles(_ context.Context, from, to string, n int) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls = append(r.calls, fmt.Sprintf("%d %s→%s", n, from, to))
+	return nil
+}
+
+// TestOnlineRoleMoves: four elastic workers, 2P+2D, under a mix of long
+// prompts and short answers, then short prompts and long answers, at a
+// rate their total serves. The planner moves a worker to prefill, then
+// after the shift workers to decode, one move per minimum dwell, with
+// a predicted gain above the threshold, never leaves a role without a worker, never changes the total,
+// and reports the measured effect of a move one window after it.
+func TestOnlineRoleMoves(t *testing.T) {
+	cfg := onlineConfig(t)
+	cfg.Roles = RoleOptions{Enabled: true, MinDwell: 4 * time.Minute, MinGain: 0.02}
+	cfg.Base.GPUBudget = 4
+	act := &recordMoves{}
+	cfg.RoleActuator = act
+	reg := prometheus.NewRegistry()
+	o, err := NewOnline(cfg, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.SetCurrent(2, 2)
+	rng := rand.New(rand.NewPCG(3, 4))
+	phases := []struct {
+		until   time.Duration
+		in, out int
+		rate    float64
+	}{{16 * time.Minute, 3000, 16, 6}, {32 * time.Minute, 128, 700, 4.5}}
+	var moves []RoleDecision
+	var moveTimes []time.Time
+	var effects []RoleEffect
+	var log []string
+	next, now := t0, t0
+	ctx := context.Background()
+	for _, ph := range phases {
+		for ; now.Before(t0.Add(ph.until)); now = now.Add(10 * time.Second) {
+			for ; next.Before(now.Add(-time.Second)); next = next.Add(time.Duration(rng.ExpFloat64() / ph.rate * 1e9)) {
+				o.Observe(mixObs(next, ph.in, ph.out, 100*time.Millisecond))
+			}
+			d, ok := o.Tick(now)
+			if !ok {
+				continue
+			}
+			r := d.Roles
+			if r == nil {
+				t.Fatalf("%v: no role decision", now.Sub(t0))
+			}
+			log = append(log, fmt.Sprintf("%5v %dP+%dD → %dP+%dD predicted %.3f → %.3f (%s)", now.Sub(t0), r.CurrentPrefill, r.CurrentDecode,
+				r.Prefill, r.Decode, r.PredictedBefore, r.PredictedAfter, r.Reason))
+			if r.Prefill < 1 || r.Decode < 1 || r.Prefill+r.Decode != 4 {
+				t.Errorf("%v: split %dP+%dD", now.Sub(t0), r.Prefill, r.Decode)
+			}
+			if d.Changed {
+				t.Errorf("%v: the total changed (%dP+%dD, %s)", now.Sub(t0), d.PrefillReplicas, d.DecodeReplicas, d.Reason)
+			}
+			if r.Effect != nil {
+				effects = append(effects, *r.Effect)
+			}
+			if r.Changed {
+				moves = append(moves, *r)
+				moveTimes = append(moveTimes, now)
+				if r.PredictedGain < cfg.Roles.MinGain {
+					t.Errorf("%v: a move for a gain of %.3f", now.Sub(t0), r.PredictedGain)
+				}
+				if err := act.MoveRoles(ctx, r.From, r.To, r.Moved); err != nil {
+					t.Fatal(err)
+				}
+				o.SetCurrent(r.Prefill, r.Decode) // the workers changed role
+			}
+		}
+	}
+	t.Logf("role decisions:\n%s", strings.Join(log, "\n"))
+	if len(moves) < 2 || moves[0].To != "prefill" {
+		t.Fatalf("moves %+v, want one to prefill, then to decode", moves)
+	}
+	for i, m := range moves[1:] {
+		if m.To != "decode" || moveTimes[i+1].Before(t0.Add(phases[0].until)) {
+			t.Errorf("move %d at %v: %+v, want to decode after the shift", i+1, moveTimes[i+1].Sub(t0), m)
+		}
+		if gap := moveTimes[i+1].Sub(moveTimes[i]); gap < cfg.Roles.MinDwell {
+			t.Errorf("moves %v apart, within the dwell", gap)
+		}
+	}
+	if last := moves[len(moves)-1]; last.Prefill != 1 || last.Decode != 3 {
+		t.Errorf("last split %dP+%dD, want 1P+3D for short prompts and long answers", last.Prefill, last.Decode)
+	}
+	if len(effects) == 0 || effects[0].BeforeMeasured != 1 || effects[0].AfterMeasured != 1 {
+		t.Errorf("effects %+v, want the first move's, measured 1 before and after", effects)
+	}
+	if n := testutil.ToFloat64(o.moves.WithLabelValues("decode", "prefill")); n != float64(moves[0].Moved) {
+		t.Errorf("pdserve_planner_role_moves_total{decode→prefill} = %v, want %d", n, moves[0].Moved)
+	}
+	if got, err := testutil.GatherAndCount(reg, "pdserve_planner_role_attainment"); err != nil || got < 3 {
+		t.Errorf("role attainment series: %d (%v)", got, err)
+	}
+}
