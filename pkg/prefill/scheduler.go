@@ -468,17 +468,17 @@ func (p *fcfs) Done(ctx context.Context, b runner.Batch[*request], res runner.Re
 		r.ret.first, r.ret.firstLP = outs[i].Token, lp
 		r.ret.complete = true
 		s.retained.resize(r.ret, r.kv.size())
+		var hit *pdservev1.PrefixHit
+		if r.prefixHit > 0 {
+			hit = &pdservev1.PrefixHit{Tokens: int32(r.prefixHit), HostTokens: int32(r.hostHit), HostLoadNanos: r.hostLoad.Nanoseconds(),
+				DiskTokens: int32(r.diskHit), PeerTokens: int32(r.peerHit), PeerLoadNanos: r.peerLoad.Nanoseconds()}
+		}
 		r.events <- event{first: &pdservev1.FirstToken{
 			Token:                outs[i].Token,
 			PrefillStartUnixNano: r.startedAt.UnixNano(),
 			PrefillEndUnixNano:   res.End.UnixNano(),
 			BatchSize:            int32(len(b.Prefill)),
-			PrefixHitTokens:      int32(r.prefixHit),
-			HostHitTokens:        int32(r.hostHit),
-			HostLoadNanos:        r.hostLoad.Nanoseconds(),
-			DiskHitTokens:        int32(r.diskHit),
-			PeerHitTokens:        int32(r.peerHit),
-			PeerLoadNanos:        r.peerLoad.Nanoseconds(),
+			Hit:                  hit,
 			Logprob:              lp,
 		}}
 		s.log.Debug("prompt prefilled", zap.String("request_id", r.id), zap.Int("prompt_tokens", len(r.prompt)),

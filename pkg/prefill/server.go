@@ -419,7 +419,7 @@ func (s *Server) Prefill(req *pdservev1.PrefillRequest, stream grpc.ServerStream
 				return ev.err
 			case ev.first != nil:
 				tracing.Step(ctx, tracing.SpanPrefillCompute, ev.first.GetPrefillStartUnixNano(), ev.first.GetPrefillEndUnixNano(),
-					tracing.AttrPrefixHit.Int(int(ev.first.GetPrefixHitTokens())), tracing.AttrBatchSize.Int(int(ev.first.GetBatchSize())))
+					tracing.AttrPrefixHit.Int(int(ev.first.GetHit().GetTokens())), tracing.AttrBatchSize.Int(int(ev.first.GetBatchSize())))
 				if err := stream.Send(&pdservev1.PrefillResponse{Event: &pdservev1.PrefillResponse_FirstToken{FirstToken: ev.first}}); err != nil {
 					s.cancel(r, err)
 					return err
