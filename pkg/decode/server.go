@@ -47,8 +47,6 @@ const (
 	StampLastToken    = vocab.StampLastToken
 )
 
-const maxRequestID = 255 // longest request id a KV frame can carry
-
 // errStopped fails requests still live when the batch stops.
 var errStopped = status.Error(codes.Unavailable, "decode: worker stopping")
 
@@ -430,8 +428,8 @@ func invalid(format string, args ...any) error {
 }
 
 func checkID(id string) error {
-	if id == "" || len(id) > maxRequestID {
-		return invalid("request_id must have 1 to %d bytes, has %d", maxRequestID, len(id))
+	if id == "" || len(id) > vocab.MaxRequestID {
+		return invalid("request_id must have 1 to %d bytes, has %d", vocab.MaxRequestID, len(id))
 	}
 	return nil
 }

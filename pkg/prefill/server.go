@@ -28,10 +28,8 @@ import (
 	"github.com/pdserve/pdserve/pkg/runner"
 	"github.com/pdserve/pdserve/pkg/tracing"
 	"github.com/pdserve/pdserve/pkg/wire"
+	"github.com/pdserve/pdserve/pkg/wire/vocab"
 )
-
-// maxRequestID is the longest request id a KV frame can carry.
-const maxRequestID = 255
 
 // errStopped fails requests still live when the scheduler stops.
 var errStopped = status.Error(codes.Unavailable, "prefill: worker stopping")
@@ -455,8 +453,8 @@ func checkPrompt(spec engine.ModelSpec, prompt []int32) error {
 }
 
 func checkID(id string) error {
-	if id == "" || len(id) > maxRequestID {
-		return fmt.Errorf("request_id must have 1 to %d bytes, has %d", maxRequestID, len(id))
+	if id == "" || len(id) > vocab.MaxRequestID {
+		return fmt.Errorf("request_id must have 1 to %d bytes, has %d", vocab.MaxRequestID, len(id))
 	}
 	return nil
 }
