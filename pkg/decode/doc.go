@@ -91,7 +91,7 @@
 // measured over its local-prefill steps); the pull is given up at the
 // time computing would take. The sequence then starts from the pulled
 // prefix when it is longer than any tier here holds (LoadPulled), and
-// the first event reports it (peer_hit_tokens, peer_load_nanos). A failed
+// the first event reports it (hit.peer_tokens, hit.peer_load_nanos). A failed
 // pull is logged and counted (PeerStats) and the prompt computed, with the
 // same tokens.
 //
