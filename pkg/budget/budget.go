@@ -14,11 +14,11 @@ type Trace struct {
 	// digits) when it is traced, for the log line; "" otherwise.
 	TraceID string
 	Model   string
-	// Mode is how the request was served: "disaggregated" (remote prefill),
-	// "local" (prefill on the decode worker in disaggregated mode) or
-	// "colocated".
+	// Mode is how the request was served: vocab.ModeDisaggregated (remote
+	// prefill), vocab.ModeLocal (prefill on the decode worker in
+	// disaggregated mode) or vocab.ModeColocated.
 	Mode             string
-	FirstTokenPolicy string // "prefill" or "decode"
+	FirstTokenPolicy string // vocab.PolicyPrefill or vocab.PolicyDecode
 
 	Arrival, Routed                         time.Time
 	PrefillQueued, PrefillStart, PrefillEnd time.Time

@@ -1,6 +1,7 @@
 package budget
 
 import (
+	"github.com/pdserve/pdserve/pkg/wire/vocab"
 	"math"
 	"time"
 )
@@ -66,7 +67,7 @@ func (t *Trace) Cost() (c Cost, ok bool) {
 	tokens := t.PromptTokens + t.OutputTokens
 	if p.GPUHourUSD > 0 {
 		prefillGPUs := p.DecodeGPUs
-		if t.Mode == "disaggregated" {
+		if t.Mode == vocab.ModeDisaggregated {
 			prefillGPUs = p.PrefillGPUs
 		}
 		prefill := share(span(t.PrefillStart, t.PrefillEnd), t.PrefillBatch) * float64(max(prefillGPUs, 1))

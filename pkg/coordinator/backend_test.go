@@ -11,6 +11,7 @@ import (
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/budget"
 	"github.com/pdserve/pdserve/pkg/frontend"
+	"github.com/pdserve/pdserve/pkg/wire"
 )
 
 // decodeUntilEOG is a decode worker that generates scripted after
@@ -30,14 +31,14 @@ func decodeUntilEOG(split bool, eog ...int32) func(context.Context, *pdservev1.G
 			}
 		}
 		if !split {
-			return send(&pdservev1.GenerateResponse{Tokens: out, FinishReason: finish})
+			return send(&pdservev1.GenerateResponse{Tokens: out, Finish: wire.FinishReason(finish)})
 		}
 		for i := range out {
 			if err := send(&pdservev1.GenerateResponse{Tokens: out[i : i+1]}); err != nil {
 				return err
 			}
 		}
-		return send(&pdservev1.GenerateResponse{FinishReason: finish})
+		return send(&pdservev1.GenerateResponse{Finish: wire.FinishReason(finish)})
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/frontend"
 	"github.com/pdserve/pdserve/pkg/router"
 	"github.com/pdserve/pdserve/pkg/wire"
+	"github.com/pdserve/pdserve/pkg/wire/vocab"
 )
 
 // The flow's edge: the shell converts the workers' messages and statuses
@@ -62,12 +63,17 @@ func prefillEvent(attempt int, resp *pdservev1.PrefillResponse) flow.Event {
 		ft := e.FirstToken
 		return flow.FirstToken{Attempt: attempt, Token: ft.GetToken(), Logprob: wire.FromTokenLogprob(ft.GetLogprob()),
 			Start: unixTime(ft.GetPrefillStartUnixNano()), End: unixTime(ft.GetPrefillEndUnixNano()), Batch: int(ft.GetBatchSize()),
-			Hits: flow.Hits{Prefix: int(ft.GetPrefixHitTokens()), Host: int(ft.GetHostHitTokens()), HostLoad: time.Duration(ft.GetHostLoadNanos()),
-				Disk: int(ft.GetDiskHitTokens()), Peer: int(ft.GetPeerHitTokens()), PeerLoad: time.Duration(ft.GetPeerLoadNanos())}}
+			Hits: hits(ft.GetHit())}
 	case *pdservev1.PrefillResponse_KvDone:
 		return flow.KVDone{Attempt: attempt, KV: kvReport(e.KvDone)}
 	}
 	return nil
+}
+
+// hits is the flow's form of a PrefixHit message (none for nil).
+func hits(h *pdservev1.PrefixHit) flow.Hits {
+	return flow.Hits{Prefix: int(h.GetTokens()), Host: int(h.GetHostTokens()), HostLoad: time.Duration(h.GetHostLoadNanos()),
+		Disk: int(h.GetDiskTokens()), Peer: int(h.GetPeerTokens()), PeerLoad: time.Duration(h.GetPeerLoadNanos())}
 }
 
 // kvReport is the flow's form of a KVDone message.
@@ -79,23 +85,21 @@ func kvReport(kd *pdservev1.KVDone) flow.KV {
 // tokensEvent returns the event of a Generate stream's message of attempt.
 func tokensEvent(attempt int, resp *pdservev1.GenerateResponse) flow.Tokens {
 	t := flow.Tokens{Attempt: attempt, Index: int(resp.GetIndex()), Tokens: resp.GetTokens(),
-		Logprobs: wire.FromTokenLogprobs(resp.GetLogprobs()), Finish: resp.GetFinishReason(),
+		Logprobs: wire.FromTokenLogprobs(resp.GetLogprobs()), Finish: wire.Finish(resp),
 		FirstTokenOmitted: resp.GetFirstTokenOmitted(), Batch: int(resp.GetBatchSize()),
-		Hits: flow.Hits{Prefix: int(resp.GetPrefixHitTokens()), Host: int(resp.GetHostHitTokens()), HostLoad: time.Duration(resp.GetHostLoadNanos()),
-			Disk: int(resp.GetDiskHitTokens()), Peer: int(resp.GetPeerHitTokens()), PeerLoad: time.Duration(resp.GetPeerLoadNanos())},
-		PromptLogprobs: wire.FromTokenLogprobs(resp.GetPromptLogprobs())}
+		Hits: hits(resp.GetHit()), PromptLogprobs: wire.FromTokenLogprobs(resp.GetPromptLogprobs())}
 	for _, s := range resp.GetStamps() {
 		var at *time.Time
-		switch s.GetName() {
-		case "kv_first_byte":
+		switch wire.FromStampKind(s.GetKind()) {
+		case vocab.StampKVFirstByte:
 			at = &t.Stamps.KVFirstByte
-		case "kv_done":
+		case vocab.StampKVDone:
 			at = &t.Stamps.KVDone
-		case "prefill_start":
+		case vocab.StampPrefillStart:
 			at = &t.Stamps.PrefillStart
-		case "prefill_end":
+		case vocab.StampPrefillEnd:
 			at = &t.Stamps.PrefillEnd
-		case "decode_joined":
+		case vocab.StampDecodeJoined:
 			at = &t.Stamps.DecodeJoined
 		default:
 			continue

@@ -14,6 +14,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/coordinator/flow"
 	"github.com/pdserve/pdserve/pkg/frontend"
 	"github.com/pdserve/pdserve/pkg/wire"
+	"github.com/pdserve/pdserve/pkg/wire/vocab"
 )
 
 // TestCallError: every gRPC code maps to the flow's class of it (the
@@ -92,13 +93,13 @@ func TestClientError(t *testing.T) {
 }
 
 // TestTokensEvent: a Generate message's fields reach the flow, the
-// first stamp of a name wins, and unknown stamps are skipped.
+// first stamp of a kind wins, and unknown stamps are skipped.
 func TestTokensEvent(t *testing.T) {
-	resp := &pdservev1.GenerateResponse{Index: 1, Tokens: []int32{4, 5}, FinishReason: "length", FirstTokenOmitted: true, BatchSize: 3,
-		PrefixHitTokens: 32, HostHitTokens: 16, PeerLoadNanos: 7,
+	resp := &pdservev1.GenerateResponse{Index: 1, Tokens: []int32{4, 5}, Finish: pdservev1.FinishReason_FINISH_REASON_LENGTH, FirstTokenOmitted: true, BatchSize: 3,
+		Hit:      &pdservev1.PrefixHit{Tokens: 32, HostTokens: 16, PeerLoadNanos: 7},
 		Logprobs: []*pdservev1.TokenLogprob{{Token: 4, Logprob: -1}, {Token: 5, Logprob: -2}},
-		Stamps: []*pdservev1.Stamp{{Name: "kv_done", UnixNano: 10}, {Name: "kv_done", UnixNano: 20}, {Name: "other", UnixNano: 30},
-			{Name: "decode_joined", UnixNano: 40}}}
+		Stamps: []*pdservev1.Stamp{{Kind: pdservev1.StampKind_STAMP_KIND_KV_DONE, UnixNano: 10}, {Kind: pdservev1.StampKind_STAMP_KIND_KV_DONE, UnixNano: 20},
+			{Kind: pdservev1.StampKind(99), UnixNano: 30}, {UnixNano: 35}, {Kind: pdservev1.StampKind_STAMP_KIND_DECODE_JOINED, UnixNano: 40}}}
 	got := tokensEvent(2, resp)
 	if got.Attempt != 2 || got.Index != 1 || !cmp.Equal(got.Tokens, []int32{4, 5}) || got.Finish != "length" || !got.FirstTokenOmitted ||
 		got.Batch != 3 || got.Hits != (flow.Hits{Prefix: 32, Host: 16, PeerLoad: 7}) || len(got.Logprobs) != 2 || got.Logprobs[1].Logprob != -2 {
@@ -109,5 +110,43 @@ func TestTokensEvent(t *testing.T) {
 	}
 	if ev := prefillEvent(0, &pdservev1.PrefillResponse{}); ev != nil {
 		t.Errorf("an empty Prefill message: %#v, want none", ev)
+	}
+}
+
+// TestPrefixHitBothCarriers: the one PrefixHit message reaches the flow
+// alike from the prefill worker's FirstToken and a decode worker's
+// Generate event, every field of it; nil is no hit.
+func TestPrefixHitBothCarriers(t *testing.T) {
+	h := &pdservev1.PrefixHit{Tokens: 64, HostTokens: 48, HostLoadNanos: 5, DiskTokens: 16, PeerTokens: 16, PeerLoadNanos: 9}
+	want := flow.Hits{Prefix: 64, Host: 48, HostLoad: 5, Disk: 16, Peer: 16, PeerLoad: 9}
+	ev := prefillEvent(1, &pdservev1.PrefillResponse{Event: &pdservev1.PrefillResponse_FirstToken{FirstToken: &pdservev1.FirstToken{Token: 3, Hit: h}}})
+	if ft, ok := ev.(flow.FirstToken); !ok || ft.Hits != want {
+		t.Errorf("FirstToken event %#v, want hits %+v", ev, want)
+	}
+	if got := tokensEvent(1, &pdservev1.GenerateResponse{Hit: h}).Hits; got != want {
+		t.Errorf("Generate event hits %+v, want %+v", got, want)
+	}
+	if got := tokensEvent(1, &pdservev1.GenerateResponse{}).Hits; got != (flow.Hits{}) {
+		t.Errorf("Generate event without a hit: %+v, want none", got)
+	}
+}
+
+// TestTokensEventLegacyFinish: a decode worker that predates
+// GenerateResponse.finish sends only its finish_reason string, which
+// still finishes the choice; finish wins over it when both are set.
+func TestTokensEventLegacyFinish(t *testing.T) {
+	for _, tc := range []struct {
+		resp *pdservev1.GenerateResponse
+		want string
+	}{
+		{&pdservev1.GenerateResponse{FinishReason: "stop"}, vocab.FinishStop},
+		{&pdservev1.GenerateResponse{FinishReason: "length"}, vocab.FinishLength},
+		{&pdservev1.GenerateResponse{FinishReason: "stop", Finish: pdservev1.FinishReason_FINISH_REASON_LENGTH}, vocab.FinishLength},
+		{&pdservev1.GenerateResponse{FinishReason: "bogus"}, ""},
+		{&pdservev1.GenerateResponse{}, ""},
+	} {
+		if got := tokensEvent(0, tc.resp).Finish; got != tc.want {
+			t.Errorf("finish of %v = %q, want %q", tc.resp, got, tc.want)
+		}
 	}
 }

@@ -28,22 +28,23 @@ import (
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 	"github.com/pdserve/pdserve/pkg/respstore"
 	"github.com/pdserve/pdserve/pkg/tracing"
+	"github.com/pdserve/pdserve/pkg/wire/vocab"
 )
 
 // Serving modes.
 const (
-	ModeDisaggregated = "disaggregated" // prefill and decode on separate workers
-	ModeColocated     = "colocated"     // colocated workers prefill and decode
+	ModeDisaggregated = vocab.ModeDisaggregated // prefill and decode on separate workers
+	ModeColocated     = vocab.ModeColocated     // colocated workers prefill and decode
 )
 
 // First-token policies: which worker's first token reaches the client.
 const (
 	// PolicyPrefill sends the prefill worker's first token at once, so the
 	// KV transfer lands in the first inter-token gap.
-	PolicyPrefill = "prefill"
+	PolicyPrefill = vocab.PolicyPrefill
 	// PolicyDecode waits for the decode worker's first event, so the KV
 	// transfer is part of TTFT.
-	PolicyDecode = "decode"
+	PolicyDecode = vocab.PolicyDecode
 )
 
 // Options configure a coordinator. Start from DefaultOptions, then

@@ -97,7 +97,7 @@ func (d *fakeDecode) counts() (generates, cancelled, reserved int) {
 // the tokens of scripted after generated_tokens and finishes.
 func streamScripted(_ context.Context, req *pdservev1.GenerateRequest, send func(*pdservev1.GenerateResponse) error) error {
 	rest := scripted[len(req.GetGeneratedTokens()):]
-	return send(&pdservev1.GenerateResponse{Tokens: rest, FinishReason: "length"})
+	return send(&pdservev1.GenerateResponse{Tokens: rest, Finish: pdservev1.FinishReason_FINISH_REASON_LENGTH})
 }
 
 // waitForKV is a healthy decode worker whose KV never comes: its call

@@ -45,7 +45,7 @@ func collectChoices(t *testing.T, stream interface {
 		}
 		r.tokens[i] = append(r.tokens[i], ev.GetTokens()...)
 		r.lps[i] = append(r.lps[i], wire.FromTokenLogprobs(ev.GetLogprobs())...)
-		if f := ev.GetFinishReason(); f != "" {
+		if f := wire.FromFinishReason(ev.GetFinish()); f != "" {
 			r.reasons[i] = f
 		}
 		if pl := ev.GetPromptLogprobs(); len(pl) > 0 {

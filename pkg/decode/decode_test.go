@@ -16,6 +16,8 @@ import (
 	"github.com/pdserve/pdserve/internal/poll"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
+	"github.com/pdserve/pdserve/pkg/wire"
+	"github.com/pdserve/pdserve/pkg/wire/vocab"
 )
 
 // pushKV prefills p on an engine of its own and sends its KV and first
@@ -94,9 +96,9 @@ func TestColocatedMatchesEngine(t *testing.T) {
 			if got.reason != FinishLength {
 				t.Errorf("finish reason %q, want %q", got.reason, FinishLength)
 			}
-			for _, name := range []string{StampPrefillStart, StampPrefillEnd, StampJoined, StampFirstToken, StampLastToken} {
-				if got.stamps[name] == 0 {
-					t.Errorf("stamp %q missing (have %v)", name, got.stamps)
+			for _, s := range []vocab.Stamp{StampPrefillStart, StampPrefillEnd, StampJoined, StampFirstToken, StampLastToken} {
+				if got.stamps[wire.StampKind(s)] == 0 {
+					t.Errorf("stamp %v missing (have %v)", wire.StampKind(s), got.stamps)
 				}
 			}
 		})
@@ -128,9 +130,9 @@ func TestRemoteKVMatchesEngine(t *testing.T) {
 	if diff := cmp.Diff(want, got.tokens); diff != "" {
 		t.Errorf("tokens (-engine alone +worker):\n%s", diff)
 	}
-	for _, name := range []string{StampKVFirstByte, StampKVDone, StampJoined, StampFirstToken, StampLastToken} {
-		if got.stamps[name] == 0 {
-			t.Errorf("stamp %q missing (have %v)", name, got.stamps)
+	for _, s := range []vocab.Stamp{StampKVFirstByte, StampKVDone, StampJoined, StampFirstToken, StampLastToken} {
+		if got.stamps[wire.StampKind(s)] == 0 {
+			t.Errorf("stamp %v missing (have %v)", wire.StampKind(s), got.stamps)
 		}
 	}
 	poll.WaitFor(t, "blocks free", func() bool { st := w.s.Stats(); return st.KVBlocksFree == st.KVBlocksTotal })

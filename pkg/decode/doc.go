@@ -91,7 +91,7 @@
 // measured over its local-prefill steps); the pull is given up at the
 // time computing would take. The sequence then starts from the pulled
 // prefix when it is longer than any tier here holds (LoadPulled), and
-// the first event reports it (peer_hit_tokens, peer_load_nanos). A failed
+// the first event reports it (hit.peer_tokens, hit.peer_load_nanos). A failed
 // pull is logged and counted (PeerStats) and the prompt computed, with the
 // same tokens.
 //
@@ -138,12 +138,15 @@
 // client-facing renderer strips it. A recovery call (generated_tokens set)
 // streams only tokens after generated_tokens.
 //
-// Events carry stamps (Unix nanoseconds, worker clock): "kv_first_byte" and
-// "kv_done" (remote KV: the first frame arrived, the last frame was
-// staged), "prefill_start" and "prefill_end" (local prefill),
-// "decode_joined", "first_token" (the first token this call streams) and
-// "last_token" (on the final event), and batch_size, the number of sequences
-// in the step that produced the event's last token.
+// Events carry stamps (Unix nanoseconds, worker clock; their kinds are
+// the StampKind enum, vocab.Stamp in Go): KV_FIRST_BYTE and KV_DONE
+// (remote KV: the first frame arrived, the last frame was staged),
+// PREFILL_START and PREFILL_END (local prefill), DECODE_JOINED,
+// FIRST_TOKEN (the first token this call streams) and LAST_TOKEN (on the
+// final event); a finish (the FinishReason enum, and its string in the
+// deprecated finish_reason for a coordinator that predates it); and
+// batch_size, the number of sequences in the step that produced the
+// event's last token.
 //
 // # Concurrency
 //

@@ -13,6 +13,7 @@ import (
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/internal/poll"
 	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/wire"
 )
 
 // omitResult is what a Generate call streamed, by choice, with the
@@ -48,11 +49,11 @@ func collectOmit(t *testing.T, stream interface {
 				t.Errorf("first_token_omitted on an event of choice %d", i)
 			}
 		}
-		if i == 0 && !seen0 && (len(ev.GetTokens()) > 0 || ev.GetFinishReason() != "") {
+		if i == 0 && !seen0 && (len(ev.GetTokens()) > 0 || wire.FromFinishReason(ev.GetFinish()) != "") {
 			seen0, r.markedFirst = true, ev.GetFirstTokenOmitted()
 		}
 		r.tokens[i] = append(r.tokens[i], ev.GetTokens()...)
-		if f := ev.GetFinishReason(); f != "" {
+		if f := wire.FromFinishReason(ev.GetFinish()); f != "" {
 			r.reasons[i] = f
 		}
 	}

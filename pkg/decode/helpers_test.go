@@ -16,6 +16,7 @@ import (
 	"github.com/pdserve/pdserve/internal/workertest"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
+	"github.com/pdserve/pdserve/pkg/wire"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -94,13 +95,13 @@ type result struct {
 	tokens  []int32
 	reason  string
 	batches []int32 // batch_size of each event carrying tokens
-	stamps  map[string]int64
+	stamps  map[pdservev1.StampKind]int64
 	events  int
 }
 
 // collect reads a Generate stream to its end.
 func collect(stream grpc.ServerStreamingClient[pdservev1.GenerateResponse]) (result, error) {
-	r := result{stamps: map[string]int64{}}
+	r := result{stamps: map[pdservev1.StampKind]int64{}}
 	for {
 		ev, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
@@ -115,10 +116,10 @@ func collect(stream grpc.ServerStreamingClient[pdservev1.GenerateResponse]) (res
 			r.batches = append(r.batches, ev.GetBatchSize())
 		}
 		for _, s := range ev.GetStamps() {
-			r.stamps[s.GetName()] = s.GetUnixNano()
+			r.stamps[s.GetKind()] = s.GetUnixNano()
 		}
-		if ev.GetFinishReason() != "" {
-			r.reason = ev.GetFinishReason()
+		if f := wire.FromFinishReason(ev.GetFinish()); f != "" {
+			r.reason = f
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 	"github.com/pdserve/pdserve/pkg/wire"
+	"github.com/pdserve/pdserve/pkg/wire/vocab"
 )
 
 // outbox collects what the batch produces for one Generate call until
@@ -68,13 +69,13 @@ func (o *outbox) signal() {
 	}
 }
 
-// Stamp records a named timestamp for the next event.
-func (o *outbox) Stamp(name string, t time.Time) { o.stamp(name, t) }
+// Stamp records timestamp s for the next event.
+func (o *outbox) Stamp(s vocab.Stamp, t time.Time) { o.stamp(s, t) }
 
-// stamp records a named timestamp for the next event.
-func (o *outbox) stamp(name string, t time.Time) {
+// stamp records timestamp s for the next event.
+func (o *outbox) stamp(s vocab.Stamp, t time.Time) {
 	o.mu.Lock()
-	o.stamps = append(o.stamps, &pdservev1.Stamp{Name: name, UnixNano: t.UnixNano()})
+	o.stamps = append(o.stamps, &pdservev1.Stamp{Kind: wire.StampKind(s), UnixNano: t.UnixNano()})
 	o.mu.Unlock()
 	o.signal()
 }
@@ -214,7 +215,8 @@ func (o *outbox) take() ([]*pdservev1.GenerateResponse, bool, error) {
 			resp.FirstTokenOmitted, o.omitted = true, false
 		}
 		if final {
-			resp.FinishReason, c.sent = c.reason, true
+			wire.SetFinish(resp, c.reason)
+			c.sent = true
 		}
 		c.tokens, c.lps = nil, nil
 		out = append(out, resp)
@@ -224,12 +226,15 @@ func (o *outbox) take() ([]*pdservev1.GenerateResponse, bool, error) {
 		if len(out) == 0 {
 			out = append(out, &pdservev1.GenerateResponse{BatchSize: o.batch})
 		}
-		out[0].Stamps, out[0].PrefixHitTokens = o.stamps, o.hit
-		out[0].HostHitTokens, out[0].HostLoadNanos = int32(o.host.Tokens), o.host.Took.Nanoseconds()
-		if o.host.Disk {
-			out[0].DiskHitTokens = int32(o.host.Tokens)
+		out[0].Stamps = o.stamps
+		if o.hit > 0 {
+			h := &pdservev1.PrefixHit{Tokens: o.hit, HostTokens: int32(o.host.Tokens), HostLoadNanos: o.host.Took.Nanoseconds(),
+				PeerTokens: int32(o.peer.Tokens), PeerLoadNanos: o.peer.Took.Nanoseconds()}
+			if o.host.Disk {
+				h.DiskTokens = h.HostTokens
+			}
+			out[0].Hit = h
 		}
-		out[0].PeerHitTokens, out[0].PeerLoadNanos = int32(o.peer.Tokens), o.peer.Took.Nanoseconds()
 		o.stamps, o.hit, o.host, o.peer = nil, 0, prefixcache.HostLoad{}, batch.PeerLoad{}
 	}
 	return out, o.finished, o.err

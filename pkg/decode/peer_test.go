@@ -124,8 +124,8 @@ func generatePeer(t testing.TB, w *testWorker, id string, p []int32, maxTokens i
 			t.Fatalf("%s: %v", id, err)
 		}
 		toks = append(toks, ev.GetTokens()...)
-		if ev.GetPrefixHitTokens() > 0 {
-			h = hits{prefix: ev.GetPrefixHitTokens(), peer: ev.GetPeerHitTokens(), peerLoad: ev.GetPeerLoadNanos()}
+		if ev.GetHit().GetTokens() > 0 {
+			h = hits{prefix: ev.GetHit().GetTokens(), peer: ev.GetHit().GetPeerTokens(), peerLoad: ev.GetHit().GetPeerLoadNanos()}
 		}
 	}
 }

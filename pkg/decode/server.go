@@ -28,6 +28,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 	"github.com/pdserve/pdserve/pkg/tracing"
 	"github.com/pdserve/pdserve/pkg/wire"
+	"github.com/pdserve/pdserve/pkg/wire/vocab"
 )
 
 // Finish reasons of the last GenerateResponse.
@@ -36,7 +37,7 @@ const (
 	FinishStop   = batch.FinishStop   // an end-of-generation token (unless ignore_eos) or a stop token
 )
 
-// Stamp names of GenerateResponse events.
+// Stamps of GenerateResponse events.
 const (
 	StampKVFirstByte  = batch.StampKVFirstByte
 	StampKVDone       = batch.StampKVDone
@@ -44,10 +45,8 @@ const (
 	StampPrefillEnd   = batch.StampPrefillEnd
 	StampJoined       = batch.StampJoined
 	StampFirstToken   = batch.StampFirstToken
-	StampLastToken    = "last_token"
+	StampLastToken    = vocab.StampLastToken
 )
-
-const maxRequestID = 255 // longest request id a KV frame can carry
 
 // errStopped fails requests still live when the batch stops.
 var errStopped = status.Error(codes.Unavailable, "decode: worker stopping")
@@ -468,8 +467,8 @@ func invalid(format string, args ...any) error {
 }
 
 func checkID(id string) error {
-	if id == "" || len(id) > maxRequestID {
-		return invalid("request_id must have 1 to %d bytes, has %d", maxRequestID, len(id))
+	if id == "" || len(id) > vocab.MaxRequestID {
+		return invalid("request_id must have 1 to %d bytes, has %d", vocab.MaxRequestID, len(id))
 	}
 	return nil
 }
@@ -1024,10 +1023,11 @@ func checkTokens(spec engine.ModelSpec, id, what string, toks []int32) error {
 // when the worker drains (without a reservation) or stops.
 func (s *Server) Generate(req *pdservev1.GenerateRequest, stream grpc.ServerStreamingServer[pdservev1.GenerateResponse]) error {
 	ctx := stream.Context()
-	var stamps map[string]int64 // the first of each stamp sent, when the call is traced
+	var stamps map[vocab.Stamp]int64 // the first of each stamp sent, when the call is traced
 	if tracing.Recording(ctx) {
-		stamps = map[string]int64{"call": s.now().UnixNano()}
-		defer func() { traceSteps(ctx, stamps) }()
+		called := s.now().UnixNano()
+		stamps = map[vocab.Stamp]int64{}
+		defer func() { traceSteps(ctx, called, stamps) }()
 	}
 	if len(req.GetPromptTokens()) == 0 {
 		if prompt := s.reservedPrompt(req.GetRequestId()); prompt != nil {
@@ -1065,8 +1065,8 @@ func (s *Server) Generate(req *pdservev1.GenerateRequest, stream grpc.ServerStre
 			for _, resp := range resps {
 				if stamps != nil {
 					for _, st := range resp.GetStamps() {
-						if _, ok := stamps[st.GetName()]; !ok {
-							stamps[st.GetName()] = st.GetUnixNano()
+						if k := wire.FromStampKind(st.GetKind()); stamps[k] == 0 {
+							stamps[k] = st.GetUnixNano()
 						}
 					}
 				}
@@ -1099,11 +1099,11 @@ func (s *Server) reservedPrompt(id string) []int32 {
 
 // traceSteps records the worker's steps of a traced Generate call from
 // the stamps it sent: the KV received, a local prefill, the wait to join
-// the batch, and the generation.
-func traceSteps(ctx context.Context, stamps map[string]int64) {
+// the batch (from called, when the call came), and the generation.
+func traceSteps(ctx context.Context, called int64, stamps map[vocab.Stamp]int64) {
 	tracing.Step(ctx, tracing.SpanKVReceive, stamps[StampKVFirstByte], stamps[StampKVDone])
 	tracing.Step(ctx, tracing.SpanPrefillCompute, stamps[StampPrefillStart], stamps[StampPrefillEnd])
-	tracing.Step(ctx, tracing.SpanDecodeWait, stamps["call"], stamps[StampJoined])
+	tracing.Step(ctx, tracing.SpanDecodeWait, called, stamps[StampJoined])
 	tracing.Step(ctx, tracing.SpanDecodeGenerate, stamps[StampJoined], stamps[StampLastToken])
 }
 

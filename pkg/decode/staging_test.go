@@ -15,6 +15,7 @@ import (
 	"github.com/pdserve/pdserve/internal/poll"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
+	"github.com/pdserve/pdserve/pkg/wire"
 )
 
 // gatedEngine wraps an engine: once armed, Decode blocks (after reporting
@@ -146,7 +147,7 @@ func TestKVArrivesDuringStep(t *testing.T) {
 		if diff := cmp.Diff(c.want, got.tokens); diff != "" {
 			t.Errorf("%s: tokens (-engine alone +worker):\n%s", c.name, diff)
 		}
-		fb, done, joined := got.stamps[StampKVFirstByte], got.stamps[StampKVDone], got.stamps[StampJoined]
+		fb, done, joined := got.stamps[wire.StampKind(StampKVFirstByte)], got.stamps[wire.StampKind(StampKVDone)], got.stamps[wire.StampKind(StampJoined)]
 		if fb == 0 || fb > done || done > joined {
 			t.Errorf("%s: stamps kv_first_byte %d, kv_done %d, decode_joined %d: want 0 < first byte <= done <= joined", c.name, fb, done, joined)
 		}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/pdserve/pdserve/pkg/perfmodel"
+	"github.com/pdserve/pdserve/pkg/wire/vocab"
 )
 
 // Policy says which worker sends a disaggregated request's first token.
@@ -17,10 +18,10 @@ type Policy string
 const (
 	// PolicyPrefill: the prefill worker emits the first token when its
 	// prefill ends; the KV transfer lands in the first inter-token gap.
-	PolicyPrefill Policy = "prefill"
+	PolicyPrefill Policy = vocab.PolicyPrefill
 	// PolicyDecode: the decode worker emits the first token after the KV
 	// arrived and its first decode step; kv_transfer is part of TTFT.
-	PolicyDecode Policy = "decode"
+	PolicyDecode Policy = vocab.PolicyDecode
 )
 
 // SLO is the service objective a request must meet to count as goodput.

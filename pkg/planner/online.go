@@ -17,6 +17,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/budget"
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/perfmodel"
+	"github.com/pdserve/pdserve/pkg/wire/vocab"
 )
 
 // Observation is one finished request as the coordinator measured it.
@@ -61,7 +62,7 @@ func ObservationFromTrace(t *budget.Trace) Observation {
 		Arrival:          t.Arrival,
 		PromptTokens:     t.PromptTokens,
 		OutputTokens:     t.OutputTokens,
-		Disaggregated:    t.Mode == "disaggregated",
+		Disaggregated:    t.Mode == vocab.ModeDisaggregated,
 		Prefill:          terms.Prefill,
 		PrefillBatch:     t.PrefillBatch,
 		TPOT:             terms.TPOT,

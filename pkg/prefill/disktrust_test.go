@@ -66,9 +66,9 @@ func TestDiskTierBadFileRecomputed(t *testing.T) {
 			// prefillOne checks the first token and the KV against the
 			// engine alone.
 			ev, _ := prefillOne(t, w, f, addr, "again", p, 0)
-			if ev.first.GetDiskHitTokens() != 0 || ev.first.GetPrefixHitTokens() != 0 {
+			if ev.first.GetHit().GetDiskTokens() != 0 || ev.first.GetHit().GetTokens() != 0 {
 				t.Errorf("prefix_hit_tokens %d, disk_hit_tokens %d from a bad file; want 0 (computed)",
-					ev.first.GetPrefixHitTokens(), ev.first.GetDiskHitTokens())
+					ev.first.GetHit().GetTokens(), ev.first.GetHit().GetDiskTokens())
 			}
 			if st := w.s.Stats().PrefixCache.Disk; st.BadEntries != 1 || st.Hits != 0 || st.Entries != 0 {
 				t.Errorf("disk tier %+v: want one bad entry, dropped, and no hit", st)

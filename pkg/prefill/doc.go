@@ -62,7 +62,7 @@
 // most all but one prompt token) and prefills only the rest; the forked
 // prefix's KV is exported into the request's KV buffer first, so the
 // buffer, Resend and the stream hold the whole prompt's KV, bit-exact with
-// an uncached prefill. FirstToken.prefix_hit_tokens reports k × 16.
+// an uncached prefill. FirstToken.hit.tokens reports k × 16.
 // PrefillRequest.skip_tokens (the decode worker's own hit) makes the
 // stream start at that token (StreamHeader.Start): earlier frames are not
 // sent, a frame across it is cut. Forks are independent of their source,

@@ -38,13 +38,13 @@ func TestHostTierBitExact(t *testing.T) {
 		id := fmt.Sprintf("h%d-%d-%d", i, tc.n, tc.shared)
 		ev, _ := prefillOne(t, w, f, addr, id, p, 0)
 		want := wantHit(p, cached)
-		if got := int(ev.first.GetPrefixHitTokens()); got != want || want == 0 {
+		if got := int(ev.first.GetHit().GetTokens()); got != want || want == 0 {
 			t.Errorf("%s: prefix_hit_tokens %d, want %d", id, got, want)
 		}
 		// The engine tier holds only the last prompt, which shares
 		// nothing with base: the hit is the host tier's.
-		if got := int(ev.first.GetHostHitTokens()); got != want || ev.first.GetHostLoadNanos() <= 0 {
-			t.Errorf("%s: host_hit_tokens %d in %d ns, want %d loaded in some time", id, got, ev.first.GetHostLoadNanos(), want)
+		if got := int(ev.first.GetHit().GetHostTokens()); got != want || ev.first.GetHit().GetHostLoadNanos() <= 0 {
+			t.Errorf("%s: host_hit_tokens %d in %d ns, want %d loaded in some time", id, got, ev.first.GetHit().GetHostLoadNanos(), want)
 		}
 		cached = append(cached, p)
 		// The next prompt evicts this one from the engine tier; base's
@@ -66,8 +66,8 @@ func TestHostTierOff(t *testing.T) {
 	base := prompt(70, 3)
 	prefillOne(t, w, f, addr, "base", base, 0)
 	prefillOne(t, w, f, addr, "other", prompt(40, 4), 0)
-	if ev, _ := prefillOne(t, w, f, addr, "again", base, 0); ev.first.GetPrefixHitTokens() != 0 || ev.first.GetHostHitTokens() != 0 {
-		t.Errorf("prefix_hit_tokens %d after eviction without a host tier, want 0", ev.first.GetPrefixHitTokens())
+	if ev, _ := prefillOne(t, w, f, addr, "again", base, 0); ev.first.GetHit().GetTokens() != 0 || ev.first.GetHit().GetHostTokens() != 0 {
+		t.Errorf("prefix_hit_tokens %d after eviction without a host tier, want 0", ev.first.GetHit().GetTokens())
 	}
 	if st := w.s.Stats().PrefixCache; st.Host.Spills != 0 || st.Host.Lookups != 0 || w.s.cache.Host() != nil {
 		t.Errorf("host tier stats %+v with a budget of 0", st.Host)
@@ -129,12 +129,12 @@ func TestDiskTierBitExact(t *testing.T) {
 		id := fmt.Sprintf("d%d-%d-%d", i, tc.n, tc.shared)
 		ev, _ := prefillOne(t, w, f, addr, id, p, 0)
 		want := wantHit(p, cached)
-		if got := int(ev.first.GetPrefixHitTokens()); got != want || want == 0 {
+		if got := int(ev.first.GetHit().GetTokens()); got != want || want == 0 {
 			t.Errorf("%s: prefix_hit_tokens %d, want %d", id, got, want)
 		}
-		if i == 0 && (int(ev.first.GetDiskHitTokens()) != want || ev.first.GetHostHitTokens() != ev.first.GetDiskHitTokens()) {
+		if i == 0 && (int(ev.first.GetHit().GetDiskTokens()) != want || ev.first.GetHit().GetHostTokens() != ev.first.GetHit().GetDiskTokens()) {
 			// base's blocks were on disk only.
-			t.Errorf("%s: host_hit_tokens %d, disk_hit_tokens %d; want %d read from disk", id, ev.first.GetHostHitTokens(), ev.first.GetDiskHitTokens(), want)
+			t.Errorf("%s: host_hit_tokens %d, disk_hit_tokens %d; want %d read from disk", id, ev.first.GetHit().GetHostTokens(), ev.first.GetHit().GetDiskTokens(), want)
 		}
 		cached = append(cached, p)
 	}

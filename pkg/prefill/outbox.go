@@ -197,17 +197,17 @@ func (r *request) End(e batch.End) {
 	r.ret.complete = true
 	s.retained.resize(r.ret, r.kv.size())
 	h := e.Hits
+	var hit *pdservev1.PrefixHit
+	if h.Prefix > 0 {
+		hit = &pdservev1.PrefixHit{Tokens: int32(h.Prefix), HostTokens: int32(h.Host), HostLoadNanos: h.HostLoad.Nanoseconds(),
+			DiskTokens: int32(h.Disk), PeerTokens: int32(h.Peer), PeerLoadNanos: h.PeerLoad.Nanoseconds()}
+	}
 	r.events <- event{first: &pdservev1.FirstToken{
 		Token:                e.Token,
 		PrefillStartUnixNano: e.Start.UnixNano(),
 		PrefillEndUnixNano:   e.Done.UnixNano(),
 		BatchSize:            int32(e.Batch),
-		PrefixHitTokens:      int32(h.Prefix),
-		HostHitTokens:        int32(h.Host),
-		HostLoadNanos:        h.HostLoad.Nanoseconds(),
-		DiskHitTokens:        int32(h.Disk),
-		PeerHitTokens:        int32(h.Peer),
-		PeerLoadNanos:        h.PeerLoad.Nanoseconds(),
+		Hit:                  hit,
 		Logprob:              lp,
 	}}
 	s.log.Debug("prompt prefilled", zap.String("request_id", r.id), zap.Int("prompt_tokens", len(r.prompt)),

@@ -46,7 +46,7 @@ func TestPeerPullBitExact(t *testing.T) {
 			w.s.peers.Always = true
 		}
 		ev, _ := prefillOne(t, w, f, addr, id, p, 0, withPeer(holder.addr, 64))
-		if got := ev.first.GetPeerHitTokens(); int(got) != want || ev.first.GetPrefixHitTokens() != got || ev.first.GetPeerLoadNanos() <= 0 {
+		if got := ev.first.GetHit().GetPeerTokens(); int(got) != want || ev.first.GetHit().GetTokens() != got || ev.first.GetHit().GetPeerLoadNanos() <= 0 {
 			t.Errorf("%s: first token %+v: want %d peer hit tokens, all of the prefix hit, and a load time", id, ev.first, want)
 		}
 		st := w.s.Stats().PrefixCache.Peer
@@ -55,7 +55,7 @@ func TestPeerPullBitExact(t *testing.T) {
 		}
 		// Pulled once, the prompt is the puller's own now: all of it
 		// but the last token's block hits its own cache.
-		if ev, _ := prefillOne(t, w, f, addr, id+"-again", p, 0, withPeer(holder.addr, 64)); ev.first.GetPeerHitTokens() != 0 || int(ev.first.GetPrefixHitTokens()) != (len(p)-1)/16*16 {
+		if ev, _ := prefillOne(t, w, f, addr, id+"-again", p, 0, withPeer(holder.addr, 64)); ev.first.GetHit().GetPeerTokens() != 0 || int(ev.first.GetHit().GetTokens()) != (len(p)-1)/16*16 {
 			t.Errorf("%s again: %+v, want %d hit tokens from its own cache", id, ev.first, (len(p)-1)/16*16)
 		}
 	}
@@ -77,14 +77,14 @@ func TestPeerPullNotWorthIt(t *testing.T) {
 	own := newWorker(t, cachedOptions(1<<12, 8), true)
 	own.s.peers.Always = true
 	prefillOne(t, own, f, addr, "own-base", base, 0)
-	if ev, _ := prefillOne(t, own, f, addr, "own", base, 0, withPeer(holder.addr, 64)); ev.first.GetPeerHitTokens() != 0 || ev.first.GetPrefixHitTokens() != 64 {
+	if ev, _ := prefillOne(t, own, f, addr, "own", base, 0, withPeer(holder.addr, 64)); ev.first.GetHit().GetPeerTokens() != 0 || ev.first.GetHit().GetTokens() != 64 {
 		t.Errorf("a prefix the worker holds: %+v, want its own hit and no pull", ev.first)
 	}
 
 	slow := newWorker(t, cachedOptions(1<<12, 8), true)
 	slow.s.peers.Gbps = 1e-9                               // a link that takes ages
 	prefillOne(t, slow, f, addr, "warm", prompt(40, 9), 0) // its throughput is measured
-	if ev, _ := prefillOne(t, slow, f, addr, "slow", base, 0, withPeer(holder.addr, 64)); ev.first.GetPeerHitTokens() != 0 || ev.first.GetPrefixHitTokens() != 0 {
+	if ev, _ := prefillOne(t, slow, f, addr, "slow", base, 0, withPeer(holder.addr, 64)); ev.first.GetHit().GetPeerTokens() != 0 || ev.first.GetHit().GetTokens() != 0 {
 		t.Errorf("a pull slower than computing: %+v, want none", ev.first)
 	}
 	if st := slow.s.Stats().PrefixCache.Peer; st.PullsSkipped != 1 || st.Pulls != 0 {
@@ -94,7 +94,7 @@ func TestPeerPullNotWorthIt(t *testing.T) {
 	o := cachedOptions(1<<12, 8)
 	o.PeerLinkGbps = 0
 	off := newWorker(t, o, true)
-	if ev, _ := prefillOne(t, off, f, addr, "off", base, 0, withPeer(holder.addr, 64)); ev.first.GetPeerHitTokens() != 0 {
+	if ev, _ := prefillOne(t, off, f, addr, "off", base, 0, withPeer(holder.addr, 64)); ev.first.GetHit().GetPeerTokens() != 0 {
 		t.Errorf("pulls off: %+v, want no pull", ev.first)
 	}
 	if st := holder.s.Stats().PrefixCache.Peer; st.Exports != 0 {
@@ -132,7 +132,7 @@ func TestPeerPullPeerDies(t *testing.T) {
 	goneAddr := workertest.GoneAddr(t)
 	for i, peer := range []string{dying, goneAddr} {
 		p := prompt(70, int32(3+i))
-		if ev, _ := prefillOne(t, w, f, addr, fmt.Sprintf("dies-%d", i), p, 0, withPeer(peer, 64)); ev.first.GetPeerHitTokens() != 0 || ev.first.GetPrefixHitTokens() != 0 {
+		if ev, _ := prefillOne(t, w, f, addr, fmt.Sprintf("dies-%d", i), p, 0, withPeer(peer, 64)); ev.first.GetHit().GetPeerTokens() != 0 || ev.first.GetHit().GetTokens() != 0 {
 			t.Errorf("peer %d: %+v, want the prompt computed", i, ev.first)
 		}
 	}

@@ -123,7 +123,7 @@ func TestPrefixCacheBitExact(t *testing.T) {
 		id := fmt.Sprintf("r%d-%d-%d", i, tc.n, tc.shared)
 		want := wantHit(p, cached)
 		ev, _ := prefillOne(t, w, f, addr, id, p, 0)
-		if got := int(ev.first.GetPrefixHitTokens()); got != want {
+		if got := int(ev.first.GetHit().GetTokens()); got != want {
 			t.Errorf("%s: prefix_hit_tokens %d, want %d", id, got, want)
 		}
 		cached = append(cached, p)
@@ -146,8 +146,8 @@ func TestPrefixCacheSkipTokens(t *testing.T) {
 	base := prompt(60, 9)
 	for i, skip := range []int{16, 0, 32, 48, 5, 59} {
 		ev, got := prefillOne(t, w, f, addr, fmt.Sprintf("skip-%d-%d", i, skip), base, skip)
-		if i > 0 && ev.first.GetPrefixHitTokens() != 48 {
-			t.Errorf("skip %d: local hit %d, want 48", skip, ev.first.GetPrefixHitTokens())
+		if i > 0 && ev.first.GetHit().GetTokens() != 48 {
+			t.Errorf("skip %d: local hit %d, want 48", skip, ev.first.GetHit().GetTokens())
 		}
 		tb := len(got.layers[0]) / (len(base) - skip)
 		if want := int64(len(got.layers) * (len(base) - skip) * tb); ev.done.GetBytesRaw() != want {

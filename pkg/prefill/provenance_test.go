@@ -101,7 +101,7 @@ func TestPoisonedPullCaught(t *testing.T) {
 		w := newWorker(t, cachedOptions(1<<12, 8), true)
 		w.s.peers.Always = true
 		ev, _ := prefillOne(t, w, f, addr, "p1", base, 0, peerNamed("evil", badAddr, 64))
-		if ev.first.GetPeerHitTokens() != 0 || ev.first.GetPrefixHitTokens() != 0 {
+		if ev.first.GetHit().GetPeerTokens() != 0 || ev.first.GetHit().GetTokens() != 0 {
 			t.Errorf("block %d: %+v, want the prompt computed here", block, ev.first)
 		}
 		st := w.s.Stats().PrefixCache.Peer
@@ -115,7 +115,7 @@ func TestPoisonedPullCaught(t *testing.T) {
 		// claims more than this worker holds; the prompt computed here
 		// is this worker's own now.
 		ev, _ = prefillOne(t, w, f, addr, "p2", sharing(base, 90, 70, 5), 0, peerNamed("evil", badAddr, 80))
-		if bad.served() != 1 || ev.first.GetPeerHitTokens() != 0 || ev.first.GetPrefixHitTokens() != 64 {
+		if bad.served() != 1 || ev.first.GetHit().GetPeerTokens() != 0 || ev.first.GetHit().GetTokens() != 64 {
 			t.Errorf("block %d: again: %d pulls served, %+v: want no pull and 64 tokens of its own", block, bad.served(), ev.first)
 		}
 	}
@@ -150,7 +150,7 @@ func TestUnverifiedPullNotReexported(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ev.first.GetPeerHitTokens() != 64 || bad.served() != 1 {
+	if ev.first.GetHit().GetPeerTokens() != 64 || bad.served() != 1 {
 		t.Fatalf("unchecked pull: %+v, %d pulls served: want 64 tokens pulled", ev.first, bad.served())
 	}
 	st := mid.s.Stats().PrefixCache
@@ -171,7 +171,7 @@ func TestUnverifiedPullNotReexported(t *testing.T) {
 	third := newWorker(t, cachedOptions(1<<12, 8), true)
 	third.s.peers.Always = true
 	ev, _ = prefillOne(t, third, f, addr, "third", base, 0, peerNamed("mid", mid.addr, 64))
-	if ev.first.GetPeerHitTokens() != 0 {
+	if ev.first.GetHit().GetPeerTokens() != 0 {
 		t.Errorf("third worker: %+v, want nothing pulled from the puller", ev.first)
 	}
 	if st := mid.s.Stats().PrefixCache.Peer; st.Exports != 0 {
@@ -196,7 +196,7 @@ func TestVerifiedPullTaggedAndPurged(t *testing.T) {
 	w := newWorker(t, cachedOptions(1<<12, 8), true)
 	w.s.peers.Always = true
 	prefillOne(t, w, f, addr, "own", prompt(50, 7), 0)
-	if ev, _ := prefillOne(t, w, f, addr, "pulled", base, 0, peerNamed("holder", holder.addr, 64)); ev.first.GetPeerHitTokens() != 64 {
+	if ev, _ := prefillOne(t, w, f, addr, "pulled", base, 0, peerNamed("holder", holder.addr, 64)); ev.first.GetHit().GetPeerTokens() != 64 {
 		t.Fatalf("honest pull: %+v, want 64 tokens pulled", ev.first)
 	}
 	if st := w.s.Stats().PrefixCache; st.Entries != 2 || st.Peer.Verified != 1 {
@@ -209,7 +209,7 @@ func TestVerifiedPullTaggedAndPurged(t *testing.T) {
 	}
 	third := newWorker(t, cachedOptions(1<<12, 8), true)
 	third.s.peers.Always = true
-	if ev, _ := prefillOne(t, third, f, addr, "third", base, 0, peerNamed("w", w.addr, 64)); ev.first.GetPeerHitTokens() != 64 {
+	if ev, _ := prefillOne(t, third, f, addr, "third", base, 0, peerNamed("w", w.addr, 64)); ev.first.GetHit().GetPeerTokens() != 64 {
 		t.Errorf("a verified pull served on: %+v, want 64 tokens pulled", ev.first)
 	}
 

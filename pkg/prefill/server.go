@@ -28,10 +28,8 @@ import (
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 	"github.com/pdserve/pdserve/pkg/tracing"
 	"github.com/pdserve/pdserve/pkg/wire"
+	"github.com/pdserve/pdserve/pkg/wire/vocab"
 )
-
-// maxRequestID is the longest request id a KV frame can carry.
-const maxRequestID = 255
 
 // errStopped fails requests still live when the batch stops.
 var errStopped = status.Error(codes.Unavailable, "prefill: worker stopping")
@@ -402,7 +400,7 @@ func (s *Server) Prefill(req *pdservev1.PrefillRequest, stream grpc.ServerStream
 				return ev.err
 			case ev.first != nil:
 				tracing.Step(ctx, tracing.SpanPrefillCompute, ev.first.GetPrefillStartUnixNano(), ev.first.GetPrefillEndUnixNano(),
-					tracing.AttrPrefixHit.Int(int(ev.first.GetPrefixHitTokens())), tracing.AttrBatchSize.Int(int(ev.first.GetBatchSize())))
+					tracing.AttrPrefixHit.Int(int(ev.first.GetHit().GetTokens())), tracing.AttrBatchSize.Int(int(ev.first.GetBatchSize())))
 				if err := stream.Send(&pdservev1.PrefillResponse{Event: &pdservev1.PrefillResponse_FirstToken{FirstToken: ev.first}}); err != nil {
 					s.cancel(r, err)
 					return err
@@ -438,8 +436,8 @@ func checkPrompt(spec engine.ModelSpec, prompt []int32) error {
 }
 
 func checkID(id string) error {
-	if id == "" || len(id) > maxRequestID {
-		return fmt.Errorf("request_id must have 1 to %d bytes, has %d", maxRequestID, len(id))
+	if id == "" || len(id) > vocab.MaxRequestID {
+		return fmt.Errorf("request_id must have 1 to %d bytes, has %d", vocab.MaxRequestID, len(id))
 	}
 	return nil
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/kv"
+	"github.com/pdserve/pdserve/pkg/wire/vocab"
 )
 
 // Defaults of Options.
@@ -18,7 +19,7 @@ const (
 	// DefaultBlockTokens is the block size of the hashes: the decode
 	// workers' default block size, which the coordinator hashes prompts
 	// with for routing.
-	DefaultBlockTokens = 16
+	DefaultBlockTokens = vocab.DefaultBlockTokens
 	// DefaultMaxEntries bounds the cached engine sequences.
 	DefaultMaxEntries = 256
 	// DefaultDigestHashes is how many block hashes a heartbeat carries:

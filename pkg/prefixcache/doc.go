@@ -72,7 +72,7 @@
 // bad_entries_total metric), and the prefix is computed. The checksum
 // detects, it does not authenticate; a MAC under a per-deployment secret
 // would take its place in a format of its own magic. Loads from disk
-// count in Stats.Disk, and in the workers' host_hit_tokens (loaded, not
+// count in Stats.Disk, and in the workers' host_tokens of PrefixHit (loaded, not
 // in engine memory). Drain
 // empties the tier and removes its directory. Its blocks are observed and
 // listed as the host tier's (Disk.SetObserver, Disk.AppendBlocks): the

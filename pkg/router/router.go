@@ -19,6 +19,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/router/plugins/queuedtokens"
 	"github.com/pdserve/pdserve/pkg/router/plugins/queuelimit"
 	"github.com/pdserve/pdserve/pkg/router/plugins/roundrobin"
+	"github.com/pdserve/pdserve/pkg/wire/vocab"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -102,7 +103,8 @@ type Config struct {
 	// MaxQueuedPrefillTokens, Picker).
 	DecodeProfile, PrefillProfile *Profile
 	// BlockTokens: tokens per KV block, for estimating the blocks a
-	// request takes and the tokens a prefix hash covers. ≤ 0 means 16.
+	// request takes and the tokens a prefix hash covers. ≤ 0 means
+	// vocab.DefaultBlockTokens.
 	BlockTokens int
 	// HostCost is the time a worker takes to load a block from its
 	// prefix cache's host tier over the time to compute it, which the
@@ -295,7 +297,7 @@ type Router struct {
 // already (a programming error: a clashing metric).
 func New(cfg Config) *Router {
 	if cfg.BlockTokens <= 0 {
-		cfg.BlockTokens = 16
+		cfg.BlockTokens = vocab.DefaultBlockTokens
 	}
 	r := &Router{cfg: cfg, inflight: make(map[string]assignment), recent: make(map[string][]recentPrompt), hashIdx: make(map[uint64]int),
 		served: prefixoverlap.Scorer{HostCost: cfg.HostCost, DiskCost: cfg.DiskCost},

@@ -1,11 +1,3 @@
-// Package wire converts between the engine's Go types (pkg/engine) and
-// the pdserve.v1 protobuf messages that carry them between the
-// coordinator and the workers: sampling settings and log-probabilities;
-// and it reads and writes the status details of the API's errors: the
-// mark of a failed KV transfer (KVTransferFailedStatus, IsKVTransferFailed)
-// and of a grammar that allows no token (GrammarRefusedStatus,
-// IsGrammarRefused).
-// It holds no state; every function is safe for concurrent use.
 package wire
 
 import (

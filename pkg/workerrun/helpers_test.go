@@ -17,6 +17,7 @@ import (
 	"github.com/pdserve/pdserve/internal/workertest"
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/wire"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -132,13 +133,13 @@ type genResult struct {
 	tokens  []int32
 	reason  string
 	batches []int32 // batch_size of events with tokens
-	stamps  map[string]int64
+	stamps  map[pdservev1.StampKind]int64
 }
 
 // readGenerate reads a Generate stream until it ends, or until it delivered
 // at least stopAfter tokens (0: to the end).
 func readGenerate(stream grpc.ServerStreamingClient[pdservev1.GenerateResponse], stopAfter int) (genResult, error) {
-	r := genResult{stamps: map[string]int64{}}
+	r := genResult{stamps: map[pdservev1.StampKind]int64{}}
 	for stopAfter == 0 || len(r.tokens) < stopAfter {
 		ev, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
@@ -152,10 +153,10 @@ func readGenerate(stream grpc.ServerStreamingClient[pdservev1.GenerateResponse],
 			r.batches = append(r.batches, ev.GetBatchSize())
 		}
 		for _, s := range ev.GetStamps() {
-			r.stamps[s.GetName()] = s.GetUnixNano()
+			r.stamps[s.GetKind()] = s.GetUnixNano()
 		}
-		if ev.GetFinishReason() != "" {
-			r.reason = ev.GetFinishReason()
+		if f := wire.FromFinishReason(ev.GetFinish()); f != "" {
+			r.reason = f
 		}
 	}
 	return r, nil

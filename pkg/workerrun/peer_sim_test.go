@@ -65,7 +65,7 @@ func TestPeerPullSimScaledPayload(t *testing.T) {
 	}
 	run("cold", holder, nil)
 	first := run("pulled", puller, &pdservev1.PeerPrefix{Addr: holder.Addr(), Id: holder.ID(), Role: string(control.RolePrefill), Tokens: 64})
-	if first.GetPeerHitTokens() != 64 || first.GetPrefixHitTokens() != 64 {
+	if first.GetHit().GetPeerTokens() != 64 || first.GetHit().GetTokens() != 64 {
 		t.Errorf("pulled: first token %+v, want 64 peer hit tokens, all of the prefix hit", first)
 	}
 	// The decode worker offers the router a pull cost once it measured a

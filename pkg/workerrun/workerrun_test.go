@@ -23,6 +23,8 @@ import (
 	"github.com/pdserve/pdserve/pkg/decode"
 	"github.com/pdserve/pdserve/pkg/enginebuild"
 	"github.com/pdserve/pdserve/pkg/enginecfg"
+	"github.com/pdserve/pdserve/pkg/wire"
+	"github.com/pdserve/pdserve/pkg/wire/vocab"
 )
 
 // disaggregated runs one request through a prefill worker and a decode
@@ -83,9 +85,9 @@ func TestDisaggregatedMatchesEngine(t *testing.T) {
 			if diff := cmp.Diff(want, got.tokens); diff != "" {
 				t.Errorf("tokens (-engine alone +disaggregated):\n%s", diff)
 			}
-			for _, s := range []string{decode.StampKVFirstByte, decode.StampKVDone, decode.StampJoined, decode.StampFirstToken, decode.StampLastToken} {
-				if got.stamps[s] == 0 {
-					t.Errorf("stamp %s missing", s)
+			for _, s := range []vocab.Stamp{decode.StampKVFirstByte, decode.StampKVDone, decode.StampJoined, decode.StampFirstToken, decode.StampLastToken} {
+				if got.stamps[wire.StampKind(s)] == 0 {
+					t.Errorf("stamp %v missing", wire.StampKind(s))
 				}
 			}
 			if _, err := pc.Release(ctx, &pdservev1.ReleaseRequest{RequestId: tc.name}); err != nil {

@@ -21,6 +21,129 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// StampKind says which boundary of a request a Stamp marks. pkg/wire/vocab
+// holds its Go form, which the workers' batches record and pkg/wire maps.
+type StampKind int32
+
+const (
+	StampKind_STAMP_KIND_UNSPECIFIED StampKind = 0
+	// Remote KV: the first frame arrived; the last frame was staged.
+	StampKind_STAMP_KIND_KV_FIRST_BYTE StampKind = 1
+	StampKind_STAMP_KIND_KV_DONE       StampKind = 2
+	// Local prefill: its first chunk started; its last chunk ended.
+	StampKind_STAMP_KIND_PREFILL_START StampKind = 3
+	StampKind_STAMP_KIND_PREFILL_END   StampKind = 4
+	// The sequence joined the decode batch.
+	StampKind_STAMP_KIND_DECODE_JOINED StampKind = 5
+	// The first token this call streams; the last one.
+	StampKind_STAMP_KIND_FIRST_TOKEN StampKind = 6
+	StampKind_STAMP_KIND_LAST_TOKEN  StampKind = 7
+)
+
+// Enum value maps for StampKind.
+var (
+	StampKind_name = map[int32]string{
+		0: "STAMP_KIND_UNSPECIFIED",
+		1: "STAMP_KIND_KV_FIRST_BYTE",
+		2: "STAMP_KIND_KV_DONE",
+		3: "STAMP_KIND_PREFILL_START",
+		4: "STAMP_KIND_PREFILL_END",
+		5: "STAMP_KIND_DECODE_JOINED",
+		6: "STAMP_KIND_FIRST_TOKEN",
+		7: "STAMP_KIND_LAST_TOKEN",
+	}
+	StampKind_value = map[string]int32{
+		"STAMP_KIND_UNSPECIFIED":   0,
+		"STAMP_KIND_KV_FIRST_BYTE": 1,
+		"STAMP_KIND_KV_DONE":       2,
+		"STAMP_KIND_PREFILL_START": 3,
+		"STAMP_KIND_PREFILL_END":   4,
+		"STAMP_KIND_DECODE_JOINED": 5,
+		"STAMP_KIND_FIRST_TOKEN":   6,
+		"STAMP_KIND_LAST_TOKEN":    7,
+	}
+)
+
+func (x StampKind) Enum() *StampKind {
+	p := new(StampKind)
+	*p = x
+	return p
+}
+
+func (x StampKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (StampKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_pdserve_v1_common_proto_enumTypes[0].Descriptor()
+}
+
+func (StampKind) Type() protoreflect.EnumType {
+	return &file_pdserve_v1_common_proto_enumTypes[0]
+}
+
+func (x StampKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use StampKind.Descriptor instead.
+func (StampKind) EnumDescriptor() ([]byte, []int) {
+	return file_pdserve_v1_common_proto_rawDescGZIP(), []int{0}
+}
+
+// FinishReason is why a choice ended. pkg/wire/vocab holds its Go form
+// (OpenAI's names, which clients see), which pkg/wire maps.
+type FinishReason int32
+
+const (
+	FinishReason_FINISH_REASON_UNSPECIFIED FinishReason = 0
+	// An end-of-generation token (unless ignore_eos) or a stop token.
+	FinishReason_FINISH_REASON_STOP FinishReason = 1
+	// max_tokens reached.
+	FinishReason_FINISH_REASON_LENGTH FinishReason = 2
+)
+
+// Enum value maps for FinishReason.
+var (
+	FinishReason_name = map[int32]string{
+		0: "FINISH_REASON_UNSPECIFIED",
+		1: "FINISH_REASON_STOP",
+		2: "FINISH_REASON_LENGTH",
+	}
+	FinishReason_value = map[string]int32{
+		"FINISH_REASON_UNSPECIFIED": 0,
+		"FINISH_REASON_STOP":        1,
+		"FINISH_REASON_LENGTH":      2,
+	}
+)
+
+func (x FinishReason) Enum() *FinishReason {
+	p := new(FinishReason)
+	*p = x
+	return p
+}
+
+func (x FinishReason) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (FinishReason) Descriptor() protoreflect.EnumDescriptor {
+	return file_pdserve_v1_common_proto_enumTypes[1].Descriptor()
+}
+
+func (FinishReason) Type() protoreflect.EnumType {
+	return &file_pdserve_v1_common_proto_enumTypes[1]
+}
+
+func (x FinishReason) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use FinishReason.Descriptor instead.
+func (FinishReason) EnumDescriptor() ([]byte, []int) {
+	return file_pdserve_v1_common_proto_rawDescGZIP(), []int{1}
+}
+
 // Sampling selects how tokens are drawn. The zero value is greedy.
 type Sampling struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
@@ -282,11 +405,12 @@ func (x *Logprobs) GetTop() int32 {
 	return 0
 }
 
-// Timestamps are Unix nanoseconds taken on the worker's clock.
+// Stamp is a boundary timestamp, Unix nanoseconds taken on the worker's
+// clock.
 type Stamp struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	UnixNano      int64                  `protobuf:"varint,2,opt,name=unix_nano,json=unixNano,proto3" json:"unix_nano,omitempty"`
+	Kind          StampKind              `protobuf:"varint,3,opt,name=kind,proto3,enum=pdserve.v1.StampKind" json:"kind,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -321,16 +445,114 @@ func (*Stamp) Descriptor() ([]byte, []int) {
 	return file_pdserve_v1_common_proto_rawDescGZIP(), []int{4}
 }
 
-func (x *Stamp) GetName() string {
-	if x != nil {
-		return x.Name
-	}
-	return ""
-}
-
 func (x *Stamp) GetUnixNano() int64 {
 	if x != nil {
 		return x.UnixNano
+	}
+	return 0
+}
+
+func (x *Stamp) GetKind() StampKind {
+	if x != nil {
+		return x.Kind
+	}
+	return StampKind_STAMP_KIND_UNSPECIFIED
+}
+
+// PrefixHit is what of a prompt a worker took from its prefix cache
+// instead of computing it. FirstToken (the prefill worker) and
+// GenerateResponse (a decode worker's local prefill) carry it.
+type PrefixHit struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Leading prompt tokens taken from the prefix cache (whole blocks).
+	Tokens int32 `protobuf:"varint,1,opt,name=tokens,proto3" json:"tokens,omitempty"`
+	// Of tokens, those loaded from the worker's host-memory tier (the rest
+	// were in engine memory), and the time loading them took, nanoseconds:
+	// the engine's modeled host-link time on the performance-model engine
+	// (inside the prefill span), the imports' wall time otherwise (before
+	// the prefill started).
+	HostTokens    int32 `protobuf:"varint,2,opt,name=host_tokens,json=hostTokens,proto3" json:"host_tokens,omitempty"`
+	HostLoadNanos int64 `protobuf:"varint,3,opt,name=host_load_nanos,json=hostLoadNanos,proto3" json:"host_load_nanos,omitempty"`
+	// Of host_tokens, those read from the disk tier behind the host tier.
+	DiskTokens int32 `protobuf:"varint,4,opt,name=disk_tokens,json=diskTokens,proto3" json:"disk_tokens,omitempty"`
+	// Of tokens, those pulled from a peer worker (PrefillRequest.peer,
+	// GenerateRequest.peer) instead of computed, and the time the pull and
+	// import took in nanoseconds (before the prefill started: the pull runs
+	// while the request waits, the import when its prefill starts).
+	PeerTokens    int32 `protobuf:"varint,5,opt,name=peer_tokens,json=peerTokens,proto3" json:"peer_tokens,omitempty"`
+	PeerLoadNanos int64 `protobuf:"varint,6,opt,name=peer_load_nanos,json=peerLoadNanos,proto3" json:"peer_load_nanos,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrefixHit) Reset() {
+	*x = PrefixHit{}
+	mi := &file_pdserve_v1_common_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrefixHit) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrefixHit) ProtoMessage() {}
+
+func (x *PrefixHit) ProtoReflect() protoreflect.Message {
+	mi := &file_pdserve_v1_common_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrefixHit.ProtoReflect.Descriptor instead.
+func (*PrefixHit) Descriptor() ([]byte, []int) {
+	return file_pdserve_v1_common_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *PrefixHit) GetTokens() int32 {
+	if x != nil {
+		return x.Tokens
+	}
+	return 0
+}
+
+func (x *PrefixHit) GetHostTokens() int32 {
+	if x != nil {
+		return x.HostTokens
+	}
+	return 0
+}
+
+func (x *PrefixHit) GetHostLoadNanos() int64 {
+	if x != nil {
+		return x.HostLoadNanos
+	}
+	return 0
+}
+
+func (x *PrefixHit) GetDiskTokens() int32 {
+	if x != nil {
+		return x.DiskTokens
+	}
+	return 0
+}
+
+func (x *PrefixHit) GetPeerTokens() int32 {
+	if x != nil {
+		return x.PeerTokens
+	}
+	return 0
+}
+
+func (x *PrefixHit) GetPeerLoadNanos() int64 {
+	if x != nil {
+		return x.PeerLoadNanos
 	}
 	return 0
 }
@@ -357,10 +579,33 @@ const file_pdserve_v1_common_proto_rawDesc = "" +
 	"\alogprob\x18\x02 \x01(\x02R\alogprob\"6\n" +
 	"\bLogprobs\x12\x18\n" +
 	"\aenabled\x18\x01 \x01(\bR\aenabled\x12\x10\n" +
-	"\x03top\x18\x02 \x01(\x05R\x03top\"8\n" +
-	"\x05Stamp\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
-	"\tunix_nano\x18\x02 \x01(\x03R\bunixNanoB5Z3github.com/pdserve/pdserve/api/pdserve/v1;pdservev1b\x06proto3"
+	"\x03top\x18\x02 \x01(\x05R\x03top\"[\n" +
+	"\x05Stamp\x12\x1b\n" +
+	"\tunix_nano\x18\x02 \x01(\x03R\bunixNano\x12)\n" +
+	"\x04kind\x18\x03 \x01(\x0e2\x15.pdserve.v1.StampKindR\x04kindJ\x04\b\x01\x10\x02R\x04name\"\xd6\x01\n" +
+	"\tPrefixHit\x12\x16\n" +
+	"\x06tokens\x18\x01 \x01(\x05R\x06tokens\x12\x1f\n" +
+	"\vhost_tokens\x18\x02 \x01(\x05R\n" +
+	"hostTokens\x12&\n" +
+	"\x0fhost_load_nanos\x18\x03 \x01(\x03R\rhostLoadNanos\x12\x1f\n" +
+	"\vdisk_tokens\x18\x04 \x01(\x05R\n" +
+	"diskTokens\x12\x1f\n" +
+	"\vpeer_tokens\x18\x05 \x01(\x05R\n" +
+	"peerTokens\x12&\n" +
+	"\x0fpeer_load_nanos\x18\x06 \x01(\x03R\rpeerLoadNanos*\xec\x01\n" +
+	"\tStampKind\x12\x1a\n" +
+	"\x16STAMP_KIND_UNSPECIFIED\x10\x00\x12\x1c\n" +
+	"\x18STAMP_KIND_KV_FIRST_BYTE\x10\x01\x12\x16\n" +
+	"\x12STAMP_KIND_KV_DONE\x10\x02\x12\x1c\n" +
+	"\x18STAMP_KIND_PREFILL_START\x10\x03\x12\x1a\n" +
+	"\x16STAMP_KIND_PREFILL_END\x10\x04\x12\x1c\n" +
+	"\x18STAMP_KIND_DECODE_JOINED\x10\x05\x12\x1a\n" +
+	"\x16STAMP_KIND_FIRST_TOKEN\x10\x06\x12\x19\n" +
+	"\x15STAMP_KIND_LAST_TOKEN\x10\a*_\n" +
+	"\fFinishReason\x12\x1d\n" +
+	"\x19FINISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12FINISH_REASON_STOP\x10\x01\x12\x18\n" +
+	"\x14FINISH_REASON_LENGTH\x10\x02B5Z3github.com/pdserve/pdserve/api/pdserve/v1;pdservev1b\x06proto3"
 
 var (
 	file_pdserve_v1_common_proto_rawDescOnce sync.Once
@@ -374,21 +619,26 @@ func file_pdserve_v1_common_proto_rawDescGZIP() []byte {
 	return file_pdserve_v1_common_proto_rawDescData
 }
 
-var file_pdserve_v1_common_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_pdserve_v1_common_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_pdserve_v1_common_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_pdserve_v1_common_proto_goTypes = []any{
-	(*Sampling)(nil),     // 0: pdserve.v1.Sampling
-	(*TokenLogprob)(nil), // 1: pdserve.v1.TokenLogprob
-	(*TokenProb)(nil),    // 2: pdserve.v1.TokenProb
-	(*Logprobs)(nil),     // 3: pdserve.v1.Logprobs
-	(*Stamp)(nil),        // 4: pdserve.v1.Stamp
+	(StampKind)(0),       // 0: pdserve.v1.StampKind
+	(FinishReason)(0),    // 1: pdserve.v1.FinishReason
+	(*Sampling)(nil),     // 2: pdserve.v1.Sampling
+	(*TokenLogprob)(nil), // 3: pdserve.v1.TokenLogprob
+	(*TokenProb)(nil),    // 4: pdserve.v1.TokenProb
+	(*Logprobs)(nil),     // 5: pdserve.v1.Logprobs
+	(*Stamp)(nil),        // 6: pdserve.v1.Stamp
+	(*PrefixHit)(nil),    // 7: pdserve.v1.PrefixHit
 }
 var file_pdserve_v1_common_proto_depIdxs = []int32{
-	2, // 0: pdserve.v1.TokenLogprob.top:type_name -> pdserve.v1.TokenProb
-	1, // [1:1] is the sub-list for method output_type
-	1, // [1:1] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	4, // 0: pdserve.v1.TokenLogprob.top:type_name -> pdserve.v1.TokenProb
+	0, // 1: pdserve.v1.Stamp.kind:type_name -> pdserve.v1.StampKind
+	2, // [2:2] is the sub-list for method output_type
+	2, // [2:2] is the sub-list for method input_type
+	2, // [2:2] is the sub-list for extension type_name
+	2, // [2:2] is the sub-list for extension extendee
+	0, // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_pdserve_v1_common_proto_init() }
@@ -401,13 +651,14 @@ func file_pdserve_v1_common_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pdserve_v1_common_proto_rawDesc), len(file_pdserve_v1_common_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   5,
+			NumEnums:      2,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
 		GoTypes:           file_pdserve_v1_common_proto_goTypes,
 		DependencyIndexes: file_pdserve_v1_common_proto_depIdxs,
+		EnumInfos:         file_pdserve_v1_common_proto_enumTypes,
 		MessageInfos:      file_pdserve_v1_common_proto_msgTypes,
 	}.Build()
 	File_pdserve_v1_common_proto = out.File

@@ -432,7 +432,7 @@ type GenerateResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Tokens of choice index produced by this step (usually one).
 	Tokens []int32 `protobuf:"varint,1,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
-	// The choice (0..n-1) that tokens, logprobs and finish_reason belong to.
+	// The choice (0..n-1) that tokens, logprobs and finish belong to.
 	Index int32 `protobuf:"varint,5,opt,name=index,proto3" json:"index,omitempty"`
 	// One per token when logprobs were asked. With remote prefill the first
 	// token's entry of choice 0 is the prefill worker's, from the KV commit
@@ -442,36 +442,28 @@ type GenerateResponse struct {
 	// its own before any token, when prompt_logprobs were asked.
 	PromptLogprobs []*TokenLogprob `protobuf:"bytes,7,rep,name=prompt_logprobs,json=promptLogprobs,proto3" json:"prompt_logprobs,omitempty"`
 	// Set on the last event of choice index.
+	Finish FinishReason `protobuf:"varint,15,opt,name=finish,proto3,enum=pdserve.v1.FinishReason" json:"finish,omitempty"`
+	// finish as a string ("stop", "length"), for a coordinator that
+	// predates finish, which reads only this; a coordinator reads it only
+	// when finish is unset (a worker that predates finish).
+	//
+	// Deprecated: Marked as deprecated in pdserve/v1/decode.proto.
 	FinishReason string `protobuf:"bytes,2,opt,name=finish_reason,json=finishReason,proto3" json:"finish_reason,omitempty"`
 	// Boundary timestamps taken by the worker (decode_joined, kv_done, ...).
 	Stamps    []*Stamp `protobuf:"bytes,3,rep,name=stamps,proto3" json:"stamps,omitempty"`
 	BatchSize int32    `protobuf:"varint,4,opt,name=batch_size,json=batchSize,proto3" json:"batch_size,omitempty"`
-	// With local prefill: the prompt tokens the worker took from its prefix
-	// cache instead of computing them, once, on the first event that carries
-	// stamps after the prefill started; 0 on a miss and with remote KV (the
-	// prefix the worker held then is ReserveResponse.prefix_hit_tokens).
-	PrefixHitTokens int32 `protobuf:"varint,8,opt,name=prefix_hit_tokens,json=prefixHitTokens,proto3" json:"prefix_hit_tokens,omitempty"`
-	// Of prefix_hit_tokens, those loaded from the worker's host-memory
-	// tier, and the time the load took in nanoseconds (as
-	// FirstToken.host_load_nanos); sent with prefix_hit_tokens.
-	HostHitTokens int32 `protobuf:"varint,9,opt,name=host_hit_tokens,json=hostHitTokens,proto3" json:"host_hit_tokens,omitempty"`
-	HostLoadNanos int64 `protobuf:"varint,10,opt,name=host_load_nanos,json=hostLoadNanos,proto3" json:"host_load_nanos,omitempty"`
+	// With local prefill: what of the prompt the worker took from its
+	// prefix cache instead of computing it, once, on the first event that
+	// carries stamps after the prefill started; unset on a miss and with
+	// remote KV (the prefix the worker held then is
+	// ReserveResponse.prefix_hit_tokens).
+	Hit *PrefixHit `protobuf:"bytes,16,opt,name=hit,proto3" json:"hit,omitempty"`
 	// Set on the first event of choice 0 of a call that honoured
 	// GenerateRequest.first_token_from_prefill: choice 0's tokens start at
 	// output position 1 (its first token is the prefill worker's).
 	FirstTokenOmitted bool `protobuf:"varint,11,opt,name=first_token_omitted,json=firstTokenOmitted,proto3" json:"first_token_omitted,omitempty"`
-	// Of host_hit_tokens, those read from the disk tier (as
-	// FirstToken.disk_hit_tokens); sent with prefix_hit_tokens.
-	DiskHitTokens int32 `protobuf:"varint,12,opt,name=disk_hit_tokens,json=diskHitTokens,proto3" json:"disk_hit_tokens,omitempty"`
-	// Of prefix_hit_tokens, those pulled from a peer worker
-	// (GenerateRequest.peer) instead of computed, and the time the pull and
-	// import took in nanoseconds (as FirstToken.peer_hit_tokens and
-	// peer_load_nanos: the pull runs before the sequence joins the batch,
-	// the import when its prefill starts); sent with prefix_hit_tokens.
-	PeerHitTokens int32 `protobuf:"varint,13,opt,name=peer_hit_tokens,json=peerHitTokens,proto3" json:"peer_hit_tokens,omitempty"`
-	PeerLoadNanos int64 `protobuf:"varint,14,opt,name=peer_load_nanos,json=peerLoadNanos,proto3" json:"peer_load_nanos,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *GenerateResponse) Reset() {
@@ -532,6 +524,14 @@ func (x *GenerateResponse) GetPromptLogprobs() []*TokenLogprob {
 	return nil
 }
 
+func (x *GenerateResponse) GetFinish() FinishReason {
+	if x != nil {
+		return x.Finish
+	}
+	return FinishReason_FINISH_REASON_UNSPECIFIED
+}
+
+// Deprecated: Marked as deprecated in pdserve/v1/decode.proto.
 func (x *GenerateResponse) GetFinishReason() string {
 	if x != nil {
 		return x.FinishReason
@@ -553,25 +553,11 @@ func (x *GenerateResponse) GetBatchSize() int32 {
 	return 0
 }
 
-func (x *GenerateResponse) GetPrefixHitTokens() int32 {
+func (x *GenerateResponse) GetHit() *PrefixHit {
 	if x != nil {
-		return x.PrefixHitTokens
+		return x.Hit
 	}
-	return 0
-}
-
-func (x *GenerateResponse) GetHostHitTokens() int32 {
-	if x != nil {
-		return x.HostHitTokens
-	}
-	return 0
-}
-
-func (x *GenerateResponse) GetHostLoadNanos() int64 {
-	if x != nil {
-		return x.HostLoadNanos
-	}
-	return 0
+	return nil
 }
 
 func (x *GenerateResponse) GetFirstTokenOmitted() bool {
@@ -579,27 +565,6 @@ func (x *GenerateResponse) GetFirstTokenOmitted() bool {
 		return x.FirstTokenOmitted
 	}
 	return false
-}
-
-func (x *GenerateResponse) GetDiskHitTokens() int32 {
-	if x != nil {
-		return x.DiskHitTokens
-	}
-	return 0
-}
-
-func (x *GenerateResponse) GetPeerHitTokens() int32 {
-	if x != nil {
-		return x.PeerHitTokens
-	}
-	return 0
-}
-
-func (x *GenerateResponse) GetPeerLoadNanos() int64 {
-	if x != nil {
-		return x.PeerLoadNanos
-	}
-	return 0
 }
 
 type CancelRequest struct {
@@ -727,24 +692,19 @@ const file_pdserve_v1_decode_proto_rawDesc = "" +
 	"\vprefix_root\x18\x0f \x01(\x04R\n" +
 	"prefixRoot\"#\n" +
 	"\tGenerated\x12\x16\n" +
-	"\x06tokens\x18\x01 \x03(\x05R\x06tokens\"\xcc\x04\n" +
+	"\x06tokens\x18\x01 \x03(\x05R\x06tokens\"\xc3\x03\n" +
 	"\x10GenerateResponse\x12\x16\n" +
 	"\x06tokens\x18\x01 \x03(\x05R\x06tokens\x12\x14\n" +
 	"\x05index\x18\x05 \x01(\x05R\x05index\x124\n" +
 	"\blogprobs\x18\x06 \x03(\v2\x18.pdserve.v1.TokenLogprobR\blogprobs\x12A\n" +
-	"\x0fprompt_logprobs\x18\a \x03(\v2\x18.pdserve.v1.TokenLogprobR\x0epromptLogprobs\x12#\n" +
-	"\rfinish_reason\x18\x02 \x01(\tR\ffinishReason\x12)\n" +
+	"\x0fprompt_logprobs\x18\a \x03(\v2\x18.pdserve.v1.TokenLogprobR\x0epromptLogprobs\x120\n" +
+	"\x06finish\x18\x0f \x01(\x0e2\x18.pdserve.v1.FinishReasonR\x06finish\x12'\n" +
+	"\rfinish_reason\x18\x02 \x01(\tB\x02\x18\x01R\ffinishReason\x12)\n" +
 	"\x06stamps\x18\x03 \x03(\v2\x11.pdserve.v1.StampR\x06stamps\x12\x1d\n" +
 	"\n" +
-	"batch_size\x18\x04 \x01(\x05R\tbatchSize\x12*\n" +
-	"\x11prefix_hit_tokens\x18\b \x01(\x05R\x0fprefixHitTokens\x12&\n" +
-	"\x0fhost_hit_tokens\x18\t \x01(\x05R\rhostHitTokens\x12&\n" +
-	"\x0fhost_load_nanos\x18\n" +
-	" \x01(\x03R\rhostLoadNanos\x12.\n" +
-	"\x13first_token_omitted\x18\v \x01(\bR\x11firstTokenOmitted\x12&\n" +
-	"\x0fdisk_hit_tokens\x18\f \x01(\x05R\rdiskHitTokens\x12&\n" +
-	"\x0fpeer_hit_tokens\x18\r \x01(\x05R\rpeerHitTokens\x12&\n" +
-	"\x0fpeer_load_nanos\x18\x0e \x01(\x03R\rpeerLoadNanos\".\n" +
+	"batch_size\x18\x04 \x01(\x05R\tbatchSize\x12'\n" +
+	"\x03hit\x18\x10 \x01(\v2\x15.pdserve.v1.PrefixHitR\x03hit\x12.\n" +
+	"\x13first_token_omitted\x18\v \x01(\bR\x11firstTokenOmittedJ\x04\b\b\x10\vJ\x04\b\f\x10\x0f\".\n" +
 	"\rCancelRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\"\x10\n" +
@@ -779,7 +739,9 @@ var file_pdserve_v1_decode_proto_goTypes = []any{
 	(*Logprobs)(nil),         // 8: pdserve.v1.Logprobs
 	(*PeerPrefix)(nil),       // 9: pdserve.v1.PeerPrefix
 	(*TokenLogprob)(nil),     // 10: pdserve.v1.TokenLogprob
-	(*Stamp)(nil),            // 11: pdserve.v1.Stamp
+	(FinishReason)(0),        // 11: pdserve.v1.FinishReason
+	(*Stamp)(nil),            // 12: pdserve.v1.Stamp
+	(*PrefixHit)(nil),        // 13: pdserve.v1.PrefixHit
 }
 var file_pdserve_v1_decode_proto_depIdxs = []int32{
 	7,  // 0: pdserve.v1.GenerateRequest.sampling:type_name -> pdserve.v1.Sampling
@@ -789,18 +751,20 @@ var file_pdserve_v1_decode_proto_depIdxs = []int32{
 	9,  // 4: pdserve.v1.GenerateRequest.peer:type_name -> pdserve.v1.PeerPrefix
 	10, // 5: pdserve.v1.GenerateResponse.logprobs:type_name -> pdserve.v1.TokenLogprob
 	10, // 6: pdserve.v1.GenerateResponse.prompt_logprobs:type_name -> pdserve.v1.TokenLogprob
-	11, // 7: pdserve.v1.GenerateResponse.stamps:type_name -> pdserve.v1.Stamp
-	0,  // 8: pdserve.v1.DecodeService.Reserve:input_type -> pdserve.v1.ReserveRequest
-	2,  // 9: pdserve.v1.DecodeService.Generate:input_type -> pdserve.v1.GenerateRequest
-	5,  // 10: pdserve.v1.DecodeService.Cancel:input_type -> pdserve.v1.CancelRequest
-	1,  // 11: pdserve.v1.DecodeService.Reserve:output_type -> pdserve.v1.ReserveResponse
-	4,  // 12: pdserve.v1.DecodeService.Generate:output_type -> pdserve.v1.GenerateResponse
-	6,  // 13: pdserve.v1.DecodeService.Cancel:output_type -> pdserve.v1.CancelResponse
-	11, // [11:14] is the sub-list for method output_type
-	8,  // [8:11] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	11, // 7: pdserve.v1.GenerateResponse.finish:type_name -> pdserve.v1.FinishReason
+	12, // 8: pdserve.v1.GenerateResponse.stamps:type_name -> pdserve.v1.Stamp
+	13, // 9: pdserve.v1.GenerateResponse.hit:type_name -> pdserve.v1.PrefixHit
+	0,  // 10: pdserve.v1.DecodeService.Reserve:input_type -> pdserve.v1.ReserveRequest
+	2,  // 11: pdserve.v1.DecodeService.Generate:input_type -> pdserve.v1.GenerateRequest
+	5,  // 12: pdserve.v1.DecodeService.Cancel:input_type -> pdserve.v1.CancelRequest
+	1,  // 13: pdserve.v1.DecodeService.Reserve:output_type -> pdserve.v1.ReserveResponse
+	4,  // 14: pdserve.v1.DecodeService.Generate:output_type -> pdserve.v1.GenerateResponse
+	6,  // 15: pdserve.v1.DecodeService.Cancel:output_type -> pdserve.v1.CancelResponse
+	13, // [13:16] is the sub-list for method output_type
+	10, // [10:13] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_pdserve_v1_decode_proto_init() }

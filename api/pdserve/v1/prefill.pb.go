@@ -412,26 +412,11 @@ type FirstToken struct {
 	PrefillStartUnixNano int64                  `protobuf:"varint,2,opt,name=prefill_start_unix_nano,json=prefillStartUnixNano,proto3" json:"prefill_start_unix_nano,omitempty"`
 	PrefillEndUnixNano   int64                  `protobuf:"varint,3,opt,name=prefill_end_unix_nano,json=prefillEndUnixNano,proto3" json:"prefill_end_unix_nano,omitempty"`
 	BatchSize            int32                  `protobuf:"varint,4,opt,name=batch_size,json=batchSize,proto3" json:"batch_size,omitempty"`
-	// Leading prompt tokens taken from this worker's prefix cache, not
-	// computed (whole blocks).
-	PrefixHitTokens int32 `protobuf:"varint,5,opt,name=prefix_hit_tokens,json=prefixHitTokens,proto3" json:"prefix_hit_tokens,omitempty"`
 	// Set when PrefillRequest.logprobs asked for it.
 	Logprob *TokenLogprob `protobuf:"bytes,6,opt,name=logprob,proto3" json:"logprob,omitempty"`
-	// Of prefix_hit_tokens, those loaded from the worker's host-memory tier
-	// (the rest were in engine memory).
-	HostHitTokens int32 `protobuf:"varint,7,opt,name=host_hit_tokens,json=hostHitTokens,proto3" json:"host_hit_tokens,omitempty"`
-	// The time loading them took, nanoseconds: the engine's modeled
-	// host-link time on the performance-model engine (inside the prefill
-	// span), the imports' wall time otherwise (before prefill_start).
-	HostLoadNanos int64 `protobuf:"varint,8,opt,name=host_load_nanos,json=hostLoadNanos,proto3" json:"host_load_nanos,omitempty"`
-	// Of host_hit_tokens, those read from the disk tier behind the host tier.
-	DiskHitTokens int32 `protobuf:"varint,9,opt,name=disk_hit_tokens,json=diskHitTokens,proto3" json:"disk_hit_tokens,omitempty"`
-	// Of prefix_hit_tokens, those pulled from a peer worker
-	// (PrefillRequest.peer) instead of computed, and the time the pull and
-	// import took in nanoseconds (before prefill_start: the pull runs while
-	// the request is queued, the import when it starts).
-	PeerHitTokens int32 `protobuf:"varint,10,opt,name=peer_hit_tokens,json=peerHitTokens,proto3" json:"peer_hit_tokens,omitempty"`
-	PeerLoadNanos int64 `protobuf:"varint,11,opt,name=peer_load_nanos,json=peerLoadNanos,proto3" json:"peer_load_nanos,omitempty"`
+	// What of the prompt this worker took from its prefix cache, not
+	// computed; unset on a miss.
+	Hit           *PrefixHit `protobuf:"bytes,12,opt,name=hit,proto3" json:"hit,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -494,13 +479,6 @@ func (x *FirstToken) GetBatchSize() int32 {
 	return 0
 }
 
-func (x *FirstToken) GetPrefixHitTokens() int32 {
-	if x != nil {
-		return x.PrefixHitTokens
-	}
-	return 0
-}
-
 func (x *FirstToken) GetLogprob() *TokenLogprob {
 	if x != nil {
 		return x.Logprob
@@ -508,39 +486,11 @@ func (x *FirstToken) GetLogprob() *TokenLogprob {
 	return nil
 }
 
-func (x *FirstToken) GetHostHitTokens() int32 {
+func (x *FirstToken) GetHit() *PrefixHit {
 	if x != nil {
-		return x.HostHitTokens
+		return x.Hit
 	}
-	return 0
-}
-
-func (x *FirstToken) GetHostLoadNanos() int64 {
-	if x != nil {
-		return x.HostLoadNanos
-	}
-	return 0
-}
-
-func (x *FirstToken) GetDiskHitTokens() int32 {
-	if x != nil {
-		return x.DiskHitTokens
-	}
-	return 0
-}
-
-func (x *FirstToken) GetPeerHitTokens() int32 {
-	if x != nil {
-		return x.PeerHitTokens
-	}
-	return 0
-}
-
-func (x *FirstToken) GetPeerLoadNanos() int64 {
-	if x != nil {
-		return x.PeerLoadNanos
-	}
-	return 0
+	return nil
 }
 
 type KVDone struct {
@@ -873,22 +823,16 @@ const file_pdserve_v1_prefill_proto_rawDesc = "" +
 	"\x05event\"S\n" +
 	"\rPrefillQueued\x12\x1b\n" +
 	"\tunix_nano\x18\x01 \x01(\x03R\bunixNano\x12%\n" +
-	"\x0equeue_position\x18\x02 \x01(\x05R\rqueuePosition\"\xd3\x03\n" +
+	"\x0equeue_position\x18\x02 \x01(\x05R\rqueuePosition\"\x94\x02\n" +
 	"\n" +
 	"FirstToken\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\x05R\x05token\x125\n" +
 	"\x17prefill_start_unix_nano\x18\x02 \x01(\x03R\x14prefillStartUnixNano\x121\n" +
 	"\x15prefill_end_unix_nano\x18\x03 \x01(\x03R\x12prefillEndUnixNano\x12\x1d\n" +
 	"\n" +
-	"batch_size\x18\x04 \x01(\x05R\tbatchSize\x12*\n" +
-	"\x11prefix_hit_tokens\x18\x05 \x01(\x05R\x0fprefixHitTokens\x122\n" +
-	"\alogprob\x18\x06 \x01(\v2\x18.pdserve.v1.TokenLogprobR\alogprob\x12&\n" +
-	"\x0fhost_hit_tokens\x18\a \x01(\x05R\rhostHitTokens\x12&\n" +
-	"\x0fhost_load_nanos\x18\b \x01(\x03R\rhostLoadNanos\x12&\n" +
-	"\x0fdisk_hit_tokens\x18\t \x01(\x05R\rdiskHitTokens\x12&\n" +
-	"\x0fpeer_hit_tokens\x18\n" +
-	" \x01(\x05R\rpeerHitTokens\x12&\n" +
-	"\x0fpeer_load_nanos\x18\v \x01(\x03R\rpeerLoadNanos\"\xd4\x01\n" +
+	"batch_size\x18\x04 \x01(\x05R\tbatchSize\x122\n" +
+	"\alogprob\x18\x06 \x01(\v2\x18.pdserve.v1.TokenLogprobR\alogprob\x12'\n" +
+	"\x03hit\x18\f \x01(\v2\x15.pdserve.v1.PrefixHitR\x03hitJ\x04\b\x05\x10\x06J\x04\b\a\x10\f\"\xd4\x01\n" +
 	"\x06KVDone\x12/\n" +
 	"\x14first_byte_unix_nano\x18\x01 \x01(\x03R\x11firstByteUnixNano\x12$\n" +
 	"\x0edone_unix_nano\x18\x02 \x01(\x03R\fdoneUnixNano\x12\x1b\n" +
@@ -943,6 +887,7 @@ var file_pdserve_v1_prefill_proto_goTypes = []any{
 	(*Sampling)(nil),        // 10: pdserve.v1.Sampling
 	(*Logprobs)(nil),        // 11: pdserve.v1.Logprobs
 	(*TokenLogprob)(nil),    // 12: pdserve.v1.TokenLogprob
+	(*PrefixHit)(nil),       // 13: pdserve.v1.PrefixHit
 }
 var file_pdserve_v1_prefill_proto_depIdxs = []int32{
 	10, // 0: pdserve.v1.PrefillRequest.sampling:type_name -> pdserve.v1.Sampling
@@ -952,18 +897,19 @@ var file_pdserve_v1_prefill_proto_depIdxs = []int32{
 	4,  // 4: pdserve.v1.PrefillResponse.first_token:type_name -> pdserve.v1.FirstToken
 	5,  // 5: pdserve.v1.PrefillResponse.kv_done:type_name -> pdserve.v1.KVDone
 	12, // 6: pdserve.v1.FirstToken.logprob:type_name -> pdserve.v1.TokenLogprob
-	5,  // 7: pdserve.v1.ResendResponse.kv_done:type_name -> pdserve.v1.KVDone
-	0,  // 8: pdserve.v1.PrefillService.Prefill:input_type -> pdserve.v1.PrefillRequest
-	6,  // 9: pdserve.v1.PrefillService.Resend:input_type -> pdserve.v1.ResendRequest
-	8,  // 10: pdserve.v1.PrefillService.Release:input_type -> pdserve.v1.ReleaseRequest
-	2,  // 11: pdserve.v1.PrefillService.Prefill:output_type -> pdserve.v1.PrefillResponse
-	7,  // 12: pdserve.v1.PrefillService.Resend:output_type -> pdserve.v1.ResendResponse
-	9,  // 13: pdserve.v1.PrefillService.Release:output_type -> pdserve.v1.ReleaseResponse
-	11, // [11:14] is the sub-list for method output_type
-	8,  // [8:11] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	13, // 7: pdserve.v1.FirstToken.hit:type_name -> pdserve.v1.PrefixHit
+	5,  // 8: pdserve.v1.ResendResponse.kv_done:type_name -> pdserve.v1.KVDone
+	0,  // 9: pdserve.v1.PrefillService.Prefill:input_type -> pdserve.v1.PrefillRequest
+	6,  // 10: pdserve.v1.PrefillService.Resend:input_type -> pdserve.v1.ResendRequest
+	8,  // 11: pdserve.v1.PrefillService.Release:input_type -> pdserve.v1.ReleaseRequest
+	2,  // 12: pdserve.v1.PrefillService.Prefill:output_type -> pdserve.v1.PrefillResponse
+	7,  // 13: pdserve.v1.PrefillService.Resend:output_type -> pdserve.v1.ResendResponse
+	9,  // 14: pdserve.v1.PrefillService.Release:output_type -> pdserve.v1.ReleaseResponse
+	12, // [12:15] is the sub-list for method output_type
+	9,  // [9:12] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_pdserve_v1_prefill_proto_init() }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/router"
+	"github.com/pdserve/pdserve/pkg/wire/vocab"
 )
 
 // MaxRecoveries bounds the decode-worker failovers of one request, the
@@ -22,10 +23,10 @@ const MaxRecoveries = 3
 // Modes and first-token policies (the coordinator's Options.Mode and
 // Options.FirstTokenPolicy values).
 const (
-	ModeDisaggregated = "disaggregated"
-	ModeColocated     = "colocated"
-	PolicyPrefill     = "prefill"
-	PolicyDecode      = "decode"
+	ModeDisaggregated = vocab.ModeDisaggregated
+	ModeColocated     = vocab.ModeColocated
+	PolicyPrefill     = vocab.PolicyPrefill
+	PolicyDecode      = vocab.PolicyDecode
 )
 
 // Config is one request as the flow sees it. Read only once given.
@@ -519,7 +520,7 @@ func (m *Machine) begin(dec router.Decision, at time.Time) error {
 		m.tr.Mode, m.tr.FirstTokenPolicy = ModeColocated, PolicyDecode
 		m.decodePeer = dec.Peer
 	case dec.Local:
-		m.tr.Mode, m.tr.FirstTokenPolicy = "local", PolicyDecode
+		m.tr.Mode, m.tr.FirstTokenPolicy = vocab.ModeLocal, PolicyDecode
 		m.decodePeer = dec.Peer
 	default:
 		m.tr.Mode, m.tr.FirstTokenPolicy = ModeDisaggregated, m.cfg.Policy
@@ -741,7 +742,7 @@ func (m *Machine) resume(p *placing) error {
 		m.tr.DiskHitTokens, m.tr.PeerHitTokens, m.tr.PeerLoad = 0, 0, 0
 		if dec.Local {
 			m.remote = false
-			m.tr.Mode, m.tr.FirstTokenPolicy = "local", PolicyDecode
+			m.tr.Mode, m.tr.FirstTokenPolicy = vocab.ModeLocal, PolicyDecode
 		} else {
 			m.prefill, m.prefillPeer, m.tr.PrefillWorker = dec.Prefill, dec.Peer, dec.Prefill.ID
 			m.prefillGen++
@@ -865,7 +866,7 @@ func (m *Machine) generateTokens(resp Tokens) error {
 			if lps != nil {
 				c.heldLP, lps = lps[n-1:], lps[:n-1]
 			}
-		case "stop":
+		case vocab.FinishStop:
 			toks = toks[:n-1]
 			if lps != nil {
 				lps = lps[:n-1]
@@ -932,7 +933,7 @@ func (m *Machine) onDelivered(ev Delivered) error {
 		// dropped); once every choice has, the request ends, its calls
 		// are cancelled and the workers free it.
 		c := &m.choices[after.index]
-		c.stopped, c.finish, m.stoppedEarly = true, "stop", true
+		c.stopped, c.finish, m.stoppedEarly = true, vocab.FinishStop, true
 	case ev.Err != nil:
 		return ev.Err
 	}

@@ -13,22 +13,23 @@ import (
 	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 	"github.com/pdserve/pdserve/pkg/runner"
+	"github.com/pdserve/pdserve/pkg/wire/vocab"
 )
 
 // Finish reasons of a choice.
 const (
-	FinishLength = "length" // max_tokens reached
-	FinishStop   = "stop"   // an end-of-generation token (unless ignore_eos) or a stop token
+	FinishLength = vocab.FinishLength // max_tokens reached
+	FinishStop   = vocab.FinishStop   // an end-of-generation token (unless ignore_eos) or a stop token
 )
 
-// Stamp names the batch records in a request's Outbox.
+// Stamps the batch records in a request's Outbox.
 const (
-	StampKVFirstByte  = "kv_first_byte"
-	StampKVDone       = "kv_done"
-	StampPrefillStart = "prefill_start"
-	StampPrefillEnd   = "prefill_end"
-	StampJoined       = "decode_joined"
-	StampFirstToken   = "first_token"
+	StampKVFirstByte  = vocab.StampKVFirstByte
+	StampKVDone       = vocab.StampKVDone
+	StampPrefillStart = vocab.StampPrefillStart
+	StampPrefillEnd   = vocab.StampPrefillEnd
+	StampJoined       = vocab.StampDecodeJoined
+	StampFirstToken   = vocab.StampFirstToken
 )
 
 // Outbox receives what the batch produces for one request (all its
@@ -36,8 +37,8 @@ const (
 // the batch; it is the only thing the batch shares with the service after
 // a Join, so it is safe for concurrent use.
 type Outbox interface {
-	// Stamp records a named timestamp for the next event.
-	Stamp(name string, t time.Time)
+	// Stamp records timestamp s for the next event.
+	Stamp(s vocab.Stamp, t time.Time)
 	// PrefixHit records the prompt tokens a local prefill took from the
 	// prefix cache: host.Tokens of them loaded from its host (or disk)
 	// tier, peer.Tokens pulled from a peer worker.

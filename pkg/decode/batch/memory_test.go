@@ -14,6 +14,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/engine/ref"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 	"github.com/pdserve/pdserve/pkg/runner"
+	"github.com/pdserve/pdserve/pkg/wire/vocab"
 )
 
 // boundedEngine is the ref engine that records the most KV tokens and
@@ -106,7 +107,7 @@ func (b *boundedEngine) Free(s engine.SeqID) {
 // nopOutbox takes every token.
 type nopOutbox struct{}
 
-func (nopOutbox) Stamp(string, time.Time)                          {}
+func (nopOutbox) Stamp(vocab.Stamp, time.Time)                     {}
 func (nopOutbox) PrefixHit(int, prefixcache.HostLoad, PeerLoad)    {}
 func (nopOutbox) Token(int, int32, *engine.TokenLogprob, int) bool { return true }
 func (nopOutbox) PromptLogprobs([]engine.TokenLogprob)             {}

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/wire/vocab"
 )
 
 // Header describes one frame: one layer × token range of one request.
@@ -48,7 +49,7 @@ const (
 )
 
 // MaxRequestID is the longest request id a frame carries, in bytes.
-const MaxRequestID = 255
+const MaxRequestID = vocab.MaxRequestID
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
