@@ -21,6 +21,149 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// PullSequenceRequest asks a worker for the KV of a sequence it moved out.
+type PullSequenceRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The migrated request's id (at most 255 bytes): the frames carry it.
+	RequestId string `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Codec name of pkg/kv/codec for the frames, as PullRequest.codec.
+	Codec         string `protobuf:"bytes,2,opt,name=codec,proto3" json:"codec,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullSequenceRequest) Reset() {
+	*x = PullSequenceRequest{}
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullSequenceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullSequenceRequest) ProtoMessage() {}
+
+func (x *PullSequenceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullSequenceRequest.ProtoReflect.Descriptor instead.
+func (*PullSequenceRequest) Descriptor() ([]byte, []int) {
+	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *PullSequenceRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *PullSequenceRequest) GetCodec() string {
+	if x != nil {
+		return x.Codec
+	}
+	return ""
+}
+
+// PullSequenceResponse is one message of a PullSequence stream, laid out
+// as PullResponse.
+type PullSequenceResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*PullSequenceResponse_Header
+	//	*PullSequenceResponse_Frame
+	Msg           isPullSequenceResponse_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullSequenceResponse) Reset() {
+	*x = PullSequenceResponse{}
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullSequenceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullSequenceResponse) ProtoMessage() {}
+
+func (x *PullSequenceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullSequenceResponse.ProtoReflect.Descriptor instead.
+func (*PullSequenceResponse) Descriptor() ([]byte, []int) {
+	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PullSequenceResponse) GetMsg() isPullSequenceResponse_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *PullSequenceResponse) GetHeader() *PullHeader {
+	if x != nil {
+		if x, ok := x.Msg.(*PullSequenceResponse_Header); ok {
+			return x.Header
+		}
+	}
+	return nil
+}
+
+func (x *PullSequenceResponse) GetFrame() []byte {
+	if x != nil {
+		if x, ok := x.Msg.(*PullSequenceResponse_Frame); ok {
+			return x.Frame
+		}
+	}
+	return nil
+}
+
+type isPullSequenceResponse_Msg interface {
+	isPullSequenceResponse_Msg()
+}
+
+type PullSequenceResponse_Header struct {
+	// First message: the sequence's tokens whose KV follows (not whole
+	// blocks), its layers and token bytes; tier "migration".
+	Header *PullHeader `protobuf:"bytes,1,opt,name=header,proto3,oneof"`
+}
+
+type PullSequenceResponse_Frame struct {
+	// One pkg/kv/codec frame: one layer of one token range within
+	// [0, header.tokens); every layer's ranges in order and complete.
+	Frame []byte `protobuf:"bytes,2,opt,name=frame,proto3,oneof"`
+}
+
+func (*PullSequenceResponse_Header) isPullSequenceResponse_Msg() {}
+
+func (*PullSequenceResponse_Frame) isPullSequenceResponse_Msg() {}
+
 // PullRequest asks a worker for a prompt's cached prefix KV.
 type PullRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -48,7 +191,7 @@ type PullRequest struct {
 
 func (x *PullRequest) Reset() {
 	*x = PullRequest{}
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[0]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -60,7 +203,7 @@ func (x *PullRequest) String() string {
 func (*PullRequest) ProtoMessage() {}
 
 func (x *PullRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[0]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -73,7 +216,7 @@ func (x *PullRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullRequest.ProtoReflect.Descriptor instead.
 func (*PullRequest) Descriptor() ([]byte, []int) {
-	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{0}
+	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *PullRequest) GetRequestId() string {
@@ -132,7 +275,7 @@ type PullResponse struct {
 
 func (x *PullResponse) Reset() {
 	*x = PullResponse{}
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[1]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -144,7 +287,7 @@ func (x *PullResponse) String() string {
 func (*PullResponse) ProtoMessage() {}
 
 func (x *PullResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[1]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -157,7 +300,7 @@ func (x *PullResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullResponse.ProtoReflect.Descriptor instead.
 func (*PullResponse) Descriptor() ([]byte, []int) {
-	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{1}
+	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *PullResponse) GetMsg() isPullResponse_Msg {
@@ -222,7 +365,7 @@ type PullHeader struct {
 
 func (x *PullHeader) Reset() {
 	*x = PullHeader{}
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[2]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -234,7 +377,7 @@ func (x *PullHeader) String() string {
 func (*PullHeader) ProtoMessage() {}
 
 func (x *PullHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[2]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -247,7 +390,7 @@ func (x *PullHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullHeader.ProtoReflect.Descriptor instead.
 func (*PullHeader) Descriptor() ([]byte, []int) {
-	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{2}
+	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *PullHeader) GetTokens() int32 {
@@ -293,7 +436,7 @@ type PushRequest struct {
 
 func (x *PushRequest) Reset() {
 	*x = PushRequest{}
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[3]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -305,7 +448,7 @@ func (x *PushRequest) String() string {
 func (*PushRequest) ProtoMessage() {}
 
 func (x *PushRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[3]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -318,7 +461,7 @@ func (x *PushRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushRequest.ProtoReflect.Descriptor instead.
 func (*PushRequest) Descriptor() ([]byte, []int) {
-	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{3}
+	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PushRequest) GetMsg() isPushRequest_Msg {
@@ -405,7 +548,7 @@ type KVStreamHeader struct {
 
 func (x *KVStreamHeader) Reset() {
 	*x = KVStreamHeader{}
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[4]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -417,7 +560,7 @@ func (x *KVStreamHeader) String() string {
 func (*KVStreamHeader) ProtoMessage() {}
 
 func (x *KVStreamHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[4]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -430,7 +573,7 @@ func (x *KVStreamHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVStreamHeader.ProtoReflect.Descriptor instead.
 func (*KVStreamHeader) Descriptor() ([]byte, []int) {
-	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{4}
+	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *KVStreamHeader) GetRequestId() string {
@@ -488,7 +631,7 @@ type KVCommit struct {
 
 func (x *KVCommit) Reset() {
 	*x = KVCommit{}
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[5]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -500,7 +643,7 @@ func (x *KVCommit) String() string {
 func (*KVCommit) ProtoMessage() {}
 
 func (x *KVCommit) ProtoReflect() protoreflect.Message {
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[5]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -513,7 +656,7 @@ func (x *KVCommit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVCommit.ProtoReflect.Descriptor instead.
 func (*KVCommit) Descriptor() ([]byte, []int) {
-	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{5}
+	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *KVCommit) GetFirstToken() int32 {
@@ -547,7 +690,7 @@ type PushResponse struct {
 
 func (x *PushResponse) Reset() {
 	*x = PushResponse{}
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[6]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -559,7 +702,7 @@ func (x *PushResponse) String() string {
 func (*PushResponse) ProtoMessage() {}
 
 func (x *PushResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[6]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -572,7 +715,7 @@ func (x *PushResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushResponse.ProtoReflect.Descriptor instead.
 func (*PushResponse) Descriptor() ([]byte, []int) {
-	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{6}
+	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PushResponse) GetBytesRaw() int64 {
@@ -608,7 +751,15 @@ var File_pdserve_v1_kvtransfer_proto protoreflect.FileDescriptor
 const file_pdserve_v1_kvtransfer_proto_rawDesc = "" +
 	"\n" +
 	"\x1bpdserve/v1/kvtransfer.proto\x12\n" +
-	"pdserve.v1\x1a\x17pdserve/v1/common.proto\"\xc6\x01\n" +
+	"pdserve.v1\x1a\x17pdserve/v1/common.proto\"J\n" +
+	"\x13PullSequenceRequest\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +
+	"\x05codec\x18\x02 \x01(\tR\x05codec\"g\n" +
+	"\x14PullSequenceResponse\x120\n" +
+	"\x06header\x18\x01 \x01(\v2\x16.pdserve.v1.PullHeaderH\x00R\x06header\x12\x16\n" +
+	"\x05frame\x18\x02 \x01(\fH\x00R\x05frameB\x05\n" +
+	"\x03msg\"\xc6\x01\n" +
 	"\vPullRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12!\n" +
@@ -654,10 +805,11 @@ const file_pdserve_v1_kvtransfer_proto_rawDesc = "" +
 	"\n" +
 	"bytes_wire\x18\x02 \x01(\x03R\tbytesWire\x12/\n" +
 	"\x14first_byte_unix_nano\x18\x03 \x01(\x03R\x11firstByteUnixNano\x12$\n" +
-	"\x0edone_unix_nano\x18\x04 \x01(\x03R\fdoneUnixNano2\x8d\x01\n" +
+	"\x0edone_unix_nano\x18\x04 \x01(\x03R\fdoneUnixNano2\xe2\x01\n" +
 	"\x11KVTransferService\x12;\n" +
 	"\x04Push\x12\x17.pdserve.v1.PushRequest\x1a\x18.pdserve.v1.PushResponse(\x01\x12;\n" +
-	"\x04Pull\x12\x17.pdserve.v1.PullRequest\x1a\x18.pdserve.v1.PullResponse0\x01B5Z3github.com/pdserve/pdserve/api/pdserve/v1;pdservev1b\x06proto3"
+	"\x04Pull\x12\x17.pdserve.v1.PullRequest\x1a\x18.pdserve.v1.PullResponse0\x01\x12S\n" +
+	"\fPullSequence\x12\x1f.pdserve.v1.PullSequenceRequest\x1a .pdserve.v1.PullSequenceResponse0\x01B5Z3github.com/pdserve/pdserve/api/pdserve/v1;pdservev1b\x06proto3"
 
 var (
 	file_pdserve_v1_kvtransfer_proto_rawDescOnce sync.Once
@@ -671,31 +823,36 @@ func file_pdserve_v1_kvtransfer_proto_rawDescGZIP() []byte {
 	return file_pdserve_v1_kvtransfer_proto_rawDescData
 }
 
-var file_pdserve_v1_kvtransfer_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_pdserve_v1_kvtransfer_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_pdserve_v1_kvtransfer_proto_goTypes = []any{
-	(*PullRequest)(nil),    // 0: pdserve.v1.PullRequest
-	(*PullResponse)(nil),   // 1: pdserve.v1.PullResponse
-	(*PullHeader)(nil),     // 2: pdserve.v1.PullHeader
-	(*PushRequest)(nil),    // 3: pdserve.v1.PushRequest
-	(*KVStreamHeader)(nil), // 4: pdserve.v1.KVStreamHeader
-	(*KVCommit)(nil),       // 5: pdserve.v1.KVCommit
-	(*PushResponse)(nil),   // 6: pdserve.v1.PushResponse
-	(*TokenLogprob)(nil),   // 7: pdserve.v1.TokenLogprob
+	(*PullSequenceRequest)(nil),  // 0: pdserve.v1.PullSequenceRequest
+	(*PullSequenceResponse)(nil), // 1: pdserve.v1.PullSequenceResponse
+	(*PullRequest)(nil),          // 2: pdserve.v1.PullRequest
+	(*PullResponse)(nil),         // 3: pdserve.v1.PullResponse
+	(*PullHeader)(nil),           // 4: pdserve.v1.PullHeader
+	(*PushRequest)(nil),          // 5: pdserve.v1.PushRequest
+	(*KVStreamHeader)(nil),       // 6: pdserve.v1.KVStreamHeader
+	(*KVCommit)(nil),             // 7: pdserve.v1.KVCommit
+	(*PushResponse)(nil),         // 8: pdserve.v1.PushResponse
+	(*TokenLogprob)(nil),         // 9: pdserve.v1.TokenLogprob
 }
 var file_pdserve_v1_kvtransfer_proto_depIdxs = []int32{
-	2, // 0: pdserve.v1.PullResponse.header:type_name -> pdserve.v1.PullHeader
-	4, // 1: pdserve.v1.PushRequest.header:type_name -> pdserve.v1.KVStreamHeader
-	5, // 2: pdserve.v1.PushRequest.commit:type_name -> pdserve.v1.KVCommit
-	7, // 3: pdserve.v1.KVCommit.first_logprob:type_name -> pdserve.v1.TokenLogprob
-	3, // 4: pdserve.v1.KVTransferService.Push:input_type -> pdserve.v1.PushRequest
-	0, // 5: pdserve.v1.KVTransferService.Pull:input_type -> pdserve.v1.PullRequest
-	6, // 6: pdserve.v1.KVTransferService.Push:output_type -> pdserve.v1.PushResponse
-	1, // 7: pdserve.v1.KVTransferService.Pull:output_type -> pdserve.v1.PullResponse
-	6, // [6:8] is the sub-list for method output_type
-	4, // [4:6] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	4, // 0: pdserve.v1.PullSequenceResponse.header:type_name -> pdserve.v1.PullHeader
+	4, // 1: pdserve.v1.PullResponse.header:type_name -> pdserve.v1.PullHeader
+	6, // 2: pdserve.v1.PushRequest.header:type_name -> pdserve.v1.KVStreamHeader
+	7, // 3: pdserve.v1.PushRequest.commit:type_name -> pdserve.v1.KVCommit
+	9, // 4: pdserve.v1.KVCommit.first_logprob:type_name -> pdserve.v1.TokenLogprob
+	5, // 5: pdserve.v1.KVTransferService.Push:input_type -> pdserve.v1.PushRequest
+	2, // 6: pdserve.v1.KVTransferService.Pull:input_type -> pdserve.v1.PullRequest
+	0, // 7: pdserve.v1.KVTransferService.PullSequence:input_type -> pdserve.v1.PullSequenceRequest
+	8, // 8: pdserve.v1.KVTransferService.Push:output_type -> pdserve.v1.PushResponse
+	3, // 9: pdserve.v1.KVTransferService.Pull:output_type -> pdserve.v1.PullResponse
+	1, // 10: pdserve.v1.KVTransferService.PullSequence:output_type -> pdserve.v1.PullSequenceResponse
+	8, // [8:11] is the sub-list for method output_type
+	5, // [5:8] is the sub-list for method input_type
+	5, // [5:5] is the sub-list for extension type_name
+	5, // [5:5] is the sub-list for extension extendee
+	0, // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_pdserve_v1_kvtransfer_proto_init() }
@@ -705,10 +862,14 @@ func file_pdserve_v1_kvtransfer_proto_init() {
 	}
 	file_pdserve_v1_common_proto_init()
 	file_pdserve_v1_kvtransfer_proto_msgTypes[1].OneofWrappers = []any{
+		(*PullSequenceResponse_Header)(nil),
+		(*PullSequenceResponse_Frame)(nil),
+	}
+	file_pdserve_v1_kvtransfer_proto_msgTypes[3].OneofWrappers = []any{
 		(*PullResponse_Header)(nil),
 		(*PullResponse_Frame)(nil),
 	}
-	file_pdserve_v1_kvtransfer_proto_msgTypes[3].OneofWrappers = []any{
+	file_pdserve_v1_kvtransfer_proto_msgTypes[5].OneofWrappers = []any{
 		(*PushRequest_Header)(nil),
 		(*PushRequest_Frame)(nil),
 		(*PushRequest_Commit)(nil),
@@ -719,7 +880,7 @@ func file_pdserve_v1_kvtransfer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pdserve_v1_kvtransfer_proto_rawDesc), len(file_pdserve_v1_kvtransfer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
