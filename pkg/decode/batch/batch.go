@@ -241,6 +241,10 @@ type End struct {
 	Reason string
 	Err    error
 	Choice int
+	// Snap is a Migrated request's snapshot (also sent on its Export's
+	// reply), so that the service holds it before it says the request
+	// moved.
+	Snap *Snapshot
 }
 
 // Load is the batch's occupancy at its last step boundary.

@@ -890,8 +890,9 @@ func (b *Batch) export(key uint64, reply chan<- Exported) {
 		reply <- Exported{Err: err}
 		return
 	}
-	reply <- Exported{Snap: &Snapshot{ID: q.id, Prompt: q.prompt, Tokens: slices.Clone(q.tokens), KV: x}}
-	b.end(q, End{Kind: Migrated}, true)
+	snap := &Snapshot{ID: q.id, Prompt: q.prompt, Tokens: slices.Clone(q.tokens), KV: x}
+	reply <- Exported{Snap: snap}
+	b.end(q, End{Kind: Migrated, Snap: snap}, true)
 }
 
 // exportKV copies root q's KV (its prompt and output tokens but the
