@@ -44,7 +44,7 @@ func (g *gate) sleep(ctx context.Context, _ time.Duration) error {
 
 // migrationTarget is a decode worker that pulls migrated sequences with
 // a dialer of its own (gated by g when not nil).
-func migrationTarget(t *testing.T, g *gate) *testWorker {
+func migrationTarget(t testing.TB, g *gate) *testWorker {
 	t.Helper()
 	opts := []kvtransfer.DialOption{kvtransfer.WithConnsPerAddr(1)}
 	if g != nil {
@@ -82,7 +82,7 @@ func (e *pausingEngine) Step(ctx context.Context, prefill []engine.PrefillItem, 
 
 // migrationSource is a decode worker whose engine pauses at its decode
 // step at (see startMigrated).
-func migrationSource(t *testing.T, at int32, edit ...func(*Server)) (*testWorker, *pausingEngine) {
+func migrationSource(t testing.TB, at int32, edit ...func(*Server)) (*testWorker, *pausingEngine) {
 	t.Helper()
 	e := &pausingEngine{Engine: newEngine(t), at: at, paused: make(chan struct{}), release: make(chan struct{})}
 	return newWorkerOn(t, e, smallOptions(), true, edit...), e
@@ -145,7 +145,7 @@ func startMigrated(t *testing.T, src *testWorker, e *pausingEngine, req *pdserve
 }
 
 // resume opens the target's Generate for req moved from src after toks.
-func resume(ctx context.Context, t *testing.T, dst, src *testWorker, req *pdservev1.GenerateRequest, toks []int32) grpc.ServerStreamingClient[pdservev1.GenerateResponse] {
+func resume(ctx context.Context, t testing.TB, dst, src *testWorker, req *pdservev1.GenerateRequest, toks []int32) grpc.ServerStreamingClient[pdservev1.GenerateResponse] {
 	t.Helper()
 	r := proto.CloneOf(req)
 	r.GeneratedTokens = slices.Clone(toks)
