@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"sync/atomic"
@@ -17,8 +18,11 @@ import (
 	"google.golang.org/grpc/status"
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
+	"github.com/pdserve/pdserve/internal/repotest"
 	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/engine/llamacpp"
 	"github.com/pdserve/pdserve/pkg/engine/ref"
+	"github.com/pdserve/pdserve/pkg/gguf"
 	"github.com/pdserve/pdserve/pkg/kvtransfer"
 )
 
@@ -46,13 +50,19 @@ func (g *gate) sleep(ctx context.Context, _ time.Duration) error {
 // a dialer of its own (gated by g when not nil).
 func migrationTarget(t testing.TB, g *gate) *testWorker {
 	t.Helper()
+	return migrationTargetOn(t, newEngine(t), g)
+}
+
+// migrationTargetOn is migrationTarget on engine eng.
+func migrationTargetOn(t testing.TB, eng engine.Engine, g *gate) *testWorker {
+	t.Helper()
 	opts := []kvtransfer.DialOption{kvtransfer.WithConnsPerAddr(1)}
 	if g != nil {
 		opts = append(opts, kvtransfer.WithLinkGbps(1e-3), kvtransfer.WithClock(time.Now, g.sleep))
 	}
 	d := kvtransfer.NewDialer(opts...)
 	t.Cleanup(func() { _ = d.Close() }) // after the Server stopped
-	return newWorker(t, smallOptions(), true, func(s *Server) { WithDialer(d)(s) })
+	return newWorkerOn(t, eng, smallOptions(), true, func(s *Server) { WithDialer(d)(s) })
 }
 
 // migRequest is the request the migration tests run: a local prefill of
@@ -61,38 +71,62 @@ func migRequest(id string, s *pdservev1.Sampling) *pdservev1.GenerateRequest {
 	return &pdservev1.GenerateRequest{RequestId: id, PromptTokens: prompt(24, 3), MaxTokens: 30, LocalPrefill: true, IgnoreEos: true, Sampling: s}
 }
 
-// pausingEngine is the ref engine whose step number at that decodes waits
-// until release is closed, saying so on paused.
-type pausingEngine struct {
-	*ref.Engine
+// pause makes the engine step number at that decodes wait until
+// release is closed, saying so on paused.
+type pause struct {
 	at      int32
 	n       atomic.Int32
 	paused  chan struct{}
 	release chan struct{}
 }
 
-// Step counts the steps that decode (the batch runs every step here).
-func (e *pausingEngine) Step(ctx context.Context, prefill []engine.PrefillItem, decode []engine.DecodeItem, onKV engine.KVFunc) ([]engine.Output, []engine.Output, error) {
-	if len(decode) > 0 && e.n.Add(1) == e.at {
-		close(e.paused)
-		<-e.release
+func newPause(at int32) *pause {
+	return &pause{at: at, paused: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (p *pause) step(decodes bool) {
+	if decodes && p.n.Add(1) == p.at {
+		close(p.paused)
+		<-p.release
 	}
+}
+
+// pausingEngine is the ref engine with a pause (the batch runs every
+// step through Step).
+type pausingEngine struct {
+	*ref.Engine
+	*pause
+}
+
+func (e *pausingEngine) Step(ctx context.Context, prefill []engine.PrefillItem, decode []engine.DecodeItem, onKV engine.KVFunc) ([]engine.Output, []engine.Output, error) {
+	e.pause.step(len(decode) > 0)
+	return e.Engine.Step(ctx, prefill, decode, onKV)
+}
+
+// pausingLlama is the llama.cpp engine with a pause.
+type pausingLlama struct {
+	*llamacpp.Engine
+	*pause
+}
+
+func (e *pausingLlama) Step(ctx context.Context, prefill []engine.PrefillItem, decode []engine.DecodeItem, onKV engine.KVFunc) ([]engine.Output, []engine.Output, error) {
+	e.pause.step(len(decode) > 0)
 	return e.Engine.Step(ctx, prefill, decode, onKV)
 }
 
 // migrationSource is a decode worker whose engine pauses at its decode
 // step at (see startMigrated).
-func migrationSource(t testing.TB, at int32, edit ...func(*Server)) (*testWorker, *pausingEngine) {
+func migrationSource(t testing.TB, at int32, edit ...func(*Server)) (*testWorker, *pause) {
 	t.Helper()
-	e := &pausingEngine{Engine: newEngine(t), at: at, paused: make(chan struct{}), release: make(chan struct{})}
-	return newWorkerOn(t, e, smallOptions(), true, edit...), e
+	p := newPause(at)
+	return newWorkerOn(t, &pausingEngine{Engine: newEngine(t), pause: p}, smallOptions(), true, edit...), p
 }
 
 // startMigrated runs req on src, migrates it (MigrateAll) while the
 // engine waits in its decode step e.at (so it cannot finish before) and
 // returns the tokens its stream carried, which ended with the migrated
 // event and no finish.
-func startMigrated(t *testing.T, src *testWorker, e *pausingEngine, req *pdservev1.GenerateRequest) []int32 {
+func startMigrated(t testing.TB, src *testWorker, e *pause, req *pdservev1.GenerateRequest) []int32 {
 	t.Helper()
 	ctx := testCtx(t)
 	stream, err := src.client.Generate(ctx, req)
@@ -354,4 +388,65 @@ func TestMigrateHoldEnds(t *testing.T) {
 	startMigrated(t, src, e, migRequest("b", nil))
 	ft.fire()
 	migIdle(t, src)
+}
+
+// TestMigrateLlamaCpp is TestMigrateTokenExact on llama.cpp (a tiny
+// random model; its per-sequence state is the KV that moves): greedy and
+// seeded, a migrated stream equals the unmigrated one, the target
+// imported the pulled KV.
+func TestMigrateLlamaCpp(t *testing.T) {
+	lib, vocab := repotest.Llama(t)
+	path := filepath.Join(t.TempDir(), "tiny-llama.gguf")
+	if err := gguf.WriteRandom(path, gguf.RandomOptions{Arch: "llama", Vocab: filepath.Join(vocab, "ggml-vocab-llama-spm.gguf"),
+		Layers: 2, Hidden: 64, Heads: 4, KVHeads: 2, FFN: 128, Context: 1024, Type: gguf.F32, Seed: 7}); err != nil {
+		t.Fatal(err)
+	}
+	newLlama := func() *llamacpp.Engine {
+		eng, err := llamacpp.New(llamacpp.Options{LibDir: lib, Model: path, CtxSize: 1024, MaxSeqs: 8, Threads: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { eng.Close() })
+		return eng
+	}
+	if err := newLlama().Transferable(); err != nil {
+		t.Skipf("llama.cpp KV export unavailable: %v", err)
+	}
+	for _, tc := range []struct {
+		name string
+		s    *pdservev1.Sampling
+	}{
+		{"greedy", nil},
+		{"seeded", &pdservev1.Sampling{Temperature: 0.8, TopP: 0.9, Seed: 5, PresencePenalty: 0.5}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := testCtx(t)
+			whole := newWorkerOn(t, newLlama(), smallOptions(), true)
+			stream, err := whole.client.Generate(ctx, migRequest("w", tc.s))
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, err := collect(stream)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := newPause(6)
+			src := newWorkerOn(t, &pausingLlama{Engine: newLlama(), pause: p}, smallOptions(), true)
+			dst := migrationTargetOn(t, newLlama(), nil)
+			req := migRequest("m", tc.s)
+			toks := startMigrated(t, src, p, req)
+			got, err := collect(resume(ctx, t, dst, src, req, toks))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if all := append(slices.Clone(toks), got.tokens...); !slices.Equal(all, want.tokens) {
+				t.Errorf("migrated after %d tokens:\n got %v\nwant %v", len(toks), all, want.tokens)
+			}
+			if _, ok := got.stamps["kv_done"]; !ok {
+				t.Errorf("the target did not import pulled KV (stamps %v)", got.stamps)
+			}
+			migIdle(t, src)
+			migIdle(t, dst)
+		})
+	}
 }
