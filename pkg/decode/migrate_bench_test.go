@@ -1,6 +1,7 @@
 package decode
 
 import (
+	"context"
 	"errors"
 	"io"
 	"runtime"
@@ -11,22 +12,61 @@ import (
 	"google.golang.org/grpc"
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
+	"github.com/pdserve/pdserve/pkg/engine"
+	"github.com/pdserve/pdserve/pkg/engine/sim"
+	"github.com/pdserve/pdserve/pkg/kvtransfer"
 )
 
 // BenchmarkMigratePause measures a live migration's pause in a moved
-// stream on the tiny ref engine over loopback gRPC: the gap, as the
-// client sees it, between the last token the source streamed and the
-// first the target streamed (the export at a step boundary, the end of
-// the source's stream, the target's Generate, its PullSequence of the KV
-// of the prompt and 15 tokens (zstd), the import and one decode step),
-// beside the gaps between two tokens of one worker (one step each). Run:
+// stream over loopback gRPC: the gap, as the client sees it, between the
+// last token the source streamed and the first the target streamed (the
+// export at a step boundary, the end of the source's stream, the
+// target's Generate, its PullSequence of the KV of the prompt (24
+// tokens) and 15 output tokens, zstd, the import and one decode step),
+// beside the gaps between two events of one worker's stream (a step, or
+// less when the client reads several tokens at once). On the tiny ref
+// engine, and on the sim engine as an H100 running Llama-3-8B in real
+// time (TimeScale 1; its KV payload scaled to 1/1024, the pull paced at
+// 100 Gb/s for the true size). Run:
 //
 //	go test -run '^$' -bench BenchmarkMigratePause -benchtime 20x ./pkg/decode/
 func BenchmarkMigratePause(b *testing.B) {
+	b.Run("ref-tiny", func(b *testing.B) {
+		migratePause(b, func(p *pause) engine.Engine { return &pausingEngine{Engine: newEngine(b), pause: p} },
+			func() engine.Engine { return newEngine(b) })
+	})
+	newSim := func() *sim.Engine {
+		eng, err := sim.New(sim.Options{Profile: "h100/llama-3-8b/tp1", TimeScale: 1, PayloadScale: 1.0 / 1024, Seed: 3})
+		if err != nil {
+			b.Fatal(err)
+		}
+		return eng
+	}
+	b.Run("sim-h100-llama-3-8b", func(b *testing.B) {
+		migratePause(b, func(p *pause) engine.Engine { return &pausingSim{Engine: newSim(), pause: p} },
+			func() engine.Engine { return newSim() })
+	})
+}
+
+// pausingSim is the sim engine with a pause.
+type pausingSim struct {
+	*sim.Engine
+	*pause
+}
+
+func (e *pausingSim) Step(ctx context.Context, prefill []engine.PrefillItem, decode []engine.DecodeItem, onKV engine.KVFunc) ([]engine.Output, []engine.Output, error) {
+	e.pause.step(len(decode) > 0)
+	return e.Engine.Step(ctx, prefill, decode, onKV)
+}
+
+func migratePause(b *testing.B, newSrc func(*pause) engine.Engine, newDst func() engine.Engine) {
 	var pauses, gaps []time.Duration
 	for range b.N {
-		src, e := migrationSource(b, 15)
-		dst := migrationTarget(b, nil)
+		e := newPause(15)
+		src := newWorkerOn(b, newSrc(e), smallOptions(), true)
+		d := kvtransfer.NewDialer(kvtransfer.WithConnsPerAddr(1), kvtransfer.WithLinkGbps(100))
+		b.Cleanup(func() { _ = d.Close() }) // after the Server stopped
+		dst := newWorkerOn(b, newDst(), smallOptions(), true, func(s *Server) { WithDialer(d)(s) })
 		req := migRequest("m", nil)
 		req.MaxTokens = 40
 		ctx := testCtx(b)
