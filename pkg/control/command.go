@@ -26,6 +26,12 @@ type Command struct {
 	Kind      string `json:"kind"`                 // CmdDrain, CmdCancel, CmdResend, ...; not empty
 	RequestID string `json:"request_id,omitempty"` // the request it concerns, if any
 	Arg       string `json:"arg,omitempty"`        // kind-specific argument
+	// Migrate, on a CmdRole to a worker leaving decode or colocated,
+	// moves its running sequences with their KV to other decode workers
+	// (decode.Server.MigrateAll) instead of finishing them before the
+	// change. The sender sets it only when another decode worker can take
+	// them (the planner never moves a role's last worker).
+	Migrate bool `json:"migrate,omitempty"`
 }
 
 // CommandReply is a worker's answer to a Command.

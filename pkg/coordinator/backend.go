@@ -18,6 +18,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/frontend"
 	"github.com/pdserve/pdserve/pkg/grpcauth"
 	"github.com/pdserve/pdserve/pkg/kv"
+	"github.com/pdserve/pdserve/pkg/kvtransfer/codecpick"
 	"github.com/pdserve/pdserve/pkg/metrics"
 	"github.com/pdserve/pdserve/pkg/router"
 	"github.com/pdserve/pdserve/pkg/tracing"
@@ -504,9 +505,18 @@ func (r *run) startDecode(a flow.Generate) flow.Event {
 			greq.GeneratedChoices = append(greq.GeneratedChoices, &pdservev1.Generated{Tokens: g})
 		}
 	}
+	if a.MigrateFrom != nil {
+		// A live migration: the worker pulls the KV from the one that
+		// moved the request out, in the codec of the deployment's KV
+		// transfers (an automatic name is the sender's choice, so none).
+		greq.MigrateFrom = r.b.migrateFrom(*a.MigrateFrom)
+		if auto, _ := codecpick.AutoName(r.b.codec); !auto {
+			greq.MigrateCodec = r.b.codec
+		}
+	}
 	if a.PromptLogprobs {
 		greq.PromptLogprobs = wire.Logprobs(r.req.PromptLogprobs)
-	} else if a.LocalPrefill && r.b.auth.DecodePullsAuthorized() {
+	} else if a.LocalPrefill && a.MigrateFrom == nil && r.b.auth.DecodePullsAuthorized() {
 		// A worker that holds more of the prompt's prefix than this one:
 		// its local prefill may pull instead of computing it (prompt
 		// logprobs need every position computed; a decode worker cannot

@@ -87,7 +87,7 @@ func tokensEvent(attempt int, resp *pdservev1.GenerateResponse) flow.Tokens {
 	t := flow.Tokens{Attempt: attempt, Index: int(resp.GetIndex()), Tokens: resp.GetTokens(),
 		Logprobs: wire.FromTokenLogprobs(resp.GetLogprobs()), Finish: wire.Finish(resp),
 		FirstTokenOmitted: resp.GetFirstTokenOmitted(), Batch: int(resp.GetBatchSize()),
-		Hits: hits(resp.GetHit()), PromptLogprobs: wire.FromTokenLogprobs(resp.GetPromptLogprobs())}
+		Hits: hits(resp.GetHit()), PromptLogprobs: wire.FromTokenLogprobs(resp.GetPromptLogprobs()), Migrated: resp.GetMigrated()}
 	for _, s := range resp.GetStamps() {
 		var at *time.Time
 		switch wire.FromStampKind(s.GetKind()) {
@@ -141,6 +141,21 @@ func (b *backend) pullPrefix(puller string, p router.Pull, hashes []uint64) *pds
 		}
 	}
 	return nil
+}
+
+// migrateFrom returns the PeerPrefix of decode worker w, which moved a
+// request out and holds its KV for the next worker's pull (a live
+// migration): its address, id and role (for the pull's TLS checks), as
+// a live member or, gone from the membership, as last routed (the pull
+// then fails and the worker computes the KV). No credential: a worker
+// that must present one to pull computes the KV.
+func (b *backend) migrateFrom(w router.Worker) *pdservev1.PeerPrefix {
+	for _, hb := range b.members.All() {
+		if hb.ID == w.ID && hb.GRPCAddr == w.Addr {
+			return &pdservev1.PeerPrefix{Addr: hb.GRPCAddr, Id: hb.ID, Role: hb.Role}
+		}
+	}
+	return &pdservev1.PeerPrefix{Addr: w.Addr, Id: w.ID}
 }
 
 // clientError maps a failed request's error to what the client is told:

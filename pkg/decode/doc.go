@@ -148,6 +148,28 @@
 // batch_size, the number of sequences in the step that produced the
 // event's last token.
 //
+// # Live migration
+//
+// A running sequence moves to another decode worker with its KV
+// (migrate.go): Migrate(id), or MigrateAll as the worker drains (it is
+// marked draining and every request the batch runs is exported at the
+// same step boundary, batch.Export). The batch snapshots the sequence's
+// KV (prompt and output but the last token) and output tokens and ends
+// it; the worker holds the snapshot (not its pool blocks) and ends the
+// Generate call after its last token with an event saying migrated. The
+// coordinator then calls Generate on another worker with local_prefill,
+// generated_tokens (the tokens the client has) and migrate_from naming
+// this worker: that worker pulls the KV (KVTransferService/PullSequence,
+// the call's codec) before the sequence joins its batch, and goes on
+// from the next token at the same position, so a seeded draw, the
+// penalties (counted over generated_tokens) and the grammar state
+// (advanced over them) are those of an unmigrated run. A pull that fails
+// (the source gone, a KV of another length) is logged and the worker
+// computes the KV instead, as a recovery does. A pull's KV for a request
+// that ended meanwhile is dropped. The source drops its snapshot once a
+// pull sent it whole, on a Cancel of the request, after
+// Options.ReserveTTL, or when it stops; WaitIdle waits for those too.
+//
 // # Concurrency
 //
 // The worker is a service and a batch (ollama's runner; etcd raft's

@@ -37,6 +37,9 @@ type outbox struct {
 	// skipFirst: choice 0's next token is not sent (omitFirst); omitted:
 	// it was not, and choice 0's next event says so.
 	skipFirst, omitted bool
+	// migrated: the stream ends with an event saying the sequence moved
+	// to another worker (sent: it went out).
+	migrated, migratedSent bool
 }
 
 // choiceOut is what one choice has pending.
@@ -175,6 +178,16 @@ func (o *outbox) ChoiceDone(i int, reason string) {
 	o.signal()
 }
 
+// migrate marks the stream as ending with the sequence moved out (its
+// finish comes with no reason and no error).
+func (o *outbox) migrate() {
+	o.mu.Lock()
+	if !o.finished {
+		o.migrated = true
+	}
+	o.mu.Unlock()
+}
+
 // finish ends the stream: with err when it is not nil, else with reason
 // for every choice that has none yet. Only the first call counts.
 func (o *outbox) finish(reason string, err error) {
@@ -222,6 +235,10 @@ func (o *outbox) take() ([]*pdservev1.GenerateResponse, bool, error) {
 		out = append(out, resp)
 	}
 	o.bytes = 0
+	if o.finished && o.migrated && !o.migratedSent && o.err == nil {
+		o.migratedSent = true
+		out = append(out, &pdservev1.GenerateResponse{Migrated: true, BatchSize: o.batch})
+	}
 	if len(o.stamps) > 0 || o.hit > 0 {
 		if len(out) == 0 {
 			out = append(out, &pdservev1.GenerateResponse{BatchSize: o.batch})

@@ -137,6 +137,7 @@ type Server struct {
 	mu      sync.Mutex
 	ends    []ended
 	seqs    map[string]*sequence // every reserved or live request, by id
+	holds   map[string]*migHold  // migrated sequences' KV, until pulled (migrate.go)
 	stopped bool
 	keys    uint64                // the last sequence.key given
 	callers map[string]*callerUse // what each caller's requests hold (see Options.MaxReservationsPerCaller)
@@ -313,6 +314,7 @@ func New(eng engine.Engine, o Options, logger *zap.Logger, reg prometheus.Regist
 		baseCtx:    ctx,
 		stop:       stop,
 		seqs:       make(map[string]*sequence),
+		holds:      make(map[string]*migHold),
 		callers:    make(map[string]*callerUse),
 		peers:      kvtransfer.NewPullPricer(o.PeerLinkGbps),
 	}
@@ -371,7 +373,7 @@ func New(eng engine.Engine, o Options, logger *zap.Logger, reg prometheus.Regist
 // KV dtype only.
 func (s *Server) Register(g grpc.ServiceRegistrar, opts ...kvtransfer.ServerOption) {
 	pdservev1.RegisterDecodeServiceServer(g, s)
-	kvtransfer.Register(g, receiver{s}, s.spec.KVDType, append(opts, kvtransfer.WithPullSource(s))...)
+	kvtransfer.Register(g, receiver{s}, s.spec.KVDType, append(opts, kvtransfer.WithPullSource(s), kvtransfer.WithSequenceSource(s))...)
 }
 
 // Stats is a snapshot of the worker's load, for heartbeats.
@@ -456,10 +458,11 @@ func (s *Server) SetDraining(d bool) {
 	s.unlock()
 }
 
-// WaitIdle blocks until no request is reserved or live, or ctx ends
+// WaitIdle blocks until no request is reserved or live and no migrated
+// sequence's KV is held for its pull (MigrateAll), or ctx ends
 // (returning its error).
 func (s *Server) WaitIdle(ctx context.Context) error {
-	return s.sig.WaitIdle(ctx, &s.mu, func() int { return len(s.seqs) })
+	return s.sig.WaitIdle(ctx, &s.mu, func() int { return len(s.seqs) + len(s.holds) })
 }
 
 func invalid(format string, args ...any) error {
@@ -762,6 +765,8 @@ func (s *Server) ended(es []batch.End, cacheChanged bool) {
 			s.endLocked(q, "", status.Error(codes.Internal, e.Err.Error()))
 		case batch.Refused:
 			s.endLocked(q, "", grammarRefused(q.id, e.Choice, e.Err))
+		case batch.Migrated:
+			s.migratedLocked(q, e.Snap)
 		case batch.Stalled:
 			s.endLocked(q, "", status.Errorf(codes.ResourceExhausted,
 				"decode: request %s: its caller does not read: over %d bytes of output wait to be sent", q.id, s.o.MaxOutboxBytes))
@@ -781,6 +786,9 @@ func (s *Server) stopping() {
 	s.mu.Lock()
 	defer s.unlock()
 	s.stopped = true
+	for id := range s.holds {
+		s.dropHoldLocked(id)
+	}
 	for _, q := range s.seqs {
 		if !q.handed {
 			s.endLocked(q, "", errStopped)
@@ -833,9 +841,10 @@ func (s *Server) Cancel(_ context.Context, req *pdservev1.CancelRequest) (*pdser
 func (s *Server) CancelRequest(id string) bool {
 	s.mu.Lock()
 	q := s.seqs[id]
+	held := s.dropHoldLocked(id)
 	s.unlock()
 	if q == nil {
-		return false
+		return held
 	}
 	s.end(q, status.Errorf(codes.Canceled, "decode: request %s cancelled", id))
 	return true
@@ -873,6 +882,11 @@ type genParams struct {
 	// disk is a local prompt's prefix read from the disk tier (nil:
 	// none; see sequence.disk).
 	disk *prefixcache.DiskRead
+	// migrate is the worker a live migration pulls the sequence's KV
+	// from (GenerateRequest.migrate_from; nil: none), migrateCodec the
+	// pull's codec.
+	migrate      *pdservev1.PeerPrefix
+	migrateCodec string
 }
 
 func (s *Server) validate(req *pdservev1.GenerateRequest) (genParams, error) {
@@ -932,6 +946,12 @@ func (s *Server) validate(req *pdservev1.GenerateRequest) (genParams, error) {
 	if p.local && p.promptTop < 0 {
 		// Prompt logprobs need every prompt position computed.
 		p.peer = req.GetPeer()
+	}
+	if p.migrate = req.GetMigrateFrom(); p.migrate != nil {
+		if !p.local || len(p.generated) == 0 || p.n != 1 || p.promptTop >= 0 {
+			return p, invalid("request %s: migrate_from needs local_prefill, generated_tokens, n 1 and no prompt_logprobs", id)
+		}
+		p.peer, p.migrateCodec = nil, req.GetMigrateCodec()
 	}
 	if req.GetFirstTokenFromPrefill() && p.local {
 		return p, invalid("request %s: first_token_from_prefill needs remote KV, not local_prefill", id)
@@ -1042,7 +1062,7 @@ func (s *Server) Generate(req *pdservev1.GenerateRequest, stream grpc.ServerStre
 	}
 	p.caller = grpcauth.Caller(ctx)
 	plan := s.planPull(p)
-	p.pull = plan != nil
+	p.pull = plan != nil || p.migrate != nil
 	if p.local && p.promptTop < 0 {
 		// A file the disk tier holds is read here, not under the engine
 		// lock where the prefix is imported.
@@ -1053,7 +1073,11 @@ func (s *Server) Generate(req *pdservev1.GenerateRequest, stream grpc.ServerStre
 		p.closeGrammars()
 		return err
 	}
-	if plan != nil {
+	switch {
+	case p.migrate != nil:
+		// A migrated sequence's KV, pulled as a prefix is.
+		s.migrateDone(q, s.pullMigrated(ctx, p))
+	case plan != nil:
 		// The sequence waits, holding its reservation, until the pull
 		// ended: network I/O under no lock of the worker.
 		s.pullDone(q, s.pullPrefix(ctx, p.id, plan))

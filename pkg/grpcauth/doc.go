@@ -12,7 +12,7 @@
 //	method                                     role required
 //	/pdserve.v1.DecodeService/*  (Reserve, Generate, Cancel)    coordinator
 //	/pdserve.v1.PrefillService/* (Prefill, Resend, Release)     coordinator
-//	/pdserve.v1.KVTransferService/Push, Pull                    prefill
+//	/pdserve.v1.KVTransferService/Push, Pull, PullSequence      prefill
 //	/grpc.health.v1.Health/*                                    anyone (probes)
 //	any other method                                            nobody
 //

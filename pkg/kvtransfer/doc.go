@@ -27,6 +27,13 @@
 // (LinkStats over past pulls, or the assumed --peer-link-gbps) against
 // the worker's measured prefill throughput.
 //
+// PullSequence is a live migration's pull: a decode worker that moved a
+// running sequence out (a SequenceSource, WithSequenceSource) serves its
+// KV (prompt and every output token but the last, not whole blocks) once
+// to the worker that goes on generating it; Dialer.PullSequence checks
+// it as Pull does, bounded by the puller's reservation, and paces it
+// alike. It needs the same role as Pull.
+//
 // # No protobuf copy of bulk data
 //
 // Frames are large (up to the max frame bytes, default 1 MiB raw) and

@@ -42,7 +42,8 @@ type serverOptions struct {
 	maxFrame int
 	now      func() time.Time
 	metrics  Metrics
-	pull     PullSource // nil: no pulls served
+	pull     PullSource     // nil: no pulls served
+	seqs     SequenceSource // nil: no sequence pulls served
 }
 
 type dialFunc func(*dialOptions)

@@ -836,7 +836,9 @@ func (m roleMover) MoveRoles(ctx context.Context, from, to string, n int) error 
 	}
 	for _, hb := range cands[:min(n, len(cands))] {
 		cctx, cancel := context.WithTimeout(ctx, roleCommandTimeout)
-		err := m.command(cctx, from, hb.ID, control.Command{Kind: control.CmdRole, Arg: to})
+		err := m.command(cctx, from, hb.ID, control.Command{Kind: control.CmdRole, Arg: to,
+			// never a role's last worker: another decode worker remains
+			Migrate: from != string(control.RolePrefill)})
 		cancel()
 		if err != nil {
 			errs = append(errs, err)

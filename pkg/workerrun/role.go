@@ -257,7 +257,8 @@ var (
 // without reloading its model: the current role drains (new work for it
 // fails with UNAVAILABLE at once, and the heartbeats say draining;
 // prefills in progress finish and deliver their KV; running decode
-// sequences finish), for at most Options.DrainTimeout (then what is left
+// sequences finish, or with migrate move with their KV to other decode
+// workers, which the coordinator resumes them on), for at most Options.DrainTimeout (then what is left
 // fails with UNAVAILABLE), its server stops, and the new role's server
 // starts on the same engine, gRPC address and NATS connection; the next
 // heartbeat carries the new role. The new role starts with an empty
@@ -267,7 +268,7 @@ var (
 // role that is not a worker role, ErrRoleChanging, a draining or stopped
 // worker, the new server's construction (then the worker fails: it has
 // no role left to serve).
-func (w *Worker) ChangeRole(role control.Role, ordered time.Time) error {
+func (w *Worker) ChangeRole(role control.Role, ordered time.Time, migrate bool) error {
 	if w.mux == nil {
 		return ErrNotElastic
 	}
@@ -302,6 +303,12 @@ func (w *Worker) ChangeRole(role control.Role, ordered time.Time) error {
 	old.svc.SetDraining(true)
 	w.publishNow()
 	dctx, cancel := context.WithTimeout(w.bgCtx, w.o.DrainTimeout)
+	if d, ok := old.svc.(decodeService); ok && migrate {
+		// Running sequences move with their KV instead of finishing here;
+		// WaitIdle then waits for the rest and for the moved KV's pulls.
+		n, err := d.MigrateAll(dctx)
+		log.Info("role change: running sequences migrated", zap.Int("migrated", n), zap.Error(err))
+	}
 	if err := old.svc.WaitIdle(dctx); err != nil {
 		log.Warn("role change: drain timed out; failing the requests left", zap.Int("requests", old.svc.live()), zap.Duration("drain_timeout", w.o.DrainTimeout))
 	}
@@ -477,7 +484,7 @@ func (w *Worker) roleCommand(c control.Command) error {
 	w.bg.Add(1)
 	go func() {
 		defer w.bg.Done()
-		if err := w.ChangeRole(role, ordered); err != nil && !errors.Is(err, ErrRoleChanging) {
+		if err := w.ChangeRole(role, ordered, c.Migrate); err != nil && !errors.Is(err, ErrRoleChanging) {
 			w.logger().Warn("role command failed", zap.String("new_role", c.Arg), zap.Error(err))
 		}
 	}()

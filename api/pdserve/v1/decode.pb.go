@@ -244,7 +244,17 @@ type GenerateRequest struct {
 	// The root of the prompt's block hash chain, as
 	// PrefillRequest.prefix_root: the prefix cache lookups and inserts of
 	// this prompt.
-	PrefixRoot    uint64 `protobuf:"varint,15,opt,name=prefix_root,json=prefixRoot,proto3" json:"prefix_root,omitempty"`
+	PrefixRoot uint64 `protobuf:"varint,15,opt,name=prefix_root,json=prefixRoot,proto3" json:"prefix_root,omitempty"`
+	// A live migration: the decode worker that ran the request until now
+	// and holds its KV (the prompt and generated_tokens but the last). This
+	// worker pulls it (KVTransferService/PullSequence) before the sequence
+	// joins the batch and goes on from the next token; when the pull fails
+	// it computes the KV itself, as a recovery with local_prefill does.
+	// Needs local_prefill, generated_tokens and n 1 (INVALID_ARGUMENT
+	// otherwise); tokens of the peer is unused.
+	MigrateFrom *PeerPrefix `protobuf:"bytes,16,opt,name=migrate_from,json=migrateFrom,proto3" json:"migrate_from,omitempty"`
+	// With migrate_from: the codec of the pull's frames ("" : "none").
+	MigrateCodec  string `protobuf:"bytes,17,opt,name=migrate_codec,json=migrateCodec,proto3" json:"migrate_codec,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -384,6 +394,20 @@ func (x *GenerateRequest) GetPrefixRoot() uint64 {
 	return 0
 }
 
+func (x *GenerateRequest) GetMigrateFrom() *PeerPrefix {
+	if x != nil {
+		return x.MigrateFrom
+	}
+	return nil
+}
+
+func (x *GenerateRequest) GetMigrateCodec() string {
+	if x != nil {
+		return x.MigrateCodec
+	}
+	return ""
+}
+
 type Generated struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Tokens        []int32                `protobuf:"varint,1,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
@@ -462,8 +486,13 @@ type GenerateResponse struct {
 	// GenerateRequest.first_token_from_prefill: choice 0's tokens start at
 	// output position 1 (its first token is the prefill worker's).
 	FirstTokenOmitted bool `protobuf:"varint,11,opt,name=first_token_omitted,json=firstTokenOmitted,proto3" json:"first_token_omitted,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Set on the last event of a call whose sequence this worker moved out
+	// (a live migration, as it drains): the call then ends OK without a
+	// finish, after every token it produced; the worker holds the
+	// sequence's KV for a GenerateRequest.migrate_from naming it.
+	Migrated      bool `protobuf:"varint,17,opt,name=migrated,proto3" json:"migrated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *GenerateResponse) Reset() {
@@ -563,6 +592,13 @@ func (x *GenerateResponse) GetHit() *PrefixHit {
 func (x *GenerateResponse) GetFirstTokenOmitted() bool {
 	if x != nil {
 		return x.FirstTokenOmitted
+	}
+	return false
+}
+
+func (x *GenerateResponse) GetMigrated() bool {
+	if x != nil {
+		return x.Migrated
 	}
 	return false
 }
@@ -668,7 +704,7 @@ const file_pdserve_v1_decode_proto_rawDesc = "" +
 	"blocksFree\x12*\n" +
 	"\x11prefix_hit_tokens\x18\x03 \x01(\x05R\x0fprefixHitTokens\x12\x1f\n" +
 	"\vprompt_held\x18\x04 \x01(\bR\n" +
-	"promptHeld\"\xff\x04\n" +
+	"promptHeld\"\xdf\x05\n" +
 	"\x0fGenerateRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -690,9 +726,11 @@ const file_pdserve_v1_decode_proto_rawDesc = "" +
 	"\x18first_token_from_prefill\x18\r \x01(\bR\x15firstTokenFromPrefill\x12*\n" +
 	"\x04peer\x18\x0e \x01(\v2\x16.pdserve.v1.PeerPrefixR\x04peer\x12\x1f\n" +
 	"\vprefix_root\x18\x0f \x01(\x04R\n" +
-	"prefixRoot\"#\n" +
+	"prefixRoot\x129\n" +
+	"\fmigrate_from\x18\x10 \x01(\v2\x16.pdserve.v1.PeerPrefixR\vmigrateFrom\x12#\n" +
+	"\rmigrate_codec\x18\x11 \x01(\tR\fmigrateCodec\"#\n" +
 	"\tGenerated\x12\x16\n" +
-	"\x06tokens\x18\x01 \x03(\x05R\x06tokens\"\xc3\x03\n" +
+	"\x06tokens\x18\x01 \x03(\x05R\x06tokens\"\xdf\x03\n" +
 	"\x10GenerateResponse\x12\x16\n" +
 	"\x06tokens\x18\x01 \x03(\x05R\x06tokens\x12\x14\n" +
 	"\x05index\x18\x05 \x01(\x05R\x05index\x124\n" +
@@ -704,7 +742,8 @@ const file_pdserve_v1_decode_proto_rawDesc = "" +
 	"\n" +
 	"batch_size\x18\x04 \x01(\x05R\tbatchSize\x12'\n" +
 	"\x03hit\x18\x10 \x01(\v2\x15.pdserve.v1.PrefixHitR\x03hit\x12.\n" +
-	"\x13first_token_omitted\x18\v \x01(\bR\x11firstTokenOmittedJ\x04\b\b\x10\vJ\x04\b\f\x10\x0f\".\n" +
+	"\x13first_token_omitted\x18\v \x01(\bR\x11firstTokenOmitted\x12\x1a\n" +
+	"\bmigrated\x18\x11 \x01(\bR\bmigratedJ\x04\b\b\x10\vJ\x04\b\f\x10\x0f\".\n" +
 	"\rCancelRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\"\x10\n" +
@@ -749,22 +788,23 @@ var file_pdserve_v1_decode_proto_depIdxs = []int32{
 	8,  // 2: pdserve.v1.GenerateRequest.prompt_logprobs:type_name -> pdserve.v1.Logprobs
 	3,  // 3: pdserve.v1.GenerateRequest.generated_choices:type_name -> pdserve.v1.Generated
 	9,  // 4: pdserve.v1.GenerateRequest.peer:type_name -> pdserve.v1.PeerPrefix
-	10, // 5: pdserve.v1.GenerateResponse.logprobs:type_name -> pdserve.v1.TokenLogprob
-	10, // 6: pdserve.v1.GenerateResponse.prompt_logprobs:type_name -> pdserve.v1.TokenLogprob
-	11, // 7: pdserve.v1.GenerateResponse.finish:type_name -> pdserve.v1.FinishReason
-	12, // 8: pdserve.v1.GenerateResponse.stamps:type_name -> pdserve.v1.Stamp
-	13, // 9: pdserve.v1.GenerateResponse.hit:type_name -> pdserve.v1.PrefixHit
-	0,  // 10: pdserve.v1.DecodeService.Reserve:input_type -> pdserve.v1.ReserveRequest
-	2,  // 11: pdserve.v1.DecodeService.Generate:input_type -> pdserve.v1.GenerateRequest
-	5,  // 12: pdserve.v1.DecodeService.Cancel:input_type -> pdserve.v1.CancelRequest
-	1,  // 13: pdserve.v1.DecodeService.Reserve:output_type -> pdserve.v1.ReserveResponse
-	4,  // 14: pdserve.v1.DecodeService.Generate:output_type -> pdserve.v1.GenerateResponse
-	6,  // 15: pdserve.v1.DecodeService.Cancel:output_type -> pdserve.v1.CancelResponse
-	13, // [13:16] is the sub-list for method output_type
-	10, // [10:13] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	9,  // 5: pdserve.v1.GenerateRequest.migrate_from:type_name -> pdserve.v1.PeerPrefix
+	10, // 6: pdserve.v1.GenerateResponse.logprobs:type_name -> pdserve.v1.TokenLogprob
+	10, // 7: pdserve.v1.GenerateResponse.prompt_logprobs:type_name -> pdserve.v1.TokenLogprob
+	11, // 8: pdserve.v1.GenerateResponse.finish:type_name -> pdserve.v1.FinishReason
+	12, // 9: pdserve.v1.GenerateResponse.stamps:type_name -> pdserve.v1.Stamp
+	13, // 10: pdserve.v1.GenerateResponse.hit:type_name -> pdserve.v1.PrefixHit
+	0,  // 11: pdserve.v1.DecodeService.Reserve:input_type -> pdserve.v1.ReserveRequest
+	2,  // 12: pdserve.v1.DecodeService.Generate:input_type -> pdserve.v1.GenerateRequest
+	5,  // 13: pdserve.v1.DecodeService.Cancel:input_type -> pdserve.v1.CancelRequest
+	1,  // 14: pdserve.v1.DecodeService.Reserve:output_type -> pdserve.v1.ReserveResponse
+	4,  // 15: pdserve.v1.DecodeService.Generate:output_type -> pdserve.v1.GenerateResponse
+	6,  // 16: pdserve.v1.DecodeService.Cancel:output_type -> pdserve.v1.CancelResponse
+	14, // [14:17] is the sub-list for method output_type
+	11, // [11:14] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_pdserve_v1_decode_proto_init() }

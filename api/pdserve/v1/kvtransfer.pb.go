@@ -78,6 +78,149 @@ func (KVProvenance) EnumDescriptor() ([]byte, []int) {
 	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{0}
 }
 
+// PullSequenceRequest asks a worker for the KV of a sequence it moved out.
+type PullSequenceRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The migrated request's id (at most 255 bytes): the frames carry it.
+	RequestId string `protobuf:"bytes,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Codec name of pkg/kv/codec for the frames, as PullRequest.codec.
+	Codec         string `protobuf:"bytes,2,opt,name=codec,proto3" json:"codec,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullSequenceRequest) Reset() {
+	*x = PullSequenceRequest{}
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullSequenceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullSequenceRequest) ProtoMessage() {}
+
+func (x *PullSequenceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullSequenceRequest.ProtoReflect.Descriptor instead.
+func (*PullSequenceRequest) Descriptor() ([]byte, []int) {
+	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *PullSequenceRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+func (x *PullSequenceRequest) GetCodec() string {
+	if x != nil {
+		return x.Codec
+	}
+	return ""
+}
+
+// PullSequenceResponse is one message of a PullSequence stream, laid out
+// as PullResponse.
+type PullSequenceResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Msg:
+	//
+	//	*PullSequenceResponse_Header
+	//	*PullSequenceResponse_Frame
+	Msg           isPullSequenceResponse_Msg `protobuf_oneof:"msg"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullSequenceResponse) Reset() {
+	*x = PullSequenceResponse{}
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullSequenceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullSequenceResponse) ProtoMessage() {}
+
+func (x *PullSequenceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullSequenceResponse.ProtoReflect.Descriptor instead.
+func (*PullSequenceResponse) Descriptor() ([]byte, []int) {
+	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *PullSequenceResponse) GetMsg() isPullSequenceResponse_Msg {
+	if x != nil {
+		return x.Msg
+	}
+	return nil
+}
+
+func (x *PullSequenceResponse) GetHeader() *PullHeader {
+	if x != nil {
+		if x, ok := x.Msg.(*PullSequenceResponse_Header); ok {
+			return x.Header
+		}
+	}
+	return nil
+}
+
+func (x *PullSequenceResponse) GetFrame() []byte {
+	if x != nil {
+		if x, ok := x.Msg.(*PullSequenceResponse_Frame); ok {
+			return x.Frame
+		}
+	}
+	return nil
+}
+
+type isPullSequenceResponse_Msg interface {
+	isPullSequenceResponse_Msg()
+}
+
+type PullSequenceResponse_Header struct {
+	// First message: the sequence's tokens whose KV follows (not whole
+	// blocks), its layers and token bytes; tier "migration".
+	Header *PullHeader `protobuf:"bytes,1,opt,name=header,proto3,oneof"`
+}
+
+type PullSequenceResponse_Frame struct {
+	// One pkg/kv/codec frame: one layer of one token range within
+	// [0, header.tokens); every layer's ranges in order and complete.
+	Frame []byte `protobuf:"bytes,2,opt,name=frame,proto3,oneof"`
+}
+
+func (*PullSequenceResponse_Header) isPullSequenceResponse_Msg() {}
+
+func (*PullSequenceResponse_Frame) isPullSequenceResponse_Msg() {}
+
 // PullRequest asks a worker for a prompt's cached prefix KV.
 type PullRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -105,7 +248,7 @@ type PullRequest struct {
 
 func (x *PullRequest) Reset() {
 	*x = PullRequest{}
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[0]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -117,7 +260,7 @@ func (x *PullRequest) String() string {
 func (*PullRequest) ProtoMessage() {}
 
 func (x *PullRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[0]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -130,7 +273,7 @@ func (x *PullRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullRequest.ProtoReflect.Descriptor instead.
 func (*PullRequest) Descriptor() ([]byte, []int) {
-	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{0}
+	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *PullRequest) GetRequestId() string {
@@ -189,7 +332,7 @@ type PullResponse struct {
 
 func (x *PullResponse) Reset() {
 	*x = PullResponse{}
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[1]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -201,7 +344,7 @@ func (x *PullResponse) String() string {
 func (*PullResponse) ProtoMessage() {}
 
 func (x *PullResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[1]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -214,7 +357,7 @@ func (x *PullResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullResponse.ProtoReflect.Descriptor instead.
 func (*PullResponse) Descriptor() ([]byte, []int) {
-	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{1}
+	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *PullResponse) GetMsg() isPullResponse_Msg {
@@ -279,7 +422,7 @@ type PullHeader struct {
 
 func (x *PullHeader) Reset() {
 	*x = PullHeader{}
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[2]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -291,7 +434,7 @@ func (x *PullHeader) String() string {
 func (*PullHeader) ProtoMessage() {}
 
 func (x *PullHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[2]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -304,7 +447,7 @@ func (x *PullHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullHeader.ProtoReflect.Descriptor instead.
 func (*PullHeader) Descriptor() ([]byte, []int) {
-	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{2}
+	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *PullHeader) GetTokens() int32 {
@@ -350,7 +493,7 @@ type PushRequest struct {
 
 func (x *PushRequest) Reset() {
 	*x = PushRequest{}
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[3]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -362,7 +505,7 @@ func (x *PushRequest) String() string {
 func (*PushRequest) ProtoMessage() {}
 
 func (x *PushRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[3]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -375,7 +518,7 @@ func (x *PushRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushRequest.ProtoReflect.Descriptor instead.
 func (*PushRequest) Descriptor() ([]byte, []int) {
-	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{3}
+	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PushRequest) GetMsg() isPushRequest_Msg {
@@ -462,7 +605,7 @@ type KVStreamHeader struct {
 
 func (x *KVStreamHeader) Reset() {
 	*x = KVStreamHeader{}
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[4]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -474,7 +617,7 @@ func (x *KVStreamHeader) String() string {
 func (*KVStreamHeader) ProtoMessage() {}
 
 func (x *KVStreamHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[4]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -487,7 +630,7 @@ func (x *KVStreamHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVStreamHeader.ProtoReflect.Descriptor instead.
 func (*KVStreamHeader) Descriptor() ([]byte, []int) {
-	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{4}
+	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *KVStreamHeader) GetRequestId() string {
@@ -549,7 +692,7 @@ type KVCommit struct {
 
 func (x *KVCommit) Reset() {
 	*x = KVCommit{}
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[5]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -561,7 +704,7 @@ func (x *KVCommit) String() string {
 func (*KVCommit) ProtoMessage() {}
 
 func (x *KVCommit) ProtoReflect() protoreflect.Message {
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[5]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -574,7 +717,7 @@ func (x *KVCommit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KVCommit.ProtoReflect.Descriptor instead.
 func (*KVCommit) Descriptor() ([]byte, []int) {
-	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{5}
+	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *KVCommit) GetFirstToken() int32 {
@@ -615,7 +758,7 @@ type PushResponse struct {
 
 func (x *PushResponse) Reset() {
 	*x = PushResponse{}
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[6]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -627,7 +770,7 @@ func (x *PushResponse) String() string {
 func (*PushResponse) ProtoMessage() {}
 
 func (x *PushResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[6]
+	mi := &file_pdserve_v1_kvtransfer_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -640,7 +783,7 @@ func (x *PushResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PushResponse.ProtoReflect.Descriptor instead.
 func (*PushResponse) Descriptor() ([]byte, []int) {
-	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{6}
+	return file_pdserve_v1_kvtransfer_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PushResponse) GetBytesRaw() int64 {
@@ -676,7 +819,15 @@ var File_pdserve_v1_kvtransfer_proto protoreflect.FileDescriptor
 const file_pdserve_v1_kvtransfer_proto_rawDesc = "" +
 	"\n" +
 	"\x1bpdserve/v1/kvtransfer.proto\x12\n" +
-	"pdserve.v1\x1a\x17pdserve/v1/common.proto\"\xc6\x01\n" +
+	"pdserve.v1\x1a\x17pdserve/v1/common.proto\"J\n" +
+	"\x13PullSequenceRequest\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\tR\trequestId\x12\x14\n" +
+	"\x05codec\x18\x02 \x01(\tR\x05codec\"g\n" +
+	"\x14PullSequenceResponse\x120\n" +
+	"\x06header\x18\x01 \x01(\v2\x16.pdserve.v1.PullHeaderH\x00R\x06header\x12\x16\n" +
+	"\x05frame\x18\x02 \x01(\fH\x00R\x05frameB\x05\n" +
+	"\x03msg\"\xc6\x01\n" +
 	"\vPullRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12!\n" +
@@ -730,10 +881,11 @@ const file_pdserve_v1_kvtransfer_proto_rawDesc = "" +
 	"\x19KV_PROVENANCE_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16KV_PROVENANCE_COMPUTED\x10\x01\x12!\n" +
 	"\x1dKV_PROVENANCE_PULLED_VERIFIED\x10\x02\x12#\n" +
-	"\x1fKV_PROVENANCE_PULLED_UNVERIFIED\x10\x032\x8d\x01\n" +
+	"\x1fKV_PROVENANCE_PULLED_UNVERIFIED\x10\x032\xe2\x01\n" +
 	"\x11KVTransferService\x12;\n" +
 	"\x04Push\x12\x17.pdserve.v1.PushRequest\x1a\x18.pdserve.v1.PushResponse(\x01\x12;\n" +
-	"\x04Pull\x12\x17.pdserve.v1.PullRequest\x1a\x18.pdserve.v1.PullResponse0\x01B5Z3github.com/pdserve/pdserve/api/pdserve/v1;pdservev1b\x06proto3"
+	"\x04Pull\x12\x17.pdserve.v1.PullRequest\x1a\x18.pdserve.v1.PullResponse0\x01\x12S\n" +
+	"\fPullSequence\x12\x1f.pdserve.v1.PullSequenceRequest\x1a .pdserve.v1.PullSequenceResponse0\x01B5Z3github.com/pdserve/pdserve/api/pdserve/v1;pdservev1b\x06proto3"
 
 var (
 	file_pdserve_v1_kvtransfer_proto_rawDescOnce sync.Once
@@ -748,33 +900,38 @@ func file_pdserve_v1_kvtransfer_proto_rawDescGZIP() []byte {
 }
 
 var file_pdserve_v1_kvtransfer_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_pdserve_v1_kvtransfer_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_pdserve_v1_kvtransfer_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_pdserve_v1_kvtransfer_proto_goTypes = []any{
-	(KVProvenance)(0),      // 0: pdserve.v1.KVProvenance
-	(*PullRequest)(nil),    // 1: pdserve.v1.PullRequest
-	(*PullResponse)(nil),   // 2: pdserve.v1.PullResponse
-	(*PullHeader)(nil),     // 3: pdserve.v1.PullHeader
-	(*PushRequest)(nil),    // 4: pdserve.v1.PushRequest
-	(*KVStreamHeader)(nil), // 5: pdserve.v1.KVStreamHeader
-	(*KVCommit)(nil),       // 6: pdserve.v1.KVCommit
-	(*PushResponse)(nil),   // 7: pdserve.v1.PushResponse
-	(*TokenLogprob)(nil),   // 8: pdserve.v1.TokenLogprob
+	(KVProvenance)(0),            // 0: pdserve.v1.KVProvenance
+	(*PullSequenceRequest)(nil),  // 1: pdserve.v1.PullSequenceRequest
+	(*PullSequenceResponse)(nil), // 2: pdserve.v1.PullSequenceResponse
+	(*PullRequest)(nil),          // 3: pdserve.v1.PullRequest
+	(*PullResponse)(nil),         // 4: pdserve.v1.PullResponse
+	(*PullHeader)(nil),           // 5: pdserve.v1.PullHeader
+	(*PushRequest)(nil),          // 6: pdserve.v1.PushRequest
+	(*KVStreamHeader)(nil),       // 7: pdserve.v1.KVStreamHeader
+	(*KVCommit)(nil),             // 8: pdserve.v1.KVCommit
+	(*PushResponse)(nil),         // 9: pdserve.v1.PushResponse
+	(*TokenLogprob)(nil),         // 10: pdserve.v1.TokenLogprob
 }
 var file_pdserve_v1_kvtransfer_proto_depIdxs = []int32{
-	3, // 0: pdserve.v1.PullResponse.header:type_name -> pdserve.v1.PullHeader
-	5, // 1: pdserve.v1.PushRequest.header:type_name -> pdserve.v1.KVStreamHeader
-	6, // 2: pdserve.v1.PushRequest.commit:type_name -> pdserve.v1.KVCommit
-	8, // 3: pdserve.v1.KVCommit.first_logprob:type_name -> pdserve.v1.TokenLogprob
-	0, // 4: pdserve.v1.KVCommit.provenance:type_name -> pdserve.v1.KVProvenance
-	4, // 5: pdserve.v1.KVTransferService.Push:input_type -> pdserve.v1.PushRequest
-	1, // 6: pdserve.v1.KVTransferService.Pull:input_type -> pdserve.v1.PullRequest
-	7, // 7: pdserve.v1.KVTransferService.Push:output_type -> pdserve.v1.PushResponse
-	2, // 8: pdserve.v1.KVTransferService.Pull:output_type -> pdserve.v1.PullResponse
-	7, // [7:9] is the sub-list for method output_type
-	5, // [5:7] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	5,  // 0: pdserve.v1.PullSequenceResponse.header:type_name -> pdserve.v1.PullHeader
+	5,  // 1: pdserve.v1.PullResponse.header:type_name -> pdserve.v1.PullHeader
+	7,  // 2: pdserve.v1.PushRequest.header:type_name -> pdserve.v1.KVStreamHeader
+	8,  // 3: pdserve.v1.PushRequest.commit:type_name -> pdserve.v1.KVCommit
+	10, // 4: pdserve.v1.KVCommit.first_logprob:type_name -> pdserve.v1.TokenLogprob
+	0,  // 5: pdserve.v1.KVCommit.provenance:type_name -> pdserve.v1.KVProvenance
+	6,  // 6: pdserve.v1.KVTransferService.Push:input_type -> pdserve.v1.PushRequest
+	3,  // 7: pdserve.v1.KVTransferService.Pull:input_type -> pdserve.v1.PullRequest
+	1,  // 8: pdserve.v1.KVTransferService.PullSequence:input_type -> pdserve.v1.PullSequenceRequest
+	9,  // 9: pdserve.v1.KVTransferService.Push:output_type -> pdserve.v1.PushResponse
+	4,  // 10: pdserve.v1.KVTransferService.Pull:output_type -> pdserve.v1.PullResponse
+	2,  // 11: pdserve.v1.KVTransferService.PullSequence:output_type -> pdserve.v1.PullSequenceResponse
+	9,  // [9:12] is the sub-list for method output_type
+	6,  // [6:9] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_pdserve_v1_kvtransfer_proto_init() }
@@ -784,10 +941,14 @@ func file_pdserve_v1_kvtransfer_proto_init() {
 	}
 	file_pdserve_v1_common_proto_init()
 	file_pdserve_v1_kvtransfer_proto_msgTypes[1].OneofWrappers = []any{
+		(*PullSequenceResponse_Header)(nil),
+		(*PullSequenceResponse_Frame)(nil),
+	}
+	file_pdserve_v1_kvtransfer_proto_msgTypes[3].OneofWrappers = []any{
 		(*PullResponse_Header)(nil),
 		(*PullResponse_Frame)(nil),
 	}
-	file_pdserve_v1_kvtransfer_proto_msgTypes[3].OneofWrappers = []any{
+	file_pdserve_v1_kvtransfer_proto_msgTypes[5].OneofWrappers = []any{
 		(*PushRequest_Header)(nil),
 		(*PushRequest_Frame)(nil),
 		(*PushRequest_Commit)(nil),
@@ -798,7 +959,7 @@ func file_pdserve_v1_kvtransfer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pdserve_v1_kvtransfer_proto_rawDesc), len(file_pdserve_v1_kvtransfer_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   7,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

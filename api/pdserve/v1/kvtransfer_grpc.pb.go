@@ -19,8 +19,9 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	KVTransferService_Push_FullMethodName = "/pdserve.v1.KVTransferService/Push"
-	KVTransferService_Pull_FullMethodName = "/pdserve.v1.KVTransferService/Pull"
+	KVTransferService_Push_FullMethodName         = "/pdserve.v1.KVTransferService/Push"
+	KVTransferService_Pull_FullMethodName         = "/pdserve.v1.KVTransferService/Pull"
+	KVTransferService_PullSequence_FullMethodName = "/pdserve.v1.KVTransferService/PullSequence"
 )
 
 // KVTransferServiceClient is the client API for KVTransferService service.
@@ -56,6 +57,16 @@ type KVTransferServiceClient interface {
 	// worker that holds fewer than min_blocks of the prefix answers a header
 	// of 0 tokens and ends the stream.
 	Pull(ctx context.Context, in *PullRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[PullResponse], error)
+	// PullSequence streams the KV of a running sequence this worker moved
+	// out (a live migration: the sequence's prompt and every output token
+	// but the last), to the worker that goes on generating it: a PullHeader
+	// (tier "migration"), then frames as Pull's. The worker holds the KV
+	// from the migration until one PullSequence sent it whole, a Cancel of
+	// the request, or its hold time ran out. Callers need the same role as
+	// Pull. Errors: INVALID_ARGUMENT for a bad request, NOT_FOUND when the
+	// worker holds no migrated sequence of that id, CANCELLED /
+	// DEADLINE_EXCEEDED when the call ends early.
+	PullSequence(ctx context.Context, in *PullSequenceRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[PullSequenceResponse], error)
 }
 
 type kVTransferServiceClient struct {
@@ -98,6 +109,25 @@ func (c *kVTransferServiceClient) Pull(ctx context.Context, in *PullRequest, opt
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type KVTransferService_PullClient = grpc.ServerStreamingClient[PullResponse]
 
+func (c *kVTransferServiceClient) PullSequence(ctx context.Context, in *PullSequenceRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[PullSequenceResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &KVTransferService_ServiceDesc.Streams[2], KVTransferService_PullSequence_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[PullSequenceRequest, PullSequenceResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type KVTransferService_PullSequenceClient = grpc.ServerStreamingClient[PullSequenceResponse]
+
 // KVTransferServiceServer is the server API for KVTransferService service.
 // All implementations must embed UnimplementedKVTransferServiceServer
 // for forward compatibility.
@@ -131,6 +161,16 @@ type KVTransferServiceServer interface {
 	// worker that holds fewer than min_blocks of the prefix answers a header
 	// of 0 tokens and ends the stream.
 	Pull(*PullRequest, grpc.ServerStreamingServer[PullResponse]) error
+	// PullSequence streams the KV of a running sequence this worker moved
+	// out (a live migration: the sequence's prompt and every output token
+	// but the last), to the worker that goes on generating it: a PullHeader
+	// (tier "migration"), then frames as Pull's. The worker holds the KV
+	// from the migration until one PullSequence sent it whole, a Cancel of
+	// the request, or its hold time ran out. Callers need the same role as
+	// Pull. Errors: INVALID_ARGUMENT for a bad request, NOT_FOUND when the
+	// worker holds no migrated sequence of that id, CANCELLED /
+	// DEADLINE_EXCEEDED when the call ends early.
+	PullSequence(*PullSequenceRequest, grpc.ServerStreamingServer[PullSequenceResponse]) error
 	mustEmbedUnimplementedKVTransferServiceServer()
 }
 
@@ -146,6 +186,9 @@ func (UnimplementedKVTransferServiceServer) Push(grpc.ClientStreamingServer[Push
 }
 func (UnimplementedKVTransferServiceServer) Pull(*PullRequest, grpc.ServerStreamingServer[PullResponse]) error {
 	return status.Error(codes.Unimplemented, "method Pull not implemented")
+}
+func (UnimplementedKVTransferServiceServer) PullSequence(*PullSequenceRequest, grpc.ServerStreamingServer[PullSequenceResponse]) error {
+	return status.Error(codes.Unimplemented, "method PullSequence not implemented")
 }
 func (UnimplementedKVTransferServiceServer) mustEmbedUnimplementedKVTransferServiceServer() {}
 func (UnimplementedKVTransferServiceServer) testEmbeddedByValue()                           {}
@@ -186,6 +229,17 @@ func _KVTransferService_Pull_Handler(srv interface{}, stream grpc.ServerStream) 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type KVTransferService_PullServer = grpc.ServerStreamingServer[PullResponse]
 
+func _KVTransferService_PullSequence_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(PullSequenceRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(KVTransferServiceServer).PullSequence(m, &grpc.GenericServerStream[PullSequenceRequest, PullSequenceResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type KVTransferService_PullSequenceServer = grpc.ServerStreamingServer[PullSequenceResponse]
+
 // KVTransferService_ServiceDesc is the grpc.ServiceDesc for KVTransferService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -202,6 +256,11 @@ var KVTransferService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Pull",
 			Handler:       _KVTransferService_Pull_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "PullSequence",
+			Handler:       _KVTransferService_PullSequence_Handler,
 			ServerStreams: true,
 		},
 	},

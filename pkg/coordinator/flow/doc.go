@@ -60,6 +60,19 @@
 // (success: Machine.Finish has each choice's finish reason) or Fail.
 // After that the Machine ignores every event.
 //
+// # Live migration
+//
+// A decode worker that drains moves a running request out: its stream's
+// last message says so (Tokens.Migrated) and the stream ends cleanly.
+// That is no failure (no recovery is counted): the Machine routes and
+// reserves another decode worker as for a recovery and opens Generate
+// there with the tokens the client has and MigrateFrom, the old worker,
+// from which the new one pulls the KV (no Resend). Until the new worker
+// streams a token, a recovery's worker pulls from the old one too. The
+// end cancels the request on the old worker (which drops its copy of
+// the KV when no pull took it). Tokens after Migrated break the
+// protocol (testdata/migration.txt).
+//
 // # Time
 //
 // Nothing in the flow waits on a timer: the unary calls' deadlines are

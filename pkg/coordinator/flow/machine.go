@@ -140,7 +140,13 @@ type Machine struct {
 
 	exclude         map[string]bool
 	waitingRecovery bool
-	failure         error // why the last decode worker failed
+	// migrating: the current Generate stream said its worker moved the
+	// sequence out (Tokens.Migrated); migrateFrom is that worker until a
+	// later decode worker streamed a token (so pulled the KV, or computed
+	// it): a decode worker that fails before pulls from it too.
+	migrating   bool
+	migrateFrom *router.Worker
+	failure     error // why the last decode worker failed
 
 	// firstFromPrefill: the current Generate call carries
 	// first_token_from_prefill (FirstToken is the source of position 0).
@@ -550,6 +556,12 @@ func (m *Machine) startDecode() {
 	if !m.remote {
 		g.Peer = m.decodePeer
 	}
+	if m.migrateFrom != nil && m.delivered() > 0 {
+		// The KV comes from the worker that moved the request out.
+		g.LocalPrefill, g.Peer = true, router.Pull{}
+		src := *m.migrateFrom
+		g.MigrateFrom = &src
+	}
 	m.firstSeen, m.early, m.earlyEnd = false, nil, false
 	if m.delivered() > 0 {
 		g.Generated = make([][]int32, len(m.choices))
@@ -575,6 +587,8 @@ func (m *Machine) onGenerateEnded(err *CallError) error {
 		return nil
 	case m.gone != nil:
 		return m.gone
+	case err == nil && m.migrating:
+		return m.startMigration()
 	case err == nil && m.delivered() > 0:
 		return fmt.Errorf("coordinator: decode worker %s ended request %s without a finish reason", m.decode.ID, m.cfg.ID)
 	case err == nil:
@@ -710,6 +724,27 @@ func (m *Machine) startRecovery(cause *CallError) error {
 	return nil
 }
 
+// startMigration goes on with the request on another decode worker after
+// its worker moved it out (a live migration): not a failure, so no
+// recovery is counted. The new worker is routed and reserved as for a
+// recovery, then pulls the KV from the old one (resume). The old one
+// holds that KV until it was pulled: the end cancels the request there
+// too, so that a pull that never came frees it.
+func (m *Machine) startMigration() error {
+	src := m.decode
+	m.migrating, m.migrateFrom = false, &src
+	m.reserved = false
+	m.exclude[src.ID] = true
+	m.failure = fmt.Errorf("decode worker %s moved the request out", src.ID)
+	if !slices.ContainsFunc(m.abandoned, func(w router.Worker) bool { return w.ID == src.ID }) {
+		m.abandoned = append(m.abandoned, src)
+	}
+	m.log(zapcore.InfoLevel, "decode worker moved the request out; resuming it on another",
+		zap.String("worker", src.ID), zap.Int("tokens_sent", m.delivered()))
+	m.startPlacing(&placing{decodeOnly: true})
+	return nil
+}
+
 // recover re-reserves on another decode worker (resume goes on once it
 // did). The new reservation is made before anything can send KV to the
 // worker. The KV comes from the prefill worker's retained copy (Resend)
@@ -754,7 +789,7 @@ func (m *Machine) resume(p *placing) error {
 		m.decodePeer = dec.Peer
 	}
 	m.startDecode()
-	if m.remote && !p.restart {
+	if m.remote && !p.restart && m.migrateFrom == nil {
 		m.resendPending = true
 		m.emit(Resend{Prefill: m.prefill, Decode: m.decode, Attempt: m.attempt})
 	}
@@ -798,6 +833,17 @@ func (m *Machine) addKV(kd *KV) {
 }
 
 func (m *Machine) onGenerate(resp Tokens) error {
+	if m.migrating {
+		return fmt.Errorf("coordinator: decode worker %s sent request %s's tokens after it moved it out", m.decode.ID, m.cfg.ID)
+	}
+	if resp.Migrated {
+		m.migrating = true
+		if len(resp.Tokens) == 0 && resp.Finish == "" && len(resp.PromptLogprobs) == 0 {
+			return nil
+		}
+	} else if len(resp.Tokens) > 0 {
+		m.migrateFrom = nil
+	}
 	st := resp.Stamps
 	setOnce(&m.tr.KVFirstByte, st.KVFirstByte)
 	setOnce(&m.tr.KVDone, st.KVDone)

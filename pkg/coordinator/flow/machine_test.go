@@ -321,7 +321,7 @@ func parseEvent(cmd string, a args) (Event, error) {
 		if err != nil {
 			return nil, err
 		}
-		resp := Tokens{Attempt: attempt, Index: idx, Tokens: toks, Finish: a["finish"], FirstTokenOmitted: a.has("omitted")}
+		resp := Tokens{Attempt: attempt, Index: idx, Tokens: toks, Finish: a["finish"], FirstTokenOmitted: a.has("omitted"), Migrated: a.has("migrated")}
 		// A local prefill's prefix hit and its parts by tier: hit, host,
 		// disk and peer tokens, peer-load milliseconds.
 		for _, f := range []struct {
@@ -436,6 +436,9 @@ func formatAction(m *Machine, a Action) string {
 		}
 		if a.OmitPrompt {
 			s += " no-prompt"
+		}
+		if a.MigrateFrom != nil {
+			s += " migrate-from=" + a.MigrateFrom.ID
 		}
 		return s
 	case Resend:

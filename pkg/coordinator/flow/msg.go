@@ -111,6 +111,11 @@ type Tokens struct {
 	// PromptLogprobs are the prompt's log-probabilities (a local prefill
 	// asked for them); nil: none in this message.
 	PromptLogprobs []engine.TokenLogprob
+	// Migrated: the worker moved the sequence out (a live migration, as
+	// it drains) after every token it sent; its stream ends next, and the
+	// request goes on on another decode worker that pulls the KV from
+	// this one (Generate.MigrateFrom).
+	Migrated bool
 }
 
 // GenerateEnded says the Generate stream of decode attempt Attempt ended;
@@ -227,6 +232,10 @@ type Generate struct {
 	// choice 0's first token, so the decode worker need not stream it
 	// (GenerateRequest.first_token_from_prefill).
 	FirstFromPrefill bool
+	// MigrateFrom is the decode worker that moved the request out and
+	// holds its KV (GenerateRequest.migrate_from): Worker pulls it, with
+	// LocalPrefill (it computes the KV when the pull fails); nil: none.
+	MigrateFrom *router.Worker
 }
 
 // Resend asks Prefill to re-send its retained KV to Decode; the result

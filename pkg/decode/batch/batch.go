@@ -2,6 +2,7 @@ package batch
 
 import (
 	"context"
+	"errors"
 	"github.com/pdserve/pdserve/pkg/grammar"
 	"sync/atomic"
 	"time"
@@ -110,7 +111,10 @@ type Request struct {
 // KV is a remote prefill's KV, received whole (Arrived): tokens
 // [Start, Tokens) of each layer, frame by frame as sent (Ends[l] are the
 // end tokens of layer l's frames, Layers[l] their bytes back to back),
-// the prefix before Start coming from the Request's Pin. The batch owns
+// the prefix before Start coming from the Request's Pin. For a request
+// with Generated tokens (a recovery or a migration), Tokens may go past
+// the prompt over Generated but its last: the batch then computes only
+// the generated tokens the KV lacks. The batch owns
 // it from Arrived on and calls Free once it imported or dropped it.
 type KV struct {
 	Start, Tokens int
@@ -139,7 +143,8 @@ func (k *KV) free() {
 	}
 }
 
-// Msg is a message to the batch: Join, Arrived, Cancel or Reclaimed.
+// Msg is a message to the batch: Join, Arrived, Cancel, Reclaimed or
+// Export.
 type Msg struct {
 	join    *Request
 	key     uint64
@@ -148,6 +153,7 @@ type Msg struct {
 	err     error
 	keep    bool
 	reclaim []engine.SeqID
+	export  chan<- Exported
 }
 
 // Join hands r to the batch: it joins the batch once the batch has room
@@ -172,6 +178,44 @@ func Cancel(key uint64, err error, keep bool) Msg {
 // the service reclaimed, which it frees before anything joins.
 func Reclaimed(seqs []engine.SeqID) Msg { return Msg{reclaim: seqs} }
 
+// Export ends running request key as migrated: at the step boundary the
+// batch snapshots its KV and the state its generation goes on from
+// (Snapshot), sends it on reply (which must have room for one value: the
+// loop never waits), and ends the request, reporting End{Kind: Migrated};
+// its prompt's blocks go into the prefix cache. A request that cannot be
+// moved now gets an error on reply and runs on: one that is not in the
+// batch (ErrNotRunning: not joined, still prefilling, ended), has several
+// choices or has produced no token yet (ErrNotMigratable), or whose KV
+// the engine could not export (ends it Failed).
+func Export(key uint64, reply chan<- Exported) Msg { return Msg{key: key, export: reply} }
+
+// Exported answers an Export: the snapshot, or why there is none.
+type Exported struct {
+	Snap *Snapshot
+	Err  error
+}
+
+// Errors of an Export.
+var (
+	ErrNotRunning    = errors.New("batch: the request is not decoding here")
+	ErrNotMigratable = errors.New("batch: the request cannot be migrated")
+)
+
+// Snapshot is a running request's state, from which another batch goes
+// on generating (Join a Request with Generated = Tokens and KV = KV): the
+// KV of its prompt and of every output token but the last (which is the
+// next decode input, not yet computed), and its output tokens so far,
+// those generated before a recovery included. Everything else a sampler
+// needs follows from them: a draw depends only on the seed and the
+// position (engine.Sample), penalties count Tokens, and a grammar state
+// is advanced over Tokens by the service as for a recovery.
+type Snapshot struct {
+	ID     string
+	Prompt []int32
+	Tokens []int32
+	KV     *KV
+}
+
 // Kind is how a request ended in the batch.
 type Kind int
 
@@ -190,6 +234,8 @@ const (
 	Stalled
 	// Stopped: the loop stopped.
 	Stopped
+	// Migrated: an Export took its snapshot; it goes on elsewhere.
+	Migrated
 )
 
 // End is a request that ended in the batch, reported to the service
@@ -201,6 +247,10 @@ type End struct {
 	Reason string
 	Err    error
 	Choice int
+	// Snap is a Migrated request's snapshot (also sent on its Export's
+	// reply), so that the service holds it before it says the request
+	// moved.
+	Snap *Snapshot
 }
 
 // Load is the batch's occupancy at its last step boundary.

@@ -82,6 +82,7 @@ type seq struct {
 	prefilling  bool    // a prefill chunk ran already
 	next        int32   // next decode input, once pending is empty
 	emitted     int     // output tokens so far, generated ones included
+	tokens      []int32 // choice 0's output tokens so far, generated ones included (root of n 1)
 	firstStamps bool    // "first_token" was stamped
 }
 
@@ -195,6 +196,8 @@ func (b *Batch) drain() {
 			}
 		case m.reclaim != nil:
 			b.freeCached(m.reclaim)
+		case m.export != nil:
+			b.export(m.key, m.export)
 		}
 	}
 }
@@ -208,6 +211,9 @@ func (b *Batch) join(r *Request) {
 		constraint: r.Constraint, forkStates: r.ForkStates,
 	}
 	q.penalties = newPenalties(r.Sampling.Penalties, q.generated)
+	if q.n == 1 {
+		q.tokens = slices.Clone(r.Generated)
+	}
 	q.sampling.Penalties = q.penalties
 	q.sampling.Constraint = nil
 	if q.constraint != nil {
@@ -502,7 +508,16 @@ func (b *Batch) start(q *seq, now time.Time) {
 	} else {
 		x = q.kv
 		q.kv = nil
-		err := b.importKV(q, x)
+		// The KV holds the prompt and, after a migration, generated
+		// tokens but the last: only the rest is computed.
+		extra := x.Tokens - len(q.prompt)
+		var err error
+		if extra < 0 || extra > len(regen) {
+			err = fmt.Errorf("decode: kv of %s holds %d tokens, want %d to %d (prompt and generated tokens but the last)", q.id, x.Tokens, len(q.prompt), len(q.prompt)+len(regen))
+		} else {
+			regen = regen[extra:]
+			err = b.importKV(q, x)
+		}
 		x.free()
 		b.cfg.Cache.Release(q.pin)
 		q.pin = prefixcache.Hit{}
@@ -734,6 +749,9 @@ func (b *Batch) emit(q *seq, t int32, lp *engine.TokenLogprob, batch int, now ti
 	}
 	q.emitted++
 	q.penalties.Add(t)
+	if q.parent == nil && q.n == 1 {
+		q.tokens = append(q.tokens, t)
+	}
 	if !q.firstStamps {
 		q.firstStamps = true
 		q.out.Stamp(StampFirstToken, now)
@@ -870,4 +888,50 @@ func newPenalties(w *engine.Penalties, generated []int32) *engine.Penalties {
 	p := &engine.Penalties{Presence: w.Presence, Frequency: w.Frequency}
 	p.Add(generated...)
 	return p
+}
+
+// export answers Export for request key: its snapshot, then its end as
+// Migrated; or why not.
+func (b *Batch) export(key uint64, reply chan<- Exported) {
+	q := b.joins[key]
+	switch {
+	case q == nil || q.dropped || !q.joined || len(q.pending) > 0:
+		reply <- Exported{Err: fmt.Errorf("%w (request key %d)", ErrNotRunning, key)}
+		return
+	case q.n > 1 || q.emitted == 0 || len(q.tokens) != q.emitted:
+		reply <- Exported{Err: fmt.Errorf("%w: %s has %d choices and %d tokens (want 1 choice, ≥ 1 token)", ErrNotMigratable, q.id, q.n, q.emitted)}
+		return
+	}
+	x, err := b.exportKV(q)
+	if err != nil {
+		b.cfg.Log.Error("export kv for a migration", zap.String("request_id", q.id), zap.Error(err))
+		b.end(q, End{Kind: Failed, Err: err}, false)
+		reply <- Exported{Err: err}
+		return
+	}
+	snap := &Snapshot{ID: q.id, Prompt: q.prompt, Tokens: slices.Clone(q.tokens), KV: x}
+	reply <- Exported{Snap: snap}
+	b.end(q, End{Kind: Migrated, Snap: snap}, true)
+}
+
+// exportKV copies root q's KV (its prompt and output tokens but the
+// last), one frame per layer.
+func (b *Batch) exportKV(q *seq) (*KV, error) {
+	eng := b.cfg.Engine
+	n, err := eng.Len(q.eseq)
+	if err != nil {
+		return nil, fmt.Errorf("decode: export kv of %s: %w", q.id, err)
+	}
+	if want := len(q.prompt) + q.emitted - 1; n != want {
+		return nil, fmt.Errorf("decode: export kv of %s: the engine holds %d tokens, want %d", q.id, n, want)
+	}
+	layers := eng.Spec().Layers
+	x := &KV{Tokens: n, Layers: make([][]byte, layers), Ends: make([][]int, layers), First: q.tokens[0]}
+	for l := range layers {
+		if x.Layers[l], err = eng.ExportKV(q.eseq, l, 0, n, nil); err != nil {
+			return nil, fmt.Errorf("decode: export kv of %s layer %d: %w", q.id, l, err)
+		}
+		x.Ends[l] = []int{n}
+	}
+	return x, nil
 }
