@@ -85,7 +85,7 @@ type opts struct {
 	sloTPOTMs   float64
 	overloadX   float64
 	outputLen   int
-	// overloadQueue is the coordinator's --max-admitted-requests in the overload
+	// overloadQueue is the coordinator's limits.queue_limit in the overload
 	// run: the requests it admits at once.
 	overloadQueue int
 }
@@ -103,7 +103,7 @@ func chaosMain(ctx context.Context, args []string) (int, error) {
 	fs.Float64Var(&o.sloTPOTMs, "slo-tpot-ms", 100, "TPOT SLO of slo_attainment, ms")
 	fs.IntVar(&o.outputLen, "output-len", 256, "output tokens per request (long enough that a kill mid-decode finds requests mid-way)")
 	fs.Float64Var(&o.overloadX, "overload-x", 10, "overload: the offered rate as a multiple of the measured capacity")
-	fs.IntVar(&o.overloadQueue, "overload-queue-limit", 32, "overload: the coordinator's --max-admitted-requests (requests admitted at once; the closed-loop capacity run keeps 8 in flight)")
+	fs.IntVar(&o.overloadQueue, "overload-queue-limit", 32, "overload: the coordinator's policy limits.queue_limit (requests admitted at once; the closed-loop capacity run keeps 8 in flight)")
 	if err := fs.Parse(args); err != nil {
 		return 1, err
 	}
@@ -197,7 +197,7 @@ type load struct {
 	rate       float64 // req/s; +Inf: a closed loop of conc
 	prompts    int
 	conc       int   // max concurrency (0: none)
-	queueLimit int   // the coordinator's --max-admitted-requests (0: its default)
+	queueLimit int   // the coordinator's limits.queue_limit (0: its default)
 	fault      fault // nil: none
 	repeat     bool  // run the load a second time, for goroutines_after_repeat
 }
@@ -684,7 +684,11 @@ func (o *opts) start(ctx context.Context, l load) (*cluster, error) {
 		"--nats-reconnect-wait", "250ms", "--log-level", "warn",
 		"--worker-networks", netlab.LabNet.String()} // the workers' addresses: not the default private ranges
 	if l.queueLimit > 0 {
-		coordArgs = append(coordArgs, "--max-admitted-requests", strconv.Itoa(l.queueLimit))
+		policy := filepath.Join(o.tmp, l.name+"-policy.yaml")
+		if err := os.WriteFile(policy, fmt.Appendf(nil, "limits: {queue_limit: %d}\n", l.queueLimit), 0o600); err != nil {
+			return c, err
+		}
+		coordArgs = append(coordArgs, "--policy", policy)
 	}
 	coordArgs = append(coordArgs, coordinatorFlags(o.engineFlags)...)
 	if err := c.startProc(ctx, "coordinator", "coord", filepath.Join(o.bin, "coordinator"), coordArgs...); err != nil {

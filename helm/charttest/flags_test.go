@@ -172,8 +172,10 @@ func expandArgs(c corev1.Container) ([]string, error) {
 // checkArgs parses a container's args with its binary's own flag set. Every
 // arg must be one --name=value (so that no value is mistaken for a flag),
 // name a flag the binary defines, appear once, and leave no positional
-// arguments. It returns the parsed flag values by name, and the error of
-// the options' validation separately (nil when they are valid).
+// arguments, and none may be a deprecated flag of a policy setting
+// (coordinator.PolicyFlags): the chart says those once, in the policy
+// file. It returns the parsed flag values by name, and the error of the
+// options' validation separately (nil when they are valid).
 func checkArgs(newFlags binaryFlags, args []string, files mountedFiles, tmp string) (values map[string]string, invalid error, err error) {
 	seen := map[string]bool{}
 	for _, a := range args {
@@ -185,6 +187,11 @@ func checkArgs(newFlags binaryFlags, args []string, files mountedFiles, tmp stri
 			return nil, nil, fmt.Errorf("flag --%s given twice", name)
 		}
 		seen[name] = true
+		for _, f := range coordinator.PolicyFlags {
+			if f.Name == name {
+				return nil, nil, fmt.Errorf("flag --%s is deprecated: the chart must set %s in the policy instead", name, f.Key)
+			}
+		}
 	}
 	fs, validate := newFlags()
 	fs.SetOutput(io.Discard)

@@ -16,6 +16,7 @@ import (
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/internal/poll"
+	"github.com/pdserve/pdserve/pkg/config"
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/decode"
 	"github.com/pdserve/pdserve/pkg/engine"
@@ -52,7 +53,10 @@ func trickle(t *testing.T, addr string) net.Conn {
 // they get 408 and everyone else is served again (before: 429 for as
 // long as the trickles lasted).
 func TestTrickledBodies(t *testing.T) {
-	d := start(t, nil, func(o *coordinator.Options) { o.MaxAdmittedRequests, o.HTTPBodyTimeout = 2, time.Second })
+	d := start(t, nil, func(o *coordinator.Options) {
+		o.HTTPBodyTimeout = time.Second
+		o.PolicyEdits = append(o.PolicyEdits, func(p *config.Policy) { p.Limits.QueueLimit = 2 })
+	})
 	var conns []net.Conn
 	for range 2 {
 		conns = append(conns, trickle(t, d.HTTPAddr()))

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/pdserve/pdserve/internal/poll"
+	"github.com/pdserve/pdserve/pkg/config"
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/frontend"
 )
@@ -48,7 +49,7 @@ func TestRefusalsAllLogged(t *testing.T) {
 func TestTenants(t *testing.T) {
 	d := start(t, nil, func(o *coordinator.Options) {
 		o.Auth.APIKeysFile = keyFile(t, keyA+" name=a", keyC+" name=c tpm=50")
-		o.ResponseCacheEntries = 16
+		o.PolicyEdits = append(o.PolicyEdits, func(p *config.Policy) { p.ResponseCache.Entries = 16 })
 	})
 	const secret = `{"prompt":"tenant a's secret prompt","max_tokens":4,"temperature":0}`
 	for i, key := range []string{keyA, keyA, keyC} {

@@ -17,7 +17,7 @@ var Meanings = map[string]string{
 	"engine":              "engine: ref, sim or llamacpp",
 	"first-token-policy":  "which worker's first token the client gets: prefill (kv_transfer in the first inter-token gap) or decode (kv_transfer in TTFT)",
 	"gpu-budget":          "most GPUs (cores, with CPU profiles) the two pools may use together",
-	"gpu-cost-per-hour":   "USD per GPU-hour (per core-hour with CPU profiles)",
+	"gpu-cost-per-hour":   "USD per GPU-hour (per core-hour with CPU profiles); the coordinator's deprecated flag sets its policy's pricing.gpu_usd_per_hour",
 	"host-cache-bytes":    "bytes of true KV in a worker's host-memory prefix-cache tier",
 	"kv-hash-key-file":    "file holding the deployment's secret that keys the prompts' KV block hashes; the same file for the coordinator and every worker",
 	"kv-blocks":           "KV blocks in a decode or colocated worker's pool",
@@ -39,6 +39,7 @@ var Meanings = map[string]string{
 	"prefix-cache-tokens": "KV tokens of finished prompts a worker keeps in engine memory for prefix reuse (-1: its KV memory; 0: none)",
 	"preset":              "ref engine model preset",
 	"profile":             "performance-model profile, GPU/MODEL/tpN or a profile JSON file",
+	"queue-limit":         "the coordinator's admission limit, its policy's limits.queue_limit (coordinator: deprecated, loadtest: of its local deployments)",
 	"request-timeout":     "time limit of one request",
 	"time-scale":          "performance-model time scale: wall time = modelled time × scale",
 }
@@ -46,7 +47,7 @@ var Meanings = map[string]string{
 // Synonyms maps a flag name to the flag name it means, where a binary
 // still uses another name for one meaning (to rename).
 var Synonyms = map[string]string{
-	"queue-limit": "max-admitted-requests", // loadtest: the coordinator's admission limit of its local deployments; the coordinator's former name of --max-admitted-requests
+	"queue-limit": "max-admitted-requests", // loadtest: the coordinator's admission limit of its local deployments; the coordinator's deprecated flag of limits.queue_limit, as --max-admitted-requests
 }
 
 // Clashes are the names known to carry two meanings still, each with why

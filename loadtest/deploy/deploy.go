@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/pdserve/pdserve/loadtest/report"
+	"github.com/pdserve/pdserve/pkg/config"
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/enginecfg"
@@ -163,7 +164,9 @@ func (s Spec) Options() (coordinator.Options, error) {
 	if s.FirstTokenPolicy != "" {
 		o.FirstTokenPolicy = s.FirstTokenPolicy
 	}
-	o.MaxAdmittedRequests = s.QueueLimit
+	if s.QueueLimit > 0 {
+		o.PolicyEdits = append(o.PolicyEdits, func(p *config.Policy) { p.Limits.QueueLimit = s.QueueLimit })
+	}
 	o.PolicyFile = s.PolicyFile
 	o.ModelName = s.ModelName
 	o.HeartbeatTTL = 2 * time.Second

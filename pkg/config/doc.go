@@ -5,8 +5,10 @@
 // the files that authenticate clients.
 //
 // A policy file is optional; every field has a built-in default (see
-// Default), and the coordinator's flags override the file where they are
-// set. Policy values are plain data: safe to copy and to read from many
+// Default). It is the one place of these settings: the coordinator's
+// former flags of some of them (coordinator.PolicyFlags) are deprecated,
+// and override the file only where given; its --api-keys and
+// --metrics-token-file name the auth files instead of auth. Policy values are plain data: safe to copy and to read from many
 // goroutines once loaded.
 //
 // Example file:

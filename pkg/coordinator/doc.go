@@ -48,7 +48,7 @@
 //     estimate of the decode worker's prefix cache; the flow revises a
 //     remote decision on Reserve's answer (the prompt tokens the worker
 //     really holds, pinned until the KV arrives) with the pure
-//     router.Revise: when the rest is shorter than --local-prefill-tokens
+//     router.Revise: when the rest is shorter than routing.local_prefill_below_tokens
 //     the prompt prefills on the decode worker, with the decode worker's
 //     pull (Router.Revised drops the chosen prefill worker's queued
 //     tokens), and otherwise the prefill worker skips the tokens the

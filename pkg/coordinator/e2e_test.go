@@ -19,6 +19,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"go.uber.org/goleak"
 
+	"github.com/pdserve/pdserve/pkg/config"
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/engine"
@@ -66,7 +67,9 @@ func TestOutputsMatchEngine(t *testing.T) {
 	}{
 		{"disaggregated first token from prefill", clusterOpts{}},
 		{"disaggregated first token from decode", clusterOpts{edit: func(o *coordinator.Options) { o.FirstTokenPolicy = coordinator.PolicyDecode }}},
-		{"disaggregated with local prefill of short prompts", clusterOpts{edit: func(o *coordinator.Options) { o.LocalPrefillTokens = 20 }}},
+		{"disaggregated with local prefill of short prompts", clusterOpts{edit: func(o *coordinator.Options) {
+			edit(o, func(p *config.Policy) { p.Routing.LocalPrefillBelowTokens = 20 })
+		}}},
 		{"colocated", clusterOpts{mode: coordinator.ModeColocated}},
 	}
 	for _, mode := range modes {
@@ -509,11 +512,11 @@ func TestBadInput(t *testing.T) {
 	waitFor(t, 5*time.Second, func() error { return cl.idle(t) })
 }
 
-// More requests than --max-admitted-requests, or than the decode workers' KV can
+// More requests than limits.queue_limit, or than the decode workers' KV can
 // hold, get 429 with Retry-After.
 func TestOverload(t *testing.T) {
 	t.Run("queue limit", func(t *testing.T) {
-		cl := startCluster(t, clusterOpts{gated: true, edit: func(o *coordinator.Options) { o.MaxAdmittedRequests = 1 }})
+		cl := startCluster(t, clusterOpts{gated: true, edit: func(o *coordinator.Options) { edit(o, func(p *config.Policy) { p.Limits.QueueLimit = 1 }) }})
 		var g *gatedEngine
 		for _, ge := range cl.gates {
 			g = ge

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"net"
-	"strconv"
 	"strings"
 	"time"
 
@@ -99,27 +98,17 @@ type Options struct {
 	BlockTokens int
 	// FirstTokenPolicy is PolicyPrefill or PolicyDecode.
 	FirstTokenPolicy string
-	// MaxTokensCap, MaxAdmittedRequests (--max-admitted-requests,
-	// formerly --queue-limit: requests admitted at once, the policy's
-	// limits.queue_limit) and LocalPrefillTokens override the policy
-	// file when > 0, or at any value when their flag was given (see
-	// Complete and SetFlags).
-	MaxTokensCap        int
-	MaxAdmittedRequests int
-	LocalPrefillTokens  int
-	// ResponseCacheEntries, when > 0, turns the response cache on with
-	// that many entries, overriding response_cache.entries of the policy
-	// file; when its flag was given it overrides it at any value (0: off).
-	ResponseCacheEntries int
-	// ResponseCacheShareAcrossKeys answers a request of one API key from
-	// the cached response of another key's identical request
-	// (response_cache.share_across_keys; see package frontend). Off: each
-	// key has a partition of its own. True, or its flag given, overrides
-	// the policy file.
-	ResponseCacheShareAcrossKeys bool
+	// PolicyEdits change the policy after the policy file (or the
+	// default) loads and before it is validated, in order (Complete):
+	// how code without a file (tests, loadtest's local deployments)
+	// sets a policy, and what the deprecated PolicyFlags given do. Not a
+	// flag.
+	PolicyEdits []func(*config.Policy)
+	// policyFlagsSet is the PolicyFlags given, by policy key.
+	policyFlagsSet map[string]*policyFlagValue
 	// FlagsSet names the flags given on the command line (SetFlags), so
-	// that Complete lets a given flag override the policy file even with
-	// 0 or false. Nil: only values > 0 (true) override it. Not a flag.
+	// that Validate can refuse WorkerOnlyFlags without --standalone. Not
+	// a flag.
 	FlagsSet map[string]bool
 	// HeartbeatTTL: a worker not heard from for this long leaves.
 	HeartbeatTTL time.Duration
@@ -305,10 +294,6 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.IntVar(&o.BlockTokens, "block-tokens", o.BlockTokens, "tokens per block of the prompt prefix hashes and the KV room estimate: every worker's --block-tokens must be the same (a worker whose heartbeat differs is refused)")
 	fs.StringVar(&o.Codec, "codec", o.Codec, "KV codec for transfers: none, s2, zstd, bf16, fp8 or int8; auto (the lossless one that delivers soonest on the measured link, chosen per transfer by the prefill worker) or auto-lossy (fp8 and int8 too) (empty: the prefill worker's default)")
 	fs.StringVar(&o.FirstTokenPolicy, "first-token-policy", o.FirstTokenPolicy, "first token to the client from the prefill worker at once (prefill: KV transfer in the first inter-token gap) or from the decode worker (decode: KV transfer in TTFT)")
-	fs.IntVar(&o.MaxTokensCap, "max-tokens-cap", o.MaxTokensCap, "largest max_tokens a request may ask, per choice, 0: no cap beyond the model's context (not given: limits.max_tokens_cap of --policy, else no cap)")
-	fs.IntVar(&o.MaxAdmittedRequests, "max-admitted-requests", o.MaxAdmittedRequests, fmt.Sprintf("requests admitted at once, > 0; more get 429 (not given: limits.queue_limit of --policy, else %d)", config.DefaultQueueLimit))
-	fs.IntVar(&o.LocalPrefillTokens, "local-prefill-tokens", o.LocalPrefillTokens, "disaggregated mode: prompts with fewer uncached tokens prefill on the decode worker, 0: never (not given: routing.local_prefill_below_tokens of --policy, else never)")
-	fs.IntVar(&o.ResponseCacheEntries, "response-cache-entries", o.ResponseCacheEntries, "cache this many completed responses of greedy or seeded requests and replay identical ones without a worker, 0: off (not given: response_cache.entries of --policy, else off; ttl and max_bytes from --policy)")
 	fs.DurationVar(&o.HeartbeatTTL, "heartbeat-ttl", o.HeartbeatTTL, "a worker not heard from for this long leaves the membership")
 	fs.StringVar(&o.WorkerNetworks, "worker-networks", o.WorkerNetworks, "networks (comma-separated CIDR prefixes) the coordinator dials workers in: a heartbeat whose gRPC address is outside them is refused, a host name is dialed only at an address inside them (empty: loopback with --standalone, else "+DefaultWorkerNetworks+")")
 	fs.Int64Var(&o.KVIndexMaxBytes, "kv-index-max-bytes", o.KVIndexMaxBytes, "memory cap of the index of every worker's KV events together, bytes; beyond it the worker holding the most blocks loses some (counted in pdserve_coordinator_kv_index_blocks_dropped_total)")
@@ -319,7 +304,6 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.Int64Var(&o.MaxBodyBytes, "max-body-bytes", o.MaxBodyBytes, "largest request body in bytes; a larger one gets 413")
 	fs.StringVar(&o.ChatTemplateFile, "chat-template-file", o.ChatTemplateFile, "Jinja chat template (a file) that renders chats instead of the model's tokenizer.chat_template, as vLLM's --chat-template and llama-server's --chat-template-file (empty: the model's)")
 	fs.Int64Var(&o.MaxInFlightBodyBytes, "max-inflight-body-bytes", o.MaxInFlightBodyBytes, "memory budget in bytes of the request bodies in flight, all together: a body takes its size at admission until its response ends; one that does not fit gets 429 (0: none)")
-	fs.BoolVar(&o.ResponseCacheShareAcrossKeys, "response-cache-share-across-keys", o.ResponseCacheShareAcrossKeys, "answer a request of one API key from the cached response of another key's identical request (false: each key has a partition of its own; not given: response_cache.share_across_keys of --policy)")
 	fs.DurationVar(&o.HTTPReadHeaderTimeout, "http-read-header-timeout", o.HTTPReadHeaderTimeout, "how long a client may take to send a request's headers before its connection is closed")
 	fs.DurationVar(&o.HTTPBodyIdleTimeout, "http-body-idle-timeout", o.HTTPBodyIdleTimeout, "how long a request body may make no progress before the request gets 408 (response streams are not bounded)")
 	fs.DurationVar(&o.HTTPBodyTimeout, "http-body-timeout", o.HTTPBodyTimeout, "how long a whole request body may take to arrive before the request gets 408, however steadily it trickles")
@@ -338,7 +322,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	o.Engine.AddFlags(fs)
 	o.Auth.addFlags(fs)
 	o.Tracing.AddFlags(fs)
-	cliflags.AddRenamed(fs, cliflags.Renamed{Old: "queue-limit", New: "max-admitted-requests"})
+	o.addPolicyFlags(fs)
 }
 
 // WorkerOnlyFlags are the coordinator's flags that only its standalone
@@ -365,9 +349,7 @@ func (o Options) workerOnlyGiven() []string {
 }
 
 // SetFlags records in FlagsSet the flags fs was given (call it after
-// fs.Parse, before Complete), so that a flag given with 0 or false still
-// overrides the policy file: --local-prefill-tokens 0 turns local
-// prefill off whatever routing.local_prefill_below_tokens says.
+// fs.Parse, before Validate).
 func (o *Options) SetFlags(fs *flag.FlagSet) {
 	o.FlagsSet = make(map[string]bool)
 	fs.Visit(func(f *flag.Flag) { o.FlagsSet[f.Name] = true })
@@ -401,9 +383,10 @@ func (o Options) tlsUse() grpcnet.TLSUse {
 	return grpcnet.TLSDial
 }
 
-// Complete loads the policy file (when given) into Policy and applies the
-// flags that override it, and checks the auth files (see auth.go).
-// Errors: the files' errors.
+// Complete loads the policy file (when given) into Policy, applies
+// PolicyEdits (the deprecated PolicyFlags given among them) and validates
+// the result, and checks the auth files (see auth.go). Errors: the files'
+// errors, a policy the edits made invalid.
 func (o *Options) Complete() error {
 	p := config.Default()
 	if o.PolicyFile != "" {
@@ -412,28 +395,11 @@ func (o *Options) Complete() error {
 			return fmt.Errorf("coordinator: %w", err)
 		}
 	}
-	// A flag overrides the file when given, or, set in code, when > 0.
-	given := func(name string, v int) bool { return v > 0 || o.FlagsSet[name] }
-	if given("max-tokens-cap", o.MaxTokensCap) {
-		p.Limits.MaxTokensCap = o.MaxTokensCap
-		if o.MaxTokensCap > 0 {
-			p.Limits.DefaultMaxTokens = min(p.Limits.DefaultMaxTokens, o.MaxTokensCap)
-		}
+	for _, edit := range o.PolicyEdits {
+		edit(&p)
 	}
-	if given("max-admitted-requests", o.MaxAdmittedRequests) {
-		if o.MaxAdmittedRequests <= 0 {
-			return fmt.Errorf("coordinator: %w", cliflags.BadFlag("max-admitted-requests", strconv.Itoa(o.MaxAdmittedRequests), errors.New("must be > 0: the coordinator never queues without bound")))
-		}
-		p.Limits.QueueLimit = o.MaxAdmittedRequests
-	}
-	if given("local-prefill-tokens", o.LocalPrefillTokens) {
-		p.Routing.LocalPrefillBelowTokens = o.LocalPrefillTokens
-	}
-	if given("response-cache-entries", o.ResponseCacheEntries) {
-		p.ResponseCache.Entries = o.ResponseCacheEntries
-	}
-	if o.ResponseCacheShareAcrossKeys || o.FlagsSet["response-cache-share-across-keys"] {
-		p.ResponseCache.ShareAcrossKeys = o.ResponseCacheShareAcrossKeys
+	if err := p.Validate(); err != nil {
+		return fmt.Errorf("coordinator: policy: %w", err)
 	}
 	if err := o.Auth.complete(&p); err != nil {
 		return fmt.Errorf("coordinator: %w", err)
@@ -484,14 +450,8 @@ func (o Options) Validate() error {
 	default:
 		bad("first-token-policy %q must be %s or %s", o.FirstTokenPolicy, PolicyPrefill, PolicyDecode)
 	}
-	if o.MaxTokensCap < 0 || o.MaxAdmittedRequests < 0 || o.LocalPrefillTokens < 0 {
-		bad("max-tokens-cap, max-admitted-requests and local-prefill-tokens must not be negative")
-	}
 	if err := o.Responses.Validate(); err != nil {
 		bad("--responses-*: %v", err)
-	}
-	if o.ResponseCacheEntries < 0 {
-		bad("response-cache-entries %d must not be negative (0: off)", o.ResponseCacheEntries)
 	}
 	if o.HeartbeatTTL <= 0 {
 		bad("heartbeat-ttl %v must be positive", o.HeartbeatTTL)

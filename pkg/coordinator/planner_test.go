@@ -21,6 +21,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/pdserve/pdserve/internal/plannertest"
+	"github.com/pdserve/pdserve/pkg/config"
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/planner"
@@ -102,8 +103,9 @@ func TestPlannerObservesPublishesAndExports(t *testing.T) {
 	ticks := make(chan time.Time)
 	cl := startCluster(t, clusterOpts{edit: func(o *coordinator.Options) {
 		o.Engine, o.PolicyFile = plannertest.SimEngine(), plannertest.SLOPolicy(t)
+		edit(o, func(p *config.Policy) { p.Pricing.GPUUSDPerHour = 2.5 })
 	}, planner: func(p *plannerhost.Options) {
-		p.MinObservations, p.GPUBudget, p.GPUCostPerHour = 5, 4, 2.5
+		p.MinObservations, p.GPUBudget = 5, 4
 		p.Ticks = ticks
 	}})
 	if cl.planner == nil {

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/pdserve/pdserve/pkg/config"
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/engine"
@@ -71,7 +72,7 @@ func TestPrefixCacheEndToEnd(t *testing.T) {
 // 3 s, so for the two requests it still shows the empty cache of its
 // first one). When the
 // decode worker's Reserve answers a real hit that leaves fewer uncached
-// tokens than --local-prefill-tokens, the prompt prefills there instead
+// tokens than routing.local_prefill_below_tokens, the prompt prefills there instead
 // of crossing to a prefill worker: mode "local", the decode worker's own
 // hit in the budget, the router's local_reserved count (and no predicted
 // hit), and the engine's tokens.
@@ -86,7 +87,8 @@ func TestPrefixHitAtReserveDecidesLocal(t *testing.T) {
 	}
 	cl := startCluster(t, clusterOpts{
 		edit: func(o *coordinator.Options) {
-			o.LocalPrefillTokens, o.HeartbeatTTL, o.PolicyFile = 32, 30*time.Second, policy
+			o.HeartbeatTTL, o.PolicyFile = 30*time.Second, policy
+			edit(o, func(p *config.Policy) { p.Routing.LocalPrefillBelowTokens = 32 })
 		},
 		worker: func(wo *workerrun.Options) {
 			wo.Prefill.PrefixCache.MaxTokens = 4096

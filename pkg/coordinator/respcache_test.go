@@ -10,18 +10,21 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/pdserve/pdserve/pkg/config"
 	"github.com/pdserve/pdserve/pkg/coordinator"
 )
 
-// TestResponseCacheOptions: --response-cache-entries overrides the policy
-// file's entries and keeps its ttl; a negative count is refused.
+// TestResponseCacheOptions: a policy edit of the entries (what the
+// deprecated --response-cache-entries does) overrides the policy file's
+// and keeps its ttl; a negative count is refused, naming the key.
 func TestResponseCacheOptions(t *testing.T) {
 	policy := filepath.Join(t.TempDir(), "policy.yaml")
 	if err := os.WriteFile(policy, []byte("response_cache: {entries: 3, ttl: 90s}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	o := coordinator.DefaultOptions()
-	o.PolicyFile, o.ResponseCacheEntries = policy, 50
+	o.PolicyFile = policy
+	edit(&o, func(p *config.Policy) { p.ResponseCache.Entries = 50 })
 	if err := o.Complete(); err != nil {
 		t.Fatal(err)
 	}
@@ -31,9 +34,9 @@ func TestResponseCacheOptions(t *testing.T) {
 	if err := o.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	o.ResponseCacheEntries = -1
-	if err := o.Validate(); err == nil || !strings.Contains(err.Error(), "response-cache-entries") {
-		t.Errorf("Validate = %v, want an error about response-cache-entries", err)
+	edit(&o, func(p *config.Policy) { p.ResponseCache.Entries = -1 })
+	if err := o.Complete(); err == nil || !strings.Contains(err.Error(), "response_cache: entries") {
+		t.Errorf("Complete = %v, want an error about response_cache entries", err)
 	}
 }
 
@@ -41,7 +44,7 @@ func TestResponseCacheOptions(t *testing.T) {
 // a repeated greedy request is a hit with the tokens of the miss and no
 // worker in its budget; an unseeded sampled one is never looked up.
 func TestResponseCacheEndToEnd(t *testing.T) {
-	cl := startCluster(t, clusterOpts{edit: func(o *coordinator.Options) { o.ResponseCacheEntries = 8 }})
+	cl := startCluster(t, clusterOpts{edit: func(o *coordinator.Options) { edit(o, func(p *config.Policy) { p.ResponseCache.Entries = 8 }) }})
 	ctx := context.Background()
 	greedy := request{Prompt: "the cache replays this", MaxTokens: 12, IgnoreEOS: true, Stream: true}
 	miss := complete(ctx, t, cl.url, greedy)

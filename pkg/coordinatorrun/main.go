@@ -83,15 +83,17 @@ func tableCommand(name, summary string, write func(io.Writer) error) func(contex
 
 // helpGroups are the sections of the coordinator's --help, by concern.
 var helpGroups = []cliflags.Group{
-	{Title: "OpenAI API (HTTP)", Flags: []string{"http-*", "max-body-bytes", "max-inflight-body-bytes", "max-tokens-cap", "max-admitted-requests",
-		"retry-after", "model-name", "chat-template-file", "response-cache-*", "responses-*", "api-keys", "metrics-token-file", "auth-reload-interval", "shutdown-timeout"}},
-	{Title: "Routing and serving", Flags: []string{"mode", "first-token-policy", "local-prefill-tokens", "block-tokens", "kv-hash-key-file", "codec", "heartbeat-ttl", "policy",
+	{Title: "OpenAI API (HTTP)", Flags: []string{"http-*", "max-body-bytes", "max-inflight-body-bytes",
+		"retry-after", "model-name", "chat-template-file", "responses-*", "api-keys", "metrics-token-file", "auth-reload-interval", "shutdown-timeout"}},
+	{Title: "Routing and serving", Flags: []string{"mode", "first-token-policy", "block-tokens", "kv-hash-key-file", "codec", "heartbeat-ttl", "policy",
 		"worker-networks", "kv-index-*"}},
 	{Title: "Standalone workers and their engine", Flags: []string{"standalone", "prefill-workers", "decode-workers", "engine", "engine-threads",
 		"preset", "profile", "seed", "time-scale", "payload-scale", "model", "ctx-size", "gpu-layers", "kv-type", "max-seqs", "llama-*", "no-repack"}},
 	{Title: "NATS (control plane)", Flags: []string{"nats-*"}},
 	{Title: "gRPC between components (TLS, credentials, keepalive)", Flags: []string{"tls-*", "grpc-*"}},
-	{Title: "Planner", Flags: []string{"planner*", "link-gbps", "gpu-*"}},
+	{Title: "Planner", Flags: []string{"planner*", "link-gbps", "gpu-budget"}},
+	{Title: "Deprecated: settings of the policy file (--policy), kept for one release", Flags: []string{"max-tokens-cap", "max-admitted-requests",
+		"queue-limit", "local-prefill-tokens", "response-cache-*", "gpu-cost-per-hour"}},
 	{Title: "Tracing (OpenTelemetry)", Flags: []string{"otel-*"}},
 	{Title: "Logging and version", Flags: []string{"log-level", "version"}},
 }
@@ -101,9 +103,10 @@ var helpGroups = []cliflags.Group{
 // it, and it reloads the files). args are the arguments without the
 // program name: a subcommand name and its arguments, or the serve flags.
 // --help and --version print to stdout; errors before the logger exists
-// go to stderr, one line per problem (cliflags.PrintError). A former name
-// of a flag (--queue-limit) works as its flag does, with one
-// warning logged at start. It returns the exit code: 0 after a clean
+// go to stderr, one line per problem (cliflags.PrintError). A former flag
+// of a policy setting (coordinator.PolicyFlags: --max-admitted-requests,
+// --gpu-cost-per-hour, …) sets that setting over the policy file, with
+// one warning logged at start. It returns the exit code: 0 after a clean
 // stop, --help or --version, 2 for bad flags, settings or policy file, 1
 // when serving failed.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -162,6 +165,9 @@ func mainWith(ctx context.Context, args []string, stdout, stderr io.Writer, newL
 	defer func() { _ = log.Sync() }()
 	for _, r := range cliflags.RenamedGiven(fs) {
 		log.Warn(r.Deprecation())
+	}
+	for _, f := range coordinator.PolicyFlagsGiven(fs) {
+		log.Warn(f.Deprecation())
 	}
 	log.Info("effective configuration", append(o.LogFields(), po.LogFields(o)...)...)
 	if a := o.Policy.Auth; (a.APIKeysFile != "" || a.MetricsTokenFile != "") && o.Auth.ReloadSignals == nil {

@@ -44,10 +44,10 @@ func TestMainHelpDocumentsEveryFlag(t *testing.T) {
 	})
 	// The names the Helm chart relies on.
 	for _, name := range []string{"http-addr", "nats-url", "nats-listen", "standalone", "mode", "codec", "first-token-policy",
-		"max-tokens-cap", "max-admitted-requests", "heartbeat-ttl", "model-name", "prefill-workers", "decode-workers",
+		"heartbeat-ttl", "model-name", "prefill-workers", "decode-workers",
 		"log-level", "policy", "engine", "preset", "profile", "time-scale", "tls-cert", "tls-key", "tls-ca", "tls-server-name",
 		"planner", "planner-profile", "planner-codec", "planner-interval", "planner-window", "planner-cooldown", "planner-hysteresis",
-		"planner-namespace", "planner-prefill-deployment", "planner-decode-deployment", "link-gbps", "gpu-cost-per-hour", "gpu-budget"} {
+		"planner-namespace", "planner-prefill-deployment", "planner-decode-deployment", "link-gbps", "gpu-budget"} {
 		if fs.Lookup(name) == nil {
 			t.Errorf("flag --%s is missing", name)
 		}
@@ -142,8 +142,8 @@ func TestMainExitCodes(t *testing.T) {
 		{"worker flags without --standalone", []string{"--decode-workers", "2", "--gpu-layers", "10", "--kv-type", "q8_0"}, 2,
 			"--decode-workers, --gpu-layers, --kv-type: worker flags, read only with --standalone (give them to the workers)"},
 		{"worker flags with --standalone", []string{"--standalone", "--decode-workers", "0"}, 2, "decode-workers 0 must be positive in standalone mode"},
-		{"former and new name disagree", []string{"--queue-limit=3", "--max-admitted-requests=4"}, 2,
-			"coordinator: --queue-limit 3 and --max-admitted-requests 4: --queue-limit is the former name of --max-admitted-requests; give one\n"},
+		{"two flags of one policy key disagree", []string{"--queue-limit=3", "--max-admitted-requests=4"}, 2,
+			"invalid value \"4\" for flag -max-admitted-requests: --queue-limit 3 was given too: both set limits.queue_limit; give one"},
 		{"stray argument", []string{"--mode", "colocated", "extra"}, 2, "unexpected"},
 		{"unknown subcommand", []string{"deploy"}, 2, "unknown subcommand"},
 		{"profiles", []string{"profiles"}, 0, "PROFILE"},

@@ -12,9 +12,10 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 )
 
-// TestRenamedFlags: the coordinator's former flag name --queue-limit sets
-// --max-admitted-requests, as the effective configuration logs it, and
-// logs one deprecation warning at start.
+// TestRenamedFlags: the coordinator's former flags of the policy's
+// limits.queue_limit, --max-admitted-requests and --queue-limit, set it
+// over the policy file, as the effective configuration logs it, and each
+// logs one deprecation warning at start naming the policy key.
 func TestRenamedFlags(t *testing.T) {
 	policy := filepath.Join(t.TempDir(), "policy.yaml")
 	if err := os.WriteFile(policy, []byte("limits: {queue_limit: 9, max_tokens_cap: 40}\n"), 0o600); err != nil {
@@ -26,10 +27,11 @@ func TestRenamedFlags(t *testing.T) {
 		admitted int64 // queue_limit logged
 		warnings []string
 	}{
-		{"new names", []string{"--policy", policy, "--max-admitted-requests=3"}, 3, nil},
+		{"former flag", []string{"--policy", policy, "--max-admitted-requests=3"}, 3,
+			[]string{"flag --max-admitted-requests is deprecated, set limits.queue_limit in the --policy file"}},
 		{"the policy's", []string{"--policy", policy}, 9, nil},
 		{"former name", []string{"--policy", policy, "--queue-limit=3"}, 3,
-			[]string{"flag --queue-limit is deprecated, use --max-admitted-requests"}},
+			[]string{"flag --queue-limit is deprecated, set limits.queue_limit in the --policy file"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			core, logs := observer.New(zap.InfoLevel)

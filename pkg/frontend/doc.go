@@ -346,8 +346,7 @@
 //
 // # Response cache
 //
-// With the policy's response_cache (entries > 0; the coordinator's
-// --response-cache-entries) each prompt of a greedy (temperature 0) or
+// With the policy's response_cache (entries > 0) each prompt of a greedy (temperature 0) or
 // seeded request is looked up before its Backend call, keyed by the
 // route, the model, the prompt tokens, max_tokens, n, temperature, top_p,
 // the seed (not at temperature 0), the penalties, ignore_eos, logprobs,
@@ -367,8 +366,7 @@
 //
 // With API keys the cache is partitioned by key (its SHA-256 leads the
 // cache key): a hit, and its speed, would tell a tenant what another
-// asked. The policy's response_cache.share_across_keys (the coordinator's
-// --response-cache-share-across-keys) shares it across keys instead.
+// asked. The policy's response_cache.share_across_keys shares it across keys instead.
 // Without API keys there is one partition.
 //
 // # Choices

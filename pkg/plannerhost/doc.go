@@ -1,6 +1,7 @@
 // Package plannerhost runs package planner's Online inside a coordinator:
-// Options (--planner and --planner-*, --link-gbps, --gpu-cost-per-hour,
-// --gpu-budget) and Host, a coordinator.Extension. The coordinator hands
+// Options (--planner and --planner-*, --link-gbps, --gpu-budget; the
+// GPU price is the policy's pricing.gpu_usd_per_hour, the one that prices
+// requests) and Host, a coordinator.Extension. The coordinator hands
 // Host the budget trace of every request it completed; a re-plan every
 // interval publishes a planner.Decision on control.PlanSubject and sets
 // pdserve_pool_replicas{role,kind="desired|current"} (current: live

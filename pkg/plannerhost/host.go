@@ -85,8 +85,6 @@ type Options struct {
 	// LinkGbps is each worker's bandwidth to the other pool, each
 	// direction, Gb/s (> 0).
 	LinkGbps float64
-	// GPUCostPerHour is USD per GPU-hour (≥ 0; 0: unknown, no cost gauge).
-	GPUCostPerHour float64
 	// GPUBudget is the most GPUs both pools may use together; for a
 	// CPU profile the most cores, a worker taking its profile's threads.
 	// 0: planner.DefaultBudget (16 GPUs; a CPU profile: the logical CPUs
@@ -163,7 +161,6 @@ func (p *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&p.PrefillDeployment, "planner-prefill-deployment", p.PrefillDeployment, "kubernetes planner: name of the prefill worker Deployment")
 	fs.StringVar(&p.DecodeDeployment, "planner-decode-deployment", p.DecodeDeployment, "kubernetes planner: name of the decode worker Deployment")
 	fs.Float64Var(&p.LinkGbps, "link-gbps", p.LinkGbps, "planner: bandwidth between the pools per worker, each direction, Gb/s")
-	fs.Float64Var(&p.GPUCostPerHour, "gpu-cost-per-hour", p.GPUCostPerHour, "planner: USD per GPU-hour, for pdserve_planner_desired_cost_usd_per_hour (0: unknown)")
 	fs.IntVar(&p.GPUBudget, "gpu-budget", p.GPUBudget, "planner: most GPUs the prefill and decode pools may use together; with a CPU profile (coordinator profile on a CPU) the most cores, a worker taking the profile's threads (0: 16 GPUs, or the logical CPUs the CPU profile was measured on)")
 }
 
@@ -301,7 +298,6 @@ func (p Options) LogFields(co coordinator.Options) []zap.Field {
 		zap.Float64("planner_role_min_gain", p.RoleMinGain),
 		zap.Float64("slo_attainment", co.Policy.SLO.AttainmentOrDefault()),
 		zap.Float64("link_gbps", p.LinkGbps),
-		zap.Float64("gpu_cost_per_hour", p.GPUCostPerHour),
 		zap.Int("gpu_budget", p.GPUBudget),
 	}
 	if mode == Kubernetes {
@@ -408,7 +404,7 @@ func (p Options) onlineConfig(co coordinator.Options, model, profile, decodeProf
 			LinkBytesPerSec: p.LinkGbps * 1e9 / 8,
 			Codec:           codec,
 			Policy:          planner.Policy(co.FirstTokenPolicy),
-			GPUCostPerHour:  p.GPUCostPerHour,
+			GPUCostPerHour:  co.Policy.Pricing.GPUUSDPerHour,
 			GPUBudget:       budget,
 			Seed:            1,
 		},
@@ -653,7 +649,7 @@ func costGauge(base planner.Config) prometheus.Gauge {
 		return nil
 	}
 	return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "pdserve", Name: "planner_desired_cost_usd_per_hour",
-		Help: "USD per hour of the GPUs of the pools the planner desires (--gpu-cost-per-hour × GPUs)."})
+		Help: "USD per hour of the GPUs of the pools the planner desires (the policy's pricing.gpu_usd_per_hour × GPUs)."})
 }
 
 // ObserveTrace implements coordinator.Extension: the trace of a completed

@@ -103,10 +103,6 @@ func TestPlannerOptions(t *testing.T) {
 			standaloneSim(o)
 			p.LinkGbps = 0
 		}, wantErr: "link bandwidth"},
-		{name: "negative GPU cost", edit: func(o *coordinator.Options, p *plannerhost.Options) {
-			standaloneSim(o)
-			p.GPUCostPerHour = -1
-		}, wantErr: "GPU cost"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -1,6 +1,7 @@
 package llamacpp
 
 import (
+	"os"
 	"testing"
 
 	"github.com/pdserve/pdserve/pkg/engine"
@@ -24,22 +25,44 @@ import (
 // must agree token for token.
 const conformanceTol = 1e-2
 
+// kernelCases are the conformance cases whose outcome the CPU kernels
+// decide: each compares the logits of one sequence computed in two batch
+// shapes, chunkings or cache layouts (prefill in chunks, decode in
+// batches, one RunStep against separate calls, forked cells, every
+// prompt row) within conformanceTol, and a variant's kernels round
+// differently. The other cases check what no variant changes: the
+// engine's bookkeeping (errors, lengths, the export layout,
+// cancellation) and the Go sampler on the run's own logits
+// (SeededSampling, Penalties; their logits are BatchedDecode's crowded
+// batch). A CPU variant's process (TestConformanceVariants) runs these
+// alone, about 37% of the suite's time on the default variant; that one
+// runs the whole suite.
+var kernelCases = []string{"ChunkedPrefill", "BatchedDecode", "RunStep", "Fork", "AllLogits"}
+
+// conformanceModels are TestConformance's models and KV cache types.
+var conformanceModels = []struct {
+	model string
+	kv    engine.DType
+}{
+	{"llama-f32", engine.F16},
+	{"qwen2-f16", engine.F16},
+	{"llama-q8", engine.Q8_0},
+}
+
 // TestConformance runs the engine contract's suite on random-weight models
 // of two architectures and both KV cache types, logits compared within
-// conformanceTol.
+// conformanceTol: the whole suite on the CPU variant llama.cpp picks, the
+// kernelCases in a variant's process of TestConformanceVariants.
 func TestConformance(t *testing.T) {
-	for _, tc := range []struct {
-		model string
-		kv    engine.DType
-	}{
-		{"llama-f32", engine.F16},
-		{"qwen2-f16", engine.F16},
-		{"llama-q8", engine.Q8_0},
-	} {
+	opts := []enginetest.Option{enginetest.LogitTolerance(conformanceTol)}
+	if os.Getenv(envTestVariant) != "" {
+		opts = append(opts, enginetest.Only(kernelCases...))
+	}
+	for _, tc := range conformanceModels {
 		t.Run(tc.model+"/"+tc.kv.String(), func(t *testing.T) {
 			enginetest.Run(t, func(t *testing.T) engine.Engine {
 				return newTestEngine(t, tc.model, func(o *Options) { o.KVType = tc.kv })
-			}, enginetest.LogitTolerance(conformanceTol))
+			}, opts...)
 			t.Logf("llama.cpp CPU variant: %s", LoadedCPUVariant())
 		})
 	}
