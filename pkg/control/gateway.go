@@ -70,13 +70,13 @@ func StartGateway(name, listen string, remotes map[string][]*url.URL, tlsCfg, re
 		},
 	}
 	if tlsCfg != nil {
-		opts.Gateway.TLSTimeout = 2
+		opts.Gateway.TLSTimeout = gatewayTLSTimeout
 	}
 	for _, n := range slices.Sorted(maps.Keys(remotes)) {
 		r := &server.RemoteGatewayOpts{Name: n, URLs: remotes[n]}
 		if remoteTLS != nil {
 			r.TLSConfig = remoteTLS.Clone()
-			r.TLSTimeout = 2
+			r.TLSTimeout = gatewayTLSTimeout
 		}
 		opts.Gateway.Gateways = append(opts.Gateway.Gateways, r)
 	}
@@ -124,3 +124,7 @@ func (g *Gateway) Shutdown() {
 	g.s.Shutdown()
 	g.s.WaitForShutdown()
 }
+
+// gatewayTLSTimeout bounds a gateway connection's TLS handshake, seconds:
+// generous, since a region's link may be slow and its host loaded.
+const gatewayTLSTimeout = 10
