@@ -79,6 +79,9 @@ type Trace struct {
 	// Objective is the request's latency objective and, when it named a
 	// tier alias, the tier's choice; zero when neither applies.
 	Objective Objective
+	// Region is where the request was served and how it got there; zero
+	// without regions (package region).
+	Region Region
 
 	// ITLs are the gaps between successive token deliveries to the client
 	// (a delivery may carry several tokens). Appended by Tokens.
@@ -227,6 +230,10 @@ type Summary struct {
 	Tier            string  `json:"tier,omitempty"`
 	TierFallback    string  `json:"tier_fallback,omitempty"`
 	PredictedTTFTMs float64 `json:"predicted_ttft_ms,omitempty"`
+	// The region's fields (Region), each absent when unset.
+	Region       string  `json:"region,omitempty"`
+	OriginRegion string  `json:"origin_region,omitempty"`
+	RegionRTTMs  float64 `json:"region_rtt_ms,omitempty"`
 
 	CostUSD            *float64 `json:"cost_usd,omitempty"`
 	CostUSDPer1kTokens *float64 `json:"cost_usd_per_1k_tokens,omitempty"`
@@ -275,6 +282,9 @@ func (t *Trace) Summary() Summary {
 		Tier:                  t.Objective.Tier,
 		TierFallback:          t.Objective.TierFallback,
 		PredictedTTFTMs:       ms(t.Objective.PredictedTTFT),
+		Region:                t.Region.Name,
+		OriginRegion:          t.Region.Origin,
+		RegionRTTMs:           ms(t.Region.RTT),
 	}
 	if c, ok := t.Cost(); ok {
 		sum.CostUSD = ptr(roundSig(c.USD))
@@ -308,6 +318,9 @@ func (t *Trace) Fields() []zap.Field {
 		zap.String("priority", t.Objective.Priority),
 		zap.Float64("ttft_budget_ms", ms(t.Objective.TTFTBudget)),
 		zap.Float64("predicted_ttft_ms", ms(t.Objective.PredictedTTFT)),
+		zap.String("region", t.Region.Name),
+		zap.String("origin_region", t.Region.Origin),
+		zap.Float64("region_rtt_ms", ms(t.Region.RTT)),
 		zap.String("mode", t.Mode),
 		zap.String("first_token_policy", t.FirstTokenPolicy),
 		zap.Int("prompt_tokens", t.PromptTokens),
@@ -392,6 +405,7 @@ const (
 	StatusInvalid     = "invalid"     // refused: bad request (4xx)
 	StatusRejected    = "rejected"    // refused: overload (429)
 	StatusUnavailable = "unavailable" // refused: no workers (503)
+	StatusForwarded   = "forwarded"   // served by another region (package region); its terms are that region's
 )
 
 // Values of Trace.Cache and of the result label of
@@ -416,4 +430,20 @@ type Objective struct {
 	// PredictedTTFT is the chosen model's predicted TTFT; 0 when
 	// unmeasured or no tier.
 	PredictedTTFT time.Duration
+}
+
+// Region is where a request was served in a federation of regions
+// (package region), and the network term of getting it there.
+type Region struct {
+	// Name is the region that served the request.
+	Name string
+	// Origin is the region whose coordinator the client called, when
+	// that coordinator forwarded the request here; "" when the client
+	// called this region.
+	Origin string
+	// RTT is the round trip between the origin's coordinator and this
+	// region's, as the origin measured it over the federation (a term
+	// of the client's TTFT that this region's own terms leave out); 0
+	// when not forwarded.
+	RTT time.Duration
 }

@@ -130,8 +130,8 @@ func Permissions(role Role, id string) (*server.Permissions, error) {
 			}, nil
 		}
 		return &server.Permissions{
-			Publish:   &server.SubjectPermission{Allow: append([]string{commandPrefix + ">", PlanSubject}, respstore.Subjects()...)},
-			Subscribe: &server.SubjectPermission{Allow: []string{HeartbeatWildcard, KVWildcard, PlanSubject, inboxWildcard}},
+			Publish:   &server.SubjectPermission{Allow: append([]string{commandPrefix + ">", PlanSubject, RegionWildcard}, respstore.Subjects()...)},
+			Subscribe: &server.SubjectPermission{Allow: []string{HeartbeatWildcard, KVWildcard, PlanSubject, inboxWildcard, RegionWildcard}},
 		}, nil
 	case RolePrefill, RoleDecode, RoleColocated:
 		tok := id

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"strconv"
 	"strings"
 	"syscall"
@@ -35,6 +36,20 @@ type embeddedConfig struct {
 	// memory and on disk (bytes); jsDir "" without JetStream.
 	jsDir string
 	jsMax int64
+	// leaf: the region gateway's leafnode this server connects to, nil
+	// without.
+	leaf *url.URL
+}
+
+// regionLocal are the subjects that never leave a region: the workers'
+// heartbeats, commands and KV events, plans, replies, JetStream.
+var regionLocal = []string{heartbeatPrefix + ">", commandPrefix + ">", KVWildcard, PlanSubject, inboxWildcard, "$JS.>", "$KV.>", "$SYS.>"}
+
+// WithLeafRemote connects the server to the leafnode listener of a
+// region's gateway server (StartGateway), through which only the region
+// subjects cross to the other regions.
+func WithLeafRemote(g *Gateway) EmbeddedOption {
+	return func(c *embeddedConfig) { c.leaf = g.leafURL }
 }
 
 // WithJetStream enables JetStream (the stored responses' key-value
@@ -95,6 +110,11 @@ func StartEmbedded(addr string, opts ...EmbeddedOption) (*server.Server, string,
 	if cfg.jsDir != "" {
 		sopts.JetStream, sopts.StoreDir = true, cfg.jsDir
 		sopts.JetStreamMaxMemory, sopts.JetStreamMaxStore = cfg.jsMax, cfg.jsMax
+	}
+	if cfg.leaf != nil {
+		// The gateway server's leaf user is allowed the region subjects
+		// only; the region's own traffic is denied here too, both ways.
+		sopts.LeafNode.Remotes = []*server.RemoteLeafOpts{{URLs: []*url.URL{cfg.leaf}, DenyImports: regionLocal, DenyExports: regionLocal}}
 	}
 	if cfg.auth {
 		if len(cfg.users) == 0 {

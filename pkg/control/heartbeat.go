@@ -112,6 +112,13 @@ const (
 	HeartbeatWildcard = heartbeatPrefix + ">"
 	// PlanSubject carries planner decisions.
 	PlanSubject = "pdserve.plan"
+	// RegionPrefix starts the subjects of the regions' federation
+	// (package region): coordinators' summaries and their round-trip
+	// probes, which cross the NATS gateways between regions. Only
+	// coordinators publish and subscribe to them.
+	RegionPrefix = "pdserve.region."
+	// RegionWildcard matches every region subject.
+	RegionWildcard = RegionPrefix + ">"
 )
 
 // HeartbeatSubject returns "pdserve.hb.<role>.<id>".

@@ -48,8 +48,9 @@ type Coordinator struct {
 	log *zap.Logger
 	reg *prometheus.Registry
 
-	ns      *server.Server // embedded NATS, or nil
-	jsDir   string         // the embedded NATS server's JetStream directory, "" when none
+	ns      *server.Server   // embedded NATS, or nil
+	gw      *control.Gateway // the region's gateway server, or nil
+	jsDir   string           // the embedded NATS server's JetStream directory, "" when none
 	natsURL string
 	nc      *nats.Conn
 	ncDone  chan struct{} // closed when nc closed
@@ -68,6 +69,7 @@ type Coordinator struct {
 	tracer *tracing.Provider
 
 	conns   *conns
+	regions *regions // nil without a region
 	gauth   *grpcauth.Auth
 	backend *backend
 	http    *http.Server
@@ -233,6 +235,12 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 	if err != nil {
 		return c, fmt.Errorf("coordinator: %w", err)
 	}
+	tiersCh := newTierChooser(c, c.reg)
+	c.regions = newRegions(c, tiersCh)
+	var regs frontend.Regions
+	if c.regions != nil {
+		regs = c.regions
+	}
 	fe, err := frontend.New(frontend.Options{
 		Backend: observed(c.backend, o.Extensions), Tokenizer: tok, Policy: o.Policy,
 		Models: c.Models, Ready: c.Ready, Metrics: m, Gatherer: c.reg,
@@ -240,10 +248,15 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 		MaxInFlight: o.Policy.Limits.QueueLimit, MaxBodyBytes: o.MaxBodyBytes, BodyIdleTimeout: o.HTTPBodyIdleTimeout,
 		BodyTimeout: o.HTTPBodyTimeout, WriteTimeout: o.HTTPWriteTimeout, MaxInFlightBodyBytes: o.MaxInFlightBodyBytes, MaxChoices: c.maxChoices,
 		APIKeys: au.keys, MetricsToken: au.token, ChatTemplate: chatTemplate, TracerProvider: tp, Responses: responses,
-		Tiers: newTierChooser(c, c.reg),
+		Tiers: tiersCh, Regions: regs, Region: o.Region.Name,
 	})
 	if err != nil {
 		return c, fmt.Errorf("coordinator: %w", err)
+	}
+	if c.regions != nil {
+		if err := c.regions.start(fe); err != nil {
+			return c, err
+		}
 	}
 	if c.lis, err = net.Listen("tcp", o.HTTPAddr); err != nil {
 		return c, fmt.Errorf("coordinator: http listen: %w", err)
@@ -292,11 +305,18 @@ func (c *Coordinator) startEmbeddedNATS() (control.ConnOptions, error) {
 	}
 	users = append(users, fromFile...)
 	users = append(users, o.NATSUsers...)
+	if c.gw, err = o.StartRegionGateway(c.log.Named("nats-gateway")); err != nil {
+		return control.ConnOptions{}, err
+	}
+	var gw []control.EmbeddedOption
+	if c.gw != nil {
+		gw = append(gw, control.WithLeafRemote(c.gw))
+	}
 	if c.jsDir, err = os.MkdirTemp("", "pdserve-nats-"); err != nil {
 		return control.ConnOptions{}, fmt.Errorf("coordinator: jetstream directory: %w", err)
 	}
-	if c.ns, c.natsURL, err = control.StartEmbedded(o.NATSListenAddr(), control.WithUsers(users), control.WithLogger(c.log.Named("nats-server")),
-		control.WithJetStream(c.jsDir, o.Responses.MaxBytes)); err != nil {
+	if c.ns, c.natsURL, err = control.StartEmbedded(o.NATSListenAddr(), append([]control.EmbeddedOption{control.WithUsers(users), control.WithLogger(c.log.Named("nats-server")),
+		control.WithJetStream(c.jsDir, o.Responses.MaxBytes)}, gw...)...); err != nil {
 		return control.ConnOptions{}, fmt.Errorf("coordinator: %w", err)
 	}
 	c.log.Info("embedded NATS server started", zap.String("url", c.natsURL), zap.Int("users_from_file", len(fromFile)))
@@ -519,6 +539,9 @@ func (c *Coordinator) closeAll(ctx context.Context) error {
 			_ = c.http.Close() // Close's error repeats the listener's
 		}
 	}
+	if c.regions != nil {
+		c.regions.shutdown(ctx)
+	}
 	if c.backend != nil {
 		// Requests cut off by a forced close still free their KV on the
 		// workers; let them before the workers stop.
@@ -554,6 +577,7 @@ func (c *Coordinator) closeAll(ctx context.Context) error {
 		c.ns.Shutdown()
 		c.ns.WaitForShutdown()
 	}
+	c.gw.Shutdown()
 	if c.jsDir != "" {
 		if err := os.RemoveAll(c.jsDir); err != nil {
 			errs = append(errs, fmt.Errorf("coordinator: jetstream directory: %w", err))

@@ -25,6 +25,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/kv/codec"
 	"github.com/pdserve/pdserve/pkg/kvtransfer/codecpick"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
+	"github.com/pdserve/pdserve/pkg/region"
 	"github.com/pdserve/pdserve/pkg/respstore"
 	"github.com/pdserve/pdserve/pkg/tracing"
 	"github.com/pdserve/pdserve/pkg/wire/vocab"
@@ -211,6 +212,16 @@ type Options struct {
 	// HashKey is the key of the block hashes: read from KVHashKeyFile by
 	// Complete, or set in code. Not a flag.
 	HashKey kv.HashKey
+	// Region federates this deployment with other regions (--region,
+	// --region-gateway-listen, --region-gateway, --region-advertise-url,
+	// --region-tls-*; package region): the embedded NATS server becomes a
+	// gateway of the regions' supercluster, and a request another region
+	// serves within its TTFT budget when this one cannot is forwarded
+	// there. Zero: no regions.
+	Region region.Options
+	// RegionInterval is how often the region summary and probes go out
+	// (0: 1 s); a region is gone after three. Not a flag (tests).
+	RegionInterval time.Duration
 
 	// Policy is the effective serving policy, set by Complete. Not a flag.
 	Policy config.Policy
@@ -317,6 +328,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "log level: debug, info, warn or error")
 	fs.StringVar(&o.PolicyFile, "policy", o.PolicyFile, "YAML policy file: SLOs, prompt-token budgets per API key and route, limits, routing")
 	o.TLS.AddFlags(fs)
+	o.Region.AddFlags(fs)
 	o.GRPCAuth.AddFlags(fs, false)
 	o.Keepalive.AddFlags(fs)
 	o.Engine.AddFlags(fs)
@@ -516,6 +528,12 @@ func (o Options) Validate() error {
 	if err := o.GRPCAuth.Validate(grpcauth.RoleCoordinator); err != nil {
 		errs = append(errs, err)
 	}
+	if err := o.Region.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if o.NATSURL != "" && (o.Region.GatewayListen != "" || len(o.Region.Gateways) > 0) {
+		bad("region: --region-gateway-listen and --region-gateway configure the embedded NATS server; with --nats-url, configure the gateways on that server")
+	}
 	if err := o.Keepalive.Validate(); err != nil {
 		errs = append(errs, err)
 	}
@@ -590,6 +608,7 @@ func (o Options) LogFields() []zap.Field {
 	}
 	f = append(f, o.NATS.LogFields()...)
 	f = append(f, o.TLS.LogFields()...)
+	f = append(f, o.Region.LogFields()...)
 	f = append(f, zap.String("grpc_token_file", o.GRPCAuth.TokenFile))
 	f = append(f, o.Keepalive.LogFields()...)
 	f = append(f, o.authLogFields()...)

@@ -91,6 +91,7 @@ var helpGroups = []cliflags.Group{
 		"preset", "profile", "seed", "time-scale", "payload-scale", "model", "ctx-size", "gpu-layers", "kv-type", "max-seqs", "llama-*", "no-repack"}},
 	{Title: "NATS (control plane)", Flags: []string{"nats-*"}},
 	{Title: "gRPC between components (TLS, credentials, keepalive)", Flags: []string{"tls-*", "grpc-*"}},
+	{Title: "Regions (federation over NATS gateways, forwarding over mutual TLS)", Flags: []string{"region", "region-*"}},
 	{Title: "Planner", Flags: []string{"planner*", "link-gbps", "gpu-budget"}},
 	{Title: "Deprecated: settings of the policy file (--policy), kept for one release", Flags: []string{"max-tokens-cap", "max-admitted-requests",
 		"queue-limit", "local-prefill-tokens", "response-cache-*", "gpu-cost-per-hour"}},

@@ -47,7 +47,8 @@ func TestMainHelpDocumentsEveryFlag(t *testing.T) {
 		"heartbeat-ttl", "model-name", "prefill-workers", "decode-workers",
 		"log-level", "policy", "engine", "preset", "profile", "time-scale", "tls-cert", "tls-key", "tls-ca", "tls-server-name",
 		"planner", "planner-profile", "planner-codec", "planner-interval", "planner-window", "planner-cooldown", "planner-hysteresis",
-		"planner-namespace", "planner-prefill-deployment", "planner-decode-deployment", "link-gbps", "gpu-budget"} {
+		"planner-namespace", "planner-prefill-deployment", "planner-decode-deployment", "link-gbps", "gpu-budget",
+		"region", "region-gateway-listen", "region-gateway", "region-advertise-url", "region-tls-cert", "region-tls-key", "region-tls-ca"} {
 		if fs.Lookup(name) == nil {
 			t.Errorf("flag --%s is missing", name)
 		}

@@ -118,19 +118,37 @@ func bearer(r *http.Request) (string, bool) {
 type client struct {
 	key *apikey.Key
 	raw string
+	// fwd is the identity a peer region's coordinator forwarded (key nil
+	// then): its key's name selects policies, its tenant the partitions.
+	fwd *Forwarded
+}
+
+// keyName returns the name of the client's key and whether it has one
+// (authenticated here, or by the origin of a forwarded request).
+func (c client) keyName() (string, bool) {
+	switch {
+	case c.key != nil:
+		return c.key.Name, true
+	case c.fwd != nil && c.fwd.Key != "":
+		return c.fwd.Key, true
+	}
+	return c.raw, false
 }
 
 // budget returns the prompt budget of the client's request on route and
 // its surface (see config.Budgets).
 func (c client) budget(b config.Budgets, route string) (int, string) {
-	if c.key != nil {
-		return b.NamedBudget(route, c.key.Name)
+	if name, ok := c.keyName(); ok {
+		return b.NamedBudget(route, name)
 	}
 	return b.Budget(route, c.raw)
 }
 
 // tenant returns the client's prefix-cache partition (Request.Tenant).
 func (c client) tenant() string {
+	if c.fwd != nil {
+		return c.fwd.Tenant
+	}
 	if c.key == nil {
 		return ""
 	}
@@ -139,10 +157,10 @@ func (c client) tenant() string {
 
 // fields returns the request log's fields of the client: the key's name.
 func (c client) fields() []zap.Field {
-	if c.key == nil {
-		return nil
+	if name, ok := c.keyName(); ok {
+		return []zap.Field{zap.String("api_key", name)}
 	}
-	return []zap.Field{zap.String("api_key", c.key.Name)}
+	return nil
 }
 
 // rateLimitHeaders sets OpenAI's x-ratelimit-* headers of the key's

@@ -42,10 +42,7 @@ type Tiers interface {
 // headers give one (nothing changes for the request then).
 func (s *Server) objective(r *http.Request, cl client, route string) (budget.Objective, *apiError) {
 	pol := s.o.Policy.Objectives
-	name, named := cl.raw, false
-	if cl.key != nil {
-		name, named = cl.key.Name, true
-	}
+	name, named := cl.keyName()
 	obj, surface := pol.Objective(route, name, named)
 	hb, hp := r.Header.Get(HeaderTTFTBudget), r.Header.Get(HeaderPriority)
 	configured := len(s.o.Policy.Tiers) > 0 || pol.Default != (config.Objective{}) || len(pol.Routes) > 0 || len(pol.APIKeys) > 0

@@ -65,7 +65,13 @@ func newResponseCache(o Options) (*responseCache, error) {
 // its key's digest, nil when the cache is shared across keys or the API
 // has no keys.
 func (s *Server) cachePartition(cl client) []byte {
-	if cl.key == nil || s.o.Policy.ResponseCache.ShareAcrossKeys {
+	if s.o.Policy.ResponseCache.ShareAcrossKeys {
+		return nil
+	}
+	if cl.fwd != nil && cl.fwd.Tenant != "" {
+		return tenantDigest(cl.fwd.Tenant)
+	}
+	if cl.key == nil {
 		return nil
 	}
 	d := cl.key.Digest()

@@ -165,6 +165,12 @@ type Options struct {
 	// store true is answered with store false, previous_response_id with
 	// 404).
 	Responses ResponseStore
+	// Regions forwards a request another region serves within its TTFT
+	// budget when this one cannot (package region); nil: no regions.
+	Regions Regions
+	// Region is this region's name, reported in every request's budget
+	// ("region"); "" without regions.
+	Region string
 	// Tiers chooses the model of a request naming one of Policy.Tiers'
 	// aliases; nil: the aliases are not served (a request naming one gets
 	// model_not_found).
@@ -333,7 +339,7 @@ func New(o Options) (*Server, error) {
 // ServeHTTP implements http.Handler. With APIKeys a request to /v1/ is
 // authenticated first, before its method, headers or body are looked at.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if s.o.APIKeys != nil && authenticates(r.URL.Path) {
+	if s.o.APIKeys != nil && authenticates(r.URL.Path) && forwardedOf(r) == nil {
 		if r = s.authenticate(w, r); r == nil {
 			return
 		}
@@ -497,9 +503,15 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, chat bool, id str
 			tr.TraceID = span.SpanContext().TraceID().String()
 		}
 	}
-	cl := client{key: keyOf(r)}
-	if cl.key == nil {
+	cl := client{key: keyOf(r), fwd: forwardedOf(r)}
+	if cl.key == nil && cl.fwd == nil {
 		cl.raw = apiKey(r)
+	}
+	if s.o.Region != "" {
+		tr.Region.Name = s.o.Region
+		if cl.fwd != nil {
+			tr.Region.Origin, tr.Region.RTT = cl.fwd.Origin, cl.fwd.RTT
+		}
 	}
 	refuse := func(aerr *apiError) {
 		tr.Status = aerr.traceStatus()
@@ -584,9 +596,21 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, chat bool, id str
 			return
 		}
 	}
+	// A request a client sent here may be served in another region: its
+	// body is kept until that is decided.
+	var raw []byte
+	if s.o.Regions != nil && transform == nil && cl.fwd == nil {
+		raw = data
+	}
 	pl, aerr := s.prepare(data, chat, cl, tr)
 	data = nil // the prompts are parsed; let a large body go
 	if aerr != nil {
+		if raw != nil && aerr.Code != nil && (*aerr.Code == "no_workers" || *aerr.Code == "model_not_found") {
+			// Nothing serves it here: another region may.
+			if s.forward(w, r, raw, cl, tr, Forwardable{Route: r.URL.Path, Model: tr.Model, PromptTokens: tr.PromptTokens, Objective: tr.Objective}) {
+				return
+			}
+		}
 		refuse(aerr)
 		return
 	}
@@ -610,11 +634,44 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, chat bool, id str
 		}
 		pl.tokensTaken = asked // given back in part by call.run
 	}
+	if raw != nil {
+		model := pl.model
+		if tr.Objective.Tier != "" {
+			model = tr.Objective.Tier
+		}
+		if s.forward(w, r, raw, cl, tr, Forwardable{Route: r.URL.Path, Model: model, Served: pl.model, PromptTokens: tr.PromptTokens, Objective: tr.Objective}) {
+			return
+		}
+		raw = nil
+	}
 	c := newCall(s, pl, id, arrival.Unix(), w)
 	if obs != nil {
 		obs.observe(c)
 	}
 	c.run(r.Context(), w)
+}
+
+// forward asks Regions to serve the request in another region, and
+// reports whether one did (its answer written to w); the request's log
+// line and metrics then record it as forwarded, with the region.
+func (s *Server) forward(w http.ResponseWriter, r *http.Request, raw []byte, cl client, tr *budget.Trace, f Forwardable) bool {
+	f.Key, _ = cl.keyName()
+	if cl.key == nil {
+		f.Key = ""
+	}
+	f.Tenant = cl.tenant()
+	fw := s.o.Regions.Forward(w, r, raw, f)
+	if fw.Region == "" {
+		return false
+	}
+	tr.Status = budget.StatusForwarded
+	tr.Region = budget.Region{Name: fw.Region, Origin: s.o.Region, RTT: fw.RTT}
+	fields := append(cl.fields(), zap.Int("http_status", fw.Status))
+	if fw.Err != nil {
+		fields = append(fields, zap.NamedError("cause", fw.Err))
+	}
+	s.finish(tr, nil, fields...)
+	return true
 }
 
 // checkContentType accepts application/json, with any parameters, and a
@@ -888,6 +945,7 @@ func (s *Server) prepare(data []byte, chat bool, cl client, tr *budget.Trace) (*
 	if aerr != nil {
 		return nil, aerr
 	}
+	tr.Model = p.model // as named, until resolved
 	if len(models) == 0 {
 		return nil, &apiError{status: http.StatusServiceUnavailable, Message: "No model is served yet: no workers have joined.", Type: "service_unavailable", Code: ptr("no_workers")}
 	}

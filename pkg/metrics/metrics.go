@@ -157,7 +157,8 @@ const (
 )
 
 // ObserveRequest records a request that ended with t.Status. Refused
-// requests (invalid, rejected, unavailable) only count by status; admitted
+// requests (invalid, rejected, unavailable) and those another region
+// served (forwarded; that region observes them) only count by status; admitted
 // ones also feed the histograms of the terms they reached, the cost when
 // t is priced, and, with an SLO, goodput and the attainment window (at
 // the clock's now). A nil *Metrics records nothing.
@@ -170,7 +171,7 @@ func (m *Metrics) ObserveRequest(t *budget.Trace) {
 		m.cacheRequests.WithLabelValues(t.Cache).Inc()
 	}
 	switch t.Status {
-	case budget.StatusInvalid, budget.StatusRejected, budget.StatusUnavailable:
+	case budget.StatusInvalid, budget.StatusRejected, budget.StatusUnavailable, budget.StatusForwarded:
 		return
 	}
 	s := t.Terms()

@@ -33,8 +33,9 @@ type Server struct {
 	*coordinator.Coordinator
 
 	log     *zap.Logger
-	ns      *server.Server // embedded NATS, or nil
-	jsDir   string         // its JetStream directory, "" when none
+	ns      *server.Server   // embedded NATS, or nil
+	gw      *control.Gateway // the region's gateway server, or nil
+	jsDir   string           // its JetStream directory, "" when none
 	workers []*workerrun.Worker
 	// tracer exports the spans of the coordinator and the workers; nil
 	// when Options.TracerProvider was given. Shut down last.
@@ -137,16 +138,26 @@ func Start(ctx context.Context, o coordinator.Options, log *zap.Logger, opts ...
 		}
 		users = append(users, fromFile...)
 		users = append(users, o.NATSUsers...)
+		if s.gw, err = o.StartRegionGateway(log.Named("nats-gateway")); err != nil {
+			return s, fmt.Errorf("standalone: %w", err)
+		}
+		var gw []control.EmbeddedOption
+		if s.gw != nil {
+			gw = append(gw, control.WithLeafRemote(s.gw))
+		}
 		if s.jsDir, err = os.MkdirTemp("", "pdserve-nats-"); err != nil {
 			return s, fmt.Errorf("standalone: jetstream directory: %w", err)
 		}
-		if s.ns, co.NATSURL, err = control.StartEmbedded(o.NATSListenAddr(), control.WithUsers(users), control.WithLogger(log.Named("nats-server")),
-			control.WithJetStream(s.jsDir, o.Responses.MaxBytes)); err != nil {
+		if s.ns, co.NATSURL, err = control.StartEmbedded(o.NATSListenAddr(), append([]control.EmbeddedOption{control.WithUsers(users), control.WithLogger(log.Named("nats-server")),
+			control.WithJetStream(s.jsDir, o.Responses.MaxBytes)}, gw...)...); err != nil {
 			return s, fmt.Errorf("standalone: %w", err)
 		}
 		log.Info("embedded NATS server started", zap.String("url", co.NATSURL), zap.Int("users_from_file", len(fromFile)),
 			zap.Int("standalone_worker_users", len(specs)))
 		co.NATSAuthFile, co.NATSUsers = "", nil
+		// The gateway is started: the coordinator, on this server's URL,
+		// has none to start.
+		co.Region.GatewayListen, co.Region.Gateways = "", nil
 		co.NATS = withReconnectWait(self.ConnOptions(), o.NATS.ReconnectWait)
 		workerNATS = func(id string) control.ConnOptions {
 			return withReconnectWait(byID[id].ConnOptions(), o.NATS.ReconnectWait)
@@ -209,6 +220,15 @@ func Start(ctx context.Context, o coordinator.Options, log *zap.Logger, opts ...
 	return s, nil
 }
 
+// GatewayAddr returns the embedded NATS server's gateway listener (the
+// regions' supercluster, coordinator Options.Region), "" without one.
+func (s *Server) GatewayAddr() string {
+	if s.gw == nil {
+		return ""
+	}
+	return s.gw.Addr()
+}
+
 // Workers returns the in-process workers, prefill ones first. The caller
 // must not Stop them while the server runs, except to test failures.
 func (s *Server) Workers() []*workerrun.Worker { return slices.Clone(s.workers) }
@@ -232,6 +252,7 @@ func (s *Server) closeAll(ctx context.Context) error {
 		s.ns.Shutdown()
 		s.ns.WaitForShutdown()
 	}
+	s.gw.Shutdown()
 	if s.jsDir != "" {
 		_ = os.RemoveAll(s.jsDir) // a temporary directory of JetStream's (memory-only) bucket
 	}

@@ -188,14 +188,7 @@ func (c *Chooser) Predict(model string, promptTokens int, live Live) Prediction 
 	if e == nil || e.samples == 0 {
 		return Prediction{}
 	}
-	sec := func(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
-	return Prediction{
-		Queue:      sec(float64(live.QueuedPrefillTokens) * e.secPerToken),
-		Prefill:    sec(float64(promptTokens) * e.secPerToken),
-		KVTransfer: sec(float64(promptTokens) * e.kvSecPerToken),
-		Rest:       sec(e.restSec),
-		Measured:   true,
-	}
+	return Terms{PrefillSecPerToken: e.secPerToken, KVSecPerToken: e.kvSecPerToken, RestSec: e.restSec}.Predict(promptTokens, live.QueuedPrefillTokens)
 }
 
 // Choose picks the model of models (a tier's, in order) that serves a
@@ -282,4 +275,38 @@ func (m *Metrics) Served(tier, model string, ttft, budget time.Duration) {
 		outcome = "over"
 	}
 	m.budget.WithLabelValues(tier, model, outcome).Inc()
+}
+
+// Terms are a model's learnt TTFT terms, per token where they scale with
+// the prompt: what Predict computes a prediction from, so that another
+// process (a peer region's coordinator) can predict the model's TTFT for
+// a prompt of its own.
+type Terms struct {
+	PrefillSecPerToken float64 `json:"prefill_sec_per_token"`
+	KVSecPerToken      float64 `json:"kv_sec_per_token"`
+	RestSec            float64 `json:"rest_sec"`
+}
+
+// Predict returns the prediction of the terms for a prompt of
+// promptTokens with queued tokens in front of it, as Chooser.Predict.
+func (t Terms) Predict(promptTokens, queued int) Prediction {
+	sec := func(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+	return Prediction{
+		Queue:      sec(float64(queued) * t.PrefillSecPerToken),
+		Prefill:    sec(float64(promptTokens) * t.PrefillSecPerToken),
+		KVTransfer: sec(float64(promptTokens) * t.KVSecPerToken),
+		Rest:       sec(t.RestSec),
+		Measured:   true,
+	}
+}
+
+// Terms returns model's learnt terms, false while it has served nothing.
+func (c *Chooser) Terms(model string) (Terms, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.est[model]
+	if e == nil || e.samples == 0 {
+		return Terms{}, false
+	}
+	return Terms{PrefillSecPerToken: e.secPerToken, KVSecPerToken: e.kvSecPerToken, RestSec: e.restSec}, true
 }

@@ -1,0 +1,29 @@
+// Package region federates pdserve deployments in several regions. A
+// region is a whole pdserve: its coordinators, its pools and its NATS
+// server. Regions federate over a NATS supercluster: the regions' NATS
+// servers are gateways of one another (the coordinator's embedded server
+// takes the gateway options, control.WithGateway), so that a subject
+// published in one region reaches subscribers in the others. No protocol
+// of pdserve's own crosses regions but the OpenAI API itself.
+//
+// Each coordinator publishes a Summary of its region every interval on
+// SummarySubject: its name, the URL peers forward to, its models and
+// tiers, each model's load (up, shedding, queued prefill tokens) and the
+// TTFT terms its router learnt (tiers.Terms), from which a peer predicts
+// the region's TTFT for a prompt of its own. A Federation keeps the
+// others' summaries (a region not heard from for TTL is gone) and
+// measures the round trip to each by a probe on its ping subject, which
+// the peer's coordinator answers on the origin's pong subject: the RTT is
+// coordinator to coordinator, through the gateways, measured on one
+// clock.
+//
+// Place decides where a request is served: here when this region is up
+// and predicted within the request's TTFT budget; otherwise the peers
+// whose predicted TTFT plus measured RTT fits, best first, and, when none
+// fits, the best peer that beats this region; this region is the last
+// resort while it is up. A Forwarder sends the request to a peer over the
+// OpenAI API with mutual TLS (the region's certificate, verified against
+// the region CA both ways), carrying the client's identity (its API key's
+// name, which the origin authenticated and charged) and a hop count:
+// a forwarded request is never forwarded again.
+package region

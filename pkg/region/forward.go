@@ -1,0 +1,254 @@
+package region
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/pdserve/pdserve/pkg/grpcnet"
+)
+
+// The headers between the coordinators of two regions. A coordinator
+// takes them only on its region listener, from a peer whose certificate
+// the region CA signed; a client's own are ignored.
+const (
+	// HeaderHop counts the forwards a request took; a forwarded request
+	// (1) is served where it arrived, never forwarded again.
+	HeaderHop = "X-PDServe-Region-Hop"
+	// HeaderOrigin names the region whose coordinator the client called.
+	HeaderOrigin = "X-PDServe-Origin-Region"
+	// HeaderKey is the name of the API key the origin authenticated and
+	// charged ("" without keys): the peer applies that key's policies.
+	HeaderKey = "X-PDServe-Region-Key"
+	// HeaderTenant is the client's prefix-cache partition (secret: it
+	// travels only over the region's mutual TLS).
+	HeaderTenant = "X-PDServe-Region-Tenant"
+	// HeaderRTT is the round trip the origin measured to this region, ms.
+	HeaderRTT = "X-PDServe-Region-RTT-Ms"
+	// HeaderServed, on a response, names the region that served it.
+	HeaderServed = "X-PDServe-Region"
+)
+
+// MaxHops is the most forwards of one request.
+const MaxHops = 1
+
+// Forward timeouts: a peer that does not accept a connection within
+// dialTimeout (a coordinator down, a link cut) is passed over for the
+// next; so is one that does not finish the TLS handshake in time.
+const (
+	dialTimeout      = time.Second
+	handshakeTimeout = time.Second
+	// maxBufferedBody bounds a non-streamed response held before it is
+	// written to the client.
+	maxBufferedBody = 64 << 20
+)
+
+// Request is what the origin forwards with a request's body.
+type Request struct {
+	// Path is the route (/v1/chat/completions or /v1/completions).
+	Path string
+	// Key and Tenant are the client's identity (HeaderKey, HeaderTenant).
+	Key, Tenant string
+	// TTFTBudget and Priority are the request's objective, resent so
+	// that the peer keeps what the origin resolved (its own key's policy
+	// then caps them again).
+	TTFTBudget time.Duration
+	Priority   string
+	// Header are the client's headers passed on (Content-Type, Accept,
+	// traceparent), the others dropped.
+	Header http.Header
+}
+
+// Forwarder forwards requests to peer regions over mutual TLS.
+type Forwarder struct {
+	name   string
+	client *http.Client
+	log    *zap.Logger
+}
+
+// NewForwarder returns the forwarder of region name: its client presents
+// t's certificate and verifies peers against t's CA.
+func NewForwarder(name string, t *grpcnet.TLS, log *zap.Logger) *Forwarder {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	tr := &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: dialTimeout, KeepAlive: 15 * time.Second}).DialContext,
+		TLSClientConfig:     t.ClientConfig(),
+		TLSHandshakeTimeout: handshakeTimeout,
+		ForceAttemptHTTP2:   true,
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     90 * time.Second,
+	}
+	return &Forwarder{name: name, client: &http.Client{Transport: tr}, log: log}
+}
+
+// Close closes the idle connections.
+func (f *Forwarder) Close() { f.client.CloseIdleConnections() }
+
+// Outcome is how a forward ended.
+type Outcome struct {
+	// Region served the request (its response reached the client, whole
+	// or cut); "" when no peer took it and nothing was written.
+	Region string
+	// Status is the peer's HTTP status.
+	Status int
+	// Tried are the regions that refused or could not be reached, each
+	// with why.
+	Tried []string
+	// Err is why a started response was cut (the peer or the link failed
+	// mid-response); the client saw a clear error, never a second answer.
+	Err error
+}
+
+// retryable reports whether a peer's status means it did not take the
+// request: it is busy or has no workers, so another region may.
+func retryable(status int) bool {
+	return status == http.StatusTooManyRequests || status == http.StatusBadGateway ||
+		status == http.StatusServiceUnavailable || status == http.StatusGatewayTimeout
+}
+
+// Forward sends the request to cands in order until one takes it, and
+// copies that one's response to w. A peer that cannot be reached, or
+// answers with a status that means it did not take the request (429,
+// 502, 503, 504), is passed over before anything is written; once a
+// peer's response started, it is the answer: a failure then ends the
+// response with a clear error (an error event in a stream, a 502 for a
+// whole response not yet written), and the request goes nowhere else.
+// With no peer taking it, Outcome.Region is "" and w is untouched.
+func (f *Forwarder) Forward(ctx context.Context, w http.ResponseWriter, body []byte, req Request, cands []Candidate) Outcome {
+	var out Outcome
+	for _, c := range cands {
+		resp, err := f.send(ctx, c, body, req)
+		if err != nil {
+			if ctx.Err() != nil {
+				out.Err = ctx.Err()
+				return out // the client went away
+			}
+			out.Tried = append(out.Tried, c.Region+": "+err.Error())
+			continue
+		}
+		if retryable(resp.StatusCode) {
+			_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+			_ = resp.Body.Close()
+			out.Tried = append(out.Tried, c.Region+": HTTP "+strconv.Itoa(resp.StatusCode))
+			continue
+		}
+		out.Region, out.Status = c.Region, resp.StatusCode
+		out.Err = f.copy(w, resp, c.Region)
+		_ = resp.Body.Close()
+		return out
+	}
+	return out
+}
+
+// send posts the request to c.
+func (f *Forwarder) send(ctx context.Context, c Candidate, body []byte, req Request) (*http.Response, error) {
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(c.URL, "/")+req.Path, bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	for _, h := range []string{"Content-Type", "Accept", "Traceparent", "Tracestate"} {
+		if v := req.Header.Get(h); v != "" {
+			hr.Header.Set(h, v)
+		}
+	}
+	hr.Header.Set(HeaderHop, "1")
+	hr.Header.Set(HeaderOrigin, f.name)
+	hr.Header.Set(HeaderKey, req.Key)
+	hr.Header.Set(HeaderTenant, req.Tenant)
+	if c.RTT > 0 {
+		hr.Header.Set(HeaderRTT, strconv.FormatFloat(float64(c.RTT.Microseconds())/1000, 'f', 3, 64))
+	}
+	if req.TTFTBudget > 0 {
+		hr.Header.Set("X-PDServe-TTFT-Budget-Ms", strconv.FormatFloat(float64(req.TTFTBudget.Microseconds())/1000, 'f', 3, 64))
+	}
+	if req.Priority != "" {
+		hr.Header.Set("X-PDServe-Priority", req.Priority)
+	}
+	return f.client.Do(hr)
+}
+
+// hopByHop are the response headers not copied.
+var hopByHop = map[string]bool{"Connection": true, "Keep-Alive": true, "Transfer-Encoding": true, "Content-Length": true, "Trailer": true, "Upgrade": true}
+
+// copy writes resp to w: a stream as it comes, flushed event by event;
+// a whole response once it arrived whole.
+func (f *Forwarder) copy(w http.ResponseWriter, resp *http.Response, region string) error {
+	stream := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
+	header := func() {
+		for k, vs := range resp.Header {
+			if !hopByHop[k] {
+				w.Header()[k] = vs
+			}
+		}
+		w.Header().Set(HeaderServed, region)
+	}
+	if !stream {
+		b, err := io.ReadAll(io.LimitReader(resp.Body, maxBufferedBody+1))
+		if err == nil && len(b) > maxBufferedBody {
+			err = fmt.Errorf("response over %d bytes", maxBufferedBody)
+		}
+		if err != nil {
+			writeJSONError(w, http.StatusBadGateway, "The region "+region+" serving this request failed before its response was complete; it was not retried elsewhere (it may have run there).")
+			return fmt.Errorf("region %s: response: %w", region, err)
+		}
+		header()
+		w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+		w.WriteHeader(resp.StatusCode)
+		_, _ = w.Write(b)
+		return nil
+	}
+	header()
+	w.WriteHeader(resp.StatusCode)
+	rc := http.NewResponseController(w)
+	_ = rc.Flush()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := resp.Body.Read(buf)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return werr // the client went away: the peer's stream is cancelled with its context
+			}
+			_ = rc.Flush()
+		}
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			// An SSE event of its own (a blank line first ends a partial
+			// one): the client sees the stream fail, not end.
+			ev, _ := json.Marshal(map[string]any{"error": map[string]any{
+				"message": "The region " + region + " serving this request failed mid-stream; the request was not retried elsewhere.",
+				"type":    "server_error", "code": "region_failed",
+			}})
+			_, _ = fmt.Fprintf(w, "\n\ndata: %s\n\n", ev)
+			_ = rc.Flush()
+			return fmt.Errorf("region %s: stream cut: %w", region, err)
+		}
+	}
+}
+
+// writeJSONError writes an OpenAI-shaped error.
+func writeJSONError(w http.ResponseWriter, status int, msg string) {
+	b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": "server_error", "code": "region_failed", "param": nil}})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+// ServerTLS returns the TLS configuration of the region listener: the
+// region certificate, client certificates required and verified against
+// the region CA.
+func ServerTLS(t *grpcnet.TLS) *tls.Config { return t.ServerConfig() }
