@@ -3,6 +3,7 @@ package decode
 import (
 	"context"
 	"errors"
+	"github.com/pdserve/pdserve/pkg/wire"
 	"io"
 	"path/filepath"
 	"runtime"
@@ -251,10 +252,10 @@ func TestMigrateTokenExact(t *testing.T) {
 			if all := append(slices.Clone(toks), got.tokens...); !slices.Equal(all, want.tokens) || got.reason != "length" {
 				t.Errorf("migrated after %d tokens (%s):\n got %v\nwant %v", len(toks), got.reason, all, want.tokens)
 			}
-			if _, ok := got.stamps["kv_done"]; !ok {
+			if _, ok := got.stamps[wire.StampKind(StampKVDone)]; !ok {
 				t.Errorf("the target did not import pulled KV (stamps %v)", got.stamps)
 			}
-			if _, ok := got.stamps["prefill_start"]; ok {
+			if _, ok := got.stamps[wire.StampKind(StampPrefillStart)]; ok {
 				t.Errorf("the target computed the sequence (stamps %v)", got.stamps)
 			}
 			migIdle(t, src)
@@ -295,7 +296,7 @@ func TestMigrateSourceGone(t *testing.T) {
 	if all := append(slices.Clone(toks), got.tokens...); !slices.Equal(all, want.tokens) {
 		t.Errorf("after a failed pull:\n got %v\nwant %v", all, want.tokens)
 	}
-	if _, ok := got.stamps["prefill_start"]; !ok {
+	if _, ok := got.stamps[wire.StampKind(StampPrefillStart)]; !ok {
 		t.Errorf("the target did not compute the KV (stamps %v)", got.stamps)
 	}
 	migIdle(t, dst)
@@ -442,7 +443,7 @@ func TestMigrateLlamaCpp(t *testing.T) {
 			if all := append(slices.Clone(toks), got.tokens...); !slices.Equal(all, want.tokens) {
 				t.Errorf("migrated after %d tokens:\n got %v\nwant %v", len(toks), all, want.tokens)
 			}
-			if _, ok := got.stamps["kv_done"]; !ok {
+			if _, ok := got.stamps[wire.StampKind(StampKVDone)]; !ok {
 				t.Errorf("the target did not import pulled KV (stamps %v)", got.stamps)
 			}
 			migIdle(t, src)
