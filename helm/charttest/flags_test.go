@@ -51,6 +51,15 @@ var binaries = map[string]binaryFlags{
 			if err := localizeTLS(files, tmp, &o.TLS); err != nil {
 				return err
 			}
+			// The region's TLS files, apart from the cluster's of the
+			// same names.
+			regionTmp := filepath.Join(tmp, "region")
+			if err := os.Mkdir(regionTmp, 0o700); err != nil {
+				return err
+			}
+			if err := localizeTLS(files, regionTmp, &o.Region.TLS); err != nil {
+				return err
+			}
 			if err := localizeGRPCAuth(files, tmp, &o.GRPCAuth); err != nil {
 				return err
 			}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -36,8 +37,8 @@ var natsGatewayName = natsName + "-gateway"
 
 // TestRegionOffByDefault: with no region (every values set of the
 // matrix), the chart renders nothing of regions: no region flag, no
-// region-tls volume, no gateway block in the NATS config, no gateway port
-// or Service. (A rendering of the defaults before and after the region
+// region-tls volume, no gateway server (its config, its container) nor
+// leaf remote in the NATS config, no gateway port or Service. (A rendering of the defaults before and after the region
 // settings differs only in the random secrets the chart generates.)
 func TestRegionOffByDefault(t *testing.T) {
 	for _, vs := range valuesSets(t) {
@@ -59,8 +60,13 @@ func TestRegionOffByDefault(t *testing.T) {
 			if r.find("Service", natsGatewayName) != nil {
 				t.Errorf("Service %s without a region", natsGatewayName)
 			}
-			if cm, ok := r.find("ConfigMap", natsName).(*corev1.ConfigMap); ok && strings.Contains(cm.Data["nats.conf"], "gateway") {
-				t.Errorf("nats.conf has a gateway without a region:\n%s", cm.Data["nats.conf"])
+			if cm, ok := r.find("ConfigMap", natsName).(*corev1.ConfigMap); ok {
+				if c := cm.Data["nats.conf"]; strings.Contains(c, "gateway") || strings.Contains(c, "leafnodes") {
+					t.Errorf("nats.conf has a gateway or a leaf remote without a region:\n%s", c)
+				}
+				if _, ok := cm.Data["gateway.conf"]; ok {
+					t.Error("ConfigMap has a gateway.conf without a region")
+				}
 			}
 		})
 	}
@@ -68,10 +74,9 @@ func TestRegionOffByDefault(t *testing.T) {
 
 // TestRegionCoordinator: a region's coordinator gets --region, the
 // advertise URL and the forwarding TLS files, mounted from
-// region.tlsSecret (its three keys, nothing else); its other flags pass
-// the checks of TestChart. While the coordinator's flag set lacks the
-// region flags (package region, built beside this chart) they are taken
-// out before that check.
+// region.tlsSecret (its three keys, nothing else); its flags pass the
+// checks of TestChart, the coordinator's validation included (a sample
+// certificate in the region Secret).
 func TestRegionCoordinator(t *testing.T) {
 	for region, file := range regionFiles {
 		t.Run(region, func(t *testing.T) {
@@ -98,16 +103,6 @@ func TestRegionCoordinator(t *testing.T) {
 			}
 			checkRegionTLSVolume(t, r, "coordinator", spec, c)
 
-			fs, _ := binaries["coordinator"]()
-			if fs.Lookup("region") == nil {
-				for i := range d.Spec.Template.Spec.Containers {
-					cc := &d.Spec.Template.Spec.Containers[i]
-					cc.Args = slices.DeleteFunc(cc.Args, func(a string) bool {
-						name, _, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")
-						return slices.Contains(regionFlags, name)
-					})
-				}
-			}
 			checkFlags(t, r)
 			checkPolicy(t, r)
 			pol, _ := policyFile(t, r)
@@ -141,15 +136,17 @@ func checkRegionTLSVolume(t *testing.T, r release, where string, spec *corev1.Po
 	}
 }
 
-// regionNATS is one region's bundled NATS server config as nats-server
-// parses it, its TLS files replaced by test ones.
+// regionNATS is one region's NATS pod as nats-server parses its configs,
+// the TLS files replaced by test ones: the bundled server (nats.conf)
+// and the region's gateway server (gateway.conf).
 type regionNATS struct {
 	release release
-	opts    *server.Options
+	opts    *server.Options // the bundled server
+	gw      *server.Options // the gateway server
 }
 
-// parseRegionNATS renders file and parses its nats.conf with
-// nats-server, the region Secret's files at regionTLSDir replaced by
+// parseRegionNATS renders file and parses its nats.conf and gateway.conf
+// with nats-server, the region Secret's files at regionTLSDir replaced by
 // pair's and ca's, the passwords by fixed ones.
 func parseRegionNATS(t *testing.T, region, file string, pair tlstest.Pair, caFile string) regionNATS {
 	t.Helper()
@@ -158,30 +155,48 @@ func parseRegionNATS(t *testing.T, region, file string, pair tlstest.Pair, caFil
 	if !ok {
 		t.Fatalf("no ConfigMap %s", natsName)
 	}
-	conf := strings.NewReplacer(regionTLSDir+"/tls.crt", pair.CertFile, regionTLSDir+"/tls.key", pair.KeyFile,
-		regionTLSDir+"/ca.crt", caFile).Replace(cm.Data["nats.conf"])
+	files := strings.NewReplacer(regionTLSDir+"/tls.crt", pair.CertFile, regionTLSDir+"/tls.key", pair.KeyFile,
+		regionTLSDir+"/ca.crt", caFile)
 	for _, u := range []string{"COORDINATOR", "PREFILL", "DECODE"} {
 		t.Setenv("PDSERVE_NATS_"+u+"_PASSWORD", `"pw"`)
 	}
-	path := filepath.Join(t.TempDir(), "nats.conf")
-	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
-		t.Fatal(err)
+	parse := func(key string) *server.Options {
+		conf, ok := cm.Data[key]
+		if !ok {
+			t.Fatalf("ConfigMap %s has no %s", natsName, key)
+		}
+		conf = files.Replace(conf)
+		path := filepath.Join(t.TempDir(), key)
+		if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		opts, err := server.ProcessConfigFile(path)
+		if err != nil {
+			t.Fatalf("nats-server rejects %s: %v\n%s", key, err, conf)
+		}
+		return opts
 	}
-	opts, err := server.ProcessConfigFile(path)
-	if err != nil {
-		t.Fatalf("nats-server rejects the config: %v\n%s", err, conf)
-	}
-	return regionNATS{release: r, opts: opts}
+	return regionNATS{release: r, opts: parse("nats.conf"), gw: parse("gateway.conf")}
 }
 
-// TestRegionGateway: each region's bundled NATS server has a gateway
-// named after the region, listening on all interfaces on the port the
-// container and the gateway Service expose, requiring and verifying
-// certificates of the region CA (the region Secret, mounted), and
-// dialing the peers of the values. Two servers with these configs (on
-// loopback) form the super-cluster: a message published in us-east
-// reaches a subscriber in eu-west. A server whose certificate another CA
-// signed is not let in.
+// regionLocal are the subjects that never leave a region (those of
+// pkg/control's leaf remote).
+var regionLocal = []string{"pdserve.hb.>", "pdserve.cmd.>", "pdserve.kv.>", "pdserve.plan", "_INBOX.>", "$JS.>", "$KV.>", "$SYS.>"}
+
+// TestRegionGateway: each region's NATS pod runs the bundled server,
+// with JetStream and without a gateway, and a second server, the
+// region's gateway (container gateway), as pkg/control.StartGateway
+// configures it: a gateway named after the region, listening on all
+// interfaces on the port the container and the gateway Service expose,
+// requiring and verifying certificates of the region CA (the region
+// Secret, mounted), dialing the peers of the values; a leafnode listener
+// on loopback, which the bundled server dials with the region's own
+// subjects denied both ways. Two regions' servers started from these
+// configs (on loopback) federate: a region message published in us-east
+// reaches a coordinator in eu-west, while a decode worker's heartbeat
+// and a coordinator's command never leave their region; JetStream
+// answers in each region. A gateway whose certificate another CA signed
+// is not let in.
 func TestRegionGateway(t *testing.T) {
 	ca := tlstest.NewCA(t, "regions")
 	leaf := tlstest.Leaf{DNSNames: []string{"localhost"}, IPs: []net.IP{net.IPv4(127, 0, 0, 1)}}
@@ -189,7 +204,7 @@ func TestRegionGateway(t *testing.T) {
 	for region, file := range regionFiles {
 		rn := parseRegionNATS(t, region, file, ca.Issue(t, leaf), ca.CertFile)
 		regions[region] = rn
-		r, gw := rn.release, rn.opts.Gateway
+		r, gw := rn.release, rn.gw.Gateway
 		if gw.Name != region {
 			t.Errorf("%s: gateway name %q", region, gw.Name)
 		}
@@ -212,14 +227,48 @@ func TestRegionGateway(t *testing.T) {
 			want = append(want, fmt.Sprintf("%s=%s", p["name"], p["url"]))
 		}
 		if diff := cmp.Diff(want, peers); diff != "" {
-			t.Errorf("%s: gateway peers (-values +nats.conf):\n%s", region, diff)
+			t.Errorf("%s: gateway peers (-values +gateway.conf):\n%s", region, diff)
 		}
+		if rn.gw.Host != "127.0.0.1" || rn.gw.LeafNode.Host != "127.0.0.1" {
+			t.Errorf("%s: the gateway server's clients (%s) and leaf nodes (%s) not on loopback only", region, rn.gw.Host, rn.gw.LeafNode.Host)
+		}
+		if rn.gw.JetStream {
+			t.Errorf("%s: JetStream on the gateway server", region)
+		}
+
+		// The bundled server: JetStream, no gateway, one leaf remote to
+		// the gateway server's loopback listener, the region's own
+		// subjects denied.
+		o := rn.opts
+		if !o.JetStream {
+			t.Errorf("%s: JetStream off in the bundled server", region)
+		}
+		if o.Gateway.Name != "" || o.Gateway.Port != 0 {
+			t.Errorf("%s: the bundled server has a gateway %q on port %d", region, o.Gateway.Name, o.Gateway.Port)
+		}
+		if len(o.LeafNode.Remotes) != 1 || len(o.LeafNode.Remotes[0].URLs) != 1 {
+			t.Fatalf("%s: bundled server's leaf remotes %+v, want one", region, o.LeafNode.Remotes)
+		}
+		rem := o.LeafNode.Remotes[0]
+		if u := rem.URLs[0]; u.Hostname() != "127.0.0.1" || u.Port() != strconv.Itoa(rn.gw.LeafNode.Port) {
+			t.Errorf("%s: leaf remote %s, want the gateway server's listener 127.0.0.1:%d", region, u, rn.gw.LeafNode.Port)
+		}
+		if !slices.Equal(rem.DenyImports, regionLocal) || !slices.Equal(rem.DenyExports, regionLocal) {
+			t.Errorf("%s: leaf remote denies imports %v, exports %v; want %v both", region, rem.DenyImports, rem.DenyExports, regionLocal)
+		}
+
 		spec := &r.deployment(t, natsName).Spec.Template.Spec
-		c := container(t, spec, "nats")
-		if got := containerPort(c, "gateway"); int64(got) != port {
-			t.Errorf("%s: NATS container port gateway %d, want %d", region, got, port)
+		if containerPort(container(t, spec, "nats"), "gateway") != 0 {
+			t.Errorf("%s: the bundled server's container exposes a gateway port", region)
 		}
-		checkRegionTLSVolume(t, r, region+" nats", spec, c)
+		c := container(t, spec, "gateway")
+		if got := containerPort(c, "gateway"); int64(got) != port {
+			t.Errorf("%s: gateway container port gateway %d, want %d", region, got, port)
+		}
+		if !slices.Equal(c.Args, []string{"--config", "/etc/nats/gateway.conf"}) {
+			t.Errorf("%s: gateway container args %q", region, c.Args)
+		}
+		checkRegionTLSVolume(t, r, region+" gateway", spec, c)
 		svc, ok := r.find("Service", natsGatewayName).(*corev1.Service)
 		if !ok {
 			t.Fatalf("%s: no Service %s", region, natsGatewayName)
@@ -235,19 +284,68 @@ func TestRegionGateway(t *testing.T) {
 		}
 	}
 
-	east := startRegionNATS(t, regions["us-east"].opts, nil, "")
-	west := startRegionNATS(t, regions["eu-west"].opts, east, "us-east")
-	if !crosses(t, east, west) {
-		t.Fatal("a message published in us-east never reached eu-west")
+	eastGW := startGatewayNATS(t, regions["us-east"].gw, nil, "")
+	westGW := startGatewayNATS(t, regions["eu-west"].gw, eastGW.s, "us-east")
+	east := startRegionNATS(t, regions["us-east"].opts, eastGW)
+	west := startRegionNATS(t, regions["eu-west"].opts, westGW)
+	for name, s := range map[string]*server.Server{"us-east": east, "eu-west": west} {
+		js, err := connect(t, s, "coordinator").JetStream()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := js.AccountInfo(); err != nil {
+			t.Errorf("%s: JetStream: %v", name, err)
+		}
 	}
 
-	// A third server of another CA, naming eu-west as its peer, never
-	// joins: the TLS handshake of its gateway connection fails.
+	// A region message crosses; a heartbeat published before it does not
+	// (it would arrive first), though it reaches its own region.
+	eastCoord, westCoord := connect(t, east, "coordinator"), connect(t, west, "coordinator")
+	eastDecode, westDecode := connect(t, east, "decode"), connect(t, west, "decode")
+	toWest := subscribe(t, westCoord, "pdserve.region.x")
+	hbThere := subscribe(t, westCoord, "pdserve.hb.>")
+	hbHere := subscribe(t, eastCoord, "pdserve.hb.>")
+	if !crosses(func() {
+		publish(t, eastDecode, "pdserve.hb.decode.x")
+		publish(t, eastCoord, "pdserve.region.x")
+	}, toWest) {
+		t.Fatal("a region message published in us-east never reached eu-west")
+	}
+	flush(t, westCoord)
+	flush(t, eastCoord)
+	if n, _, _ := hbThere.Pending(); n != 0 {
+		t.Errorf("%d heartbeats of us-east's decode worker reached eu-west's coordinator", n)
+	}
+	if n, _, _ := hbHere.Pending(); n == 0 {
+		t.Error("us-east's coordinator got no heartbeat of its own decode worker")
+	}
+
+	// The same for a command, the other way.
+	toEast := subscribe(t, eastCoord, "pdserve.region.x")
+	cmdThere := subscribe(t, eastDecode, "pdserve.cmd.decode.*")
+	cmdHere := subscribe(t, westDecode, "pdserve.cmd.decode.*")
+	if !crosses(func() {
+		publish(t, westCoord, "pdserve.cmd.decode.x")
+		publish(t, westCoord, "pdserve.region.x")
+	}, toEast) {
+		t.Fatal("a region message published in eu-west never reached us-east")
+	}
+	flush(t, eastDecode)
+	flush(t, westDecode)
+	if n, _, _ := cmdThere.Pending(); n != 0 {
+		t.Errorf("%d commands of eu-west's coordinator reached us-east's decode worker", n)
+	}
+	if n, _, _ := cmdHere.Pending(); n == 0 {
+		t.Error("eu-west's decode worker got no command of its own coordinator")
+	}
+
+	// A third gateway server of another CA, naming eu-west as its peer,
+	// never joins: the TLS handshake of its gateway connection fails.
 	other := tlstest.NewCA(t, "intruder")
 	rogue := parseRegionNATS(t, "us-east", regionFiles["us-east"], other.Issue(t, leaf), other.CertFile)
-	rogue.opts.Gateway.Name = "rogue"
+	rogue.gw.Gateway.Name = "rogue"
 	errs := &errorLog{}
-	r := startRegionNATS(t, rogue.opts, west, "eu-west", errs)
+	r := startGatewayNATS(t, rogue.gw, westGW.s, "eu-west", errs)
 	deadline := time.Now().Add(10 * time.Second)
 	for !errs.has("TLS") {
 		if time.Now().After(deadline) {
@@ -255,10 +353,10 @@ func TestRegionGateway(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	if in := gateways(t, west, true); !slices.Equal(in, []string{"us-east"}) {
+	if in := gateways(t, westGW.s, true); !slices.Equal(in, []string{"us-east"}) {
 		t.Errorf("a gateway with a certificate of another CA joined: eu-west's inbound gateways %v", in)
 	}
-	if out := gateways(t, r, false); len(out) != 0 {
+	if out := gateways(t, r.s, false); len(out) != 0 {
 		t.Errorf("the rogue gateway connected to %v", out)
 	}
 }
@@ -313,18 +411,25 @@ func (l *errorLog) has(s string) bool {
 	return slices.ContainsFunc(l.errs, func(e string) bool { return strings.Contains(e, s) })
 }
 
-// startRegionNATS starts a server of opts on loopback ports; with peer,
-// its gateway dials peer's gateway instead of the values' URLs (which
-// name hosts of the example install), else it dials none. With log, the
-// server logs its errors there (else nowhere).
-func startRegionNATS(t *testing.T, opts *server.Options, peer *server.Server, peerName string, log ...*errorLog) *server.Server {
+// gatewayNATS is a started gateway server and the loopback port of its
+// leafnode listener.
+type gatewayNATS struct {
+	s        *server.Server
+	leafPort int
+}
+
+// startGatewayNATS starts a gateway server of opts on loopback ports;
+// with peer, its gateway dials peer's gateway instead of the values' URLs
+// (which name hosts of the example install), else it dials none. With
+// log, the server logs its errors there (else nowhere).
+func startGatewayNATS(t *testing.T, opts *server.Options, peer *server.Server, peerName string, log ...*errorLog) gatewayNATS {
 	t.Helper()
 	o := opts.Clone()
 	o.Host, o.Port, o.HTTPPort = "127.0.0.1", -1, 0
 	o.Gateway.Host, o.Gateway.Port = "127.0.0.1", -1
-	o.StoreDir = t.TempDir()
+	// nats-server does not tell the port of a leafnode listener it picked.
+	o.LeafNode.Port = freePort(t)
 	o.NoLog, o.NoSigs = true, true
-	o.ServerName = o.Gateway.Name
 	o.Gateway.Gateways = nil
 	if peer != nil {
 		u, err := url.Parse(fmt.Sprintf("nats://localhost:%d", peer.GatewayAddr().Port))
@@ -339,9 +444,41 @@ func startRegionNATS(t *testing.T, opts *server.Options, peer *server.Server, pe
 		}
 		o.Gateway.Gateways = []*server.RemoteGatewayOpts{remote}
 	}
+	return gatewayNATS{s: startNATS(t, o, log...), leafPort: o.LeafNode.Port}
+}
+
+// startRegionNATS starts a bundled server of opts on a loopback port,
+// its leaf remote rewritten to gw's listener, and waits for the leaf
+// connection.
+func startRegionNATS(t *testing.T, opts *server.Options, gw gatewayNATS) *server.Server {
+	t.Helper()
+	o := opts.Clone()
+	o.Host, o.Port, o.HTTPPort = "127.0.0.1", -1, 0
+	o.StoreDir = t.TempDir()
+	o.NoLog, o.NoSigs = true, true
+	for _, r := range o.LeafNode.Remotes {
+		for _, u := range r.URLs {
+			u.Host = net.JoinHostPort("127.0.0.1", strconv.Itoa(gw.leafPort))
+		}
+	}
+	s := startNATS(t, o)
+	deadline := time.Now().Add(10 * time.Second)
+	for s.NumLeafNodes() != 1 || gw.s.NumLeafNodes() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: no leaf connection to the gateway server", o.ServerName)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return s
+}
+
+// startNATS starts a server of o, logging its errors to log (else
+// nowhere), stopped at the test's end.
+func startNATS(t *testing.T, o *server.Options, log ...*errorLog) *server.Server {
+	t.Helper()
 	s, err := server.NewServer(o)
 	if err != nil {
-		t.Fatalf("%s: %v", o.Gateway.Name, err)
+		t.Fatalf("%s: %v", o.ServerName, err)
 	}
 	l := &errorLog{}
 	if len(log) > 0 {
@@ -351,34 +488,63 @@ func startRegionNATS(t *testing.T, opts *server.Options, peer *server.Server, pe
 	go s.Start()
 	t.Cleanup(s.Shutdown)
 	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatalf("%s: not ready: %q", o.Gateway.Name, l.errs)
+		t.Fatalf("%s: not ready: %q", o.ServerName, l.errs)
 	}
 	return s
 }
 
-// crosses reports whether a message published on from reaches a
-// subscriber on to, polling for the gateways to connect.
-func crosses(t *testing.T, from, to *server.Server) bool {
+// freePort returns a port free on 127.0.0.1 now.
+func freePort(t *testing.T) int {
 	t.Helper()
-	sub := connect(t, to, "coordinator")
-	pub := connect(t, from, "decode")
-	s, err := sub.SubscribeSync("pdserve.hb.decode.x")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := sub.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// crosses reports whether send, repeated, gets a message to sub, polling
+// for interest to propagate across the leaf nodes and gateways.
+func crosses(send func(), sub *nats.Subscription) bool {
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
-		if err := pub.Publish("pdserve.hb.decode.x", []byte("hb")); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := s.NextMsg(100 * time.Millisecond); err == nil {
+		send()
+		if _, err := sub.NextMsg(100 * time.Millisecond); err == nil {
 			return true
 		}
 	}
 	return false
+}
+
+// subscribe subscribes nc to subject and flushes the subscription.
+func subscribe(t *testing.T, nc *nats.Conn, subject string) *nats.Subscription {
+	t.Helper()
+	s, err := nc.SubscribeSync(subject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flush(t, nc)
+	return s
+}
+
+// publish publishes to subject on nc and flushes: when it returns, the
+// server has processed the message.
+func publish(t *testing.T, nc *nats.Conn, subject string) {
+	t.Helper()
+	if err := nc.Publish(subject, []byte(subject)); err != nil {
+		t.Fatal(err)
+	}
+	flush(t, nc)
+}
+
+// flush makes a round trip to nc's server: every message the server sent
+// nc before has been read.
+func flush(t *testing.T, nc *nats.Conn) {
+	t.Helper()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // connect logs into s as user (password "pw").
@@ -403,15 +569,11 @@ region:
   tlsSecret: pdserve-region-tls
 `
 	for _, tc := range []struct{ name, values, want string }{
-		{"peer is this region", region + `  gateway: {peers: [{name: us-east, url: "nats://a:7222"}]}
-nats: {jetstream: false}`, "is this region"},
-		{"peer twice", region + `  gateway: {peers: [{name: eu-west, url: "nats://a:7222"}, {name: eu-west, url: "nats://b:7222"}]}
-nats: {jetstream: false}`, "listed twice"},
+		{"peer is this region", region + `  gateway: {peers: [{name: us-east, url: "nats://a:7222"}]}`, "is this region"},
+		{"peer twice", region + `  gateway: {peers: [{name: eu-west, url: "nats://a:7222"}, {name: eu-west, url: "nats://b:7222"}]}`, "listed twice"},
 		{"peers with external NATS", region + `  gateway: {peers: [{name: eu-west, url: "nats://a:7222"}]}
 nats: {bundled: false, external: {url: "nats://nats.example.com:4222"}}`, "bundled NATS server only"},
-		{"network policies", region + `networkPolicy: {enabled: true}
-nats: {jetstream: false}`, "NetworkPolicies do not yet allow"},
-		{"JetStream in the bundled NATS", region, "needs nats.jetstream=false"},
+		{"network policies", region + `networkPolicy: {enabled: true}`, "NetworkPolicies do not yet allow"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := renderError(t, ch, tc.values)
@@ -420,9 +582,9 @@ nats: {jetstream: false}`, "NetworkPolicies do not yet allow"},
 			}
 		})
 	}
-	// The same without the offending setting renders.
-	if err := renderError(t, ch, region+`  gateway: {peers: [{name: eu-west, url: "nats://a:7222"}]}
-nats: {jetstream: false}`); err != nil {
+	// The same without the offending setting renders, JetStream on (the
+	// default).
+	if err := renderError(t, ch, region+`  gateway: {peers: [{name: eu-west, url: "nats://a:7222"}]}`); err != nil {
 		t.Errorf("a region with one peer: %v", err)
 	}
 }

@@ -331,6 +331,14 @@ metrics:
   serviceMonitor: {enabled: false}
   podMonitor: {enabled: true}
 `},
+	{"production as a region", "production", `
+region:
+  name: us-east
+  advertiseURL: https://pdserve.us-east.example.com:8443
+  tlsSecret: pdserve-region-tls
+  gateway: {peers: [{name: eu-west, url: "nats://nats-gw.eu-west.example.com:7222"}]}
+networkPolicy: {enabled: false}
+`},
 }
 
 // TestSecretsTable: every Secret the release's pods (and its monitors and

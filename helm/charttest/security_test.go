@@ -12,6 +12,7 @@ import (
 	"io"
 	"maps"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -106,7 +107,7 @@ func argMap(args []string) map[string]string {
 func (r release) providedSecrets() []string {
 	var out []string
 	for _, path := range []string{"grpc.tokenSecret", "tls.roleSecrets.coordinator", "tls.roleSecrets.prefill", "tls.roleSecrets.decode",
-		"auth.apiKeysSecret", "auth.metricsTokenSecret"} {
+		"auth.apiKeysSecret", "auth.metricsTokenSecret", "region.tlsSecret"} {
 		if s, _ := r.value(path).(string); s != "" {
 			out = append(out, s)
 		}
@@ -125,10 +126,19 @@ func (r release) providedSecrets() []string {
 // values document for the role; for tls.existingSecret one certificate
 // naming tls.serverName for both uses; for grpc.tokenSecret the four keys
 // it documents; for auth.apiKeysSecret a key file of one key, for
-// auth.metricsTokenSecret a token.
+// auth.metricsTokenSecret a token; for region.tlsSecret a certificate
+// for both uses naming the host of region.advertiseURL.
 func (r release) providedSecret(t *testing.T, name, container string) map[string]string {
 	t.Helper()
 	role := containerRole[container]
+	if s, _ := r.value("region.tlsSecret").(string); s != "" && s == name {
+		u, err := url.Parse(fmt.Sprint(r.value("region.advertiseURL")))
+		if err != nil {
+			t.Fatalf("region.advertiseURL: %v", err)
+		}
+		return sampleTLSData(t, tlstest.Leaf{DNSNames: []string{u.Hostname()},
+			Usages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}})
+	}
 	if tlsOn, _ := r.value("tls.enabled").(bool); tlsOn {
 		for _, o := range r.all("Certificate") {
 			if c := o.obj.(*certificate); c.Spec.SecretName == name {

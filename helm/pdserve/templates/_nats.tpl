@@ -83,8 +83,9 @@ authorization {
       user: "coordinator"
       password: $PDSERVE_NATS_COORDINATOR_PASSWORD
       permissions: {
-        # pdserve.cmd and the plan; the JetStream key-value bucket of the
-        # stored responses (pkg/respstore.Subjects), its stream only.
+        # pdserve.cmd, the plan and the region subjects (docs/regions.md);
+        # the JetStream key-value bucket of the stored responses
+        # (pkg/respstore.Subjects), its stream only.
         publish: {allow: ["pdserve.cmd.>", "pdserve.plan", "pdserve.region.>", "$JS.API.INFO", "$JS.API.STREAM.INFO.KV_pdserve_responses", "$JS.API.STREAM.CREATE.KV_pdserve_responses", "$JS.API.STREAM.UPDATE.KV_pdserve_responses", "$JS.API.STREAM.MSG.GET.KV_pdserve_responses", "$JS.API.DIRECT.GET.KV_pdserve_responses", "$JS.API.DIRECT.GET.KV_pdserve_responses.>", "$KV.pdserve_responses.>"]}
         subscribe: {allow: ["pdserve.hb.>", "pdserve.kv.>", "pdserve.plan", "_INBOX.>", "pdserve.region.>"]}
       }

@@ -1,10 +1,16 @@
 {{/*
 Regions (docs/regions.md): with region.name set, the release is one region
 of several. The coordinator gets --region, --region-advertise-url and the
-forwarding TLS files from region.tlsSecret; the bundled NATS server gets a
-gateway named after the region, listening on region.gateway.port (Service
-<fullname>-nats-gateway), dialing region.gateway.peers, over mutual TLS
-with the same Secret. With region.name "" nothing here renders.
+forwarding TLS files from region.tlsSecret. The NATS pod gets a second
+nats-server, the region's gateway (as pkg/control.StartGateway starts it
+beside a coordinator's embedded server): a gateway named after the region,
+listening on region.gateway.port (Service <fullname>-nats-gateway),
+dialing region.gateway.peers, over mutual TLS with the same Secret. The
+bundled server keeps its own config (JetStream included) and connects to
+the gateway server as a leaf node over the pod's loopback; only the region
+subjects (pdserve.region.>) cross between the two, so heartbeats,
+commands, KV events, plans and JetStream stay in the region. With
+region.name "" nothing here renders.
 */}}
 
 {{/*
@@ -24,8 +30,7 @@ Name of the Service of the bundled NATS server's gateway listener.
 
 {{/*
 Checks of the region settings the schema cannot make: peers named once,
-none after this region; a gateway needs the bundled NATS server, which
-then runs without JetStream; the NetworkPolicies do not know the regions' flows yet. Renders nothing.
+none after this region; a gateway needs the bundled NATS server; the NetworkPolicies do not know the regions' flows yet. Renders nothing.
 */}}
 {{- define "pdserve.regionCheck" -}}
 {{- $r := .Values.region }}
@@ -42,9 +47,6 @@ then runs without JetStream; the NetworkPolicies do not know the regions' flows 
 {{- end }}
 {{- if and $r.gateway.peers (not .Values.nats.bundled) }}
 {{- fail "region.gateway.peers: the chart configures the gateway of the bundled NATS server only; with nats.bundled=false configure the gateways on your server and leave region.gateway.peers empty" }}
-{{- end }}
-{{- if and .Values.nats.bundled .Values.nats.jetstream }}
-{{- fail "region.name with the bundled NATS server needs nats.jetstream=false: a server with a gateway runs JetStream only clustered, and the meta group of one-node regions would span the regions and stop when one of them fails (stored responses are off without it)" }}
 {{- end }}
 {{- if .Values.networkPolicy.enabled }}
 {{- fail "region.name with networkPolicy.enabled: the NetworkPolicies do not yet allow the gateway and forwarded requests between regions; set networkPolicy.enabled=false" }}
@@ -98,17 +100,99 @@ region.
 {{- end }}
 
 {{/*
-The gateway block of the bundled NATS server's config; empty without a
-region. nats-server always verifies both ends of a gateway's TLS (there is
+The subjects that never leave a region (pkg/control's regionLocal): the
+workers' heartbeats, commands and KV events, plans, replies, JetStream.
+The bundled server's leafnode remote denies them both ways.
+*/}}
+{{- define "pdserve.regionLocalSubjects" -}}
+{{- toYaml (list "pdserve.hb.>" "pdserve.cmd.>" "pdserve.kv.>" "pdserve.plan" "_INBOX.>" "$JS.>" "$KV.>" "$SYS.>") }}
+{{- end }}
+
+{{/*
+Loopback port of the gateway server's leafnode listener, which only the
+bundled server in the same pod dials.
+*/}}
+{{- define "pdserve.regionLeafPort" -}}
+7422
+{{- end }}
+
+{{/*
+Monitoring port of the gateway server (its probes).
+*/}}
+{{- define "pdserve.regionGatewayMonitorPort" -}}
+8223
+{{- end }}
+
+{{/*
+The leafnode remote of the bundled NATS server's config: the gateway
+server in the same pod, the region's own subjects denied both ways; empty
+without a region.
+*/}}
+{{- define "pdserve.natsRegionLeaf" -}}
+{{- if .Values.region.name }}
+{{- $local := list }}
+{{- range include "pdserve.regionLocalSubjects" . | fromYamlArray }}
+{{- $local = append $local (quote .) }}
+{{- end }}
+# The region's gateway server (container gateway of this pod): only
+# pdserve.region.> crosses to the other regions.
+leafnodes {
+  remotes = [
+    {
+      url: {{ printf "nats://127.0.0.1:%s" (include "pdserve.regionLeafPort" .) | quote }}
+      deny_imports: [{{ join ", " $local }}]
+      deny_exports: [{{ join ", " $local }}]
+    }
+  ]
+}
+{{- end }}
+{{- end }}
+
+{{/*
+The config of the region's gateway server (container gateway of the NATS
+pod), as pkg/control.StartGateway configures it; empty without a region.
+No client logs in: its client port listens on loopback and takes only the
+leaf user, which is allowed leafnode connections and the region subjects
+only. nats-server always verifies both ends of a gateway's TLS (there is
 no verify setting to make): every region's certificate must name the host
 of its gateway URL, serve client and server authentication, and be signed
 by the CA in every region's ca.crt.
 */}}
-{{- define "pdserve.natsGateway" -}}
+{{- define "pdserve.natsGatewayConfig" -}}
 {{- $r := .Values.region }}
 {{- if $r.name }}
 {{- $dir := include "pdserve.regionTLSDir" . }}
-# This region's gateway in the super-cluster of the regions' servers.
+server_name: {{ printf "pdserve-region-gateway-%s" $r.name | quote }}
+listen: "127.0.0.1:4223"
+http: {{ printf "0.0.0.0:%s" (include "pdserve.regionGatewayMonitorPort" .) | quote }}
+lame_duck_duration: "30s"
+lame_duck_grace_period: "5s"
+# The bundled server (same pod) connects as a leaf node, without
+# credentials: as the leaf user, which may send and receive the region
+# subjects only.
+authorization {
+  users = [
+    {
+      user: "region-leaf"
+      allowed_connection_types: ["LEAFNODE"]
+      permissions: {
+        publish: {allow: ["pdserve.region.>"]}
+        subscribe: {allow: ["pdserve.region.>"]}
+      }
+    }
+  ]
+}
+no_auth_user: "region-leaf"
+# nats-server requires a system account with leaf nodes and gateways.
+accounts {
+  SYS: {}
+}
+system_account: "SYS"
+leafnodes {
+  listen: {{ printf "127.0.0.1:%s" (include "pdserve.regionLeafPort" .) | quote }}
+}
+# This region's gateway in the super-cluster of the regions' gateway
+# servers.
 gateway {
   name: {{ $r.name | quote }}
   listen: {{ printf "0.0.0.0:%s" (include "pdserve.fmt" $r.gateway.port) | quote }}
@@ -116,7 +200,8 @@ gateway {
     cert_file: {{ printf "%s/tls.crt" $dir | quote }}
     key_file: {{ printf "%s/tls.key" $dir | quote }}
     ca_file: {{ printf "%s/ca.crt" $dir | quote }}
-    timeout: 2
+    # A region's link may be slow and its host loaded.
+    timeout: 10
   }
   {{- with $r.gateway.peers }}
   gateways: [
