@@ -1,10 +1,15 @@
 // Package region federates pdserve deployments in several regions. A
 // region is a whole pdserve: its coordinators, its pools and its NATS
-// server. Regions federate over a NATS supercluster: the regions' NATS
-// servers are gateways of one another (the coordinator's embedded server
-// takes the gateway options, control.WithGateway), so that a subject
-// published in one region reaches subscribers in the others. No protocol
-// of pdserve's own crosses regions but the OpenAI API itself.
+// server. Regions federate over a NATS supercluster: each region runs a
+// second NATS server that is its gateway (control.StartGateway, mutual
+// TLS between the gateways), and the region's own server connects to it
+// as a leaf node (control.WithLeafRemote; in the chart, a second
+// container in the NATS pod). Only pdserve.region.> crosses that leaf
+// link: heartbeats, commands, KV events, plans, replies and JetStream
+// stay inside their region, and the region's own server keeps JetStream,
+// which nats-server runs only clustered on a server that is itself a
+// gateway. No protocol of pdserve's own crosses regions but the OpenAI
+// API itself.
 //
 // Each coordinator publishes a Summary of its region every interval on
 // SummarySubject: its name, the URL peers forward to, its models and
