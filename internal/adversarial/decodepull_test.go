@@ -80,7 +80,7 @@ func startDecodeWorker(t *testing.T, verifyBlocks int) *decodeWorker {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sv := workertest.Serve(t, workertest.Server{Register: func(g *grpc.Server) { s.Register(g) }, Run: s.Run, Stop: s.Stop}, true, kvtransfer.GRPCServerOptions()...)
+	sv := workertest.Serve(t, workertest.Server{Register: func(g grpc.ServiceRegistrar) { s.Register(g) }, Run: s.Run, Stop: s.Stop}, true, kvtransfer.GRPCServerOptions()...)
 	return &decodeWorker{s: s, addr: sv.Addr, client: pdservev1.NewDecodeServiceClient(sv.Conn)}
 }
 
@@ -104,7 +104,7 @@ func (w *decodeWorker) generate(t *testing.T, id string, p []int32, peer *pdserv
 			t.Fatalf("generate %s: %v", id, err)
 		}
 		toks = append(toks, ev.GetTokens()...)
-		peerHit = max(peerHit, ev.GetPeerHitTokens())
+		peerHit = max(peerHit, ev.GetHit().GetPeerTokens())
 	}
 }
 
