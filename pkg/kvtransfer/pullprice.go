@@ -36,8 +36,10 @@ type PullPricer struct {
 	// Gbps is the link assumed to a peer no pull was measured from
 	// (--peer-link-gbps); 0: the worker pulls nothing. ≥ 0.
 	Gbps float64
-	// Always makes every pull worth it, whatever the estimate: tests of
-	// the pull itself, on engines far faster than their loopback links.
+	// Always makes every pull worth it and waited for (no give-up time),
+	// whatever the estimate: tests of the pull itself, on engines far
+	// faster than their loopback links, whose pulls take the time a
+	// loaded machine gives them.
 	Always bool
 
 	links *LinkStats // true KV bytes per second of past pulls, by peer address
@@ -137,7 +139,7 @@ func (p *PullPricer) Estimate(addr string, tokens int, bytes int64) (pull, compu
 // (it is while no step was measured: computing's cost is unknown; never
 // when want ≤ own or pulls are off) and how long to wait for it before
 // giving up and computing the prefix: the time computing would have
-// taken, at least 50 ms (0: no limit, compute not measured).
+// taken, at least 50 ms (0: no limit, compute not measured, or Always).
 func (p *PullPricer) Price(addr string, own, want, blockTokens int, tokenBytes int64) (worth bool, giveUp time.Duration) {
 	if !p.On() || want <= own || want <= 0 {
 		return false, 0
@@ -147,7 +149,7 @@ func (p *PullPricer) Price(addr string, own, want, blockTokens int, tokenBytes i
 	if compute > 0 && pull >= saved && !p.Always {
 		return false, 0
 	}
-	if compute > 0 {
+	if compute > 0 && !p.Always {
 		giveUp = max(saved, minPullWait)
 	}
 	return true, giveUp

@@ -47,8 +47,8 @@ func TestPullPricer(t *testing.T) {
 			ratio:  0.1},
 		{name: "measured: a link as slow as computing does not", gbps: 1, steps: [][2]int{{1000, 1000}},
 			prices: []price{{"a", 0, 4, false, 0}}, ratio: 1},
-		{name: "always pulls", gbps: 1, always: true, steps: [][2]int{{1000, 1000}},
-			prices: []price{{"a", 0, 4, true, 64 * ms}, {"a", 4, 4, false, 0}}, ratio: 1},
+		{name: "always pulls, and waits for the pull", gbps: 1, always: true, steps: [][2]int{{1000, 1000}},
+			prices: []price{{"a", 0, 4, true, 0}, {"a", 4, 4, false, 0}}, ratio: 1},
 		{name: "moving average of steps", gbps: 1, steps: [][2]int{{1000, 1000}, {2000, 500}},
 			// 1000 + 0.2 × (4000 − 1000) = 1600 tokens/s.
 			ratio: 1.6},

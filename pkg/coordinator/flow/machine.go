@@ -285,6 +285,13 @@ func (m *Machine) step(ev Event) error {
 		switch {
 		case m.gone != nil:
 			return m.gone
+		case m.waitingRecovery && ev.Err != nil && ev.Err.Grammar:
+			// The decode worker's call ended first, but its KV transfer
+			// was aborted because the prefill worker refused the
+			// request: a grammar that allows no token would be refused
+			// on any worker, so the prefill failure is the request's,
+			// whichever end the shell saw first.
+			return m.onPrefillFailed(ev.Err)
 		case m.waitingRecovery:
 			// The decode worker failed first; the prefill worker is done
 			// with the prompt, with its KV complete (re-send it) or not
