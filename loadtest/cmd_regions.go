@@ -238,8 +238,10 @@ type phaseLine struct {
 	ClientOK int `json:"client_ok"`
 	ServerOK int `json:"server_ok"`
 	// Duplicated is ServerOK − ClientOK when positive: completions no
-	// client received as its answer. Unmatched is ClientOK − ServerOK
-	// when positive (a killed coordinator completing after its read).
+	// client received as its answer (a request served twice, or served
+	// while its answer was cut off on the way: the clients' cut and lost
+	// say which). Unmatched is ClientOK − ServerOK when positive (a
+	// killed coordinator completing after its read).
 	Duplicated int    `json:"duplicated"`
 	Unmatched  int    `json:"unmatched"`
 	Lost       int    `json:"lost"`
