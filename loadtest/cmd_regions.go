@@ -290,7 +290,7 @@ func (r *regionLab) route(ctx context.Context, i, j int) error {
 	return nil
 }
 
-func (o *regionsOpts) newLab(ctx context.Context) (*regionLab, error) {
+func (o *regionsOpts) newLab(ctx context.Context, logf *os.File) (*regionLab, error) {
 	lab, err := netlab.New(ctx)
 	if err != nil {
 		return nil, err
@@ -329,7 +329,7 @@ func (o *regionsOpts) newLab(ctx context.Context) (*regionLab, error) {
 			b, _ := json.Marshal(pc)
 			cmd := r.ns[i].Command(ctx, o.self)
 			cmd.Env = append(os.Environ(), regionsProxyEnv+"="+string(b))
-			cmd.Stderr = o.stderr
+			cmd.Stderr = logf
 			if err := lab.Start(cmd); err != nil {
 				return r, err
 			}
@@ -390,18 +390,21 @@ func (o *regionsOpts) runPhase(ctx context.Context, phase string, federated bool
 	if federated {
 		mode = "federated"
 	}
-	r, err := o.newLab(ctx)
+	// The processes' log: a file, which every process writes to directly
+	// (a shared io.Writer would be written by their copying goroutines
+	// at once).
+	logf, err := os.Create(filepath.Join(o.tmp, phase+"-"+mode+".log"))
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	r, err := o.newLab(ctx, logf)
 	if r != nil {
 		defer r.lab.Close()
 	}
 	if err != nil {
 		return nil, err
 	}
-	logf, err := os.Create(filepath.Join(o.tmp, phase+"-"+mode+".log"))
-	if err != nil {
-		return nil, err
-	}
-	defer logf.Close()
 	for i := range regionNames {
 		cmd := r.ns[i].Command(ctx, o.coordinator, o.coordArgs(i, federated)...)
 		cmd.Stdout, cmd.Stderr = logf, logf
