@@ -16,6 +16,7 @@ import (
 // again as their worker processes.
 func TestMain(m *testing.M) {
 	deploy.RunChild()
+	regionsChild()
 	os.Exit(m.Run())
 }
 

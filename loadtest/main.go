@@ -17,6 +17,7 @@ import (
 
 func main() {
 	deploy.RunChild() // a worker process of a local llama.cpp deployment
+	regionsChild()    // a load client of the regions command
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
@@ -36,6 +37,8 @@ Commands:
             over tenants whose caches are apart (offline, no server)
   agentloop concurrent agent loops, one tool call per turn: continued over the
             Responses API's WebSocket vs the whole conversation resent over HTTP
+  regions   three federated regions in network namespaces over netem-shaped
+            links, with and without federation, under faults (needs root)
 
 Run "go run ./loadtest COMMAND -h" for a command's flags, "--version" for the
 version. See loadtest/README.md.
@@ -73,6 +76,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = cmdPrefixHits(ctx, rest, stdout, stderr)
 	case "agentloop":
 		err = cmdAgentLoop(ctx, rest, stdout, stderr)
+	case "regions":
+		err = cmdRegions(ctx, rest, stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return exitOK

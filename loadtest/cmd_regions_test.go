@@ -1,0 +1,134 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/pdserve/pdserve/internal/netlab"
+)
+
+// TestRegionsSummarize: each outcome lands in its own count, and only
+// completed requests within the budget count as within it.
+func TestRegionsSummarize(t *testing.T) {
+	recs := []clientRecord{
+		{Outcome: "ok", TTFTMs: 100},
+		{Outcome: "ok", TTFTMs: 400, Served: "b"},
+		{Outcome: "rejected", Status: 429, Err: "busy"},
+		{Outcome: "cut"},
+		{Outcome: "conn_err"},
+		{Outcome: "lost"},
+	}
+	l := summarize(recs, 300)
+	if l.Sent != 6 || l.OK != 2 || l.Rejected["429"] != 1 || l.Cut != 1 || l.ConnErr != 1 || l.Lost != 1 {
+		t.Errorf("counts %+v", l)
+	}
+	if l.ServedBy["origin"] != 1 || l.ServedBy["b"] != 1 {
+		t.Errorf("served by %v", l.ServedBy)
+	}
+	if want := 1.0 / 6; l.WithinBudget != want {
+		t.Errorf("within budget %v, want %v", l.WithinBudget, want)
+	}
+	if l.P50TTFTMs != 100 || l.P95TTFTMs != 400 || l.FirstError != "busy" {
+		t.Errorf("p50 %v p95 %v first error %q", l.P50TTFTMs, l.P95TTFTMs, l.FirstError)
+	}
+}
+
+// TestRegionsMetric: the sum of a counter's samples with the labels
+// asked, not those of a metric whose name it prefixes.
+func TestRegionsMetric(t *testing.T) {
+	text := `# TYPE pdserve_requests_total counter
+pdserve_requests_total{status="ok"} 7
+pdserve_requests_total{status="forwarded"} 3
+pdserve_requests_total_extra{status="ok"} 100
+pdserve_region_peers 2
+`
+	if v, ok := metric(text, "pdserve_requests_total", `status="ok"`); !ok || v != 7 {
+		t.Errorf("ok requests %v %v, want 7", v, ok)
+	}
+	if v, ok := metric(text, "pdserve_region_peers"); !ok || v != 2 {
+		t.Errorf("peers %v %v, want 2", v, ok)
+	}
+	if _, ok := metric(text, "pdserve_nothing"); ok {
+		t.Error("found a metric that is not there")
+	}
+}
+
+// TestRegionsLab runs a tiny regions measurement (3 s phases) in network
+// namespaces, under CI=true where they are allowed: federated, region a
+// (loaded beyond the budget) forwards some of its requests; alone, none;
+// nothing is lost or duplicated, and a killed coordinator's clients get
+// clear errors.
+func TestRegionsLab(t *testing.T) {
+	if os.Getenv("CI") != "true" || testing.Short() {
+		t.Skip("starts three coordinators in network namespaces: CI=true only")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	if err := netlab.Supported(ctx); err != nil {
+		if os.Geteuid() == 0 {
+			t.Fatalf("netlab: %v", err)
+		}
+		t.Skipf("network namespaces not allowed here: %v", err)
+	}
+	bin := filepath.Join(t.TempDir(), "coordinator")
+	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "../cmd/coordinator").CombinedOutput(); err != nil {
+		t.Fatalf("build coordinator: %v: %s", err, out)
+	}
+	var stdout, stderr bytes.Buffer
+	err := cmdRegions(ctx, []string{"--coordinator", bin, "--duration", "3s", "--rates", "25,4,4", "--ttft-budget-ms", "150",
+		"--phases", "steady,kill-coordinator", "--rtts", "10ms,20ms,30ms"}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("regions: %v\n%s", err, stderr.String())
+	}
+	t.Logf("%s", stdout.String())
+	sc := bufio.NewScanner(&stdout)
+	forwarded := map[string]int{}
+	phases := 0
+	for sc.Scan() {
+		var rl regionLine
+		var pl phaseLine
+		if err := errors.Join(json.Unmarshal(sc.Bytes(), &rl), json.Unmarshal(sc.Bytes(), &pl)); err != nil {
+			t.Fatal(err)
+		}
+		if rl.Origin == "" { // a phase line
+			phases++
+			if pl.Lost != 0 || pl.Duplicated != 0 || pl.ClientOK == 0 {
+				t.Errorf("%s %s: %+v; want answers, none lost or duplicated", pl.Phase, pl.Mode, pl)
+			}
+			if pl.Phase == "steady" && pl.Unmatched != 0 {
+				t.Errorf("steady %s: %d answers no server counted", pl.Mode, pl.Unmatched)
+			}
+			continue
+		}
+		if rl.Sent == 0 || (rl.Phase == "steady" && rl.OK == 0) {
+			t.Errorf("%s %s %s: %+v; want requests answered", rl.Phase, rl.Mode, rl.Origin, rl)
+		}
+		if rl.Phase == "steady" && rl.Cut+rl.ConnErr+rl.Lost != 0 {
+			t.Errorf("steady %s %s: %+v; want every request answered or refused with a status", rl.Mode, rl.Origin, rl)
+		}
+		if rl.Origin == "a" {
+			forwarded[rl.Phase+" "+rl.Mode] = rl.OK - rl.ServedBy["origin"]
+		}
+		if rl.Phase == "kill-coordinator" && rl.Origin == "b" && rl.ConnErr == 0 {
+			t.Errorf("kill-coordinator %s: b's clients got no connection error after its coordinator died: %+v", rl.Mode, rl)
+		}
+	}
+	if phases != 4 {
+		t.Errorf("%d phase lines, want 4", phases)
+	}
+	if forwarded["steady federated"] == 0 || forwarded["steady alone"] != 0 {
+		t.Errorf("a's requests served elsewhere: %v; want some federated, none alone", forwarded)
+	}
+	if strings.Contains(stderr.String(), "panic") {
+		t.Errorf("a process panicked:\n%s", stderr.String())
+	}
+}
