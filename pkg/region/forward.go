@@ -49,6 +49,11 @@ const MaxHops = 1
 const (
 	dialTimeout      = time.Second
 	handshakeTimeout = time.Second
+	// pingAfter and pingTimeout are the HTTP/2 health check of a
+	// connection to a peer: a ping after pingAfter without a frame,
+	// the connection closed when its answer takes over pingTimeout.
+	pingAfter   = time.Second
+	pingTimeout = 2 * time.Second
 	// maxBufferedBody bounds a non-streamed response held before it is
 	// written to the client.
 	maxBufferedBody = 64 << 20
@@ -90,6 +95,11 @@ func NewForwarder(name string, t *grpcnet.TLS, log *zap.Logger) *Forwarder {
 		ForceAttemptHTTP2:   true,
 		MaxIdleConnsPerHost: 64,
 		IdleConnTimeout:     90 * time.Second,
+		// A pooled connection over a link that went dead (cut, no RST)
+		// would hold a request until TCP gives up: a ping after
+		// pingAfter of silence, unanswered for pingTimeout, closes it,
+		// and a request not yet answered goes to the next region.
+		HTTP2: &http.HTTP2Config{SendPingTimeout: pingAfter, PingTimeout: pingTimeout},
 	}
 	return &Forwarder{name: name, client: &http.Client{Transport: tr}, log: log}
 }
