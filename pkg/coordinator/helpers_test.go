@@ -88,6 +88,7 @@ type clusterOpts struct {
 	mode            string
 	prefill, decode int
 	gated           bool // decode engines wrapped in gatedEngine, starting closed
+	elastic         bool // workers started elastic (standalone.WithElasticWorkers)
 	edit            func(*coordinator.Options)
 	worker          func(*workerrun.Options)
 	planner         func(*plannerhost.Options) // non-nil: run the online planner with these edits of its defaults
@@ -170,7 +171,11 @@ func startCluster(t *testing.T, co clusterOpts) *cluster {
 			cl.planner = h
 		}
 	}
-	c, err := standalone.Start(context.Background(), o, log, standalone.WithWorkerOptions(workerOpts))
+	sopts := []standalone.Option{standalone.WithWorkerOptions(workerOpts)}
+	if co.elastic {
+		sopts = append(sopts, standalone.WithElasticWorkers())
+	}
+	c, err := standalone.Start(context.Background(), o, log, sopts...)
 	if err != nil {
 		t.Fatal(err)
 	}
