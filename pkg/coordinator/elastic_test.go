@@ -10,7 +10,11 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/pdserve/pdserve/pkg/budget"
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/engine"
@@ -19,15 +23,17 @@ import (
 
 // An elastic decode worker holding running streams gets the coordinator's
 // role command to prefill (standalone.WithElasticWorkers, control.CmdRole
-// on NATS). With Migrate its sequences move, KV included, to the other
-// decode worker: every client stream equals the engine's greedy output
-// alone, token for token, served by the other decode worker and without
-// a recovery. Without Migrate they finish on it before it changes. Either
+// on the coordinator's NATS connection). With Migrate its sequences move
+// to the other decode worker, which pulls their KV (no KV computed):
+// every client stream equals the engine's greedy output alone, token for
+// token, served by the other decode worker and without a recovery. Without Migrate they finish on it before it changes. Either
 // way every worker ends with no KV held, and the moved worker then
 // prefills a request in its new role (the other prefill worker drained),
 // which the first-request histogram counts. The migrate case fails when
 // ChangeRole ignores the command's Migrate (the streams then finish on
-// the source: decode_worker is the moved worker).
+// the source: decode_worker is the moved worker, no pull logged), and
+// when the coordinator gives the pull no credential it may present
+// (signed credentials: the KV is then computed).
 func TestElasticRoleChange(t *testing.T) {
 	ref := newReference(t)
 	prompts := [][]int32{
@@ -42,14 +48,19 @@ func TestElasticRoleChange(t *testing.T) {
 	for _, migrate := range []bool{true, false} {
 		t.Run(fmt.Sprintf("migrate=%v", migrate), func(t *testing.T) {
 			checkNoLeaks(t)
-			boss := control.NewNATSUser(control.RoleCoordinator, "")
-			cl := startCluster(t, clusterOpts{decode: 2, gated: true, elastic: true,
-				edit: func(o *coordinator.Options) { o.NATSUsers = append(o.NATSUsers, boss) }})
-			nc, err := boss.ConnOptions().Connect(cl.c.NATSURL(), "test-coordinator", nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer nc.Close()
+			cmdr := &commander{}
+			obs, logs := observer.New(zap.DebugLevel)
+			log := testLogger(t).WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core { return zapcore.NewTee(c, obs) }))
+			cl := startCluster(t, clusterOpts{decode: 2, gated: true, elastic: true, log: log,
+				edit: func(o *coordinator.Options) {
+					o.Extensions = append(o.Extensions, cmdr)
+					// Tokens, not the generated signing key: the migration
+					// pull then carries the prefill token (an elastic worker
+					// sends it), while a signed deployment gives it no
+					// credential (backend.migrateFrom) and the target
+					// computes the KV.
+					o.GRPCAuth.Token, o.GRPCAuth.PrefillToken = "elastic-test-token-0123456789abcdef", "elastic-test-prefill-token-0123456789"
+				}})
 			for _, g := range cl.gates {
 				g.allow(4)
 			}
@@ -77,7 +88,7 @@ func TestElasticRoleChange(t *testing.T) {
 				return ok && hb.Role == string(control.RolePrefill) && !hb.Draining
 			}
 			cmd := control.Command{Kind: control.CmdRole, Arg: string(control.RolePrefill), Migrate: migrate}
-			if err := control.SendCommand(context.Background(), nc, string(control.RoleDecode), src, cmd); err != nil {
+			if err := cmdr.host.Command(context.Background(), string(control.RoleDecode), src, cmd); err != nil {
 				t.Fatal(err)
 			}
 			if migrate {
@@ -118,6 +129,13 @@ func TestElasticRoleChange(t *testing.T) {
 					t.Errorf("stream %d finished on %q, want %s (no migration)", i, dw, src)
 				}
 			}
+			// The moved sequences' KV was pulled from src, not computed.
+			if n := logs.FilterMessage("migration pulled").Len(); migrate && n == 0 || !migrate && n != 0 {
+				t.Errorf("%d migration pulls logged, want some exactly when migrating", n)
+			}
+			for _, e := range logs.FilterMessageSnippet("computing the sequence's kv").All() {
+				t.Errorf("a moved sequence's KV was computed: %s %v", e.Message, e.ContextMap())
+			}
 			waitFor(t, 20*time.Second, func() error {
 				if !isPrefill() {
 					return fmt.Errorf("%s has not joined the prefill pool", src)
@@ -156,7 +174,7 @@ func TestElasticRoleChange(t *testing.T) {
 
 // histCount returns the sample count of a gathered histogram with label
 // worker=id (0: none).
-func histCount(t *testing.T, g prometheus.Gatherer, name, worker string) uint64 {
+func histCount(t testing.TB, g prometheus.Gatherer, name, worker string) uint64 {
 	t.Helper()
 	mfs, err := g.Gather()
 	if err != nil {
@@ -177,3 +195,11 @@ func histCount(t *testing.T, g prometheus.Gatherer, name, worker string) uint64 
 	}
 	return n
 }
+
+// commander is an Extension that keeps the coordinator's Host, to send
+// commands on the coordinator's own NATS connection (as its planner does).
+type commander struct{ host coordinator.Host }
+
+func (c *commander) Attach(h coordinator.Host) error { c.host = h; return nil }
+func (*commander) ObserveTrace(*budget.Trace)        {}
+func (*commander) Run(ctx context.Context)           { <-ctx.Done() }
