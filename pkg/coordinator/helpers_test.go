@@ -88,6 +88,7 @@ type clusterOpts struct {
 	mode            string
 	prefill, decode int
 	gated           bool // decode engines wrapped in gatedEngine, starting closed
+	elastic         bool // workers started elastic (standalone.WithElasticWorkers)
 	edit            func(*coordinator.Options)
 	worker          func(*workerrun.Options)
 	planner         func(*plannerhost.Options) // non-nil: run the online planner with these edits of its defaults
@@ -101,7 +102,7 @@ type clusterOpts struct {
 // tests compute the hashes workers publish with it.
 var clusterHashKey = kv.GenerateHashKey()
 
-func startCluster(t *testing.T, co clusterOpts) *cluster {
+func startCluster(t testing.TB, co clusterOpts) *cluster {
 	t.Helper()
 	if co.mode == "" {
 		co.mode = coordinator.ModeDisaggregated
@@ -170,7 +171,11 @@ func startCluster(t *testing.T, co clusterOpts) *cluster {
 			cl.planner = h
 		}
 	}
-	c, err := standalone.Start(context.Background(), o, log, standalone.WithWorkerOptions(workerOpts))
+	sopts := []standalone.Option{standalone.WithWorkerOptions(workerOpts)}
+	if co.elastic {
+		sopts = append(sopts, standalone.WithElasticWorkers())
+	}
+	c, err := standalone.Start(context.Background(), o, log, sopts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -207,12 +212,12 @@ func startCluster(t *testing.T, co clusterOpts) *cluster {
 }
 
 // testLogger logs warnings and errors to the test log.
-func testLogger(t *testing.T) *zap.Logger {
+func testLogger(t testing.TB) *zap.Logger {
 	return zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
 }
 
 // gauge returns the value of a gathered gauge with label worker=id.
-func gauge(t *testing.T, g prometheus.Gatherer, name, worker string) (float64, bool) {
+func gauge(t testing.TB, g prometheus.Gatherer, name, worker string) (float64, bool) {
 	t.Helper()
 	mfs, err := g.Gather()
 	if err != nil {
@@ -235,7 +240,7 @@ func gauge(t *testing.T, g prometheus.Gatherer, name, worker string) (float64, b
 
 // idle returns nil once every worker holds no KV: each decode worker's
 // free blocks equal its total, each prefill worker retains no bytes.
-func (cl *cluster) idle(t *testing.T) error {
+func (cl *cluster) idle(t testing.TB) error {
 	for _, w := range cl.c.Workers() {
 		if w.Role() == control.RolePrefill {
 			if b, ok := gauge(t, cl.c.Registry(), "pdserve_prefill_retained_bytes", w.ID()); !ok || b != 0 {
@@ -276,7 +281,7 @@ type request struct {
 
 // complete sends a completion and collects the result; it fails the test
 // on a non-200 status.
-func complete(ctx context.Context, t *testing.T, url string, req request) result {
+func complete(ctx context.Context, t testing.TB, url string, req request) result {
 	t.Helper()
 	req.ReturnTokenIDs = true
 	resp := post(ctx, t, url+"/v1/completions", req)
@@ -363,7 +368,7 @@ func readStream(body io.Reader) (result, error) {
 	return r, nil
 }
 
-func post(ctx context.Context, t *testing.T, url string, body any) *http.Response {
+func post(ctx context.Context, t testing.TB, url string, body any) *http.Response {
 	t.Helper()
 	data, err := json.Marshal(body)
 	if err != nil {

@@ -5,7 +5,8 @@
 //
 // Start takes the coordinator's Options with Standalone set
 // (PrefillWorkers, DecodeWorkers, Engine, …; WithWorkerOptions edits the
-// workers' options in code) and, in order:
+// workers' options in code; WithElasticWorkers starts them elastic, movable
+// between the roles by the coordinator's role commands) and, in order:
 //
 //  1. generates an Ed25519 key pair when GRPCAuth has neither a token
 //     nor a signing key (the coordinator signs per-call credentials, the

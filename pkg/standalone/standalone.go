@@ -53,7 +53,8 @@ type Option func(*settings)
 
 // settings are the Options of one Start.
 type settings struct {
-	worker func(*workerrun.Options)
+	worker  func(*workerrun.Options)
+	elastic bool
 }
 
 // WithWorkerOptions has f edit each worker's options before the worker
@@ -61,6 +62,16 @@ type settings struct {
 // the loadtest's local deployments: chunk sizes, link speed). Not a flag.
 func WithWorkerOptions(f func(*workerrun.Options)) Option {
 	return func(s *settings) { s.worker = f }
+}
+
+// WithElasticWorkers starts every in-process worker elastic
+// (workerrun.Options.Elastic): each keeps its first role (prefill, decode
+// or colocated) until a role command (control.CmdRole, from the
+// coordinator's user, e.g. the planner's role moves) moves it, and its
+// NATS user, without NATSURL, has control.RoleElastic's permissions.
+// Not a flag.
+func WithElasticWorkers() Option {
+	return func(s *settings) { s.elastic = true }
 }
 
 // Start starts the workers and the coordinator from validated, completed
@@ -128,7 +139,11 @@ func Start(ctx context.Context, o coordinator.Options, log *zap.Logger, opts ...
 		users := []control.NATSUser{self}
 		byID := make(map[string]control.NATSUser, len(specs))
 		for _, w := range specs {
-			u := control.NewNATSUser(w.role, w.id)
+			role := w.role
+			if set.elastic {
+				role = control.RoleElastic
+			}
+			u := control.NewNATSUser(role, w.id)
 			byID[w.id] = u
 			users = append(users, u)
 		}
@@ -171,7 +186,7 @@ func Start(ctx context.Context, o coordinator.Options, log *zap.Logger, opts ...
 		if w.role == control.RolePrefill {
 			wo = workerrun.NewPrefillOptions()
 		}
-		wo.Role, wo.ID = w.role, w.id
+		wo.Role, wo.ID, wo.Elastic = w.role, w.id, set.elastic
 		wo.Decode.BlockTokens, wo.Prefill.PrefixCache.BlockTokens = co.BlockTokens, co.BlockTokens
 		if w.role == control.RolePrefill && wo.Prefill.PrefixCache.HostBytes == prefixcache.Auto {
 			wo.Prefill.PrefixCache.HostBytes = hostShare

@@ -99,7 +99,7 @@
 //
 // # Elastic workers
 //
-// A worker started with Options.Elastic also takes "role" (Arg: prefill,
+// A worker started with Options.Elastic (--elastic) also takes "role" (Arg: prefill,
 // decode or colocated; ChangeRole): it changes role without reloading its
 // model. The old role drains first: its heartbeats say draining at once,
 // new work for it fails with UNAVAILABLE (the coordinator retries it on

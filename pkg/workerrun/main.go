@@ -21,7 +21,7 @@ import (
 
 // helpGroups are the sections of a worker's --help, by concern.
 var helpGroups = []cliflags.Group{
-	{Title: "Worker", Flags: []string{"id", "role", "grpc-addr", "advertise-addr", "metrics-addr", "heartbeat-interval", "drain-timeout", "flags-file"}},
+	{Title: "Worker", Flags: []string{"id", "role", "grpc-addr", "advertise-addr", "metrics-addr", "heartbeat-interval", "drain-timeout", "elastic", "flags-file"}},
 	{Title: "Engine", Flags: []string{"engine", "engine-threads", "preset", "profile", "seed", "time-scale", "payload-scale", "model",
 		"ctx-size", "gpu-layers", "kv-type", "max-seqs", "llama-*", "no-repack"}},
 	{Title: "KV, batching and transfer", Flags: []string{"block-tokens", "kv-blocks", "max-batch", "chunk-tokens", "max-batch-tokens",

@@ -20,7 +20,7 @@ import (
 
 // The flags the Helm chart relies on (fixed names).
 var (
-	commonFlags  = []string{"nats-url", "nats-user", "nats-password-file", "log-level", "metrics-addr", "engine", "preset", "profile", "time-scale", "flags-file", "grpc-addr", "advertise-addr", "id", "heartbeat-interval", "tls-cert", "tls-key", "tls-ca", "tls-server-name"}
+	commonFlags  = []string{"nats-url", "nats-user", "nats-password-file", "log-level", "metrics-addr", "engine", "preset", "profile", "time-scale", "flags-file", "grpc-addr", "advertise-addr", "id", "heartbeat-interval", "tls-cert", "tls-key", "tls-ca", "tls-server-name", "elastic"}
 	prefillFlags = []string{"chunk-tokens", "max-batch-tokens", "codec", "max-live-prefills", "pace-gbps", "kv-conns", "retain-bytes", "peer-link-gbps"}
 	decodeFlags  = []string{"role", "kv-blocks", "block-tokens", "max-batch", "chunk-tokens", "max-batch-tokens", "peer-link-gbps", "peer-pull-verify-blocks"}
 )

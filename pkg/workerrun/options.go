@@ -137,7 +137,9 @@ type Options struct {
 	// (another role's fail with UNAVAILABLE), both Prefill and Decode
 	// options must be valid, and its NATS user needs
 	// control.RoleElastic's permissions, and its gRPC credentials those
-	// of a prefill worker (it sends KV as one). Not a flag.
+	// of a prefill worker (it sends KV as one). The role it does not
+	// start in runs with that role's defaults (its flags are the other
+	// binary's). Flag --elastic.
 	Elastic bool
 }
 
@@ -204,7 +206,7 @@ func (v roleValue) Set(s string) error {
 // defaults. Every worker: --id, --grpc-addr, --advertise-addr,
 // --metrics-addr, --nats-url and the NATS credential flags
 // (control.ConnOptions), --heartbeat-interval, --kv-events,
-// --kv-snapshot-interval, --drain-timeout,
+// --kv-snapshot-interval, --drain-timeout, --elastic,
 // --log-level, --flags-file, --tls-cert, --tls-key, --tls-ca,
 // --tls-server-name, --grpc-verify-key, --grpc-token-file,
 // --grpc-prefill-token-file, --tls-allow-coordinator, --tls-allow-prefill
@@ -230,6 +232,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.KVEvents, "kv-events", o.KVEvents, "publish every block the prefix cache stores and removes, and snapshots, on NATS, so that the router sees the whole cache (false: heartbeats carry a digest of at most 4096 block hashes)")
 	fs.DurationVar(&o.KVSnapshotInterval, "kv-snapshot-interval", o.KVSnapshotInterval, "time between full snapshots of the prefix cache's blocks on NATS (with --kv-events), which heal a lost event")
 	fs.DurationVar(&o.DrainTimeout, "drain-timeout", o.DrainTimeout, "how long a graceful stop waits for requests in flight")
+	fs.BoolVar(&o.Elastic, "elastic", o.Elastic, "let the coordinator move the worker between prefill, decode and colocated at run time with its model loaded (its NATS user needs the elastic role's permissions, its gRPC credentials a prefill worker's; the role it does not start in runs with that role's defaults)")
 	fs.StringVar(&o.LogLevel, "log-level", o.LogLevel, "log level: debug, info, warn or error")
 	fs.StringVar(&o.FlagsFile, "flags-file", o.FlagsFile, "YAML file of flag values, keys are flag names without dashes; command-line flags win")
 	o.TLS.AddFlags(fs)
@@ -370,6 +373,7 @@ func (o Options) LogFields() []zap.Field {
 		zap.Bool("kv_events", o.KVEvents),
 		zap.Duration("kv_snapshot_interval", o.KVSnapshotInterval),
 		zap.Duration("drain_timeout", o.DrainTimeout),
+		zap.Bool("elastic", o.Elastic),
 		zap.String("log_level", o.LogLevel),
 		zap.String("flags_file", o.FlagsFile),
 	}
