@@ -250,29 +250,53 @@ func (d *Dialer) Pull(ctx context.Context, r PullRequest) (Pulled, error) {
 		return fail(fmt.Errorf("%w: %d layers of %d bytes a token, want %d of %d", ErrPullIncomplete, h.GetLayers(), h.GetTokenBytes(), r.Spec.Layers, tb))
 	}
 	p := Pulled{PrefixKV: PrefixKV{Tokens: n, Tier: h.GetTier(), Layers: make([][]byte, r.Spec.Layers)}, FirstByte: firstByte}
-	next := make([]int, r.Spec.Layers)
+	rawLen, err := recvFrames(func() ([]byte, error) {
+		m, err := stream.Recv()
+		return m.GetFrame(), err
+	}, &p, n, tb, r.RequestID, r.Spec)
+	if err != nil {
+		return fail(err)
+	}
+	if d.link != nil {
+		full := int(int64(n) * int64(r.Spec.KVBytesPerToken()))
+		until := d.link.charge(t0, chargeBytes(full, int(rawLen), int(p.BytesWire)))
+		if err := d.o.sleep(ctx, until.Sub(d.o.now())); err != nil {
+			return fail(err)
+		}
+	}
+	p.Took = d.o.now().Sub(t0)
+	return p, nil
+}
+
+// recvFrames reads a pull's frames (recv returns the next frame, io.EOF
+// after the last) into p's layers of n tokens of tb bytes each, checking
+// that every frame is id's, of spec's dtype, and continues its layer;
+// every layer must end whole. It returns the raw bytes decoded. Errors:
+// ErrPullIncomplete for a frame out of place or a layer short,
+// codec.ErrChecksum for corrupt bytes, and recv's.
+func recvFrames(recv func() ([]byte, error), p *Pulled, n, tb int, id string, spec engine.ModelSpec) (int64, error) {
+	next := make([]int, spec.Layers)
 	row := tb / 2
 	var raw []byte
 	var rawLen int64
 	for {
-		m, err := stream.Recv()
+		frame, err := recv()
 		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
-			return fail(err)
+			return rawLen, err
 		}
-		frame := m.GetFrame()
 		fh, _, err := codec.PeekHeader(frame, n*tb)
 		if err != nil {
-			return fail(err)
+			return rawLen, err
 		}
 		l, s, e := int(fh.Layer), int(fh.Start), int(fh.End)
-		if fh.RequestID != r.RequestID || fh.DType != r.Spec.KVDType || l >= r.Spec.Layers || s != next[l] || e <= s || e > n {
-			return fail(fmt.Errorf("%w: frame %q layer %d [%d, %d) of %v", ErrPullIncomplete, fh.RequestID, l, s, e, fh.DType))
+		if fh.RequestID != id || fh.DType != spec.KVDType || l >= spec.Layers || s != next[l] || e <= s || e > n {
+			return rawLen, fmt.Errorf("%w: frame %q layer %d [%d, %d) of %v", ErrPullIncomplete, fh.RequestID, l, s, e, fh.DType)
 		}
 		if _, raw, _, err = codec.DecodeFrame(raw[:0], frame, (e-s)*tb); err != nil {
-			return fail(err) // ErrChecksum for corrupt bytes
+			return rawLen, err // ErrChecksum for corrupt bytes
 		}
 		if p.Layers[l] == nil {
 			p.Layers[l] = make([]byte, n*tb)
@@ -286,16 +310,8 @@ func (d *Dialer) Pull(ctx context.Context, r PullRequest) (Pulled, error) {
 	}
 	for l := range next {
 		if next[l] != n {
-			return fail(fmt.Errorf("%w: layer %d holds %d of %d tokens", ErrPullIncomplete, l, next[l], n))
+			return rawLen, fmt.Errorf("%w: layer %d holds %d of %d tokens", ErrPullIncomplete, l, next[l], n)
 		}
 	}
-	if d.link != nil {
-		full := int(int64(n) * int64(r.Spec.KVBytesPerToken()))
-		until := d.link.charge(t0, chargeBytes(full, int(rawLen), int(p.BytesWire)))
-		if err := d.o.sleep(ctx, until.Sub(d.o.now())); err != nil {
-			return fail(err)
-		}
-	}
-	p.Took = d.o.now().Sub(t0)
-	return p, nil
+	return rawLen, nil
 }

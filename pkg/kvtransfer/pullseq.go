@@ -2,9 +2,7 @@ package kvtransfer
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io"
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -171,44 +169,12 @@ func (d *Dialer) PullSequence(ctx context.Context, r SequencePull) (Pulled, erro
 		return fail(fmt.Errorf("%w: %d layers of %d bytes a token, want %d of %d", ErrPullIncomplete, h.GetLayers(), h.GetTokenBytes(), r.Spec.Layers, tb))
 	}
 	p := Pulled{PrefixKV: PrefixKV{Tokens: n, Tier: h.GetTier(), Layers: make([][]byte, r.Spec.Layers)}, FirstByte: firstByte}
-	next := make([]int, r.Spec.Layers)
-	row := tb / 2
-	var raw []byte
-	var rawLen int64
-	for {
+	rawLen, err := recvFrames(func() ([]byte, error) {
 		m, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return fail(err)
-		}
-		frame := m.GetFrame()
-		fh, _, err := codec.PeekHeader(frame, n*tb)
-		if err != nil {
-			return fail(err)
-		}
-		l, s, e := int(fh.Layer), int(fh.Start), int(fh.End)
-		if fh.RequestID != r.RequestID || fh.DType != r.Spec.KVDType || l >= r.Spec.Layers || s != next[l] || e <= s || e > n {
-			return fail(fmt.Errorf("%w: frame %q layer %d [%d, %d) of %v", ErrPullIncomplete, fh.RequestID, l, s, e, fh.DType))
-		}
-		if _, raw, _, err = codec.DecodeFrame(raw[:0], frame, (e-s)*tb); err != nil {
-			return fail(err)
-		}
-		if p.Layers[l] == nil {
-			p.Layers[l] = make([]byte, n*tb)
-		}
-		k := (e - s) * row
-		copy(p.Layers[l][s*row:], raw[:k])
-		copy(p.Layers[l][(n+s)*row:], raw[k:])
-		next[l] = e
-		p.BytesWire += int64(len(frame))
-		rawLen += int64(len(raw))
-	}
-	for l := range next {
-		if next[l] != n {
-			return fail(fmt.Errorf("%w: layer %d holds %d of %d tokens", ErrPullIncomplete, l, next[l], n))
-		}
+		return m.GetFrame(), err
+	}, &p, n, tb, r.RequestID, r.Spec)
+	if err != nil {
+		return fail(err)
 	}
 	if d.link != nil {
 		full := int(int64(n) * int64(r.Spec.KVBytesPerToken()))
