@@ -118,7 +118,9 @@
 // the command to the first call served in the new role. Its NATS user
 // has control.RoleElastic's permissions (every worker role's subjects
 // for its id); its gRPC credentials must be those of a prefill worker
-// too, since it sends KV as one. Not done yet: the prefix cache is not
-// handed to the new role (it starts empty), and running sequences are
-// finished, not migrated.
+// too, since it sends KV as one. Running decode sequences finish on the
+// old role, or, when the command says Migrate, move with their KV to
+// other decode workers (decode.Server.MigrateAll), on which the
+// coordinator resumes their streams. Not done yet: the prefix cache is
+// not handed to the new role (it starts empty).
 package workerrun
