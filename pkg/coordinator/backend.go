@@ -509,7 +509,7 @@ func (r *run) startDecode(a flow.Generate) flow.Event {
 		// A live migration: the worker pulls the KV from the one that
 		// moved the request out, in the codec of the deployment's KV
 		// transfers (an automatic name is the sender's choice, so none).
-		greq.MigrateFrom = r.b.migrateFrom(*a.MigrateFrom)
+		greq.MigrateFrom = r.b.migrateFrom(*a.MigrateFrom, a.Worker.ID, r.req.ID)
 		if auto, _ := codecpick.AutoName(r.b.codec); !auto {
 			greq.MigrateCodec = r.b.codec
 		}

@@ -143,16 +143,18 @@ func (b *backend) pullPrefix(puller string, p router.Pull, hashes []uint64) *pds
 	return nil
 }
 
-// migrateFrom returns the PeerPrefix of decode worker w, which moved a
-// request out and holds its KV for the next worker's pull (a live
-// migration): its address, id and role (for the pull's TLS checks), as
-// a live member or, gone from the membership, as last routed (the pull
-// then fails and the worker computes the KV). No credential: a worker
-// that must present one to pull computes the KV.
-func (b *backend) migrateFrom(w router.Worker) *pdservev1.PeerPrefix {
+// migrateFrom returns the PeerPrefix of decode worker w, which moved
+// request id out and holds its KV for the pull of the worker puller (a
+// live migration): its address, id and role (for the pull's TLS checks)
+// and, with a signing key, a credential for that one sequence
+// (grpcauth.MigrateCredential), as a live member; gone from the
+// membership, as last routed, without a credential (the pull then fails
+// and the worker computes the KV).
+func (b *backend) migrateFrom(w router.Worker, puller, id string) *pdservev1.PeerPrefix {
 	for _, hb := range b.members.All() {
 		if hb.ID == w.ID && hb.GRPCAddr == w.Addr {
-			return &pdservev1.PeerPrefix{Addr: hb.GRPCAddr, Id: hb.ID, Role: hb.Role}
+			return &pdservev1.PeerPrefix{Addr: hb.GRPCAddr, Id: hb.ID, Role: hb.Role,
+				Credential: b.auth.MigrateCredential(hb.ID, hb.BootEpoch, puller, id)}
 		}
 	}
 	return &pdservev1.PeerPrefix{Addr: w.Addr, Id: w.ID}

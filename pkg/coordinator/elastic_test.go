@@ -54,12 +54,6 @@ func TestElasticRoleChange(t *testing.T) {
 			cl := startCluster(t, clusterOpts{decode: 2, gated: true, elastic: true, log: log,
 				edit: func(o *coordinator.Options) {
 					o.Extensions = append(o.Extensions, cmdr)
-					// Tokens, not the generated signing key: the migration
-					// pull then carries the prefill token (an elastic worker
-					// sends it), while a signed deployment gives it no
-					// credential (backend.migrateFrom) and the target
-					// computes the KV.
-					o.GRPCAuth.Token, o.GRPCAuth.PrefillToken = "elastic-test-token-0123456789abcdef", "elastic-test-prefill-token-0123456789"
 				}})
 			for _, g := range cl.gates {
 				g.allow(4)

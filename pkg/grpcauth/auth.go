@@ -172,6 +172,34 @@ func CheckPull(ctx context.Context, hashes []uint64) error {
 	return nil
 }
 
+// MigrateCredential returns a credential for one pull of the KV of the
+// migrated request requestID from the decode worker holderID, in its
+// start holderEpoch, by the worker pullerID, valid for PushLifetime: the
+// coordinator sends it in GenerateRequest.migrate_from. It grants
+// PullSequence only, for that request only (CheckPullSequence), and not
+// after the holder restarted. "" without a signing key.
+func (a *Auth) MigrateCredential(holderID, holderEpoch, pullerID, requestID string) string {
+	if a == nil || a.signer == nil {
+		return ""
+	}
+	return a.signer.SignClaims(Claims{Audience: holderID, Epoch: holderEpoch, Method: PullSequenceMethod, Subject: pullerID, Chain: SequenceDigest(requestID)}, PushLifetime)
+}
+
+// CheckPullSequence returns nil when the PullSequence call of ctx may
+// read requestID's KV: its signed credential names that request
+// (SequenceDigest). A call admitted without a signed credential is not
+// bound to a request: nil. Errors: ErrWrongChain, wrapped.
+func CheckPullSequence(ctx context.Context, requestID string) error {
+	c, ok := ctx.Value(claimsKey{}).(Claims)
+	if !ok {
+		return nil
+	}
+	if c.Chain == "" || c.Chain != SequenceDigest(requestID) {
+		return fmt.Errorf("%w (sequence %q asked)", ErrWrongChain, requestID)
+	}
+	return nil
+}
+
 // claimsKey is the context key of a call's verified signed credential.
 type claimsKey struct{}
 

@@ -57,6 +57,10 @@ var PushMethod = "/" + pdservev1.KVTransferService_ServiceDesc.ServiceName + "/P
 // PullMethod is the one method a peer-pull credential is signed for.
 var PullMethod = "/" + pdservev1.KVTransferService_ServiceDesc.ServiceName + "/Pull"
 
+// PullSequenceMethod is the one method a migration-pull credential is
+// signed for.
+var PullSequenceMethod = "/" + pdservev1.KVTransferService_ServiceDesc.ServiceName + "/PullSequence"
+
 // Claims are what a signed credential grants: one call of Method on the
 // worker Audience, by Subject, until Expiry. Nonce makes each credential
 // unique; a worker accepts it once.
@@ -92,6 +96,13 @@ func ChainDigest(hashes []uint64) string {
 		h.Write(b[:])
 	}
 	return hex.EncodeToString(h.Sum(nil))
+}
+
+// SequenceDigest is what a migration-pull credential names in place of a
+// chain: the moved request's id, so that it reads that sequence only.
+func SequenceDigest(requestID string) string {
+	h := sha256.Sum256([]byte("sequence\x00" + requestID))
+	return hex.EncodeToString(h[:])
 }
 
 // NewEpoch returns a new boot epoch: 16 random hex digits.
@@ -223,9 +234,9 @@ func (v *Verifier) Verify(cred, method string) (Claims, error) {
 		return c, fmt.Errorf("%w at %s", ErrExpired, exp.UTC().Format(time.RFC3339))
 	case exp.After(now.Add(PushLifetime + ClockSkew)):
 		return c, fmt.Errorf("%w: valid until %s, longer than any credential", ErrExpired, exp.UTC().Format(time.RFC3339))
-	case (c.Epoch != "" || method == PullMethod) && c.Epoch != v.epoch:
+	case (c.Epoch != "" || method == PullMethod || method == PullSequenceMethod) && c.Epoch != v.epoch:
 		return c, ErrWrongEpoch
-	case method == PullMethod && c.Chain == "":
+	case (method == PullMethod || method == PullSequenceMethod) && c.Chain == "":
 		return c, fmt.Errorf("%w: it names no chain", ErrWrongChain)
 	}
 	return c, v.once(c.Nonce, exp.Add(ClockSkew), now)

@@ -3,6 +3,7 @@ package kvtransfer
 import (
 	"context"
 	"fmt"
+	"github.com/pdserve/pdserve/pkg/grpcauth"
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -75,6 +76,10 @@ func (sv *server) pullSequence(req *pdservev1.PullSequenceRequest, stream grpc.S
 	}
 	if err := c.Supports(sv.dtype); err != nil {
 		return errInvalid("pull sequence %s: %v", id, err)
+	}
+	if err := grpcauth.CheckPullSequence(stream.Context(), id); err != nil {
+		// A signed migration credential reads the one sequence it names.
+		return status.Errorf(codes.PermissionDenied, "kvtransfer: pull sequence %s: %v", id, err)
 	}
 	x, done, err := src.TakeSequence(stream.Context(), id)
 	if err != nil {
