@@ -339,7 +339,10 @@ func TestRegionForwardsOverBudgetKeepingIdentity(t *testing.T) {
 // together served each successful request exactly once.
 func TestRegionKilledMidLoadLosesNothing(t *testing.T) {
 	setup := regionSetup{ca: tlstest.NewCA(t, "pdserve region CA")}
-	a, b, c := startFederation(t, setup, 400*time.Millisecond, 0, 40*time.Millisecond)
+	// c's prefill is 150 ms slower than b's, not 40 ms: beside CPU hogs
+	// under -race the measured TTFTs move by more than 40 ms, and a then
+	// found c the cheaper peer.
+	a, b, c := startFederation(t, setup, 400*time.Millisecond, 0, 150*time.Millisecond)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	// Measure every region: a serves its first (unmeasured), b and c are
