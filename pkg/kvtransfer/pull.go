@@ -58,15 +58,22 @@ func WithPullSource(src PullSource) ServerOption {
 // Pull serves one peer pull: the longest cached prefix of the request's
 // blocks, as a header and frames of the request's codec.
 func (sv *server) Pull(req *pdservev1.PullRequest, stream grpc.ServerStreamingServer[pdservev1.PullResponse]) error {
-	err := sv.pull(req, stream)
-	if err != nil {
-		err = toStatus(err)
-		lvl := zap.DebugLevel
-		if c := status.Code(err); c == codes.Internal || c == codes.Unknown {
-			lvl = zap.WarnLevel
-		}
-		sv.o.logger.Log(lvl, "kvtransfer: pull failed", zap.String("request_id", req.GetRequestId()), zap.Error(err))
+	return sv.served("kvtransfer: pull failed", req.GetRequestId(), sv.pull(req, stream))
+}
+
+// served returns a pull handler's err as a gRPC status, logged as msg:
+// at warn for an internal error, at debug for the caller's (a peer gone,
+// a credential refused, nothing held).
+func (sv *server) served(msg, id string, err error) error {
+	if err == nil {
+		return nil
 	}
+	err = toStatus(err)
+	lvl := zap.DebugLevel
+	if c := status.Code(err); c == codes.Internal || c == codes.Unknown {
+		lvl = zap.WarnLevel
+	}
+	sv.o.logger.Log(lvl, msg, zap.String("request_id", id), zap.Error(err))
 	return err
 }
 

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"github.com/pdserve/pdserve/pkg/grpcauth"
 
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -45,16 +44,7 @@ func WithSequenceSource(src SequenceSource) ServerOption {
 
 // PullSequence serves one migration pull.
 func (sv *server) PullSequence(req *pdservev1.PullSequenceRequest, stream grpc.ServerStreamingServer[pdservev1.PullSequenceResponse]) error {
-	err := sv.pullSequence(req, stream)
-	if err != nil {
-		err = toStatus(err)
-		lvl := zap.DebugLevel
-		if c := status.Code(err); c == codes.Internal || c == codes.Unknown {
-			lvl = zap.WarnLevel
-		}
-		sv.o.logger.Log(lvl, "kvtransfer: sequence pull failed", zap.String("request_id", req.GetRequestId()), zap.Error(err))
-	}
-	return err
+	return sv.served("kvtransfer: sequence pull failed", req.GetRequestId(), sv.pullSequence(req, stream))
 }
 
 func (sv *server) pullSequence(req *pdservev1.PullSequenceRequest, stream grpc.ServerStreamingServer[pdservev1.PullSequenceResponse]) error {
