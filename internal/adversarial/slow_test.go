@@ -6,6 +6,7 @@ import (
 	"net"
 	"runtime"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -91,12 +92,30 @@ func TestStalledHTTPClient(t *testing.T) {
 	const k = 2
 	peak := heapPeak(func() {
 		for range k {
-			c, err := net.DialTCP("tcp", nil, mustResolve(t, d.HTTPAddr()))
+			// A small receive buffer and segment size, set before the
+			// connection exists, so that from the handshake on the
+			// server's writes block after kilobytes, however fast it
+			// generates. Before, only the receive buffer was set, after
+			// connecting: loopback's 64 KiB segments let the server's send
+			// buffer grow to megabytes, which a loaded machine took longer
+			// than the poll to generate (0 streams cancelled in 120 s).
+			dialer := net.Dialer{Control: func(_, _ string, rc syscall.RawConn) error {
+				var serr error
+				if err := rc.Control(func(fd uintptr) {
+					serr = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4096)
+					if serr == nil {
+						serr = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_TCP, syscall.TCP_MAXSEG, 536)
+					}
+				}); err != nil {
+					return err
+				}
+				return serr
+			}}
+			c, err := dialer.Dial("tcp", d.HTTPAddr())
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { c.Close() })
-			_ = c.SetReadBuffer(4096)
 			fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", frontend.RouteCompletions, len(body), body)
 			// never read
 		}
@@ -118,14 +137,6 @@ func TestStalledHTTPClient(t *testing.T) {
 	if bound := uint64(64 << 20); peak > bound {
 		t.Errorf("heap grew by %d MiB with %d stalled streams, over %d MiB", peak>>20, k, bound>>20)
 	}
-}
-
-func mustResolve(t *testing.T, addr string) *net.TCPAddr {
-	a, err := net.ResolveTCPAddr("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return a
 }
 
 // TestStalledGRPCCaller: a gRPC caller that calls Generate (n=16 × 1000
