@@ -44,8 +44,10 @@ type Forwardable struct {
 	// request used as the serving region counted them (prompt, output
 	// delivered, grammar), when its response ended with that count and
 	// before the end reaches the client: the origin gives back the
-	// unused part of the key's tokens a minute it took. Not called when
-	// the count did not come (a response cut midway): the charge stands.
+	// unused part of the key's tokens a minute it took (or, for a request
+	// it could not count before, no model of it being served here,
+	// charges what it used). Not called when the count did not come (a
+	// response cut midway): the charge stands.
 	Settle func(used int)
 }
 

@@ -37,7 +37,7 @@ func (f *forwardAll) Forward(w http.ResponseWriter, r *http.Request, body []byte
 // sends the request's usage as the HeaderUsage trailer, and an origin
 // frontend forwarding every request there. Both load the same key file
 // (each region its own copy of the key), with the fake clock.
-func startForwardingPair(t *testing.T, keys string, clock *fakeClock, text string) (origin, peer *testServer) {
+func startForwardingPair(t *testing.T, keys string, clock *fakeClock, text string, originEdit ...func(*Options)) (origin, peer *testServer) {
 	t.Helper()
 	ca := tlstest.NewCA(t, "region test CA")
 	leaf := ca.Issue(t, tlstest.Leaf{IPs: []net.IP{net.ParseIP("127.0.0.1")}})
@@ -72,6 +72,9 @@ func startForwardingPair(t *testing.T, keys string, clock *fakeClock, text strin
 	origin = newTestServerConfig(t, &fakeBackend{complete: echoText("never served here")}, func(o *Options) {
 		edit(o)
 		o.Regions = regs
+		for _, e := range originEdit {
+			e(o)
+		}
 	}, func(ts *httptest.Server) { ts.Config.ConnContext = ConnContext })
 	return origin, peer
 }
@@ -119,6 +122,30 @@ func TestForwardedTokensSettleAtOrigin(t *testing.T) {
 	_, _ = io.ReadAll(resp.Body)
 	if got := remaining(resp); resp.StatusCode != http.StatusOK || got != 100-15 {
 		t.Errorf("peer: status %d, %d tokens remaining, want 200 and %d (nothing charged there before)", resp.StatusCode, got, 100-15)
+	}
+}
+
+// TestForwardedWithoutModelChargedUsage: a request forwarded because no
+// model serves it at the origin, which could not count its tokens before
+// it ran, is charged there the tokens it used in the serving region.
+// Before, its tokens were charged nowhere.
+func TestForwardedWithoutModelChargedUsage(t *testing.T) {
+	clock := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+	keys := keyFile(t, keyTeamA+" name=team-a tpm=100")
+	origin, _ := startForwardingPair(t, keys, clock, "xyz", func(o *Options) {
+		o.Models = func() []Model { return nil }
+	})
+	auth := []string{"Authorization", "Bearer " + keyTeamA}
+	for i, want := range []string{"100", "92", "84"} {
+		resp := origin.post(t, RouteCompletions, `{"prompt":"abcde","max_tokens":10}`, auth...)
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK || resp.Header.Get(region.HeaderServed) != "peer" {
+			t.Fatalf("request %d: status %d, served by %q: %s", i, resp.StatusCode, resp.Header.Get(region.HeaderServed), b)
+		}
+		// 5 prompt + 3 output tokens each, charged once it ended.
+		if got := resp.Header.Get("x-ratelimit-remaining-tokens"); got != want {
+			t.Errorf("request %d: %s tokens remaining at its start, want %s", i, got, want)
+		}
 	}
 }
 

@@ -613,8 +613,14 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, chat bool, id str
 	data = nil // the prompts are parsed; let a large body go
 	if aerr != nil {
 		if raw != nil && aerr.Code != nil && (*aerr.Code == "no_workers" || *aerr.Code == "model_not_found") {
-			// Nothing serves it here: another region may.
-			if s.forward(w, r, raw, cl, tr, Forwardable{Route: r.URL.Path, Model: tr.Model, PromptTokens: tr.PromptTokens}) {
+			// Nothing serves it here: another region may. Its tokens
+			// cannot be counted here before it runs (no tokenizer of
+			// its model, maybe): the key is charged what it used there.
+			f := Forwardable{Route: r.URL.Path, Model: tr.Model, PromptTokens: tr.PromptTokens}
+			if cl.key != nil {
+				f.Settle = func(used int) { cl.key.SpendTokens(s.o.Now(), used) }
+			}
+			if s.forward(w, r, raw, cl, tr, f) {
 				return
 			}
 		}
