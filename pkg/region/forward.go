@@ -16,6 +16,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/pdserve/pdserve/pkg/budget"
 	"github.com/pdserve/pdserve/pkg/grpcnet"
 )
 
@@ -110,11 +111,9 @@ type Request struct {
 // the time since Arrival and rtt; ≤ 0 when spent. Meaningless without a
 // budget (TTFTBudget 0).
 func (r Request) Left(now time.Time, rtt time.Duration) time.Duration {
-	spent := time.Duration(0)
-	if !r.Arrival.IsZero() && now.After(r.Arrival) {
-		spent = now.Sub(r.Arrival)
-	}
-	return r.TTFTBudget - max(r.Network, 0) - spent - max(rtt, 0)
+	tr := budget.Trace{Arrival: r.Arrival, ClientRTT: r.Network, Objective: budget.Objective{TTFTBudget: r.TTFTBudget}}
+	left, _ := tr.BudgetLeft(now)
+	return left - max(rtt, 0)
 }
 
 // Forwarder forwards requests to peer regions over mutual TLS.
