@@ -191,7 +191,7 @@ func TestLimits(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
 	type step struct {
 		at   time.Duration // since t0
-		op   string        // "req", "tok", "give"
+		op   string        // "req", "tok", "give", "spend"
 		n    int
 		want Quota
 	}
@@ -213,6 +213,12 @@ func TestLimits(t *testing.T) {
 		{30 * time.Second, "tok", 1, Quota{Requests: w(2, 0, 60*time.Second), Tokens: w(100, 0, 60*time.Second),
 			Exceeded: Tokens, Requested: 1, RetryAfter: 600 * time.Millisecond}},
 		{30 * time.Second, "give", 30, Quota{}},
+		// Spent after the fact: taken, never refused, down to empty.
+		{30 * time.Second, "spend", 10, Quota{}},
+		{30 * time.Second, "tok", 0, Quota{Requests: w(2, 0, 60*time.Second), Tokens: w(100, 20, 48*time.Second)}},
+		{30 * time.Second, "spend", 25, Quota{}},
+		{30 * time.Second, "tok", 0, Quota{Requests: w(2, 0, 60*time.Second), Tokens: w(100, 0, 60*time.Second)}},
+		{30 * time.Second, "give", 30, Quota{}},
 		// A clock that goes back stands still.
 		{29 * time.Second, "tok", 0, Quota{Requests: w(2, 0, 60*time.Second), Tokens: w(100, 30, 42*time.Second)}},
 		// 1 ms: 100/60000 of a token; the reset rounds up to the ms.
@@ -229,6 +235,9 @@ func TestLimits(t *testing.T) {
 			got = k.TakeTokens(now, s.n)
 		case "give":
 			k.ReturnTokens(now, s.n)
+			continue
+		case "spend":
+			k.SpendTokens(now, s.n)
 			continue
 		}
 		if diff := cmp.Diff(s.want, got); diff != "" {

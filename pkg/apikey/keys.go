@@ -61,6 +61,12 @@ func (k *Key) TakeTokens(now time.Time, n int) Quota { return k.lim.take(now, To
 // bucket holds no more than its limit).
 func (k *Key) ReturnTokens(now time.Time, n int) { k.lim.give(now, n) }
 
+// SpendTokens takes n tokens used by a request that could not be
+// charged before it ran (one served in another region whose model this
+// one does not serve, see package region): all it can, down to an empty
+// bucket, never refused.
+func (k *Key) SpendTokens(now time.Time, n int) { k.lim.spend(now, n) }
+
 // Keys is the reloadable set of keys of a key file. Safe for concurrent
 // use.
 type Keys struct {

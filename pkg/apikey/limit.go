@@ -96,6 +96,14 @@ func (l *limiter) give(now time.Time, n int) {
 	l.tokens.give(int64(n))
 }
 
+// spend takes n tokens used, down to an empty bucket.
+func (l *limiter) spend(now time.Time, n int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.tokens.refill(now)
+	l.tokens.spend(int64(n))
+}
+
 // scale is the number of units of a bucket's level per request or token:
 // the nanoseconds of a minute, so that a bucket of limit L refills by
 // exactly L units a nanosecond. With L ≤ MaxLimit every level fits in an
@@ -168,6 +176,17 @@ func (b *bucket) give(n int64) {
 		return
 	}
 	b.level = min(full, b.level+n*scale)
+}
+
+func (b *bucket) spend(n int64) {
+	if b.limit == 0 || n <= 0 {
+		return
+	}
+	if n >= b.limit {
+		b.level = 0
+		return
+	}
+	b.level = max(0, b.level-n*scale)
 }
 
 func (b *bucket) window() Window {

@@ -82,6 +82,14 @@ type Trace struct {
 	// Region is where the request was served and how it got there; zero
 	// without regions (package region).
 	Region Region
+	// ClientRTT is the round trip between the client and the coordinator
+	// it called, as the kernel measured it on the client's TCP connection
+	// (Linux's smoothed RTT) when the request arrived: the request's way
+	// in and the first token's way out, a term of the TTFT the client
+	// sees that the coordinator's clock does not. 0 where it cannot be
+	// measured (another OS, a connection that is not TCP) and on a
+	// request another region forwarded (Region.RTT is its network term).
+	ClientRTT time.Duration
 
 	// ITLs are the gaps between successive token deliveries to the client
 	// (a delivery may carry several tokens). Appended by Tokens.
@@ -142,6 +150,9 @@ type Terms struct {
 	// PeerLoad is Trace.PeerLoad: of TTFT, the prefix's pull from a peer
 	// worker.
 	PeerLoad time.Duration
+	// ClientRTT is Trace.ClientRTT: the network term outside TTFT (the
+	// client sees about TTFT + ClientRTT).
+	ClientRTT time.Duration
 }
 
 // Terms derives the latency terms from the boundaries.
@@ -160,7 +171,22 @@ func (t *Trace) Terms() Terms {
 	s.Decode = span(t.FirstToken, t.LastToken)
 	s.HostLoad = max(t.HostLoad, 0)
 	s.PeerLoad = max(t.PeerLoad, 0)
+	s.ClientRTT = max(t.ClientRTT, 0)
 	return s
+}
+
+// BudgetLeft returns what is left at now of the request's TTFT budget
+// for the terms still ahead of it: the budget less the network terms
+// outside the coordinator's clock (ClientRTT) and the time spent since
+// Arrival (admission, reading the body, placement). ok is false when the
+// request has no budget; left ≤ 0 when it is spent. A clock before
+// Arrival counts as no time spent.
+func (t *Trace) BudgetLeft(now time.Time) (left time.Duration, ok bool) {
+	b := t.Objective.TTFTBudget
+	if b <= 0 {
+		return 0, false
+	}
+	return b - max(t.ClientRTT, 0) - span(t.Arrival, now), true
 }
 
 // span is b − a, or 0 when either is unset or b is before a.
@@ -234,6 +260,9 @@ type Summary struct {
 	Region       string  `json:"region,omitempty"`
 	OriginRegion string  `json:"origin_region,omitempty"`
 	RegionRTTMs  float64 `json:"region_rtt_ms,omitempty"`
+	// ClientRTTMs is Terms.ClientRTT, the client's network term; absent
+	// where it was not measured.
+	ClientRTTMs float64 `json:"client_rtt_ms,omitempty"`
 
 	CostUSD            *float64 `json:"cost_usd,omitempty"`
 	CostUSDPer1kTokens *float64 `json:"cost_usd_per_1k_tokens,omitempty"`
@@ -285,6 +314,7 @@ func (t *Trace) Summary() Summary {
 		Region:                t.Region.Name,
 		OriginRegion:          t.Region.Origin,
 		RegionRTTMs:           ms(t.Region.RTT),
+		ClientRTTMs:           ms(s.ClientRTT),
 	}
 	if c, ok := t.Cost(); ok {
 		sum.CostUSD = ptr(roundSig(c.USD))
@@ -372,6 +402,9 @@ func (t *Trace) Fields() []zap.Field {
 	}
 	if t.PeerHitTokens > 0 || t.PeerLoad > 0 {
 		f = append(f, zap.Int("peer_prefix_hit_tokens", t.PeerHitTokens), zap.Duration("peer_load", s.PeerLoad))
+	}
+	if s.ClientRTT > 0 {
+		f = append(f, zap.Duration("client_rtt", s.ClientRTT))
 	}
 	if len(t.Warnings) > 0 {
 		f = append(f, zap.Strings("warnings", t.Warnings))

@@ -186,3 +186,63 @@ func TestTTFO(t *testing.T) {
 		t.Errorf("ttft %v ttfo %v, want 40 and 90", s.TTFTMs, s.TTFOMs)
 	}
 }
+
+// TestBudgetLeft: the TTFT budget left for the terms ahead is the budget
+// less the client's network term and the time since arrival; none
+// without a budget; spent (≤ 0) once they reach it; the client's RTT is
+// in the split (Terms, the summary's client_rtt_ms, the log line).
+func TestBudgetLeft(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		budget    time.Duration
+		clientRTT time.Duration
+		now       time.Time
+		want      time.Duration
+		ok        bool
+	}{
+		{name: "no budget", clientRTT: 30 * time.Millisecond, now: at(10)},
+		{name: "at arrival, no RTT measured", budget: 300 * time.Millisecond, now: at(0), want: 300 * time.Millisecond, ok: true},
+		{name: "client RTT and time spent", budget: 300 * time.Millisecond, clientRTT: 40 * time.Millisecond, now: at(25), want: 235 * time.Millisecond, ok: true},
+		{name: "a clock before arrival spends nothing", budget: 300 * time.Millisecond, clientRTT: 40 * time.Millisecond, now: at(-5), want: 260 * time.Millisecond, ok: true},
+		{name: "spent exactly", budget: 100 * time.Millisecond, clientRTT: 60 * time.Millisecond, now: at(40), want: 0, ok: true},
+		{name: "overspent", budget: 100 * time.Millisecond, clientRTT: 90 * time.Millisecond, now: at(30), want: -20 * time.Millisecond, ok: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tr := Trace{Arrival: at(0), ClientRTT: tc.clientRTT, Objective: Objective{TTFTBudget: tc.budget}}
+			got, ok := tr.BudgetLeft(tc.now)
+			if got != tc.want || ok != tc.ok {
+				t.Errorf("BudgetLeft = %v, %v; want %v, %v", got, ok, tc.want, tc.ok)
+			}
+		})
+	}
+
+	tr := Trace{Arrival: at(0), FirstToken: at(50), LastToken: at(50), OutputTokens: 1, ClientRTT: 12500 * time.Microsecond}
+	if got := tr.Terms().ClientRTT; got != 12500*time.Microsecond {
+		t.Errorf("Terms().ClientRTT = %v, want 12.5ms", got)
+	}
+	b, err := json.Marshal(tr.Summary())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum map[string]any
+	if err := json.Unmarshal(b, &sum); err != nil {
+		t.Fatal(err)
+	}
+	if sum["client_rtt_ms"] != 12.5 {
+		t.Errorf("summary client_rtt_ms = %v, want 12.5", sum["client_rtt_ms"])
+	}
+	var logged bool
+	for _, f := range tr.Fields() {
+		if f.Key == "client_rtt" && time.Duration(f.Integer) == 12500*time.Microsecond {
+			logged = true
+		}
+	}
+	if !logged {
+		t.Error("the log line has no client_rtt of 12.5ms")
+	}
+	tr.ClientRTT = 0
+	sum = nil
+	if b, _ := json.Marshal(tr.Summary()); json.Unmarshal(b, &sum) == nil && sum["client_rtt_ms"] != nil {
+		t.Errorf("summary client_rtt_ms = %v without a measure, want absent", sum["client_rtt_ms"])
+	}
+}

@@ -41,6 +41,17 @@
 //	              PCIe time in its next step, inside queue on the others);
 //	              absent without a host-tier hit
 //
+//	client_rtt  = the client's round trip to the coordinator, measured
+//	              on its TCP connection (Linux TCP_INFO); outside ttft,
+//	              which the coordinator's clock bounds: the client sees
+//	              about ttft + client_rtt. Absent where not measurable.
+//
+// The TTFT budget of a request (Objective.TTFTBudget) covers what the
+// client sees: BudgetLeft is what remains of it for the terms still
+// ahead, the budget less client_rtt and the time since Arrival. Placing
+// a request in another region spends that remainder less the round trip
+// to the region (package region).
+//
 // prefix_hit_tokens counts the prompt tokens the prefilling worker did not
 // compute; host_prefix_hit_tokens the part of them loaded from its host
 // tier (the rest were in engine memory).

@@ -263,7 +263,8 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 	}
 	c.http = &http.Server{
 		Handler: fe, ReadHeaderTimeout: o.HTTPReadHeaderTimeout, IdleTimeout: 2 * time.Minute,
-		ErrorLog: zap.NewStdLog(log.Named("http")),
+		ErrorLog:    zap.NewStdLog(log.Named("http")),
+		ConnContext: frontend.ConnContext, // the client's RTT, a budget term
 	}
 
 	bg, cancel := context.WithCancel(context.Background())

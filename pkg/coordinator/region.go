@@ -85,7 +85,7 @@ func newRegions(c *Coordinator, tc *tierChooser) *regions {
 	r := &regions{c: c, tc: tc, log: c.log.Named("region")}
 	r.forwards = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "pdserve_region_forwards_total",
-		Help: "Requests this coordinator forwarded to another region, by region and outcome: served (the region answered), cut (its response failed midway; not retried), unreachable (the region could not take it: the next one, or this region, was tried).",
+		Help: "Requests this coordinator forwarded to another region, by region and outcome: served (the region answered), cut (its response failed midway; not retried), unreachable (the region could not take it: the next one, or this region, was tried), spent (region \"\": the request's TTFT budget was spent before a region took it, so this region served it).",
 	}, []string{"region", "outcome"})
 	c.reg.MustRegister(r.forwards)
 	return r
@@ -175,15 +175,39 @@ func (r *regions) Forward(w http.ResponseWriter, req *http.Request, body []byte,
 		p := r.tc.chooser.Predict(f.Served, f.PromptTokens, l)
 		local = region.Local{Up: l.Up && !l.Shedding, Predicted: p.TTFT(), Measured: p.Measured}
 	}
-	order := region.Place(local, f.Objective.TTFTBudget, region.Candidates(r.fed.Peers(), f.Model, f.PromptTokens))
+	rq := region.Request{
+		Path: f.Route, Key: f.Key, Tenant: f.Tenant, TTFTBudget: f.Objective.TTFTBudget, Priority: f.Objective.Priority, Header: req.Header,
+		Network: f.ClientRTT, Arrival: f.Arrival, OnUsage: f.Settle,
+		// A request this region cannot serve goes elsewhere however late.
+		Fallback: !local.Up,
+	}
+	// Placed against what is left of the budget: the client's network
+	// term and the time spent here are gone. A budget already spent is
+	// met nowhere: served here, without a round trip more, while this
+	// region can; else placed only by availability.
+	left := f.Objective.TTFTBudget
+	if left > 0 {
+		if left = rq.Left(time.Now(), 0); left <= 0 {
+			if local.Up {
+				r.forwards.WithLabelValues("", "spent").Inc()
+				return frontend.Forwarded{}
+			}
+			left = 0
+		}
+	}
+	order := region.Place(local, left, region.Candidates(r.fed.Peers(), f.Model, f.PromptTokens))
 	if len(order) == 0 {
 		return frontend.Forwarded{}
 	}
-	out := r.fwd.Forward(req.Context(), w, body, region.Request{
-		Path: f.Route, Key: f.Key, Tenant: f.Tenant, TTFTBudget: f.Objective.TTFTBudget, Priority: f.Objective.Priority, Header: req.Header,
-	}, order)
+	out := r.fwd.Forward(req.Context(), w, body, rq, order)
+	if out.Spent {
+		r.forwards.WithLabelValues("", "spent").Inc()
+	}
 	for _, t := range out.Tried {
-		name, _, _ := strings.Cut(t, ":")
+		name, why, _ := strings.Cut(t, ":")
+		if strings.HasSuffix(why, "budget spent") {
+			continue // counted above
+		}
 		r.forwards.WithLabelValues(name, "unreachable").Inc()
 	}
 	if out.Region == "" {
@@ -237,7 +261,14 @@ func (r *regions) peerHandler(fe http.Handler) http.Handler {
 			}
 			fw.RTT = time.Duration(ms * float64(time.Millisecond))
 		}
+		// The tokens the request used, sent as a trailer: the origin,
+		// which charged the key, settles to it; nothing is charged here.
+		used := -1
+		fw.Usage = func(n int) { used = n }
 		fe.ServeHTTP(w, req.WithContext(frontend.WithForwarded(req.Context(), fw)))
+		if used >= 0 {
+			w.Header().Set(http.TrailerPrefix+region.HeaderUsage, strconv.Itoa(used))
+		}
 	})
 }
 

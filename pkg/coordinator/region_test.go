@@ -282,9 +282,9 @@ func TestRegionForwardsOverBudgetKeepingIdentity(t *testing.T) {
 	if r.region != "" || r.budget["region"] != "a" || r.budget["origin_region"] != nil || r.budget["priority"] != "batch" {
 		t.Errorf("first request: served by %q, budget %v; want a itself, priority batch", r.region, r.budget)
 	}
-	// Now a is measured over 100 ms: the request goes to b or c, whose
+	// Now a is measured over 200 ms: the request goes to b or c, whose
 	// budget says so, with a's key's objective applied there.
-	r, err = sendRegion(ctx, a.cl.url, false, append(auth, frontend.HeaderTTFTBudget, "100")...)
+	r, err = sendRegion(ctx, a.cl.url, false, append(auth, frontend.HeaderTTFTBudget, "200")...)
 	if err != nil || r.status != http.StatusOK {
 		t.Fatalf("over budget: %v, %+v", err, r)
 	}
@@ -293,6 +293,11 @@ func TestRegionForwardsOverBudgetKeepingIdentity(t *testing.T) {
 	}
 	if _, ok := r.budget["ttft_ms"].(float64); !ok || r.text == "" {
 		t.Errorf("over budget: text %q, budget %v", r.text, r.budget)
+	}
+	// The peer planned against what a left of the budget (less the time
+	// spent at a and the round trip), not the whole 200 ms.
+	if left, ok := r.budget["ttft_budget_ms"].(float64); !ok || left <= 0 || left >= 200 {
+		t.Errorf("over budget: the serving region's ttft_budget_ms = %v, want in (0, 200)", r.budget["ttft_budget_ms"])
 	}
 	served := map[string]*fed{"b": b, "c": c}[r.region]
 	if got := served.metric(t, "pdserve_requests_total", "status", "ok"); got != 1 {

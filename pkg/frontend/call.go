@@ -144,6 +144,8 @@ func (c *call) run(ctx context.Context, w http.ResponseWriter) {
 	if pl := c.plan; pl.tokensTaken > 0 {
 		pl.client.key.ReturnTokens(c.s.o.Now(), pl.tokensTaken-pl.used())
 	}
+	// A forwarded request's usage settles the origin's charge.
+	c.plan.client.fwd.used(c.plan.used())
 
 	var failed *promptRun
 	for _, pr := range c.prompts {

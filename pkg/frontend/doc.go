@@ -14,6 +14,10 @@
 // `data: [DONE]`. The last chunk of a stream (the usage chunk when
 // stream_options.include_usage is set) and a non-streaming response carry
 // a `pdserve` object with the request's latency budget (see pkg/budget).
+// Its client_rtt_ms is the client's network round trip, which a server
+// whose ConnContext is ConnContext reads from the kernel (Linux
+// TCP_INFO) on the request's TCP connection, TLS or not; the client sees
+// about ttft_ms + client_rtt_ms, and a TTFT budget covers both.
 // Each request ends in one zap log line and one observation in
 // pkg/metrics (one per prompt for a batched request).
 //

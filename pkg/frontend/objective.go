@@ -55,7 +55,9 @@ func (s *Server) objective(r *http.Request, cl client, route string) (budget.Obj
 		if err != nil || !(v > 0) || v > maxTTFTBudgetMs || math.IsInf(v, 0) {
 			return out, badRequest(HeaderTTFTBudget, "invalid_value", "%s must be a number of milliseconds in (0, %g], got %q", HeaderTTFTBudget, float64(maxTTFTBudgetMs), hb)
 		}
-		if v < obj.MinTTFTBudgetMs {
+		// A forwarded budget is what the origin left of one it checked
+		// against its own minimum: no minimum applies to it here.
+		if v < obj.MinTTFTBudgetMs && cl.fwd == nil {
 			return out, badRequest(HeaderTTFTBudget, "ttft_budget_below_minimum", "%s %g is under the %g ms that %s allows", HeaderTTFTBudget, v, obj.MinTTFTBudgetMs, surface)
 		}
 		out.TTFTBudget = msDuration(v)

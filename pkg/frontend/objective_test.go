@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/pdserve/pdserve/pkg/config"
 )
@@ -113,5 +114,23 @@ func TestObjectiveHeaders(t *testing.T) {
 	b := decodeJSON(t, resp.Body)["pdserve"].(map[string]any)
 	if b["ttft_budget_ms"] != 250.0 || b["priority"] != "batch" {
 		t.Errorf("budget %v / %v, want 250 ms, batch", b["ttft_budget_ms"], b["priority"])
+	}
+}
+
+// TestForwardedBudgetBelowMinimum: a budget a peer region forwarded is
+// what its origin left of one it checked, so the minimum of the key's
+// objective does not refuse it here, as it refuses a client's own.
+func TestForwardedBudgetBelowMinimum(t *testing.T) {
+	ts := newTestServer(t, &fakeBackend{complete: echoText("ok")}, func(o *Options) {
+		o.Policy.Objectives.Default = config.Objective{Priority: config.PriorityInteractive, TTFTBudgetMs: 1000, MinTTFTBudgetMs: 100}
+	})
+	r, _ := http.NewRequest(http.MethodPost, RouteCompletions, nil)
+	r.Header.Set(HeaderTTFTBudget, "20.5")
+	if _, aerr := ts.srv.objective(r, client{}, RouteCompletions); aerr == nil || deref(aerr.Code) != "ttft_budget_below_minimum" {
+		t.Errorf("a client's 20.5 ms: %+v, want ttft_budget_below_minimum", aerr)
+	}
+	obj, aerr := ts.srv.objective(r, client{fwd: &Forwarded{Origin: "a"}}, RouteCompletions)
+	if aerr != nil || obj.TTFTBudget != 20500*time.Microsecond {
+		t.Errorf("a forwarded 20.5 ms: %v, %+v; want a budget of 20.5ms", obj.TTFTBudget, aerr)
 	}
 }

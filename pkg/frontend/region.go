@@ -29,10 +29,26 @@ type Forwardable struct {
 	// here: the request cannot be served here).
 	Served       string
 	PromptTokens int
-	Objective    budget.Objective
+	// Objective is the request's, its TTFT budget the client's whole
+	// budget; Arrival is when this coordinator got the request and
+	// ClientRTT the client's network term (0: not measured): what is
+	// left of the budget for another region is the budget less both
+	// (budget.Trace.BudgetLeft) and the round trip to that region.
+	Objective budget.Objective
+	Arrival   time.Time
+	ClientRTT time.Duration
 	// Key and Tenant are the client's identity: its API key's name ("":
 	// none) and prefix-cache partition.
 	Key, Tenant string
+	// Settle, when not nil, is called at most once, with the tokens the
+	// request used as the serving region counted them (prompt, output
+	// delivered, grammar), when its response ended with that count and
+	// before the end reaches the client: the origin gives back the
+	// unused part of the key's tokens a minute it took (or, for a request
+	// it could not count before, no model of it being served here,
+	// charges what it used). Not called when the count did not come (a
+	// response cut midway): the charge stands.
+	Settle func(used int)
 }
 
 // Forwarded is a request another region's coordinator forwarded here, as
@@ -44,8 +60,16 @@ type Forwarded struct {
 	Region, Origin string
 	// Key and Tenant are the client's identity, as the origin
 	// authenticated it: the request has that key's policies here (the
-	// origin charged its rate limits).
+	// origin charged its rate limits, and settles them with Usage; this
+	// region charges nothing).
 	Key, Tenant string
+	// Usage, when not nil, is given the tokens the forwarded request
+	// used (prompt, output delivered, grammar; 0 when refused here)
+	// before its handler returns, for the origin's settlement: the
+	// coordinator's region listener sends it as a trailer. Called from
+	// the request's handler goroutine, possibly more than once (the last
+	// count holds).
+	Usage func(tokens int)
 	// RTT is the round trip between the origin and this region.
 	RTT time.Duration
 	// Status is the HTTP status the serving region answered (Forward).
@@ -62,6 +86,14 @@ type forwardedCtx struct{}
 // coordinator's region listener, after mutual TLS, sets it.
 func WithForwarded(ctx context.Context, f Forwarded) context.Context {
 	return context.WithValue(ctx, forwardedCtx{}, &f)
+}
+
+// used reports the tokens a forwarded request used (f.Usage); nothing
+// for a request a client sent here (f nil).
+func (f *Forwarded) used(tokens int) {
+	if f != nil && f.Usage != nil {
+		f.Usage(tokens)
+	}
 }
 
 // forwardedOf returns r's forwarding, nil when a client called here.

@@ -513,7 +513,14 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, chat bool, id str
 			tr.Region.Origin, tr.Region.RTT = cl.fwd.Origin, cl.fwd.RTT
 		}
 	}
+	if cl.fwd == nil {
+		// A forwarded request's network term is the region's RTT: its
+		// connection is the origin coordinator's, not the client's.
+		tr.ClientRTT, _ = clientRTT(r.Context())
+	}
 	refuse := func(aerr *apiError) {
+		// A peer's refusal used none of the tokens the origin charged.
+		cl.fwd.used(0)
 		tr.Status = aerr.traceStatus()
 		extra := cl.fields()
 		if aerr.Code != nil && *aerr.Code == "rate_limit_exceeded" {
@@ -606,8 +613,14 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, chat bool, id str
 	data = nil // the prompts are parsed; let a large body go
 	if aerr != nil {
 		if raw != nil && aerr.Code != nil && (*aerr.Code == "no_workers" || *aerr.Code == "model_not_found") {
-			// Nothing serves it here: another region may.
-			if s.forward(w, r, raw, cl, tr, Forwardable{Route: r.URL.Path, Model: tr.Model, PromptTokens: tr.PromptTokens, Objective: tr.Objective}) {
+			// Nothing serves it here: another region may. Its tokens
+			// cannot be counted here before it runs (no tokenizer of
+			// its model, maybe): the key is charged what it used there.
+			f := Forwardable{Route: r.URL.Path, Model: tr.Model, PromptTokens: tr.PromptTokens}
+			if cl.key != nil {
+				f.Settle = func(used int) { cl.key.SpendTokens(s.o.Now(), used) }
+			}
+			if s.forward(w, r, raw, cl, tr, f) {
 				return
 			}
 		}
@@ -639,7 +652,20 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, chat bool, id str
 		if tr.Objective.Tier != "" {
 			model = tr.Objective.Tier
 		}
-		if s.forward(w, r, raw, cl, tr, Forwardable{Route: r.URL.Path, Model: model, Served: pl.model, PromptTokens: tr.PromptTokens, Objective: tr.Objective}) {
+		f := Forwardable{Route: r.URL.Path, Model: model, Served: pl.model, PromptTokens: tr.PromptTokens}
+		if pl.tokensTaken > 0 {
+			// Charged here once, for what the request may use at most:
+			// the peer's usage settles it, before the end of its
+			// response reaches the client. Without one (a response cut
+			// midway) the whole charge stands.
+			f.Settle = func(used int) {
+				if back := pl.tokensTaken - max(used, 0); back > 0 {
+					cl.key.ReturnTokens(s.o.Now(), back)
+				}
+				pl.tokensTaken = 0
+			}
+		}
+		if s.forward(w, r, raw, cl, tr, f) {
 			return
 		}
 		raw = nil
@@ -660,6 +686,7 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, raw []byte, cl 
 		f.Key = ""
 	}
 	f.Tenant = cl.tenant()
+	f.Objective, f.Arrival, f.ClientRTT = tr.Objective, tr.Arrival, tr.ClientRTT
 	fw := s.o.Regions.Forward(w, r, raw, f)
 	if fw.Region == "" {
 		return false

@@ -31,4 +31,14 @@
 // the region CA both ways), carrying the client's identity (its API key's
 // name, which the origin authenticated and charged) and a hop count:
 // a forwarded request is never forwarded again.
+//
+// Budgets and limits across regions: a peer gets what is left of the
+// client's TTFT budget (Request.Left: the client's network term, the time
+// spent at the origin and the round trip to the peer taken off), and a
+// budget spent before a peer is tried ends the forwarding (Outcome.Spent;
+// the origin serves the request) unless the origin cannot serve it at all
+// (Request.Fallback). The serving region charges the client's key nothing
+// and reports the tokens the request used in the HeaderUsage trailer;
+// the Forwarder hands it to Request.OnUsage before the end of the
+// response reaches the client, and the origin settles its charge to it.
 package region

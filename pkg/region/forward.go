@@ -16,6 +16,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/pdserve/pdserve/pkg/budget"
 	"github.com/pdserve/pdserve/pkg/grpcnet"
 )
 
@@ -38,7 +39,20 @@ const (
 	HeaderRTT = "X-PDServe-Region-RTT-Ms"
 	// HeaderServed, on a response, names the region that served it.
 	HeaderServed = "X-PDServe-Region"
+	// HeaderUsage, a trailer of a forwarded response, is the tokens the
+	// request used where it was served (prompt, output delivered,
+	// grammar; 0 when refused there): the origin settles the key's
+	// tokens a minute to it. The serving region charges nothing.
+	HeaderUsage = "X-PDServe-Region-Usage"
+	// headerTTFTBudget is the TTFT budget left for the peer, ms: the
+	// frontend's objective header (frontend.HeaderTTFTBudget).
+	headerTTFTBudget = "X-PDServe-TTFT-Budget-Ms"
 )
+
+// MinForwardBudget is the budget sent with a request forwarded after
+// its own budget was spent (Request.Fallback): the least the budget
+// header carries, so that the peer picks whatever serves soonest.
+const MinForwardBudget = time.Microsecond
 
 // MaxHops is the most forwards of one request.
 const MaxHops = 1
@@ -65,14 +79,41 @@ type Request struct {
 	Path string
 	// Key and Tenant are the client's identity (HeaderKey, HeaderTenant).
 	Key, Tenant string
-	// TTFTBudget and Priority are the request's objective, resent so
-	// that the peer keeps what the origin resolved (its own key's policy
-	// then caps them again).
+	// TTFTBudget and Priority are the request's objective, as the origin
+	// resolved it: TTFTBudget is the client's whole budget (0: none),
+	// and the peer gets what is left of it (Left), so that it plans
+	// against that, not the whole (its own key's policy then caps the
+	// priority again).
 	TTFTBudget time.Duration
 	Priority   string
+	// Network is the part of the budget spent on the client's network
+	// (its round trip to the origin; 0: not measured), Arrival when the
+	// origin got the request: the time since is spent too.
+	Network time.Duration
+	Arrival time.Time
+	// Fallback forwards the request even once its budget is spent: the
+	// origin cannot serve it at all, and late beats never. Without it a
+	// spent budget ends the forwarding (Outcome.Spent), since no region
+	// can meet it and the origin serves it without a round trip more.
+	Fallback bool
+	// OnUsage, when not nil, is called once with the serving region's
+	// count of the tokens the request used (the HeaderUsage trailer)
+	// when its response ended with one, before the end of the response
+	// reaches the client.
+	OnUsage func(tokens int)
 	// Header are the client's headers passed on (Content-Type, Accept,
 	// traceparent), the others dropped.
 	Header http.Header
+}
+
+// Left returns what is left at now of the request's TTFT budget for a
+// region at round trip rtt: the budget less the client's network term,
+// the time since Arrival and rtt; ≤ 0 when spent. Meaningless without a
+// budget (TTFTBudget 0).
+func (r Request) Left(now time.Time, rtt time.Duration) time.Duration {
+	tr := budget.Trace{Arrival: r.Arrival, ClientRTT: r.Network, Objective: budget.Objective{TTFTBudget: r.TTFTBudget}}
+	left, _ := tr.BudgetLeft(now)
+	return left - max(rtt, 0)
 }
 
 // Forwarder forwards requests to peer regions over mutual TLS.
@@ -80,6 +121,8 @@ type Forwarder struct {
 	name   string
 	client *http.Client
 	log    *zap.Logger
+	// now is the clock of the budget's time spent (time.Now).
+	now func() time.Time
 }
 
 // NewForwarder returns the forwarder of region name: its client presents
@@ -101,7 +144,7 @@ func NewForwarder(name string, t *grpcnet.TLS, log *zap.Logger) *Forwarder {
 		// and a request not yet answered goes to the next region.
 		HTTP2: &http.HTTP2Config{SendPingTimeout: pingAfter, PingTimeout: pingTimeout},
 	}
-	return &Forwarder{name: name, client: &http.Client{Transport: tr}, log: log}
+	return &Forwarder{name: name, client: &http.Client{Transport: tr}, log: log, now: time.Now}
 }
 
 // Close closes the idle connections.
@@ -120,6 +163,12 @@ type Outcome struct {
 	// Err is why a started response was cut (the peer or the link failed
 	// mid-response); the client saw a clear error, never a second answer.
 	Err error
+	// Spent: the request's budget was spent before a peer took it, and
+	// the forwarding stopped there (Region "", nothing written).
+	Spent bool
+	// Usage is the serving region's count of the tokens the request
+	// used (HeaderUsage), -1 when its response came without one.
+	Usage int
 }
 
 // retryable reports whether a peer's status means it did not take the
@@ -137,10 +186,27 @@ func retryable(status int) bool {
 // response with a clear error (an error event in a stream, a 502 for a
 // whole response not yet written), and the request goes nowhere else.
 // With no peer taking it, Outcome.Region is "" and w is untouched.
+//
+// Each peer gets what is left of the request's TTFT budget when it is
+// tried (Request.Left: the time spent at the origin, a peer that failed
+// before included, and the round trip to it taken off). Once nothing is
+// left for a peer, the forwarding stops there (Outcome.Spent) unless
+// req.Fallback, which sends it with MinForwardBudget.
 func (f *Forwarder) Forward(ctx context.Context, w http.ResponseWriter, body []byte, req Request, cands []Candidate) Outcome {
-	var out Outcome
+	out := Outcome{Usage: -1}
 	for _, c := range cands {
-		resp, err := f.send(ctx, c, body, req)
+		left := time.Duration(0) // no budget
+		if req.TTFTBudget > 0 {
+			if left = req.Left(f.now(), c.RTT); left <= 0 {
+				if !req.Fallback {
+					out.Spent = true
+					out.Tried = append(out.Tried, c.Region+": TTFT budget spent")
+					return out
+				}
+				left = MinForwardBudget
+			}
+		}
+		resp, err := f.send(ctx, c, body, req, left)
 		if err != nil {
 			if ctx.Err() != nil {
 				out.Err = ctx.Err()
@@ -156,15 +222,33 @@ func (f *Forwarder) Forward(ctx context.Context, w http.ResponseWriter, body []b
 			continue
 		}
 		out.Region, out.Status = c.Region, resp.StatusCode
-		out.Err = f.copy(w, resp, c.Region)
+		out.Err = f.copy(w, resp, c.Region, func() {
+			out.Usage = usageTrailer(resp.Trailer)
+			if out.Usage >= 0 && req.OnUsage != nil {
+				req.OnUsage(out.Usage)
+			}
+		})
 		_ = resp.Body.Close()
 		return out
 	}
 	return out
 }
 
-// send posts the request to c.
-func (f *Forwarder) send(ctx context.Context, c Candidate, body []byte, req Request) (*http.Response, error) {
+// maxUsage bounds a peer's usage count: more than any request's tokens.
+const maxUsage = 1 << 40
+
+// usageTrailer returns the HeaderUsage trailer, -1 when absent or not a
+// count.
+func usageTrailer(t http.Header) int {
+	n, err := strconv.ParseInt(strings.TrimSpace(t.Get(HeaderUsage)), 10, 64)
+	if err != nil || n < 0 || n > maxUsage {
+		return -1
+	}
+	return int(n)
+}
+
+// send posts the request to c with the TTFT budget left (0: none).
+func (f *Forwarder) send(ctx context.Context, c Candidate, body []byte, req Request, left time.Duration) (*http.Response, error) {
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(c.URL, "/")+req.Path, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
@@ -181,8 +265,8 @@ func (f *Forwarder) send(ctx context.Context, c Candidate, body []byte, req Requ
 	if c.RTT > 0 {
 		hr.Header.Set(HeaderRTT, strconv.FormatFloat(float64(c.RTT.Microseconds())/1000, 'f', 3, 64))
 	}
-	if req.TTFTBudget > 0 {
-		hr.Header.Set("X-PDServe-TTFT-Budget-Ms", strconv.FormatFloat(float64(req.TTFTBudget.Microseconds())/1000, 'f', 3, 64))
+	if left > 0 {
+		hr.Header.Set(headerTTFTBudget, strconv.FormatFloat(float64(max(left, MinForwardBudget).Microseconds())/1000, 'f', 3, 64))
 	}
 	if req.Priority != "" {
 		hr.Header.Set("X-PDServe-Priority", req.Priority)
@@ -193,9 +277,15 @@ func (f *Forwarder) send(ctx context.Context, c Candidate, body []byte, req Requ
 // hopByHop are the response headers not copied.
 var hopByHop = map[string]bool{"Connection": true, "Keep-Alive": true, "Transfer-Encoding": true, "Content-Length": true, "Trailer": true, "Upgrade": true}
 
+// done is the event that ends a stream.
+var done = []byte("data: [DONE]\n\n")
+
 // copy writes resp to w: a stream as it comes, flushed event by event;
-// a whole response once it arrived whole.
-func (f *Forwarder) copy(w http.ResponseWriter, resp *http.Response, region string) error {
+// a whole response once it arrived whole. ended is called once resp's
+// body was read to its end (its trailers are in), before the end reaches
+// the client: before a whole response is written, and, of a stream,
+// before its closing [DONE] event when that comes last in a read.
+func (f *Forwarder) copy(w http.ResponseWriter, resp *http.Response, region string, ended func()) error {
 	stream := strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream")
 	header := func() {
 		for k, vs := range resp.Header {
@@ -214,6 +304,7 @@ func (f *Forwarder) copy(w http.ResponseWriter, resp *http.Response, region stri
 			writeJSONError(w, http.StatusBadGateway, "The region "+region+" serving this request failed before its response was complete; it was not retried elsewhere (it may have run there).")
 			return fmt.Errorf("region %s: response: %w", region, err)
 		}
+		ended()
 		header()
 		w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 		w.WriteHeader(resp.StatusCode)
@@ -225,15 +316,42 @@ func (f *Forwarder) copy(w http.ResponseWriter, resp *http.Response, region stri
 	rc := http.NewResponseController(w)
 	_ = rc.Flush()
 	buf := make([]byte, 32<<10)
+	var held []byte // the closing [DONE], written once the body ended
 	for {
 		n, err := resp.Body.Read(buf)
 		if n > 0 {
-			if _, werr := w.Write(buf[:n]); werr != nil {
-				return werr // the client went away: the peer's stream is cancelled with its context
+			out := buf[:n]
+			if held != nil { // more after [DONE]: it was not the end
+				out = append(append([]byte(nil), held...), out...)
+				held = nil
 			}
-			_ = rc.Flush()
+			if bytes.HasSuffix(out, done) {
+				out, held = out[:len(out)-len(done)], done
+			}
+			if len(out) > 0 {
+				if _, werr := w.Write(out); werr != nil {
+					return werr // the client went away: the peer's stream is cancelled with its context
+				}
+				_ = rc.Flush()
+			}
 		}
 		if errors.Is(err, io.EOF) {
+			ended()
+			if held != nil {
+				if _, werr := w.Write(held); werr != nil {
+					return werr
+				}
+				_ = rc.Flush()
+			}
+			return nil
+		}
+		if err != nil && held != nil {
+			// The stream was whole, its trailer lost: the client gets its
+			// end, and the charge stands (no usage).
+			if _, werr := w.Write(held); werr != nil {
+				return werr
+			}
+			_ = rc.Flush()
 			return nil
 		}
 		if err != nil {

@@ -1,0 +1,165 @@
+package frontend
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/pdserve/pdserve/pkg/grpcnet"
+	"github.com/pdserve/pdserve/pkg/grpcnet/tlstest"
+	"github.com/pdserve/pdserve/pkg/region"
+)
+
+// forwardAll is a Regions that forwards every request to one peer with a
+// real region.Forwarder, as the coordinator does, and records what it
+// was asked.
+type forwardAll struct {
+	fwd  *region.Forwarder
+	url  string
+	asks chan Forwardable
+}
+
+func (f *forwardAll) Forward(w http.ResponseWriter, r *http.Request, body []byte, fa Forwardable) Forwarded {
+	f.asks <- fa
+	out := f.fwd.Forward(r.Context(), w, body, region.Request{
+		Path: fa.Route, Key: fa.Key, Tenant: fa.Tenant, Header: r.Header, OnUsage: fa.Settle,
+		TTFTBudget: fa.Objective.TTFTBudget, Network: fa.ClientRTT, Arrival: fa.Arrival,
+	}, []region.Candidate{{Region: "peer", URL: f.url}})
+	return Forwarded{Region: out.Region, Origin: "origin", Status: out.Status, Err: out.Err}
+}
+
+// startForwardingPair starts a peer frontend behind a mutual-TLS region
+// listener that, as the coordinator's, takes the forwarded identity and
+// sends the request's usage as the HeaderUsage trailer, and an origin
+// frontend forwarding every request there. Both load the same key file
+// (each region its own copy of the key), with the fake clock.
+func startForwardingPair(t *testing.T, keys string, clock *fakeClock, text string, originEdit ...func(*Options)) (origin, peer *testServer) {
+	t.Helper()
+	ca := tlstest.NewCA(t, "region test CA")
+	leaf := ca.Issue(t, tlstest.Leaf{IPs: []net.IP{net.ParseIP("127.0.0.1")}})
+	tl, err := grpcnet.TLSOptions{CertFile: leaf.CertFile, KeyFile: leaf.KeyFile, CAFile: ca.CertFile}.Load(grpcnet.TLSServe|grpcnet.TLSDial, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	edit := func(o *Options) { o.APIKeys, o.Now = loadKeys(t, keys), clock.Now }
+	peer = newTestServer(t, &fakeBackend{complete: echoText(text)}, edit)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{TLSConfig: region.ServerTLS(tl), Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.TLS == nil || len(r.TLS.VerifiedChains) == 0 {
+			http.Error(w, "peers only", http.StatusForbidden)
+			return
+		}
+		used := -1
+		fw := Forwarded{Origin: r.Header.Get(region.HeaderOrigin), Key: r.Header.Get(region.HeaderKey), Tenant: r.Header.Get(region.HeaderTenant),
+			Usage: func(n int) { used = n }}
+		peer.srv.ServeHTTP(w, r.WithContext(WithForwarded(r.Context(), fw)))
+		if used >= 0 {
+			w.Header().Set(http.TrailerPrefix+region.HeaderUsage, strconv.Itoa(used))
+		}
+	})}
+	go func() { _ = srv.ServeTLS(lis, "", "") }()
+	t.Cleanup(func() { _ = srv.Close() })
+	fwd := region.NewForwarder("origin", tl, nil)
+	t.Cleanup(fwd.Close)
+	regs := &forwardAll{fwd: fwd, url: "https://" + lis.Addr().String(), asks: make(chan Forwardable, 16)}
+	origin = newTestServerConfig(t, &fakeBackend{complete: echoText("never served here")}, func(o *Options) {
+		edit(o)
+		o.Regions = regs
+		for _, e := range originEdit {
+			e(o)
+		}
+	}, func(ts *httptest.Server) { ts.Config.ConnContext = ConnContext })
+	return origin, peer
+}
+
+// TestForwardedTokensSettleAtOrigin: a request forwarded to another
+// region is charged once, at the origin, its whole allowance, then
+// settled to what it used there (prompt + output, from the serving
+// region's usage), streamed or not, before the client sees its end; the
+// serving region charges its own copy of the key nothing. Before, the
+// origin kept the whole allowance (15 tokens here where 8 were used).
+func TestForwardedTokensSettleAtOrigin(t *testing.T) {
+	clock := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+	keys := keyFile(t, keyTeamA+" name=team-a tpm=100")
+	origin, peer := startForwardingPair(t, keys, clock, "xyz")
+	auth := []string{"Authorization", "Bearer " + keyTeamA}
+	remaining := func(resp *http.Response) int {
+		t.Helper()
+		n, err := strconv.Atoi(resp.Header.Get("x-ratelimit-remaining-tokens"))
+		if err != nil {
+			t.Fatalf("x-ratelimit-remaining-tokens %q", resp.Header.Get("x-ratelimit-remaining-tokens"))
+		}
+		return n
+	}
+	// Prompt "abcde": 5 tokens; max_tokens 10: 15 asked, 8 used (3 output).
+	for i, body := range []string{`{"prompt":"abcde","max_tokens":10}`, `{"prompt":"abcde","max_tokens":10,"stream":true}`} {
+		resp := origin.post(t, RouteCompletions, body, auth...)
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK || resp.Header.Get(region.HeaderServed) != "peer" {
+			t.Fatalf("request %d: status %d, served by %q: %s", i, resp.StatusCode, resp.Header.Get(region.HeaderServed), b)
+		}
+		// The charge of this request is on its own headers: 100 − 8×i − 15.
+		if got, want := remaining(resp), 100-8*i-15; got != want {
+			t.Errorf("request %d: %d tokens remaining at its start, want %d", i, got, want)
+		}
+	}
+	// The next request sees both settled to 8 each: 100 − 16 − its 15.
+	resp := origin.post(t, RouteCompletions, `{"prompt":"abcde","max_tokens":10}`, auth...)
+	_, _ = io.ReadAll(resp.Body)
+	if got := remaining(resp); got != 100-16-15 {
+		t.Errorf("after two forwarded requests: %d tokens remaining, want %d (each settled to its 8 used)", got, 100-16-15)
+	}
+	// The peer's copy of the key was never charged: a request of the
+	// client there takes its first 15 from a full bucket.
+	resp = peer.post(t, RouteCompletions, `{"prompt":"abcde","max_tokens":10}`, auth...)
+	_, _ = io.ReadAll(resp.Body)
+	if got := remaining(resp); resp.StatusCode != http.StatusOK || got != 100-15 {
+		t.Errorf("peer: status %d, %d tokens remaining, want 200 and %d (nothing charged there before)", resp.StatusCode, got, 100-15)
+	}
+}
+
+// TestForwardedWithoutModelChargedUsage: a request forwarded because no
+// model serves it at the origin, which could not count its tokens before
+// it ran, is charged there the tokens it used in the serving region.
+// Before, its tokens were charged nowhere.
+func TestForwardedWithoutModelChargedUsage(t *testing.T) {
+	clock := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+	keys := keyFile(t, keyTeamA+" name=team-a tpm=100")
+	origin, _ := startForwardingPair(t, keys, clock, "xyz", func(o *Options) {
+		o.Models = func() []Model { return nil }
+	})
+	auth := []string{"Authorization", "Bearer " + keyTeamA}
+	for i, want := range []string{"100", "92", "84"} {
+		resp := origin.post(t, RouteCompletions, `{"prompt":"abcde","max_tokens":10}`, auth...)
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK || resp.Header.Get(region.HeaderServed) != "peer" {
+			t.Fatalf("request %d: status %d, served by %q: %s", i, resp.StatusCode, resp.Header.Get(region.HeaderServed), b)
+		}
+		// 5 prompt + 3 output tokens each, charged once it ended.
+		if got := resp.Header.Get("x-ratelimit-remaining-tokens"); got != want {
+			t.Errorf("request %d: %s tokens remaining at its start, want %s", i, got, want)
+		}
+	}
+}
+
+// TestForwardableBudget: the origin hands the region placement the
+// client's budget, its arrival and its measured RTT, from which the
+// budget left for a peer is computed (region.Request.Left).
+func TestForwardableBudget(t *testing.T) {
+	clock := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+	keys := keyFile(t, keyTeamA+" name=team-a tpm=1000")
+	origin, _ := startForwardingPair(t, keys, clock, "x")
+	resp := origin.post(t, RouteCompletions, `{"prompt":"a","max_tokens":1}`, "Authorization", "Bearer "+keyTeamA, HeaderTTFTBudget, "250")
+	_, _ = io.ReadAll(resp.Body)
+	fa := <-origin.srv.o.Regions.(*forwardAll).asks
+	if fa.Objective.TTFTBudget != 250*time.Millisecond || !fa.Arrival.Equal(clock.Now()) || fa.ClientRTT <= 0 {
+		t.Errorf("forwarded budget %v, arrival %v, client RTT %v; want 250ms, %v, measured", fa.Objective.TTFTBudget, fa.Arrival, fa.ClientRTT, clock.Now())
+	}
+}
