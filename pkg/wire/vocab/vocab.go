@@ -74,3 +74,18 @@ const (
 	// KV transfer is part of TTFT.
 	PolicyDecode = "decode"
 )
+
+// Priority is a request's class in the workers' queues (the wire's
+// pdservev1.Priority): a batch waiting for room starts interactive
+// requests before batch ones, first come first served within a class,
+// and lets at most a bounded number of later interactive requests pass a
+// batch one (pkg/prefill/batch, pkg/decode/batch). The zero Priority is
+// interactive: what a request without an objective, or from a caller
+// that predates the field, gets.
+type Priority int
+
+// The priorities.
+const (
+	PriorityInteractive Priority = iota
+	PriorityBatch
+)
