@@ -17,4 +17,8 @@
 //     wrapping;
 //   - StepHistory, the recent step times and last batch size a worker's
 //     Stats report (guarded, like Signals' flag, by the worker's mutex).
+//   - Waiter, Next and Started: the priority order in which both batches
+//     start waiting requests (interactive first, FCFS within a priority,
+//     a batch request passed by at most DefaultOvertakes later
+//     interactive ones).
 package batching
