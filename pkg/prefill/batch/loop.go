@@ -7,6 +7,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/pdserve/pdserve/pkg/batching"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 	"github.com/pdserve/pdserve/pkg/runner"
@@ -23,7 +24,7 @@ func (b *Batch) take() {
 	for _, m := range b.box.Take() {
 		switch {
 		case m.join != nil:
-			q := &seq{r: m.join}
+			q := &seq{r: m.join, w: batching.Waiter{Priority: m.join.Priority}}
 			b.queue = append(b.queue, q)
 			b.byKey[m.key] = q
 			b.takenReqs++
@@ -39,6 +40,9 @@ func (b *Batch) take() {
 		}
 	}
 }
+
+// waiterOf returns q's place in the priority order.
+func waiterOf(q *seq) *batching.Waiter { return &q.w }
 
 // drop takes q out of the batch: its engine sequence freed, its grammar
 // state closed.
@@ -85,28 +89,20 @@ func (b *Batch) publish() {
 	b.takenReqs, b.takenTokens = 0, 0
 }
 
-// Plan takes the messages and picks the next step: requests in arrival
-// order, each at most ChunkTokens of its remaining prompt, until
-// MaxBatchTokens are used. A request gets its engine sequence when it is
-// first scheduled, if the engine's memory and the service have room for
-// it; otherwise it and every later request wait (FCFS).
+// Plan takes the messages and picks the next step: the started requests
+// in the order they started, then waiting ones in priority order
+// (batching.Next: interactive first, FCFS within a priority, a batch
+// request passed by at most Config.Overtakes later interactive ones),
+// each at most ChunkTokens of its remaining prompt, until MaxBatchTokens
+// are used. A request gets its engine sequence when it is first
+// scheduled, if the engine's memory and the service have room for it;
+// otherwise it and every other waiting request wait.
 func (p policy) Plan() runner.Batch[*seq] {
 	b := p.b
 	b.take()
 	var rb runner.Batch[*seq]
 	budget := b.cfg.MaxBatchTokens
-	for i := 0; i < len(b.queue) && budget > 0; {
-		q := b.queue[i]
-		if !q.started {
-			a := b.start(q)
-			if a == Wait {
-				break
-			}
-			if a == Gone {
-				b.drop(q)
-				continue
-			}
-		}
+	add := func(q *seq) {
 		n := min(len(q.r.Prompt)-q.done, b.cfg.ChunkTokens, budget)
 		rb.Prefill = append(rb.Prefill, engine.PrefillItem{
 			Seq:      q.id,
@@ -116,6 +112,32 @@ func (p policy) Plan() runner.Batch[*seq] {
 		})
 		rb.PrefillOf = append(rb.PrefillOf, q)
 		budget -= n
+	}
+	// The queue holds the started requests first, in the order they
+	// started, then the waiting ones in the order they joined.
+	i := 0
+	for ; i < len(b.queue) && b.queue[i].started && budget > 0; i++ {
+		add(b.queue[i])
+	}
+	for budget > 0 {
+		waiting := b.queue[i:]
+		j := batching.Next(waiting, waiterOf, b.cfg.Overtakes)
+		if j < 0 {
+			break
+		}
+		q := waiting[j]
+		a := b.start(q)
+		if a == Wait {
+			break
+		}
+		if a == Gone {
+			b.drop(q)
+			continue
+		}
+		batching.Started(waiting, j, waiterOf)
+		copy(waiting[1:j+1], waiting[:j])
+		waiting[0] = q
+		add(q)
 		i++
 	}
 	b.publish()

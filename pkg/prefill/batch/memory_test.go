@@ -81,6 +81,7 @@ type sink struct {
 	filled    []int // tokens handed out per layer
 	cancelled bool  // the service ended it (a Cancel was posted)
 	waits     int   // Starts to answer Wait (the service's retention bound) before Go
+	starts    *[]string // where Start appends id when it answers Go (nil: nowhere)
 	ends      int
 	end       End
 }
@@ -92,6 +93,9 @@ func (k *sink) Start() Admit {
 	if k.waits > 0 {
 		k.waits--
 		return Wait
+	}
+	if k.starts != nil {
+		*k.starts = append(*k.starts, k.id)
 	}
 	return Go
 }
