@@ -78,9 +78,9 @@ type sink struct {
 	t         *testing.T
 	id        string
 	prompt    int
-	filled    []int // tokens handed out per layer
-	cancelled bool  // the service ended it (a Cancel was posted)
-	waits     int   // Starts to answer Wait (the service's retention bound) before Go
+	filled    []int     // tokens handed out per layer
+	cancelled bool      // the service ended it (a Cancel was posted)
+	waits     int       // Starts to answer Wait (the service's retention bound) before Go
 	starts    *[]string // where Start appends id when it answers Go (nil: nowhere)
 	ends      int
 	end       End
