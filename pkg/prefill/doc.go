@@ -13,9 +13,9 @@
 // the live requests' KV beyond Options.MaxLiveKVBytes (see Retention): a
 // request is refused up front rather than left to wait in a queue that
 // cannot drain in time. Every step of the batch takes requests in the order
-// of their priority (PrefillRequest.priority: interactive before batch,
-// arrival order within one, a batch request passed by at most
-// batching.DefaultOvertakes later interactive ones) and gives each at most Options.ChunkTokens of its remaining prompt until
+// of their priority (PrefillRequest.priority: arrival order, but an
+// interactive request goes ahead of older batch ones, at most
+// batching.DefaultOvertakes times in a row) and gives each at most Options.ChunkTokens of its remaining prompt until
 // Options.MaxBatchTokens tokens are used; the engine runs the step as one
 // batch. The engine hands out every layer's KV of every chunk through its
 // KVFunc; the batch hands it to the request, which copies it once into the request's KV buffer and

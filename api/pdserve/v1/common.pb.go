@@ -146,9 +146,9 @@ func (FinishReason) EnumDescriptor() ([]byte, []int) {
 
 // Priority is a request's class in the workers' queues (the
 // coordinator's objective: an API key's or route's policy, or the
-// X-PDServe-Priority header). A worker starts waiting interactive requests
-// before waiting batch ones, first come first served within a class, and
-// lets a bounded number of later interactive requests pass a batch one.
+// X-PDServe-Priority header). A worker starts waiting requests first come
+// first served, except that an interactive request goes ahead of older
+// batch ones, a bounded number of times in a row.
 // pkg/wire/vocab holds its Go form, which pkg/wire maps.
 type Priority int32
 

@@ -172,9 +172,9 @@ type Config struct {
 	// MemTokens and MemSeqs bound the engine's KV memory, in tokens and
 	// sequences (0: no bound): see Batch.
 	MemTokens, MemSeqs int
-	// Overtakes is how many later interactive requests may start ahead
-	// of a waiting batch request (batching.Next); 0: none, the queue is
-	// first come first served whatever the priorities.
+	// Overtakes is how many interactive requests in a row may start
+	// ahead of an older waiting batch request (batching.Order); 0: none,
+	// the queue is first come first served whatever the priorities.
 	Overtakes int
 	// Signals wakes the loop (Post) and is waited on.
 	Signals *batching.Signals
@@ -226,6 +226,7 @@ type Batch struct {
 
 	// The loop's alone.
 	queue                  []*seq          // prefilling in the order they started, then waiting in the order they joined
+	order                  batching.Order  // the order waiting requests start in
 	byKey                  map[uint64]*seq // the queue by key
 	nextSeq                engine.SeqID
 	kvErr                  error // why the last step's KV callback failed, for its log
@@ -235,8 +236,7 @@ type Batch struct {
 // seq is a request in the batch.
 type seq struct {
 	r       *Request
-	w       batching.Waiter // its place in the start order, while it waits
-	started bool            // has an engine sequence; the service holds its KV buffer
+	started bool // has an engine sequence; the service holds its KV buffer
 	id      engine.SeqID
 	done    int // prompt tokens prefilled, the prefix taken included
 	hits    Hits
@@ -263,6 +263,7 @@ func New(cfg Config) *Batch {
 		spec:  cfg.Engine.Spec(),
 		box:   batching.NewMailbox[Msg](cfg.Signals),
 		byKey: make(map[uint64]*seq),
+		order: batching.Order{Overtakes: cfg.Overtakes},
 	}
 	b.load.Store(&Load{})
 	b.run = runner.New(cfg.Engine, runner.Policy[*seq](policy{b}), cfg.Signals, runner.Options{

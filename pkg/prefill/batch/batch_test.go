@@ -115,9 +115,9 @@ func joinAs(b *Batch, key uint64, id string, n int, prio vocab.Priority, starts 
 
 // TestPriorityStartOrder: with the step budget saturated (two requests of
 // 24 tokens fill a step of 16 in chunks of 8), waiting interactive
-// requests start before batch ones that joined earlier, and a batch
-// request starts once Overtakes later interactive ones passed it; every
-// request is prefilled. Fails on FCFS (Overtakes 0: b3 and b4 start
+// requests start before batch ones that joined earlier, at most
+// Overtakes in a row, then the oldest starts; every request is
+// prefilled. Fails on FCFS (Overtakes 0: b3 and b4 start
 // before i5) and on strict priority (b3 would start after i6..i8).
 func TestPriorityStartOrder(t *testing.T) {
 	I, B := vocab.PriorityInteractive, vocab.PriorityBatch
@@ -134,7 +134,7 @@ func TestPriorityStartOrder(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b, p, eng := newTestBatch(t, nil)
-			b.cfg.Overtakes = tc.overtakes
+			b.order.Overtakes = tc.overtakes
 			var starts []string
 			var ks []*sink
 			post := func(prios []vocab.Priority) {

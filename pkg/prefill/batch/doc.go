@@ -1,9 +1,9 @@
 // Package batch is the prefill worker's batch: chunked prefill by
 // priority over one engine (ollama's runner; etcd raft's Ready/Advance).
-// Requests start when the engine's memory holds them: interactive ones
-// before batch ones, in arrival order within a priority, and a batch
-// request passed by at most Config.Overtakes later interactive ones,
-// which bounds its wait (pkg/batching's Next). Every step gives each
+// Requests start when the engine's memory holds them, in arrival order,
+// except that a waiting interactive request goes ahead of older batch
+// ones, at most Config.Overtakes times in a row, which bounds a batch
+// request's wait (pkg/batching's Order). Every step gives each
 // started request at most Config.ChunkTokens of its remaining prompt
 // until Config.MaxBatchTokens are used; a prompt whose last chunk ran
 // yields its first token and its engine sequence becomes a prefix cache

@@ -11,6 +11,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 	"github.com/pdserve/pdserve/pkg/runner"
+	"github.com/pdserve/pdserve/pkg/wire/vocab"
 )
 
 // policy is the Batch's runner.Policy: its methods run on the loop
@@ -24,7 +25,7 @@ func (b *Batch) take() {
 	for _, m := range b.box.Take() {
 		switch {
 		case m.join != nil:
-			q := &seq{r: m.join, w: batching.Waiter{Priority: m.join.Priority}}
+			q := &seq{r: m.join}
 			b.queue = append(b.queue, q)
 			b.byKey[m.key] = q
 			b.takenReqs++
@@ -41,8 +42,8 @@ func (b *Batch) take() {
 	}
 }
 
-// waiterOf returns q's place in the priority order.
-func waiterOf(q *seq) *batching.Waiter { return &q.w }
+// prioOf returns q's priority.
+func prioOf(q *seq) vocab.Priority { return q.r.Priority }
 
 // drop takes q out of the batch: its engine sequence freed, its grammar
 // state closed.
@@ -91,8 +92,8 @@ func (b *Batch) publish() {
 
 // Plan takes the messages and picks the next step: the started requests
 // in the order they started, then waiting ones in priority order
-// (batching.Next: interactive first, FCFS within a priority, a batch
-// request passed by at most Config.Overtakes later interactive ones),
+// (batching.Next: FCFS, but for interactive ones going ahead of older
+// batch ones at most Config.Overtakes times in a row),
 // each at most ChunkTokens of its remaining prompt, until MaxBatchTokens
 // are used. A request gets its engine sequence when it is first
 // scheduled, if the engine's memory and the service have room for it;
@@ -121,7 +122,7 @@ func (p policy) Plan() runner.Batch[*seq] {
 	}
 	for budget > 0 {
 		waiting := b.queue[i:]
-		j := batching.Next(waiting, waiterOf, b.cfg.Overtakes)
+		j := batching.Next(&b.order, waiting, prioOf)
 		if j < 0 {
 			break
 		}
@@ -134,7 +135,7 @@ func (p policy) Plan() runner.Batch[*seq] {
 			b.drop(q)
 			continue
 		}
-		batching.Started(waiting, j, waiterOf)
+		batching.Started(&b.order, waiting, j, prioOf)
 		copy(waiting[1:j+1], waiting[:j])
 		waiting[0] = q
 		add(q)
