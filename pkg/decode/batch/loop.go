@@ -416,9 +416,9 @@ func (b *Batch) makeRoom(q *seq) bool {
 
 // plan admits waiting requests in priority order (batching.Next: in
 // order of readiness, but for interactive ones going ahead of older
-// batch ones at most Config.Overtakes times in a row)
-// while the batch and the engine's memory have room: when the next one
-// does not fit, every one waits. Then it picks the step's items.
+// batch ones at most Config.Overtakes times in a row) while the batch and
+// the engine's memory have room: when the next one does not fit, every
+// one waits. Then it picks the step's items.
 func (b *Batch) plan() runner.Batch[*seq] {
 	now := b.cfg.Now()
 	for len(b.waiting) > 0 {

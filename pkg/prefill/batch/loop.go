@@ -93,9 +93,8 @@ func (b *Batch) publish() {
 // Plan takes the messages and picks the next step: the started requests
 // in the order they started, then waiting ones in priority order
 // (batching.Next: FCFS, but for interactive ones going ahead of older
-// batch ones at most Config.Overtakes times in a row),
-// each at most ChunkTokens of its remaining prompt, until MaxBatchTokens
-// are used. A request gets its engine sequence when it is first
+// batch ones at most Config.Overtakes times in a row), each at most
+// ChunkTokens of its remaining prompt, until MaxBatchTokens are used. A request gets its engine sequence when it is first
 // scheduled, if the engine's memory and the service have room for it;
 // otherwise it and every other waiting request wait.
 func (p policy) Plan() runner.Batch[*seq] {
