@@ -17,4 +17,7 @@
 //     wrapping;
 //   - StepHistory, the recent step times and last batch size a worker's
 //     Stats report (guarded, like Signals' flag, by the worker's mutex).
+//   - Order, Next and Started: the priority order in which both batches
+//     start waiting requests (FCFS, but an interactive request goes ahead
+//     of older batch ones, at most DefaultOvertakes times in a row).
 package batching

@@ -13,6 +13,7 @@ import (
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/budget"
+	"github.com/pdserve/pdserve/pkg/config"
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/coordinator/flow"
 	"github.com/pdserve/pdserve/pkg/frontend"
@@ -23,6 +24,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/router"
 	"github.com/pdserve/pdserve/pkg/tracing"
 	"github.com/pdserve/pdserve/pkg/wire"
+	"github.com/pdserve/pdserve/pkg/wire/vocab"
 )
 
 // rpcTimeout bounds the unary calls of the request flow (Reserve, Cancel,
@@ -435,6 +437,15 @@ func (r *run) reserve(a flow.Reserve) flow.Event {
 
 func (r *run) sampling() *pdservev1.Sampling { return wire.Sampling(r.req.Sampling) }
 
+// priority is the request's class in the workers' queues: its
+// objective's (interactive when none applied).
+func (r *run) priority() pdservev1.Priority {
+	if r.req.Trace != nil && r.req.Trace.Objective.Priority == config.PriorityBatch {
+		return wire.Priority(vocab.PriorityBatch)
+	}
+	return wire.Priority(vocab.PriorityInteractive)
+}
+
 // spawn runs f in a goroutine with a child context; f's result is sent as
 // an end event. Every spawned goroutine sends exactly one end event.
 // It returns the function that cancels f's context.
@@ -456,7 +467,7 @@ func (r *run) startPrefill(a flow.Prefill) flow.Event {
 	preq := &pdservev1.PrefillRequest{
 		RequestId: r.req.ID, PromptTokens: r.req.Prompt, Sampling: r.sampling(),
 		DecodeAddr: a.Decode.Addr, Codec: r.b.codec, Logprobs: wire.Logprobs(r.req.Logprobs),
-		SkipTokens: int32(a.SkipTokens), PrefixRoot: uint64(r.root),
+		SkipTokens: int32(a.SkipTokens), PrefixRoot: uint64(r.root), Priority: r.priority(),
 		// One KV push to this decode worker by this prefill worker: the
 		// prefill worker holds no key, and the credential is worth
 		// nothing elsewhere.
@@ -493,7 +504,7 @@ func (r *run) startDecode(a flow.Generate) flow.Event {
 		RequestId: r.req.ID, PromptTokens: r.req.Prompt, Sampling: r.sampling(),
 		MaxTokens: int32(r.req.MaxTokens), LocalPrefill: a.LocalPrefill, IgnoreEos: r.req.IgnoreEOS,
 		N: int32(max(r.req.N, 1)), Logprobs: wire.Logprobs(r.req.Logprobs),
-		FirstTokenFromPrefill: a.FirstFromPrefill, PrefixRoot: uint64(r.root),
+		FirstTokenFromPrefill: a.FirstFromPrefill, PrefixRoot: uint64(r.root), Priority: r.priority(),
 	}
 	if a.OmitPrompt {
 		// The worker holds it from Reserve (prompt_held).

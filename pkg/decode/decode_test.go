@@ -612,6 +612,7 @@ func TestBadRequests(t *testing.T) {
 		{"top p above 1", &pdservev1.GenerateRequest{RequestId: "x", PromptTokens: []int32{1}, MaxTokens: 1, Sampling: &pdservev1.Sampling{TopP: 1.5}}},
 		{"all generated", &pdservev1.GenerateRequest{RequestId: "x", PromptTokens: []int32{1}, MaxTokens: 2, GeneratedTokens: []int32{3, 4}}},
 		{"bad stop token", &pdservev1.GenerateRequest{RequestId: "x", PromptTokens: []int32{1}, MaxTokens: 2, StopTokens: []int32{-5}}},
+		{"unknown priority", &pdservev1.GenerateRequest{RequestId: "x", PromptTokens: []int32{1}, MaxTokens: 2, LocalPrefill: true, Priority: 99}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

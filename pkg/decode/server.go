@@ -355,6 +355,7 @@ func New(eng engine.Engine, o Options, logger *zap.Logger, reg prometheus.Regist
 		TokenBytes:     tokenBytes,
 		MemTokens:      memTokens,
 		MemSeqs:        memSeqs,
+		Overtakes:      batching.DefaultOvertakes,
 		Signals:        s.sig,
 		Stopped:        ctx,
 		Observe:        s.m.observeStep,
@@ -887,6 +888,9 @@ type genParams struct {
 	// pull's codec.
 	migrate      *pdservev1.PeerPrefix
 	migrateCodec string
+	// priority is the request's class when the batch is full
+	// (GenerateRequest.priority).
+	priority vocab.Priority
 }
 
 func (s *Server) validate(req *pdservev1.GenerateRequest) (genParams, error) {
@@ -934,6 +938,9 @@ func (s *Server) validate(req *pdservev1.GenerateRequest) (genParams, error) {
 		}
 	}
 	var err error
+	if p.priority, err = wire.FromPriority(req.GetPriority()); err != nil {
+		return p, invalid("request %s: %v", id, err)
+	}
 	if p.top, err = wire.FromLogprobs(req.GetLogprobs()); err != nil {
 		return p, invalid("request %s: logprobs: %v", id, err)
 	}
@@ -1295,7 +1302,7 @@ func (s *Server) attached(q *sequence, p genParams, held *batch.KV, abort bool, 
 		Key: q.key, ID: q.id, Local: p.local, Prompt: p.prompt, Sampling: p.sampling, MaxTokens: p.maxTokens,
 		IgnoreEOS: p.ignoreEOS, Stop: p.stop, Generated: p.generated, N: p.n, GenChoices: p.genChoices,
 		Top: p.top, PromptTop: p.promptTop, Hashes: p.hashes, Constraint: p.constraint, ForkStates: p.forkStates,
-		Disk: p.disk, KV: held, Out: q.out,
+		Disk: p.disk, KV: held, Out: q.out, Priority: p.priority,
 	}
 	q.pulling = p.pull
 	s.handLocked(q)

@@ -12,8 +12,10 @@
 // Options.MaxLivePrefills requests are live or when the prompt's KV would take
 // the live requests' KV beyond Options.MaxLiveKVBytes (see Retention): a
 // request is refused up front rather than left to wait in a queue that
-// cannot drain in time. Every step of the batch takes requests in arrival order
-// and gives each at most Options.ChunkTokens of its remaining prompt until
+// cannot drain in time. Every step of the batch takes requests in the order
+// of their priority (PrefillRequest.priority: arrival order, but an
+// interactive request goes ahead of older batch ones, at most
+// batching.DefaultOvertakes times in a row) and gives each at most Options.ChunkTokens of its remaining prompt until
 // Options.MaxBatchTokens tokens are used; the engine runs the step as one
 // batch. The engine hands out every layer's KV of every chunk through its
 // KVFunc; the batch hands it to the request, which copies it once into the request's KV buffer and
@@ -110,7 +112,7 @@
 // # Concurrency
 //
 // The worker is a service and a batch (ollama's runner; etcd raft's
-// Ready/Advance). The batch (pkg/prefill/batch) is FCFS chunked prefill
+// Ready/Advance). The batch (pkg/prefill/batch) is chunked prefill by priority
 // over the engine, run by one goroutine (Run): it owns every request's
 // prefill state (engine sequence, progress, prefix hits, grammar state),
 // the prefix cache's engine sequences and the engine's memory, and takes

@@ -15,7 +15,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/wire"
 )
 
-// Run runs the batch (pkg/prefill/batch: FCFS chunked prefill) until ctx
+// Run runs the batch (pkg/prefill/batch: chunked prefill by priority) until ctx
 // ends or Stop is called, then fails the requests still live with
 // UNAVAILABLE, frees their engine sequences, and waits for the sender
 // goroutines. It returns nil after a stop, or an error when Run was

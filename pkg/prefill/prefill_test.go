@@ -177,6 +177,7 @@ func TestBadRequests(t *testing.T) {
 		{"no decode address", &pdservev1.PrefillRequest{RequestId: "x", PromptTokens: []int32{1}}},
 		{"unknown codec", &pdservev1.PrefillRequest{RequestId: "x", PromptTokens: []int32{1}, DecodeAddr: "a:1", Codec: "gzip"}},
 		{"negative temperature", &pdservev1.PrefillRequest{RequestId: "x", PromptTokens: []int32{1}, DecodeAddr: "a:1", Sampling: &pdservev1.Sampling{Temperature: -0.5}}},
+		{"unknown priority", &pdservev1.PrefillRequest{RequestId: "x", PromptTokens: []int32{1}, DecodeAddr: "a:1", Priority: 99}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

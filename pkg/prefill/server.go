@@ -43,7 +43,7 @@ type Server struct {
 
 	spec engine.ModelSpec
 	eng  engine.Engine
-	// b is the batch (FCFS chunked prefill); it owns the engine, the
+	// b is the batch (chunked prefill by priority); it owns the engine, the
 	// requests' engine sequences and the prefix cache's. The service
 	// posts it messages and hears back through each request (its Outbox).
 	b *batch.Batch
@@ -200,6 +200,7 @@ func New(eng engine.Engine, dialer *kvtransfer.Dialer, o Options, logger *zap.Lo
 		ChunkTokens:    o.ChunkTokens,
 		MemTokens:      memTokens,
 		MemSeqs:        memSeqs,
+		Overtakes:      batching.DefaultOvertakes,
 		Signals:        s.sig,
 		Stopped:        ctx,
 		Observe:        s.m.observeStep,
@@ -486,6 +487,10 @@ func (s *Server) enqueue(req *pdservev1.PrefillRequest, hashes []kv.Hash, pulled
 	if err != nil {
 		return nil, 0, invalid("request %s: %v", req.GetRequestId(), err)
 	}
+	prio, err := wire.FromPriority(req.GetPriority())
+	if err != nil {
+		return nil, 0, invalid("request %s: %v", req.GetRequestId(), err)
+	}
 	var gs engine.GrammarState
 	queued := false
 	if sampling.Grammar != "" {
@@ -550,7 +555,7 @@ func (s *Server) enqueue(req *pdservev1.PrefillRequest, hashes []kv.Hash, pulled
 	// (stopping): the mailbox is a leaf.
 	s.b.Post(batch.Join(&batch.Request{
 		Key: r.key, ID: r.id, Prompt: r.prompt, Sampling: sampling, Grammar: gs,
-		Hashes: hashes, Pulled: pulled, Disk: disk, Out: r,
+		Hashes: hashes, Pulled: pulled, Disk: disk, Out: r, Priority: prio,
 	}))
 	r.inBatch = true
 	s.queued++

@@ -3,6 +3,7 @@
 // between the coordinator and the workers: sampling settings and
 // log-probabilities; stamps and finish reasons (vocab.Stamp and the
 // vocab.Finish… names to the StampKind and FinishReason enums, and back;
+// vocab.Priority to the Priority enum, and back, refusing an unknown one;
 // Finish also reads the finish_reason string of a decode worker that
 // predates the enum); and it reads and writes the status details of the
 // API's errors: the mark of a failed KV transfer (KVTransferFailedStatus,

@@ -1,6 +1,8 @@
 package wire
 
 import (
+	"fmt"
+
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/wire/vocab"
 )
@@ -74,4 +76,27 @@ func SetFinish(resp *pdservev1.GenerateResponse, r string) {
 	if resp.Finish != pdservev1.FinishReason_FINISH_REASON_UNSPECIFIED {
 		resp.FinishReason = r //nolint:staticcheck // written for coordinators that predate finish
 	}
+}
+
+// Priority returns the wire form of priority p (PRIORITY_INTERACTIVE for
+// vocab.PriorityInteractive and any value vocab does not name).
+func Priority(p vocab.Priority) pdservev1.Priority {
+	if p == vocab.PriorityBatch {
+		return pdservev1.Priority_PRIORITY_BATCH
+	}
+	return pdservev1.Priority_PRIORITY_INTERACTIVE
+}
+
+// FromPriority returns the priority of wire value p: unspecified (a
+// caller that predates the field) is interactive; a value this build
+// does not know is an error, which a worker answers with
+// INVALID_ARGUMENT.
+func FromPriority(p pdservev1.Priority) (vocab.Priority, error) {
+	switch p {
+	case pdservev1.Priority_PRIORITY_UNSPECIFIED, pdservev1.Priority_PRIORITY_INTERACTIVE:
+		return vocab.PriorityInteractive, nil
+	case pdservev1.Priority_PRIORITY_BATCH:
+		return vocab.PriorityBatch, nil
+	}
+	return 0, fmt.Errorf("wire: unknown priority %d", int32(p))
 }

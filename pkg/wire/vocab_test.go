@@ -77,3 +77,33 @@ func TestFinishReasons(t *testing.T) {
 		t.Errorf("SetFinish(\"\") = %v", resp)
 	}
 }
+
+// TestPriorities: each priority of vocab has its own wire value and comes
+// back from it; every named wire value maps to one; unspecified is
+// interactive and an unknown value is refused. Fails if a priority maps
+// to a shared or unspecified value, or an unknown one is taken for one.
+func TestPriorities(t *testing.T) {
+	seen := map[pdservev1.Priority]bool{}
+	for _, p := range []vocab.Priority{vocab.PriorityInteractive, vocab.PriorityBatch} {
+		w := Priority(p)
+		if w == pdservev1.Priority_PRIORITY_UNSPECIFIED || seen[w] {
+			t.Errorf("Priority(%d) = %v: unspecified or shared", p, w)
+		}
+		seen[w] = true
+		if back, err := FromPriority(w); err != nil || back != p {
+			t.Errorf("FromPriority(%v) = %d, %v; want %d", w, back, err, p)
+		}
+	}
+	for n := range pdservev1.Priority_name {
+		w := pdservev1.Priority(n)
+		if _, err := FromPriority(w); err != nil {
+			t.Errorf("FromPriority(%v): %v", w, err)
+		}
+	}
+	if p, err := FromPriority(pdservev1.Priority_PRIORITY_UNSPECIFIED); err != nil || p != vocab.PriorityInteractive {
+		t.Errorf("FromPriority(unspecified) = %d, %v; want interactive", p, err)
+	}
+	if _, err := FromPriority(99); err == nil {
+		t.Error("FromPriority(99): no error")
+	}
+}

@@ -144,6 +144,63 @@ func (FinishReason) EnumDescriptor() ([]byte, []int) {
 	return file_pdserve_v1_common_proto_rawDescGZIP(), []int{1}
 }
 
+// Priority is a request's class in the workers' queues (the
+// coordinator's objective: an API key's or route's policy, or the
+// X-PDServe-Priority header). A worker starts waiting requests first come
+// first served, except that an interactive request goes ahead of older
+// batch ones, a bounded number of times in a row.
+// pkg/wire/vocab holds its Go form, which pkg/wire maps.
+type Priority int32
+
+const (
+	// No priority given: interactive (what a caller that predates the
+	// field sends).
+	Priority_PRIORITY_UNSPECIFIED Priority = 0
+	Priority_PRIORITY_INTERACTIVE Priority = 1
+	Priority_PRIORITY_BATCH       Priority = 2
+)
+
+// Enum value maps for Priority.
+var (
+	Priority_name = map[int32]string{
+		0: "PRIORITY_UNSPECIFIED",
+		1: "PRIORITY_INTERACTIVE",
+		2: "PRIORITY_BATCH",
+	}
+	Priority_value = map[string]int32{
+		"PRIORITY_UNSPECIFIED": 0,
+		"PRIORITY_INTERACTIVE": 1,
+		"PRIORITY_BATCH":       2,
+	}
+)
+
+func (x Priority) Enum() *Priority {
+	p := new(Priority)
+	*p = x
+	return p
+}
+
+func (x Priority) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Priority) Descriptor() protoreflect.EnumDescriptor {
+	return file_pdserve_v1_common_proto_enumTypes[2].Descriptor()
+}
+
+func (Priority) Type() protoreflect.EnumType {
+	return &file_pdserve_v1_common_proto_enumTypes[2]
+}
+
+func (x Priority) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Priority.Descriptor instead.
+func (Priority) EnumDescriptor() ([]byte, []int) {
+	return file_pdserve_v1_common_proto_rawDescGZIP(), []int{2}
+}
+
 // Sampling selects how tokens are drawn. The zero value is greedy.
 type Sampling struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
@@ -605,7 +662,11 @@ const file_pdserve_v1_common_proto_rawDesc = "" +
 	"\fFinishReason\x12\x1d\n" +
 	"\x19FINISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12FINISH_REASON_STOP\x10\x01\x12\x18\n" +
-	"\x14FINISH_REASON_LENGTH\x10\x02B5Z3github.com/pdserve/pdserve/api/pdserve/v1;pdservev1b\x06proto3"
+	"\x14FINISH_REASON_LENGTH\x10\x02*R\n" +
+	"\bPriority\x12\x18\n" +
+	"\x14PRIORITY_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14PRIORITY_INTERACTIVE\x10\x01\x12\x12\n" +
+	"\x0ePRIORITY_BATCH\x10\x02B5Z3github.com/pdserve/pdserve/api/pdserve/v1;pdservev1b\x06proto3"
 
 var (
 	file_pdserve_v1_common_proto_rawDescOnce sync.Once
@@ -619,20 +680,21 @@ func file_pdserve_v1_common_proto_rawDescGZIP() []byte {
 	return file_pdserve_v1_common_proto_rawDescData
 }
 
-var file_pdserve_v1_common_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_pdserve_v1_common_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
 var file_pdserve_v1_common_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_pdserve_v1_common_proto_goTypes = []any{
 	(StampKind)(0),       // 0: pdserve.v1.StampKind
 	(FinishReason)(0),    // 1: pdserve.v1.FinishReason
-	(*Sampling)(nil),     // 2: pdserve.v1.Sampling
-	(*TokenLogprob)(nil), // 3: pdserve.v1.TokenLogprob
-	(*TokenProb)(nil),    // 4: pdserve.v1.TokenProb
-	(*Logprobs)(nil),     // 5: pdserve.v1.Logprobs
-	(*Stamp)(nil),        // 6: pdserve.v1.Stamp
-	(*PrefixHit)(nil),    // 7: pdserve.v1.PrefixHit
+	(Priority)(0),        // 2: pdserve.v1.Priority
+	(*Sampling)(nil),     // 3: pdserve.v1.Sampling
+	(*TokenLogprob)(nil), // 4: pdserve.v1.TokenLogprob
+	(*TokenProb)(nil),    // 5: pdserve.v1.TokenProb
+	(*Logprobs)(nil),     // 6: pdserve.v1.Logprobs
+	(*Stamp)(nil),        // 7: pdserve.v1.Stamp
+	(*PrefixHit)(nil),    // 8: pdserve.v1.PrefixHit
 }
 var file_pdserve_v1_common_proto_depIdxs = []int32{
-	4, // 0: pdserve.v1.TokenLogprob.top:type_name -> pdserve.v1.TokenProb
+	5, // 0: pdserve.v1.TokenLogprob.top:type_name -> pdserve.v1.TokenProb
 	0, // 1: pdserve.v1.Stamp.kind:type_name -> pdserve.v1.StampKind
 	2, // [2:2] is the sub-list for method output_type
 	2, // [2:2] is the sub-list for method input_type
@@ -651,7 +713,7 @@ func file_pdserve_v1_common_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_pdserve_v1_common_proto_rawDesc), len(file_pdserve_v1_common_proto_rawDesc)),
-			NumEnums:      2,
+			NumEnums:      3,
 			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   0,

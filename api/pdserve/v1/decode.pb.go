@@ -254,7 +254,11 @@ type GenerateRequest struct {
 	// otherwise); tokens of the peer is unused.
 	MigrateFrom *PeerPrefix `protobuf:"bytes,16,opt,name=migrate_from,json=migrateFrom,proto3" json:"migrate_from,omitempty"`
 	// With migrate_from: the codec of the pull's frames ("" : "none").
-	MigrateCodec  string `protobuf:"bytes,17,opt,name=migrate_codec,json=migrateCodec,proto3" json:"migrate_codec,omitempty"`
+	MigrateCodec string `protobuf:"bytes,17,opt,name=migrate_codec,json=migrateCodec,proto3" json:"migrate_codec,omitempty"`
+	// The request's class when the batch is full: waiting interactive
+	// sequences join before waiting batch ones (see Priority). A value this
+	// worker does not know is refused (INVALID_ARGUMENT).
+	Priority      Priority `protobuf:"varint,50,opt,name=priority,proto3,enum=pdserve.v1.Priority" json:"priority,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -406,6 +410,13 @@ func (x *GenerateRequest) GetMigrateCodec() string {
 		return x.MigrateCodec
 	}
 	return ""
+}
+
+func (x *GenerateRequest) GetPriority() Priority {
+	if x != nil {
+		return x.Priority
+	}
+	return Priority_PRIORITY_UNSPECIFIED
 }
 
 type Generated struct {
@@ -704,7 +715,7 @@ const file_pdserve_v1_decode_proto_rawDesc = "" +
 	"blocksFree\x12*\n" +
 	"\x11prefix_hit_tokens\x18\x03 \x01(\x05R\x0fprefixHitTokens\x12\x1f\n" +
 	"\vprompt_held\x18\x04 \x01(\bR\n" +
-	"promptHeld\"\xdf\x05\n" +
+	"promptHeld\"\x91\x06\n" +
 	"\x0fGenerateRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -728,7 +739,8 @@ const file_pdserve_v1_decode_proto_rawDesc = "" +
 	"\vprefix_root\x18\x0f \x01(\x04R\n" +
 	"prefixRoot\x129\n" +
 	"\fmigrate_from\x18\x10 \x01(\v2\x16.pdserve.v1.PeerPrefixR\vmigrateFrom\x12#\n" +
-	"\rmigrate_codec\x18\x11 \x01(\tR\fmigrateCodec\"#\n" +
+	"\rmigrate_codec\x18\x11 \x01(\tR\fmigrateCodec\x120\n" +
+	"\bpriority\x182 \x01(\x0e2\x14.pdserve.v1.PriorityR\bpriority\"#\n" +
 	"\tGenerated\x12\x16\n" +
 	"\x06tokens\x18\x01 \x03(\x05R\x06tokens\"\xdf\x03\n" +
 	"\x10GenerateResponse\x12\x16\n" +
@@ -777,10 +789,11 @@ var file_pdserve_v1_decode_proto_goTypes = []any{
 	(*Sampling)(nil),         // 7: pdserve.v1.Sampling
 	(*Logprobs)(nil),         // 8: pdserve.v1.Logprobs
 	(*PeerPrefix)(nil),       // 9: pdserve.v1.PeerPrefix
-	(*TokenLogprob)(nil),     // 10: pdserve.v1.TokenLogprob
-	(FinishReason)(0),        // 11: pdserve.v1.FinishReason
-	(*Stamp)(nil),            // 12: pdserve.v1.Stamp
-	(*PrefixHit)(nil),        // 13: pdserve.v1.PrefixHit
+	(Priority)(0),            // 10: pdserve.v1.Priority
+	(*TokenLogprob)(nil),     // 11: pdserve.v1.TokenLogprob
+	(FinishReason)(0),        // 12: pdserve.v1.FinishReason
+	(*Stamp)(nil),            // 13: pdserve.v1.Stamp
+	(*PrefixHit)(nil),        // 14: pdserve.v1.PrefixHit
 }
 var file_pdserve_v1_decode_proto_depIdxs = []int32{
 	7,  // 0: pdserve.v1.GenerateRequest.sampling:type_name -> pdserve.v1.Sampling
@@ -789,22 +802,23 @@ var file_pdserve_v1_decode_proto_depIdxs = []int32{
 	3,  // 3: pdserve.v1.GenerateRequest.generated_choices:type_name -> pdserve.v1.Generated
 	9,  // 4: pdserve.v1.GenerateRequest.peer:type_name -> pdserve.v1.PeerPrefix
 	9,  // 5: pdserve.v1.GenerateRequest.migrate_from:type_name -> pdserve.v1.PeerPrefix
-	10, // 6: pdserve.v1.GenerateResponse.logprobs:type_name -> pdserve.v1.TokenLogprob
-	10, // 7: pdserve.v1.GenerateResponse.prompt_logprobs:type_name -> pdserve.v1.TokenLogprob
-	11, // 8: pdserve.v1.GenerateResponse.finish:type_name -> pdserve.v1.FinishReason
-	12, // 9: pdserve.v1.GenerateResponse.stamps:type_name -> pdserve.v1.Stamp
-	13, // 10: pdserve.v1.GenerateResponse.hit:type_name -> pdserve.v1.PrefixHit
-	0,  // 11: pdserve.v1.DecodeService.Reserve:input_type -> pdserve.v1.ReserveRequest
-	2,  // 12: pdserve.v1.DecodeService.Generate:input_type -> pdserve.v1.GenerateRequest
-	5,  // 13: pdserve.v1.DecodeService.Cancel:input_type -> pdserve.v1.CancelRequest
-	1,  // 14: pdserve.v1.DecodeService.Reserve:output_type -> pdserve.v1.ReserveResponse
-	4,  // 15: pdserve.v1.DecodeService.Generate:output_type -> pdserve.v1.GenerateResponse
-	6,  // 16: pdserve.v1.DecodeService.Cancel:output_type -> pdserve.v1.CancelResponse
-	14, // [14:17] is the sub-list for method output_type
-	11, // [11:14] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	10, // 6: pdserve.v1.GenerateRequest.priority:type_name -> pdserve.v1.Priority
+	11, // 7: pdserve.v1.GenerateResponse.logprobs:type_name -> pdserve.v1.TokenLogprob
+	11, // 8: pdserve.v1.GenerateResponse.prompt_logprobs:type_name -> pdserve.v1.TokenLogprob
+	12, // 9: pdserve.v1.GenerateResponse.finish:type_name -> pdserve.v1.FinishReason
+	13, // 10: pdserve.v1.GenerateResponse.stamps:type_name -> pdserve.v1.Stamp
+	14, // 11: pdserve.v1.GenerateResponse.hit:type_name -> pdserve.v1.PrefixHit
+	0,  // 12: pdserve.v1.DecodeService.Reserve:input_type -> pdserve.v1.ReserveRequest
+	2,  // 13: pdserve.v1.DecodeService.Generate:input_type -> pdserve.v1.GenerateRequest
+	5,  // 14: pdserve.v1.DecodeService.Cancel:input_type -> pdserve.v1.CancelRequest
+	1,  // 15: pdserve.v1.DecodeService.Reserve:output_type -> pdserve.v1.ReserveResponse
+	4,  // 16: pdserve.v1.DecodeService.Generate:output_type -> pdserve.v1.GenerateResponse
+	6,  // 17: pdserve.v1.DecodeService.Cancel:output_type -> pdserve.v1.CancelResponse
+	15, // [15:18] is the sub-list for method output_type
+	12, // [12:15] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_pdserve_v1_decode_proto_init() }

@@ -56,7 +56,11 @@ type PrefillRequest struct {
 	// request's cache partition, its tenant): the worker hashes the prompt
 	// from it, so that its prefix cache hits only prompts of the same
 	// partition. 0: the plain root (the partition of an open API).
-	PrefixRoot    uint64 `protobuf:"varint,11,opt,name=prefix_root,json=prefixRoot,proto3" json:"prefix_root,omitempty"`
+	PrefixRoot uint64 `protobuf:"varint,11,opt,name=prefix_root,json=prefixRoot,proto3" json:"prefix_root,omitempty"`
+	// The request's class in this worker's queue: interactive requests
+	// start before batch ones (see Priority). A value this worker does not
+	// know is refused (INVALID_ARGUMENT).
+	Priority      Priority `protobuf:"varint,50,opt,name=priority,proto3,enum=pdserve.v1.Priority" json:"priority,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -166,6 +170,13 @@ func (x *PrefillRequest) GetPrefixRoot() uint64 {
 		return x.PrefixRoot
 	}
 	return 0
+}
+
+func (x *PrefillRequest) GetPriority() Priority {
+	if x != nil {
+		return x.Priority
+	}
+	return Priority_PRIORITY_UNSPECIFIED
 }
 
 // PeerPrefix names a worker to pull a prompt's cached prefix from.
@@ -788,7 +799,7 @@ var File_pdserve_v1_prefill_proto protoreflect.FileDescriptor
 const file_pdserve_v1_prefill_proto_rawDesc = "" +
 	"\n" +
 	"\x18pdserve/v1/prefill.proto\x12\n" +
-	"pdserve.v1\x1a\x17pdserve/v1/common.proto\"\xa7\x03\n" +
+	"pdserve.v1\x1a\x17pdserve/v1/common.proto\"\xd9\x03\n" +
 	"\x0ePrefillRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -805,7 +816,8 @@ const file_pdserve_v1_prefill_proto_rawDesc = "" +
 	"\x04peer\x18\n" +
 	" \x01(\v2\x16.pdserve.v1.PeerPrefixR\x04peer\x12\x1f\n" +
 	"\vprefix_root\x18\v \x01(\x04R\n" +
-	"prefixRoot\"|\n" +
+	"prefixRoot\x120\n" +
+	"\bpriority\x182 \x01(\x0e2\x14.pdserve.v1.PriorityR\bpriority\"|\n" +
 	"\n" +
 	"PeerPrefix\x12\x12\n" +
 	"\x04addr\x18\x01 \x01(\tR\x04addr\x12\x0e\n" +
@@ -886,30 +898,32 @@ var file_pdserve_v1_prefill_proto_goTypes = []any{
 	(*ReleaseResponse)(nil), // 9: pdserve.v1.ReleaseResponse
 	(*Sampling)(nil),        // 10: pdserve.v1.Sampling
 	(*Logprobs)(nil),        // 11: pdserve.v1.Logprobs
-	(*TokenLogprob)(nil),    // 12: pdserve.v1.TokenLogprob
-	(*PrefixHit)(nil),       // 13: pdserve.v1.PrefixHit
+	(Priority)(0),           // 12: pdserve.v1.Priority
+	(*TokenLogprob)(nil),    // 13: pdserve.v1.TokenLogprob
+	(*PrefixHit)(nil),       // 14: pdserve.v1.PrefixHit
 }
 var file_pdserve_v1_prefill_proto_depIdxs = []int32{
 	10, // 0: pdserve.v1.PrefillRequest.sampling:type_name -> pdserve.v1.Sampling
 	11, // 1: pdserve.v1.PrefillRequest.logprobs:type_name -> pdserve.v1.Logprobs
 	1,  // 2: pdserve.v1.PrefillRequest.peer:type_name -> pdserve.v1.PeerPrefix
-	3,  // 3: pdserve.v1.PrefillResponse.queued:type_name -> pdserve.v1.PrefillQueued
-	4,  // 4: pdserve.v1.PrefillResponse.first_token:type_name -> pdserve.v1.FirstToken
-	5,  // 5: pdserve.v1.PrefillResponse.kv_done:type_name -> pdserve.v1.KVDone
-	12, // 6: pdserve.v1.FirstToken.logprob:type_name -> pdserve.v1.TokenLogprob
-	13, // 7: pdserve.v1.FirstToken.hit:type_name -> pdserve.v1.PrefixHit
-	5,  // 8: pdserve.v1.ResendResponse.kv_done:type_name -> pdserve.v1.KVDone
-	0,  // 9: pdserve.v1.PrefillService.Prefill:input_type -> pdserve.v1.PrefillRequest
-	6,  // 10: pdserve.v1.PrefillService.Resend:input_type -> pdserve.v1.ResendRequest
-	8,  // 11: pdserve.v1.PrefillService.Release:input_type -> pdserve.v1.ReleaseRequest
-	2,  // 12: pdserve.v1.PrefillService.Prefill:output_type -> pdserve.v1.PrefillResponse
-	7,  // 13: pdserve.v1.PrefillService.Resend:output_type -> pdserve.v1.ResendResponse
-	9,  // 14: pdserve.v1.PrefillService.Release:output_type -> pdserve.v1.ReleaseResponse
-	12, // [12:15] is the sub-list for method output_type
-	9,  // [9:12] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	12, // 3: pdserve.v1.PrefillRequest.priority:type_name -> pdserve.v1.Priority
+	3,  // 4: pdserve.v1.PrefillResponse.queued:type_name -> pdserve.v1.PrefillQueued
+	4,  // 5: pdserve.v1.PrefillResponse.first_token:type_name -> pdserve.v1.FirstToken
+	5,  // 6: pdserve.v1.PrefillResponse.kv_done:type_name -> pdserve.v1.KVDone
+	13, // 7: pdserve.v1.FirstToken.logprob:type_name -> pdserve.v1.TokenLogprob
+	14, // 8: pdserve.v1.FirstToken.hit:type_name -> pdserve.v1.PrefixHit
+	5,  // 9: pdserve.v1.ResendResponse.kv_done:type_name -> pdserve.v1.KVDone
+	0,  // 10: pdserve.v1.PrefillService.Prefill:input_type -> pdserve.v1.PrefillRequest
+	6,  // 11: pdserve.v1.PrefillService.Resend:input_type -> pdserve.v1.ResendRequest
+	8,  // 12: pdserve.v1.PrefillService.Release:input_type -> pdserve.v1.ReleaseRequest
+	2,  // 13: pdserve.v1.PrefillService.Prefill:output_type -> pdserve.v1.PrefillResponse
+	7,  // 14: pdserve.v1.PrefillService.Resend:output_type -> pdserve.v1.ResendResponse
+	9,  // 15: pdserve.v1.PrefillService.Release:output_type -> pdserve.v1.ReleaseResponse
+	13, // [13:16] is the sub-list for method output_type
+	10, // [10:13] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_pdserve_v1_prefill_proto_init() }

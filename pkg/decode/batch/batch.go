@@ -106,6 +106,10 @@ type Request struct {
 	// later, Arrived).
 	KV  *KV
 	Out Outbox
+	// Priority is the request's class when the batch is full: waiting
+	// interactive requests join before waiting batch ones
+	// (Config.Overtakes).
+	Priority vocab.Priority
 }
 
 // KV is a remote prefill's KV, received whole (Arrived): tokens
@@ -285,6 +289,11 @@ type Config struct {
 	// MemTokens and MemSeqs bound the engine's KV memory, in tokens and
 	// sequences (0: no bound): see Batch.
 	MemTokens, MemSeqs int
+	// Overtakes is how many interactive requests in a row may join ahead
+	// of an older waiting batch request (batching.Order); 0: none,
+	// requests join in the order they became ready whatever their
+	// priorities.
+	Overtakes int
 	// Signals wakes the loop (Mailbox posts) and is waited on.
 	Signals *batching.Signals
 	// Stopped ends the loop when it ends (nil: only Run's context).
@@ -311,9 +320,10 @@ type Config struct {
 }
 
 // Batch is the decode worker's continuous batching: requests join at
-// step boundaries while the batch has room (their KV imported then, or
-// their prompt prefilled in chunks beside the decodes), every running
-// sequence decodes one token a step. It owns every sequence and its
+// step boundaries while the batch has room, interactive ones first
+// (Config.Overtakes), their KV imported then, or their prompt prefilled
+// in chunks beside the decodes; every running sequence decodes one token
+// a step. It owns every sequence and its
 // engine memory: only its loop goroutine (Run) touches them, and it takes
 // no lock. Others talk to it by Post (Join, Arrived, Cancel, Reclaimed),
 // drained at each step boundary, and hear back through each request's
@@ -341,7 +351,8 @@ type Batch struct {
 	// The loop's alone.
 	joins   map[uint64]*seq // every joined root, until its end is reported
 	arrived map[uint64]*KV  // KV that arrived before its Join
-	waiting []*seq          // ready to join, in order of readiness
+	waiting []*seq          // ready to join, in order of readiness (they join by priority: plan)
+	order   batching.Order  // the order waiting requests join in
 	active  []*seq          // in the batch, in order of joining
 	nextSeq engine.SeqID
 	// cached is the engine tokens of each prefix cache entry's sequence
@@ -370,6 +381,7 @@ func New(cfg Config) *Batch {
 		joins:   make(map[uint64]*seq),
 		arrived: make(map[uint64]*KV),
 		cached:  make(map[engine.SeqID]int),
+		order:   batching.Order{Overtakes: cfg.Overtakes},
 	}
 	b.load.Store(&Load{})
 	b.run = runner.New(cfg.Engine, runner.Policy[*seq](policy{b}), cfg.Signals, runner.Options{

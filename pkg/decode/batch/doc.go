@@ -1,6 +1,9 @@
 // Package batch is the decode worker's batch: continuous batching over
 // one engine (ollama's runner; etcd raft's Ready/Advance). Requests join
-// at step boundaries while the batch has room, remote KV imported then
+// at step boundaries while the batch has room, in order of readiness but
+// for interactive ones going ahead of older batch ones, at most
+// Config.Overtakes times in a row (pkg/batching's Order), remote KV
+// imported then
 // and local prompts prefilled in chunks beside the decodes (Sarathi);
 // every running sequence decodes one token a step; a finished request's
 // prompt goes into the prefix cache.

@@ -9,10 +9,12 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/pdserve/pdserve/pkg/batching"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 	"github.com/pdserve/pdserve/pkg/runner"
+	"github.com/pdserve/pdserve/pkg/wire/vocab"
 )
 
 // seq is one choice of a request in the batch. A request's first choice
@@ -75,15 +77,16 @@ type seq struct {
 	constraint engine.GrammarState
 	forkStates []engine.GrammarState // choices 1..n-1's (root), until the fork takes them
 
-	queued      bool    // in waiting
-	joined      bool    // in active
-	pending     []int32 // tokens still to prefill
-	sampleLast  bool    // the last pending chunk samples the first output token
-	prefilling  bool    // a prefill chunk ran already
-	next        int32   // next decode input, once pending is empty
-	emitted     int     // output tokens so far, generated ones included
-	tokens      []int32 // choice 0's output tokens so far, generated ones included (root of n 1)
-	firstStamps bool    // "first_token" was stamped
+	queued      bool           // in waiting
+	prio        vocab.Priority // the request's (root)
+	joined      bool           // in active
+	pending     []int32        // tokens still to prefill
+	sampleLast  bool           // the last pending chunk samples the first output token
+	prefilling  bool           // a prefill chunk ran already
+	next        int32          // next decode input, once pending is empty
+	emitted     int            // output tokens so far, generated ones included
+	tokens      []int32        // choice 0's output tokens so far, generated ones included (root of n 1)
+	firstStamps bool           // "first_token" was stamped
 }
 
 func (q *seq) root() *seq {
@@ -92,6 +95,9 @@ func (q *seq) root() *seq {
 	}
 	return q
 }
+
+// prioOf returns root q's priority.
+func prioOf(q *seq) vocab.Priority { return q.prio }
 
 // over reports whether choice q produces no more tokens.
 func (q *seq) over() bool { return q.choiceDone || q.root().dropped }
@@ -208,7 +214,7 @@ func (b *Batch) join(r *Request) {
 		key: r.Key, id: r.ID, n: max(r.N, 1), local: r.Local, prompt: r.Prompt, sampling: r.Sampling,
 		maxTokens: r.MaxTokens, ignoreEOS: r.IgnoreEOS, stop: r.Stop, generated: r.Generated, genChoice: r.GenChoices,
 		top: r.Top, promptTop: r.PromptTop, hashes: r.Hashes, out: r.Out, pin: r.Pin, pulled: r.Pulled, disk: r.Disk,
-		constraint: r.Constraint, forkStates: r.ForkStates,
+		constraint: r.Constraint, forkStates: r.ForkStates, prio: r.Priority,
 	}
 	q.penalties = newPenalties(r.Sampling.Penalties, q.generated)
 	if q.n == 1 {
@@ -408,16 +414,21 @@ func (b *Batch) makeRoom(q *seq) bool {
 	return true
 }
 
-// plan admits waiting requests while the batch and the engine's memory
-// have room, and picks the step's items.
+// plan admits waiting requests in priority order (batching.Next: in
+// order of readiness, but for interactive ones going ahead of older
+// batch ones at most Config.Overtakes times in a row) while the batch and
+// the engine's memory have room: when the next one does not fit, every
+// one waits. Then it picks the step's items.
 func (b *Batch) plan() runner.Batch[*seq] {
 	now := b.cfg.Now()
-	for len(b.waiting) > 0 && b.slots()+b.waiting[0].n <= b.cfg.MaxBatch {
-		q := b.waiting[0]
-		if !b.makeRoom(q) {
+	for len(b.waiting) > 0 {
+		i := batching.Next(&b.order, b.waiting, prioOf)
+		q := b.waiting[i]
+		if b.slots()+q.n > b.cfg.MaxBatch || !b.makeRoom(q) {
 			break
 		}
-		b.waiting = slices.Delete(b.waiting, 0, 1)
+		batching.Started(&b.order, b.waiting, i, prioOf)
+		b.waiting = slices.Delete(b.waiting, i, i+1)
 		q.queued = false
 		q.started, q.need = true, footprint(q)
 		b.liveTokens += q.need

@@ -127,14 +127,17 @@ const (
 // sequences, with deterministic seeds: after every step boundary and
 // every step, the most the engine held never exceeds its memory. At the
 // end every request ended once and the engine holds nothing but the
-// cache's entries, and nothing after the shutdown.
+// cache's entries, and nothing after the shutdown. Seed 1 runs again with
+// priorities (one request in three interactive, Overtakes 2), which
+// reorder the joins.
 func TestEngineMemoryBound(t *testing.T) {
 	for _, seed := range []uint64{1, 2} {
-		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) { checkMemoryBound(t, seed, 1000) })
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) { checkMemoryBound(t, seed, 1000, false) })
 	}
+	t.Run("priorities-seed1", func(t *testing.T) { checkMemoryBound(t, 1, 500, true) })
 }
 
-func checkMemoryBound(t *testing.T, seed uint64, steps int) {
+func checkMemoryBound(t *testing.T, seed uint64, steps int, prios bool) {
 	eng := newBoundedEngine(t)
 	src := newBoundedEngine(t) // computes remote KV, as a prefill worker would
 	spec := eng.Spec()
@@ -161,6 +164,9 @@ func checkMemoryBound(t *testing.T, seed uint64, steps int) {
 			}
 		},
 	})
+	if prios {
+		b.order.Overtakes = 2
+	}
 	p := policy{b}
 	ctx := context.Background()
 	prefixes := make([][]int32, 4)
@@ -187,6 +193,9 @@ func checkMemoryBound(t *testing.T, seed uint64, steps int) {
 		r := &Request{
 			Key: key, ID: fmt.Sprint("r", key), Prompt: pr, MaxTokens: 1 + rng.IntN(8), N: 1 + rng.IntN(2),
 			Top: -1, PromptTop: -1, IgnoreEOS: true, Hashes: cache.Hashes(0, pr), Out: nopOutbox{},
+		}
+		if prios && key%3 != 0 {
+			r.Priority = vocab.PriorityBatch
 		}
 		live[key] = true
 		if rng.IntN(3) > 0 {

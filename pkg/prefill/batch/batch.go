@@ -12,6 +12,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/kv"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 	"github.com/pdserve/pdserve/pkg/runner"
+	"github.com/pdserve/pdserve/pkg/wire/vocab"
 )
 
 // Admit is the service's answer when the batch is about to start a
@@ -23,7 +24,7 @@ const (
 	// batch starts it.
 	Go Admit = iota
 	// Wait: the service's own bound (its retained KV) has no room yet;
-	// the request, and every later one, waits (FCFS).
+	// the request, and every other waiting one, waits.
 	Wait
 	// Gone: the service ended the request (its Cancel is on its way); the
 	// batch drops it.
@@ -74,6 +75,9 @@ type Request struct {
 	Pulled *prefixcache.Pulled
 	Disk   *prefixcache.DiskRead
 	Out    Outbox
+	// Priority is the request's class in the queue: waiting interactive
+	// requests start before waiting batch ones (Config.Overtakes).
+	Priority vocab.Priority
 }
 
 // Kind is how a request ended in the batch.
@@ -130,9 +134,10 @@ type Msg struct {
 	purge  string
 }
 
-// Join hands r to the batch: it waits in arrival order until the engine
-// has room for it, then is prefilled in chunks. The batch ends it
-// (Outbox.End) exactly once, unless a Cancel comes first.
+// Join hands r to the batch: it waits, in the order of its Priority
+// (Config.Overtakes), until the engine has room for it, then is
+// prefilled in chunks. The batch ends it (Outbox.End) exactly once,
+// unless a Cancel comes first.
 func Join(r *Request) Msg { return Msg{join: r, key: r.Key} }
 
 // Cancel takes request key out of the batch (its engine sequence is
@@ -167,6 +172,10 @@ type Config struct {
 	// MemTokens and MemSeqs bound the engine's KV memory, in tokens and
 	// sequences (0: no bound): see Batch.
 	MemTokens, MemSeqs int
+	// Overtakes is how many interactive requests in a row may start
+	// ahead of an older waiting batch request (batching.Order); 0: none,
+	// the queue is first come first served whatever the priorities.
+	Overtakes int
 	// Signals wakes the loop (Post) and is waited on.
 	Signals *batching.Signals
 	// Stopped ends the loop when it ends (nil: only Run's context).
@@ -184,9 +193,10 @@ type Config struct {
 	Now  func() time.Time
 }
 
-// Batch is the prefill worker's FCFS chunked prefill. It owns every
-// request's engine sequence and the engine's memory: only its loop
-// goroutine (Run) touches them, and it takes no lock. Others talk to it
+// Batch is the prefill worker's chunked prefill, first come first served
+// within a priority (Config.Overtakes). It owns every request's engine
+// sequence and the engine's memory: only its loop goroutine (Run)
+// touches them, and it takes no lock. Others talk to it
 // by Post (Join, Cancel, Purge), drained at each step boundary, and hear
 // back through each request's Outbox.
 //
@@ -215,7 +225,8 @@ type Batch struct {
 	postedReqs, postedTokens atomic.Int64
 
 	// The loop's alone.
-	queue                  []*seq          // waiting and prefilling, in arrival order
+	queue                  []*seq          // prefilling in the order they started, then waiting in the order they joined
+	order                  batching.Order  // the order waiting requests start in
 	byKey                  map[uint64]*seq // the queue by key
 	nextSeq                engine.SeqID
 	kvErr                  error // why the last step's KV callback failed, for its log
@@ -252,6 +263,7 @@ func New(cfg Config) *Batch {
 		spec:  cfg.Engine.Spec(),
 		box:   batching.NewMailbox[Msg](cfg.Signals),
 		byKey: make(map[uint64]*seq),
+		order: batching.Order{Overtakes: cfg.Overtakes},
 	}
 	b.load.Store(&Load{})
 	b.run = runner.New(cfg.Engine, runner.Policy[*seq](policy{b}), cfg.Signals, runner.Options{

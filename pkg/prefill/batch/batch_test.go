@@ -3,6 +3,7 @@ package batch
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/batching"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/runner"
+	"github.com/pdserve/pdserve/pkg/wire/vocab"
 )
 
 // newTestBatch returns a Batch on a metered engine with no bound, and its
@@ -100,5 +102,64 @@ func TestShutdownEndsEveryRequestStopped(t *testing.T) {
 	}
 	if ld := b.Load(); ld.Queued != 0 {
 		t.Errorf("after the shutdown: load %+v, want none queued", ld)
+	}
+}
+
+// joinAs posts a request of n prompt tokens with priority prio, named
+// id, whose start is appended to starts.
+func joinAs(b *Batch, key uint64, id string, n int, prio vocab.Priority, starts *[]string) *sink {
+	k := &sink{id: id, prompt: n, filled: make([]int, b.spec.Layers), starts: starts}
+	b.Post(Join(&Request{Key: key, ID: id, Prompt: workertest.Prompt(n, int32(key)), Out: k, Priority: prio}))
+	return k
+}
+
+// TestPriorityStartOrder: with the step budget saturated (two requests of
+// 24 tokens fill a step of 16 in chunks of 8), waiting interactive
+// requests start before batch ones that joined earlier, at most
+// Overtakes in a row, then the oldest starts; every request is
+// prefilled. Fails on FCFS (Overtakes 0: b3 and b4 start
+// before i5) and on strict priority (b3 would start after i6..i8).
+func TestPriorityStartOrder(t *testing.T) {
+	I, B := vocab.PriorityInteractive, vocab.PriorityBatch
+	for _, tc := range []struct {
+		name      string
+		overtakes int
+		early     []vocab.Priority // joined before the first step
+		late      []vocab.Priority // joined after it
+		want      []string
+	}{
+		{"interactive first", 8, []vocab.Priority{B, B, B, B}, []vocab.Priority{I}, []string{"b1", "b2", "i5", "b3", "b4"}},
+		{"fcfs without overtakes", 0, []vocab.Priority{B, B, B, B}, []vocab.Priority{I}, []string{"b1", "b2", "b3", "b4", "i5"}},
+		{"batch within the bound", 2, []vocab.Priority{B, B, B}, []vocab.Priority{I, I, I, I, I}, []string{"b1", "b2", "i4", "i5", "b3", "i6", "i7", "i8"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, p, eng := newTestBatch(t, nil)
+			b.order.Overtakes = tc.overtakes
+			var starts []string
+			var ks []*sink
+			post := func(prios []vocab.Priority) {
+				for _, pr := range prios {
+					key := uint64(len(ks) + 1)
+					name := map[vocab.Priority]string{I: "i", B: "b"}[pr] + fmt.Sprint(key)
+					ks = append(ks, joinAs(b, key, name, 24, pr, &starts))
+				}
+			}
+			post(tc.early)
+			step(t, p, eng)
+			post(tc.late)
+			for step(t, p, eng) {
+			}
+			if !slices.Equal(starts, tc.want) {
+				t.Errorf("start order %v, want %v", starts, tc.want)
+			}
+			for _, k := range ks {
+				if k.ends != 1 || k.end.Kind != Prefilled {
+					t.Errorf("%s: %d ends (%+v), want one Prefilled", k.id, k.ends, k.end)
+				}
+			}
+			if _, n := eng.held(); n != 0 {
+				t.Errorf("idle, the engine holds %d sequences", n)
+			}
+		})
 	}
 }

@@ -1,10 +1,13 @@
-// Package batch is the prefill worker's batch: first-come-first-served
-// chunked prefill over one engine (ollama's runner; etcd raft's
-// Ready/Advance). Requests start in arrival order when the engine's
-// memory holds them; every step gives each started request at most
-// Config.ChunkTokens of its remaining prompt until Config.MaxBatchTokens
-// are used; a prompt whose last chunk ran yields its first token and its
-// engine sequence becomes a prefix cache entry.
+// Package batch is the prefill worker's batch: chunked prefill by
+// priority over one engine (ollama's runner; etcd raft's Ready/Advance).
+// Requests start when the engine's memory holds them, in arrival order,
+// except that a waiting interactive request goes ahead of older batch
+// ones, at most Config.Overtakes times in a row, which bounds a batch
+// request's wait (pkg/batching's Order). Every step gives each
+// started request at most Config.ChunkTokens of its remaining prompt
+// until Config.MaxBatchTokens are used; a prompt whose last chunk ran
+// yields its first token and its engine sequence becomes a prefix cache
+// entry.
 //
 // A Batch owns every per-request field of the prefill (engine sequence,
 // progress, prefix hits, grammar state), the prefix cache's engine

@@ -7,9 +7,11 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/pdserve/pdserve/pkg/batching"
 	"github.com/pdserve/pdserve/pkg/engine"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 	"github.com/pdserve/pdserve/pkg/runner"
+	"github.com/pdserve/pdserve/pkg/wire/vocab"
 )
 
 // policy is the Batch's runner.Policy: its methods run on the loop
@@ -39,6 +41,9 @@ func (b *Batch) take() {
 		}
 	}
 }
+
+// prioOf returns q's priority.
+func prioOf(q *seq) vocab.Priority { return q.r.Priority }
 
 // drop takes q out of the batch: its engine sequence freed, its grammar
 // state closed.
@@ -85,28 +90,19 @@ func (b *Batch) publish() {
 	b.takenReqs, b.takenTokens = 0, 0
 }
 
-// Plan takes the messages and picks the next step: requests in arrival
-// order, each at most ChunkTokens of its remaining prompt, until
-// MaxBatchTokens are used. A request gets its engine sequence when it is
-// first scheduled, if the engine's memory and the service have room for
-// it; otherwise it and every later request wait (FCFS).
+// Plan takes the messages and picks the next step: the started requests
+// in the order they started, then waiting ones in priority order
+// (batching.Next: FCFS, but for interactive ones going ahead of older
+// batch ones at most Config.Overtakes times in a row), each at most
+// ChunkTokens of its remaining prompt, until MaxBatchTokens are used. A request gets its engine sequence when it is first
+// scheduled, if the engine's memory and the service have room for it;
+// otherwise it and every other waiting request wait.
 func (p policy) Plan() runner.Batch[*seq] {
 	b := p.b
 	b.take()
 	var rb runner.Batch[*seq]
 	budget := b.cfg.MaxBatchTokens
-	for i := 0; i < len(b.queue) && budget > 0; {
-		q := b.queue[i]
-		if !q.started {
-			a := b.start(q)
-			if a == Wait {
-				break
-			}
-			if a == Gone {
-				b.drop(q)
-				continue
-			}
-		}
+	add := func(q *seq) {
 		n := min(len(q.r.Prompt)-q.done, b.cfg.ChunkTokens, budget)
 		rb.Prefill = append(rb.Prefill, engine.PrefillItem{
 			Seq:      q.id,
@@ -116,6 +112,32 @@ func (p policy) Plan() runner.Batch[*seq] {
 		})
 		rb.PrefillOf = append(rb.PrefillOf, q)
 		budget -= n
+	}
+	// The queue holds the started requests first, in the order they
+	// started, then the waiting ones in the order they joined.
+	i := 0
+	for ; i < len(b.queue) && b.queue[i].started && budget > 0; i++ {
+		add(b.queue[i])
+	}
+	for budget > 0 {
+		waiting := b.queue[i:]
+		j := batching.Next(&b.order, waiting, prioOf)
+		if j < 0 {
+			break
+		}
+		q := waiting[j]
+		a := b.start(q)
+		if a == Wait {
+			break
+		}
+		if a == Gone {
+			b.drop(q)
+			continue
+		}
+		batching.Started(&b.order, waiting, j, prioOf)
+		copy(waiting[1:j+1], waiting[:j])
+		waiting[0] = q
+		add(q)
 		i++
 	}
 	b.publish()

@@ -15,6 +15,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/engine/ref"
 	"github.com/pdserve/pdserve/pkg/prefixcache"
 	"github.com/pdserve/pdserve/pkg/runner"
+	"github.com/pdserve/pdserve/pkg/wire/vocab"
 )
 
 // meteredEngine is the ref engine with a fixed KV memory it only
@@ -78,9 +79,10 @@ type sink struct {
 	t         *testing.T
 	id        string
 	prompt    int
-	filled    []int // tokens handed out per layer
-	cancelled bool  // the service ended it (a Cancel was posted)
-	waits     int   // Starts to answer Wait (the service's retention bound) before Go
+	filled    []int     // tokens handed out per layer
+	cancelled bool      // the service ended it (a Cancel was posted)
+	waits     int       // Starts to answer Wait (the service's retention bound) before Go
+	starts    *[]string // where Start appends id when it answers Go (nil: nowhere)
 	ends      int
 	end       End
 }
@@ -92,6 +94,9 @@ func (k *sink) Start() Admit {
 	if k.waits > 0 {
 		k.waits--
 		return Wait
+	}
+	if k.starts != nil {
+		*k.starts = append(*k.starts, k.id)
 	}
 	return Go
 }
@@ -138,15 +143,17 @@ func (k *sink) End(e End) {
 // It fails when the start decision leaves out the fork's footprint (in
 // start, b.fits(tokens, seqs+1) instead of b.fits(tokens+src, seqs+1)):
 // "seed 0, step 216: engine overcommitted after fork: 323 tokens in 4
-// sequences, over 320 in 8".
+// sequences, over 320 in 8". Seed 0 runs again with priorities (one
+// request in three interactive, Overtakes 2), which reorder the starts.
 func TestEngineMemoryProperty(t *testing.T) {
 	for seed := range uint64(2) {
 		// Seed 1 runs without exports: the forks and loads alone.
-		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) { engineMemoryProperty(t, seed, 2000, seed%2 == 0) })
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) { engineMemoryProperty(t, seed, 2000, seed%2 == 0, false) })
 	}
+	t.Run("priorities-seed0", func(t *testing.T) { engineMemoryProperty(t, 0, 1000, true, true) })
 }
 
-func engineMemoryProperty(t *testing.T, seed uint64, steps int, exporting bool) {
+func engineMemoryProperty(t *testing.T, seed uint64, steps int, exporting, prios bool) {
 	eng := &meteredEngine{Engine: workertest.Engine(t), tokens: 320, seqs: 8, live: map[engine.SeqID]bool{}}
 	spec := eng.Spec()
 	tok := int64(spec.KVBytesPerToken())
@@ -161,6 +168,9 @@ func engineMemoryProperty(t *testing.T, seed uint64, steps int, exporting bool) 
 		Engine: eng, Cache: cache, MaxBatchTokens: 64, ChunkTokens: 16,
 		MemTokens: eng.tokens, MemSeqs: eng.seqs, Signals: batching.NewSignals(),
 	})
+	if prios {
+		b.order.Overtakes = 2
+	}
 	p := policy{b}
 	rng := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
 
@@ -237,8 +247,12 @@ func engineMemoryProperty(t *testing.T, seed uint64, steps int, exporting bool) 
 				k.waits = 1 + rng.IntN(3)
 			}
 			sinks[key], live[key] = k, true
+			prio := vocab.PriorityInteractive
+			if prios && key%3 != 0 {
+				prio = vocab.PriorityBatch
+			}
 			b.Post(Join(&Request{
-				Key: key, ID: k.id, Prompt: pr, Hashes: hashes, Pulled: pl, Out: k,
+				Key: key, ID: k.id, Prompt: pr, Hashes: hashes, Pulled: pl, Out: k, Priority: prio,
 				Disk: cache.ReadDisk(context.Background(), hashes, cache.MaxHitBlocks(len(pr))),
 			}))
 		case x < 38 && len(live) > 0:

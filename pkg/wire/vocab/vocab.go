@@ -74,3 +74,18 @@ const (
 	// KV transfer is part of TTFT.
 	PolicyDecode = "decode"
 )
+
+// Priority is a request's class in the workers' queues (the wire's
+// pdservev1.Priority): a worker's batch starts waiting requests first
+// come first served, except that an interactive request goes ahead of
+// older batch ones, a bounded number of times in a row (pkg/batching's
+// Order, in pkg/prefill/batch and pkg/decode/batch). The zero Priority is
+// interactive: what a request without an objective, or from a caller
+// that predates the field, gets.
+type Priority int
+
+// The priorities.
+const (
+	PriorityInteractive Priority = iota
+	PriorityBatch
+)
