@@ -138,6 +138,12 @@ func checkSelectors(t *testing.T, r release) {
 	for name, ls := range podLabels {
 		for other, ols := range podLabels {
 			d := r.find("Deployment", name).(*appsv1.Deployment)
+			// The fixed pools' selectors match an elastic pod by its role
+			// label, which is how their Services follow it; their
+			// ReplicaSets (pod-template-hash) never adopt it.
+			if other == elasticName && (name == prefillName || name == decodeName) {
+				continue
+			}
 			if other != name && labels.SelectorFromSet(d.Spec.Selector.MatchLabels).Matches(ols) {
 				t.Errorf("Deployment %s's selector also matches the pods of %s", name, other)
 			}
@@ -160,7 +166,9 @@ func checkSelectors(t *testing.T, r release) {
 	}
 	for _, o := range r.all("Service") {
 		s := o.obj.(*corev1.Service)
-		got := selects(labels.SelectorFromSet(s.Spec.Selector))
+		// An elastic pod is in the Service of its live role
+		// (TestElasticPool); here, of the role it starts in.
+		got := slices.DeleteFunc(selects(labels.SelectorFromSet(s.Spec.Selector)), func(n string) bool { return n == elasticName })
 		if diff := cmp.Diff([]string{o.name}, got); diff != "" {
 			t.Errorf("Service %s selects the pods of %v, want its own Deployment's (-want +got):\n%s", o.name, got, diff)
 		}
@@ -430,6 +438,9 @@ func checkGPUs(t *testing.T, r release) {
 			want["Deployment/"+p.deployment+"/"+p.container] = r.intValue(t, p.values+".gpus")
 		}
 	}
+	if on, _ := r.value("elastic.enabled").(bool); on {
+		want["Deployment/"+elasticName+"/"+elasticBinary(r)] = r.intValue(t, "elastic.gpus")
+	}
 	for name, spec := range r.podSpecs() {
 		for _, c := range append(append([]corev1.Container{}, spec.InitContainers...), spec.Containers...) {
 			where := name + "/" + c.Name
@@ -689,46 +700,68 @@ func checkPlanner(t *testing.T, r release) {
 		}
 	}
 	actuate := act == "kubernetes"
-	for name, want := range map[string]string{"planner-namespace": namespace, "planner-prefill-deployment": prefillName, "planner-decode-deployment": decodeName} {
+	elastic, _ := r.value("elastic.enabled").(bool)
+	for name, want := range map[string]string{"planner-prefill-deployment": prefillName, "planner-decode-deployment": decodeName} {
 		got, ok := flags[name]
 		if ok != actuate || (actuate && got != want) {
 			t.Errorf("actuator %s: --%s=%q (given: %v), want %q only with the kubernetes actuator", act, name, got, ok, want)
 		}
 	}
-	roles := r.all("Role")
-	if mount := coord.AutomountServiceAccountToken; mount == nil || *mount != actuate {
-		t.Errorf("coordinator automountServiceAccountToken = %v, want %v", mount, actuate)
+	if got, ok := flags["planner-namespace"]; ok != (actuate || elastic) || (ok && got != namespace) {
+		t.Errorf("actuator %s, elastic %v: --planner-namespace=%q (given: %v), want %q only with the kubernetes actuator or the elastic pool", act, elastic, got, ok, namespace)
 	}
-	if !actuate {
-		if len(roles) != 0 || len(r.all("RoleBinding")) != 0 {
-			t.Errorf("RBAC rendered with the %s actuator", act)
+	for _, name := range []string{"planner-roles", "planner-pod-labels"} {
+		if _, ok := flags[name]; ok != elastic {
+			t.Errorf("--%s given: %v, want it only with the elastic pool (%v)", name, ok, elastic)
 		}
-		return
 	}
-	if len(roles) != 1 {
-		t.Fatalf("%d Roles, want 1", len(roles))
-	}
-	var want []rbacv1.PolicyRule
-	for _, rule := range actuator.RBACRules() {
-		pr := rbacv1.PolicyRule{APIGroups: rule.APIGroups, Resources: rule.Resources, Verbs: rule.Verbs}
-		if slices.Contains(rule.Resources, "deployments/scale") {
-			pr.ResourceNames = []string{prefillName, decodeName} // list (pods) cannot be limited by name
+	// The coordinator's Roles: the planner's scaling (kubernetes
+	// actuator), the elastic pods' role labels (elastic pool); each
+	// exactly the actuator's rules, bound to the coordinator only.
+	want := map[string][]rbacv1.PolicyRule{}
+	if actuate {
+		var rules []rbacv1.PolicyRule
+		for _, rule := range actuator.RBACRules() {
+			pr := rbacv1.PolicyRule{APIGroups: rule.APIGroups, Resources: rule.Resources, Verbs: rule.Verbs}
+			if slices.Contains(rule.Resources, "deployments/scale") {
+				pr.ResourceNames = []string{prefillName, decodeName} // list (pods) cannot be limited by name
+			}
+			rules = append(rules, pr)
 		}
-		want = append(want, pr)
+		want[releaseName+"-pdserve-planner"] = rules
 	}
-	if diff := cmp.Diff(want, roles[0].obj.(*rbacv1.Role).Rules); diff != "" {
-		t.Errorf("planner Role rules (-want +got):\n%s", diff)
+	if elastic {
+		var rules []rbacv1.PolicyRule
+		for _, rule := range actuator.LabelRBACRules() {
+			rules = append(rules, rbacv1.PolicyRule{APIGroups: rule.APIGroups, Resources: rule.Resources, Verbs: rule.Verbs})
+		}
+		want[releaseName+"-pdserve-elastic-labels"] = rules
+	}
+	if mount := coord.AutomountServiceAccountToken; mount == nil || *mount != (len(want) > 0) {
+		t.Errorf("coordinator automountServiceAccountToken = %v, want %v", mount, len(want) > 0)
+	}
+	got := map[string][]rbacv1.PolicyRule{}
+	for _, o := range r.all("Role") {
+		got[o.name] = o.obj.(*rbacv1.Role).Rules
+	}
+	if diff := cmp.Diff(want, got, cmpopts.EquateEmpty()); diff != "" {
+		t.Errorf("Roles and their rules (-want +got):\n%s", diff)
 	}
 	bindings := r.all("RoleBinding")
-	if len(bindings) != 1 {
-		t.Fatalf("%d RoleBindings, want 1", len(bindings))
+	if len(bindings) != len(want) {
+		t.Errorf("%d RoleBindings, want %d", len(bindings), len(want))
 	}
-	rb := bindings[0].obj.(*rbacv1.RoleBinding)
 	wantSubj := []rbacv1.Subject{{Kind: "ServiceAccount", Name: coord.ServiceAccountName, Namespace: namespace}}
-	if diff := cmp.Diff(wantSubj, rb.Subjects); diff != "" || rb.RoleRef.Name != roles[0].name || rb.RoleRef.Kind != "Role" {
-		t.Errorf("RoleBinding %+v does not bind Role %s to the coordinator's ServiceAccount: %s", rb, roles[0].name, diff)
+	for _, o := range bindings {
+		rb := o.obj.(*rbacv1.RoleBinding)
+		if _, ok := want[rb.RoleRef.Name]; !ok || rb.RoleRef.Kind != "Role" {
+			t.Errorf("RoleBinding %s binds %s %s, not a Role of the coordinator's", o.name, rb.RoleRef.Kind, rb.RoleRef.Name)
+		}
+		if diff := cmp.Diff(wantSubj, rb.Subjects); diff != "" {
+			t.Errorf("RoleBinding %s does not bind the coordinator's ServiceAccount only: %s", o.name, diff)
+		}
 	}
-	if r.find("ServiceAccount", coord.ServiceAccountName) == nil {
+	if len(want) > 0 && r.find("ServiceAccount", coord.ServiceAccountName) == nil {
 		t.Errorf("coordinator ServiceAccount %s not in the release", coord.ServiceAccountName)
 	}
 }

@@ -42,7 +42,12 @@ func TestNATSAuth(t *testing.T) {
 			// A Secret of the user's: passwords of any characters but '"'
 			// and '\\', digits only included (which nats-server would read
 			// as a number unless quoted).
-			passwords := map[string]string{"coordinator": "0123456789", "prefill": "p@ss w0rd$HOME", "decode": "1e6"}
+			passwords := map[string]string{"coordinator": "0123456789", "prefill": "p@ss w0rd$HOME", "decode": "1e6", "elastic": "true"}
+			elastic, _ := r.value("elastic.enabled").(bool)
+			users := []string{"coordinator", "prefill", "decode"}
+			if elastic {
+				users = append(users, "elastic")
+			}
 			if s, _ := r.value("nats.auth.existingSecret").(string); s != "" {
 				secretName = s
 				if r.find("Secret", s) != nil {
@@ -53,7 +58,10 @@ func TestNATSAuth(t *testing.T) {
 				if !ok {
 					t.Fatalf("no Secret %s", secretName)
 				}
-				for _, u := range []string{"coordinator", "prefill", "decode"} {
+				if got := keys(secret.Data); !cmp.Equal(got, slices.Sorted(slices.Values(mapKeys(users, ".password")))) {
+					t.Errorf("Secret %s: keys %v, want a password per user %v", secretName, got, users)
+				}
+				for _, u := range users {
 					pw := string(secret.Data[u+".password"])
 					if len(pw) < 32 {
 						t.Errorf("Secret %s: %s.password %q, want 32 random characters", secretName, u, pw)
@@ -65,6 +73,12 @@ func TestNATSAuth(t *testing.T) {
 			for _, p := range pools(r) {
 				spec := &r.deployment(t, p.deployment).Spec.Template.Spec
 				checkNATSLogin(t, p.deployment, spec, container(t, spec, p.container), natsUserOf[p.container], secretName)
+			}
+			if elastic {
+				// The elastic pool runs its starting role's binary but
+				// logs in as the elastic user.
+				spec := &r.deployment(t, elasticName).Spec.Template.Spec
+				checkNATSLogin(t, elasticName, spec, container(t, spec, elasticBinary(r)), "elastic", secretName)
 			}
 		})
 	}
@@ -104,6 +118,9 @@ func checkNATSServerConfig(t *testing.T, r release, passwords map[string]string)
 	roles := map[string]control.Role{
 		"coordinator": control.RoleCoordinator, "prefill": control.RolePrefill,
 		"decode": control.Role(r.value("decodeWorker.role").(string)),
+	}
+	if on, _ := r.value("elastic.enabled").(bool); on {
+		roles["elastic"] = control.RoleElastic
 	}
 	got := map[string]*server.User{}
 	for _, u := range opts.Users {
@@ -171,5 +188,14 @@ func keys[V any](m map[string]V) []string {
 		out = append(out, k)
 	}
 	slices.Sort(out)
+	return out
+}
+
+// mapKeys returns each of names with suffix appended.
+func mapKeys(names []string, suffix string) []string {
+	out := make([]string, len(names))
+	for i, n := range names {
+		out[i] = n + suffix
+	}
 	return out
 }

@@ -42,6 +42,7 @@ import (
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/pkg/grpcauth"
 	"github.com/pdserve/pdserve/pkg/grpcnet/tlstest"
+	"github.com/pdserve/pdserve/pkg/planner/actuator"
 )
 
 // certificate mirrors the fields of a cert-manager.io/v1 Certificate that
@@ -457,8 +458,12 @@ func checkNetworkPolicies(t *testing.T, r release) {
 				t.Errorf("NetworkPolicy %s: policyTypes %v, want Ingress and Egress", po.name, np.Spec.PolicyTypes)
 			}
 		}
-		if len(by) != 1 {
-			t.Errorf("pods of %s selected by NetworkPolicies %v, want exactly one", o.name, by)
+		want := 1
+		if o.name == elasticName {
+			want = 2 // the pool's and its live role's (TestElasticPolicySelection)
+		}
+		if len(by) != want {
+			t.Errorf("pods of %s selected by NetworkPolicies %v, want exactly %d", o.name, by, want)
 		}
 	}
 }
@@ -615,6 +620,15 @@ func flowEndpoints(t *testing.T, r release) map[string]endpoint {
 		component := ls["app.kubernetes.io/component"]
 		if component == "" {
 			t.Fatalf("%s: no component label", name)
+		}
+		if ls[actuator.PoolLabel] == actuator.ElasticPool {
+			// An elastic pod in each role, as the coordinator labels it.
+			for _, role := range []string{"prefill", "decode"} {
+				rl := maps.Clone(ls)
+				rl[actuator.RoleLabel] = role
+				eps["elastic("+role+")"] = endpoint{namespace: namespace, labels: rl, ports: ports}
+			}
+			continue
 		}
 		eps[component] = endpoint{namespace: namespace, labels: ls, ports: ports}
 	}
@@ -789,6 +803,17 @@ func TestNetworkPolicyFlows(t *testing.T) {
 				"coordinator → internet:https",
 				"ingress-nginx → coordinator:http", "prometheus → coordinator:http", "prometheus → decode:metrics",
 				"prometheus → prefill:metrics", "test → coordinator:http"),
+		},
+		{
+			// The elastic pool: KV both ways within it whatever its pods'
+			// role labels say, to and from the fixed pools; its metrics
+			// open like the fixed pools' (metrics.from empty).
+			name: "elastic", base: "production",
+			over: "elastic: {enabled: true}\ntls: {enabled: false, certManager: {enabled: false}}\nnetworkPolicy: {kubeAPIServer: {to: [{ipBlock: {cidr: 203.0.113.0/24}}], ports: [443]}}",
+			want: append(append(slices.Clone(internalFlows), elasticFlows...),
+				"ingress-nginx → coordinator:http", "prometheus → coordinator:http", "prometheus → decode:metrics",
+				"prometheus → prefill:metrics", "prometheus → elastic(prefill):metrics", "prometheus → elastic(decode):metrics",
+				"test → coordinator:http"),
 		},
 		{
 			// Traces to a collector the policies name, on its gRPC port;

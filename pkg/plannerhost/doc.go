@@ -10,7 +10,12 @@
 // it also moves elastic workers (their heartbeats say elastic) between
 // prefill and decode (planner.RoleOptions: --planner-role-dwell,
 // --planner-role-min-gain), sending control.CmdRole to the least loaded
-// workers of the old role. The default, auto,
+// workers of the old role. With --planner-pod-labels (and
+// --planner-namespace) it keeps the role label of each elastic worker's
+// pod equal to the role its heartbeats say (actuator.RoleLabels, every
+// tenth of the planner interval), whatever moved it; a failed patch is
+// logged and counted in pdserve_planner_actuator_errors_total{op="label"}.
+// The default, auto,
 // runs it with the log actuator when it has a profile (--planner-profile,
 // or --profile in standalone sim mode), disaggregated mode and the
 // policy's TTFT and TPOT targets, and else not.

@@ -100,6 +100,12 @@ type Options struct {
 	// Namespace, PrefillDeployment and DecodeDeployment name the
 	// Deployments Kubernetes scales (required with it).
 	Namespace, PrefillDeployment, DecodeDeployment string
+	// PodLabels keeps the role label (actuator.RoleLabel) of each
+	// elastic worker's pod in Namespace equal to the role its heartbeats
+	// say (actuator.RoleLabels): the pod named by the worker's id, which
+	// the chart sets to the pod's name. Needs Namespace and a planner
+	// that is not off; any actuator mode. Flag --planner-pod-labels.
+	PodLabels bool
 
 	// KubeClient, when set, is the client of Kubernetes instead of
 	// the in-cluster one (tests: a fake clientset). Not a flag.
@@ -160,6 +166,7 @@ func (p *Options) AddFlags(fs *flag.FlagSet) {
 	fs.StringVar(&p.Namespace, "planner-namespace", p.Namespace, "kubernetes planner: namespace of the worker Deployments")
 	fs.StringVar(&p.PrefillDeployment, "planner-prefill-deployment", p.PrefillDeployment, "kubernetes planner: name of the prefill worker Deployment")
 	fs.StringVar(&p.DecodeDeployment, "planner-decode-deployment", p.DecodeDeployment, "kubernetes planner: name of the decode worker Deployment")
+	fs.BoolVar(&p.PodLabels, "planner-pod-labels", p.PodLabels, "keep the "+actuator.RoleLabel+" label of each elastic worker's pod (named by the worker's id, in --planner-namespace, carrying "+actuator.PoolLabel+"="+actuator.ElasticPool+") equal to the role its heartbeats say, through the Kubernetes API (in-cluster service account, RBAC: patch pods)")
 	fs.Float64Var(&p.LinkGbps, "link-gbps", p.LinkGbps, "planner: bandwidth between the pools per worker, each direction, Gb/s")
 	fs.IntVar(&p.GPUBudget, "gpu-budget", p.GPUBudget, "planner: most GPUs the prefill and decode pools may use together; with a CPU profile (coordinator profile on a CPU) the most cores, a worker taking the profile's threads (0: 16 GPUs, or the logical CPUs the CPU profile was measured on)")
 }
@@ -207,6 +214,9 @@ func (p Options) Validate(co coordinator.Options) error {
 	var errs []error
 	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
 	mode, _ := p.Effective(co)
+	if p.PodLabels && p.Mode == Off {
+		return invalid([]error{errors.New("planner-pod-labels needs the planner: not with --planner=off")})
+	}
 	switch mode {
 	case Off:
 		return nil
@@ -249,6 +259,9 @@ func (p Options) Validate(co coordinator.Options) error {
 	}
 	if mode == Kubernetes && (p.Namespace == "" || p.PrefillDeployment == "" || p.DecodeDeployment == "") {
 		bad("planner kubernetes needs --planner-namespace, --planner-prefill-deployment and --planner-decode-deployment")
+	}
+	if p.PodLabels && p.Namespace == "" {
+		bad("planner-pod-labels needs --planner-namespace")
 	}
 	if len(errs) > 0 {
 		return invalid(errs)
@@ -448,6 +461,12 @@ type Host struct {
 	unsched *prometheus.GaugeVec   // pdserve_planner_unschedulable_pods{role}
 	mu      sync.Mutex
 	lastPod string // what CheckPods last logged, to log changes only
+
+	// With PodLabels, set by Attach:
+	podLabels bool
+	labels    *actuator.RoleLabels
+	members   *control.Membership
+	lastLabel string // what SyncLabels last logged of its errors
 }
 
 var _ coordinator.Extension = (*Host)(nil)
@@ -466,6 +485,9 @@ func New(p Options, co coordinator.Options, log *zap.Logger) (*Host, error) {
 			why = "--planner=off"
 		}
 		log.Named("planner").Info("online planner off", zap.String("reason", why))
+		if p.PodLabels {
+			log.Named("planner").Warn("planner off: elastic workers' pod labels are not kept (--planner-pod-labels)", zap.String("reason", why))
+		}
 		return nil, nil
 	}
 	cfgs, err := p.onlineConfigs(co)
@@ -474,7 +496,8 @@ func New(p Options, co coordinator.Options, log *zap.Logger) (*Host, error) {
 	}
 	h := &Host{
 		mode: mode, kube: p.KubeClient, ticks: p.Ticks, every: max(cfgs[0].Interval/10, 10*time.Millisecond),
-		ko: actuator.KubernetesOptions{Namespace: p.Namespace, PrefillDeployment: p.PrefillDeployment, DecodeDeployment: p.DecodeDeployment},
+		ko:        actuator.KubernetesOptions{Namespace: p.Namespace, PrefillDeployment: p.PrefillDeployment, DecodeDeployment: p.DecodeDeployment},
+		podLabels: p.PodLabels,
 	}
 	for _, cfg := range cfgs {
 		h.plans = append(h.plans, &plan{cfg: cfg})
@@ -551,7 +574,7 @@ func (p *Host) Attach(h coordinator.Host) error {
 		}
 		p.kact, p.log = k, log
 		p.errs = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "pdserve", Name: "planner_actuator_errors_total",
-			Help: "Failed calls of the planner's Kubernetes actuator: op scale (setting a pool's replicas), pods (listing the pools' pods); the coordinator's log has each error."},
+			Help: actuatorErrorsHelp},
 			[]string{"op"})
 		p.unsched = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "pdserve", Name: "planner_unschedulable_pods",
 			Help: "Pods of a pool's Deployment that the scheduler could not place (Pending, PodScheduled False), by role; the coordinator's log has the scheduler's reason."},
@@ -568,6 +591,11 @@ func (p *Host) Attach(h coordinator.Host) error {
 			p.unsched.WithLabelValues(string(role)).Set(0)
 		}
 		act = countingActuator{k, p.errs.WithLabelValues("scale")}
+	}
+	if p.podLabels {
+		if err := p.attachLabels(h, log); err != nil {
+			return err
+		}
 	}
 	for _, pl := range p.plans {
 		if err := pl.attach(h, log, act, p.mode); err != nil {
@@ -671,6 +699,20 @@ func (p *Host) Run(ctx context.Context) {
 		ticks = t.C
 	}
 	var wg sync.WaitGroup
+	if p.labels != nil {
+		wg.Go(func() {
+			t := time.NewTicker(p.every)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					p.SyncLabels(ctx)
+				}
+			}
+		})
+	}
 	if p.kact != nil {
 		wg.Go(func() {
 			t := time.NewTicker(p.plans[0].cfg.Interval)
@@ -843,4 +885,73 @@ func (m roleMover) MoveRoles(ctx context.Context, from, to string, n int) error 
 		m.log.Info("worker moved", zap.String("worker", hb.ID), zap.String("from", from), zap.String("to", to))
 	}
 	return errors.Join(errs...)
+}
+
+// actuatorErrorsHelp is the help of pdserve_planner_actuator_errors_total.
+const actuatorErrorsHelp = "Failed calls of the planner's Kubernetes actuator: op scale (setting a pool's replicas), pods (listing the pools' pods), label (setting an elastic worker pod's role label); the coordinator's log has each error."
+
+// attachLabels builds the pod labeler of --planner-pod-labels and its
+// error counter (pdserve_planner_actuator_errors_total{op="label"}).
+func (p *Host) attachLabels(h coordinator.Host, log *zap.Logger) error {
+	client := p.kube
+	if client == nil {
+		var err error
+		if client, err = actuator.InClusterClient(); err != nil {
+			return fmt.Errorf("coordinator: planner: pod labels: %w", err)
+		}
+	}
+	l, err := actuator.NewLabeler(client, p.ko.Namespace)
+	if err != nil {
+		return fmt.Errorf("coordinator: planner: %w", err)
+	}
+	if p.errs == nil {
+		p.errs = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "pdserve", Name: "planner_actuator_errors_total",
+			Help: actuatorErrorsHelp},
+			[]string{"op"})
+		if err := h.Registerer.Register(p.errs); err != nil {
+			return fmt.Errorf("coordinator: planner: register metrics: %w", err)
+		}
+	}
+	p.errs.WithLabelValues("label")
+	p.labels, p.members, p.log = actuator.NewRoleLabels(l), h.Members, log
+	log.Info("planner: elastic workers' pod labels kept", zap.String("namespace", p.ko.Namespace), zap.String("label", actuator.RoleLabel))
+	return nil
+}
+
+// SyncLabels sets the role label of each elastic worker's pod to the role
+// of its last heartbeat (actuator.RoleLabels.Sync), as Run does every
+// tenth of the planner interval with --planner-pod-labels: it logs each
+// pod it relabels, counts a failed patch in
+// pdserve_planner_actuator_errors_total{op="label"} and logs the errors
+// when they differ from the last ones logged. A no-op without
+// --planner-pod-labels.
+func (p *Host) SyncLabels(ctx context.Context) {
+	if p.labels == nil {
+		return
+	}
+	var ws []actuator.Worker
+	for _, hb := range p.members.All() {
+		if hb.Elastic {
+			ws = append(ws, actuator.Worker{Pod: hb.ID, Role: hb.Role})
+		}
+	}
+	patched, err := p.labels.Sync(ctx, ws)
+	for _, w := range patched {
+		p.log.Info("planner: elastic worker's pod relabeled", zap.String("pod", w.Pod), zap.String(actuator.RoleLabel, w.Role))
+	}
+	state := ""
+	if err != nil {
+		if ctx.Err() != nil {
+			return
+		}
+		p.errs.WithLabelValues("label").Inc()
+		state = err.Error()
+	}
+	p.mu.Lock()
+	changed := state != p.lastLabel
+	p.lastLabel = state
+	p.mu.Unlock()
+	if changed && err != nil {
+		p.log.Warn("planner: set elastic workers' pod labels", zap.Error(err))
+	}
 }

@@ -69,7 +69,7 @@ func TestCheckPodsReportsUnschedulable(t *testing.T) {
 	}
 	metrics := func(unschedDecode, podErrors int) string {
 		return strings.NewReplacer("DECODE", strconv.Itoa(unschedDecode), "PODS", strconv.Itoa(podErrors)).Replace(`
-# HELP pdserve_planner_actuator_errors_total Failed calls of the planner's Kubernetes actuator: op scale (setting a pool's replicas), pods (listing the pools' pods); the coordinator's log has each error.
+# HELP pdserve_planner_actuator_errors_total Failed calls of the planner's Kubernetes actuator: op scale (setting a pool's replicas), pods (listing the pools' pods), label (setting an elastic worker pod's role label); the coordinator's log has each error.
 # TYPE pdserve_planner_actuator_errors_total counter
 pdserve_planner_actuator_errors_total{op="pods"} PODS
 pdserve_planner_actuator_errors_total{op="scale"} 0

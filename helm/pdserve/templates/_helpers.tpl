@@ -56,6 +56,30 @@ app.kubernetes.io/component: {{ .component }}
 {{ include "pdserve.fullname" . }}-decode
 {{- end }}
 
+{{/*
+"true" when the coordinator calls the Kubernetes API (the planner's
+kubernetes actuator, or the elastic pool's role labels), else "false".
+*/}}
+{{- define "pdserve.coordinatorUsesAPI" -}}
+{{- or (eq .Values.coordinator.planner.actuator "kubernetes") .Values.elastic.enabled }}
+{{- end }}
+
+{{- define "pdserve.elasticName" -}}
+{{ include "pdserve.fullname" . }}-elastic
+{{- end }}
+
+{{/*
+Selector labels of the elastic pool's pods: their role label
+(app.kubernetes.io/component) changes with the role they have now (the
+coordinator patches it), so the pool is selected by pdserve.io/pool
+(pkg/planner/actuator.PoolLabel) instead.
+*/}}
+{{- define "pdserve.elasticSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "pdserve.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+pdserve.io/pool: elastic
+{{- end }}
+
 {{- define "pdserve.natsName" -}}
 {{ include "pdserve.fullname" . }}-nats
 {{- end }}
@@ -394,7 +418,11 @@ topologySpreadConstraints:
     whenUnsatisfiable: {{ $ts.whenUnsatisfiable }}
     labelSelector:
       matchLabels:
+        {{- if .selector }}
+        {{- toYaml .selector | nindent 8 }}
+        {{- else }}
         {{- include "pdserve.selectorLabels" (dict "root" .root "component" .component) | nindent 8 }}
+        {{- end }}
 {{- end }}
 {{- with .pool.topologySpreadConstraints }}
   {{- toYaml . | nindent 2 }}

@@ -1,6 +1,6 @@
 {{/*
 Credentials of the bundled NATS server. One user per role, named after it:
-coordinator, prefill, decode. The server's config (nats.yaml) gives each
+coordinator, prefill, decode, and elastic with elastic.enabled. The server's config (nats.yaml) gives each
 the permissions of pkg/control.Permissions for its role with any worker id
 (the pods of a pool share the user); its passwords come from the auth
 Secret, whose keys are <user>.password. Each pdserve pod mounts only its
@@ -19,7 +19,11 @@ nats.auth.existingSecret, or the chart's own (nats-auth-secret.yaml).
 The NATS users of the bundled server, as a YAML list.
 */}}
 {{- define "pdserve.natsUsers" -}}
-{{- toYaml (list "coordinator" "prefill" "decode") }}
+{{- $users := list "coordinator" "prefill" "decode" }}
+{{- if .Values.elastic.enabled }}
+{{- $users = append $users "elastic" }}
+{{- end }}
+{{- toYaml $users }}
 {{- end }}
 
 {{/*
@@ -103,6 +107,22 @@ authorization {
         {{- else }}
         subscribe: {allow: [{{ printf "pdserve.cmd.%s.*" $role | quote }}]}
         {{- end }}
+        allow_responses: {max: 1, expires: "1m"}
+      }
+    }
+    {{- end }}
+    {{- if .Values.elastic.enabled }}
+    {{- /* control.Permissions(RoleElastic): the union of the three worker
+    roles', any worker id (the pool's pods share the user). */}}
+    {
+      user: "elastic"
+      password: $PDSERVE_NATS_ELASTIC_PASSWORD
+      permissions: {
+        publish: {allow: [
+          {{- range $i, $role := list "prefill" "decode" "colocated" }}
+          {{- if $i }}, {{ end }}{{ printf "pdserve.hb.%s.*" $role | quote }}, {{ printf "pdserve.kv.%s.*" $role | quote }}, {{ printf "pdserve.kv.%s.*.host" $role | quote }}, {{ printf "pdserve.kv.%s.*.disk" $role | quote }}
+          {{- end }}]}
+        subscribe: {allow: ["pdserve.cmd.prefill.*", "pdserve.hb.decode.*", "pdserve.hb.colocated.*", "pdserve.cmd.decode.*", "pdserve.cmd.colocated.*"]}
         allow_responses: {max: 1, expires: "1m"}
       }
     }

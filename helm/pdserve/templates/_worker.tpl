@@ -2,11 +2,22 @@
 A worker pool: Deployment, headless Service and PodDisruptionBudget.
 Call with (dict "root" $ "component" "prefill" "binary" "prefill-worker"
 "name" <deployment name> "pool" <pool values> "args" <role flags>).
+The elastic pool adds: "selector" (its selector labels, a dict: the pool,
+not the role), "podComponent" (the role label its pods start with),
+"natsUser" and "authRole" (the NATS user and the gRPC credentials' role,
+default component) and "service" false (its pods are in the Service of
+their live role, not one of their own). With elastic.enabled, the fixed
+pools' budgets leave the elastic pods out (a pod under two budgets cannot
+be evicted).
 */}}
 {{- define "pdserve.workerPool" -}}
 {{- $root := .root }}
 {{- $pool := .pool }}
 {{- $component := .component }}
+{{- $selector := .selector | default (include "pdserve.selectorLabels" (dict "root" $root "component" $component) | fromYaml) }}
+{{- $podComponent := .podComponent | default $component }}
+{{- $natsUser := .natsUser | default $component }}
+{{- $authRole := .authRole | default $component }}
 {{- $engine := include "pdserve.poolEngine" (dict "root" $root "pool" $pool) | fromYaml }}
 {{- if ne (eq $engine.type "llamacpp") (eq $root.Values.engine.type "llamacpp") }}
 {{- fail (printf "%s: engine.type llamacpp is release-wide: set it in engine.type, not in a pool's engine" $component) }}
@@ -18,7 +29,7 @@ Call with (dict "root" $ "component" "prefill" "binary" "prefill-worker"
   (printf "--metrics-addr=:%s" (include "pdserve.fmt" $pool.metricsPort))
   "--nats-url=$(NATS_URL)"
   (printf "--log-level=%s" $root.Values.logLevel) }}
-{{- $args = concat $args (include "pdserve.natsAuthArgs" (dict "root" $root "user" $component) | fromYamlArray) }}
+{{- $args = concat $args (include "pdserve.natsAuthArgs" (dict "root" $root "user" $natsUser) | fromYamlArray) }}
 {{- $args = concat $args (include "pdserve.tracingArgs" $root | fromYamlArray) }}
 {{- /* Drain in-flight work within the grace period: what is left after the
 preStop sleep, less 5 s to exit. */}}
@@ -31,7 +42,7 @@ preStop sleep, less 5 s to exit. */}}
 {{- if $root.Values.tls.enabled }}
 {{- $args = concat $args (list "--tls-cert=/etc/pdserve/tls/tls.crt" "--tls-key=/etc/pdserve/tls/tls.key" "--tls-ca=/etc/pdserve/tls/ca.crt" (printf "--tls-server-name=%s" $root.Values.tls.serverName)) }}
 {{- end }}
-{{- $args = concat $args (include "pdserve.grpcAuthArgs" (dict "root" $root "role" $component) | fromYamlArray) }}
+{{- $args = concat $args (include "pdserve.grpcAuthArgs" (dict "root" $root "role" $authRole) | fromYamlArray) }}
 {{- $args = concat $args (include "pdserve.kvHashKeyArgs" $root | fromYamlArray) }}
 {{- $args = concat $args $pool.extraArgs }}
 {{- $gpus := int64 $pool.gpus }}
@@ -57,7 +68,7 @@ spec:
   replicas: {{ include "pdserve.fmt" $pool.replicas }}
   selector:
     matchLabels:
-      {{- include "pdserve.selectorLabels" (dict "root" $root "component" $component) | nindent 6 }}
+      {{- toYaml $selector | nindent 6 }}
   strategy:
     type: RollingUpdate
     rollingUpdate:
@@ -67,7 +78,10 @@ spec:
   template:
     metadata:
       labels:
-        {{- include "pdserve.labels" (dict "root" $root "component" $component) | nindent 8 }}
+        {{- include "pdserve.labels" (dict "root" $root "component" $podComponent) | nindent 8 }}
+        {{- if .selector }}
+        {{- omit $selector "app.kubernetes.io/name" "app.kubernetes.io/instance" | toYaml | nindent 8 }}
+        {{- end }}
         {{- with $pool.podLabels }}
         {{- toYaml . | nindent 8 }}
         {{- end }}
@@ -103,7 +117,7 @@ spec:
       tolerations:
         {{- toYaml . | nindent 8 }}
       {{- end }}
-      {{- with include "pdserve.topologySpread" (dict "root" $root "component" $component "pool" $pool) | trim }}
+      {{- with include "pdserve.topologySpread" (dict "root" $root "component" $component "pool" $pool "selector" .selector) | trim }}
       {{- . | nindent 6 }}
       {{- end }}
       {{- with include "pdserve.modelInit" $root | trim }}
@@ -187,7 +201,7 @@ spec:
         - name: tmp
           emptyDir:
             sizeLimit: 256Mi
-        {{- with include "pdserve.natsAuthVolume" (dict "root" $root "user" $component) | trim }}
+        {{- with include "pdserve.natsAuthVolume" (dict "root" $root "user" $natsUser) | trim }}
         {{- . | nindent 8 }}
         {{- end }}
         {{- with include "pdserve.modelVolume" $root | trim }}
@@ -196,14 +210,15 @@ spec:
         {{- if $root.Values.tls.enabled }}
         - name: tls
           secret:
-            secretName: {{ include "pdserve.tlsSecret" (dict "root" $root "role" $component) }}
+            secretName: {{ include "pdserve.tlsSecret" (dict "root" $root "role" $authRole) }}
         {{- end }}
-        {{- with include "pdserve.grpcTokenVolume" (dict "root" $root "role" $component) | trim }}
+        {{- with include "pdserve.grpcTokenVolume" (dict "root" $root "role" $authRole) | trim }}
         {{- . | nindent 8 }}
         {{- end }}
         {{- with include "pdserve.kvHashKeyVolume" $root | trim }}
         {{- . | nindent 8 }}
         {{- end }}
+{{- if or (not (hasKey . "service")) .service }}
 ---
 # Headless: workers are found through NATS heartbeats, this Service names
 # their ports for monitoring and DNS.
@@ -230,6 +245,7 @@ spec:
       targetPort: metrics
       protocol: TCP
       appProtocol: http
+{{- end }}
 {{- if $pool.pdb.enabled }}
 ---
 apiVersion: policy/v1
@@ -243,6 +259,10 @@ spec:
   maxUnavailable: {{ include "pdserve.fmt" $pool.pdb.maxUnavailable }}
   selector:
     matchLabels:
-      {{- include "pdserve.selectorLabels" (dict "root" $root "component" $component) | nindent 6 }}
+      {{- toYaml $selector | nindent 6 }}
+    {{- if and $root.Values.elastic.enabled (not .selector) }}
+    matchExpressions:
+      - {key: pdserve.io/pool, operator: DoesNotExist}
+    {{- end }}
 {{- end }}
 {{- end }}

@@ -76,10 +76,10 @@ func NewKubernetes(client kubernetes.Interface, o KubernetesOptions) (*Kubernete
 	return &Kubernetes{client: client, namespace: o.Namespace, prefillName: o.PrefillDeployment, decodeName: o.DecodeDeployment}, nil
 }
 
-// NewInCluster returns an actuator that talks to the API server of the
-// cluster it runs in, with the pod's service account. Errors: not running
-// in a cluster, or those of NewKubernetes.
-func NewInCluster(o KubernetesOptions) (*Kubernetes, error) {
+// InClusterClient returns a client of the API server of the cluster it
+// runs in, with the pod's service account. Errors: not running in a
+// cluster, a bad config.
+func InClusterClient() (kubernetes.Interface, error) {
 	cfg, err := rest.InClusterConfig()
 	if err != nil {
 		return nil, fmt.Errorf("actuator: in-cluster config: %w", err)
@@ -87,6 +87,17 @@ func NewInCluster(o KubernetesOptions) (*Kubernetes, error) {
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("actuator: kubernetes client: %w", err)
+	}
+	return cs, nil
+}
+
+// NewInCluster returns an actuator that talks to the API server of the
+// cluster it runs in, with the pod's service account. Errors: not running
+// in a cluster, or those of NewKubernetes.
+func NewInCluster(o KubernetesOptions) (*Kubernetes, error) {
+	cs, err := InClusterClient()
+	if err != nil {
+		return nil, err
 	}
 	return NewKubernetes(cs, o)
 }
