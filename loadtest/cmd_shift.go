@@ -55,6 +55,9 @@ type shiftOptions struct {
 	MinGain       float64
 	Seed          uint64
 	Quiet         bool
+	// Start is the planner configurations' first split; zero: the first
+	// half's best.
+	Start planner.Design
 }
 
 func defaultShiftOptions() *shiftOptions {
@@ -107,6 +110,16 @@ func (so *shiftOptions) addFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&so.Window, "planner-window", so.Window, "how far back finished requests count for the planner")
 	fs.DurationVar(&so.Dwell, "planner-role-dwell", so.Dwell, "least time between two role moves")
 	fs.Float64Var(&so.MinGain, "planner-role-min-gain", so.MinGain, "least predicted SLO attainment gain (a fraction) of a role move")
+	fs.Func("planner-start", "P:D the deployments and elastic configurations start on (default: the split best for the first half)", func(v string) error {
+		a, b, ok := strings.Cut(v, ":")
+		p, err1 := strconv.Atoi(a)
+		d, err2 := strconv.Atoi(b)
+		if !ok || err1 != nil || err2 != nil || p < 1 || d < 1 {
+			return fmt.Errorf("want P:D with P, D ≥ 1, got %q", v)
+		}
+		so.Start = planner.Design{Prefill: p, Decode: d}
+		return nil
+	})
 	fs.Uint64Var(&so.Seed, "seed", so.Seed, "seed of the prompts' content (the second half's: seed + 1)")
 	fs.BoolVar(&so.Quiet, "quiet", so.Quiet, "no progress bar")
 }
@@ -294,6 +307,14 @@ func cmdShift(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err := so.validate(); err != nil {
 		return err
 	}
+	if tp := 1; so.Start.Prefill > 0 {
+		if p, err := perfmodel.Resolve(so.Profile); err == nil {
+			tp = p.TP
+		}
+		if (so.Start.Prefill+so.Start.Decode)*tp != so.GPUs {
+			return fmt.Errorf("%w: --planner-start %d:%d is not --gpus %d", errUsage, so.Start.Prefill, so.Start.Decode, so.GPUs)
+		}
+	}
 	var halves [2]shiftHalf
 	for i, p := range []string{so.First, so.Second} {
 		h, err := loadHalf(p, so.Rates[i], so.Phase, so.Seed+uint64(i))
@@ -325,6 +346,9 @@ func cmdShift(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			d = choice.splits[choice.both]
 			desc = fmt.Sprintf("fixed %d:%d (best for the whole trace)", d.Prefill, d.Decode)
 		case shiftDeploy, shiftElastic:
+			if so.Start.Prefill > 0 {
+				d = so.Start
+			}
 			spec.Elastic, spec.SLO = true, config.SLO{TTFTMs: float64(so.TTFT) / 1e6, TPOTMs: float64(so.TPOT) / 1e6}
 			po := plannerhost.DefaultOptions()
 			po.Mode, po.Roles, po.RoleDwell, po.RoleMinGain = plannerhost.Log, true, so.Dwell, so.MinGain

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"strings"
 	"testing"
@@ -65,4 +66,25 @@ func shiftRows(out string) map[string][]string {
 		}
 	}
 	return rows
+}
+
+// TestShiftBadFlags: bad options are usage errors, before anything starts.
+func TestShiftBadFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--gpus", "3"}, "--rates R1,R2 is required"},
+		{[]string{"--rates", "1"}, "want R1,R2"},
+		{[]string{"--rates", "1,2", "--configs", "fixed-first,bogus"}, "unknown configuration"},
+		{[]string{"--rates", "1,2", "--gpus", "3", "--planner-start", "2:2"}, "is not --gpus 3"},
+		{[]string{"--rates", "1,2", "--gpus", "1"}, "want ≥ 2"},
+		{[]string{"--rates", "100000,2", "--first-trace", "../data/azure-llm-2023/AzureLLMInferenceTrace_code.csv"}, "the trace has"},
+	} {
+		var stdout, stderr bytes.Buffer
+		err := cmdShift(context.Background(), tc.args, &stdout, &stderr)
+		if !errors.Is(err, errUsage) || !strings.Contains(err.Error()+stderr.String(), tc.want) {
+			t.Errorf("%v: error %v (stderr %q), want a usage error with %q", tc.args, err, stderr.String(), tc.want)
+		}
+	}
 }
