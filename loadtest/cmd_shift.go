@@ -55,6 +55,8 @@ type shiftOptions struct {
 	MinGain       float64
 	Seed          uint64
 	Quiet         bool
+	// Log is the deployments' logger (--deploy-log).
+	Log deployFlags
 	// Start is the planner configurations' first split; zero: the first
 	// half's best.
 	Start planner.Design
@@ -122,6 +124,7 @@ func (so *shiftOptions) addFlags(fs *flag.FlagSet) {
 	})
 	fs.Uint64Var(&so.Seed, "seed", so.Seed, "seed of the prompts' content (the second half's: seed + 1)")
 	fs.BoolVar(&so.Quiet, "quiet", so.Quiet, "no progress bar")
+	fs.StringVar(&so.Log.LogFile, "deploy-log", so.Log.LogFile, "local deployments: write their logs to this file (default: discard)")
 }
 
 func (so *shiftOptions) validate() error {
@@ -327,6 +330,11 @@ func cmdShift(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
+	log, closeLog, err := so.Log.logger()
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	defer closeLog()
 	reqs, sched := joinHalves(halves, so.Phase)
 	slo := metrics.SLO{TTFT: so.TTFT, TPOT: so.TPOT}
 
@@ -371,7 +379,7 @@ func cmdShift(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if !so.Quiet {
 			fmt.Fprintf(stderr, "shift: %s: %s\n", name, desc)
 		}
-		r, err := shiftOne(ctx, spec, reqs, sched, slo, stderr, so.Quiet)
+		r, err := shiftOne(ctx, spec, reqs, sched, slo, log.With(zap.String("configuration", name)), stderr, so.Quiet)
 		if err != nil {
 			return fmt.Errorf("%s: %w", name, err)
 		}
@@ -401,10 +409,10 @@ func joinHalves(halves [2]shiftHalf, phase time.Duration) ([]workload.Request, [
 
 // shiftOne starts spec, sends reqs on sched, and summarises the run by
 // minute of send time.
-func shiftOne(ctx context.Context, spec deploy.Spec, reqs []workload.Request, sched []time.Duration, slo metrics.SLO, stderr io.Writer, quiet bool) (shiftRun, error) {
+func shiftOne(ctx context.Context, spec deploy.Spec, reqs []workload.Request, sched []time.Duration, slo metrics.SLO, log *zap.Logger, stderr io.Writer, quiet bool) (shiftRun, error) {
 	reg := prometheus.NewRegistry()
 	spec.Metrics = reg
-	l, err := deploy.Start(ctx, spec, zap.NewNop())
+	l, err := deploy.Start(ctx, spec, log)
 	if err != nil {
 		return shiftRun{}, err
 	}
