@@ -4,6 +4,7 @@
 // measures client-side latencies with vLLM's definitions, and reports them
 // (Markdown, vLLM-compatible result JSON with the server-side budget, PNG
 // plots). Subcommands: run, sweep (attainment curve and max rate per GPU),
-// compare (disaggregated vs colocated at equal GPUs) and regress (fail on
-// TTFT/TPOT drift against a baseline). See README.md.
+// compare (disaggregated vs colocated at equal GPUs), regress (fail on
+// TTFT/TPOT drift against a baseline) and shift (a trace whose mix moves:
+// fixed splits, the planner replacing pods, elastic roles). See README.md.
 package main

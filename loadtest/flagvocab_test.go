@@ -14,7 +14,7 @@ import (
 // --help; nothing starts.
 func TestFlagVocabulary(t *testing.T) {
 	helps := flagvocab.Servers()
-	for _, c := range []string{"run", "sweep", "compare", "regress", "check", "prefix-hits", "agentloop"} {
+	for _, c := range []string{"run", "sweep", "compare", "regress", "check", "prefix-hits", "agentloop", "shift"} {
 		helps["loadtest "+c] = flagvocab.Help(func(a []string, o, e *strings.Builder) int { return run(append([]string{c}, a...), o, e) })
 	}
 	var flags []flagvocab.Flag

@@ -37,6 +37,9 @@ Commands:
             over tenants whose caches are apart (offline, no server)
   agentloop concurrent agent loops, one tool call per turn: continued over the
             Responses API's WebSocket vs the whole conversation resent over HTTP
+  shift     a trace whose mix moves half-way on local sim deployments: the best
+            fixed splits, the planner replacing pods, elastic roles (goodput
+            and attainment per minute)
   regions   three federated regions in network namespaces over netem-shaped
             links, with and without federation, under faults (needs root)
 
@@ -78,6 +81,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		err = cmdAgentLoop(ctx, rest, stdout, stderr)
 	case "regions":
 		err = cmdRegions(ctx, rest, stdout, stderr)
+	case "shift":
+		err = cmdShift(ctx, rest, stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return exitOK

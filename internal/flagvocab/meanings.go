@@ -43,6 +43,10 @@ var Meanings = map[string]string{
 	"queue-limit":             "the coordinator's admission limit, its policy's limits.queue_limit (coordinator: deprecated, loadtest: of its local deployments)",
 	"request-timeout":         "time limit of one request",
 	"time-scale":              "performance-model time scale: wall time = modelled time × scale",
+	"slo-ttft":                "time-to-first-token SLO the command plans or measures against",
+	"slo-tpot":                "time-per-output-token SLO the command plans or measures against",
+	"planner-role-dwell":      "the online planner's least time between two role moves",
+	"planner-role-min-gain":   "the online planner's least predicted SLO attainment gain (a fraction) of a role move",
 }
 
 // Synonyms maps a flag name to the flag name it means, where a binary

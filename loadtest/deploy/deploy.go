@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/pdserve/pdserve/loadtest/report"
@@ -17,6 +18,7 @@ import (
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/enginecfg"
 	"github.com/pdserve/pdserve/pkg/perfmodel"
+	"github.com/pdserve/pdserve/pkg/plannerhost"
 	"github.com/pdserve/pdserve/pkg/standalone"
 	"github.com/pdserve/pdserve/pkg/workerrun"
 )
@@ -86,6 +88,26 @@ type Spec struct {
 	CtxSize, MaxSeqs int
 	// NoRepack keeps llamacpp weights in their file layout.
 	NoRepack bool
+	// Elastic starts the in-process workers elastic
+	// (standalone.WithElasticWorkers): the online planner's role moves
+	// (Planner.Roles) can move them between prefill and decode. Sim and
+	// ref engines only.
+	Elastic bool
+	// RoleChangeRestart, with Elastic, makes each role change stand for
+	// a Deployment replacing a pod (workerrun.Options.RoleChangeRestart):
+	// sequences finish instead of moving, and the worker serves its new
+	// role this long after it drained.
+	RoleChangeRestart time.Duration
+	// Planner, when set, runs the coordinator's online planner with
+	// these options (its flags, --planner-*); SLO then sets the policy's
+	// slo.ttft_ms and slo.tpot_ms it plans for.
+	Planner *plannerhost.Options
+	SLO     config.SLO
+	// Metrics, when set, receives the in-process workers' metrics
+	// (labelled worker=ID) instead of a registry of the deployment's
+	// own: the caller reads their role changes from it.
+	Metrics prometheus.Registerer
+
 	// CPUs are the cores of a llamacpp deployment. Each worker runs as a
 	// process of its own pinned to its share of them, with one engine
 	// thread per core: the disaggregated workers split them evenly in
@@ -167,6 +189,10 @@ func (s Spec) Options() (coordinator.Options, error) {
 	if s.QueueLimit > 0 {
 		o.PolicyEdits = append(o.PolicyEdits, func(p *config.Policy) { p.Limits.QueueLimit = s.QueueLimit })
 	}
+	if s.Planner != nil {
+		slo := s.SLO
+		o.PolicyEdits = append(o.PolicyEdits, func(p *config.Policy) { p.SLO = slo })
+	}
 	o.PolicyFile = s.PolicyFile
 	o.ModelName = s.ModelName
 	o.HeartbeatTTL = 2 * time.Second
@@ -222,6 +248,10 @@ func (s Spec) workerOptions(w *workerrun.Options) {
 	}
 	if s.Codec != "" {
 		w.Prefill.Codec = s.Codec
+	}
+	w.RoleChangeRestart = s.RoleChangeRestart
+	if s.Metrics != nil {
+		w.Registerer = s.Metrics
 	}
 	if s.TierProfile != "" {
 		// Workers are numbered ROLE-i in each role; the first pool's come
@@ -348,10 +378,27 @@ func Start(ctx context.Context, s Spec, log *zap.Logger) (*Local, error) {
 		log = zap.NewNop()
 	}
 	var c server
+	if s.Planner != nil {
+		host, err := plannerhost.New(*s.Planner, o, log)
+		if err != nil {
+			return nil, fmt.Errorf("%w: planner: %v", ErrSpec, err)
+		}
+		if host == nil {
+			return nil, fmt.Errorf("%w: the planner is off (see its log)", ErrSpec)
+		}
+		o.Extensions = append(o.Extensions, host)
+	}
 	if s.engine() == enginecfg.Llama {
+		if s.Elastic || s.Planner != nil {
+			return nil, fmt.Errorf("%w: elastic workers and the online planner run on the sim and ref engines", ErrSpec)
+		}
 		c, err = startProcs(ctx, s, o, log)
 	} else {
-		c, err = standalone.Start(ctx, o, log, standalone.WithWorkerOptions(s.workerOptions))
+		opts := []standalone.Option{standalone.WithWorkerOptions(s.workerOptions)}
+		if s.Elastic {
+			opts = append(opts, standalone.WithElasticWorkers())
+		}
+		c, err = standalone.Start(ctx, o, log, opts...)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("deploy: start %s: %w", s.Mode, err)

@@ -256,6 +256,16 @@ func LoadWorkload(spec string, o LoadOptions) (*Workload, error) {
 }
 
 func traceWorkload(kind string, data []byte) (*Workload, error) {
+	rows, err := parseTrace(kind, data)
+	if err != nil {
+		return nil, err
+	}
+	return rowsWorkload(kind, rows), nil
+}
+
+// parseTrace parses an Azure ("azure") or a Mooncake trace. Errors wrap
+// ErrWorkload.
+func parseTrace(kind string, data []byte) ([]workload.TraceRow, error) {
 	var rows []workload.TraceRow
 	var err error
 	if kind == "azure" {
@@ -266,6 +276,12 @@ func traceWorkload(kind string, data []byte) (*Workload, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrWorkload, err)
 	}
+	return rows, nil
+}
+
+// rowsWorkload is the workload of trace rows (≥ 1), arrivals counted
+// from the first row's.
+func rowsWorkload(kind string, rows []workload.TraceRow) *Workload {
 	w := &Workload{Lengths: make([]Lengths, len(rows))}
 	zero := 0
 	for i, r := range rows {
@@ -293,7 +309,7 @@ func traceWorkload(kind string, data []byte) (*Workload, error) {
 			}
 		}
 	}
-	span := rows[len(rows)-1].Arrival.Seconds()
+	span := (rows[len(rows)-1].Arrival - rows[0].Arrival).Seconds()
 	if len(rows) > 1 && span > 0 {
 		w.Rate = float64(len(rows)-1) / span
 		gaps := make([]float64, len(rows)-1)
@@ -310,7 +326,7 @@ func traceWorkload(kind string, data []byte) (*Workload, error) {
 	if kind == "azure" {
 		w.Notes = append(w.Notes, AzureAttribution)
 	}
-	return w, nil
+	return w
 }
 
 // normalizeGaps returns gaps divided by their mean (nil when the mean is 0).

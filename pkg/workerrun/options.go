@@ -141,6 +141,13 @@ type Options struct {
 	// start in runs with that role's defaults (its flags are the other
 	// binary's). Flag --elastic.
 	Elastic bool
+	// RoleChangeRestart, when > 0, makes an elastic worker's role change
+	// stand for a Deployment replacing a pod instead: its running
+	// sequences finish rather than move, and the new role starts this
+	// long after the old one drained (the new pod's start and model
+	// load). The loadtest's shift command compares the planner scaling
+	// Deployments with elastic roles by it. Not a flag.
+	RoleChangeRestart time.Duration
 }
 
 func commonOptions(role control.Role) Options {

@@ -303,7 +303,7 @@ func (w *Worker) ChangeRole(role control.Role, ordered time.Time, migrate bool) 
 	old.svc.SetDraining(true)
 	w.publishNow()
 	dctx, cancel := context.WithTimeout(w.bgCtx, w.o.DrainTimeout)
-	if d, ok := old.svc.(decodeService); ok && migrate {
+	if d, ok := old.svc.(decodeService); ok && migrate && w.o.RoleChangeRestart <= 0 {
 		// Running sequences move with their KV instead of finishing here;
 		// WaitIdle then waits for the rest and for the moved KV's pulls.
 		n, err := d.MigrateAll(dctx)
@@ -314,6 +314,15 @@ func (w *Worker) ChangeRole(role control.Role, ordered time.Time, migrate bool) 
 	}
 	cancel()
 	drained := time.Now()
+	if w.o.RoleChangeRestart > 0 {
+		log.Info("role change: waiting as a replaced pod starts and loads its model", zap.Duration("restart", w.o.RoleChangeRestart))
+		t := time.NewTimer(w.o.RoleChangeRestart)
+		select {
+		case <-t.C:
+		case <-w.bgCtx.Done():
+			t.Stop()
+		}
+	}
 	rr, err := w.buildRole(role)
 	if err == nil {
 		// The old role stops before the new one runs: they share the

@@ -79,6 +79,10 @@ type Options struct {
 	// searching: "P:D" or "PP+DD" (e.g. "2P+1D") disaggregated, "NC"
 	// colocated (step budget from --max-batch-tokens).
 	Design string
+	// Window, when > 0, cuts the trace into windows of this length and
+	// plans each at its own rate (planWindows): the design window by
+	// window and the role changes a day that implies.
+	Window time.Duration
 }
 
 // DefaultOptions returns the flag defaults.
@@ -174,6 +178,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 		return nil
 	})
 	fs.StringVar(&o.Design, "design", o.Design, "predict one design at --rate instead of searching: P:D or 2P+1D (disaggregated), or 3C (colocated, needs --max-batch-tokens)")
+	fs.DurationVar(&o.Window, "window", o.Window, "cut the trace (--workload, an Azure .csv or a Mooncake .jsonl) into windows of this length, e.g. 1h, and plan each at its own request rate: the design window by window and the role changes a day it implies (workers moved from one window's design to the next, scaled to 24 h; workers added or removed are not role changes)")
 	cliflags.AddRenamed(fs, Renamed...)
 }
 
@@ -429,7 +434,8 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			"  coordinator plan --profile a100-80g/opt-13b/tp1,h100/llama-3-8b/tp1 --gpu-cost-per-hour a100-80g=1.9,h100=3.5 \\\n"+
 			"    --workload trace.csv --slo-ttft 250ms --slo-tpot 100ms --codec zstd --link-gbps 25 --plot plan.png\n"+
 			"  coordinator plan --profile h100/llama-3-8b/tp1 --workload fixed:512/64 --slo-ttft 500ms --slo-tpot 50ms \\\n"+
-			"    --design 2P+1D --rate 10\n\nFlags:\n")
+			"    --design 2P+1D --rate 10\n"+
+			"  coordinator plan --profile h100/llama-3-8b/tp1 --workload day.csv --slo-ttft 2s --slo-tpot 100ms --window 1h\n\nFlags:\n")
 		fs.PrintDefaults()
 	}
 	if code, ok := cliflags.Parse(fs, args, stdout, stderr); !ok {
@@ -440,6 +446,9 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if o.PolicyFile != "" || len(o.ModelProfiles) > 0 || len(o.ModelRates) > 0 {
 		return runTiers(ctx, o, stdout, stderr)
+	}
+	if o.Window != 0 {
+		return planWindows(ctx, o, stdout, stderr)
 	}
 	cfgs, err := o.Configs()
 	if err != nil {
@@ -565,8 +574,8 @@ func runTiers(ctx context.Context, o Options, stdout, stderr io.Writer) int {
 		return usage("--model-profile and --model-rate plan the models of a policy's tiers: give --policy")
 	case len(o.Profiles) > 0 || o.Rate != 0 || o.DecodeProfile != "" || o.ColocatedProfile != "":
 		return usage("with --policy each tier model's profile and rate are --model-profile and --model-rate, not --profile, --decode-profile, --colocated-profile or --rate")
-	case o.Design != "" || o.Plot != "":
-		return usage("--design and --plot plan one profile: not with --policy")
+	case o.Design != "" || o.Plot != "" || o.Window != 0:
+		return usage("--design, --plot and --window plan one profile: not with --policy")
 	case o.Output != "table":
 		return usage("--output %s: with --policy the plans are printed as tables, one per model", o.Output)
 	}

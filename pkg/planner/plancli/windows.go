@@ -1,0 +1,181 @@
+package plancli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/pdserve/pdserve/pkg/planner"
+)
+
+// WindowPlan is the plan of one window of a trace (--window).
+type WindowPlan struct {
+	Start    time.Duration `json:"-"`
+	End      time.Duration `json:"-"`
+	StartS   float64       `json:"start_s"`
+	EndS     float64       `json:"end_s"`
+	Requests int           `json:"requests"`
+	Rate     float64       `json:"rate"` // req/s of the window
+	// Design is the disaggregated design (the P:D ratio) of the plan;
+	// zero when the window was not planned (fewer than two requests).
+	// When nothing met the SLO it is the design that came closest.
+	Design planner.Design `json:"design"`
+	GPUs   int            `json:"gpus"`
+	// Attainment is Design's predicted SLO attainment.
+	Attainment float64 `json:"attainment"`
+	Feasible   bool    `json:"feasible"`
+	// Colocated is the plan's colocated design when the plan recommends
+	// it over Design (fewer GPUs at the window's rate), else zero.
+	Colocated planner.Design `json:"colocated_recommended"`
+	// Skipped says why the window was not planned; "" when it was.
+	Skipped string `json:"skipped,omitempty"`
+	// RoleChanges is planner.RoleChanges from the design planned last
+	// before this window (0 for the first planned window).
+	RoleChanges int `json:"role_changes"`
+}
+
+// WindowsReport is what --window prints.
+type WindowsReport struct {
+	Profile   string       `json:"profile"`
+	WindowS   float64      `json:"window_s"`
+	Windows   []WindowPlan `json:"windows"`
+	Changes   int          `json:"role_changes"`
+	Transits  int          `json:"transitions"`
+	PerDay    float64      `json:"role_changes_per_day"`
+	Workload  string       `json:"workload"`
+	Attribute []string     `json:"notes,omitempty"`
+}
+
+// planWindows is Run with --window: the trace cut into windows, each
+// planned at its own rate, then the role changes between consecutive
+// windows' designs, scaled to a day.
+func planWindows(ctx context.Context, o Options, stdout, stderr io.Writer) int {
+	usage := func(format string, args ...any) int {
+		fmt.Fprintf(stderr, "coordinator plan: "+format+"\n", args...)
+		return 2
+	}
+	switch {
+	case o.Window < 0:
+		return usage("--window %v must be > 0", o.Window)
+	case len(o.Profiles) != 1:
+		return usage("--window plans one --profile")
+	case o.Rate != 0:
+		return usage("--window plans each window at its own rate: drop --rate")
+	case o.Design != "" || o.Plot != "":
+		return usage("--window searches each window and draws no plot: drop --design and --plot")
+	}
+	cfgs, err := o.Configs()
+	if err != nil {
+		return usage("%v", strings.TrimPrefix(err.Error(), errUsage.Error()+": "))
+	}
+	wins, err := planner.LoadTraceWindows(o.Workload, o.Window)
+	if err != nil {
+		return usage("--workload: %v", err)
+	}
+	start := time.Now()
+	rep, code, err := windowPlans(ctx, cfgs[0], wins, o.Window)
+	if err != nil {
+		fmt.Fprintf(stderr, "coordinator plan: %v\n", err)
+		return 1
+	}
+	rep.Workload = cfgs[0].Workload.Description
+	rep.Attribute = cfgs[0].Workload.Notes
+	if o.Output == "json" {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		err = enc.Encode(rep)
+	} else {
+		err = writeWindows(stdout, rep)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "coordinator plan: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(stderr, "coordinator plan: %d windows planned in %.2f s\n", len(wins), time.Since(start).Seconds())
+	return code
+}
+
+// windowPlans plans each window of wins with base (its workload and rate
+// replaced by the window's) and counts the role changes between the
+// disaggregated designs of consecutive planned windows. code is 1 when a
+// window had no feasible design (its closest design still counts).
+func windowPlans(ctx context.Context, base *planner.Config, wins []planner.TraceWindow, window time.Duration) (rep WindowsReport, code int, err error) {
+	rep = WindowsReport{Profile: base.Prefill.Name, WindowS: window.Seconds()}
+	var prev *planner.Design
+	for _, tw := range wins {
+		wp := WindowPlan{Start: tw.Start, End: tw.End, StartS: tw.Start.Seconds(), EndS: tw.End.Seconds(), Requests: tw.Requests}
+		if tw.Workload == nil || tw.Requests < 2 || !(tw.Workload.Rate > 0) {
+			wp.Skipped = "fewer than 2 requests"
+			rep.Windows = append(rep.Windows, wp)
+			continue
+		}
+		wp.Rate = tw.Workload.Rate
+		c := *base
+		c.Workload, c.Rate = tw.Workload, tw.Workload.Rate
+		p, err := planner.Run(ctx, &c)
+		switch {
+		case errors.Is(err, planner.ErrInfeasible):
+			code = 1
+		case err != nil:
+			return rep, 1, fmt.Errorf("window %v–%v: %w", tw.Start, tw.End, err)
+		}
+		if pred := p.Disaggregated; pred != nil {
+			wp.Design, wp.GPUs, wp.Attainment = pred.Design, pred.GPUs, pred.Attainment
+			wp.Feasible = pred.Attainment >= c.SLO.Attainment
+		}
+		if p.Recommended == "colocated" && p.Colocated != nil {
+			wp.Colocated = p.Colocated.Design
+		}
+		if prev != nil {
+			wp.RoleChanges = planner.RoleChanges(*prev, wp.Design)
+			rep.Changes += wp.RoleChanges
+			rep.Transits++
+		}
+		d := wp.Design
+		prev = &d
+		rep.Windows = append(rep.Windows, wp)
+	}
+	rep.PerDay = planner.ChangesPerDay(rep.Changes, rep.Transits, window)
+	return rep, code, nil
+}
+
+func writeWindows(w io.Writer, rep WindowsReport) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "pdserve plan by window of %v: %s\nworkload: %s\n\n", time.Duration(rep.WindowS*float64(time.Second)), rep.Profile, rep.Workload)
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "window\trequests\treq/s\tP:D\tGPUs\tpredicted attainment\trole changes\tcolocated, when fewer GPUs")
+	for _, wp := range rep.Windows {
+		span := fmt.Sprintf("%v–%v", wp.Start, wp.End)
+		if wp.Skipped != "" {
+			fmt.Fprintf(tw, "%s\t%d\t—\t— (%s)\t—\t—\t—\t—\n", span, wp.Requests, wp.Skipped)
+			continue
+		}
+		design := fmt.Sprintf("%d:%d", wp.Design.Prefill, wp.Design.Decode)
+		if !wp.Feasible {
+			design += " (misses the SLO)"
+		}
+		coloc := "—"
+		if wp.Colocated.Colocated > 0 {
+			coloc = wp.Colocated.String()
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%s\t%d\t%.3f\t%d\t%s\n", span, wp.Requests, wp.Rate, design, wp.GPUs, wp.Attainment, wp.RoleChanges, coloc)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if rep.Transits == 0 {
+		fmt.Fprintf(&b, "\nRole changes: none (one window planned: no transition)\n")
+	} else {
+		fmt.Fprintf(&b, "\nRole changes (workers moved between prefill and decode from one window's P:D to the next): %d over %d transitions of %v → %.1f a day\n", rep.Changes, rep.Transits, time.Duration(rep.WindowS*float64(time.Second)), rep.PerDay)
+	}
+	for _, n := range rep.Attribute {
+		fmt.Fprintf(&b, "note: %s\n", n)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
