@@ -30,7 +30,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/pdserve/pdserve/internal/cliflags"
 	"github.com/pdserve/pdserve/internal/netlab"
+	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/frontend"
 	"github.com/pdserve/pdserve/pkg/region"
 )
@@ -38,11 +40,13 @@ import (
 // The regions command measures a federation of three regions on real
 // links: each region a network namespace with its own standalone
 // coordinator process (sim workers), the regions joined by veth links
-// shaped with netem to the round trips given, and each region's load
-// sent from its own namespace to its own coordinator with a TTFT budget.
-// Every phase runs twice on fresh processes: federated (--region flags,
-// gateways and forwarding over mutual TLS) and not (the same
-// coordinators without them).
+// whose round trips delay proxies make, and each region's load sent from
+// its own namespace to its own coordinator with a TTFT budget. In the
+// kill-pool phase the victim region's pool is two worker processes of
+// their own beside a coordinator that is not standalone, so that the
+// pool dies and the coordinator lives. Every phase runs twice on fresh
+// processes: federated (--region flags, gateways and forwarding over
+// mutual TLS) and not (the same coordinators without them).
 
 // regionNames are the regions, in the order of --rates and of the link
 // pairs of --rtts: a-b, a-c, b-c.
@@ -56,6 +60,9 @@ const (
 	regionHTTPPort    = "8080"
 	regionGatewayPort = "7222"
 	regionPeerPort    = "8443"
+	// regionNATSPort is the embedded NATS server's port of a coordinator
+	// whose workers are processes of their own (on its loopback).
+	regionNATSPort = "4222"
 	// regionsChildEnv, when set, makes this binary a load client: the
 	// value is its JSON clientConfig.
 	regionsChildEnv = "PDSERVE_REGIONS_CLIENT"
@@ -65,7 +72,7 @@ const (
 )
 
 type regionsOpts struct {
-	coordinator string
+	bin         string          // holds coordinator, prefill-worker and decode-worker
 	rtts        []time.Duration // a-b, a-c, b-c
 	rates       []float64       // per region
 	budgetMs    float64
@@ -75,7 +82,7 @@ type regionsOpts struct {
 	engineFlags []string
 	phases      []string
 	modes       []string
-	victim      int // region killed or cut off (from a) in the fault phases
+	victim      int // region killed, or cut off from a, in the fault phases
 	timeout     time.Duration
 	seed        uint64
 	tmp         string
@@ -84,24 +91,28 @@ type regionsOpts struct {
 }
 
 // regionsPhases are the phases: the fault each injects a third into the
-// load.
-var regionsPhases = []string{"steady", "kill-coordinator", "cut-link"}
+// load (restore-link: and undoes two thirds into it).
+var regionsPhases = []string{"steady", "kill-coordinator", "kill-pool", "cut-link", "restore-link"}
+
+// regionsWorkers are the binaries of the victim's pool in the kill-pool
+// phase, by worker id.
+var regionsWorkers = [][2]string{{"prefill-0", "prefill-worker"}, {"decode-0", "decode-worker"}}
 
 func cmdRegions(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("regions", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var o regionsOpts
-	fs.StringVar(&o.coordinator, "coordinator", "", "coordinator binary (empty: built from ./cmd/coordinator into a temporary directory)")
+	fs.StringVar(&o.bin, "bin", "", "directory of the coordinator, prefill-worker and decode-worker binaries (empty: built from ./cmd into a temporary directory)")
 	rtts := fs.String("rtts", "20ms,90ms,180ms", "round trips of the links a-b, a-c and b-c (netem delay of half each way)")
 	rates := fs.String("rates", "12,2,2", "requests per second sent from regions a, b and c to their own coordinator (Poisson)")
 	fs.Float64Var(&o.budgetMs, "ttft-budget-ms", 600, "TTFT budget of every request (header "+frontend.HeaderTTFTBudget+")")
 	fs.DurationVar(&o.phaseDur, "duration", 20*time.Second, "load of each phase")
 	fs.IntVar(&o.promptWords, "prompt-words", 300, "random words of each prompt, about 7 tokens each (so that no prefix is cached)")
 	fs.IntVar(&o.maxTokens, "max-tokens", 16, "output tokens of each request")
-	eflags := fs.String("engine-flags", "--engine sim --profile h100/llama-3-8b/tp1", "engine flags of every coordinator (standalone, one prefill and one decode worker)")
+	eflags := fs.String("engine-flags", "--engine sim --profile h100/llama-3-8b/tp1", "engine flags of every region's one prefill and one decode worker (standalone in its coordinator, or in kill-pool the victim's worker processes)")
 	phases := fs.String("phases", strings.Join(regionsPhases, ","), "phases, comma separated: "+strings.Join(regionsPhases, ", "))
 	modes := fs.String("modes", "federated,alone", "runs of each phase: federated (--region flags), alone (none)")
-	victim := fs.String("victim", "b", "kill-coordinator: the region whose coordinator is killed; cut-link: the region whose link to a is cut")
+	victim := fs.String("victim", "b", "kill-coordinator, kill-pool: the region whose coordinator or pool (both its workers) is killed; cut-link, restore-link: the region whose link to a is cut (and restored)")
 	fs.DurationVar(&o.timeout, "request-timeout", 30*time.Second, "a request without an answer by then is lost")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of arrivals and prompts")
 	if err := fs.Parse(args); err != nil {
@@ -157,11 +168,16 @@ func cmdRegions(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	defer os.RemoveAll(o.tmp)
-	if o.coordinator == "" {
-		o.coordinator = filepath.Join(o.tmp, "coordinator")
-		b := exec.CommandContext(ctx, "go", "build", "-o", o.coordinator, "./cmd/coordinator")
+	if o.bin == "" {
+		o.bin = o.tmp
+		b := exec.CommandContext(ctx, "go", "build", "-o", o.bin+string(filepath.Separator), "./cmd/coordinator", "./cmd/prefill-worker", "./cmd/decode-worker")
 		if out, err := b.CombinedOutput(); err != nil {
-			return fmt.Errorf("regions: build the coordinator (run from the repository root, or give --coordinator): %v: %s", err, out)
+			return fmt.Errorf("regions: build the binaries (run from the repository root, or give --bin): %v: %s", err, out)
+		}
+	}
+	for _, b := range []string{"coordinator", "prefill-worker", "decode-worker"} {
+		if _, err := os.Stat(filepath.Join(o.bin, b)); err != nil {
+			return fmt.Errorf("%w: --bin: %v", errUsage, err)
 		}
 	}
 	if err := writeRegionCerts(o.tmp); err != nil {
@@ -225,6 +241,12 @@ type regionLine struct {
 	Lost     int            `json:"lost"`
 	// FirstError is the first failed request's error, as its client saw it.
 	FirstError string `json:"first_error,omitempty"`
+	// ServedAfterFault counts the completed requests sent after the
+	// phase's fault by the region that served them (as ServedBy), and
+	// FailedAfterFault those sent after it that did not complete; both
+	// absent in a phase without a fault.
+	ServedAfterFault map[string]int `json:"served_after_fault,omitempty"`
+	FailedAfterFault int            `json:"failed_after_fault,omitempty"`
 }
 
 // phaseLine is the phase's count of completions at the servers against
@@ -247,6 +269,16 @@ type phaseLine struct {
 	Lost       int    `json:"lost"`
 	FaultAtMs  int    `json:"fault_at_ms,omitempty"`
 	Fault      string `json:"fault,omitempty"`
+	// RestoredAtMs (restore-link) is when the link came back up, from
+	// the load's start. RecoveryMs (federated) is how long after that
+	// the first request from a that the victim served was sent (null:
+	// none was); PeerBackMs how long after it a's coordinator counted
+	// both peers again (pdserve_region_peers, read every 100 ms; null:
+	// not before the load ended), and PeersAtRestore its count then.
+	RestoredAtMs   int      `json:"restored_at_ms,omitempty"`
+	RecoveryMs     *int     `json:"recovery_ms,omitempty"`
+	PeerBackMs     *int     `json:"peer_back_ms,omitempty"`
+	PeersAtRestore *float64 `json:"peers_at_restore,omitempty"`
 }
 
 // regionLab is the three regions' namespaces and links.
@@ -339,10 +371,19 @@ func (o *regionsOpts) newLab(ctx context.Context, logf *os.File) (*regionLab, er
 	return r, nil
 }
 
-func (o *regionsOpts) coordArgs(i int, federated bool) []string {
-	args := []string{"--standalone", "--prefill-workers", "1", "--decode-workers", "1",
-		"--http-addr", "127.0.0.1:" + regionHTTPPort, "--log-level", "warn"}
-	args = append(args, o.engineFlags...)
+// coordArgs are region i's coordinator's flags: standalone with one
+// prefill and one decode worker, or (split) serving the workers started
+// apart, through its embedded NATS server on the region's loopback.
+func (o *regionsOpts) coordArgs(i int, federated, split bool) []string {
+	args := []string{"--http-addr", "127.0.0.1:" + regionHTTPPort, "--log-level", "warn"}
+	if split {
+		args = append(args, "--nats-listen", "127.0.0.1:"+regionNATSPort, "--nats-auth-file", filepath.Join(o.tmp, "users.yaml"),
+			"--worker-networks", "127.0.0.0/8")
+		args = append(args, cliflags.Without(o.engineFlags, coordinator.WorkerOnlyFlags)...)
+	} else {
+		args = append(args, "--standalone", "--prefill-workers", "1", "--decode-workers", "1")
+		args = append(args, o.engineFlags...)
+	}
 	if !federated {
 		return args
 	}
@@ -364,6 +405,66 @@ func (o *regionsOpts) coordArgs(i int, federated bool) []string {
 func (r *regionLab) curl(ctx context.Context, i int, url string) (string, error) {
 	out, err := r.ns[i].Command(ctx, "curl", "-sf", "--max-time", "2", url).Output()
 	return string(out), err
+}
+
+// startPool writes the NATS users of region i's workers and starts them
+// (regionsWorkers) in its namespace, once its coordinator's embedded NATS
+// server listens; it returns their commands and exit channels.
+func (o *regionsOpts) startPool(ctx context.Context, r *regionLab, i int, logf *os.File) ([]*exec.Cmd, []chan struct{}, error) {
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if _, err := r.curl(ctx, i, "http://127.0.0.1:"+regionHTTPPort+"/healthz"); err == nil {
+			break
+		}
+		select {
+		case <-r.exits[i]:
+			return nil, nil, fmt.Errorf("coordinator %s exited at start (log: %s)", regionNames[i], tail(logf.Name()))
+		default:
+		}
+		if time.Now().After(deadline) {
+			return nil, nil, fmt.Errorf("coordinator %s not healthy within 60 s (log: %s)", regionNames[i], tail(logf.Name()))
+		}
+		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
+			return nil, nil, err
+		}
+	}
+	var cmds []*exec.Cmd
+	var exits []chan struct{}
+	for k, w := range regionsWorkers {
+		id, bin := w[0], w[1]
+		user := strings.TrimSuffix(bin, "-worker")
+		args := []string{"--id", id, "--nats-url", "nats://127.0.0.1:" + regionNATSPort, "--nats-user", user,
+			"--nats-password-file", filepath.Join(o.tmp, user+".pw"), "--nats-reconnect-wait", "250ms",
+			"--grpc-addr", "127.0.0.1:" + strconv.Itoa(9100+k), "--metrics-addr=", "--log-level", "warn"}
+		cmd := r.ns[i].Command(ctx, filepath.Join(o.bin, bin), append(args, o.engineFlags...)...)
+		cmd.Stdout, cmd.Stderr = logf, logf
+		if err := r.lab.Start(cmd); err != nil {
+			return nil, nil, err
+		}
+		ch := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(ch) }()
+		cmds, exits = append(cmds, cmd), append(exits, ch)
+	}
+	return cmds, exits, nil
+}
+
+// writeRegionUsers writes the NATS users of a split region's workers
+// (users.yaml, the coordinator's --nats-auth-file) and their passwords
+// (ROLE.pw) into dir.
+func writeRegionUsers(dir string) error {
+	var users strings.Builder
+	users.WriteString("users:\n")
+	for _, w := range regionsWorkers {
+		role := strings.TrimSuffix(w[1], "-worker")
+		var b [16]byte
+		_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+		pw := fmt.Sprintf("%x", b)
+		if err := os.WriteFile(filepath.Join(dir, role+".pw"), []byte(pw), 0o600); err != nil {
+			return err
+		}
+		fmt.Fprintf(&users, "  - {user: %s, password: %s, role: %s}\n", role, pw, role)
+	}
+	return os.WriteFile(filepath.Join(dir, "users.yaml"), []byte(users.String()), 0o600)
 }
 
 // metric sums the samples of name whose line contains every label of want.
@@ -405,8 +506,14 @@ func (o *regionsOpts) runPhase(ctx context.Context, phase string, federated bool
 	if err != nil {
 		return nil, err
 	}
+	split := phase == "kill-pool" // the victim's pool apart from its coordinator
+	if split {
+		if err := writeRegionUsers(o.tmp); err != nil {
+			return nil, err
+		}
+	}
 	for i := range regionNames {
-		cmd := r.ns[i].Command(ctx, o.coordinator, o.coordArgs(i, federated)...)
+		cmd := r.ns[i].Command(ctx, filepath.Join(o.bin, "coordinator"), o.coordArgs(i, federated, split && i == o.victim)...)
 		cmd.Stdout, cmd.Stderr = logf, logf
 		if err := r.lab.Start(cmd); err != nil {
 			return nil, err
@@ -414,6 +521,13 @@ func (o *regionsOpts) runPhase(ctx context.Context, phase string, federated bool
 		ch := make(chan struct{})
 		go func() { _ = cmd.Wait(); close(ch) }()
 		r.procs, r.exits = append(r.procs, cmd), append(r.exits, ch)
+	}
+	var pool []*exec.Cmd
+	var poolExits []chan struct{}
+	if split {
+		if pool, poolExits, err = o.startPool(ctx, r, o.victim, logf); err != nil {
+			return nil, err
+		}
 	}
 	// Ready: every coordinator serves, and hears from both peers.
 	deadline := time.Now().Add(60 * time.Second)
@@ -429,6 +543,13 @@ func (o *regionsOpts) runPhase(ctx context.Context, phase string, federated bool
 			case <-r.exits[i]:
 				return nil, fmt.Errorf("coordinator %s exited at start (log: %s)", regionNames[i], tail(logf.Name()))
 			default:
+			}
+			for k, ch := range poolExits {
+				select {
+				case <-ch:
+					return nil, fmt.Errorf("worker %s of %s exited at start (log: %s)", regionsWorkers[k][0], regionNames[i], tail(logf.Name()))
+				default:
+				}
 			}
 			if time.Now().After(deadline) {
 				return nil, fmt.Errorf("coordinator %s not ready (peers %v) within 60 s (log: %s)", regionNames[i], peers, tail(logf.Name()))
@@ -483,7 +604,13 @@ func (o *regionsOpts) runPhase(ctx context.Context, phase string, federated bool
 			_ = r.procs[o.victim].Process.Signal(syscall.SIGKILL)
 			<-r.exits[o.victim]
 			pl.Fault = "killed coordinator " + regionNames[o.victim]
-		case "cut-link":
+		case "kill-pool":
+			for k, p := range pool {
+				_ = p.Process.Signal(syscall.SIGKILL)
+				<-poolExits[k]
+			}
+			pl.Fault = "killed pool " + regionNames[o.victim] + " (its prefill and decode worker processes)"
+		case "cut-link", "restore-link":
 			pl.Fault = "cut link a-" + regionNames[o.victim]
 			if err := r.link(0, o.victim).SetUp(ctx, false); err != nil {
 				faultErr <- err
@@ -492,6 +619,10 @@ func (o *regionsOpts) runPhase(ctx context.Context, phase string, federated bool
 		}
 		if pl.Fault != "" {
 			pl.FaultAtMs = int(time.Since(start).Milliseconds())
+		}
+		if phase == "restore-link" {
+			faultErr <- o.restoreLink(ctx, r, start, &pl, federated)
+			return
 		}
 		faultErr <- nil
 	}()
@@ -510,8 +641,11 @@ func (o *regionsOpts) runPhase(ctx context.Context, phase string, federated bool
 		if results[i].err != nil {
 			return nil, fmt.Errorf("client of %s: %w", n, results[i].err)
 		}
-		l := summarize(results[i].recs, o.budgetMs)
+		l := summarize(results[i].recs, o.budgetMs, pl.FaultAtMs)
 		l.Phase, l.Mode, l.Origin = phase, mode, n
+		if phase == "restore-link" && federated && i == 0 {
+			pl.RecoveryMs = recovery(results[i].recs, regionNames[o.victim], pl.RestoredAtMs)
+		}
 		lines = append(lines, l)
 		pl.ClientOK += l.OK
 		pl.Lost += l.Lost
@@ -519,6 +653,56 @@ func (o *regionsOpts) runPhase(ctx context.Context, phase string, federated bool
 	}
 	pl.Duplicated, pl.Unmatched = max(0, pl.ServerOK-pl.ClientOK), max(0, pl.ClientOK-pl.ServerOK)
 	return append(lines, pl), nil
+}
+
+// restoreLink brings the link a-victim back up two thirds into the load
+// (pl.RestoredAtMs) and, federated, reads a's peers every 100 ms until
+// it counts both again or the load ends (pl.PeersAtRestore, PeerBackMs).
+func (o *regionsOpts) restoreLink(ctx context.Context, r *regionLab, start time.Time, pl *phaseLine, federated bool) error {
+	if err := sleepCtx(ctx, time.Until(start.Add(2*o.phaseDur/3))); err != nil {
+		return err
+	}
+	if err := r.link(0, o.victim).SetUp(ctx, true); err != nil {
+		return err
+	}
+	at := time.Now()
+	pl.RestoredAtMs = int(at.Sub(start).Milliseconds())
+	pl.Fault += ", restored"
+	if !federated {
+		return nil
+	}
+	for first := true; time.Now().Before(start.Add(o.phaseDur)); first = false {
+		m, err := r.curl(ctx, 0, "http://127.0.0.1:"+regionHTTPPort+"/metrics")
+		peers, ok := metric(m, "pdserve_region_peers")
+		if err == nil && ok {
+			if first {
+				pl.PeersAtRestore = &peers
+			}
+			if peers >= 2 {
+				ms := int(time.Since(at).Milliseconds())
+				pl.PeerBackMs = &ms
+				return nil
+			}
+		}
+		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// recovery returns how long after restoredAtMs the first of recs that
+// region served was sent, nil when none was.
+func recovery(recs []clientRecord, region string, restoredAtMs int) *int {
+	var out *int
+	for _, c := range recs {
+		if c.Outcome == "ok" && c.Served == region && c.SentMs >= int64(restoredAtMs) {
+			if d := int(c.SentMs) - restoredAtMs; out == nil || d < *out {
+				out = &d
+			}
+		}
+	}
+	return out
 }
 
 func tail(path string) string {
@@ -543,14 +727,23 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// summarize computes a region's line from its client's records.
-func summarize(recs []clientRecord, budgetMs float64) regionLine {
+// summarize computes a region's line from its client's records;
+// faultAtMs is when the phase's fault struck from the load's start (0:
+// none).
+func summarize(recs []clientRecord, budgetMs float64, faultAtMs int) regionLine {
 	l := regionLine{Sent: len(recs), ServedBy: map[string]int{}, Rejected: map[string]int{}}
+	if faultAtMs > 0 {
+		l.ServedAfterFault = map[string]int{}
+	}
 	var ttfts []float64
 	within := 0
 	for _, r := range recs {
 		if r.Outcome != "ok" && l.FirstError == "" {
 			l.FirstError = r.Err
+		}
+		after := faultAtMs > 0 && r.SentMs >= int64(faultAtMs)
+		if after && r.Outcome != "ok" {
+			l.FailedAfterFault++
 		}
 		switch r.Outcome {
 		case "ok":
@@ -564,6 +757,9 @@ func summarize(recs []clientRecord, budgetMs float64) regionLine {
 				s = "origin"
 			}
 			l.ServedBy[s]++
+			if after {
+				l.ServedAfterFault[s]++
+			}
 		case "rejected":
 			l.Rejected[strconv.Itoa(r.Status)]++
 		case "cut":
@@ -607,6 +803,7 @@ type clientConfig struct {
 // clientRecord is one request as its client saw it.
 type clientRecord struct {
 	Outcome string  `json:"outcome"` // ok, rejected, cut, conn_err, lost
+	SentMs  int64   `json:"sent_ms"` // when it was sent, from the load's start
 	Status  int     `json:"status,omitempty"`
 	TTFTMs  float64 `json:"ttft_ms,omitempty"`
 	Served  string  `json:"served,omitempty"`
@@ -686,8 +883,10 @@ func runClient(ctx context.Context, c clientConfig, w io.Writer) error {
 			fmt.Fprintf(&sb, "w%d ", rng.IntN(100000))
 		}
 		body, _ := json.Marshal(map[string]any{"model": model, "prompt": sb.String(), "max_tokens": c.MaxTokens, "stream": true, "temperature": 0})
+		sent := time.Since(time.UnixMilli(c.StartUnixMs)).Milliseconds()
 		wg.Go(func() {
 			rec := oneRequest(ctx, hc, c, body)
+			rec.SentMs = sent
 			mu.Lock()
 			recs = append(recs, rec)
 			mu.Unlock()
