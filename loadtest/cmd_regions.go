@@ -559,6 +559,16 @@ func (o *regionsOpts) runPhase(ctx context.Context, phase string, federated bool
 			}
 		}
 	}
+	// The model, asked here: a client started late (a loaded machine)
+	// must not find its coordinator already killed.
+	models, err := r.curl(ctx, 0, "http://127.0.0.1:"+regionHTTPPort+"/v1/models")
+	if err != nil {
+		return nil, fmt.Errorf("models of a: %w", err)
+	}
+	model, err := firstModel(models)
+	if err != nil {
+		return nil, err
+	}
 	fmt.Fprintf(o.stderr, "regions: %s, %s: ready, load for %v\n", phase, mode, o.phaseDur)
 	start := time.Now().Add(time.Second)
 	type result struct {
@@ -568,7 +578,7 @@ func (o *regionsOpts) runPhase(ctx context.Context, phase string, federated bool
 	results := make([]result, len(regionNames))
 	var wg sync.WaitGroup
 	for i := range regionNames {
-		cfg := clientConfig{URL: "http://127.0.0.1:" + regionHTTPPort, Rate: o.rates[i], StartUnixMs: start.UnixMilli(),
+		cfg := clientConfig{URL: "http://127.0.0.1:" + regionHTTPPort, Model: model, Rate: o.rates[i], StartUnixMs: start.UnixMilli(),
 			DurationMs: o.phaseDur.Milliseconds(), BudgetMs: o.budgetMs, PromptWords: o.promptWords, MaxTokens: o.maxTokens,
 			TimeoutMs: o.timeout.Milliseconds(), Seed: o.seed + uint64(i)}
 		b, _ := json.Marshal(cfg)
@@ -639,7 +649,7 @@ func (o *regionsOpts) runPhase(ctx context.Context, phase string, federated bool
 	var lines []any
 	for i, n := range regionNames {
 		if results[i].err != nil {
-			return nil, fmt.Errorf("client of %s: %w", n, results[i].err)
+			return nil, fmt.Errorf("client of %s: %w (log: %s)", n, results[i].err, tail(logf.Name()))
 		}
 		l := summarize(results[i].recs, o.budgetMs, pl.FaultAtMs)
 		l.Phase, l.Mode, l.Origin = phase, mode, n
@@ -790,6 +800,7 @@ func quantile(xs []float64, q float64) float64 {
 // clientConfig is a load client's task.
 type clientConfig struct {
 	URL         string  `json:"url"`
+	Model       string  `json:"model"`
 	Rate        float64 `json:"rate"`
 	StartUnixMs int64   `json:"start_unix_ms"`
 	DurationMs  int64   `json:"duration_ms"`
@@ -853,23 +864,19 @@ func regionsChild() {
 }
 
 // runClient sends Poisson arrivals at c.Rate for c.DurationMs from
-// c.StartUnixMs, each a streamed completion, and writes one JSON record
-// per request when all have ended.
+// c.StartUnixMs (the same arrivals for the same seed, however late this
+// process started), each a streamed completion, and writes one JSON
+// record per request when all have ended.
 func runClient(ctx context.Context, c clientConfig, w io.Writer) error {
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
-	model, err := firstModel(ctx, hc, c.URL)
-	if err != nil {
-		return err
-	}
 	rng := mrand.New(mrand.NewPCG(c.Seed, 0x5eed))
-	if err := sleepCtx(ctx, time.Until(time.UnixMilli(c.StartUnixMs))); err != nil {
-		return err
-	}
-	end := time.UnixMilli(c.StartUnixMs + c.DurationMs)
+	// The arrivals are times from the start, the same whenever this
+	// process got to run: one started late sends the ones past at once.
+	next := time.UnixMilli(c.StartUnixMs)
+	end := next.Add(time.Duration(c.DurationMs) * time.Millisecond)
 	var mu sync.Mutex
 	var recs []clientRecord
 	var wg sync.WaitGroup
-	next := time.Now()
 	for {
 		next = next.Add(time.Duration(rng.ExpFloat64() / c.Rate * float64(time.Second)))
 		if next.After(end) {
@@ -882,7 +889,7 @@ func runClient(ctx context.Context, c clientConfig, w io.Writer) error {
 		for range c.PromptWords {
 			fmt.Fprintf(&sb, "w%d ", rng.IntN(100000))
 		}
-		body, _ := json.Marshal(map[string]any{"model": model, "prompt": sb.String(), "max_tokens": c.MaxTokens, "stream": true, "temperature": 0})
+		body, _ := json.Marshal(map[string]any{"model": c.Model, "prompt": sb.String(), "max_tokens": c.MaxTokens, "stream": true, "temperature": 0})
 		sent := time.Since(time.UnixMilli(c.StartUnixMs)).Milliseconds()
 		wg.Go(func() {
 			rec := oneRequest(ctx, hc, c, body)
@@ -902,20 +909,15 @@ func runClient(ctx context.Context, c clientConfig, w io.Writer) error {
 	return nil
 }
 
-func firstModel(ctx context.Context, hc *http.Client, url string) (string, error) {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/v1/models", nil)
-	resp, err := hc.Do(req)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
+// firstModel returns the first model of a /v1/models answer.
+func firstModel(models string) (string, error) {
 	var v struct {
 		Data []struct {
 			ID string `json:"id"`
 		} `json:"data"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil || len(v.Data) == 0 {
-		return "", fmt.Errorf("%s/v1/models: no model (%v)", url, err)
+	if err := json.Unmarshal([]byte(models), &v); err != nil || len(v.Data) == 0 {
+		return "", fmt.Errorf("/v1/models: no model (%v): %q", err, models)
 	}
 	return v.Data[0].ID, nil
 }
