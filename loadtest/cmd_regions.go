@@ -308,13 +308,16 @@ func (r *regionLab) peerAddr(i, j int) string {
 }
 
 // route makes j's connections to i's region address go to i's end of
-// their link (DNAT in j), where i's delay proxy listens.
-func (r *regionLab) route(ctx context.Context, i, j int) error {
+// their link (DNAT in j), where i's delay proxy listens. Without dnat it
+// only puts the route back (a link set down loses the routes through it;
+// the DNAT rule stays).
+func (r *regionLab) route(ctx context.Context, i, j int, dnat bool) error {
 	// The route first: a local packet needs one before OUTPUT's DNAT.
-	for _, c := range [][]string{
-		{"ip", "route", "replace", regionIP(i) + "/32", "via", r.peerAddr(i, j)},
-		{"iptables", "-t", "nat", "-A", "OUTPUT", "-d", regionIP(i) + "/32", "-j", "DNAT", "--to-destination", r.peerAddr(i, j)},
-	} {
+	cmds := [][]string{{"ip", "route", "replace", regionIP(i) + "/32", "via", r.peerAddr(i, j)}}
+	if dnat {
+		cmds = append(cmds, []string{"iptables", "-t", "nat", "-A", "OUTPUT", "-d", regionIP(i) + "/32", "-j", "DNAT", "--to-destination", r.peerAddr(i, j)})
+	}
+	for _, c := range cmds {
 		if out, err := r.ns[j].Command(ctx, c[0], c[1:]...).CombinedOutput(); err != nil {
 			return fmt.Errorf("route %s→%s: %s: %v: %s", regionNames[j], regionNames[i], strings.Join(c, " "), err, out)
 		}
@@ -348,7 +351,7 @@ func (o *regionsOpts) newLab(ctx context.Context, logf *os.File) (*regionLab, er
 	for k, p := range [][2]int{{0, 1}, {0, 2}, {1, 2}} {
 		for _, e := range [][2]int{p, {p[1], p[0]}} {
 			i, j := e[0], e[1]
-			if err := r.route(ctx, i, j); err != nil {
+			if err := r.route(ctx, i, j, true); err != nil {
 				return r, err
 			}
 			// i's delay proxy for j: j's connections to i's gateway and
@@ -674,6 +677,11 @@ func (o *regionsOpts) restoreLink(ctx context.Context, r *regionLab, start time.
 	}
 	if err := r.link(0, o.victim).SetUp(ctx, true); err != nil {
 		return err
+	}
+	for _, e := range [][2]int{{0, o.victim}, {o.victim, 0}} {
+		if err := r.route(ctx, e[0], e[1], false); err != nil {
+			return err
+		}
 	}
 	at := time.Now()
 	pl.RestoredAtMs = int(at.Sub(start).Milliseconds())
