@@ -259,11 +259,15 @@ type phaseLine struct {
 	// coordinator's read just before the kill).
 	ClientOK int `json:"client_ok"`
 	ServerOK int `json:"server_ok"`
-	// Duplicated is ServerOK − ClientOK when positive: completions no
-	// client received as its answer (a request served twice, or served
-	// while its answer was cut off on the way: the clients' cut and lost
-	// say which). Unmatched is ClientOK − ServerOK when positive (a
-	// killed coordinator completing after its read).
+	// Unanswered is ServerOK − ClientOK when positive: completions no
+	// client received as its answer. MayHaveRun is the clients' clear
+	// failures of requests that may have run (cut streams, 502s: a
+	// forward whose answer a link lost), and Duplicated what Unanswered
+	// exceeds them by: completions beyond every answer and every such
+	// failure, requests served twice. Unmatched is ClientOK − ServerOK
+	// when positive (a killed coordinator completing after its read).
+	Unanswered int    `json:"unanswered"`
+	MayHaveRun int    `json:"may_have_run"`
 	Duplicated int    `json:"duplicated"`
 	Unmatched  int    `json:"unmatched"`
 	Lost       int    `json:"lost"`
@@ -271,10 +275,10 @@ type phaseLine struct {
 	Fault      string `json:"fault,omitempty"`
 	// RestoredAtMs (restore-link) is when the link came back up, from
 	// the load's start. RecoveryMs (federated) is how long after that
-	// the first request from a that the victim served was sent (null:
-	// none was); PeerBackMs how long after it a's coordinator counted
-	// both peers again (pdserve_region_peers, read every 100 ms; null:
-	// not before the load ended), and PeersAtRestore its count then.
+	// none was); PeersAtRestore is a's count of peers then
+	// (pdserve_region_peers) and, when it was under 2, PeerBackMs how
+	// long after the restore a counted both again (read every 100 ms;
+	// null: not before the load ended).
 	RestoredAtMs   int      `json:"restored_at_ms,omitempty"`
 	RecoveryMs     *int     `json:"recovery_ms,omitempty"`
 	PeerBackMs     *int     `json:"peer_back_ms,omitempty"`
@@ -660,12 +664,20 @@ func (o *regionsOpts) runPhase(ctx context.Context, phase string, federated bool
 			pl.RecoveryMs = recovery(results[i].recs, regionNames[o.victim], pl.RestoredAtMs)
 		}
 		lines = append(lines, l)
-		pl.ClientOK += l.OK
-		pl.Lost += l.Lost
-		pl.ServerOK += int(serverOK[i])
+		pl.add(l, int(serverOK[i]))
 	}
-	pl.Duplicated, pl.Unmatched = max(0, pl.ServerOK-pl.ClientOK), max(0, pl.ClientOK-pl.ServerOK)
 	return append(lines, pl), nil
+}
+
+// add counts a region's line and its coordinator's completions
+// (serverOK) into the phase's.
+func (pl *phaseLine) add(l regionLine, serverOK int) {
+	pl.ClientOK += l.OK
+	pl.Lost += l.Lost
+	pl.ServerOK += serverOK
+	pl.MayHaveRun += l.Cut + l.Rejected[strconv.Itoa(http.StatusBadGateway)]
+	pl.Unanswered, pl.Unmatched = max(0, pl.ServerOK-pl.ClientOK), max(0, pl.ClientOK-pl.ServerOK)
+	pl.Duplicated = max(0, pl.Unanswered-pl.MayHaveRun)
 }
 
 // restoreLink brings the link a-victim back up two thirds into the load
@@ -695,6 +707,9 @@ func (o *regionsOpts) restoreLink(ctx context.Context, r *regionLab, start time.
 		if err == nil && ok {
 			if first {
 				pl.PeersAtRestore = &peers
+			}
+			if peers >= 2 && first {
+				return nil // a never lost the victim
 			}
 			if peers >= 2 {
 				ms := int(time.Since(at).Milliseconds())

@@ -49,6 +49,23 @@ func TestRegionsSummarize(t *testing.T) {
 	}
 }
 
+// TestRegionsPhaseCounts: completions the servers counted beyond the
+// clients' answers are duplicates only beyond the clients' cut streams
+// and 502s (answers a link lost); a 429 accounts for none.
+func TestRegionsPhaseCounts(t *testing.T) {
+	var pl phaseLine
+	pl.add(regionLine{OK: 10, Cut: 1, Rejected: map[string]int{"502": 2, "429": 5}}, 14)
+	pl.add(regionLine{OK: 3, Lost: 1}, 3)
+	if pl.ClientOK != 13 || pl.ServerOK != 17 || pl.Unanswered != 4 || pl.MayHaveRun != 3 || pl.Duplicated != 1 || pl.Lost != 1 || pl.Unmatched != 0 {
+		t.Errorf("%+v; want 4 unanswered, 3 of them may have run, 1 duplicated, 1 lost", pl)
+	}
+	var un phaseLine
+	un.add(regionLine{OK: 5, Cut: 2}, 4)
+	if un.Unmatched != 1 || un.Duplicated != 0 || un.Unanswered != 0 {
+		t.Errorf("%+v; want 1 unmatched", un)
+	}
+}
+
 // TestRegionsRecovery: the first request sent after the restore that
 // the region served, not one sent before it or served elsewhere.
 func TestRegionsRecovery(t *testing.T) {
