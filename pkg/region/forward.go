@@ -156,6 +156,7 @@ func (f *Forwarder) Forward(ctx context.Context, w http.ResponseWriter, body []b
 				return out // the client went away
 			}
 			if sent && !peerClosed(err) {
+				w.Header().Set(HeaderServed, c.Region) // where it may have run
 				writeJSONError(w, http.StatusBadGateway, "The region "+c.Region+" was sent this request and failed before answering; it was not retried elsewhere (it may have run there).")
 				out.Region, out.Status, out.Err = c.Region, http.StatusBadGateway, fmt.Errorf("region %s: no answer to the request sent: %w", c.Region, err)
 				return out

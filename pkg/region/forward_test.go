@@ -140,7 +140,7 @@ func TestForwardPassesOverDeadPooledConnection(t *testing.T) {
 	if out.Region != "a" || out.Status != http.StatusBadGateway || out.Err == nil || ctx.Err() != nil || len(out.Tried) != 0 {
 		t.Fatalf("sent over the cut: served by %q status %d (tried %v, err %v, ctx %v), want a's clear failure", out.Region, out.Status, out.Tried, out.Err, ctx.Err())
 	}
-	if n, _ := hits.Load("b"); w.Code != http.StatusBadGateway || !strings.Contains(w.Body.String(), "may have run there") || n.(*atomic.Int32).Load() != 0 {
+	if n, _ := hits.Load("b"); w.Code != http.StatusBadGateway || !strings.Contains(w.Body.String(), "may have run there") || w.Header().Get(HeaderServed) != "a" || n.(*atomic.Int32).Load() != 0 {
 		t.Fatalf("sent over the cut: %d %q, b served %d; want a 502 saying so, b never asked", w.Code, w.Body.String(), n.(*atomic.Int32).Load())
 	}
 	w = httptest.NewRecorder()
