@@ -30,7 +30,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/pdserve/pdserve/internal/cliflags"
 	"github.com/pdserve/pdserve/internal/netlab"
+	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/frontend"
 	"github.com/pdserve/pdserve/pkg/region"
 )
@@ -38,11 +40,13 @@ import (
 // The regions command measures a federation of three regions on real
 // links: each region a network namespace with its own standalone
 // coordinator process (sim workers), the regions joined by veth links
-// shaped with netem to the round trips given, and each region's load
-// sent from its own namespace to its own coordinator with a TTFT budget.
-// Every phase runs twice on fresh processes: federated (--region flags,
-// gateways and forwarding over mutual TLS) and not (the same
-// coordinators without them).
+// whose round trips delay proxies make, and each region's load sent from
+// its own namespace to its own coordinator with a TTFT budget. In the
+// kill-pool phase the victim region's pool is two worker processes of
+// their own beside a coordinator that is not standalone, so that the
+// pool dies and the coordinator lives. Every phase runs twice on fresh
+// processes: federated (--region flags, gateways and forwarding over
+// mutual TLS) and not (the same coordinators without them).
 
 // regionNames are the regions, in the order of --rates and of the link
 // pairs of --rtts: a-b, a-c, b-c.
@@ -56,6 +60,9 @@ const (
 	regionHTTPPort    = "8080"
 	regionGatewayPort = "7222"
 	regionPeerPort    = "8443"
+	// regionNATSPort is the embedded NATS server's port of a coordinator
+	// whose workers are processes of their own (on its loopback).
+	regionNATSPort = "4222"
 	// regionsChildEnv, when set, makes this binary a load client: the
 	// value is its JSON clientConfig.
 	regionsChildEnv = "PDSERVE_REGIONS_CLIENT"
@@ -65,7 +72,7 @@ const (
 )
 
 type regionsOpts struct {
-	coordinator string
+	bin         string          // holds coordinator, prefill-worker and decode-worker
 	rtts        []time.Duration // a-b, a-c, b-c
 	rates       []float64       // per region
 	budgetMs    float64
@@ -75,7 +82,7 @@ type regionsOpts struct {
 	engineFlags []string
 	phases      []string
 	modes       []string
-	victim      int // region killed or cut off (from a) in the fault phases
+	victim      int // region killed, or cut off from a, in the fault phases
 	timeout     time.Duration
 	seed        uint64
 	tmp         string
@@ -84,24 +91,28 @@ type regionsOpts struct {
 }
 
 // regionsPhases are the phases: the fault each injects a third into the
-// load.
-var regionsPhases = []string{"steady", "kill-coordinator", "cut-link"}
+// load (restore-link: and undoes two thirds into it).
+var regionsPhases = []string{"steady", "kill-coordinator", "kill-pool", "cut-link", "restore-link"}
+
+// regionsWorkers are the binaries of the victim's pool in the kill-pool
+// phase, by worker id.
+var regionsWorkers = [][2]string{{"prefill-0", "prefill-worker"}, {"decode-0", "decode-worker"}}
 
 func cmdRegions(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("regions", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var o regionsOpts
-	fs.StringVar(&o.coordinator, "coordinator", "", "coordinator binary (empty: built from ./cmd/coordinator into a temporary directory)")
+	fs.StringVar(&o.bin, "bin", "", "directory of the coordinator, prefill-worker and decode-worker binaries (empty: built from ./cmd into a temporary directory)")
 	rtts := fs.String("rtts", "20ms,90ms,180ms", "round trips of the links a-b, a-c and b-c (netem delay of half each way)")
 	rates := fs.String("rates", "12,2,2", "requests per second sent from regions a, b and c to their own coordinator (Poisson)")
 	fs.Float64Var(&o.budgetMs, "ttft-budget-ms", 600, "TTFT budget of every request (header "+frontend.HeaderTTFTBudget+")")
 	fs.DurationVar(&o.phaseDur, "duration", 20*time.Second, "load of each phase")
 	fs.IntVar(&o.promptWords, "prompt-words", 300, "random words of each prompt, about 7 tokens each (so that no prefix is cached)")
 	fs.IntVar(&o.maxTokens, "max-tokens", 16, "output tokens of each request")
-	eflags := fs.String("engine-flags", "--engine sim --profile h100/llama-3-8b/tp1", "engine flags of every coordinator (standalone, one prefill and one decode worker)")
+	eflags := fs.String("engine-flags", "--engine sim --profile h100/llama-3-8b/tp1", "engine flags of every region's one prefill and one decode worker (standalone in its coordinator, or in kill-pool the victim's worker processes)")
 	phases := fs.String("phases", strings.Join(regionsPhases, ","), "phases, comma separated: "+strings.Join(regionsPhases, ", "))
 	modes := fs.String("modes", "federated,alone", "runs of each phase: federated (--region flags), alone (none)")
-	victim := fs.String("victim", "b", "kill-coordinator: the region whose coordinator is killed; cut-link: the region whose link to a is cut")
+	victim := fs.String("victim", "b", "kill-coordinator, kill-pool: the region whose coordinator or pool (both its workers) is killed; cut-link, restore-link: the region whose link to a is cut (and restored)")
 	fs.DurationVar(&o.timeout, "request-timeout", 30*time.Second, "a request without an answer by then is lost")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of arrivals and prompts")
 	if err := fs.Parse(args); err != nil {
@@ -157,11 +168,16 @@ func cmdRegions(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	defer os.RemoveAll(o.tmp)
-	if o.coordinator == "" {
-		o.coordinator = filepath.Join(o.tmp, "coordinator")
-		b := exec.CommandContext(ctx, "go", "build", "-o", o.coordinator, "./cmd/coordinator")
+	if o.bin == "" {
+		o.bin = o.tmp
+		b := exec.CommandContext(ctx, "go", "build", "-o", o.bin+string(filepath.Separator), "./cmd/coordinator", "./cmd/prefill-worker", "./cmd/decode-worker")
 		if out, err := b.CombinedOutput(); err != nil {
-			return fmt.Errorf("regions: build the coordinator (run from the repository root, or give --coordinator): %v: %s", err, out)
+			return fmt.Errorf("regions: build the binaries (run from the repository root, or give --bin): %v: %s", err, out)
+		}
+	}
+	for _, b := range []string{"coordinator", "prefill-worker", "decode-worker"} {
+		if _, err := os.Stat(filepath.Join(o.bin, b)); err != nil {
+			return fmt.Errorf("%w: --bin: %v", errUsage, err)
 		}
 	}
 	if err := writeRegionCerts(o.tmp); err != nil {
@@ -225,6 +241,12 @@ type regionLine struct {
 	Lost     int            `json:"lost"`
 	// FirstError is the first failed request's error, as its client saw it.
 	FirstError string `json:"first_error,omitempty"`
+	// ServedAfterFault counts the completed requests sent after the
+	// phase's fault by the region that served them (as ServedBy), and
+	// FailedAfterFault those sent after it that did not complete; both
+	// absent in a phase without a fault.
+	ServedAfterFault map[string]int `json:"served_after_fault,omitempty"`
+	FailedAfterFault int            `json:"failed_after_fault,omitempty"`
 }
 
 // phaseLine is the phase's count of completions at the servers against
@@ -237,16 +259,30 @@ type phaseLine struct {
 	// coordinator's read just before the kill).
 	ClientOK int `json:"client_ok"`
 	ServerOK int `json:"server_ok"`
-	// Duplicated is ServerOK − ClientOK when positive: completions no
-	// client received as its answer (a request served twice, or served
-	// while its answer was cut off on the way: the clients' cut and lost
-	// say which). Unmatched is ClientOK − ServerOK when positive (a
-	// killed coordinator completing after its read).
+	// Unanswered is ServerOK − ClientOK when positive: completions no
+	// client received as its answer. MayHaveRun is the clients' clear
+	// failures of requests that may have run (cut streams, 502s: a
+	// forward whose answer a link lost), and Duplicated what Unanswered
+	// exceeds them by: completions beyond every answer and every such
+	// failure, requests served twice. Unmatched is ClientOK − ServerOK
+	// when positive (a killed coordinator completing after its read).
+	Unanswered int    `json:"unanswered"`
+	MayHaveRun int    `json:"may_have_run"`
 	Duplicated int    `json:"duplicated"`
 	Unmatched  int    `json:"unmatched"`
 	Lost       int    `json:"lost"`
 	FaultAtMs  int    `json:"fault_at_ms,omitempty"`
 	Fault      string `json:"fault,omitempty"`
+	// RestoredAtMs (restore-link) is when the link came back up, from
+	// the load's start. RecoveryMs (federated) is how long after that
+	// none was); PeersAtRestore is a's count of peers then
+	// (pdserve_region_peers) and, when it was under 2, PeerBackMs how
+	// long after the restore a counted both again (read every 100 ms;
+	// null: not before the load ended).
+	RestoredAtMs   int      `json:"restored_at_ms,omitempty"`
+	RecoveryMs     *int     `json:"recovery_ms,omitempty"`
+	PeerBackMs     *int     `json:"peer_back_ms,omitempty"`
+	PeersAtRestore *float64 `json:"peers_at_restore,omitempty"`
 }
 
 // regionLab is the three regions' namespaces and links.
@@ -276,13 +312,16 @@ func (r *regionLab) peerAddr(i, j int) string {
 }
 
 // route makes j's connections to i's region address go to i's end of
-// their link (DNAT in j), where i's delay proxy listens.
-func (r *regionLab) route(ctx context.Context, i, j int) error {
+// their link (DNAT in j), where i's delay proxy listens. Without dnat it
+// only puts the route back (a link set down loses the routes through it;
+// the DNAT rule stays).
+func (r *regionLab) route(ctx context.Context, i, j int, dnat bool) error {
 	// The route first: a local packet needs one before OUTPUT's DNAT.
-	for _, c := range [][]string{
-		{"ip", "route", "replace", regionIP(i) + "/32", "via", r.peerAddr(i, j)},
-		{"iptables", "-t", "nat", "-A", "OUTPUT", "-d", regionIP(i) + "/32", "-j", "DNAT", "--to-destination", r.peerAddr(i, j)},
-	} {
+	cmds := [][]string{{"ip", "route", "replace", regionIP(i) + "/32", "via", r.peerAddr(i, j)}}
+	if dnat {
+		cmds = append(cmds, []string{"iptables", "-t", "nat", "-A", "OUTPUT", "-d", regionIP(i) + "/32", "-j", "DNAT", "--to-destination", r.peerAddr(i, j)})
+	}
+	for _, c := range cmds {
 		if out, err := r.ns[j].Command(ctx, c[0], c[1:]...).CombinedOutput(); err != nil {
 			return fmt.Errorf("route %s→%s: %s: %v: %s", regionNames[j], regionNames[i], strings.Join(c, " "), err, out)
 		}
@@ -316,7 +355,7 @@ func (o *regionsOpts) newLab(ctx context.Context, logf *os.File) (*regionLab, er
 	for k, p := range [][2]int{{0, 1}, {0, 2}, {1, 2}} {
 		for _, e := range [][2]int{p, {p[1], p[0]}} {
 			i, j := e[0], e[1]
-			if err := r.route(ctx, i, j); err != nil {
+			if err := r.route(ctx, i, j, true); err != nil {
 				return r, err
 			}
 			// i's delay proxy for j: j's connections to i's gateway and
@@ -339,10 +378,19 @@ func (o *regionsOpts) newLab(ctx context.Context, logf *os.File) (*regionLab, er
 	return r, nil
 }
 
-func (o *regionsOpts) coordArgs(i int, federated bool) []string {
-	args := []string{"--standalone", "--prefill-workers", "1", "--decode-workers", "1",
-		"--http-addr", "127.0.0.1:" + regionHTTPPort, "--log-level", "warn"}
-	args = append(args, o.engineFlags...)
+// coordArgs are region i's coordinator's flags: standalone with one
+// prefill and one decode worker, or (split) serving the workers started
+// apart, through its embedded NATS server on the region's loopback.
+func (o *regionsOpts) coordArgs(i int, federated, split bool) []string {
+	args := []string{"--http-addr", "127.0.0.1:" + regionHTTPPort, "--log-level", "warn"}
+	if split {
+		args = append(args, "--nats-listen", "127.0.0.1:"+regionNATSPort, "--nats-auth-file", filepath.Join(o.tmp, "users.yaml"),
+			"--worker-networks", "127.0.0.0/8")
+		args = append(args, cliflags.Without(o.engineFlags, coordinator.WorkerOnlyFlags)...)
+	} else {
+		args = append(args, "--standalone", "--prefill-workers", "1", "--decode-workers", "1")
+		args = append(args, o.engineFlags...)
+	}
 	if !federated {
 		return args
 	}
@@ -364,6 +412,66 @@ func (o *regionsOpts) coordArgs(i int, federated bool) []string {
 func (r *regionLab) curl(ctx context.Context, i int, url string) (string, error) {
 	out, err := r.ns[i].Command(ctx, "curl", "-sf", "--max-time", "2", url).Output()
 	return string(out), err
+}
+
+// startPool writes the NATS users of region i's workers and starts them
+// (regionsWorkers) in its namespace, once its coordinator's embedded NATS
+// server listens; it returns their commands and exit channels.
+func (o *regionsOpts) startPool(ctx context.Context, r *regionLab, i int, logf *os.File) ([]*exec.Cmd, []chan struct{}, error) {
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if _, err := r.curl(ctx, i, "http://127.0.0.1:"+regionHTTPPort+"/healthz"); err == nil {
+			break
+		}
+		select {
+		case <-r.exits[i]:
+			return nil, nil, fmt.Errorf("coordinator %s exited at start (log: %s)", regionNames[i], tail(logf.Name()))
+		default:
+		}
+		if time.Now().After(deadline) {
+			return nil, nil, fmt.Errorf("coordinator %s not healthy within 60 s (log: %s)", regionNames[i], tail(logf.Name()))
+		}
+		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
+			return nil, nil, err
+		}
+	}
+	var cmds []*exec.Cmd
+	var exits []chan struct{}
+	for k, w := range regionsWorkers {
+		id, bin := w[0], w[1]
+		user := strings.TrimSuffix(bin, "-worker")
+		args := []string{"--id", id, "--nats-url", "nats://127.0.0.1:" + regionNATSPort, "--nats-user", user,
+			"--nats-password-file", filepath.Join(o.tmp, user+".pw"), "--nats-reconnect-wait", "250ms",
+			"--grpc-addr", "127.0.0.1:" + strconv.Itoa(9100+k), "--metrics-addr=", "--log-level", "warn"}
+		cmd := r.ns[i].Command(ctx, filepath.Join(o.bin, bin), append(args, o.engineFlags...)...)
+		cmd.Stdout, cmd.Stderr = logf, logf
+		if err := r.lab.Start(cmd); err != nil {
+			return nil, nil, err
+		}
+		ch := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(ch) }()
+		cmds, exits = append(cmds, cmd), append(exits, ch)
+	}
+	return cmds, exits, nil
+}
+
+// writeRegionUsers writes the NATS users of a split region's workers
+// (users.yaml, the coordinator's --nats-auth-file) and their passwords
+// (ROLE.pw) into dir.
+func writeRegionUsers(dir string) error {
+	var users strings.Builder
+	users.WriteString("users:\n")
+	for _, w := range regionsWorkers {
+		role := strings.TrimSuffix(w[1], "-worker")
+		var b [16]byte
+		_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+		pw := fmt.Sprintf("%x", b)
+		if err := os.WriteFile(filepath.Join(dir, role+".pw"), []byte(pw), 0o600); err != nil {
+			return err
+		}
+		fmt.Fprintf(&users, "  - {user: %s, password: %s, role: %s}\n", role, pw, role)
+	}
+	return os.WriteFile(filepath.Join(dir, "users.yaml"), []byte(users.String()), 0o600)
 }
 
 // metric sums the samples of name whose line contains every label of want.
@@ -405,8 +513,14 @@ func (o *regionsOpts) runPhase(ctx context.Context, phase string, federated bool
 	if err != nil {
 		return nil, err
 	}
+	split := phase == "kill-pool" // the victim's pool apart from its coordinator
+	if split {
+		if err := writeRegionUsers(o.tmp); err != nil {
+			return nil, err
+		}
+	}
 	for i := range regionNames {
-		cmd := r.ns[i].Command(ctx, o.coordinator, o.coordArgs(i, federated)...)
+		cmd := r.ns[i].Command(ctx, filepath.Join(o.bin, "coordinator"), o.coordArgs(i, federated, split && i == o.victim)...)
 		cmd.Stdout, cmd.Stderr = logf, logf
 		if err := r.lab.Start(cmd); err != nil {
 			return nil, err
@@ -414,6 +528,13 @@ func (o *regionsOpts) runPhase(ctx context.Context, phase string, federated bool
 		ch := make(chan struct{})
 		go func() { _ = cmd.Wait(); close(ch) }()
 		r.procs, r.exits = append(r.procs, cmd), append(r.exits, ch)
+	}
+	var pool []*exec.Cmd
+	var poolExits []chan struct{}
+	if split {
+		if pool, poolExits, err = o.startPool(ctx, r, o.victim, logf); err != nil {
+			return nil, err
+		}
 	}
 	// Ready: every coordinator serves, and hears from both peers.
 	deadline := time.Now().Add(60 * time.Second)
@@ -430,6 +551,13 @@ func (o *regionsOpts) runPhase(ctx context.Context, phase string, federated bool
 				return nil, fmt.Errorf("coordinator %s exited at start (log: %s)", regionNames[i], tail(logf.Name()))
 			default:
 			}
+			for k, ch := range poolExits {
+				select {
+				case <-ch:
+					return nil, fmt.Errorf("worker %s of %s exited at start (log: %s)", regionsWorkers[k][0], regionNames[i], tail(logf.Name()))
+				default:
+				}
+			}
 			if time.Now().After(deadline) {
 				return nil, fmt.Errorf("coordinator %s not ready (peers %v) within 60 s (log: %s)", regionNames[i], peers, tail(logf.Name()))
 			}
@@ -437,6 +565,16 @@ func (o *regionsOpts) runPhase(ctx context.Context, phase string, federated bool
 				return nil, err
 			}
 		}
+	}
+	// The model, asked here: a client started late (a loaded machine)
+	// must not find its coordinator already killed.
+	models, err := r.curl(ctx, 0, "http://127.0.0.1:"+regionHTTPPort+"/v1/models")
+	if err != nil {
+		return nil, fmt.Errorf("models of a: %w", err)
+	}
+	model, err := firstModel(models)
+	if err != nil {
+		return nil, err
 	}
 	fmt.Fprintf(o.stderr, "regions: %s, %s: ready, load for %v\n", phase, mode, o.phaseDur)
 	start := time.Now().Add(time.Second)
@@ -447,7 +585,7 @@ func (o *regionsOpts) runPhase(ctx context.Context, phase string, federated bool
 	results := make([]result, len(regionNames))
 	var wg sync.WaitGroup
 	for i := range regionNames {
-		cfg := clientConfig{URL: "http://127.0.0.1:" + regionHTTPPort, Rate: o.rates[i], StartUnixMs: start.UnixMilli(),
+		cfg := clientConfig{URL: "http://127.0.0.1:" + regionHTTPPort, Model: model, Rate: o.rates[i], StartUnixMs: start.UnixMilli(),
 			DurationMs: o.phaseDur.Milliseconds(), BudgetMs: o.budgetMs, PromptWords: o.promptWords, MaxTokens: o.maxTokens,
 			TimeoutMs: o.timeout.Milliseconds(), Seed: o.seed + uint64(i)}
 		b, _ := json.Marshal(cfg)
@@ -483,7 +621,13 @@ func (o *regionsOpts) runPhase(ctx context.Context, phase string, federated bool
 			_ = r.procs[o.victim].Process.Signal(syscall.SIGKILL)
 			<-r.exits[o.victim]
 			pl.Fault = "killed coordinator " + regionNames[o.victim]
-		case "cut-link":
+		case "kill-pool":
+			for k, p := range pool {
+				_ = p.Process.Signal(syscall.SIGKILL)
+				<-poolExits[k]
+			}
+			pl.Fault = "killed pool " + regionNames[o.victim] + " (its prefill and decode worker processes)"
+		case "cut-link", "restore-link":
 			pl.Fault = "cut link a-" + regionNames[o.victim]
 			if err := r.link(0, o.victim).SetUp(ctx, false); err != nil {
 				faultErr <- err
@@ -492,6 +636,10 @@ func (o *regionsOpts) runPhase(ctx context.Context, phase string, federated bool
 		}
 		if pl.Fault != "" {
 			pl.FaultAtMs = int(time.Since(start).Milliseconds())
+		}
+		if phase == "restore-link" {
+			faultErr <- o.restoreLink(ctx, r, start, &pl, federated)
+			return
 		}
 		faultErr <- nil
 	}()
@@ -508,17 +656,86 @@ func (o *regionsOpts) runPhase(ctx context.Context, phase string, federated bool
 	var lines []any
 	for i, n := range regionNames {
 		if results[i].err != nil {
-			return nil, fmt.Errorf("client of %s: %w", n, results[i].err)
+			return nil, fmt.Errorf("client of %s: %w (log: %s)", n, results[i].err, tail(logf.Name()))
 		}
-		l := summarize(results[i].recs, o.budgetMs)
+		l := summarize(results[i].recs, o.budgetMs, pl.FaultAtMs)
 		l.Phase, l.Mode, l.Origin = phase, mode, n
+		if phase == "restore-link" && federated && i == 0 {
+			pl.RecoveryMs = recovery(results[i].recs, regionNames[o.victim], pl.RestoredAtMs)
+		}
 		lines = append(lines, l)
-		pl.ClientOK += l.OK
-		pl.Lost += l.Lost
-		pl.ServerOK += int(serverOK[i])
+		pl.add(l, int(serverOK[i]))
 	}
-	pl.Duplicated, pl.Unmatched = max(0, pl.ServerOK-pl.ClientOK), max(0, pl.ClientOK-pl.ServerOK)
 	return append(lines, pl), nil
+}
+
+// add counts a region's line and its coordinator's completions
+// (serverOK) into the phase's.
+func (pl *phaseLine) add(l regionLine, serverOK int) {
+	pl.ClientOK += l.OK
+	pl.Lost += l.Lost
+	pl.ServerOK += serverOK
+	pl.MayHaveRun += l.Cut + l.Rejected[strconv.Itoa(http.StatusBadGateway)]
+	pl.Unanswered, pl.Unmatched = max(0, pl.ServerOK-pl.ClientOK), max(0, pl.ClientOK-pl.ServerOK)
+	pl.Duplicated = max(0, pl.Unanswered-pl.MayHaveRun)
+}
+
+// restoreLink brings the link a-victim back up two thirds into the load
+// (pl.RestoredAtMs) and, federated, reads a's peers every 100 ms until
+// it counts both again or the load ends (pl.PeersAtRestore, PeerBackMs).
+func (o *regionsOpts) restoreLink(ctx context.Context, r *regionLab, start time.Time, pl *phaseLine, federated bool) error {
+	if err := sleepCtx(ctx, time.Until(start.Add(2*o.phaseDur/3))); err != nil {
+		return err
+	}
+	if err := r.link(0, o.victim).SetUp(ctx, true); err != nil {
+		return err
+	}
+	for _, e := range [][2]int{{0, o.victim}, {o.victim, 0}} {
+		if err := r.route(ctx, e[0], e[1], false); err != nil {
+			return err
+		}
+	}
+	at := time.Now()
+	pl.RestoredAtMs = int(at.Sub(start).Milliseconds())
+	pl.Fault += ", restored"
+	if !federated {
+		return nil
+	}
+	for first := true; time.Now().Before(start.Add(o.phaseDur)); first = false {
+		m, err := r.curl(ctx, 0, "http://127.0.0.1:"+regionHTTPPort+"/metrics")
+		peers, ok := metric(m, "pdserve_region_peers")
+		if err == nil && ok {
+			if first {
+				pl.PeersAtRestore = &peers
+			}
+			if peers >= 2 && first {
+				return nil // a never lost the victim
+			}
+			if peers >= 2 {
+				ms := int(time.Since(at).Milliseconds())
+				pl.PeerBackMs = &ms
+				return nil
+			}
+		}
+		if err := sleepCtx(ctx, 100*time.Millisecond); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// recovery returns how long after restoredAtMs the first of recs that
+// region served was sent, nil when none was.
+func recovery(recs []clientRecord, region string, restoredAtMs int) *int {
+	var out *int
+	for _, c := range recs {
+		if c.Outcome == "ok" && c.Served == region && c.SentMs >= int64(restoredAtMs) {
+			if d := int(c.SentMs) - restoredAtMs; out == nil || d < *out {
+				out = &d
+			}
+		}
+	}
+	return out
 }
 
 func tail(path string) string {
@@ -543,14 +760,23 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// summarize computes a region's line from its client's records.
-func summarize(recs []clientRecord, budgetMs float64) regionLine {
+// summarize computes a region's line from its client's records;
+// faultAtMs is when the phase's fault struck from the load's start (0:
+// none).
+func summarize(recs []clientRecord, budgetMs float64, faultAtMs int) regionLine {
 	l := regionLine{Sent: len(recs), ServedBy: map[string]int{}, Rejected: map[string]int{}}
+	if faultAtMs > 0 {
+		l.ServedAfterFault = map[string]int{}
+	}
 	var ttfts []float64
 	within := 0
 	for _, r := range recs {
 		if r.Outcome != "ok" && l.FirstError == "" {
 			l.FirstError = r.Err
+		}
+		after := faultAtMs > 0 && r.SentMs >= int64(faultAtMs)
+		if after && r.Outcome != "ok" {
+			l.FailedAfterFault++
 		}
 		switch r.Outcome {
 		case "ok":
@@ -564,6 +790,9 @@ func summarize(recs []clientRecord, budgetMs float64) regionLine {
 				s = "origin"
 			}
 			l.ServedBy[s]++
+			if after {
+				l.ServedAfterFault[s]++
+			}
 		case "rejected":
 			l.Rejected[strconv.Itoa(r.Status)]++
 		case "cut":
@@ -594,6 +823,7 @@ func quantile(xs []float64, q float64) float64 {
 // clientConfig is a load client's task.
 type clientConfig struct {
 	URL         string  `json:"url"`
+	Model       string  `json:"model"`
 	Rate        float64 `json:"rate"`
 	StartUnixMs int64   `json:"start_unix_ms"`
 	DurationMs  int64   `json:"duration_ms"`
@@ -607,6 +837,7 @@ type clientConfig struct {
 // clientRecord is one request as its client saw it.
 type clientRecord struct {
 	Outcome string  `json:"outcome"` // ok, rejected, cut, conn_err, lost
+	SentMs  int64   `json:"sent_ms"` // when it was sent, from the load's start
 	Status  int     `json:"status,omitempty"`
 	TTFTMs  float64 `json:"ttft_ms,omitempty"`
 	Served  string  `json:"served,omitempty"`
@@ -656,23 +887,19 @@ func regionsChild() {
 }
 
 // runClient sends Poisson arrivals at c.Rate for c.DurationMs from
-// c.StartUnixMs, each a streamed completion, and writes one JSON record
-// per request when all have ended.
+// c.StartUnixMs (the same arrivals for the same seed, however late this
+// process started), each a streamed completion, and writes one JSON
+// record per request when all have ended.
 func runClient(ctx context.Context, c clientConfig, w io.Writer) error {
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
-	model, err := firstModel(ctx, hc, c.URL)
-	if err != nil {
-		return err
-	}
 	rng := mrand.New(mrand.NewPCG(c.Seed, 0x5eed))
-	if err := sleepCtx(ctx, time.Until(time.UnixMilli(c.StartUnixMs))); err != nil {
-		return err
-	}
-	end := time.UnixMilli(c.StartUnixMs + c.DurationMs)
+	// The arrivals are times from the start, the same whenever this
+	// process got to run: one started late sends the ones past at once.
+	next := time.UnixMilli(c.StartUnixMs)
+	end := next.Add(time.Duration(c.DurationMs) * time.Millisecond)
 	var mu sync.Mutex
 	var recs []clientRecord
 	var wg sync.WaitGroup
-	next := time.Now()
 	for {
 		next = next.Add(time.Duration(rng.ExpFloat64() / c.Rate * float64(time.Second)))
 		if next.After(end) {
@@ -685,9 +912,11 @@ func runClient(ctx context.Context, c clientConfig, w io.Writer) error {
 		for range c.PromptWords {
 			fmt.Fprintf(&sb, "w%d ", rng.IntN(100000))
 		}
-		body, _ := json.Marshal(map[string]any{"model": model, "prompt": sb.String(), "max_tokens": c.MaxTokens, "stream": true, "temperature": 0})
+		body, _ := json.Marshal(map[string]any{"model": c.Model, "prompt": sb.String(), "max_tokens": c.MaxTokens, "stream": true, "temperature": 0})
+		sent := time.Since(time.UnixMilli(c.StartUnixMs)).Milliseconds()
 		wg.Go(func() {
 			rec := oneRequest(ctx, hc, c, body)
+			rec.SentMs = sent
 			mu.Lock()
 			recs = append(recs, rec)
 			mu.Unlock()
@@ -703,20 +932,15 @@ func runClient(ctx context.Context, c clientConfig, w io.Writer) error {
 	return nil
 }
 
-func firstModel(ctx context.Context, hc *http.Client, url string) (string, error) {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/v1/models", nil)
-	resp, err := hc.Do(req)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
+// firstModel returns the first model of a /v1/models answer.
+func firstModel(models string) (string, error) {
 	var v struct {
 		Data []struct {
 			ID string `json:"id"`
 		} `json:"data"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil || len(v.Data) == 0 {
-		return "", fmt.Errorf("%s/v1/models: no model (%v)", url, err)
+	if err := json.Unmarshal([]byte(models), &v); err != nil || len(v.Data) == 0 {
+		return "", fmt.Errorf("/v1/models: no model (%v): %q", err, models)
 	}
 	return v.Data[0].ID, nil
 }

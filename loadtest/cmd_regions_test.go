@@ -16,18 +16,19 @@ import (
 	"github.com/pdserve/pdserve/internal/netlab"
 )
 
-// TestRegionsSummarize: each outcome lands in its own count, and only
-// completed requests within the budget count as within it.
+// TestRegionsSummarize: each outcome lands in its own count, only
+// completed requests within the budget count as within it, and only
+// those sent at or after the fault in its split.
 func TestRegionsSummarize(t *testing.T) {
 	recs := []clientRecord{
-		{Outcome: "ok", TTFTMs: 100},
-		{Outcome: "ok", TTFTMs: 400, Served: "b"},
-		{Outcome: "rejected", Status: 429, Err: "busy"},
-		{Outcome: "cut"},
-		{Outcome: "conn_err"},
-		{Outcome: "lost"},
+		{Outcome: "ok", TTFTMs: 100, SentMs: 10},
+		{Outcome: "ok", TTFTMs: 400, Served: "b", SentMs: 1000},
+		{Outcome: "rejected", Status: 429, Err: "busy", SentMs: 20},
+		{Outcome: "cut", SentMs: 999},
+		{Outcome: "conn_err", SentMs: 1001},
+		{Outcome: "lost", SentMs: 1500},
 	}
-	l := summarize(recs, 300)
+	l := summarize(recs, 300, 1000)
 	if l.Sent != 6 || l.OK != 2 || l.Rejected["429"] != 1 || l.Cut != 1 || l.ConnErr != 1 || l.Lost != 1 {
 		t.Errorf("counts %+v", l)
 	}
@@ -39,6 +40,47 @@ func TestRegionsSummarize(t *testing.T) {
 	}
 	if l.P50TTFTMs != 100 || l.P95TTFTMs != 400 || l.FirstError != "busy" {
 		t.Errorf("p50 %v p95 %v first error %q", l.P50TTFTMs, l.P95TTFTMs, l.FirstError)
+	}
+	if len(l.ServedAfterFault) != 1 || l.ServedAfterFault["b"] != 1 || l.FailedAfterFault != 2 {
+		t.Errorf("after the fault: served %v, failed %d; want b 1, failed 2", l.ServedAfterFault, l.FailedAfterFault)
+	}
+	if l := summarize(recs, 300, 0); l.ServedAfterFault != nil || l.FailedAfterFault != 0 {
+		t.Errorf("no fault: after it %v %d; want none", l.ServedAfterFault, l.FailedAfterFault)
+	}
+}
+
+// TestRegionsPhaseCounts: completions the servers counted beyond the
+// clients' answers are duplicates only beyond the clients' cut streams
+// and 502s (answers a link lost); a 429 accounts for none.
+func TestRegionsPhaseCounts(t *testing.T) {
+	var pl phaseLine
+	pl.add(regionLine{OK: 10, Cut: 1, Rejected: map[string]int{"502": 2, "429": 5}}, 14)
+	pl.add(regionLine{OK: 3, Lost: 1}, 3)
+	if pl.ClientOK != 13 || pl.ServerOK != 17 || pl.Unanswered != 4 || pl.MayHaveRun != 3 || pl.Duplicated != 1 || pl.Lost != 1 || pl.Unmatched != 0 {
+		t.Errorf("%+v; want 4 unanswered, 3 of them may have run, 1 duplicated, 1 lost", pl)
+	}
+	var un phaseLine
+	un.add(regionLine{OK: 5, Cut: 2}, 4)
+	if un.Unmatched != 1 || un.Duplicated != 0 || un.Unanswered != 0 {
+		t.Errorf("%+v; want 1 unmatched", un)
+	}
+}
+
+// TestRegionsRecovery: the first request sent after the restore that
+// the region served, not one sent before it or served elsewhere.
+func TestRegionsRecovery(t *testing.T) {
+	recs := []clientRecord{
+		{Outcome: "ok", Served: "b", SentMs: 900},
+		{Outcome: "ok", Served: "c", SentMs: 1010},
+		{Outcome: "cut", Served: "b", SentMs: 1020},
+		{Outcome: "ok", Served: "b", SentMs: 1300},
+		{Outcome: "ok", Served: "b", SentMs: 1100},
+	}
+	if got := recovery(recs, "b", 1000); got == nil || *got != 100 {
+		t.Errorf("recovery %v, want 100", got)
+	}
+	if got := recovery(recs, "b", 1400); got != nil {
+		t.Errorf("recovery %v after the last, want none", *got)
 	}
 }
 
@@ -66,7 +108,9 @@ pdserve_region_peers 2
 // namespaces, under CI=true where they are allowed: federated, region a
 // (loaded beyond the budget) forwards some of its requests; alone, none;
 // nothing is lost or duplicated, and a killed coordinator's clients get
-// clear errors.
+// clear errors. With b's pool killed, b serves nothing sent after the
+// kill: alone its clients get errors; federated the other regions serve
+// its requests.
 func TestRegionsLab(t *testing.T) {
 	if os.Getenv("CI") != "true" || testing.Short() {
 		t.Skip("starts three coordinators in network namespaces: CI=true only")
@@ -79,13 +123,14 @@ func TestRegionsLab(t *testing.T) {
 		}
 		t.Skipf("network namespaces not allowed here: %v", err)
 	}
-	bin := filepath.Join(t.TempDir(), "coordinator")
-	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin, "../cmd/coordinator").CombinedOutput(); err != nil {
-		t.Fatalf("build coordinator: %v: %s", err, out)
+	bin := t.TempDir()
+	if out, err := exec.CommandContext(ctx, "go", "build", "-o", bin+string(filepath.Separator),
+		"../cmd/coordinator", "../cmd/prefill-worker", "../cmd/decode-worker").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v: %s", err, out)
 	}
 	var stdout, stderr bytes.Buffer
-	err := cmdRegions(ctx, []string{"--coordinator", bin, "--duration", "3s", "--rates", "25,4,4", "--ttft-budget-ms", "150",
-		"--phases", "steady,kill-coordinator", "--rtts", "10ms,20ms,30ms"}, &stdout, &stderr)
+	err := cmdRegions(ctx, []string{"--bin", bin, "--duration", "3s", "--rates", "25,4,4", "--ttft-budget-ms", "150",
+		"--phases", "steady,kill-coordinator,kill-pool", "--rtts", "10ms,20ms,30ms"}, &stdout, &stderr)
 	if err != nil {
 		t.Fatalf("regions: %v\n%s", err, stderr.String())
 	}
@@ -121,9 +166,23 @@ func TestRegionsLab(t *testing.T) {
 		if rl.Phase == "kill-coordinator" && rl.Origin == "b" && rl.ConnErr == 0 {
 			t.Errorf("kill-coordinator %s: b's clients got no connection error after its coordinator died: %+v", rl.Mode, rl)
 		}
+		if rl.Phase == "kill-pool" && rl.Origin == "b" {
+			after := 0
+			for _, n := range rl.ServedAfterFault {
+				after += n
+			}
+			switch {
+			case rl.ServedAfterFault["origin"] != 0:
+				t.Errorf("kill-pool %s: b served %d requests sent after its pool died: %+v", rl.Mode, rl.ServedAfterFault["origin"], rl)
+			case rl.Mode == "alone" && rl.FailedAfterFault == 0:
+				t.Errorf("kill-pool alone: no request of b sent after its pool died failed: %+v", rl)
+			case rl.Mode == "federated" && after == 0:
+				t.Errorf("kill-pool federated: no other region served b's requests sent after its pool died: %+v", rl)
+			}
+		}
 	}
-	if phases != 4 {
-		t.Errorf("%d phase lines, want 4", phases)
+	if phases != 6 {
+		t.Errorf("%d phase lines, want 6", phases)
 	}
 	if forwarded["steady federated"] == 0 || forwarded["steady alone"] != 0 {
 		t.Errorf("a's requests served elsewhere: %v; want some federated, none alone", forwarded)

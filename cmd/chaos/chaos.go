@@ -14,12 +14,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
+	"github.com/pdserve/pdserve/internal/cliflags"
 	"github.com/pdserve/pdserve/internal/netlab"
 	"github.com/pdserve/pdserve/pkg/coordinator"
 )
@@ -690,7 +690,9 @@ func (o *opts) start(ctx context.Context, l load) (*cluster, error) {
 		}
 		coordArgs = append(coordArgs, "--policy", policy)
 	}
-	coordArgs = append(coordArgs, coordinatorFlags(o.engineFlags)...)
+	// The engine flags the coordinator reads outside --standalone (its
+	// tokenizer's): it refuses the workers'.
+	coordArgs = append(coordArgs, cliflags.Without(o.engineFlags, coordinator.WorkerOnlyFlags)...)
 	if err := c.startProc(ctx, "coordinator", "coord", filepath.Join(o.bin, "coordinator"), coordArgs...); err != nil {
 		return c, err
 	}
@@ -821,23 +823,4 @@ func contains(xs []string, x string) bool {
 		}
 	}
 	return false
-}
-
-// coordinatorFlags are the engine flags of --engine-flags that the
-// coordinator reads outside --standalone (--engine, --model, --llama-*:
-// its tokenizer): it refuses the workers' (coordinator.WorkerOnlyFlags).
-// args are "--name value", "--name=value" or a bare boolean "--name".
-func coordinatorFlags(args []string) []string {
-	var out []string
-	for i := 0; i < len(args); i++ {
-		name, _, inline := strings.Cut(strings.TrimLeft(args[i], "-"), "=")
-		if !slices.Contains(coordinator.WorkerOnlyFlags, name) {
-			out = append(out, args[i])
-			continue
-		}
-		if !inline && name != "no-repack" && i+1 < len(args) && !strings.HasPrefix(args[i+1], "-") {
-			i++ // its value
-		}
-	}
-	return out
 }

@@ -10,8 +10,11 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -179,13 +182,19 @@ func retryable(status int) bool {
 }
 
 // Forward sends the request to cands in order until one takes it, and
-// copies that one's response to w. A peer that cannot be reached, or
-// answers with a status that means it did not take the request (429,
-// 502, 503, 504), is passed over before anything is written; once a
-// peer's response started, it is the answer: a failure then ends the
-// response with a clear error (an error event in a stream, a 502 for a
-// whole response not yet written), and the request goes nowhere else.
-// With no peer taking it, Outcome.Region is "" and w is untouched.
+// copies that one's response to w. A peer that cannot be reached (the
+// request was not written to it), or answers with a status that means it
+// did not take the request (429, 502, 503, 504), is passed over before
+// anything is written, and so is a peer that closed the connection after
+// it was sent the request (its process died, or its server closed the
+// connection and with it cancelled the request). A peer that was sent
+// the whole request and went silent before its answer (a link cut under
+// it: the health check's ping went unanswered) may be running it: the
+// request goes nowhere else and fails with a 502 that says so, as it
+// would once a peer's response started, which is the answer: a failure then
+// ends the response with a clear error (an error event in a stream, a
+// 502 for a whole response not yet written). With no peer taking it,
+// Outcome.Region is "" and w is untouched.
 //
 // Each peer gets what is left of the request's TTFT budget when it is
 // tried (Request.Left: the time spent at the origin, a peer that failed
@@ -206,11 +215,17 @@ func (f *Forwarder) Forward(ctx context.Context, w http.ResponseWriter, body []b
 				left = MinForwardBudget
 			}
 		}
-		resp, err := f.send(ctx, c, body, req, left)
+		resp, sent, err := f.send(ctx, c, body, req, left)
 		if err != nil {
 			if ctx.Err() != nil {
 				out.Err = ctx.Err()
 				return out // the client went away
+			}
+			if sent && !peerClosed(err) {
+				w.Header().Set(HeaderServed, c.Region) // where it may have run
+				writeJSONError(w, http.StatusBadGateway, "The region "+c.Region+" was sent this request and failed before answering; it was not retried elsewhere (it may have run there).")
+				out.Region, out.Status, out.Err = c.Region, http.StatusBadGateway, fmt.Errorf("region %s: no answer to the request sent: %w", c.Region, err)
+				return out
 			}
 			out.Tried = append(out.Tried, c.Region+": "+err.Error())
 			continue
@@ -247,11 +262,25 @@ func usageTrailer(t http.Header) int {
 	return int(n)
 }
 
-// send posts the request to c with the TTFT budget left (0: none).
-func (f *Forwarder) send(ctx context.Context, c Candidate, body []byte, req Request, left time.Duration) (*http.Response, error) {
+// peerClosed reports whether err is the peer's end of the connection
+// closing it (EOF, reset), not its silence.
+func peerClosed(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)
+}
+
+// send posts the request to c with the TTFT budget left (0: none); sent
+// reports whether the whole request was written to a connection to c
+// (then c may have it, even when err is not nil).
+func (f *Forwarder) send(ctx context.Context, c Candidate, body []byte, req Request, left time.Duration) (_ *http.Response, sent bool, _ error) {
+	var wrote atomic.Bool
+	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) {
+		if i.Err == nil {
+			wrote.Store(true)
+		}
+	}})
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(c.URL, "/")+req.Path, bytes.NewReader(body))
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	for _, h := range []string{"Content-Type", "Accept", "Traceparent", "Tracestate"} {
 		if v := req.Header.Get(h); v != "" {
@@ -271,7 +300,8 @@ func (f *Forwarder) send(ctx context.Context, c Candidate, body []byte, req Requ
 	if req.Priority != "" {
 		hr.Header.Set("X-PDServe-Priority", req.Priority)
 	}
-	return f.client.Do(hr)
+	resp, err := f.client.Do(hr)
+	return resp, wrote.Load(), err
 }
 
 // hopByHop are the response headers not copied.
