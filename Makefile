@@ -14,6 +14,16 @@ TEST_TIMEOUT ?= 30m
 test: llama sdk
 	$(GO) test -race -timeout $(TEST_TIMEOUT) ./...
 
+# test-llama-variants runs the llama.cpp conformance suite's kernel cases
+# on every other CPU variant of the prebuilt llama.cpp this processor can
+# run (TestConformanceVariants: a test process per variant, the default
+# variant's whole suite being make test's); CI runs it as a step of its
+# own. Without -race: a variant changes the C kernels, not the Go code,
+# which make test runs under -race.
+.PHONY: test-llama-variants
+test-llama-variants: llama
+	PDSERVE_TEST_LLAMA_VARIANTS=1 $(GO) test -count=1 -timeout $(TEST_TIMEOUT) -run '^TestConformanceVariants$$' -v ./pkg/engine/llamacpp/
+
 # build compiles every binary once into bin/ (ignored by git), so that
 # bin/coordinator can stand in for each `go run ./cmd/coordinator`.
 build:

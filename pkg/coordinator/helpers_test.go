@@ -124,13 +124,16 @@ func startCluster(t testing.TB, co clusterOpts) *cluster {
 	o.HeartbeatTTL = 2 * time.Second
 	o.ShutdownTimeout = 10 * time.Second
 	workerOpts := func(wo *workerrun.Options) {
+		wo.Engine.Threads = testEngineThreads
 		wo.HeartbeatInterval = 20 * time.Millisecond
 		wo.DrainTimeout = 5 * time.Second
 		// Small chunks, so that prompts prefill in several chunks.
 		wo.Prefill.ChunkTokens, wo.Prefill.MaxBatchTokens = 16, 64
 		wo.Decode.KVBlocks, wo.Decode.ChunkTokens, wo.Decode.MaxBatchTokens = 1024, 16, 256
 		if co.gated && wo.Role != control.RolePrefill {
-			e, err := enginebuild.Build(enginecfg.DefaultOptions())
+			eo := enginecfg.DefaultOptions()
+			eo.Threads = testEngineThreads
+			e, err := enginebuild.Build(eo)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -395,8 +398,17 @@ type reference struct {
 }
 
 func newReference(t *testing.T) *reference {
-	return newReferenceOf(t, enginecfg.DefaultOptions())
+	o := enginecfg.DefaultOptions()
+	o.Threads = testEngineThreads
+	return newReferenceOf(t, o)
 }
+
+// testEngineThreads is the matrix goroutines of the tests' tiny ref
+// engines (startCluster's workers, newReference): with one per CPU, the
+// default, every matrix product of a tiny model hands its rows to the
+// pool and waits for them, wake-ups that cost more than the work on a
+// loaded machine. The ref engine's output does not depend on it.
+const testEngineThreads = 1
 
 // newReferenceOf is newReference for the engine of o.
 func newReferenceOf(t *testing.T, o enginecfg.Options) *reference {

@@ -104,7 +104,7 @@ func TestDeviceCPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer m.Close()
-	e, err := NewOnModel(m, Options{CtxSize: 512, Threads: 2, MaxSeqs: 2})
+	e, err := NewOnModel(m, Options{CtxSize: 512, Threads: 1, MaxSeqs: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -77,7 +77,7 @@ func testEquivalence(t *testing.T, model string, kvType engine.DType, tc equivCa
 	// llama.cpp alone, one sequence in a fresh context.
 	want := make([][]int32, len(prompts))
 	for i, p := range prompts {
-		ref, err := a.Model().GenerateReference(p, genTokens, 512, 2, kvType)
+		ref, err := a.Model().GenerateReference(p, genTokens, 512, 1, kvType)
 		if err != nil {
 			t.Fatal(err)
 		}

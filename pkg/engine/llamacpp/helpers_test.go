@@ -90,11 +90,16 @@ func loadTestModel(t testing.TB, name string) *Model {
 }
 
 // newTestEngine returns an engine on the named test model (shared weights,
-// its own context), closed when the test ends.
+// its own context), closed when the test ends. It computes on one thread:
+// the test models are tiny, and with two, every op of a graph ends in a
+// barrier between llama.cpp's threads, each a sleep and a wake-up that
+// costs milliseconds on a loaded machine (the package took 8× as long).
+// What the suite compares (one sequence in two batch shapes or cache
+// layouts) is in the same engine, so the thread count does not enter it.
 func newTestEngine(t testing.TB, name string, mod func(*Options)) *Engine {
 	t.Helper()
 	m := loadTestModel(t, name)
-	o := Options{CtxSize: 512, Threads: 2, MaxSeqs: 8}
+	o := Options{CtxSize: 512, Threads: 1, MaxSeqs: 8}
 	if mod != nil {
 		mod(&o)
 	}

@@ -47,6 +47,9 @@ func TestCPUVariants(t *testing.T) {
 	}
 }
 
+// envVariants, set to 1, runs TestConformanceVariants.
+const envVariants = "PDSERVE_TEST_LLAMA_VARIANTS"
+
 // sameKernels maps a CPU variant to one whose kernels compute the same
 // results, bit for bit: in ggml's CMake the pair differs only by
 // AVX512_VBMI, an integer byte-permutation extension that this release's
@@ -70,13 +73,26 @@ var sameKernels = map[string]string{
 // was written on; what a variant cannot change (the engine's
 // bookkeeping) runs once. Each kernel case must have passed on each model
 // in the child's output, so a misspelt case name cannot pass by running
-// nothing.
+// nothing. The variants' processes run -parallel at a time (GOMAXPROCS
+// by default; each test engine computes on one thread).
+//
+// It runs only when envVariants is 1: `make test-llama-variants`, a step
+// of its own in CI, sets it, so that `make test` keeps to the default
+// variant (the variants took most of its critical path). Any other
+// value fails, so that a misspelt value cannot skip it.
 func TestConformanceVariants(t *testing.T) {
 	if os.Getenv(envTestVariant) != "" {
 		t.Skip("child process")
 	}
 	if testing.Short() {
 		t.Skip("-short: one variant only")
+	}
+	switch v := os.Getenv(envVariants); {
+	case v == "1":
+	case v == "":
+		t.Skip(envVariants + " unset: the other CPU variants run in `make test-llama-variants`")
+	default:
+		t.Fatalf("%s=%q: want 1 (run) or unset (skip)", envVariants, v)
 	}
 	lib, _ := repotest.Llama(t)
 	vs, err := CPUVariants(lib)
@@ -104,6 +120,7 @@ func TestConformanceVariants(t *testing.T) {
 	}
 	for _, name := range run {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			cmd := exec.Command(os.Args[0], "-test.run", "^TestConformance$", "-test.count=1", "-test.v")
 			cmd.Env = append(os.Environ(), envTestVariant+"="+name)
 			out, err := cmd.CombinedOutput()
