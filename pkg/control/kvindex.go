@@ -206,6 +206,7 @@ func (w *WorkerBlocks) Has(h uint64) bool {
 
 // KVWorkerState is what a KVIndex knows of one worker.
 type KVWorkerState struct {
+	Role   string // the role of the worker's payloads the view holds
 	Blocks int    // blocks held
 	Seq    uint64 // the last batch applied (or the snapshot's)
 	Synced bool   // a snapshot was applied: Blocks is the cache's
@@ -219,7 +220,7 @@ type KVWorkerState struct {
 func (w *WorkerBlocks) State() KVWorkerState {
 	w.mu.RLock()
 	defer w.mu.RUnlock()
-	return KVWorkerState{Blocks: len(w.set), Seq: w.seq, Synced: w.synced, Stale: w.stale, Gaps: w.gaps, Snapshots: w.snapshots}
+	return KVWorkerState{Role: w.role, Blocks: len(w.set), Seq: w.seq, Synced: w.synced, Stale: w.stale, Gaps: w.gaps, Snapshots: w.snapshots}
 }
 
 // Blocks returns the worker id's view, or nil when the index has none
