@@ -14,6 +14,7 @@ var Meanings = map[string]string{
 	"burstiness":              "gamma shape of the requests' inter-arrival times (1 = Poisson, < 1 burstier)",
 	"codec":                   "KV codec of the transfers between the pools: none, s2, zstd, bf16, fp8, int8, auto or auto-lossy",
 	"ctx-size":                "llamacpp engine: KV cache tokens of a worker",
+	"elastic":                 "workers started elastic: the coordinator's role commands (and its planner's, with --planner-roles) may move them between prefill, decode and colocated with their models loaded (a worker binary: that worker; coordinator --standalone: its in-process workers)",
 	"engine":                  "engine: ref, sim or llamacpp",
 	"first-token-policy":      "which worker's first token the client gets: prefill (kv_transfer in the first inter-token gap) or decode (kv_transfer in TTFT)",
 	"gpu-budget":              "most GPUs (cores, with CPU profiles) the two pools may use together",

@@ -54,7 +54,11 @@ type KVIndexOptions struct {
 	// OnStale is told once per stale period, when a worker's view has a
 	// gap or no snapshot yet: the caller may ask the worker for one
 	// (CmdKVSnapshot). It runs on Apply's goroutine, without locks held,
-	// and must not block or call the index; nil: nobody.
+	// and must not block or call the index; nil: nobody. WatchKV also
+	// tells it, from its own goroutine, of a worker whose payloads it
+	// dropped as not admitted once the worker is admitted in that role
+	// (its first snapshot beat its first heartbeat, or the heartbeat of
+	// its new role: an elastic worker's).
 	OnStale func(role, id string)
 }
 
@@ -202,6 +206,7 @@ func (w *WorkerBlocks) Has(h uint64) bool {
 
 // KVWorkerState is what a KVIndex knows of one worker.
 type KVWorkerState struct {
+	Role   string // the role of the worker's payloads the view holds
 	Blocks int    // blocks held
 	Seq    uint64 // the last batch applied (or the snapshot's)
 	Synced bool   // a snapshot was applied: Blocks is the cache's
@@ -215,7 +220,7 @@ type KVWorkerState struct {
 func (w *WorkerBlocks) State() KVWorkerState {
 	w.mu.RLock()
 	defer w.mu.RUnlock()
-	return KVWorkerState{Blocks: len(w.set), Seq: w.seq, Synced: w.synced, Stale: w.stale, Gaps: w.gaps, Snapshots: w.snapshots}
+	return KVWorkerState{Role: w.role, Blocks: len(w.set), Seq: w.seq, Synced: w.synced, Stale: w.stale, Gaps: w.gaps, Snapshots: w.snapshots}
 }
 
 // Blocks returns the worker id's view, or nil when the index has none
@@ -562,8 +567,10 @@ const (
 // (pdserve.kv.<role>.<id>, and .<tier> after it for a worker's host and
 // disk tiers) and calls ix.Retain with m's members (admitted ones, when
 // ix admits by KVIndexOptions.Admitted) every interval (every > 0), so
-// that a worker that left the membership loses its view, until ctx ends
-// or stop is called; then it unsubscribes.
+// that a worker that left the membership loses its view, and tells
+// KVIndexOptions.OnStale of a worker whose payloads it dropped as not
+// admitted once it is admitted, until ctx ends or stop is called; then it
+// unsubscribes.
 //
 // One subscription receives every worker's payloads and only sorts them:
 // those of ids ix does not admit are dropped unread, the others go to
@@ -586,7 +593,7 @@ func WatchKV(ctx context.Context, nc *nats.Conn, ix *KVIndex, m *Membership, eve
 	if log == nil {
 		log = zap.NewNop()
 	}
-	qs := &kvQueues{ix: ix, log: log, byID: map[string]*kvQueue{}, maxBytes: max(ix.o.WorkerMaxBytes/5, kvQueueMinBytes)}
+	qs := &kvQueues{ix: ix, log: log, byID: map[string]*kvQueue{}, refused: map[string]kvRefusal{}, maxBytes: max(ix.o.WorkerMaxBytes/5, kvQueueMinBytes)}
 	sub, err := nc.Subscribe(KVWildcard, qs.handle)
 	if err != nil {
 		return nil, fmt.Errorf("control: watch kv events: %w", err)
@@ -624,6 +631,12 @@ func WatchKV(ctx context.Context, nc *nats.Conn, ix *KVIndex, m *Membership, eve
 				}
 				ix.Retain(func(id string) bool { return live[id] })
 				qs.retain(live)
+				if ix.o.Admitted != nil && ix.o.OnStale != nil {
+					// Their first snapshot was dropped: ask for another.
+					for _, w := range qs.admitted() {
+						ix.o.OnStale(w[0], w[1])
+					}
+				}
 			}
 		}
 	})
@@ -642,7 +655,47 @@ type kvQueues struct {
 	mu     sync.Mutex
 	byID   map[string]*kvQueue
 	closed bool
-	wg     sync.WaitGroup
+	// refused are the workers whose payloads were dropped as not
+	// admitted lately (at most kvRefusedMax): once admitted, OnStale is
+	// told of them (admitted).
+	refused map[string]kvRefusal
+	wg      sync.WaitGroup
+}
+
+// kvRefusal is a worker whose payloads were dropped as not admitted, in
+// role, ticks retain ticks ago.
+type kvRefusal struct {
+	role  string
+	ticks int
+}
+
+// kvRefusedMax bounds the workers kvQueues remembers as refused;
+// kvRefusedTicks is how many retain ticks it remembers one.
+const (
+	kvRefusedMax   = 4096
+	kvRefusedTicks = 8
+)
+
+// admitted returns the workers refused before that ix admits now, in the
+// role they were refused in, and forgets them, and those refused
+// kvRefusedTicks ticks ago.
+func (qs *kvQueues) admitted() [][2]string {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	var out [][2]string
+	for id, r := range qs.refused {
+		switch {
+		case qs.ix.o.Admitted(r.role, id):
+			out = append(out, [2]string{r.role, id})
+			delete(qs.refused, id)
+		case r.ticks >= kvRefusedTicks:
+			delete(qs.refused, id)
+		default:
+			r.ticks++
+			qs.refused[id] = r
+		}
+	}
+	return out
 }
 
 // kvQueue is one worker's payloads waiting to be applied.
@@ -668,6 +721,11 @@ func (qs *kvQueues) handle(msg *nats.Msg) {
 	if a := qs.ix.o.Admitted; a != nil && !a(role, id) {
 		qs.ix.count(func(s *KVIndexStats) { s.NotAdmitted++ })
 		qs.log.Debug("kv events refused", zap.String("subject", msg.Subject), zap.String("reason", "not an admitted worker"))
+		qs.mu.Lock()
+		if _, ok := qs.refused[id]; ok || len(qs.refused) < kvRefusedMax {
+			qs.refused[id] = kvRefusal{role: role}
+		}
+		qs.mu.Unlock()
 		return
 	}
 	n := int64(len(msg.Data))

@@ -82,6 +82,11 @@ type Options struct {
 	// (or colocated) workers in this process.
 	Standalone                    bool
 	PrefillWorkers, DecodeWorkers int
+	// Elastic starts the Standalone workers elastic (workerrun's
+	// Options.Elastic; standalone.WithElasticWorkers): role commands, the
+	// planner's with --planner-roles among them, move them between
+	// prefill, decode and colocated. Only with Standalone.
+	Elastic bool
 	// Mode is ModeDisaggregated or ModeColocated.
 	Mode string
 	// Codec is the KV codec the prefill workers use; empty lets each
@@ -300,6 +305,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&o.Standalone, "standalone", o.Standalone, "start prefill and decode (or colocated) workers in this process")
 	fs.IntVar(&o.PrefillWorkers, "prefill-workers", o.PrefillWorkers, "standalone: prefill workers to start (disaggregated mode)")
 	fs.IntVar(&o.DecodeWorkers, "decode-workers", o.DecodeWorkers, "standalone: decode workers to start (colocated workers in colocated mode)")
+	fs.BoolVar(&o.Elastic, "elastic", o.Elastic, "standalone: start the workers elastic, so that the coordinator (a role command, or the planner with --planner-roles) may move them between prefill, decode and colocated at run time with their models loaded")
 	fs.StringVar(&o.Mode, "mode", o.Mode, "serving mode: disaggregated (prefill and decode workers) or colocated")
 	fs.StringVar(&o.KVHashKeyFile, "kv-hash-key-file", o.KVHashKeyFile, "file holding the deployment's secret (at least 32 bytes, e.g. openssl rand -hex 32) that keys the prompts' KV block hashes, so that nobody can compute them from known text; every worker and the coordinator must have the same (a worker whose heartbeat's key id differs is refused); empty: public hashes, logged at start (standalone: a key generated at start)")
 	fs.IntVar(&o.BlockTokens, "block-tokens", o.BlockTokens, "tokens per block of the prompt prefix hashes and the KV room estimate: every worker's --block-tokens must be the same (a worker whose heartbeat differs is refused)")
@@ -504,6 +510,9 @@ func (o Options) Validate() error {
 	if given := o.workerOnlyGiven(); len(given) > 0 {
 		errs = append(errs, fmt.Errorf("--%s: worker flags, read only with --standalone (give them to the workers)", strings.Join(given, ", --")))
 	}
+	if o.Elastic && !o.Standalone {
+		errs = append(errs, errors.New("--elastic: a worker flag, read only with --standalone (give it to the workers)"))
+	}
 	if o.Standalone {
 		if o.DecodeWorkers <= 0 {
 			bad("decode-workers %d must be positive in standalone mode", o.DecodeWorkers)
@@ -558,6 +567,7 @@ func (o Options) LogFields() []zap.Field {
 		zap.String("nats_listen", o.NATSListenAddr()),
 		zap.String("nats_auth_file", o.NATSAuthFile),
 		zap.Bool("standalone", o.Standalone),
+		zap.Bool("elastic", o.Elastic),
 		zap.String("mode", o.Mode),
 		zap.String("codec", o.Codec),
 		zap.Int("block_tokens", o.BlockTokens),

@@ -87,7 +87,7 @@ var helpGroups = []cliflags.Group{
 		"retry-after", "model-name", "chat-template-file", "responses-*", "api-keys", "metrics-token-file", "auth-reload-interval", "shutdown-timeout"}},
 	{Title: "Routing and serving", Flags: []string{"mode", "first-token-policy", "block-tokens", "kv-hash-key-file", "codec", "heartbeat-ttl", "policy",
 		"worker-networks", "kv-index-*"}},
-	{Title: "Standalone workers and their engine", Flags: []string{"standalone", "prefill-workers", "decode-workers", "engine", "engine-threads",
+	{Title: "Standalone workers and their engine", Flags: []string{"standalone", "prefill-workers", "decode-workers", "elastic", "engine", "engine-threads",
 		"preset", "profile", "seed", "time-scale", "payload-scale", "model", "ctx-size", "gpu-layers", "kv-type", "max-seqs", "llama-*", "no-repack"}},
 	{Title: "NATS (control plane)", Flags: []string{"nats-*"}},
 	{Title: "gRPC between components (TLS, credentials, keepalive)", Flags: []string{"tls-*", "grpc-*"}},

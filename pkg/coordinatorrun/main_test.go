@@ -143,6 +143,7 @@ func TestMainExitCodes(t *testing.T) {
 		{"worker flags without --standalone", []string{"--decode-workers", "2", "--gpu-layers", "10", "--kv-type", "q8_0"}, 2,
 			"--decode-workers, --gpu-layers, --kv-type: worker flags, read only with --standalone (give them to the workers)"},
 		{"worker flags with --standalone", []string{"--standalone", "--decode-workers", "0"}, 2, "decode-workers 0 must be positive in standalone mode"},
+		{"--elastic without --standalone", []string{"--elastic"}, 2, "--elastic: a worker flag, read only with --standalone (give it to the workers)"},
 		{"two flags of one policy key disagree", []string{"--queue-limit=3", "--max-admitted-requests=4"}, 2,
 			"invalid value \"4\" for flag -max-admitted-requests: --queue-limit 3 was given too: both set limits.queue_limit; give one"},
 		{"stray argument", []string{"--mode", "colocated", "extra"}, 2, "unexpected"},

@@ -153,6 +153,7 @@ type Stats struct {
 	Hits       uint64 // Acquire calls that hit at least one block
 	HitTokens  uint64 // tokens of those hits: prefill tokens saved
 	Inserts    uint64 // sequences taken in
+	Adopted    uint64 // sequences taken in from another cache (Adopt)
 	Evictions  uint64 // entries dropped for the bounds
 	Reclaims   uint64 // entries dropped to give their KV to a request (Reclaim)
 	Superseded uint64 // entries dropped for a newer one holding their blocks and more
@@ -517,6 +518,12 @@ func (c *Cache) Insert(seq engine.SeqID, hashes []kv.Hash, tokens int) []engine.
 // KV that was not verified must not be inserted at all: the caller frees
 // it (the worker exports and advertises what its cache holds).
 func (c *Cache) InsertFrom(seq engine.SeqID, hashes []kv.Hash, tokens int, source string) []engine.SeqID {
+	return c.insert(seq, hashes, tokens, source, false)
+}
+
+// insert is InsertFrom; adopted counts the entry in Stats.Adopted (Adopt)
+// instead of Inserts.
+func (c *Cache) insert(seq engine.SeqID, hashes []kv.Hash, tokens int, source string, adopted bool) []engine.SeqID {
 	if c == nil || len(hashes) == 0 || tokens > c.o.MaxTokens || tokens < len(hashes)*c.o.BlockTokens {
 		return []engine.SeqID{seq}
 	}
@@ -545,7 +552,11 @@ func (c *Cache) InsertFrom(seq engine.SeqID, hashes []kv.Hash, tokens int, sourc
 		c.byHash[h] = append(es, e)
 	}
 	c.tokens += tokens
-	c.st.Inserts++
+	if adopted {
+		c.st.Adopted++
+	} else {
+		c.st.Inserts++
+	}
 	// The superseded go after e came in: their blocks stay held
 	// throughout, so an Observer sees no removal and re-store of them.
 	var free []engine.SeqID

@@ -100,6 +100,19 @@
 // verified is never inserted: the worker's KV events, digest and exports
 // come from what the cache holds.
 //
+// # Handover
+//
+// An elastic worker that changes role keeps its model and its prefix
+// cache: the old role's batch, stopping, takes the engine tier out of its
+// cache (Handover: the unpinned entries' engine sequences, hashes,
+// recency and provenance tags, not the KV, which stays in the engine),
+// and the new role's batch takes it into its own (Adopt), under the new
+// cache's bounds and its engine memory. The tags go along, and since
+// unverified pulled KV is never inserted, none is handed over. A cache of
+// another block size or hash key adopts nothing (the hashes would not
+// match): the sequences are freed. The host and disk tiers are the old
+// role's and go with it (Drain).
+//
 // # Digest
 //
 // Digest returns the cached block hashes for heartbeats of a worker that

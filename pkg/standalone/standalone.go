@@ -69,7 +69,7 @@ func WithWorkerOptions(f func(*workerrun.Options)) Option {
 // or colocated) until a role command (control.CmdRole, from the
 // coordinator's user, e.g. the planner's role moves) moves it, and its
 // NATS user, without NATSURL, has control.RoleElastic's permissions.
-// Not a flag.
+// coordinator.Options.Elastic (--elastic) does the same.
 func WithElasticWorkers() Option {
 	return func(s *settings) { s.elastic = true }
 }
@@ -88,6 +88,7 @@ func Start(ctx context.Context, o coordinator.Options, log *zap.Logger, opts ...
 	if !o.Standalone {
 		return nil, errors.New("standalone: options without Standalone")
 	}
+	set.elastic = set.elastic || o.Elastic
 	if err := o.Validate(); err != nil {
 		return nil, err
 	}
@@ -126,7 +127,7 @@ func Start(ctx context.Context, o coordinator.Options, log *zap.Logger, opts ...
 	}
 
 	co := o // the coordinator's options
-	co.Standalone = false
+	co.Standalone, co.Elastic = false, false
 	// The worker-only flags given are the workers' started here: the
 	// coordinator, now without Standalone, would refuse them as given to it.
 	co.FlagsSet = maps.Clone(o.FlagsSet)

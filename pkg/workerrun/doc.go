@@ -105,7 +105,7 @@
 // new work for it fails with UNAVAILABLE (the coordinator retries it on
 // another worker), prefills in progress finish and deliver their KV and
 // running decode sequences finish, for at most DrainTimeout. Then its
-// server stops (freeing its KV and prefix cache in the engine) and the
+// server stops (freeing the KV of what it left) and the
 // new role's server starts on the same engine, gRPC listener and NATS
 // connection; the next heartbeat, on the new role's subject, carries
 // the new role, and the command subscription moves to it. The gRPC server
@@ -121,6 +121,12 @@
 // too, since it sends KV as one. Running decode sequences finish on the
 // old role, or, when the command says Migrate, move with their KV to
 // other decode workers (decode.Server.MigrateAll), on which the
-// coordinator resumes their streams. Not done yet: the prefix cache is
-// not handed to the new role (it starts empty).
+// coordinator resumes their streams. The prefix cache's engine tier is
+// handed to the new role's batch (prefixcache.Handover: no KV copied;
+// provenance tags kept, and unverified pulled KV is never cached), which
+// counts it against the engine's memory as its own and publishes it in
+// its KV events and digest under the new role: the router finds the
+// worker's cached prefixes again once its view of the worker, which it
+// resets on the new role and KV event epoch, has the new snapshot. The
+// host and disk tiers go with the old role.
 package workerrun

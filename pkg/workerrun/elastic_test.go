@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +21,7 @@ import (
 	"github.com/pdserve/pdserve/internal/poll"
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/enginecfg"
+	"github.com/pdserve/pdserve/pkg/kv"
 )
 
 // elasticCluster is a prefill worker, a decode worker and an elastic
@@ -38,6 +40,14 @@ type elasticCluster struct {
 }
 
 func startElasticCluster(t *testing.T, decodeFree int) *elasticCluster {
+	t.Helper()
+	return startElasticClusterOn(t, decodeFree, false)
+}
+
+// startElasticClusterOn is startElasticCluster; with forks the elastic
+// worker's engine forks sequences (forkingGated), so that its roles keep
+// prefix caches.
+func startElasticClusterOn(t *testing.T, decodeFree int, forks bool) *elasticCluster {
 	t.Helper()
 	coord := control.NewNATSUser(control.RoleCoordinator, "")
 	pu := control.NewNATSUser(control.RolePrefill, "p-0")
@@ -61,6 +71,9 @@ func startElasticCluster(t *testing.T, decodeFree int) *elasticCluster {
 	eo.ID, eo.NATS, eo.Elastic = "e-0", eu.ConnOptions(), true
 	c.egated = newGated(newEngine(t), decodeFree, -1)
 	eo.EngineOverride = c.egated
+	if forks {
+		eo.EngineOverride = forkingGated{c.egated}
+	}
 	c.ereg = prometheus.NewRegistry()
 	eo.Registerer = c.ereg
 	c.p, c.d, c.e = startWorker(t, po), startWorker(t, do), startWorker(t, eo)
@@ -428,4 +441,165 @@ func BenchmarkRoleChangeSim(b *testing.B) {
 	}
 	b.ReportMetric(visible.Seconds()/float64(b.N), "s_visible")
 	b.ReportMetric(baseline.Seconds(), "s_baseline_first_token")
+}
+
+// TestElasticRoleChangeKeepsPrefixCache: what an elastic worker cached in
+// one role serves the next one, both ways, without a copy. As decode it
+// prefills a prompt locally; moved to prefill, a prompt sharing its first
+// three blocks starts from them (the prefill's hit, engine tier) and
+// decodes token-exact on the fixed decode worker; the prompts it
+// prefilled there, moved back to decode, are its cache again (a Reserve
+// holds a prompt's shared blocks: prefix_hit_tokens, and the KV from the
+// fixed prefill worker skips them), token-exact. Each time a
+// coordinator's KV index (admitting the role its membership has, as the
+// coordinator's does) finds the kept blocks under the new role. The
+// engine holds nothing after but the cache's sequences.
+//
+// It fails without the handover: each new role starts with an empty
+// cache (hit 0, the index has nothing of the worker).
+func TestElasticRoleChangeKeepsPrefixCache(t *testing.T) {
+	const maxTokens = 6
+	c := startElasticClusterOn(t, -1, true)
+	ctx := testCtx(t)
+	// A stale view asks the worker for a snapshot, as the coordinator's
+	// does (the worker's first one was before the watch).
+	var asks sync.WaitGroup
+	t.Cleanup(asks.Wait)
+	ix, err := control.NewKVIndexWith(control.KVIndexOptions{
+		MaxBytes: control.DefaultKVIndexMaxBytes, WorkerMaxBytes: control.DefaultKVIndexWorkerMaxBytes,
+		Admitted: func(role, id string) bool { r, ok := c.members.Admitted(id); return ok && r == role },
+		OnStale: func(role, id string) {
+			asks.Go(func() { _ = control.SendCommand(ctx, c.coord, role, id, control.Command{Kind: control.CmdKVSnapshot}) })
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop, err := control.WatchKV(context.Background(), c.coord, ix, c.members, 20*time.Millisecond, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	bt := c.e.o.Decode.BlockTokens
+	if pbt := c.e.o.Prefill.PrefixCache.BlockTokens; pbt != bt {
+		t.Fatalf("block sizes differ: prefill %d, decode %d", pbt, bt)
+	}
+	indexedAs := func(role control.Role, p []int32) {
+		t.Helper()
+		hs := kv.HashBlocks(0, p, bt)
+		poll.CheckFor(t, 30*time.Second, 5*time.Millisecond, func() error {
+			v := ix.Blocks("e-0")
+			if v == nil {
+				return errors.New("no view of e-0")
+			}
+			if st := v.State(); st.Role != string(role) || !st.Synced {
+				return fmt.Errorf("e-0's view %+v, want a snapshot of role %s", st, role)
+			}
+			for _, h := range hs {
+				if !v.Has(uint64(h)) {
+					return fmt.Errorf("e-0's view (%+v) lacks block %x", v.State(), h)
+				}
+			}
+			if hb, _ := c.members.Get("e-0"); hb.Role != string(role) {
+				return fmt.Errorf("e-0 is %s in the membership, want %s", hb.Role, role)
+			}
+			return nil
+		})
+	}
+	// sharing returns a prompt of p's first three blocks and its own tail.
+	sharing := func(p []int32, seed int32) []int32 {
+		return append(slices.Clone(p[:3*bt]), prompt(bt+5, seed)...)
+	}
+
+	// Decode: a local prefill, kept in the decode role's cache.
+	a := prompt(4*bt, 31)
+	gen, err := c.edc.Generate(ctx, &pdservev1.GenerateRequest{RequestId: "a", PromptTokens: a, MaxTokens: 1, IgnoreEos: true, LocalPrefill: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readGenerate(gen, 0); err != nil {
+		t.Fatal(err)
+	}
+	indexedAs(control.RoleDecode, a)
+
+	// Prefill: the decode role's cache serves the prefill.
+	if err := control.SendCommand(ctx, c.coord, string(control.RoleDecode), "e-0", control.Command{Kind: control.CmdRole, Arg: string(control.RolePrefill)}); err != nil {
+		t.Fatal(err)
+	}
+	c.waitRole(t, "e-0", control.RolePrefill)
+	indexedAs(control.RolePrefill, a)
+	a2 := sharing(a, 32)
+	if _, err := c.dc.Reserve(ctx, &pdservev1.ReserveRequest{RequestId: "a2", Tokens: int32(len(a2) + maxTokens)}); err != nil {
+		t.Fatal(err)
+	}
+	gen, err = c.dc.Generate(ctx, &pdservev1.GenerateRequest{RequestId: "a2", PromptTokens: a2, MaxTokens: maxTokens, IgnoreEos: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pre, err := c.epc.Prefill(ctx, &pdservev1.PrefillRequest{RequestId: "a2", PromptTokens: a2, DecodeAddr: c.d.Addr()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, _, err := readPrefill(pre)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hit := first.GetHit(); hit.GetTokens() != int32(3*bt) || hit.GetHostTokens() != 0 {
+		t.Errorf("prefill after the role change: hit %v, want %d tokens from the engine tier", hit, 3*bt)
+	}
+	if _, err := c.epc.Release(ctx, &pdservev1.ReleaseRequest{RequestId: "a2"}); err != nil {
+		t.Fatal(err)
+	}
+	started{prompt: a2, gen: gen}.finish(t, "a2", maxTokens)
+	// b, prefilled here, is the prefill role's cache.
+	b := prompt(4*bt, 41)
+	s, err := start(ctx, c.epc, c.dc, c.d.Addr(), "b", b, maxTokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.finish(t, "b", maxTokens)
+
+	// Decode again: the prefill role's cache serves the KV import.
+	if err := control.SendCommand(ctx, c.coord, string(control.RolePrefill), "e-0", control.Command{Kind: control.CmdRole, Arg: string(control.RoleDecode)}); err != nil {
+		t.Fatal(err)
+	}
+	c.waitRole(t, "e-0", control.RoleDecode)
+	indexedAs(control.RoleDecode, b)
+	b2 := sharing(b, 42)
+	res, err := c.edc.Reserve(ctx, &pdservev1.ReserveRequest{RequestId: "b2", Tokens: int32(len(b2) + maxTokens), Prompt: b2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.GetPrefixHitTokens() != int32(3*bt) {
+		t.Errorf("reserve after the role change: prefix_hit_tokens %d, want %d", res.GetPrefixHitTokens(), 3*bt)
+	}
+	gen, err = c.edc.Generate(ctx, &pdservev1.GenerateRequest{RequestId: "b2", PromptTokens: b2, MaxTokens: maxTokens, IgnoreEos: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pre, err = c.pc.Prefill(ctx, &pdservev1.PrefillRequest{RequestId: "b2", PromptTokens: b2, DecodeAddr: c.e.Addr(), SkipTokens: res.GetPrefixHitTokens()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := readPrefill(pre); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.pc.Release(ctx, &pdservev1.ReleaseRequest{RequestId: "b2"}); err != nil {
+		t.Fatal(err)
+	}
+	started{prompt: b2, gen: gen}.finish(t, "b2", maxTokens)
+	if err := c.e.Err(); err != nil {
+		t.Errorf("elastic worker failed: %v", err)
+	}
+
+	// Nothing is left in the engine but what the prefix cache holds.
+	ds := c.e.cur().svc.(decodeService)
+	poll.CheckFor(t, 20*time.Second, 5*time.Millisecond, func() error {
+		st := ds.Stats()
+		_, _, live := c.egated.counts()
+		if st.Requests != 0 || live != st.PrefixCache.Entries || st.PrefixCache.Adopted == 0 {
+			return fmt.Errorf("requests %d, engine sequences %d, cached %d (%d adopted)", st.Requests, live, st.PrefixCache.Entries, st.PrefixCache.Adopted)
+		}
+		return nil
+	})
 }

@@ -275,3 +275,21 @@ func (g *gatedEngine) Free(seq engine.SeqID) {
 	g.mu.Unlock()
 	g.Engine.Free(seq)
 }
+
+// forkingGated is a gatedEngine that forks sequences when its engine
+// does (engine.Forker), counting the forks among the live sequences.
+type forkingGated struct{ *gatedEngine }
+
+func (f forkingGated) Fork(src, dst engine.SeqID, n int) error {
+	fk, ok := f.Engine.(engine.Forker)
+	if !ok {
+		return errors.New("the engine does not fork")
+	}
+	if err := fk.Fork(src, dst, n); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	f.live[dst] = true
+	f.mu.Unlock()
+	return nil
+}

@@ -261,8 +261,13 @@ var (
 // workers, which the coordinator resumes them on), for at most Options.DrainTimeout (then what is left
 // fails with UNAVAILABLE), its server stops, and the new role's server
 // starts on the same engine, gRPC address and NATS connection; the next
-// heartbeat carries the new role. The new role starts with an empty
-// prefix cache: the old one is freed with its server. ordered is when
+// heartbeat carries the new role. The prefix cache stays: the old
+// role's batch hands its engine tier over as it stops (entries, chain
+// hashes and provenance tags; the KV stays in its engine sequences) and
+// the new role's batch adopts it as its own cache, under its bounds and
+// engine memory (prefixcache.Handover), so its KV events and digest
+// advertise it under the new role; the old role's host and disk tiers are
+// freed with its server. ordered is when
 // the change was ordered (zero: now), for the histogram of the time to
 // the first request served in the new role. Errors: ErrNotElastic, a
 // role that is not a worker role, ErrRoleChanging, a draining or stopped
@@ -324,6 +329,10 @@ func (w *Worker) ChangeRole(role control.Role, ordered time.Time, migrate bool) 
 		}
 	}
 	rr, err := w.buildRole(role)
+	// The old role's batch hands its prefix cache over as it stops (the
+	// KV stays in the engine's sequences) and the new one adopts it.
+	cache := make(chan prefixcache.Handover, 1)
+	old.svc.HandOverPrefixCache(cache)
 	if err == nil {
 		// The old role stops before the new one runs: they share the
 		// engine, which the new server's scheduler owns from then on.
@@ -335,11 +344,21 @@ func (w *Worker) ChangeRole(role control.Role, ordered time.Time, migrate bool) 
 	} else {
 		w.stopRole(old)
 	}
+	var handed prefixcache.Handover
+	select {
+	case handed = <-cache:
+	default: // the old batch never ran
+	}
 	if err != nil {
+		// No batch runs on the engine now.
+		for _, s := range handed.Seqs() {
+			w.eng.Free(s)
+		}
 		err = fmt.Errorf("workerrun: role change to %s: %w", role, err)
 		w.fail(err)
 		return err
 	}
+	rr.svc.AdoptPrefixCache(handed)
 	w.rr.Store(rr)
 	changed = true
 	w.changing.Store(false)

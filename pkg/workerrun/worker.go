@@ -64,6 +64,10 @@ type service interface {
 	hostBlocks() prefixcache.Blocks
 	cancel(id string) bool
 	live() int
+	// HandOverPrefixCache and AdoptPrefixCache move the prefix cache's
+	// engine tier from a role's batch to the next one's (ChangeRole).
+	HandOverPrefixCache(to chan<- prefixcache.Handover)
+	AdoptPrefixCache(h prefixcache.Handover)
 }
 
 // diskBlocks returns the blocks of the disk tier behind host, a host

@@ -150,15 +150,32 @@ func (k *KV) free() {
 // Msg is a message to the batch: Join, Arrived, Cancel, Reclaimed or
 // Export.
 type Msg struct {
-	join    *Request
-	key     uint64
-	kv      *KV
-	cancel  bool
-	err     error
-	keep    bool
-	reclaim []engine.SeqID
-	export  chan<- Exported
+	join     *Request
+	key      uint64
+	kv       *KV
+	cancel   bool
+	err      error
+	keep     bool
+	reclaim  []engine.SeqID
+	export   chan<- Exported
+	adopt    *prefixcache.Handover
+	handover chan<- prefixcache.Handover
 }
+
+// Adopt hands the batch h, another batch's prefix cache on the same
+// engine (an elastic worker's role change): its sequences become entries
+// of the batch's cache (prefixcache.Cache.Adopt), counted against the
+// engine's memory as the batch's own entries are, the least recently
+// used beyond it evicted; the batch numbers its sequences after h's and
+// reports the cache changed (the service charges its pool blocks). The
+// batch owns h's sequences from the Post on. Post it before any Join.
+func Adopt(h prefixcache.Handover) Msg { return Msg{adopt: &h} }
+
+// HandOver asks the batch to hand its prefix cache's engine tier to to
+// (prefixcache.Cache.Handover) when its loop stops, instead of freeing
+// it; to must have room for the one Handover. The receiver owns its
+// sequences then: it adopts (Adopt) or frees them.
+func HandOver(to chan<- prefixcache.Handover) Msg { return Msg{handover: to} }
 
 // Join hands r to the batch: it joins the batch once the batch has room
 // for it (and, for remote KV, once its KV Arrived). The batch reports its
@@ -325,16 +342,18 @@ type Config struct {
 // in chunks beside the decodes; every running sequence decodes one token
 // a step. It owns every sequence and its
 // engine memory: only its loop goroutine (Run) touches them, and it takes
-// no lock. Others talk to it by Post (Join, Arrived, Cancel, Reclaimed),
-// drained at each step boundary, and hear back through each request's
-// Outbox and Config.Report.
+// no lock. Others talk to it by Post (Join, Arrived, Cancel, Reclaimed,
+// Export, Adopt, HandOver), drained at each step boundary, and hear back
+// through each request's Outbox and Config.Report.
 //
 // Engine memory is one decision, taken when a request joins: it joins
 // only when its whole footprint (n × (prompt + max_tokens) tokens, which
 // covers a prefix forked from the cache, a host- or disk-tier load, a
 // peer's pull and an import, all inside its own sequences) fits beside
 // the live requests' footprints and the prefix cache's engine sequences
-// (evicting unpinned entries, least recently used first, as needed).
+// (evicting unpinned entries, least recently used first, as needed). A
+// cache handed over from another role's batch (Adopt) counts the same:
+// what does not fit beside the live requests goes at once.
 // Otherwise it waits for live requests to end and pins to go; a request
 // that finds the engine empty starts anyway, and the engine refuses what
 // it cannot hold.
@@ -365,6 +384,9 @@ type Batch struct {
 	endCount             uint64
 	taken                int64 // ready messages taken since the last publish
 	cacheChanged         bool
+	// handTo receives the cache's engine tier at the stop (HandOver;
+	// nil: it is freed).
+	handTo chan<- prefixcache.Handover
 }
 
 // New returns a Batch; it does not run until Run.

@@ -126,7 +126,8 @@ func (p policy) Done(ctx context.Context, rb runner.Batch[*seq], res runner.Resu
 	b.report()
 }
 
-// Shutdown ends every request and frees the engine's sequences.
+// Shutdown ends every request and frees the engine's sequences, the
+// prefix cache's included unless HandOver asked for them.
 func (p policy) Shutdown() {
 	b := p.b
 	b.drain()
@@ -136,6 +137,15 @@ func (p policy) Shutdown() {
 	b.drain()
 	for _, q := range b.joins {
 		b.end(q, End{Kind: Stopped}, false)
+	}
+	if b.handTo != nil {
+		// The next role's batch frees or keeps them.
+		h := b.cfg.Cache.Handover()
+		for _, e := range h.Entries {
+			b.cachedTokens -= b.cached[e.Seq]
+			delete(b.cached, e.Seq)
+		}
+		b.handTo <- h
 	}
 	b.freeCached(b.cfg.Cache.Drain())
 	b.cacheChanged = true
@@ -204,6 +214,10 @@ func (b *Batch) drain() {
 			b.freeCached(m.reclaim)
 		case m.export != nil:
 			b.export(m.key, m.export)
+		case m.adopt != nil:
+			b.adopt(*m.adopt)
+		case m.handover != nil:
+			b.handTo = m.handover
 		}
 	}
 }
@@ -356,6 +370,20 @@ func (b *Batch) keep(q *seq) {
 	b.freeCached(c.InsertFrom(s, q.hashes, k, q.source))
 }
 
+// adopt takes h into the prefix cache and evicts from it what the
+// engine's memory does not hold beside the live requests.
+func (b *Batch) adopt(h prefixcache.Handover) {
+	b.nextSeq = max(b.nextSeq, h.MaxSeq())
+	for _, e := range h.Entries {
+		b.cached[e.Seq] = e.Tokens
+		b.cachedTokens += e.Tokens
+	}
+	b.freeCached(b.cfg.Cache.Adopt(h))
+	b.room(0, 0)
+	b.cacheChanged = true
+	b.cfg.Log.Info("prefix cache handed over", zap.Int("entries", len(h.Entries)), zap.Int("kept", len(b.cached)))
+}
+
 // freeCached frees engine sequences the prefix cache let go of (those it
 // evicted copied into its host tier first; a failed copy is logged).
 func (b *Batch) freeCached(seqs []engine.SeqID) {
@@ -390,15 +418,17 @@ func footprint(q *seq) int { return q.n * (len(q.prompt) + q.maxTokens) }
 // sequences, once unpinned cache entries are evicted (least recently used
 // first) as needed; or the engine holds nothing else (then the engine
 // refuses what it cannot hold).
-func (b *Batch) makeRoom(q *seq) bool {
-	need := footprint(q)
-	for !b.fits(need, q.n) {
+func (b *Batch) makeRoom(q *seq) bool { return b.room(footprint(q), q.n) }
+
+// room is makeRoom for need tokens in n sequences.
+func (b *Batch) room(need, n int) bool {
+	for !b.fits(need, n) {
 		var st, ss int
 		if t := b.cfg.MemTokens; t > 0 {
 			st = max(0, b.liveTokens+b.cachedTokens+need-t)
 		}
 		if s := b.cfg.MemSeqs; s > 0 {
-			ss = max(0, b.liveSeqs+len(b.cached)+q.n-s)
+			ss = max(0, b.liveSeqs+len(b.cached)+n-s)
 		}
 		x := b.cfg.Cache.Shrink(st, ss)
 		if len(x) == 0 {

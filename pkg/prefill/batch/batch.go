@@ -126,13 +126,29 @@ type End struct {
 	Unverified bool
 }
 
-// Msg is a message to the batch: Join, Cancel or Purge.
+// Msg is a message to the batch: Join, Cancel, Purge, Adopt or HandOver.
 type Msg struct {
-	join   *Request
-	key    uint64
-	cancel bool
-	purge  string
+	join     *Request
+	key      uint64
+	cancel   bool
+	purge    string
+	adopt    *prefixcache.Handover
+	handover chan<- prefixcache.Handover
 }
+
+// Adopt hands the batch h, another batch's prefix cache on the same
+// engine (an elastic worker's role change): its sequences become entries
+// of the batch's cache (prefixcache.Cache.Adopt), which counts them
+// against the engine's memory as it counts its own, evicting the least
+// recently used beyond it; the batch numbers its sequences after h's.
+// The batch owns h's sequences from the Post on. Post it before any Join.
+func Adopt(h prefixcache.Handover) Msg { return Msg{adopt: &h} }
+
+// HandOver asks the batch to hand its prefix cache's engine tier to to
+// (prefixcache.Cache.Handover) when its loop stops, instead of freeing
+// it; to must have room for the one Handover. The receiver owns its
+// sequences then: it adopts (Adopt) or frees them.
+func HandOver(to chan<- prefixcache.Handover) Msg { return Msg{handover: to} }
 
 // Join hands r to the batch: it waits, in the order of its Priority
 // (Config.Overtakes), until the engine has room for it, then is
@@ -208,7 +224,9 @@ type Config struct {
 // prompt's tokens into its own sequence), and, for a fork, the entry it
 // forks from, which stays in the engine while the fork copies it. Then
 // the least recently used unpinned entries are evicted until the live
-// sequences, the new prompt and the cache fit the engine's memory. A
+// sequences, the new prompt and the cache fit the engine's memory (a
+// cache handed over from another role's batch, Adopt, counts the same:
+// what does not fit beside the started requests goes at once). A
 // fork whose source does not fit waits for the live requests, or, with
 // none live, is not made (the prompt is computed). A request that finds
 // the engine empty starts anyway: the engine refuses only a prompt
@@ -231,6 +249,9 @@ type Batch struct {
 	nextSeq                engine.SeqID
 	kvErr                  error // why the last step's KV callback failed, for its log
 	takenReqs, takenTokens int64 // Joins taken since the last publish
+	// handTo receives the cache's engine tier at the stop (HandOver;
+	// nil: it is freed).
+	handTo chan<- prefixcache.Handover
 }
 
 // seq is a request in the batch.

@@ -38,12 +38,25 @@ func (b *Batch) take() {
 			seqs := b.cfg.Cache.DropSource(m.purge)
 			b.freeSeqs(seqs)
 			b.cfg.Log.Warn("peer untrusted: dropped the prefix cache entries pulled from it", zap.String("peer", m.purge), zap.Int("engine_entries", len(seqs)))
+		case m.adopt != nil:
+			b.adopt(*m.adopt)
+		case m.handover != nil:
+			b.handTo = m.handover
 		}
 	}
 }
 
 // prioOf returns q's priority.
 func prioOf(q *seq) vocab.Priority { return q.r.Priority }
+
+// adopt takes h into the prefix cache and evicts from it what the
+// engine's memory does not hold beside the started requests.
+func (b *Batch) adopt(h prefixcache.Handover) {
+	b.nextSeq = max(b.nextSeq, h.MaxSeq())
+	b.freeSeqs(b.cfg.Cache.Adopt(h))
+	b.makeRoom(nil)
+	b.cfg.Log.Info("prefix cache handed over", zap.Int("entries", len(h.Entries)), zap.Int("kept", b.cfg.Cache.Stats().Entries))
+}
 
 // drop takes q out of the batch: its engine sequence freed, its grammar
 // state closed.
@@ -248,9 +261,12 @@ func (b *Batch) pinned() bool {
 }
 
 // withLive returns the engine memory q's whole prompt and the started
-// requests (q counted once, started or not) take: tokens and sequences.
+// requests (q counted once, started or not; nil: none) take: tokens and
+// sequences.
 func (b *Batch) withLive(q *seq) (tokens, seqs int) {
-	tokens, seqs = len(q.r.Prompt), 1
+	if q != nil {
+		tokens, seqs = len(q.r.Prompt), 1
+	}
 	for _, o := range b.queue {
 		if o.started && o != q {
 			tokens += len(o.r.Prompt)
@@ -262,7 +278,7 @@ func (b *Batch) withLive(q *seq) (tokens, seqs int) {
 
 // makeRoom evicts prefix cache entries, least recently used first
 // (pinned ones stay), until the engine's KV memory holds the started
-// requests' whole prompts, q's included, and what the cache keeps: the
+// requests' whole prompts, q's included (nil: none), and what the cache keeps: the
 // cache lives in the memory live sequences do not use.
 func (b *Batch) makeRoom(q *seq) {
 	c := b.cfg.Cache
@@ -434,6 +450,10 @@ func (p policy) Shutdown() {
 	for _, s := range slices.Clone(b.queue) {
 		b.drop(s)
 		s.r.Out.End(End{Kind: Stopped})
+	}
+	if b.handTo != nil {
+		// The next role's batch frees or keeps them.
+		b.handTo <- b.cfg.Cache.Handover()
 	}
 	b.freeSeqs(b.cfg.Cache.Drain())
 	b.publish()
