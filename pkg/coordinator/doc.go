@@ -163,14 +163,20 @@
 //     them. The decode stream's first entry of logprobs is the KV
 //     commit's (the prefill worker's) there.
 //
-// The KV ack (kv_done) stays on the prefill stream: the prefill worker
-// needs it anyway (it retains the KV until the ack, for Resend), it
-// carries what only the sender knows (the codec it chose and why, bytes
-// on the wire), and it tells the coordinator that a Prefill stream
-// breaking afterwards is harmless (no recovery). Moving it to the
-// Generate stream would add GenerateResponse fields that old decode
-// workers never send, so the coordinator would read both for a release
-// anyway.
+// "KV done" reaches the flow once: PrefillResponse.kv_done (and
+// ResendResponse.kv_done for a re-send), the decode worker's
+// PushResponse relayed by the prefill worker. The budget's kv_transfer
+// term (prefill end → KV done) and kv_stream (first byte → done) read
+// its stamps, which are the decode worker's clock as the decode
+// stream's would be, and the request log its bytes raw and on the wire
+// and the codec with the reason it was chosen, which only the sender
+// knows; the prefill worker needs the ack anyway (it retains the KV
+// until then, for Resend); and it tells the flow that a Prefill stream
+// breaking afterwards is harmless (no recovery). The decode stream's
+// kv_first_byte and kv_done stamps are the decode worker's own record
+// (its trace spans, a migration's pull): the coordinator's edge skips
+// them, so a later transfer (a migration's pull after a local prefill)
+// can no longer pass for the first placement's.
 //
 // # Choices and log-probabilities
 //

@@ -91,10 +91,6 @@ func tokensEvent(attempt int, resp *pdservev1.GenerateResponse) flow.Tokens {
 	for _, s := range resp.GetStamps() {
 		var at *time.Time
 		switch wire.FromStampKind(s.GetKind()) {
-		case vocab.StampKVFirstByte:
-			at = &t.Stamps.KVFirstByte
-		case vocab.StampKVDone:
-			at = &t.Stamps.KVDone
 		case vocab.StampPrefillStart:
 			at = &t.Stamps.PrefillStart
 		case vocab.StampPrefillEnd:

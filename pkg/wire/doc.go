@@ -37,6 +37,8 @@
 //     worker needs as its sequence's first input whichever policy holds.
 //   - GenerateResponse (decode worker → coordinator): tokens per choice,
 //     the finish, stamps (kv_first_byte and kv_done when KV came remote,
+//     the worker's own record, which the coordinator does not read:
+//     PrefillResponse.kv_done is its one report of the KV's arrival;
 //     prefill_start/end and a PrefixHit when it prefilled locally,
 //     decode_joined, first_token, last_token). With
 //     first_token_from_prefill its choice 0 starts at position 1
@@ -44,10 +46,9 @@
 //     token, streamed again.
 //
 // So today the first token has up to three carriers (FirstToken, the
-// KVCommit, position 0 of the decode stream) and the KV's completion is
-// reported twice (PrefillResponse.kv_done from PushResponse, and the
-// decode stream's kv_done stamp); the coordinator's flow reconciles them
-// (pkg/coordinator/doc.go says how). Each carrier exists for a reason
+// KVCommit, position 0 of the decode stream), which the coordinator's
+// flow reconciles (pkg/coordinator/doc.go says how); the KV's
+// completion reaches the flow once, from PrefillResponse.kv_done. Each carrier exists for a reason
 // above: FirstToken because it precedes the transfer, the commit because
 // the decode worker decodes from the token, the decode stream for local
 // prefill and recoveries, where no prefill stream exists.

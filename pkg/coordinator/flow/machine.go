@@ -852,8 +852,6 @@ func (m *Machine) onGenerate(resp Tokens) error {
 		m.migrateFrom = nil
 	}
 	st := resp.Stamps
-	setOnce(&m.tr.KVFirstByte, st.KVFirstByte)
-	setOnce(&m.tr.KVDone, st.KVDone)
 	setOnce(&m.tr.PrefillStart, st.PrefillStart)
 	setOnce(&m.tr.PrefillEnd, st.PrefillEnd)
 	setOnce(&m.tr.DecodeJoined, st.DecodeJoined)

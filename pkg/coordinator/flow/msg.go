@@ -87,9 +87,11 @@ type PrefillEnded struct {
 }
 
 // Stamps are the decode worker's budget stamps of a GenerateResponse
-// (zero: not in this message).
+// (zero: not in this message). The KV's arrival is not among them: the
+// flow takes it from one report only, KVDone (and ResendDone), which
+// the prefill worker relays from the decode worker's acknowledgement.
 type Stamps struct {
-	KVFirstByte, KVDone, PrefillStart, PrefillEnd, DecodeJoined time.Time
+	PrefillStart, PrefillEnd, DecodeJoined time.Time
 }
 
 // Tokens is a message of the Generate stream of decode attempt Attempt:
