@@ -504,7 +504,10 @@ func (r *run) startDecode(a flow.Generate) flow.Event {
 		RequestId: r.req.ID, PromptTokens: r.req.Prompt, Sampling: r.sampling(),
 		MaxTokens: int32(r.req.MaxTokens), LocalPrefill: a.LocalPrefill, IgnoreEos: r.req.IgnoreEOS,
 		N: int32(max(r.req.N, 1)), Logprobs: wire.Logprobs(r.req.Logprobs),
-		FirstTokenFromPrefill: a.FirstFromPrefill, PrefixRoot: uint64(r.root), Priority: r.priority(),
+		PrefixRoot: uint64(r.root), Priority: r.priority(),
+		// A decode worker of the previous release streams position 0
+		// unless asked not to; this one never streams it with remote KV.
+		FirstTokenFromPrefill: !a.LocalPrefill,
 	}
 	if a.OmitPrompt {
 		// The worker holds it from Reserve (prompt_held).

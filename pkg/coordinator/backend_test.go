@@ -16,7 +16,9 @@ import (
 
 // decodeUntilEOG is a decode worker that generates scripted after
 // generated_tokens and, without ignore_eos, ends with "stop" at the first
-// id of eog (streamed as the last token), as a real worker does. split
+// id of eog (streamed as the last token), as a real worker does; with
+// remote KV and none generated it does not stream the first token (the
+// prefill worker's FirstToken), but ends on it all the same. split
 // sends each token in an event of its own and the finish in another, as a
 // worker's outbox may.
 func decodeUntilEOG(split bool, eog ...int32) func(context.Context, *pdservev1.GenerateRequest, func(*pdservev1.GenerateResponse) error) error {
@@ -29,6 +31,9 @@ func decodeUntilEOG(split bool, eog ...int32) func(context.Context, *pdservev1.G
 					break
 				}
 			}
+		}
+		if len(req.GetGeneratedTokens()) == 0 && !req.GetLocalPrefill() {
+			out = out[1:]
 		}
 		if !split {
 			return send(&pdservev1.GenerateResponse{Tokens: out, Finish: wire.FinishReason(finish)})

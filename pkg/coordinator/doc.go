@@ -54,17 +54,17 @@
 //     tokens), and otherwise the prefill worker skips the tokens the
 //     decode worker holds (PrefillRequest.skip_tokens).
 //  3. DecodeService.Generate and PrefillService.Prefill run concurrently.
-//     With first-token policy "prefill" the first token goes to the client
-//     as soon as the prefill worker reports it, and the Generate call asks
-//     the decode worker not to stream it (first_token_from_prefill; the
-//     tokens of a Generate stream are positional: output tokens from its
-//     first on, from its second with that field, or from after
-//     generated_tokens in a recovery). With policy
-//     "decode" the client gets tokens only from the decode stream, so the
-//     KV transfer is part of TTFT. An end-of-generation token ending a
-//     sequence (EOS or another id of engine.EOGTokens of the
-//     coordinator's tokenizer) is not sent to the client; under policy
-//     "prefill" a first token that is one waits for the decode stream.
+//     The prefill worker's FirstToken carries the first token; the decode
+//     stream carries the rest (its tokens are positional: from the second
+//     output token on with remote KV, from the first with local prefill,
+//     from after generated_tokens in a recovery). With first-token policy
+//     "prefill" the first token goes to the client as soon as the
+//     prefill worker reports it; with policy "decode" it goes with the
+//     decode stream's first tokens, so the KV transfer is part of TTFT.
+//     An end-of-generation token ending a sequence (EOS or another id of
+//     engine.EOGTokens of the coordinator's tokenizer) is not sent to the
+//     client; a first token that is one is held until the decode stream's
+//     finish.
 //  4. At the end, on every path (finish, error, client disconnect), both
 //     calls are cancelled if still open, DecodeService.Cancel frees a
 //     reservation left behind after a failure, and PrefillService.Release
@@ -119,58 +119,57 @@
 //     was shown, so the prompt crosses the wire twice (Reserve to the
 //     decode worker, Prefill to the prefill worker) rather than three
 //     times; a decode worker that predates prompt_held gets it again.
-//     Then sampling, max_tokens, n, first_token_from_prefill where FirstToken
-//     is the first token's source (below), and in a recovery the
-//     tokens each choice already delivered (generated_tokens,
-//     generated_choices).
+//     Then sampling, max_tokens, n, and in a recovery the tokens each
+//     choice already delivered (generated_tokens, generated_choices);
+//     with remote KV the deprecated first_token_from_prefill, for decode
+//     workers of the previous release (package wire).
 //   - PrefillResponse: queued (a budget stamp), first_token (the token the
 //     prefill worker sampled, with its stamps, batch, prefix hit and
 //     log-probability) and kv_done (the decode worker's ack, relayed).
 //   - GenerateResponse: positional tokens of one choice, their
-//     log-probabilities, the finish, the decode worker's stamps, and on
-//     choice 0's first event first_token_omitted when the worker honoured
-//     first_token_from_prefill.
+//     log-probabilities, the finish and the decode worker's stamps.
 //   - ResendResponse: the kv_done of the re-sent KV.
 //
-// The first token is sampled once, by the prefill worker, and one path
-// is authoritative for it (package flow, scenarios
-// flow/testdata/firsttoken.txt):
+// The first token has one carrier per party, decided by the mode and
+// never reconciled (package flow, scenarios flow/testdata/firsttoken.txt):
 //
-//   - Policy "prefill", remote prefill, first placement (and a prefill
-//     retry for the same decode worker): FirstToken, with its value and
-//     log-probability. Generate carries first_token_from_prefill, so the
-//     decode worker takes the token from the KV commit into its sequence
-//     but does not stream it: choice 0 starts at position 1, its first
-//     event marked first_token_omitted. The Generate stream's messages
-//     that come before FirstToken wait for it (so the client gets
-//     position 0 first, with FirstToken's log-probability); a Prefill
-//     stream that ends without FirstToken after the decode worker
-//     streamed starts the request over on other workers (nothing reached
-//     the client). A decode worker that predates the field streams
-//     position 0 unmarked: its copy is checked against the delivered
-//     token (a warning when they differ) and dropped, as before.
-//   - An end-of-generation first token (without ignore_eos) is not
-//     delivered from FirstToken: the decode stream's finish ends the
-//     choice with it (with the field, its event has no token, and the
-//     coordinator puts FirstToken's back in front); a worker that does not
-//     end on it makes it output.
-//   - Policy "decode", local prefill (colocated, Reserve's real hit, a
-//     short prompt, prompt log-probabilities) and every recovery: the
-//     decode stream, whose Generate carries no field. A recovery that
-//     prefilled again races the new FirstToken against the new stream as
-//     before (the later copy dropped); one that resumes sends the
-//     delivered tokens (generated_tokens) and the stream starts after
-//     them. The decode stream's first entry of logprobs is the KV
-//     commit's (the prefill worker's) there.
+//   - Remote prefill (a first placement, a prefill retry for the same
+//     decode worker, a recovery that prefills again): the client's comes
+//     from FirstToken, with its log-probability; the decode worker's from
+//     the KV commit, which it takes into its sequence but never streams:
+//     choice 0's Generate stream starts at position 1. Its messages that
+//     come before FirstToken wait for it (nothing else has position 0);
+//     a Prefill stream that ends without FirstToken after the decode
+//     worker streamed starts the request over on other workers (nothing
+//     reached the client). Under policy "decode" FirstToken's token goes
+//     out with the decode stream's first tokens.
+//   - An end-of-generation first token (without ignore_eos) is held as
+//     the decode stream's last token would be: the stream's finish
+//     ("stop") ends the choice with it, and a worker that does not end on
+//     it makes it output with its next tokens.
+//   - Local prefill (colocated, Reserve's real hit, a short prompt,
+//     prompt log-probabilities): no prefill stream; the decode stream
+//     carries position 0.
+//   - A recovery that resumes (Resend, a migration's pull) sends the
+//     tokens the client has (generated_tokens) and the stream starts
+//     after them; with remote KV and none yet (a held end-of-generation
+//     first token, or one waiting under policy "decode"), at position 1
+//     as above, FirstToken's token being the flow's already.
 //
-// The KV ack (kv_done) stays on the prefill stream: the prefill worker
-// needs it anyway (it retains the KV until the ack, for Resend), it
-// carries what only the sender knows (the codec it chose and why, bytes
-// on the wire), and it tells the coordinator that a Prefill stream
-// breaking afterwards is harmless (no recovery). Moving it to the
-// Generate stream would add GenerateResponse fields that old decode
-// workers never send, so the coordinator would read both for a release
-// anyway.
+// "KV done" reaches the flow once: PrefillResponse.kv_done (and
+// ResendResponse.kv_done for a re-send), the decode worker's
+// PushResponse relayed by the prefill worker. The budget's kv_transfer
+// term (prefill end → KV done) and kv_stream (first byte → done) read
+// its stamps, which are the decode worker's clock as the decode
+// stream's would be, and the request log its bytes raw and on the wire
+// and the codec with the reason it was chosen, which only the sender
+// knows; the prefill worker needs the ack anyway (it retains the KV
+// until then, for Resend); and it tells the flow that a Prefill stream
+// breaking afterwards is harmless (no recovery). The decode stream's
+// kv_first_byte and kv_done stamps are the decode worker's own record
+// (its trace spans, a migration's pull): the coordinator's edge skips
+// them, so a later transfer (a migration's pull after a local prefill)
+// can no longer pass for the first placement's.
 //
 // # Choices and log-probabilities
 //
@@ -179,13 +178,12 @@
 // prompt is prefilled and transferred once. Its events carry the choice
 // index; the coordinator keeps each choice's delivered tokens, held-back
 // end-of-generation token and finish, and hands the frontend each
-// choice's tokens with their log-probabilities (frontend.Output). The
-// first token's log-probability comes from the prefill worker
-// (FirstToken under policy "prefill", the KV commit for the decode
-// worker's stream). A stop string ends one choice: its later tokens are
-// dropped, and once every choice ended the calls are cancelled and the
-// workers' KV freed as after an error. A recovery sends each choice's
-// delivered tokens (generated_tokens, generated_choices).
+// choice's tokens with their log-probabilities (frontend.Output). With
+// remote prefill the first token's log-probability is FirstToken's. A
+// stop string ends one choice: its later tokens are dropped, and once
+// every choice ended the calls are cancelled and the workers' KV freed
+// as after an error. A recovery sends each choice's delivered tokens
+// (generated_tokens, generated_choices).
 //
 // # Errors
 //

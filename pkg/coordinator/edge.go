@@ -86,15 +86,11 @@ func kvReport(kd *pdservev1.KVDone) flow.KV {
 func tokensEvent(attempt int, resp *pdservev1.GenerateResponse) flow.Tokens {
 	t := flow.Tokens{Attempt: attempt, Index: int(resp.GetIndex()), Tokens: resp.GetTokens(),
 		Logprobs: wire.FromTokenLogprobs(resp.GetLogprobs()), Finish: wire.Finish(resp),
-		FirstTokenOmitted: resp.GetFirstTokenOmitted(), Batch: int(resp.GetBatchSize()),
-		Hits: hits(resp.GetHit()), PromptLogprobs: wire.FromTokenLogprobs(resp.GetPromptLogprobs()), Migrated: resp.GetMigrated()}
+		Batch: int(resp.GetBatchSize()),
+		Hits:  hits(resp.GetHit()), PromptLogprobs: wire.FromTokenLogprobs(resp.GetPromptLogprobs()), Migrated: resp.GetMigrated()}
 	for _, s := range resp.GetStamps() {
 		var at *time.Time
 		switch wire.FromStampKind(s.GetKind()) {
-		case vocab.StampKVFirstByte:
-			at = &t.Stamps.KVFirstByte
-		case vocab.StampKVDone:
-			at = &t.Stamps.KVDone
 		case vocab.StampPrefillStart:
 			at = &t.Stamps.PrefillStart
 		case vocab.StampPrefillEnd:

@@ -93,19 +93,22 @@ func TestClientError(t *testing.T) {
 }
 
 // TestTokensEvent: a Generate message's fields reach the flow, the
-// first stamp of a kind wins, and unknown stamps are skipped.
+// first stamp of a kind wins, and unknown stamps are skipped, as are the
+// KV stamps of a decode worker (the KV's arrival reaches the flow once,
+// from the prefill stream's kv_done).
 func TestTokensEvent(t *testing.T) {
-	resp := &pdservev1.GenerateResponse{Index: 1, Tokens: []int32{4, 5}, Finish: pdservev1.FinishReason_FINISH_REASON_LENGTH, FirstTokenOmitted: true, BatchSize: 3,
+	resp := &pdservev1.GenerateResponse{Index: 1, Tokens: []int32{4, 5}, Finish: pdservev1.FinishReason_FINISH_REASON_LENGTH, BatchSize: 3,
 		Hit:      &pdservev1.PrefixHit{Tokens: 32, HostTokens: 16, PeerLoadNanos: 7},
 		Logprobs: []*pdservev1.TokenLogprob{{Token: 4, Logprob: -1}, {Token: 5, Logprob: -2}},
-		Stamps: []*pdservev1.Stamp{{Kind: pdservev1.StampKind_STAMP_KIND_KV_DONE, UnixNano: 10}, {Kind: pdservev1.StampKind_STAMP_KIND_KV_DONE, UnixNano: 20},
+		Stamps: []*pdservev1.Stamp{{Kind: pdservev1.StampKind_STAMP_KIND_PREFILL_START, UnixNano: 10}, {Kind: pdservev1.StampKind_STAMP_KIND_PREFILL_START, UnixNano: 20},
+			{Kind: pdservev1.StampKind_STAMP_KIND_KV_FIRST_BYTE, UnixNano: 25}, {Kind: pdservev1.StampKind_STAMP_KIND_KV_DONE, UnixNano: 28},
 			{Kind: pdservev1.StampKind(99), UnixNano: 30}, {UnixNano: 35}, {Kind: pdservev1.StampKind_STAMP_KIND_DECODE_JOINED, UnixNano: 40}}}
 	got := tokensEvent(2, resp)
-	if got.Attempt != 2 || got.Index != 1 || !cmp.Equal(got.Tokens, []int32{4, 5}) || got.Finish != "length" || !got.FirstTokenOmitted ||
+	if got.Attempt != 2 || got.Index != 1 || !cmp.Equal(got.Tokens, []int32{4, 5}) || got.Finish != "length" ||
 		got.Batch != 3 || got.Hits != (flow.Hits{Prefix: 32, Host: 16, PeerLoad: 7}) || len(got.Logprobs) != 2 || got.Logprobs[1].Logprob != -2 {
 		t.Errorf("tokensEvent = %+v", got)
 	}
-	if want := (flow.Stamps{KVDone: time.Unix(0, 10), DecodeJoined: time.Unix(0, 40)}); got.Stamps != want {
+	if want := (flow.Stamps{PrefillStart: time.Unix(0, 10), DecodeJoined: time.Unix(0, 40)}); got.Stamps != want {
 		t.Errorf("stamps %+v, want %+v", got.Stamps, want)
 	}
 	if ev := prefillEvent(0, &pdservev1.PrefillResponse{}); ev != nil {

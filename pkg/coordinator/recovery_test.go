@@ -94,9 +94,15 @@ func (d *fakeDecode) counts() (generates, cancelled, reserved int) {
 }
 
 // streamScripted is a healthy decode worker that has the KV: it streams
-// the tokens of scripted after generated_tokens and finishes.
+// the tokens of scripted after generated_tokens and finishes (with
+// remote KV and none generated, from the second: the first is the
+// prefill worker's FirstToken).
 func streamScripted(_ context.Context, req *pdservev1.GenerateRequest, send func(*pdservev1.GenerateResponse) error) error {
-	rest := scripted[len(req.GetGeneratedTokens()):]
+	from := len(req.GetGeneratedTokens())
+	if from == 0 && !req.GetLocalPrefill() {
+		from = 1
+	}
+	rest := scripted[from:]
 	return send(&pdservev1.GenerateResponse{Tokens: rest, Finish: pdservev1.FinishReason_FINISH_REASON_LENGTH})
 }
 
@@ -394,9 +400,10 @@ func TestRecoveryWhenResendFails(t *testing.T) {
 			return &pdservev1.ResendResponse{KvDone: &pdservev1.KVDone{BytesRaw: 100}}, nil
 		},
 	}
-	// decode-0 streams the first token, then fails.
+	// decode-0 streams the token after the first (the prefill worker's),
+	// then fails.
 	failing := &fakeDecode{generate: func(_ context.Context, _ *pdservev1.GenerateRequest, send func(*pdservev1.GenerateResponse) error) error {
-		if err := send(&pdservev1.GenerateResponse{Tokens: scripted[:1]}); err != nil {
+		if err := send(&pdservev1.GenerateResponse{Tokens: scripted[1:2]}); err != nil {
 			return err
 		}
 		return status.Error(codes.Internal, "decode step failed")

@@ -138,7 +138,11 @@ func TestRemoteChoicesFork(t *testing.T) {
 	// Greedy: every choice is the engine's one greedy continuation.
 	want, _ := referenceRun(t, p, max, engine.Sampling{}, 0)
 	for i := range n {
-		if diff := cmp.Diff(want, got.tokens[i]); diff != "" {
+		w := want
+		if i == 0 {
+			w = want[1:] // position 0 is the prefill worker's to carry
+		}
+		if diff := cmp.Diff(w, got.tokens[i]); diff != "" {
 			t.Errorf("choice %d (-engine alone +worker):\n%s", i, diff)
 		}
 	}
@@ -244,8 +248,9 @@ func TestChoicesValidation(t *testing.T) {
 	}
 }
 
-// With remote KV the first token's log-probability comes with the commit;
-// the rest are the worker's own.
+// With remote KV the first token and its log-probability came with the
+// commit and are not streamed (the prefill worker carries them to the
+// caller); the rest are the worker's own.
 func TestRemoteLogprobs(t *testing.T) {
 	w := newWorker(t, smallOptions(), true)
 	ctx := testCtx(t)
@@ -261,10 +266,10 @@ func TestRemoteLogprobs(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := collectChoices(t, stream)
-	if diff := cmp.Diff(want, got.tokens[0]); diff != "" {
+	if diff := cmp.Diff(want[1:], got.tokens[0]); diff != "" {
 		t.Errorf("tokens (-engine alone +worker):\n%s", diff)
 	}
-	if diff := cmp.Diff(wantLP, got.lps[0], cmpopts.EquateApprox(0, 1e-6)); diff != "" {
+	if diff := cmp.Diff(wantLP[1:], got.lps[0], cmpopts.EquateApprox(0, 1e-6)); diff != "" {
 		t.Errorf("logprobs (-engine alone +worker):\n%s", diff)
 	}
 }

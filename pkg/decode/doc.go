@@ -119,28 +119,26 @@
 //
 // # The token stream and the first token
 //
-// The tokens of all GenerateResponse events of a call, concatenated, are the
-// request's output sequence from its first token on: the decode worker
-// always streams the first token itself, as the first token of its first
-// event, also when the prefill worker sampled it (remote prefill) and
-// already reported it in its FirstToken event. Under the coordinator's
-// first-token policy "prefill" the coordinator has that token from
-// FirstToken, and says so with first_token_from_prefill: the worker still
-// continues the sequence from it (the KV commit's token) but does not
-// stream it, so choice 0's tokens start at position 1, and choice 0's
-// first event (with tokens or the finish, which still comes when the
-// first token ends the choice) carries first_token_omitted; the field is
-// refused with local_prefill and does nothing with generated_tokens. A
-// coordinator that predates the field gets the first token streamed and
-// drops its copy; under policy "decode" the coordinator forwards it. The
-// token that ends a sequence with "stop" (an
+// The tokens of all GenerateResponse events of a call, concatenated, are
+// the request's output sequence from a fixed position on. With remote KV
+// the first token (position 0) is the KV commit's, sampled by the prefill
+// worker, whose FirstToken carries it to the coordinator: the worker
+// continues the sequence from it but never streams it, so choice 0's
+// tokens start at position 1 (its finish still comes, also when the
+// first token ends the choice; choices 1..n-1 sample their own first
+// token and stream it). With local_prefill the worker samples the first
+// token and streams it. A recovery call (generated_tokens set) streams
+// only tokens after generated_tokens. The deprecated
+// first_token_from_prefill is not read (package wire says why it is
+// still sent). The token that ends a sequence with "stop" (an
 // end-of-generation or stop token) is included as the last token; a
-// client-facing renderer strips it. A recovery call (generated_tokens set)
-// streams only tokens after generated_tokens.
+// client-facing renderer strips it.
 //
 // Events carry stamps (Unix nanoseconds, worker clock; their kinds are
 // the StampKind enum, vocab.Stamp in Go): KV_FIRST_BYTE and KV_DONE
-// (remote KV: the first frame arrived, the last frame was staged),
+// (remote KV: the first frame arrived, the last frame was staged; the
+// worker's own record: the coordinator reads the same instants from the
+// push's ack, which the prefill worker relays as kv_done),
 // PREFILL_START and PREFILL_END (local prefill), DECODE_JOINED,
 // FIRST_TOKEN (the first token this call streams) and LAST_TOKEN (on the
 // final event); a finish (the FinishReason enum, and its string in the

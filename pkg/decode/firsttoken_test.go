@@ -7,8 +7,6 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/internal/poll"
@@ -16,24 +14,17 @@ import (
 	"github.com/pdserve/pdserve/pkg/wire"
 )
 
-// omitResult is what a Generate call streamed, by choice, with the
-// first_token_omitted marks.
-type omitResult struct {
+// firstResult is what a Generate call streamed, by choice.
+type firstResult struct {
 	tokens  map[int][]int32
 	reasons map[int]string
-	// marked counts the events that carry first_token_omitted;
-	// markedFirst says the first event of choice 0 with tokens or a
-	// finish did.
-	marked      int
-	markedFirst bool
 }
 
-func collectOmit(t *testing.T, stream interface {
+func collectFirst(t *testing.T, stream interface {
 	Recv() (*pdservev1.GenerateResponse, error)
-}) omitResult {
+}) firstResult {
 	t.Helper()
-	r := omitResult{tokens: map[int][]int32{}, reasons: map[int]string{}}
-	seen0 := false
+	r := firstResult{tokens: map[int][]int32{}, reasons: map[int]string{}}
 	for {
 		ev, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
@@ -43,15 +34,6 @@ func collectOmit(t *testing.T, stream interface {
 			t.Fatal(err)
 		}
 		i := int(ev.GetIndex())
-		if ev.GetFirstTokenOmitted() {
-			r.marked++
-			if i != 0 {
-				t.Errorf("first_token_omitted on an event of choice %d", i)
-			}
-		}
-		if i == 0 && !seen0 && (len(ev.GetTokens()) > 0 || wire.FromFinishReason(ev.GetFinish()) != "") {
-			seen0, r.markedFirst = true, ev.GetFirstTokenOmitted()
-		}
 		r.tokens[i] = append(r.tokens[i], ev.GetTokens()...)
 		if f := wire.FromFinishReason(ev.GetFinish()); f != "" {
 			r.reasons[i] = f
@@ -59,12 +41,14 @@ func collectOmit(t *testing.T, stream interface {
 	}
 }
 
-// TestFirstTokenFromPrefill: with first_token_from_prefill the worker
-// still continues from the prefill worker's first token but does not
-// stream it: choice 0 starts at position 1, its first event says so, and
-// its finish comes also when the first token ends it. Without the field
-// (an old coordinator) position 0 is streamed and nothing is marked.
-func TestFirstTokenFromPrefill(t *testing.T) {
+// TestFirstTokenNotStreamed: with remote KV the worker continues from
+// the prefill worker's first token (the KV commit's) but never streams
+// it, since the prefill worker carried it to the caller: choice 0 starts
+// at position 1, and its finish comes also when the first token ends
+// it. The deprecated first_token_from_prefill, which a coordinator sets
+// for workers of the previous release, changes nothing; a recovery
+// streams after generated_tokens.
+func TestFirstTokenNotStreamed(t *testing.T) {
 	w := newWorker(t, smallOptions(), true)
 	p := prompt(21, 11)
 	want := reference(t, p, 6, engine.Sampling{})
@@ -77,14 +61,13 @@ func TestFirstTokenFromPrefill(t *testing.T) {
 		flag       bool
 		want       []int32 // choice 0's stream
 		wantReason string
-		wantMarked bool
 	}{
-		{name: "omitted", max: 6, flag: true, want: want[1:], wantReason: FinishLength, wantMarked: true},
-		{name: "without the field", max: 6, want: want, wantReason: FinishLength},
-		{name: "one token", max: 1, flag: true, want: nil, wantReason: FinishLength, wantMarked: true},
-		{name: "the first token stops", max: 6, flag: true, stop: want[:1], want: nil, wantReason: FinishStop, wantMarked: true},
-		{name: "two choices", max: 6, n: 2, flag: true, want: want[1:], wantReason: FinishLength, wantMarked: true},
-		{name: "recovery", max: 6, flag: true, generated: want[:2], want: want[2:], wantReason: FinishLength},
+		{name: "remote", max: 6, want: want[1:], wantReason: FinishLength},
+		{name: "with the old field", max: 6, flag: true, want: want[1:], wantReason: FinishLength},
+		{name: "one token", max: 1, want: nil, wantReason: FinishLength},
+		{name: "the first token stops", max: 6, stop: want[:1], want: nil, wantReason: FinishStop},
+		{name: "two choices", max: 6, n: 2, want: want[1:], wantReason: FinishLength},
+		{name: "recovery", max: 6, generated: want[:2], want: want[2:], wantReason: FinishLength},
 	}
 	for k, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -102,15 +85,12 @@ func TestFirstTokenFromPrefill(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := collectOmit(t, stream)
+			got := collectFirst(t, stream)
 			if diff := cmp.Diff(tc.want, got.tokens[0]); diff != "" {
 				t.Errorf("choice 0's tokens (-want +got):\n%s", diff)
 			}
 			if got.reasons[0] != tc.wantReason {
 				t.Errorf("choice 0's finish %q, want %q", got.reasons[0], tc.wantReason)
-			}
-			if got.markedFirst != tc.wantMarked || got.marked != map[bool]int{true: 1}[tc.wantMarked] {
-				t.Errorf("first event of choice 0 marked %t, %d events marked; want marked %t, once", got.markedFirst, got.marked, tc.wantMarked)
 			}
 			for i := 1; i < n; i++ {
 				// Greedy: every other choice is the whole continuation.
@@ -123,16 +103,22 @@ func TestFirstTokenFromPrefill(t *testing.T) {
 	poll.WaitFor(t, "blocks free", func() bool { st := w.s.Stats(); return st.KVBlocksFree == st.KVBlocksTotal && st.Requests == 0 })
 }
 
-// TestFirstTokenFromPrefillNeedsRemoteKV: the field with local_prefill
-// (no prefill worker, no FirstToken) is refused.
-func TestFirstTokenFromPrefillNeedsRemoteKV(t *testing.T) {
+// TestLocalPrefillStreamsFirstToken: with local_prefill no prefill
+// worker carries the first token, so the worker streams it, whatever the
+// deprecated first_token_from_prefill says (a worker of the previous
+// release refused that pair).
+func TestLocalPrefillStreamsFirstToken(t *testing.T) {
 	w := newWorker(t, smallOptions(), true)
-	stream, err := w.client.Generate(testCtx(t), &pdservev1.GenerateRequest{RequestId: "l", PromptTokens: prompt(9, 1), MaxTokens: 3,
+	p := prompt(9, 1)
+	want := reference(t, p, 3, engine.Sampling{})
+	stream, err := w.client.Generate(testCtx(t), &pdservev1.GenerateRequest{RequestId: "l", PromptTokens: p, MaxTokens: 3, IgnoreEos: true,
 		LocalPrefill: true, FirstTokenFromPrefill: true})
-	if err == nil {
-		_, err = stream.Recv()
+	if err != nil {
+		t.Fatal(err)
 	}
-	if status.Code(err) != codes.InvalidArgument {
-		t.Fatalf("Generate with first_token_from_prefill and local_prefill: %v, want InvalidArgument", err)
+	got := collectFirst(t, stream)
+	if diff := cmp.Diff(want, got.tokens[0]); diff != "" {
+		t.Errorf("tokens (-want +got):\n%s", diff)
 	}
+	poll.WaitFor(t, "blocks free", func() bool { st := w.s.Stats(); return st.KVBlocksFree == st.KVBlocksTotal && st.Requests == 0 })
 }

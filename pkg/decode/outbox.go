@@ -34,9 +34,8 @@ type outbox struct {
 	finished bool
 	err      error // a gRPC status error, when finished with one
 	notify   chan struct{}
-	// skipFirst: choice 0's next token is not sent (omitFirst); omitted:
-	// it was not, and choice 0's next event says so.
-	skipFirst, omitted bool
+	// skipFirst: choice 0's next token is not sent (omitFirst).
+	skipFirst bool
 	// migrated: the stream ends with an event saying the sequence moved
 	// to another worker (sent: it went out).
 	migrated, migratedSent bool
@@ -94,9 +93,8 @@ func (o *outbox) PrefixHit(tokens int, host prefixcache.HostLoad, peer batch.Pee
 }
 
 // omitFirst arranges that choice 0's first token is not sent, its caller
-// having it from the prefill worker (first_token_from_prefill), and that
-// choice 0's first event says so (first_token_omitted), also when it
-// carries only the finish.
+// having it from the prefill worker: choice 0's stream starts at output
+// position 1 (its finish still comes, also when that token ends it).
 func (o *outbox) omitFirst() {
 	o.mu.Lock()
 	o.skipFirst = true
@@ -114,7 +112,7 @@ func (o *outbox) Token(i int, t int32, elp *engine.TokenLogprob, batch int) bool
 	}
 	o.mu.Lock()
 	if i == 0 && o.skipFirst {
-		o.skipFirst, o.omitted, o.batch = false, true, int32(batch)
+		o.skipFirst, o.batch = false, int32(batch)
 		o.mu.Unlock()
 		o.signal()
 		return true
@@ -224,9 +222,6 @@ func (o *outbox) take() ([]*pdservev1.GenerateResponse, bool, error) {
 			continue
 		}
 		resp := &pdservev1.GenerateResponse{Index: int32(i), Tokens: c.tokens, Logprobs: c.lps, BatchSize: o.batch}
-		if i == 0 && o.omitted {
-			resp.FirstTokenOmitted, o.omitted = true, false
-		}
 		if final {
 			wire.SetFinish(resp, c.reason)
 			c.sent = true

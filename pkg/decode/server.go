@@ -871,8 +871,9 @@ type genParams struct {
 	promptTop  int
 	caller     string    // grpcauth.Caller of the call
 	hashes     []kv.Hash // the prompt's full blocks, for the prefix cache
-	// omitFirst: the caller delivers choice 0's first token from the
-	// prefill worker (first_token_from_prefill); it is not streamed.
+	// omitFirst: remote KV and nothing generated yet: choice 0's first
+	// token (the KV commit's) is the prefill worker's to carry to the
+	// caller; it is not streamed.
 	omitFirst bool
 	// peer is a worker holding a longer prefix of a local prompt
 	// (GenerateRequest.peer; nil: none, or not a local prefill); pull:
@@ -960,11 +961,12 @@ func (s *Server) validate(req *pdservev1.GenerateRequest) (genParams, error) {
 		}
 		p.peer, p.migrateCodec = nil, req.GetMigrateCodec()
 	}
-	if req.GetFirstTokenFromPrefill() && p.local {
-		return p, invalid("request %s: first_token_from_prefill needs remote KV, not local_prefill", id)
-	}
-	// A recovery streams only tokens after generated_tokens: nothing to omit.
-	p.omitFirst = req.GetFirstTokenFromPrefill() && len(p.generated) == 0
+	// With remote KV the caller has choice 0's position 0 from the
+	// prefill worker (FirstToken); a recovery streams only tokens after
+	// generated_tokens anyway. first_token_from_prefill, which a
+	// coordinator still sends for workers of the previous release, is
+	// not read.
+	p.omitFirst = !p.local && len(p.generated) == 0
 	if err := checkTokens(s.spec, id, "prompt_tokens", p.prompt); err != nil {
 		return p, err
 	}

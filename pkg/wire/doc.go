@@ -24,32 +24,43 @@
 //
 // # What each message carries, and why
 //
-//   - PrefillResponse (prefill worker → coordinator): queued (the queue
-//     time, for the budget); first_token (the token sampled after the
-//     prompt, its prefill span, batch and PrefixHit: under the "prefill"
-//     first-token policy the client's position 0 comes from here, before
-//     the KV has moved, so that the transfer lands in the first
-//     inter-token gap); kv_done (the transfer's bytes, codec and its
-//     first byte and end on the decode worker's clock, from its
-//     PushResponse: the decode worker holds the whole KV, and the stream
-//     ends).
-//   - PushRequest (prefill → decode worker): a header bounding the frames,
-//     the frames, and a KVCommit with the first token, which the decode
-//     worker needs as its sequence's first input whichever policy holds.
-//   - GenerateResponse (decode worker → coordinator): tokens per choice,
-//     the finish, stamps (kv_first_byte and kv_done when KV came remote,
-//     prefill_start/end and a PrefixHit when it prefilled locally,
-//     decode_joined, first_token, last_token). With
-//     first_token_from_prefill its choice 0 starts at position 1
-//     (first_token_omitted); otherwise position 0 is the KV commit's
-//     token, streamed again.
+// Each party gets the first token (the token sampled after the prompt)
+// from one carrier, which the serving mode decides; nothing is
+// reconciled at run time.
 //
-// So today the first token has up to three carriers (FirstToken, the
-// KVCommit, position 0 of the decode stream) and the KV's completion is
-// reported twice (PrefillResponse.kv_done from PushResponse, and the
-// decode stream's kv_done stamp); the coordinator's flow reconciles them
-// (pkg/coordinator/doc.go says how). Each carrier exists for a reason
-// above: FirstToken because it precedes the transfer, the commit because
-// the decode worker decodes from the token, the decode stream for local
-// prefill and recoveries, where no prefill stream exists.
+//   - PrefillResponse (prefill worker → coordinator): queued (the queue
+//     time, for the budget); first_token (the first token, its
+//     log-probability, prefill span, batch and PrefixHit): with remote
+//     prefill the one carrier of the client's position 0, because it
+//     comes before the KV has moved (under the "prefill" first-token
+//     policy it goes out at once, so that the transfer lands in the
+//     first inter-token gap; under "decode" the coordinator holds it
+//     until the decode stream's first tokens); kv_done (the transfer's
+//     bytes, codec and reason, and its first byte and end on the decode
+//     worker's clock, from its PushResponse): the one report of the KV's
+//     arrival that the coordinator reads, for the budget's kv_transfer
+//     term and the request log (ResendResponse.kv_done for a re-send).
+//   - PushRequest (prefill → decode worker): a header bounding the frames,
+//     the frames, and a KVCommit with the first token and its
+//     log-probability: the decode worker's one carrier of it, which it
+//     needs as its sequence's first input.
+//   - GenerateResponse (decode worker → coordinator): tokens per choice
+//     from a fixed position, the finish, stamps (prefill_start/end and a
+//     PrefixHit when it prefilled locally, decode_joined, first_token,
+//     last_token; kv_first_byte and kv_done are its own record of
+//     received KV, which the coordinator does not read). With remote KV
+//     choice 0's tokens start at position 1, always: the worker never
+//     streams the commit's token, which the client has from FirstToken.
+//     With local prefill (colocated, a short prompt, prompt
+//     log-probabilities) there is no prefill stream, and the decode
+//     stream carries position 0. A recovery streams after the tokens the
+//     client has (generated_tokens; with remote KV and none, from
+//     position 1 as above).
+//
+// GenerateRequest.first_token_from_prefill is deprecated: no worker
+// reads it, and the coordinator still sets it with remote KV so that a
+// decode worker of the previous release (which streamed position 0
+// unless asked) behaves the same while the coordinator is rolled out
+// first; GenerateResponse.first_token_omitted, that release's mark, is
+// reserved.
 package wire

@@ -116,6 +116,7 @@ func (c *elasticCluster) waitRole(t *testing.T, id string, role control.Role) {
 // stream is open.
 type started struct {
 	prompt []int32
+	first  int32 // the prefill worker's first token, which the stream does not carry
 	gen    pdservev1.DecodeService_GenerateClient
 }
 
@@ -134,13 +135,14 @@ func start(ctx context.Context, pc pdservev1.PrefillServiceClient, dc pdservev1.
 	if err != nil {
 		return started{}, fmt.Errorf("prefill %s: %w", id, err)
 	}
-	if _, _, err := readPrefill(pre); err != nil {
+	first, _, err := readPrefill(pre)
+	if err != nil {
 		return started{}, fmt.Errorf("prefill %s: %w", id, err)
 	}
 	if _, err := pc.Release(ctx, &pdservev1.ReleaseRequest{RequestId: id}); err != nil {
 		return started{}, fmt.Errorf("release %s: %w", id, err)
 	}
-	return started{prompt: p, gen: gen}, nil
+	return started{prompt: p, first: first.GetToken(), gen: gen}, nil
 }
 
 // finish reads s's stream to its end and checks it against the engine
@@ -152,7 +154,7 @@ func (s started) finish(t *testing.T, id string, maxTokens int) {
 		t.Errorf("request %s: %v", id, err)
 		return
 	}
-	if diff := cmp.Diff(reference(t, s.prompt, maxTokens), got.tokens); diff != "" {
+	if diff := cmp.Diff(reference(t, s.prompt, maxTokens), append([]int32{s.first}, got.tokens...)); diff != "" {
 		t.Errorf("request %s tokens (-engine alone +served):\n%s", id, diff)
 	}
 }

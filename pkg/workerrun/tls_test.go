@@ -75,10 +75,7 @@ func TestDisaggregatedOverMutualTLS(t *testing.T) {
 		pc := pdservev1.NewPrefillServiceClient(dialCreds(t, pw.Addr(), creds))
 		dc := pdservev1.NewDecodeServiceClient(dialCreds(t, dw.Addr(), creds))
 		ctx := testCtx(t)
-		got, first := disaggregated(t, ctx, pc, dc, dw.Addr(), "req", p, maxTokens, "zstd")
-		if first != got.tokens[0] {
-			t.Errorf("prefill worker's first token %d, decode worker's %d", first, got.tokens[0])
-		}
+		got, _ := disaggregated(t, ctx, pc, dc, dw.Addr(), "req", p, maxTokens, "zstd")
 		if _, err := pc.Release(ctx, &pdservev1.ReleaseRequest{RequestId: "req"}); err != nil {
 			t.Fatal(err)
 		}

@@ -29,8 +29,9 @@ import (
 
 // disaggregated runs one request through a prefill worker and a decode
 // worker as the coordinator does: Reserve, then Generate and Prefill
-// concurrently. It returns the decode worker's result and the prefill
-// worker's first token.
+// concurrently. It returns the decode worker's result, its tokens
+// preceded by the prefill worker's first token (which the decode stream
+// does not carry with remote KV), and that first token.
 func disaggregated(t *testing.T, ctx context.Context, pc pdservev1.PrefillServiceClient, dc pdservev1.DecodeServiceClient, decodeAddr, id string, p []int32, maxTokens int, codecName string) (genResult, int32) {
 	t.Helper()
 	if _, err := dc.Reserve(ctx, &pdservev1.ReserveRequest{RequestId: id, Tokens: int32(len(p) + maxTokens)}); err != nil {
@@ -55,6 +56,7 @@ func disaggregated(t *testing.T, ctx context.Context, pc pdservev1.PrefillServic
 	if err != nil {
 		t.Fatalf("generate %s: %v", id, err)
 	}
+	res.tokens = append([]int32{first.GetToken()}, res.tokens...)
 	return res, first.GetToken()
 }
 
@@ -168,6 +170,7 @@ func TestConcurrentRequestsBatch(t *testing.T) {
 	ctx := testCtx(t)
 	const n = 3
 	prompts := make([][]int32, n)
+	firsts := make([]int32, n) // the prefill worker's first tokens, which the decode streams do not carry
 	for i := range n {
 		id := fmt.Sprint("req-", i)
 		prompts[i] = prompt(6+3*i, int32(i+1))
@@ -178,9 +181,11 @@ func TestConcurrentRequestsBatch(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, _, err := readPrefill(pre); err != nil {
+		first, _, err := readPrefill(pre)
+		if err != nil {
 			t.Fatal(err)
 		}
+		firsts[i] = first.GetToken()
 	}
 	var wg sync.WaitGroup
 	results := make([]genResult, n)
@@ -207,7 +212,7 @@ func TestConcurrentRequestsBatch(t *testing.T) {
 		if errs[i] != nil {
 			t.Fatalf("request %d: %v", i, errs[i])
 		}
-		if diff := cmp.Diff(reference(t, prompts[i], 6), results[i].tokens); diff != "" {
+		if diff := cmp.Diff(reference(t, prompts[i], 6), append([]int32{firsts[i]}, results[i].tokens...)); diff != "" {
 			t.Errorf("request %d tokens (-engine alone +batched):\n%s", i, diff)
 		}
 		for _, b := range results[i].batches {
@@ -337,14 +342,17 @@ func TestRecoveryAfterDecodeWorkerDies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := readPrefill(pre); err != nil {
-		t.Fatal(err)
-	}
-	// The first token plus three decode steps, then the worker hangs.
-	before, err := readGenerate(gen, 4)
+	first, _, err := readPrefill(pre)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Three decode steps after the prefill worker's first token (which
+	// the stream does not carry), then the worker hangs.
+	before, err := readGenerate(gen, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before.tokens = append([]int32{first.GetToken()}, before.tokens...)
 	if err := d1.Kill(); err != nil {
 		t.Errorf("kill: %v", err)
 	}

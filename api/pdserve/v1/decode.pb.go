@@ -221,16 +221,17 @@ type GenerateRequest struct {
 	// Tokens already generated for choices 1..n-1 before a recovery, in
 	// order (choice 0's are generated_tokens).
 	GeneratedChoices []*Generated `protobuf:"bytes,12,rep,name=generated_choices,json=generatedChoices,proto3" json:"generated_choices,omitempty"`
-	// The caller delivers choice 0's first token from the prefill worker's
-	// FirstToken, so this call does not stream it: with remote KV and no
-	// generated tokens, the worker still takes the token from the KV commit
-	// into its sequence, but choice 0's tokens start at output position 1
-	// and its first event says so (GenerateResponse.first_token_omitted);
-	// its finish still comes, also when the first token ends it. Refused
-	// with local_prefill; no effect with generated tokens (a recovery
-	// streams only later tokens anyway). A worker that predates it streams
-	// position 0, and its first event of choice 0 leaves
-	// first_token_omitted unset.
+	// Deprecated: read by no worker of this release. With remote KV
+	// (no local_prefill) choice 0's position 0 is the KV commit's token,
+	// which the prefill worker's FirstToken already carried to the
+	// coordinator: the worker takes it into its sequence but never streams
+	// it, so with no generated_tokens choice 0's tokens start at output
+	// position 1. The coordinator still sets this on every Generate with
+	// remote KV so that a decode worker of the previous release, which
+	// streamed position 0 unless asked not to, behaves the same during a
+	// rollout (coordinator first); remove it in the release after.
+	//
+	// Deprecated: Marked as deprecated in pdserve/v1/decode.proto.
 	FirstTokenFromPrefill bool `protobuf:"varint,13,opt,name=first_token_from_prefill,json=firstTokenFromPrefill,proto3" json:"first_token_from_prefill,omitempty"`
 	// With local_prefill: a worker that holds a longer prefix of the prompt
 	// than this one, in any tier of its prefix cache (the coordinator's
@@ -377,6 +378,7 @@ func (x *GenerateRequest) GetGeneratedChoices() []*Generated {
 	return nil
 }
 
+// Deprecated: Marked as deprecated in pdserve/v1/decode.proto.
 func (x *GenerateRequest) GetFirstTokenFromPrefill() bool {
 	if x != nil {
 		return x.FirstTokenFromPrefill
@@ -469,9 +471,9 @@ type GenerateResponse struct {
 	Tokens []int32 `protobuf:"varint,1,rep,packed,name=tokens,proto3" json:"tokens,omitempty"`
 	// The choice (0..n-1) that tokens, logprobs and finish belong to.
 	Index int32 `protobuf:"varint,5,opt,name=index,proto3" json:"index,omitempty"`
-	// One per token when logprobs were asked. With remote prefill the first
-	// token's entry of choice 0 is the prefill worker's, from the KV commit
-	// (KVCommit.first_logprob; only the token when the commit had none).
+	// One per token when logprobs were asked. With remote KV choice 0's
+	// first token (position 0) is not streamed: its entry is the prefill
+	// worker's FirstToken.logprob.
 	Logprobs []*TokenLogprob `protobuf:"bytes,6,rep,name=logprobs,proto3" json:"logprobs,omitempty"`
 	// The prompt's log-probabilities (tokens 1..len-1), once, in an event of
 	// its own before any token, when prompt_logprobs were asked.
@@ -493,10 +495,6 @@ type GenerateResponse struct {
 	// remote KV (the prefix the worker held then is
 	// ReserveResponse.prefix_hit_tokens).
 	Hit *PrefixHit `protobuf:"bytes,16,opt,name=hit,proto3" json:"hit,omitempty"`
-	// Set on the first event of choice 0 of a call that honoured
-	// GenerateRequest.first_token_from_prefill: choice 0's tokens start at
-	// output position 1 (its first token is the prefill worker's).
-	FirstTokenOmitted bool `protobuf:"varint,11,opt,name=first_token_omitted,json=firstTokenOmitted,proto3" json:"first_token_omitted,omitempty"`
 	// Set on the last event of a call whose sequence this worker moved out
 	// (a live migration, as it drains): the call then ends OK without a
 	// finish, after every token it produced; the worker holds the
@@ -598,13 +596,6 @@ func (x *GenerateResponse) GetHit() *PrefixHit {
 		return x.Hit
 	}
 	return nil
-}
-
-func (x *GenerateResponse) GetFirstTokenOmitted() bool {
-	if x != nil {
-		return x.FirstTokenOmitted
-	}
-	return false
 }
 
 func (x *GenerateResponse) GetMigrated() bool {
@@ -715,7 +706,7 @@ const file_pdserve_v1_decode_proto_rawDesc = "" +
 	"blocksFree\x12*\n" +
 	"\x11prefix_hit_tokens\x18\x03 \x01(\x05R\x0fprefixHitTokens\x12\x1f\n" +
 	"\vprompt_held\x18\x04 \x01(\bR\n" +
-	"promptHeld\"\x91\x06\n" +
+	"promptHeld\"\x95\x06\n" +
 	"\x0fGenerateRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\x12#\n" +
@@ -733,8 +724,8 @@ const file_pdserve_v1_decode_proto_rawDesc = "" +
 	"\blogprobs\x18\n" +
 	" \x01(\v2\x14.pdserve.v1.LogprobsR\blogprobs\x12=\n" +
 	"\x0fprompt_logprobs\x18\v \x01(\v2\x14.pdserve.v1.LogprobsR\x0epromptLogprobs\x12B\n" +
-	"\x11generated_choices\x18\f \x03(\v2\x15.pdserve.v1.GeneratedR\x10generatedChoices\x127\n" +
-	"\x18first_token_from_prefill\x18\r \x01(\bR\x15firstTokenFromPrefill\x12*\n" +
+	"\x11generated_choices\x18\f \x03(\v2\x15.pdserve.v1.GeneratedR\x10generatedChoices\x12;\n" +
+	"\x18first_token_from_prefill\x18\r \x01(\bB\x02\x18\x01R\x15firstTokenFromPrefill\x12*\n" +
 	"\x04peer\x18\x0e \x01(\v2\x16.pdserve.v1.PeerPrefixR\x04peer\x12\x1f\n" +
 	"\vprefix_root\x18\x0f \x01(\x04R\n" +
 	"prefixRoot\x129\n" +
@@ -742,7 +733,7 @@ const file_pdserve_v1_decode_proto_rawDesc = "" +
 	"\rmigrate_codec\x18\x11 \x01(\tR\fmigrateCodec\x120\n" +
 	"\bpriority\x182 \x01(\x0e2\x14.pdserve.v1.PriorityR\bpriority\"#\n" +
 	"\tGenerated\x12\x16\n" +
-	"\x06tokens\x18\x01 \x03(\x05R\x06tokens\"\xdf\x03\n" +
+	"\x06tokens\x18\x01 \x03(\x05R\x06tokens\"\xca\x03\n" +
 	"\x10GenerateResponse\x12\x16\n" +
 	"\x06tokens\x18\x01 \x03(\x05R\x06tokens\x12\x14\n" +
 	"\x05index\x18\x05 \x01(\x05R\x05index\x124\n" +
@@ -753,9 +744,8 @@ const file_pdserve_v1_decode_proto_rawDesc = "" +
 	"\x06stamps\x18\x03 \x03(\v2\x11.pdserve.v1.StampR\x06stamps\x12\x1d\n" +
 	"\n" +
 	"batch_size\x18\x04 \x01(\x05R\tbatchSize\x12'\n" +
-	"\x03hit\x18\x10 \x01(\v2\x15.pdserve.v1.PrefixHitR\x03hit\x12.\n" +
-	"\x13first_token_omitted\x18\v \x01(\bR\x11firstTokenOmitted\x12\x1a\n" +
-	"\bmigrated\x18\x11 \x01(\bR\bmigratedJ\x04\b\b\x10\vJ\x04\b\f\x10\x0f\".\n" +
+	"\x03hit\x18\x10 \x01(\v2\x15.pdserve.v1.PrefixHitR\x03hit\x12\x1a\n" +
+	"\bmigrated\x18\x11 \x01(\bR\bmigratedJ\x04\b\b\x10\vJ\x04\b\f\x10\x0fJ\x04\b\v\x10\fR\x13first_token_omitted\".\n" +
 	"\rCancelRequest\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x01 \x01(\tR\trequestId\"\x10\n" +

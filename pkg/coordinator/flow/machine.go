@@ -148,16 +148,15 @@ type Machine struct {
 	migrateFrom *router.Worker
 	failure     error // why the last decode worker failed
 
-	// firstFromPrefill: the current Generate call carries
-	// first_token_from_prefill (FirstToken is the source of position 0).
-	// Until FirstToken comes, its messages wait in early and a clean end
-	// in earlyEnd; firstSeen: choice 0's first event came.
-	firstFromPrefill bool
-	firstSeen        bool
-	early            []Tokens
-	earlyEnd         bool
-	firstTok         int32                 // FirstToken's token
-	firstLP          []engine.TokenLogprob // and its log-probability, when asked
+	// With remote KV choice 0's position 0 is FirstToken's, and the
+	// decode stream starts at position 1 (see the package coordinator
+	// doc). first is FirstToken as choice 0's position 0 while it waits
+	// to go out: under policy "decode", until the decode stream's first
+	// tokens. early are the decode stream's messages (Tokens, a clean
+	// GenerateEnded) that came before FirstToken, or that wait for
+	// position 0 to be delivered; they follow it, in order.
+	first *Tokens
+	early []Event
 
 	acts []Action // the current Step's output
 }
@@ -272,10 +271,11 @@ func (m *Machine) step(ev Event) error {
 		}
 		return m.onFirstToken(ev)
 	case KVDone:
-		if ev.Attempt == m.prefillGen {
-			m.kvDone = true
-			m.addKV(&ev.KV)
+		if ev.Attempt != m.prefillGen {
+			return nil
 		}
+		m.kvDone = true
+		m.addKV(&ev.KV)
 		return nil
 	case PrefillEnded:
 		if ev.Attempt != m.prefillGen {
@@ -300,8 +300,8 @@ func (m *Machine) step(ev Event) error {
 			return nil
 		case m.finished():
 			return nil
-		case ev.Err == nil && m.waitingFirst():
-			// Nothing else can tell the decode stream's position 0.
+		case ev.Err == nil && m.waitingFirst() && !m.gotFirst:
+			// Nothing else carries choice 0's position 0.
 			return m.onPrefillFailed(&CallError{Code: CodeBroken,
 				Err: fmt.Errorf("prefill worker %s ended the stream without the first token", m.prefill.ID)})
 		case ev.Err == nil:
@@ -312,9 +312,10 @@ func (m *Machine) step(ev Event) error {
 		if ev.Attempt != m.attempt {
 			return nil
 		}
-		if m.waitingFirst() {
+		if m.waitingFirst() || m.first != nil {
+			// Position 0 goes out first (under policy "decode", now).
 			m.early = append(m.early, ev)
-			return nil
+			return m.releaseFirst()
 		}
 		return m.onGenerate(ev)
 	case GenerateEnded:
@@ -323,7 +324,7 @@ func (m *Machine) step(ev Event) error {
 		}
 		if m.waitingFirst() {
 			if ev.Err == nil {
-				m.earlyEnd = true
+				m.early = append(m.early, ev)
 				return nil
 			}
 			// The decode worker failed: what it sent is dropped with it
@@ -540,9 +541,6 @@ func (m *Machine) begin(dec router.Decision, at time.Time) error {
 		m.prefill, m.prefillPeer = dec.Prefill, dec.Peer
 		m.tr.PrefillWorker = dec.Prefill.ID
 		m.startPrefill()
-		// FirstToken is the source of the first token: the decode worker
-		// need not stream it.
-		m.firstFromPrefill = m.cfg.Policy == PolicyPrefill
 	}
 	m.startDecode()
 	return nil
@@ -552,14 +550,14 @@ func (m *Machine) startPrefill() {
 	if !slices.ContainsFunc(m.prefilledOn, func(w router.Worker) bool { return w.Addr == m.prefill.Addr }) {
 		m.prefilledOn = append(m.prefilledOn, m.prefill)
 	}
-	m.prefillEnded, m.gotFirst, m.kvDone = false, false, false
+	m.prefillEnded, m.gotFirst, m.kvDone, m.first = false, false, false, nil
 	m.emit(Prefill{Worker: m.prefill, Decode: m.decode, SkipTokens: m.decodeHit, Attempt: m.prefillGen, Peer: m.prefillPeer})
 }
 
 func (m *Machine) startDecode() {
 	g := Generate{Worker: m.decode, Attempt: m.attempt, LocalPrefill: !m.remote,
-		PromptLogprobs:   m.cfg.PromptLogprobs && m.delivered() == 0 && m.attempt == 0,
-		FirstFromPrefill: m.firstFromPrefill, OmitPrompt: m.promptHeld}
+		PromptLogprobs: m.cfg.PromptLogprobs && m.delivered() == 0 && m.attempt == 0,
+		OmitPrompt:     m.promptHeld}
 	if !m.remote {
 		g.Peer = m.decodePeer
 	}
@@ -569,7 +567,7 @@ func (m *Machine) startDecode() {
 		src := *m.migrateFrom
 		g.MigrateFrom = &src
 	}
-	m.firstSeen, m.early, m.earlyEnd = false, nil, false
+	m.early = nil
 	if m.delivered() > 0 {
 		g.Generated = make([][]int32, len(m.choices))
 		for i, c := range m.choices {
@@ -579,6 +577,11 @@ func (m *Machine) startDecode() {
 	m.decodeEnded = false
 	for i := range m.choices {
 		c := &m.choices[i]
+		if i == 0 && !g.LocalPrefill && len(c.out) == 0 && c.pos > 0 {
+			// Position 0 is FirstToken's, held (an end-of-generation
+			// id): the stream starts at position 1, after it.
+			continue
+		}
 		c.pos, c.held, c.heldLP = len(c.out), nil, nil
 	}
 	m.emit(g)
@@ -625,7 +628,7 @@ func (m *Machine) onPrefillFailed(err *CallError) error {
 		return callFailure(fmt.Sprintf("prefill on worker %s", m.prefill.ID), "prefill", err)
 	case transfer && !err.recoverableTransfer():
 		return callFailure(fmt.Sprintf("kv transfer from prefill worker %s to decode worker %s", m.prefill.ID, m.decode.ID), "KV transfer", err)
-	case !transfer && !m.gotFirst && (len(m.early) > 0 || m.earlyEnd):
+	case !transfer && !m.gotFirst && len(m.early) > 0:
 		// The decode worker has the KV (it streams) but not position 0,
 		// which only FirstToken had: nothing reached the client, so the
 		// request starts over on other workers.
@@ -701,7 +704,7 @@ func (m *Machine) abandonDecode() {
 	m.abandoned = append(m.abandoned, m.decode)
 	m.attempt++
 	m.decodeEnded = true
-	m.firstFromPrefill, m.early, m.earlyEnd = false, nil, false
+	m.early = nil
 }
 
 // startRecovery begins moving the request off a failed decode worker.
@@ -771,10 +774,6 @@ func (m *Machine) recover() {
 func (m *Machine) resume(p *placing) error {
 	m.phase = phaseRunning
 	m.attempt++
-	// A recovery's Generate streams its first token itself: after the
-	// first token went out, it streams only later ones; before, the
-	// decode stream stays the source (see the package coordinator doc).
-	m.firstFromPrefill = false
 	dec := p.dec
 	if p.restart {
 		// No token reached the client (the first comes with the KV), so
@@ -804,22 +803,47 @@ func (m *Machine) resume(p *placing) error {
 }
 
 func (m *Machine) onFirstToken(ft FirstToken) error {
+	if !m.waitingFirst() {
+		return fmt.Errorf("coordinator: prefill worker %s sent request %s's first token with position 0 gone out", m.prefill.ID, m.cfg.ID)
+	}
 	m.gotFirst = true
 	m.emit(PrefillDone{})
 	setOnce(&m.tr.PrefillStart, ft.Start)
 	setOnce(&m.tr.PrefillEnd, ft.End)
 	m.tr.PrefillBatch = ft.Batch
 	m.tr.setHits(ft.Hits)
-	tok := ft.Token
-	var lps []engine.TokenLogprob
+	// Position 0 of choice 0, as the decode stream's tokens are.
+	first := Tokens{Attempt: m.attempt, Tokens: []int32{ft.Token}}
 	if m.cfg.Logprobs {
-		lps = []engine.TokenLogprob{ft.Logprob}
+		first.Logprobs = []engine.TokenLogprob{ft.Logprob}
 	}
-	m.firstTok, m.firstLP = tok, lps
-	if m.cfg.Policy == PolicyPrefill && len(m.choices[0].out) == 0 && (m.cfg.IgnoreEOS || !m.cfg.EOG[tok]) {
-		// An end-of-generation first token is left to the decode
-		// stream, which ends the request with it.
-		if err := m.deliver(0, 0, []int32{tok}, lps, ""); err != nil {
+	m.first = &first
+	if m.cfg.Policy == PolicyDecode && !slices.ContainsFunc(m.early, isTokens) {
+		// It goes out with the decode stream's first tokens (the KV
+		// reached the decode worker, which runs the sequence), so that
+		// the transfer is part of TTFT. A clean end that came before
+		// them is the decode worker's failure, as it would be now.
+		if len(m.early) > 0 {
+			m.early = nil
+			return m.onGenerateEnded(nil)
+		}
+		return nil
+	}
+	return m.releaseFirst()
+}
+
+func isTokens(ev Event) bool { _, ok := ev.(Tokens); return ok }
+
+// releaseFirst hands FirstToken, as choice 0's position 0, to the
+// client when it waits (an end-of-generation id is held as the decode
+// stream's would be: the stream's finish ends the choice with it), then
+// the decode stream's messages that waited for position 0, as far as
+// it can (the rest follow a Delivered).
+func (m *Machine) releaseFirst() error {
+	if m.first != nil {
+		first := *m.first
+		m.first = nil
+		if err := m.generateTokens(first); err != nil {
 			return err
 		}
 	}
@@ -852,8 +876,6 @@ func (m *Machine) onGenerate(resp Tokens) error {
 		m.migrateFrom = nil
 	}
 	st := resp.Stamps
-	setOnce(&m.tr.KVFirstByte, st.KVFirstByte)
-	setOnce(&m.tr.KVDone, st.KVDone)
 	setOnce(&m.tr.PrefillStart, st.PrefillStart)
 	setOnce(&m.tr.PrefillEnd, st.PrefillEnd)
 	setOnce(&m.tr.DecodeJoined, st.DecodeJoined)
@@ -882,20 +904,6 @@ func (m *Machine) generateTokens(resp Tokens) error {
 	if m.cfg.Logprobs {
 		if lps = resp.Logprobs; len(lps) != len(toks) {
 			return fmt.Errorf("coordinator: decode worker %s sent %d logprobs for %d tokens of request %s", m.decode.ID, len(lps), len(toks), m.cfg.ID)
-		}
-	}
-	if i == 0 && m.firstFromPrefill && !m.firstSeen && (len(toks) > 0 || resp.Finish != "") {
-		m.firstSeen = true
-		if resp.FirstTokenOmitted {
-			// The worker honoured first_token_from_prefill: its tokens
-			// start at position 1. Position 0 is FirstToken's, put back
-			// so that the stream reads as positional from 0 (delivered
-			// already, it is skipped; an end-of-generation id ends the
-			// choice or is held as the stream's).
-			toks = slices.Concat([]int32{m.firstTok}, toks)
-			if lps != nil {
-				lps = slices.Concat(m.firstLP, lps)
-			}
 		}
 	}
 	pos := c.pos - len(c.held)
@@ -930,28 +938,17 @@ func (m *Machine) generateTokens(resp Tokens) error {
 }
 
 // deliver hands the tokens of choice i at output positions pos… (with
-// their log-probabilities, when asked) to the client, skipping those it
-// already has (the first token under policy "prefill") and those of a
+// their log-probabilities, when asked) to the client, but those of a
 // choice a stop string ended; finish, when set, is the choice's finish
-// once they are delivered.
+// once they are delivered. Every position has one carrier, so pos is
+// the next one the client lacks.
 func (m *Machine) deliver(i, pos int, toks []int32, lps []engine.TokenLogprob, finish string) error {
 	c := &m.choices[i]
 	if c.stopped {
 		return m.finishChoice(i, finish)
 	}
-	if pos > len(c.out) {
+	if pos != len(c.out) {
 		return fmt.Errorf("coordinator: request %s: tokens from position %d arrived with %d delivered", m.cfg.ID, pos, len(c.out))
-	}
-	skip := min(len(c.out)-pos, len(toks))
-	for k := range skip {
-		if c.out[pos+k] != toks[k] {
-			m.log(zapcore.WarnLevel, "decode worker's token differs from the one already sent",
-				zap.Int("choice", i), zap.Int("position", pos+k), zap.Int32("sent", c.out[pos+k]), zap.Int32("decode", toks[k]))
-		}
-	}
-	toks = toks[skip:]
-	if lps != nil {
-		lps = lps[skip:]
 	}
 	if len(toks) == 0 {
 		return m.finishChoice(i, finish)
@@ -996,24 +993,28 @@ func (m *Machine) onDelivered(ev Delivered) error {
 	return m.flushEarly()
 }
 
-// waitingFirst reports whether the current Generate stream's messages
-// wait for FirstToken, the source of their position 0.
-func (m *Machine) waitingFirst() bool { return m.firstFromPrefill && !m.gotFirst }
+// waitingFirst reports whether the KV is remote and FirstToken, which
+// carries choice 0's position 0, has not come yet: the decode stream's
+// messages wait for it.
+func (m *Machine) waitingFirst() bool { return m.remote && m.choices[0].pos == 0 && m.first == nil }
 
 // flushEarly takes the Generate stream's messages and clean end that
-// waited for FirstToken, in order, until one is to be delivered (the
+// waited for position 0, in order, until one is to be delivered (the
 // rest follow its Delivered).
 func (m *Machine) flushEarly() error {
 	for m.phase == phaseRunning && !m.waitingFirst() && len(m.early) > 0 {
-		resp := m.early[0]
+		ev := m.early[0]
 		m.early = m.early[1:]
-		if err := m.onGenerate(resp); err != nil {
+		var err error
+		switch ev := ev.(type) {
+		case Tokens:
+			err = m.onGenerate(ev)
+		case GenerateEnded:
+			err = m.onGenerateEnded(ev.Err)
+		}
+		if err != nil {
 			return err
 		}
-	}
-	if m.phase == phaseRunning && !m.waitingFirst() && len(m.early) == 0 && m.earlyEnd {
-		m.earlyEnd = false
-		return m.onGenerateEnded(nil)
 	}
 	return nil
 }

@@ -321,7 +321,7 @@ func parseEvent(cmd string, a args) (Event, error) {
 		if err != nil {
 			return nil, err
 		}
-		resp := Tokens{Attempt: attempt, Index: idx, Tokens: toks, Finish: a["finish"], FirstTokenOmitted: a.has("omitted"), Migrated: a.has("migrated")}
+		resp := Tokens{Attempt: attempt, Index: idx, Tokens: toks, Finish: a["finish"], Migrated: a.has("migrated")}
 		// A local prefill's prefix hit and its parts by tier: hit, host,
 		// disk and peer tokens, peer-load milliseconds.
 		for _, f := range []struct {
@@ -430,9 +430,6 @@ func formatAction(m *Machine, a Action) string {
 		}
 		if a.PromptLogprobs {
 			s += " prompt-logprobs"
-		}
-		if a.FirstFromPrefill {
-			s += " first-from-prefill"
 		}
 		if a.OmitPrompt {
 			s += " no-prompt"

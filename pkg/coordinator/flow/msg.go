@@ -87,13 +87,17 @@ type PrefillEnded struct {
 }
 
 // Stamps are the decode worker's budget stamps of a GenerateResponse
-// (zero: not in this message).
+// (zero: not in this message). The KV's arrival is not among them: the
+// flow takes it from one report only, KVDone (and ResendDone), which
+// the prefill worker relays from the decode worker's acknowledgement.
 type Stamps struct {
-	KVFirstByte, KVDone, PrefillStart, PrefillEnd, DecodeJoined time.Time
+	PrefillStart, PrefillEnd, DecodeJoined time.Time
 }
 
 // Tokens is a message of the Generate stream of decode attempt Attempt:
-// choice Index's positional tokens (see the package coordinator doc),
+// choice Index's positional tokens (see the package coordinator doc:
+// with remote KV and nothing generated yet, choice 0's start at position
+// 1, position 0 being FirstToken's),
 // their log-probabilities (one a token when Config.Logprobs), the
 // choice's finish ("" while it runs), and what the worker reports.
 type Tokens struct {
@@ -102,12 +106,9 @@ type Tokens struct {
 	Tokens   []int32
 	Logprobs []engine.TokenLogprob
 	Finish   string
-	// FirstTokenOmitted: choice 0's first event, the worker honoured
-	// Generate.FirstFromPrefill (its tokens start at position 1).
-	FirstTokenOmitted bool
-	Stamps            Stamps
-	Batch             int  // the worker's running batch
-	Hits              Hits // a local prefill's prefix hit (Prefix 0: none)
+	Stamps   Stamps
+	Batch    int  // the worker's running batch
+	Hits     Hits // a local prefill's prefix hit (Prefix 0: none)
 	// PromptLogprobs are the prompt's log-probabilities (a local prefill
 	// asked for them); nil: none in this message.
 	PromptLogprobs []engine.TokenLogprob
@@ -228,10 +229,6 @@ type Generate struct {
 	// OmitPrompt: the decode worker holds the prompt from its Reserve
 	// (Reserved.PromptHeld); the call does not send it again.
 	OmitPrompt bool
-	// FirstFromPrefill: the prefill worker's FirstToken is the source of
-	// choice 0's first token, so the decode worker need not stream it
-	// (GenerateRequest.first_token_from_prefill).
-	FirstFromPrefill bool
 	// MigrateFrom is the decode worker that moved the request out and
 	// holds its KV (GenerateRequest.migrate_from): Worker pulls it, with
 	// LocalPrefill (it computes the KV when the pull fails); nil: none.
