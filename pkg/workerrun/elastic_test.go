@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap/zaptest"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -604,4 +605,46 @@ func TestElasticRoleChangeKeepsPrefixCache(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestRoleChangeFailsWithoutHanging: a role change whose new role cannot
+// connect (its NATS connection is closed) returns an error and fails the
+// worker; it used to wait forever for the new role's scheduler, which
+// never started.
+func TestRoleChangeFailsWithoutHanging(t *testing.T) {
+	s, url, err := control.StartEmbedded("127.0.0.1:-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		s.Shutdown()
+		s.WaitForShutdown()
+	})
+	o := testOptions(control.RoleDecode, url)
+	o.ID, o.Elastic = "e-0", true
+	w, err := Start(testCtx(t), o, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.nc.Close()
+	done := make(chan error, 1)
+	go func() { done <- w.ChangeRole(control.RolePrefill, time.Now(), false) }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("role change with a closed NATS connection: no error")
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("role change with a closed NATS connection did not return in 2 minutes")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := w.Stop(ctx); err == nil {
+		t.Error("the worker whose role change failed stopped without its error")
+	}
+	select {
+	case <-w.Done():
+	default:
+		t.Error("the worker whose role change failed is not done")
+	}
 }

@@ -54,6 +54,9 @@ type roleRun struct {
 	ctx      context.Context // ends when the role stops
 	cancel   context.CancelFunc
 	schedOut chan struct{} // closed when the scheduler returned
+	// running: runRole started the role's goroutines (a role whose
+	// connection failed never runs, and has no scheduler to wait for).
+	running bool
 	// ordered is when the command that started the role arrived (zero:
 	// the role the worker started in), for the time to its first request.
 	ordered time.Time
@@ -191,6 +194,7 @@ func (w *Worker) connectRole(rr *roleRun) (err error) {
 
 // runRole starts rr's goroutines and serves its gRPC services.
 func (w *Worker) runRole(rr *roleRun) {
+	rr.running = true
 	w.goPart("scheduler", func() error {
 		defer close(rr.schedOut)
 		return rr.svc.Run(rr.ctx)
@@ -230,7 +234,9 @@ func (w *Worker) stopRole(rr *roleRun) {
 	}
 	rr.cancel()
 	rr.svc.Stop()
-	<-rr.schedOut
+	if rr.running {
+		<-rr.schedOut
+	}
 	if rr.unwatch != nil {
 		rr.unwatch()
 	}
