@@ -699,33 +699,25 @@ func (p *Host) Run(ctx context.Context) {
 		ticks = t.C
 	}
 	var wg sync.WaitGroup
-	if p.labels != nil {
+	every := func(d time.Duration, f func(context.Context)) {
 		wg.Go(func() {
-			t := time.NewTicker(p.every)
+			t := time.NewTicker(d)
 			defer t.Stop()
 			for {
 				select {
 				case <-ctx.Done():
 					return
 				case <-t.C:
-					p.SyncLabels(ctx)
+					f(ctx)
 				}
 			}
 		})
 	}
+	if p.labels != nil {
+		every(p.every, p.SyncLabels)
+	}
 	if p.kact != nil {
-		wg.Go(func() {
-			t := time.NewTicker(p.plans[0].cfg.Interval)
-			defer t.Stop()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-t.C:
-					p.CheckPods(ctx)
-				}
-			}
-		})
+		every(p.plans[0].cfg.Interval, p.CheckPods)
 	}
 	// Every tick goes to each planner, in order.
 	chans := make([]chan time.Time, len(p.plans))
