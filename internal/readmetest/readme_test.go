@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -250,6 +251,24 @@ func requireTool(t *testing.T, name string) {
 	}
 }
 
+// goToolRE matches a run of a go.mod tool: go tool NAME.
+var goToolRE = regexp.MustCompile(`(?:^|[\s;|&(])go tool ([a-z][a-z0-9-]*)`)
+
+// goTools returns the go.mod tools the recipes run, each once.
+func goTools(all [][]block) []string {
+	var names []string
+	for _, r := range all {
+		for _, b := range r {
+			for _, m := range goToolRE.FindAllStringSubmatch(b.text, -1) {
+				if !slices.Contains(names, m[1]) {
+					names = append(names, m[1])
+				}
+			}
+		}
+	}
+	return names
+}
+
 var toolRE = regexp.MustCompile(`(^|[\s;|&(])(curl|openssl|taskset)\s`)
 
 // TestReadmeRecipes runs every recipe.
@@ -272,6 +291,16 @@ func TestReadmeRecipes(t *testing.T) {
 	build.Dir = root
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	// The go.mod tools the recipes run (go tool helm, …) are built here,
+	// outside every block's two minutes: on a cold build cache building
+	// Helm alone took longer than that (the recipe was killed).
+	for _, name := range goTools(all) {
+		tool := exec.Command("go", "tool", "-n", name)
+		tool.Dir = root
+		if out, err := tool.CombinedOutput(); err != nil {
+			t.Fatalf("go tool -n %s: %v\n%s", name, err, out)
+		}
 	}
 	for _, r := range all {
 		t.Run(strings.ReplaceAll(r[0].String(), "/", "_"), func(t *testing.T) {
