@@ -461,3 +461,48 @@ func TestRegionPoolDownForwards(t *testing.T) {
 		}
 	}
 }
+
+// TestRegionPoolDiesUnderRequestForwards: requests a region took while
+// its pool was up (each prefill held 5 s) and whose workers then die
+// before any output go to another region: 200 from b or c, streamed or
+// not, never a 503 from a (before: 503, as the workers' death left the
+// request nothing to run on here).
+func TestRegionPoolDiesUnderRequestForwards(t *testing.T) {
+	setup := regionSetup{ca: tlstest.NewCA(t, "pdserve region CA")}
+	a, _, _ := startFederation(t, setup, 5*time.Second, 0, 0)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	replies := make(chan regionReply, 2)
+	errs := make(chan error, 2)
+	for _, stream := range []bool{false, true} {
+		go func() {
+			r, err := sendRegion(ctx, a.cl.url, stream)
+			if err != nil {
+				errs <- err
+				return
+			}
+			r.body = fmt.Sprintf("stream %v: %s", stream, r.body)
+			replies <- r
+		}()
+	}
+	// Both admitted and running here (no budget: home serves them).
+	waitFor(t, 30*time.Second, func() error {
+		if n := a.metric(t, "pdserve_requests_in_flight"); n != 2 {
+			return fmt.Errorf("a has %v requests in flight, want 2", n)
+		}
+		return nil
+	})
+	for _, w := range a.cl.c.Workers() {
+		_ = w.Kill()
+	}
+	for range 2 {
+		select {
+		case err := <-errs:
+			t.Fatal(err)
+		case r := <-replies:
+			if r.status != http.StatusOK || (r.region != "b" && r.region != "c") || r.budget["origin_region"] != "a" || r.text == "" || r.streamErr != "" {
+				t.Errorf("%s: %+v; want 200 served by b or c for a", r.body, r)
+			}
+		}
+	}
+}

@@ -33,6 +33,11 @@ type call struct {
 	// it when a prompt fails.
 	ctx    context.Context
 	cancel context.CancelFunc
+	// elsewhere, when not nil, asks another region to serve the request
+	// and reports whether one did (its answer written): tried when the
+	// request fails here as unavailable (its workers died or left under
+	// it) before anything was written to the client.
+	elsewhere func() bool
 
 	// mu serializes the prompts' emits: it guards everything below and
 	// the response writer.
@@ -569,6 +574,17 @@ func (c *call) fail(w http.ResponseWriter, failed *promptRun) {
 		status = budget.StatusError // failed after output began
 	default:
 		status = aerr.traceStatus()
+	}
+	if status == budget.StatusUnavailable && c.elsewhere != nil && len(c.prompts) == 1 {
+		// Nothing reached the client: another region may serve it, as a
+		// request this region could not take at all goes there. Every
+		// emit has returned, so w is this goroutine's alone.
+		c.s.o.Logger.Warn("request failed here before any output; asking another region", append(c.plan.client.fields(),
+			zap.String("request_id", failed.req.ID), zap.NamedError("cause", failed.err))...)
+		if c.elsewhere() {
+			tracing.EndRequest(failed.span, failed.req.Trace, c.s.o.Now())
+			return
+		}
 	}
 	for i, pr := range c.prompts {
 		pr.req.Trace.Status = status

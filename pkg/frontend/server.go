@@ -668,9 +668,27 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, chat bool, id str
 		if s.forward(w, r, raw, cl, tr, f) {
 			return
 		}
-		raw = nil
 	}
 	c := newCall(s, pl, id, arrival.Unix(), w)
+	if raw != nil {
+		// Served here unless it fails before any output as unavailable:
+		// then another region, by availability (Served ""). The key is
+		// charged what it used there instead of what it used here.
+		f := Forwardable{Route: r.URL.Path, Model: pl.model, PromptTokens: tr.PromptTokens}
+		if tr.Objective.Tier != "" {
+			f.Model = tr.Objective.Tier
+		}
+		c.elsewhere = func() bool {
+			if cl.key != nil {
+				here := pl.used()
+				f.Settle = func(used int) {
+					cl.key.ReturnTokens(s.o.Now(), here)
+					cl.key.SpendTokens(s.o.Now(), used)
+				}
+			}
+			return s.forward(w, r, raw, cl, tr, f)
+		}
+	}
 	if obs != nil {
 		obs.observe(c)
 	}
