@@ -553,7 +553,7 @@ func TestElasticRoleChangeKeepsPrefixCache(t *testing.T) {
 	if _, err := c.epc.Release(ctx, &pdservev1.ReleaseRequest{RequestId: "a2"}); err != nil {
 		t.Fatal(err)
 	}
-	started{prompt: a2, gen: gen}.finish(t, "a2", maxTokens)
+	started{prompt: a2, first: first.GetToken(), gen: gen}.finish(t, "a2", maxTokens)
 	// b, prefilled here, is the prefill role's cache.
 	b := prompt(4*bt, 41)
 	s, err := start(ctx, c.epc, c.dc, c.d.Addr(), "b", b, maxTokens)
@@ -584,13 +584,14 @@ func TestElasticRoleChangeKeepsPrefixCache(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := readPrefill(pre); err != nil {
+	first, _, err = readPrefill(pre)
+	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.pc.Release(ctx, &pdservev1.ReleaseRequest{RequestId: "b2"}); err != nil {
 		t.Fatal(err)
 	}
-	started{prompt: b2, gen: gen}.finish(t, "b2", maxTokens)
+	started{prompt: b2, first: first.GetToken(), gen: gen}.finish(t, "b2", maxTokens)
 	if err := c.e.Err(); err != nil {
 		t.Errorf("elastic worker failed: %v", err)
 	}
