@@ -83,8 +83,15 @@ type Peer struct {
 	Summary
 	// Seen is when its last summary arrived.
 	Seen time.Time
-	// RTT is the mean round trip to its coordinator; 0 until measured.
+	// RTT is the round trip to its coordinator: the least of the last
+	// rttSamples probes, as the link's own delay is the floor under what
+	// each probe took and queueing in either process only adds to it (a
+	// mean of busy processes' probes made a near region look far); 0
+	// until measured.
 	RTT time.Duration
+	// rtts are the last probes' round trips, nrtt how many were taken.
+	rtts [rttSamples]time.Duration
+	nrtt int
 }
 
 // Config configures a Federation.
@@ -102,8 +109,9 @@ type Config struct {
 	Logger *zap.Logger
 }
 
-// rttAlpha is the weight of a new round trip in the mean.
-const rttAlpha = 0.3
+// rttSamples is how many recent probes a peer's RTT is the least of: at
+// the default interval, the last 8 s.
+const rttSamples = 8
 
 // Federation publishes this region's summary and keeps the others'.
 type Federation struct {
@@ -251,11 +259,14 @@ func (f *Federation) onPong(m *nats.Msg) {
 	if peer == nil {
 		return
 	}
-	if peer.RTT == 0 {
-		peer.RTT = rtt
-	} else {
-		peer.RTT += time.Duration(rttAlpha * float64(rtt-peer.RTT))
-	}
+	peer.observeRTT(rtt)
+}
+
+// observeRTT takes one probe's round trip.
+func (p *Peer) observeRTT(rtt time.Duration) {
+	p.rtts[p.nrtt%rttSamples] = rtt
+	p.nrtt++
+	p.RTT = slices.Min(p.rtts[:min(p.nrtt, rttSamples)])
 }
 
 // Peers returns the regions heard from within the TTL, by name.
