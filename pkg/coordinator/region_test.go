@@ -350,8 +350,10 @@ func TestRegionKilledMidLoadLosesNothing(t *testing.T) {
 	setup := regionSetup{ca: tlstest.NewCA(t, "pdserve region CA")}
 	// c's prefill is 150 ms slower than b's, not 40 ms: beside CPU hogs
 	// under -race the measured TTFTs move by more than 40 ms, and a then
-	// found c the cheaper peer.
-	a, b, c := startFederation(t, setup, 400*time.Millisecond, 0, 150*time.Millisecond)
+	// found c the cheaper peer. a's take 2 s against a 1 s budget (not
+	// 400 ms against 200 ms): beside the hogs the time a spent on a
+	// request before placing it used the 200 ms up, and a served it.
+	a, b, c := startFederation(t, setup, 2*time.Second, 0, 150*time.Millisecond)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	// Measure every region: a serves its first (unmeasured), b and c are
@@ -364,7 +366,7 @@ func TestRegionKilledMidLoadLosesNothing(t *testing.T) {
 	// b and c learn their terms; wait until a sees both measured (the
 	// next summaries), so that b is the cheaper.
 	waitFor(t, 10*time.Second, func() error {
-		rep, err := sendRegion(ctx, a.cl.url, false, frontend.HeaderTTFTBudget, "200")
+		rep, err := sendRegion(ctx, a.cl.url, false, frontend.HeaderTTFTBudget, "1000")
 		if err != nil {
 			return err
 		}
@@ -386,7 +388,7 @@ func TestRegionKilledMidLoadLosesNothing(t *testing.T) {
 	for range workers {
 		wg.Go(func() {
 			for i := range jobs {
-				replies[i], errs[i] = sendRegion(ctx, a.cl.url, true, frontend.HeaderTTFTBudget, "200")
+				replies[i], errs[i] = sendRegion(ctx, a.cl.url, true, frontend.HeaderTTFTBudget, "1000")
 			}
 		})
 	}
