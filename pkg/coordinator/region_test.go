@@ -427,13 +427,17 @@ func TestRegionKilledMidLoadLosesNothing(t *testing.T) {
 	if byRegion["c"] == 0 {
 		t.Errorf("served by region: %v; want c to take over", byRegion)
 	}
-	// Exactly once: the regions' completed requests are the clients'.
+	// Exactly once: the regions' completed requests are the clients'
+	// forwarded answers, and at most the cut streams besides (b may have
+	// written a cut stream's end into buffers its death then lost: an
+	// answer lost, which the client's error reports, not a request served
+	// twice).
 	total := 0.0
 	for _, r := range []*fed{b, c} {
 		total += r.metric(t, "pdserve_requests_total", "status", "ok") - okBefore[r.name]
 	}
-	if int(total) != completed-byRegion[""] {
-		t.Errorf("b and c completed %v requests, the clients got %d answers forwarded", total, completed)
+	if extra := int(total) - (completed - byRegion[""]); extra < 0 || extra > cut {
+		t.Errorf("b and c completed %v requests, the clients got %d answers forwarded and %d cut", total, completed-byRegion[""], cut)
 	}
 	t.Logf("completed %d (by region %v), cut %d", completed, byRegion, cut)
 }

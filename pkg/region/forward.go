@@ -14,7 +14,6 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -221,7 +220,7 @@ func (f *Forwarder) Forward(ctx context.Context, w http.ResponseWriter, body []b
 				out.Err = ctx.Err()
 				return out // the client went away
 			}
-			if sent && !peerClosed(err) {
+			if sent && peerSilent(err) {
 				w.Header().Set(HeaderServed, c.Region) // where it may have run
 				writeJSONError(w, http.StatusBadGateway, "The region "+c.Region+" was sent this request and failed before answering; it was not retried elsewhere (it may have run there).")
 				out.Region, out.Status, out.Err = c.Region, http.StatusBadGateway, fmt.Errorf("region %s: no answer to the request sent: %w", c.Region, err)
@@ -262,10 +261,17 @@ func usageTrailer(t http.Header) int {
 	return int(n)
 }
 
-// peerClosed reports whether err is the peer's end of the connection
-// closing it (EOF, reset), not its silence.
-func peerClosed(err error) bool {
-	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)
+// peerSilent reports whether err is the peer's silence after it was sent
+// the request: the connection's health-check ping went unanswered (a cut
+// link; net/http's HTTP/2 transport reports "client connection lost",
+// which it does not export) or a timeout. The peer may still be running
+// the request then. Any other error is the peer closing or refusing (EOF,
+// reset, GOAWAY, a stream reset, a refused redial: its process or server
+// went away and took the request with it), after which another region
+// may serve it.
+func peerSilent(err error) bool {
+	var ne net.Error
+	return strings.Contains(err.Error(), "client connection lost") || errors.As(err, &ne) && ne.Timeout()
 }
 
 // send posts the request to c with the TTFT budget left (0: none); sent
