@@ -256,19 +256,31 @@ func (d *Dialer) Pull(ctx context.Context, r PullRequest) (Pulled, error) {
 	case int(h.GetLayers()) != r.Spec.Layers || int(h.GetTokenBytes()) != tb:
 		return fail(fmt.Errorf("%w: %d layers of %d bytes a token, want %d of %d", ErrPullIncomplete, h.GetLayers(), h.GetTokenBytes(), r.Spec.Layers, tb))
 	}
-	p := Pulled{PrefixKV: PrefixKV{Tokens: n, Tier: h.GetTier(), Layers: make([][]byte, r.Spec.Layers)}, FirstByte: firstByte}
-	rawLen, err := recvFrames(func() ([]byte, error) {
+	p, err := d.receive(ctx, t0, Pulled{PrefixKV: PrefixKV{Tokens: n, Tier: h.GetTier()}, FirstByte: firstByte}, tb, r.RequestID, r.Spec, func() ([]byte, error) {
 		m, err := stream.Recv()
 		return m.GetFrame(), err
-	}, &p, n, tb, r.RequestID, r.Spec)
+	})
 	if err != nil {
 		return fail(err)
 	}
+	return p, nil
+}
+
+// receive reads the frames of a pull whose header said p's tokens and
+// tier (recv returns the next frame, io.EOF after the last) into p, and
+// paces it on the link as a push of its bytes would be; p.Took is from
+// t0, when the pull began.
+func (d *Dialer) receive(ctx context.Context, t0 time.Time, p Pulled, tb int, id string, spec engine.ModelSpec, recv func() ([]byte, error)) (Pulled, error) {
+	p.Layers = make([][]byte, spec.Layers)
+	rawLen, err := recvFrames(recv, &p, p.Tokens, tb, id, spec)
+	if err != nil {
+		return Pulled{}, err
+	}
 	if d.link != nil {
-		full := int(int64(n) * int64(r.Spec.KVBytesPerToken()))
+		full := int(int64(p.Tokens) * int64(spec.KVBytesPerToken()))
 		until := d.link.charge(t0, chargeBytes(full, int(rawLen), int(p.BytesWire)))
 		if err := d.o.sleep(ctx, until.Sub(d.o.now())); err != nil {
-			return fail(err)
+			return Pulled{}, err
 		}
 	}
 	p.Took = d.o.now().Sub(t0)

@@ -163,21 +163,12 @@ func (d *Dialer) PullSequence(ctx context.Context, r SequencePull) (Pulled, erro
 	case int(h.GetLayers()) != r.Spec.Layers || int(h.GetTokenBytes()) != tb:
 		return fail(fmt.Errorf("%w: %d layers of %d bytes a token, want %d of %d", ErrPullIncomplete, h.GetLayers(), h.GetTokenBytes(), r.Spec.Layers, tb))
 	}
-	p := Pulled{PrefixKV: PrefixKV{Tokens: n, Tier: h.GetTier(), Layers: make([][]byte, r.Spec.Layers)}, FirstByte: firstByte}
-	rawLen, err := recvFrames(func() ([]byte, error) {
+	p, err := d.receive(ctx, t0, Pulled{PrefixKV: PrefixKV{Tokens: n, Tier: h.GetTier()}, FirstByte: firstByte}, tb, r.RequestID, r.Spec, func() ([]byte, error) {
 		m, err := stream.Recv()
 		return m.GetFrame(), err
-	}, &p, n, tb, r.RequestID, r.Spec)
+	})
 	if err != nil {
 		return fail(err)
 	}
-	if d.link != nil {
-		full := int(int64(n) * int64(r.Spec.KVBytesPerToken()))
-		until := d.link.charge(t0, chargeBytes(full, int(rawLen), int(p.BytesWire)))
-		if err := d.o.sleep(ctx, until.Sub(d.o.now())); err != nil {
-			return fail(err)
-		}
-	}
-	p.Took = d.o.now().Sub(t0)
 	return p, nil
 }
