@@ -30,8 +30,9 @@ const maxTTFTBudgetMs = 3600e3
 // learns from the requests served.
 type Tiers interface {
 	// Choose picks one of models (tier's, in order) for a prompt of
-	// promptTokens with the TTFT budget (0: none); tiers.ErrNoModel when
-	// none is live.
+	// promptTokens with budget left of the request's TTFT budget (0: it
+	// has none; negative: it is spent; see tiers.Chooser.Choose);
+	// tiers.ErrNoModel when none is live.
 	Choose(tier string, models []string, promptTokens int, budget time.Duration) (tiers.Choice, error)
 	// Observe learns from a finished request (any, tier or not).
 	Observe(tr *budget.Trace)
@@ -94,9 +95,15 @@ func (s *Server) batchFull() *apiError {
 
 // chooseTier resolves the tier alias tier for the request traced by tr
 // (its prompt tokens counted, its objective set): the model that serves,
-// with the choice recorded in tr.
+// with the choice recorded in tr. The models are weighed against what is
+// left of the budget now (the client's round trip and the time spent here
+// taken off), as region placement weighs them.
 func (s *Server) chooseTier(tier string, models []string, tr *budget.Trace) (string, *apiError) {
-	ch, err := s.o.Tiers.Choose(tier, models, tr.PromptTokens, tr.Objective.TTFTBudget)
+	left, ok := tr.BudgetLeft(s.o.Now())
+	if ok && left <= 0 {
+		left = -1 // spent: not "no budget"
+	}
+	ch, err := s.o.Tiers.Choose(tier, models, tr.PromptTokens, left)
 	tr.Objective.Tier = tier
 	if err != nil {
 		if errors.Is(err, tiers.ErrNoModel) {

@@ -27,6 +27,13 @@
 // model is predicted over the budget, the one predicted fastest serves
 // (Choice.Fits false); when none is live, ErrNoModel.
 //
+// The budget is what is left of the request's TTFT budget when its model
+// is chosen (budget.Trace.BudgetLeft: less the client's network round
+// trip and the time already spent at the coordinator), the same rule
+// region placement uses: a client whose round trip eats part of its
+// budget falls back to a faster model. A budget already spent fits no
+// measured model, so the fastest serves.
+//
 // The Chooser's state is behind one mutex; Choose and Observe may be
 // called from any goroutine.
 package tiers
@@ -192,8 +199,10 @@ func (c *Chooser) Predict(model string, promptTokens int, live Live) Prediction 
 }
 
 // Choose picks the model of models (a tier's, in order) that serves a
-// prompt of promptTokens with a TTFT budget (0: none), given each model's
-// state from live. See the package doc for the rule.
+// prompt of promptTokens with budget left of its TTFT budget (0: the
+// request has none; negative: it is spent, so no measured model fits and
+// the one predicted fastest serves), given each model's state from live.
+// See the package doc for the rule.
 func (c *Chooser) Choose(models []string, promptTokens int, budget time.Duration, live func(model string) Live) (Choice, error) {
 	var skipped []Skip
 	best := -1
@@ -209,7 +218,7 @@ func (c *Chooser) Choose(models []string, promptTokens int, budget time.Duration
 			continue
 		}
 		p := c.Predict(m, promptTokens, l)
-		if budget <= 0 || !p.Measured || p.TTFT() <= budget {
+		if budget == 0 || !p.Measured || p.TTFT() <= budget {
 			return Choice{Model: m, Index: i, Predicted: p, Fits: true, Skipped: skipped}, nil
 		}
 		skipped = append(skipped, Skip{Model: m, Reason: ReasonOverBudget, Predicted: p.TTFT()})

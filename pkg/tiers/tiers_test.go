@@ -110,6 +110,13 @@ func TestChoose(t *testing.T) {
 	if err != nil || ch.Model != "big" || ch.Fits || ch.Fallback() != ReasonOverBudget {
 		t.Fatalf("all over budget: %+v, %v; want big, not fitting", ch, err)
 	}
+	// A spent budget (negative: nothing left of it) fits no measured
+	// model: the fastest serves, as when every model is over; before,
+	// it was taken as no budget and the first live model served.
+	ch, err = c.Choose(tier, prompt, -time.Millisecond, live)
+	if err != nil || ch.Model != "big" || ch.Fits {
+		t.Fatalf("budget spent: %+v, %v; want big (the fastest), not fitting", ch, err)
+	}
 	// Nothing live.
 	for m := range state {
 		state[m] = Live{}
