@@ -191,7 +191,7 @@ func TestLimits(t *testing.T) {
 	t0 := time.Unix(1_700_000_000, 0)
 	type step struct {
 		at   time.Duration // since t0
-		op   string        // "req", "tok", "give", "spend"
+		op   string        // "req", "tok", "give" (settle n taken, 0 used), "spend" (0 taken, n used)
 		n    int
 		want Quota
 	}
@@ -213,16 +213,20 @@ func TestLimits(t *testing.T) {
 		{30 * time.Second, "tok", 1, Quota{Requests: w(2, 0, 60*time.Second), Tokens: w(100, 0, 60*time.Second),
 			Exceeded: Tokens, Requested: 1, RetryAfter: 600 * time.Millisecond}},
 		{30 * time.Second, "give", 30, Quota{}},
-		// Spent after the fact: taken, never refused, down to empty.
+		// Used beyond what was taken: charged after the fact, never
+		// refused, into debt (before: down to empty, the 5 over forgiven).
 		{30 * time.Second, "spend", 10, Quota{}},
 		{30 * time.Second, "tok", 0, Quota{Requests: w(2, 0, 60*time.Second), Tokens: w(100, 20, 48*time.Second)}},
 		{30 * time.Second, "spend", 25, Quota{}},
-		{30 * time.Second, "tok", 0, Quota{Requests: w(2, 0, 60*time.Second), Tokens: w(100, 0, 60*time.Second)}},
+		{30 * time.Second, "tok", 0, Quota{Requests: w(2, 0, 60*time.Second), Tokens: w(100, 0, 63*time.Second)}},
+		// In debt by 5: a token is 6 tokens of refill away.
+		{30 * time.Second, "tok", 1, Quota{Requests: w(2, 0, 60*time.Second), Tokens: w(100, 0, 63*time.Second),
+			Exceeded: Tokens, Requested: 1, RetryAfter: 3600 * time.Millisecond}},
 		{30 * time.Second, "give", 30, Quota{}},
 		// A clock that goes back stands still.
-		{29 * time.Second, "tok", 0, Quota{Requests: w(2, 0, 60*time.Second), Tokens: w(100, 30, 42*time.Second)}},
+		{29 * time.Second, "tok", 0, Quota{Requests: w(2, 0, 60*time.Second), Tokens: w(100, 25, 45*time.Second)}},
 		// 1 ms: 100/60000 of a token; the reset rounds up to the ms.
-		{30*time.Second + time.Millisecond, "tok", 0, Quota{Requests: w(2, 0, 59999*time.Millisecond), Tokens: w(100, 30, 41999*time.Millisecond)}},
+		{30*time.Second + time.Millisecond, "tok", 0, Quota{Requests: w(2, 0, 59999*time.Millisecond), Tokens: w(100, 25, 44999*time.Millisecond)}},
 		{time.Hour, "tok", 0, Quota{Requests: w(2, 2, 0), Tokens: w(100, 100, 0)}},
 	}
 	for i, s := range steps {
@@ -233,11 +237,11 @@ func TestLimits(t *testing.T) {
 			got = k.TakeRequest(now)
 		case "tok":
 			got = k.TakeTokens(now, s.n)
-		case "give":
-			k.ReturnTokens(now, s.n)
+		case "give": // taken and not used
+			k.SettleTokens(now, s.n, 0)
 			continue
-		case "spend":
-			k.SpendTokens(now, s.n)
+		case "spend": // used and not taken
+			k.SettleTokens(now, 0, s.n)
 			continue
 		}
 		if diff := cmp.Diff(s.want, got); diff != "" {
@@ -265,6 +269,52 @@ func TestUnlimitedKey(t *testing.T) {
 	}
 	if q := k.TakeTokens(now, MaxLimit*10); !q.OK() || q.Limited() {
 		t.Fatalf("unlimited key: %+v", q)
+	}
+}
+
+// TestTokenDebt: what a request used beyond what it took is owed however
+// much it is, down to one limit below empty: the key waits for the
+// refill to pay it back, and no level overflows at MaxLimit, where the
+// floor is a little higher. A settle of more taken than used gives the
+// rest back.
+func TestTokenDebt(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys")
+	keyC := "sk-team-c-00112233445566778"
+	writeFile(t, path, line(t, keyA, "a", 0, 100)+"\n"+line(t, keyB, "b", 0, MaxLimit)+"\n"+line(t, keyC, "c", 0, 100)+"\n")
+	keys, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1_700_000_000, 0)
+
+	a := keys.Authenticate(keyA)
+	a.SettleTokens(t0, 0, 1000) // 1,000 used: owed down to −100
+	if q := a.TakeTokens(t0, 1); q.OK() || q.Tokens.Remaining != 0 || q.Tokens.Reset != 2*time.Minute || q.RetryAfter != 60600*time.Millisecond {
+		t.Errorf("100 in debt: %+v; want refused for 60.6 s, reset in 2 min", q)
+	}
+	if q := a.TakeTokens(t0.Add(60600*time.Millisecond), 1); !q.OK() || q.Tokens.Remaining != 0 {
+		t.Errorf("debt paid back: %+v; want the token", q)
+	}
+	if q := a.TakeTokens(t0.Add(3*time.Minute), 100); !q.OK() {
+		t.Errorf("3 min later: %+v; want the whole limit", q)
+	}
+
+	b := keys.Authenticate(keyB)
+	b.SettleTokens(t0, 0, 3*MaxLimit)
+	q := b.TakeTokens(t0, 1)
+	// The floor: −(MaxInt64 − 6·10¹⁸)/6·10¹⁰ ≈ −53.7 million tokens.
+	if q.OK() || q.Tokens.Remaining != 0 || q.Tokens.Reset != 92234*time.Millisecond || q.RetryAfter != 32234*time.Millisecond {
+		t.Errorf("MaxLimit in debt: %+v; want refused for 32.234 s, reset in 92.234 s", q)
+	}
+	if q := b.TakeTokens(t0.Add(93*time.Second), MaxLimit); !q.OK() {
+		t.Errorf("MaxLimit 93 s later: %+v; want the whole limit", q)
+	}
+
+	c := keys.Authenticate(keyC)
+	c.TakeTokens(t0, 60)
+	c.SettleTokens(t0, 60, 20) // 40 back
+	if q := c.TakeTokens(t0, 0); q.Tokens.Remaining != 80 {
+		t.Errorf("60 taken, 20 used: %d remaining, want 80", q.Tokens.Remaining)
 	}
 }
 

@@ -59,6 +59,23 @@
 // hash) keeps its buckets; a changed limit applies to the bucket as it
 // is, capped at the new limit.
 //
+// Tokens are charged by one rule on every path a request takes (served
+// here, forwarded to another region for its budget, or forwarded because
+// this region cannot serve it): reserve before it runs, settle to what it
+// used when it ends (Key.SettleTokens). The reservation is a take, so a
+// bucket that cannot cover it refuses the request with a RetryAfter; it
+// is the most the request may use when that can be counted (its prompt
+// plus n × max_tokens), else the one token every request uses at least.
+// Settling gives back what was reserved and not used, or takes what was
+// used beyond the reservation after the fact, never refused, into debt:
+// the level falls below zero (down to one limit below, a little less
+// for limits above 76 million, where the level would not fit an int64),
+// Remaining reads 0, and every take waits until the refill has paid the
+// debt back. Debt rather than a floor at empty: with a floor, a request
+// whose tokens could only be counted after it ran used what it liked for
+// free once the bucket was empty, and a key's limit would depend on
+// where its requests were served.
+//
 // # Reloading
 //
 // Keys.Reload rereads the file; ReloadIfChanged does when its modification

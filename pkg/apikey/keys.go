@@ -57,15 +57,13 @@ func (k *Key) TakeRequest(now time.Time) Quota { return k.lim.take(now, Requests
 // all or none.
 func (k *Key) TakeTokens(now time.Time, n int) Quota { return k.lim.take(now, Tokens, n) }
 
-// ReturnTokens gives back n tokens taken by TakeTokens but not used (the
-// bucket holds no more than its limit).
-func (k *Key) ReturnTokens(now time.Time, n int) { k.lim.give(now, n) }
-
-// SpendTokens takes n tokens used by a request that could not be
-// charged before it ran (one served in another region whose model this
-// one does not serve, see package region): all it can, down to an empty
-// bucket, never refused.
-func (k *Key) SpendTokens(now time.Time, n int) { k.lim.spend(now, n) }
+// SettleTokens settles at now the charge of a request that took taken
+// tokens before it ran (TakeTokens) and used used: it gives back
+// taken − used, or takes used − taken more, never refused, into debt
+// (see the package doc). Negative counts are taken as 0.
+func (k *Key) SettleTokens(now time.Time, taken, used int) {
+	k.lim.settle(now, int64(max(used, 0))-int64(max(taken, 0)))
+}
 
 // Keys is the reloadable set of keys of a key file. Safe for concurrent
 // use.

@@ -1,6 +1,7 @@
 package apikey
 
 import (
+	"math"
 	"sync"
 	"time"
 )
@@ -88,20 +89,16 @@ func (l *limiter) take(now time.Time, res string, n int) Quota {
 	return q
 }
 
-// give returns n tokens taken but not used.
-func (l *limiter) give(now time.Time, n int) {
+// settle charges d more tokens (d > 0, into debt) or gives −d back.
+func (l *limiter) settle(now time.Time, d int64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.tokens.refill(now)
-	l.tokens.give(int64(n))
-}
-
-// spend takes n tokens used, down to an empty bucket.
-func (l *limiter) spend(now time.Time, n int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.tokens.refill(now)
-	l.tokens.spend(int64(n))
+	if d < 0 {
+		l.tokens.give(-d)
+	} else {
+		l.tokens.charge(d)
+	}
 }
 
 // scale is the number of units of a bucket's level per request or token:
@@ -114,7 +111,7 @@ const scale = int64(time.Minute)
 // 1/scale of a request or token.
 type bucket struct {
 	limit int64 // 0: no limit
-	level int64 // ≤ limit × scale
+	level int64 // in [floor(), limit × scale]; below 0: in debt
 	last  time.Time
 	init  bool // level and last are set (else the bucket is full)
 }
@@ -127,7 +124,7 @@ func (b *bucket) configure(limit int) {
 		*b = bucket{limit: l} // full at first use
 	default:
 		b.limit = l
-		b.level = min(b.level, l*scale)
+		b.level = max(b.floor(), min(b.level, l*scale)) // a debt deeper than the new floor is capped too
 	}
 }
 
@@ -145,7 +142,9 @@ func (b *bucket) refill(now time.Time) {
 	}
 	el := now.Sub(b.last)
 	b.last = now
-	if el >= time.Minute || int64(el) >= (full-b.level)/b.limit+1 {
+	// full − level ≤ MaxInt64 (level ≥ floor), so el × limit below
+	// cannot overflow.
+	if int64(el) >= (full-b.level)/b.limit+1 {
 		b.level = full
 		return
 	}
@@ -178,15 +177,27 @@ func (b *bucket) give(n int64) {
 	b.level = min(full, b.level+n*scale)
 }
 
-func (b *bucket) spend(n int64) {
-	if b.limit == 0 || n <= 0 {
+// floor is the lowest level, the deepest debt: one limit below zero, or
+// less where full − floor would not fit an int64 (limits above 76
+// million a minute).
+func (b *bucket) floor() int64 {
+	full := b.limit * scale
+	return max(-full, full-math.MaxInt64)
+}
+
+// charge takes n used, never refused, down to floor.
+func (b *bucket) charge(n int64) {
+	if b.limit == 0 {
 		return
 	}
-	if n >= b.limit {
-		b.level = 0
-		return
+	floor := b.floor()
+	// By at most a limit a step: level − limit × scale ≥ floor − full
+	// fits an int64.
+	for n > 0 && b.level > floor {
+		step := min(n, b.limit)
+		b.level = max(floor, b.level-step*scale)
+		n -= step
 	}
-	b.level = max(0, b.level-n*scale)
 }
 
 func (b *bucket) window() Window {
@@ -194,11 +205,18 @@ func (b *bucket) window() Window {
 		return Window{}
 	}
 	full := b.limit * scale
-	return Window{Limit: int(b.limit), Remaining: int(b.level / scale), Reset: ceilMs(ceilDiv(full-b.level, b.limit))}
+	return Window{Limit: int(b.limit), Remaining: int(max(b.level, 0) / scale), Reset: ceilMs(ceilDiv(full-b.level, b.limit))}
 }
 
-// ceilDiv returns ⌈a/b⌉ nanoseconds for a ≥ 0, b > 0.
-func ceilDiv(a, b int64) time.Duration { return time.Duration((a + b - 1) / b) }
+// ceilDiv returns ⌈a/b⌉ nanoseconds for a ≥ 0, b > 0, without
+// overflow for any such a.
+func ceilDiv(a, b int64) time.Duration {
+	q := a / b
+	if a%b != 0 {
+		q++
+	}
+	return time.Duration(q)
+}
 
 // ceilMs rounds d up to the millisecond.
 func ceilMs(d time.Duration) time.Duration {

@@ -147,7 +147,7 @@ func (c *call) run(ctx context.Context, w http.ResponseWriter) {
 	// Every Complete returned: the output is counted. Give back the
 	// tokens not used before the client sees the end of the response.
 	if pl := c.plan; pl.tokensTaken > 0 {
-		pl.client.key.ReturnTokens(c.s.o.Now(), pl.tokensTaken-pl.used())
+		pl.client.key.SettleTokens(c.s.o.Now(), pl.tokensTaken, pl.used())
 	}
 	// A forwarded request's usage settles the origin's charge.
 	c.plan.client.fwd.used(c.plan.used())

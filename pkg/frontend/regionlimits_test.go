@@ -136,13 +136,14 @@ func TestForwardedWithoutModelChargedUsage(t *testing.T) {
 		o.Models = func() []Model { return nil }
 	})
 	auth := []string{"Authorization", "Bearer " + keyTeamA}
-	for i, want := range []string{"100", "92", "84"} {
+	// The one token reserved shows at its start: 100 − 1, then 8 each.
+	for i, want := range []string{"99", "91", "83"} {
 		resp := origin.post(t, RouteCompletions, `{"prompt":"abcde","max_tokens":10}`, auth...)
 		b, _ := io.ReadAll(resp.Body)
 		if resp.StatusCode != http.StatusOK || resp.Header.Get(region.HeaderServed) != "peer" {
 			t.Fatalf("request %d: status %d, served by %q: %s", i, resp.StatusCode, resp.Header.Get(region.HeaderServed), b)
 		}
-		// 5 prompt + 3 output tokens each, charged once it ended.
+		// 5 prompt + 3 output tokens each, settled once it ended.
 		if got := resp.Header.Get("x-ratelimit-remaining-tokens"); got != want {
 			t.Errorf("request %d: %s tokens remaining at its start, want %s", i, got, want)
 		}
@@ -161,5 +162,46 @@ func TestForwardableBudget(t *testing.T) {
 	fa := <-origin.srv.o.Regions.(*forwardAll).asks
 	if fa.Objective.TTFTBudget != 250*time.Millisecond || !fa.Arrival.Equal(clock.Now()) || fa.ClientRTT <= 0 {
 		t.Errorf("forwarded budget %v, arrival %v, client RTT %v; want 250ms, %v, measured", fa.Objective.TTFTBudget, fa.Arrival, fa.ClientRTT, clock.Now())
+	}
+}
+
+// TestForwardedByAvailabilityOwesItsTokens: a request forwarded because
+// no model serves it at the origin is charged as every other request:
+// it reserves (the one token it cannot fail to use, refused when the
+// bucket cannot give it) and is settled to what it used, into debt. With
+// 10 tokens a minute and 8 used each, the second leaves the key 6 in
+// debt, so the third is refused for the 42 s the refill takes to pay 7
+// back. Before, the bucket stopped at empty and forwarded requests went
+// on for free.
+func TestForwardedByAvailabilityOwesItsTokens(t *testing.T) {
+	clock := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+	keys := keyFile(t, keyTeamA+" name=team-a tpm=10")
+	origin, _ := startForwardingPair(t, keys, clock, "xyz", func(o *Options) {
+		o.Models = func() []Model { return nil }
+	})
+	auth := []string{"Authorization", "Bearer " + keyTeamA}
+	post := func() *http.Response {
+		t.Helper()
+		resp := origin.post(t, RouteCompletions, `{"prompt":"abcde","max_tokens":10}`, auth...)
+		return resp
+	}
+	for i := range 2 {
+		resp := post()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK || resp.Header.Get(region.HeaderServed) != "peer" {
+			t.Fatalf("request %d: status %d, served by %q: %s", i, resp.StatusCode, resp.Header.Get(region.HeaderServed), b)
+		}
+	}
+	resp := post()
+	e := errorBody(t, resp)
+	if resp.StatusCode != http.StatusTooManyRequests || deref(e.Code) != "rate_limit_exceeded" || resp.Header.Get("Retry-After") != "42" {
+		t.Fatalf("third request, 6 tokens in debt: %d %s Retry-After %q; want 429 rate_limit_exceeded, Retry-After 42",
+			resp.StatusCode, deref(e.Code), resp.Header.Get("Retry-After"))
+	}
+	clock.Advance(42 * time.Second)
+	resp = post()
+	_, _ = io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK || resp.Header.Get(region.HeaderServed) != "peer" {
+		t.Errorf("42 s later: status %d, served by %q; want 200 from the peer", resp.StatusCode, resp.Header.Get(region.HeaderServed))
 	}
 }

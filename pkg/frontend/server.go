@@ -615,13 +615,29 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, chat bool, id str
 		if raw != nil && aerr.Code != nil && (*aerr.Code == "no_workers" || *aerr.Code == "model_not_found") {
 			// Nothing serves it here: another region may. Its tokens
 			// cannot be counted here before it runs (no tokenizer of
-			// its model, maybe): the key is charged what it used there.
+			// its model, maybe): it reserves the one token every
+			// request uses, and is settled to what it used there, into
+			// debt if need be (the rule of every path: package apikey).
 			f := Forwardable{Route: r.URL.Path, Model: tr.Model, PromptTokens: tr.PromptTokens}
+			reserved := 0
 			if cl.key != nil {
-				f.Settle = func(used int) { cl.key.SpendTokens(s.o.Now(), used) }
+				q := cl.key.TakeTokens(s.o.Now(), 1)
+				rateLimitHeaders(w.Header(), q)
+				if !q.OK() {
+					refuse(rateLimited(cl.key, q))
+					return
+				}
+				reserved = 1
+				f.Settle = func(used int) {
+					cl.key.SettleTokens(s.o.Now(), reserved, used)
+					reserved = 0
+				}
 			}
 			if s.forward(w, r, raw, cl, tr, f) {
 				return
+			}
+			if reserved > 0 {
+				cl.key.SettleTokens(s.o.Now(), reserved, 0) // served nowhere
 			}
 		}
 		refuse(aerr)
@@ -659,9 +675,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, chat bool, id str
 			// response reaches the client. Without one (a response cut
 			// midway) the whole charge stands.
 			f.Settle = func(used int) {
-				if back := pl.tokensTaken - max(used, 0); back > 0 {
-					cl.key.ReturnTokens(s.o.Now(), back)
-				}
+				cl.key.SettleTokens(s.o.Now(), pl.tokensTaken, used)
 				pl.tokensTaken = 0
 			}
 		}
@@ -680,11 +694,8 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, chat bool, id str
 		}
 		c.elsewhere = func() bool {
 			if cl.key != nil {
-				here := pl.used()
-				f.Settle = func(used int) {
-					cl.key.ReturnTokens(s.o.Now(), here)
-					cl.key.SpendTokens(s.o.Now(), used)
-				}
+				here := pl.used() // what stands charged: call.run settled to it
+				f.Settle = func(used int) { cl.key.SettleTokens(s.o.Now(), here, used) }
 			}
 			return s.forward(w, r, raw, cl, tr, f)
 		}
