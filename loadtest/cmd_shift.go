@@ -55,6 +55,9 @@ type shiftOptions struct {
 	MinGain       float64
 	Seed          uint64
 	Quiet         bool
+	// Predict prints the planner's prediction of every split and the
+	// bound on moving roles, and runs nothing.
+	Predict bool
 	// Log is the deployments' logger (--deploy-log).
 	Log deployFlags
 	// Start is the planner configurations' first split; zero: the first
@@ -124,6 +127,7 @@ func (so *shiftOptions) addFlags(fs *flag.FlagSet) {
 	})
 	fs.Uint64Var(&so.Seed, "seed", so.Seed, "seed of the prompts' content (the second half's: seed + 1)")
 	fs.BoolVar(&so.Quiet, "quiet", so.Quiet, "no progress bar")
+	fs.BoolVar(&so.Predict, "predict", so.Predict, "print only the planner's predicted attainment of every split on each half and its bound on the gain of moving roles (the best split of each half against the best fixed split, moves free); start no deployment")
 	fs.StringVar(&so.Log.LogFile, "deploy-log", so.Log.LogFile, "local deployments: write their logs to this file (default: discard)")
 }
 
@@ -210,11 +214,48 @@ func plannerWorkload(h shiftHalf) *planner.Workload {
 
 // shiftSplits is the planner's predicted attainment of each P:D split of
 // the GPUs on each half, and the best split for the first half and for
-// both halves together (the highest mean attainment, equal halves).
+// both halves together (pickSplits).
 type shiftSplits struct {
 	splits      []planner.Design
 	att         [][2]float64 // per split, per half
+	rates       [2]float64   // of the halves, req/s
 	first, both int          // indexes into splits
+}
+
+// pickSplits sets c.first to the split with the highest attainment on
+// the first half and c.both to the one with the highest predicted
+// goodput over the whole trace: attainment × rate summed over the halves
+// (they last as long), so a half at a higher rate weighs more. A tie
+// keeps the split with fewer prefill workers (the earlier one).
+func (c *shiftSplits) pickSplits() {
+	c.first, c.both = 0, 0
+	for k, a := range c.att {
+		if a[0] > c.att[c.first][0] {
+			c.first = k
+		}
+		if c.goodput(k) > c.goodput(c.both) {
+			c.both = k
+		}
+	}
+}
+
+// goodput is split k's predicted goodput summed over the halves, req/s
+// (twice its mean over the trace).
+func (c *shiftSplits) goodput(k int) float64 {
+	return c.att[k][0]*c.rates[0] + c.att[k][1]*c.rates[1]
+}
+
+// bound is the planner's bound on moving roles: the predicted goodput of
+// the best split of each half, each in its half (moves free), over that
+// of the best fixed split (c.both); 0 when the fixed split meets no SLO.
+func (c *shiftSplits) bound() (best [2]float64, gain float64) {
+	for _, a := range c.att {
+		best[0], best[1] = max(best[0], a[0]), max(best[1], a[1])
+	}
+	if fixed := c.goodput(c.both); fixed > 0 {
+		gain = (best[0]*c.rates[0] + best[1]*c.rates[1]) / fixed
+	}
+	return best, gain
 }
 
 func chooseSplits(so *shiftOptions, halves [2]shiftHalf) (shiftSplits, error) {
@@ -230,7 +271,7 @@ func chooseSplits(so *shiftOptions, halves [2]shiftHalf) (shiftSplits, error) {
 	if err != nil {
 		return shiftSplits{}, err
 	}
-	var c shiftSplits
+	c := shiftSplits{rates: [2]float64{halves[0].rate, halves[1].rate}}
 	for p := 1; p < workers; p++ {
 		d := planner.Design{Prefill: p, Decode: workers - p}
 		var att [2]float64
@@ -249,15 +290,8 @@ func chooseSplits(so *shiftOptions, halves [2]shiftHalf) (shiftSplits, error) {
 		}
 		c.splits = append(c.splits, d)
 		c.att = append(c.att, att)
-		if k := len(c.splits) - 1; k > 0 {
-			if att[0] > c.att[c.first][0] {
-				c.first = k
-			}
-			if att[0]+att[1] > c.att[c.both][0]+c.att[c.both][1] {
-				c.both = k
-			}
-		}
 	}
+	c.pickSplits()
 	return c, nil
 }
 
@@ -329,6 +363,9 @@ func cmdShift(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	choice, err := chooseSplits(so, halves)
 	if err != nil {
 		return err
+	}
+	if so.Predict {
+		return writeShift(stdout, so, halves, choice, nil)
 	}
 	log, closeLog, err := so.Log.logger()
 	if err != nil {
@@ -483,21 +520,24 @@ func writeShift(w io.Writer, so *shiftOptions, halves [2]shiftHalf, c shiftSplit
 	fmt.Fprintf(&b, "# Shifting trace: %s at %.3g req/s, then %s at %.3g req/s, %v each\n\n", halves[0].name, halves[0].rate, halves[1].name, halves[1].rate, so.Phase)
 	fmt.Fprintf(&b, "sim %s, %d GPUs per configuration, KV at its true size paced at %g Gb/s (payload scale %.3g), first token from the prefill worker; SLO TTFT %v, TPOT %v\n\n",
 		so.Profile, so.GPUs, so.LinkGbps, so.PayloadScale, so.TTFT, so.TPOT)
-	b.WriteString("Planner's predicted attainment of each split (the fixed configurations' choice):\n\n")
+	b.WriteString("Planner's predicted attainment of each split, and its goodput over the whole trace (the fixed configurations' choice):\n\n")
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "split\tfirst half\tsecond half\tmean")
+	fmt.Fprintln(tw, "split\tfirst half\tsecond half\tgoodput, req/s")
 	for i, d := range c.splits {
 		a := c.att[i]
-		fmt.Fprintf(tw, "%d:%d\t%.3f\t%.3f\t%.3f\n", d.Prefill, d.Decode, a[0], a[1], (a[0]+a[1])/2)
+		fmt.Fprintf(tw, "%d:%d\t%.3f\t%.3f\t%.3f\n", d.Prefill, d.Decode, a[0], a[1], c.goodput(i)/2)
 	}
 	tw.Flush()
-	bestFirst, bestSecond := 0.0, 0.0
-	for _, a := range c.att {
-		bestFirst, bestSecond = max(bestFirst, a[0]), max(bestSecond, a[1])
+	if best, gain := c.bound(); gain > 0 {
+		fmt.Fprintf(&b, "\nThe planner's bound on moving roles: the best split of each half (attainment %.3f, %.3f) against the best fixed split (%d:%d, %.3f req/s) gives at most %.2f× its goodput, moves free.\n",
+			best[0], best[1], c.splits[c.both].Prefill, c.splits[c.both].Decode, c.goodput(c.both)/2, gain)
+	} else {
+		b.WriteString("\nThe planner's bound on moving roles: — (no fixed split meets an SLO).\n")
 	}
-	if fixed := c.att[c.both][0] + c.att[c.both][1]; fixed > 0 {
-		fmt.Fprintf(&b, "\nThe planner's bound on moving roles: the best split of each half (%.3f, %.3f) against the best fixed split (%d:%d) gives at most %.2f× its goodput, moves free.\n",
-			bestFirst, bestSecond, c.splits[c.both].Prefill, c.splits[c.both].Decode, (bestFirst+bestSecond)/fixed)
+	if runs == nil {
+		fmt.Fprintf(&b, "\nnote: %s\n", planner.AzureAttribution)
+		_, err := io.WriteString(w, b.String())
+		return err
 	}
 	b.WriteString("\nGoodput (req/s meeting both SLOs) and attainment, per minute of send time and overall:\n\n")
 	tw = tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)

@@ -19,6 +19,7 @@ var Meanings = map[string]string{
 	"first-token-policy":      "which worker's first token the client gets: prefill (kv_transfer in the first inter-token gap) or decode (kv_transfer in TTFT)",
 	"gpu-budget":              "most GPUs (cores, with CPU profiles) the two pools may use together",
 	"gpu-cost-per-hour":       "USD per GPU-hour (per core-hour with CPU profiles); the coordinator's deprecated flag sets its policy's pricing.gpu_usd_per_hour",
+	"gpus":                    "GPUs of the deployment, all in use: its workers × tp (coordinator plan --window: the fixed pool each window splits between prefill and decode)",
 	"host-cache-bytes":        "bytes of true KV in a worker's host-memory prefix-cache tier",
 	"kv-hash-key-file":        "file holding the deployment's secret that keys the prompts' KV block hashes; the same file for the coordinator and every worker",
 	"kv-blocks":               "KV blocks in a decode or colocated worker's pool",

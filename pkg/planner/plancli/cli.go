@@ -83,6 +83,12 @@ type Options struct {
 	// plans each at its own rate (planWindows): the design window by
 	// window and the role changes a day that implies.
 	Window time.Duration
+	// GPUs, when > 0 (with Window only), fixes the pool: every window
+	// uses exactly GPUs (GPUs / tp workers), split between prefill and
+	// decode as that window's best predicted attainment asks
+	// (fixedWindowPlans); 0 gives each window the fewest GPUs that meet
+	// the SLO.
+	GPUs int
 }
 
 // DefaultOptions returns the flag defaults.
@@ -179,6 +185,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	})
 	fs.StringVar(&o.Design, "design", o.Design, "predict one design at --rate instead of searching: P:D or 2P+1D (disaggregated), or 3C (colocated, needs --max-batch-tokens)")
 	fs.DurationVar(&o.Window, "window", o.Window, "cut the trace (--workload, an Azure .csv or a Mooncake .jsonl) into windows of this length, e.g. 1h, and plan each at its own request rate: the design window by window and the role changes a day it implies (workers moved from one window's design to the next, scaled to 24 h; workers added or removed are not role changes)")
+	fs.IntVar(&o.GPUs, "gpus", o.GPUs, "with --window: GPUs of the deployment, a fixed pool every window uses in full (workers × tp); each window gets the prefill:decode split of them with the best predicted attainment, and the role changes count the workers moved (0: each window gets the fewest GPUs that meet the SLO)")
 	cliflags.AddRenamed(fs, Renamed...)
 }
 
@@ -450,6 +457,10 @@ func Run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if o.Window != 0 {
 		return planWindows(ctx, o, stdout, stderr)
 	}
+	if o.GPUs != 0 {
+		fmt.Fprintf(stderr, "coordinator plan: --gpus fixes the pool of a --window plan: give --window, or --gpu-budget for the most GPUs a design may use\n")
+		return 2
+	}
 	cfgs, err := o.Configs()
 	if err != nil {
 		fmt.Fprintf(stderr, "coordinator plan: %v\n", strings.TrimPrefix(err.Error(), errUsage.Error()+": "))
@@ -574,8 +585,8 @@ func runTiers(ctx context.Context, o Options, stdout, stderr io.Writer) int {
 		return usage("--model-profile and --model-rate plan the models of a policy's tiers: give --policy")
 	case len(o.Profiles) > 0 || o.Rate != 0 || o.DecodeProfile != "" || o.ColocatedProfile != "":
 		return usage("with --policy each tier model's profile and rate are --model-profile and --model-rate, not --profile, --decode-profile, --colocated-profile or --rate")
-	case o.Design != "" || o.Plot != "" || o.Window != 0:
-		return usage("--design, --plot and --window plan one profile: not with --policy")
+	case o.Design != "" || o.Plot != "" || o.Window != 0 || o.GPUs != 0:
+		return usage("--design, --plot, --window and --gpus plan one profile: not with --policy")
 	case o.Output != "table":
 		return usage("--output %s: with --policy the plans are printed as tables, one per model", o.Output)
 	}

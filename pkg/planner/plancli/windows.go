@@ -37,12 +37,18 @@ type WindowPlan struct {
 	// RoleChanges is planner.RoleChanges from the design planned last
 	// before this window (0 for the first planned window).
 	RoleChanges int `json:"role_changes"`
+	// Goodput is Design's predicted goodput, req/s meeting both SLOs
+	// (Attainment × Rate).
+	Goodput float64 `json:"goodput"`
 }
 
 // WindowsReport is what --window prints.
 type WindowsReport struct {
-	Profile   string       `json:"profile"`
-	WindowS   float64      `json:"window_s"`
+	Profile string  `json:"profile"`
+	WindowS float64 `json:"window_s"`
+	// FixedGPUs is --gpus: every window's design uses exactly these GPUs
+	// (0: each window got the fewest GPUs that meet the SLO).
+	FixedGPUs int          `json:"fixed_gpus,omitempty"`
 	Windows   []WindowPlan `json:"windows"`
 	Changes   int          `json:"role_changes"`
 	Transits  int          `json:"transitions"`
@@ -68,17 +74,36 @@ func planWindows(ctx context.Context, o Options, stdout, stderr io.Writer) int {
 		return usage("--window plans each window at its own rate: drop --rate")
 	case o.Design != "" || o.Plot != "":
 		return usage("--window searches each window and draws no plot: drop --design and --plot")
+	case o.GPUs < 0:
+		return usage("--gpus %d must be ≥ 0", o.GPUs)
+	case o.GPUs > 0 && o.GPUBudget != 0 && o.GPUBudget != o.GPUs:
+		return usage("--gpus %d fixes the pool; --gpu-budget %d caps it: give one", o.GPUs, o.GPUBudget)
+	}
+	if o.GPUs > 0 {
+		o.GPUBudget = o.GPUs
 	}
 	cfgs, err := o.Configs()
 	if err != nil {
 		return usage("%v", strings.TrimPrefix(err.Error(), errUsage.Error()+": "))
+	}
+	var splits []planner.Design
+	if o.GPUs > 0 {
+		if splits = poolSplits(cfgs[0], o.GPUs); len(splits) == 0 {
+			return usage("--gpus %d: no split into ≥ 1 prefill and ≥ 1 decode worker of %d and %d GPUs each", o.GPUs, cfgs[0].Prefill.Units(), decodeUnits(cfgs[0]))
+		}
 	}
 	wins, err := planner.LoadTraceWindows(o.Workload, o.Window)
 	if err != nil {
 		return usage("--workload: %v", err)
 	}
 	start := time.Now()
-	rep, code, err := windowPlans(ctx, cfgs[0], wins, o.Window)
+	var rep WindowsReport
+	var code int
+	if o.GPUs > 0 {
+		rep, code, err = fixedWindowPlans(ctx, cfgs[0], wins, o.Window, o.GPUs, splits)
+	} else {
+		rep, code, err = windowPlans(ctx, cfgs[0], wins, o.Window)
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "coordinator plan: %v\n", err)
 		return 1
@@ -127,6 +152,7 @@ func windowPlans(ctx context.Context, base *planner.Config, wins []planner.Trace
 		if pred := p.Disaggregated; pred != nil {
 			wp.Design, wp.GPUs, wp.Attainment = pred.Design, pred.GPUs, pred.Attainment
 			wp.Feasible = pred.Attainment >= c.SLO.Attainment
+			wp.Goodput = pred.Attainment * wp.Rate
 		}
 		if p.Recommended == "colocated" && p.Colocated != nil {
 			wp.Colocated = p.Colocated.Design
@@ -144,15 +170,109 @@ func windowPlans(ctx context.Context, base *planner.Config, wins []planner.Trace
 	return rep, code, nil
 }
 
+// decodeUnits is the GPUs (cores) of one decode worker of c.
+func decodeUnits(c *planner.Config) int {
+	if c.Decode != nil {
+		return c.Decode.Units()
+	}
+	return c.Prefill.Units()
+}
+
+// poolSplits are the disaggregated designs that use exactly gpus GPUs
+// (cores) of c's workers, ≥ 1 of each role, fewest prefill workers first.
+func poolSplits(c *planner.Config, gpus int) []planner.Design {
+	pu, du := c.Prefill.Units(), decodeUnits(c)
+	var out []planner.Design
+	for p := 1; p*pu < gpus; p++ {
+		if rest := gpus - p*pu; rest%du == 0 {
+			out = append(out, planner.Design{Prefill: p, Decode: rest / du})
+		}
+	}
+	return out
+}
+
+// bestSplit picks among splits (predicted attainments att, one per
+// split) the one with the highest attainment; at a tie it keeps prev,
+// the previous window's split, when prev is among the best (a planner
+// moves no worker for no predicted gain), else the first of the best.
+func bestSplit(splits []planner.Design, att []float64, prev *planner.Design) int {
+	best := 0
+	for i := range splits {
+		switch {
+		case att[i] > att[best]:
+			best = i
+		case att[i] == att[best] && prev != nil && splits[i] == *prev:
+			best = i
+		}
+	}
+	return best
+}
+
+// fixedWindowPlans is windowPlans on a fixed pool of gpus GPUs (--gpus):
+// each window evaluates every split of the pool (splits, from
+// poolSplits) at the window's rate and takes bestSplit, so the total
+// never changes and every difference between consecutive windows'
+// designs is workers moved. code is 1 when a window's best split misses
+// the attainment target (it still counts).
+func fixedWindowPlans(ctx context.Context, base *planner.Config, wins []planner.TraceWindow, window time.Duration, gpus int, splits []planner.Design) (rep WindowsReport, code int, err error) {
+	rep = WindowsReport{Profile: base.Prefill.Name, WindowS: window.Seconds(), FixedGPUs: gpus}
+	var prev *planner.Design
+	att := make([]float64, len(splits))
+	for _, tw := range wins {
+		wp := WindowPlan{Start: tw.Start, End: tw.End, StartS: tw.Start.Seconds(), EndS: tw.End.Seconds(), Requests: tw.Requests}
+		if tw.Workload == nil || tw.Requests < 2 || !(tw.Workload.Rate > 0) {
+			wp.Skipped = "fewer than 2 requests"
+			rep.Windows = append(rep.Windows, wp)
+			continue
+		}
+		wp.Rate = tw.Workload.Rate
+		c := *base
+		c.Workload, c.Rate = tw.Workload, tw.Workload.Rate
+		for i, d := range splits {
+			if err := ctx.Err(); err != nil {
+				return rep, 1, err
+			}
+			e, err := planner.Evaluate(&c, d)
+			if err != nil {
+				return rep, 1, fmt.Errorf("window %v–%v: split %s: %w", tw.Start, tw.End, d, err)
+			}
+			att[i] = e.Prediction.Attainment
+		}
+		k := bestSplit(splits, att, prev)
+		wp.Design, wp.GPUs, wp.Attainment = splits[k], gpus, att[k]
+		wp.Feasible = att[k] >= c.SLO.Attainment
+		wp.Goodput = att[k] * wp.Rate
+		if !wp.Feasible {
+			code = 1
+		}
+		if prev != nil {
+			wp.RoleChanges = planner.RoleChanges(*prev, wp.Design)
+			rep.Changes += wp.RoleChanges
+			rep.Transits++
+		}
+		d := wp.Design
+		prev = &d
+		rep.Windows = append(rep.Windows, wp)
+	}
+	rep.PerDay = planner.ChangesPerDay(rep.Changes, rep.Transits, window)
+	return rep, code, nil
+}
+
 func writeWindows(w io.Writer, rep WindowsReport) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "pdserve plan by window of %v: %s\nworkload: %s\n\n", time.Duration(rep.WindowS*float64(time.Second)), rep.Profile, rep.Workload)
+	fmt.Fprintf(&b, "pdserve plan by window of %v: %s\nworkload: %s\n", time.Duration(rep.WindowS*float64(time.Second)), rep.Profile, rep.Workload)
+	if rep.FixedGPUs > 0 {
+		fmt.Fprintf(&b, "pool: %d GPUs in every window, split as each window's best predicted attainment asks\n", rep.FixedGPUs)
+	} else {
+		b.WriteString("pool: each window the fewest GPUs that meet the SLO\n")
+	}
+	b.WriteString("\n")
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "window\trequests\treq/s\tP:D\tGPUs\tpredicted attainment\trole changes\tcolocated, when fewer GPUs")
+	fmt.Fprintln(tw, "window\trequests\treq/s\tP:D\tGPUs\tpredicted attainment\tpredicted goodput\trole changes\tcolocated, when fewer GPUs")
 	for _, wp := range rep.Windows {
 		span := fmt.Sprintf("%v–%v", wp.Start, wp.End)
 		if wp.Skipped != "" {
-			fmt.Fprintf(tw, "%s\t%d\t—\t— (%s)\t—\t—\t—\t—\n", span, wp.Requests, wp.Skipped)
+			fmt.Fprintf(tw, "%s\t%d\t—\t— (%s)\t—\t—\t—\t—\t—\n", span, wp.Requests, wp.Skipped)
 			continue
 		}
 		design := fmt.Sprintf("%d:%d", wp.Design.Prefill, wp.Design.Decode)
@@ -163,7 +283,7 @@ func writeWindows(w io.Writer, rep WindowsReport) error {
 		if wp.Colocated.Colocated > 0 {
 			coloc = wp.Colocated.String()
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%s\t%d\t%.3f\t%d\t%s\n", span, wp.Requests, wp.Rate, design, wp.GPUs, wp.Attainment, wp.RoleChanges, coloc)
+		fmt.Fprintf(tw, "%s\t%d\t%.2f\t%s\t%d\t%.3f\t%.2f\t%d\t%s\n", span, wp.Requests, wp.Rate, design, wp.GPUs, wp.Attainment, wp.Goodput, wp.RoleChanges, coloc)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
