@@ -14,7 +14,10 @@ import (
 // that depends on it. Safe for concurrent use.
 type Membership struct {
 	ttl   time.Duration
-	admit bool                     // members need Admit before Members and Models list them
+	admit bool // members need Admit before Members and Models list them
+	// moves: an admitted elastic member that changes role at the same
+	// address stays admitted (AdmitRoleMoves).
+	moves bool
 	check func(hb Heartbeat) error // refuses heartbeats; nil: none
 	// maxPending bounds the members not admitted yet (with admit); 0:
 	// no bound.
@@ -46,8 +49,20 @@ type MembershipOption func(*Membership)
 // RequireAdmission makes a member count (in Members and Models) only once
 // Admit admitted it: the observer verified the worker behind the
 // heartbeat (the coordinator's authenticated health call). A member
-// whose role or address changes needs admitting again.
+// whose role or address changes needs admitting again (see
+// AdmitRoleMoves).
 func RequireAdmission() MembershipOption { return func(m *Membership) { m.admit = true } }
+
+// AdmitRoleMoves keeps a member admitted (with RequireAdmission) when its
+// role changes and its address does not, when the heartbeats before and
+// after the change both say it is elastic (Heartbeat.Elastic, a worker
+// that takes role commands): the moved worker is routed to from the
+// first heartbeat of its new role, as the role command promises, instead
+// of after another admission round. For an observer whose admission only
+// shows that a gRPC server answers at the address (plaintext gRPC),
+// which a role change at the same address leaves as shown; one that
+// verifies the role in a certificate admits again instead.
+func AdmitRoleMoves() MembershipOption { return func(m *Membership) { m.moves = true } }
 
 // DefaultMaxPending is the coordinator's bound on members not admitted
 // yet: workers starting at once, far more than a rollout starts.
@@ -89,7 +104,8 @@ func (m *Membership) TTL() time.Duration { return m.ttl }
 // Observe records hb, observed at now (the observer's clock, not hb.Time,
 // so that clock skew between machines does not matter). The latest
 // observation of an id replaces the earlier one, role included; a member
-// stays admitted while its role and address stay the same. Heartbeats
+// stays admitted while its role and address stay the same (its address,
+// for an elastic member with AdmitRoleMoves). Heartbeats
 // that fail Validate are ignored. A heartbeat the check (WithCheck)
 // refuses removes its id; Observe returns ErrRefused, wrapped with the
 // reason, for the first refusal of an id and for each new reason, nil
@@ -124,7 +140,8 @@ func (m *Membership) Observe(hb Heartbeat, now time.Time) error {
 		return fmt.Errorf("%w: %s %s: %w (%d)", ErrRefused, hb.Role, hb.ID, ErrPendingFull, m.maxPending)
 	}
 	delete(m.refused, hb.ID)
-	admitted := ok && old.admitted && old.hb.Role == hb.Role && old.hb.GRPCAddr == hb.GRPCAddr
+	moved := m.moves && old.hb.Elastic && hb.Elastic
+	admitted := ok && old.admitted && (old.hb.Role == hb.Role || moved) && old.hb.GRPCAddr == hb.GRPCAddr
 	mb := member{hb: hb, seen: now, admitted: admitted}
 	if ok && old.unreachable && old.hb.GRPCAddr == hb.GRPCAddr && now.Sub(old.unreachableAt) < UnreachableGrace {
 		// Sent, most likely, before the call failed: it says nothing

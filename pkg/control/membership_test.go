@@ -2,6 +2,7 @@ package control
 
 import (
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -227,6 +228,56 @@ func TestAdmission(t *testing.T) {
 	m.Observe(moved, now.Add(2*time.Second))
 	if got := m.Members(RoleDecode); len(got) != 0 {
 		t.Errorf("Members after the address changed = %v, want none until admitted again", got)
+	}
+}
+
+// TestAdmitRoleMoves: with AdmitRoleMoves an admitted elastic member
+// whose first heartbeat of a new role comes from the same address is a
+// member of that role at once; a member not elastic (before or after),
+// one whose address changed too, and any without the option wait for
+// Admit again. It fails when Observe drops admission on every role
+// change (the moved worker then waits a probe round after its first
+// heartbeat), or keeps it for a member that is not elastic.
+func TestAdmitRoleMoves(t *testing.T) {
+	const addr = "10.0.0.1:9000"
+	for _, tc := range []struct {
+		name          string
+		opt           bool
+		before, after bool // Elastic
+		addr          string
+		want          bool
+	}{
+		{"elastic, same address", true, true, true, addr, true},
+		{"elastic, another address", true, true, true, "10.0.0.2:9000", false},
+		{"not elastic before", true, false, true, addr, false},
+		{"not elastic after", true, true, false, addr, false},
+		{"without the option", false, true, true, addr, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := []MembershipOption{RequireAdmission()}
+			if tc.opt {
+				opts = append(opts, AdmitRoleMoves())
+			}
+			m := NewMembership(time.Minute, opts...)
+			now := time.Unix(100, 0)
+			d := Heartbeat{ID: "e1", Role: string(RoleDecode), GRPCAddr: addr, Model: "llama", Elastic: tc.before}
+			m.Observe(d, now)
+			if !m.Admit("e1", d.Role, addr) {
+				t.Fatal("Admit refused the member's own role and address")
+			}
+			p := Heartbeat{ID: "e1", Role: string(RolePrefill), GRPCAddr: tc.addr, Model: "llama", Elastic: tc.after}
+			m.Observe(p, now.Add(time.Second))
+			got := slices.ContainsFunc(m.Members(RolePrefill), func(hb Heartbeat) bool { return hb.ID == "e1" })
+			if got != tc.want {
+				t.Errorf("a prefill member at its first prefill heartbeat: %v, want %v", got, tc.want)
+			}
+			if len(m.Members(RoleDecode)) != 0 {
+				t.Error("still a decode member after its prefill heartbeat")
+			}
+			if pending := len(m.Pending()) == 1; pending == tc.want {
+				t.Errorf("pending admission: %v, want %v", pending, !tc.want)
+			}
+		})
 	}
 }
 

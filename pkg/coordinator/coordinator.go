@@ -155,8 +155,17 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 		return c, fmt.Errorf("coordinator: %w", err)
 	}
 	c.ncDone = ncDone
-	c.members = control.NewMembership(o.HeartbeatTTL, control.RequireAdmission(), control.MaxPending(control.DefaultMaxPending),
-		control.WithCheck(countingCheck(o.checkHeartbeat, c.reg)))
+	mopts := []control.MembershipOption{control.RequireAdmission(), control.MaxPending(control.DefaultMaxPending),
+		control.WithCheck(countingCheck(o.checkHeartbeat, c.reg))}
+	if tlsCfg == nil {
+		// Admission shows only that a gRPC server answers at the
+		// address, which a role change there leaves as shown: a moved
+		// elastic worker is routed to from its new role's first
+		// heartbeat. With TLS the new role's certificate is checked
+		// first.
+		mopts = append(mopts, control.AdmitRoleMoves())
+	}
+	c.members = control.NewMembership(o.HeartbeatTTL, mopts...)
 	members := c.members
 	c.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 		Name: "pdserve_coordinator_heartbeats_pending_refused_total",

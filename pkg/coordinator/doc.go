@@ -255,7 +255,10 @@
 // control.RequireAdmission). With TLS the handshake proved its identity;
 // without, the worker is admitted unverified (logged so): anyone holding
 // its role's NATS credential can register one and get requests routed to
-// it, but no credential usable elsewhere. A heartbeat whose limits or
+// it, but no credential usable elsewhere. There, an elastic worker that
+// changes role at the same address stays admitted (control.AdmitRoleMoves):
+// it is routed to from the first heartbeat of its new role; with TLS the
+// new role's certificate is checked by a new admission first. A heartbeat whose limits or
 // shape contradict its role's configuration (Options.checkHeartbeat) is
 // refused, logged once per reason and counted in
 // pdserve_coordinator_heartbeats_refused_total{reason}: its block size

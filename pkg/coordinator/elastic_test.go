@@ -29,7 +29,9 @@ import (
 // token, served by the other decode worker and without a recovery. Without Migrate they finish on it before it changes. Either
 // way every worker ends with no KV held, and the moved worker then
 // prefills a request in its new role (the other prefill worker drained),
-// which the first-request histogram counts. The migrate case fails when
+// which the first-request histogram counts, routed from the first
+// heartbeat of its new role without a second admission (it fails when
+// a role change drops the admission). The migrate case fails when
 // ChangeRole ignores the command's Migrate (the streams then finish on
 // the source: decode_worker is the moved worker, no pull logged), and
 // when the coordinator gives the pull no credential it may present
@@ -151,6 +153,14 @@ func TestElasticRoleChange(t *testing.T) {
 				}
 				return nil
 			})
+			// Routed from the first heartbeat of its new role: this
+			// plaintext coordinator admitted it once, as decode
+			// (control.AdmitRoleMoves), not again as prefill.
+			for _, e := range logs.FilterMessageSnippet("worker admitted").All() {
+				if f := e.ContextMap(); f["worker"] == src && f["role"] == string(control.RolePrefill) {
+					t.Errorf("%s was admitted again in its new role (%s): it waited for a probe after its heartbeat", src, e.Message)
+				}
+			}
 			res := complete(context.Background(), t, cl.url, request{Prompt: "served in the new role", MaxTokens: 4, IgnoreEOS: true})
 			if res.Err != "" {
 				t.Fatalf("request after the role change: %s", res.Err)

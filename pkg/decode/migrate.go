@@ -46,20 +46,28 @@ func (s *Server) Migrate(ctx context.Context, id string) error {
 // MigrateAll drains the worker by moving its sequences out rather than
 // waiting for the longest one: it marks the worker draining (new requests
 // go elsewhere; SetDraining) and migrates every request the batch runs
-// (Migrate), all at the same step boundary. It returns how many moved.
-// Requests that cannot move now (see Migrate) finish here as before; the
-// caller waits for them and for the moved sequences' pulls with WaitIdle.
-// The error is ctx's or UNAVAILABLE when the worker stops.
+// (Migrate), all at the same step boundary. A request that cannot move
+// yet (its KV still on its way or importing, its prompt prefilling
+// here, no token yet) moves at the first step boundary after it can
+// (batch.ExportWhenReady), and so does each request reserved before the
+// drain that reaches the batch later: the drain ends when the last
+// prefill delivered, not when the last sequence finished. It returns how
+// many of those in the batch at the call moved; it waits for them (each
+// moves or ends). Requests that can never move (several choices) finish
+// here as before; the caller waits for them and for the moved
+// sequences' pulls with WaitIdle. The error is ctx's or UNAVAILABLE when
+// the worker stops.
 func (s *Server) MigrateAll(ctx context.Context) (int, error) {
 	// Draining and the exports in one critical section: whoever sees the
 	// worker draining sees them posted.
 	s.mu.Lock()
 	s.sig.SetDrainingLocked(true)
+	s.moveOut = true
 	replies := make(map[string]chan batch.Exported)
 	for id, q := range s.seqs {
 		if q.handed && !q.done && !q.cancelling {
 			replies[id] = make(chan batch.Exported, 1)
-			s.b.Post(batch.Export(q.key, replies[id]))
+			s.b.Post(batch.ExportWhenReady(q.key, replies[id]))
 		}
 	}
 	s.mu.Unlock()

@@ -451,3 +451,84 @@ func TestMigrateLlamaCpp(t *testing.T) {
 		})
 	}
 }
+
+// prefillPause is the ref engine whose first step with prefill items
+// waits until release is closed, saying so on paused.
+type prefillPause struct {
+	*ref.Engine
+	once    atomic.Bool
+	paused  chan struct{}
+	release chan struct{}
+}
+
+func (e *prefillPause) Step(ctx context.Context, prefill []engine.PrefillItem, decode []engine.DecodeItem, onKV engine.KVFunc) ([]engine.Output, []engine.Output, error) {
+	if len(prefill) > 0 && e.once.CompareAndSwap(false, true) {
+		close(e.paused)
+		<-e.release
+	}
+	return e.Engine.Step(ctx, prefill, decode, onKV)
+}
+
+// TestMigrateAllMovesWhatStartsLater: MigrateAll while a request is
+// still prefilling here (its first chunk in the engine, 2 chunks left,
+// no token yet) moves it out once it has its first token instead of
+// letting it finish here: MigrateAll counts it, the source's stream ends
+// with the migrated event after that token, and the target goes on
+// token-exact. So a drain that migrates ends when the last request
+// started, not when the longest finished. It fails when MigrateAll
+// exports only what runs at the call (0 moved, the source finishes the
+// request: finish reason "length").
+func TestMigrateAllMovesWhatStartsLater(t *testing.T) {
+	ctx := testCtx(t)
+	ref := newWorker(t, smallOptions(), true)
+	stream, err := ref.client.Generate(ctx, migRequest("w", nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := collect(stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	e := &prefillPause{Engine: newEngine(t), paused: make(chan struct{}), release: make(chan struct{})}
+	src := newWorkerOn(t, e, smallOptions(), true)
+	dst := migrationTarget(t, nil)
+	req := migRequest("m", nil)
+	st, err := src.client.Generate(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-e.paused
+	type res struct {
+		n   int
+		err error
+	}
+	done := make(chan res, 1)
+	go func() {
+		n, err := src.s.MigrateAll(ctx)
+		done <- res{n, err}
+	}()
+	for !src.s.Stats().Draining {
+		runtime.Gosched()
+	}
+	close(e.release)
+	if r := <-done; r.err != nil || r.n != 1 {
+		t.Errorf("MigrateAll: %d moved, %v; want the prefilling request moved", r.n, r.err)
+	}
+	got, err := collect(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.reason != "" || len(got.tokens) == 0 || len(got.tokens) >= int(req.MaxTokens) {
+		t.Fatalf("source stream: %d tokens, finish %q; want it moved after its first tokens", len(got.tokens), got.reason)
+	}
+	rest, err := collect(resume(ctx, t, dst, src, req, got.tokens))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if all := append(slices.Clone(got.tokens), rest.tokens...); !slices.Equal(all, want.tokens) || rest.reason != "length" {
+		t.Errorf("moved after %d tokens (%s):\n got %v\nwant %v", len(got.tokens), rest.reason, all, want.tokens)
+	}
+	migIdle(t, src)
+	migIdle(t, dst)
+}

@@ -76,7 +76,11 @@ type Server struct {
 
 	// sig wakes the batch, and holds draining and the end of each
 	// request (its ...Locked methods under mu).
-	sig     *batching.Signals
+	sig *batching.Signals
+	// moveOut: MigrateAll drains the worker; each request handed to the
+	// batch from then on moves out too once it can (under mu; cleared by
+	// SetDraining(false)).
+	moveOut bool
 	baseCtx context.Context
 	stop    context.CancelFunc
 
@@ -456,6 +460,7 @@ func (s *Server) stats() Stats {
 func (s *Server) SetDraining(d bool) {
 	s.mu.Lock()
 	s.sig.SetDrainingLocked(d)
+	s.moveOut = s.moveOut && d
 	s.unlock()
 }
 
@@ -1357,6 +1362,11 @@ func (s *Server) handLocked(q *sequence) {
 	r.Pin, q.hit = q.hit, prefixcache.Hit{}
 	q.handed = true
 	s.b.Post(batch.Join(r))
+	if s.moveOut {
+		// Draining by migration: it moves out once it runs (the answer
+		// is the batch's end report; nobody waits for the reply).
+		s.b.Post(batch.ExportWhenReady(q.key, make(chan batch.Exported, 1)))
+	}
 }
 
 // MaxBatch returns the most sequences one step runs (Options.MaxBatch):

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -20,8 +21,10 @@ import (
 
 	pdservev1 "github.com/pdserve/pdserve/api/pdserve/v1"
 	"github.com/pdserve/pdserve/internal/poll"
+	"github.com/pdserve/pdserve/internal/repotest"
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/enginecfg"
+	"github.com/pdserve/pdserve/pkg/gguf"
 	"github.com/pdserve/pdserve/pkg/kv"
 )
 
@@ -332,15 +335,43 @@ func TestRoleCommandOnlyFromCoordinator(t *testing.T) {
 //
 //	go test -run '^$' -bench BenchmarkRoleChangeSim -benchtime 20x ./pkg/workerrun/
 func BenchmarkRoleChangeSim(b *testing.B) {
-	url := startNATS(b)
 	eo := enginecfg.Options{Engine: enginecfg.Sim, Profile: "h100/llama-3-8b/tp1", TimeScale: 1, PayloadScale: 1.0 / 1024, Seed: 3}
+	benchRoleChange(b, eo, 512, 1024)
+}
+
+// BenchmarkRoleChangeLlama is BenchmarkRoleChangeSim on the llama.cpp
+// engine (CPU here) with a small model: random weights of a real
+// architecture (llama, 4 layers, hidden 256, F16) over llama's
+// vocabulary, a 4k-token KV cache; 128-token prompts, 1 thread. The model stays loaded
+// across the moves: ns/op is the drain, the new role's server, the
+// heartbeat and the request's first token, against
+// s_baseline_first_token (the same request on the fixed decode worker).
+//
+//	make llama
+//	go test -run '^$' -bench BenchmarkRoleChangeLlama -benchtime 20x ./pkg/workerrun/
+func BenchmarkRoleChangeLlama(b *testing.B) {
+	lib, vocab := repotest.Llama(b)
+	model := filepath.Join(b.TempDir(), "bench.gguf")
+	if err := gguf.WriteRandom(model, gguf.RandomOptions{Arch: "llama", Vocab: filepath.Join(vocab, "ggml-vocab-llama-spm.gguf"),
+		Layers: 4, Hidden: 256, Heads: 8, KVHeads: 4, FFN: 512, Context: 4096, Type: gguf.F16, Seed: 7}); err != nil {
+		b.Fatal(err)
+	}
+	eo := enginecfg.DefaultOptions()
+	eo.Engine, eo.Model, eo.LlamaLib, eo.CtxSize, eo.MaxSeqs, eo.Threads = enginecfg.Llama, model, lib, 4096, 16, 1
+	benchRoleChange(b, eo, 128, 128)
+}
+
+// benchRoleChange runs the role change benchmark on engine eo with
+// prompts of n tokens and decode pools of kvBlocks blocks.
+func benchRoleChange(b *testing.B, eo enginecfg.Options, n, kvBlocks int) {
+	url := startNATS(b)
 	// The default chunking (the tests' 8-token chunks would take a step
 	// per 8 prompt tokens).
 	chunks := func(o *Options) {
 		def := NewDecodeOptions()
 		o.Prefill.ChunkTokens, o.Prefill.MaxBatchTokens = def.Prefill.ChunkTokens, def.Prefill.MaxBatchTokens
 		o.Decode.ChunkTokens, o.Decode.MaxBatchTokens = def.Decode.ChunkTokens, def.Decode.MaxBatchTokens
-		o.Decode.KVBlocks = 1024
+		o.Decode.KVBlocks = kvBlocks
 	}
 	do := testOptions(control.RoleDecode, url)
 	do.ID, do.Engine, do.MetricsAddr = "d-0", eo, ""
@@ -364,7 +395,7 @@ func BenchmarkRoleChangeSim(b *testing.B) {
 	epc, edc := pdservev1.NewPrefillServiceClient(ecc), pdservev1.NewDecodeServiceClient(ecc)
 	dc := pdservev1.NewDecodeServiceClient(dial(b, d))
 	ctx := testCtx(b)
-	p := prompt(512, 5)
+	p := prompt(n, 5)
 	var visible time.Duration
 	b.ResetTimer()
 	for i := range b.N {
@@ -425,7 +456,7 @@ func BenchmarkRoleChangeSim(b *testing.B) {
 	var baseline time.Duration
 	for i := range 3 {
 		id := fmt.Sprint("base-", i)
-		bp := prompt(512, int32(100+i)) // a prompt of its own: no prefix cache hit
+		bp := prompt(n, int32(100+i)) // a prompt of its own: no prefix cache hit
 		t0 := time.Now()
 		if _, err := dc.Reserve(ctx, &pdservev1.ReserveRequest{RequestId: id, Tokens: int32(len(bp) + 2)}); err != nil {
 			b.Fatal(err)

@@ -264,7 +264,8 @@ var (
 // fails with UNAVAILABLE at once, and the heartbeats say draining;
 // prefills in progress finish and deliver their KV; running decode
 // sequences finish, or with migrate move with their KV to other decode
-// workers, which the coordinator resumes them on), for at most Options.DrainTimeout (then what is left
+// workers, which the coordinator resumes them on, and so do those whose
+// KV was still on its way, once they have their first token), for at most Options.DrainTimeout (then what is left
 // fails with UNAVAILABLE), its server stops, and the new role's server
 // starts on the same engine, gRPC address and NATS connection; the next
 // heartbeat carries the new role. The prefix cache stays: the old

@@ -158,6 +158,7 @@ type Msg struct {
 	keep     bool
 	reclaim  []engine.SeqID
 	export   chan<- Exported
+	ready    bool // export: when the request can move (ExportWhenReady)
 	adopt    *prefixcache.Handover
 	handover chan<- prefixcache.Handover
 }
@@ -209,6 +210,16 @@ func Reclaimed(seqs []engine.SeqID) Msg { return Msg{reclaim: seqs} }
 // choices or has produced no token yet (ErrNotMigratable), or whose KV
 // the engine could not export (ends it Failed).
 func Export(key uint64, reply chan<- Exported) Msg { return Msg{key: key, export: reply} }
+
+// ExportWhenReady is Export for a drain that moves every request out: a
+// request of one choice that is in the batch but cannot move yet (its
+// KV not imported, still prefilling, no token yet) is exported at the
+// first step boundary after it can, instead of answering ErrNotRunning;
+// one that ends before answers ErrNotRunning then. A request not in the
+// batch, or of several choices, answers at once as for Export.
+func ExportWhenReady(key uint64, reply chan<- Exported) Msg {
+	return Msg{key: key, export: reply, ready: true}
+}
 
 // Exported answers an Export: the snapshot, or why there is none.
 type Exported struct {
@@ -370,9 +381,12 @@ type Batch struct {
 	// The loop's alone.
 	joins   map[uint64]*seq // every joined root, until its end is reported
 	arrived map[uint64]*KV  // KV that arrived before its Join
-	waiting []*seq          // ready to join, in order of readiness (they join by priority: plan)
-	order   batching.Order  // the order waiting requests join in
-	active  []*seq          // in the batch, in order of joining
+	// parked are the ExportWhenReady replies of requests that cannot
+	// move yet, by key; each is answered at a step boundary.
+	parked  map[uint64]chan<- Exported
+	waiting []*seq         // ready to join, in order of readiness (they join by priority: plan)
+	order   batching.Order // the order waiting requests join in
+	active  []*seq         // in the batch, in order of joining
 	nextSeq engine.SeqID
 	// cached is the engine tokens of each prefix cache entry's sequence
 	// the batch inserted and has not freed; cachedTokens their sum.
@@ -402,6 +416,7 @@ func New(cfg Config) *Batch {
 		box:     batching.NewMailbox[Msg](cfg.Signals),
 		joins:   make(map[uint64]*seq),
 		arrived: make(map[uint64]*KV),
+		parked:  make(map[uint64]chan<- Exported),
 		cached:  make(map[engine.SeqID]int),
 		order:   batching.Order{Overtakes: cfg.Overtakes},
 	}

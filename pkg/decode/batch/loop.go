@@ -113,6 +113,7 @@ var _ runner.Policy[*seq] = policy{}
 func (p policy) Plan() runner.Batch[*seq] {
 	b := p.b
 	b.drain()
+	b.exportParked()
 	b.waitGrammars()
 	rb := b.plan()
 	b.report()
@@ -138,6 +139,7 @@ func (p policy) Shutdown() {
 	for _, q := range b.joins {
 		b.end(q, End{Kind: Stopped}, false)
 	}
+	b.exportParked() // each answers ErrNotRunning now
 	if b.handTo != nil {
 		// The next role's batch frees or keeps them.
 		h := b.cfg.Cache.Handover()
@@ -212,6 +214,8 @@ func (b *Batch) drain() {
 			}
 		case m.reclaim != nil:
 			b.freeCached(m.reclaim)
+		case m.export != nil && m.ready:
+			b.park(m.key, m.export)
 		case m.export != nil:
 			b.export(m.key, m.export)
 		case m.adopt != nil:
@@ -953,6 +957,37 @@ func (b *Batch) export(key uint64, reply chan<- Exported) {
 	snap := &Snapshot{ID: q.id, Prompt: q.prompt, Tokens: slices.Clone(q.tokens), KV: x}
 	reply <- Exported{Snap: snap}
 	b.end(q, End{Kind: Migrated, Snap: snap}, true)
+}
+
+// movable reports whether root q can be exported now.
+func movable(q *seq) bool {
+	return q.joined && len(q.pending) == 0 && q.n == 1 && q.emitted > 0 && len(q.tokens) == q.emitted
+}
+
+// park answers ExportWhenReady for request key: at once when it is not
+// in the batch, can never move (several choices) or can move now; else
+// at the step boundary after it can (exportParked).
+func (b *Batch) park(key uint64, reply chan<- Exported) {
+	q := b.joins[key]
+	if q == nil || q.dropped || q.n > 1 || movable(q) {
+		b.export(key, reply)
+		return
+	}
+	if old := b.parked[key]; old != nil {
+		old <- Exported{Err: fmt.Errorf("%w (request key %d): asked again", ErrNotRunning, key)}
+	}
+	b.parked[key] = reply
+}
+
+// exportParked exports each parked request that can move now and
+// answers ErrNotRunning for those that ended; the rest stay parked.
+func (b *Batch) exportParked() {
+	for key, reply := range b.parked {
+		if q := b.joins[key]; q == nil || q.dropped || movable(q) {
+			delete(b.parked, key)
+			b.export(key, reply)
+		}
+	}
 }
 
 // exportKV copies root q's KV (its prompt and output tokens but the
