@@ -531,13 +531,16 @@ func (d *Disk) clear() error {
 	for _, e := range d.idx.reset() {
 		e.dropped = true
 	}
-	lock := d.lock
+	lock, dir := d.lock, d.dir
 	d.lock = nil
 	d.mu.Unlock()
-	err := os.RemoveAll(d.dir)
+	if dir == "" {
+		return nil // taken over (takeOver): the directory is another tier's
+	}
+	err := os.RemoveAll(dir)
 	if lock != nil {
 		if err == nil {
-			os.Remove(d.dir + lockSuffix)
+			os.Remove(dir + lockSuffix)
 		}
 		lock.Close() // after the removal: a new tier must not take the directory while it is still there
 	}

@@ -31,7 +31,10 @@ type HostStats struct {
 	SpillsSkipped uint64
 	Evictions     uint64 // entries dropped for the budget
 	Superseded    uint64 // entries dropped for a newer one holding their blocks and more
-	Failures      uint64 // exports or imports the engine refused, files that could not be written or read
+	// Adopted counts entries taken in from another cache's tier on a
+	// role change (Cache.Adopt of a Handover).
+	Adopted  uint64
+	Failures uint64 // exports or imports the engine refused, files that could not be written or read
 	// BadEntries counts disk-tier entries dropped for a bad file: not a
 	// regular file, of the wrong size, or failing its checksum (their
 	// prefixes were computed instead). 0 for the host tier.

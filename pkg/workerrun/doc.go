@@ -128,5 +128,8 @@
 // its KV events and digest under the new role: the router finds the
 // worker's cached prefixes again once its view of the worker, which it
 // resets on the new role and KV event epoch, has the new snapshot. The
-// host and disk tiers go with the old role.
+// host and disk tiers go along too (their KV not copied, the disk tier's
+// files renamed into the new tier's directory) when the new role's cache
+// has such tiers; a decode role has no host tier by default
+// (--host-cache-bytes), and then drops them.
 package workerrun
