@@ -197,10 +197,14 @@ func (d *Disk) Match(hashes []kv.Hash) int {
 // than the budget, or whose blocks the tier holds already, is not
 // written. Errors: the file's (the tier is then unchanged).
 func (d *Disk) put(e *hostEntry) error {
-	if d == nil || e.bytes > d.budget || len(e.layers) == 0 {
+	if d == nil || len(e.layers) == 0 {
 		return nil
 	}
 	d.mu.Lock()
+	if e.bytes > d.budget { // 0 once taken over
+		d.mu.Unlock()
+		return nil
+	}
 	if d.idx.held(e.hashes) {
 		d.st.SpillsSkipped++
 		d.mu.Unlock()

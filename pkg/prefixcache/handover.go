@@ -82,9 +82,10 @@ func (c *Cache) Handover() Handover {
 	if c == nil {
 		return Handover{}
 	}
+	// The tiers first, outside the cache's lock (a leaf).
+	h := Handover{BlockTokens: c.o.BlockTokens, key: c.o.HashKey, tiers: c.host.takeOver()}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	h := Handover{BlockTokens: c.o.BlockTokens, key: c.o.HashKey, tiers: c.host.takeOver()}
 	clear(c.spill) // nothing more goes to the host tier
 	for el := c.lru.Front(); el != nil; {
 		e := el.Value.(*entry)

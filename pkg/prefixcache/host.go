@@ -163,11 +163,14 @@ func newHost(budget int64, blockTokens int) *Host {
 	return &Host{budget: budget, blockTokens: blockTokens, now: time.Now}
 }
 
-// Budget returns the tier's byte budget (0 for a nil tier).
+// Budget returns the tier's byte budget (0 for a nil tier, or one
+// whose entries a Handover took).
 func (h *Host) Budget() int64 {
 	if h == nil {
 		return 0
 	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	return h.budget
 }
 

@@ -20,7 +20,6 @@ func (h *Host) takeOver() *Host {
 		return nil
 	}
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	m := newHost(h.budget, h.blockTokens)
 	m.now = h.now
 	all := h.idx.reset()
@@ -30,7 +29,8 @@ func (h *Host) takeOver() *Host {
 		m.idx.insert(&e)
 	}
 	h.budget = 0
-	m.disk = h.disk.takeOver()
+	h.mu.Unlock()
+	m.disk = h.disk.takeOver() // its own lock, not under the host's
 	return m
 }
 
