@@ -117,13 +117,18 @@ func TestElasticPool(t *testing.T) {
 }
 
 // TestElasticRefusals: the elastic pool refuses, with a message naming
-// what to change, the settings it cannot serve.
+// what to change, the settings it cannot serve, and TLS identities that
+// would not tell its certificate apart.
 func TestElasticRefusals(t *testing.T) {
 	ch := loadChart(t)
 	for _, tc := range []struct{ name, values, want string }{
 		{"colocated mode", "coordinator: {mode: colocated}\ndecodeWorker: {role: colocated}\ntls: {enabled: false}", "elastic.enabled needs coordinator.mode=disaggregated"},
 		{"planner off", "coordinator: {planner: {actuator: 'off'}}\ntls: {enabled: false}", "elastic.enabled needs the planner"},
-		{"tls (the default)", "", "elastic.enabled with tls.enabled is not supported yet"},
+		{"identities without the elastic one", "tls: {roleSecrets: {coordinator: c, prefill: p, decode: d, elastic: e}, identities: {coordinator: c.example.org, prefill: p.example.org}}",
+			"tls.identities.elastic is required"},
+		{"identities without the elastic Secret", "tls: {roleSecrets: {coordinator: c, prefill: p, decode: d}, identities: {coordinator: c.example.org, prefill: p.example.org, elastic: e.example.org}}",
+			"tls.roleSecrets.elastic is required"},
+		{"the elastic identity is the prefill one", "tls: {identities: {prefill: p.example.org, elastic: p.example.org}}", "tls.identities.elastic must differ"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := renderError(t, ch, "elastic: {enabled: true}\n"+tc.values)

@@ -48,7 +48,11 @@
 // {role} and {id} replaced (default DefaultWorkerIdentities:
 // spiffe://pdserve/{role} for any worker of the role, or
 // spiffe://pdserve/{role}/{id} for one). So no request and no credential
-// is sent to a peer before its identity is verified.
+// is sent to a peer before its identity is verified. An elastic worker,
+// whose role changes at run time, has an identity that role-bound
+// templates name for both worker roles ("decode=ID", "prefill=ID"; the
+// chart's elastic identity), and that workers allow to move KV
+// (--tls-allow-prefill), never to call as the coordinator.
 //
 // # Tokens (--grpc-token-file, --grpc-prefill-token-file)
 //

@@ -197,10 +197,14 @@ func (d *Disk) Match(hashes []kv.Hash) int {
 // than the budget, or whose blocks the tier holds already, is not
 // written. Errors: the file's (the tier is then unchanged).
 func (d *Disk) put(e *hostEntry) error {
-	if d == nil || e.bytes > d.budget || len(e.layers) == 0 {
+	if d == nil || len(e.layers) == 0 {
 		return nil
 	}
 	d.mu.Lock()
+	if e.bytes > d.budget { // 0 once taken over
+		d.mu.Unlock()
+		return nil
+	}
 	if d.idx.held(e.hashes) {
 		d.st.SpillsSkipped++
 		d.mu.Unlock()
@@ -531,13 +535,16 @@ func (d *Disk) clear() error {
 	for _, e := range d.idx.reset() {
 		e.dropped = true
 	}
-	lock := d.lock
+	lock, dir := d.lock, d.dir
 	d.lock = nil
 	d.mu.Unlock()
-	err := os.RemoveAll(d.dir)
+	if dir == "" {
+		return nil // taken over (takeOver): the directory is another tier's
+	}
+	err := os.RemoveAll(dir)
 	if lock != nil {
 		if err == nil {
-			os.Remove(d.dir + lockSuffix)
+			os.Remove(dir + lockSuffix)
 		}
 		lock.Close() // after the removal: a new tier must not take the directory while it is still there
 	}

@@ -110,8 +110,12 @@
 // cache's bounds and its engine memory. The tags go along, and since
 // unverified pulled KV is never inserted, none is handed over. A cache of
 // another block size or hash key adopts nothing (the hashes would not
-// match): the sequences are freed. The host and disk tiers are the old
-// role's and go with it (Drain).
+// match): the sequences are freed. The host and disk tiers go along
+// (same block size and key only): the host tier's entries join the new
+// cache's host tier without their KV being copied, the disk tier's index
+// its disk tier, each file renamed into the new tier's directory (the
+// same DiskDir); a new cache without a host tier (a decode role's
+// default) drops them, files included.
 //
 // # Digest
 //

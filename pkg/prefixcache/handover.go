@@ -7,20 +7,36 @@ import (
 	"github.com/pdserve/pdserve/pkg/kv"
 )
 
-// Handover is the engine tier of a cache given to another cache on the
-// same engine (Cache.Handover, Cache.Adopt): an elastic worker's role
-// change keeps its prefix cache as the new role's, the KV staying in the
-// engine sequences it is in. Its entries are the old cache's unpinned
-// ones, most recently used first, with their block hashes (under the old
-// cache's HashKey, from each request's chain root) and provenance tags.
-// Whoever holds a Handover owns its engine sequences: it adopts or frees
-// them (Seqs).
+// Handover is a cache's tiers given to another cache on the same engine
+// (Cache.Handover, Cache.Adopt): an elastic worker's role change keeps
+// its prefix cache as the new role's, the KV staying in the engine
+// sequences it is in, and in the host memory and files it is in. Its
+// Entries are the old cache's unpinned engine entries, most recently used
+// first, with their block hashes (under the old cache's HashKey, from
+// each request's chain root) and provenance tags; its host tier's and
+// disk tier's entries travel with it, unexported. Whoever holds a
+// Handover owns its engine sequences and its tiers: it adopts them
+// (Adopt), or frees the sequences (Seqs) and drops the tiers
+// (DropTiers).
 type Handover struct {
 	// BlockTokens and key are the old cache's: a cache of another block
 	// size or key cannot match the hashes, and adopts nothing.
 	BlockTokens int
 	key         kv.HashKey
 	Entries     []Handed
+	// tiers holds the old cache's host-tier entries and its disk tier
+	// (Host.takeOver); nil: it had none.
+	tiers *Host
+}
+
+// DropTiers drops the host and disk tiers h holds (the disk tier's
+// directory and files are removed), for a Handover nobody adopts.
+// Errors: the removal's. h's engine sequences are the caller's to free.
+func (h Handover) DropTiers() error {
+	if h.tiers == nil {
+		return nil
+	}
+	return h.tiers.disk.clear()
 }
 
 // Handed is one entry of a Handover: an engine sequence whose first
@@ -53,19 +69,24 @@ func (h Handover) MaxSeq() engine.SeqID {
 }
 
 // Handover takes every unpinned entry out of the cache, without freeing
-// its engine sequence, and returns them for another cache on the same
-// engine (Adopt); the Observer is told of the blocks removed, as by
-// Drain. Pinned entries stay (a peer's export under way); the host and
-// disk tiers stay too (Drain empties them). The caller holds its engine
-// lock, or the engine's loop has stopped; it owns the returned sequences.
-// A nil cache hands over nothing.
+// its engine sequence, and every entry out of its host and disk tiers,
+// without copying their KV or moving their files, and returns them for
+// another cache on the same engine (Adopt); the observers (the cache's,
+// the tiers') are told of the blocks removed, as by Drain. Pinned
+// entries stay (a peer's export under way). The host and disk tiers take
+// no more spills, and Drain leaves the disk tier's directory, which the
+// Handover owns now. The caller holds its engine lock, or the engine's
+// loop has stopped; it owns the returned sequences and tiers. A nil
+// cache hands over nothing.
 func (c *Cache) Handover() Handover {
 	if c == nil {
 		return Handover{}
 	}
+	// The tiers first, outside the cache's lock (a leaf).
+	h := Handover{BlockTokens: c.o.BlockTokens, key: c.o.HashKey, tiers: c.host.takeOver()}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	h := Handover{BlockTokens: c.o.BlockTokens, key: c.o.HashKey}
+	clear(c.spill) // nothing more goes to the host tier
 	for el := c.lru.Front(); el != nil; {
 		e := el.Value.(*entry)
 		el = el.Next()
@@ -84,11 +105,20 @@ func (c *Cache) Handover() Handover {
 // off or hashes with another block size or key, else those that exceed
 // MaxTokens alone or add nothing, the entries they supersede, and the
 // least recently used unpinned entries beyond the bounds (copied into
-// the host tier by Free, as evictions are).
+// the host tier by Free, as evictions are). h's host-tier entries join
+// this cache's host tier (their KV not copied; HostStats.Adopted), older
+// than its own, under its budget, and h's disk-tier entries its disk
+// tier, their files renamed into its directory; a tier this cache lacks,
+// or a cache of another block size or key, drops h's (DropTiers). A
+// disk-tier file that cannot move drops its entry (HostStats.Failures).
 func (c *Cache) Adopt(h Handover) []engine.SeqID {
 	if c == nil || h.BlockTokens != c.o.BlockTokens || h.key != c.o.HashKey {
+		_ = h.DropTiers() // a failure is counted in the dropped tier's stats
 		return h.Seqs()
 	}
+	// Before the engine entries: those Adopt evicts go to the host tier
+	// (Free) after the older entries handed over.
+	_ = c.host.adopt(h.tiers) // failures are counted in the tiers' stats
 	var free []engine.SeqID
 	// Least recently used first: the last one in is the most recent.
 	for _, e := range slices.Backward(h.Entries) {

@@ -31,7 +31,10 @@ type HostStats struct {
 	SpillsSkipped uint64
 	Evictions     uint64 // entries dropped for the budget
 	Superseded    uint64 // entries dropped for a newer one holding their blocks and more
-	Failures      uint64 // exports or imports the engine refused, files that could not be written or read
+	// Adopted counts entries taken in from another cache's tier on a
+	// role change (Cache.Adopt of a Handover).
+	Adopted  uint64
+	Failures uint64 // exports or imports the engine refused, files that could not be written or read
 	// BadEntries counts disk-tier entries dropped for a bad file: not a
 	// regular file, of the wrong size, or failing its checksum (their
 	// prefixes were computed instead). 0 for the host tier.
@@ -160,11 +163,14 @@ func newHost(budget int64, blockTokens int) *Host {
 	return &Host{budget: budget, blockTokens: blockTokens, now: time.Now}
 }
 
-// Budget returns the tier's byte budget (0 for a nil tier).
+// Budget returns the tier's byte budget (0 for a nil tier, or one
+// whose entries a Handover took).
 func (h *Host) Budget() int64 {
 	if h == nil {
 		return 0
 	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	return h.budget
 }
 

@@ -118,7 +118,12 @@
 // the command to the first call served in the new role. Its NATS user
 // has control.RoleElastic's permissions (every worker role's subjects
 // for its id); its gRPC credentials must be those of a prefill worker
-// too, since it sends KV as one. Running decode sequences finish on the
+// too, since it sends KV as one, and with TLS its certificate must name
+// an identity its peers accept as the server of either role (the chart
+// gives the pool an identity of its own, elastic, in every worker's
+// --tls-allow-prefill and --tls-worker-identity for both roles); it
+// verifies its own peers with --tls-worker-identity, which every role
+// takes. Running decode sequences finish on the
 // old role, or, when the command says Migrate, move with their KV to
 // other decode workers (decode.Server.MigrateAll), on which the
 // coordinator resumes their streams. The prefix cache's engine tier is
@@ -128,5 +133,8 @@
 // its KV events and digest under the new role: the router finds the
 // worker's cached prefixes again once its view of the worker, which it
 // resets on the new role and KV event epoch, has the new snapshot. The
-// host and disk tiers go with the old role.
+// host and disk tiers go along too (their KV not copied, the disk tier's
+// files renamed into the new tier's directory) when the new role's cache
+// has such tiers; a decode role has no host tier by default
+// (--host-cache-bytes), and then drops them.
 package workerrun

@@ -88,8 +88,9 @@ type Options struct {
 	// (--grpc-verify-key: the coordinator's signed credentials for this
 	// worker's ID; --grpc-token-file, --grpc-prefill-token-file,
 	// --tls-allow-coordinator, --tls-allow-prefill), which token a prefill
-	// worker sends on KV pushes, and the identities it requires of its
-	// decode peers' certificates (--tls-worker-identity). Empty: anyone
+	// worker sends on KV pushes, and the identities it requires of the
+	// certificates of the peers it pushes KV to or pulls KV from
+	// (--tls-worker-identity). Empty: anyone
 	// (the worker warns at start). See grpcauth.
 	GRPCAuth grpcauth.Options
 	// PeersInProcess says that every peer this worker may pull KV from is
@@ -216,10 +217,11 @@ func (v roleValue) Set(s string) error {
 // --kv-snapshot-interval, --drain-timeout, --elastic,
 // --log-level, --flags-file, --tls-cert, --tls-key, --tls-ca,
 // --tls-server-name, --grpc-verify-key, --grpc-token-file,
-// --grpc-prefill-token-file, --tls-allow-coordinator, --tls-allow-prefill
-// (grpcauth), --grpc-keepalive-time, --grpc-keepalive-timeout and the
-// engine flags (see enginecfg). Prefill: --tls-worker-identity (its decode
-// peers' certificates), --chunk-tokens, --max-batch-tokens, --codec, --max-live-prefills,
+// --grpc-prefill-token-file, --tls-allow-coordinator, --tls-allow-prefill,
+// --tls-worker-identity (the certificates of the peers it pushes KV to or
+// pulls KV from) (grpcauth), --grpc-keepalive-time,
+// --grpc-keepalive-timeout and the engine flags (see enginecfg). Prefill:
+// --chunk-tokens, --max-batch-tokens, --codec, --max-live-prefills,
 // --retain-bytes, --pace-gbps, --kv-conns. Decode and colocated: --role,
 // --kv-blocks, --block-tokens, --max-batch, --chunk-tokens,
 // --max-batch-tokens, --reserve-ttl, --max-reservations-per-caller,
@@ -248,8 +250,10 @@ func (o *Options) AddFlags(fs *flag.FlagSet) {
 	o.Keepalive.AddFlags(fs)
 	o.Engine.AddFlags(fs)
 	o.Tracing.AddFlags(fs)
+	// Every role verifies the peers it calls: a prefill worker its decode
+	// peers, any worker those it pulls KV from (peer pulls, migrations).
+	o.GRPCAuth.AddWorkerIdentityFlag(fs)
 	if o.Role == control.RolePrefill {
-		o.GRPCAuth.AddWorkerIdentityFlag(fs)
 		o.Prefill.AddFlags(fs)
 		fs.Float64Var(&o.PaceGbps, "pace-gbps", o.PaceGbps, "pace KV transfers (pushes and peer pulls) as over a link of this many Gbit/s (0: no pacing)")
 		fs.IntVar(&o.KVConns, "kv-conns", o.KVConns, "connections per decode worker for KV transfer")

@@ -273,8 +273,9 @@ var (
 // hashes and provenance tags; the KV stays in its engine sequences) and
 // the new role's batch adopts it as its own cache, under its bounds and
 // engine memory (prefixcache.Handover), so its KV events and digest
-// advertise it under the new role; the old role's host and disk tiers are
-// freed with its server. ordered is when
+// advertise it under the new role, and its host and disk tiers with it
+// (the new role's cache takes their entries in, when it has such tiers).
+// ordered is when
 // the change was ordered (zero: now), for the histogram of the time to
 // the first request served in the new role. Errors: ErrNotElastic, a
 // role that is not a worker role, ErrRoleChanging, a draining or stopped
@@ -361,6 +362,7 @@ func (w *Worker) ChangeRole(role control.Role, ordered time.Time, migrate bool) 
 		for _, s := range handed.Seqs() {
 			w.eng.Free(s)
 		}
+		_ = handed.DropTiers() // a failure is counted in the tier's stats
 		err = fmt.Errorf("workerrun: role change to %s: %w", role, err)
 		w.fail(err)
 		return err

@@ -13,7 +13,8 @@ Keys (all four; the chart generates them, a Secret of yours needs them):
   prefill.token       the prefill workers' token: they send it on KV pushes
   prefill.sha256      "sha256:<hex>" of it: decode workers check it
 So no worker holds a token that would let it act as the coordinator, and
-a decode worker holds no token at all.
+a decode worker holds no token at all. The elastic pool holds the prefill
+workers' keys: it sends KV as they do.
 */}}
 {{- define "pdserve.grpcTokenSecret" -}}
 {{- default (printf "%s-grpc-token" (include "pdserve.fullname" .)) .Values.grpc.tokenSecret }}
@@ -28,12 +29,12 @@ Where the token files are mounted in every pdserve container.
 
 {{/*
 Keys of the token Secret a role mounts (see pdserve.grpcTokenSecret), as a
-YAML list. Call with the role: coordinator, prefill or decode.
+YAML list. Call with the role: coordinator, prefill, decode or elastic.
 */}}
 {{- define "pdserve.grpcTokenKeys" -}}
 {{- if eq . "coordinator" }}
 {{- toYaml (list "coordinator.token") }}
-{{- else if eq . "prefill" }}
+{{- else if or (eq . "prefill") (eq . "elastic") }}
 {{- toYaml (list "coordinator.sha256" "prefill.token") }}
 {{- else }}
 {{- toYaml (list "coordinator.sha256" "prefill.sha256") }}
@@ -45,42 +46,76 @@ The gRPC authentication flags of a role as a YAML list (read back with
 fromYamlArray): the token files (grpc.tokens.enabled) and, with TLS, the
 certificate identities a worker allows per role (tls.identities, or the
 ones the chart's cert-manager Certificates carry). Call with (dict "root"
-$ "role" "coordinator|prefill|decode").
+$ "role" "coordinator|prefill|decode|elastic").
 */}}
 {{- define "pdserve.grpcAuthArgs" -}}
 {{- $root := .root }}
 {{- $dir := include "pdserve.grpcTokenDir" $root }}
+{{- $elastic := and $root.Values.elastic.enabled (eq $root.Values.coordinator.mode "disaggregated") }}
 {{- $args := list }}
 {{- if $root.Values.grpc.tokens.enabled }}
 {{- if eq .role "coordinator" }}
 {{- $args = append $args (printf "--grpc-token-file=%s/coordinator.token" $dir) }}
 {{- else }}
 {{- $args = append $args (printf "--grpc-token-file=%s/coordinator.sha256" $dir) }}
-{{- $args = append $args (printf "--grpc-prefill-token-file=%s/%s" $dir (ternary "prefill.token" "prefill.sha256" (eq .role "prefill"))) }}
+{{- $args = append $args (printf "--grpc-prefill-token-file=%s/%s" $dir (ternary "prefill.token" "prefill.sha256" (has .role (list "prefill" "elastic")))) }}
 {{- end }}
 {{- end }}
+{{- /* Who may call a worker's KV transfer (push, pull, pull of a migrated
+sequence): the prefill workers; with the elastic pool, its workers too
+(in either role they push or pull), and on an elastic worker the decode
+workers (a migration off it when it leaves decode). Never the
+coordinator's methods: only tls.identities.coordinator may. */}}
 {{- if and $root.Values.tls.enabled (ne .role "coordinator") }}
 {{- with include "pdserve.tlsIdentity" (dict "root" $root "role" "coordinator") }}
 {{- $args = append $args (printf "--tls-allow-coordinator=%s" .) }}
 {{- end }}
-{{- with include "pdserve.tlsIdentity" (dict "root" $root "role" "prefill") }}
-{{- $args = append $args (printf "--tls-allow-prefill=%s" .) }}
+{{- $kvRoles := list "prefill" }}
+{{- if $elastic }}
+{{- $kvRoles = append $kvRoles "elastic" }}
+{{- end }}
+{{- if eq .role "elastic" }}
+{{- $kvRoles = append $kvRoles "decode" }}
+{{- end }}
+{{- $kv := list }}
+{{- range $kvRoles }}
+{{- with include "pdserve.tlsIdentity" (dict "root" $root "role" .) }}
+{{- $kv = append $kv . }}
+{{- end }}
+{{- end }}
+{{- with $kv }}
+{{- $args = append $args (printf "--tls-allow-prefill=%s" (join "," .)) }}
 {{- end }}
 {{- end }}
 {{- /* The identities the coordinator (of every worker) and the prefill
 workers (of their decode peers) require of a server's certificate before
 any call to it: the decode pool's certificate for role decode (colocated
-in colocated mode), the prefill pool's for role prefill. Without
-identities (one shared certificate) any certificate of the CA. */}}
-{{- if and $root.Values.tls.enabled (or (eq .role "coordinator") (eq .role "prefill")) }}
+in colocated mode), the prefill pool's for role prefill. With the
+elastic pool, its certificate for either role too, and every worker
+checks its peers so (a push, a pull, a migration's pull; an elastic
+worker is a client in both roles). Without identities (one shared
+certificate) any certificate of the CA. */}}
+{{- if and $root.Values.tls.enabled (or $elastic (eq .role "coordinator") (eq .role "prefill")) }}
 {{- $decodeRole := ternary "decode" "colocated" (eq $root.Values.coordinator.mode "disaggregated") }}
 {{- $ids := list }}
-{{- with include "pdserve.tlsIdentity" (dict "root" $root "role" "decode") }}
+{{- $servers := list "decode" }}
+{{- if $elastic }}
+{{- $servers = list "decode" "elastic" }}
+{{- end }}
+{{- range $servers }}
+{{- with include "pdserve.tlsIdentity" (dict "root" $root "role" .) }}
 {{- $ids = append $ids (printf "%s=%s" $decodeRole .) }}
 {{- end }}
-{{- if and (eq .role "coordinator") (eq $root.Values.coordinator.mode "disaggregated") }}
-{{- with include "pdserve.tlsIdentity" (dict "root" $root "role" "prefill") }}
+{{- end }}
+{{- if or $elastic (and (eq .role "coordinator") (eq $root.Values.coordinator.mode "disaggregated")) }}
+{{- $servers = list "prefill" }}
+{{- if $elastic }}
+{{- $servers = list "prefill" "elastic" }}
+{{- end }}
+{{- range $servers }}
+{{- with include "pdserve.tlsIdentity" (dict "root" $root "role" .) }}
 {{- $ids = append $ids (printf "prefill=%s" .) }}
+{{- end }}
 {{- end }}
 {{- end }}
 {{- $args = append $args (printf "--tls-worker-identity=%s" (join "," $ids)) }}
@@ -126,19 +161,23 @@ the chart generates a CA and a certificate per role, tls-secrets.yaml).
 {{- define "pdserve.tlsSource" -}}
 {{- $t := .Values.tls }}
 {{- if $t.certManager.enabled }}certManager
-{{- else if or $t.existingSecret $t.roleSecrets.coordinator $t.roleSecrets.prefill $t.roleSecrets.decode }}secrets
+{{- else if or $t.existingSecret $t.roleSecrets.coordinator $t.roleSecrets.prefill $t.roleSecrets.decode $t.roleSecrets.elastic }}secrets
 {{- else }}generated
 {{- end }}
 {{- end }}
 
 {{/*
 The roles of the release that mount a certificate, as a YAML list:
-coordinator and decode, and prefill in disaggregated mode.
+coordinator and decode, and prefill in disaggregated mode, and elastic
+with the elastic pool.
 */}}
 {{- define "pdserve.tlsRoles" -}}
 {{- $roles := list "coordinator" "decode" }}
 {{- if eq .Values.coordinator.mode "disaggregated" }}
 {{- $roles = append $roles "prefill" }}
+{{- if .Values.elastic.enabled }}
+{{- $roles = append $roles "elastic" }}
+{{- end }}
 {{- end }}
 {{- toYaml $roles }}
 {{- end }}
@@ -273,7 +312,8 @@ Renders nothing.
 {{- define "pdserve.tlsCheck" -}}
 {{- $t := .Values.tls }}
 {{- $named := and (index $t.identities "coordinator") (index $t.identities "prefill") }}
-{{- $anyNamed := or (index $t.identities "coordinator") (index $t.identities "prefill") (index $t.identities "decode") }}
+{{- $anyNamed := or (index $t.identities "coordinator") (index $t.identities "prefill") (index $t.identities "decode") (index $t.identities "elastic") }}
+{{- $roles := include "pdserve.tlsRoles" . | fromYamlArray }}
 {{- if and (not $t.enabled) (or $t.certManager.enabled $anyNamed) }}
 {{- fail "tls.certManager and tls.identities need tls.enabled=true" }}
 {{- end }}
@@ -287,7 +327,7 @@ Renders nothing.
 {{- if ge (int64 $g.renewDays) (int64 $g.validityDays) }}
 {{- fail "tls.generated.renewDays must be less than tls.generated.validityDays" }}
 {{- end }}
-{{- range $role := list "coordinator" "prefill" "decode" }}
+{{- range $role := list "coordinator" "prefill" "decode" "elastic" }}
 {{- $id := index $t.identities $role }}
 {{- if and $id (not (regexMatch `^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$` $id)) }}
 {{- fail (printf "tls.identities.%s=%s: the chart's generated certificates carry DNS names only (Helm cannot write URI names); give a lower-case DNS name, or use tls.certManager or tls.roleSecrets for a URI" $role $id) }}
@@ -298,7 +338,10 @@ Renders nothing.
 {{- if not $named }}
 {{- fail "tls.identities: give both coordinator and prefill (a role left out would accept any certificate the CA signed)" }}
 {{- end }}
-{{- range $role := list "coordinator" "prefill" "decode" }}
+{{- if and (has "elastic" $roles) (not (index $t.identities "elastic")) }}
+{{- fail "tls.identities.elastic is required with elastic.enabled and tls.identities: the elastic pool's certificate must name an identity of its own, which the workers allow to move KV" }}
+{{- end }}
+{{- range $role := $roles }}
 {{- if not (index $t.roleSecrets $role) }}
 {{- fail (printf "tls.identities need a certificate per role: set tls.roleSecrets.%s (or tls.certManager.enabled); with one shared certificate every component would carry every identity" $role) }}
 {{- end }}
@@ -307,11 +350,18 @@ Renders nothing.
 {{- $coord := include "pdserve.tlsIdentity" (dict "root" . "role" "coordinator") }}
 {{- $prefill := include "pdserve.tlsIdentity" (dict "root" . "role" "prefill") }}
 {{- $decode := include "pdserve.tlsIdentity" (dict "root" . "role" "decode") }}
+{{- $elastic := "" }}
+{{- if has "elastic" $roles }}
+{{- $elastic = include "pdserve.tlsIdentity" (dict "root" . "role" "elastic") }}
+{{- end }}
 {{- if $coord }}
 {{- if or (eq $coord $prefill) (eq $coord $decode) (and $decode (eq $prefill $decode)) }}
 {{- fail "tls.identities: coordinator, prefill and decode must differ" }}
 {{- end }}
-{{- if has $t.serverName (list $coord $prefill $decode) }}
+{{- if and $elastic (has $elastic (list $coord $prefill $decode)) }}
+{{- fail "tls.identities.elastic must differ from coordinator, prefill and decode" }}
+{{- end }}
+{{- if has $t.serverName (list $coord $prefill $decode $elastic) }}
 {{- fail "tls.identities must differ from tls.serverName, which every worker's certificate names" }}
 {{- end }}
 {{- end }}
