@@ -106,7 +106,8 @@ pdserve_region_peers 2
 
 // TestRegionsLab runs a tiny regions measurement (3 s phases) in network
 // namespaces, under CI=true where they are allowed: federated, region a
-// (loaded beyond the budget) forwards some of its requests; alone, none;
+// (loaded beyond the budget) forwards some of its requests where its
+// peers meet the budget; alone, none;
 // nothing is lost or duplicated, and a killed coordinator's clients get
 // clear errors. With b's pool killed, b serves nothing sent after the
 // kill: alone its clients get errors; federated the other regions serve
@@ -137,6 +138,7 @@ func TestRegionsLab(t *testing.T) {
 	t.Logf("%s", stdout.String())
 	sc := bufio.NewScanner(&stdout)
 	forwarded := map[string]int{}
+	within := map[string]float64{} // steady federated: each region's share of its requests within the budget
 	phases := 0
 	for sc.Scan() {
 		var rl regionLine
@@ -163,6 +165,9 @@ func TestRegionsLab(t *testing.T) {
 		if rl.Origin == "a" {
 			forwarded[rl.Phase+" "+rl.Mode] = rl.OK - rl.ServedBy["origin"]
 		}
+		if rl.Phase == "steady" && rl.Mode == "federated" {
+			within[rl.Origin] = rl.WithinBudget
+		}
 		if rl.Phase == "kill-coordinator" && rl.Origin == "b" && rl.ConnErr == 0 {
 			t.Errorf("kill-coordinator %s: b's clients got no connection error after its coordinator died: %+v", rl.Mode, rl)
 		}
@@ -184,8 +189,21 @@ func TestRegionsLab(t *testing.T) {
 	if phases != 6 {
 		t.Errorf("%d phase lines, want 6", phases)
 	}
-	if forwarded["steady federated"] == 0 || forwarded["steady alone"] != 0 {
-		t.Errorf("a's requests served elsewhere: %v; want some federated, none alone", forwarded)
+	// A region never forwards alone. Federated, a (loaded beyond the
+	// budget) forwards when a peer meets the budget: on a quiet machine b
+	// and c (4 requests a second) do. On a loaded one (a test run beside
+	// CPU hogs) every region's TTFT is seconds: no peer fits, a spends
+	// the budget before it could try one, and serving at home is then
+	// what the product does (region.Place, Outcome.Spent). So forwarding
+	// is asserted when b and c met the budget for most of their own
+	// requests, as the product saw them.
+	if forwarded["steady alone"] != 0 {
+		t.Errorf("a's requests served elsewhere: %v; want none alone", forwarded)
+	}
+	if peersFit := within["b"] >= 0.5 && within["c"] >= 0.5; peersFit && forwarded["steady federated"] == 0 {
+		t.Errorf("a's requests served elsewhere: %v; want some federated, where b and c met the budget for %v and %v of their requests", forwarded, within["b"], within["c"])
+	} else if !peersFit {
+		t.Logf("b and c met the budget for %v and %v of their requests: this machine is too loaded for a 150 ms budget; forwarding not asserted (%v)", within["b"], within["c"], forwarded)
 	}
 	if strings.Contains(stderr.String(), "panic") {
 		t.Errorf("a process panicked:\n%s", stderr.String())
