@@ -138,7 +138,7 @@ func TestRegionsLab(t *testing.T) {
 	t.Logf("%s", stdout.String())
 	sc := bufio.NewScanner(&stdout)
 	forwarded := map[string]int{}
-	within := map[string]float64{} // steady federated: each region's share of its requests within the budget
+	within := map[string]float64{} // steady alone: each region's share of its own requests within the budget
 	phases := 0
 	for sc.Scan() {
 		var rl regionLine
@@ -165,7 +165,7 @@ func TestRegionsLab(t *testing.T) {
 		if rl.Origin == "a" {
 			forwarded[rl.Phase+" "+rl.Mode] = rl.OK - rl.ServedBy["origin"]
 		}
-		if rl.Phase == "steady" && rl.Mode == "federated" {
+		if rl.Phase == "steady" && rl.Mode == "alone" {
 			within[rl.Origin] = rl.WithinBudget
 		}
 		if rl.Phase == "kill-coordinator" && rl.Origin == "b" && rl.ConnErr == 0 {
@@ -195,15 +195,16 @@ func TestRegionsLab(t *testing.T) {
 	// CPU hogs) every region's TTFT is seconds: no peer fits, a spends
 	// the budget before it could try one, and serving at home is then
 	// what the product does (region.Place, Outcome.Spent). So forwarding
-	// is asserted when b and c met the budget for most of their own
-	// requests, as the product saw them.
+	// is asserted when a peer met the budget for most of its own
+	// requests under its own load (the alone run; federated, a's
+	// forwards load it too).
 	if forwarded["steady alone"] != 0 {
 		t.Errorf("a's requests served elsewhere: %v; want none alone", forwarded)
 	}
-	if peersFit := within["b"] >= 0.5 && within["c"] >= 0.5; peersFit && forwarded["steady federated"] == 0 {
-		t.Errorf("a's requests served elsewhere: %v; want some federated, where b and c met the budget for %v and %v of their requests", forwarded, within["b"], within["c"])
-	} else if !peersFit {
-		t.Logf("b and c met the budget for %v and %v of their requests: this machine is too loaded for a 150 ms budget; forwarding not asserted (%v)", within["b"], within["c"], forwarded)
+	if peerFits := max(within["b"], within["c"]) >= 0.5; peerFits && forwarded["steady federated"] == 0 {
+		t.Errorf("a's requests served elsewhere: %v; want some federated, where alone b and c met the budget for %v and %v of their requests", forwarded, within["b"], within["c"])
+	} else if !peerFits {
+		t.Logf("alone, b and c met the budget for %v and %v of their requests: this machine is too loaded for a 150 ms budget; forwarding not asserted (%v)", within["b"], within["c"], forwarded)
 	}
 	if strings.Contains(stderr.String(), "panic") {
 		t.Errorf("a process panicked:\n%s", stderr.String())
