@@ -106,7 +106,8 @@ pdserve_region_peers 2
 
 // TestRegionsLab runs a tiny regions measurement (3 s phases) in network
 // namespaces, under CI=true where they are allowed: federated, region a
-// (loaded beyond the budget) forwards some of its requests; alone, none;
+// (loaded beyond the budget) forwards some of its requests where its
+// peers meet the budget; alone, none;
 // nothing is lost or duplicated; federated, a killed coordinator's clients get
 // clear errors. With b's pool killed, b serves nothing sent after the
 // kill: alone its clients get errors; federated the other regions serve
@@ -152,6 +153,7 @@ func TestRegionsLab(t *testing.T) {
 	t.Logf("%s", stdout.String())
 	sc := bufio.NewScanner(&stdout)
 	forwarded := map[string]int{}
+	within := map[string]float64{} // steady alone: each region's share of its own requests within the budget
 	phases := 0
 	for sc.Scan() {
 		var rl regionLine
@@ -178,6 +180,9 @@ func TestRegionsLab(t *testing.T) {
 		if rl.Origin == "a" {
 			forwarded[rl.Phase+" "+rl.Mode] = rl.OK - rl.ServedBy["origin"]
 		}
+		if rl.Phase == "steady" && rl.Mode == "alone" {
+			within[rl.Origin] = rl.WithinBudget
+		}
 		if rl.Phase == "kill-coordinator" && rl.Origin == "b" && rl.ConnErr == 0 {
 			t.Errorf("kill-coordinator %s: b's clients got no connection error after its coordinator died: %+v", rl.Mode, rl)
 		}
@@ -199,8 +204,22 @@ func TestRegionsLab(t *testing.T) {
 	if phases != 5 {
 		t.Errorf("%d phase lines, want 5", phases)
 	}
-	if forwarded["steady federated"] == 0 || forwarded["steady alone"] != 0 {
-		t.Errorf("a's requests served elsewhere: %v; want some federated, none alone", forwarded)
+	// A region never forwards alone. Federated, a (loaded beyond the
+	// budget) forwards when a peer meets the budget: on a quiet machine b
+	// and c (4 requests a second) do. On a loaded one (a test run beside
+	// CPU hogs) every region's TTFT is seconds: no peer fits, a spends
+	// the budget before it could try one, and serving at home is then
+	// what the product does (region.Place, Outcome.Spent). So forwarding
+	// is asserted when a peer met the budget for most of its own
+	// requests under its own load (the alone run; federated, a's
+	// forwards load it too).
+	if forwarded["steady alone"] != 0 {
+		t.Errorf("a's requests served elsewhere: %v; want none alone", forwarded)
+	}
+	if peerFits := max(within["b"], within["c"]) >= 0.5; peerFits && forwarded["steady federated"] == 0 {
+		t.Errorf("a's requests served elsewhere: %v; want some federated, where alone b and c met the budget for %v and %v of their requests", forwarded, within["b"], within["c"])
+	} else if !peerFits {
+		t.Logf("alone, b and c met the budget for %v and %v of their requests: this machine is too loaded for a 150 ms budget; forwarding not asserted (%v)", within["b"], within["c"], forwarded)
 	}
 	if strings.Contains(stderr.String(), "panic") {
 		t.Errorf("a process panicked:\n%s", stderr.String())

@@ -228,6 +228,29 @@ func (m *Membership) Refresh(now time.Time) {
 	}
 }
 
+// Excuse credits every member with d (> 0) of silence the observer did
+// not watch: its expiry came d late (its process starved of CPU, a GC
+// pause, a suspended VM), and heartbeats sent meanwhile may still wait
+// unread, their publishers as starved as it when they share its host.
+// Each member's last observation moves d later, to now at most, so that
+// a member expires after a TTL of silence the observer was there to
+// hear, not at the first expiry after a pause.
+func (m *Membership) Excuse(d time.Duration, now time.Time) {
+	if d <= 0 {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for id, mb := range m.members {
+		if seen := mb.seen.Add(d); seen.Before(now) {
+			mb.seen = seen
+		} else if now.After(mb.seen) {
+			mb.seen = now
+		}
+		m.members[id] = mb
+	}
+}
+
 // Remove drops id at once (a worker that said goodbye). Unknown ids are
 // not an error.
 func (m *Membership) Remove(id string) {

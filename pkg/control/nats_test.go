@@ -52,7 +52,7 @@ func TestHeartbeatMembershipOverNATS(t *testing.T) {
 	nc := startNATS(t)
 	clock := newFakeClock(time.Date(2025, 5, 6, 7, 8, 9, 0, time.UTC))
 	m := NewMembership(5 * time.Second)
-	stop, err := Watch(context.Background(), nc, m, clock.Now, time.Millisecond)
+	stop, err := Watch(context.Background(), nc, m, clock.Now, time.Millisecond, onTime)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,7 +262,7 @@ func TestWatchHoldsMembersWhileDisconnected(t *testing.T) {
 	clock := newFakeClock(time.Unix(1000, 0))
 	ttl := 5 * time.Second
 	m := NewMembership(ttl)
-	stop, err := Watch(context.Background(), nc, m, clock.Now, time.Millisecond)
+	stop, err := Watch(context.Background(), nc, m, clock.Now, time.Millisecond, onTime)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,6 +20,9 @@ type WatchOption func(*watchConfig)
 type watchConfig struct {
 	log   *zap.Logger
 	roles []Role
+	// mono is the clock Watch measures its own expiry ticks' lateness
+	// on (time.Now; tests fake a pause).
+	mono func() time.Time
 }
 
 // WatchRoles makes Watch subscribe to the heartbeats of roles only
@@ -38,7 +41,11 @@ func WatchLogger(log *zap.Logger) WatchOption {
 // Watch feeds m with every heartbeat published on nc (or those of the
 // roles of WatchRoles), observed at clock(),
 // and calls m.Expire(clock()) every interval (every > 0) until ctx ends or
-// stop is called; then it unsubscribes. While nc is disconnected it calls
+// stop is called; then it unsubscribes. An expiry that comes late (the
+// watcher's process starved or paused: its ticker ran more than every
+// after the last) first excuses every member that lateness
+// (m.Excuse): heartbeats its publishers sent meanwhile may wait unread,
+// so silence the watcher was not there to hear does not count. While nc is disconnected it calls
 // m.Refresh(clock()) instead: no member expires while no heartbeat can
 // reach the watcher. When nc is connected, it returns
 // once the subscription is registered with the server, so heartbeats
@@ -58,7 +65,7 @@ func Watch(ctx context.Context, nc *nats.Conn, m *Membership, clock func() time.
 	if every <= 0 {
 		return nil, fmt.Errorf("control: watch: expiry interval %v must be positive", every)
 	}
-	cfg := watchConfig{log: zap.NewNop()}
+	cfg := watchConfig{log: zap.NewNop(), mono: time.Now}
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -110,13 +117,22 @@ func Watch(ctx context.Context, nc *nats.Conn, m *Membership, clock func() time.
 		defer unsubscribe()
 		t := time.NewTicker(every)
 		defer t.Stop()
+		last := cfg.mono()
 		for {
 			select {
 			case <-wctx.Done():
 				return
 			case <-t.C:
+				// A tick later than every: the watcher itself did not
+				// run meanwhile, nor read heartbeats; its members are
+				// excused that long (Membership.Excuse).
+				tick := cfg.mono()
+				late := tick.Sub(last) - every
+				last = tick
 				if nc.IsConnected() {
-					m.Expire(clock())
+					now := clock()
+					m.Excuse(late, now)
+					m.Expire(now)
 				} else {
 					// Deaf, not abandoned: no heartbeat can arrive
 					// while the connection is down (a NATS restart), so

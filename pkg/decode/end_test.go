@@ -1,6 +1,7 @@
 package decode
 
 import (
+	"context"
 	"fmt"
 	"testing"
 
@@ -30,50 +31,8 @@ func TestCancelRacesFinish(t *testing.T) {
 	total := w.s.Stats().KVBlocksTotal
 	found := 0
 	for i := range 12 {
-		id := fmt.Sprintf("r%d", i)
-		p := prompt(20, int32(i+1)) // a full block, kept by the prefix cache
-		want := reference(t, p, 4, engine.Sampling{})
-		// The batch starts no step until the test holds mu: the
-		// request cannot end before the test sees it attached.
-		w.s.b.LockEngine()
-		stream, err := w.client.Generate(ctx, &pdservev1.GenerateRequest{RequestId: id, PromptTokens: p, MaxTokens: 4, IgnoreEos: true, LocalPrefill: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var q *sequence
-		poll.WaitFor(t, "generate attached", func() bool {
-			w.s.mu.Lock()
-			defer w.s.mu.Unlock()
-			q = w.s.seqs[id]
-			return q != nil && q.attached
-		})
-		cancelled := make(chan bool, 1)
-		cancel := func() { cancelled <- w.s.CancelRequest(id) }
-		w.s.mu.Lock()
-		w.s.b.UnlockEngine()
-		before := i%2 == 0
-		if before {
-			go cancel()
-		}
-		poll.WaitFor(t, "the batch ended the request", func() bool {
-			return w.s.b.Load().Ended == uint64(i+1)
-		})
-		if q.done {
-			t.Errorf("%s: the service ended the request while the test held its lock", id)
-		}
-		if !before {
-			go cancel()
-		}
-		w.s.mu.Unlock()
-		if <-cancelled {
+		if raceFinish(ctx, t, w, i) {
 			found++
-		}
-		got, err := collect(stream)
-		if err != nil || got.reason != FinishLength {
-			t.Errorf("%s: finish %q, %v; want %q (the finish wins over the Cancel)", id, got.reason, err, FinishLength)
-		}
-		if diff := cmp.Diff(want, got.tokens); diff != "" {
-			t.Errorf("%s: tokens (-engine alone +worker):\n%s", id, diff)
 		}
 	}
 	t.Logf("%d of 12 Cancels found the request still live", found)
@@ -95,4 +54,71 @@ func TestCancelRacesFinish(t *testing.T) {
 	if len(w.s.callers) != 0 {
 		t.Errorf("callers still charged: %v", w.s.callers)
 	}
+}
+
+// raceFinish runs TestCancelRacesFinish's round i and reports whether its
+// Cancel found the request still live. The locks it holds meanwhile (the
+// engine's, then Server.mu) are released by defers, so that a failed wait
+// does not leave the worker's cleanup waiting for them.
+func raceFinish(ctx context.Context, t *testing.T, w *testWorker, i int) bool {
+	t.Helper()
+	id := fmt.Sprintf("r%d", i)
+	p := prompt(20, int32(i+1)) // a full block, kept by the prefix cache
+	want := reference(t, p, 4, engine.Sampling{})
+	// The batch starts no step until the test holds mu: the request
+	// cannot end before the test sees it handed to the batch.
+	w.s.b.LockEngine()
+	engineHeld := true
+	defer func() {
+		if engineHeld {
+			w.s.b.UnlockEngine()
+		}
+	}()
+	stream, err := w.client.Generate(ctx, &pdservev1.GenerateRequest{RequestId: id, PromptTokens: p, MaxTokens: 4, IgnoreEos: true, LocalPrefill: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Handed, not just attached: the call claims the request under mu
+	// (attached) and posts its Join under mu again, after the KV
+	// receiver took the claim. Taking mu in between kept the Join from
+	// being posted while the test waited for the batch to end the
+	// request (under load, the call's goroutine is often preempted
+	// there).
+	var q *sequence
+	poll.WaitFor(t, "generate handed to the batch", func() bool {
+		w.s.mu.Lock()
+		defer w.s.mu.Unlock()
+		q = w.s.seqs[id]
+		return q != nil && q.handed
+	})
+	cancelled := make(chan bool, 1)
+	cancel := func() { cancelled <- w.s.CancelRequest(id) }
+	func() {
+		w.s.mu.Lock()
+		defer w.s.mu.Unlock()
+		w.s.b.UnlockEngine()
+		engineHeld = false
+		before := i%2 == 0
+		if before {
+			go cancel()
+		}
+		poll.WaitFor(t, "the batch ended the request", func() bool {
+			return w.s.b.Load().Ended == uint64(i+1)
+		})
+		if q.done {
+			t.Errorf("%s: the service ended the request while the test held its lock", id)
+		}
+		if !before {
+			go cancel()
+		}
+	}()
+	found := <-cancelled
+	got, err := collect(stream)
+	if err != nil || got.reason != FinishLength {
+		t.Errorf("%s: finish %q, %v; want %q (the finish wins over the Cancel)", id, got.reason, err, FinishLength)
+	}
+	if diff := cmp.Diff(want, got.tokens); diff != "" {
+		t.Errorf("%s: tokens (-engine alone +worker):\n%s", id, diff)
+	}
+	return found
 }
