@@ -67,7 +67,8 @@ generate:
 verify: generate
 	@test -z "$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$'))" || (gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$'); echo "gofmt needed"; exit 1)
 	git diff --exit-code -- api/
-	$(GO) vet ./...
+	$(GO) vet -tags k8se2e ./...
+	$(GO) vet ./internal/k8se2e/
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./pkg/...
@@ -97,10 +98,12 @@ chaos:
 # completion through the Service against the standalone server, upgrade
 # under load, uninstall, the planner's RBAC and scaling, the production
 # layout on the kwok GPU nodes. Needs root and a running cluster
-# (KUBECONFIG, else .pdserve/k8s's kubeconfig); fails without one.
+# (KUBECONFIG, else .pdserve/k8s's kubeconfig); fails without one. The
+# e2e's files build only with -tags k8se2e (go test ./... compiles no
+# Kubernetes client for a test that would skip); verify vets them.
 .PHONY: k8s-e2e
 k8s-e2e:
-	PDSERVE_K8S_E2E=1 $(GO) test -count=1 -timeout 60m -v -run 'TestK8sE2E$$' ./internal/k8se2e/
+	PDSERVE_K8S_E2E=1 $(GO) test -tags k8se2e -count=1 -timeout 60m -v -run 'TestK8sE2E$$' ./internal/k8se2e/
 
 # k8s-up starts a single-machine Kubernetes from real components as
 # processes (docs/k8s-lab.md): etcd, kube-apiserver, kube-controller-manager,

@@ -1,3 +1,5 @@
+//go:build k8se2e
+
 package k8se2e
 
 import (
@@ -24,7 +26,7 @@ const elasticRel = "el"
 
 // TestK8sE2EElastic runs the elastic pool step alone, on the cluster of
 // make k8s-up with the images of make images (imported as TestK8sE2E
-// does): PDSERVE_K8S_E2E=1 go test -count=1 -timeout 30m -v -run
+// does): PDSERVE_K8S_E2E=1 go test -tags k8se2e -count=1 -timeout 30m -v -run
 // 'TestK8sE2EElastic$' ./internal/k8se2e/. TestK8sE2E runs the same step
 // after the planner's.
 func TestK8sE2EElastic(t *testing.T) {

@@ -1,3 +1,5 @@
+//go:build k8se2e
+
 package k8se2e
 
 import (
