@@ -5,7 +5,7 @@
 //	<!-- recipe: continued -->       run it with the servers of the recipe above still up
 //	<!-- recipe: skip (REASON) -->   not run in CI, for the reason given
 //
-// and the test (readme_test.go) runs the recipes, up to four at once,
+// and the test (readme_test.go) runs the recipes, one at a time,
 // against the binaries built once into a temporary directory (with -race
 // under -race): `go run ./cmd/X` and `go run ./loadtest` become those
 // binaries, `go tool NAME` of a go.mod tool the binary built from the
