@@ -5,9 +5,13 @@
 //	<!-- recipe: continued -->       run it with the servers of the recipe above still up
 //	<!-- recipe: skip (REASON) -->   not run in CI, for the reason given
 //
-// and the test (readme_test.go) runs the recipes against the binaries built
-// once into a temporary directory: `go run ./cmd/X` and `go run ./loadtest`
-// become those binaries, every 127.0.0.1 or localhost port a free one,
+// and the test (readme_test.go) runs the recipes, one at a time,
+// against the binaries built once into a temporary directory (with -race
+// under -race): `go run ./cmd/X` and `go run ./loadtest` become those
+// binaries, `go tool NAME` of a go.mod tool the binary built from the
+// package go.mod names (so it reuses the packages the tests compiled; a
+// recipe waits for its tool, the others run while it builds), every
+// 127.0.0.1 or localhost port a free one that no other recipe was given,
 // /tmp/ a directory of the test's own, their.gguf a random-weight
 // tiny-llama GGUF written by cmd/mkgguf, and `make llama` a check that
 // llama.cpp is installed. A recipe runs in a fresh directory whose entries

@@ -6,12 +6,14 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -231,13 +233,28 @@ func scanQuotes(line string, quote byte) byte {
 	return quote
 }
 
-// env is what every recipe shares: the built binaries and the test model.
+// env is what every recipe shares: the built binaries, the go.mod tools,
+// the test model and the ports handed out.
 type env struct {
 	root, bin string
 	tmp       string // the test's own directory for the model
 	gguf      string // a tiny-llama GGUF, "" before the first llama recipe needs it
 	ggufOnce  sync.Once
 	ggufErr   error
+
+	binDone chan struct{} // closed when the binaries are built
+	binErr  error
+	tools   map[string]*toolBuild // by name, each go.mod tool a recipe runs
+
+	portMu sync.Mutex
+	ports  map[string]bool // handed out to a recipe, never again
+}
+
+// toolBuild is the build of one go.mod tool (go tool -n NAME builds it
+// into the build cache, where the recipe's own go tool NAME finds it).
+type toolBuild struct {
+	done chan struct{}
+	err  error
 }
 
 // requireTool fails under CI=true, else skips, when name is not on PATH.
@@ -252,16 +269,16 @@ func requireTool(t *testing.T, name string) {
 }
 
 // goToolRE matches a run of a go.mod tool: go tool NAME.
-var goToolRE = regexp.MustCompile(`(?:^|[\s;|&(])go tool ([a-z][a-z0-9-]*)`)
+var goToolRE = regexp.MustCompile(`(^|[\s;|&(])go tool ([a-z][a-z0-9-]*)\b`)
 
 // goTools returns the go.mod tools the recipes run, each once.
-func goTools(all [][]block) []string {
+func goTools(all ...[]block) []string {
 	var names []string
 	for _, r := range all {
 		for _, b := range r {
 			for _, m := range goToolRE.FindAllStringSubmatch(b.text, -1) {
-				if !slices.Contains(names, m[1]) {
-					names = append(names, m[1])
+				if !slices.Contains(names, m[2]) {
+					names = append(names, m[2])
 				}
 			}
 		}
@@ -271,7 +288,14 @@ func goTools(all [][]block) []string {
 
 var toolRE = regexp.MustCompile(`(^|[\s;|&(])(curl|openssl|taskset)\s`)
 
-// TestReadmeRecipes runs every recipe.
+// maxRecipes is how many recipes run at once: one. Four at once, beside
+// a loaded machine (load average 40 on 2 cores), ran coordinator plan and
+// the three-process recipe past their two minutes; the recipes still run
+// while the go.mod tools build.
+const maxRecipes = 1
+
+// TestReadmeRecipes runs every recipe, maxRecipes at a time: each in a
+// directory of its own, on ports of its own.
 func TestReadmeRecipes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: the recipes build and start the binaries")
@@ -281,42 +305,130 @@ func TestReadmeRecipes(t *testing.T) {
 	if t.Failed() {
 		t.FailNow()
 	}
-	e := &env{root: root, bin: t.TempDir(), tmp: t.TempDir()}
-	args := []string{"build", "-o", e.bin + string(filepath.Separator)}
-	if raceBuild {
-		args = append(args, "-race")
+	e := &env{root: root, bin: t.TempDir(), tmp: t.TempDir(), ports: map[string]bool{}}
+	e.build(t, goTools(all...))
+	sem := make(chan struct{}, maxRecipes)
+	var wg sync.WaitGroup
+	for _, r := range all {
+		sem <- struct{}{}
+		// t.Run from a goroutine of its own: the recipes run at once
+		// without t.Parallel, whose limit is the cores (-parallel).
+		wg.Go(func() {
+			defer func() { <-sem }()
+			t.Run(strings.ReplaceAll(r[0].String(), "/", "_"), func(t *testing.T) {
+				var text strings.Builder
+				for _, b := range r {
+					text.WriteString(b.text + "\n")
+				}
+				s := text.String()
+				for _, m := range toolRE.FindAllStringSubmatch(s, -1) {
+					requireTool(t, m[2])
+				}
+				if needsLlama(s) {
+					repotest.Llama(t)
+				}
+				e.waitBuilt(t, goTools(r))
+				runRecipe(t, e, r)
+			})
+		})
 	}
-	args = append(args, "./cmd/coordinator", "./cmd/prefill-worker", "./cmd/decode-worker", "./cmd/mkgguf", "./loadtest")
-	build := exec.Command("go", args...)
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+	wg.Wait()
+}
+
+// build builds, in the background, the binaries that stand in for go run
+// and for go tool: first the repository's (with -race under -race, to
+// reuse what go test -race compiled), then each go.mod tool the recipes
+// run (go tool helm, …) from the package go.mod names, with the same
+// flags, so that it reuses what those builds and the tests compiled
+// (Helm's dependencies are mostly the Kubernetes libraries the
+// coordinator and the chart test compile too). A recipe waits for what
+// it runs (waitBuilt): the recipes without a tool run while the tools
+// build, and no build counts against a block's two minutes (on a cold
+// build cache building Helm alone took longer than that).
+func (e *env) build(t *testing.T, tools []string) {
+	paths, err := modTools(e.root)
+	if err != nil {
+		t.Fatal(err)
 	}
-	// The go.mod tools the recipes run (go tool helm, …) are built here,
-	// outside every block's two minutes: on a cold build cache building
-	// Helm alone took longer than that (the recipe was killed).
-	for _, name := range goTools(all) {
-		tool := exec.Command("go", "tool", "-n", name)
-		tool.Dir = root
-		if out, err := tool.CombinedOutput(); err != nil {
-			t.Fatalf("go tool -n %s: %v\n%s", name, err, out)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
+	goBuild := func(pkgs ...string) error {
+		start := time.Now()
+		args := []string{"build", "-o", e.bin + string(filepath.Separator)}
+		if raceBuild {
+			args = append(args, "-race")
+		}
+		args = append(args, pkgs...)
+		cmd := exec.CommandContext(ctx, "go", args...)
+		cmd.Dir = e.root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("go %s: %v\n%s", strings.Join(args, " "), err, out)
+		}
+		t.Logf("go %s: %.1fs", strings.Join(args, " "), time.Since(start).Seconds())
+		return nil
+	}
+	e.binDone = make(chan struct{})
+	e.tools = map[string]*toolBuild{}
+	pkgs := map[string]string{} // tool name → package
+	for _, name := range tools {
+		for _, p := range paths {
+			if path.Base(p) == name {
+				pkgs[name] = p
+				e.tools[name] = &toolBuild{done: make(chan struct{})}
+			}
 		}
 	}
-	for _, r := range all {
-		t.Run(strings.ReplaceAll(r[0].String(), "/", "_"), func(t *testing.T) {
-			var text strings.Builder
-			for _, b := range r {
-				text.WriteString(b.text + "\n")
+	go func() {
+		defer close(done)
+		e.binErr = goBuild("./cmd/coordinator", "./cmd/prefill-worker", "./cmd/decode-worker", "./cmd/mkgguf", "./loadtest")
+		close(e.binDone)
+		for _, name := range tools {
+			if tb := e.tools[name]; tb != nil {
+				tb.err = goBuild(pkgs[name])
+				close(tb.done)
 			}
-			s := text.String()
-			for _, m := range toolRE.FindAllStringSubmatch(s, -1) {
-				requireTool(t, m[2])
-			}
-			if needsLlama(s) {
-				repotest.Llama(t)
-			}
-			runRecipe(t, e, r)
-		})
+		}
+	}()
+}
+
+// modTools returns the package paths of go.mod's tool directives; go tool
+// NAME runs the one whose last element is NAME.
+func modTools(root string) ([]string, error) {
+	cmd := exec.Command("go", "mod", "edit", "-json")
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("go mod edit -json: %w", err)
+	}
+	var mod struct{ Tool []struct{ Path string } }
+	if err := json.Unmarshal(out, &mod); err != nil {
+		return nil, fmt.Errorf("go mod edit -json: %w", err)
+	}
+	var paths []string
+	for _, tl := range mod.Tool {
+		paths = append(paths, tl.Path)
+	}
+	return paths, nil
+}
+
+// waitBuilt waits until the binaries and the named go.mod tools are
+// built, and fails the test when one of their builds failed.
+func (e *env) waitBuilt(t *testing.T, tools []string) {
+	t.Helper()
+	<-e.binDone
+	if e.binErr != nil {
+		t.Fatal(e.binErr)
+	}
+	for _, name := range tools {
+		tb := e.tools[name]
+		if tb == nil {
+			continue // not a go.mod tool (go tool pprof): run as written
+		}
+		<-tb.done
+		if tb.err != nil {
+			t.Fatal(tb.err)
+		}
 	}
 }
 
@@ -416,13 +528,24 @@ func freePort(t *testing.T) string {
 	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
 }
 
+// port returns the free port that stands for the README's port p in this
+// recipe: the same for each mention, and one that no other recipe of the
+// run was given (they run at once).
 func (s *session) port(p string) string {
 	if q, ok := s.ports[p]; ok {
 		return q
 	}
-	q := freePort(s.t)
-	s.ports[p] = q
-	return q
+	e := s.e
+	e.portMu.Lock()
+	defer e.portMu.Unlock()
+	for {
+		q := freePort(s.t)
+		if !e.ports[q] {
+			e.ports[q] = true
+			s.ports[p] = q
+			return q
+		}
+	}
 }
 
 var (
@@ -436,6 +559,13 @@ func (s *session) rewrite(c string) string {
 	c = tmpRE.ReplaceAllString(c, "${1}"+s.dir+"/tmp/")
 	c = goRunRE.ReplaceAllStringFunc(c, func(m string) string {
 		return filepath.Join(s.e.bin, filepath.Base(strings.TrimPrefix(m, "go run ./")))
+	})
+	c = goToolRE.ReplaceAllStringFunc(c, func(m string) string {
+		sm := goToolRE.FindStringSubmatch(m)
+		if _, ok := s.e.tools[sm[2]]; !ok {
+			return m
+		}
+		return sm[1] + filepath.Join(s.e.bin, sm[2])
 	})
 	c = addrRE.ReplaceAllStringFunc(c, func(m string) string {
 		host, p, _ := strings.Cut(m, ":")
@@ -736,5 +866,34 @@ func TestRelativeLinks(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestRewrite checks how a README command becomes the one the test runs:
+// go run and a go.mod tool's go tool name the built binaries, a tool that
+// is not go.mod's runs as written, and a README port is the same free
+// port throughout a recipe and kept from the recipes running beside it.
+func TestRewrite(t *testing.T) {
+	root := repotest.Root(t)
+	paths, err := modTools(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(paths, "helm.sh/helm/v3/cmd/helm") {
+		t.Fatalf("go.mod tools %q: no helm, which docs/kubernetes.md runs", paths)
+	}
+	e := &env{root: root, bin: "/b", ports: map[string]bool{}, tools: map[string]*toolBuild{"helm": {}}}
+	s := &session{t: t, e: e, dir: "/d", ports: map[string]string{}}
+	got := s.rewrite("go tool helm lint x; (go tool pprof p) && go run ./cmd/coordinator --http-addr 127.0.0.1:8080 > /tmp/o")
+	want := regexp.MustCompile(`^/b/helm lint x; \(go tool pprof p\) && /b/coordinator --http-addr 127\.0\.0\.1:([0-9]+) > /d/tmp/o$`)
+	m := want.FindStringSubmatch(got)
+	if m == nil {
+		t.Fatalf("rewrite: %q", got)
+	}
+	if again := s.rewrite("curl localhost:8080"); again != "curl localhost:"+m[1] {
+		t.Errorf("the same README port in one recipe: %q, want port %s", again, m[1])
+	}
+	if !e.ports[m[1]] {
+		t.Errorf("port %s not kept from the other recipes: %v", m[1], e.ports)
 	}
 }
