@@ -157,14 +157,7 @@ func windowPlans(ctx context.Context, base *planner.Config, wins []planner.Trace
 		if p.Recommended == "colocated" && p.Colocated != nil {
 			wp.Colocated = p.Colocated.Design
 		}
-		if prev != nil {
-			wp.RoleChanges = planner.RoleChanges(*prev, wp.Design)
-			rep.Changes += wp.RoleChanges
-			rep.Transits++
-		}
-		d := wp.Design
-		prev = &d
-		rep.Windows = append(rep.Windows, wp)
+		prev = rep.add(wp, prev)
 	}
 	rep.PerDay = planner.ChangesPerDay(rep.Changes, rep.Transits, window)
 	return rep, code, nil
@@ -245,17 +238,24 @@ func fixedWindowPlans(ctx context.Context, base *planner.Config, wins []planner.
 		if !wp.Feasible {
 			code = 1
 		}
-		if prev != nil {
-			wp.RoleChanges = planner.RoleChanges(*prev, wp.Design)
-			rep.Changes += wp.RoleChanges
-			rep.Transits++
-		}
-		d := wp.Design
-		prev = &d
-		rep.Windows = append(rep.Windows, wp)
+		prev = rep.add(wp, prev)
 	}
 	rep.PerDay = planner.ChangesPerDay(rep.Changes, rep.Transits, window)
 	return rep, code, nil
+}
+
+// add appends wp to the report, counting the role changes from the
+// previous window's design prev (nil: wp is the first), and returns wp's
+// design as the next window's prev.
+func (rep *WindowsReport) add(wp WindowPlan, prev *planner.Design) *planner.Design {
+	if prev != nil {
+		wp.RoleChanges = planner.RoleChanges(*prev, wp.Design)
+		rep.Changes += wp.RoleChanges
+		rep.Transits++
+	}
+	rep.Windows = append(rep.Windows, wp)
+	d := wp.Design
+	return &d
 }
 
 func writeWindows(w io.Writer, rep WindowsReport) error {
