@@ -123,18 +123,10 @@ func migrationSource(t testing.TB, at int32, edit ...func(*Server)) (*testWorker
 	return newWorkerOn(t, &pausingEngine{Engine: newEngine(t), pause: p}, smallOptions(), true, edit...), p
 }
 
-// startMigrated runs req on src, migrates it (MigrateAll) while the
-// engine waits in its decode step e.at (so it cannot finish before) and
-// returns the tokens its stream carried, which ended with the migrated
-// event and no finish.
-func startMigrated(t testing.TB, src *testWorker, e *pause, req *pdservev1.GenerateRequest) []int32 {
-	t.Helper()
-	ctx := testCtx(t)
-	stream, err := src.client.Generate(ctx, req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	<-e.paused
+// migrateReleasing runs src's MigrateAll and, once src is draining,
+// closes release (the engine's pause) so the step it waits in can end;
+// it returns what MigrateAll returned.
+func migrateReleasing(ctx context.Context, src *testWorker, release chan struct{}) (int, error) {
 	type res struct {
 		n   int
 		err error
@@ -147,9 +139,25 @@ func startMigrated(t testing.TB, src *testWorker, e *pause, req *pdservev1.Gener
 	for !src.s.Stats().Draining {
 		runtime.Gosched()
 	}
-	close(e.release)
-	if r := <-done; r.err != nil || r.n != 1 {
-		t.Fatalf("MigrateAll: %d moved, %v", r.n, r.err)
+	close(release)
+	r := <-done
+	return r.n, r.err
+}
+
+// startMigrated runs req on src, migrates it (MigrateAll) while the
+// engine waits in its decode step e.at (so it cannot finish before) and
+// returns the tokens its stream carried, which ended with the migrated
+// event and no finish.
+func startMigrated(t testing.TB, src *testWorker, e *pause, req *pdservev1.GenerateRequest) []int32 {
+	t.Helper()
+	ctx := testCtx(t)
+	stream, err := src.client.Generate(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-e.paused
+	if n, err := migrateReleasing(ctx, src, e.release); err != nil || n != 1 {
+		t.Fatalf("MigrateAll: %d moved, %v", n, err)
 	}
 	var toks []int32
 	migrated := false
@@ -499,21 +507,8 @@ func TestMigrateAllMovesWhatStartsLater(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-e.paused
-	type res struct {
-		n   int
-		err error
-	}
-	done := make(chan res, 1)
-	go func() {
-		n, err := src.s.MigrateAll(ctx)
-		done <- res{n, err}
-	}()
-	for !src.s.Stats().Draining {
-		runtime.Gosched()
-	}
-	close(e.release)
-	if r := <-done; r.err != nil || r.n != 1 {
-		t.Errorf("MigrateAll: %d moved, %v; want the prefilling request moved", r.n, r.err)
+	if n, err := migrateReleasing(ctx, src, e.release); err != nil || n != 1 {
+		t.Errorf("MigrateAll: %d moved, %v; want the prefilling request moved", n, err)
 	}
 	got, err := collect(st)
 	if err != nil {
