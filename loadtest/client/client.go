@@ -270,7 +270,7 @@ func (c *Client) Do(ctx context.Context, r *workload.Request) Outcome {
 	if c.o.NoStream {
 		err = c.readJSON(resp.Body, &t, &out)
 	} else {
-		err = c.readSSE(resp.Body, &t, &out)
+		err = c.readSSE(ctx, resp.Body, &t, &out)
 	}
 	t.finish(&out)
 	switch {
@@ -444,7 +444,7 @@ func errorText(raw json.RawMessage) string {
 // readSSE reads the event stream. Each "data:" line is one event, stamped
 // as it is read (as vLLM's benchmark client does); "[DONE]" ends the
 // stream; comments and other fields are ignored.
-func (c *Client) readSSE(body io.Reader, t *tracker, out *Outcome) error {
+func (c *Client) readSSE(ctx context.Context, body io.Reader, t *tracker, out *Outcome) error {
 	br := bufio.NewReaderSize(body, 64<<10)
 	for {
 		line, err := br.ReadBytes('\n')
@@ -452,6 +452,12 @@ func (c *Client) readSSE(body io.Reader, t *tracker, out *Outcome) error {
 			line = bytes.TrimRight(line, "\r\n")
 			if v, ok := bytes.CutPrefix(line, []byte("data:")); ok {
 				now := c.o.Clock.Now()
+				// A run ended mid-stream fails the request as canceled
+				// (or timed out) even when the rest of the stream is
+				// already in the buffer, where no read would see ctx.
+				if cerr := ctx.Err(); cerr != nil {
+					return fmt.Errorf("stream: %w", cerr)
+				}
 				v = bytes.TrimPrefix(v, []byte(" "))
 				if string(v) == "[DONE]" {
 					return nil
