@@ -160,6 +160,10 @@ func cmdRegions(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err := netlab.Supported(ctx); err != nil {
 		return fmt.Errorf("regions: %w", err)
 	}
+	// The region addresses are DNAT rules in each namespace (route).
+	if _, err := exec.LookPath("iptables"); err != nil {
+		return fmt.Errorf("regions: iptables not found (Debian: apt-get install iptables): %v", err)
+	}
 	if o.self, err = os.Executable(); err != nil {
 		return err
 	}
