@@ -251,11 +251,12 @@ type Summary struct {
 	// Cache repeats Trace.Cache: "hit" or "miss", absent when not looked up.
 	Cache string `json:"cache,omitempty"`
 	// The objective's fields (Objective), each absent when unset.
-	Priority        string  `json:"priority,omitempty"`
-	TTFTBudgetMs    float64 `json:"ttft_budget_ms,omitempty"`
-	Tier            string  `json:"tier,omitempty"`
-	TierFallback    string  `json:"tier_fallback,omitempty"`
-	PredictedTTFTMs float64 `json:"predicted_ttft_ms,omitempty"`
+	Priority        string   `json:"priority,omitempty"`
+	TTFTBudgetMs    float64  `json:"ttft_budget_ms,omitempty"`
+	Tier            string   `json:"tier,omitempty"`
+	TierFallback    string   `json:"tier_fallback,omitempty"`
+	TierPassed      []string `json:"tier_passed,omitempty"`
+	PredictedTTFTMs float64  `json:"predicted_ttft_ms,omitempty"`
 	// The region's fields (Region), each absent when unset.
 	Region       string  `json:"region,omitempty"`
 	OriginRegion string  `json:"origin_region,omitempty"`
@@ -310,6 +311,7 @@ func (t *Trace) Summary() Summary {
 		TTFTBudgetMs:          ms(t.Objective.TTFTBudget),
 		Tier:                  t.Objective.Tier,
 		TierFallback:          t.Objective.TierFallback,
+		TierPassed:            slices.Clone(t.Objective.TierPassed),
 		PredictedTTFTMs:       ms(t.Objective.PredictedTTFT),
 		Region:                t.Region.Name,
 		OriginRegion:          t.Region.Origin,
@@ -345,6 +347,7 @@ func (t *Trace) Fields() []zap.Field {
 		zap.String("model", t.Model),
 		zap.String("tier", t.Objective.Tier),
 		zap.String("tier_fallback", t.Objective.TierFallback),
+		zap.Strings("tier_passed", t.Objective.TierPassed),
 		zap.String("priority", t.Objective.Priority),
 		zap.Float64("ttft_budget_ms", ms(t.Objective.TTFTBudget)),
 		zap.Float64("predicted_ttft_ms", ms(t.Objective.PredictedTTFT)),
@@ -460,6 +463,11 @@ type Objective struct {
 	// TierFallback is why the tier's first model did not serve (down,
 	// shedding, over_budget); "" when it did.
 	TierFallback string
+	// TierPassed are the tier's models passed over before the one that
+	// served, in order (nil when the first served): each was asked for
+	// first and could not take the request, so it counts in their
+	// demand (package plannerhost).
+	TierPassed []string
 	// PredictedTTFT is the chosen model's predicted TTFT; 0 when
 	// unmeasured or no tier.
 	PredictedTTFT time.Duration

@@ -85,6 +85,9 @@ func TestTierFallsBackOverBudget(t *testing.T) {
 	if model != "small" || b["tier"] != "chat" || b["tier_fallback"] != "over_budget" || !strings.HasSuffix(b["decode_worker"].(string), "-1") {
 		t.Errorf("budget 1 µs: model %q, budget %v; want small after tiny over budget", model, b)
 	}
+	if passed := fmt.Sprint(b["tier_passed"]); passed != "[tiny]" {
+		t.Errorf("budget 1 µs: tier_passed %s, want [tiny] (counted in tiny's demand)", passed)
+	}
 	if p, _ := b["predicted_ttft_ms"].(float64); p != 0 {
 		t.Errorf("small's prediction %v ms, want none (unmeasured)", p)
 	}

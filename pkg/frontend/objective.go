@@ -113,6 +113,10 @@ func (s *Server) chooseTier(tier string, models []string, tr *budget.Trace) (str
 		return "", &apiError{status: http.StatusInternalServerError, Message: "The tier's model could not be chosen.", Type: "server_error", cause: err}
 	}
 	tr.Objective.TierFallback = ch.Fallback()
+	tr.Objective.TierPassed = nil
+	for _, sk := range ch.Skipped {
+		tr.Objective.TierPassed = append(tr.Objective.TierPassed, sk.Model)
+	}
 	tr.Objective.PredictedTTFT = ch.Predicted.TTFT()
 	return ch.Model, nil
 }

@@ -53,6 +53,15 @@ type Observation struct {
 	TTFT time.Duration
 }
 
+// Demand returns ob as demand only, of model: a request that asked for
+// model first and was served by another (a tier's fallback). It has
+// ob's arrival and lengths, which size the workload the planner plans
+// for, and no measured term: the corrections and the measured attainment
+// read only the served model's own observations.
+func (ob Observation) Demand(model string) Observation {
+	return Observation{Model: model, Arrival: ob.Arrival, PromptTokens: ob.PromptTokens, OutputTokens: ob.OutputTokens}
+}
+
 // ObservationFromTrace returns the observation of a finished request's
 // budget trace. The trace is only read.
 func ObservationFromTrace(t *budget.Trace) Observation {

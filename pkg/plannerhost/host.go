@@ -440,8 +440,9 @@ func (p Options) onlineConfig(co coordinator.Options, model, profile, decodeProf
 // Without tiers in the policy one planner sizes the prefill and decode
 // pools from every request. With tiers, each served model of the tiers
 // has its own pools (its workers report the model) and its own planner:
-// it observes only the requests that model served (budget.Trace's Model,
-// the tier's model that answered), counts only that model's workers as
+// it observes the requests that model served (budget.Trace's Model, the
+// tier's model that answered) and, as demand, those it was passed over
+// for (see ObserveTrace), counts only that model's workers as
 // current replicas, plans with that model's profile, and publishes
 // decisions naming the model; its gauges carry a label model. A request
 // served by a model of no tier is planned by none. The actuator is then
@@ -682,10 +683,24 @@ func costGauge(base planner.Config) prometheus.Gauge {
 
 // ObserveTrace implements coordinator.Extension: the trace of a completed
 // request becomes an observation of the planner of the model that served
-// it (with tiers, none for a model of no tier).
+// it (with tiers, none for a model of no tier), and demand of the tier's
+// models passed over before it (budget.Objective.TierPassed: down,
+// shedding, draining or predicted over budget; planner.Observation.Demand).
+// A model's pools are so sized for what asked for it, not only for what
+// it served: a fast tier that sheds its overflow to the quality tier
+// would otherwise never look short.
 func (p *Host) ObserveTrace(t *budget.Trace) {
+	ob := planner.ObservationFromTrace(t)
 	if pl := p.plan(t.Model); pl != nil {
-		pl.online.Observe(planner.ObservationFromTrace(t))
+		pl.online.Observe(ob)
+	}
+	if len(p.plans) == 1 && p.plans[0].cfg.Model == "" {
+		return // one planner for every model: it has the request already
+	}
+	for _, m := range t.Objective.TierPassed {
+		if pl := p.plan(m); pl != nil && m != t.Model {
+			pl.online.Observe(ob.Demand(m))
+		}
 	}
 }
 

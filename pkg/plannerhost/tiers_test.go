@@ -180,25 +180,7 @@ func TestTierPlannerPlansEachModel(t *testing.T) {
 			}
 		}
 	}
-	published := make(chan planner.Decision, 8)
-	reg := prometheus.NewRegistry()
-	err = h.Attach(coordinator.Host{
-		Publish: func(subject string, data []byte) error {
-			var d planner.Decision
-			if subject != control.PlanSubject {
-				return fmt.Errorf("subject %s", subject)
-			}
-			if err := json.Unmarshal(data, &d); err != nil {
-				return err
-			}
-			published <- d
-			return nil
-		},
-		Members: members, Registerer: reg, Log: zap.NewNop(),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
+	published, reg := attachPlanner(t, h, members)
 	if h.Online() != nil || h.OnlineFor(fast) == nil || h.OnlineFor(quality) == nil || h.OnlineFor("mistral-7b") != nil {
 		t.Fatal("want a planner per model of the tier and none else")
 	}
@@ -215,21 +197,7 @@ func TestTierPlannerPlansEachModel(t *testing.T) {
 		}
 	}
 
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan struct{})
-	go func() { h.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
-	ticks <- now
-
-	got := map[string]planner.Decision{}
-	for len(got) < 2 {
-		select {
-		case d := <-published:
-			got[d.Model] = d
-		case <-time.After(60 * time.Second):
-			t.Fatalf("decisions of %d models published, want 2", len(got))
-		}
-	}
+	got := tickOnce(t, h, ticks, published, now, 2)
 	for model, d := range got {
 		if _, ok := rates[model]; !ok || model == "mistral-7b" {
 			t.Errorf("a decision for model %q", model)
@@ -286,4 +254,122 @@ func newFlagSet(p *plannerhost.Options) *flag.FlagSet {
 	fs.SetOutput(io.Discard)
 	p.AddFlags(fs)
 	return fs
+}
+
+// attachPlanner attaches h with members and a registry; the decisions
+// it publishes come on the channel returned.
+func attachPlanner(t *testing.T, h *plannerhost.Host, members *control.Membership) (<-chan planner.Decision, *prometheus.Registry) {
+	t.Helper()
+	published := make(chan planner.Decision, 8)
+	reg := prometheus.NewRegistry()
+	err := h.Attach(coordinator.Host{
+		Publish: func(subject string, data []byte) error {
+			var d planner.Decision
+			if subject != control.PlanSubject {
+				return fmt.Errorf("subject %s", subject)
+			}
+			if err := json.Unmarshal(data, &d); err != nil {
+				return err
+			}
+			published <- d
+			return nil
+		},
+		Members: members, Registerer: reg, Log: zap.NewNop(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return published, reg
+}
+
+// tickOnce runs h for one tick at now and returns the decisions of the
+// n models it publishes, by model.
+func tickOnce(t *testing.T, h *plannerhost.Host, ticks chan<- time.Time, published <-chan planner.Decision, now time.Time, n int) map[string]planner.Decision {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { h.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	ticks <- now
+
+	got := map[string]planner.Decision{}
+	for len(got) < n {
+		select {
+		case d := <-published:
+			got[d.Model] = d
+		case <-time.After(60 * time.Second):
+			t.Fatalf("decisions of %d models published, want %d", len(got), n)
+		}
+	}
+	return got
+}
+
+// TestTierPlannerCountsFallbacksAsDemand: a request the tier's fast model
+// was passed over for (budget.Objective.TierPassed), served by the
+// quality model, is demand of the fast model too: the fast model's
+// planner plans for its own requests and those, and asks for more
+// replicas than it would for what it served alone; its corrections
+// (from measured terms) stay those of what it served. The quality
+// model's planner sees what it served either way.
+func TestTierPlannerCountsFallbacksAsDemand(t *testing.T) {
+	const served, passed = 2, 40 // requests a second: the fast model's own, its fallbacks
+	now := time.Now()
+	start := now.Add(-time.Minute)
+	run := func(demand bool) map[string]planner.Decision {
+		o, p := tierOptions(t, func(p *plannerhost.Options) { p.MinObservations = 2 })
+		ticks := make(chan time.Time)
+		p.Ticks = ticks
+		h, err := plannerhost.New(p, o, nil)
+		if err != nil || h == nil {
+			t.Fatalf("New: %v, %v", h, err)
+		}
+		members := control.NewMembership(time.Hour)
+		for i, hb := range []control.Heartbeat{
+			{Role: string(control.RolePrefill), Model: fast}, {Role: string(control.RoleDecode), Model: fast},
+			{Role: string(control.RolePrefill), Model: quality}, {Role: string(control.RoleDecode), Model: quality},
+		} {
+			hb.ID, hb.GRPCAddr = fmt.Sprintf("w%d", i), fmt.Sprintf("10.0.0.%d:9000", i+1)
+			if err := members.Observe(hb, now); err != nil {
+				t.Fatal(err)
+			}
+		}
+		published, _ := attachPlanner(t, h, members)
+		for s := range 60 {
+			at := start.Add(time.Duration(s) * time.Second)
+			for i := range served {
+				h.ObserveTrace(trace(fast, at.Add(time.Duration(i)*time.Second/served)))
+			}
+			for i := range passed {
+				tr := trace(quality, at.Add(time.Duration(i)*time.Second/passed))
+				// The quality model's terms: a slower prefill and decode.
+				tr.PrefillEnd = tr.PrefillEnd.Add(200 * time.Millisecond)
+				tr.LastToken = tr.LastToken.Add(99 * 30 * time.Millisecond)
+				tr.Objective = budget.Objective{Tier: "chat", TierFallback: "over_budget"}
+				if demand {
+					tr.Objective.TierPassed = []string{fast}
+				}
+				h.ObserveTrace(tr)
+			}
+		}
+		return tickOnce(t, h, ticks, published, now, 2)
+	}
+	with, without := run(true), run(false)
+	f, f0 := with[fast], without[fast]
+	if f.Observations != 60*(served+passed) || f0.Observations != 60*served {
+		t.Errorf("fast model's observations: %d with its fallbacks (want %d), %d without (want %d)",
+			f.Observations, 60*(served+passed), f0.Observations, 60*served)
+	}
+	if f.ObservedRate < 0.9*(served+passed) {
+		t.Errorf("fast model's observed rate %.1f/s, want ≈ %d/s (served and passed over)", f.ObservedRate, served+passed)
+	}
+	if f.TargetPrefill+f.TargetDecode <= f0.TargetPrefill+f0.TargetDecode {
+		t.Errorf("fast model's target with its fallbacks' demand %d+%d, without %d+%d: want more replicas",
+			f.TargetPrefill, f.TargetDecode, f0.TargetPrefill, f0.TargetDecode)
+	}
+	if f.Scale != f0.Scale {
+		t.Errorf("fast model's corrections %+v with demand, %+v without: demand has no measured term", f.Scale, f0.Scale)
+	}
+	if q, q0 := with[quality], without[quality]; q.Observations != 60*passed || q0.Observations != 60*passed {
+		t.Errorf("quality model's observations %d and %d, want what it served, %d", q.Observations, q0.Observations, 60*passed)
+	}
 }
