@@ -618,10 +618,18 @@ func (c *Coordinator) waitNATSClosed() {
 
 // Run starts a coordinator, blocks until ctx ends or the HTTP server
 // fails, and shuts down gracefully within Options.ShutdownTimeout. It
-// returns the failure, or nil after a clean stop.
+// returns the failure, or nil after a clean stop: also when ctx ends
+// while it starts (a SIGTERM then; Start has undone what it started).
 func Run(ctx context.Context, o Options, log *zap.Logger) error {
+	if log == nil {
+		log = zap.NewNop()
+	}
 	c, err := Start(ctx, o, log)
 	if err != nil {
+		if ctx.Err() != nil {
+			log.Info("coordinator stopped while starting", zap.NamedError("cause", err))
+			return nil
+		}
 		return err
 	}
 	var runErr error

@@ -21,6 +21,21 @@ import (
 	"github.com/pdserve/pdserve/pkg/coordinatorrun"
 )
 
+// TestRunStoppedWhileStarting: a stop (ctx ended) while Run starts is a
+// clean stop: Run returns nil (see standalone's test of the same).
+func TestRunStoppedWhileStarting(t *testing.T) {
+	o := coordinator.DefaultOptions()
+	o.HTTPAddr, o.NATSListen = "127.0.0.1:0", "127.0.0.1:-1"
+	if err := o.Complete(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := coordinator.Run(ctx, o, nil); err != nil {
+		t.Errorf("Run stopped while starting = %v, want nil", err)
+	}
+}
+
 // Main serves in standalone mode until its context ends, then stops
 // cleanly with exit code 0.
 func TestMainServesAndStops(t *testing.T) {

@@ -115,6 +115,10 @@ func TestStandaloneElasticFlag(t *testing.T) {
 	cancel()
 	stopped = true
 	if c := <-code; c != 0 {
-		t.Errorf("coordinator exited %d after its stop: %s", c, out.String())
+		var errs []string
+		for _, e := range logs.FilterLevelExact(zap.ErrorLevel).All() {
+			errs = append(errs, fmt.Sprintf("%s %v", e.Message, e.ContextMap()))
+		}
+		t.Errorf("coordinator exited %d after its stop: %s\nerror logs: %q", c, out.String(), errs)
 	}
 }

@@ -293,10 +293,18 @@ func (s *Server) stopWorkers(ctx context.Context) error {
 
 // Run starts a standalone deployment, blocks until ctx ends or the HTTP
 // server fails, and shuts down gracefully within Options.ShutdownTimeout.
-// It returns the failure, or nil after a clean stop.
+// It returns the failure, or nil after a clean stop: also when ctx ends
+// while it starts (a SIGTERM then; Start has undone what it started).
 func Run(ctx context.Context, o coordinator.Options, log *zap.Logger, opts ...Option) error {
+	if log == nil {
+		log = zap.NewNop()
+	}
 	s, err := Start(ctx, o, log, opts...)
 	if err != nil {
+		if ctx.Err() != nil {
+			log.Info("standalone stopped while starting", zap.NamedError("cause", err))
+			return nil
+		}
 		return err
 	}
 	var runErr error

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/pdserve/pdserve/internal/poll"
@@ -65,5 +66,24 @@ func TestStartModes(t *testing.T) {
 			_ = c.Shutdown(context.Background())
 		}
 		t.Errorf("coordinator.Start with Standalone = %v, want ErrStandalone", err)
+	}
+}
+
+// TestRunStoppedWhileStarting: a stop (ctx ended) that comes while
+// Run is still starting is a clean stop, not a failure: Run returns nil
+// and leaves nothing running. A SIGTERM in the first second of a pod
+// made the coordinator exit 1 ("control: watch: context canceled").
+func TestRunStoppedWhileStarting(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	o := coordinator.DefaultOptions()
+	o.HTTPAddr, o.Standalone = "127.0.0.1:0", true
+	o.PrefillWorkers, o.DecodeWorkers = 1, 1
+	if err := o.Complete(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := standalone.Run(ctx, o, zaptest.NewLogger(t)); err != nil {
+		t.Errorf("Run stopped while starting = %v, want nil", err)
 	}
 }

@@ -195,6 +195,17 @@ func TestRunStopsWhenContextEnds(t *testing.T) {
 	}
 }
 
+// TestRunStoppedWhileStarting: a stop (ctx ended) while the worker
+// starts is a clean stop: Run returns nil, and never calls ready.
+func TestRunStoppedWhileStarting(t *testing.T) {
+	ctx, cancel := context.WithCancel(testCtx(t))
+	cancel()
+	err := Run(ctx, testOptions(control.RolePrefill, ""), zaptest.NewLogger(t), func(string) { t.Error("ready called") })
+	if err != nil {
+		t.Errorf("Run stopped while starting = %v, want nil", err)
+	}
+}
+
 func TestStartFailsCleanly(t *testing.T) {
 	// An unreachable NATS server is waited for (TestWorkerWaitsForNATS);
 	// an unreadable credential file is an error at once.

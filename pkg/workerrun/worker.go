@@ -878,10 +878,18 @@ const traceFlushTimeout = 5 * time.Second
 
 // Run starts a worker, calls ready (if not nil) with its gRPC address,
 // blocks until ctx ends or a part of the worker fails, and stops it
-// gracefully. It returns the failure, or nil after a clean stop.
+// gracefully. It returns the failure, or nil after a clean stop: also
+// when ctx ends while it starts (a SIGTERM then; Start has undone what
+// it started).
 func Run(ctx context.Context, o Options, logger *zap.Logger, ready func(addr string)) error {
 	w, err := Start(ctx, o, logger)
 	if err != nil {
+		if ctx.Err() != nil {
+			if logger != nil {
+				logger.Info("worker stopped while starting", zap.NamedError("cause", err))
+			}
+			return nil
+		}
 		return err
 	}
 	if ready != nil {
