@@ -24,6 +24,14 @@ test: llama sdk
 test-llama-variants: llama
 	PDSERVE_TEST_LLAMA_VARIANTS=1 $(GO) test -count=1 -timeout $(TEST_TIMEOUT) -run '^TestConformanceVariants$$' -v ./pkg/engine/llamacpp/
 
+# test-regions-lab runs the regions lab (loadtest TestRegionsLab: three
+# regions in network namespaces, each its own coordinator and workers,
+# delayed links, a killed coordinator and pool): root, with ip, tc and
+# iptables. CI runs it as a step of its own after make test.
+.PHONY: test-regions-lab
+test-regions-lab:
+	PDSERVE_TEST_REGIONS_LAB=1 $(GO) test -count=1 -timeout $(TEST_TIMEOUT) -run '^TestRegionsLab$$' -v ./loadtest/
+
 # build compiles every binary once into bin/ (ignored by git), so that
 # bin/coordinator can stand in for each `go run ./cmd/coordinator`.
 build:
