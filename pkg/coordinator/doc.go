@@ -296,7 +296,9 @@
 // ObserveTrace (its budget trace; failed and cancelled requests are not),
 // and Run runs until Shutdown. An Extension that is also a RequestWatcher
 // hears of every request as it starts and as it ends, however it ends,
-// and may add warnings to its trace. The online planner (--planner and
+// and may add warnings to its trace. One that is a RefusalObserver hears
+// of every request the pools refused for want of room (429): demand they
+// did not serve, which the planner counts. The online planner (--planner and
 // --planner-*) is one extension, package plannerhost; coordinatorrun adds
 // it. The sim engines' overrun warning of standalone mode is another.
 //

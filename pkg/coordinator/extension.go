@@ -44,6 +44,16 @@ type RequestWatcher interface {
 	WatchRequest(*budget.Trace) (done func())
 }
 
+// A RefusalObserver is an Extension that also hears of every request the
+// pools refused for want of room (429: no decode worker with KV room for
+// it, every prefill queue full, a worker overloaded): demand they did
+// not serve. The coordinator calls ObserveRefused with the request's
+// trace (its model, arrival and prompt tokens known) and its max_tokens,
+// concurrently; it must not block, nor keep or change the trace.
+type RefusalObserver interface {
+	ObserveRefused(t *budget.Trace, maxTokens int)
+}
+
 // Host is what an Extension gets from the coordinator it runs in.
 type Host struct {
 	// Publish publishes on the control plane (NATS).
@@ -84,19 +94,25 @@ func observed(b frontend.Backend, exts []Extension) frontend.Backend {
 		if w, ok := e.(RequestWatcher); ok {
 			ob.watchers = append(ob.watchers, w)
 		}
+		if r, ok := e.(RefusalObserver); ok {
+			ob.refusals = append(ob.refusals, r)
+		}
 	}
 	return ob
 }
 
 // observingBackend passes the budget trace of every request its Backend
 // completed (finished with stop or length, or stopped by a stop string)
-// to its extensions, before Complete returns. Failed and cancelled
-// requests are not observed. Every request, however it ends, is watched
+// to its extensions, before Complete returns, and the trace of every
+// request the pools refused for want of room to those that are
+// RefusalObservers. Other failures and cancelled requests are not
+// observed. Every request, however it ends, is watched
 // by the extensions that are RequestWatchers.
 type observingBackend struct {
 	frontend.Backend
 	exts     []Extension
-	watchers []RequestWatcher // the exts that are RequestWatchers
+	watchers []RequestWatcher  // the exts that are RequestWatchers
+	refusals []RefusalObserver // the exts that are RefusalObservers
 }
 
 var _ frontend.Backend = observingBackend{}
@@ -110,9 +126,14 @@ func (b observingBackend) Complete(ctx context.Context, req *frontend.Request, e
 	for _, done := range dones {
 		done()
 	}
-	if err == nil || errors.Is(err, frontend.ErrStopped) {
+	switch {
+	case err == nil || errors.Is(err, frontend.ErrStopped):
 		for _, e := range b.exts {
 			e.ObserveTrace(req.Trace)
+		}
+	case errors.Is(err, frontend.ErrOverloaded):
+		for _, r := range b.refusals {
+			r.ObserveRefused(req.Trace, req.MaxTokens)
 		}
 	}
 	return finish, err

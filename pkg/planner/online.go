@@ -51,6 +51,18 @@ type Observation struct {
 	// TTFT is the request's time to first token (0: unknown), for the
 	// measured attainment of role moves.
 	TTFT time.Duration
+	// Refused: the pools refused the request for want of room (429), so
+	// it is demand only, as Demand's, and a miss of the measured
+	// attainment. Its OutputTokens is its max_tokens, which a tick caps
+	// at the longest output served in its window (a max_tokens left to
+	// its default can be the whole context).
+	Refused bool
+}
+
+// RefusedObservation returns the observation of a request of model the
+// pools refused for want of room: arrival, prompt tokens and max_tokens.
+func RefusedObservation(model string, arrival time.Time, promptTokens, maxTokens int) Observation {
+	return Observation{Model: model, Arrival: arrival, PromptTokens: promptTokens, OutputTokens: maxTokens, Refused: true}
 }
 
 // Demand returns ob as demand only, of model: a request that asked for
@@ -357,6 +369,7 @@ func (o *Online) Tick(now time.Time) (Decision, bool) {
 		return Decision{}, false
 	}
 
+	capRefused(obs)
 	cfg := o.cfg.Base
 	w, rate := observedWorkload(obs, from, now)
 	cfg.Workload = w
@@ -606,6 +619,25 @@ func (o *Online) corrections(obs []Observation) Scale {
 		}
 	}
 	return Scale{Prefill: medianFactor(pr), Decode: medianFactor(dr), Transfer: medianFactor(tr)}
+}
+
+// capRefused caps the output of each refused observation (its
+// max_tokens) at the longest output served among obs, when one was.
+func capRefused(obs []Observation) {
+	longest := 0
+	for _, ob := range obs {
+		if !ob.Refused {
+			longest = max(longest, ob.OutputTokens)
+		}
+	}
+	if longest == 0 {
+		return
+	}
+	for i := range obs {
+		if obs[i].Refused {
+			obs[i].OutputTokens = min(obs[i].OutputTokens, longest)
+		}
+	}
 }
 
 func medianFactor(xs []float64) float64 {

@@ -93,11 +93,15 @@ func (r *RoleOptions) defaults() error {
 	return nil
 }
 
-// measuredAttainment is the fraction of obs within both SLOs, -1 when
-// none has a TTFT.
+// measuredAttainment is the fraction of obs within both SLOs, a refused
+// request a miss; -1 when none has a TTFT or was refused.
 func measuredAttainment(obs []Observation, slo SLO) float64 {
 	n, met := 0, 0
 	for _, ob := range obs {
+		if ob.Refused {
+			n++ // a miss
+			continue
+		}
 		if ob.TTFT <= 0 {
 			continue
 		}

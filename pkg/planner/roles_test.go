@@ -124,3 +124,58 @@ func TestOnlineRoleMoves(t *testing.T) {
 		t.Errorf("role attainment series: %d (%v)", got, err)
 	}
 }
+
+// TestOnlineRefusedDemandMovesRoles: three elastic workers, 2P+1D, under
+// short prompts and long answers. What the one decode worker served
+// alone looks well served by 2P+1D; with the requests the pools refused
+// for want of decode room (RefusedObservation) the demand is plain, and
+// the planner moves a worker to decode. The measured attainment counts
+// each refusal as a miss, and a refusal's max_tokens beyond the longest
+// output served is capped there.
+func TestOnlineRefusedDemandMovesRoles(t *testing.T) {
+	const in, out = 128, 700
+	const served, refused = 0.8, 1.6 // requests a second
+	run := func(withRefused bool, maxTokens int) *RoleDecision {
+		cfg := onlineConfig(t)
+		cfg.Roles = RoleOptions{Enabled: true, MinDwell: time.Minute, MinGain: 0.02}
+		cfg.Base.GPUBudget = 3
+		o, err := NewOnline(cfg, prometheus.NewRegistry())
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.SetCurrent(2, 1)
+		end := t0.Add(2 * time.Minute)
+		for at := t0; at.Before(end); at = at.Add(time.Duration(float64(time.Second) / served)) {
+			o.Observe(mixObs(at, in, out, 100*time.Millisecond))
+		}
+		if withRefused {
+			for at := t0; at.Before(end); at = at.Add(time.Duration(float64(time.Second) / refused)) {
+				o.Observe(RefusedObservation("", at, in, maxTokens))
+			}
+		}
+		d, ok := o.Tick(end)
+		if !ok || d.Roles == nil {
+			t.Fatalf("no decision (%v) or no role decision", ok)
+		}
+		t.Logf("refused %v (max_tokens %d): %d observations, %.1f req/s; %dP+%dD → %dP+%dD predicted %.3f → %.3f (%s), measured %.3f",
+			withRefused, maxTokens, d.Observations, d.ObservedRate, d.Roles.CurrentPrefill, d.Roles.CurrentDecode, d.Roles.Prefill, d.Roles.Decode,
+			d.Roles.PredictedBefore, d.Roles.PredictedAfter, d.Roles.Reason, d.Roles.Measured)
+		return d.Roles
+	}
+	if r := run(false, 0); r.Changed {
+		t.Errorf("served alone: moved to %dP+%dD, want 2P+1D kept", r.Prefill, r.Decode)
+	}
+	r := run(true, out)
+	if !r.Changed || r.Prefill != 1 || r.Decode != 2 {
+		t.Errorf("with the refused demand: %dP+%dD (%s), want a move to 1P+2D", r.Prefill, r.Decode, r.Reason)
+	}
+	if want := served / (served + refused); r.Measured < want-0.02 || r.Measured > want+0.02 {
+		t.Errorf("measured attainment %.3f, want ≈ %.3f (each refusal a miss)", r.Measured, want)
+	}
+	// A max_tokens of the whole context counts as the longest output
+	// served: the same decision.
+	if r2 := run(true, 100_000); r2.Prefill != r.Prefill || r2.Decode != r.Decode || r2.PredictedBefore != r.PredictedBefore {
+		t.Errorf("max_tokens 100000: %dP+%dD predicted %.3f; want as with max_tokens %d: %dP+%dD predicted %.3f",
+			r2.Prefill, r2.Decode, r2.PredictedBefore, out, r.Prefill, r.Decode, r.PredictedBefore)
+	}
+}

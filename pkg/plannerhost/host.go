@@ -704,6 +704,17 @@ func (p *Host) ObserveTrace(t *budget.Trace) {
 	}
 }
 
+// ObserveRefused implements coordinator.RefusalObserver: a request the
+// pools refused for want of room is demand of its model's planner
+// (planner.RefusedObservation), which it would not see otherwise: pools
+// that refuse what they cannot hold look, from what they served alone,
+// as if they had room to spare.
+func (p *Host) ObserveRefused(t *budget.Trace, maxTokens int) {
+	if pl := p.plan(t.Model); pl != nil {
+		pl.online.Observe(planner.RefusedObservation(t.Model, t.Arrival, t.PromptTokens, maxTokens))
+	}
+}
+
 // Run implements coordinator.Extension: it re-plans until ctx ends; with
 // the Kubernetes actuator it also runs CheckPods every planner interval.
 func (p *Host) Run(ctx context.Context) {
