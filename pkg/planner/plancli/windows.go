@@ -133,15 +133,11 @@ func windowPlans(ctx context.Context, base *planner.Config, wins []planner.Trace
 	rep = WindowsReport{Profile: base.Prefill.Name, WindowS: window.Seconds()}
 	var prev *planner.Design
 	for _, tw := range wins {
-		wp := WindowPlan{Start: tw.Start, End: tw.End, StartS: tw.Start.Seconds(), EndS: tw.End.Seconds(), Requests: tw.Requests}
-		if tw.Workload == nil || tw.Requests < 2 || !(tw.Workload.Rate > 0) {
-			wp.Skipped = "fewer than 2 requests"
+		wp, c, ok := startWindow(base, tw)
+		if !ok {
 			rep.Windows = append(rep.Windows, wp)
 			continue
 		}
-		wp.Rate = tw.Workload.Rate
-		c := *base
-		c.Workload, c.Rate = tw.Workload, tw.Workload.Rate
 		p, err := planner.Run(ctx, &c)
 		switch {
 		case errors.Is(err, planner.ErrInfeasible):
@@ -212,15 +208,11 @@ func fixedWindowPlans(ctx context.Context, base *planner.Config, wins []planner.
 	var prev *planner.Design
 	att := make([]float64, len(splits))
 	for _, tw := range wins {
-		wp := WindowPlan{Start: tw.Start, End: tw.End, StartS: tw.Start.Seconds(), EndS: tw.End.Seconds(), Requests: tw.Requests}
-		if tw.Workload == nil || tw.Requests < 2 || !(tw.Workload.Rate > 0) {
-			wp.Skipped = "fewer than 2 requests"
+		wp, c, ok := startWindow(base, tw)
+		if !ok {
 			rep.Windows = append(rep.Windows, wp)
 			continue
 		}
-		wp.Rate = tw.Workload.Rate
-		c := *base
-		c.Workload, c.Rate = tw.Workload, tw.Workload.Rate
 		for i, d := range splits {
 			if err := ctx.Err(); err != nil {
 				return rep, 1, err
@@ -298,4 +290,19 @@ func writeWindows(w io.Writer, rep WindowsReport) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// startWindow returns the report's entry of tw and the configuration
+// that plans it; ok is false, the entry marked skipped, for a window of
+// fewer than 2 requests.
+func startWindow(base *planner.Config, tw planner.TraceWindow) (wp WindowPlan, c planner.Config, ok bool) {
+	wp = WindowPlan{Start: tw.Start, End: tw.End, StartS: tw.Start.Seconds(), EndS: tw.End.Seconds(), Requests: tw.Requests}
+	if tw.Workload == nil || tw.Requests < 2 || !(tw.Workload.Rate > 0) {
+		wp.Skipped = "fewer than 2 requests"
+		return wp, c, false
+	}
+	wp.Rate = tw.Workload.Rate
+	c = *base
+	c.Workload, c.Rate = tw.Workload, tw.Workload.Rate
+	return wp, c, true
 }
