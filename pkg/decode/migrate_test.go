@@ -279,15 +279,7 @@ func TestMigrateTokenExact(t *testing.T) {
 // the request.
 func TestMigrateSourceGone(t *testing.T) {
 	ctx := testCtx(t)
-	ref := newWorker(t, smallOptions(), true)
-	stream, err := ref.client.Generate(ctx, migRequest("w", nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	want, err := collect(stream)
-	if err != nil {
-		t.Fatal(err)
-	}
+	want := unmigrated(ctx, t, migRequest("w", nil))
 	src, e := migrationSource(t, 3)
 	dst := migrationTarget(t, nil)
 	req := migRequest("m", nil)
@@ -319,15 +311,7 @@ func TestMigrateSourceGone(t *testing.T) {
 // reservation or the pulled KV joined a cancelled request.
 func TestMigrateTargetFaults(t *testing.T) {
 	ctx := testCtx(t)
-	ref := newWorker(t, smallOptions(), true)
-	stream, err := ref.client.Generate(ctx, migRequest("w", nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	want, err := collect(stream)
-	if err != nil {
-		t.Fatal(err)
-	}
+	want := unmigrated(ctx, t, migRequest("w", nil))
 	src, e := migrationSource(t, 4)
 	req := migRequest("m", nil)
 	toks := startMigrated(t, src, e, req)
@@ -488,15 +472,7 @@ func (e *prefillPause) Step(ctx context.Context, prefill []engine.PrefillItem, d
 // request: finish reason "length").
 func TestMigrateAllMovesWhatStartsLater(t *testing.T) {
 	ctx := testCtx(t)
-	ref := newWorker(t, smallOptions(), true)
-	stream, err := ref.client.Generate(ctx, migRequest("w", nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	want, err := collect(stream)
-	if err != nil {
-		t.Fatal(err)
-	}
+	want := unmigrated(ctx, t, migRequest("w", nil))
 
 	e := &prefillPause{Engine: newEngine(t), paused: make(chan struct{}), release: make(chan struct{})}
 	src := newWorkerOn(t, e, smallOptions(), true)
@@ -526,4 +502,19 @@ func TestMigrateAllMovesWhatStartsLater(t *testing.T) {
 	}
 	migIdle(t, src)
 	migIdle(t, dst)
+}
+
+// unmigrated returns req's run start to finish on a worker of its own:
+// what a migrated run of it must equal.
+func unmigrated(ctx context.Context, t *testing.T, req *pdservev1.GenerateRequest) result {
+	t.Helper()
+	stream, err := newWorker(t, smallOptions(), true).client.Generate(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := collect(stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return want
 }
