@@ -11,8 +11,18 @@ GO ?= go
 # past Go's default of 10 and near 20.
 TEST_TIMEOUT ?= 30m
 
+# TEST_ENV: a binary built with -race sleeps GORACE's atexit_sleep_ms
+# (1 s by default) when it exits, so that a race report of another thread
+# can finish printing; a test fails on a race it detected whether or not
+# the report printed. make test runs over 100 test binaries and starts
+# many more race-built processes, so it skips the sleep (a GORACE of the
+# caller's comes after, and wins).
+TEST_ENV = GORACE="atexit_sleep_ms=0 $$GORACE"
+
+# -vet=off: go test would run a subset of go vet's checks before each
+# package's tests; make verify (CI's first step) runs all of go vet's.
 test: llama sdk
-	$(GO) test -race -timeout $(TEST_TIMEOUT) ./...
+	$(TEST_ENV) $(GO) test -race -vet=off -timeout $(TEST_TIMEOUT) ./...
 
 # test-llama-variants runs the llama.cpp conformance suite's kernel cases
 # on every other CPU variant of the prebuilt llama.cpp this processor can

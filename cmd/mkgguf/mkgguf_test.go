@@ -130,17 +130,10 @@ func TestBinaryHelpAndVersion(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the binary; skipped with -short")
 	}
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		t.Skipf("the go tool is not on PATH, cannot build the binary: %v", err)
-	}
-	bin := filepath.Join(t.TempDir(), "mkgguf")
-	// Without VCS stamping (as CI builds), the version line is fixed.
-	build := exec.Command(goTool, "build", "-buildvcs=false", "-o", bin, "./cmd/mkgguf")
-	build.Dir = repotest.Root(t)
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	// Without VCS stamping (repotest.BuildArgs), the version line is fixed.
+	dir := t.TempDir()
+	repotest.Build(t, dir, "./cmd/mkgguf")
+	bin := filepath.Join(dir, "mkgguf")
 	for _, tc := range []struct {
 		args           []string
 		code           int

@@ -355,11 +355,7 @@ func (e *env) build(t *testing.T, tools []string) {
 	t.Cleanup(func() { cancel(); <-done })
 	goBuild := func(pkgs ...string) error {
 		start := time.Now()
-		args := []string{"build", "-o", e.bin + string(filepath.Separator)}
-		if raceBuild {
-			args = append(args, "-race")
-		}
-		args = append(args, pkgs...)
+		args := repotest.BuildArgs(e.bin, pkgs...)
 		cmd := exec.CommandContext(ctx, "go", args...)
 		cmd.Dir = e.root
 		if out, err := cmd.CombinedOutput(); err != nil {

@@ -116,17 +116,8 @@ func TestSeparateProcesses(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and starts the coordinator and worker binaries as processes; skipped with -short")
 	}
-	root := repotest.Root(t)
 	bin := t.TempDir()
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		t.Skipf("the go tool is not on PATH, cannot build the binaries: %v", err)
-	}
-	build := exec.Command(goTool, "build", "-o", bin+string(os.PathSeparator), "./cmd/coordinator", "./cmd/prefill-worker", "./cmd/decode-worker")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
+	repotest.Build(t, bin, "./cmd/coordinator", "./cmd/prefill-worker", "./cmd/decode-worker")
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

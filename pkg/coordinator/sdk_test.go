@@ -13,8 +13,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/pdserve/pdserve/internal/repotest"
 	"github.com/pdserve/pdserve/pkg/coordinator"
+	"github.com/pdserve/pdserve/pkg/engine/ref"
+	"github.com/pdserve/pdserve/pkg/enginebuild"
+	"github.com/pdserve/pdserve/pkg/workerrun"
 )
 
 // nodeSDK is the Node.js 22 and the client libraries `make sdk` installs
@@ -370,33 +372,25 @@ func TestOpenAISDKResponses(t *testing.T) {
 	}
 }
 
-// smallServer starts `coordinator --standalone --preset small`, the
-// built-in model for tool and agent prompts (README: tiny's 1,024 byte
-// tokens cannot hold a tool's preamble and a reply), as a process built
-// without the race detector: its 28 M parameters decode too slowly under
-// -race for an agent loop (minutes per turn on a loaded 2-core machine).
-// The server's code under -race is the in-process tests' (tiny) concern;
-// this one checks what a client sees. It returns the server's URL.
-func smallServer(t *testing.T) string {
+// agentServer starts an in-process cluster (startCluster) whose workers
+// run the tiny preset with a context of 2,048 tokens
+// (ref.Options.MaxSeqLen) and returns its URL. An agent's tool preamble
+// and its reply do not fit tiny's 1,024 byte tokens (the README points
+// agents at small); small's 28 M parameters decode too slowly under -race
+// for an agent loop, and the shape of the model is not what the agent
+// tests check: what a client sees, with the server under -race.
+func agentServer(t *testing.T) string {
 	t.Helper()
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		t.Fatalf("the go tool is not on PATH, cannot build the coordinator: %v", err)
-	}
-	bin := t.TempDir()
-	build := exec.Command(goTool, "build", "-o", bin+string(os.PathSeparator), "./cmd/coordinator")
-	build.Dir = repotest.Root(t)
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	port := freePort(t)
-	p := startProc(t, ctx, filepath.Join(bin, "coordinator"), "coordinator", "--standalone", "--preset", "small",
-		"--http-addr", "127.0.0.1:"+strconv.Itoa(port), "--log-level", "warn")
-	t.Cleanup(func() { p.stop(t) })
-	waitHTTP(t, p, port, "/readyz")
-	return "http://127.0.0.1:" + strconv.Itoa(port)
+	cl := startCluster(t, clusterOpts{worker: func(wo *workerrun.Options) {
+		e, err := ref.New(ref.Options{Preset: "tiny", MaxSeqLen: 2048, Threads: testEngineThreads})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Registered before the cluster's shutdown, so run after it.
+		t.Cleanup(func() { enginebuild.Close(e) })
+		wo.EngineOverride = e
+	}})
+	return cl.url
 }
 
 // structured is what the scripts print of an object decoded under the
@@ -551,14 +545,15 @@ func TestOpenAISDK7(t *testing.T) {
 // TestAgentsSDK runs an agent of the OpenAI Agents SDK (@openai/agents)
 // on each of its OpenAI models: the default (the Responses API over HTTP),
 // OpenAIResponsesWSModel (the Responses API in WebSocket mode) and
-// OpenAIChatCompletionsModel, against the small preset (smallServer).
+// OpenAIChatCompletionsModel, against tiny with a longer context
+// (agentServer).
 // Each has a function tool its first turn must
 // call (tool_choice required with the output type's json_schema) and a zod
 // output type with .int(): the run calls the tool, sends its result back,
 // and ends with a final output the schema accepts.
 func TestAgentsSDK(t *testing.T) {
 	sdk := sdkDir(t)
-	outb := runSDK(t, sdk, smallServer(t), "testdata/agents_sdk.mjs", "PDSERVE_MODEL=small")
+	outb := runSDK(t, sdk, agentServer(t), "testdata/agents_sdk.mjs")
 	type agentRun struct {
 		structured
 		Items     []string

@@ -1,6 +1,0 @@
-//go:build !race
-
-package readmetest
-
-// raceBuild: the test runs without -race, and builds the binaries without.
-const raceBuild = false
