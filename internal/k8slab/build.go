@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 )
@@ -109,7 +110,10 @@ func Build(ctx context.Context, repo, cache string, v Versions, logf func(string
 		for _, t := range c.bins {
 			cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w"+c.ldflags, "-o", filepath.Join(tmp, t.out), t.pkg)
 			cmd.Dir = mod
-			cmd.Env = append(append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly -buildvcs=false"), c.env...)
+			// The component's cgo setting is upstream's (c.env), not the
+			// caller's: .ci/run exports CGO_ENABLED=0 for pdserve's own
+			// static builds.
+			cmd.Env = append(append(withoutEnv(os.Environ(), "CGO_ENABLED"), "GOWORK=off", "GOFLAGS=-mod=readonly -buildvcs=false"), c.env...)
 			if out, err := cmd.CombinedOutput(); err != nil {
 				return b, fmt.Errorf("k8slab: build %s (%s): %w\n%s", t.out, t.pkg, err, out)
 			}
@@ -135,6 +139,11 @@ func complete(bin string, ts []target) bool {
 		}
 	}
 	return true
+}
+
+// withoutEnv returns env without the entries of key.
+func withoutEnv(env []string, key string) []string {
+	return slices.DeleteFunc(slices.Clone(env), func(e string) bool { return strings.HasPrefix(e, key+"=") })
 }
 
 func exists(p string) bool {

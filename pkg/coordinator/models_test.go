@@ -62,6 +62,30 @@ func newMetaEngine(t *testing.T, maxSeqLen int, eog ...int32) metaEngine {
 	return metaEngine{Engine: e, maxSeqLen: maxSeqLen, eog: eog}
 }
 
+// renamedEngine serves an engine under another model name.
+type renamedEngine struct {
+	engine.Engine
+	name string
+}
+
+func (e renamedEngine) Spec() engine.ModelSpec {
+	s := e.Engine.Spec()
+	s.Name = e.name
+	return s
+}
+
+// newRenamedEngine builds the engine of o as model name, closed when the
+// test ends (after the cluster, whose cleanup runs first).
+func newRenamedEngine(t *testing.T, o enginecfg.Options, name string) renamedEngine {
+	t.Helper()
+	e, err := enginebuild.Build(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { enginebuild.Close(e) })
+	return renamedEngine{Engine: e, name: name}
+}
+
 // getModels returns the body of GET /v1/models.
 func getModels(t *testing.T, url string) map[string]any {
 	t.Helper()
@@ -150,13 +174,18 @@ func TestEOGTokensEndRequests(t *testing.T) {
 	}
 }
 
-// One coordinator serves two models (the ref presets "tiny" and "small",
-// one prefill and one decode worker each): each request is routed only to
-// the workers of its model, and an unknown model gets a 404.
+// One coordinator serves two models ("tiny", and "tiny-b": tiny's shape
+// with other weights, renamedEngine; one prefill and one decode worker
+// each): each request is routed only to the workers of its model (the
+// two models' outputs differ, so a request served by the other model's
+// worker shows), and an unknown model gets a 404. (The "small" preset as
+// the second model cost 15 s under -race to draw its weights three times.)
 func TestTwoModelsRouteByModel(t *testing.T) {
+	other := enginecfg.DefaultOptions()
+	other.Seed, other.Threads = 7, testEngineThreads
 	cl := startCluster(t, clusterOpts{prefill: 2, decode: 2, worker: func(wo *workerrun.Options) {
 		if strings.HasSuffix(wo.ID, "-1") {
-			wo.Engine.Preset = "small"
+			wo.EngineOverride = newRenamedEngine(t, other, "tiny-b")
 		}
 	}})
 	waitFor(t, 10*time.Second, func() error {
@@ -165,21 +194,23 @@ func TestTwoModelsRouteByModel(t *testing.T) {
 		}
 		return nil
 	})
-	refs := map[string]*reference{"tiny": newReference(t)}
-	small := enginecfg.DefaultOptions()
-	small.Preset = "small"
-	refs["small"] = newReferenceOf(t, small)
-	// A hang guard: four requests and their references under -race take
-	// over a minute on a loaded 2-core machine.
+	prompt := []int32{5, 17, 99, 3, 42, 8, 61}
+	want := map[string][]int32{
+		"tiny":   newReference(t).generate(t, prompt, 6, engine.Sampling{}, true),
+		"tiny-b": (&reference{eng: newRenamedEngine(t, other, "tiny-b")}).generate(t, prompt, 6, engine.Sampling{}, true),
+	}
+	if slices.Equal(want["tiny"], want["tiny-b"]) {
+		t.Fatalf("tiny and tiny-b generate the same tokens %v: the test could not tell them apart", want["tiny"])
+	}
+	// A hang guard.
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	prompt := []int32{5, 17, 99, 3, 42, 8, 61}
-	for _, model := range []string{"tiny", "small", "tiny", "small"} {
+	for _, model := range []string{"tiny", "tiny-b", "tiny", "tiny-b"} {
 		res := complete(ctx, t, cl.url, request{Model: model, Prompt: prompt, MaxTokens: 6, IgnoreEOS: true})
-		if diff := cmp.Diff(refs[model].generate(t, prompt, 6, engine.Sampling{}, true), res.Tokens); diff != "" {
+		if diff := cmp.Diff(want[model], res.Tokens); diff != "" {
 			t.Errorf("model %s: tokens (-%s alone +served):\n%s", model, model, diff)
 		}
-		suffix := map[string]string{"tiny": "-0", "small": "-1"}[model]
+		suffix := map[string]string{"tiny": "-0", "tiny-b": "-1"}[model]
 		for _, w := range []string{"prefill_worker", "decode_worker"} {
 			if id, _ := res.Budget[w].(string); !strings.HasSuffix(id, suffix) {
 				t.Errorf("model %s: %s %q, want the %s worker", model, w, id, model)
