@@ -49,6 +49,7 @@ func TestTierFallsBackOverBudget(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	sent := 0
 	send := func(header ...string) (model string, budget map[string]any) {
 		t.Helper()
 		data, _ := json.Marshal(map[string]any{"model": "chat", "prompt": "The quick brown fox", "max_tokens": 4})
@@ -72,6 +73,16 @@ func TestTierFallsBackOverBudget(t *testing.T) {
 		if err := json.NewDecoder(resp.Body).Decode(&body); err != nil || resp.StatusCode != http.StatusOK {
 			t.Fatalf("status %d, %v", resp.StatusCode, err)
 		}
+		// The coordinator observes a request after its response ends:
+		// wait until it is counted (and so learnt by the tiers), as the
+		// next request's choice depends on it.
+		sent++
+		waitFor(t, 10*time.Second, func() error {
+			if got := counter(t, cl, "pdserve_requests_total", "status", "ok"); got < float64(sent) {
+				return fmt.Errorf("%v requests observed, want %d", got, sent)
+			}
+			return nil
+		})
 		return body.Model, body.PDServe
 	}
 

@@ -1188,10 +1188,12 @@ func (s *Server) finish(tr *budget.Trace, aerr *apiError, extra ...zap.Field) {
 	}
 	fields = append(fields, extra...)
 	s.o.Logger.Info("request", fields...)
-	s.o.Metrics.ObserveRequest(tr)
+	// The tiers learn first: once a request is counted in the metrics,
+	// its TTFT is in the tier's predictions too.
 	if s.o.Tiers != nil {
 		s.o.Tiers.Observe(tr)
 	}
+	s.o.Metrics.ObserveRequest(tr)
 }
 
 // apiKey returns the key of an Authorization: Bearer or x-api-key
