@@ -24,6 +24,14 @@ TEST_ENV = GORACE="atexit_sleep_ms=0 $$GORACE"
 test: llama sdk
 	$(TEST_ENV) $(GO) test -race -vet=off -timeout $(TEST_TIMEOUT) ./...
 
+# test-readme-tools runs the documentation's recipes that run a go.mod
+# tool (go tool helm), which make test leaves out: building Helm would
+# add a minute to it. CI runs it in its chart step, after helm/test.sh
+# built Helm.
+.PHONY: test-readme-tools
+test-readme-tools:
+	PDSERVE_TEST_README_TOOLS=1 $(GO) test -count=1 -timeout $(TEST_TIMEOUT) -run '^TestReadmeRecipes$$' ./internal/readmetest/
+
 # test-llama-variants runs the llama.cpp conformance suite's kernel cases
 # on every other CPU variant of the prebuilt llama.cpp this processor can
 # run (TestConformanceVariants: a test process per variant, the default

@@ -294,8 +294,31 @@ var toolRE = regexp.MustCompile(`(^|[\s;|&(])(curl|openssl|taskset)\s`)
 // while the go.mod tools build.
 const maxRecipes = 1
 
+// envTools, set to 1, runs the recipes that run a go.mod tool (go tool
+// helm) and only those: `make test-readme-tools`, which CI runs in its
+// chart step, where Helm is built anyway. Unset (make test), those
+// recipes are skipped and every other one runs: building Helm (360
+// packages beyond what the tests compile) under -race added 46 s to a
+// cold make test.
+const envTools = "PDSERVE_TEST_README_TOOLS"
+
+// toolsMode reads envTools: whether this run is the go.mod tools' one.
+func toolsMode(t *testing.T) bool {
+	t.Helper()
+	switch v := os.Getenv(envTools); v {
+	case "1":
+		return true
+	case "":
+		return false
+	default:
+		t.Fatalf("%s=%q: want 1 (the tool recipes only) or unset (every other recipe)", envTools, v)
+		return false
+	}
+}
+
 // TestReadmeRecipes runs every recipe, maxRecipes at a time: each in a
-// directory of its own, on ports of its own.
+// directory of its own, on ports of its own. The recipes that run a
+// go.mod tool run only with envTools set, and then alone.
 func TestReadmeRecipes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: the recipes build and start the binaries")
@@ -305,11 +328,33 @@ func TestReadmeRecipes(t *testing.T) {
 	if t.Failed() {
 		t.FailNow()
 	}
+	paths, err := modTools(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tools := toolsMode(t)
+	var run []string
+	selected := all[:0:0]
+	for _, r := range all {
+		if (len(modToolsRun(paths, r)) > 0) == tools {
+			selected = append(selected, r)
+		} else {
+			run = append(run, r[0].String())
+		}
+	}
+	if len(selected) == 0 {
+		t.Fatalf("no recipe to run with %s=%q", envTools, os.Getenv(envTools))
+	}
+	if tools {
+		t.Logf("%d recipes run by go.mod tools; the %d others run in make test", len(selected), len(run))
+	} else if len(run) > 0 {
+		t.Logf("%d recipes run a go.mod tool and run in `make test-readme-tools`: %s", len(run), strings.Join(run, ", "))
+	}
 	e := &env{root: root, bin: t.TempDir(), tmp: t.TempDir(), ports: map[string]bool{}}
-	e.build(t, goTools(all...))
+	e.build(t, paths, !tools || runsRepo(selected), goTools(selected...))
 	sem := make(chan struct{}, maxRecipes)
 	var wg sync.WaitGroup
-	for _, r := range all {
+	for _, r := range selected {
 		sem <- struct{}{}
 		// t.Run from a goroutine of its own: the recipes run at once
 		// without t.Parallel, whose limit is the cores (-parallel).
@@ -336,20 +381,14 @@ func TestReadmeRecipes(t *testing.T) {
 }
 
 // build builds, in the background, the binaries that stand in for go run
-// and for go tool: first the repository's (with -race under -race, to
-// reuse what go test -race compiled), then each go.mod tool the recipes
-// run (go tool helm, …) from the package go.mod names, with the same
-// flags, so that it reuses what those builds and the tests compiled
-// (Helm's dependencies are mostly the Kubernetes libraries the
-// coordinator and the chart test compile too). A recipe waits for what
-// it runs (waitBuilt): the recipes without a tool run while the tools
-// build, and no build counts against a block's two minutes (on a cold
-// build cache building Helm alone took longer than that).
-func (e *env) build(t *testing.T, tools []string) {
-	paths, err := modTools(e.root)
-	if err != nil {
-		t.Fatal(err)
-	}
+// and for go tool: first the repository's when repo is set (with -race
+// under -race, to reuse what go test -race compiled), then each go.mod
+// tool of paths that the recipes run (go tool helm, …) from the package
+// go.mod names, with the same flags, so that it reuses what those builds
+// and the tests compiled. A recipe waits for what it runs (waitBuilt),
+// and no build counts against a block's two minutes (on a cold build
+// cache building Helm alone took longer than that).
+func (e *env) build(t *testing.T, paths []string, repo bool, tools []string) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	t.Cleanup(func() { cancel(); <-done })
@@ -377,7 +416,9 @@ func (e *env) build(t *testing.T, tools []string) {
 	}
 	go func() {
 		defer close(done)
-		e.binErr = goBuild("./cmd/coordinator", "./cmd/prefill-worker", "./cmd/decode-worker", "./cmd/mkgguf", "./loadtest")
+		if repo {
+			e.binErr = goBuild("./cmd/coordinator", "./cmd/prefill-worker", "./cmd/decode-worker", "./cmd/mkgguf", "./loadtest")
+		}
 		close(e.binDone)
 		for _, name := range tools {
 			if tb := e.tools[name]; tb != nil {
@@ -386,6 +427,32 @@ func (e *env) build(t *testing.T, tools []string) {
 			}
 		}
 	}()
+}
+
+// runsRepo reports whether a recipe of rs runs one of the repository's
+// binaries (go run).
+func runsRepo(rs [][]block) bool {
+	for _, r := range rs {
+		for _, b := range r {
+			if strings.Contains(b.text, "go run ") {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// modToolsRun returns the go.mod tools (of paths) that recipe r runs.
+func modToolsRun(paths []string, r []block) []string {
+	var run []string
+	for _, name := range goTools(r) {
+		for _, p := range paths {
+			if path.Base(p) == name {
+				run = append(run, name)
+			}
+		}
+	}
+	return run
 }
 
 // modTools returns the package paths of go.mod's tool directives; go tool
