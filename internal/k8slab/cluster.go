@@ -11,7 +11,6 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
-	"k8s.io/client-go/kubernetes"
 	"time"
 )
 
@@ -154,7 +153,7 @@ func (l *Lab) upCoreDNS(ctx context.Context) error {
 	})
 }
 
-func deploymentAvailable(ctx context.Context, cs kubernetes.Interface, ns, name string) error {
+func deploymentAvailable(ctx context.Context, cs *Client, ns, name string) error {
 	d, err := cs.AppsV1().Deployments(ns).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return err

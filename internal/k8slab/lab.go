@@ -12,7 +12,9 @@ import (
 	"strings"
 	"time"
 
-	"k8s.io/client-go/kubernetes"
+	appsv1client "k8s.io/client-go/kubernetes/typed/apps/v1"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	rbacv1client "k8s.io/client-go/kubernetes/typed/rbac/v1"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
@@ -34,7 +36,7 @@ type Lab struct {
 	opt    Options
 	bins   Bins
 	nodeIP net.IP
-	cs     *kubernetes.Clientset
+	cs     *Client
 }
 
 // New validates opt, fills defaults and returns the lab. It builds
@@ -82,8 +84,21 @@ func (l *Lab) Kubectl() string {
 	return filepath.Join(l.opt.Cache, "kubernetes-"+l.opt.Kubernetes, "bin", "kubectl")
 }
 
-// Client returns a clientset for the admin kubeconfig.
-func (l *Lab) Client() (*kubernetes.Clientset, error) {
+// Client is a client of the API groups the lab writes: core/v1, apps/v1
+// and rbac/v1 (the whole clientset would compile every group's client
+// into the tests that link the lab).
+type Client struct {
+	core *corev1client.CoreV1Client
+	apps *appsv1client.AppsV1Client
+	rbac *rbacv1client.RbacV1Client
+}
+
+func (c *Client) CoreV1() corev1client.CoreV1Interface { return c.core }
+func (c *Client) AppsV1() appsv1client.AppsV1Interface { return c.apps }
+func (c *Client) RbacV1() rbacv1client.RbacV1Interface { return c.rbac }
+
+// Client returns a client for the admin kubeconfig.
+func (l *Lab) Client() (*Client, error) {
 	if l.cs != nil {
 		return l.cs, nil
 	}
@@ -92,12 +107,17 @@ func (l *Lab) Client() (*kubernetes.Clientset, error) {
 		return nil, fmt.Errorf("k8slab: kubeconfig: %w", err)
 	}
 	cfg.Timeout = 15 * time.Second
-	cs, err := kubernetes.NewForConfig(cfg)
+	c := &Client{}
+	if c.core, err = corev1client.NewForConfig(cfg); err == nil {
+		if c.apps, err = appsv1client.NewForConfig(cfg); err == nil {
+			c.rbac, err = rbacv1client.NewForConfig(cfg)
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("k8slab: client: %w", err)
 	}
-	l.cs = cs
-	return cs, nil
+	l.cs = c
+	return c, nil
 }
 
 // Build makes sure the pinned binaries are in the cache (see Build).

@@ -183,7 +183,7 @@ func (l *Lab) apiReady(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	body, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+	body, err := cs.CoreV1().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
 	if err != nil {
 		return fmt.Errorf("readyz: %v %s", err, body)
 	}

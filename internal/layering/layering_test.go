@@ -144,6 +144,13 @@ func TestLayering(t *testing.T) {
 		// wire and maps failures to HTTP.
 		{pkg: "pkg/coordinator/flow", not: []string{"pkg/frontend", "api/...", "pkg/wire", "google.golang.org/grpc/...", "google.golang.org/genproto/..."}},
 	}
+	// Nothing links client-go's whole clientset or its fake (every API
+	// group's client, about 150 generated packages, a minute of make
+	// test's compile): the planner's actuators use actuator.Client, the
+	// tests actuatortest, the lab its own Client.
+	for _, tree := range []string{"cmd", "pkg", "internal", "loadtest", "helm"} {
+		rules = append(rules, rule{pkg: tree, not: []string{"k8s.io/client-go/kubernetes", "k8s.io/client-go/kubernetes/fake"}})
+	}
 	var pkgs []string
 	for _, r := range rules {
 		pkgs = append(pkgs, r.pattern())
@@ -159,6 +166,33 @@ func TestLayering(t *testing.T) {
 				t.Error(b)
 			}
 		})
+	}
+}
+
+// TestTestsLinkNoWholeClientset: no test file imports client-go's whole
+// clientset or its fake either (TestLayering sees what packages link, not
+// their tests; a test's import would put the clientset back into make
+// test's compile). The Kubernetes end-to-end tests, behind the k8se2e
+// build tag, are outside make test and may.
+func TestTestsLinkNoWholeClientset(t *testing.T) {
+	cmd := exec.Command("go", "list", "-f", "{{.ImportPath}}|{{join .TestImports \" \"}} {{join .XTestImports \" \"}}", "./...")
+	cmd.Dir = repotest.Root(t)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	n := 0
+	for line := range strings.Lines(string(out)) {
+		p, imports, _ := strings.Cut(strings.TrimSpace(line), "|")
+		n++
+		for _, q := range strings.Fields(imports) {
+			if q == "k8s.io/client-go/kubernetes" || q == "k8s.io/client-go/kubernetes/fake" {
+				t.Errorf("a test of %s imports %s: use actuator.Client and actuatortest", strings.TrimPrefix(p, module), q)
+			}
+		}
+	}
+	if n < 50 {
+		t.Fatalf("go list listed %d packages", n)
 	}
 }
 

@@ -7,24 +7,20 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	appsv1 "k8s.io/api/apps/v1"
-	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/kubernetes/fake"
-	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/pdserve/pdserve/internal/plannertest"
 	"github.com/pdserve/pdserve/pkg/config"
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/planner"
+	"github.com/pdserve/pdserve/pkg/planner/actuator/actuatortest"
 	"github.com/pdserve/pdserve/pkg/plannerhost"
 )
 
@@ -171,48 +167,16 @@ func TestPlannerOff(t *testing.T) {
 	}
 }
 
-var deploymentsGVR = schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "deployments"}
-
-// fakeDeployments returns a fake clientset holding the named Deployments
-// at replicas, serving their scale subresource (which the fake object
-// tracker lacks) from spec.replicas.
-func fakeDeployments(ns string, replicas int32, names ...string) *fake.Clientset {
+// fakeDeployments returns a fake API holding the named Deployments at
+// replicas.
+func fakeDeployments(ns string, replicas int32, names ...string) *actuatortest.Fake {
 	var objs []runtime.Object
 	for _, name := range names {
 		r := replicas
 		objs = append(objs, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 			Spec: appsv1.DeploymentSpec{Replicas: &r}, Status: appsv1.DeploymentStatus{Replicas: r}})
 	}
-	cs := fake.NewClientset(objs...)
-	var mu sync.Mutex // the tracker's get-modify-update of one scale
-	cs.PrependReactor("get", "deployments", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		if a.GetSubresource() != "scale" {
-			return false, nil, nil
-		}
-		obj, err := cs.Tracker().Get(deploymentsGVR, a.GetNamespace(), a.(k8stesting.GetAction).GetName())
-		if err != nil {
-			return true, nil, err
-		}
-		d := obj.(*appsv1.Deployment)
-		return true, &autoscalingv1.Scale{ObjectMeta: metav1.ObjectMeta{Name: d.Name, Namespace: d.Namespace},
-			Spec: autoscalingv1.ScaleSpec{Replicas: *d.Spec.Replicas}, Status: autoscalingv1.ScaleStatus{Replicas: d.Status.Replicas}}, nil
-	})
-	cs.PrependReactor("update", "deployments", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		if a.GetSubresource() != "scale" {
-			return false, nil, nil
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		s := a.(k8stesting.UpdateAction).GetObject().(*autoscalingv1.Scale)
-		obj, err := cs.Tracker().Get(deploymentsGVR, a.GetNamespace(), s.Name)
-		if err != nil {
-			return true, nil, err
-		}
-		d := obj.(*appsv1.Deployment).DeepCopy()
-		d.Spec.Replicas = &s.Spec.Replicas
-		return true, s, cs.Tracker().Update(deploymentsGVR, d, a.GetNamespace())
-	})
-	return cs
+	return actuatortest.NewFake(objs...)
 }
 
 // The kubernetes actuator scales the named Deployments once the planner's

@@ -13,7 +13,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/pdserve/pdserve/pkg/budget"
 	"github.com/pdserve/pdserve/pkg/control"
@@ -108,8 +107,8 @@ type Options struct {
 	PodLabels bool
 
 	// KubeClient, when set, is the client of Kubernetes instead of
-	// the in-cluster one (tests: a fake clientset). Not a flag.
-	KubeClient kubernetes.Interface
+	// the in-cluster one (tests: actuatortest.NewFake). Not a flag.
+	KubeClient actuator.Client
 	// Ticks, when set, drives the re-planning instead of a ticker: each
 	// value received is the time of a re-plan attempt (tests). Not a flag.
 	Ticks <-chan time.Time
@@ -449,8 +448,8 @@ func (p Options) onlineConfig(co coordinator.Options, model, profile, decodeProf
 // log only.
 type Host struct {
 	mode  string
-	plans []*plan              // one without tiers (model ""), else one per model
-	kube  kubernetes.Interface // Options.KubeClient
+	plans []*plan         // one without tiers (model ""), else one per model
+	kube  actuator.Client // Options.KubeClient
 	ko    actuator.KubernetesOptions
 	ticks <-chan time.Time // nil: a ticker of every
 	every time.Duration

@@ -10,12 +10,12 @@ import (
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/pdserve/pdserve/internal/plannertest"
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/planner/actuator"
+	"github.com/pdserve/pdserve/pkg/planner/actuator/actuatortest"
 	"github.com/pdserve/pdserve/pkg/plannerhost"
 )
 
@@ -34,7 +34,7 @@ func TestPodLabelsFollowHeartbeats(t *testing.T) {
 			Labels: map[string]string{actuator.PoolLabel: actuator.ElasticPool, actuator.RoleLabel: role}}}
 	}
 	fixed := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "pd-prefill-0", Namespace: ns, Labels: map[string]string{actuator.RoleLabel: "prefill"}}}
-	cs := fake.NewClientset(elastic("pd-elastic-a", "prefill"), elastic("pd-elastic-b", "prefill"), fixed)
+	cs := actuatortest.NewFake(elastic("pd-elastic-a", "prefill"), elastic("pd-elastic-b", "prefill"), fixed)
 
 	o, p := coordinator.DefaultOptions(), plannerhost.DefaultOptions()
 	o.PolicyFile = plannertest.SLOPolicy(t)

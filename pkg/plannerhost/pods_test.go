@@ -17,12 +17,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/pdserve/pdserve/internal/plannertest"
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/coordinator"
+	"github.com/pdserve/pdserve/pkg/planner/actuator/actuatortest"
 	"github.com/pdserve/pdserve/pkg/plannerhost"
 )
 
@@ -32,7 +32,7 @@ import (
 // error is logged and counted in pdserve_planner_actuator_errors_total.
 func TestCheckPodsReportsUnschedulable(t *testing.T) {
 	const ns = "serving"
-	cs := fake.NewClientset()
+	cs := actuatortest.NewFake()
 	// The scale subresource (the fake tracker has none): the selector of
 	// each Deployment's pods.
 	cs.PrependReactor("get", "deployments", func(a k8stesting.Action) (bool, runtime.Object, error) {

@@ -11,7 +11,8 @@ import (
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
+	appsv1client "k8s.io/client-go/kubernetes/typed/apps/v1"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/util/retry"
 
@@ -50,12 +51,45 @@ func (l *Log) Scale(_ context.Context, prefill, decode int) error {
 	return nil
 }
 
+// Client is the part of the Kubernetes API the actuators use: the apps/v1
+// group (Deployments and their scale subresource) and the core/v1 group
+// (Pods). A clientset satisfies it; NewClient builds one with only these
+// two groups, which keeps the other API groups' clients (over a hundred
+// generated packages) out of the coordinator.
+type Client interface {
+	AppsV1() appsv1client.AppsV1Interface
+	CoreV1() corev1client.CoreV1Interface
+}
+
+// clients is NewClient's Client.
+type clients struct {
+	apps *appsv1client.AppsV1Client
+	core *corev1client.CoreV1Client
+}
+
+func (c clients) AppsV1() appsv1client.AppsV1Interface { return c.apps }
+func (c clients) CoreV1() corev1client.CoreV1Interface { return c.core }
+
+// NewClient returns a Client of the API server cfg names. Errors: a bad
+// config.
+func NewClient(cfg *rest.Config) (Client, error) {
+	apps, err := appsv1client.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("actuator: kubernetes client: %w", err)
+	}
+	core, err := corev1client.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("actuator: kubernetes client: %w", err)
+	}
+	return clients{apps: apps, core: core}, nil
+}
+
 // Kubernetes scales the prefill and decode Deployments of one namespace
 // through their scale subresource. RBAC it needs (see RBACRules): get and
 // update on deployments/scale in the apps API group. Safe for concurrent
-// use (the clientset is).
+// use (the client is).
 type Kubernetes struct {
-	client                  kubernetes.Interface
+	client                  Client
 	namespace               string
 	prefillName, decodeName string
 }
@@ -67,9 +101,9 @@ type KubernetesOptions struct {
 	DecodeDeployment  string // required
 }
 
-// NewKubernetes returns an actuator using client (a real or fake
-// clientset). Errors: a missing namespace or Deployment name.
-func NewKubernetes(client kubernetes.Interface, o KubernetesOptions) (*Kubernetes, error) {
+// NewKubernetes returns an actuator using client (NewClient's, a
+// clientset or a fake). Errors: a missing namespace or Deployment name.
+func NewKubernetes(client Client, o KubernetesOptions) (*Kubernetes, error) {
 	if client == nil || o.Namespace == "" || o.PrefillDeployment == "" || o.DecodeDeployment == "" {
 		return nil, errors.New("actuator: kubernetes needs a client, a namespace and the prefill and decode Deployment names")
 	}
@@ -79,16 +113,12 @@ func NewKubernetes(client kubernetes.Interface, o KubernetesOptions) (*Kubernete
 // InClusterClient returns a client of the API server of the cluster it
 // runs in, with the pod's service account. Errors: not running in a
 // cluster, a bad config.
-func InClusterClient() (kubernetes.Interface, error) {
+func InClusterClient() (Client, error) {
 	cfg, err := rest.InClusterConfig()
 	if err != nil {
 		return nil, fmt.Errorf("actuator: in-cluster config: %w", err)
 	}
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("actuator: kubernetes client: %w", err)
-	}
-	return cs, nil
+	return NewClient(cfg)
 }
 
 // NewInCluster returns an actuator that talks to the API server of the

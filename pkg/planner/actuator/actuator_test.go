@@ -18,8 +18,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/pdserve/pdserve/pkg/planner/actuator/actuatortest"
 )
 
 const ns = "serving"
@@ -32,36 +33,21 @@ func deployment(name string, replicas int32) *appsv1.Deployment {
 	}
 }
 
-var deploymentsGVR = schema.GroupVersionResource{Group: "apps", Version: "v1", Resource: "deployments"}
-
-// newFake returns a fake clientset holding the two Deployments, with
-// reactors that serve their scale subresource from spec.replicas (the fake
-// object tracker does not implement subresources), and a log of the scale
-// calls it served. failUpdates makes that many UpdateScale calls fail with
-// a conflict first.
-func newFake(t *testing.T, prefill, decode int32, failUpdates int) (*fake.Clientset, *[]string) {
+// newFake returns a fake holding the two Deployments, with a reactor in
+// front of its scale subresource that logs the scale calls it sees and
+// makes the first failUpdates UpdateScale calls fail with a conflict.
+func newFake(t *testing.T, prefill, decode int32, failUpdates int) (*actuatortest.Fake, *[]string) {
 	t.Helper()
-	cs := fake.NewClientset(deployment("pd-prefill", prefill), deployment("pd-decode", decode))
+	cs := actuatortest.NewFake(deployment("pd-prefill", prefill), deployment("pd-decode", decode))
 	var mu sync.Mutex
 	var calls []string
 	cs.PrependReactor("get", "deployments", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		if a.GetSubresource() != "scale" {
-			return false, nil, nil
+		if a.GetSubresource() == "scale" {
+			mu.Lock()
+			calls = append(calls, "get "+a.(k8stesting.GetAction).GetName())
+			mu.Unlock()
 		}
-		name := a.(k8stesting.GetAction).GetName()
-		mu.Lock()
-		calls = append(calls, "get "+name)
-		mu.Unlock()
-		obj, err := cs.Tracker().Get(deploymentsGVR, a.GetNamespace(), name)
-		if err != nil {
-			return true, nil, err
-		}
-		d := obj.(*appsv1.Deployment)
-		return true, &autoscalingv1.Scale{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: d.Namespace},
-			Spec:       autoscalingv1.ScaleSpec{Replicas: *d.Spec.Replicas},
-			Status:     autoscalingv1.ScaleStatus{Replicas: d.Status.Replicas},
-		}, nil
+		return false, nil, nil
 	})
 	cs.PrependReactor("update", "deployments", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		if a.GetSubresource() != "scale" {
@@ -76,21 +62,12 @@ func newFake(t *testing.T, prefill, decode int32, failUpdates int) (*fake.Client
 		if fail {
 			return true, nil, apierrors.NewConflict(schema.GroupResource{Group: "apps", Resource: "deployments"}, s.Name, errors.New("changed"))
 		}
-		obj, err := cs.Tracker().Get(deploymentsGVR, a.GetNamespace(), s.Name)
-		if err != nil {
-			return true, nil, err
-		}
-		d := obj.(*appsv1.Deployment).DeepCopy()
-		d.Spec.Replicas = &s.Spec.Replicas
-		if err := cs.Tracker().Update(deploymentsGVR, d, a.GetNamespace()); err != nil {
-			return true, nil, err
-		}
-		return true, s, nil
+		return false, nil, nil
 	})
 	return cs, &calls
 }
 
-func replicas(t *testing.T, cs *fake.Clientset, name string) int32 {
+func replicas(t *testing.T, cs *actuatortest.Fake, name string) int32 {
 	t.Helper()
 	d, err := cs.AppsV1().Deployments(ns).Get(context.Background(), name, metav1.GetOptions{})
 	if err != nil {

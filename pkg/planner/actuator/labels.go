@@ -12,7 +12,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
-	"k8s.io/client-go/kubernetes"
 )
 
 // Pod labels of the chart (helm/pdserve) that the Labeler reads and sets.
@@ -37,13 +36,13 @@ var ErrBadLabel = errors.New("actuator: bad pod name or role label")
 // RBAC it needs there (see LabelRBACRules): patch on pods. Safe for
 // concurrent use.
 type Labeler struct {
-	client    kubernetes.Interface
+	client    Client
 	namespace string
 }
 
-// NewLabeler returns a Labeler of namespace using client (a real or fake
-// clientset). Errors: a nil client or an empty namespace.
-func NewLabeler(client kubernetes.Interface, namespace string) (*Labeler, error) {
+// NewLabeler returns a Labeler of namespace using client (NewClient's, a
+// clientset or a fake). Errors: a nil client or an empty namespace.
+func NewLabeler(client Client, namespace string) (*Labeler, error) {
 	if client == nil || namespace == "" {
 		return nil, errors.New("actuator: a labeler needs a client and a namespace")
 	}

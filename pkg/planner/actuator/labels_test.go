@@ -9,8 +9,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/pdserve/pdserve/pkg/planner/actuator/actuatortest"
 )
 
 func labeledPod(name string, labels map[string]string) *corev1.Pod {
@@ -21,7 +22,7 @@ func elasticPod(name, role string) *corev1.Pod {
 	return labeledPod(name, map[string]string{PoolLabel: ElasticPool, RoleLabel: role, "app.kubernetes.io/instance": "pd"})
 }
 
-func podLabels(t *testing.T, cs *fake.Clientset, name string) map[string]string {
+func podLabels(t *testing.T, cs *actuatortest.Fake, name string) map[string]string {
 	t.Helper()
 	p, err := cs.CoreV1().Pods(ns).Get(t.Context(), name, metav1.GetOptions{})
 	if err != nil {
@@ -31,7 +32,7 @@ func podLabels(t *testing.T, cs *fake.Clientset, name string) map[string]string 
 }
 
 // patches counts the pod patches cs served.
-func patches(cs *fake.Clientset) int {
+func patches(cs *actuatortest.Fake) int {
 	n := 0
 	for _, a := range cs.Actions() {
 		if a.GetVerb() == "patch" && a.GetResource().Resource == "pods" {
@@ -48,7 +49,7 @@ func patches(cs *fake.Clientset) int {
 // Fails if the patch lost its test op (the NATS pod would be relabeled)
 // or set another label.
 func TestSetRole(t *testing.T) {
-	cs := fake.NewClientset(
+	cs := actuatortest.NewFake(
 		elasticPod("pd-elastic-a", "decode"),
 		labeledPod("pd-prefill-x", map[string]string{RoleLabel: "prefill"}),
 		labeledPod("pd-nats-0", map[string]string{RoleLabel: "nats", PoolLabel: "fixed"}),
@@ -99,7 +100,7 @@ func TestSetRole(t *testing.T) {
 // in its initial role). Fails if Sync patched every pod every time (the
 // counts) or remembered a failed patch as done.
 func TestRoleLabelsSync(t *testing.T) {
-	cs := fake.NewClientset(elasticPod("e-0", "prefill"), elasticPod("e-1", "prefill"))
+	cs := actuatortest.NewFake(elasticPod("e-0", "prefill"), elasticPod("e-1", "prefill"))
 	fail := 1 // patches of e-1 to fail
 	cs.PrependReactor("patch", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		if a.(k8stesting.PatchAction).GetName() == "e-1" && fail > 0 {
