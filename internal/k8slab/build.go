@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -15,6 +16,7 @@ import (
 type component struct {
 	name    string   // directory under scripts/k8s/build and cache key prefix
 	version string   // pinned version, the rest of the cache key
+	recipe  string   // when set, ends the cache key: names a build of other than upstream's main
 	bins    []target // binaries written into the cache's bin/
 	ldflags string   // extra -ldflags (-s -w is always there)
 	env     []string // extra environment of go build
@@ -43,8 +45,10 @@ func components(v Versions) []component {
 		{name: "kwok", version: v.Kwok, ldflags: " -X sigs.k8s.io/kwok/pkg/consts.Version=" + v.Kwok,
 			bins: []target{{"kwok", "sigs.k8s.io/kwok/cmd/kwok"}}, extra: copyKwokStages},
 		// Static, as upstream's image: it runs in an image with no libc.
-		{name: "coredns", version: v.CoreDNS, env: []string{"CGO_ENABLED=0"},
-			bins: []target{{"coredns", "github.com/coredns/coredns"}}},
+		// The build module's own main: CoreDNS with the Corefile's
+		// plugins only (see its main.go).
+		{name: "coredns", version: v.CoreDNS, recipe: "lab-plugins", env: []string{"CGO_ENABLED=0"},
+			bins: []target{{"coredns", "github.com/pdserve/pdserve/scripts/k8s/build/coredns"}}},
 	}
 }
 
@@ -89,7 +93,11 @@ func CacheDir(root string) (string, error) {
 func Build(ctx context.Context, repo, cache string, v Versions, logf func(string, ...any)) (Bins, error) {
 	b := Bins{paths: map[string]string{}}
 	for _, c := range components(v) {
-		dir := filepath.Join(cache, c.name+"-"+c.version)
+		key := c.name + "-" + c.version
+		if c.recipe != "" {
+			key += "-" + c.recipe
+		}
+		dir := filepath.Join(cache, key)
 		bin := filepath.Join(dir, "bin")
 		for _, t := range c.bins {
 			b.paths[t.out] = filepath.Join(bin, t.out)
@@ -107,15 +115,27 @@ func Build(ctx context.Context, repo, cache string, v Versions, logf func(string
 		}
 		start := time.Now()
 		logf("building %s %s (cold build, minutes) into %s", c.name, c.version, bin)
+		// One go build for all of a component's binaries: it links one
+		// while it compiles another's packages, where a build per binary
+		// left a core idle during each link.
+		args := []string{"build", "-trimpath", "-ldflags=-s -w" + c.ldflags, "-o", tmp + string(filepath.Separator)}
 		for _, t := range c.bins {
-			cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w"+c.ldflags, "-o", filepath.Join(tmp, t.out), t.pkg)
-			cmd.Dir = mod
-			// The component's cgo setting is upstream's (c.env), not the
-			// caller's: .ci/run exports CGO_ENABLED=0 for pdserve's own
-			// static builds.
-			cmd.Env = append(append(withoutEnv(os.Environ(), "CGO_ENABLED"), "GOWORK=off", "GOFLAGS=-mod=readonly -buildvcs=false"), c.env...)
-			if out, err := cmd.CombinedOutput(); err != nil {
-				return b, fmt.Errorf("k8slab: build %s (%s): %w\n%s", t.out, t.pkg, err, out)
+			args = append(args, t.pkg)
+		}
+		cmd := exec.CommandContext(ctx, "go", args...)
+		cmd.Dir = mod
+		// The component's cgo setting is upstream's (c.env), not the
+		// caller's: .ci/run exports CGO_ENABLED=0 for pdserve's own
+		// static builds.
+		cmd.Env = append(append(withoutEnv(os.Environ(), "CGO_ENABLED"), "GOWORK=off", "GOFLAGS=-mod=readonly -buildvcs=false"), c.env...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return b, fmt.Errorf("k8slab: build %s: %w\n%s", c.name, err, out)
+		}
+		for _, t := range c.bins {
+			if name := execName(t.pkg); name != t.out {
+				if err := os.Rename(filepath.Join(tmp, name), filepath.Join(tmp, t.out)); err != nil {
+					return b, fmt.Errorf("k8slab: build %s: %w", c.name, err)
+				}
 			}
 		}
 		if c.extra != nil {
@@ -130,6 +150,17 @@ func Build(ctx context.Context, repo, cache string, v Versions, logf func(string
 		logf("built %s %s in %s", c.name, c.version, time.Since(start).Round(time.Second))
 	}
 	return b, nil
+}
+
+// execName is the name go build -o DIR/ gives the binary of package pkg:
+// its last element, or the one before a major version suffix (server for
+// go.etcd.io/etcd/server/v3).
+func execName(pkg string) string {
+	elem := path.Base(pkg)
+	if v, ok := strings.CutPrefix(elem, "v"); ok && v != "" && strings.Trim(v, "0123456789") == "" && path.Dir(pkg) != "." {
+		return path.Base(path.Dir(pkg))
+	}
+	return elem
 }
 
 func complete(bin string, ts []target) bool {

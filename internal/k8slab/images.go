@@ -31,7 +31,8 @@ func (l *Lab) labImages() []labImage {
 }
 
 // buildImages writes the pause, probe and CoreDNS image tarballs with
-// cmd/mkimage (built from this repository) unless they exist.
+// cmd/mkimage (built from this repository) unless they exist and are
+// newer than the binary they hold.
 func (l *Lab) buildImages(ctx context.Context) error {
 	if !exists(filepath.Join(l.opt.Repo, "cmd", "mkimage")) {
 		return fmt.Errorf("k8slab: images: cmd/mkimage is not in this tree yet; the lab's pause and CoreDNS images are built with it")
@@ -43,7 +44,7 @@ func (l *Lab) buildImages(ctx context.Context) error {
 	}
 	for _, im := range l.labImages() {
 		out := filepath.Join(dir, im.file)
-		if exists(out) {
+		if exists(out) && !newer(im.bin, out) {
 			continue
 		}
 		bin := im.bin
@@ -66,6 +67,17 @@ func (l *Lab) buildImages(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// newer reports whether file bin (none when "") changed after file out
+// was written: a rebuilt CoreDNS (another build recipe) gets a new image.
+func newer(bin, out string) bool {
+	if bin == "" {
+		return false
+	}
+	b, errB := os.Stat(bin)
+	o, errO := os.Stat(out)
+	return errB == nil && errO == nil && b.ModTime().After(o.ModTime())
 }
 
 // goBuild builds a static binary of this repository's package pkg.

@@ -205,3 +205,20 @@ func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
 }
+
+// TestExecName: the names go build -o DIR/ gives, which Build renames to
+// each target's name.
+func TestExecName(t *testing.T) {
+	for pkg, want := range map[string]string{
+		"k8s.io/kubernetes/cmd/kube-apiserver":                 "kube-apiserver",
+		"go.etcd.io/etcd/server/v3":                            "server",
+		"go.etcd.io/etcd/etcdctl/v3":                           "etcdctl",
+		"github.com/pdserve/pdserve/scripts/k8s/build/coredns": "coredns",
+		"example.com/tool/v":                                   "v",
+		"example.com/tool/v2x":                                 "v2x",
+	} {
+		if got := execName(pkg); got != want {
+			t.Errorf("execName(%q) = %q, want %q", pkg, got, want)
+		}
+	}
+}
