@@ -46,10 +46,12 @@ type RequestWatcher interface {
 
 // A RefusalObserver is an Extension that also hears of every request the
 // pools refused for want of room (429: no decode worker with KV room for
-// it, every prefill queue full, a worker overloaded): demand they did
-// not serve. The coordinator calls ObserveRefused with the request's
-// trace (its model, arrival and prompt tokens known) and its max_tokens,
-// concurrently; it must not block, nor keep or change the trace.
+// it, every prefill queue full, a worker overloaded), and of every
+// request of a model served here that another region served instead
+// (frontend.ForwardObserver): demand they did not serve. The coordinator
+// calls ObserveRefused with the request's trace (its model, arrival and
+// prompt tokens known) and its max_tokens, concurrently; it must not
+// block, nor keep or change the trace.
 type RefusalObserver interface {
 	ObserveRefused(t *budget.Trace, maxTokens int)
 }
@@ -115,7 +117,18 @@ type observingBackend struct {
 	refusals []RefusalObserver // the exts that are RefusalObservers
 }
 
-var _ frontend.Backend = observingBackend{}
+var (
+	_ frontend.Backend         = observingBackend{}
+	_ frontend.ForwardObserver = observingBackend{}
+)
+
+// ObserveForwarded implements frontend.ForwardObserver: a request another
+// region served is demand of this region's pools, as a refused one is.
+func (b observingBackend) ObserveForwarded(req *frontend.Request) {
+	for _, r := range b.refusals {
+		r.ObserveRefused(req.Trace, req.MaxTokens)
+	}
+}
 
 func (b observingBackend) Complete(ctx context.Context, req *frontend.Request, emit frontend.EmitFunc) ([]string, error) {
 	dones := make([]func(), len(b.watchers))

@@ -91,3 +91,21 @@ func TestObservedRefusals(t *testing.T) {
 		})
 	}
 }
+
+// TestObservedForwards: a request another region served instead is
+// demand for the RefusalObservers, with its prompt and max_tokens, as a
+// refused one is; the other extensions do not observe it (it was not
+// served here: none of its terms were measured here).
+func TestObservedForwards(t *testing.T) {
+	ext := &recordingExt{}
+	b := observed(failingBackend{}, []Extension{ext})
+	fo, ok := b.(frontend.ForwardObserver)
+	if !ok {
+		t.Fatalf("%T is not a frontend.ForwardObserver: the frontend would not report forwarded requests", b)
+	}
+	fo.ObserveForwarded(&frontend.Request{Model: "m", Prompt: make([]int32, 7), MaxTokens: 40, N: 1,
+		Trace: &budget.Trace{RequestID: "f1", Arrival: time.Now(), PromptTokens: 7}})
+	if len(ext.observed) != 0 || len(ext.refused) != 1 || ext.refused[0] != "f1 7+40" {
+		t.Errorf("observed %q, refused %q; want none observed and the forwarded request as demand (f1 7+40)", ext.observed, ext.refused)
+	}
+}

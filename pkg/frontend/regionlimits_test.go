@@ -1,11 +1,14 @@
 package frontend
 
 import (
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -203,5 +206,67 @@ func TestForwardedByAvailabilityOwesItsTokens(t *testing.T) {
 	_, _ = io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusOK || resp.Header.Get(region.HeaderServed) != "peer" {
 		t.Errorf("42 s later: status %d, served by %q; want 200 from the peer", resp.StatusCode, resp.Header.Get(region.HeaderServed))
+	}
+}
+
+// forwardWatcher is a Backend that records the requests the frontend
+// reports as served in another region (ForwardObserver).
+type forwardWatcher struct {
+	*fakeBackend
+	mu        sync.Mutex
+	forwarded []string
+}
+
+func (f *forwardWatcher) ObserveForwarded(req *Request) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.forwarded = append(f.forwarded, fmt.Sprintf("%s %d+%d", req.Trace.Model, req.Trace.PromptTokens, req.MaxTokens))
+}
+
+func (f *forwardWatcher) took() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.forwarded)
+}
+
+// TestForwardedIsDemandHere: each prompt of a request of a model served
+// here that another region served is reported to the Backend (a
+// ForwardObserver: the coordinator's planner counts it as demand), with
+// its model, prompt tokens and max_tokens, once that region's response
+// ended; a request of no model served here is not (no planner here plans
+// for it). Before, the origin's planner never saw the users it passed on.
+func TestForwardedIsDemandHere(t *testing.T) {
+	clock := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+	keys := keyFile(t, keyTeamA+" name=team-a tpm=1000")
+	auth := []string{"Authorization", "Bearer " + keyTeamA}
+	for _, tc := range []struct {
+		name, body string
+		models     bool
+		want       []string
+	}{
+		{"one prompt", `{"model":"tiny","prompt":"abcde","max_tokens":10}`, true, []string{"tiny 5+10"}},
+		{"streamed", `{"model":"tiny","prompt":"abc","max_tokens":4,"stream":true}`, true, []string{"tiny 3+4"}},
+		{"two prompts", `{"model":"tiny","prompt":["ab","abcd"],"max_tokens":6}`, true, []string{"tiny 2+6", "tiny 4+6"}},
+		{"no model here", `{"model":"tiny","prompt":"abcde","max_tokens":10}`, false, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := &forwardWatcher{fakeBackend: &fakeBackend{complete: echoText("never served here")}}
+			origin, _ := startForwardingPair(t, keys, clock, "xyz", func(o *Options) {
+				o.Backend = w
+				if !tc.models {
+					o.Models = func() []Model { return nil }
+				}
+			})
+			resp := origin.post(t, RouteCompletions, tc.body, auth...)
+			b, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != http.StatusOK || resp.Header.Get(region.HeaderServed) != "peer" {
+				t.Fatalf("status %d, served by %q: %s", resp.StatusCode, resp.Header.Get(region.HeaderServed), b)
+			}
+			got := w.took()
+			slices.Sort(got)
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("forwarded demand %q, want %q", got, tc.want)
+			}
+		})
 	}
 }

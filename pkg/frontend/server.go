@@ -126,6 +126,19 @@ type Backend interface {
 	Complete(ctx context.Context, req *Request, emit EmitFunc) (finishReasons []string, err error)
 }
 
+// A ForwardObserver is a Backend that also hears of each request of a
+// model it serves that another region served instead (Regions.Forward:
+// this region down, shedding or predicted over the request's TTFT
+// budget, or its pools unavailable before the first token). That is
+// demand its pools did not serve: the coordinator's planner counts it as
+// it counts a request the pools refused, so that a region whose users are
+// served elsewhere still looks short. Called once per prompt, after the
+// other region's response ended, from the request's goroutine; it must
+// not block, nor keep or change req.
+type ForwardObserver interface {
+	ObserveForwarded(req *Request)
+}
+
 // Options configure a Server. Backend and Tokenizer are required.
 type Options struct {
 	Backend   Backend
@@ -633,7 +646,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, chat bool, id str
 					reserved = 0
 				}
 			}
-			if s.forward(w, r, raw, cl, tr, f) {
+			if s.forward(w, r, raw, cl, tr, f, nil) {
 				return
 			}
 			if reserved > 0 {
@@ -679,7 +692,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, chat bool, id str
 				pl.tokensTaken = 0
 			}
 		}
-		if s.forward(w, r, raw, cl, tr, f) {
+		if s.forward(w, r, raw, cl, tr, f, pl.reqs) {
 			return
 		}
 	}
@@ -697,7 +710,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, chat bool, id str
 				here := pl.used() // what stands charged: call.run settled to it
 				f.Settle = func(used int) { cl.key.SettleTokens(s.o.Now(), here, used) }
 			}
-			return s.forward(w, r, raw, cl, tr, f)
+			return s.forward(w, r, raw, cl, tr, f, pl.reqs)
 		}
 	}
 	if obs != nil {
@@ -709,7 +722,10 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, chat bool, id str
 // forward asks Regions to serve the request in another region, and
 // reports whether one did (its answer written to w); the request's log
 // line and metrics then record it as forwarded, with the region.
-func (s *Server) forward(w http.ResponseWriter, r *http.Request, raw []byte, cl client, tr *budget.Trace, f Forwardable) bool {
+// reqs are the request's prompts as prepared here (nil when none could
+// be: no model of it served here), which the Backend, a ForwardObserver,
+// hears of once another region served them.
+func (s *Server) forward(w http.ResponseWriter, r *http.Request, raw []byte, cl client, tr *budget.Trace, f Forwardable, reqs []*Request) bool {
 	f.Key, _ = cl.keyName()
 	if cl.key == nil {
 		f.Key = ""
@@ -722,6 +738,11 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, raw []byte, cl 
 	}
 	tr.Status = budget.StatusForwarded
 	tr.Region = budget.Region{Name: fw.Region, Origin: s.o.Region, RTT: fw.RTT}
+	if fo, ok := s.o.Backend.(ForwardObserver); ok {
+		for _, req := range reqs {
+			fo.ObserveForwarded(req)
+		}
+	}
 	fields := append(cl.fields(), zap.Int("http_status", fw.Status))
 	if fw.Err != nil {
 		fields = append(fields, zap.NamedError("cause", fw.Err))

@@ -704,7 +704,8 @@ func (p *Host) ObserveTrace(t *budget.Trace) {
 }
 
 // ObserveRefused implements coordinator.RefusalObserver: a request the
-// pools refused for want of room is demand of its model's planner
+// pools refused for want of room, or another region served instead, is
+// demand of its model's planner
 // (planner.RefusedObservation), which it would not see otherwise: pools
 // that refuse what they cannot hold look, from what they served alone,
 // as if they had room to spare.
