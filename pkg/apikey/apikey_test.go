@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -443,6 +444,8 @@ func TestWatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	clock := &fakeClock{t: time.Unix(1_700_000_000, 0)}
+	keys.now = clock.now
 	core, logs := observer.New(zapcore.InfoLevel)
 	var failures atomic.Int32
 	tick := make(chan time.Time)
@@ -482,10 +485,13 @@ func TestWatch(t *testing.T) {
 	if keys.Authenticate(keyB) == nil {
 		t.Fatal("a deleted key file dropped the keys")
 	}
-	// An empty file revokes every key, once a second look finds it so
-	// (the first could have caught a file being rewritten).
+	// An empty file revokes every key, once a look EmptyGrace after the
+	// first still finds it so (the first could have caught a file being
+	// rewritten).
 	writeFile(t, path, "# every key revoked\n")
 	tick <- time.Now()
+	tick <- time.Now() // received once the first look is done
+	clock.add(EmptyGrace)
 	tick <- time.Now()
 	poll.WaitFor(t, "the empty file's reload", func() bool { return keys.Authenticate(keyB) == nil && keys.Len() == 0 })
 	cancel()
@@ -518,9 +524,29 @@ func fieldStrings(e observer.LoggedEntry) []string {
 	return out
 }
 
-// An emptied key file revokes every key on the second look (the first
-// may catch a file being rewritten: truncated, not yet written), at once
-// on a forced reload; a file rewritten in between is taken as it is.
+// fakeClock is a Keys clock the test moves; safe for concurrent use.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// An emptied key file revokes every key on a look EmptyGrace or more
+// after the first that found it so (the first may catch a file being
+// rewritten: truncated, not yet written; so may the next ones while the
+// writer is descheduled), at once on a forced reload; a file rewritten in
+// between is taken as it is.
 func TestEmptyFileRevokes(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "keys")
 	writeFile(t, path, line(t, keyA, "a", 0, 0)+"\n")
@@ -528,6 +554,8 @@ func TestEmptyFileRevokes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	clock := &fakeClock{t: time.Unix(1_700_000_000, 0)}
+	keys.now = clock.now
 	writeFile(t, path, "")
 	if changed, err := keys.ReloadIfChanged(); changed || err != nil || keys.Authenticate(keyA) == nil {
 		t.Fatalf("first look at the empty file = %v, %v; key kept %v", changed, err, keys.Authenticate(keyA) != nil)
@@ -538,8 +566,13 @@ func TestEmptyFileRevokes(t *testing.T) {
 	}
 	writeFile(t, path, "# revoked\n")
 	_, _ = keys.ReloadIfChanged()
+	clock.add(EmptyGrace - time.Millisecond)
+	if changed, err := keys.ReloadIfChanged(); changed || err != nil || keys.Authenticate(keyA) == nil {
+		t.Fatalf("a look within EmptyGrace of the first = %v, %v; key kept %v", changed, err, keys.Authenticate(keyA) != nil)
+	}
+	clock.add(time.Millisecond)
 	if changed, err := keys.ReloadIfChanged(); !changed || err != nil || keys.Len() != 0 || keys.Authenticate(keyA) != nil {
-		t.Fatalf("second look at the empty file = %v, %v, %d keys", changed, err, keys.Len())
+		t.Fatalf("a look EmptyGrace after the first = %v, %v, %d keys", changed, err, keys.Len())
 	}
 	writeFile(t, path, line(t, keyB, "b", 0, 0)+"\n")
 	if _, err := keys.Reload(); err != nil || keys.Authenticate(keyB) == nil {

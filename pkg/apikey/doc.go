@@ -40,10 +40,11 @@
 // A key may appear only once. A file without keys (empty, or only
 // comments) is valid and refuses every request: emptying the file revokes
 // every key, without a restart; to leave the API open, run without a key
-// file. A reload on change applies a file without keys once two reads in
-// a row find it so (a file caught between its truncation and its new
-// content is empty too), so revocation takes up to two reload intervals;
-// a forced reload (SIGHUP) applies it at once. Errors wrap ErrPlaintext
+// file. A reload on change applies a file without keys once a read
+// EmptyGrace (1 s) or more after the first that found it so still does (a
+// file caught between its truncation and its new content is empty too),
+// so revocation takes up to a reload interval more than that; a forced
+// reload (SIGHUP) applies it at once. Errors wrap ErrPlaintext
 // or ErrInvalid.
 //
 // # Rate limits

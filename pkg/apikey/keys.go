@@ -70,10 +70,20 @@ func (k *Key) SettleTokens(now time.Time, taken, used int) {
 type Keys struct {
 	file watched
 	cur  atomic.Pointer[keySet]
-	// emptySeen: the last unforced reload read a file without keys and
-	// left the keys as they were (see reload). Guarded by file.mu.
-	emptySeen bool
+	// emptySince: when an unforced reload first read a file without keys
+	// and left the keys as they were (see reload), zero when the last one
+	// did not. Guarded by file.mu.
+	emptySince time.Time
+	// now is the clock of emptySince (time.Now; tests set another).
+	now func() time.Time
 }
+
+// EmptyGrace is how long a key file must stay without keys before an
+// unforced reload revokes every key: a file caught between its truncation
+// and its new content (os.WriteFile, an editor) is empty too, and a
+// writer descheduled on a loaded machine can leave it so for more than
+// one reload interval when the interval is short.
+const EmptyGrace = time.Second
 
 // keySet is one loaded version of the file; immutable.
 type keySet struct {
@@ -84,7 +94,7 @@ type keySet struct {
 // Load reads the key file at path. Errors: the file's, and Parse's
 // (wrapping ErrPlaintext or ErrInvalid, naming the line).
 func Load(path string) (*Keys, error) {
-	k := &Keys{file: watched{path: path}}
+	k := &Keys{file: watched{path: path}, now: time.Now}
 	if _, err := k.Reload(); err != nil {
 		return nil, err
 	}
@@ -142,18 +152,22 @@ func (k *Keys) reload(force bool) (bool, error) {
 	return k.file.reload(force, func(data []byte) error {
 		es, err := Parse(data)
 		if err != nil {
-			k.emptySeen = false
+			k.emptySince = time.Time{}
 			return fmt.Errorf("apikey: %s: %w", k.file.path, err)
 		}
-		if len(es) == 0 && !force && !k.emptySeen && k.cur.Load() != nil && len(k.cur.Load().keys) > 0 {
+		if len(es) == 0 && !force && k.cur.Load() != nil && len(k.cur.Load().keys) > 0 {
 			// A file without keys revokes every key, but only once a
-			// second look finds it so: a file caught between its
-			// truncation and its new content (os.WriteFile, an editor)
-			// is empty too.
-			k.emptySeen = true
-			return errLookAgain
+			// look EmptyGrace or more after the first still finds it
+			// so.
+			now := k.now()
+			if k.emptySince.IsZero() {
+				k.emptySince = now
+			}
+			if now.Sub(k.emptySince) < EmptyGrace {
+				return errLookAgain
+			}
 		}
-		k.emptySeen = false
+		k.emptySince = time.Time{}
 		old := k.cur.Load()
 		lims := make(map[[sha256.Size]byte]*limiter)
 		if old != nil {
