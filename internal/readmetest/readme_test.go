@@ -297,7 +297,7 @@ const maxRecipes = 1
 // envTools, set to 1, runs the recipes that run a go.mod tool (go tool
 // helm) and only those: `make test-readme-tools`, which CI runs in its
 // chart step, where Helm is built anyway. Unset (make test), those
-// recipes are skipped and every other one runs: building Helm (360
+// recipes are left out (the log names them) and every other one runs: building Helm (360
 // packages beyond what the tests compile) under -race added 46 s to a
 // cold make test.
 const envTools = "PDSERVE_TEST_README_TOOLS"
@@ -333,22 +333,22 @@ func TestReadmeRecipes(t *testing.T) {
 		t.Fatal(err)
 	}
 	tools := toolsMode(t)
-	var run []string
+	var others []string // the recipes this run leaves to the other
 	selected := all[:0:0]
 	for _, r := range all {
 		if (len(modToolsRun(paths, r)) > 0) == tools {
 			selected = append(selected, r)
 		} else {
-			run = append(run, r[0].String())
+			others = append(others, r[0].String())
 		}
 	}
 	if len(selected) == 0 {
 		t.Fatalf("no recipe to run with %s=%q", envTools, os.Getenv(envTools))
 	}
 	if tools {
-		t.Logf("%d recipes run by go.mod tools; the %d others run in make test", len(selected), len(run))
-	} else if len(run) > 0 {
-		t.Logf("%d recipes run a go.mod tool and run in `make test-readme-tools`: %s", len(run), strings.Join(run, ", "))
+		t.Logf("%d recipes run by go.mod tools; the %d others run in make test", len(selected), len(others))
+	} else if len(others) > 0 {
+		t.Logf("%d recipes run a go.mod tool and run in `make test-readme-tools`: %s", len(others), strings.Join(others, ", "))
 	}
 	e := &env{root: root, bin: t.TempDir(), tmp: t.TempDir(), ports: map[string]bool{}}
 	e.build(t, paths, !tools || runsRepo(selected), goTools(selected...))
