@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -444,8 +443,8 @@ func TestWatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clock := &fakeClock{t: time.Unix(1_700_000_000, 0)}
-	keys.now = clock.now
+	clock, now := fakeClock()
+	keys.now = now
 	core, logs := observer.New(zapcore.InfoLevel)
 	var failures atomic.Int32
 	tick := make(chan time.Time)
@@ -491,7 +490,7 @@ func TestWatch(t *testing.T) {
 	writeFile(t, path, "# every key revoked\n")
 	tick <- time.Now()
 	tick <- time.Now() // received once the first look is done
-	clock.add(EmptyGrace)
+	clock.Add(int64(EmptyGrace))
 	tick <- time.Now()
 	poll.WaitFor(t, "the empty file's reload", func() bool { return keys.Authenticate(keyB) == nil && keys.Len() == 0 })
 	cancel()
@@ -524,22 +523,12 @@ func fieldStrings(e observer.LoggedEntry) []string {
 	return out
 }
 
-// fakeClock is a Keys clock the test moves; safe for concurrent use.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *fakeClock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
+// fakeClock returns a Keys clock the test moves with Add (nanoseconds),
+// safe for concurrent use.
+func fakeClock() (*atomic.Int64, func() time.Time) {
+	ns := &atomic.Int64{}
+	ns.Store(1_700_000_000 * int64(time.Second))
+	return ns, func() time.Time { return time.Unix(0, ns.Load()) }
 }
 
 // An emptied key file revokes every key on a look EmptyGrace or more
@@ -554,8 +543,8 @@ func TestEmptyFileRevokes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clock := &fakeClock{t: time.Unix(1_700_000_000, 0)}
-	keys.now = clock.now
+	clock, now := fakeClock()
+	keys.now = now
 	writeFile(t, path, "")
 	if changed, err := keys.ReloadIfChanged(); changed || err != nil || keys.Authenticate(keyA) == nil {
 		t.Fatalf("first look at the empty file = %v, %v; key kept %v", changed, err, keys.Authenticate(keyA) != nil)
@@ -566,11 +555,11 @@ func TestEmptyFileRevokes(t *testing.T) {
 	}
 	writeFile(t, path, "# revoked\n")
 	_, _ = keys.ReloadIfChanged()
-	clock.add(EmptyGrace - time.Millisecond)
+	clock.Add(int64(EmptyGrace - time.Millisecond))
 	if changed, err := keys.ReloadIfChanged(); changed || err != nil || keys.Authenticate(keyA) == nil {
 		t.Fatalf("a look within EmptyGrace of the first = %v, %v; key kept %v", changed, err, keys.Authenticate(keyA) != nil)
 	}
-	clock.add(time.Millisecond)
+	clock.Add(int64(time.Millisecond))
 	if changed, err := keys.ReloadIfChanged(); !changed || err != nil || keys.Len() != 0 || keys.Authenticate(keyA) != nil {
 		t.Fatalf("a look EmptyGrace after the first = %v, %v, %d keys", changed, err, keys.Len())
 	}
