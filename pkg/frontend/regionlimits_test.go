@@ -1,6 +1,7 @@
 package frontend
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net"
@@ -229,32 +230,56 @@ func (f *forwardWatcher) took() []string {
 	return slices.Clone(f.forwarded)
 }
 
+// placedHere is a Regions that places every request here (Forward with
+// a model served here declines) and forwards only what the pools here
+// could not serve (Served "": unavailable before the first token).
+type placedHere struct{ *forwardAll }
+
+func (p placedHere) Forward(w http.ResponseWriter, r *http.Request, body []byte, fa Forwardable) Forwarded {
+	if fa.Served != "" {
+		return Forwarded{}
+	}
+	return p.forwardAll.Forward(w, r, body, fa)
+}
+
 // TestForwardedIsDemandHere: each prompt of a request of a model served
 // here that another region served is reported to the Backend (a
 // ForwardObserver: the coordinator's planner counts it as demand), with
 // its model, prompt tokens and max_tokens, once that region's response
-// ended; a request of no model served here is not (no planner here plans
-// for it). Before, the origin's planner never saw the users it passed on.
+// ended: placed there, or sent there when the pools here were unavailable
+// before its first token. A request of no model served here is not (no
+// planner here plans for it). Before, the origin's planner never saw the
+// users it passed on.
 func TestForwardedIsDemandHere(t *testing.T) {
 	clock := &fakeClock{now: time.Unix(1_700_000_000, 0)}
 	keys := keyFile(t, keyTeamA+" name=team-a tpm=1000")
 	auth := []string{"Authorization", "Bearer " + keyTeamA}
 	for _, tc := range []struct {
-		name, body string
-		models     bool
-		want       []string
+		name, body  string
+		models      bool
+		unavailable bool // placed here, the pools unavailable: sent elsewhere
+		want        []string
 	}{
-		{"one prompt", `{"model":"tiny","prompt":"abcde","max_tokens":10}`, true, []string{"tiny 5+10"}},
-		{"streamed", `{"model":"tiny","prompt":"abc","max_tokens":4,"stream":true}`, true, []string{"tiny 3+4"}},
-		{"two prompts", `{"model":"tiny","prompt":["ab","abcd"],"max_tokens":6}`, true, []string{"tiny 2+6", "tiny 4+6"}},
-		{"no model here", `{"model":"tiny","prompt":"abcde","max_tokens":10}`, false, nil},
+		{"one prompt", `{"model":"tiny","prompt":"abcde","max_tokens":10}`, true, false, []string{"tiny 5+10"}},
+		{"streamed", `{"model":"tiny","prompt":"abc","max_tokens":4,"stream":true}`, true, false, []string{"tiny 3+4"}},
+		{"two prompts", `{"model":"tiny","prompt":["ab","abcd"],"max_tokens":6}`, true, false, []string{"tiny 2+6", "tiny 4+6"}},
+		{"unavailable here", `{"model":"tiny","prompt":"abcdef","max_tokens":3}`, true, true, []string{"tiny 6+3"}},
+		{"no model here", `{"model":"tiny","prompt":"abcde","max_tokens":10}`, false, false, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := &forwardWatcher{fakeBackend: &fakeBackend{complete: echoText("never served here")}}
+			if tc.unavailable {
+				w.fakeBackend.complete = func(context.Context, *Request, EmitFunc) ([]string, error) {
+					return nil, fmt.Errorf("no decode worker: %w", ErrUnavailable)
+				}
+			}
 			origin, _ := startForwardingPair(t, keys, clock, "xyz", func(o *Options) {
 				o.Backend = w
 				if !tc.models {
 					o.Models = func() []Model { return nil }
+				}
+				if tc.unavailable {
+					o.Regions = placedHere{o.Regions.(*forwardAll)}
 				}
 			})
 			resp := origin.post(t, RouteCompletions, tc.body, auth...)
