@@ -33,12 +33,16 @@ var regionFlags = []string{"region", "region-advertise-url", "region-tls-cert", 
 
 const regionTLSDir = "/etc/pdserve/region-tls"
 
-var natsGatewayName = natsName + "-gateway"
+var (
+	natsGatewayName   = natsName + "-gateway"
+	regionServiceName = coordinatorName + "-region"
+)
 
 // TestRegionOffByDefault: with no region (every values set of the
 // matrix), the chart renders nothing of regions: no region flag, no
 // region-tls volume, no gateway server (its config, its container) nor
-// leaf remote in the NATS config, no gateway port or Service. (A rendering of the defaults before and after the region
+// leaf remote in the NATS config, no gateway or forwarding port or
+// Service. (A rendering of the defaults before and after the region
 // settings differs only in the random secrets the chart generates.)
 func TestRegionOffByDefault(t *testing.T) {
 	for _, vs := range valuesSets(t) {
@@ -49,16 +53,20 @@ func TestRegionOffByDefault(t *testing.T) {
 					if i := slices.IndexFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--region") }); i >= 0 {
 						t.Errorf("%s/%s: %s without a region", name, c.Name, c.Args[i])
 					}
-					if containerPort(c, "gateway") != 0 {
-						t.Errorf("%s/%s: a gateway port without a region", name, c.Name)
+					for _, port := range []string{"gateway", "region"} {
+						if containerPort(c, port) != 0 {
+							t.Errorf("%s/%s: a %s port without a region", name, c.Name, port)
+						}
 					}
 				}
 				if slices.ContainsFunc(spec.Volumes, func(v corev1.Volume) bool { return v.Name == "region-tls" }) {
 					t.Errorf("%s: volume region-tls without a region", name)
 				}
 			}
-			if r.find("Service", natsGatewayName) != nil {
-				t.Errorf("Service %s without a region", natsGatewayName)
+			for _, svc := range []string{natsGatewayName, regionServiceName} {
+				if r.find("Service", svc) != nil {
+					t.Errorf("Service %s without a region", svc)
+				}
 			}
 			if cm, ok := r.find("ConfigMap", natsName).(*corev1.ConfigMap); ok {
 				if c := cm.Data["nats.conf"]; strings.Contains(c, "gateway") || strings.Contains(c, "leafnodes") {
@@ -102,6 +110,7 @@ func TestRegionCoordinator(t *testing.T) {
 				t.Errorf("coordinator region flags (-want +got):\n%s", diff)
 			}
 			checkRegionTLSVolume(t, r, "coordinator", spec, c)
+			checkRegionService(t, r, c)
 
 			checkFlags(t, r)
 			checkPolicy(t, r)
@@ -110,6 +119,54 @@ func TestRegionCoordinator(t *testing.T) {
 				t.Errorf("policy has no tier chat:\n%s", pol)
 			}
 		})
+	}
+}
+
+// checkRegionService: the coordinator container c declares port region,
+// the advertise URL's port (the one the coordinator binds for forwarded
+// requests), and Service regionServiceName, of region.service's type and
+// annotations, selects the coordinator's pods (as its API Service does)
+// and exposes that port, the one the other regions dial.
+func checkRegionService(t *testing.T, r release, c corev1.Container) {
+	t.Helper()
+	u, err := url.Parse(r.value("region.advertiseURL").(string))
+	if err != nil {
+		t.Fatal(err)
+	}
+	port, err := strconv.Atoi(u.Port())
+	if err != nil {
+		t.Fatalf("advertise URL %s: port: %v", u, err)
+	}
+	if got := containerPort(c, "region"); got != int32(port) {
+		t.Errorf("coordinator container port region %d, want the advertise URL's %d", got, port)
+	}
+	svc, ok := r.find("Service", regionServiceName).(*corev1.Service)
+	if !ok {
+		t.Fatalf("no Service %s", regionServiceName)
+	}
+	api, ok := r.find("Service", coordinatorName).(*corev1.Service)
+	if !ok {
+		t.Fatalf("no Service %s", coordinatorName)
+	}
+	if diff := cmp.Diff(api.Spec.Selector, svc.Spec.Selector); diff != "" {
+		t.Errorf("Service %s selects other pods than %s (-api +region):\n%s", regionServiceName, coordinatorName, diff)
+	}
+	if string(svc.Spec.Type) != r.value("region.service.type") {
+		t.Errorf("Service %s type %s, want region.service.type %v", regionServiceName, svc.Spec.Type, r.value("region.service.type"))
+	}
+	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != int32(port) || svc.Spec.Ports[0].TargetPort.StrVal != "region" {
+		t.Errorf("Service %s ports %+v, want one: %d to container port region", regionServiceName, svc.Spec.Ports, port)
+	}
+	want, _ := r.value("region.service.annotations").(map[string]any)
+	got := map[string]any{}
+	for k, v := range svc.Annotations {
+		got[k] = v
+	}
+	if len(want) == 0 {
+		want = map[string]any{}
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Service %s annotations (-values +got):\n%s", regionServiceName, diff)
 	}
 }
 
@@ -574,6 +631,8 @@ region:
 		{"peers with external NATS", region + `  gateway: {peers: [{name: eu-west, url: "nats://a:7222"}]}
 nats: {bundled: false, external: {url: "nats://nats.example.com:4222"}}`, "bundled NATS server only"},
 		{"network policies", region + `networkPolicy: {enabled: true}`, "NetworkPolicies do not yet allow"},
+		{"forwarding on the API's port", strings.Replace(region, ":8443", ":8080", 1), "is coordinator.httpPort"},
+		{"advertise URL without a port", strings.Replace(region, ":8443", "", 1), "advertiseURL"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := renderError(t, ch, tc.values)

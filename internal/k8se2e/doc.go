@@ -21,7 +21,13 @@
 // its Role checked with kubectl auth can-i, a load that makes the planner
 // add a decode worker which joins and serves, scale-down after a drain,
 // the RoleBinding removed and the actuator's error seen in its log and
-// metrics; and the production layout on the kwok GPU nodes (server-side
+// metrics; the elastic pool (ci/k8s-e2e-elastic-values.yaml: a role
+// command under load moves a pod's role, label, Services and routing);
+// two regions (ci/k8s-e2e-regions-values.yaml, a release per namespace,
+// as docs/regions.md installs them: the coordinators learn each other over
+// the NATS gateways, the forwarding Service lets in only certificates of
+// the regions' CA, and a region whose pools are scaled to 0 has every
+// request answered by the other); and the production layout on the kwok GPU nodes (server-side
 // dry run, then placement per pool, GPU counts, and Pending pods with the
 // scheduler's reason reported by the planner). Measurements (install to
 // Ready, planner decision to first request served by the new worker) go

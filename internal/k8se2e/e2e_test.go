@@ -98,11 +98,13 @@ func TestK8sE2E(t *testing.T) {
 	ok = ok && t.Run("helm uninstall leaves what the docs list", func(t *testing.T) { e.uninstall(t) })
 	ok = ok && t.Run("planner: RBAC, scale up and down", func(t *testing.T) { e.planner(t) })
 	ok = ok && t.Run("elastic pool: a pod's role, label and routing change under load", func(t *testing.T) { e.elastic(t) })
+	ok = ok && t.Run("two regions: federated over the gateways, forwarding over mutual TLS when one loses its pool", func(t *testing.T) { e.regions(t) })
 	t.Run("production layout on the kwok GPU nodes", func(t *testing.T) { e.gpuLayout(t) })
 }
 
 // cleanup removes what an earlier run left: the releases and namespaces.
 func (e *env) cleanup(t *testing.T) {
+	e.regionsCleanup(t)
 	for _, r := range [][2]string{{release, namespace}, {plannerRel, namespace}, {elasticRel, namespace}, {gpuRel, gpuNamespace}} {
 		e.trySh(fmt.Sprintf("helm uninstall %s -n %s --wait --timeout 3m", r[0], r[1]))
 	}

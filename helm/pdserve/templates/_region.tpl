@@ -29,6 +29,22 @@ Name of the Service of the bundled NATS server's gateway listener.
 {{- end }}
 
 {{/*
+Name of the Service of the coordinator's forwarding listener.
+*/}}
+{{- define "pdserve.regionServiceName" -}}
+{{ include "pdserve.coordinatorName" . }}-region
+{{- end }}
+
+{{/*
+Port of the coordinator's forwarding listener: the advertise URL's (the
+coordinator binds the port of --region-advertise-url), which the schema
+requires.
+*/}}
+{{- define "pdserve.regionPort" -}}
+{{- regexFind "[0-9]+$" .Values.region.advertiseURL }}
+{{- end }}
+
+{{/*
 Checks of the region settings the schema cannot make: peers named once,
 none after this region; a gateway needs the bundled NATS server; the NetworkPolicies do not know the regions' flows yet. Renders nothing.
 */}}
@@ -47,6 +63,9 @@ none after this region; a gateway needs the bundled NATS server; the NetworkPoli
 {{- end }}
 {{- if and $r.gateway.peers (not .Values.nats.bundled) }}
 {{- fail "region.gateway.peers: the chart configures the gateway of the bundled NATS server only; with nats.bundled=false configure the gateways on your server and leave region.gateway.peers empty" }}
+{{- end }}
+{{- if eq (include "pdserve.regionPort" .) (toString .Values.coordinator.httpPort) }}
+{{- fail (printf "region.advertiseURL: port %s is coordinator.httpPort; the forwarding listener needs a port of its own" (include "pdserve.regionPort" .)) }}
 {{- end }}
 {{- if .Values.networkPolicy.enabled }}
 {{- fail "region.name with networkPolicy.enabled: the NetworkPolicies do not yet allow the gateway and forwarded requests between regions; set networkPolicy.enabled=false" }}
