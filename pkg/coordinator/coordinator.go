@@ -251,7 +251,7 @@ func Start(ctx context.Context, o Options, log *zap.Logger) (c *Coordinator, err
 		regs = c.regions
 	}
 	fe, err := frontend.New(frontend.Options{
-		Backend: observed(c.backend, o.Extensions), Tokenizer: tok, Policy: o.Policy,
+		Backend: observed(c.backend, o.Extensions, c.reg, time.Now), Tokenizer: tok, Policy: o.Policy,
 		Models: c.Models, Ready: c.Ready, Metrics: m, Gatherer: c.reg,
 		Logger: log.Named("request"), RetryAfter: o.RetryAfter,
 		MaxInFlight: o.Policy.Limits.QueueLimit, MaxBodyBytes: o.MaxBodyBytes, BodyIdleTimeout: o.HTTPBodyIdleTimeout,

@@ -297,8 +297,10 @@
 // and Run runs until Shutdown. An Extension that is also a RequestWatcher
 // hears of every request as it starts and as it ends, however it ends,
 // and may add warnings to its trace. One that is a RefusalObserver hears
-// of every request the pools refused for want of room (429): demand they
-// did not serve, which the planner counts. The online planner (--planner and
+// of every request the pools refused for want of room (429), or another
+// region served instead: demand they did not serve, which the planner
+// counts; once per request, not per retry of its client (refusalSet,
+// X-Stainless-Retry-Count). The online planner (--planner and
 // --planner-*) is one extension, package plannerhost; coordinatorrun adds
 // it. The sim engines' overrun warning of standalone mode is another.
 //

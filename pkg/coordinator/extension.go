@@ -3,6 +3,7 @@ package coordinator
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
@@ -86,8 +87,10 @@ func (c *Coordinator) attachExtensions() error {
 }
 
 // observed returns b, wrapped so that every request it completes is
-// observed by the extensions; b itself without extensions.
-func observed(b frontend.Backend, exts []Extension) frontend.Backend {
+// observed by the extensions; b itself without extensions. With
+// RefusalObservers, reg gets pdserve_planner_refusal_retries_total (nil:
+// none) and now is the clock of the refusals' retry window.
+func observed(b frontend.Backend, exts []Extension, reg prometheus.Registerer, now func() time.Time) frontend.Backend {
 	if len(exts) == 0 {
 		return b
 	}
@@ -100,6 +103,9 @@ func observed(b frontend.Backend, exts []Extension) frontend.Backend {
 			ob.refusals = append(ob.refusals, r)
 		}
 	}
+	if len(ob.refusals) > 0 {
+		ob.counted = newRefusalSet(reg, now)
+	}
 	return ob
 }
 
@@ -107,14 +113,27 @@ func observed(b frontend.Backend, exts []Extension) frontend.Backend {
 // completed (finished with stop or length, or stopped by a stop string)
 // to its extensions, before Complete returns, and the trace of every
 // request the pools refused for want of room to those that are
-// RefusalObservers. Other failures and cancelled requests are not
-// observed. Every request, however it ends, is watched
-// by the extensions that are RequestWatchers.
+// RefusalObservers, once per request: a client's retry of a refusal
+// they heard of is not passed again (refusalSet). Other failures and
+// cancelled requests are not observed. Every request, however it ends,
+// is watched by the extensions that are RequestWatchers.
 type observingBackend struct {
 	frontend.Backend
 	exts     []Extension
 	watchers []RequestWatcher  // the exts that are RequestWatchers
 	refusals []RefusalObserver // the exts that are RefusalObservers
+	counted  *refusalSet       // the refusals they heard of; nil without them
+}
+
+// refused tells the RefusalObservers of req, unless it retries a refusal
+// they heard of.
+func (b observingBackend) refused(req *frontend.Request) {
+	if len(b.refusals) == 0 || !b.counted.first(req) {
+		return
+	}
+	for _, r := range b.refusals {
+		r.ObserveRefused(req.Trace, req.MaxTokens)
+	}
 }
 
 var (
@@ -125,9 +144,7 @@ var (
 // ObserveForwarded implements frontend.ForwardObserver: a request another
 // region served is demand of this region's pools, as a refused one is.
 func (b observingBackend) ObserveForwarded(req *frontend.Request) {
-	for _, r := range b.refusals {
-		r.ObserveRefused(req.Trace, req.MaxTokens)
-	}
+	b.refused(req)
 }
 
 func (b observingBackend) Complete(ctx context.Context, req *frontend.Request, emit frontend.EmitFunc) ([]string, error) {
@@ -145,9 +162,7 @@ func (b observingBackend) Complete(ctx context.Context, req *frontend.Request, e
 			e.ObserveTrace(req.Trace)
 		}
 	case errors.Is(err, frontend.ErrOverloaded):
-		for _, r := range b.refusals {
-			r.ObserveRefused(req.Trace, req.MaxTokens)
-		}
+		b.refused(req)
 	}
 	return finish, err
 }

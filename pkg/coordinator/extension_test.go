@@ -5,8 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/pdserve/pdserve/pkg/budget"
 	"github.com/pdserve/pdserve/pkg/coordinator/flow"
@@ -70,7 +73,7 @@ func TestObservedRefusals(t *testing.T) {
 				err = clientError(fmt.Errorf("flow: %w", tc.err), req)
 			}
 			ext := &recordingExt{}
-			b := observed(failingBackend{err: err}, []Extension{ext})
+			b := observed(failingBackend{err: err}, []Extension{ext}, nil, time.Now)
 			_, got := b.Complete(context.Background(), req, nil)
 			if !errors.Is(got, err) {
 				t.Fatalf("Complete = %v, want %v", got, err)
@@ -98,7 +101,7 @@ func TestObservedRefusals(t *testing.T) {
 // served here: none of its terms were measured here).
 func TestObservedForwards(t *testing.T) {
 	ext := &recordingExt{}
-	b := observed(failingBackend{}, []Extension{ext})
+	b := observed(failingBackend{}, []Extension{ext}, nil, time.Now)
 	fo, ok := b.(frontend.ForwardObserver)
 	if !ok {
 		t.Fatalf("%T is not a frontend.ForwardObserver: the frontend would not report forwarded requests", b)
@@ -108,4 +111,88 @@ func TestObservedForwards(t *testing.T) {
 	if len(ext.observed) != 0 || len(ext.refused) != 1 || ext.refused[0] != "f1 7+40" {
 		t.Errorf("observed %q, refused %q; want none observed and the forwarded request as demand (f1 7+40)", ext.observed, ext.refused)
 	}
+}
+
+// TestRefusalRetriesCountedOnce: a client's retry of a refused request
+// (Retry ≥ 1, the same tenant, route, model, prompt, max_tokens and n)
+// within refusalTTL of the counted refusal is not passed to the
+// RefusalObservers again, whether refused again or served by another
+// region, and pdserve_planner_refusal_retries_total counts it; a request
+// the client does not mark as a retry, a retry differing in any of those,
+// one after the TTL and one whose refusal was pushed out by refusalCap
+// newer ones are counted.
+func TestRefusalRetriesCountedOnce(t *testing.T) {
+	overloaded := clientError(fmt.Errorf("flow: %w", &flow.Failure{Kind: flow.KindNoKVRoom}), &frontend.Request{})
+	ext := &recordingExt{}
+	reg := prometheus.NewRegistry()
+	var now atomic.Int64 // seconds
+	clock := func() time.Time { return time.Unix(now.Load(), 0) }
+	b := observed(failingBackend{err: overloaded}, []Extension{ext}, reg, clock)
+	fo := b.(frontend.ForwardObserver)
+	n := 0
+	req := func(id string, retry int, edit func(*frontend.Request)) *frontend.Request {
+		r := &frontend.Request{Tenant: "t1", Route: frontend.RouteCompletions, Model: "m", Prompt: []int32{5, 6, 7}, MaxTokens: 30, N: 1,
+			Retry: retry, Trace: &budget.Trace{RequestID: id, Arrival: clock(), PromptTokens: 3}}
+		if edit != nil {
+			edit(r)
+		}
+		return r
+	}
+	step := func(what string, r *frontend.Request, forwarded, counted bool) {
+		t.Helper()
+		if forwarded {
+			fo.ObserveForwarded(r)
+		} else if _, err := b.Complete(context.Background(), r, nil); !errors.Is(err, overloaded) {
+			t.Fatalf("%s: Complete = %v", what, err)
+		}
+		if counted {
+			n++
+		}
+		if len(ext.refused) != n {
+			t.Fatalf("%s: %d refusals heard of, want %d (counted: %v): %q", what, len(ext.refused), n, counted, ext.refused)
+		}
+	}
+	step("first try", req("a", 0, nil), false, true)
+	now.Add(2)
+	step("its retry 1", req("a1", 1, nil), false, false)
+	now.Add(8)
+	step("its retry 2, served by another region", req("a2", 2, nil), true, false)
+	step("the same prompt, not marked a retry", req("b", 0, nil), false, true)
+	for what, edit := range map[string]func(*frontend.Request){
+		"another tenant":     func(r *frontend.Request) { r.Tenant = "t2" },
+		"another model":      func(r *frontend.Request) { r.Model = "m2" },
+		"another route":      func(r *frontend.Request) { r.Route = frontend.RouteChat },
+		"another prompt":     func(r *frontend.Request) { r.Prompt = []int32{5, 6, 8} },
+		"another max_tokens": func(r *frontend.Request) { r.MaxTokens = 31 },
+		"another n":          func(r *frontend.Request) { r.N = 2 },
+	} {
+		step("a retry of "+what, req("c", 1, edit), false, true)
+	}
+	retries := func() float64 {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "pdserve_planner_refusal_retries_total" {
+				return mf.GetMetric()[0].GetCounter().GetValue()
+			}
+		}
+		t.Fatal("no pdserve_planner_refusal_retries_total")
+		return 0
+	}
+	if got := retries(); got != 2 {
+		t.Errorf("pdserve_planner_refusal_retries_total %v, want 2", got)
+	}
+	// "b" counted the fingerprint again at +10 s: a retry at +69 s is
+	// within its minute, one at +70 s is not.
+	now.Add(59)
+	step("a retry 59 s after the last count", req("d", 1, nil), false, false)
+	now.Add(1)
+	step("a retry a minute after the last count", req("e", 1, nil), false, true)
+	for i := range refusalCap {
+		step("filler", req("f", 0, func(r *frontend.Request) { r.Prompt = []int32{int32(i), -1} }), false, true)
+	}
+	step("a retry whose refusal refusalCap newer ones pushed out", req("g", 1, nil), false, true)
 }

@@ -121,6 +121,25 @@ type client struct {
 	// fwd is the identity a peer region's coordinator forwarded (key nil
 	// then): its key's name selects policies, its tenant the partitions.
 	fwd *Forwarded
+	// retry is how many times the client says it sent this request
+	// before (retryOf).
+	retry int
+}
+
+// HeaderRetryCount is the header in which the OpenAI and Anthropic SDKs
+// (and other clients their generator makes) say which retry of a request
+// this is: 0 on the first try, then 1, 2, ... as they retry a 429, a 5xx
+// or a broken connection.
+const HeaderRetryCount = "X-Stainless-Retry-Count"
+
+// retryOf returns r's X-Stainless-Retry-Count: 0 when absent, or when it
+// is not a whole number from 0 to 100.
+func retryOf(r *http.Request) int {
+	n, err := strconv.Atoi(r.Header.Get(HeaderRetryCount))
+	if err != nil || n < 0 || n > 100 {
+		return 0
+	}
+	return n
 }
 
 // keyName returns the name of the client's key and whether it has one

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -408,6 +409,21 @@ func TestFormatReset(t *testing.T) {
 	}{{0, "0s"}, {20 * time.Millisecond, "20ms"}, {1500 * time.Millisecond, "1.5s"}, {6 * time.Minute, "6m0s"}, {59999 * time.Millisecond, "59.999s"}} {
 		if got := formatReset(tc.d); got != tc.want {
 			t.Errorf("formatReset(%v) = %q, want %q", tc.d, got, tc.want)
+		}
+	}
+}
+
+// TestRetryOf: X-Stainless-Retry-Count as a whole number from 0 to 100;
+// anything else (absent, negative, too large, not a number) is 0, a
+// first try.
+func TestRetryOf(t *testing.T) {
+	for h, want := range map[string]int{"": 0, "0": 0, "2": 2, "100": 100, "101": 0, "-1": 0, "1.5": 0, "two": 0} {
+		r := httptest.NewRequest(http.MethodPost, RouteCompletions, nil)
+		if h != "" {
+			r.Header.Set(HeaderRetryCount, h)
+		}
+		if got := retryOf(r); got != want {
+			t.Errorf("%s: %q → %d, want %d", HeaderRetryCount, h, got, want)
 		}
 	}
 }

@@ -45,7 +45,7 @@ func (cl client) owner() string {
 
 // clientOf returns r's client.
 func clientOf(r *http.Request) client {
-	cl := client{key: keyOf(r)}
+	cl := client{key: keyOf(r), retry: retryOf(r)}
 	if cl.key == nil {
 		cl.raw = apiKey(r)
 	}

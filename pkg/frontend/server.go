@@ -76,6 +76,11 @@ type Request struct {
 	// hits, and reports, only its own partition's cached prefixes.
 	// Secret: never logged.
 	Tenant string
+	// Retry is how many times the client says it sent this request before
+	// (X-Stainless-Retry-Count, HeaderRetryCount; 0 without it). The
+	// coordinator's planner counts a refused request once, not once per
+	// retry.
+	Retry int
 	// Trace is the request's budget, with Arrival, RequestID, Model and
 	// PromptTokens set. The Backend fills worker boundaries and facts; the
 	// frontend records tokens, the status and the finish. Owned by the
@@ -516,7 +521,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, chat bool, id str
 			tr.TraceID = span.SpanContext().TraceID().String()
 		}
 	}
-	cl := client{key: keyOf(r), fwd: forwardedOf(r)}
+	cl := client{key: keyOf(r), fwd: forwardedOf(r), retry: retryOf(r)}
 	if cl.key == nil && cl.fwd == nil {
 		cl.raw = apiKey(r)
 	}
@@ -1126,7 +1131,7 @@ func (s *Server) prepare(data []byte, chat bool, cl client, tr *budget.Trace) (*
 		req := &Request{
 			ID: tr.RequestID, Route: route, Model: model, Prompt: t.ids, MaxTokens: maxTokens, N: p.n,
 			Sampling: p.sampling, IgnoreEOS: p.ignoreEOS, Logprobs: p.logprobs, PromptLogprobs: -1, Trace: tr,
-			Tenant: cl.tenant(),
+			Tenant: cl.tenant(), Retry: cl.retry,
 		}
 		if !p.seeded {
 			req.Sampling.Seed = newSeed()
