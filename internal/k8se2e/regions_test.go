@@ -112,6 +112,13 @@ func (e *env) regions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The values files' directory: not t.TempDir(), whose name follows the
+	// subtest's, which may hold a comma, and helm -f splits at commas.
+	dir, err := os.MkdirTemp("", "pdserve-k8se2e-regions-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
 	pairs := map[string]tlstest.Pair{}
 	for i, r := range e2eRegions {
 		other := e2eRegions[1-i]
@@ -135,7 +142,7 @@ func (e *env) regions(t *testing.T) {
 		}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		values := filepath.Join(t.TempDir(), r.name+"-values.yaml")
+		values := filepath.Join(dir, r.name+"-values.yaml")
 		tlstest.WriteFile(t, values, fmt.Appendf(nil, `region:
   name: %s
   advertiseURL: https://%s:%d
@@ -146,7 +153,7 @@ func (e *env) regions(t *testing.T) {
       - name: %s
         url: nats://%s:%d
 `, r.name, r.forwardHost(), regionPort, regionTLSSecret, regionGWPort, other.name, other.gatewayHost(), regionGWPort))
-		e.sh(t, fmt.Sprintf(`helm install %s helm/pdserve -n %s -f helm/pdserve/ci/k8s-e2e-regions-values.yaml -f %s --set image.registry="$REGISTRY"`,
+		e.sh(t, fmt.Sprintf(`helm install %s helm/pdserve -n %s -f helm/pdserve/ci/k8s-e2e-regions-values.yaml -f '%s' --set image.registry="$REGISTRY"`,
 			regionRel, r.ns, values))
 	}
 	start := time.Now()
