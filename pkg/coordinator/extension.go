@@ -57,6 +57,15 @@ type RefusalObserver interface {
 	ObserveRefused(t *budget.Trace, maxTokens int)
 }
 
+// A RetryObserver is a RefusalObserver that tells apart a request served
+// on its client's retry of a refusal it heard of (refusalSet): the
+// coordinator calls ObserveServedRetry with its trace instead of
+// ObserveTrace, since the request counted as demand when it was refused.
+// The same rules as ObserveTrace's apply.
+type RetryObserver interface {
+	ObserveServedRetry(*budget.Trace)
+}
+
 // Host is what an Extension gets from the coordinator it runs in.
 type Host struct {
 	// Publish publishes on the control plane (NATS).
@@ -114,7 +123,8 @@ func observed(b frontend.Backend, exts []Extension, reg prometheus.Registerer, n
 // to its extensions, before Complete returns, and the trace of every
 // request the pools refused for want of room to those that are
 // RefusalObservers, once per request: a client's retry of a refusal
-// they heard of is not passed again (refusalSet). Other failures and
+// they heard of is not passed again (refusalSet), and when it is served,
+// it goes to a RetryObserver as such. Other failures and
 // cancelled requests are not observed. Every request, however it ends,
 // is watched by the extensions that are RequestWatchers.
 type observingBackend struct {
@@ -158,7 +168,12 @@ func (b observingBackend) Complete(ctx context.Context, req *frontend.Request, e
 	}
 	switch {
 	case err == nil || errors.Is(err, frontend.ErrStopped):
+		retry := b.counted != nil && b.counted.retried(req)
 		for _, e := range b.exts {
+			if r, ok := e.(RetryObserver); ok && retry {
+				r.ObserveServedRetry(req.Trace)
+				continue
+			}
 			e.ObserveTrace(req.Trace)
 		}
 	case errors.Is(err, frontend.ErrOverloaded):

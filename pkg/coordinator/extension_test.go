@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/pdserve/pdserve/pkg/budget"
 	"github.com/pdserve/pdserve/pkg/coordinator/flow"
@@ -31,7 +32,22 @@ type recordingExt struct {
 	mu       sync.Mutex
 	observed []string
 	refused  []string
+	retried  []string // served retries of a refusal it heard of
 }
+
+func (e *recordingExt) ObserveServedRetry(t *budget.Trace) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.retried = append(e.retried, t.RequestID)
+}
+
+// traceExt is an Extension that is no RefusalObserver: it records the
+// traces it observes.
+type traceExt struct{ recorded []string }
+
+func (*traceExt) Attach(Host) error              { return nil }
+func (*traceExt) Run(ctx context.Context)        { <-ctx.Done() }
+func (e *traceExt) ObserveTrace(t *budget.Trace) { e.recorded = append(e.recorded, t.RequestID) }
 
 func (*recordingExt) Attach(Host) error       { return nil }
 func (*recordingExt) Run(ctx context.Context) { <-ctx.Done() }
@@ -195,4 +211,45 @@ func TestRefusalRetriesCountedOnce(t *testing.T) {
 		step("filler", req("f", 0, func(r *frontend.Request) { r.Prompt = []int32{int32(i), -1} }), false, true)
 	}
 	step("a retry whose refusal refusalCap newer ones pushed out", req("g", 1, nil), false, true)
+}
+
+// TestServedRetryObservedAsSuch: a request served on its client's retry
+// of a refusal the RefusalObservers heard of goes to a RetryObserver's
+// ObserveServedRetry instead of ObserveTrace (it was demand when
+// refused), and counts in pdserve_planner_refusal_retries_total; an
+// extension that is no RetryObserver observes it as any request. A
+// served request that retries no counted refusal, or is not marked a
+// retry, is observed as usual.
+func TestServedRetryObservedAsSuch(t *testing.T) {
+	overloaded := clientError(fmt.Errorf("flow: %w", &flow.Failure{Kind: flow.KindNoKVRoom}), &frontend.Request{})
+	ext, plain := &recordingExt{}, &traceExt{}
+	reg := prometheus.NewRegistry()
+	be := &failingBackend{err: overloaded} // through the pointer: the test changes err
+	b := observed(be, []Extension{ext, plain}, reg, time.Now)
+	req := func(id string, retry int, prompt ...int32) *frontend.Request {
+		return &frontend.Request{Tenant: "t", Route: frontend.RouteChat, Model: "m", Prompt: prompt, MaxTokens: 9, N: 1, Retry: retry,
+			Trace: &budget.Trace{RequestID: id, Arrival: time.Now(), PromptTokens: len(prompt)}}
+	}
+	b.Complete(context.Background(), req("refused", 0, 1, 2), nil)
+	be.err = nil
+	for _, r := range []*frontend.Request{req("retry", 1, 1, 2), req("unmarked", 0, 1, 2), req("other", 1, 3, 4)} {
+		if _, err := b.Complete(context.Background(), r, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if want := []string{"refused 2+9"}; fmt.Sprint(ext.refused) != fmt.Sprint(want) {
+		t.Errorf("refused %q, want %q", ext.refused, want)
+	}
+	if want := []string{"retry"}; fmt.Sprint(ext.retried) != fmt.Sprint(want) {
+		t.Errorf("served retries %q, want %q", ext.retried, want)
+	}
+	if want := []string{"unmarked", "other"}; fmt.Sprint(ext.observed) != fmt.Sprint(want) {
+		t.Errorf("observed %q, want %q", ext.observed, want)
+	}
+	if want := []string{"retry", "unmarked", "other"}; fmt.Sprint(plain.recorded) != fmt.Sprint(want) {
+		t.Errorf("an extension that is no RetryObserver observed %q, want %q", plain.recorded, want)
+	}
+	if got := testutil.ToFloat64(b.(observingBackend).counted.retries); got != 1 {
+		t.Errorf("pdserve_planner_refusal_retries_total %v, want 1", got)
+	}
 }

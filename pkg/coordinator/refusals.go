@@ -49,7 +49,7 @@ func newRefusalSet(reg prometheus.Registerer, now func() time.Time) *refusalSet 
 	s := &refusalSet{now: now, at: map[[sha256.Size]byte]time.Time{},
 		retries: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "pdserve_planner_refusal_retries_total",
-			Help: "Retries of a request whose refusal (429) or forwarding to another region the planner already counted as demand (X-Stainless-Retry-Count of 1 or more, the same tenant, model, prompt and max_tokens, within a minute), not counted again.",
+			Help: "Retries of a request whose refusal (429) the planner already counted as demand (X-Stainless-Retry-Count of 1 or more, the same tenant, model, prompt and max_tokens, within a minute), not counted as demand again: refused again, forwarded to another region or served here (then observed for its measured terms only).",
 		})}
 	if reg != nil {
 		reg.MustRegister(s.retries)
@@ -78,6 +78,24 @@ func (s *refusalSet) first(req *frontend.Request) bool {
 	s.at[fp] = now
 	s.order = append(s.order, refusalEntry{fp, now})
 	return true
+}
+
+// retried reports whether req retries a refusal counted within
+// refusalTTL (as first would leave it out); it remembers nothing.
+func (s *refusalSet) retried(req *frontend.Request) bool {
+	if req.Retry == 0 {
+		return false
+	}
+	fp := fingerprint(req)
+	now := s.now()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	at, ok := s.at[fp]
+	if ok && now.Sub(at) < refusalTTL {
+		s.retries.Inc()
+		return true
+	}
+	return false
 }
 
 // fingerprint digests what makes two tries one request: the tenant, the

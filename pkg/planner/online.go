@@ -57,6 +57,11 @@ type Observation struct {
 	// at the longest output served in its window (a max_tokens left to
 	// its default can be the whole context).
 	Refused bool
+	// TermsOnly: a served retry of a request already observed as Refused
+	// (its client's retry of the 429). Its measured terms correct the
+	// model; it is neither demand again (the rate and the workload) nor an
+	// attainment sample (its refusal was the miss).
+	TermsOnly bool
 }
 
 // RefusedObservation returns the observation of a request of model the
@@ -531,8 +536,12 @@ func (o *Online) Run(ctx context.Context, ticks <-chan time.Time) error {
 }
 
 // observedWorkload builds the workload of the window [from, now] and its
-// rate, requests/s.
+// rate, requests/s, from the observations that are demand (all but
+// TermsOnly ones; all of them when none is).
 func observedWorkload(obs []Observation, from, now time.Time) (*Workload, float64) {
+	if demand := slices.DeleteFunc(slices.Clone(obs), func(ob Observation) bool { return ob.TermsOnly }); len(demand) > 0 {
+		obs = demand
+	}
 	w := &Workload{Lengths: make([]Lengths, len(obs))}
 	for i, ob := range obs {
 		w.Lengths[i] = Lengths{In: ob.PromptTokens, Out: ob.OutputTokens}

@@ -94,10 +94,14 @@ func (r *RoleOptions) defaults() error {
 }
 
 // measuredAttainment is the fraction of obs within both SLOs, a refused
-// request a miss; -1 when none has a TTFT or was refused.
+// request a miss, a served retry of one (TermsOnly) not counted; -1 when
+// none has a TTFT or was refused.
 func measuredAttainment(obs []Observation, slo SLO) float64 {
 	n, met := 0, 0
 	for _, ob := range obs {
+		if ob.TermsOnly {
+			continue
+		}
 		if ob.Refused {
 			n++ // a miss
 			continue

@@ -3,6 +3,7 @@ package planner
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -11,6 +12,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/pdserve/pdserve/pkg/perfmodel"
 )
 
 // mixObs is a request of in/out tokens as the model times it alone, with
@@ -177,5 +180,61 @@ func TestOnlineRefusedDemandMovesRoles(t *testing.T) {
 	if r2 := run(true, 100_000); r2.Prefill != r.Prefill || r2.Decode != r.Decode || r2.PredictedBefore != r.PredictedBefore {
 		t.Errorf("max_tokens 100000: %dP+%dD predicted %.3f; want as with max_tokens %d: %dP+%dD predicted %.3f",
 			r2.Prefill, r2.Decode, r2.PredictedBefore, out, r.Prefill, r.Decode, r.PredictedBefore)
+	}
+}
+
+// TestServedRetriesAreTermsOnly: a refused request whose client's retry
+// was then served counts once as demand. With a served retry
+// (TermsOnly) for each refusal, the observed rate and the measured
+// attainment are those of the served and refused requests alone; the
+// retries' measured prefill times still correct the model (here 3× the
+// predicted: the prefill correction moves off 1, and with it the split).
+func TestServedRetriesAreTermsOnly(t *testing.T) {
+	const in, out = 128, 700
+	const served, refused = 0.8, 1.6 // requests a second
+	run := func(retries bool) Decision {
+		cfg := onlineConfig(t)
+		cfg.Roles = RoleOptions{Enabled: true, MinDwell: time.Minute, MinGain: 0.02}
+		cfg.Base.GPUBudget = 3
+		o, err := NewOnline(cfg, prometheus.NewRegistry())
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.SetCurrent(2, 1)
+		end := t0.Add(2 * time.Minute)
+		for at := t0; at.Before(end); at = at.Add(time.Duration(float64(time.Second) / served)) {
+			o.Observe(mixObs(at, in, out, 100*time.Millisecond))
+		}
+		pred := cfg.Base.Prefill.StepSeconds(perfmodel.Batch{Prefill: []int{in}})
+		for at := t0; at.Before(end); at = at.Add(time.Duration(float64(time.Second) / refused)) {
+			o.Observe(RefusedObservation("", at, in, out))
+			if retries {
+				ob := mixObs(at.Add(2*time.Second), in, out, 100*time.Millisecond)
+				ob.Disaggregated, ob.Prefill, ob.PrefillBatch = true, time.Duration(3*pred*float64(time.Second)), 1
+				ob.TermsOnly = true
+				o.Observe(ob)
+			}
+		}
+		d, ok := o.Tick(end.Add(2 * time.Second))
+		if !ok || d.Roles == nil {
+			t.Fatalf("no decision (%v) or no role decision", ok)
+		}
+		return d
+	}
+	with, without := run(true), run(false)
+	t.Logf("with served retries: %d observations, %.3f req/s, measured %.3f, %dP+%dD, prefill correction %.2f; without: %d, %.3f req/s, measured %.3f, %dP+%dD, %.2f",
+		with.Observations, with.ObservedRate, with.Roles.Measured, with.Roles.Prefill, with.Roles.Decode, with.Scale.Prefill,
+		without.Observations, without.ObservedRate, without.Roles.Measured, without.Roles.Prefill, without.Roles.Decode, without.Scale.Prefill)
+	if with.Observations <= without.Observations {
+		t.Errorf("observations %d with the retries, %d without: the retries are observed", with.Observations, without.Observations)
+	}
+	if math.Abs(with.ObservedRate-without.ObservedRate) > 0.02*without.ObservedRate {
+		t.Errorf("observed rate %.3f with the served retries, %.3f without: a retry is not demand again", with.ObservedRate, without.ObservedRate)
+	}
+	if with.Roles.Measured != without.Roles.Measured {
+		t.Errorf("measured attainment %.3f with the served retries, %.3f without: a retry is not an attainment sample", with.Roles.Measured, without.Roles.Measured)
+	}
+	if without.Scale.Prefill != 1 || with.Scale.Prefill < 2 {
+		t.Errorf("prefill correction %.2f with the retries' 3× prefills, %.2f without: want > 2 and 1", with.Scale.Prefill, without.Scale.Prefill)
 	}
 }

@@ -715,6 +715,18 @@ func (p *Host) ObserveRefused(t *budget.Trace, maxTokens int) {
 	}
 }
 
+// ObserveServedRetry implements coordinator.RetryObserver: a request
+// served on a retry of one ObserveRefused counted is observed for its
+// measured terms only (planner.Observation.TermsOnly), not as demand
+// again.
+func (p *Host) ObserveServedRetry(t *budget.Trace) {
+	if pl := p.plan(t.Model); pl != nil {
+		ob := planner.ObservationFromTrace(t)
+		ob.TermsOnly = true
+		pl.online.Observe(ob)
+	}
+}
+
 // Run implements coordinator.Extension: it re-plans until ctx ends; with
 // the Kubernetes actuator it also runs CheckPods every planner interval.
 func (p *Host) Run(ctx context.Context) {

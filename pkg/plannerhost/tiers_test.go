@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -371,5 +372,58 @@ func TestTierPlannerCountsFallbacksAsDemand(t *testing.T) {
 	}
 	if q, q0 := with[quality], without[quality]; q.Observations != 60*passed || q0.Observations != 60*passed {
 		t.Errorf("quality model's observations %d and %d, want what it served, %d", q.Observations, q0.Observations, 60*passed)
+	}
+}
+
+// TestServedRetryIsNotDemandAgain: a request served on its client's retry
+// of a refusal (ObserveServedRetry, after ObserveRefused) is observed for
+// its terms only: with such a retry for each refusal, the model's planner
+// sees more observations but the same rate, that of the served and
+// refused requests.
+func TestServedRetryIsNotDemandAgain(t *testing.T) {
+	const served, refused = 2, 2 // requests a second
+	now := time.Now()
+	start := now.Add(-time.Minute)
+	run := func(retries bool) planner.Decision {
+		o, p := tierOptions(t, func(p *plannerhost.Options) { p.MinObservations = 2 })
+		ticks := make(chan time.Time)
+		p.Ticks = ticks
+		h, err := plannerhost.New(p, o, nil)
+		if err != nil || h == nil {
+			t.Fatalf("New: %v, %v", h, err)
+		}
+		members := control.NewMembership(time.Hour)
+		for i, hb := range []control.Heartbeat{
+			{Role: string(control.RolePrefill), Model: fast}, {Role: string(control.RoleDecode), Model: fast},
+			{Role: string(control.RolePrefill), Model: quality}, {Role: string(control.RoleDecode), Model: quality},
+		} {
+			hb.ID, hb.GRPCAddr = fmt.Sprintf("w%d", i), fmt.Sprintf("10.0.0.%d:9000", i+1)
+			if err := members.Observe(hb, now); err != nil {
+				t.Fatal(err)
+			}
+		}
+		published, _ := attachPlanner(t, h, members)
+		for s := range 58 {
+			at := start.Add(time.Duration(s) * time.Second)
+			for i := range served {
+				h.ObserveTrace(trace(fast, at.Add(time.Duration(i)*time.Second/served)))
+			}
+			for i := range refused {
+				at := at.Add(time.Duration(i)*time.Second/refused + time.Second/(2*refused))
+				h.ObserveRefused(trace(fast, at), 100)
+				if retries {
+					h.ObserveServedRetry(trace(fast, at.Add(time.Second)))
+				}
+			}
+			h.ObserveTrace(trace(quality, at))
+		}
+		return tickOnce(t, h, ticks, published, now, 2)[fast]
+	}
+	with, without := run(true), run(false)
+	if want := 58 * (served + 2*refused); with.Observations != want {
+		t.Errorf("observations with the served retries %d, want %d", with.Observations, want)
+	}
+	if math.Abs(with.ObservedRate-without.ObservedRate) > 0.01*without.ObservedRate {
+		t.Errorf("observed rate %.3f/s with the served retries, %.3f/s without: a served retry is not demand again", with.ObservedRate, without.ObservedRate)
 	}
 }
