@@ -128,6 +128,21 @@ func TestOnlineRoleMoves(t *testing.T) {
 	}
 }
 
+// roleOnline is an Online planner with role moves (a minute's dwell, a 2%
+// gain), 3 GPUs, running 2P+1D, and its configuration.
+func roleOnline(t *testing.T) (*Online, OnlineConfig) {
+	t.Helper()
+	cfg := onlineConfig(t)
+	cfg.Roles = RoleOptions{Enabled: true, MinDwell: time.Minute, MinGain: 0.02}
+	cfg.Base.GPUBudget = 3
+	o, err := NewOnline(cfg, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	o.SetCurrent(2, 1)
+	return o, cfg
+}
+
 // TestOnlineRefusedDemandMovesRoles: three elastic workers, 2P+1D, under
 // short prompts and long answers. What the one decode worker served
 // alone looks well served by 2P+1D; with the requests the pools refused
@@ -139,14 +154,7 @@ func TestOnlineRefusedDemandMovesRoles(t *testing.T) {
 	const in, out = 128, 700
 	const served, refused = 0.8, 1.6 // requests a second
 	run := func(withRefused bool, maxTokens int) *RoleDecision {
-		cfg := onlineConfig(t)
-		cfg.Roles = RoleOptions{Enabled: true, MinDwell: time.Minute, MinGain: 0.02}
-		cfg.Base.GPUBudget = 3
-		o, err := NewOnline(cfg, prometheus.NewRegistry())
-		if err != nil {
-			t.Fatal(err)
-		}
-		o.SetCurrent(2, 1)
+		o, _ := roleOnline(t)
 		end := t0.Add(2 * time.Minute)
 		for at := t0; at.Before(end); at = at.Add(time.Duration(float64(time.Second) / served)) {
 			o.Observe(mixObs(at, in, out, 100*time.Millisecond))
@@ -193,14 +201,7 @@ func TestServedRetriesAreTermsOnly(t *testing.T) {
 	const in, out = 128, 700
 	const served, refused = 0.8, 1.6 // requests a second
 	run := func(retries bool) Decision {
-		cfg := onlineConfig(t)
-		cfg.Roles = RoleOptions{Enabled: true, MinDwell: time.Minute, MinGain: 0.02}
-		cfg.Base.GPUBudget = 3
-		o, err := NewOnline(cfg, prometheus.NewRegistry())
-		if err != nil {
-			t.Fatal(err)
-		}
-		o.SetCurrent(2, 1)
+		o, cfg := roleOnline(t)
 		end := t0.Add(2 * time.Minute)
 		for at := t0; at.Before(end); at = at.Add(time.Duration(float64(time.Second) / served)) {
 			o.Observe(mixObs(at, in, out, 100*time.Millisecond))

@@ -305,6 +305,32 @@ func tickOnce(t *testing.T, h *plannerhost.Host, ticks chan<- time.Time, publish
 	return got
 }
 
+// twoModelHost is a planner host of the tiers' two models (tierOptions,
+// MinObservations 2) with a prefill and a decode worker of each, seen at
+// now, ticked by the returned channel, publishing on the other.
+func twoModelHost(t *testing.T, now time.Time) (*plannerhost.Host, chan time.Time, <-chan planner.Decision) {
+	t.Helper()
+	o, p := tierOptions(t, func(p *plannerhost.Options) { p.MinObservations = 2 })
+	ticks := make(chan time.Time)
+	p.Ticks = ticks
+	h, err := plannerhost.New(p, o, nil)
+	if err != nil || h == nil {
+		t.Fatalf("New: %v, %v", h, err)
+	}
+	members := control.NewMembership(time.Hour)
+	for i, hb := range []control.Heartbeat{
+		{Role: string(control.RolePrefill), Model: fast}, {Role: string(control.RoleDecode), Model: fast},
+		{Role: string(control.RolePrefill), Model: quality}, {Role: string(control.RoleDecode), Model: quality},
+	} {
+		hb.ID, hb.GRPCAddr = fmt.Sprintf("w%d", i), fmt.Sprintf("10.0.0.%d:9000", i+1)
+		if err := members.Observe(hb, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	published, _ := attachPlanner(t, h, members)
+	return h, ticks, published
+}
+
 // TestTierPlannerCountsFallbacksAsDemand: a request the tier's fast model
 // was passed over for (budget.Objective.TierPassed), served by the
 // quality model, is demand of the fast model too: the fast model's
@@ -317,24 +343,7 @@ func TestTierPlannerCountsFallbacksAsDemand(t *testing.T) {
 	now := time.Now()
 	start := now.Add(-time.Minute)
 	run := func(demand bool) map[string]planner.Decision {
-		o, p := tierOptions(t, func(p *plannerhost.Options) { p.MinObservations = 2 })
-		ticks := make(chan time.Time)
-		p.Ticks = ticks
-		h, err := plannerhost.New(p, o, nil)
-		if err != nil || h == nil {
-			t.Fatalf("New: %v, %v", h, err)
-		}
-		members := control.NewMembership(time.Hour)
-		for i, hb := range []control.Heartbeat{
-			{Role: string(control.RolePrefill), Model: fast}, {Role: string(control.RoleDecode), Model: fast},
-			{Role: string(control.RolePrefill), Model: quality}, {Role: string(control.RoleDecode), Model: quality},
-		} {
-			hb.ID, hb.GRPCAddr = fmt.Sprintf("w%d", i), fmt.Sprintf("10.0.0.%d:9000", i+1)
-			if err := members.Observe(hb, now); err != nil {
-				t.Fatal(err)
-			}
-		}
-		published, _ := attachPlanner(t, h, members)
+		h, ticks, published := twoModelHost(t, now)
 		for s := range 60 {
 			at := start.Add(time.Duration(s) * time.Second)
 			for i := range served {
@@ -385,24 +394,7 @@ func TestServedRetryIsNotDemandAgain(t *testing.T) {
 	now := time.Now()
 	start := now.Add(-time.Minute)
 	run := func(retries bool) planner.Decision {
-		o, p := tierOptions(t, func(p *plannerhost.Options) { p.MinObservations = 2 })
-		ticks := make(chan time.Time)
-		p.Ticks = ticks
-		h, err := plannerhost.New(p, o, nil)
-		if err != nil || h == nil {
-			t.Fatalf("New: %v, %v", h, err)
-		}
-		members := control.NewMembership(time.Hour)
-		for i, hb := range []control.Heartbeat{
-			{Role: string(control.RolePrefill), Model: fast}, {Role: string(control.RoleDecode), Model: fast},
-			{Role: string(control.RolePrefill), Model: quality}, {Role: string(control.RoleDecode), Model: quality},
-		} {
-			hb.ID, hb.GRPCAddr = fmt.Sprintf("w%d", i), fmt.Sprintf("10.0.0.%d:9000", i+1)
-			if err := members.Observe(hb, now); err != nil {
-				t.Fatal(err)
-			}
-		}
-		published, _ := attachPlanner(t, h, members)
+		h, ticks, published := twoModelHost(t, now)
 		for s := range 58 {
 			at := start.Add(time.Duration(s) * time.Second)
 			for i := range served {
