@@ -71,8 +71,7 @@ func (s *refusalSet) first(req *frontend.Request) bool {
 			delete(s.at, old.fp)
 		}
 	}
-	if at, ok := s.at[fp]; ok && req.Retry > 0 && now.Sub(at) < refusalTTL {
-		s.retries.Inc()
+	if s.retryLocked(req, fp, now) {
 		return false
 	}
 	s.at[fp] = now
@@ -90,12 +89,19 @@ func (s *refusalSet) retried(req *frontend.Request) bool {
 	now := s.now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.retryLocked(req, fp, now)
+}
+
+// retryLocked reports whether req, of fingerprint fp, is a marked retry
+// of a refusal counted within refusalTTL before now, and counts it in
+// pdserve_planner_refusal_retries_total if so. s.mu is held.
+func (s *refusalSet) retryLocked(req *frontend.Request, fp [sha256.Size]byte, now time.Time) bool {
 	at, ok := s.at[fp]
-	if ok && now.Sub(at) < refusalTTL {
-		s.retries.Inc()
-		return true
+	if !ok || req.Retry == 0 || now.Sub(at) >= refusalTTL {
+		return false
 	}
-	return false
+	s.retries.Inc()
+	return true
 }
 
 // fingerprint digests what makes two tries one request: the tenant, the
