@@ -29,11 +29,14 @@ type outbox struct {
 	// the disk tier) and the load's time, sent with it.
 	host prefixcache.HostLoad
 	// peer is the part of hit pulled from a peer worker, sent with it.
-	peer     batch.PeerLoad
-	batch    int32
-	finished bool
-	err      error // a gRPC status error, when finished with one
-	notify   chan struct{}
+	peer batch.PeerLoad
+	// batch is the last step's batch size; peak the largest of the
+	// steps whose tokens wait here, which their event reports: tokens a
+	// slow reader gets together keep the batch they were made in.
+	batch, peak int32
+	finished    bool
+	err         error // a gRPC status error, when finished with one
+	notify      chan struct{}
 	// skipFirst: choice 0's next token is not sent (omitFirst).
 	skipFirst bool
 	// migrated: the stream ends with an event saying the sequence moved
@@ -128,7 +131,7 @@ func (o *outbox) Token(i int, t int32, elp *engine.TokenLogprob, batch int) bool
 	if lp != nil {
 		c.lps = append(c.lps, lp)
 	}
-	o.batch = int32(batch)
+	o.batch, o.peak = int32(batch), max(o.peak, int32(batch))
 	o.mu.Unlock()
 	o.signal()
 	return true
@@ -215,13 +218,18 @@ func (o *outbox) take() ([]*pdservev1.GenerateResponse, bool, error) {
 		out = append(out, &pdservev1.GenerateResponse{PromptLogprobs: o.prompt})
 		o.prompt = nil
 	}
+	size := o.batch
+	if o.peak > 0 {
+		size = o.peak
+	}
+	o.peak = 0
 	for i := range o.choices {
 		c := &o.choices[i]
 		final := c.reason != "" && !c.sent && (o.finished || len(o.choices) > 1) && o.err == nil
 		if len(c.tokens) == 0 && !final {
 			continue
 		}
-		resp := &pdservev1.GenerateResponse{Index: int32(i), Tokens: c.tokens, Logprobs: c.lps, BatchSize: o.batch}
+		resp := &pdservev1.GenerateResponse{Index: int32(i), Tokens: c.tokens, Logprobs: c.lps, BatchSize: size}
 		if final {
 			wire.SetFinish(resp, c.reason)
 			c.sent = true

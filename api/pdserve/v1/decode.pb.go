@@ -487,8 +487,10 @@ type GenerateResponse struct {
 	// Deprecated: Marked as deprecated in pdserve/v1/decode.proto.
 	FinishReason string `protobuf:"bytes,2,opt,name=finish_reason,json=finishReason,proto3" json:"finish_reason,omitempty"`
 	// Boundary timestamps taken by the worker (decode_joined, kv_done, ...).
-	Stamps    []*Stamp `protobuf:"bytes,3,rep,name=stamps,proto3" json:"stamps,omitempty"`
-	BatchSize int32    `protobuf:"varint,4,opt,name=batch_size,json=batchSize,proto3" json:"batch_size,omitempty"`
+	Stamps []*Stamp `protobuf:"bytes,3,rep,name=stamps,proto3" json:"stamps,omitempty"`
+	// Sequences in the step that made this event's tokens; the largest of
+	// those steps when a slow reader gets tokens of several steps together.
+	BatchSize int32 `protobuf:"varint,4,opt,name=batch_size,json=batchSize,proto3" json:"batch_size,omitempty"`
 	// With local prefill: what of the prompt the worker took from its
 	// prefix cache instead of computing it, once, on the first event that
 	// carries stamps after the prefill started; unset on a miss and with
