@@ -32,7 +32,9 @@ var elasticPool = pool{elasticName, "decode-worker", "elastic"}
 // and serves them, and the coordinator accepts it as the server of either
 // role; it is refused as the coordinator everywhere. A prefill
 // certificate is still refused as the coordinator and as a decode
-// worker's server, and a decode certificate still pushes nowhere.
+// worker's server, and a decode certificate still pushes nowhere. The
+// decode pool pulls a sequence migrated off an elastic worker with tokens
+// on too: beside the elastic pool it holds the prefill token itself.
 func TestElasticTLS(t *testing.T) {
 	for _, tokens := range []bool{false, true} {
 		name := "tls only"
@@ -73,7 +75,7 @@ func TestElasticTLS(t *testing.T) {
 			}{
 				{"coordinator", "coordinator", "grpc-token-file", pool{coordinatorName, "coordinator", "coordinator"}},
 				{"prefill", "prefill", "grpc-prefill-token-file", pool{prefillName, "prefill-worker", "prefillWorker"}},
-				{"decode", "decode", "", pool{decodeName, "decode-worker", "decodeWorker"}},
+				{"decode", "decode", "grpc-prefill-token-file", pool{decodeName, "decode-worker", "decodeWorker"}},
 				{"elastic", "elastic", "grpc-prefill-token-file", elasticPool},
 			} {
 				args := argMap(container(t, &r.deployment(t, p.pl.deployment).Spec.Template.Spec, p.pl.container).Args)
@@ -117,14 +119,13 @@ func TestElasticTLS(t *testing.T) {
 				name, cli, srv, hbRole, method string
 				want                           grpccodes.Code // OK, or the refusal
 				identity                       bool           // refused in the handshake (grpcauth.ErrIdentity)
-				tlsOnly                        bool           // a decode worker holds no token: run without tokens only
 			}{
 				{name: "elastic as prefill pushes to decode", cli: "elastic", srv: "decode", hbRole: "decode", method: push},
 				{name: "prefill pushes to elastic as decode", cli: "prefill", srv: "elastic", hbRole: "decode", method: push},
 				{name: "elastic pushes to elastic", cli: "elastic", srv: "elastic", hbRole: "decode", method: push},
 				{name: "elastic as decode pulls a migrated sequence from decode", cli: "elastic", srv: "decode", hbRole: "decode", method: pullSeq},
 				{name: "elastic as decode pulls a migrated sequence from elastic", cli: "elastic", srv: "elastic", hbRole: "decode", method: pullSeq},
-				{name: "decode pulls a migrated sequence from elastic", cli: "decode", srv: "elastic", hbRole: "decode", method: pullSeq, tlsOnly: true},
+				{name: "decode pulls a migrated sequence from elastic", cli: "decode", srv: "elastic", hbRole: "decode", method: pullSeq},
 				{name: "elastic pulls a prefix from prefill", cli: "elastic", srv: "prefill", hbRole: "prefill", method: pull},
 				{name: "prefill pulls a prefix from elastic as prefill", cli: "prefill", srv: "elastic", hbRole: "prefill", method: pull},
 				{name: "coordinator calls elastic as decode", cli: "coordinator", srv: "elastic", hbRole: "decode", method: reserve},
@@ -134,14 +135,11 @@ func TestElasticTLS(t *testing.T) {
 				{name: "elastic as the coordinator on prefill", cli: "elastic", srv: "prefill", hbRole: "prefill", method: prefill, want: grpccodes.PermissionDenied},
 				{name: "prefill as the coordinator on elastic", cli: "prefill", srv: "elastic", hbRole: "decode", method: reserve, want: grpccodes.PermissionDenied},
 				{name: "prefill as the coordinator on decode", cli: "prefill", srv: "decode", hbRole: "decode", method: generate, want: grpccodes.PermissionDenied},
-				{name: "decode pushes to decode", cli: "decode", srv: "decode", hbRole: "decode", method: push, want: grpccodes.PermissionDenied, tlsOnly: true},
+				{name: "decode pushes to decode", cli: "decode", srv: "decode", hbRole: "decode", method: push, want: grpccodes.PermissionDenied},
 				{name: "the coordinator takes a prefill certificate for decode", cli: "coordinator", srv: "prefill", hbRole: "decode", method: reserve, identity: true},
 				{name: "elastic takes a prefill certificate for decode", cli: "elastic", srv: "prefill", hbRole: "decode", method: push, identity: true},
 				{name: "prefill takes a prefill certificate for decode", cli: "prefill", srv: "prefill", hbRole: "decode", method: push, identity: true},
 			} {
-				if tc.tlsOnly && tokens {
-					continue
-				}
 				t.Run(tc.name, func(t *testing.T) {
 					err := call(t, tc.cli, tc.srv, tc.hbRole, tc.method)
 					switch {

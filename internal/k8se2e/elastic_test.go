@@ -4,6 +4,7 @@ package k8se2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -211,4 +212,108 @@ func (e *env) elastic(t *testing.T) {
 			t.Errorf("%s/%s restarted %d times", pod, c.Name, c.RestartCount)
 		}
 	}
+	e.elasticMigratesOut(t, base, model, nc, pod)
+}
+
+// elasticMigratesOut moves elastic worker pod, decoding, back to prefill
+// with its running sequences migrated (the planner's role command), under
+// a load of long streams, once it decodes at least one of them. Its
+// sequences move, KV included, to the fixed decode worker, which pulls
+// their KV off the elastic worker: with the chart's TLS and gRPC tokens
+// the decode pool's certificate and its prefill token grant the pull.
+// Checks: the fixed decode worker counts only pulled migrations
+// (pdserve_decode_migration_pulls_total), at least one, none computed;
+// the pod's role label prefill; nothing lost.
+func (e *env) elasticMigratesOut(t *testing.T, base, model string, nc *nats.Conn, pod string) {
+	fixed := e.fixedPods(t, elasticRel, "decode")
+	if len(fixed) != 1 {
+		t.Fatalf("fixed decode pods %v, want 1", fixed)
+	}
+	load := startLoadPrompt(base, "", model, func(int) string { return prompt }, 6, 400)
+	var once sync.Once
+	endLoad := func() { once.Do(load.end) }
+	defer endLoad()
+	waitFor(t, "the elastic worker decoding a sequence", 2*time.Minute, func() error {
+		m, err := e.podMetrics(t, pod)
+		if err != nil {
+			return err
+		}
+		if n := metric(m, "pdserve_decode_running "); n < 1 {
+			return fmt.Errorf("pdserve_decode_running %v", n)
+		}
+		return nil
+	})
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	err := control.SendCommand(ctx, nc, string(control.RoleDecode), pod, control.Command{Kind: control.CmdRole, Arg: string(control.RolePrefill), Migrate: true})
+	cancel()
+	if err != nil {
+		t.Fatalf("role command to %s: %v", pod, err)
+	}
+	waitFor(t, "the elastic pod's role label prefill again", 2*time.Minute, func() error {
+		p, err := e.cs.CoreV1().Pods(namespace).Get(t.Context(), pod, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if got := p.Labels[actuator.RoleLabel]; got != "prefill" {
+			return fmt.Errorf("%s=%q", actuator.RoleLabel, got)
+		}
+		return nil
+	})
+	var pulled, computed float64
+	waitFor(t, "the fixed decode worker's migration pulls", time.Minute, func() error {
+		m, err := e.podMetrics(t, fixed[0])
+		if err != nil {
+			return err
+		}
+		pulled = max(metric(m, `pdserve_decode_migration_pulls_total{result="pulled"} `), 0)
+		computed = max(metric(m, `pdserve_decode_migration_pulls_total{result="computed"} `), 0)
+		if pulled+computed < 1 {
+			return errors.New("no migrated sequence continued there yet")
+		}
+		return nil
+	})
+	endLoad()
+	t.Logf("migrated off %s to %s: %v pulled, %v computed; load: %d done, %d refused before a token, %d lost",
+		pod, fixed[0], pulled, computed, load.done, load.refused, load.lost)
+	if computed != 0 || pulled < 1 {
+		t.Errorf("fixed decode worker's migrations: %v pulled, %v computed; want every one pulled", pulled, computed)
+	}
+	if load.lost > 0 {
+		t.Errorf("%d requests lost mid-stream across the migration: %v", load.lost, load.lostErrs)
+	}
+}
+
+// fixedPods returns the names of release rel's pods of role (the
+// app.kubernetes.io/component label) outside the elastic pool.
+func (e *env) fixedPods(t *testing.T, rel, role string) []string {
+	t.Helper()
+	pods, err := e.cs.CoreV1().Pods(namespace).List(t.Context(), metav1.ListOptions{
+		LabelSelector: "app.kubernetes.io/instance=" + rel + "," + actuator.RoleLabel + "=" + role + ",!" + actuator.PoolLabel})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp == nil {
+			names = append(names, p.Name)
+		}
+	}
+	return names
+}
+
+// podMetrics returns pod's /metrics, from its container port "metrics"
+// at its pod IP (the node reaches pod IPs).
+func (e *env) podMetrics(t *testing.T, pod string) (string, error) {
+	p, err := e.cs.CoreV1().Pods(namespace).Get(t.Context(), pod, metav1.GetOptions{})
+	if err != nil {
+		return "", err
+	}
+	for _, c := range p.Spec.Containers {
+		for _, port := range c.Ports {
+			if port.Name == "metrics" {
+				return get(fmt.Sprintf("http://%s/metrics", net.JoinHostPort(p.Status.PodIP, fmt.Sprint(port.ContainerPort))))
+			}
+		}
+	}
+	return "", fmt.Errorf("pod %s has no container port metrics", pod)
 }

@@ -21,12 +21,14 @@ import (
 //	pdserve_decode_kv_bytes_saved_total counter KV bytes (true size) prefill workers did not send: this worker held the prefix
 //	pdserve_decode_stream_stalled_cancels_total counter requests cancelled because their caller did not read, by reason: outbox (over --max-outbox-bytes waiting), write_timeout (a send blocked for --stream-write-timeout)
 //	pdserve_decode_peers_untrusted              gauge   peers whose pulled KV failed a spot check (no longer pulled from)
+//	pdserve_decode_migration_pulls_total        counter migrated sequences continued here, by result: pulled (their KV from the worker they left) or computed (the pull failed or was refused: prompt and output so far prefilled here)
 //	pdserve_decode_prefix_cache_*               the prefix cache's (prefixcache.Collectors)
 //
 // A nil *metrics records nothing.
 type metrics struct {
 	steps         *batching.StepMetrics
 	stalledCancel *prometheus.CounterVec
+	migration     *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
@@ -45,12 +47,16 @@ func newMetrics(reg prometheus.Registerer, s *Server) (*metrics, error) {
 			Name: "pdserve_decode_stream_stalled_cancels_total",
 			Help: "Requests cancelled because their caller did not read their stream, by reason: outbox (too much output waiting) or write_timeout (a send blocked too long).",
 		}, []string{"reason"}),
+		migration: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pdserve_decode_migration_pulls_total",
+			Help: "Migrated sequences this worker continued, by result: pulled (their KV from the worker they left) or computed (the pull failed or was refused; the prompt and the output so far were prefilled here).",
+		}, []string{"result"}),
 	}
 	gauge := func(name, help string, f func(Stats) int) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 { return float64(f(s.Stats())) })
 	}
 	cs := append(m.steps.Collectors(),
-		m.stalledCancel,
+		m.stalledCancel, m.migration,
 		gauge("pdserve_decode_running", "Sequences in the running batch.", func(st Stats) int { return st.Running }),
 		gauge("pdserve_decode_queue_length", "Sequences ready to join the batch, waiting for a slot.", func(st Stats) int { return st.Waiting }),
 		gauge("pdserve_decode_kv_transfers", "Requests whose KV is arriving now (an open transfer).", func(st Stats) int { return st.KVTransfers }),
@@ -84,4 +90,17 @@ func (m *metrics) stalled(reason string) {
 		return
 	}
 	m.stalledCancel.WithLabelValues(reason).Inc()
+}
+
+// Results of a migration's pull (pdserve_decode_migration_pulls_total).
+const (
+	migrationPulled   = "pulled"
+	migrationComputed = "computed"
+)
+
+func (m *metrics) migrationPull(result string) {
+	if m == nil {
+		return
+	}
+	m.migration.WithLabelValues(result).Inc()
 }

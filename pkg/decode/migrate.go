@@ -195,6 +195,7 @@ func (s *Server) pullMigrated(ctx context.Context, p genParams) *batch.KV {
 	want := len(p.prompt) + len(p.generated) - 1
 	if s.dialer == nil {
 		s.log.Info("no dialer for a migration pull; computing the sequence's kv", zap.String("request_id", p.id))
+		s.m.migrationPull(migrationComputed)
 		return nil
 	}
 	t0 := s.now()
@@ -207,8 +208,10 @@ func (s *Server) pullMigrated(ctx context.Context, p genParams) *batch.KV {
 	}
 	if err != nil {
 		s.log.Info("migration pull failed; computing the sequence's kv", zap.String("request_id", p.id), zap.String("peer", peer.GetId()), zap.Error(err))
+		s.m.migrationPull(migrationComputed)
 		return nil
 	}
+	s.m.migrationPull(migrationPulled)
 	ends := make([][]int, len(got.Layers))
 	for l := range ends {
 		ends[l] = []int{got.Tokens}

@@ -219,6 +219,39 @@ func TestSharedTokenAndDigest(t *testing.T) {
 	}
 }
 
+// A decode worker (present 0) sends the prefill token on its KV pulls
+// when it holds the token itself, nothing when it holds only the digest,
+// and never a shared token, which would grant the coordinator's role:
+// Reserve refused, Push allowed only with the prefill token.
+func TestDecodeWorkerSends(t *testing.T) {
+	server, err := Options{TokenFile: writeFile(t, "c", "sha256:"+hexDigest(coordToken)), PrefillTokenFile: writeFile(t, "p", "sha256:"+hexDigest(prefillToken))}.Load(0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, _ := serve(t, server)
+	for _, tc := range []struct {
+		name    string
+		o       Options
+		reserve codes.Code
+		push    codes.Code
+	}{
+		{"the prefill token itself", Options{TokenFile: writeFile(t, "c", "sha256:"+hexDigest(coordToken)), PrefillTokenFile: writeFile(t, "p", prefillToken)}, codes.PermissionDenied, codes.OK},
+		{"the prefill token's digest", Options{TokenFile: writeFile(t, "c", "sha256:"+hexDigest(coordToken)), PrefillTokenFile: writeFile(t, "p", "sha256:"+hexDigest(prefillToken))}, codes.Unauthenticated, codes.Unauthenticated},
+		{"one shared token itself", Options{TokenFile: writeFile(t, "c", coordToken)}, codes.Unauthenticated, codes.Unauthenticated},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			decode, err := tc.o.Load(0, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, p, _ := calls(t, dial(t, addr, decode.DialOptions()...))
+			if r != tc.reserve || p != tc.push {
+				t.Errorf("Reserve %v, Push %v; want %v, %v", r, p, tc.reserve, tc.push)
+			}
+		})
+	}
+}
+
 // Nothing configured: every call goes through; the caller is the peer IP.
 func TestOpen(t *testing.T) {
 	a, err := Options{}.Load(0, nil)

@@ -59,8 +59,11 @@
 // The coordinator's token (TokenFile) is sent by the coordinator with
 // every call, as "authorization: Bearer <token>" metadata, and grants the
 // coordinator role. The prefill token (PrefillTokenFile) is sent by prefill
-// workers on KV pushes and grants the prefill role; without it the
-// coordinator's token is the one shared token of both roles. A worker
+// workers on KV pushes and grants the prefill role; a decode worker whose
+// file holds the token itself (not its digest) sends it on its KV pulls
+// (a migrated sequence, a peer's prefix). Without it the coordinator's
+// token is the one shared token of both roles (a decode worker then
+// sends none). A worker
 // with a token configured refuses a call without one, or with one that is
 // neither, with UNAUTHENTICATED, and a token of the wrong role with
 // PERMISSION_DENIED. Tokens are compared as SHA-256 digests in constant

@@ -94,7 +94,7 @@ func (o *Options) AddFlags(fs *flag.FlagSet, serve bool) {
 		return
 	}
 	fs.StringVar(&o.VerifyKeyFile, "grpc-verify-key", o.VerifyKeyFile, "PEM Ed25519 public key of the coordinator's --grpc-signing-key: the worker then accepts the coordinator's signed per-call credentials, for its own --id only")
-	fs.StringVar(&o.PrefillTokenFile, "grpc-prefill-token-file", o.PrefillTokenFile, "file holding the prefill workers' gRPC token: prefill workers send it on KV pushes, decode workers require it for them; needs --grpc-token-file (empty: KV pushes use --grpc-token-file's token)")
+	fs.StringVar(&o.PrefillTokenFile, "grpc-prefill-token-file", o.PrefillTokenFile, "file holding the prefill workers' gRPC token: prefill workers send it on KV pushes, decode workers require it for them (a decode worker given the token itself, not sha256:<hex>, sends it on its KV pulls); needs --grpc-token-file (empty: KV pushes use --grpc-token-file's token)")
 	fs.Var((*listFlag)(&o.AllowCoordinator), "tls-allow-coordinator", "with mutual TLS, a DNS name or URI (e.g. spiffe://…/coordinator) a certificate must name to call DecodeService and PrefillService; repeatable, comma-separated (default: any certificate the CA signed)")
 	fs.Var((*listFlag)(&o.AllowPrefill), "tls-allow-prefill", "with mutual TLS, a DNS name or URI a certificate must name to push KV to a decode worker; repeatable, comma-separated (default: any certificate the CA signed)")
 }
@@ -174,7 +174,9 @@ func (o Options) Verifies() bool { return o.VerifyKeyFile != "" || o.VerifyKey !
 
 // Validate checks the settings for a component that sends the token of
 // role present (RoleCoordinator: the coordinator; RolePrefill: a prefill
-// worker; 0: a decode worker, which sends none), reading the token files.
+// worker; 0: a decode worker, which sends the prefill token on its KV
+// pulls when its --grpc-prefill-token-file holds the token itself, and no
+// token otherwise), reading the token files.
 // It reports every problem in one error. It does not check that mutual TLS
 // is on for the allowed identities: the caller knows (see workerrun).
 func (o Options) Validate(present Role) error {
@@ -242,6 +244,15 @@ func (o Options) load(present Role) (*Auth, error) {
 				bad("%s %s holds a digest (%s…), but a prefill worker sends the token on KV pushes: give it the token itself", name, file, hashPrefix)
 			}
 			if a.prefill != nil {
+				a.send = a.prefill.token
+			}
+		default:
+			// A decode worker given the prefill token itself, not only
+			// its digest (the chart's decode pool beside an elastic
+			// one), sends it on its KV pulls: a migrated sequence's off
+			// an elastic worker, a prefix off a peer. Never the
+			// coordinator's token: a shared one stays unsent.
+			if a.prefill != nil && a.prefill != a.coord {
 				a.send = a.prefill.token
 			}
 		}

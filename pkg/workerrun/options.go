@@ -361,8 +361,10 @@ func (o Options) tlsUse() grpcnet.TLSUse {
 	return grpcnet.TLSServe
 }
 
-// authSends is the role whose token the worker sends: a prefill worker
-// sends the prefill token on KV pushes; other workers send none.
+// authSends is the role whose token the worker must send: a prefill (or
+// elastic) worker sends the prefill token on KV pushes, so it needs the
+// token itself. A decode worker needs none; given the prefill token
+// itself it sends it on its KV pulls (grpcauth.Options.Validate).
 func (o Options) authSends() grpcauth.Role {
 	if o.Role == control.RolePrefill || o.Elastic {
 		return grpcauth.RolePrefill

@@ -12,9 +12,13 @@ Keys (all four; the chart generates them, a Secret of yours needs them):
   coordinator.sha256  "sha256:<hex>" of it: workers check it
   prefill.token       the prefill workers' token: they send it on KV pushes
   prefill.sha256      "sha256:<hex>" of it: decode workers check it
-So no worker holds a token that would let it act as the coordinator, and
-a decode worker holds no token at all. The elastic pool holds the prefill
-workers' keys: it sends KV as they do.
+So no worker holds a token that would let it act as the coordinator. The
+elastic pool holds the prefill workers' keys: it sends KV as they do.
+Beside an elastic pool the decode pool holds prefill.token too, which it
+sends on its pulls (a sequence migrated off an elastic worker leaving
+decode); with TLS its certificate is allowed KV only on elastic workers
+(--tls-allow-prefill), so it still cannot push to a decode worker.
+Without an elastic pool a decode worker holds no token at all.
 */}}
 {{- define "pdserve.grpcTokenSecret" -}}
 {{- default (printf "%s-grpc-token" (include "pdserve.fullname" .)) .Values.grpc.tokenSecret }}
@@ -29,16 +33,27 @@ Where the token files are mounted in every pdserve container.
 
 {{/*
 Keys of the token Secret a role mounts (see pdserve.grpcTokenSecret), as a
-YAML list. Call with the role: coordinator, prefill, decode or elastic.
+YAML list. Call with (dict "root" $ "role" "coordinator|prefill|decode|elastic").
 */}}
 {{- define "pdserve.grpcTokenKeys" -}}
-{{- if eq . "coordinator" }}
+{{- if eq .role "coordinator" }}
 {{- toYaml (list "coordinator.token") }}
-{{- else if or (eq . "prefill") (eq . "elastic") }}
+{{- else if include "pdserve.sendsPrefillToken" . }}
 {{- toYaml (list "coordinator.sha256" "prefill.token") }}
 {{- else }}
 {{- toYaml (list "coordinator.sha256" "prefill.sha256") }}
 {{- end }}
+{{- end }}
+
+{{/*
+"true" when a worker role holds the prefill token itself, not only its
+digest: the prefill and elastic pools (they push KV), and the decode pool
+beside an elastic one (it pulls sequences migrated off elastic workers).
+Call with (dict "root" $ "role" …).
+*/}}
+{{- define "pdserve.sendsPrefillToken" -}}
+{{- $elastic := and .root.Values.elastic.enabled (eq .root.Values.coordinator.mode "disaggregated") }}
+{{- if or (has .role (list "prefill" "elastic")) (and $elastic (eq .role "decode")) }}true{{ end }}
 {{- end }}
 
 {{/*
@@ -58,7 +73,7 @@ $ "role" "coordinator|prefill|decode|elastic").
 {{- $args = append $args (printf "--grpc-token-file=%s/coordinator.token" $dir) }}
 {{- else }}
 {{- $args = append $args (printf "--grpc-token-file=%s/coordinator.sha256" $dir) }}
-{{- $args = append $args (printf "--grpc-prefill-token-file=%s/%s" $dir (ternary "prefill.token" "prefill.sha256" (has .role (list "prefill" "elastic")))) }}
+{{- $args = append $args (printf "--grpc-prefill-token-file=%s/%s" $dir (ternary "prefill.token" "prefill.sha256" (eq (include "pdserve.sendsPrefillToken" .) "true"))) }}
 {{- end }}
 {{- end }}
 {{- /* Who may call a worker's KV transfer (push, pull, pull of a migrated
@@ -145,7 +160,7 @@ grpc.tokens.enabled.
   secret:
     secretName: {{ include "pdserve.grpcTokenSecret" .root }}
     items:
-      {{- range include "pdserve.grpcTokenKeys" .role | fromYamlArray }}
+      {{- range include "pdserve.grpcTokenKeys" . | fromYamlArray }}
       - key: {{ . }}
         path: {{ . }}
       {{- end }}
