@@ -18,7 +18,10 @@ kube="${KUBE_VERSION:-1.33.0}"
 out="$(mktemp -d)"
 trap 'rm -rf "$out"' EXIT
 
-helm() { go tool helm "$@"; }
+# Built (or found in the build cache) once: each `go tool helm` would load
+# the module graph and hash Helm's sources again (0.6 s here, 87 calls).
+helm_bin="$(go tool -n helm)"
+helm() { "$helm_bin" "$@"; }
 
 echo "helm $(helm version --template '{{.Version}}'), Kubernetes $kube"
 passed=0
