@@ -268,8 +268,14 @@ func (e *env) releaseSecrets(t *testing.T, ns, rel string) map[string]map[string
 // workerPods are the names of the running worker pods of a release.
 func (e *env) workerPods(t *testing.T, ns, rel, component string) []string {
 	t.Helper()
-	pods, err := e.cs.CoreV1().Pods(ns).List(t.Context(), metav1.ListOptions{
-		LabelSelector: "app.kubernetes.io/instance=" + rel + ",app.kubernetes.io/component=" + component})
+	return e.podNames(t, ns, "app.kubernetes.io/instance="+rel+",app.kubernetes.io/component="+component)
+}
+
+// podNames returns the sorted names of namespace ns's pods that label
+// selector sel selects and that are not being deleted.
+func (e *env) podNames(t *testing.T, ns, sel string) []string {
+	t.Helper()
+	pods, err := e.cs.CoreV1().Pods(ns).List(t.Context(), metav1.ListOptions{LabelSelector: sel})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -158,24 +158,8 @@ func (e *env) elastic(t *testing.T) {
 		t.Fatalf("NATS as the coordinator's user: %v", err)
 	}
 	defer nc.Close()
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	moved := time.Now()
-	err = control.SendCommand(ctx, nc, string(control.RolePrefill), pod, control.Command{Kind: control.CmdRole, Arg: string(control.RoleDecode)})
-	cancel()
-	if err != nil {
-		t.Fatalf("role command to %s: %v", pod, err)
-	}
-
-	waitFor(t, "the elastic pod's role label decode", 2*time.Minute, func() error {
-		p, err := e.cs.CoreV1().Pods(namespace).Get(t.Context(), pod, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		if got := p.Labels[actuator.RoleLabel]; got != "decode" {
-			return fmt.Errorf("%s=%q", actuator.RoleLabel, got)
-		}
-		return nil
-	})
+	e.moveRole(t, nc, pod, control.Command{Kind: control.CmdRole, Arg: string(control.RoleDecode)}, control.RolePrefill)
 	labeled := time.Now()
 	waitFor(t, "the elastic pod in the decode Service, out of the prefill one", time.Minute, func() error {
 		if inService(prefillSvc) || !inService(decodeSvc) {
@@ -243,22 +227,7 @@ func (e *env) elasticMigratesOut(t *testing.T, base, model string, nc *nats.Conn
 		}
 		return nil
 	})
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-	err := control.SendCommand(ctx, nc, string(control.RoleDecode), pod, control.Command{Kind: control.CmdRole, Arg: string(control.RolePrefill), Migrate: true})
-	cancel()
-	if err != nil {
-		t.Fatalf("role command to %s: %v", pod, err)
-	}
-	waitFor(t, "the elastic pod's role label prefill again", 2*time.Minute, func() error {
-		p, err := e.cs.CoreV1().Pods(namespace).Get(t.Context(), pod, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		if got := p.Labels[actuator.RoleLabel]; got != "prefill" {
-			return fmt.Errorf("%s=%q", actuator.RoleLabel, got)
-		}
-		return nil
-	})
+	e.moveRole(t, nc, pod, control.Command{Kind: control.CmdRole, Arg: string(control.RolePrefill), Migrate: true}, control.RoleDecode)
 	var pulled, computed float64
 	waitFor(t, "the fixed decode worker's migration pulls", time.Minute, func() error {
 		m, err := e.podMetrics(t, fixed[0])
@@ -283,22 +252,34 @@ func (e *env) elasticMigratesOut(t *testing.T, base, model string, nc *nats.Conn
 	}
 }
 
+// moveRole sends role command c to elastic worker pod, now of role from,
+// on its command subject as the coordinator's NATS user (nc), and waits
+// for the pod's role label to become c.Arg.
+func (e *env) moveRole(t *testing.T, nc *nats.Conn, pod string, c control.Command, from control.Role) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	err := control.SendCommand(ctx, nc, string(from), pod, c)
+	cancel()
+	if err != nil {
+		t.Fatalf("role command to %s: %v", pod, err)
+	}
+	waitFor(t, "the elastic pod's role label "+c.Arg, 2*time.Minute, func() error {
+		p, err := e.cs.CoreV1().Pods(namespace).Get(t.Context(), pod, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if got := p.Labels[actuator.RoleLabel]; got != c.Arg {
+			return fmt.Errorf("%s=%q", actuator.RoleLabel, got)
+		}
+		return nil
+	})
+}
+
 // fixedPods returns the names of release rel's pods of role (the
 // app.kubernetes.io/component label) outside the elastic pool.
 func (e *env) fixedPods(t *testing.T, rel, role string) []string {
 	t.Helper()
-	pods, err := e.cs.CoreV1().Pods(namespace).List(t.Context(), metav1.ListOptions{
-		LabelSelector: "app.kubernetes.io/instance=" + rel + "," + actuator.RoleLabel + "=" + role + ",!" + actuator.PoolLabel})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	for _, p := range pods.Items {
-		if p.DeletionTimestamp == nil {
-			names = append(names, p.Name)
-		}
-	}
-	return names
+	return e.podNames(t, namespace, "app.kubernetes.io/instance="+rel+","+actuator.RoleLabel+"="+role+",!"+actuator.PoolLabel)
 }
 
 // podMetrics returns pod's /metrics, from its container port "metrics"

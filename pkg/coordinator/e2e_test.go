@@ -353,6 +353,40 @@ func activeDecode(t *testing.T, cl *cluster) string {
 	return id
 }
 
+// pinActive returns the decode worker running the gated stream just
+// opened (activeDecode) and opens every other decode worker's gate, so
+// that only it stays held.
+func pinActive(t *testing.T, cl *cluster) string {
+	t.Helper()
+	id := activeDecode(t, cl)
+	for wid, g := range cl.gates {
+		if wid != id {
+			g.open()
+		}
+	}
+	return id
+}
+
+// checkRest reads the rest of stream resp, whose first tokens toks were
+// read, and checks that the whole is want, the engine alone's output,
+// across what happened mid-stream (what: "a failover", "a migration"); it
+// returns the rest and the whole.
+func checkRest(t *testing.T, resp *http.Response, toks, want []int32, what string) (result, []int32) {
+	t.Helper()
+	rest, err := readStream(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rest.Err != "" {
+		t.Fatalf("stream failed: %s", rest.Err)
+	}
+	got := append(slices.Clone(toks), rest.Tokens...)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("tokens (-engine alone +served with %s):\n%s", what, diff)
+	}
+	return rest, got
+}
+
 func worker(cl *cluster, id string) *workerrun.Worker {
 	for _, w := range cl.c.Workers() {
 		if w.ID() == id {
@@ -378,26 +412,11 @@ func TestDecodeWorkerFailureRecovers(t *testing.T) {
 			want := ref.generate(t, prompt, 40, engine.Sampling{}, true)
 			resp, toks := openStream(context.Background(), t, cl.url, request{Prompt: prompt, MaxTokens: 40, IgnoreEOS: true}, 3)
 			defer resp.Body.Close()
-			victim := activeDecode(t, cl)
-			for id, g := range cl.gates {
-				if id != victim {
-					g.open()
-				}
-			}
+			victim := pinActive(t, cl)
 			if err := worker(cl, victim).Kill(); err != nil {
 				t.Logf("kill %s: %v", victim, err)
 			}
-			rest, err := readStream(resp.Body)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if rest.Err != "" {
-				t.Fatalf("stream failed: %s", rest.Err)
-			}
-			got := append(toks, rest.Tokens...)
-			if diff := cmp.Diff(want, got); diff != "" {
-				t.Errorf("tokens (-engine alone +served with a failover):\n%s", diff)
-			}
+			rest, _ := checkRest(t, resp, toks, want, "a failover")
 			if rest.Budget["recoveries"] != 1.0 || rest.Budget["decode_worker"] == victim {
 				t.Errorf("budget %v: want 1 recovery onto the other worker", rest.Budget)
 			}

@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-cmp/cmp"
-
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/engine"
@@ -156,26 +154,11 @@ func guidedFailover(t *testing.T, cl *cluster, ref *reference, gbnf string, samp
 	want := ref.generateGuided(t, prompt, 400, s, gbnf)
 	resp, toks := openGuided(context.Background(), t, cl.url, body, 3)
 	defer resp.Body.Close()
-	victim := activeDecode(t, cl)
-	for id, g := range cl.gates {
-		if id != victim {
-			g.open()
-		}
-	}
+	victim := pinActive(t, cl)
 	if err := worker(cl, victim).Kill(); err != nil {
 		t.Logf("kill %s: %v", victim, err)
 	}
-	rest, err := readStream(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rest.Err != "" {
-		t.Fatalf("stream failed: %s", rest.Err)
-	}
-	got := append(toks, rest.Tokens...)
-	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("tokens (-engine alone +served with a failover):\n%s", diff)
-	}
+	rest, got := checkRest(t, resp, toks, want, "a failover")
 	if len(toks) >= len(want)-1 {
 		t.Errorf("the kill came after %d of %d tokens: not mid-generation", len(toks), len(want))
 	}

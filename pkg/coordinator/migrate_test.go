@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-cmp/cmp"
-
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/coordinator"
 	"github.com/pdserve/pdserve/pkg/engine"
@@ -90,12 +88,7 @@ func migrateMidStream(t *testing.T, ref *reference, cl *cluster) {
 	want := ref.generate(t, prompt, 40, engine.Sampling{}, true)
 	resp, toks := openStream(context.Background(), t, cl.url, request{Prompt: prompt, MaxTokens: 40, IgnoreEOS: true}, 3)
 	defer resp.Body.Close()
-	src := activeDecode(t, cl)
-	for id, g := range cl.gates {
-		if id != src {
-			g.open()
-		}
-	}
+	src := pinActive(t, cl)
 	type res struct {
 		n   int
 		err error
@@ -130,17 +123,7 @@ func migrateMidStream(t *testing.T, ref *reference, cl *cluster) {
 	if r.err != nil || r.n != 1 {
 		t.Fatalf("MigrateAll: %d moved, %v", r.n, r.err)
 	}
-	rest, err := readStream(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if rest.Err != "" {
-		t.Fatalf("stream failed: %s", rest.Err)
-	}
-	got := append(toks, rest.Tokens...)
-	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("tokens (-engine alone +served with a migration):\n%s", diff)
-	}
+	rest, _ := checkRest(t, resp, toks, want, "a migration")
 	if rec, _ := rest.Budget["recoveries"].(float64); rec != 0 || rest.Budget["decode_worker"] == src {
 		t.Errorf("budget %v: want no recovery, the other decode worker", rest.Budget)
 	}
