@@ -353,6 +353,21 @@ func activeDecode(t *testing.T, cl *cluster) string {
 	return id
 }
 
+// gatedStream opens a greedy 40-token stream of text on cl (its decode
+// workers gated) and reads its first 3 tokens, toks; then only the decode
+// worker running it, active, stays held (pinActive). want is the engine
+// alone's output; the caller reads the rest of resp and closes it.
+func gatedStream(t *testing.T, ref *reference, cl *cluster, text string) (resp *http.Response, toks, want []int32, active string) {
+	t.Helper()
+	for _, g := range cl.gates {
+		g.allow(4)
+	}
+	prompt := tokenizer.Bytes{}.Encode(text)
+	want = ref.generate(t, prompt, 40, engine.Sampling{}, true)
+	resp, toks = openStream(context.Background(), t, cl.url, request{Prompt: prompt, MaxTokens: 40, IgnoreEOS: true}, 3)
+	return resp, toks, want, pinActive(t, cl)
+}
+
 // pinActive returns the decode worker running the gated stream just
 // opened (activeDecode) and opens every other decode worker's gate, so
 // that only it stays held.
@@ -405,14 +420,8 @@ func TestDecodeWorkerFailureRecovers(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			checkNoLeaks(t)
 			cl := startCluster(t, clusterOpts{mode: mode, decode: 2, gated: true})
-			for _, g := range cl.gates {
-				g.allow(4)
-			}
-			prompt := tokenizer.Bytes{}.Encode("recover this request, please")
-			want := ref.generate(t, prompt, 40, engine.Sampling{}, true)
-			resp, toks := openStream(context.Background(), t, cl.url, request{Prompt: prompt, MaxTokens: 40, IgnoreEOS: true}, 3)
+			resp, toks, want, victim := gatedStream(t, ref, cl, "recover this request, please")
 			defer resp.Body.Close()
-			victim := pinActive(t, cl)
 			if err := worker(cl, victim).Kill(); err != nil {
 				t.Logf("kill %s: %v", victim, err)
 			}

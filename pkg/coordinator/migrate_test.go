@@ -10,8 +10,6 @@ import (
 
 	"github.com/pdserve/pdserve/pkg/control"
 	"github.com/pdserve/pdserve/pkg/coordinator"
-	"github.com/pdserve/pdserve/pkg/engine"
-	"github.com/pdserve/pdserve/pkg/tokenizer"
 	"github.com/pdserve/pdserve/pkg/workerrun"
 )
 
@@ -81,14 +79,8 @@ func TestLiveMigrationTokens(t *testing.T) {
 // worker, no recovery; then every worker idle.
 func migrateMidStream(t *testing.T, ref *reference, cl *cluster) {
 	t.Helper()
-	for _, g := range cl.gates {
-		g.allow(4)
-	}
-	prompt := tokenizer.Bytes{}.Encode("move this request, please")
-	want := ref.generate(t, prompt, 40, engine.Sampling{}, true)
-	resp, toks := openStream(context.Background(), t, cl.url, request{Prompt: prompt, MaxTokens: 40, IgnoreEOS: true}, 3)
+	resp, toks, want, src := gatedStream(t, ref, cl, "move this request, please")
 	defer resp.Body.Close()
-	src := pinActive(t, cl)
 	type res struct {
 		n   int
 		err error
