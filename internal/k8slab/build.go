@@ -39,9 +39,7 @@ func components(v Versions) []component {
 			{"kube-scheduler", k + "kube-scheduler"}, {"kubelet", k + "kubelet"},
 			{"kube-proxy", k + "kube-proxy"}, {"kubectl", k + "kubectl"},
 		}},
-		{name: "etcd", version: v.Etcd, bins: []target{
-			{"etcd", "go.etcd.io/etcd/server/v3"}, {"etcdctl", "go.etcd.io/etcd/etcdctl/v3"},
-		}},
+		{name: "etcd", version: v.Etcd, bins: []target{{"etcd", "go.etcd.io/etcd/server/v3"}}},
 		{name: "kwok", version: v.Kwok, ldflags: " -X sigs.k8s.io/kwok/pkg/consts.Version=" + v.Kwok,
 			bins: []target{{"kwok", "sigs.k8s.io/kwok/cmd/kwok"}}, extra: copyKwokStages},
 		// Static, as upstream's image: it runs in an image with no libc.
@@ -87,8 +85,9 @@ func CacheDir(root string) (string, error) {
 
 // Build makes sure every pinned binary is in the cache, building a
 // component's missing binaries from its build module under
-// repo/scripts/k8s/build (go build -trimpath -ldflags=-s -w, into a
-// temporary directory renamed into place). A warm cache builds nothing.
+// repo/scripts/k8s/build (go build -trimpath -ldflags=-s -w
+// -gcflags=all=-dwarf=false, into a temporary directory renamed into
+// place). A warm cache builds nothing.
 // Progress goes to logf.
 func Build(ctx context.Context, repo, cache string, v Versions, logf func(string, ...any)) (Bins, error) {
 	b := Bins{paths: map[string]string{}}
@@ -118,7 +117,11 @@ func Build(ctx context.Context, repo, cache string, v Versions, logf func(string
 		// One go build for all of a component's binaries: it links one
 		// while it compiles another's packages, where a build per binary
 		// left a core idle during each link.
-		args := []string{"build", "-trimpath", "-ldflags=-s -w" + c.ldflags, "-o", tmp + string(filepath.Separator)}
+		// -s -w: the binaries carry no symbol table or DWARF; so the
+		// compiler writes no DWARF either (-dwarf=false), which the
+		// linker would drop: 8% of a cold build's time (kwok: 200 s →
+		// 184 s on 2 cores).
+		args := []string{"build", "-trimpath", "-gcflags=all=-dwarf=false", "-ldflags=-s -w" + c.ldflags, "-o", tmp + string(filepath.Separator)}
 		for _, t := range c.bins {
 			args = append(args, t.pkg)
 		}

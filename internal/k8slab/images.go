@@ -82,7 +82,7 @@ func newer(bin, out string) bool {
 
 // goBuild builds a static binary of this repository's package pkg.
 func (l *Lab) goBuild(ctx context.Context, out, pkg string) error {
-	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-ldflags=-s -w", "-o", out, pkg)
+	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-gcflags=all=-dwarf=false", "-ldflags=-s -w", "-o", out, pkg)
 	cmd.Dir = l.opt.Repo
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if o, err := cmd.CombinedOutput(); err != nil {

@@ -212,7 +212,6 @@ func TestExecName(t *testing.T) {
 	for pkg, want := range map[string]string{
 		"k8s.io/kubernetes/cmd/kube-apiserver":                 "kube-apiserver",
 		"go.etcd.io/etcd/server/v3":                            "server",
-		"go.etcd.io/etcd/etcdctl/v3":                           "etcdctl",
 		"github.com/pdserve/pdserve/scripts/k8s/build/coredns": "coredns",
 		"example.com/tool/v":                                   "v",
 		"example.com/tool/v2x":                                 "v2x",
