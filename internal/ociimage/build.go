@@ -23,10 +23,13 @@ var PdserveBinaries = []string{"./cmd/coordinator", "./cmd/prefill-worker", "./c
 // for linux/amd64 as the images want them: CGO_ENABLED=0 (llama.cpp is
 // loaded at run time through purego, which still links them dynamically
 // against glibc), -trimpath and -ldflags=-s -w, so that the same commit
-// gives the same bytes. GOFLAGS from the environment apply (CI's
-// -buildvcs=false leaves the VCS stamp out).
+// gives the same bytes; -gcflags=all=-dwarf=false, since the linker's -w
+// drops the DWARF the compiler would write. GOFLAGS from the environment
+// apply (CI's -buildvcs=false leaves the VCS stamp out; .ci/run sets the
+// same -trimpath and -gcflags, so that go vet and the other builds of CI
+// compile the packages once for all of them).
 func BuildBinaries(ctx context.Context, root, dir string) error {
-	args := append([]string{"build", "-trimpath", "-ldflags=-s -w", "-o", dir + string(filepath.Separator)}, PdserveBinaries...)
+	args := append([]string{"build", "-trimpath", "-gcflags=all=-dwarf=false", "-ldflags=-s -w", "-o", dir + string(filepath.Separator)}, PdserveBinaries...)
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
