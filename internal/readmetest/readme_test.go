@@ -250,8 +250,8 @@ type env struct {
 	ports  map[string]bool // handed out to a recipe, never again
 }
 
-// toolBuild is the build of one go.mod tool (go tool -n NAME builds it
-// into the build cache, where the recipe's own go tool NAME finds it).
+// toolBuild is the build of one go.mod tool into env.bin, which the
+// recipe's go tool NAME is rewritten to.
 type toolBuild struct {
 	done chan struct{}
 	err  error
