@@ -19,7 +19,6 @@ type component struct {
 	recipe  string   // when set, ends the cache key: names a build of other than upstream's main
 	bins    []target // binaries written into the cache's bin/
 	ldflags string   // extra -ldflags (-s -w is always there)
-	env     []string // extra environment of go build
 	extra   func(ctx context.Context, mod, dir string) error
 }
 
@@ -42,10 +41,10 @@ func components(v Versions) []component {
 		{name: "etcd", version: v.Etcd, bins: []target{{"etcd", "go.etcd.io/etcd/server/v3"}}},
 		{name: "kwok", version: v.Kwok, ldflags: " -X sigs.k8s.io/kwok/pkg/consts.Version=" + v.Kwok,
 			bins: []target{{"kwok", "sigs.k8s.io/kwok/cmd/kwok"}}, extra: copyKwokStages},
-		// Static, as upstream's image: it runs in an image with no libc.
+		// It runs in an image with no libc (every binary is static).
 		// The build module's own main: CoreDNS with the Corefile's
 		// plugins only (see its main.go).
-		{name: "coredns", version: v.CoreDNS, recipe: "lab-plugins", env: []string{"CGO_ENABLED=0"},
+		{name: "coredns", version: v.CoreDNS, recipe: "lab-plugins",
 			bins: []target{{"coredns", "github.com/pdserve/pdserve/scripts/k8s/build/coredns"}}},
 	}
 }
@@ -127,10 +126,15 @@ func Build(ctx context.Context, repo, cache string, v Versions, logf func(string
 		}
 		cmd := exec.CommandContext(ctx, "go", args...)
 		cmd.Dir = mod
-		// The component's cgo setting is upstream's (c.env), not the
-		// caller's: .ci/run exports CGO_ENABLED=0 for pdserve's own
-		// static builds.
-		cmd.Env = append(append(withoutEnv(os.Environ(), "CGO_ENABLED"), "GOWORK=off", "GOFLAGS=-mod=readonly -buildvcs=false"), c.env...)
+		// Every component static (CGO_ENABLED=0), as upstream releases
+		// them: etcd, kwok and CoreDNS are, and so are Kubernetes'
+		// binaries but the kubelet, which upstream's
+		// KUBE_STATIC_OVERRIDES builds static too (hack/lib/golang.sh).
+		// With cgo the lab compiled the standard library and net's
+		// dependants in a configuration of their own; static, with
+		// -trimpath and no compiler DWARF, it is .ci/run's, whose
+		// builds of pdserve compiled it already (85 s of CPU cold).
+		cmd.Env = append(withoutEnv(os.Environ(), "CGO_ENABLED"), "CGO_ENABLED=0", "GOWORK=off", "GOFLAGS=-mod=readonly -buildvcs=false")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			return b, fmt.Errorf("k8slab: build %s: %w\n%s", c.name, err, out)
 		}
