@@ -52,7 +52,9 @@ func TestTierFallsBackOverBudget(t *testing.T) {
 	sent := 0
 	send := func(header ...string) (model string, budget map[string]any) {
 		t.Helper()
-		data, _ := json.Marshal(map[string]any{"model": "chat", "prompt": "The quick brown fox", "max_tokens": 4})
+		// ignore_eos: a reply whose first token is the random-weight
+		// model's end has no TTFT, and the chooser learns nothing from it.
+		data, _ := json.Marshal(map[string]any{"model": "chat", "prompt": "The quick brown fox", "max_tokens": 4, "ignore_eos": true})
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, cl.url+"/v1/completions", bytes.NewReader(data))
 		if err != nil {
 			t.Fatal(err)
