@@ -25,6 +25,10 @@ type Trace struct {
 	KVFirstByte, KVDone                     time.Time
 	DecodeJoined                            time.Time
 	FirstToken, LastToken                   time.Time
+	// Ended is when the response's end went to the client (set by the
+	// frontend as a successful response ends): the end of e2e for a
+	// reply that delivered no token (its first token was its end).
+	Ended time.Time
 	// FirstOutput is when the first output that is not reasoning (answer
 	// text or a tool call) reached the client: set by Output; zero when
 	// the request delivered none.
@@ -161,6 +165,9 @@ func (t *Trace) Terms() Terms {
 	s.TTFT = span(t.Arrival, t.FirstToken)
 	s.TTFO = span(t.Arrival, t.FirstOutput)
 	s.E2E = span(t.Arrival, t.LastToken)
+	if t.LastToken.IsZero() {
+		s.E2E = span(t.Arrival, t.Ended)
+	}
 	if t.OutputTokens > 1 {
 		s.TPOT = (s.E2E - s.TTFT) / time.Duration(t.OutputTokens-1)
 	}

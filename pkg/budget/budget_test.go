@@ -39,6 +39,16 @@ func TestTerms(t *testing.T) {
 			want:  Terms{TTFT: 10 * time.Millisecond, E2E: 10 * time.Millisecond},
 		},
 		{
+			name:  "the end ends e2e after a last token, not the end",
+			trace: Trace{Arrival: at(0), FirstToken: at(10), LastToken: at(10), Ended: at(12), OutputTokens: 1},
+			want:  Terms{TTFT: 10 * time.Millisecond, E2E: 10 * time.Millisecond},
+		},
+		{
+			name:  "a reply of no token: e2e to its end, no ttft",
+			trace: Trace{Arrival: at(0), PrefillStart: at(2), PrefillEnd: at(30), Ended: at(40)},
+			want:  Terms{E2E: 40 * time.Millisecond, Queue: 2 * time.Millisecond, Prefill: 28 * time.Millisecond},
+		},
+		{
 			name:  "missing boundaries give zero terms",
 			trace: Trace{Arrival: at(0)},
 			want:  Terms{},

@@ -27,7 +27,8 @@
 //
 //	ttft        = FirstToken − Arrival
 //	ttfo        = FirstOutput − Arrival    (time to first output token, AIPerf's TTFO; ttft without reasoning)
-//	e2e         = LastToken − Arrival
+//	e2e         = LastToken − Arrival; Ended − Arrival for a reply that
+//	              delivered no token (its first token was its end: no ttft)
 //	tpot        = (e2e − ttft) / (output_tokens − 1), 0 for one output token (vLLM's definition)
 //	queue       = PrefillStart − Arrival   (admission, routing and the prefill queue)
 //	prefill     = PrefillEnd − PrefillStart

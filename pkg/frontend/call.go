@@ -479,6 +479,10 @@ func (c *call) summary() *pdserveSummary {
 func (c *call) complete(w http.ResponseWriter) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	now := c.s.o.Now()
+	for _, pr := range c.prompts {
+		pr.req.Trace.Ended = now // before the summaries the end carries
+	}
 	p := c.plan.p
 	if !p.stream {
 		out := completion{ID: c.id, Object: "text_completion", Created: c.created, Model: c.plan.model, Usage: c.usage(), PDServe: c.summary()}

@@ -280,6 +280,36 @@ func TestCompletionStreaming(t *testing.T) {
 	}
 }
 
+// TestReplyOfNoToken: a reply whose first token was its end (the model's
+// end of sequence, which the client never sees) is an empty answer with
+// finish_reason stop, whole or streamed; its budget has no TTFT and an
+// e2e to its end (it used to say 0 ms, however long the client waited).
+func TestReplyOfNoToken(t *testing.T) {
+	clock := &fakeClock{now: time.Unix(1_700_000_000, 0)}
+	ts := newTestServer(t, &fakeBackend{complete: func(_ context.Context, req *Request, _ EmitFunc) ([]string, error) {
+		clock.Advance(250 * time.Millisecond) // the prefill that sampled the end
+		return finishes(req, "stop"), nil
+	}}, func(o *Options) { o.Now = clock.Now })
+	for _, stream := range []bool{false, true} {
+		resp := ts.post(t, RouteCompletions, fmt.Sprintf(`{"model":"tiny","prompt":"abc","max_tokens":4,"stream":%v}`, stream))
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("stream %v: status %d", stream, resp.StatusCode)
+		}
+		last := map[string]any{}
+		if stream {
+			chunks := streamed(t, resp)
+			last = chunks[len(chunks)-1]
+		} else {
+			last = decodeJSON(t, resp.Body)
+		}
+		c := choice0(t, last)
+		pd, _ := last["pdserve"].(map[string]any)
+		if c["text"] != "" || c["finish_reason"] != "stop" || pd["output_tokens"] != 0.0 || pd["ttft_ms"] != 0.0 || pd["e2e_ms"] != 250.0 {
+			t.Errorf("stream %v: choice %v, budget %v; want no text, finish stop, 0 tokens, ttft 0, e2e 250 ms", stream, c, pd)
+		}
+	}
+}
+
 func TestChatStreamingWithUsage(t *testing.T) {
 	var prompt []int32
 	ts := newTestServer(t, &fakeBackend{complete: func(ctx context.Context, req *Request, emit EmitFunc) ([]string, error) {

@@ -100,7 +100,7 @@ func New(reg prometheus.Registerer, slo SLO, opts ...Option) *Metrics {
 		ttft:       hist("ttft_seconds", "Time from request arrival to the first token handed to the client.", LatencyBuckets),
 		tpot:       hist("tpot_seconds", "Time per output token after the first: (e2e - ttft) / (output tokens - 1), requests with more than one output token.", TokenBuckets),
 		itl:        hist("itl_seconds", "Gap between successive token deliveries to a client.", TokenBuckets),
-		e2e:        hist("e2e_seconds", "Time from request arrival to the last token handed to the client.", LatencyBuckets),
+		e2e:        hist("e2e_seconds", "Time from request arrival to the last token handed to the client (to the end of a reply of no token).", LatencyBuckets),
 		queue:      hist("queue_seconds", "Time from request arrival to the start of its prefill (admission, routing, prefill queue).", LatencyBuckets),
 		prefill:    hist("prefill_seconds", "Prefill compute time of a request's prompt.", LatencyBuckets),
 		kvTransfer: hist("kv_transfer_seconds", "KV transfer time not hidden behind prefill compute (KV done - prefill end), remote prefill only.", LatencyBuckets),
@@ -177,6 +177,8 @@ func (m *Metrics) ObserveRequest(t *budget.Trace) {
 	s := t.Terms()
 	if !t.FirstToken.IsZero() {
 		m.ttft.Observe(s.TTFT.Seconds())
+	}
+	if !t.FirstToken.IsZero() || !t.Ended.IsZero() {
 		m.e2e.Observe(s.E2E.Seconds())
 	}
 	if t.OutputTokens > 1 {
@@ -224,7 +226,13 @@ func (m *Metrics) ObserveRequest(t *budget.Trace) {
 }
 
 func (m *Metrics) meetsSLO(s budget.Terms, out int) bool {
-	if m.slo.TTFT > 0 && s.TTFT > m.slo.TTFT {
+	// A reply of no token (its first token was its end) has no TTFT:
+	// its end, at e2e, is the first thing the client got.
+	first := s.TTFT
+	if out == 0 {
+		first = s.E2E
+	}
+	if m.slo.TTFT > 0 && first > m.slo.TTFT {
 		return false
 	}
 	if m.slo.TPOT > 0 && out > 1 && s.TPOT > m.slo.TPOT {

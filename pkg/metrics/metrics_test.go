@@ -222,6 +222,43 @@ func TestNoSLONoGoodput(t *testing.T) {
 	}
 }
 
+// TestEmptyReplySLO: a reply whose first token was its end delivers no
+// token; its end, at e2e, is what the client waited for, so it meets the
+// TTFT target only when that came in time (it used to count as met
+// whatever the wait), and its e2e is observed, its TTFT not.
+func TestEmptyReplySLO(t *testing.T) {
+	reg := prometheus.NewPedanticRegistry()
+	m := New(reg, SLO{TTFT: 100 * time.Millisecond, TPOT: 50 * time.Millisecond})
+	for _, end := range []int{50, 150} {
+		m.ObserveRequest(&budget.Trace{Status: budget.StatusOK, Arrival: at(0), PrefillStart: at(1), PrefillEnd: at(end - 5), Ended: at(end), FinishReason: "stop"})
+	}
+	if got := testutil.ToFloat64(m.goodput); got != 1 {
+		t.Errorf("goodput of replies of no token ended at 50 and 150 ms, TTFT target 100 ms: %v, want 1", got)
+	}
+	if n := histogramCount(t, reg, "pdserve_e2e_seconds"); n != 2 {
+		t.Errorf("e2e observations: %d, want 2", n)
+	}
+	if n := histogramCount(t, reg, "pdserve_ttft_seconds"); n != 0 {
+		t.Errorf("ttft observations: %d, want 0 (no token)", n)
+	}
+}
+
+// histogramCount returns the sample count of the histogram name in reg.
+func histogramCount(t *testing.T, reg *prometheus.Registry, name string) uint64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetHistogram().GetSampleCount()
+		}
+	}
+	t.Fatalf("no %s in the registry", name)
+	return 0
+}
+
 func TestAttainmentWindow(t *testing.T) {
 	now := t0
 	reg := prometheus.NewPedanticRegistry()
