@@ -235,28 +235,12 @@ func TestEmptyReplySLO(t *testing.T) {
 	if got := testutil.ToFloat64(m.goodput); got != 1 {
 		t.Errorf("goodput of replies of no token ended at 50 and 150 ms, TTFT target 100 ms: %v, want 1", got)
 	}
-	if n := histogramCount(t, reg, "pdserve_e2e_seconds"); n != 2 {
+	if n := histCount(t, reg, "pdserve_e2e_seconds"); n != 2 {
 		t.Errorf("e2e observations: %d, want 2", n)
 	}
-	if n := histogramCount(t, reg, "pdserve_ttft_seconds"); n != 0 {
+	if n := histCount(t, reg, "pdserve_ttft_seconds"); n != 0 {
 		t.Errorf("ttft observations: %d, want 0 (no token)", n)
 	}
-}
-
-// histogramCount returns the sample count of the histogram name in reg.
-func histogramCount(t *testing.T, reg *prometheus.Registry, name string) uint64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return mf.GetMetric()[0].GetHistogram().GetSampleCount()
-		}
-	}
-	t.Fatalf("no %s in the registry", name)
-	return 0
 }
 
 func TestAttainmentWindow(t *testing.T) {
