@@ -39,7 +39,7 @@ func TestTerms(t *testing.T) {
 			want:  Terms{TTFT: 10 * time.Millisecond, E2E: 10 * time.Millisecond},
 		},
 		{
-			name:  "the end ends e2e after a last token, not the end",
+			name:  "with tokens, e2e ends at the last token, not at the response's end",
 			trace: Trace{Arrival: at(0), FirstToken: at(10), LastToken: at(10), Ended: at(12), OutputTokens: 1},
 			want:  Terms{TTFT: 10 * time.Millisecond, E2E: 10 * time.Millisecond},
 		},
